@@ -15,17 +15,17 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "SCHEMA_VERSION": "featurize.store",
-    "Store": "featurize.store",
-    "StoreError": "featurize.store",
-    "StoreWriter": "featurize.store",
-    "add_observed_seed": "featurize.store",
-    "create_store": "featurize.store",
-    "open_store": "featurize.store",
-    "resume_store": "featurize.store",
-    "write_feature_store": "featurize.store",
-    "single_positive": "featurize.protocol",
-    "split_pool": "featurize.protocol",
+    "SCHEMA_VERSION": "probe.store",
+    "Store": "probe.store",
+    "StoreError": "probe.store",
+    "StoreWriter": "probe.store",
+    "add_observed_seed": "probe.store",
+    "create_store": "probe.store",
+    "open_store": "probe.store",
+    "resume_store": "probe.store",
+    "write_feature_store": "probe.store",
+    "single_positive": "probe.store.protocol",
+    "split_pool": "probe.store.protocol",
 }
 
 __all__ = sorted(_EXPORTS)

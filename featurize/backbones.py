@@ -289,7 +289,7 @@ def _download(url: str, path: Path) -> None:
 def resolve_weights(spec: BackboneSpec, weights: str | None, download: bool = False) -> WeightsInfo:
     """Find the weights file for ``weights`` (None/"default" = the backbone's standard ones)
     without loading it; every problem is raised here, before any work is done."""
-    from featurize.store import file_sha256
+    from probe.store import file_sha256
 
     weights = spec.default_weights if weights in (None, DEFAULT) else str(weights)
     if weights == RANDOM:

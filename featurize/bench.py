@@ -26,7 +26,7 @@ import torch
 from PIL import Image
 
 from featurize.backbones import RANDOM, Backbone, load_backbone
-from featurize.datasets._index import DatasetIndex, Phase
+from probe.store.index import DatasetIndex, Phase
 from featurize.runner import (
     FeaturizeConfig,
     Runtime,

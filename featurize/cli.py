@@ -1,5 +1,5 @@
 """``spml import {cole,arrays,yeast}`` and ``spml info`` (thin layers over featurize.imports and
-featurize.store, imported when a command runs so that ``spml --help`` does not load zarr)."""
+probe.store, imported when a command runs so that ``spml --help`` does not load zarr)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import textwrap
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from featurize.store import Store
+    from probe.store import Store
 
-DTYPES = ("float16", "float32")  # = featurize.store.DTYPES (a test checks they agree)
+DTYPES = ("float16", "float32")  # = probe.store.DTYPES (a test checks they agree)
 TEST_FRACTION = 0.2  # = featurize.imports.DEFAULT_TEST_FRACTION (a test checks they agree)
 
 _STORE_LAYOUT = (
@@ -56,7 +56,7 @@ def add_seeds_argument(parser: argparse.ArgumentParser) -> None:
 def add_draws(path: str, seeds_text: str) -> list[int]:
     """Add the single-positive draws ``seeds_text`` names (``"1200,1,2"``) to a complete store;
     draws already there are kept. Returns the store's seeds."""
-    from featurize.store import add_observed_seed, open_store
+    from probe.store import add_observed_seed, open_store
 
     try:
         seeds = [int(s) for s in seeds_text.split(",") if s.strip()]
@@ -139,7 +139,7 @@ def _cmd_draw(args: argparse.Namespace) -> int:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    from featurize.store import open_store
+    from probe.store import open_store
 
     summary = open_store(args.store).summary()
     print(json.dumps(summary, indent=2) if args.json else format_summary(summary))
@@ -163,7 +163,7 @@ def _flat(value: Any) -> str:
 
 
 def format_summary(summary: dict) -> str:
-    """Human-readable ``spml info`` text for :meth:`featurize.store.Store.summary`."""
+    """Human-readable ``spml info`` text for :meth:`probe.store.Store.summary`."""
     s = summary
     flip = "with flipped features" if s["has_flip"] else "no flipped features"
     lines = []

@@ -12,7 +12,7 @@ from typing import Any
 from featurize.backbones import BACKBONES, DEFAULT_BACKBONE, RANDOM
 from featurize.runner import DECODE_CHOICES, PRECISION_CHOICES, FeaturizeConfig
 
-_DTYPES = ("float16", "float32")  # featurize.store.DTYPES, without importing zarr for --help
+_DTYPES = ("float16", "float32")  # probe.store.DTYPES, without importing zarr for --help
 
 _FEATURIZE_EPILOG = f"""\
 what it does (PROTOCOL.md steps 6-7):

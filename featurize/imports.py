@@ -7,7 +7,7 @@
 * :func:`import_yeast` -- the real MULAN *yeast* set (2,417 x 103, 14 labels) that ships inside
   the ``river`` package.
 
-All write through the crash-safe writer (:func:`featurize.store.write_feature_store`): an
+All write through the crash-safe writer (:func:`probe.store.write_feature_store`): an
 interrupted import is resumed by running the same command again. The provenance records the
 source files with their sha256 and that no backbone was run.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from featurize.datasets._index import DatasetIndex, Phase
+from probe.store.index import DatasetIndex, Phase
 from featurize.datasets._parse import DatasetFormatError
 from featurize.datasets.cole import (
     PHASES,
@@ -34,8 +34,8 @@ from featurize.datasets.cole import (
     read_class_names,
     reference_observed,
 )
-from featurize.protocol import PROTOCOL_SEED, single_positive, split_indices
-from featurize.store import Store, file_sha256, write_feature_store
+from probe.store.protocol import PROTOCOL_SEED, single_positive, split_indices
+from probe.store import Store, file_sha256, write_feature_store
 
 DEFAULT_TEST_FRACTION: float = 0.2  # held-out rows when a set has no official test split
 YEAST_FEATURES: int = 103  # MULAN yeast: 103 numeric attributes ...
@@ -206,7 +206,7 @@ def import_arrays(
 
     Test rows are either given (``test_features`` + ``test_labels``) or held out from the rows:
     ``test_fraction`` (default 0.2) with Cole et al.'s seeded split (seed 1200; see
-    :func:`featurize.protocol.split_indices`). Image ids are ``row<i>`` (the input row) when
+    :func:`probe.store.protocol.split_indices`). Image ids are ``row<i>`` (the input row) when
     the test rows are held out, ``train<i>`` / ``test<i>`` otherwise. Class names default to
     ``class_0`` ... ``class_<C-1>``. ``sources`` / ``label_sources`` name the inputs in errors.
     """
@@ -249,7 +249,7 @@ def import_arrays(
         attrs.setdefault(
             "test_split",
             {
-                "method": "random (featurize.protocol.split_indices)",
+                "method": "random (probe.store.protocol.split_indices)",
                 "fraction": fraction,
                 "seed": PROTOCOL_SEED,
             },
@@ -410,7 +410,7 @@ def import_yeast(
 ) -> Store:
     """Store MULAN *yeast* from river's copy. The csv has no official test split, so
     ``test_fraction`` (0.2) of the rows are held out with the seeded split of
-    :func:`featurize.protocol.split_indices` (seed 1200); the pool is then split 80/20 into
+    :func:`probe.store.protocol.split_indices` (seed 1200); the pool is then split 80/20 into
     train/val as for every store. The split is recorded in the ``test_split`` attribute."""
     path = yeast_csv_path()
     features, labels, names = load_yeast_csv(path)

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from featurize.backbones import DEFAULT_BACKBONE, Backbone, load_backbone
-from featurize.datasets._index import DatasetIndex
+from probe.store.index import DatasetIndex
 from featurize.images import (
     BadImageError,
     ImageTransform,
@@ -353,7 +353,7 @@ def _open_writer(
     extra_attrs: dict,
 ) -> Any:
     """A fresh store, or the interrupted one at ``out`` when it was started the same way."""
-    from featurize.store import (
+    from probe.store import (
         StoreError,
         create_store,
         is_store_dir,
@@ -390,7 +390,7 @@ def _explain_transform_change(out: Path, backbone: str, transform: dict) -> None
 
     import zarr
 
-    from featurize.store import StoreError
+    from probe.store import StoreError
 
     provenance = zarr.open_group(out, mode="r").attrs.get("provenance", {})
     stored = provenance.get("transform")

@@ -142,7 +142,7 @@ class ProbeData:
 
         ``train_flip``: flipped train features (same shape) or None. ``train_observed`` /
         ``val_observed``: single-positive labels (int 1/0/-1); when None they are drawn with the
-        protocol's generator (:func:`featurize.protocol.single_positive`, seed
+        protocol's generator (:func:`probe.store.protocol.single_positive`, seed
         ``observed_seed``) over each split separately. ``dtype``: storage dtype on the device
         (default: the arrays' own).
         """
@@ -178,7 +178,7 @@ class ProbeData:
         obs = {}
         for name, given in (("train", train_observed), ("val", val_observed)):
             if given is None:
-                from featurize.protocol import single_positive
+                from probe.store.protocol import single_positive
 
                 obs[name] = single_positive(ys[name], observed_seed)
             else:
@@ -219,14 +219,14 @@ class ProbeData:
         flip: bool = True,
         dtype: torch.dtype | None = None,
     ) -> ProbeData:
-        """Load a feature store (a path or an open :class:`featurize.store.Store`).
+        """Load a feature store (a path or an open :class:`probe.store.Store`).
 
         ``flip``: also load the flipped train features when the store has them. ``dtype``:
         storage dtype on the device (default: the store's, float16 unless it was written as
         float32). Errors (before anything is moved): a store lacking a train, val or test split,
         an unknown observed-label seed, an unusable device.
         """
-        from featurize.store import open_store
+        from probe.store import open_store
 
         dev = resolve_device(device)
         if isinstance(store, str | Path):

@@ -403,7 +403,7 @@ class _Data:
 
 def _load_data(config: FinetuneConfig) -> _Data:
     from featurize.datasets import load_dataset
-    from featurize.protocol import single_positive, split_pool
+    from probe.store.protocol import single_positive, split_pool
 
     root = Path(config.root).expanduser()
     index = load_dataset(config.dataset, root, **dict(config.dataset_options))

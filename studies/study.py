@@ -434,7 +434,7 @@ def run_worker(
     settings: StudySettings, *, log: Callable[[str], None] | None = None
 ) -> StudySummary:
     """Work on the study until ``n_trials`` trials have finished (completed or pruned)."""
-    from featurize.store import open_store
+    from probe.store import open_store
     from probe.data import ProbeData
     from probe.train import ProbeConfig
 
@@ -559,7 +559,7 @@ def run_study(
         return run_worker(settings, log=log)
     if worker_command is None:
         raise StudyError("several workers need the command that starts one worker")
-    from featurize.store import open_store
+    from probe.store import open_store
 
     create_or_join(settings, open_store(settings.store))  # create once, before the workers race
     procs = [subprocess.Popen(list(worker_command)) for _ in range(settings.workers)]
@@ -577,6 +577,6 @@ def run_study(
 
 
 def _default_name(settings: StudySettings) -> str:
-    from featurize.store import open_store
+    from probe.store import open_store
 
     return f"{open_store(settings.store).dataset}-{settings.loss}"

@@ -26,7 +26,7 @@ from featurize.backbones import (
 )
 from featurize.datasets import DatasetIndex, Phase
 from featurize.runner import FeaturizeConfig, featurize, featurize_dataset
-from featurize.store import open_store
+from probe.store import open_store
 
 torch.set_num_threads(2)
 

@@ -63,7 +63,7 @@ def test_registry_imports_adapters_lazily():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert set(json.loads(out.stdout)) <= {
         "featurize.datasets",
-        "featurize.datasets._index",
+        "probe.store.index",
         "featurize.datasets._parse",
     }
 

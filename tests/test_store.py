@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import zarr
 
-from featurize.datasets._index import DatasetIndex, Phase
-from featurize.protocol import single_positive, split_pool
-from featurize.store import (
+from probe.store.index import DatasetIndex, Phase
+from probe.store.protocol import single_positive, split_pool
+from probe.store import (
     SCHEMA_VERSION,
     StoreError,
     StoreNotFoundError,
@@ -334,7 +334,7 @@ WRITER_SCRIPT = textwrap.dedent(
     import numpy as np
     sys.path.insert(0, {tests!r})
     from test_store import BLOCK, PROV, make_features, make_index
-    from featurize.store import write_feature_store
+    from probe.store import write_feature_store
 
     class Slow:
         def __init__(self, data):

@@ -193,7 +193,7 @@ def test_killed_worker_trial_is_retried_and_nothing_is_lost(yeast, tmp_path):
         heartbeat_seconds=0.5,
         grace_seconds=3,
     )
-    from featurize.store import open_store
+    from probe.store import open_store
     from studies.storage import open_storage, parse_storage
     from studies.study import create_or_join
 
@@ -351,7 +351,7 @@ def test_confirm_reports_mean_and_std(yeast, tmp_path, capsys):
 
     frame = pl.read_parquet(out / "confirm.parquet")
     assert frame.height == 2 and all(len(x) == 4 for x in frame["test_maps"])
-    from featurize.store import open_store
+    from probe.store import open_store
 
     assert 7 in open_store(yeast).observed_seeds()  # the extra draw was added to the store
     with pytest.raises(StudyError, match="no study 'nope'"):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._index import DatasetIndex, Phase
+from probe.store.index import DatasetIndex, Phase
 from ._parse import DatasetFormatError
 
 __all__ = [

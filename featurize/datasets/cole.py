@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from featurize.datasets._index import DatasetIndex, Phase
+from probe.store.index import DatasetIndex, Phase
 from featurize.datasets._parse import DatasetFormatError
 from featurize.datasets.voc import VOC_CLASSES  # the order of Cole et al.'s format_pascal.py
 

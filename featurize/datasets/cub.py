@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._index import DatasetIndex, Phase
+from probe.store.index import DatasetIndex, Phase
 from ._parse import (
     DatasetFormatError,
     at,

@@ -6,7 +6,7 @@ Layout (rows are the pool -- the official train split -- first, then the test ph
                     never written
     features_flip   (N, D) the same for horizontally flipped images (optional)
     labels          (N, C) uint8 full ground truth
-    observed/<seed> (N, C) int8 single positives, drawn per phase (featurize.protocol)
+    observed/<seed> (N, C) int8 single positives, drawn per phase (probe.store.protocol)
     split           (N,)   int8 0=train 1=val 2=test (train/val: split_pool over the pool rows)
     image_ids       (N,)   strings
     blocks_done     (n_blocks,) bool, one chunk per block
@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 import zarr
 
-from featurize.datasets._index import DatasetIndex
-from featurize.protocol import PROTOCOL_SEED, single_positive, split_pool
+from probe.store.index import DatasetIndex
+from probe.store.protocol import PROTOCOL_SEED, single_positive, split_pool
 
 SCHEMA_VERSION: int = 1
 SPLIT_CODES: dict[str, int] = {"train": 0, "val": 1, "test": 2}
@@ -764,7 +764,7 @@ class Store:
         if int(seed) not in self.observed_seeds():
             raise StoreError(
                 f"{self.path} has no single-positive draw for seed {seed}; available seeds: "
-                f"{self.observed_seeds()} (add one with featurize.store.add_observed_seed)"
+                f"{self.observed_seeds()} (add one with probe.store.add_observed_seed)"
             )
         return _read_rows(self._group[f"observed/{int(seed)}"], rows, self.n_rows, "observed")
 
