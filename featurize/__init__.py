@@ -1,5 +1,5 @@
 """featurize: dataset adapters, the SPML protocol (Cole et al. 2021), imports of precomputed
-features, the backbone runner and the Zarr feature store (DESIGN.md "The flow").
+features, the backbone runner and the Zarr feature store (docs/design.md "The flow").
 
 The most used names are importable from here; they load on first use, so ``import featurize``
 stays cheap (zarr is only imported with the store)::

@@ -1,5 +1,5 @@
 """Frozen backbones for the featurizer: a registry, honest weights, pooled features
-(PROTOCOL.md step 7: torchvision ResNet-50, ``IMAGENET1K_V1``, global average pool → 2048-d).
+(docs/protocol.md step 7: torchvision ResNet-50, ``IMAGENET1K_V1``, global average pool → 2048-d).
 
 Weights are never fetched behind the user's back:
 
@@ -169,7 +169,7 @@ class Backbone:
             return head(features.to(device=param.device, dtype=param.dtype))
 
     def provenance(self) -> dict:
-        """The backbone/weights part of the store's provenance (PROTOCOL.md store attrs)."""
+        """The backbone/weights part of the store's provenance (docs/protocol.md store attrs)."""
         out = {
             "backbone": self.name,
             "backbone_family": self.spec.family,

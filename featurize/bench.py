@@ -1,4 +1,4 @@
-"""``spml bench featurize``: images/s of the featurize pipeline on this machine (DESIGN.md
+"""``spml bench featurize``: images/s of the featurize pipeline on this machine (docs/design.md
 "What fast means": ≥ 2,500 images/s at 448² on one H100 with bf16, channels_last and GPU JPEG
 decode).
 

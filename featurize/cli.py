@@ -44,7 +44,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 SEEDS_HELP = (
-    "single-positive draws to store, comma list (default: 1200, the literature's; PROTOCOL.md "
+    "single-positive draws to store, comma list (default: 1200, the literature's; docs/protocol.md "
     "step 2 re-run with each seed gives other draws for multi-seed confirmation)"
 )
 
@@ -344,7 +344,7 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
         "draw",
         help="add single-positive draws (other seeds of the protocol) to a store",
         description=_wrap(
-            "Add observed/<seed> arrays to a complete store: PROTOCOL.md step 2 re-run with "
+            "Add observed/<seed> arrays to a complete store: docs/protocol.md step 2 re-run with "
             "other seeds, each phase re-seeded. The literature's draw is seed 1200; other draws "
             "let 'spml study confirm --observed-seeds' report mean ± std over draws. Draws "
             "already in the store are kept as they are."

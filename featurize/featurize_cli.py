@@ -15,7 +15,7 @@ from featurize.runner import DECODE_CHOICES, PRECISION_CHOICES, FeaturizeConfig
 _DTYPES = ("float16", "float32")  # probe.store.DTYPES, without importing zarr for --help
 
 _FEATURIZE_EPILOG = f"""\
-what it does (PROTOCOL.md steps 6-7):
+what it does (docs/protocol.md steps 6-7):
   every image of the dataset (official train split = pool rows, then the test split) is resized
   to SIZExSIZE (default 448; bilinear, antialias, aspect not kept, no crop), normalised with the
   backbone's mean/std (ImageNet's for torchvision models), run through the frozen backbone, and

@@ -1,4 +1,4 @@
-"""Image decoding, resizing and normalisation for the featurizer (PROTOCOL.md step 6).
+"""Image decoding, resizing and normalisation for the featurizer (docs/protocol.md step 6).
 
 The protocol's preprocessing is the reference pipeline of Cole et al. (2021):
 ``PIL.Image.open → convert("RGB") → resize((448, 448), BILINEAR) → ToTensor → Normalize(mean,
@@ -50,7 +50,7 @@ class BadImageError(ValueError):
 
 @dataclass(frozen=True)
 class ImageTransform:
-    """The image → model-input transform of PROTOCOL.md step 6, recorded in the store."""
+    """The image → model-input transform of docs/protocol.md step 6, recorded in the store."""
 
     size: int = 448  # the protocol's 448×448 (square, aspect not kept)
     mean: tuple[float, float, float] = IMAGENET_MEAN  # ImageNet statistics (ResNet-50 V1)

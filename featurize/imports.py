@@ -1,4 +1,4 @@
-"""Feature stores built without running a backbone (PROTOCOL.md "Precomputed features").
+"""Feature stores built without running a backbone (docs/protocol.md "Precomputed features").
 
 * :func:`import_cole` -- Cole et al. (2021)'s released ImageNet ResNet-50 features with their
   formatted labels and image lists (``featurize.datasets.cole``).

@@ -1,5 +1,5 @@
 """The featurize pipeline: run a frozen backbone once over a dataset into a feature store
-(GitHub issue 4; PROTOCOL.md steps 6-7 and "The feature store").
+(GitHub issue 4; docs/protocol.md steps 6-7 and "The feature store").
 
 Per image: decode → resize to S×S (bilinear, antialias, aspect not kept, no crop) → ``/255`` →
 normalise → backbone → pooled features; plus the features of the horizontally flipped input
@@ -66,13 +66,13 @@ class FeaturizeConfig:
     weights: str | None = None  # None: the backbone's standard pretrained weights
     weights_seed: int = 0  # seeds weights="random" (tests and benchmarks only)
     download: bool = False  # weights are only fetched when asked: offline machines stay honest
-    size: int = 448  # PROTOCOL.md step 6: 448×448
+    size: int = 448  # docs/protocol.md step 6: 448×448
     device: str = "auto"  # CUDA when available, else CPU
     batch_size: int | None = None  # None: 256 on CUDA (fills an H100), 16 on CPU (low memory)
     decode: str = "auto"  # auto: torchvision (nvJPEG) on CUDA, pil (the reference) on CPU
     precision: str = "auto"  # auto: bf16 autocast on CUDA (fast), fp32 on CPU (exact)
     with_flip: bool = True  # keep flipped-image features: the protocol's only augmentation
-    dtype: str = "float16"  # store dtype (PROTOCOL.md store: float16 default)
+    dtype: str = "float16"  # store dtype (docs/protocol.md store: float16 default)
     block_rows: int = 1024  # rows per store chunk = the unit of resume
     workers: int | None = None  # reader threads; None: min(16, CPU count)
     prefetch_batches: int = 4  # batches the readers run ahead of the model
@@ -532,7 +532,7 @@ class _NoBar:
 
 def _progress_bar(**kwargs: Any) -> Any:
     """A tqdm bar on stderr (images/s and ETA); the GPU path needs only torch, numpy and zarr
-    (DESIGN.md "Environment facts"), so without tqdm there is simply no bar."""
+    (docs/design.md "Environment facts"), so without tqdm there is simply no bar."""
     try:
         from tqdm.auto import tqdm
     except ImportError:

@@ -1,6 +1,6 @@
 """``spml bench probe``: seconds per epoch of the probe engine against a plain PyTorch loop.
 
-DESIGN.md "What fast means" (measured here, never by a timed unit test). On a COCO-shaped
+docs/design.md "What fast means" (measured here, never by a timed unit test). On a COCO-shaped
 synthetic store -- 65,665 train rows × 2048 float16 features with flips, 80 classes, about 2.9
 positives per image -- built once and cached (:func:`synthetic_store`), one run measures:
 
@@ -13,7 +13,7 @@ positives per image -- built once and cached (:func:`synthetic_store`), one run 
     ``/proc/self/clear_refs``; CUDA: ``torch.cuda.max_memory_allocated``).
 
 Times are medians over the measured epochs (each configuration runs ``epochs`` epochs); ratios
-come from the same run. Targets (DESIGN.md): 2 CPU cores, one trial ≤ 2.5 s/epoch (plain loop
+come from the same run. Targets (docs/design.md): 2 CPU cores, one trial ≤ 2.5 s/epoch (plain loop
 ~8 s); one H100, 64 stacked trials ≤ 1 s/epoch.
 """
 
@@ -44,7 +44,7 @@ from .train import (
 __all__ = ["BenchConfig", "default_cache_dir", "format_report", "plain_loop", "run_bench",
            "synthetic_store"]
 
-COCO_TRAIN_ROWS = 65_665  # PROTOCOL.md step 3: COCO 65,665 / 16,416 / test 40,137
+COCO_TRAIN_ROWS = 65_665  # docs/protocol.md step 3: COCO 65,665 / 16,416 / test 40,137
 COCO_TEST_FRACTION = 40_137 / 82_081  # test rows per pool row in COCO
 SYNTHETIC_VERSION = 1  # bump when the generator changes (the cache key includes it)
 TARGETS = {"cpu_one_trial_s_per_epoch": 2.5, "cpu_plain_loop_s_per_epoch_expected": 8.0,
@@ -58,7 +58,7 @@ def default_cache_dir() -> Path:
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """What ``spml bench probe`` measures (defaults: the DESIGN.md COCO setting)."""
+    """What ``spml bench probe`` measures (defaults: the docs/design.md COCO setting)."""
 
     n_train: int = COCO_TRAIN_ROWS  # COCO's train split
     dim: int = 2048  # ResNet-50 pooled features

@@ -48,7 +48,7 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
     losses = sub.add_parser(
         "losses",
         help="list the SPML losses, or show one's formula, paper, defaults and search ranges",
-        description="The loss library (probe.losses): every loss of LOSSES.md by its name.",
+        description="The loss library (probe.losses): every loss of docs/losses.md by its name.",
     )
     lsub = losses.add_subparsers(dest="losses_command", metavar="ACTION", required=True)
     p = lsub.add_parser("list", help="one line per registered loss")
@@ -351,7 +351,7 @@ def _register_probe(sub: argparse._SubParsersAction, bench: argparse._SubParsers
         epilog=(
             "examples:\n  spml bench probe\n  spml bench probe --trials 1,8 --epochs 2 "
             "--threads 2\n  spml bench probe --rows 2000 --dim 256 --epochs 1 --json b.json\n\n"
-            "Targets (DESIGN.md): 2 CPU cores, 1 trial <= 2.5 s/epoch (plain loop ~8 s); one "
+            "Targets (docs/design.md): 2 CPU cores, 1 trial <= 2.5 s/epoch (plain loop ~8 s); one "
             "H100, 64 trials <= 1 s/epoch."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,

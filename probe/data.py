@@ -1,6 +1,6 @@
 """Device-resident probe data: the three splits of a feature store, moved to the device once.
 
-DESIGN.md "Probe training keeps everything on the device": features of train/val/test (and the
+docs/design.md "Probe training keeps everything on the device": features of train/val/test (and the
 flipped train features) and their labels are copied to the device when a :class:`ProbeData` is
 built; the trainer then forms every mini-batch by an index gather, never through a DataLoader.
 
@@ -12,7 +12,7 @@ Layout choices (all documented because the trainer relies on them):
   converted to float32 before the matrix product, which is exact (float16 → float32 loses
   nothing), so the result equals training on float32 copies of the same features.
 * With flips, ``train_x`` holds ``2 N_train`` rows: the unflipped features, then the flipped
-  ones; "flip sample i" is "read row ``i + N_train``" (PROTOCOL.md step 6: for a frozen backbone
+  ones; "flip sample i" is "read row ``i + N_train``" (docs/protocol.md step 6: for a frozen backbone
   a random horizontal flip is exactly picking the flipped or the unflipped feature vector).
 * Labels: ``*_labels`` are the full ground truth (uint8 0/1); ``train_observed`` /
   ``val_observed`` are the single-positive draw (int8 1 = observed positive, 0 = unknown).
@@ -117,7 +117,7 @@ class ProbeData:
 
     def val_label_cardinality(self) -> float:
         """Mean number of positives per val image (full labels): the dataset-dependent k of
-        EPR / ROLE for datasets without a published value (LOSSES.md)."""
+        EPR / ROLE for datasets without a published value (docs/losses.md)."""
         return float(self.val_labels.float().sum(1).mean())
 
     # ------------------------------------------------------------------------ constructors
@@ -237,7 +237,7 @@ class ProbeData:
             raise DataError(
                 f"store {store.path} has no {' / '.join(empty)} rows: the probe needs a train "
                 "split to fit, a val split to choose the epoch and a test split to report "
-                "(PROTOCOL.md steps 3-5); re-create the store with a pool and a test phase"
+                "(docs/protocol.md steps 3-5); re-create the store with a pool and a test phase"
             )
         labels = store.labels()
         observed = store.observed(observed_seed)

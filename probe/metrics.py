@@ -1,4 +1,4 @@
-"""Evaluation metrics of the SPML protocol (``../shared/spec/PROTOCOL.md``, step 5).
+"""Evaluation metrics of the SPML protocol (``docs/protocol.md``, step 5).
 
 * **AP / mAP.** AP of one class is scikit-learn's ``average_precision_score``: the step-wise sum
   ``AP = sum_k (R_k - R_{k-1}) P_k`` over the *distinct* score thresholds taken in decreasing
@@ -56,7 +56,7 @@ class MetricInputError(ValueError):
 
 
 class MAPResult(NamedTuple):
-    """Mean average precision as the protocol reports it (PROTOCOL.md step 5).
+    """Mean average precision as the protocol reports it (docs/protocol.md step 5).
 
     ``map``: 100 x mean AP over all C classes, a 0-d tensor, or ``(T,)`` for stacked trials;
     ``ap``: per-class AP in [0, 1], ``(C,)`` or ``(T, C)`` (0 for classes without positives);
@@ -298,7 +298,7 @@ def average_precision(
 def mean_average_precision(
     targets: Tensor, *, logits: Tensor | None = None, probs: Tensor | None = None
 ) -> MAPResult:
-    """mAP of PROTOCOL.md step 5: 100 x mean AP over **all** C classes (empty classes count 0).
+    """mAP of docs/protocol.md step 5: 100 x mean AP over **all** C classes (empty classes count 0).
 
     Same inputs as :func:`average_precision`; returns :class:`MAPResult` (``map`` 0-d or ``(T,)``).
     """

@@ -1,6 +1,6 @@
 """Adam and SGD for stacked trials: every parameter carries a leading trial axis ``T``.
 
-DESIGN.md "Many trials at once": T hyperparameter configurations train as one stacked model,
+docs/design.md "Many trials at once": T hyperparameter configurations train as one stacked model,
 each with its own learning rate and weight decay. The update of trial ``t`` is exactly the update
 ``torch.optim.Adam`` / ``torch.optim.SGD`` (default options: no AMSGrad, no Nesterov, dampening 0,
 L2 weight decay added to the gradient) would make on ``param[t]`` alone, so a stacked run equals T

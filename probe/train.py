@@ -1,6 +1,6 @@
 """The probe engine: many linear heads trained at once on device-resident features (issue 5).
 
-DESIGN.md "What fast means" / "Many trials at once" / "Semantics are not traded for speed".
+docs/design.md "What fast means" / "Many trials at once" / "Semantics are not traded for speed".
 One call, :func:`train_probe`, trains T configurations ("trials") of one SPML loss as one
 stacked model and evaluates all T×C columns on val and test after every epoch.
 
@@ -96,7 +96,7 @@ TRAINER_KEYS = ("lr", "weight_decay")
 #: lr {1e-2 … 1e-5} picked bs 8, lr 1e-4 for AN-LS on every dataset. Used when neither the
 #: config nor the loss's ``train_presets`` for the store's dataset give a value.
 GENERIC_TRAINING = {"batch_size": 8, "lr": 1e-4, "epochs": 25}
-#: class counts of the datasets whose paper presets the losses carry (PROTOCOL.md)
+#: class counts of the datasets whose paper presets the losses carry (docs/protocol.md)
 KNOWN_CLASS_COUNTS = {"voc": 20, "coco": 80, "nus": 81, "cub": 312}
 _EVAL_BLOCK = 1 << 25  # logits elements (T·N·C) evaluated at once, bounds eval memory
 _HEAD_FORMAT = "spml-probe-head/1"
@@ -126,15 +126,15 @@ class ProbeConfig:
     seed: int = 0  # init + batch order of every trial when `seeds` is not given
     seeds: tuple[int, ...] | None = None  # one seed per trial (trials with equal seeds share
     # their batch order, which is the fast path)
-    flip: bool = True  # PROTOCOL.md step 6: random horizontal flip, used if the store has flips
+    flip: bool = True  # docs/protocol.md step 6: random horizontal flip, used if the store has flips
     labels: str = "observed"  # train on the single positives; "full" = the full-label oracle
-    val_labels: str = "clean"  # PROTOCOL.md step 4: val is clean by default; or "observed"
-    observed_seed: int = 1200  # PROTOCOL.md step 2: the literature's single-positive draw
+    val_labels: str = "clean"  # docs/protocol.md step 4: val is clean by default; or "observed"
+    observed_seed: int = 1200  # docs/protocol.md step 2: the literature's single-positive draw
     device: str = "auto"  # CUDA when available, else CPU
     eval_every: int = 1  # evaluate every epoch (best-epoch selection); 0 = never (benchmarks)
     drop_last: bool = True  # Cole et al.'s train DataLoader drops the last partial batch
     use_presets: bool = True  # start from loss.presets[dataset] where the paper gives values
-    f1_threshold: float = 0.5  # PROTOCOL.md step 5: OF1/CF1 at probability 0.5
+    f1_threshold: float = 0.5  # docs/protocol.md step 5: OF1/CF1 at probability 0.5
     deterministic: bool = True  # CUDA: deterministic kernels so a re-run is bit-for-bit equal
     step_threads: int | None = None  # CPU threads for the training steps; None = 1 while the
     # stacked head is small (< 2**22 weights): a probe step is ~10 tiny ops, and intra-op

@@ -22,7 +22,7 @@ loss) and returns a result object; ``write_outputs`` writes its JSON, Markdown t
   loss whose entry loss depends on that entry's p and label only, on an unannotated label (y=0)
   and on a positive (y=1), at chosen epochs of the loss's schedule.
 
-Reported mAPs follow PROTOCOL.md step 5: the epoch is chosen on val, test mAP is read at that
+Reported mAPs follow docs/protocol.md step 5: the epoch is chosen on val, test mAP is read at that
 epoch; several seeds give mean ± sample standard deviation (as ``spml study confirm``).
 """
 

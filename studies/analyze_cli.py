@@ -16,7 +16,7 @@ Training (store commands): --epochs, --batch-size and --lr default to GR's paper
 store's dataset (VOC/COCO/NUS/CUB, Table 6), else Cole et al.'s linear probe (bs 8, lr 1e-4,
 25 epochs, Adam); every run of one analysis uses the same values. --seeds 0,1,2 trains each
 configuration once per seed, stacked, and reports mean ± std. The epoch is chosen on val (full
-labels), test mAP is read there (PROTOCOL.md step 5).
+labels), test mAP is read there (docs/protocol.md step 5).
 
 --set KEY=VALUE sets a loss hyperparameter ('spml losses show gr'), or lr / weight_decay;
 LOSS.KEY=VALUE (e.g. gr.w_T=2) names the loss where several are trained.

@@ -1,10 +1,10 @@
 """End-to-end fine-tuning of the backbone + a linear head on the images, to confirm the winners
-of a linear-probe study (DESIGN.md "The flow": studies ──finetune──▶ confirmed winners).
+of a linear-probe study (docs/design.md "The flow": studies ──finetune──▶ confirmed winners).
 
 It is the reference training procedure of Cole et al. (2021), ``train.py`` / ``models.py`` /
 ``datasets.py`` of ``elijahcole/single-positive-multi-label`` (``train_mode='end_to_end'``),
 followed by GR Loss, EM/APL and Large-Loss, with the same protocol as the probe
-(PROTOCOL.md):
+(docs/protocol.md):
 
 * data: the dataset adapters (``featurize.datasets.load_dataset``); the pool is split
   train/val with ``split_pool(n, 1200)``; single positives are drawn per phase with
@@ -28,7 +28,7 @@ followed by GR Loss, EM/APL and Large-Loss, with the same protocol as the probe
   ``needs_epoch_pass`` losses a no-grad pass over the (unflipped) train images in eval mode gives
   the ``(1, N_train, C)`` logits;
 * selection: every epoch is evaluated on val and test; the epoch with the best val mAP is
-  selected (the first one on ties) and the test mAP there is reported (PROTOCOL.md step 5).
+  selected (the first one on ties) and the test mAP there is reported (docs/protocol.md step 5).
 
 Batch size, learning rate and epochs are the paper's (``loss.train_presets[dataset]``), else
 :data:`GENERIC_TRAIN`; all three can be overridden. Engineering on top: AMP (bf16 autocast, or
@@ -128,14 +128,14 @@ class FinetuneConfig:
     batch_size: int | None = None  # None: the paper's (train_presets), else 8
     lr: float | None = None  # None: the paper's, else 1e-5 (one lr for backbone and head)
     epochs: int | None = None  # None: the paper's, else 10
-    backbone: str = "resnet50"  # the protocol's backbone (PROTOCOL.md step 7)
+    backbone: str = "resnet50"  # the protocol's backbone (docs/protocol.md step 7)
     weights: str = "imagenet1k_v1"  # what pretrained=True meant for the papers; or random/PATH
     weights_seed: int = 0  # initialisation seed for weights="random" only
     size: int = 448  # the protocol's 448×448 resize; smaller only for smoke tests
     seed: int = 0  # head init, batch order, flips, the loss's own randomness
-    observed_seed: int = 1200  # the literature's single-positive draw (PROTOCOL.md step 2)
-    val_labels: str = "clean"  # PROTOCOL.md step 4: clean val by default, or "observed"
-    threshold: float = 0.5  # probability threshold of OF1/CF1 (PROTOCOL.md step 5)
+    observed_seed: int = 1200  # the literature's single-positive draw (docs/protocol.md step 2)
+    val_labels: str = "clean"  # docs/protocol.md step 4: clean val by default, or "observed"
+    threshold: float = 0.5  # probability threshold of OF1/CF1 (docs/protocol.md step 5)
     device: str = "auto"  # auto = cuda when available, else cpu
     amp: str = "auto"  # see AMP_MODES
     channels_last: bool | None = None  # None = on CUDA only (faster convolutions there)
@@ -353,7 +353,7 @@ def _build_loss(config: FinetuneConfig, hparams: Mapping[str, Any], dataset: str
 
 
 def _fill_dataset_hparams(loss, val_labels: np.ndarray) -> dict[str, float]:
-    """Hyperparameters a loss leaves to the dataset (LOSSES.md: EPR/ROLE's k = the mean label
+    """Hyperparameters a loss leaves to the dataset (docs/losses.md: EPR/ROLE's k = the mean label
     cardinality of the val split when the dataset has no known k)."""
     filled = {}
     for spec in loss.hparam_specs:
@@ -377,7 +377,7 @@ def _fill_dataset_hparams(loss, val_labels: np.ndarray) -> dict[str, float]:
 
 @dataclass
 class _Data:
-    """The protocol's three splits of one dataset (PROTOCOL.md steps 1-4)."""
+    """The protocol's three splits of one dataset (docs/protocol.md steps 1-4)."""
 
     name: str
     class_names: tuple[str, ...]

@@ -79,7 +79,7 @@ class StudySettings:
     epochs: int | None = None  # None: the loss's paper preset for the dataset
     batch_size: int | None = None  # None: the loss's paper preset for the dataset
     lr: float | None = None  # None: the loss's paper preset for the dataset
-    val_labels: str = "clean"  # PROTOCOL.md step 4
+    val_labels: str = "clean"  # docs/protocol.md step 4
     observed_seed: int = 1200  # the literature's single-positive draw
     device: str = "auto"
     enqueue_paper: bool = True  # first trial = the paper's values (never worse than the paper)

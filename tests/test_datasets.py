@@ -1,4 +1,4 @@
-"""Dataset adapters (PROTOCOL.md "Official dataset layouts"): tiny datasets in the real on-disk
+"""Dataset adapters (docs/protocol.md "Official dataset layouts"): tiny datasets in the real on-disk
 formats, checked against hand-derived answers (literal files below) and against the builders of
 ``fixtures_datasets`` (generated ground truth), plus every documented error."""
 

@@ -418,7 +418,7 @@ def test_help_texts(capsys: pytest.CaptureFixture) -> None:
 
 
 def test_seeds_give_other_single_positive_draws(tmp_path: Path, capsys) -> None:
-    """PROTOCOL.md step 2 with other seeds: `--seeds` on import and `spml draw` later."""
+    """docs/protocol.md step 2 with other seeds: `--seeds` on import and `spml draw` later."""
     pytest.importorskip("river")
     from probe.store.protocol import single_positive
     from studies.cli import main

@@ -184,7 +184,7 @@ class _SyncSpy(TorchDispatchMode):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_training_step_does_not_synchronise(name):
-    """DESIGN.md: no host synchronisation inside an epoch — the forward and backward of every
+    """docs/design.md: no host synchronisation inside an epoch — the forward and backward of every
     registered loss, stacked, mid-run (schedules and state active), make no device→host read."""
     observed = _observed(N_TRAIN, C)
     stackable = [s for s in get_loss_class(name).hparam_specs if s.stackable and s.search]

@@ -1,4 +1,4 @@
-"""GR loss (probe/losses/gr_loss.py; LOSSES.md "Generalized Robust Loss", paper Eqs. 4-18).
+"""GR loss (probe/losses/gr_loss.py; docs/losses.md "Generalized Robust Loss", paper Eqs. 4-18).
 
 Hand-computed cases use logits 0, ±ln 3 (p = 1/2, 3/4, 1/4); the random comparisons use an
 independent float64 reference written entry by entry with the math module, (1 − p^q)/q taken
@@ -120,7 +120,7 @@ def test_robust_false_uses_q_001():
 
 # ------------------------------------------------------------------ q → 0, AN
 def _an_entries(z, y):
-    """AN as LOSSES.md defines it: −log p on y=1, −log(1−p) on y≤0 (float64, log(sigmoid))."""
+    """AN as docs/losses.md defines it: −log p on y=1, −log(1−p) on y≤0 (float64, log(sigmoid))."""
     p = torch.sigmoid(z)
     return torch.where(y == 1, -torch.log(p), -torch.log(1 - p))
 
@@ -140,7 +140,7 @@ def test_q_zero_is_the_exact_log_limit_and_switches_off_give_an():
 
 
 def test_all_switches_off_is_gce_of_an_entries():
-    """LOSSES.md: "all three off is AN". With robust=False q1 = q2 = q3 = 0.01, so what holds
+    """docs/losses.md: "all three off is AN". With robust=False q1 = q2 = q3 = 0.01, so what holds
     exactly is: every entry is (1 − e^{−0.01·a})/0.01 of AN's entry a = −log p or −log(1−p) (a
     strictly increasing transform of AN, below it by at most 0.01·a²/2) — equal to AN only in the
     limit q → 0 (previous test). That is the paper's Table 3 "AN assumption" row."""

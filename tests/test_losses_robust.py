@@ -1,4 +1,4 @@
-"""Focal, ASL, Hill and SPLC (probe/losses/robust.py; LOSSES.md "Robust losses").
+"""Focal, ASL, Hill and SPLC (probe/losses/robust.py; docs/losses.md "Robust losses").
 
 Hand-computed cases use logits ln 3, −ln 3, 0, 1 + ln 3 (p = 3/4, 1/4, 1/2 and
 p_m = σ(z − 1) = 3/4), so every number below is a closed form. The random comparisons use an
@@ -24,7 +24,7 @@ def _sig(x: float) -> float:
 
 # ------------------------------------------------------------------ independent references
 def _ref_entry(name: str, z: float, y: int, h: dict, epoch_on: bool = True) -> float:
-    """One entry of each loss, straight from LOSSES.md, in float64 with math.log(sigmoid)."""
+    """One entry of each loss, straight from docs/losses.md, in float64 with math.log(sigmoid)."""
     p = _sig(z)
     if name == "focal":
         g = h["gamma"]

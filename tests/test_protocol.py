@@ -1,4 +1,4 @@
-"""PROTOCOL.md steps 2-3 against an independent re-implementation written from the spec text."""
+"""docs/protocol.md steps 2-3 against an independent re-implementation written from the spec text."""
 
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ def test_split_pool_matches_reference(n: int) -> None:
     ],
 )
 def test_protocol_sizes(pool: int, train: int, val: int) -> None:
-    """PROTOCOL.md step 3 sizes, from the arithmetic alone."""
+    """docs/protocol.md step 3 sizes, from the arithmetic alone."""
     n_val = int(np.round(0.2 * pool))
     assert (pool - n_val, n_val) == (train, val)
 

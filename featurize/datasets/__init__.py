@@ -1,4 +1,4 @@
-"""Dataset adapters: each reads one on-disk layout (PROTOCOL.md "Official dataset layouts") and
+"""Dataset adapters: each reads one on-disk layout (docs/protocol.md "Official dataset layouts") and
 returns a :class:`DatasetIndex` (pool = official train split, test = official val/test split).
 
 >>> index = load_dataset("voc", "/data/pascal")          # doctest: +SKIP

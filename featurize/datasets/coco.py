@@ -1,4 +1,4 @@
-"""MS-COCO 2014 from its official layout (PROTOCOL.md "Official dataset layouts": COCO 2014).
+"""MS-COCO 2014 from its official layout (docs/protocol.md "Official dataset layouts": COCO 2014).
 
 Follows Cole et al.'s ``preproc/format_coco.py`` exactly: class index = position in the JSON
 ``categories`` list (checked identical for train and val); images = those with at least one
@@ -82,7 +82,7 @@ def _phase(root: Path, split: str, data: dict, path: Path, cat_index: dict[int, 
 
 
 def load_coco(root: str | Path, *, check_images: bool = True) -> DatasetIndex:
-    """MS-COCO 2014 (80 classes) as the SPML protocol uses it (PROTOCOL.md "Pools").
+    """MS-COCO 2014 (80 classes) as the SPML protocol uses it (docs/protocol.md "Pools").
 
     ``root``: the folder holding ``annotations/instances_{train,val}2014.json`` and the image
     folders ``train2014/``, ``val2014/``. ``check_images``: verify every image exists (False

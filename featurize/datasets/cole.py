@@ -1,5 +1,5 @@
 """Cole et al. (2021)'s formatted SPML files ("Multi-Label Learning from Single Positive Labels",
-CVPR; repository ``elijahcole/single-positive-multi-label``), PROTOCOL.md "Precomputed features".
+CVPR; repository ``elijahcole/single-positive-multi-label``), docs/protocol.md "Precomputed features".
 
 A dataset directory holds ``formatted_{train,val}_labels.npy`` ((N, C) float 0/1, written by
 their ``preproc/format_*.py``), ``formatted_{train,val}_images.npy`` ((N,) unicode paths relative

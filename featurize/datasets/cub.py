@@ -1,4 +1,4 @@
-"""CUB-200-2011 attributes from the official layout (PROTOCOL.md "Official dataset layouts": CUB).
+"""CUB-200-2011 attributes from the official layout (docs/protocol.md "Official dataset layouts": CUB).
 
 Follows Cole et al.'s ``preproc/format_cub.py``: the 312 binary attributes are the classes, in
 the order of ``attributes.txt``; an image's label is ``is_present`` of

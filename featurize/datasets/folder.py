@@ -1,5 +1,5 @@
 """Users' own multi-label image data: an image folder plus an annotation file
-(PROTOCOL.md "Official dataset layouts": generic folder).
+(docs/protocol.md "Official dataset layouts": generic folder).
 
 Annotation formats (image paths are relative to the image folder ``root``, or absolute):
 
@@ -17,7 +17,7 @@ Classes: the given class list (names, or a text file with one name a line) in it
 label outside it is an error; otherwise the sorted union of all labels.
 
 Splits: ``split`` is ``train`` (the pool the protocol splits into train/val) or ``test``; it
-must then be given on every row. Without it, a seeded test split mirroring PROTOCOL.md step 3:
+must then be given on every row. Without it, a seeded test split mirroring docs/protocol.md step 3:
 ``rng = np.random.RandomState(split_seed)``, ``n_test = int(round(test_fraction * N))``,
 ``perm = rng.permutation(N)``, test = ``sort(perm[-n_test:])``, pool = ``sort(perm[:N-n_test])``
 (defaults 1200 and 0.2). Rows keep the annotation file's order within each phase.

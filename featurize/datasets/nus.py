@@ -1,4 +1,4 @@
-"""NUS-WIDE from the official release (PROTOCOL.md "Official dataset layouts": NUS-WIDE).
+"""NUS-WIDE from the official release (docs/protocol.md "Official dataset layouts": NUS-WIDE).
 
 Files read under the dataset root:
 
@@ -12,7 +12,7 @@ Files read under the dataset root:
   the order of the image list.
 
 Pool = official Train list, test = official Test list, in list order. Rows with no positive are
-**kept** and counted in ``Phase.n_unlabeled`` (PROTOCOL.md "Pools": about 22% of NUS rows).
+**kept** and counted in ``Phase.n_unlabeled`` (docs/protocol.md "Pools": about 22% of NUS rows).
 Image ids are the list entries as paths relative to the ``Flickr`` folder
 (``actor/0001_2124494179.jpg``), which is how Cole et al.'s code resolves its NUS image names.
 

@@ -1,4 +1,4 @@
-"""PASCAL VOC 2012 from its official layout (PROTOCOL.md "Official dataset layouts": VOC 2012).
+"""PASCAL VOC 2012 from its official layout (docs/protocol.md "Official dataset layouts": VOC 2012).
 
 Reads ``VOCdevkit/VOC2012/ImageSets/Main/{class}_{train,val}.txt`` (lines ``<id> <-1|0|1>``),
 exactly like Cole et al.'s ``preproc/format_pascal.py``: a label is positive iff it is ``1``
@@ -100,7 +100,7 @@ def _read_phase(main: Path, split: str) -> tuple[Path, list[int], list[str], np.
 
 
 def load_voc(root: str | Path, *, check_images: bool = True) -> DatasetIndex:
-    """PASCAL VOC 2012 (20 classes) as the SPML protocol uses it (PROTOCOL.md "Pools").
+    """PASCAL VOC 2012 (20 classes) as the SPML protocol uses it (docs/protocol.md "Pools").
 
     ``root``: the folder holding ``VOCdevkit``, or ``VOCdevkit``, or ``VOC2012``.
     ``check_images``: verify every kept image exists under ``JPEGImages`` (False indexes the

@@ -1,4 +1,4 @@
-"""The SPML loss library (contract: ``../shared/spec/LOSSES.md``).
+"""The SPML loss library (contract: ``docs/losses.md``).
 
 Every loss is available two ways:
 

@@ -1,6 +1,6 @@
 """The contract every SPML loss follows: input checks, hyperparameters, trial axis, registry.
 
-Conventions (``../shared/spec/LOSSES.md``):
+Conventions (``docs/losses.md``):
 
 * ``logits`` z is a float tensor ``(B, C)`` or, with a leading **trial axis**, ``(T, B, C)``.
 * ``observed`` y is an integer tensor ``(B, C)`` (or ``(T, B, C)``) with 1 = observed positive,
@@ -494,7 +494,7 @@ _REGISTRY: dict[str, type[Loss]] = {}
 
 
 def register(cls: type[Loss]) -> type[Loss]:
-    """Class decorator: register a :class:`Loss` under ``cls.name`` (the name in LOSSES.md)."""
+    """Class decorator: register a :class:`Loss` under ``cls.name`` (the name in docs/losses.md)."""
     if not cls.name:
         raise TypeError(f"{cls.__name__} has no 'name'")
     if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:

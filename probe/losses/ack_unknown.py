@@ -1,7 +1,7 @@
 """Acknowledging the unknown — Zhou et al., "Acknowledging the Unknown for Multi-label Learning
 with Single Positive Labels", ECCV 2022 (``../papers/em-apl-ack-the-unknown-poster.md``):
 the entropy-maximisation loss (EM, Eq. 3) and asymmetric pseudo-labelling (APL, Alg. 1, Eqs. 6–8);
-spec: LOSSES.md "Acknowledging the unknown".
+spec: docs/losses.md "Acknowledging the unknown".
 
 With p = σ(z), H(p) = −p log p − (1−p) log(1−p) (computed from logits as
 p·softplus(−z) + (1−p)·softplus(z)):

@@ -1,5 +1,5 @@
 """Generalized Robust Loss — Chen et al., "Boosting Single Positive Multi-label Classification with
-Generalized Robust Loss", IJCAI 2024 (LOSSES.md "Generalized Robust Loss"; paper Eqs. 4, 7, 11, 14).
+Generalized Robust Loss", IJCAI 2024 (docs/losses.md "Generalized Robust Loss"; paper Eqs. 4, 7, 11, 14).
 
 With z the logits, p = σ(z), sg = stop-gradient and y ∈ {1, 0, −1}:
 
@@ -299,7 +299,7 @@ class GR(Loss):
     notes = """\
 Defaults are COCO's values (Table 6); presets voc/coco/nus/cub set the final values, q2, q3.
 Start values (w_0, b_0, μ_0, σ_0) = (0, −2, 0.5, 2) are the released code's (yan4xi1/GRLoss).
-Schedule: LOSSES.md's e/(E−1), reaching the final values in the last epoch. The released code
+Schedule: docs/losses.md's e/(E−1), reaching the final values in the last epoch. The released code
 uses e/E for (w, b) and (e+1)/E for (μ, σ) (0-indexed e), so its w, b never reach w_T, b_T.
 Table 6's lr is the backbone's; the released code trains the linear head at 10× that lr.
 The released code uses −log p on positives (q1 = 0); the paper sets q1 = 0.01 (our default).

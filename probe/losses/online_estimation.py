@@ -1,5 +1,5 @@
 """ROLE, Regularized Online Label Estimation — Cole et al., "Multi-Label Learning from Single
-Positive Labels", CVPR 2021, Sec. 3.3 / Eq. 7; spec: LOSSES.md "role".
+Positive Labels", CVPR 2021, Sec. 3.3 / Eq. 7; spec: docs/losses.md "role".
 
 A label-estimate logit matrix Θ ∈ R^{N_train×C} is trained jointly with the classifier;
 q = σ(Θ[index]) are the estimated labels of the batch. With p = σ(z) and sg = stop-gradient:

@@ -1,6 +1,6 @@
 """Pairwise (log-sum-exp) losses — ZLPR (Su et al., arXiv 2208.02955) and OPML (Li, Wang & Chen,
 "Pushing One Pair of Labels Apart Each Time in Multi-Label Learning", arXiv 2302.14695, Eqs. 3/6,
-10, 11 and the label-correction algorithm of Sec. III-E). Spec: LOSSES.md "Pairwise losses".
+10, 11 and the label-correction algorithm of Sec. III-E). Spec: docs/losses.md "Pairwise losses".
 
 Per sample, with Ω+ = observed positives (y = 1) and Ω− = every other label (AN assumption: both
 unobserved y = 0 and observed negatives y = −1)::
@@ -13,7 +13,7 @@ computed as ``logsumexp`` over ``[log α, z_j …]`` / ``[log β, −z_i …]``,
 (or without negatives) is exact and its gradient finite. α = β = 1 is ZLPR.
 
 OPML options — all three **(reconstructed)**: our copy of the paper lost its formulas and its
-hyperparameter values, so these are our reading of its prose (LOSSES.md):
+hyperparameter values, so these are our reading of its prose (docs/losses.md):
 
 * ``high_rank`` (``hr_lambda`` λ, ``hr_delta`` δ, paper Eq. 10): add
   λ·(−(1/C)·Σ_i log(σ_i(P)² + δ)) with P = σ(Z) the batch's B×C prediction matrix and σ_i its
@@ -333,7 +333,7 @@ class ZLPR(Loss):
         "per sample: log(1 + Σ_{j∈Ω−} e^{z_j}) + log(1 + Σ_{i∈Ω+} e^{−z_i})\n"
         "Ω+ = observed positives, Ω− = all other labels (AN);  mean over the batch"
     )
-    notes = "Reduction is the mean over the batch (one value per sample), as LOSSES.md specifies."
+    notes = "Reduction is the mean over the batch (one value per sample), as docs/losses.md specifies."
 
     def forward(self, logits: Tensor, observed: Tensor, index: Tensor | None = None) -> LossOutput:
         z = promote(logits)
@@ -356,7 +356,7 @@ class OPML(Loss):
                     _CORRECT, _CORRECT_RATIO)
     notes = (
         "(reconstructed) Our copy of the paper has lost its formulas and numbers: the OPML loss "
-        "itself is fixed by LOSSES.md (α = β = 1 is ZLPR); the options high_rank (Eq. 10), soft "
+        "itself is fixed by docs/losses.md (α = β = 1 is ZLPR); the options high_rank (Eq. 10), soft "
         "(Eq. 11) and correct (Sec. III-E) are our reading of the prose, and their default "
         "values and search ranges (hr_lambda, soft_power, correct_ratio) are ours. The paper "
         "reparametrises α, β for its grid search but the mapping is missing: we search log α, "

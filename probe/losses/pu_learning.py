@@ -1,7 +1,7 @@
 """Positive-unlabeled multi-label loss — PU-MLC (Yuan, Zhang & Huang, "Positive Label Is All You
 Need for Multi-Label Classification", arXiv 2306.16016, Eqs. 8, 10, 11), built on vPU (Chen et al.,
 "A Variational Approach for Learning from Positive and Unlabeled Data", NeurIPS 2020).
-Spec: LOSSES.md "Positive-unlabeled"; checked against the authors' code (TAKELAMAG/PU-MLC,
+Spec: docs/losses.md "Positive-unlabeled"; checked against the authors' code (TAKELAMAG/PU-MLC,
 ``src/loss_functions/vpu_loss.py``).
 
 All entries of a column form the unlabeled set (positives included); per class c over the batch::
@@ -70,7 +70,7 @@ _MIX_ALPHA = HParam("mix_alpha", 0.3, "MixUp λ ~ Beta(mix_alpha, mix_alpha) (pa
 _LAM = HParam("lam", None, "MixUp weight λ of the first half-batch", low=0.0, high=1.0,
               optional=True)
 
-_TAU_MIN = 1e-3  # floor of the adaptive temperature (LOSSES.md); the reference has none
+_TAU_MIN = 1e-3  # floor of the adaptive temperature (docs/losses.md); the reference has none
 _LAM_BLOCK = 256  # λ draws per trial moved to the device at once (one transfer per 256 steps)
 
 

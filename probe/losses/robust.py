@@ -1,4 +1,4 @@
-"""Robust losses for missing labels — LOSSES.md "Robust losses" (focal, ASL, Hill, SPLC).
+"""Robust losses for missing labels — docs/losses.md "Robust losses" (focal, ASL, Hill, SPLC).
 
 With z the logits, p = σ(z), y ∈ {1, 0, −1} (positive / unobserved / observed negative), every log
 taken from logits (log p = logsigmoid(z), log(1−p) = logsigmoid(−z)) and every power p^γ computed
@@ -12,7 +12,7 @@ as exp(γ·log p):
                                                     y=−1: −p^γ log(1−p) (never corrected)
 
 sg = stop-gradient. Reduction: the mean over all B·C entries. The papers sum instead; a constant
-factor only rescales the learning rate, so we use the mean of the rest of the library (LOSSES.md
+factor only rescales the learning rate, so we use the mean of the rest of the library (docs/losses.md
 "Conventions").
 """
 
@@ -112,7 +112,7 @@ def _asl_entries(z: Tensor, y: Tensor, gamma_pos, gamma_neg, clip) -> Tensor:
         else:
             capped = log_p.clamp_max(log_c)
         log_1mpm = torch.logaddexp(log_1mp, capped)
-    with torch.no_grad():  # asymmetric focusing weights under stop-gradient (LOSSES.md)
+    with torch.no_grad():  # asymmetric focusing weights under stop-gradient (docs/losses.md)
         w_pos = _pow_exp(gamma_pos, log_1mp)
         p_m = (torch.sigmoid(z) - clip).clamp_min(0.0)
         w_neg = p_m.pow(gamma_neg) if isinstance(gamma_neg, Tensor) else p_m**gamma_neg
@@ -234,7 +234,7 @@ class ASL(EntrywiseLoss):
     )
     hparam_specs = (_GAMMA_POS, _GAMMA_NEG, _CLIP)
     notes = (
-        "Focusing weights under stop-gradient (LOSSES.md; the reference's "
+        "Focusing weights under stop-gradient (docs/losses.md; the reference's "
         "disable_torch_grad_focal_loss=True). Later versions of Alibaba-MIIL/ASL comment the "
         "no_grad out in AsymmetricLoss; we keep the stop-gradient. The reference clamps "
         "probabilities at eps=1e-8 before the log; we compute log(1−p_m) exactly from logits. "
@@ -280,7 +280,7 @@ class SPLC(EntrywiseLoss):
     hparam_specs = (_TAU, _MARGIN, _GAMMA, _CHANGE_EPOCH)
     notes = (
         "Epochs are 0-indexed (start_epoch), as the reference's loop. Corrected entries take the "
-        "focal-margin loss (LOSSES.md, the paper's loss⁺); the reference subtracts the margin "
+        "focal-margin loss (docs/losses.md, the paper's loss⁺); the reference subtracts the margin "
         "before the correction, so its corrected entries get focal loss without margin. The "
         "threshold compares σ(z) (no margin) with τ, as the reference. Observed negatives (−1) are "
         "never corrected. parts['corrected']: the fraction of the batch's B·C entries corrected. "

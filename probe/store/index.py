@@ -1,5 +1,5 @@
 """What every dataset adapter returns: the ordered images, full labels and class names of the
-two protocol phases (PROTOCOL.md "Pools"): the official train split (the train/val *pool*) and
+two protocol phases (docs/protocol.md "Pools"): the official train split (the train/val *pool*) and
 the official val/test split (our *test* set)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The SPML benchmark protocol of Cole et al. (2021), "Multi-Label Learning from Single Positive
-Labels" (CVPR), as followed by GR Loss, EM/APL and Large-Loss: PROTOCOL.md steps 2 and 3.
+Labels" (CVPR), as followed by GR Loss, EM/APL and Large-Loss: docs/protocol.md steps 2 and 3.
 
 Both generators reproduce the reference code (``generate_observed_labels.py`` and
 ``datasets.generate_split`` of Cole et al.) draw for draw: results are only comparable with the
@@ -11,11 +11,11 @@ from __future__ import annotations
 import numpy as np
 
 PROTOCOL_SEED: int = 1200  # the seed every SPML paper uses for both the draws and the split
-VAL_FRACTION: float = 0.2  # PROTOCOL.md step 3: 20% of the official train split is validation
+VAL_FRACTION: float = 0.2  # docs/protocol.md step 3: 20% of the official train split is validation
 
 
 def single_positive(labels: np.ndarray, seed: int = PROTOCOL_SEED) -> np.ndarray:
-    """Observed single-positive labels for one phase (PROTOCOL.md step 2).
+    """Observed single-positive labels for one phase (docs/protocol.md step 2).
 
     Re-seeds ``np.random.RandomState(seed)`` and walks the rows in order: the positives of row
     ``i`` are shuffled and the first is kept as ``1``; then the negatives are shuffled and none
@@ -69,7 +69,7 @@ def split_indices(
 
 
 def split_pool(n: int, seed: int = PROTOCOL_SEED) -> tuple[np.ndarray, np.ndarray]:
-    """Train/val split of the pool (PROTOCOL.md step 3): 20% of the rows are validation.
+    """Train/val split of the pool (docs/protocol.md step 3): 20% of the rows are validation.
 
     Returns ``(train, val)`` sorted int64 indices into the pool; e.g. COCO's 82,081 pool rows
     give 65,665 / 16,416.

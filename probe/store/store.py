@@ -1,4 +1,4 @@
-"""The feature store: one Zarr v3 group per dataset x backbone (PROTOCOL.md "The feature store").
+"""The feature store: one Zarr v3 group per dataset x backbone (docs/protocol.md "The feature store").
 
 Layout (rows are the pool -- the official train split -- first, then the test phase)::
 
@@ -206,7 +206,7 @@ def create_store(
     overwrite: bool = False,
     extra_attrs: dict | None = None,
 ) -> StoreWriter:
-    """Create an empty store for ``index`` and return its writer (PROTOCOL.md feature store).
+    """Create an empty store for ``index`` and return its writer (docs/protocol.md feature store).
 
     Labels, the protocol split and the single-positive draws for ``seeds`` are written now;
     the features are written block by block through the returned :class:`StoreWriter`.
@@ -644,7 +644,7 @@ def _check_same_rows(
 def add_observed_seed(path: str | Path, seed: int) -> None:
     """Add another single-positive draw ``observed/<seed>`` to a complete store.
 
-    Each phase is re-seeded with ``seed`` (PROTOCOL.md step 2). A seed already present is left
+    Each phase is re-seeded with ``seed`` (docs/protocol.md step 2). A seed already present is left
     alone. The array is written first and registered in ``observed_seeds`` last, so an
     interrupted call leaves the store as it was. Not safe against another concurrent
     ``add_observed_seed`` on the same store (readers are fine).
