@@ -26,7 +26,6 @@ import torch
 from PIL import Image
 
 from featurize.backbones import RANDOM, Backbone, load_backbone
-from probe.store.index import DatasetIndex, Phase
 from featurize.runner import (
     FeaturizeConfig,
     Runtime,
@@ -34,6 +33,7 @@ from featurize.runner import (
     featurize,
     resolve_runtime,
 )
+from probe.store.index import DatasetIndex, Phase
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import numpy as np
 
-from probe.store.index import DatasetIndex, Phase
 from featurize.datasets._parse import DatasetFormatError
 from featurize.datasets.cole import (
     PHASES,
@@ -34,8 +33,9 @@ from featurize.datasets.cole import (
     read_class_names,
     reference_observed,
 )
-from probe.store.protocol import PROTOCOL_SEED, single_positive, split_indices
 from probe.store import Store, file_sha256, write_feature_store
+from probe.store.index import DatasetIndex, Phase
+from probe.store.protocol import PROTOCOL_SEED, single_positive, split_indices
 
 DEFAULT_TEST_FRACTION: float = 0.2  # held-out rows when a set has no official test split
 YEAST_FEATURES: int = 103  # MULAN yeast: 103 numeric attributes ...

@@ -41,7 +41,6 @@ import numpy as np
 import torch
 
 from featurize.backbones import DEFAULT_BACKBONE, Backbone, load_backbone
-from probe.store.index import DatasetIndex
 from featurize.images import (
     BadImageError,
     ImageTransform,
@@ -53,6 +52,7 @@ from featurize.images import (
     read_bytes,
     resize_batch,
 )
+from probe.store.index import DatasetIndex
 
 DECODE_CHOICES: tuple[str, ...] = ("auto", "pil", "torchvision")
 PRECISION_CHOICES: tuple[str, ...] = ("auto", "fp32", "bf16")

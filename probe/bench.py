@@ -119,8 +119,8 @@ def synthetic_store(
     noise. float16, with flips; pool sized so that the protocol's split gives ``n_train`` train
     rows, test rows in COCO's proportion.
     """
-    from probe.store.index import DatasetIndex, Phase
     from probe.store import StoreError, open_store, write_feature_store
+    from probe.store.index import DatasetIndex, Phase
 
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     path = root / (f"bench-coco-synthetic-v{SYNTHETIC_VERSION}-n{n_train}-d{dim}-c{n_classes}"

@@ -12,8 +12,8 @@ Layout choices (all documented because the trainer relies on them):
   converted to float32 before the matrix product, which is exact (float16 → float32 loses
   nothing), so the result equals training on float32 copies of the same features.
 * With flips, ``train_x`` holds ``2 N_train`` rows: the unflipped features, then the flipped
-  ones; "flip sample i" is "read row ``i + N_train``" (docs/protocol.md step 6: for a frozen backbone
-  a random horizontal flip is exactly picking the flipped or the unflipped feature vector).
+  ones; "flip sample i" is "read row ``i + N_train``" (docs/protocol.md step 6: for a frozen
+  backbone a random horizontal flip is exactly picking the flipped or the unflipped feature vector).
 * Labels: ``*_labels`` are the full ground truth (uint8 0/1); ``train_observed`` /
   ``val_observed`` are the single-positive draw (int8 1 = observed positive, 0 = unknown).
 """

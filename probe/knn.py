@@ -1,4 +1,5 @@
-"""The kNN baseline (docs/losses.md "Beyond the papers"): a training-free method, evaluated like a loss.
+"""The kNN baseline (docs/losses.md "Beyond the papers"): a training-free method, evaluated
+like a loss.
 
 For a query image with L2-normalised feature q, let N_k(q) be its k nearest training images
 by cosine similarity s_j = q·x_j (inner product of L2-normalised vectors) and y_j their

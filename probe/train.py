@@ -126,7 +126,7 @@ class ProbeConfig:
     seed: int = 0  # init + batch order of every trial when `seeds` is not given
     seeds: tuple[int, ...] | None = None  # one seed per trial (trials with equal seeds share
     # their batch order, which is the fast path)
-    flip: bool = True  # docs/protocol.md step 6: random horizontal flip, used if the store has flips
+    flip: bool = True  # docs/protocol.md step 6: random horizontal flip, if the store has flips
     labels: str = "observed"  # train on the single positives; "full" = the full-label oracle
     val_labels: str = "clean"  # docs/protocol.md step 4: val is clean by default; or "observed"
     observed_seed: int = 1200  # docs/protocol.md step 2: the literature's single-positive draw

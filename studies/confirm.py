@@ -76,8 +76,8 @@ def confirm_study(
     """Re-train the ``top_k`` best completed trials with every training seed in ``seeds`` on
     every single-positive draw in ``observed_seeds`` (added to the store if missing); returns
     rows ordered by mean test mAP and writes ``confirm.parquet`` and ``best.json`` to ``out``."""
-    from probe.store import add_observed_seed, open_store
     from probe.data import ProbeData
+    from probe.store import add_observed_seed, open_store
     from probe.train import ProbeConfig, train_probe
 
     log = log or (lambda msg: None)

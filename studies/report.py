@@ -729,8 +729,8 @@ def _baseline(st: _Study, store_arg: str | None, fig_dir: Path, out: Path,
     store_path, why = _find_store(st, store_arg)
     if store_path is None:
         return skip(why)
-    from probe.store import open_store
     from probe.data import ProbeData
+    from probe.store import open_store
     from probe.train import ProbeConfig, train_probe
 
     try:

@@ -434,8 +434,8 @@ def run_worker(
     settings: StudySettings, *, log: Callable[[str], None] | None = None
 ) -> StudySummary:
     """Work on the study until ``n_trials`` trials have finished (completed or pruned)."""
-    from probe.store import open_store
     from probe.data import ProbeData
+    from probe.store import open_store
     from probe.train import ProbeConfig
 
     log = log or (lambda msg: print(msg, file=sys.stderr))

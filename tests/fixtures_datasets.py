@@ -1,5 +1,6 @@
-"""Builders of tiny datasets in the real on-disk formats (docs/protocol.md "Official dataset layouts"),
-with real JPEG files, for the adapter tests and any test that needs images (e.g. featurize).
+"""Builders of tiny datasets in the real on-disk formats (docs/protocol.md "Official
+dataset layouts"), with real JPEG files, for the adapter tests and any test
+that needs images (e.g. featurize).
 
 Every ``make_*(root, ..., seed=0)`` writes under ``root`` (a fresh directory, e.g. pytest's
 ``tmp_path``) and returns the answers an adapter must give, derived from the generated ground

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from probe.store import open_store
 from probe.bench import BenchConfig, format_report, plain_loop, run_bench, synthetic_store
 from probe.data import ProbeData
+from probe.store import open_store
 from probe.train import ProbeConfig, train_probe
 from studies.cli import main
 

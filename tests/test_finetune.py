@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from probe.store.protocol import single_positive, split_pool
 from probe.losses import LossInputError, available, create_loss
+from probe.store.protocol import single_positive, split_pool
 from studies.finetune import (
     CHECKPOINT_NAME,
     FinetuneConfig,

@@ -13,8 +13,8 @@ import pytest
 from featurize import cli as fcli
 from featurize import imports
 from featurize.datasets.cole import COCO_CLASSES, NUS_CLASSES, VOC_CLASSES, load_cole_formatted
-from probe.store.protocol import single_positive, split_indices, split_pool
 from probe.store import StoreError, StoreWriter, file_sha256, open_store
+from probe.store.protocol import single_positive, split_indices, split_pool
 
 DIM = 12
 

@@ -24,8 +24,8 @@ def _one_thread():
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     """A 6-class store written through the real writer: 150 pool rows + 40 test rows, flips."""
-    from probe.store.index import DatasetIndex, Phase
     from probe.store import write_feature_store
+    from probe.store.index import DatasetIndex, Phase
 
     rng = np.random.default_rng(0)
     n_pool, n_test, d, c = 150, 40, 12, 6

@@ -1,4 +1,5 @@
-"""docs/protocol.md steps 2-3 against an independent re-implementation written from the spec text."""
+"""docs/protocol.md steps 2-3 against an independent re-implementation written from the spec
+text."""
 
 from __future__ import annotations
 

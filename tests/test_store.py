@@ -14,8 +14,6 @@ import numpy as np
 import pytest
 import zarr
 
-from probe.store.index import DatasetIndex, Phase
-from probe.store.protocol import single_positive, split_pool
 from probe.store import (
     SCHEMA_VERSION,
     StoreError,
@@ -26,6 +24,8 @@ from probe.store import (
     resume_store,
     write_feature_store,
 )
+from probe.store.index import DatasetIndex, Phase
+from probe.store.protocol import single_positive, split_pool
 
 N_POOL, N_TEST, C, D, BLOCK = 37, 23, 5, 8, 16  # 60 rows -> 4 blocks, the last one partial
 PROV = {"backbone": "test-net", "weights": "random", "transform": "none", "weights_sha256": "ab"}

@@ -342,8 +342,8 @@ def test_gpu_requested_without_one():
 
 
 def test_store_without_val_split(tmp_path):
-    from probe.store.index import DatasetIndex, Phase
     from probe.store import write_feature_store
+    from probe.store.index import DatasetIndex, Phase
 
     y = np.eye(3, dtype=np.uint8)
     pool = Phase(("a", "b"), (None, None), y[:2])  # 2 pool rows: round(0.2 * 2) = 0 val rows

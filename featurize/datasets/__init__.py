@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from probe.store.index import DatasetIndex, Phase
+
 from ._parse import DatasetFormatError
 
 __all__ = [

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from probe.store.index import DatasetIndex, Phase
+
 from ._parse import DatasetFormatError, require_disjoint, require_file, require_images
 
 __all__ = ["load_coco"]

@@ -1,5 +1,6 @@
 """Cole et al. (2021)'s formatted SPML files ("Multi-Label Learning from Single Positive Labels",
-CVPR; repository ``elijahcole/single-positive-multi-label``), docs/protocol.md "Precomputed features".
+CVPR; repository ``elijahcole/single-positive-multi-label``); docs/protocol.md
+"Precomputed features".
 
 A dataset directory holds ``formatted_{train,val}_labels.npy`` ((N, C) float 0/1, written by
 their ``preproc/format_*.py``), ``formatted_{train,val}_images.npy`` ((N,) unicode paths relative
@@ -18,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from probe.store.index import DatasetIndex, Phase
 from featurize.datasets._parse import DatasetFormatError
 from featurize.datasets.voc import VOC_CLASSES  # the order of Cole et al.'s format_pascal.py
+from probe.store.index import DatasetIndex, Phase
 
 # order of ``categories`` in instances_{train,val}2014.json (their format_coco.py)
 COCO_CLASSES: tuple[str, ...] = (

@@ -1,4 +1,5 @@
-"""CUB-200-2011 attributes from the official layout (docs/protocol.md "Official dataset layouts": CUB).
+"""CUB-200-2011 attributes from the official layout (docs/protocol.md "Official dataset
+layouts": CUB).
 
 Follows Cole et al.'s ``preproc/format_cub.py``: the 312 binary attributes are the classes, in
 the order of ``attributes.txt``; an image's label is ``is_present`` of
@@ -27,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from probe.store.index import DatasetIndex, Phase
+
 from ._parse import (
     DatasetFormatError,
     at,

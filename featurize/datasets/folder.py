@@ -42,6 +42,7 @@ from typing import Literal
 import numpy as np
 
 from probe.store.index import DatasetIndex, Phase
+
 from ._parse import DatasetFormatError, at, find_file, read_lines, require_file, require_images
 
 __all__ = ["SPLIT_VALUES", "load_folder"]

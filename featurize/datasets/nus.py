@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from probe.store.index import DatasetIndex, Phase
+
 from ._parse import (
     DatasetFormatError,
     at,

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from probe.store.index import DatasetIndex, Phase
+
 from ._parse import (
     DatasetFormatError,
     at,

@@ -1,5 +1,6 @@
 """Generalized Robust Loss — Chen et al., "Boosting Single Positive Multi-label Classification with
-Generalized Robust Loss", IJCAI 2024 (docs/losses.md "Generalized Robust Loss"; paper Eqs. 4, 7, 11, 14).
+Generalized Robust Loss", IJCAI 2024 (docs/losses.md "Generalized Robust Loss";
+paper Eqs. 4, 7, 11, 14).
 
 With z the logits, p = σ(z), sg = stop-gradient and y ∈ {1, 0, −1}:
 

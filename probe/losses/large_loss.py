@@ -1,5 +1,6 @@
 """Large Loss Matters — Kim et al., "Large Loss Matters in Weakly Supervised Multi-Label
-Classification", CVPR 2022, Sec. 3.2 (LL-R, LL-Ct, LL-Cp); spec: docs/losses.md "Large Loss Matters".
+Classification", CVPR 2022, Sec. 3.2 (LL-R, LL-Ct, LL-Cp);
+spec: docs/losses.md "Large Loss Matters".
 
 The per-entry loss ℓ is the assume-negative BCE (−log p on y=1, −log(1−p) on y≤0). In epoch e
 (**1-indexed**, as in the paper) the rejection rate is

@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..metrics import average_precision
+from ..ranking import column_ap
 from ._base import (
     HParam,
     Loss,
@@ -306,7 +306,7 @@ def opml_correct_labels(
         )
     flipped = flipped.to(z.device).reshape(z.shape)
     if ap is None:
-        ap = average_precision(y == 1, logits=z)
+        ap = column_ap(z, y == 1)
     else:
         ap = _check_ap(ap, z).to(z.device).expand(z.shape[0], z.shape[-1])
     out = _correct_core(z, y, flipped, correct_ratio, ap)
@@ -333,7 +333,8 @@ class ZLPR(Loss):
         "per sample: log(1 + Σ_{j∈Ω−} e^{z_j}) + log(1 + Σ_{i∈Ω+} e^{−z_i})\n"
         "Ω+ = observed positives, Ω− = all other labels (AN);  mean over the batch"
     )
-    notes = "Reduction is the mean over the batch (one value per sample), as docs/losses.md specifies."
+    notes = ("Reduction is the mean over the batch (one value per sample), as docs/losses.md "
+             "specifies.")
 
     def forward(self, logits: Tensor, observed: Tensor, index: Tensor | None = None) -> LossOutput:
         z = promote(logits)
@@ -356,8 +357,8 @@ class OPML(Loss):
                     _CORRECT, _CORRECT_RATIO)
     notes = (
         "(reconstructed) Our copy of the paper has lost its formulas and numbers: the OPML loss "
-        "itself is fixed by docs/losses.md (α = β = 1 is ZLPR); the options high_rank (Eq. 10), soft "
-        "(Eq. 11) and correct (Sec. III-E) are our reading of the prose, and their default "
+        "itself is fixed by docs/losses.md (α = β = 1 is ZLPR); the options high_rank (Eq. 10), "
+        "soft (Eq. 11) and correct (Sec. III-E) are our reading of the prose, and their default "
         "values and search ranges (hr_lambda, soft_power, correct_ratio) are ours. The paper "
         "reparametrises α, β for its grid search but the mapping is missing: we search log α, "
         "log β in [1e-3, 1e3]. No per-dataset presets: the paper's values (SGD, bs, lr, epochs, "
@@ -441,7 +442,7 @@ class OPML(Loss):
             )
         z = promote(logits)
         y = self.observed_train.to(z.device)
-        ap = average_precision(y == 1, logits=z)
+        ap = column_ap(z, y == 1)
         self.ap.copy_(ap)
         if self.hparam("correct"):
             ratio = self.hparam("correct_ratio")

@@ -12,8 +12,8 @@ as exp(γ·log p):
                                                     y=−1: −p^γ log(1−p) (never corrected)
 
 sg = stop-gradient. Reduction: the mean over all B·C entries. The papers sum instead; a constant
-factor only rescales the learning rate, so we use the mean of the rest of the library (docs/losses.md
-"Conventions").
+factor only rescales the learning rate, so we use the mean of the rest of the library
+(docs/losses.md "Conventions").
 """
 
 from __future__ import annotations

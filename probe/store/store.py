@@ -1,4 +1,5 @@
-"""The feature store: one Zarr v3 group per dataset x backbone (docs/protocol.md "The feature store").
+"""The feature store: one Zarr v3 group per dataset x backbone (docs/protocol.md "The feature
+store").
 
 Layout (rows are the pool -- the official train split -- first, then the test phase)::
 
