@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.metrics import average_precision_score, f1_score, precision_score, recall_score
 
-import probe.metrics as M
+import probe.ranking as ranking
 from probe.metrics import (
     MetricAccumulator,
     MetricInputError,
@@ -191,7 +191,7 @@ def test_blocking_does_not_change_results(monkeypatch, chunk):
     logits = torch.round(torch.randn(5, 300, 4, generator=g) * 3) / 3
     targets = (torch.rand(300, 4, generator=g) < 0.3).bool()
     whole = average_precision(targets, logits=logits)
-    monkeypatch.setattr(M, "_CHUNK_ELEMENTS", chunk)
+    monkeypatch.setattr(ranking, "_CHUNK_ELEMENTS", chunk)
     torch.testing.assert_close(average_precision(targets, logits=logits), whole, rtol=0, atol=0)
 
 
