@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 
 from featurize.imports import import_yeast
+from probe import ProbeConfig, train_probe
 from probe.data import ProbeData
 from probe.losses import gr
-from probe.train import ProbeConfig, train_probe
 
 # 1. the store --------------------------------------------------------------------------------
 store = Path(tempfile.mkdtemp()) / "yeast.zarr"

@@ -1,2 +1,133 @@
-"""Linear probes for SPML: the loss library (:mod:`probe.losses`), metrics (:mod:`probe.metrics`)
-and the device-resident, many-trials-at-once head trainer. Needs only torch, numpy and zarr."""
+"""spml-probe's engine: the feature store, the SPML loss library, metrics, and the stacked
+linear-probe trainer. Needs only torch, numpy and zarr.
+
+The public API, importable from here (names load on first use, so ``import probe`` is cheap)::
+
+    from probe import load_store, train_probe, ProbeConfig, create_loss
+    data = load_store("yeast.zarr")                       # device-resident train/val/test
+    result = train_probe(data, ProbeConfig(epochs=10), "gr", [{"w_T": 2.0}, {"w_T": 10.0}])
+    result.trials[1].best["test_map"]
+
+Layers (each reads only those below it; docs/design.md "Layers"): :mod:`probe.store` (the
+store and the protocol) and :mod:`probe.ranking` ← :mod:`probe.losses` and
+:mod:`probe.metrics` ← the engine (:mod:`probe.config`, :mod:`probe.data`, :mod:`probe.trials`,
+:mod:`probe.loop`, :mod:`probe.evaluate`, :mod:`probe.results`, :mod:`probe.train`) ←
+:mod:`studies`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
+
+try:
+    __version__ = version("spml-probe")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0+unknown"
+
+_EXPORTS = {
+    # training
+    "train_probe": "probe.train",
+    "ProbeConfig": "probe.config",
+    "ProbeConfigError": "probe.config",
+    "TrainingSettings": "probe.config",
+    "resolve_training": "probe.config",
+    "expand_grid": "probe.trials",
+    # data
+    "ProbeData": "probe.data",
+    "DataError": "probe.data",
+    "load_store": "probe.data",
+    "resolve_device": "probe.data",
+    # results
+    "ProbeResult": "probe.results",
+    "TrialResult": "probe.results",
+    "EpochReport": "probe.results",
+    "save_head": "probe.results",
+    "load_head": "probe.results",
+    "evaluate_head": "probe.evaluate",
+    "evaluate_heads": "probe.evaluate",
+    # losses
+    "Loss": "probe.losses",
+    "HParam": "probe.losses",
+    "LossInputError": "probe.losses",
+    "available_losses": "probe.losses",
+    "create_loss": "probe.losses",
+    "get_loss_class": "probe.losses",
+    # metrics
+    "average_precision": "probe.metrics",
+    "mean_average_precision": "probe.metrics",
+    "f1_scores": "probe.metrics",
+    # the store
+    "Store": "probe.store",
+    "StoreError": "probe.store",
+    "open_store": "probe.store",
+    "write_feature_store": "probe.store",
+    "PROTOCOL_SEED": "probe.store",
+    # the training-free baseline
+    "run_knn": "probe.knn",
+}
+
+__all__ = [
+    "PROTOCOL_SEED",
+    "DataError",
+    "EpochReport",
+    "HParam",
+    "Loss",
+    "LossInputError",
+    "ProbeConfig",
+    "ProbeConfigError",
+    "ProbeData",
+    "ProbeResult",
+    "Store",
+    "StoreError",
+    "TrainingSettings",
+    "TrialResult",
+    "__version__",
+    "available_losses",
+    "average_precision",
+    "create_loss",
+    "evaluate_head",
+    "evaluate_heads",
+    "expand_grid",
+    "f1_scores",
+    "get_loss_class",
+    "load_head",
+    "load_store",
+    "mean_average_precision",
+    "open_store",
+    "resolve_device",
+    "resolve_training",
+    "run_knn",
+    "save_head",
+    "train_probe",
+    "write_feature_store",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'probe' has no attribute {name!r}")
+    attr = "available" if name == "available_losses" else name
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
+    from .config import ProbeConfig, ProbeConfigError, TrainingSettings, resolve_training
+    from .data import DataError, ProbeData, load_store, resolve_device
+    from .evaluate import evaluate_head, evaluate_heads
+    from .knn import run_knn
+    from .losses import HParam, Loss, LossInputError, create_loss, get_loss_class
+    from .losses import available as available_losses
+    from .metrics import average_precision, f1_scores, mean_average_precision
+    from .results import EpochReport, ProbeResult, TrialResult, load_head, save_head
+    from .store import PROTOCOL_SEED, Store, StoreError, open_store, write_feature_store
+    from .train import train_probe
+    from .trials import expand_grid

@@ -30,16 +30,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from .config import ProbeConfig
 from .data import ProbeData, resolve_device
+from .evaluate import evaluate_heads
+from .loop import epoch_order, order_generator
 from .losses import create_loss
-from .train import (
-    ProbeConfig,
-    environment_info,
-    epoch_order,
-    evaluate_heads,
-    order_generator,
-    train_probe,
-)
+from .results import environment_info
+from .train import train_probe
 
 __all__ = ["BenchConfig", "default_cache_dir", "format_report", "plain_loop", "run_bench",
            "synthetic_store"]

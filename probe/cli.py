@@ -150,7 +150,7 @@ def parse_ints(text: str | None, flag: str) -> list[int] | None:
 
 
 def _trials_from_args(args: argparse.Namespace) -> tuple[list[dict], tuple[int, ...] | None]:
-    from .train import expand_grid
+    from .trials import expand_grid
 
     grid = expand_grid(parse_sets(args.set), zip_=args.zip)
     seeds = parse_ints(args.trials_seeds, "--trials-seeds")
@@ -182,8 +182,11 @@ def _print_result(result, stacked_keys: list[str]) -> None:
 
 
 def _cmd_probe(args: argparse.Namespace) -> int:
+    from .config import ProbeConfig
     from .data import ProbeData
-    from .train import ProbeConfig, evaluate_head, load_head, save_head, train_probe
+    from .evaluate import evaluate_head
+    from .results import load_head, save_head
+    from .train import train_probe
 
     config = ProbeConfig(
         batch_size=args.batch_size, lr=args.lr, epochs=args.epochs,
@@ -202,14 +205,14 @@ def _cmd_probe(args: argparse.Namespace) -> int:
               f"{args.store}: val mAP {scores['val_map']:.2f}, test mAP {scores['test_map']:.2f}, "
               f"test OF1 {scores['test_OF1']:.2f}, CF1 {scores['test_CF1']:.2f}")
         if args.json:
-            from .train import write_json_atomic
+            from .results import write_json_atomic
 
             write_json_atomic(args.json, {"head": str(args.eval_head), "meta": meta, **scores})
         return 0
     trials, seeds = _trials_from_args(args)
     if args.loss != "knn":  # name bad hyperparameters before a large store is loaded
+        from .config import TRAINER_KEYS
         from .losses._base import check_hparams
-        from .train import TRAINER_KEYS
 
         cls = _losses.get_loss_class(args.loss)
         for t in trials:
@@ -270,7 +273,7 @@ def _cmd_bench_probe(args: argparse.Namespace) -> int:
     print(format_report(report))
     print(json.dumps(report, indent=1))
     if args.json:
-        from .train import write_json_atomic
+        from .results import write_json_atomic
 
         write_json_atomic(args.json, report)
     return 0

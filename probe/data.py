@@ -28,7 +28,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["DataError", "ProbeData", "resolve_device"]
+from .store.protocol import PROTOCOL_SEED, single_positive
+
+__all__ = ["DataError", "ProbeData", "load_store", "resolve_device"]
 
 
 class DataError(ValueError):
@@ -136,7 +138,7 @@ class ProbeData:
         device: str | torch.device = "cpu",
         dtype: torch.dtype | None = None,
         source: dict[str, Any] | None = None,
-        observed_seed: int = 1200,
+        observed_seed: int = PROTOCOL_SEED,
     ) -> ProbeData:
         """Probe data from in-memory ``(features (N, D), labels (N, C) 0/1)`` pairs per split.
 
@@ -178,8 +180,6 @@ class ProbeData:
         obs = {}
         for name, given in (("train", train_observed), ("val", val_observed)):
             if given is None:
-                from probe.store.protocol import single_positive
-
                 obs[name] = single_positive(ys[name], observed_seed)
             else:
                 o = np.asarray(given if not isinstance(given, Tensor) else given.cpu().numpy())
@@ -215,7 +215,7 @@ class ProbeData:
         store: Any,
         *,
         device: str | torch.device = "cpu",
-        observed_seed: int = 1200,
+        observed_seed: int = PROTOCOL_SEED,
         flip: bool = True,
         dtype: torch.dtype | None = None,
     ) -> ProbeData:
@@ -226,7 +226,7 @@ class ProbeData:
         float32). Errors (before anything is moved): a store lacking a train, val or test split,
         an unknown observed-label seed, an unusable device.
         """
-        from probe.store import open_store
+        from .store import open_store  # zarr loads only when a store is read
 
         dev = resolve_device(device)
         if isinstance(store, str | Path):
@@ -271,3 +271,19 @@ class ProbeData:
             dataset=store.dataset,
             source=source,
         )
+
+
+def load_store(
+    store: Any,
+    *,
+    device: str | torch.device = "auto",
+    observed_seed: int = PROTOCOL_SEED,
+    flip: bool = True,
+    dtype: torch.dtype | None = None,
+) -> ProbeData:
+    """A feature store's train/val/test splits on ``device`` (``"auto"``: the GPU when there
+    is one), ready for :func:`probe.train_probe`: :meth:`ProbeData.from_store` with the
+    device chosen for you. ``observed_seed`` picks the single-positive draw (the literature's
+    by default); ``flip`` also loads the flipped train features when the store has them."""
+    return ProbeData.from_store(store, device=device, observed_seed=observed_seed, flip=flip,
+                                dtype=dtype)

@@ -26,10 +26,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .config import ProbeConfig, ProbeConfigError
 from .data import ProbeData
 from .losses._base import HParam, check_hparams
 from .metrics import f1_scores, mean_average_precision
-from .train import ProbeConfig, ProbeConfigError, ProbeResult, TrialResult, environment_info
+from .results import ProbeResult, TrialResult, environment_info
 
 __all__ = ["KNN_HPARAMS", "knn_scores", "nearest_neighbours", "run_knn"]
 

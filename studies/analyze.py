@@ -43,20 +43,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from probe.config import TRAINER_KEYS, ProbeConfig
 from probe.data import ProbeData
 from probe.io import atomic_write_text
+from probe.loop import init_head
 from probe.losses import LossInputError, create_loss, get_loss_class
 from probe.losses._base import HParam, check_hparams
-from probe.train import (
-    TRAINER_KEYS,
-    EpochReport,
-    ProbeConfig,
-    ProbeResult,
-    expand_grid,
-    init_head,
-    train_probe,
-    write_json_atomic,
-)
+from probe.results import EpochReport, ProbeResult, write_json_atomic
+from probe.train import train_probe
+from probe.trials import expand_grid
 
 from .plots import BLUE, DPI, GREY, ORANGE, RED, STYLE, new_figure, save_figure
 

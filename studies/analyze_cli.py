@@ -124,8 +124,8 @@ def _loss_sets(items: list[str] | None, losses: list[str], lists: bool = False
     """``--set [LOSS.]KEY=V[,V…]`` → per-loss hyperparameters. An unprefixed key goes to every
     listed loss that has it (or lr / weight_decay to all); single values unless ``lists``."""
     from probe.cli import parse_sets
+    from probe.config import TRAINER_KEYS
     from probe.losses import get_loss_class
-    from probe.train import TRAINER_KEYS
 
     from .analyze import AnalyzeError
 
@@ -154,7 +154,7 @@ def _loss_sets(items: list[str] | None, losses: list[str], lists: bool = False
 
 def _config(args: argparse.Namespace):
     from probe.cli import parse_ints
-    from probe.train import ProbeConfig
+    from probe.config import ProbeConfig
 
     seeds = parse_ints(args.seeds, "--seeds")
     config = ProbeConfig(batch_size=args.batch_size, lr=args.lr, epochs=args.epochs,

@@ -76,9 +76,10 @@ def confirm_study(
     """Re-train the ``top_k`` best completed trials with every training seed in ``seeds`` on
     every single-positive draw in ``observed_seeds`` (added to the store if missing); returns
     rows ordered by mean test mAP and writes ``confirm.parquet`` and ``best.json`` to ``out``."""
+    from probe.config import ProbeConfig
     from probe.data import ProbeData
     from probe.store import add_observed_seed, open_store
-    from probe.train import ProbeConfig, train_probe
+    from probe.train import train_probe
 
     log = log or (lambda msg: None)
     if top_k < 1 or not seeds or not observed_seeds:
@@ -188,7 +189,7 @@ def winner(study: optuna.Study, trial_number: int | None = None) -> dict[str, An
 
 def write_winner(path: str | Path, record: dict[str, Any]) -> Path:
     """Write a winner record atomically (what ``spml finetune --from-json`` reads)."""
-    from probe.train import write_json_atomic
+    from probe.results import write_json_atomic
 
     return write_json_atomic(path, record)
 

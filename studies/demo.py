@@ -57,8 +57,9 @@ def _table_line(row: dict[str, Any]) -> str:
 
 
 def _probe_rows(store: Path, cfg: DemoConfig, log: Callable[[str], None]) -> list[dict]:
+    from probe.config import ProbeConfig
     from probe.data import ProbeData
-    from probe.train import ProbeConfig, train_probe
+    from probe.train import train_probe
 
     data = ProbeData.from_store(store, device=_device(cfg.device))
     base = ProbeConfig(batch_size=cfg.batch_size, lr=cfg.lr, epochs=cfg.epochs, seed=cfg.seed,
@@ -118,8 +119,9 @@ def make_digit_grids(root: Path, n: int, seed: int = 0) -> Path:
 
 def _images_part(out: Path, cfg: DemoConfig, log: Callable[[str], None]) -> dict[str, Any]:
     from featurize.runner import FeaturizeConfig, featurize_dataset
+    from probe.config import ProbeConfig
     from probe.data import ProbeData
-    from probe.train import ProbeConfig, train_probe
+    from probe.train import train_probe
 
     folder = out / "digits"
     csv = make_digit_grids(folder, cfg.n_images, seed=cfg.seed)

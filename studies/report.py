@@ -398,16 +398,18 @@ def _int(n: Any) -> str:
 def _training(st: _Study) -> dict[str, Any]:
     """The training settings the study's trials used: as given, else the loss's paper preset
     for the dataset, else the generic linear-probe values (probe.train's own resolution)."""
+    from probe.config import resolve_training
     from probe.losses import get_loss_class
-    from probe.train import ProbeConfig, resolve_training
 
     s = st.settings
-    config = ProbeConfig(batch_size=s.get("batch_size"), lr=s.get("lr"), epochs=s.get("epochs"))
     try:
         cls = get_loss_class(st.loss)
     except (KeyError, ValueError):
         cls = None
-    return resolve_training(config, cls, st.identity.get("dataset", ""))
+    settings = resolve_training(cls, st.identity.get("dataset", ""),
+                                batch_size=s.get("batch_size"), lr=s.get("lr"),
+                                epochs=s.get("epochs"))
+    return settings.as_dict()
 
 
 def _provenance(st: _Study) -> dict[str, Any]:
@@ -729,9 +731,10 @@ def _baseline(st: _Study, store_arg: str | None, fig_dir: Path, out: Path,
     store_path, why = _find_store(st, store_arg)
     if store_path is None:
         return skip(why)
+    from probe.config import ProbeConfig
     from probe.data import ProbeData
     from probe.store import open_store
-    from probe.train import ProbeConfig, train_probe
+    from probe.train import train_probe
 
     try:
         store = open_store(store_path)

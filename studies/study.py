@@ -355,7 +355,8 @@ def _counts(study: optuna.Study) -> dict[TrialState, int]:
 
 def _train_group(settings, data, study, space, trials, probe_config, log) -> list[dict[str, Any]]:
     """Train one group of trials sharing batch size and epochs, stacked; tell their results."""
-    from probe.train import EpochReport, train_probe
+    from probe.results import EpochReport
+    from probe.train import train_probe
 
     hparams = []
     for trial in trials:
@@ -434,9 +435,9 @@ def run_worker(
     settings: StudySettings, *, log: Callable[[str], None] | None = None
 ) -> StudySummary:
     """Work on the study until ``n_trials`` trials have finished (completed or pruned)."""
+    from probe.config import ProbeConfig
     from probe.data import ProbeData
     from probe.store import open_store
-    from probe.train import ProbeConfig
 
     log = log or (lambda msg: print(msg, file=sys.stderr))
     optuna.logging.set_verbosity(optuna.logging.WARNING)

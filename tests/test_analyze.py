@@ -19,8 +19,9 @@ import torch
 from PIL import Image
 
 import studies.analyze as A
+from probe import ProbeConfig, train_probe
 from probe.data import ProbeData
-from probe.train import ProbeConfig, init_head, train_probe
+from probe.loop import init_head
 from studies.analyze_cli import register_analyze_cli
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

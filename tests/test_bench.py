@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
+from probe import ProbeConfig, train_probe
 from probe.bench import BenchConfig, format_report, plain_loop, run_bench, synthetic_store
 from probe.data import ProbeData
 from probe.store import open_store
-from probe.train import ProbeConfig, train_probe
 from studies.cli import main
 
 

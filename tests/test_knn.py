@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from probe import ProbeConfig, ProbeConfigError
 from probe.data import ProbeData
 from probe.knn import knn_scores, nearest_neighbours, run_knn
 from probe.losses import LossInputError
-from probe.train import ProbeConfig, ProbeConfigError
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -19,18 +19,18 @@ import torch
 from torch import nn
 
 import probe.losses as L
-from probe.data import DataError, ProbeData
-from probe.losses import LossInputError, create_loss
-from probe.train import (
+from probe import (
     ProbeConfig,
     ProbeConfigError,
     evaluate_head,
     expand_grid,
-    init_head,
     load_head,
     save_head,
     train_probe,
 )
+from probe.data import DataError, ProbeData
+from probe.loop import init_head
+from probe.losses import LossInputError, create_loss
 
 N_TRAIN, N_VAL, N_TEST, D, C = 44, 20, 24, 6, 5
 
@@ -395,13 +395,13 @@ def test_every_registered_loss_trains_on_yeast(yeast, name):
 def test_paper_presets_train_the_head_at_the_released_codes_head_rate():
     """GR's Table 6 lr (1e-5) is the backbone's; its released code trains the linear head at
     lr_mult = 10 × that, and a probe trains only the head."""
+    from probe import resolve_training
     from probe.losses import get_loss_class
-    from probe.train import ProbeConfig, resolve_training
 
-    gr = resolve_training(ProbeConfig(), get_loss_class("gr"), "coco")
+    gr = resolve_training(get_loss_class("gr"), "coco").as_dict()
     assert gr["lr"] == pytest.approx(1e-4) and gr["batch_size"] == 16 and gr["epochs"] == 8
     assert "head rate: 10 × the backbone's 1e-05" in gr["lr_from"]
-    em = resolve_training(ProbeConfig(), get_loss_class("em_apl"), "coco")
+    em = resolve_training(get_loss_class("em_apl"), "coco").as_dict()
     assert em["lr"] == pytest.approx(1e-5)  # no head multiplier in its released code
-    given = resolve_training(ProbeConfig(lr=3e-3), get_loss_class("gr"), "coco")
+    given = resolve_training(get_loss_class("gr"), "coco", lr=3e-3).as_dict()
     assert given["lr"] == 3e-3 and given["lr_from"] == "as given"

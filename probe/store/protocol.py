@@ -11,7 +11,10 @@ from __future__ import annotations
 import numpy as np
 
 PROTOCOL_SEED: int = 1200  # the seed every SPML paper uses for both the draws and the split
-VAL_FRACTION: float = 0.2  # docs/protocol.md step 3: 20% of the official train split is validation
+VAL_FRACTION: float = 0.2  # docs/protocol.md step 3: 20% of the official train split is val
+#: class counts of the benchmark datasets (docs/protocol.md "Official dataset layouts"); the
+#: losses' paper presets for a dataset assume its class count
+DATASET_CLASSES: dict[str, int] = {"voc": 20, "coco": 80, "nus": 81, "cub": 312}
 
 
 def single_positive(labels: np.ndarray, seed: int = PROTOCOL_SEED) -> np.ndarray:

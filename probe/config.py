@@ -1,0 +1,264 @@
+"""Training settings: the one place that decides what a run trains with.
+
+:class:`ProbeConfig` holds a probe run's settings; :func:`resolve_training` turns "not given"
+into the value a run uses -- the loss's paper preset for the dataset (with the head-lr rule of
+the papers whose released code trains the head faster than the backbone), else the generic
+Cole et al. setting -- for the probe and for the end-to-end fine-tune alike; :func:`loss_hparams`
+resolves a trial's loss hyperparameters (defaults < paper preset < given, then the values the
+dataset decides, e.g. EPR/ROLE's k). The probe, studies, confirm, analyses, the report and the
+fine-tune all call these, so they never disagree about what a setting means.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .losses._base import Loss, check_hparams
+from .losses.assume_negative import EXPECTED_POSITIVES
+from .optim import OPTIMIZERS
+from .store.protocol import DATASET_CLASSES, PROTOCOL_SEED
+
+__all__ = [
+    "GENERIC_FINETUNE",
+    "GENERIC_TRAINING",
+    "TRAINER_KEYS",
+    "ProbeConfig",
+    "ProbeConfigError",
+    "TrainingSettings",
+    "check_dataset_classes",
+    "loss_hparams",
+    "resolve_training",
+]
+
+#: trial keys that belong to the trainer, not the loss (per-trial learning rate / weight decay)
+TRAINER_KEYS = ("lr", "weight_decay")
+#: Cole et al.'s ``linear_fixed_features`` setting (``train.py``/``config.py`` of
+#: elijahcole/single-positive-multi-label): Adam, 25 epochs; their search over bs {8, 16} ×
+#: lr {1e-2 … 1e-5} picked bs 8, lr 1e-4 for AN-LS on every dataset. Used by the probe when
+#: neither the run nor the loss's ``train_presets`` for the dataset give a value.
+GENERIC_TRAINING: dict[str, Any] = {"batch_size": 8, "lr": 1e-4, "epochs": 25}
+#: Cole et al.'s end-to-end fine-tuning setting (bs 8, lr 1e-5, 10 epochs), used by the
+#: fine-tune for a (loss, dataset) pair without paper values in ``train_presets``.
+GENERIC_FINETUNE: dict[str, Any] = {"batch_size": 8, "lr": 1e-5, "epochs": 10}
+_GENERIC = {"probe": (GENERIC_TRAINING, "generic (Cole et al. linear probe)"),
+            "finetune": (GENERIC_FINETUNE, "generic (Cole et al. end-to-end fine-tune)")}
+
+
+class ProbeConfigError(ValueError):
+    """Bad probe settings or inputs, reported before training starts."""
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """Training settings of a probe run (the loss and its hyperparameters are passed apart).
+
+    ``None`` means "the loss's paper value for the store's dataset (``train_presets``), else
+    :data:`GENERIC_TRAINING`" (:func:`resolve_training`).
+    """
+
+    batch_size: int | None = None  # paper preset, else 8 (Cole et al.'s linear-probe pick)
+    lr: float | None = None  # paper preset, else 1e-4 (Cole et al.'s linear-probe pick)
+    epochs: int | None = None  # paper preset, else 25 (Cole et al.'s linear_fixed_features)
+    weight_decay: float = 0.0  # no SPML paper decays the head's weights
+    optimizer: str = "adam"  # every SPML paper trains with Adam
+    momentum: float = 0.9  # SGD only: the customary value
+    betas: tuple[float, float] = (0.9, 0.999)  # torch.optim.Adam's defaults, used by the papers
+    eps: float = 1e-8  # torch.optim.Adam's default
+    seed: int = 0  # init + batch order of every trial when `seeds` is not given
+    seeds: tuple[int, ...] | None = None  # one seed per trial (trials with equal seeds share
+    # their batch order, which is the fast path)
+    flip: bool = True  # docs/protocol.md step 6: random horizontal flip, if the store has flips
+    labels: str = "observed"  # train on the single positives; "full" = the full-label oracle
+    val_labels: str = "clean"  # docs/protocol.md step 4: val is clean by default; or "observed"
+    observed_seed: int = PROTOCOL_SEED  # docs/protocol.md step 2: the literature's draw
+    device: str = "auto"  # CUDA when available, else CPU
+    eval_every: int = 1  # evaluate every epoch (best-epoch selection); 0 = never (benchmarks)
+    drop_last: bool = True  # Cole et al.'s train DataLoader drops the last partial batch
+    use_presets: bool = True  # start from loss.presets[dataset] where the paper gives values
+    f1_threshold: float = 0.5  # docs/protocol.md step 5: OF1/CF1 at probability 0.5
+    deterministic: bool = True  # CUDA: deterministic kernels so a re-run is bit-for-bit equal
+    step_threads: int | None = None  # CPU threads for the training steps; None = 1 while the
+    # stacked head is small (< 2**22 weights): a probe step is ~10 tiny ops, and intra-op
+    # threading costs more than it gains (measured 2 threads 5-20x slower on a shared 2-core
+    # machine); larger heads keep torch's setting. Evaluation always uses torch's setting.
+
+    def validate(self) -> None:
+        """Raise :class:`ProbeConfigError` naming the first bad setting."""
+        def bad(name: str, want: str) -> ProbeConfigError:
+            got = getattr(self, name)
+            return ProbeConfigError(f"ProbeConfig.{name} must be {want}; got {got!r}")
+
+        for name in ("batch_size", "epochs"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise bad(name, "a positive integer (or None for the paper preset)")
+        lr = self.lr
+        if lr is not None and not (isinstance(lr, int | float) and 0 < lr < math.inf):
+            raise bad("lr", "a positive number (or None for the paper preset)")
+        if not (0 <= self.weight_decay < math.inf):
+            raise bad("weight_decay", "a number >= 0")
+        if self.optimizer not in OPTIMIZERS:
+            raise bad("optimizer", f"one of {list(OPTIMIZERS)}")
+        if not 0 <= self.momentum <= 1:
+            raise bad("momentum", "in [0, 1]")
+        if self.labels not in ("observed", "full"):
+            raise bad("labels", "'observed' (single positives) or 'full' (oracle)")
+        if self.val_labels not in ("clean", "observed"):
+            raise bad("val_labels", "'clean' (full labels) or 'observed' (single positives)")
+        if isinstance(self.eval_every, bool) or not isinstance(self.eval_every, int) or (
+            self.eval_every < 0
+        ):
+            raise bad("eval_every", "an integer >= 0 (0 = never evaluate)")
+        if not 0 < self.f1_threshold < 1:
+            raise bad("f1_threshold", "a probability in (0, 1)")
+        for s in [self.seed, *(self.seeds or ())]:
+            if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2**32:
+                raise ProbeConfigError(f"seeds must be integers in [0, 2**32); got {s!r}")
+        if self.seeds is not None and len(self.seeds) == 0:
+            raise bad("seeds", "None or a non-empty tuple of integers")
+        st = self.step_threads
+        if st is not None and (isinstance(st, bool) or not isinstance(st, int) or st < 1):
+            raise bad("step_threads", "None (automatic) or a positive integer")
+
+
+# --------------------------------------------------------------------------------------------
+# batch size, learning rate, epochs
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrainingSettings:
+    """What a run trains with, and where each value came from (``sources``).
+
+    ``lr`` is the rate of what the run trains: the head's for the probe, the backbone's for the
+    fine-tune, whose head trains at ``lr × head_lr_mult``.
+    """
+
+    batch_size: int
+    lr: float
+    epochs: int
+    head_lr_mult: float
+    sources: dict[str, str]
+
+    def as_dict(self) -> dict[str, Any]:
+        """``batch_size, lr, epochs`` and ``<key>_from`` (what the results files record)."""
+        out: dict[str, Any] = {"batch_size": self.batch_size, "lr": self.lr,
+                               "epochs": self.epochs}
+        out.update({f"{k}_from": v for k, v in self.sources.items()})
+        return out
+
+
+def resolve_training(
+    cls: type[Loss] | None,
+    dataset: str,
+    *,
+    batch_size: int | None = None,
+    lr: float | None = None,
+    epochs: int | None = None,
+    use_presets: bool = True,
+    mode: str = "probe",
+) -> TrainingSettings:
+    """Batch size, learning rate and epochs of a run: the given value, else the loss's paper
+    preset for ``dataset`` (``cls.train_presets``), else the generic setting of ``mode``
+    (:data:`GENERIC_TRAINING` for ``"probe"``, :data:`GENERIC_FINETUNE` for ``"finetune"``).
+
+    The head-lr rule: GR's and LL's released code trains the head at ``head_lr_mult`` (10) ×
+    the backbone's rate. The probe trains only the head, so its preset lr is the head's rate;
+    the fine-tune keeps the backbone's rate as ``lr`` and applies the multiplier to its head.
+    A given lr is used as is (and the fine-tune then trains head and backbone at that rate).
+    """
+    if mode not in _GENERIC:
+        raise ProbeConfigError(f"mode must be one of {list(_GENERIC)}; got {mode!r}")
+    generic, generic_from = _GENERIC[mode]
+    preset = cls.train_presets.get(dataset, {}) if (cls is not None and use_presets) else {}
+    mult = float(preset.get("head_lr_mult", 1)) if lr is None else 1.0
+    given = {"batch_size": batch_size, "lr": lr, "epochs": epochs}
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for key, value in given.items():
+        if value is not None:
+            values[key], sources[key] = value, "as given"
+        elif key in preset:
+            values[key], sources[key] = preset[key], f"{cls.name} paper preset for {dataset}"
+        else:
+            values[key], sources[key] = generic[key], generic_from
+    if mode == "probe" and mult != 1 and lr is None and "lr" in preset:
+        backbone = values["lr"]
+        values["lr"] = backbone * mult
+        sources["lr"] += f" (head rate: {mult:g} × the backbone's {backbone:g})"
+    return TrainingSettings(int(values["batch_size"]), float(values["lr"]),
+                            int(values["epochs"]), mult if mode == "finetune" else 1.0, sources)
+
+
+# --------------------------------------------------------------------------------------------
+# loss hyperparameters
+# --------------------------------------------------------------------------------------------
+
+
+def check_dataset_classes(dataset: str, n_classes: int, what: str) -> None:
+    """A store that names a benchmark dataset must have its class count (presets assume it)."""
+    known = DATASET_CLASSES.get(dataset)
+    if known is not None and known != n_classes:
+        raise ProbeConfigError(
+            f"the data says dataset '{dataset}' but has {n_classes} classes, while {what} for "
+            f"'{dataset}' assume its {known} classes; fix the store's dataset name, or pass "
+            "use_presets=False (--no-presets) and set the values yourself"
+        )
+
+
+def loss_hparams(
+    cls: type[Loss],
+    trials: Sequence[dict[str, Any]],
+    dataset: str,
+    n_classes: int,
+    val_cardinality: Callable[[], float],
+    *,
+    preset: str | None = None,
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Each trial's full loss hyperparameters and notes on what the dataset decided.
+
+    Per trial: the signature defaults < the paper preset ``preset`` (a dataset name, or None for
+    none) < the trial's own values, validated (unknown names, ranges). Then the optional values
+    left None are filled from the dataset: EPR/ROLE's ``k`` = Cole et al.'s expected positives
+    per image for a benchmark dataset, else ``val_cardinality()`` (the val split's mean label
+    count). Errors for a ``k`` above the class count.
+    """
+    base = dict(cls.presets.get(preset, {})) if preset is not None else {}
+    merged = [check_hparams(cls.hparam_specs, {**base, **t}, cls.name) for t in trials]
+    notes: list[str] = []
+    for spec in cls.hparam_specs:
+        if not spec.optional:
+            continue
+        for values in merged:
+            if values.get(spec.name) is not None:
+                continue
+            if spec.name != "k":
+                raise ProbeConfigError(
+                    f"{cls.name}: hyperparameter '{spec.name}' has no default and cannot be "
+                    f"derived from the data; set it (--set {spec.name}=VALUE)"
+                )
+            if dataset in EXPECTED_POSITIVES:
+                check_dataset_classes(dataset, n_classes, "the expected positives k")
+                values["k"] = float(EXPECTED_POSITIVES[dataset])
+                note = f"k={values['k']:g} (expected positives per image, Cole et al., {dataset})"
+            else:
+                values["k"] = round(float(val_cardinality()), 6)
+                if not values["k"] > 0:
+                    raise ProbeConfigError(
+                        f"{cls.name}: needs k (expected positives per image) and the val split "
+                        "has no positive label to estimate it from; set it (--set k=VALUE)"
+                    )
+                note = f"k={values['k']:g} (mean label cardinality of the val split)"
+            if note not in notes:
+                notes.append(note)
+    for values in merged:
+        k = values.get("k")
+        if isinstance(k, int | float) and k > n_classes:
+            raise ProbeConfigError(
+                f"{cls.name}: k={k:g} expected positives per image, but the data has only "
+                f"{n_classes} classes; k must be at most the class count"
+            )
+    return merged, notes

@@ -1,0 +1,139 @@
+"""Evaluation: mAP (and OF1/CF1) of many stacked heads on a split, in bounded memory.
+
+The protocol's metric (docs/protocol.md step 5) for every trial at once: the logits of T heads
+``(T, D+1, C)`` on a split's features are formed in blocks (at most :data:`EVAL_BLOCK`
+elements), ranked column by column (:mod:`probe.ranking`), and reduced to per-class AP, mAP and
+the threshold metrics.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .config import ProbeConfigError
+from .data import ProbeData
+from .metrics import f1_scores, mean_average_precision
+
+__all__ = ["EVAL_BLOCK", "Evaluator", "evaluate_head", "evaluate_heads", "stacked_logits"]
+
+EVAL_BLOCK = 1 << 25  # logits elements (T·N·C) evaluated at once, bounds eval memory
+
+
+def stacked_logits(x: Tensor, w: Tensor) -> Tensor:
+    """(T, N, C) float32 logits of features ``x`` (N, D+1) under heads ``w`` (T, D+1, C)."""
+    t, _, c = w.shape
+    n = x.shape[0]
+    out = torch.empty(t, n, c, dtype=torch.float32, device=w.device)
+    step = max(1, min(8192, EVAL_BLOCK // max(1, t * c)))  # rows per product
+    for r0 in range(0, n, step):
+        out[:, r0 : r0 + step] = torch.matmul(x[r0 : r0 + step].float(), w)
+    return out
+
+
+def evaluate_heads(x: Tensor, targets: Tensor, w: Tensor, threshold: float) -> dict[str, Tensor]:
+    """mAP (T,), per-class AP (T, C), OF1/CF1 (T,) for heads ``w`` (T, D+1, C), in trial
+    blocks so the logits stay below :data:`EVAL_BLOCK` elements."""
+    t, _, c = w.shape
+    per = max(1, EVAL_BLOCK // max(1, x.shape[0] * c))
+    maps, aps, of1, cf1 = [], [], [], []
+    for t0 in range(0, t, per):
+        z = stacked_logits(x, w[t0 : t0 + per])
+        m = mean_average_precision(targets, logits=z)
+        f = f1_scores(targets, logits=z, threshold=threshold)
+        maps.append(m.map.reshape(-1))
+        aps.append(m.ap.reshape(-1, c))
+        of1.append(f.overall_f1.reshape(-1))
+        cf1.append(f.class_f1.reshape(-1))
+        del z
+    return {"map": torch.cat(maps), "ap": torch.cat(aps), "OF1": torch.cat(of1),
+            "CF1": torch.cat(cf1)}
+
+
+def evaluate_head(data: ProbeData, head: nn.Linear, threshold: float = 0.5) -> dict[str, Any]:
+    """Val (clean) and test mAP / OF1 / CF1 and per-class test AP of one ``nn.Linear`` head."""
+    if head.in_features != data.feature_dim or head.out_features != data.n_classes:
+        raise ProbeConfigError(
+            f"the head maps {head.in_features} features to {head.out_features} classes, the "
+            f"data has {data.feature_dim} features and {data.n_classes} classes"
+        )
+    w = torch.cat([head.weight.detach().T, head.bias.detach()[None]]).to(data.device).float()
+    out: dict[str, Any] = {}
+    for split, x, y in (("val", data.val_x, data.val_labels), ("test", data.test_x,
+                                                                data.test_labels)):
+        r = evaluate_heads(x, y.bool(), w[None], threshold)
+        out.update({f"{split}_map": float(r["map"][0]), f"{split}_OF1": float(r["OF1"][0]),
+                    f"{split}_CF1": float(r["CF1"][0])})
+        out[f"{split}_ap"] = r["ap"][0].tolist()
+    return out
+
+
+
+class Evaluator:
+    """Evaluates the stacked heads on val and test, and keeps each trial's best epoch.
+
+    Selection (docs/protocol.md step 5): a trial's best epoch is the one with the highest val
+    mAP (finite values only; the first of equals); its head, per-class AP and every metric of
+    that epoch are kept in the trial's :class:`~probe.results.TrialResult`.
+    """
+
+    def __init__(self, data: ProbeData, config: Any, results: list[Any], w: Tensor) -> None:
+        val_targets = (data.val_labels.bool() if config.val_labels == "clean"
+                       else data.val_observed == 1)
+        self.splits = {"val": (data.val_x, val_targets), "test": (data.test_x,
+                                                                   data.test_labels.bool())}
+        self.threshold = config.f1_threshold
+        self.results = results
+        self.n_trials, self.n_classes = w.shape[0], w.shape[2]
+        self.best_val = [-math.inf] * self.n_trials
+        self.best_w = w.detach().clone().cpu()
+        self.best_ap: dict[str, Tensor | None] = {"val": None, "test": None}
+
+    def __call__(self, w: Tensor, active: list[bool], epoch: int | None = None
+                 ) -> dict[str, list[float | None]]:
+        """Metrics of the active trials (None for the others) as ``{"val_map": [...], …}``;
+        with ``epoch``, also update each trial's best epoch."""
+        idx = [t for t in range(self.n_trials) if active[t]]
+        heads = w if len(idx) == self.n_trials else w[torch.tensor(idx, device=w.device)]
+        out: dict[str, list[float | None]] = {}
+        aps = {}
+        for split, (x, y) in self.splits.items():
+            r = evaluate_heads(x, y, heads, self.threshold)
+            for k in ("map", "OF1", "CF1"):
+                full: list[float | None] = [None] * self.n_trials
+                for j, v in zip(idx, r[k].tolist()):
+                    full[j] = v
+                out[f"{split}_{k}"] = full
+            aps[split] = r["ap"]
+        if epoch is not None:
+            self._select(epoch, w, idx, out, aps)
+        return out
+
+    def _select(self, epoch: int, w: Tensor, idx: list[int], out: dict[str, list],
+                aps: dict[str, Tensor]) -> None:
+        improved = [j for j, t in enumerate(idx)
+                    if _finite(out["val_map"][t]) and out["val_map"][t] > self.best_val[t]]
+        if not improved:
+            return
+        rows = [idx[j] for j in improved]
+        sel = torch.tensor(improved, device=w.device)
+        self.best_w[rows] = w[torch.tensor(rows, device=w.device)].detach().cpu()
+        for split in ("val", "test"):
+            ap = aps[split][sel].cpu()
+            if self.best_ap[split] is None:
+                self.best_ap[split] = torch.full((self.n_trials, self.n_classes), math.nan)
+            self.best_ap[split][rows] = ap
+        for t in rows:
+            self.best_val[t] = out["val_map"][t]
+            result = self.results[t]
+            result.best_epoch = epoch
+            result.best = {k: v[t] for k, v in out.items()}
+            result.best["val_ap"] = self.best_ap["val"][t].tolist()
+            result.best["test_ap"] = self.best_ap["test"][t].tolist()
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, int | float) and math.isfinite(v)

@@ -1,0 +1,256 @@
+"""The training loop of the probe engine: T stacked heads, one epoch at a time.
+
+:class:`StackedTrainer` holds a run's training state -- the stacked heads ``(T, D+1, C)``, the
+stacked optimizer, the loss objects and the batch-order streams -- and trains one epoch per
+:meth:`StackedTrainer.train_epoch` call. The semantics (what a trial *is*) are those of
+:mod:`probe.train`'s docstring: :func:`init_head` and :func:`epoch_order` reproduce the plain
+PyTorch program's random draws exactly.
+
+The hot path, :meth:`StackedTrainer._step`, is four named steps: gather the batch and form the
+logits; let autograd differentiate the loss w.r.t. the logits only; ``dW = Xᵀ·dZ`` as one matrix
+product; one fused optimizer update. Nothing in an epoch waits for the device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor, nn
+
+from .config import ProbeConfig
+from .data import ProbeData
+from .evaluate import stacked_logits
+from .optim import TrialParam, make_optimizer
+from .trials import LossGroup, TrialPlan, setup_loss_groups
+
+__all__ = [
+    "ORDER_STREAM_OFFSET",
+    "StackedTrainer",
+    "deterministic",
+    "epoch_order",
+    "init_head",
+    "order_generator",
+    "sync",
+]
+
+#: the batch-order stream of seed s is seeded with s + 2**32 (init uses s itself)
+ORDER_STREAM_OFFSET = 2**32
+_SMALL_HEAD = 1 << 22  # stacked head weights below which training steps run single-threaded
+
+
+# --------------------------------------------------------------------------------------------
+# seeds → init and batch order (the exact semantics of probe.train's docstring)
+# --------------------------------------------------------------------------------------------
+
+
+def init_head(seed: int, in_features: int, out_features: int) -> tuple[Tensor, Tensor]:
+    """``(weight (C, D), bias (C,))`` exactly as ``torch.manual_seed(seed); nn.Linear(D, C)``
+    draws them (``nn.Linear.reset_parameters``: Kaiming-uniform weight with a=√5, then a
+    uniform bias in ±1/√D), from a private CPU generator (the global RNG is not touched)."""
+    g = torch.Generator().manual_seed(int(seed))
+    weight = torch.empty(out_features, in_features)
+    nn.init.kaiming_uniform_(weight, a=math.sqrt(5), generator=g)
+    bound = 1 / math.sqrt(in_features) if in_features > 0 else 0.0
+    bias = torch.empty(out_features)
+    nn.init.uniform_(bias, -bound, bound, generator=g)
+    return weight, bias
+
+
+def order_generator(seed: int) -> torch.Generator:
+    """The batch-order stream of a trial with ``seed`` (see :mod:`probe.train`)."""
+    return torch.Generator().manual_seed(int(seed) + ORDER_STREAM_OFFSET)
+
+
+def epoch_order(g: torch.Generator, n: int, flip: bool) -> tuple[Tensor, Tensor]:
+    """One epoch's ``(perm, rows)`` from the order stream ``g``: ``perm`` (n,) train rows in
+    visiting order; ``rows`` the same rows offset by ``n`` where the sample is flipped
+    (the row index into :attr:`ProbeData.train_x`)."""
+    perm = torch.randperm(n, generator=g)
+    if not flip:
+        return perm, perm
+    coin = torch.randint(0, 2, (n,), generator=g)
+    return perm, perm + coin * n
+
+
+def stacked_init(seeds: list[int], d1: int, c: int) -> Tensor:
+    """Initial heads ``(T, D+1, C)`` (bias in the last row), trial t drawn from ``seeds[t]``."""
+    w = torch.empty(len(seeds), d1, c, dtype=torch.float32)
+    drawn: dict[int, Tensor] = {}
+    for t, s in enumerate(seeds):
+        if s not in drawn:
+            weight, bias = init_head(s, d1 - 1, c)
+            drawn[s] = torch.cat([weight.T, bias[None]])
+        w[t] = drawn[s]
+    return w
+
+
+# --------------------------------------------------------------------------------------------
+# device and threads
+# --------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def deterministic(device: torch.device, enabled: bool) -> Iterator[None]:
+    """On CUDA, deterministic kernels for the run (restored afterwards); CPU is deterministic."""
+    if not (enabled and device.type == "cuda"):
+        yield
+        return
+    before = torch.are_deterministic_algorithms_enabled()
+    warn_before = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before, warn_only=warn_before)
+
+
+def resolve_threads(step_threads: int | None, device: torch.device, n_weights: int
+                    ) -> int | None:
+    """CPU threads for the step loop (None: leave torch's setting); see ProbeConfig."""
+    if device.type != "cpu":
+        return None
+    if step_threads is not None:
+        return step_threads
+    return 1 if n_weights < _SMALL_HEAD else None
+
+
+@contextlib.contextmanager
+def step_threads(device: torch.device, threads: int | None) -> Iterator[None]:
+    """Run the block with ``threads`` intra-op CPU threads, restoring the setting after."""
+    if threads is None or device.type != "cpu" or threads == torch.get_num_threads():
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the device (timing only; never inside an epoch)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# --------------------------------------------------------------------------------------------
+# the stacked trainer
+# --------------------------------------------------------------------------------------------
+
+
+class StackedTrainer:
+    """The training state of one run and its epoch (module docstring)."""
+
+    def __init__(self, data: ProbeData, config: ProbeConfig, plan: TrialPlan) -> None:
+        self.data, self.plan = data, plan
+        self.device = data.device
+        n, batch = data.n_train, plan.training.batch_size
+        self.n, self.batch = n, batch
+        self.n_steps = n // batch if config.drop_last else -(-n // batch)
+        self.flip = bool(config.flip and data.has_flip)
+        # train targets: single positives, or the full labels as {1, -1} (the oracle)
+        if config.labels == "full":
+            self.train_y = torch.where(data.train_labels == 1, 1, -1).to(torch.int8)
+        else:
+            self.train_y = data.train_observed
+        self.groups: list[LossGroup] = setup_loss_groups(plan, self.train_y, self.device)
+        d1, c = data.train_x.shape[1], data.n_classes
+        self.w = stacked_init(plan.seeds, d1, c).to(self.device)
+        self.grad_w = torch.empty_like(self.w)
+        params = [TrialParam(self.w, plan.lr, plan.weight_decay)]
+        for g in self.groups:
+            lrs, ids = plan.lr[g.trials], range(plan.n)[g.trials]
+            params += [TrialParam(p.data, [lr * mult for lr in lrs], 0.0, trial_ids=ids)
+                       for p, mult in g.extra]
+        self.opt = make_optimizer(config.optimizer, params, momentum=config.momentum,
+                                  betas=config.betas, eps=config.eps)
+        seeds = plan.seeds[:1] if plan.shared else plan.seeds
+        self.order_gens = [order_generator(s) for s in seeds]
+        self.extra_params = [p for g in self.groups for p, _ in g.extra]
+        self.threads = resolve_threads(config.step_threads, self.device, self.w.numel())
+        self.loss_sum = torch.zeros(plan.n, dtype=torch.float32, device=self.device)
+
+    @property
+    def needs_epoch_pass(self) -> bool:
+        return any(g.loss.needs_epoch_pass for g in self.groups)
+
+    def train_epoch(self, epoch: int) -> tuple[list[float], float]:
+        """One epoch of every trial; returns (mean train loss per trial, seconds)."""
+        t0 = time.perf_counter()
+        for g in self.groups:
+            g.loss.start_epoch(epoch)
+        perm, rows = self._draw_order()
+        self.loss_sum.zero_()
+        with step_threads(self.device, self.threads):
+            for step in range(self.n_steps):
+                self._step(perm, rows, step)
+        sync(self.device)
+        return (self.loss_sum / max(self.n_steps, 1)).tolist(), time.perf_counter() - t0
+
+    def end_epoch(self, epoch: int) -> float:
+        """The losses' per-epoch pass over the train logits (EM+APL, LL-Cp, OPML); seconds."""
+        t0 = time.perf_counter()
+        if self.needs_epoch_pass:
+            train_logits = stacked_logits(self.data.train_x[: self.n], self.w)
+            for g in self.groups:
+                g.loss.end_epoch(epoch, train_logits[g.trials])
+            del train_logits
+            sync(self.device)
+        return time.perf_counter() - t0
+
+    def stop(self, trials: list[int]) -> None:
+        """Freeze ``trials``: their heads and optimizer state stop changing."""
+        self.opt.stop_trials(trials)
+
+    # -- the hot path ---------------------------------------------------------------------------
+    def _draw_order(self) -> tuple[Tensor, Tensor]:
+        """This epoch's visiting order of every order stream, moved to the device once."""
+        draws = [epoch_order(gen, self.n, self.flip) for gen in self.order_gens]
+        perm = torch.stack([p for p, _ in draws])
+        rows = torch.stack([r for _, r in draws])
+        if self.device.type == "cuda":
+            perm, rows = perm.pin_memory(), rows.pin_memory()
+        return perm.to(self.device, non_blocking=True), rows.to(self.device, non_blocking=True)
+
+    def _step(self, perm: Tensor, rows: Tensor, step: int) -> None:
+        """One optimizer step of every trial on batch ``step``."""
+        sl = slice(step * self.batch, (step + 1) * self.batch)
+        x, z, idx = self._forward(perm[:, sl], rows[:, sl])
+        per_trial, grads = self._loss_grads(z, idx)
+        # dL/dW = Xᵀ dL/dZ per trial: one matrix product instead of autograd
+        if self.plan.shared:
+            torch.matmul(x.T, grads[0], out=self.grad_w)
+        else:
+            torch.bmm(x.transpose(1, 2), grads[0], out=self.grad_w)
+        self.opt.step([self.grad_w, *grads[1:]])
+        self.loss_sum += per_trial.detach().reshape(self.plan.n)
+
+    def _forward(self, perm: Tensor, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The batch's features ``x``, logits ``z`` (T, B, C) and train-row indices."""
+        if self.plan.shared:
+            x = self.data.train_x[rows[0]].float()
+            return x, torch.matmul(x, self.w), perm[0]  # (B, D+1) @ (T, D+1, C)
+        x = self.data.train_x[rows].float()
+        return x, torch.bmm(x, self.w), perm  # (T, B, D+1) @ (T, D+1, C)
+
+    def _loss_grads(self, z: Tensor, idx: Tensor) -> tuple[Tensor, tuple[Tensor | None, ...]]:
+        """Per-trial losses (T,) and their gradients w.r.t. the logits and the loss's own
+        parameters (autograd sees the loss only, not the head)."""
+        z.requires_grad_(True)
+        with torch.enable_grad():
+            if self.plan.shared:
+                per_trial = self.groups[0].loss(z, self.train_y[idx], index=idx).loss
+            else:
+                per_trial = torch.cat([
+                    g.loss(z[g.trials], self.train_y[idx[g.trials.start]],
+                           index=idx[g.trials.start]).loss.reshape(1)
+                    for g in self.groups
+                ])
+            grads = torch.autograd.grad(per_trial.sum(), [z, *self.extra_params],
+                                        allow_unused=True)
+        return per_trial, grads

@@ -1,0 +1,163 @@
+"""Progress a person can follow, on a terminal or in a log file: the one progress helper.
+
+* stderr is a terminal: a tqdm bar (count, rate, ETA);
+* stderr is redirected (a log, CI, ``2>log``): plain lines, never a ``\\r`` -- one at once saying
+  what starts, then one at least every ``interval`` seconds while work finishes (``k/N``,
+  percent, elapsed, ETA) and one at the end;
+* ``enabled=False``: nothing at all (tqdm is then not even imported).
+
+``SPML_PROGRESS=bar|lines|off`` overrides the choice (e.g. ``lines`` for a terminal that keeps a
+log). tqdm is optional: a bare GPU machine without it gets the plain lines.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from typing import IO, Any, TypeVar
+
+__all__ = ["PROGRESS_ENV", "Progress", "format_seconds", "progress_mode", "track"]
+
+PROGRESS_ENV = "SPML_PROGRESS"
+_MODES = ("bar", "lines", "off")
+T = TypeVar("T")
+
+
+def progress_mode(enabled: bool = True, file: IO[str] | None = None) -> str:
+    """``"bar"``, ``"lines"`` or ``"off"`` for a display on ``file`` (default stderr)."""
+    if not enabled:
+        return "off"
+    forced = os.environ.get(PROGRESS_ENV, "").strip().lower()
+    if forced in _MODES:
+        return forced
+    file = file or sys.stderr
+    try:
+        return "bar" if file.isatty() else "lines"
+    except (AttributeError, ValueError):  # a closed or fake stream
+        return "lines"
+
+
+def format_seconds(seconds: float) -> str:
+    """``75.4`` → ``"1:15"``, ``3725`` → ``"1:02:05"``, ``4.2`` → ``"4.2s"``."""
+    if seconds != seconds or seconds == float("inf"):
+        return "?"
+    if seconds < 10:
+        return f"{seconds:.1f}s"
+    s = round(seconds)
+    h, rem = divmod(s, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+class Progress:
+    """One progress display over ``total`` units (see the module docstring).
+
+    ``update(n)`` counts finished work, ``set_postfix(text)`` sets a short status shown with the
+    count (the best value so far, pruned trials, …), ``write(line)`` prints a line that does not
+    disturb the bar, ``close()`` ends it (also as a context manager).
+    """
+
+    def __init__(self, total: int | None, desc: str, unit: str = "it", *, enabled: bool = True,
+                 file: IO[str] | None = None, interval: float = 10.0, initial: int = 0,
+                 leave: bool = True) -> None:
+        self.total, self.desc, self.unit = total, desc, unit
+        self.file = file or sys.stderr
+        self.mode = progress_mode(enabled, self.file)
+        self.interval = float(interval)
+        self.n = int(initial)
+        self.postfix = ""
+        self._start = time.monotonic()
+        self._last_line = self._start
+        self._closed = False
+        self._bar: Any = None
+        if self.mode == "bar":
+            try:
+                from tqdm.auto import tqdm
+            except ImportError:  # a bare machine: plain lines instead
+                self.mode = "lines"
+            else:
+                self._bar = tqdm(total=total, desc=desc, unit=unit, file=self.file,
+                                 initial=initial, leave=leave, dynamic_ncols=True)
+        if self.mode == "lines":
+            what = f"{total} {unit}" if total is not None else unit
+            self._print(f"{desc}: starting ({what})")
+
+    # -- reporting ----------------------------------------------------------------------------
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if self._bar is not None:
+            self._bar.update(n)
+        elif self.mode == "lines":
+            now = time.monotonic()
+            done = self.total is not None and self.n >= self.total
+            if done or now - self._last_line >= self.interval:
+                self._status_line(now)
+
+    def set_postfix(self, text: str) -> None:
+        self.postfix = text
+        if self._bar is not None:
+            self._bar.set_postfix_str(text, refresh=False)
+
+    def write(self, line: str) -> None:
+        """A message line (above the bar on a terminal; as is in a log; dropped when off)."""
+        if self._bar is not None:
+            self._bar.write(line, file=self.file)
+        elif self.mode == "lines":
+            self._print(line)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._bar is not None:
+            self._bar.close()
+        elif self.mode == "lines" and self._last_count != self.n:
+            self._status_line(time.monotonic())
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- plain lines --------------------------------------------------------------------------
+    _last_count = -1
+
+    def status(self, now: float | None = None) -> str:
+        """``"desc: k/N unit (p%), elapsed, ETA, postfix"`` as of now."""
+        now = time.monotonic() if now is None else now
+        elapsed = now - self._start
+        count = f"{self.n}/{self.total}" if self.total is not None else f"{self.n}"
+        parts = [f"{self.desc}: {count} {self.unit}"]
+        if self.total:
+            parts[0] += f" ({100.0 * self.n / self.total:.0f}%)"
+        parts.append(f"{format_seconds(elapsed)} elapsed")
+        if self.total and 0 < self.n < self.total:
+            parts.append(f"ETA {format_seconds(elapsed / self.n * (self.total - self.n))}")
+        if self.postfix:
+            parts.append(self.postfix)
+        return ", ".join(parts)
+
+    def _status_line(self, now: float) -> None:
+        self._print(self.status(now))
+        self._last_line = now
+        self._last_count = self.n
+
+    def _print(self, line: str) -> None:
+        try:
+            print(line, file=self.file, flush=True)
+        except (BrokenPipeError, ValueError):  # the log went away: keep working silently
+            self.mode = "off"
+
+
+def track(iterable: Iterable[T], total: int | None = None, desc: str = "", unit: str = "it", *,
+          enabled: bool = True, **kwargs: Any) -> Iterator[T]:
+    """Iterate ``iterable`` with a :class:`Progress` display (one update per item)."""
+    if total is None and hasattr(iterable, "__len__"):
+        total = len(iterable)  # type: ignore[arg-type]
+    with Progress(total, desc, unit, enabled=enabled, **kwargs) as bar:
+        for item in iterable:
+            yield item
+            bar.update()

@@ -1,0 +1,232 @@
+"""What a probe run produces: per-trial results, the results JSON and saved heads.
+
+:class:`ProbeResult` is what :func:`probe.train_probe` returns; :meth:`ProbeResult.write_json`
+writes the results file (strict JSON, atomically); :func:`save_head` / :func:`load_head` store
+trained heads in ``nn.Linear`` layout with what is needed to use and reproduce them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .config import ProbeConfigError
+from .io import atomic_write, atomic_write_text
+
+__all__ = [
+    "EpochReport",
+    "ProbeResult",
+    "TrialResult",
+    "environment_info",
+    "load_head",
+    "save_head",
+    "write_json_atomic",
+]
+
+_HEAD_FORMAT = "spml-probe-head/1"
+_RESULT_FORMAT = "spml-probe-result/1"
+
+
+@dataclass
+class EpochReport:
+    """What the per-epoch callback sees (lists indexed by trial; None for stopped trials)."""
+
+    epoch: int
+    train_loss: list[float | None]
+    val_map: list[float | None]
+    test_map: list[float | None]
+    active: list[bool]
+    # the current stacked heads (T, D+1, C), bias in the last row, on the training device;
+    # read-only (analyses read the train logits through them; do not modify)
+    heads: Tensor | None = None
+
+
+@dataclass
+class TrialResult:
+    """One trial: its settings, per-epoch metrics and its best epoch (selected on val)."""
+
+    trial: int
+    seed: int
+    hparams: dict[str, Any]  # the loss's hyperparameters, defaults included
+    lr: float
+    weight_decay: float
+    init: dict[str, float] = field(default_factory=dict)  # val/test mAP of the untrained head
+    epochs: list[dict[str, Any]] = field(default_factory=list)
+    best_epoch: int | None = None
+    best: dict[str, Any] = field(default_factory=dict)
+    stopped_at: int | None = None  # epoch after which the trial was stopped (pruned)
+    finite: bool = True  # False once its training loss or metrics went NaN/inf
+
+
+@dataclass
+class ProbeResult:
+    """Everything a probe run produced; :meth:`to_dict` / :meth:`write_json` for the file."""
+
+    loss: str
+    config: dict[str, Any]
+    trials: list[TrialResult]
+    class_names: list[str]
+    dataset: str
+    source: dict[str, Any]
+    environment: dict[str, Any]
+    timing: dict[str, Any]
+    shared_batch_order: bool
+    best_heads: Tensor | None = None  # (T, D+1, C) float32 CPU, the best epoch's head per trial
+    final_heads: Tensor | None = None  # (T, D+1, C) after the last epoch
+
+    @property
+    def n_trials(self) -> int:
+        return len(self.trials)
+
+    def best_trial(self) -> int | None:
+        """The trial with the highest best-epoch val mAP (None if nothing was evaluated)."""
+        scored = [(t.best.get("val_map", -math.inf), -t.trial) for t in self.trials if t.best]
+        scored = [(v if math.isfinite(v) else -math.inf, i) for v, i in scored]
+        return -max(scored)[1] if scored else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": _RESULT_FORMAT,
+            "loss": self.loss,
+            "config": self.config,
+            "dataset": self.dataset,
+            "data": self.source,
+            "environment": self.environment,
+            "n_trials": self.n_trials,
+            "shared_batch_order": self.shared_batch_order,
+            "best_trial": self.best_trial(),
+            "class_names": self.class_names,
+            "trials": [asdict(t) for t in self.trials],
+            "timing": self.timing,
+        }
+
+    def write_json(self, path: str | Path) -> Path:
+        """Write :meth:`to_dict` atomically (temporary file in the same folder, then rename)."""
+        return write_json_atomic(path, self.to_dict())
+
+    def head(self, trial: int = 0, best: bool = True) -> nn.Linear:
+        """Trial ``trial``'s head as a plain ``nn.Linear`` (best epoch, or the final one)."""
+        heads = self.best_heads if best else self.final_heads
+        if heads is None:
+            raise ProbeConfigError(f"the {self.loss} run has no trained head")
+        if not 0 <= trial < heads.shape[0]:
+            raise ProbeConfigError(f"trial {trial} out of range [0, {heads.shape[0]})")
+        return _to_linear(heads[trial])
+
+
+def _to_linear(w_aug: Tensor) -> nn.Linear:
+    d = w_aug.shape[0] - 1
+    lin = nn.Linear(d, w_aug.shape[1])
+    with torch.no_grad():
+        lin.weight.copy_(w_aug[:d].T)
+        lin.bias.copy_(w_aug[d])
+    return lin
+
+
+def write_json_atomic(path: str | Path, payload: Any) -> Path:
+    """JSON to ``path`` via a temporary file in the same directory and ``os.replace``;
+    non-finite numbers are written as null."""
+    text = json.dumps(_strict(payload), indent=1, allow_nan=False, default=_json_default)
+    return atomic_write_text(path, text)
+
+
+def _strict(obj: Any) -> Any:
+    """NaN/inf → None (null), so the file is strict JSON for every reader."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _strict(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_strict(v) for v in obj]
+    return obj
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, Tensor):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    if hasattr(obj, "item"):
+        return obj.item()
+    raise TypeError(f"not JSON-serialisable: {type(obj).__name__}")
+
+
+def save_head(path: str | Path, result: ProbeResult, trials: Sequence[int] | None = None,
+              best: bool = True) -> Path:
+    """Save trained heads (``nn.Linear`` layout: weight ``(T, C, D)``, bias ``(T, C)``) with
+    what is needed to use and reproduce them (loss, hyperparameters, config, data source).
+    Written atomically. Load with :func:`load_head`."""
+    heads = result.best_heads if best else result.final_heads
+    if heads is None:
+        raise ProbeConfigError(f"the {result.loss} run has no trained head to save")
+    idx = list(range(heads.shape[0])) if trials is None else [int(t) for t in trials]
+    d = heads.shape[1] - 1
+    meta = {
+        "trials": [asdict(result.trials[t]) for t in idx],
+        "which": "best" if best else "final",
+        "loss": result.loss,
+        "config": result.config,
+        "class_names": result.class_names,
+        "dataset": result.dataset,
+        "data": result.source,
+        "environment": result.environment,
+    }
+    payload = {
+        "format": _HEAD_FORMAT,
+        "weight": heads[idx, :d].transpose(1, 2).contiguous(),
+        "bias": heads[idx, d].contiguous(),
+        # plain JSON types only, so torch.load(weights_only=True) reads the file back
+        **json.loads(json.dumps(meta, default=_json_default)),
+    }
+    return atomic_write(path, lambda fh: torch.save(payload, fh))
+
+
+def load_head(path: str | Path, trial: int = 0) -> tuple[nn.Linear, dict[str, Any]]:
+    """``(nn.Linear, metadata)`` of one trial saved by :func:`save_head`."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"head file {path} does not exist")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises several types for a foreign or corrupt file
+        raise ProbeConfigError(f"{path} is not a readable spml-probe head file: {err}") from None
+    if not isinstance(payload, dict) or payload.get("format") != _HEAD_FORMAT:
+        raise ProbeConfigError(
+            f"{path} is not an spml-probe head file (format {_HEAD_FORMAT!r}); save heads with "
+            "'spml probe … --save-head PATH'"
+        )
+    weight, bias = payload["weight"], payload["bias"]
+    if not 0 <= trial < weight.shape[0]:
+        raise ProbeConfigError(f"{path} holds {weight.shape[0]} heads; trial {trial} asked for")
+    lin = nn.Linear(weight.shape[2], weight.shape[1])
+    with torch.no_grad():
+        lin.weight.copy_(weight[trial])
+        lin.bias.copy_(bias[trial])
+    meta = {k: v for k, v in payload.items() if k not in ("weight", "bias")}
+    return lin, meta
+
+
+
+def environment_info(device: torch.device) -> dict[str, Any]:
+    env = {
+        "torch": str(torch.__version__),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+    }
+    if device.type == "cuda":
+        env["device_name"] = torch.cuda.get_device_name(device)
+        env["cuda"] = torch.version.cuda
+    else:
+        env["device_name"] = platform.processor() or platform.machine()
+    return env
+
