@@ -31,8 +31,9 @@ followed by GR Loss, EM/APL and Large-Loss, with the same protocol as the probe
   selected (the first one on ties) and the test mAP there is reported (docs/protocol.md step 5).
 
 Batch size, learning rate and epochs are the paper's (``loss.train_presets[dataset]``), else
-:data:`GENERIC_TRAIN`; all three can be overridden. Engineering on top: AMP (bf16 autocast, or
-fp16 with a ``GradScaler``) and channels_last on CUDA, DataLoader workers decoding with PIL,
+:data:`probe.config.GENERIC_FINETUNE` (:func:`probe.config.resolve_training`, the probe's own
+resolution); all three can be overridden. Engineering on top: AMP (bf16 autocast, or fp16
+with a ``GradScaler``) and channels_last on CUDA, DataLoader workers decoding with PIL,
 normalisation and flips on the device, atomic checkpoints (every epoch and every
 ``checkpoint_every`` steps) that resume bit-for-bit on CPU, results JSON written atomically.
 
@@ -74,7 +75,6 @@ from probe.io import atomic_write
 
 __all__ = [
     "AMP_MODES",
-    "GENERIC_TRAIN",
     "TRAIN_JSON_KEYS",
     "FinetuneConfig",
     "FinetuneError",
@@ -83,10 +83,6 @@ __all__ = [
     "read_winner_json",
 ]
 
-#: Training settings for a (loss, dataset) pair without paper values in ``train_presets``:
-#: batch 8, lr 1e-5, 10 epochs -- Cole et al.'s end-to-end runs are 10 epochs with Adam (their
-#: train.py), and bs 8 / lr 1e-5 is the end-to-end setting GR (VOC) and EM (VOC) report.
-GENERIC_TRAIN: dict[str, Any] = {"batch_size": 8, "lr": 1e-5, "epochs": 10}
 
 #: ``auto``: bf16 on CUDA when supported, else fp16 (+ GradScaler) on CUDA; ``off`` on CPU.
 AMP_MODES = ("auto", "bf16", "fp16", "off")
@@ -116,7 +112,7 @@ class FinetuneConfig:
     """Everything that defines one fine-tuning run (the loss hyperparameters come separately).
 
     ``None`` for ``batch_size`` / ``lr`` / ``epochs`` means "the paper's value for this loss and
-    dataset" (``train_presets``), else :data:`GENERIC_TRAIN`.
+    dataset" (``train_presets``), else :data:`probe.config.GENERIC_FINETUNE`.
     """
 
     dataset: str  # adapter name: voc, coco, nus, cub, folder (featurize.datasets)
@@ -323,56 +319,40 @@ def _resolve_amp(amp: str, device: torch.device) -> torch.dtype | None:
 
 
 def _train_settings(cls, dataset: str, config: FinetuneConfig) -> dict[str, Any]:
-    """batch_size / lr / epochs: explicit > the paper's (train_presets[dataset]) > generic."""
-    paper = cls.train_presets.get(dataset, {})
-    out: dict[str, Any] = {"source": {}}
-    for key in ("batch_size", "lr", "epochs"):
-        given = getattr(config, key)
-        if given is not None:
-            out[key], out["source"][key] = given, "given"
-        elif key in paper:
-            out[key], out["source"][key] = paper[key], f"train_presets[{dataset!r}]"
-        else:
-            out[key], out["source"][key] = GENERIC_TRAIN[key], "generic default"
-    out["batch_size"], out["epochs"], out["lr"] = (
-        int(out["batch_size"]), int(out["epochs"]), float(out["lr"]))
-    # the released code of some papers (GR, LL) trains the head faster than the backbone
-    out["head_lr_mult"] = float(paper.get("head_lr_mult", 1)) if config.lr is None else 1.0
-    return out
+    """batch_size / lr / epochs as :func:`probe.config.resolve_training` decides them for a
+    fine-tune (``lr`` is the backbone's; the head trains at ``lr × head_lr_mult``)."""
+    from probe.config import resolve_training
+
+    s = resolve_training(cls, dataset, batch_size=config.batch_size, lr=config.lr,
+                         epochs=config.epochs, mode="finetune")
+    return {"batch_size": s.batch_size, "lr": s.lr, "epochs": s.epochs,
+            "head_lr_mult": s.head_lr_mult, "source": dict(s.sources)}
 
 
-def _build_loss(config: FinetuneConfig, hparams: Mapping[str, Any], dataset: str):
-    """The loss object with the dataset's paper preset (if any) under the given hparams."""
+def _build_loss(config: FinetuneConfig, hparams: Mapping[str, Any], data: _Data
+                ) -> tuple[Any, str | None, dict[str, Any]]:
+    """The loss object: the dataset's paper preset (``config.preset``: "auto" = the dataset's
+    if the loss has one) under the given hparams, with the values the dataset decides (k) filled
+    in by :func:`probe.config.loss_hparams`, as the probe does. Returns (loss, preset, filled)."""
+    from probe.config import loss_hparams
     from probe.losses import create_loss, get_loss_class
 
     cls = get_loss_class(config.loss)  # unknown name: LossInputError with a suggestion
     preset = config.preset
     if preset == "auto":
-        preset = dataset if dataset in cls.presets else None
-    return create_loss(config.loss, preset=preset, **dict(hparams)), preset
-
-
-def _fill_dataset_hparams(loss, val_labels: np.ndarray) -> dict[str, float]:
-    """Hyperparameters a loss leaves to the dataset (docs/losses.md: EPR/ROLE's k = the mean label
-    cardinality of the val split when the dataset has no known k)."""
-    filled = {}
-    for spec in loss.hparam_specs:
-        if not spec.optional or loss.hparam(spec.name) is not None:
-            continue
-        if spec.name != "k":
-            raise FinetuneError(
-                f"finetune: loss '{loss.name}' needs hyperparameter '{spec.name}' "
-                f"({spec.doc}); pass --set {spec.name}=VALUE"
-            )
-        k = float(val_labels.sum(axis=1).mean()) if len(val_labels) else 0.0
-        if not k > 0:
-            raise FinetuneError(
-                f"finetune: loss '{loss.name}' needs k (expected positives per image) and the "
-                "val split has no positive label to estimate it from; pass --set k=VALUE"
-            )
-        loss.set_hparam("k", k)
-        filled["k"] = k
-    return filled
+        preset = data.name if data.name in cls.presets else None
+    elif preset is not None:
+        create_loss(config.loss, preset=preset)  # an unknown preset: the registry's message
+    val_k = float(data.val_clean.sum(axis=1).mean()) if len(data.val_clean) else 0.0
+    try:
+        (merged,), _ = loss_hparams(cls, [dict(hparams)], data.name, len(data.class_names),
+                                    lambda: val_k, preset=preset)
+    except ValueError as err:
+        raise FinetuneError(f"finetune: {err}") from None
+    given = {**(cls.presets.get(preset, {}) if preset else {}), **hparams}
+    filled = {s.name: merged[s.name] for s in cls.hparam_specs
+              if s.optional and given.get(s.name) is None}
+    return cls(**merged), preset, filled
 
 
 @dataclass
@@ -509,8 +489,7 @@ def _prepare(config: FinetuneConfig, loss_hparams: Mapping[str, Any]) -> _Plan:
             f"larger than the train split ({n_train} images of {data.name}); incomplete batches "
             "are dropped, so no step could run: pass a smaller --batch-size"
         )
-    loss, preset = _build_loss(config, loss_hparams, data.name)
-    filled = _fill_dataset_hparams(loss, data.val_clean)
+    loss, preset, filled = _build_loss(config, loss_hparams, data)
     backbone = load_backbone(
         config.backbone, config.weights, seed=config.weights_seed, size=config.size
     )

@@ -20,6 +20,7 @@ from optuna.distributions import (
     IntDistribution,
 )
 
+from probe.config import resolve_training
 from probe.losses import get_loss_class
 
 from .storage import StudyError
@@ -120,7 +121,8 @@ def build_space(
     cls = get_loss_class(loss)
     specs = {s.name: s for s in cls.hparam_specs}
     preset = {**{s.name: s.default for s in cls.hparam_specs}, **cls.presets.get(dataset or "", {})}
-    train_preset = cls.train_presets.get(dataset or "", {})
+    # the paper point's training settings are what a probe uses by default (the head's rate)
+    paper_train = resolve_training(cls, dataset or "")
     dists: dict[str, BaseDistribution] = {}
     defaults: dict[str, Any] = {}
     switches = {**preset, **(fixed or {})}
@@ -146,13 +148,13 @@ def build_space(
         defaults[f"{loss}.{name}"] = preset.get(name)
     if search_lr:
         dists["train.lr"] = FloatDistribution(1e-5, 1e-1, log=True)
-        defaults["train.lr"] = train_preset.get("lr")
+        defaults["train.lr"] = paper_train.lr
     if batch_sizes:
         dists["train.batch_size"] = CategoricalDistribution(tuple(batch_sizes))
-        defaults["train.batch_size"] = train_preset.get("batch_size")
+        defaults["train.batch_size"] = paper_train.batch_size
     if epochs:
         dists["train.epochs"] = CategoricalDistribution(tuple(epochs))
-        defaults["train.epochs"] = train_preset.get("epochs")
+        defaults["train.epochs"] = paper_train.epochs
     for name, dist in (overrides or {}).items():
         full = name if "." in name else f"{loss}.{name}"
         if not (full.startswith(loss + ".") or full.startswith(TRAIN_PREFIX)):

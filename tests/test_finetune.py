@@ -93,8 +93,9 @@ def test_resume_after_crash_equals_uninterrupted_run(voc, tmp_path, monkeypatch)
     and resumed again ends bit-for-bit where one uninterrupted run ends."""
     whole = finetune(_config(voc, tmp_path / "whole", "role", epochs=2, save_best=True), {})
     assert whole.completed and whole.global_step == 6 and len(whole.epochs) == 2
-    assert whole.train["source"] == {"batch_size": "given", "lr": "generic default",
-                                     "epochs": "given"}
+    assert whole.train["source"] == {"batch_size": "as given",
+                                     "lr": "generic (Cole et al. end-to-end fine-tune)",
+                                     "epochs": "as given"}
     assert whole.hparams["k"] == 1.5  # Cole et al.'s VOC value via the preset
     assert whole.best_epoch in (0, 1)
     assert whole.test_map == whole.epochs[whole.best_epoch]["test_map"]
@@ -224,7 +225,7 @@ def test_cli_resnet50_two_steps_from_winner_json(voc, tmp_path, capsys):
     result = json.loads(capsys.readouterr().out)
     assert result["loss"] == "an_ls" and result["hparams"] == {"eps": 0.3}
     assert result["train"]["batch_size"] == 2 and result["train"]["epochs"] == 3
-    assert result["train"]["source"]["lr"] == "generic default"
+    assert result["train"]["source"]["lr"] == "generic (Cole et al. end-to-end fine-tune)"
     assert result["model"]["backbone"] == "resnet50" and result["model"]["weights_random"]
     assert result["model"]["head"] == "Linear(2048, 20)"
     assert (result["global_step"], result["stopped"], result["completed"]) == (2, "max_steps",
@@ -259,7 +260,7 @@ def test_bad_loss_and_hparams_fail_before_reading_the_dataset(tmp_path):
 
 
 def test_batch_larger_than_train_split(voc, tmp_path):
-    with pytest.raises(FinetuneError, match=r"batch size 8 \(given\) is larger than the train "
+    with pytest.raises(FinetuneError, match=r"batch size 8 \(as given\) is larger than the train "
                                             r"split \(7 images"):
         finetune(_config(voc, tmp_path, "an", batch_size=8))
     assert not (tmp_path / CHECKPOINT_NAME).exists()
