@@ -26,16 +26,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from featurize.images import IMAGENET_MEAN, IMAGENET_STD
+from featurize.specs import (  # the registry itself needs no torch (spml --help stays fast)
+    BACKBONES,
+    DEFAULT,
+    DEFAULT_BACKBONE,
+    RANDOM,
+    BackboneSpec,
+    tv_spec,
+)
 
-DEFAULT_BACKBONE = "resnet50"
-RANDOM = "random"
-DEFAULT = "default"  # the backbone's standard pretrained weights
 _HASH_IN_NAME = re.compile(r"-([a-f0-9]{6,})\.[a-z]+$")  # torch.hub's convention
-# EfficientNet-Lite ("edge") models were trained with inception-style input scaling:
-# (x - 127) / 128 on 0..255 pixels (tensorflow/tpu efficientnet/lite, MEAN_RGB / STDDEV_RGB)
-_LITE_MEAN = (127.0 / 255, 127.0 / 255, 127.0 / 255)
-_LITE_STD = (128.0 / 255, 128.0 / 255, 128.0 / 255)
 
 
 class WeightsError(ValueError):
@@ -45,50 +45,6 @@ class WeightsError(ValueError):
 class WeightsNotFoundError(WeightsError, FileNotFoundError):
     """The pretrained weights file is not on this machine."""
 
-
-@dataclass(frozen=True)
-class BackboneSpec:
-    """One registry entry."""
-
-    name: str
-    family: str  # "torchvision" (any torchvision classifier) or "efficientnet_lite"
-    feature_dim: int  # pooled-feature width (the classifier's input)
-    mean: tuple[float, float, float] = IMAGENET_MEAN  # the weights' own input normalisation
-    std: tuple[float, float, float] = IMAGENET_STD
-    default_weights: str = "imagenet1k_v1"  # what pretrained=True meant for these papers
-    note: str = ""
-
-
-def _tv(name: str, dim: int, note: str = "") -> BackboneSpec:
-    return BackboneSpec(name, "torchvision", dim, note=note)
-
-
-BACKBONES: dict[str, BackboneSpec] = {
-    s.name: s
-    for s in (
-        _tv("resnet50", 2048, "the protocol's backbone (Cole et al. 2021 and followers)"),
-        _tv("resnet18", 512),
-        _tv("resnet34", 512),
-        _tv("resnet101", 2048),
-        _tv("resnet152", 2048),
-        _tv("wide_resnet50_2", 2048),
-        _tv("resnext50_32x4d", 2048),
-        _tv("convnext_tiny", 768, "pooled + LayerNorm (the classifier's input)"),
-        _tv("convnext_small", 768, "pooled + LayerNorm (the classifier's input)"),
-        _tv("convnext_base", 1024, "pooled + LayerNorm (the classifier's input)"),
-        _tv("efficientnet_b0", 1280),
-        _tv("mobilenet_v3_large", 1280, "after the classifier's hidden layer"),
-        BackboneSpec(
-            "efficientnet_lite0",
-            "efficientnet_lite",
-            1280,
-            mean=_LITE_MEAN,
-            std=_LITE_STD,
-            default_weights="imagenet",
-            note="ImageNet weights shipped in a package: works offline (extra 'lite0')",
-        ),
-    )
-}
 
 
 def list_backbones() -> list[str]:
@@ -114,7 +70,7 @@ def get_spec(name: str) -> BackboneSpec:
         if model is None:
             model = torchvision.models.get_model(name, weights=None)
         _, head = _strip_head(model, name)
-        return _tv(name, int(head.in_features), "torchvision classifier, head removed")
+        return tv_spec(name, int(head.in_features), "torchvision classifier, head removed")
     import difflib
 
     close = difflib.get_close_matches(name, [*BACKBONES, *tv_names], n=3)

@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
-IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
+from featurize.specs import IMAGENET_MEAN, IMAGENET_STD
+
 DECODE_PATHS: tuple[str, ...] = ("pil", "torchvision")
 
 # JPEG start-of-frame markers nvJPEG decodes: baseline, extended sequential, progressive

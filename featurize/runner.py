@@ -52,10 +52,8 @@ from featurize.images import (
     read_bytes,
     resize_batch,
 )
+from featurize.specs import DECODE_CHOICES, PRECISION_CHOICES
 from probe.store.index import DatasetIndex
-
-DECODE_CHOICES: tuple[str, ...] = ("auto", "pil", "torchvision")
-PRECISION_CHOICES: tuple[str, ...] = ("auto", "fp32", "bf16")
 
 
 @dataclass(frozen=True)

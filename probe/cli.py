@@ -7,10 +7,17 @@ import dataclasses
 import json
 import textwrap
 
-from . import losses as _losses
+from .cliargs import (
+    add_device_argument,
+    add_observed_seed_argument,
+    parse_ints,
+    parse_sets,
+)
 
 
 def _losses_list(args: argparse.Namespace) -> int:
+    from . import losses as _losses
+
     rows = []
     for name in _losses.available():
         cls = _losses.get_loss_class(name)
@@ -29,6 +36,8 @@ def _losses_list(args: argparse.Namespace) -> int:
 
 
 def _losses_show(args: argparse.Namespace) -> int:
+    from . import losses as _losses
+
     cls = _losses.get_loss_class(args.name)
     if args.json:
         specs = [
@@ -94,61 +103,6 @@ labels unless --val-labels observed); test mAP is reported at that epoch.
 """
 
 
-def parse_value(text: str) -> object:
-    """A command-line value: true/false → bool, none/null → None, then int, float, else str."""
-    low = text.strip().lower()
-    if low in ("true", "false"):
-        return low == "true"
-    if low in ("none", "null"):
-        return None
-    for conv in (int, float):
-        try:
-            return conv(text)
-        except ValueError:
-            pass
-    return text.strip()
-
-
-def parse_sets(items: list[str] | None, option: str = "--set") -> dict[str, list[object]]:
-    """``["w_T=2,5", "use_k=false"]`` → ``{"w_T": [2, 5], "use_k": [False]}``."""
-    out: dict[str, list[object]] = {}
-    for item in items or []:
-        key, sep, values = item.partition("=")
-        key = key.strip()
-        if not sep or not key or not values.strip():
-            raise ValueError(f"{option} expects KEY=VALUE or KEY=V1,V2,...; got {item!r}")
-        if key in out:
-            raise ValueError(f"{option} {key} given twice; put all its values in one comma list")
-        out[key] = [parse_value(v) for v in values.split(",")]
-    return out
-
-
-def parse_assignments(items: list[str] | None, option: str = "--set") -> dict[str, object]:
-    """``["alpha=0.2", "use_v=false"]`` → one value per name (no comma lists)."""
-    out: dict[str, object] = {}
-    for item in items or []:
-        name, sep, value = item.partition("=")
-        if not sep or not name.strip():
-            raise ValueError(
-                f"{option} expects NAME=VALUE (e.g. {option} alpha=0.2); got {item!r}"
-            )
-        out[name.strip()] = parse_value(value)
-    return out
-
-
-def parse_ints(text: str | None, flag: str) -> list[int] | None:
-    if text is None:
-        return None
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ValueError(f"{flag} must be a comma list of integers, e.g. 0,1,2; got {text!r}")\
-            from None
-    if not values:
-        raise ValueError(f"{flag} needs at least one integer; got {text!r}")
-    return values
-
-
 def _trials_from_args(args: argparse.Namespace) -> tuple[list[dict], tuple[int, ...] | None]:
     from .trials import expand_grid
 
@@ -212,9 +166,9 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     trials, seeds = _trials_from_args(args)
     if args.loss != "knn":  # name bad hyperparameters before a large store is loaded
         from .config import TRAINER_KEYS
-        from .losses._base import check_hparams
+        from .losses import check_hparams, get_loss_class
 
-        cls = _losses.get_loss_class(args.loss)
+        cls = get_loss_class(args.loss)
         for t in trials:
             check_hparams(cls.hparam_specs, {k: v for k, v in t.items()
                                              if k not in TRAINER_KEYS}, cls.name)
@@ -323,12 +277,11 @@ def _register_probe(sub: argparse._SubParsersAction, bench: argparse._SubParsers
                    help="train on the single positives (default) or the full labels (oracle)")
     g.add_argument("--val-labels", choices=("clean", "observed"), default="clean",
                    help="labels that choose the best epoch (default: clean = full labels)")
-    g.add_argument("--observed-seed", type=int, default=1200,
-                   help="which single-positive draw of the store (default: 1200)")
+    add_observed_seed_argument(g)
     g.add_argument("--eval-every", type=int, default=1,
                    help="evaluate every N epochs and after the last (default: 1)")
     g = p.add_argument_group("device and output")
-    g.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
+    add_device_argument(g)
     g.add_argument("--json", metavar="PATH",
                    help="write config, per-epoch metrics and the best epoch of every trial")
     g.add_argument("--save-head", metavar="PATH", help="save the best-epoch heads (torch file)")
@@ -370,7 +323,7 @@ def _register_probe(sub: argparse._SubParsersAction, bench: argparse._SubParsers
                    help="stacked trial counts to time (default: 1,8,64)")
     b.add_argument("--no-plain", action="store_true", help="skip the plain PyTorch loop")
     b.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
-    b.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
+    add_device_argument(b)
     b.add_argument("--cache-dir",
                    help="where the synthetic store is cached (default: $SPML_CACHE_DIR or "
                    "~/.cache/spml-probe)")

@@ -1,4 +1,4 @@
-"""``spml analyze`` (studies.analyze, studies.analyze_cli): the GR paper's analyses.
+"""``spml analyze`` (studies.analyze, studies.cli.analyze): the GR paper's analyses.
 
 Numbers against hand-made cases and closed forms (Wasserstein-1 vs scipy and exact shifts,
 confidence buckets, the entry loss/gradient curves of AN, Hill and GR Eq. 18), then every
@@ -22,7 +22,7 @@ import studies.analyze as A
 from probe import ProbeConfig, train_probe
 from probe.data import ProbeData
 from probe.loop import init_head
-from studies.analyze_cli import register_analyze_cli
+from studies.cli.analyze import register_cli as register_analyze_cli
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 FAST = dict(epochs=2, batch_size=64, lr=1e-3)  # a few hundred steps on yeast: well under 1 s

@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fixtures_datasets import make_folder, write_jpeg
 
 from featurize.backbones import load_backbone
+from featurize.cli import register_cli as register_featurize_cli
 from featurize.datasets import DatasetIndex, Phase
-from featurize.featurize_cli import register_featurize_cli
 from featurize.images import (
     BadImageError,
     batch_decode,

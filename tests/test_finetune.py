@@ -18,6 +18,14 @@ import torch
 
 from probe.losses import LossInputError, available, create_loss
 from probe.store.protocol import single_positive, split_pool
+from studies.cli.finetune import (
+    config_from_args,
+    format_summary,
+    parse_assignments,
+)
+from studies.cli.finetune import (
+    register_cli as register_finetune_cli,
+)
 from studies.finetune import (
     CHECKPOINT_NAME,
     FinetuneConfig,
@@ -25,12 +33,6 @@ from studies.finetune import (
     _Run,
     finetune,
     read_winner_json,
-)
-from studies.finetune_cli import (
-    config_from_args,
-    format_summary,
-    parse_assignments,
-    register_finetune_cli,
 )
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -355,3 +357,12 @@ def test_every_loss_survives_the_checkpoint_round_trip(name):
     b = back(logits, observed[index], index=index).loss
     assert math.isfinite(float(a.detach()))
     assert torch.equal(a, b)  # incl. the loss's own randomness (vPU's λ)
+
+
+def test_cli_constants_agree_with_the_library():
+    """The CLI writes the fine-tune's choices out (building the parser imports no torch)."""
+    import studies.cli.finetune as cli
+    import studies.finetune as lib
+
+    assert cli.AMP_MODES == lib.AMP_MODES
+    assert cli.TRAIN_JSON_KEYS == lib.TRAIN_JSON_KEYS

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from probe.cli import parse_sets, parse_value
+from probe.cliargs import parse_sets, parse_value
 from studies.cli import main
 
 

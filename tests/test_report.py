@@ -24,8 +24,8 @@ from optuna.trial import TrialState, create_trial
 from PIL import Image
 
 from studies import plots
+from studies.cli.report import register_cli as register_report_cli
 from studies.report import SECTIONS, ReportOptions, build_report, study_command
-from studies.report_cli import register_report_cli
 from studies.results import write_batch
 from studies.storage import StudyError
 
@@ -244,7 +244,7 @@ def test_real_study_report_matches_the_storage(real):
 def test_reproduce_command_parses_back_to_the_same_settings(real):
     """The summary's 'spml study' line, parsed by the real CLI, gives the recorded settings."""
     from studies.cli import build_parser
-    from studies.commands import _settings
+    from studies.cli.study import _settings
     from studies.study import _settings_dict
 
     page = _parse(real["result"].html_path)

@@ -341,7 +341,7 @@ def test_confirm_reports_mean_and_std(yeast, tmp_path, capsys):
     assert best["confirmed"]["n_runs"] == 4
     assert best["study"]["trial"] == best["confirmed"]["trial"]
     # spml finetune reads the same winner straight from the study
-    from studies.finetune_cli import winner_from_study
+    from studies.cli.finetune import winner_from_study
 
     loss, hparams, train = winner_from_study(str(out))
     study_best = optuna.load_study(study_name="yeast-an_ls", storage=f"sqlite:///{out}/study.db")

@@ -12,27 +12,22 @@ format.
 
 from __future__ import annotations
 
-from .index import DatasetIndex, Phase
-from .protocol import PROTOCOL_SEED, VAL_FRACTION, single_positive, split_indices, split_pool
-from .store import (
-    DTYPES,
-    SCHEMA_VERSION,
-    SPLIT_CODES,
-    BadFeatureRow,
-    Store,
-    StoreError,
-    StoreNotFoundError,
-    StoreWriter,
-    add_observed_seed,
-    create_store,
-    file_sha256,
-    is_store_dir,
-    open_store,
-    resume_store,
-    write_feature_store,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# names load on first use: importing the protocol alone does not load zarr
+_EXPORTS = {
+    **dict.fromkeys(("DatasetIndex", "Phase"), "probe.store.index"),
+    **dict.fromkeys(("PROTOCOL_SEED", "VAL_FRACTION", "DATASET_CLASSES", "single_positive",
+                     "split_indices", "split_pool"), "probe.store.protocol"),
+    **dict.fromkeys(("DTYPES", "SCHEMA_VERSION", "SPLIT_CODES", "BadFeatureRow", "Store",
+                     "StoreError", "StoreNotFoundError", "StoreWriter", "add_observed_seed",
+                     "create_store", "file_sha256", "is_store_dir", "open_store", "resume_store",
+                     "write_feature_store"), "probe.store.store"),
+}
 
 __all__ = [
+    "DATASET_CLASSES",
     "DTYPES",
     "PROTOCOL_SEED",
     "SCHEMA_VERSION",
@@ -56,3 +51,41 @@ __all__ = [
     "split_pool",
     "write_feature_store",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'probe.store' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+if TYPE_CHECKING:
+    from .index import DatasetIndex, Phase
+    from .protocol import (
+        DATASET_CLASSES,
+        PROTOCOL_SEED,
+        VAL_FRACTION,
+        single_positive,
+        split_indices,
+        split_pool,
+    )
+    from .store import (
+        DTYPES,
+        SCHEMA_VERSION,
+        SPLIT_CODES,
+        BadFeatureRow,
+        Store,
+        StoreError,
+        StoreNotFoundError,
+        StoreWriter,
+        add_observed_seed,
+        create_store,
+        file_sha256,
+        is_store_dir,
+        open_store,
+        resume_store,
+        write_feature_store,
+    )

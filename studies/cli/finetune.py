@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .finetune import (
-    AMP_MODES,
-    TRAIN_JSON_KEYS,
-    FinetuneConfig,
-    FinetuneError,
-    FinetuneResult,
-    finetune,
-    read_winner_json,
-)
+from probe.cliargs import add_device_argument
+from probe.store.protocol import PROTOCOL_SEED
+
+if TYPE_CHECKING:
+    from studies.finetune import FinetuneConfig, FinetuneResult
+
+# = studies.finetune.AMP_MODES / TRAIN_JSON_KEYS, written here so that building the parser does
+# not import torch (a test checks they agree)
+AMP_MODES = ("auto", "bf16", "fp16", "off")
+TRAIN_JSON_KEYS = ("batch_size", "lr", "epochs", "seed", "observed_seed", "val_labels")
 
 EPILOG = """\
 examples:
@@ -43,8 +44,9 @@ Pretrained weights are never downloaded: put torchvision's file in the torch hub
 
 
 def parse_assignments(items: list[str] | None, option: str = "--set") -> dict[str, Any]:
-    """``["name=value", ...]`` → dict (see :func:`probe.cli.parse_assignments`)."""
-    from probe.cli import parse_assignments as parse
+    """``["name=value", ...]`` → dict (see :func:`probe.cliargs.parse_assignments`)."""
+    from probe.cliargs import parse_assignments as parse
+    from studies.finetune import FinetuneError
 
     try:
         return parse(items, option)
@@ -57,8 +59,8 @@ def winner_from_study(study: str, name: str | None = None) -> tuple[str, dict, d
     folder given to ``spml study --out`` or a storage (study.db, study.log, postgresql://…)."""
     from pathlib import Path
 
-    from .confirm import load_study, winner
-    from .report import find_storage
+    from studies.confirm import load_study, winner
+    from studies.report import find_storage
 
     storage = find_storage(study) if Path(study).is_dir() else study
     record = winner(load_study(storage, name))
@@ -67,6 +69,8 @@ def winner_from_study(study: str, name: str | None = None) -> tuple[str, dict, d
 
 def config_from_args(args: argparse.Namespace) -> tuple[FinetuneConfig, dict[str, Any]]:
     """Merge precedence: command-line options > the --from-json winner > paper presets."""
+    from studies.finetune import FinetuneConfig, FinetuneError, read_winner_json
+
     loss, hparams, train = args.loss, {}, {}
     if args.from_json and args.from_study:
         raise FinetuneError("give the winner once: --from-json PATH or --from-study STUDY_DIR")
@@ -144,13 +148,16 @@ def format_summary(result: FinetuneResult) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from studies.finetune import finetune
+
     config, hparams = config_from_args(args)
     result = finetune(config, hparams)
     print(json.dumps(result.to_dict(), indent=2) if args.json else format_summary(result))
     return 0
 
 
-def register_finetune_cli(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def register_cli(sub: argparse._SubParsersAction,
+                 bench: argparse._SubParsersAction | None = None) -> argparse.ArgumentParser:
     """Add ``spml finetune`` to the top-level subparsers ``sub``."""
     p = sub.add_parser(
         "finetune",
@@ -190,7 +197,7 @@ def register_finetune_cli(sub: argparse._SubParsersAction) -> argparse.ArgumentP
     g.add_argument("--epochs", type=int, help="epochs (default: paper's, else 10)")
     g.add_argument("--seed", type=int, help="head init, batch order, flips (default 0)")
     g.add_argument("--observed-seed", dest="observed_seed", type=int,
-                   help="single-positive draw (default 1200, the literature's)")
+                   help=f"single-positive draw (default {PROTOCOL_SEED}, the literature's)")
     g.add_argument("--val-labels", dest="val_labels", choices=("clean", "observed"),
                    help="score val on full labels (default) or on the single positives")
     g.add_argument("--threshold", type=float, default=0.5,
@@ -206,7 +213,7 @@ def register_finetune_cli(sub: argparse._SubParsersAction) -> argparse.ArgumentP
     m.add_argument("--dataset-option", action="append", metavar="NAME=VALUE",
                    help="adapter option, e.g. annotations=labels.csv for folder")
     r = p.add_argument_group("running")
-    r.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda[:N]")
+    add_device_argument(r)
     r.add_argument("--amp", choices=AMP_MODES, default="auto",
                    help="autocast: auto = bf16 on CUDA (fp16 + GradScaler without bf16), off on "
                         "CPU")

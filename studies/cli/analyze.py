@@ -11,6 +11,13 @@ import argparse
 import textwrap
 from typing import Any
 
+from probe.cliargs import (
+    add_device_argument,
+    add_observed_seed_argument,
+    parse_floats,
+    parse_names,
+)
+
 _COMMON_EPILOG = """
 Training (store commands): --epochs, --batch-size and --lr default to GR's paper setting for the
 store's dataset (VOC/COCO/NUS/CUB, Table 6), else Cole et al.'s linear probe (bs 8, lr 1e-4,
@@ -99,35 +106,14 @@ Writes curves.json/.md/.png.
 # --------------------------------------------------------------------------------------------
 
 
-def _floats(text: str | None, flag: str) -> list[float] | None:
-    if text is None:
-        return None
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ValueError(f"{flag} must be a comma list of numbers, e.g. 0.2,0.5,1; got "
-                         f"{text!r}") from None
-    if not values:
-        raise ValueError(f"{flag} needs at least one number; got {text!r}")
-    return values
-
-
-def _names(text: str, flag: str = "--loss") -> list[str]:
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    if not names:
-        raise ValueError(f"{flag} needs at least one loss name; got {text!r}")
-    return names
-
-
 def _loss_sets(items: list[str] | None, losses: list[str], lists: bool = False
                ) -> dict[str, dict[str, Any]]:
     """``--set [LOSS.]KEY=V[,V…]`` → per-loss hyperparameters. An unprefixed key goes to every
     listed loss that has it (or lr / weight_decay to all); single values unless ``lists``."""
-    from probe.cli import parse_sets
+    from probe.cliargs import parse_sets
     from probe.config import TRAINER_KEYS
     from probe.losses import get_loss_class
-
-    from .analyze import AnalyzeError
+    from studies.analyze import AnalyzeError
 
     out: dict[str, dict[str, Any]] = {name: {} for name in losses}
     known = {name: {s.name for s in get_loss_class(name).hparam_specs} for name in losses}
@@ -153,7 +139,7 @@ def _loss_sets(items: list[str] | None, losses: list[str], lists: bool = False
 
 
 def _config(args: argparse.Namespace):
-    from probe.cli import parse_ints
+    from probe.cliargs import parse_ints
     from probe.config import ProbeConfig
 
     seeds = parse_ints(args.seeds, "--seeds")
@@ -173,7 +159,7 @@ def _data(args: argparse.Namespace):
 
 
 def _finish(result, args: argparse.Namespace) -> int:
-    from .analyze import write_outputs
+    from studies.analyze import write_outputs
 
     print(result.text())
     paths = write_outputs(result, args.out or f"spml-analysis/{args.analysis}", dpi=args.dpi)
@@ -187,7 +173,7 @@ def _finish(result, args: argparse.Namespace) -> int:
 
 
 def _cmd_ablation(args: argparse.Namespace) -> int:
-    from .analyze import ablation_hparams, run_ablation
+    from studies.analyze import ablation_hparams, run_ablation
 
     config = _config(args)
     hp = ablation_hparams(_loss_sets(args.set, ["gr"])["gr"])
@@ -199,7 +185,7 @@ _SWEEP_FLAGS = {"tau": ("tau", "b_T"), "mu": ("mu_T", "sigma_T"), "q2q3": ("q2",
 
 
 def _cmd_sensitivity(args: argparse.Namespace) -> int:
-    from .analyze import AnalyzeError, run_sensitivity, sweep_hparams, sweep_points
+    from studies.analyze import AnalyzeError, run_sensitivity, sweep_hparams, sweep_points
 
     config = _config(args)
     x_key, s_key = _SWEEP_FLAGS[args.param]
@@ -208,8 +194,8 @@ def _cmd_sensitivity(args: argparse.Namespace) -> int:
             flag = "--" + key.replace("_", "-")
             raise AnalyzeError(f"{flag} belongs to another sweep; --param {args.param} takes "
                                f"--{x_key.replace('_', '-')} and --{s_key.replace('_', '-')}")
-    values = _floats(getattr(args, x_key), "--" + x_key.replace("_", "-"))
-    series = _floats(getattr(args, s_key), "--" + s_key.replace("_", "-"))
+    values = parse_floats(getattr(args, x_key), "--" + x_key.replace("_", "-"))
+    series = parse_floats(getattr(args, s_key), "--" + s_key.replace("_", "-"))
     sweep_points(args.param, values, series)  # range errors before the store is read
     hp = sweep_hparams(args.param, _loss_sets(args.set, ["gr"])["gr"])
     result = run_sensitivity(_data(args), config, args.param, values=values, series=series,
@@ -235,10 +221,10 @@ def _hist_epochs(text: str) -> list[int | str]:
 
 
 def _cmd_distinguish(args: argparse.Namespace) -> int:
-    from .analyze import check_fixed, hist_epochs_for, run_distinguish
+    from studies.analyze import check_fixed, hist_epochs_for, run_distinguish
 
     config = _config(args)
-    losses = _names(args.loss)
+    losses = parse_names(args.loss)
     sets = _loss_sets(args.set, losses)
     for name in losses:
         check_fixed(name, sets[name])
@@ -250,10 +236,10 @@ def _cmd_distinguish(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibration(args: argparse.Namespace) -> int:
-    from .analyze import AnalyzeError, check_fixed, run_calibration
+    from studies.analyze import AnalyzeError, check_fixed, run_calibration
 
     config = _config(args)
-    names = _names(args.loss)
+    names = parse_names(args.loss)
     if len(names) != 1:
         raise AnalyzeError(f"--loss: calibration trains one loss; got {', '.join(names)}")
     loss = names[0]
@@ -264,11 +250,10 @@ def _cmd_calibration(args: argparse.Namespace) -> int:
 
 
 def _cmd_curves(args: argparse.Namespace) -> int:
-    from probe.cli import parse_ints
+    from probe.cliargs import parse_ints
+    from studies.analyze import loss_curves
 
-    from .analyze import loss_curves
-
-    losses = _names(args.loss)
+    losses = parse_names(args.loss)
     at = parse_ints(args.at, "--at")
     result = loss_curves(losses, _loss_sets(args.set, losses, lists=True),
                          n_epochs=args.epochs, at=at, points=args.points, classes=args.classes)
@@ -300,9 +285,8 @@ def _common(p: argparse.ArgumentParser, name: str, store: bool = True,
                        help="no flip augmentation (default: flip when the store has flips)")
         g.add_argument("--no-presets", action="store_true",
                        help="ignore the losses' paper presets for the store's dataset")
-        g.add_argument("--observed-seed", type=int, default=1200,
-                       help="which single-positive draw of the store (default: 1200)")
-        g.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
+        add_observed_seed_argument(g)
+        add_device_argument(g)
     g = p.add_argument_group("output")
     g.add_argument("--out", metavar="DIR",
                    help=f"folder for {files}.json, {files}.md and the PNGs "
@@ -318,7 +302,8 @@ def _parser(sub: argparse._SubParsersAction, name: str, help_: str, description:
                           epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
-def register_analyze_cli(sub: argparse._SubParsersAction) -> None:
+def register_cli(sub: argparse._SubParsersAction,
+                 bench: argparse._SubParsersAction | None = None) -> None:
     """Add ``spml analyze ablation | sensitivity | distinguish | calibration | curves`` to the
     top-level subparsers ``sub``."""
     top = sub.add_parser(

@@ -1,0 +1,161 @@
+"""Argument helpers shared by every ``spml`` command (written once, used by probe, featurize and
+studies): value parsers that name the flag in their errors, and the options many commands take.
+
+Pure argparse and the standard library: building the ``spml`` parser imports no torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import textwrap
+
+from .store.protocol import PROTOCOL_SEED
+
+__all__ = [
+    "DEVICE_HELP",
+    "add_device_argument",
+    "add_observed_seed_argument",
+    "add_seeds_argument",
+    "parse_assignments",
+    "parse_floats",
+    "parse_ints",
+    "parse_names",
+    "parse_seeds",
+    "parse_sets",
+    "parse_value",
+    "wrap",
+]
+
+DEVICE_HELP = "auto (default: CUDA when available, else CPU) | cpu | cuda | cuda:N"
+SEEDS_HELP = (
+    f"single-positive draws to store, comma list (default: {PROTOCOL_SEED}, the literature's; "
+    "docs/protocol.md step 2 re-run with each seed gives other draws for multi-seed "
+    "confirmation)"
+)
+
+
+def wrap(*paragraphs: str) -> str:
+    """Description text for RawDescriptionHelpFormatter (which keeps the epilog's line breaks)."""
+    return "\n\n".join(textwrap.fill(p, width=88) for p in paragraphs)
+
+
+# --------------------------------------------------------------------------------------------
+# value parsers
+# --------------------------------------------------------------------------------------------
+
+
+def parse_value(text: str) -> object:
+    """A command-line value: true/false → bool, none/null → None, then int, float, else str."""
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    return text.strip()
+
+
+def parse_sets(items: list[str] | None, option: str = "--set") -> dict[str, list[object]]:
+    """``["w_T=2,5", "use_k=false"]`` → ``{"w_T": [2, 5], "use_k": [False]}``."""
+    out: dict[str, list[object]] = {}
+    for item in items or []:
+        key, sep, values = item.partition("=")
+        key = key.strip()
+        if not sep or not key or not values.strip():
+            raise ValueError(f"{option} expects KEY=VALUE or KEY=V1,V2,...; got {item!r}")
+        if key in out:
+            raise ValueError(f"{option} {key} given twice; put all its values in one comma list")
+        out[key] = [parse_value(v) for v in values.split(",")]
+    return out
+
+
+def parse_assignments(items: list[str] | None, option: str = "--set") -> dict[str, object]:
+    """``["alpha=0.2", "use_v=false"]`` → one value per name (no comma lists)."""
+    out: dict[str, object] = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(
+                f"{option} expects NAME=VALUE (e.g. {option} alpha=0.2); got {item!r}"
+            )
+        out[name.strip()] = parse_value(value)
+    return out
+
+
+def parse_ints(text: str | None, flag: str) -> list[int] | None:
+    """``"0,1,2"`` → ``[0, 1, 2]``; None stays None; errors name ``flag``."""
+    if text is None:
+        return None
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} must be a comma list of integers, e.g. 0,1,2; got {text!r}")\
+            from None
+    if not values:
+        raise ValueError(f"{flag} needs at least one integer; got {text!r}")
+    return values
+
+
+def parse_floats(text: str | None, flag: str) -> list[float] | None:
+    """``"0.2,0.5"`` → ``[0.2, 0.5]``; None stays None; errors name ``flag``."""
+    if text is None:
+        return None
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} must be a comma list of numbers, e.g. 0.2,0.5,1; got "
+                         f"{text!r}") from None
+    if not values:
+        raise ValueError(f"{flag} needs at least one number; got {text!r}")
+    return values
+
+
+def parse_names(text: str, flag: str = "--loss") -> list[str]:
+    """``"gr,an"`` → ``["gr", "an"]``."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise ValueError(f"{flag} needs at least one name; got {text!r}")
+    return names
+
+
+def parse_seeds(text: str, flag: str = "--seeds") -> list[int]:
+    """Single-positive draw seeds: integers in [0, 2**32), e.g. ``"1200,1,2"``."""
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise ValueError(
+            f"{flag} must be integers separated by commas, e.g. {PROTOCOL_SEED},1,2; "
+            f"got {text!r}"
+        ) from None
+    if not seeds or any(s < 0 or s >= 2**32 for s in seeds):
+        raise ValueError(f"{flag} needs integers in [0, 2**32); got {text!r}")
+    return seeds
+
+
+# --------------------------------------------------------------------------------------------
+# options many commands take
+# --------------------------------------------------------------------------------------------
+
+
+def add_device_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+                        help: str = DEVICE_HELP) -> None:
+    parser.add_argument("--device", default="auto", help=help)
+
+
+def add_observed_seed_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+                               what: str = "to train on") -> None:
+    parser.add_argument(
+        "--observed-seed", type=int, default=PROTOCOL_SEED, metavar="SEED",
+        help=f"the store's single-positive draw {what} (default: {PROTOCOL_SEED}, the "
+        "literature's; others via 'spml draw')",
+    )
+
+
+def add_seeds_argument(parser: argparse.ArgumentParser) -> None:
+    """``--seeds``: the single-positive draws a new store gets."""
+    parser.add_argument("--seeds", default=str(PROTOCOL_SEED), metavar="S1,S2,...",
+                        help=SEEDS_HELP)

@@ -1,0 +1,97 @@
+"""The ``spml`` command: one entry point; every subcommand is defined in its package's ``cli``.
+
+Where each command lives (a module per package, or per command group in :mod:`studies.cli`):
+
+==================================================  ===========================================
+``spml featurize | import | info | draw``            :mod:`featurize.cli`
+``spml bench featurize``                             :mod:`featurize.cli`
+``spml losses | probe``, ``spml bench probe``        :mod:`probe.cli`
+``spml study``, ``spml study confirm``               :mod:`studies.cli.study`
+``spml report``                                      :mod:`studies.cli.report`
+``spml analyze …``                                   :mod:`studies.cli.analyze`
+``spml finetune``                                    :mod:`studies.cli.finetune`
+``spml demo``                                        :mod:`studies.cli.demo`
+==================================================  ===========================================
+
+Each module exposes ``register_cli(sub, bench)``; a command is a thin function
+``func(args) -> int`` over library functions that return results. Argument helpers shared by
+all of them are in :mod:`probe.cliargs`. Building the parser imports no torch, so ``--help``
+is instant. User errors (``ValueError`` subclasses, missing files) print as one line,
+``spml <command>: error: …``, and exit with status 2; set ``SPML_DEBUG=1`` for the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Callable
+
+from probe import __version__
+
+# modules that add subcommands, in the order they appear in ``spml --help``
+COMMAND_MODULES = (
+    "featurize.cli",
+    "probe.cli",
+    "studies.cli.study",
+    "studies.cli.report",
+    "studies.cli.analyze",
+    "studies.cli.finetune",
+    "studies.cli.demo",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="spml",
+        description=(
+            "spml-probe: fast linear-probe experiments for single-positive multi-label learning. "
+            "Featurize a dataset once with a frozen backbone (or import features), then train "
+            "linear heads with any SPML loss and search their hyperparameters."
+        ),
+        epilog="Run 'spml COMMAND --help' for the options of a command.",
+    )
+    parser.add_argument("--version", action="version", version=f"spml-probe {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    bench_parser = sub.add_parser(
+        "bench",
+        help="measure speed (featurize images/s, probe seconds/epoch) against plain PyTorch",
+        description="Speed measurements, printed as a table and as JSON.",
+    )
+    bench = bench_parser.add_subparsers(dest="bench_target", metavar="TARGET", required=True)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register_cli(sub, bench)
+    return parser
+
+
+def _two_word_commands() -> dict[tuple[str, str], Callable[[], argparse.ArgumentParser]]:
+    """Commands spelled as two words with their own parser (``spml study confirm``): the first
+    word's parser cannot also take a sub-command, since it has a positional argument."""
+    from studies.cli.study import confirm_parser
+
+    return {("study", "confirm"): confirm_parser}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    make = _two_word_commands().get(tuple(argv[:2]))  # type: ignore[arg-type]
+    if make is not None:
+        args = make().parse_args(argv[2:])
+        args.command = " ".join(argv[:2])
+    else:
+        args = build_parser().parse_args(argv)
+    args.argv = argv  # a command that starts worker processes repeats its own arguments
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError, PermissionError) as err:
+        if os.environ.get("SPML_DEBUG"):
+            raise
+        print(f"spml {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"spml {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the reader went away (spml losses show gr | head): not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
