@@ -5,11 +5,11 @@ One process runs :func:`run_worker`; ``--workers N`` starts N such processes on 
 (journal file or PostgreSQL storage); the same command on many machines joins one PostgreSQL
 study. Trials are deterministic given their settings and seed.
 
-Crash safety: every running trial carries a heartbeat (a system attribute refreshed by a
-background thread). A worker that finds a RUNNING trial whose heartbeat is older than the grace
-period marks it FAIL and enqueues the same parameters again (``spml:retry_of``), so a killed
-worker's trial is retried, never left RUNNING forever nor silently lost. Results already told
-live in the storage and in the per-batch Parquet files, which are written atomically.
+Crash safety (:mod:`studies.heartbeat`): every running trial carries a heartbeat, a worker's
+dead trials are failed and retried once, and a batch stopped by an exception fails at once.
+Results already told live in the storage and in the per-batch Parquet files, which are written
+atomically. Only Optuna's public API is used: the storage object this module opens is kept
+(:class:`JoinedStudy`), never read back from a study's private attributes.
 """
 
 from __future__ import annotations
@@ -20,37 +20,40 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import optuna
 from optuna.distributions import BaseDistribution, distribution_to_json
-from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
+from .heartbeat import (
+    FAIL_REASON_KEY,
+    WORKER_KEY,
+    Heartbeat,
+    TrialStorage,
+    abandon,
+    reclaim_stale_trials,
+)
 from .results import write_batch
 from .space import SearchSpace, build_space
 from .storage import StorageSpec, StudyError, open_storage, parse_storage
 
 __all__ = [
     "SAMPLERS",
+    "JoinedStudy",
     "StudySettings",
     "StudySummary",
     "create_or_join",
-    "reclaim_stale_trials",
     "run_study",
     "run_worker",
 ]
 
 SAMPLERS = ("tpe", "gp", "cmaes", "random", "grid")
 PRUNERS = ("median", "none")
-HEARTBEAT_KEY = "spml:heartbeat"
-WORKER_KEY = "spml:worker"
-RETRY_KEY = "spml:retry_of"
 _IDENTITY_KEYS = ("spml.loss", "spml.store", "spml.space", "spml.fixed")
 
 
@@ -203,7 +206,17 @@ def _space(settings: StudySettings, dataset: str) -> SearchSpace:
     )
 
 
-def create_or_join(settings: StudySettings, store: Any) -> tuple[optuna.Study, SearchSpace]:
+class JoinedStudy(NamedTuple):
+    """What :func:`create_or_join` opened: the study, its search space, and its trials in the
+    storage object it opened (for heartbeats and failure reasons, through Optuna's public
+    storage API)."""
+
+    study: optuna.Study
+    space: SearchSpace
+    trials: TrialStorage
+
+
+def create_or_join(settings: StudySettings, store: Any) -> JoinedStudy:
     """Create the study (enqueueing the paper point) or join an existing one with the same loss,
     store and space; refuse, saying why, when they differ."""
     settings.validate()
@@ -256,7 +269,7 @@ def create_or_join(settings: StudySettings, store: Any) -> tuple[optuna.Study, S
                     f"{json.dumps(identity[key])}. "
                     "Use another --name, or the same settings to join it"
                 )
-    return study, space
+    return JoinedStudy(study, space, TrialStorage(storage, name))
 
 
 def _wait_for_identity(study: optuna.Study, timeout: float = 30.0) -> dict[str, Any]:
@@ -276,72 +289,6 @@ def _settings_dict(settings: StudySettings) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------
-# heartbeats and stale trials
-# --------------------------------------------------------------------------------------------
-
-
-class _Heartbeat:
-    """Refresh ``spml:heartbeat`` of the given trials every ``interval`` seconds, in a thread."""
-
-    def __init__(self, study: optuna.Study, trial_ids: list[int], interval: float) -> None:
-        self.study, self.ids, self.interval = study, list(trial_ids), interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="spml-heartbeat")
-
-    def beat(self) -> None:
-        now = time.time()
-        for trial_id in list(self.ids):
-            try:
-                self.study._storage.set_trial_system_attr(trial_id, HEARTBEAT_KEY, now)
-            except UpdateFinishedTrialError:
-                self.ids.remove(trial_id)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.beat()
-            except Exception:  # a storage hiccup must not kill training; the next beat retries
-                pass
-
-    def __enter__(self) -> _Heartbeat:
-        self.beat()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-def reclaim_stale_trials(study: optuna.Study, grace_seconds: float) -> list[int]:
-    """Mark RUNNING trials with no heartbeat for ``grace_seconds`` FAIL and enqueue their
-    parameters again. Returns the numbers of the trials reclaimed by this call (when several
-    workers race, only the one whose FAIL lands enqueues the retry)."""
-    now = time.time()
-    reclaimed = []
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        last = trial.system_attrs.get(HEARTBEAT_KEY)
-        if last is None and trial.datetime_start is not None:
-            last = trial.datetime_start.timestamp()
-        if last is None or now - float(last) < grace_seconds:
-            continue
-        try:  # a finished trial accepts no attribute: say why first, then fail it
-            study._storage.set_trial_system_attr(
-                trial._trial_id, "spml:fail_reason", "heartbeat lost"
-            )
-            study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
-        except UpdateFinishedTrialError:
-            continue  # finished meanwhile, or another worker reclaimed it first
-        study.enqueue_trial(
-            trial.params,
-            user_attrs={**trial.user_attrs, RETRY_KEY: trial.number},
-            skip_if_exists=False,
-        )
-        reclaimed.append(trial.number)
-    return reclaimed
-
-
-# --------------------------------------------------------------------------------------------
 # the worker loop
 # --------------------------------------------------------------------------------------------
 
@@ -353,7 +300,8 @@ def _counts(study: optuna.Study) -> dict[TrialState, int]:
     return counts
 
 
-def _train_group(settings, data, study, space, trials, probe_config, log) -> list[dict[str, Any]]:
+def _train_group(settings, data, study, storage, space, trials, probe_config, log
+                 ) -> list[dict[str, Any]]:
     """Train one group of trials sharing batch size and epochs, stacked; tell their results."""
     from probe.results import EpochReport
     from probe.train import train_probe
@@ -385,7 +333,7 @@ def _train_group(settings, data, study, space, trials, probe_config, log) -> lis
         return stop
 
     started = time.perf_counter()
-    with _Heartbeat(study, [t._trial_id for t in trials], settings.heartbeat_seconds):
+    with Heartbeat(storage, [t.number for t in trials], settings.heartbeat_seconds):
         result = train_probe(data, probe_config, settings.loss, hparams, callback=on_epoch,
                              progress=sys.stderr.isatty())  # a bar per batch, for people
     seconds = (time.perf_counter() - started) / max(len(trials), 1)
@@ -402,7 +350,7 @@ def _train_group(settings, data, study, space, trials, probe_config, log) -> lis
             study.tell(trial, float(value))
         else:
             state = TrialState.FAIL
-            study._storage.set_trial_system_attr(trial._trial_id, "spml:fail_reason", "non-finite")
+            storage.set_attr(trial.number, FAIL_REASON_KEY, "non-finite")
             study.tell(trial, state=state)
         rows.append(
             {
@@ -442,14 +390,14 @@ def run_worker(
     log = log or (lambda msg: print(msg, file=sys.stderr))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     store = open_store(settings.store)
-    study, space = create_or_join(settings, store)
+    study, space, storage = create_or_join(settings, store)
     data = ProbeData.from_store(
         store, device=_device(settings.device), observed_seed=settings.observed_seed
     )
     results_dir = Path(settings.out) / "results"
     fixed_dists = dict(space.distributions)
     while True:
-        reclaim_stale_trials(study, settings.grace_seconds)
+        reclaim_stale_trials(study, storage, settings.grace_seconds)
         counts = _counts(study)
         finished = counts[TrialState.COMPLETE] + counts[TrialState.PRUNED]
         if finished >= settings.n_trials:
@@ -463,9 +411,7 @@ def run_worker(
             continue
         trials = [study.ask(fixed_dists) for _ in range(n_ask)]
         for trial in trials:
-            study._storage.set_trial_system_attr(
-                trial._trial_id, WORKER_KEY, f"{socket.gethostname()}:{os.getpid()}"
-            )
+            storage.set_attr(trial.number, WORKER_KEY, f"{socket.gethostname()}:{os.getpid()}")
         groups: dict[tuple, list] = {}
         for trial in trials:
             _, train_part = space.split(trial.params)
@@ -486,33 +432,13 @@ def run_worker(
                     observed_seed=settings.observed_seed,
                     device=settings.device,
                 )
-                rows += _train_group(settings, data, study, space, group, cfg, log)
+                rows += _train_group(settings, data, study, storage, space, group, cfg, log)
         except BaseException as err:
-            _abandon(study, trials, err)
+            abandon(study, storage, trials, err)
             raise
         finally:  # what was told to the storage is in the results too
             write_batch(results_dir, rows)
     return summarize(study, settings)
-
-
-def _abandon(study: optuna.Study, trials: list, err: BaseException) -> None:
-    """Training stopped with an exception: fail the batch's unfinished trials now (instead of
-    leaving them RUNNING until the grace period), saying why. After Ctrl-C their parameters
-    are enqueued again, so re-running the command continues the study where it stopped; other
-    errors would likely repeat, so those trials stay failed."""
-    interrupted = isinstance(err, KeyboardInterrupt)
-    reason = "interrupted (Ctrl-C)" if interrupted else f"{type(err).__name__}: {err}"[:500]
-    for trial in trials:
-        if study._storage.get_trial(trial._trial_id).state != TrialState.RUNNING:
-            continue
-        try:
-            study._storage.set_trial_system_attr(trial._trial_id, "spml:fail_reason", reason)
-            study.tell(trial, state=TrialState.FAIL)
-        except (UpdateFinishedTrialError, ValueError, RuntimeError):
-            continue  # reclaimed by another worker meanwhile
-        if interrupted:
-            study.enqueue_trial(trial.params, user_attrs={**trial.user_attrs,
-                                                          RETRY_KEY: trial.number})
 
 
 def _grid_exhausted(study: optuna.Study) -> bool:
