@@ -22,6 +22,7 @@ import polars as pl
 from optuna.trial import TrialState
 
 from probe.io import atomic_write
+from probe.store.protocol import PROTOCOL_SEED
 
 from .space import TRAIN_PREFIX
 from .storage import StudyError, open_storage, parse_storage
@@ -68,7 +69,7 @@ def confirm_study(
     *,
     top_k: int = 3,
     seeds: Sequence[int] = (0, 1, 2),
-    observed_seeds: Sequence[int] = (1200,),
+    observed_seeds: Sequence[int] = (PROTOCOL_SEED,),
     out: str | Path | None = None,
     device: str = "auto",
     log: Callable[[str], None] | None = None,

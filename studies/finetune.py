@@ -72,6 +72,7 @@ import torch
 from torch import Tensor, nn
 
 from probe.io import atomic_write
+from probe.store.protocol import PROTOCOL_SEED
 
 __all__ = [
     "AMP_MODES",
@@ -129,7 +130,7 @@ class FinetuneConfig:
     weights_seed: int = 0  # initialisation seed for weights="random" only
     size: int = 448  # the protocol's 448×448 resize; smaller only for smoke tests
     seed: int = 0  # head init, batch order, flips, the loss's own randomness
-    observed_seed: int = 1200  # the literature's single-positive draw (docs/protocol.md step 2)
+    observed_seed: int = PROTOCOL_SEED  # the single-positive draw (docs/protocol.md step 2)
     val_labels: str = "clean"  # docs/protocol.md step 4: clean val by default, or "observed"
     threshold: float = 0.5  # probability threshold of OF1/CF1 (docs/protocol.md step 5)
     device: str = "auto"  # auto = cuda when available, else cpu

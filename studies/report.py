@@ -46,6 +46,7 @@ from optuna.distributions import (
 from optuna.trial import FrozenTrial, TrialState
 
 from probe.io import atomic_write_text
+from probe.store.protocol import PROTOCOL_SEED
 
 from . import plots
 from .confirm import load_study
@@ -756,7 +757,7 @@ def _baseline(st: _Study, store_arg: str | None, fig_dir: Path, out: Path,
     loss_part = {k[len("train."):]: v for k, v in best.params.items() if k.startswith("train.")}
     train.update({k: v for k, v in loss_part.items() if k in ("batch_size", "lr", "epochs")})
     s = st.settings
-    observed_seed = int(s.get("observed_seed", 1200))
+    observed_seed = int(s.get("observed_seed", PROTOCOL_SEED))
     cfg = ProbeConfig(batch_size=int(train["batch_size"]), lr=float(train["lr"]),
                       epochs=int(train["epochs"]), seed=int(s.get("train_seed", 0)),
                       val_labels=s.get("val_labels", "clean"), observed_seed=observed_seed,

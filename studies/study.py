@@ -30,6 +30,8 @@ import optuna
 from optuna.distributions import BaseDistribution, distribution_to_json
 from optuna.trial import TrialState
 
+from probe.store.protocol import PROTOCOL_SEED
+
 from .heartbeat import (
     FAIL_REASON_KEY,
     WORKER_KEY,
@@ -83,7 +85,7 @@ class StudySettings:
     batch_size: int | None = None  # None: the loss's paper preset for the dataset
     lr: float | None = None  # None: the loss's paper preset for the dataset
     val_labels: str = "clean"  # docs/protocol.md step 4
-    observed_seed: int = 1200  # the literature's single-positive draw
+    observed_seed: int = PROTOCOL_SEED  # the literature's single-positive draw
     device: str = "auto"
     enqueue_paper: bool = True  # first trial = the paper's values (never worse than the paper)
     heartbeat_seconds: float = 10.0  # how often a running trial proves its worker is alive

@@ -42,6 +42,7 @@ from typing import Literal
 import numpy as np
 
 from probe.store.index import DatasetIndex, Phase
+from probe.store.protocol import PROTOCOL_SEED
 
 from ._parse import DatasetFormatError, at, find_file, read_lines, require_file, require_images
 
@@ -176,7 +177,7 @@ def load_folder(
     name: str | None = None,
     empty: Literal["error", "keep", "drop"] = "error",
     test_fraction: float = 0.2,
-    split_seed: int = 1200,
+    split_seed: int = PROTOCOL_SEED,
     check_images: bool = True,
 ) -> DatasetIndex:
     """An image folder with a CSV or JSON-lines annotation file (formats: module docstring).
