@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,21 +29,12 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 FAST = dict(epochs=2, batch_size=64, lr=1e-3)  # a few hundred steps on yeast: well under 1 s
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    from featurize.imports import import_yeast
-
-    path = tmp_path_factory.mktemp("yeast") / "yeast.zarr"
-    import_yeast(path, progress=False)
-    return path
+def store(yeast_store):
+    return Path(yeast_store)
 
 
 @pytest.fixture(scope="module")

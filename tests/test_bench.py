@@ -16,13 +16,7 @@ from probe.data import ProbeData
 from probe.store import open_store
 from studies.cli import main
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_synthetic_store_shape_statistics_and_cache(tmp_path):

@@ -14,13 +14,7 @@ from probe.data import ProbeData
 from probe.knn import knn_scores, nearest_neighbours, run_knn
 from probe.losses import LossInputError
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_hand_worked_two_neighbours():

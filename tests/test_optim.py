@@ -20,12 +20,7 @@ LRS = [1e-2, 3e-3, 1e-2]
 WDS = [0.0, 0.1, 0.05]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _grads(seed: int = 0) -> list[torch.Tensor]:

@@ -35,13 +35,7 @@ from probe.losses import LossInputError, create_loss
 N_TRAIN, N_VAL, N_TEST, D, C = 44, 20, 24, 6, 5
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny problems: one thread avoids thread-pool overhead on a shared machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _arrays(seed: int = 0, flip: bool = True):
@@ -360,13 +354,8 @@ def test_store_without_val_split(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def yeast(tmp_path_factory):
-    pytest.importorskip("river")
-    from featurize.imports import import_yeast
-
-    path = tmp_path_factory.mktemp("yeast") / "yeast.zarr"
-    import_yeast(path, progress=False)
-    return ProbeData.from_store(path)
+def yeast(yeast_store):
+    return ProbeData.from_store(yeast_store)
 
 
 def test_yeast_full_labels_beat_single_positive_an(yeast):
