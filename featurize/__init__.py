@@ -1,12 +1,16 @@
 """featurize: dataset adapters, the SPML protocol (Cole et al. 2021), imports of precomputed
 features, the backbone runner and the Zarr feature store (docs/design.md "The flow").
 
-The most used names are importable from here; they load on first use, so ``import featurize``
-stays cheap (zarr is only imported with the store)::
+The public API is importable from here; names load on first use, so ``import featurize``
+stays cheap (torchvision is imported only with the backbones, zarr only with the store)::
 
-    from featurize import open_store
-    store = open_store("stores/voc.zarr")
-    x, y = store.features(store.split("train")), store.observed(rows=store.split("train"))
+    from featurize import FeaturizeConfig, featurize_dataset, import_yeast, load_dataset
+    import_yeast("yeast.zarr")                                  # a real multi-label set
+    index = load_dataset("voc", "data/VOCdevkit/VOC2012")       # the official layout
+    featurize_dataset("voc", "data/VOCdevkit/VOC2012", "voc.zarr", FeaturizeConfig())
+
+The store itself is :mod:`probe.store`, the bottom layer (its names are re-exported here for
+convenience: ``from featurize import open_store``).
 """
 
 from __future__ import annotations
@@ -15,6 +19,21 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
+    # featurize: images -> features
+    "FeaturizeConfig": "featurize.runner",
+    "FeaturizeResult": "featurize.runner",
+    "featurize_dataset": "featurize.runner",
+    "list_backbones": "featurize.backbones",
+    "load_backbone": "featurize.backbones",
+    # dataset adapters
+    "load_dataset": "featurize.datasets",
+    "list_datasets": "featurize.datasets",
+    # features people already have
+    "import_arrays": "featurize.imports",
+    "import_array_files": "featurize.imports",
+    "import_cole": "featurize.imports",
+    "import_yeast": "featurize.imports",
+    # the store (probe.store), re-exported
     "SCHEMA_VERSION": "probe.store",
     "Store": "probe.store",
     "StoreError": "probe.store",

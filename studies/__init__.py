@@ -1,5 +1,51 @@
 """Optuna studies, reports and the end-to-end fine-tune, on top of :mod:`probe` and
-:mod:`featurize`.
+:mod:`featurize`; also home of the ``spml`` command line (:mod:`studies.cli`), the top of the
+dependency graph.
 
-Also home of the ``spml`` command line (:mod:`studies.cli`), the top of the dependency graph.
+The public API is importable from here (names load on first use, so ``import studies`` does not
+import optuna or polars until a name needs them)::
+
+    from studies import StudySettings, run_study, confirm_study, load_study, build_report
+    summary = run_study(StudySettings(store="yeast.zarr", loss="gr", n_trials=16, out="gr"))
+    summary.best_value, summary.best_params
+    build_report("gr")                           # gr/report.html, gr/report.md, PNG figures
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    # studies
+    "StudySettings": "studies.study",
+    "StudySummary": "studies.study",
+    "run_study": "studies.study",
+    "create_or_join": "studies.study",
+    "StudyError": "studies.storage",
+    "open_storage": "studies.storage",
+    "parse_storage": "studies.storage",
+    "read_results": "studies.results",
+    # confirming winners
+    "confirm_study": "studies.confirm",
+    "load_study": "studies.confirm",
+    "winner": "studies.confirm",
+    # reports
+    "ReportOptions": "studies.report",
+    "build_report": "studies.report",
+    # end-to-end fine-tune
+    "FinetuneConfig": "studies.finetune",
+    "finetune": "studies.finetune",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'studies' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
