@@ -53,6 +53,7 @@ from featurize.images import (
     resize_batch,
 )
 from featurize.specs import DECODE_CHOICES, PRECISION_CHOICES
+from probe.progress import Progress
 from probe.store.index import DatasetIndex
 
 
@@ -76,7 +77,7 @@ class FeaturizeConfig:
     prefetch_batches: int = 4  # batches the readers run ahead of the model
     skip_bad: bool = False  # unreadable image: error (default) or zero features + bad_rows
     overwrite: bool = False  # never replace an existing store unless asked
-    progress: bool = True  # tqdm bar on stderr
+    progress: bool = True  # progress on stderr (probe.progress: bar or log lines)
 
 
 @dataclass(frozen=True)
@@ -467,12 +468,11 @@ def featurize(
     rows_todo = sum(stop - start for _, start, stop in batches)
     bad_rows = _stored_bad_rows(writer)
     backbone.to(rt.device, channels_last=rt.cuda)
-    bar = _progress_bar(
-        total=rows_todo,
-        unit="img",
-        desc=f"featurize {index.name} ({backbone.name}, {rt.device})",
-        disable=not config.progress,
-        smoothing=0.1,
+    bar = Progress(
+        rows_todo,
+        f"featurize {index.name} ({backbone.name}, {rt.device})",
+        "img",
+        enabled=config.progress,
     )
     block_writer = _BlockWriter(writer, bad_rows)
     t0 = time.perf_counter()
@@ -516,26 +516,6 @@ def featurize(
         backbone=backbone.name,
         weights=backbone.weights.id,
     )
-
-
-class _NoBar:
-    """Stand-in progress bar where tqdm is not installed (e.g. a bare GPU box)."""
-
-    def update(self, n: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _progress_bar(**kwargs: Any) -> Any:
-    """A tqdm bar on stderr (images/s and ETA); the GPU path needs only torch, numpy and zarr
-    (docs/design.md "Environment facts"), so without tqdm there is simply no bar."""
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return _NoBar()
-    return tqdm(**kwargs)
 
 
 def _stored_bad_rows(writer: Any) -> dict[int, dict]:

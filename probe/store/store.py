@@ -83,17 +83,16 @@ class BadFeatureRow(StoreError):
 
 
 def file_sha256(path: str | Path, *, progress: bool = False, chunk_bytes: int = 8 << 20) -> str:
-    """Hex sha256 of a file (weights, imported source files) for the provenance record; a tqdm
-    byte counter on stderr with ``progress`` (for files over 256 MiB)."""
-    from tqdm.auto import tqdm
+    """Hex sha256 of a file (weights, imported source files) for the provenance record; a
+    byte counter on stderr with ``progress`` (for files over 256 MiB; probe.progress)."""
+    from probe.progress import Progress
 
     path = Path(path)
     size = path.stat().st_size
     digest = hashlib.sha256()
-    with open(path, "rb") as fh, tqdm(
-        total=size, unit="B", unit_scale=True, desc=f"sha256 {path.name}",
-        disable=not progress or size < 256 << 20,
-    ) as bar:  # fmt: skip
+    with open(path, "rb") as fh, Progress(
+        size, f"sha256 {path.name}", "B", enabled=progress and size >= 256 << 20
+    ) as bar:
         while chunk := fh.read(chunk_bytes):
             digest.update(chunk)
             bar.update(len(chunk))
@@ -523,10 +522,10 @@ def write_feature_store(
     pair ``(pool_features, test_features)``; ``features_flip`` likewise. With ``resume`` an
     interrupted store at ``path`` (same provenance, same rows and labels) is continued instead
     of being an error. ``sources`` names where each part came from (e.g. file paths), so that
-    a NaN/inf or overflowing row is reported as "<source> row <k>". Shows a tqdm bar on stderr
-    unless ``progress`` is False.
+    a NaN/inf or overflowing row is reported as "<source> row <k>". Shows progress on stderr
+    (probe.progress) unless ``progress`` is False.
     """
-    from tqdm.auto import tqdm
+    from probe.progress import track
 
     n_pool, n_test = len(index.pool), len(index.test)
     parts = _feature_parts("features", features, n_pool, n_test)
@@ -558,7 +557,7 @@ def write_feature_store(
             extra_attrs=extra_attrs,
         )
     pending = writer.pending_blocks()
-    for block in tqdm(pending, desc=f"writing {path.name}", unit="block", disable=not progress):
+    for block in track(pending, len(pending), f"writing {path.name}", "block", enabled=progress):
         sl = writer.block_slice(block)
         flip = None if flip_parts is None else _gather(flip_parts, sl)
         try:
