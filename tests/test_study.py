@@ -57,6 +57,7 @@ def _finished_ok(storage, name: str, n_trials: int, out: Path) -> list:
     return trials
 
 
+@pytest.mark.slow
 def test_sqlite_study_then_journal_with_two_workers(yeast, tmp_path):
     out = tmp_path / "sqlite"
     code = main(
@@ -113,6 +114,7 @@ def test_sqlite_study_then_journal_with_two_workers(yeast, tmp_path):
     assert 1 <= len(pids) <= 2 and os.getpid() not in pids, workers
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     find_pg_bin() is None,
     reason="PostgreSQL server binaries are not installed "
@@ -146,6 +148,7 @@ def test_postgresql_study_with_two_workers(yeast, tmp_path):
         _finished_ok(open_storage(parse_storage(url)), "yeast-an_ls", 6, out)
 
 
+@pytest.mark.slow
 def test_killed_worker_trial_is_retried_and_nothing_is_lost(yeast, tmp_path):
     out = tmp_path / "kill"
     log = out / "study.log"
