@@ -27,9 +27,9 @@ def ap_block(scores: Tensor, targets: Tensor) -> Tensor:
     """AP of every column of ``scores`` ``(L, N, c)`` against bool ``targets`` ``(N, c)``.
 
     One ascending sort per column. For the row at sorted position i with score s, the tie group
-    of s starts at ``start = #{scores < s}`` (a binary search in the sorted column), so the
-    threshold s admits ``N - start`` rows of which ``P - #{positives before start}`` are
-    positive: that is sklearn's precision at threshold s. Its recall step is 1/P per positive,
+    of s starts at ``start = #{scores < s}`` (the running maximum of the positions where the
+    sorted value changes: one linear pass, no search), so the threshold s admits ``N - start``
+    rows of which ``P - #{positives before start}`` are positive: that is sklearn's precision at threshold s. Its recall step is 1/P per positive,
     hence ``AP = (1/P) sum_{positive rows} precision(threshold = own score)``, which for a tie
     group with k positives adds ``k/P`` times the precision of the whole group -- exactly
     sklearn's step-wise sum over distinct thresholds.
@@ -39,16 +39,24 @@ def ap_block(scores: Tensor, targets: Tensor) -> Tensor:
     cols = scores.transpose(-1, -2).to(work).contiguous()  # (L, c, N); upcast keeps every tie
     ranked, order = cols.sort(dim=-1)
     del cols
-    y = targets.t().to(work).expand(ranked.shape).gather(-1, order)
+    y = targets.t().expand(ranked.shape).gather(-1, order)
     del order
-    before = y.cumsum(-1) - y  # positives strictly before each sorted position (exact integers)
-    n_pos = before[..., -1] + y[..., -1]
-    start = torch.searchsorted(ranked, ranked)  # first position of each row's tie group
-    start.clamp_(max=n - 1)  # NaN rows search past the end; their column is NaN anyway
+    yw = y.to(work)
+    before = yw.cumsum(-1)  # positives up to each sorted position (exact integers)
+    n_pos = before[..., -1].clone()
+    before -= yw  # positives strictly before each sorted position
+    del yw
+    # first position of each row's tie group: the running maximum of the positions where the
+    # sorted value changes (one linear pass; NaN != NaN, but a NaN column is NaN anyway)
+    new = torch.ones(ranked.shape, dtype=torch.bool, device=ranked.device)
+    torch.ne(ranked[..., 1:], ranked[..., :-1], out=new[..., 1:])
+    pos = torch.arange(n, device=ranked.device).expand(ranked.shape)
+    start = torch.where(new, pos, 0).cummax(-1).values
+    del new
     admitted = (n - start).to(work)
     tp_at = n_pos.unsqueeze(-1) - before.gather(-1, start)
     del before, start
-    total = (y * tp_at / admitted).sum(-1)
+    total = torch.where(y, tp_at / admitted, 0).sum(-1)
     ap = torch.where(n_pos > 0, total / n_pos.clamp_min(1), torch.zeros_like(total))
     # ascending sort puts NaN last: a column with a NaN score has no defined ranking
     return torch.where(ranked[..., -1].isnan(), torch.full_like(ap, math.nan), ap)
