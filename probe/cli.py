@@ -147,6 +147,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         weight_decay=args.weight_decay, optimizer=args.optimizer, momentum=args.momentum,
         seed=args.seed, flip=not args.no_flip, labels=args.labels, val_labels=args.val_labels,
         observed_seed=args.observed_seed, device=args.device, eval_every=args.eval_every,
+        test_curve=args.test_curve, eval_init=args.eval_init,
         drop_last=not args.no_drop_last, use_presets=not args.no_presets,
     )
     config.validate()
@@ -239,8 +240,9 @@ def _register_probe(sub: argparse._SubParsersAction, bench: argparse._SubParsers
         help="train linear heads on a feature store with an SPML loss (many trials at once)",
         description=textwrap.fill(
             "Train T linear heads (trials) with one SPML loss on a feature store, all at once on "
-            "the device, evaluating val and test mAP (and OF1/CF1) after every epoch; the best "
-            "epoch of each trial is chosen on val. Prints one line per trial.", width=88
+            "the device, evaluating val mAP (and OF1/CF1) after every epoch; the best epoch of "
+            "each trial is chosen on val and test is measured once on its head. Prints one line "
+            "per trial.", width=88
         ),
         epilog=_PROBE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -279,7 +281,13 @@ def _register_probe(sub: argparse._SubParsersAction, bench: argparse._SubParsers
                    help="labels that choose the best epoch (default: clean = full labels)")
     add_observed_seed_argument(g)
     g.add_argument("--eval-every", type=int, default=1,
-                   help="evaluate every N epochs and after the last (default: 1)")
+                   help="evaluate val every N epochs and after the last (default: 1); test is "
+                   "measured once, at the end, on each trial's best-val head")
+    g.add_argument("--test-curve", action="store_true",
+                   help="also measure test at every evaluated epoch (the per-epoch test curve in "
+                   "--json; the reported figures are the same)")
+    g.add_argument("--eval-init", action="store_true",
+                   help="also evaluate the untrained heads before training")
     g = p.add_argument_group("device and output")
     add_device_argument(g)
     g.add_argument("--json", metavar="PATH",

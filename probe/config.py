@@ -77,6 +77,10 @@ class ProbeConfig:
     observed_seed: int = PROTOCOL_SEED  # docs/protocol.md step 2: the literature's draw
     device: str = "auto"  # CUDA when available, else CPU
     eval_every: int = 1  # evaluate every epoch (best-epoch selection); 0 = never (benchmarks)
+    test_curve: bool = False  # test is measured once, on each best-val head; True also
+    # measures it every evaluated epoch (the per-epoch test curve; same reported figures)
+    eval_init: bool = False  # also evaluate the untrained heads (TrialResult.init); off: it is
+    # a full val+test pass that nothing reports by default
     drop_last: bool = True  # Cole et al.'s train DataLoader drops the last partial batch
     use_presets: bool = True  # start from loss.presets[dataset] where the paper gives values
     f1_threshold: float = 0.5  # docs/protocol.md step 5: OF1/CF1 at probability 0.5
@@ -113,6 +117,9 @@ class ProbeConfig:
             self.eval_every < 0
         ):
             raise bad("eval_every", "an integer >= 0 (0 = never evaluate)")
+        for name in ("test_curve", "eval_init"):
+            if not isinstance(getattr(self, name), bool):
+                raise bad(name, "True or False")
         if not 0 < self.f1_threshold < 1:
             raise bad("f1_threshold", "a probability in (0, 1)")
         for s in [self.seed, *(self.seeds or ())]:

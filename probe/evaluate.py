@@ -73,11 +73,16 @@ def evaluate_head(data: ProbeData, head: nn.Linear, threshold: float = 0.5) -> d
 
 
 class Evaluator:
-    """Evaluates the stacked heads on val and test, and keeps each trial's best epoch.
+    """Evaluates the stacked heads on val after an epoch, keeps each trial's best epoch, and
+    evaluates test once, at the end, on each trial's best head.
 
     Selection (docs/protocol.md step 5): a trial's best epoch is the one with the highest val
-    mAP (finite values only; the first of equals); its head, per-class AP and every metric of
-    that epoch are kept in the trial's :class:`~probe.results.TrialResult`.
+    mAP (finite values only; the first of equals); its head (kept on the heads' device), its
+    val metrics and per-class val AP go into the trial's :class:`~probe.results.TrialResult`.
+    :meth:`finish` then measures test on those heads: the reported test figures are those of
+    the best epoch, as when test was evaluated every epoch, without paying for test each epoch.
+    With ``test_curve`` test is also measured every evaluated epoch (the per-epoch test curve
+    some analyses plot); the reported figures are the same either way (tests/test_train.py).
     """
 
     def __init__(self, data: ProbeData, config: Any, results: list[Any], w: Tensor) -> None:
@@ -86,21 +91,22 @@ class Evaluator:
         self.splits = {"val": (data.val_x, val_targets), "test": (data.test_x,
                                                                    data.test_labels.bool())}
         self.threshold = config.f1_threshold
+        self.test_curve = bool(getattr(config, "test_curve", False))
         self.results = results
         self.n_trials, self.n_classes = w.shape[0], w.shape[2]
         self.best_val = [-math.inf] * self.n_trials
-        self.best_w = w.detach().clone().cpu()
-        self.best_ap: dict[str, Tensor | None] = {"val": None, "test": None}
+        self.best_w = w.detach().clone()  # on the heads' device; to the CPU once, at the end
 
-    def __call__(self, w: Tensor, active: list[bool], epoch: int | None = None
-                 ) -> dict[str, list[float | None]]:
-        """Metrics of the active trials (None for the others) as ``{"val_map": [...], …}``;
-        with ``epoch``, also update each trial's best epoch."""
+    def measure(self, w: Tensor, active: list[bool], splits: tuple[str, ...]
+                ) -> tuple[dict[str, list[float | None]], dict[str, Tensor]]:
+        """Metrics of the active trials' heads on ``splits`` (None for the others) as
+        ``{"val_map": [...], …}``, and the per-class AP ``(n_active, C)`` per split."""
         idx = [t for t in range(self.n_trials) if active[t]]
         heads = w if len(idx) == self.n_trials else w[torch.tensor(idx, device=w.device)]
         out: dict[str, list[float | None]] = {}
         aps = {}
-        for split, (x, y) in self.splits.items():
+        for split in splits:
+            x, y = self.splits[split]
             r = evaluate_heads(x, y, heads, self.threshold)
             for k in ("map", "OF1", "CF1"):
                 full: list[float | None] = [None] * self.n_trials
@@ -108,31 +114,56 @@ class Evaluator:
                     full[j] = v
                 out[f"{split}_{k}"] = full
             aps[split] = r["ap"]
+        return out, aps
+
+    def __call__(self, w: Tensor, active: list[bool], epoch: int | None = None
+                 ) -> dict[str, list[float | None]]:
+        """This epoch's metrics of the active trials (val; test too with ``test_curve`` or
+        without ``epoch``, the untrained heads); with ``epoch``, update each best epoch."""
+        splits = ("val", "test") if self.test_curve or epoch is None else ("val",)
+        out, aps = self.measure(w, active, splits)
         if epoch is not None:
-            self._select(epoch, w, idx, out, aps)
+            self._select(epoch, w, active, out, aps)
         return out
 
-    def _select(self, epoch: int, w: Tensor, idx: list[int], out: dict[str, list],
+    def _select(self, epoch: int, w: Tensor, active: list[bool], out: dict[str, list],
                 aps: dict[str, Tensor]) -> None:
+        idx = [t for t in range(self.n_trials) if active[t]]
         improved = [j for j, t in enumerate(idx)
                     if _finite(out["val_map"][t]) and out["val_map"][t] > self.best_val[t]]
         if not improved:
             return
         rows = [idx[j] for j in improved]
+        self.best_w[rows] = w[torch.tensor(rows, device=w.device)].detach()
         sel = torch.tensor(improved, device=w.device)
-        self.best_w[rows] = w[torch.tensor(rows, device=w.device)].detach().cpu()
-        for split in ("val", "test"):
-            ap = aps[split][sel].cpu()
-            if self.best_ap[split] is None:
-                self.best_ap[split] = torch.full((self.n_trials, self.n_classes), math.nan)
-            self.best_ap[split][rows] = ap
-        for t in rows:
+        best_ap = {split: ap[sel].cpu() for split, ap in aps.items()}
+        for j, t in enumerate(rows):
             self.best_val[t] = out["val_map"][t]
             result = self.results[t]
             result.best_epoch = epoch
             result.best = {k: v[t] for k, v in out.items()}
-            result.best["val_ap"] = self.best_ap["val"][t].tolist()
-            result.best["test_ap"] = self.best_ap["test"][t].tolist()
+            for split, ap in best_ap.items():
+                result.best[f"{split}_ap"] = ap[j].tolist()
+
+    def finish(self) -> None:
+        """Test metrics of every trial's best head, once (skipped with ``test_curve``: the
+        best epoch's test figures were measured at that epoch)."""
+        if self.test_curve:
+            return
+        has_best = [r.best_epoch is not None for r in self.results]
+        if not any(has_best):
+            return
+        out, aps = self.measure(self.best_w, has_best, ("test",))
+        ap = aps["test"].cpu()
+        for j, t in enumerate(t for t in range(self.n_trials) if has_best[t]):
+            best = self.results[t].best
+            best.update({k: v[t] for k, v in out.items()})
+            best["test_ap"] = ap[j].tolist()
+
+    def best_heads(self) -> Tensor:
+        """(T, D+1, C) float32 on the CPU: each trial's best-epoch head (the initial head for
+        a trial without a finite val mAP)."""
+        return self.best_w.cpu()
 
 
 def _finite(v: Any) -> bool:

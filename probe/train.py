@@ -2,7 +2,8 @@
 
 docs/design.md "What fast means" / "Many trials at once" / "Semantics are not traded for speed".
 One call, :func:`train_probe`, trains T configurations ("trials") of one SPML loss as one
-stacked model and evaluates all T×C columns on val and test after every epoch.
+stacked model, evaluates all T×C columns on val after every epoch (``eval_every``), and test
+once at the end on each trial's best-val head (``test_curve``: test every epoch too).
 
 Exact semantics (what a trial *is*)
 -----------------------------------
@@ -73,7 +74,8 @@ def train_probe(
     callback: Callable[[EpochReport], Iterable[int] | None] | None = None,
     progress: bool = False,
 ) -> ProbeResult:
-    """Train T linear heads at once with one SPML loss; evaluate after every epoch.
+    """Train T linear heads at once with one SPML loss; select each trial's best epoch on val,
+    then measure test once on its head.
 
     Args:
         data: device-resident splits (:class:`ProbeData`); training runs on ``data.device``
@@ -114,11 +116,15 @@ def train_probe(
     evaluator = Evaluator(data, config, results, trainer.w) if config.eval_every > 0 else None
     timing: dict[str, Any] = {"train_seconds": [], "eval_seconds": [], "end_epoch_seconds": []}
     with deterministic(trainer.device, config.deterministic), torch.no_grad():
-        if evaluator is not None:
+        if evaluator is not None and config.eval_init:
             init = evaluator(trainer.w, [True] * plan.n)
             for t, r in enumerate(results):
                 r.init = {"val_map": init["val_map"][t], "test_map": init["test_map"][t]}
         _epochs(trainer, evaluator, results, config, timing, callback, progress)
+        t0 = time.perf_counter()
+        if evaluator is not None:
+            evaluator.finish()
+        timing["test_seconds"] = time.perf_counter() - t0
     timing["total_seconds"] = time.perf_counter() - t_start
     timing["epochs_run"] = len(timing["train_seconds"])
     timing["steps_per_epoch"] = trainer.n_steps
@@ -152,7 +158,8 @@ def _epochs(trainer: StackedTrainer, evaluator: Evaluator | None, results: list[
                 continue
             stop = callback(EpochReport(
                 epoch=epoch, train_loss=[v if a else None for v, a in zip(train_loss, active)],
-                val_map=list(record["val_map"]), test_map=list(record["test_map"]),
+                val_map=list(record["val_map"]),
+                test_map=list(record.get("test_map", [None] * plan.n)),
                 active=list(active), heads=trainer.w))
             stop = [t for t in (int(t) for t in (stop or ())) if 0 <= t < plan.n and active[t]]
             for t in stop:
@@ -185,9 +192,9 @@ def _best_line(results: list[TrialResult], evaluator: Evaluator | None, active: 
         return f"epoch {epoch + 1}/{epochs}: no trial with a finite val mAP yet"
     b = max(live, key=lambda t: evaluator.best_val[t])
     best = results[b].best
+    test = f" test mAP {best['test_map']:.2f}" if "test_map" in best else ""
     return (f"epoch {epoch + 1}/{epochs}: best trial {b} val mAP "
-            f"{best.get('val_map', float('nan')):.2f} test mAP "
-            f"{best.get('test_map', float('nan')):.2f}")
+            f"{best.get('val_map', float('nan')):.2f}{test}")
 
 
 def _result(plan: TrialPlan, trainer: StackedTrainer, data: ProbeData, config: ProbeConfig,
@@ -208,7 +215,7 @@ def _result(plan: TrialPlan, trainer: StackedTrainer, data: ProbeData, config: P
         environment=environment_info(trainer.device),
         timing=timing,
         shared_batch_order=plan.shared,
-        best_heads=evaluator.best_w if evaluator is not None else None,
+        best_heads=evaluator.best_heads() if evaluator is not None else None,
         final_heads=trainer.w.detach().cpu(),
     )
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -182,7 +183,7 @@ def test_sgd_weight_decay_no_flip_no_drop_last():
 
 def test_best_epoch_selection_and_records():
     data = _data()
-    cfg = ProbeConfig(epochs=4, batch_size=8, lr=3e-2)
+    cfg = ProbeConfig(epochs=4, batch_size=8, lr=3e-2, test_curve=True)
     result = train_probe(data, cfg, "an", [{}, {"lr": 1e-3}])
     for tr in result.trials:
         vals = [e["val_map"] for e in tr.epochs]
@@ -201,12 +202,56 @@ def test_best_epoch_selection_and_records():
 def test_eval_every_and_observed_val_labels():
     data = _data()
     result = train_probe(data, ProbeConfig(epochs=5, batch_size=8, eval_every=2,
-                                           val_labels="observed"), "an")
+                                           val_labels="observed", test_curve=True), "an")
     evaluated = [e["epoch"] for e in result.trials[0].epochs if "val_map" in e]
     assert evaluated == [1, 3, 4]  # every second epoch, and the last
-    clean = train_probe(data, ProbeConfig(epochs=5, batch_size=8, eval_every=2), "an")
+    clean = train_probe(data, ProbeConfig(epochs=5, batch_size=8, eval_every=2,
+                                          test_curve=True), "an")
     assert clean.trials[0].epochs[1]["val_map"] != result.trials[0].epochs[1]["val_map"]
     assert clean.trials[0].epochs[1]["test_map"] == result.trials[0].epochs[1]["test_map"]
+
+
+@pytest.mark.parametrize("seeds", [None, (3, 4, 5)])
+def test_test_once_on_the_best_head_reports_what_the_test_curve_reported(seeds):
+    """Default evaluation (val every epoch, test once at the end on each best-val head) reports
+    exactly the figures of the per-epoch test curve's best epoch, trial by trial -- also for a
+    stopped trial, and with shared or per-trial batch orders."""
+    data = _data()
+    cfg = ProbeConfig(epochs=4, batch_size=8, lr=3e-2, seeds=seeds)
+    trials = [{}, {"lr": 1e-3}, {"lr": 0.3}]
+
+    def stop_1(report):
+        return [1] if report.epoch == 1 else []
+
+    once = train_probe(data, cfg, "an", trials, callback=stop_1)
+    curve = train_probe(data, replace(cfg, test_curve=True), "an", trials, callback=stop_1)
+    assert torch.equal(once.best_heads, curve.best_heads)
+    assert torch.equal(once.final_heads, curve.final_heads)
+    for a, b in zip(once.trials, curve.trials, strict=True):
+        assert a.best_epoch == b.best_epoch and a.stopped_at == b.stopped_at
+        assert a.best == b.best  # every figure, per-class AP included, bit for bit
+        assert {"test_map", "test_OF1", "test_CF1", "test_ap", "val_ap"} <= set(a.best)
+        assert not any(k.startswith("test") for e in a.epochs for k in e)
+        assert [e["val_map"] for e in a.epochs] == [e["val_map"] for e in b.epochs]
+        assert all("test_map" in e for e in b.epochs)
+        assert a.init == {} and b.init == {}  # nothing evaluated before training by default
+    assert once.trials[1].stopped_at == 1
+    assert once.timing["test_seconds"] > 0
+
+
+def test_eval_init_measures_the_untrained_heads():
+    data = _data()
+    result = train_probe(data, ProbeConfig(epochs=1, batch_size=8, eval_init=True), "an")
+    init = result.trials[0].init
+    assert set(init) == {"val_map", "test_map"}
+    weight, bias = init_head(0, D, C)
+    lin = nn.Linear(D, C)
+    with torch.no_grad():
+        lin.weight.copy_(weight)
+        lin.bias.copy_(bias)
+    assert init["test_map"] == pytest.approx(evaluate_head(data, lin)["test_map"], abs=1e-4)
+    with pytest.raises(ValueError, match="test_curve"):
+        ProbeConfig(test_curve=1).validate()
 
 
 def test_stopped_trial_freezes_and_others_are_unaffected():
@@ -371,7 +416,8 @@ def test_yeast_full_labels_beat_single_positive_an(yeast):
 
 @pytest.mark.parametrize("name", L.available())
 def test_every_registered_loss_trains_on_yeast(yeast, name):
-    result = train_probe(yeast, ProbeConfig(epochs=2, batch_size=32, lr=1e-3), name)
+    result = train_probe(yeast, ProbeConfig(epochs=2, batch_size=32, lr=1e-3, eval_init=True),
+                         name)
     tr = result.trials[0]
     assert tr.finite, f"{name}: non-finite loss or metric: {tr.epochs}"
     assert all(math.isfinite(e["train_loss"]) for e in tr.epochs)
