@@ -58,10 +58,10 @@ def _table_line(row: dict[str, Any]) -> str:
 
 def _probe_rows(store: Path, cfg: DemoConfig, log: Callable[[str], None]) -> list[dict]:
     from probe.config import ProbeConfig
-    from probe.data import ProbeData
+    from probe.data import ProbeData, resolve_device
     from probe.train import train_probe
 
-    data = ProbeData.from_store(store, device=_device(cfg.device))
+    data = ProbeData.from_store(store, device=resolve_device(cfg.device))
     base = ProbeConfig(batch_size=cfg.batch_size, lr=cfg.lr, epochs=cfg.epochs, seed=cfg.seed,
                        device=cfg.device)
     rows = []
@@ -75,14 +75,6 @@ def _probe_rows(store: Path, cfg: DemoConfig, log: Callable[[str], None]) -> lis
                      "best_epoch": result.trials[0].best_epoch + 1})  # counted from 1
         log(_table_line(rows[-1]))
     return rows
-
-
-def _device(device: str) -> str:
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def make_digit_grids(root: Path, n: int, seed: int = 0) -> Path:
@@ -120,7 +112,7 @@ def make_digit_grids(root: Path, n: int, seed: int = 0) -> Path:
 def _images_part(out: Path, cfg: DemoConfig, log: Callable[[str], None]) -> dict[str, Any]:
     from featurize.runner import FeaturizeConfig, featurize_dataset
     from probe.config import ProbeConfig
-    from probe.data import ProbeData
+    from probe.data import ProbeData, resolve_device
     from probe.train import train_probe
 
     folder = out / "digits"
@@ -134,7 +126,7 @@ def _images_part(out: Path, cfg: DemoConfig, log: Callable[[str], None]) -> dict
                         overwrite=True, progress=True),
         annotations=str(csv),
     )
-    data = ProbeData.from_store(store, device=_device(cfg.device))
+    data = ProbeData.from_store(store, device=resolve_device(cfg.device))
     rows = {}
     for label, loss, labels in (("an", "an", "observed"), ("gr", "gr", "observed"),
                                 ("an (full labels)", "an", "full")):

@@ -386,7 +386,7 @@ def run_worker(
 ) -> StudySummary:
     """Work on the study until ``n_trials`` trials have finished (completed or pruned)."""
     from probe.config import ProbeConfig
-    from probe.data import ProbeData
+    from probe.data import ProbeData, resolve_device
     from probe.store import open_store
 
     log = log or (lambda msg: print(msg, file=sys.stderr))
@@ -394,7 +394,7 @@ def run_worker(
     store = open_store(settings.store)
     study, space, storage = create_or_join(settings, store)
     data = ProbeData.from_store(
-        store, device=_device(settings.device), observed_seed=settings.observed_seed
+        store, device=resolve_device(settings.device), observed_seed=settings.observed_seed
     )
     results_dir = Path(settings.out) / "results"
     fixed_dists = dict(space.distributions)
@@ -446,14 +446,6 @@ def run_worker(
 def _grid_exhausted(study: optuna.Study) -> bool:
     sampler = study.sampler
     return isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(study)
-
-
-def _device(device: str) -> str:
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def summarize(study: optuna.Study, settings: StudySettings) -> StudySummary:

@@ -19,6 +19,7 @@ import scipy.stats
 import torch
 from PIL import Image
 
+import studies.analysis_figures as F
 import studies.analyze as A
 from probe import ProbeConfig, train_probe
 from probe.data import ProbeData
@@ -275,7 +276,7 @@ def test_ablation_rows_switches_and_direct_runs(yeast, tmp_path, monkeypatch):
     an = train_probe(yeast, cfg, "an", [{}] * 2)
     assert r.rows[0]["test_maps"] == [t.best["test_map"] for t in an.trials]
 
-    paths = A.write_outputs(r, tmp_path)
+    paths = F.write_outputs(r, tmp_path)
     assert [p.name for p in paths] == ["ablation.json", "ablation.md", "ablation.png"]
     data = json.loads(paths[0].read_text())
     assert data["rows"][7]["name"] == "GR (k̂ + v + L)" and data["settings"]["seeds"] == [0, 1]
@@ -299,7 +300,7 @@ def test_sensitivity_trains_one_stacked_run(yeast, tmp_path, monkeypatch):
     one = train_probe(yeast, cfg, "gr", [{"w_T": 10.0, "b_T": -5.0}])
     assert r.points[2]["val_mean"] == pytest.approx(one.trials[0].best["val_map"], abs=1e-3)
     assert r.baseline is not None and math.isfinite(r.baseline["test_mean"])
-    paths = A.write_outputs(r, tmp_path)
+    paths = F.write_outputs(r, tmp_path)
     assert [p.name for p in paths] == ["sensitivity_tau.json", "sensitivity_tau.md",
                                        "sensitivity_tau.png"]
     _png(paths[2])
@@ -311,7 +312,7 @@ def test_sensitivity_trains_one_stacked_run(yeast, tmp_path, monkeypatch):
                              series=[0.5, 1.0], baseline=False)
     assert calls == [("gr", 8, (3, 4) * 4)]
     assert all(len(p["val_maps"]) == 2 for p in grid.points)
-    _png(A.write_outputs(grid, tmp_path)[2])
+    _png(F.write_outputs(grid, tmp_path)[2])
     with pytest.raises(A.AnalyzeError, match="sets w_T and b_T itself"):
         A.run_sensitivity(yeast, cfg, "tau", hparams={"w_T": 3.0})
     with pytest.raises(A.AnalyzeError, match="use_v=False makes unused"):
@@ -354,7 +355,7 @@ def test_calibration_buckets_against_the_engine(yeast, tmp_path):
     observed = int((yeast.train_observed == 1).sum())
     assert r.a == pytest.approx(observed / int(yeast.train_labels.sum()))
     assert set(r.gaps) >= {"k̂ final", "k̂ start (before)"}
-    paths = A.write_outputs(r, tmp_path)
+    paths = F.write_outputs(r, tmp_path)
     _png(paths[2])
     assert "FN rate before" in paths[1].read_text()
     an = A.run_calibration(yeast, ProbeConfig(**FAST), "an", n_buckets=10)
@@ -384,7 +385,7 @@ def test_distinguish_w1_per_epoch_from_the_engine_heads(yeast, tmp_path):
         ps, truth = _unannotated_p(yeast, heads)
         want = [A.wasserstein_1d(p[truth], p[~truth]) for p in ps]
         assert r.losses[0]["w1"][e] == pytest.approx(want, rel=1e-6)
-    paths = A.write_outputs(r, tmp_path)
+    paths = F.write_outputs(r, tmp_path)
     assert [p.name for p in paths] == ["distinguish.json", "distinguish.md", "distinguish.png",
                                        "distinguish_hist.png"]
     for p in paths[2:]:

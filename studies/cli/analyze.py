@@ -159,7 +159,7 @@ def _data(args: argparse.Namespace):
 
 
 def _finish(result, args: argparse.Namespace) -> int:
-    from studies.analyze import write_outputs
+    from studies.analysis_figures import write_outputs
 
     print(result.text())
     paths = write_outputs(result, args.out or f"spml-analysis/{args.analysis}", dpi=args.dpi)
