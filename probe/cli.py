@@ -53,6 +53,26 @@ def _losses_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def loss_reference_markdown() -> str:
+    """docs/loss-reference.md: every registered loss's card (``spml losses show``) as Markdown,
+    generated from the registry so that the reference cannot drift from the code."""
+    from . import losses as _losses
+
+    parts = ["# Loss reference\n",
+             "Generated from the loss registry by `spml losses doc > docs/loss-reference.md` "
+             "(a test fails when this file and the code disagree). The specification the losses "
+             "implement, with the conventions, is [losses.md](losses.md).\n"]
+    for name in _losses.available():
+        cls = _losses.get_loss_class(name)
+        parts.append(f"## {name}\n\n```text\n{cls.describe()}\n```\n")
+    return "\n".join(parts)
+
+
+def _losses_doc(args: argparse.Namespace) -> int:
+    print(loss_reference_markdown(), end="")
+    return 0
+
+
 def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction) -> None:
     losses = sub.add_parser(
         "losses",
@@ -70,6 +90,11 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
     p.add_argument("name", help="registry name, e.g. gr, an, em_apl, opml")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_losses_show)
+    p = lsub.add_parser(
+        "doc", help="every loss's card as Markdown (docs/loss-reference.md is its output)",
+        epilog="example: spml losses doc > docs/loss-reference.md",
+    )
+    p.set_defaults(func=_losses_doc)
     _register_probe(sub, bench)
 
 

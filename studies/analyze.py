@@ -1,7 +1,7 @@
-"""The GR paper's analyses, computed from the probe engine (``spml analyze …``, issue 7.2).
+"""The GR paper's analyses, computed from the probe engine (``spml analyze …``).
 
 Chen et al., "Boosting Single Positive Multi-label Classification with Generalized Robust Loss",
-IJCAI 2024 (``shared/papers/gr-loss-ijcai2024.txt``). Each analysis is a plain function that
+IJCAI 2024. Each analysis is a plain function that
 trains linear probes with :func:`probe.train.train_probe` (or, for the curves, only evaluates a
 loss) and returns a result object: numbers, tables and text, no drawing. Its figures are
 :mod:`studies.analysis_figures`, whose ``write_outputs`` writes the JSON, Markdown and PNGs.

@@ -1,5 +1,5 @@
 """Acknowledging the unknown — Zhou et al., "Acknowledging the Unknown for Multi-label Learning
-with Single Positive Labels", ECCV 2022 (``../papers/em-apl-ack-the-unknown-poster.md``):
+with Single Positive Labels", ECCV 2022:
 the entropy-maximisation loss (EM, Eq. 3) and asymmetric pseudo-labelling (APL, Alg. 1, Eqs. 6–8);
 spec: docs/losses.md "Acknowledging the unknown".
 
