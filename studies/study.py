@@ -40,6 +40,7 @@ from .heartbeat import (
     abandon,
     reclaim_stale_trials,
 )
+from .pruning import BatchPruner, MedianRule
 from .results import write_batch
 from .space import SearchSpace, build_space
 from .storage import StorageSpec, StudyError, open_storage, parse_storage
@@ -181,12 +182,17 @@ class _AskTellGridSampler(optuna.samplers.GridSampler):
         return None
 
 
-def _pruner(settings: StudySettings) -> optuna.pruners.BasePruner:
+def _prune_rule(settings: StudySettings) -> MedianRule | None:
+    """The pruning rule (None: never prune); decided in process by :class:`BatchPruner`."""
     if settings.pruner == "none":
-        return optuna.pruners.NopPruner()
-    return optuna.pruners.MedianPruner(
-        n_startup_trials=max(2, settings.batch // 2), n_warmup_steps=1
-    )
+        return None
+    return MedianRule(n_startup_trials=max(2, settings.batch // 2), n_warmup_steps=1)
+
+
+def _pruner(settings: StudySettings) -> optuna.pruners.BasePruner:
+    """The Optuna pruner the study is created with: the same rule as :func:`_prune_rule`."""
+    rule = _prune_rule(settings)
+    return optuna.pruners.NopPruner() if rule is None else rule.optuna()
 
 
 def _space(settings: StudySettings, dataset: str) -> SearchSpace:
@@ -318,8 +324,10 @@ def _train_group(settings, data, study, storage, space, trials, probe_config, lo
     pruned: set[int] = set()
     paper = [bool(t.user_attrs.get("spml:paper")) for t in trials]
 
+    pruner = BatchPruner(_prune_rule(settings), study)
+
     def on_epoch(report: EpochReport) -> list[int]:
-        stop = []
+        stop, eligible = [], []
         for i, trial in enumerate(trials):
             value = report.val_map[i]
             if not report.active[i] or value is None:
@@ -328,10 +336,14 @@ def _train_group(settings, data, study, storage, space, trials, probe_config, lo
                 stop.append(i)
                 continue
             trial.report(value, report.epoch)
+            pruner.record(i, report.epoch, value)
             # the paper point is the study's reference: it always runs to the end
-            if not paper[i] and trial.should_prune():
-                pruned.add(i)
-                stop.append(i)
+            if not paper[i]:
+                eligible.append(i)
+        # Optuna's decisions, from one read of the completed trials (studies.pruning)
+        for i in pruner.decide(eligible, report.epoch):
+            pruned.add(i)
+            stop.append(i)
         return stop
 
     started = time.perf_counter()
