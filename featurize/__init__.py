@@ -15,8 +15,7 @@ convenience: ``from featurize import open_store``).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from probe._lazy import lazy_exports
 
 _EXPORTS = {
     # featurize: images -> features
@@ -50,7 +49,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'featurize' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

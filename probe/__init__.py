@@ -17,9 +17,10 @@ store and the protocol) and :mod:`probe.ranking` ← :mod:`probe.losses` and
 
 from __future__ import annotations
 
-import importlib
 from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ._lazy import lazy_exports
 
 try:
     __version__ = version("spml-probe")
@@ -105,18 +106,8 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'probe' has no attribute {name!r}")
-    attr = "available" if name == "available_losses" else name
-    value = getattr(importlib.import_module(module), attr)
-    globals()[name] = value  # later look-ups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals(),
+                                   aliases={"available_losses": "available"})
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily

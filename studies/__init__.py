@@ -13,8 +13,7 @@ import optuna or polars until a name needs them)::
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from probe._lazy import lazy_exports
 
 _EXPORTS = {
     # studies
@@ -41,11 +40,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'studies' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
