@@ -30,6 +30,7 @@ __all__ = [
     "ParamAxis",
     "TrialPoint",
     "plot_class_ap",
+    "plot_comparison",
     "plot_contours",
     "plot_history",
     "plot_importances",
@@ -423,4 +424,45 @@ def plot_class_ap(
         fig.legend(loc="outside lower center", ncols=2, frameon=False)
         ax.set_title(f"{title}: {labels[0]} vs {labels[1]}, sorted by difference{note}",
                      wrap=True)
+        return save_figure(fig, path, dpi)
+
+
+def plot_comparison(
+    labels: Sequence[str], maps: Sequence[tuple[float, float, float]],
+    diffs: Sequence[tuple[str, float, float, float, bool]], path: str | os.PathLike, *,
+    level: float = 0.95, title: str = "Test mAP with intervals", dpi: int = DPI,
+) -> Path:
+    """Two panels: each system's test mAP with its interval (``maps``: value, low, high), and
+    every pairwise difference (``diffs``: name, value, low, high, significant) with its paired
+    interval against the zero line; significant pairs (Holm) drawn in colour."""
+    n, m = len(labels), len(diffs)
+    with mpl.rc_context(STYLE):
+        fig = new_figure(11, 1.8 + 0.32 * max(n + m, 4))
+        left, right = fig.subplots(1, 2, width_ratios=(1, 1))
+        order = sorted(range(n), key=lambda i: maps[i][0])
+        y = np.arange(n, dtype=float)
+        v = np.array([maps[i][0] for i in order])
+        lo = np.array([maps[i][1] for i in order])
+        hi = np.array([maps[i][2] for i in order])
+        left.errorbar(v, y, xerr=[v - lo, hi - v], fmt="o", color=BLUE, capsize=3)
+        left.set_yticks(y)
+        left.set_yticklabels([labels[i] for i in order])
+        left.set_xlabel(f"test mAP (%), {100 * level:g}% bootstrap interval")
+        left.margins(y=0.15)
+        right.margins(y=0.15)
+        left.grid(axis="y", visible=False)
+        left.set_title("mAP per system")
+        y2 = np.arange(m, dtype=float)[::-1]
+        for yy, (_, val, dlo, dhi, sig) in zip(y2, diffs):
+            color = RED if sig else GREY
+            right.errorbar([val], [yy], xerr=[[val - dlo], [dhi - val]], fmt="o", color=color,
+                           capsize=3)
+        right.axvline(0.0, color="black", lw=0.8)
+        right.set_yticks(y2)
+        right.set_yticklabels([d[0] for d in diffs])
+        right.set_xlabel(f"difference (mAP points), paired {100 * level:g}% interval;\n"
+                        "red: Holm-corrected p < 0.05")
+        right.grid(axis="y", visible=False)
+        right.set_title("Pairwise differences")
+        fig.suptitle(title)
         return save_figure(fig, path, dpi)

@@ -9,6 +9,7 @@ Where each command lives (a module per package, or per command group in :mod:`st
 ``spml study``, ``spml study confirm``               :mod:`studies.cli.study`
 ``spml report``                                      :mod:`studies.cli.report`
 ``spml analyze …``                                   :mod:`studies.cli.analyze`
+``spml compare``                                     :mod:`studies.cli.compare`
 ``spml finetune``                                    :mod:`studies.cli.finetune`
 ``spml demo``                                        :mod:`studies.cli.demo`
 ==================================================  ===========================================
@@ -37,6 +38,7 @@ COMMAND_MODULES = (
     "studies.cli.study",
     "studies.cli.report",
     "studies.cli.analyze",
+    "studies.cli.compare",
     "studies.cli.finetune",
     "studies.cli.demo",
 )

@@ -1,0 +1,74 @@
+"""``spml compare``: a thin argparse layer over :func:`studies.compare.compare_heads`."""
+
+from __future__ import annotations
+
+import argparse
+
+from probe.cliargs import add_device_argument
+
+COMPARE_EPILOG = """\
+examples:
+  spml probe yeast.zarr --loss an --save-head runs/an.pt
+  spml probe yeast.zarr --loss gr --save-head runs/gr.pt
+  spml compare runs/an.pt runs/gr.pt
+  spml compare runs/gr.pt:0 runs/gr.pt:3 --label "gr paper" --label "gr tuned"
+  spml compare spml-demo/heads/*.pt --json cmp.json --figure cmp.png
+
+Each head is scored on the test split of the store it was trained on (or --store). A 1,000-
+resample paired bootstrap over the test images gives every mAP a 95% interval and every pair
+a difference with its interval and a p-value, Holm-corrected over the pairs. Heads from
+different stores, splits or single-positive draws are refused (their test mAPs are not paired).
+"""
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from studies.compare import compare_heads, format_comparison
+
+    if args.resamples < 100:
+        raise ValueError(f"--resamples: at least 100 for a 95% interval; got {args.resamples}")
+    if not 0.5 <= args.level < 1.0:
+        raise ValueError(f"--level: a coverage in [0.5, 1), e.g. 0.95; got {args.level}")
+    cmp = compare_heads(args.heads, store=args.store, labels=args.label,
+                        n_resamples=args.resamples, seed=args.seed, level=args.level,
+                        device=args.device)
+    print(format_comparison(cmp))
+    if args.json:
+        from probe.results import write_json_atomic
+
+        write_json_atomic(args.json, cmp.to_dict())
+        print(f"\nwritten to {args.json}")
+    if args.figure:
+        from studies.compare import plot
+
+        print(f"figure: {plot(cmp, args.figure)}")
+    return 0
+
+
+def register_cli(sub: argparse._SubParsersAction,
+                 bench: argparse._SubParsersAction | None = None) -> None:
+    """Add ``spml compare`` to the top-level subparsers ``sub``."""
+    p = sub.add_parser(
+        "compare",
+        help="test mAP of saved heads with 95%% intervals, and which differences are real",
+        description=(
+            "Compare trained heads on the same test images: mAP with a bootstrap interval per "
+            "head, every pairwise difference with its paired interval and Holm-corrected "
+            "p-value, as a table (and JSON / a figure)."
+        ),
+        epilog=COMPARE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("heads", nargs="+", metavar="HEADS",
+                   help="head files from 'spml probe --save-head' (PATH: every trial in it; "
+                   "PATH:T: trial T)")
+    p.add_argument("--label", action="append",
+                   help="a name per head, in order (repeatable; default: file, trial and loss)")
+    p.add_argument("--store", help="the store to test on (default: the one the heads record)")
+    p.add_argument("--resamples", type=int, default=1000,
+                   help="bootstrap resamples of the test images (default: 1000)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the resamples (default: 0)")
+    p.add_argument("--level", type=float, default=0.95,
+                   help="interval coverage (default: 0.95)")
+    p.add_argument("--json", metavar="PATH", help="also write the table as JSON")
+    p.add_argument("--figure", metavar="PATH", help="also draw the intervals as a PNG")
+    add_device_argument(p)
+    p.set_defaults(func=_compare)

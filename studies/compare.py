@@ -1,0 +1,304 @@
+"""``spml compare``: is a difference in test mAP real? Paired bootstrap over test images.
+
+Every system (a trained head: ``spml probe --save-head`` files, the demo's heads, …) is scored
+on the same test images; :func:`probe.intervals.bootstrap_map` draws B resamples of those
+images, recomputes class-wise AP on each (the protocol's rules) and gives each system's mAP a
+95% percentile interval and every pair ``a - b`` a paired interval and p-value, Holm-corrected
+across the pairs (docs/protocol.md, "Intervals and comparisons").
+
+Results are only comparable on the same test images and the same single-positive labels: the
+systems must come from one store (same path and build), the same split and the same draw;
+:func:`check_comparable` refuses anything else and says which differs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CompareError",
+    "Comparison",
+    "System",
+    "check_comparable",
+    "compare_heads",
+    "compare_scores",
+    "format_comparison",
+    "load_systems",
+    "plot",
+]
+
+
+class CompareError(ValueError):
+    """The inputs cannot be compared; the message says which argument and why."""
+
+
+@dataclass
+class System:
+    """One compared head: its label, where it came from and what it was trained on."""
+
+    label: str
+    path: str
+    trial: int
+    loss: str
+    hparams: dict[str, Any]
+    data: dict[str, Any]  # the head's ``data`` record (store path, build, rows, draw)
+    head: Any = None  # nn.Linear
+
+
+@dataclass
+class Comparison:
+    """mAP with intervals per system and every pairwise difference (Holm-corrected)."""
+
+    labels: list[str]
+    intervals: list[Any]  # probe.intervals.Interval
+    pairs: list[Any]  # probe.intervals.PairedDifference
+    n_images: int
+    n_classes: int
+    n_resamples: int
+    seed: int
+    level: float
+    dataset: str = ""
+    store: str = ""
+    systems: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": "spml-compare/1",
+            "dataset": self.dataset,
+            "store": self.store,
+            "n_test_images": self.n_images,
+            "n_classes": self.n_classes,
+            "bootstrap": {"n_resamples": self.n_resamples, "seed": self.seed,
+                          "level": self.level, "method": "paired percentile, over test images"},
+            "systems": [
+                {"label": lab, **sys, "test_map": iv.value, "test_map_low": iv.low,
+                 "test_map_high": iv.high}
+                for lab, iv, sys in zip(self.labels, self.intervals,
+                                        self.systems or [{}] * len(self.labels))
+            ],
+            "pairs": [
+                {"a": self.labels[p.a], "b": self.labels[p.b], "diff": p.diff.value,
+                 "diff_low": p.diff.low, "diff_high": p.diff.high, "p_value": p.p_value,
+                 "p_holm": p.p_holm, "significant": p.significant}
+                for p in self.pairs
+            ],
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# inputs
+# --------------------------------------------------------------------------------------------
+
+
+def _parse_spec(spec: str) -> tuple[Path, int | None]:
+    """``PATH`` (every trial in the file) or ``PATH:TRIAL``."""
+    path, _, trial = spec.rpartition(":")
+    if path and trial.isdigit() and not Path(spec).exists():
+        return Path(path), int(trial)
+    return Path(spec), None
+
+
+def load_systems(specs: Sequence[str], labels: Sequence[str] | None = None) -> list[System]:
+    """Heads saved by ``spml probe --save-head`` (``PATH`` = every trial, ``PATH:T`` = trial T),
+    one :class:`System` per head, labelled ``labels`` or ``<file>[<trial>] (<loss>)``."""
+    from probe.results import load_head
+
+    import torch
+
+    systems: list[System] = []
+    for spec in specs:
+        path, trial = _parse_spec(spec)
+        if not path.is_file():
+            raise CompareError(
+                f"HEADS: {spec} is not a file; pass head files written by "
+                "'spml probe … --save-head PATH' (optionally PATH:TRIAL)")
+        _, meta = load_head(path, 0)
+        n = len(meta.get("trials", [])) or int(torch.load(path, map_location="cpu",
+                                                          weights_only=True)["weight"].shape[0])
+        trials = range(n) if trial is None else [trial]
+        for t in trials:
+            head, meta = load_head(path, t)
+            tr = meta["trials"][t] if t < len(meta.get("trials", [])) else {}
+            hp = dict(tr.get("hparams", {}))
+            name = path.stem if n == 1 else f"{path.stem}[{t}]"
+            labels_kind = meta.get("config", {}).get("labels", "observed")
+            loss = meta.get("loss", "?") + (" full labels" if labels_kind == "full" else "")
+            systems.append(System(label=f"{name} ({loss})", path=str(path), trial=t, loss=loss,
+                                  hparams=hp, data=dict(meta.get("data", {})), head=head))
+    if not systems:
+        raise CompareError("HEADS: nothing to compare; pass at least two heads")
+    if labels:
+        if len(labels) != len(systems):
+            raise CompareError(
+                f"--label: got {len(labels)} labels for {len(systems)} heads; give one per head "
+                "(a file with T trials counts T)")
+        for s, lab in zip(systems, labels):
+            s.label = lab
+    return systems
+
+
+def check_comparable(systems: Sequence[System]) -> None:
+    """Refuse systems from different stores, splits or single-positive draws, naming the
+    first two that differ and why it matters."""
+    if len(systems) < 2:
+        raise CompareError(
+            f"HEADS: need at least two heads to compare; got {len(systems)} "
+            "(a file saved from several stacked trials holds one head per trial)")
+    checks = (
+        ("store", lambda d: (d.get("path"), d.get("completed")),
+         "they were trained on different stores (or different builds of one store); a "
+         "difference between them mixes data with method"),
+        ("split", lambda d: d.get("rows"),
+         "their train/val/test splits differ, so they were not tested on the same images"),
+        ("single-positive draw", lambda d: d.get("observed_seed"),
+         "they were trained on different single-positive draws (--observed-seed); compare "
+         "heads of one draw, or run 'spml study confirm' over draws"),
+    )
+    ref = systems[0]
+    for what, key, why in checks:
+        for s in systems[1:]:
+            if key(s.data) != key(ref.data):
+                raise CompareError(
+                    f"HEADS: cannot compare {ref.label} with {s.label}: different {what} "
+                    f"({key(ref.data)!r} vs {key(s.data)!r}); {why}")
+
+
+# --------------------------------------------------------------------------------------------
+# the comparison
+# --------------------------------------------------------------------------------------------
+
+
+def compare_scores(labels: Sequence[str], scores: Any, targets: Any, *, n_resamples: int = 1000,
+                   seed: int = 0, level: float = 0.95) -> Comparison:
+    """Compare S systems' test scores ``(S, N, C)`` against full labels ``(N, C)``."""
+    from probe.intervals import bootstrap_map, paired_differences
+
+    if len(labels) != scores.shape[0]:
+        raise CompareError(f"labels: {len(labels)} for {scores.shape[0]} systems")
+    boot = bootstrap_map(scores, targets, n_resamples=n_resamples, seed=seed, level=level)
+    return Comparison(labels=list(labels), intervals=boot.intervals,
+                      pairs=paired_differences(boot), n_images=int(scores.shape[1]),
+                      n_classes=int(scores.shape[2]), n_resamples=int(n_resamples),
+                      seed=int(seed), level=float(level))
+
+
+def compare_heads(specs: Sequence[str], *, store: str | None = None,
+                  labels: Sequence[str] | None = None, n_resamples: int = 1000, seed: int = 0,
+                  level: float = 0.95, device: str = "cpu") -> Comparison:
+    """Load heads, check they are comparable, score them on the store's test split (the store
+    they record, or ``store``) and compare them."""
+    import torch
+
+    from probe.data import ProbeData
+    from probe.evaluate import stacked_logits
+
+    systems = load_systems(specs, labels)
+    check_comparable(systems)
+    where = store or systems[0].data.get("path")
+    if not where:
+        raise CompareError("--store: the heads do not record their store; pass --store PATH")
+    if not Path(where).exists():
+        raise CompareError(f"--store: {where} does not exist (the heads' store); pass --store "
+                           "PATH to where it is now")
+    data = ProbeData.from_store(where, device=device,
+                                observed_seed=int(systems[0].data.get("observed_seed", 0)),
+                                flip=False)
+    _check_store(systems[0], data.source)
+    w = torch.stack([torch.cat([s.head.weight.detach().T, s.head.bias.detach()[None]])
+                     for s in systems]).to(data.device).float()
+    if w.shape[1] != data.test_x.shape[1] or w.shape[2] != data.n_classes:
+        raise CompareError(
+            f"--store: the heads map {w.shape[1] - 1} features to {w.shape[2]} classes, the "
+            f"store has {data.feature_dim} features and {data.n_classes} classes")
+    scores = stacked_logits(data.test_x, w)
+    cmp = compare_scores([s.label for s in systems], scores, data.test_labels.bool(),
+                         n_resamples=n_resamples, seed=seed, level=level)
+    cmp.dataset, cmp.store = data.dataset, str(where)
+    cmp.systems = [{"path": s.path, "trial": s.trial, "loss": s.loss, "hparams": s.hparams,
+                    "observed_seed": s.data.get("observed_seed")} for s in systems]
+    return cmp
+
+
+def _check_store(system: System, source: dict[str, Any]) -> None:
+    """The store the heads are scored on must be the build and split they were made from (its
+    path may differ: a store can be moved)."""
+    for what, key in (("build", "completed"), ("split", "rows")):
+        if system.data.get(key) != source.get(key):
+            raise CompareError(
+                f"--store: {source.get('path')} is not the store the heads were made from: "
+                f"different {what} ({system.data.get(key)!r} in {system.path} vs "
+                f"{source.get(key)!r}); pass the store the heads were trained on")
+
+
+# --------------------------------------------------------------------------------------------
+# output
+# --------------------------------------------------------------------------------------------
+
+
+def _letter(i: int) -> str:
+    return chr(ord("A") + i) if i < 26 else f"S{i + 1}"
+
+
+def format_comparison(cmp: Comparison) -> str:
+    """A table a reader understands without the docs: mAP with intervals, then every pair."""
+    pct = f"{100 * cmp.level:g}%"
+    where = f" on {cmp.dataset}" if cmp.dataset else ""
+    lines = [
+        f"Test mAP{where}: {cmp.n_images} test images, {cmp.n_classes} classes. Brackets: "
+        f"{pct} interval from {cmp.n_resamples} bootstrap resamples of the test images "
+        f"(seed {cmp.seed}).",
+        "",
+    ]
+    width = max(len(lab) for lab in cmp.labels)
+    lines.append(f"     {'system':<{width}}  test mAP  {pct} interval")
+    order = sorted(range(len(cmp.labels)), key=lambda i: -cmp.intervals[i].value)
+    for i in order:
+        iv = cmp.intervals[i]
+        lines.append(f"  {_letter(i)}  {cmp.labels[i]:<{width}}  {iv.value:8.2f}  "
+                     f"[{iv.low:.2f}, {iv.high:.2f}]")
+    lines += ["", f"Differences (paired on the same images; p-values Holm-corrected over "
+              f"{len(cmp.pairs)} pair{'s' if len(cmp.pairs) != 1 else ''}):"]
+    lines.append(f"  {'pair':<7}  {'mAP diff':>8}  {pct + ' interval':<18}  {'p':>6}  "
+                 f"{'p(Holm)':>7}  verdict")
+    for p in sorted(cmp.pairs, key=lambda p: p.p_holm):
+        a, b = (p.a, p.b) if p.diff.value >= 0 else (p.b, p.a)
+        sign = 1 if p.diff.value >= 0 else -1
+        lo, hi = sorted((sign * p.diff.low, sign * p.diff.high))
+        if p.significant:
+            verdict = f"{_letter(a)} is better"
+        else:
+            verdict = "no clear difference (interval contains 0)" if lo <= 0 <= hi else \
+                "no clear difference after correction"
+        lines.append(f"  {_letter(a)} - {_letter(b)}    {sign * p.diff.value:+8.2f}  "
+                     f"{f'[{lo:+.2f}, {hi:+.2f}]':<18}  {_p(p.p_value):>6}  {_p(p.p_holm):>7}"
+                     f"  {verdict}")
+    lines += ["", f"'better' means the Holm-corrected p < {1 - cmp.level:.2g}: the difference "
+              "is larger than the variation from which test images happen to be in the set. "
+              "It says nothing about other training seeds or draws (see 'spml study confirm')."]
+    return "\n".join(lines)
+
+
+def _p(p: float) -> str:
+    return "<0.001" if p < 0.001 else f"{p:.3f}" if math.isfinite(p) else "-"
+
+
+def plot(cmp: Comparison, path: str | Path, *, title: str | None = None) -> Path:
+    """The comparison figure (:func:`studies.plots.plot_comparison`): intervals per system and
+    per pair, significant pairs in colour."""
+    from .plots import plot_comparison
+
+    maps = [(iv.value, iv.low, iv.high) for iv in cmp.intervals]
+    diffs = []
+    for p in sorted(cmp.pairs, key=lambda p: p.p_holm):  # each as higher minus lower
+        a, b, sign = (p.a, p.b, 1) if p.diff.value >= 0 else (p.b, p.a, -1)
+        lo, hi = sorted((sign * p.diff.low, sign * p.diff.high))
+        diffs.append((f"{cmp.labels[a]} - {cmp.labels[b]}", sign * p.diff.value, lo, hi,
+                      p.significant))
+    where = f" on {cmp.dataset}" if cmp.dataset else ""
+    return plot_comparison(cmp.labels, maps, diffs, path, level=cmp.level,
+                           title=title or f"Test mAP{where} ({cmp.n_images} images, "
+                           f"{cmp.n_resamples} paired bootstrap resamples)")
