@@ -141,16 +141,17 @@ def _trials_from_args(args: argparse.Namespace) -> tuple[list[dict], tuple[int, 
 
 def _print_result(result, stacked_keys: list[str]) -> None:
     best = result.best_trial()
-    cols = ["trial", "seed", *stacked_keys, "best_ep", "val_mAP", "test_mAP", "test_OF1",
-            "test_CF1"]
+    cols = ["trial", "seed", *stacked_keys, "best_ep", "val_mAP", "test_mAP", "test_95%_CI",
+            "test_OF1", "test_CF1"]
     rows = []
     for tr in result.trials:
         settings = {**tr.hparams, "lr": tr.lr, "weight_decay": tr.weight_decay}
         b = tr.best
         rows.append([str(tr.trial), str(tr.seed), *[f"{settings.get(k)}" for k in stacked_keys],
                      "-" if tr.best_epoch is None else str(tr.best_epoch),
-                     *(f"{b[k]:.2f}" if k in b else "-" for k in
-                       ("val_map", "test_map", "test_OF1", "test_CF1"))])
+                     *(f"{b[k]:.2f}" if k in b else "-" for k in ("val_map", "test_map")),
+                     _interval_text(b),
+                     *(f"{b[k]:.2f}" if k in b else "-" for k in ("test_OF1", "test_CF1"))])
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
     print("  ".join(c.rjust(w) for c, w in zip(cols, widths)))
     for r, tr in zip(rows, result.trials):
@@ -158,6 +159,14 @@ def _print_result(result, stacked_keys: list[str]) -> None:
         stopped = f"  (stopped after epoch {tr.stopped_at})" if tr.stopped_at is not None else ""
         flag = "  (non-finite!)" if not tr.finite else ""
         print("  ".join(v.rjust(w) for v, w in zip(r, widths)) + mark + stopped + flag)
+
+
+def _interval_text(best: dict) -> str:
+    """``[low, high]`` of the test mAP's bootstrap interval, or ``-`` when none was computed."""
+    low, high = best.get("test_map_low"), best.get("test_map_high")
+    if low is None or high is None:
+        return "-"
+    return f"[{low:.2f}, {high:.2f}]"
 
 
 def _cmd_probe(args: argparse.Namespace) -> int:
@@ -181,8 +190,20 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         data = ProbeData.from_store(args.store, device=args.device,
                                     observed_seed=args.observed_seed, flip=False)
         scores = evaluate_head(data, head.to(data.device))
+        ci = ""
+        if args.intervals > 0:
+            import torch
+
+            from .intervals import head_intervals
+
+            w = torch.cat([head.weight.detach().T, head.bias.detach()[None]])[None]
+            (iv,) = head_intervals(data.test_x, data.test_labels, w,
+                                   n_resamples=args.intervals).intervals
+            scores.update(test_map_low=iv.low, test_map_high=iv.high)
+            ci = f" [{iv.low:.2f}, {iv.high:.2f}]"
         print(f"{args.eval_head} (loss {meta.get('loss')}, trial {args.head_trial}) on "
-              f"{args.store}: val mAP {scores['val_map']:.2f}, test mAP {scores['test_map']:.2f}, "
+              f"{args.store}: val mAP {scores['val_map']:.2f}, test mAP {scores['test_map']:.2f}"
+              f"{ci}, "
               f"test OF1 {scores['test_OF1']:.2f}, CF1 {scores['test_CF1']:.2f}")
         if args.json:
             from .results import write_json_atomic
@@ -211,6 +232,10 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         result = run_knn(data, config, trials, backend=args.knn_backend)
     else:
         result = train_probe(data, config, args.loss, trials, progress=not args.quiet)
+    if args.intervals > 0 and result.best_heads is not None:
+        from .intervals import attach_test_intervals
+
+        attach_test_intervals(result, data, n_resamples=args.intervals)
     stacked = sorted({k for t in trials for k in t})
     cfg = result.config
     where = f"{data.dataset}, {data.n_train} train rows, {cfg.get('device', data.device)}"
@@ -225,6 +250,10 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         for note in cfg.get("notes", []):
             print(f"  note: {note}")
     _print_result(result, stacked)
+    if "test_interval" in cfg:
+        print(f"test_95%_CI: paired bootstrap over the {data.test_x.shape[0]} test images "
+              f"({cfg['test_interval']['n_resamples']} resamples); compare heads with "
+              "'spml compare'")
     if args.json:
         result.write_json(args.json)
         print(f"results written to {args.json}")
@@ -324,6 +353,9 @@ def _register_probe(sub: argparse._SubParsersAction, bench: argparse._SubParsers
                    help="which trial of --eval-head's file (default: 0)")
     g.add_argument("--knn-backend", choices=("auto", "faiss", "torch"), default="auto",
                    help="kNN search: faiss if installed (auto), or exact torch search")
+    g.add_argument("--intervals", type=int, default=1000, metavar="B",
+                   help="bootstrap resamples of the test images for each trial's 95%% interval "
+                   "of test mAP (default: 1000; 0: none)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_probe)
 

@@ -105,9 +105,9 @@ def _parse_spec(spec: str) -> tuple[Path, int | None]:
 def load_systems(specs: Sequence[str], labels: Sequence[str] | None = None) -> list[System]:
     """Heads saved by ``spml probe --save-head`` (``PATH`` = every trial, ``PATH:T`` = trial T),
     one :class:`System` per head, labelled ``labels`` or ``<file>[<trial>] (<loss>)``."""
-    from probe.results import load_head
-
     import torch
+
+    from probe.results import load_head
 
     systems: list[System] = []
     for spec in specs:
