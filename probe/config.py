@@ -85,10 +85,10 @@ class ProbeConfig:
     use_presets: bool = True  # start from loss.presets[dataset] where the paper gives values
     f1_threshold: float = 0.5  # docs/protocol.md step 5: OF1/CF1 at probability 0.5
     deterministic: bool = True  # CUDA: deterministic kernels so a re-run is bit-for-bit equal
-    step_threads: int | None = None  # CPU threads for the training steps; None = 1 while the
-    # stacked head is small (< 2**22 weights): a probe step is ~10 tiny ops, and intra-op
-    # threading costs more than it gains (measured 2 threads 5-20x slower on a shared 2-core
-    # machine); larger heads keep torch's setting. Evaluation always uses torch's setting.
+    step_threads: int | None = None  # CPU threads for the training steps; None = measured:
+    # one thread or torch's setting, whichever runs this step shape faster here and now
+    # (probe.loop.measured_threads; small heads gain from 1 thread, large ones from several,
+    # and the crossover moves with the machine's load). Evaluation uses torch's setting.
 
     def validate(self) -> None:
         """Raise :class:`ProbeConfigError` naming the first bad setting."""

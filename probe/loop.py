@@ -39,7 +39,6 @@ __all__ = [
 
 #: the batch-order stream of seed s is seeded with s + 2**32 (init uses s itself)
 ORDER_STREAM_OFFSET = 2**32
-_SMALL_HEAD = 1 << 22  # stacked head weights below which training steps run single-threaded
 
 
 # --------------------------------------------------------------------------------------------
@@ -108,14 +107,79 @@ def deterministic(device: torch.device, enabled: bool) -> Iterator[None]:
         torch.use_deterministic_algorithms(before, warn_only=warn_before)
 
 
-def resolve_threads(step_threads: int | None, device: torch.device, n_weights: int
-                    ) -> int | None:
-    """CPU threads for the step loop (None: leave torch's setting); see ProbeConfig."""
+def resolve_threads(step_threads: int | None, device: torch.device, shape: tuple[int, int, int],
+                    batch: int, shared: bool) -> int | None:
+    """CPU threads for the step loop (None: leave torch's setting); see ProbeConfig.
+
+    ``step_threads`` None: measured (:func:`measured_threads`) -- one thread or torch's
+    setting, whichever runs this step shape faster here, now."""
     if device.type != "cpu":
         return None
     if step_threads is not None:
         return step_threads
-    return 1 if n_weights < _SMALL_HEAD else None
+    return measured_threads(shape, batch, shared)
+
+
+_THREAD_CHOICE: dict[tuple, int | None] = {}
+
+
+def measured_threads(shape: tuple[int, int, int], batch: int, shared: bool) -> int | None:
+    """1 or None (torch's setting): the faster for a CPU step of heads ``shape`` (T, D+1, C)
+    with ``batch`` rows, timed once per process and shape on scratch tensors.
+
+    Whether intra-op threads pay depends on the step's size *and* on the machine and its load
+    (measured on a 2-core machine: 1 thread is ~3x faster at T=1, 2 threads ~2x faster at T=64
+    when the cores are free, and slower when other processes hold them), so the choice is
+    measured, not a size threshold: both settings run the step's ops (batch gather, forward
+    product, weight-gradient product, fused Adam) alternately, a few rounds, and the lower
+    median wins. The training itself never runs during the measurement."""
+    default = torch.get_num_threads()
+    if default <= 1:
+        return None
+    key = (shape, batch, shared, default)
+    if key not in _THREAD_CHOICE:
+        _THREAD_CHOICE[key] = _calibrate(shape, batch, shared, default)
+    return _THREAD_CHOICE[key]
+
+
+def _calibrate(shape: tuple[int, int, int], batch: int, shared: bool, default: int
+               ) -> int | None:
+    t, d1, c = shape
+    g = torch.Generator().manual_seed(0)
+    pool = torch.randn(4 * batch, d1, generator=g).half()
+    w = torch.randn(t, d1, c, generator=g).mul_(0.01)
+    dz = torch.randn(t, batch, c, generator=g).mul_(0.01)
+    grad = torch.empty_like(w)
+    opt = make_optimizer("adam", [TrialParam(w, 1e-4)])
+    rows = torch.randint(0, 4 * batch, (t if not shared else 1, batch), generator=g)
+
+    def step() -> None:
+        if shared:
+            x = pool[rows[0]].float()
+            torch.matmul(x, w).sigmoid_()
+            torch.matmul(x.T, dz, out=grad)
+        else:
+            x = pool[rows].float()
+            torch.bmm(x, w).sigmoid_()
+            torch.bmm(x.transpose(1, 2), dz, out=grad)
+        opt.step([grad])
+
+    def timed(threads: int, reps: int) -> float:
+        with step_threads(torch.device("cpu"), threads):
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                step()
+            return (time.perf_counter() - t0) / reps
+
+    timed(1, 2)
+    timed(default, 2)  # warm both paths
+    reps = max(2, min(50, int(0.02 / max(timed(1, 2), 1e-6))))  # ~20 ms per sample
+    samples: dict[int, list[float]] = {1: [], default: []}
+    for _ in range(5):
+        for threads in samples:
+            samples[threads].append(timed(threads, reps))
+    one, many = (sorted(samples[k])[2] for k in (1, default))
+    return 1 if one <= many else None
 
 
 @contextlib.contextmanager
@@ -172,7 +236,8 @@ class StackedTrainer:
         seeds = plan.seeds[:1] if plan.shared else plan.seeds
         self.order_gens = [order_generator(s) for s in seeds]
         self.extra_params = [p for g in self.groups for p, _ in g.extra]
-        self.threads = resolve_threads(config.step_threads, self.device, self.w.numel())
+        self.threads = resolve_threads(config.step_threads, self.device, tuple(self.w.shape),
+                                       batch, plan.shared)
         self.loss_sum = torch.zeros(plan.n, dtype=torch.float32, device=self.device)
 
     @property

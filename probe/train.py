@@ -37,10 +37,11 @@ loss w.r.t. the logits only, then ``dW = Xᵀ·dZ`` is one matrix product; the b
 ones column of the features (:mod:`probe.data`), so the head is one tensor and Adam is one fused
 update; every batch of an epoch is drawn up front and moved to the device once; nothing in an
 epoch waits for the device (losses follow the no-host-sync contract, the optimizer's bias
-corrections are host arithmetic); on CPU the steps of a small stacked head run on one thread
-(``ProbeConfig.step_threads``), since intra-op threading of ~10 tiny ops per step costs more
-than it gains. ``torch.compile`` is not used: on the GR loss it saved ~13% of a CPU step for
-~30 s of compilation (break-even after ~100 COCO epochs).
+corrections are host arithmetic); on CPU the step loop runs on one thread or on torch's setting,
+whichever a short measurement of the step's shape finds faster (``ProbeConfig.step_threads``:
+intra-op threading of ~10 tiny ops per step costs more than it gains for small heads, and pays
+for large stacks on free cores). ``torch.compile`` is not used: on the GR loss it saved ~13%
+of a CPU step for ~30 s of compilation (break-even after ~100 COCO epochs).
 """
 
 from __future__ import annotations

@@ -440,3 +440,26 @@ def test_paper_presets_train_the_head_at_the_released_codes_head_rate():
     assert em["lr"] == pytest.approx(1e-5)  # no head multiplier in its released code
     given = resolve_training(get_loss_class("gr"), "coco", lr=3e-3).as_dict()
     assert given["lr"] == 3e-3 and given["lr_from"] == "as given"
+
+
+def test_step_threads_are_measured_once_per_shape_or_taken_from_the_config(monkeypatch):
+    from probe import loop
+
+    calls = []
+    real = loop._calibrate
+    monkeypatch.setattr(loop, "_calibrate", lambda *a: calls.append(a) or real(*a))
+    monkeypatch.setattr(loop, "_THREAD_CHOICE", {})
+    cpu = torch.device("cpu")
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # the measurement compares 1 thread with torch's setting
+    try:
+        first = loop.resolve_threads(None, cpu, (3, 33, 5), 8, True)
+        assert first in (1, None)  # one thread, or torch's setting
+        assert loop.resolve_threads(None, cpu, (3, 33, 5), 8, True) == first
+        assert len(calls) == 1 and torch.get_num_threads() == 2  # restored
+        loop.resolve_threads(None, cpu, (3, 33, 5), 8, False)
+        assert len(calls) == 2  # another step shape is measured on its own
+    finally:
+        torch.set_num_threads(before)
+    assert loop.resolve_threads(4, cpu, (3, 33, 5), 8, True) == 4 and len(calls) == 2
+    assert loop.resolve_threads(None, torch.device("meta"), (3, 33, 5), 8, True) is None
