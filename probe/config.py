@@ -88,7 +88,8 @@ class ProbeConfig:
     step_threads: int | None = None  # CPU threads for the training steps; None = measured:
     # one thread or torch's setting, whichever runs this step shape faster here and now
     # (probe.loop.measured_threads; small heads gain from 1 thread, large ones from several,
-    # and the crossover moves with the machine's load). Evaluation uses torch's setting.
+    # and the crossover moves with the machine's load), so it may differ between runs; set it
+    # for bit-for-bit equal runs across processes. Evaluation uses torch's setting.
 
     def validate(self) -> None:
         """Raise :class:`ProbeConfigError` naming the first bad setting."""

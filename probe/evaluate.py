@@ -97,12 +97,12 @@ class Evaluator:
         self.best_val = [-math.inf] * self.n_trials
         self.best_w = w.detach().clone()  # on the heads' device; to the CPU once, at the end
 
-    def measure(self, w: Tensor, active: list[bool], splits: tuple[str, ...]
+    def measure(self, heads: Tensor, trials: list[int], splits: tuple[str, ...]
                 ) -> tuple[dict[str, list[float | None]], dict[str, Tensor]]:
-        """Metrics of the active trials' heads on ``splits`` (None for the others) as
-        ``{"val_map": [...], …}``, and the per-class AP ``(n_active, C)`` per split."""
-        idx = [t for t in range(self.n_trials) if active[t]]
-        heads = w if len(idx) == self.n_trials else w[torch.tensor(idx, device=w.device)]
+        """Metrics of ``heads`` (one row per trial id in ``trials``) on ``splits`` as
+        ``{"val_map": [...], …}`` over all T trials (None for the others), and the per-class
+        AP ``(len(trials), C)`` per split."""
+        idx = list(trials)
         out: dict[str, list[float | None]] = {}
         aps = {}
         for split in splits:
@@ -116,26 +116,26 @@ class Evaluator:
             aps[split] = r["ap"]
         return out, aps
 
-    def __call__(self, w: Tensor, active: list[bool], epoch: int | None = None
+    def __call__(self, heads: Tensor, trials: list[int], epoch: int | None = None
                  ) -> dict[str, list[float | None]]:
-        """This epoch's metrics of the active trials (val; test too with ``test_curve`` or
-        without ``epoch``, the untrained heads); with ``epoch``, update each best epoch."""
+        """This epoch's metrics of ``heads`` (trials ``trials``): val, and test too with
+        ``test_curve`` or without ``epoch`` (the untrained heads); with ``epoch``, update each
+        trial's best epoch."""
         splits = ("val", "test") if self.test_curve or epoch is None else ("val",)
-        out, aps = self.measure(w, active, splits)
+        out, aps = self.measure(heads, trials, splits)
         if epoch is not None:
-            self._select(epoch, w, active, out, aps)
+            self._select(epoch, heads, list(trials), out, aps)
         return out
 
-    def _select(self, epoch: int, w: Tensor, active: list[bool], out: dict[str, list],
+    def _select(self, epoch: int, w: Tensor, idx: list[int], out: dict[str, list],
                 aps: dict[str, Tensor]) -> None:
-        idx = [t for t in range(self.n_trials) if active[t]]
         improved = [j for j, t in enumerate(idx)
                     if _finite(out["val_map"][t]) and out["val_map"][t] > self.best_val[t]]
         if not improved:
             return
         rows = [idx[j] for j in improved]
-        self.best_w[rows] = w[torch.tensor(rows, device=w.device)].detach()
         sel = torch.tensor(improved, device=w.device)
+        self.best_w[rows] = w[sel].detach()
         best_ap = {split: ap[sel].cpu() for split, ap in aps.items()}
         for j, t in enumerate(rows):
             self.best_val[t] = out["val_map"][t]
@@ -150,12 +150,14 @@ class Evaluator:
         best epoch's test figures were measured at that epoch)."""
         if self.test_curve:
             return
-        has_best = [r.best_epoch is not None for r in self.results]
-        if not any(has_best):
+        idx = [t for t, r in enumerate(self.results) if r.best_epoch is not None]
+        if not idx:
             return
-        out, aps = self.measure(self.best_w, has_best, ("test",))
+        heads = self.best_w if len(idx) == self.n_trials else self.best_w[
+            torch.tensor(idx, device=self.best_w.device)]
+        out, aps = self.measure(heads, idx, ("test",))
         ap = aps["test"].cpu()
-        for j, t in enumerate(t for t in range(self.n_trials) if has_best[t]):
+        for j, t in enumerate(idx):
             best = self.results[t].best
             best.update({k: v[t] for k, v in out.items()})
             best["test_ap"] = ap[j].tolist()

@@ -196,6 +196,11 @@ def step_threads(device: torch.device, threads: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+def _rows(x: Tensor, rows: list[int]) -> Tensor:
+    """Rows ``rows`` of ``x``'s leading axis as a new contiguous tensor."""
+    return x[torch.tensor(rows, device=x.device)].contiguous()
+
+
 def sync(device: torch.device) -> None:
     """Wait for the device (timing only; never inside an epoch)."""
     if device.type == "cuda":
@@ -239,6 +244,9 @@ class StackedTrainer:
         self.threads = resolve_threads(config.step_threads, self.device, tuple(self.w.shape),
                                        batch, plan.shared)
         self.loss_sum = torch.zeros(plan.n, dtype=torch.float32, device=self.device)
+        # the run's trial id of each row of self.w (stopped trials leave: see stop())
+        self.live: list[int] = list(range(plan.n))
+        self._removed: dict[int, Tensor] = {}  # final heads of the trials that left, on CPU
 
     @property
     def needs_epoch_pass(self) -> bool:
@@ -255,7 +263,11 @@ class StackedTrainer:
             for step in range(self.n_steps):
                 self._step(perm, rows, step)
         sync(self.device)
-        return (self.loss_sum / max(self.n_steps, 1)).tolist(), time.perf_counter() - t0
+        means = (self.loss_sum / max(self.n_steps, 1)).tolist()
+        per_trial: list[float | None] = [None] * self.plan.n
+        for t, v in zip(self.live, means):
+            per_trial[t] = v
+        return per_trial, time.perf_counter() - t0
 
     def end_epoch(self, epoch: int) -> float:
         """The losses' per-epoch pass over the train logits (EM+APL, LL-Cp, OPML); seconds."""
@@ -268,9 +280,60 @@ class StackedTrainer:
             sync(self.device)
         return time.perf_counter() - t0
 
+    @property
+    def can_remove(self) -> bool:
+        """Whether stopped trials leave the stacked model (every loss object of a shared
+        order supports :meth:`~probe.losses.Loss.select_trials`; per-trial loss objects
+        always do), else they are frozen in place."""
+        return not self.plan.shared or all(g.loss.can_select_trials for g in self.groups)
+
     def stop(self, trials: list[int]) -> None:
-        """Freeze ``trials``: their heads and optimizer state stop changing."""
-        self.opt.stop_trials(trials)
+        """Stop ``trials`` (run trial ids): they leave the stacked model -- their rows of the
+        heads, of the optimizer state and of the losses' per-trial state -- so the later steps
+        compute only the others, which continue exactly as before. Where a loss cannot drop
+        trials (:attr:`can_remove`), their heads and optimizer state are frozen instead.
+
+        "Exactly": on CPU the survivors are bit for bit those of a run without stopping when
+        the per-trial block B·C of the loss's elementwise kernels is a multiple of the vector
+        width (COCO: 16·80) and, with several step threads, while two or more trials remain
+        (a vectorised kernel treats a tensor's last elements apart, and a one-matrix product
+        splits across threads differently); otherwise they agree to float rounding."""
+        stop = {int(t) for t in trials}
+        if not self.can_remove:
+            self.opt.stop_trials(stop)
+            return
+        keep = [j for j, t in enumerate(self.live) if t not in stop]
+        if len(keep) == len(self.live):
+            return
+        for j, t in enumerate(self.live):
+            if t in stop:
+                self._removed[t] = self.w[j].detach().cpu().clone()
+        self.live = [self.live[j] for j in keep]
+        if not keep:
+            return  # nothing left to train; final_heads() has every head
+        self.w = _rows(self.w, keep)
+        self.grad_w = torch.empty_like(self.w)
+        if self.plan.shared:
+            g = self.groups[0]
+            g.loss.select_trials(keep)
+            self.groups = [LossGroup(g.loss, slice(0, len(keep)), list(g.loss.extra_parameters()))]
+        else:
+            self.groups = [LossGroup(self.groups[j].loss, slice(i, i + 1), self.groups[j].extra)
+                           for i, j in enumerate(keep)]
+            self.order_gens = [self.order_gens[j] for j in keep]
+        self.extra_params = [p for g in self.groups for p, _ in g.extra]
+        self.opt.select_trials(self.live, [self.w, *(p.data for p in self.extra_params)])
+        self.loss_sum = torch.zeros(len(keep), dtype=torch.float32, device=self.device)
+        # the thread setting stays the run's: a matrix product's rounding can depend on it
+
+    def final_heads(self) -> Tensor:
+        """(T, D+1, C) on the CPU: every trial's head now (a removed trial's as it left)."""
+        out = torch.empty(self.plan.n, *self.w.shape[1:], dtype=self.w.dtype)
+        for t, w in self._removed.items():
+            out[t] = w
+        if self.live:
+            out[self.live] = self.w.detach().cpu()
+        return out
 
     # -- the hot path ---------------------------------------------------------------------------
     def _draw_order(self) -> tuple[Tensor, Tensor]:
@@ -293,7 +356,7 @@ class StackedTrainer:
         else:
             torch.bmm(x.transpose(1, 2), grads[0], out=self.grad_w)
         self.opt.step([self.grad_w, *grads[1:]])
-        self.loss_sum += per_trial.detach().reshape(self.plan.n)
+        self.loss_sum += per_trial.detach().reshape(len(self.live))
 
     def _forward(self, perm: Tensor, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The batch's features ``x``, logits ``z`` (T, B, C) and train-row indices."""

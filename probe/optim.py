@@ -138,6 +138,42 @@ class StackedOptimizer(ABC):
     def stopped(self) -> frozenset[int]:
         return frozenset(self._stopped)
 
+    def select_trials(self, keep: Iterable[int], params: Sequence[Tensor]) -> None:
+        """Keep only the trials ``keep`` (trial ids): a parameter without a kept trial leaves
+        the optimizer with its state; every other one keeps its kept trials' rows (in order),
+        its optimizer state too. ``params`` are the new, compacted tensors of the surviving
+        parameters, in order (the owner compacts them first: the head's rows, a loss's
+        :meth:`~probe.losses.Loss.select_trials`). Each kept trial then steps exactly as it
+        would have."""
+        kept = {int(t) for t in keep}
+        survivors = [(i, [j for j, t in enumerate(ids) if t in kept])
+                     for i, ids in enumerate(self._ids)]
+        survivors = [(i, rows) for i, rows in survivors if rows]
+        if len(params) != len(survivors):
+            raise OptimizerConfigError(
+                f"select_trials: {len(survivors)} parameters keep a trial; got {len(params)} "
+                "new tensors")
+        for (i, rows), p in zip(survivors, params):
+            want = (len(rows), *self.params[i].param.shape[1:])
+            if tuple(p.shape) != want or not p.is_contiguous():
+                raise OptimizerConfigError(
+                    f"select_trials: parameter {i} needs a contiguous tensor of shape {want}; "
+                    f"got {tuple(p.shape)}")
+        self._select_state(survivors)
+        self.params = [TrialParam(p, [self._lr[i][j] for j in rows],
+                                  [self._wd[i][j] for j in rows],
+                                  trial_ids=[self._ids[i][j] for j in rows])
+                       for (i, rows), p in zip(survivors, params)]
+        self._lr = [[self._lr[i][j] for j in rows] for i, rows in survivors]
+        self._wd = [[self._wd[i][j] for j in rows] for i, rows in survivors]
+        self._ids = [[self._ids[i][j] for j in rows] for i, rows in survivors]
+        self._stopped &= kept
+        self._groups = self._build_groups()
+
+    @abstractmethod
+    def _select_state(self, survivors: list[tuple[int, list[int]]]) -> None:
+        """Compact the per-parameter optimizer state to ``survivors`` (parameter, rows)."""
+
     def _build_groups(self) -> list[list[tuple[float, float, list[int] | None]]]:
         """Per parameter: ``(lr, wd, trials)`` groups; ``trials`` None = the whole tensor."""
         groups = []
@@ -146,7 +182,11 @@ class StackedOptimizer(ABC):
             for t, key in enumerate(zip(lr, wd)):
                 if ids[t] not in self._stopped:
                     by_key.setdefault(key, []).append(t)
-            if len(by_key) == 1 and len(next(iter(by_key.values()))) == len(lr):
+            # one trial: the whole tensor; several: always trial slices, so that a trial's
+            # update never depends on which others share the tensor (a vectorised kernel
+            # treats a tensor's last few elements apart, at rounding level): a stopped trial
+            # can leave the stack without changing the others by one bit
+            if len(lr) == 1 and len(by_key) == 1:
                 ((key, _),) = by_key.items()
                 groups.append([(key[0], key[1], None)])
             else:
@@ -210,6 +250,13 @@ class StackedAdam(StackedOptimizer):
             )
         self.fused = can_fuse if fused is None else bool(fused)
 
+    def _select_state(self, survivors: list[tuple[int, list[int]]]) -> None:
+        self.exp_avg = [_rows(self.exp_avg[i], rows) for i, rows in survivors]
+        self.exp_avg_sq = [_rows(self.exp_avg_sq[i], rows) for i, rows in survivors]
+        self._denom = [torch.empty_like(m) for m in self.exp_avg]
+        self._step_t = [self._step_t[i] for i, _ in survivors]
+        self._k = [self._k[i] for i, _ in survivors]
+
     def step(self, grads: Sequence[Tensor | None]) -> None:
         self._check_grads(grads)
         self.n_steps += 1
@@ -256,6 +303,11 @@ class StackedSGD(StackedOptimizer):
         self.buffers = [torch.zeros_like(p.param) for p in self.params] if momentum else []
         self._started = [False] * len(self.params)
 
+    def _select_state(self, survivors: list[tuple[int, list[int]]]) -> None:
+        if self.momentum:
+            self.buffers = [_rows(self.buffers[i], rows) for i, rows in survivors]
+        self._started = [self._started[i] for i, _ in survivors]
+
     def step(self, grads: Sequence[Tensor | None]) -> None:
         self._check_grads(grads)
         self.n_steps += 1
@@ -277,6 +329,13 @@ class StackedSGD(StackedOptimizer):
                             bu.mul_(self.momentum).add_(gr)
                         gr = bu
                     th.add_(gr, alpha=-lr)
+
+
+def _rows(state: Tensor, rows: list[int]) -> Tensor:
+    """Rows ``rows`` of a state tensor's trial axis, contiguous (the tensor itself if all)."""
+    if len(rows) == state.shape[0]:
+        return state
+    return state[torch.tensor(rows, device=state.device)].contiguous()
 
 
 def _fused_adam_available(param: Tensor) -> bool:

@@ -118,7 +118,7 @@ def train_probe(
     timing: dict[str, Any] = {"train_seconds": [], "eval_seconds": [], "end_epoch_seconds": []}
     with deterministic(trainer.device, config.deterministic), torch.no_grad():
         if evaluator is not None and config.eval_init:
-            init = evaluator(trainer.w, [True] * plan.n)
+            init = evaluator(trainer.w, trainer.live)
             for t, r in enumerate(results):
                 r.init = {"val_map": init["val_map"][t], "test_map": init["test_map"][t]}
         _epochs(trainer, evaluator, results, config, timing, callback, progress)
@@ -148,7 +148,7 @@ def _epochs(trainer: StackedTrainer, evaluator: Evaluator | None, results: list[
             timing["end_epoch_seconds"].append(trainer.end_epoch(epoch))
             t0 = time.perf_counter()
             due = (epoch + 1) % max(config.eval_every, 1) == 0 or epoch == epochs - 1
-            record = evaluator(trainer.w, active, epoch) if evaluator and due else {}
+            record = evaluator(*_live_heads(trainer, active), epoch) if evaluator and due else {}
             timing["eval_seconds"].append(time.perf_counter() - t0)
             _record_epoch(results, active, epoch, train_loss, record)
             bar.update()
@@ -161,7 +161,7 @@ def _epochs(trainer: StackedTrainer, evaluator: Evaluator | None, results: list[
                 epoch=epoch, train_loss=[v if a else None for v, a in zip(train_loss, active)],
                 val_map=list(record["val_map"]),
                 test_map=list(record.get("test_map", [None] * plan.n)),
-                active=list(active), heads=trainer.w))
+                active=list(active), heads=_live_heads(trainer, active)[0]))
             stop = [t for t in (int(t) for t in (stop or ())) if 0 <= t < plan.n and active[t]]
             for t in stop:
                 active[t] = False
@@ -170,6 +170,14 @@ def _epochs(trainer: StackedTrainer, evaluator: Evaluator | None, results: list[
                 trainer.stop(stop)
                 if not any(active):
                     return
+
+
+def _live_heads(trainer: StackedTrainer, active: list[bool]) -> tuple[Tensor, list[int]]:
+    """The heads of the active trials (rows of the trainer's stack) and their trial ids."""
+    pos = [j for j, t in enumerate(trainer.live) if active[t]]
+    if len(pos) == trainer.w.shape[0]:
+        return trainer.w, list(trainer.live)
+    return trainer.w[torch.tensor(pos, device=trainer.w.device)], [trainer.live[j] for j in pos]
 
 
 def _record_epoch(results: list[TrialResult], active: list[bool], epoch: int,
@@ -217,7 +225,7 @@ def _result(plan: TrialPlan, trainer: StackedTrainer, data: ProbeData, config: P
         timing=timing,
         shared_batch_order=plan.shared,
         best_heads=evaluator.best_heads() if evaluator is not None else None,
-        final_heads=trainer.w.detach().cpu(),
+        final_heads=trainer.final_heads(),
     )
 
 

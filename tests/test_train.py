@@ -463,3 +463,73 @@ def test_step_threads_are_measured_once_per_shape_or_taken_from_the_config(monke
         torch.set_num_threads(before)
     assert loop.resolve_threads(4, cpu, (3, 33, 5), 8, True) == 4 and len(calls) == 2
     assert loop.resolve_threads(None, torch.device("meta"), (3, 33, 5), 8, True) is None
+
+
+def _data_8_classes() -> ProbeData:
+    rng = np.random.default_rng(5)
+    out = []
+    for n in (64, 24, 24):
+        y = (rng.random((n, 8)) < 0.3).astype(np.uint8)
+        y[np.arange(n), rng.integers(0, 8, n)] = 1
+        out.append(((y @ rng.normal(size=(8, D)) + rng.normal(size=(n, D))).astype(np.float16), y))
+    return ProbeData.from_arrays(*out)
+
+
+@pytest.mark.parametrize("loss_name,trials,extra", [
+    ("an", [{"lr": 1e-2}, {"lr": 3e-2}, {"lr": 1e-1}, {"lr": 1e-2}], {}),
+    ("gr", [{"w_T": 2.0, "learn_kv": True}, {"w_T": 6.0, "learn_kv": True},
+            {"w_T": 10.0, "learn_kv": True}], {}),
+    ("role", [{"k": 2.0}, {"k": 3.0}, {"k": 1.5}], {"use_presets": False}),
+    ("ll_cp", [{"delta_rel": 0.1}, {"delta_rel": 0.3}, {"delta_rel": 0.5}], {}),
+    ("em_apl", [{"alpha": 0.1, "warmup": 1}, {"alpha": 0.2, "warmup": 1},
+                {"alpha": 0.3, "warmup": 1}], {}),
+    ("an", [{}, {"lr": 3e-2}, {"lr": 1e-1}], {"optimizer": "sgd", "seeds": (1, 2, 3)}),
+    ("role", [{"k": 2.0}] * 3, {"seeds": (1, 2, 3), "use_presets": False}),
+])
+def test_stopped_trials_leave_the_stack_and_survivors_are_bit_identical(loss_name, trials, extra):
+    """A stopped (pruned) trial leaves the stacked model -- heads, optimizer state, the loss's
+    per-trial state -- and the trials that go on are bit for bit those of a run in which
+    nothing was stopped: every epoch's figures, best and final heads."""
+    data = _data_8_classes()
+    # bit for bit: B·C = 64 (a whole number of CPU vectors) and one step thread (StackedTrainer.
+    # stop's docstring says when the equality is exact; COCO's 16·80 step is such a block)
+    cfg = ProbeConfig(epochs=4, batch_size=8, lr=1e-2, step_threads=1, **extra)
+    shapes = []
+
+    def stop(report):
+        shapes.append(report.heads.shape[0])
+        return {0: [1], 2: [0]}.get(report.epoch, [])
+
+    full = train_probe(data, cfg, loss_name, trials)
+    cut = train_probe(data, cfg, loss_name, trials, callback=stop)
+    n = len(trials)
+    assert shapes == [n, n - 1, n - 1, n - 2]  # the stack shrinks as trials stop
+    assert [t.stopped_at for t in cut.trials] == [2, 0] + [None] * (n - 2)
+    for t in range(2, n):
+        a, b = cut.trials[t], full.trials[t]
+        assert a.epochs == b.epochs and a.best == b.best and a.best_epoch == b.best_epoch
+        assert torch.equal(cut.final_heads[t], full.final_heads[t])
+        assert torch.equal(cut.best_heads[t], full.best_heads[t])
+    for t, stopped_at in ((1, 0), (0, 2)):  # the stopped trials kept what they had
+        assert cut.trials[t].epochs == full.trials[t].epochs[: stopped_at + 1]
+    one = train_probe(data, replace(cfg, epochs=4), loss_name, trials, callback=lambda r: (
+        list(range(n)) if r.epoch == 0 else []))
+    assert torch.equal(cut.final_heads[1], one.final_heads[1])  # its head as it left
+
+
+def test_a_loss_that_cannot_drop_trials_freezes_them_in_place():
+    data = _data()
+    cfg = ProbeConfig(epochs=3, batch_size=8, lr=1e-2)
+    trials = [{"alpha": 1.0}, {"alpha": 2.0}, {"alpha": 0.5}]
+    shapes = []
+
+    def stop(report):
+        shapes.append(report.heads.shape[0])
+        return [1] if report.epoch == 0 else []
+
+    full = train_probe(data, cfg, "opml", trials)
+    cut = train_probe(data, cfg, "opml", trials, callback=stop)
+    assert shapes == [3, 2, 2]  # the callback sees the active trials' heads either way
+    assert torch.equal(cut.final_heads[1], cut.best_heads[1])
+    for t in (0, 2):
+        torch.testing.assert_close(cut.final_heads[t], full.final_heads[t])

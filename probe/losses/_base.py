@@ -329,6 +329,10 @@ class Loss(nn.Module):
     stateful: ClassVar[bool] = False  # needs setup(observed) and forward(..., index=...)
     needs_epoch_pass: ClassVar[bool] = False  # end_epoch needs the train set's logits
     notes: ClassVar[str] = ""  # deviations from the paper / reconstructed parts
+    # per-trial state (buffer/parameter names with a leading trial axis) that select_trials
+    # keeps the rows of, besides the (T,) hyperparameters; None = select_trials unsupported
+    # (the trainer then freezes a stopped trial in place instead of removing it)
+    trial_state: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(self, **hparams: Any) -> None:
         super().__init__()
@@ -437,6 +441,37 @@ class Loss(nn.Module):
         """Trainable tensors the loss owns, with their learning-rate multiplier (ROLE's Θ)."""
         return []
 
+    @property
+    def can_select_trials(self) -> bool:
+        return self.trial_state is not None
+
+    def select_trials(self, keep: list[int]) -> None:
+        """Keep only the stacked trials ``keep`` (positions along T, increasing), in place:
+        the (T,) hyperparameters and the per-trial state named by :attr:`trial_state` keep
+        those rows, so each kept trial continues exactly as before (a pruned trial leaves the
+        stacked model). Parameters are replaced by new ``nn.Parameter`` objects: read
+        :meth:`extra_parameters` again afterwards."""
+        if self.trial_state is None:
+            raise LossInputError(f"{self.name}: select_trials is not supported by this loss")
+        n = self.n_trials
+        if n is None or not keep or any(not 0 <= k < n for k in keep) or sorted(set(keep)) != list(
+                keep):
+            raise LossInputError(
+                f"{self.name}: select_trials needs increasing trial positions in [0, {n}); got "
+                f"{list(keep)}")
+        for name in self._hp_names:
+            value = getattr(self, f"hp_{name}")
+            if value.ndim == 1:
+                setattr(self, f"hp_{name}", _rows(value, keep))
+        for name in self.trial_state:
+            value = getattr(self, name, None)
+            if isinstance(value, nn.Parameter):
+                setattr(self, name, nn.Parameter(_rows(value.data, keep),
+                                                 requires_grad=value.requires_grad))
+            elif isinstance(value, Tensor):
+                setattr(self, name, _rows(value, keep))
+        self.n_trials = len(keep)
+
     # subclasses define: forward(self, logits, observed, index=None) -> LossOutput
 
     # -- documentation ------------------------------------------------------------------------
@@ -475,6 +510,8 @@ class EntrywiseLoss(Loss):
     define ``_entries(z, y) -> (…, B, C)`` on promoted logits (``self._h(name, z)`` views a
     hyperparameter for broadcasting)."""
 
+    trial_state = ()
+
     def _h(self, name: str, z: Tensor) -> Any:
         return hp(self.hparam(name), z)
 
@@ -491,6 +528,13 @@ class EntrywiseLoss(Loss):
 # --------------------------------------------------------------------------------------------
 
 _REGISTRY: dict[str, type[Loss]] = {}
+
+
+def _rows(value: Tensor, keep: list[int]) -> Tensor:
+    """Rows ``keep`` of ``value``'s leading (trial) axis, contiguous."""
+    if len(keep) == value.shape[0]:
+        return value
+    return value[torch.tensor(keep, device=value.device)].contiguous()
 
 
 def register(cls: type[Loss]) -> type[Loss]:

@@ -166,6 +166,7 @@ class EM(Loss):
     hparam_specs = (_ALPHA,)
     presets = {ds: {"alpha": s[2]} for ds, s in _PAPER_SETTINGS.items()}
     train_presets = _TRAIN
+    trial_state = ()  # stateless
     notes = "Default α=0.1 is the COCO/NUS setting. " + _NOTES_COMMON
 
     def forward(self, logits: Tensor, observed: Tensor, index: Tensor | None = None) -> LossOutput:
@@ -191,6 +192,7 @@ class EMAPL(Loss):
     train_presets = _TRAIN
     stateful = True
     needs_epoch_pass = True
+    trial_state = ("soft_targets",)
     notes = (
         "State: `soft_targets` (T, N_train, C) float buffer, NaN = not pseudo-labelled. As in "
         "the released code, the pass runs after the epoch's training with the current head, "

@@ -151,6 +151,7 @@ class EPR(Loss):
     formula = "y=1: −log p;  y≤0: 0;  mean over B·C  +  (mean_n Σ_c p_nc − k)² / C²"
     hparam_specs = (_K,)
     presets = {ds: {"k": k} for ds, k in EXPECTED_POSITIVES.items()}
+    trial_state = ()  # stateless
 
     def forward(self, logits: Tensor, observed: Tensor, index: Tensor | None = None) -> LossOutput:
         k = self.hparam("k")

@@ -282,6 +282,7 @@ class GR(Loss):
         "w, b, μ, σ: v_0 + (v_T − v_0)·e/(E−1) at 0-indexed epoch e of E"
     )
     hparam_specs = _SPECS
+    trial_state = tuple(f"kv_{n}" for n in _KV)  # learn_kv's parameters (absent otherwise)
     # paper Table 6 (q1 = 0.01 throughout, Sec. 4.4)
     presets = {
         "voc": {"w_T": 2.0, "b_T": -2.0, "mu_T": 0.8, "sigma_T": 0.5, "q2": 0.01, "q3": 1.0},
@@ -374,6 +375,10 @@ parts: k_hat, v, l1, l2, l3 per entry (…, B, C), detached (see GRParts)."""
     def start_epoch(self, epoch: int) -> None:
         super().start_epoch(epoch)
         self._refresh_schedule()
+
+    def select_trials(self, keep: list[int]) -> None:
+        super().select_trials(keep)
+        self._refresh_schedule()  # the current (w, b, μ, σ) derive from the kept endpoints
 
     def extra_parameters(self) -> list[tuple[nn.Parameter, float]]:
         if not self.hparam("learn_kv") or "kv_w" not in self._parameters:

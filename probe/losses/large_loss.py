@@ -235,6 +235,7 @@ def ll_cp(
 # ----------------------------------------------------------------------------- registered objects
 class _LargeLoss(Loss):
     hparam_specs = (_DELTA,)
+    trial_state: tuple[str, ...] = ()  # LL-R, LL-Ct: stateless; LL-Cp: its flips
     train_presets = _TRAIN
     _mode = "ll_r"
 
@@ -297,6 +298,7 @@ class LLCp(_LargeLoss):
     )
     stateful = True
     _mode = "ll_cp"
+    trial_state = ("flipped",)
 
     def setup(self, observed: Tensor, n_epochs: int, n_trials: int | None = None) -> None:
         super().setup(observed, n_epochs, n_trials)

@@ -126,6 +126,7 @@ class ROLE(Loss):
     hparam_specs = (_K, _LR_MULT)
     presets = {ds: {"k": k} for ds, k in EXPECTED_POSITIVES.items()}
     stateful = True
+    trial_state = ("label_logits",)
     notes = (
         "State: Θ, an nn.Parameter (T, N_train, C) float32 returned by extra_parameters() with "
         "lr_mult (structural: one value for all stacked trials); create the optimizer after "
@@ -175,6 +176,11 @@ class ROLE(Loss):
             self._init_theta()
         else:
             self._seeds = seeds
+
+    def select_trials(self, keep: list[int]) -> None:
+        super().select_trials(keep)
+        if self._seeds is not None:
+            self._seeds = [self._seeds[k] for k in keep]
 
     def extra_parameters(self) -> list[tuple[nn.Parameter, float]]:
         """Θ with its learning-rate multiplier ``lr_mult`` (Cole et al.: 10)."""

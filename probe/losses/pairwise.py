@@ -335,6 +335,7 @@ class ZLPR(Loss):
     )
     notes = ("Reduction is the mean over the batch (one value per sample), as docs/losses.md "
              "specifies.")
+    trial_state = ()  # stateless
 
     def forward(self, logits: Tensor, observed: Tensor, index: Tensor | None = None) -> LossOutput:
         z = promote(logits)
