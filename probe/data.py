@@ -74,6 +74,26 @@ def _with_bias_column(x: np.ndarray | Tensor, dtype: torch.dtype | None) -> Tens
     return torch.cat([t, torch.ones(t.shape[0], 1, dtype=t.dtype)], dim=1)
 
 
+def _store_rows_with_bias(
+    store: Any, rows: np.ndarray, dtype: torch.dtype | None, flip: bool = False
+) -> Tensor:
+    """Store rows as an (N, D+1) tensor with a trailing column of ones -- the rows, then (with
+    ``flip``) the same rows' flipped features. In the store's dtype the chunks are read straight
+    into the tensor (probe.store.chunks: no intermediate copies); another dtype converts."""
+    stored = getattr(torch, store.dtype)
+    if dtype is not None and dtype != stored:
+        parts = [store.features(rows, flip=f) for f in ((False, True) if flip else (False,))]
+        return _with_bias_column(np.concatenate(parts) if flip else parts[0], dtype)
+    n, d = len(rows), store.feature_dim
+    x = torch.empty((2 * n if flip else n, d + 1), dtype=stored)
+    x[:, d] = 1
+    view = x.numpy()
+    store.features(rows, out=view[:n, :d])
+    if flip:
+        store.features(rows, flip=True, out=view[n:, :d])
+    return x
+
+
 @dataclass
 class ProbeData:
     """The train/val/test splits of one dataset on one device (module docstring).
@@ -242,10 +262,7 @@ class ProbeData:
         labels = store.labels()
         observed = store.observed(observed_seed)
         with_flip = bool(flip and store.has_flip)
-        train_x = _with_bias_column(store.features(rows["train"]), dtype)
-        if with_flip:
-            flipped = _with_bias_column(store.features(rows["train"], flip=True), train_x.dtype)
-            train_x = torch.cat([train_x, flipped])
+        train_x = _store_rows_with_bias(store, rows["train"], dtype, with_flip)
         source = {
             "kind": "store",
             "path": str(Path(store.path).resolve()),
@@ -260,10 +277,10 @@ class ProbeData:
             train_x=train_x.to(dev),
             train_labels=torch.from_numpy(labels[rows["train"]]).to(dev),
             train_observed=torch.from_numpy(observed[rows["train"]]).to(dev),
-            val_x=_with_bias_column(store.features(rows["val"]), train_x.dtype).to(dev),
+            val_x=_store_rows_with_bias(store, rows["val"], train_x.dtype).to(dev),
             val_labels=torch.from_numpy(labels[rows["val"]]).to(dev),
             val_observed=torch.from_numpy(observed[rows["val"]]).to(dev),
-            test_x=_with_bias_column(store.features(rows["test"]), train_x.dtype).to(dev),
+            test_x=_store_rows_with_bias(store, rows["test"], train_x.dtype).to(dev),
             test_labels=torch.from_numpy(labels[rows["test"]]).to(dev),
             n_train=len(rows["train"]),
             has_flip=with_flip,

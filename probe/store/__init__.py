@@ -7,7 +7,8 @@ format.
 * :mod:`probe.store.protocol` -- Cole et al.'s single-positive draw and train/val split, and the
   protocol's constants (:data:`PROTOCOL_SEED`, :data:`VAL_FRACTION`);
 * :mod:`probe.store.index` -- :class:`DatasetIndex`, what a dataset adapter hands to the store;
-* :mod:`probe.store.store` -- the Zarr v3 store: create, write in resumable blocks, open and read.
+* :mod:`probe.store.store` -- the Zarr v3 store: create, write in resumable blocks, open and read;
+* :mod:`probe.store.chunks` -- per-chunk checksums, the fast feature read path, ``verify_store``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ _EXPORTS = {
                      "StoreError", "StoreNotFoundError", "StoreWriter", "add_observed_seed",
                      "create_store", "file_sha256", "is_store_dir", "open_store", "resume_store",
                      "write_feature_store"), "probe.store.store"),
+    **dict.fromkeys(("StoreDamaged",), "probe.store.errors"),
+    **dict.fromkeys(("VerifyReport", "verify_store"), "probe.store.chunks"),
 }
 
 __all__ = [
@@ -38,9 +41,11 @@ __all__ = [
     "DatasetIndex",
     "Phase",
     "Store",
+    "StoreDamaged",
     "StoreError",
     "StoreNotFoundError",
     "StoreWriter",
+    "VerifyReport",
     "add_observed_seed",
     "create_store",
     "file_sha256",
@@ -50,6 +55,7 @@ __all__ = [
     "single_positive",
     "split_indices",
     "split_pool",
+    "verify_store",
     "write_feature_store",
 ]
 
@@ -58,6 +64,8 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 
 if TYPE_CHECKING:
+    from .chunks import VerifyReport, verify_store
+    from .errors import StoreDamaged
     from .index import DatasetIndex, Phase
     from .protocol import (
         DATASET_CLASSES,

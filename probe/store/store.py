@@ -38,6 +38,17 @@ from typing import Any
 import numpy as np
 import zarr
 
+from probe.store.chunks import (
+    FEATURE_ARRAYS,
+    RowChunks,
+    checksum_codecs,
+    chunk_label,
+    damage_message,
+    damaged_chunks,
+    group_damage,
+    repair_hint,
+)
+from probe.store.errors import StoreDamaged, StoreError, StoreNotFoundError
 from probe.store.index import DatasetIndex
 from probe.store.protocol import PROTOCOL_SEED, single_positive, split_pool
 
@@ -60,14 +71,6 @@ _ATTRS: tuple[str, ...] = (
     "dataset", "class_names", "n_pool", "n_test", "n_unlabeled", "feature_dim", "has_flip",
     "dtype", "block_rows", "observed_seeds", "provenance",
 )  # fmt: skip
-
-
-class StoreError(ValueError):
-    """A feature store is missing, malformed, incomplete, or used the wrong way."""
-
-
-class StoreNotFoundError(StoreError, FileNotFoundError):
-    """The store path does not exist."""
 
 
 class BadFeatureRow(StoreError):
@@ -123,17 +126,13 @@ def is_store_dir(path: str | Path) -> bool:
 
 
 
-def _read_rows(array: Any, rows: Any, n_rows: int, what: str) -> np.ndarray:
-    """Rows of a zarr array in the order asked for.
-
-    ``rows`` may be None (all), a slice, a boolean mask of length N or integer indices (any
-    order, repeats allowed). Dense index sets read their covering range in one go; sparse ones
-    use zarr's orthogonal selection on the unique sorted rows.
-    """
+def _row_indices(rows: Any, n_rows: int, what: str) -> np.ndarray | None:
+    """``rows`` (None: all, a slice, a boolean mask of length N, or integer indices in any
+    order, repeats allowed) as int64 indices, or None for all rows."""
     if rows is None:
-        return array[:]
+        return None
     if isinstance(rows, slice):
-        return array[rows]
+        return np.arange(n_rows, dtype=np.int64)[rows]
     idx = np.asarray(rows)
     if idx.dtype == bool:
         if idx.shape != (n_rows,):
@@ -147,15 +146,52 @@ def _read_rows(array: Any, rows: Any, n_rows: int, what: str) -> np.ndarray:
             f"got an array of dtype {idx.dtype} and shape {idx.shape}"
         )
     idx = idx.astype(np.int64)
+    if idx.size:
+        lo, hi = int(idx.min()), int(idx.max())
+        if lo < 0 or hi >= n_rows:
+            raise StoreError(f"{what}: row index out of range [0, {n_rows}): min {lo}, max {hi}")
+    return idx
+
+
+def _read_rows(array: Any, rows: Any, n_rows: int, what: str) -> np.ndarray:
+    """Rows of a zarr array in the order asked for (``rows`` as in :func:`_row_indices`).
+
+    Dense index sets read their covering range in one go; sparse ones use zarr's orthogonal
+    selection on the unique sorted rows.
+    """
+    if isinstance(rows, slice):
+        return array[rows]
+    idx = _row_indices(rows, n_rows, what)
+    if idx is None:
+        return array[:]
     if idx.size == 0:
         return np.empty((0, *array.shape[1:]), dtype=array.dtype)
     lo, hi = int(idx.min()), int(idx.max())
-    if lo < 0 or hi >= n_rows:
-        raise StoreError(f"{what}: row index out of range [0, {n_rows}): min {lo}, max {hi}")
     if hi - lo + 1 <= 4 * idx.size:  # dense enough: one contiguous read, then gather in memory
         return array[lo : hi + 1][idx - lo]
     uniq = np.unique(idx)
     return array.oindex[uniq][np.searchsorted(uniq, idx)]
+
+
+def _guarded(path: Path, group: zarr.Group, name: str, read: Any) -> Any:
+    """``read()`` of array ``name``; a failure that is damage becomes a :class:`StoreDamaged`
+    naming the store, the array and the (first) damaged chunk, and how to repair."""
+    try:
+        return read()
+    except StoreError:
+        raise
+    except Exception as err:  # zarr/codec errors: checksum mismatch, truncated zstd, …
+        damage = damaged_chunks(path, name, group[name])
+        if damage:
+            first = damage[0]
+            more = f"; {len(damage) - 1} more damaged chunks" if len(damage) > 1 else ""
+            raise StoreDamaged(
+                damage_message(path, name, chunk_label(first.chunk), first.reason + more)
+            ) from None
+        raise StoreDamaged(
+            f"{path}: reading array {name!r} failed ({type(err).__name__}: {err}); "
+            f"{repair_hint(path)}"
+        ) from None
 
 
 # ----------------------------------------------------------------------------- writing
@@ -191,6 +227,49 @@ def _check_provenance(provenance: dict, dtype: str) -> dict:
 def _phase_observed(labels_pool: np.ndarray, labels_test: np.ndarray, seed: int) -> np.ndarray:
     """``observed/<seed>``: single positives drawn per phase, each phase re-seeded."""
     return np.concatenate([single_positive(labels_pool, seed), single_positive(labels_test, seed)])
+
+
+# every chunk of a small array gets a file, even an all-zero one: a missing file is then damage
+_EVERY_CHUNK: dict = {"write_empty_chunks": True}
+# the arrays that follow from the DatasetIndex alone (rewritten when found damaged)
+ROW_ARRAYS: tuple[str, ...] = ("labels", "split", "image_ids")
+
+
+def _write_row_arrays(
+    group: zarr.Group, index: DatasetIndex, seeds: Sequence[int], only: Sequence[str] | None = None
+) -> None:
+    """Labels, the protocol split, the image ids and the single-positive draws of ``seeds``
+    (``observed/<seed>``), each with a CRC-32C per chunk; ``only`` names the ones to (re)write."""
+    labels_pool = np.asarray(index.pool.labels, dtype=np.uint8)
+    labels_test = np.asarray(index.test.labels, dtype=np.uint8)
+    n_pool = len(index.pool)
+    n_rows = n_pool + len(index.test)
+
+    def want(name: str) -> bool:
+        return only is None or name in only
+
+    def put(parent: zarr.Group, name: str, data: np.ndarray) -> None:
+        parent.create_array(name, data=data, compressors=checksum_codecs(compress=True),
+                            config=_EVERY_CHUNK, overwrite=True)
+
+    if want("labels"):
+        put(group, "labels", np.concatenate([labels_pool, labels_test]))
+    if want("split"):
+        train, val = split_pool(n_pool)
+        split = np.full(n_rows, SPLIT_CODES["test"], dtype=np.int8)
+        split[train] = SPLIT_CODES["train"]
+        split[val] = SPLIT_CODES["val"]
+        put(group, "split", split)
+    if want("image_ids"):
+        ids = np.asarray([*index.pool.image_ids, *index.test.image_ids], dtype=str)
+        group.create_array(
+            "image_ids", shape=(n_rows,), dtype=str, compressors=checksum_codecs(compress=True),
+            config=_EVERY_CHUNK, overwrite=True,
+        )[:] = ids
+    observed = group.require_group("observed")
+    for seed in seeds:
+        if want(f"observed/{seed}"):
+            put(observed, str(seed), _phase_observed(labels_pool, labels_test, seed))
 
 
 def create_store(
@@ -263,40 +342,32 @@ def create_store(
                 f"--overwrite -- choose another output path"
             )
 
-    labels = np.concatenate([labels_pool, labels_test])
-    n_classes = labels.shape[1]
-    train, val = split_pool(n_pool)
-    split = np.full(n_rows, SPLIT_CODES["test"], dtype=np.int8)
-    split[train] = SPLIT_CODES["train"]
-    split[val] = SPLIT_CODES["val"]
+    n_classes = labels_pool.shape[1]
     n_blocks = math.ceil(n_rows / block_rows)
 
     group = zarr.open_group(path, mode="w-")
-    group.create_array("labels", data=labels)
-    group.create_array("split", data=split)
-    group.create_array("image_ids", shape=(n_rows,), dtype=str)[:] = np.asarray(ids, dtype=str)
-    observed = group.create_group("observed")
-    for seed in seeds:
-        observed.create_array(str(seed), data=_phase_observed(labels_pool, labels_test, seed))
-    for name in ("features", "features_flip") if with_flip else ("features",):
+    _write_row_arrays(group, index, seeds)
+    for name in FEATURE_ARRAYS if with_flip else FEATURE_ARRAYS[:1]:
         group.create_array(
             name,
             shape=(n_rows, int(feature_dim)),
             chunks=(int(block_rows), int(feature_dim)),
             dtype=dtype,
             fill_value=np.nan,  # a never-written row reads as NaN, not as plausible zeros
-            # uncompressed: zstd saved ~20% disk on float16 features but made reads ~6x and
-            # writes ~6x slower (measured; every probe process reads the whole array)
-            compressors=None,
+            # uncompressed + a CRC-32C per chunk: zstd saved ~20% disk on float16 features but
+            # made reads ~6x and writes ~6x slower (measured; every probe process reads the whole
+            # array); the checksum costs 4 bytes a chunk (docs/protocol.md "The feature store")
+            compressors=checksum_codecs(compress=False),
         )
-    # one uncompressed chunk per block: concurrent writers of different blocks never collide
+    # one chunk per block: concurrent writers of different blocks never collide
     group.create_array(
         "blocks_done",
         shape=(n_blocks,),
         chunks=(1,),
         dtype=bool,
         fill_value=False,
-        compressors=None,
+        compressors=checksum_codecs(compress=False),
+        config=_EVERY_CHUNK,
     )
     attrs = {
         **extra,
@@ -340,6 +411,9 @@ class StoreWriter:
         self.with_flip: bool = bool(attrs["has_flip"])
         self.feature_dim: int = int(attrs["feature_dim"])
         self.dtype: str = str(attrs["dtype"])
+        # damaged row arrays (labels, split, image_ids, observed/<seed>) that check_same_rows
+        # rewrites from the index before comparing (set by resume_store)
+        self.rewrite_arrays: list[str] = []
 
     def __repr__(self) -> str:
         return f"StoreWriter({str(self.path)!r}, rows={self.n_rows}, blocks={self.n_blocks})"
@@ -432,6 +506,11 @@ class StoreWriter:
 
     def finalize(self) -> Store:
         """Set ``complete`` (last) once every block is written, and open the store for reading."""
+        if self.rewrite_arrays:
+            raise StoreError(
+                f"cannot finalize {self.path}: damaged arrays {self.rewrite_arrays} were not "
+                "rewritten (call check_same_rows with the dataset index first)"
+            )
         pending = self.pending_blocks()
         if pending:
             raise StoreError(
@@ -472,16 +551,16 @@ def _open_group(path: str | Path, mode: str) -> tuple[Path, zarr.Group]:
 
 
 def resume_store(path: str | Path, provenance: dict) -> StoreWriter:
-    """Writer for an interrupted store, to write its pending blocks.
+    """Writer for an interrupted or damaged store, to write its pending (or damaged) blocks.
 
     Refuses (StoreError naming the field) when ``provenance`` differs from the stored one in any
-    of :data:`RESUME_KEYS` (``dtype`` only when given), and refuses a complete store.
+    of :data:`RESUME_KEYS` (``dtype`` only when given). Then every chunk already written is read
+    back (probe.store.chunks): a damaged feature chunk's block is unmarked so that it is written
+    again, and damaged label/split/id/draw arrays are rewritten from the index by
+    :meth:`StoreWriter.check_same_rows`. A complete store with no damage is refused ("already
+    complete"); a complete one with damage becomes incomplete until the repair finishes.
     """
     path, group = _open_group(path, "r+")
-    if group.attrs.get("complete"):
-        raise StoreError(
-            f"{path} is already complete; nothing to resume (pass --overwrite to rebuild it)"
-        )
     missing = [a for a in _ARRAYS if a not in group]
     if missing:
         raise StoreError(f"{path} lacks arrays {missing}; re-create it with --overwrite")
@@ -496,8 +575,38 @@ def resume_store(path: str | Path, provenance: dict) -> StoreWriter:
                 f"{stored.get(key)!r}, now: {given.get(key)!r}); re-run with the settings "
                 "that created it, or pass --overwrite to start again"
             )
+    complete = bool(group.attrs.get("complete"))
+    damage = group_damage(path, group)[1]
+    if complete and not damage:
+        raise StoreError(
+            f"{path} is already complete and every chunk reads back as written; nothing to "
+            "resume or repair (pass --overwrite to rebuild it)"
+        )
+    blocks = sorted({d.chunk[0] for d in damage if d.array in (*FEATURE_ARRAYS, "blocks_done")})
+    rows = sorted(
+        {d.array for d in damage if d.array in ROW_ARRAYS or d.array.startswith("observed/")}
+    )
+    other = sorted({d.array for d in damage} - set(FEATURE_ARRAYS) - {"blocks_done", *rows})
+    if other:
+        raise StoreError(
+            f"{path}: arrays {other} are damaged and cannot be rewritten from the input; "
+            "re-create the store with --overwrite"
+        )
+    if damage:
+        # complete -> False first: a repair killed half-way leaves a store that open_store
+        # refuses and the next run repairs again
+        group.attrs.update({
+            "complete": False,
+            "repaired": [*group.attrs.get("repaired", []), {
+                "at": _now(), "chunks": [[d.array, list(d.chunk), d.reason] for d in damage]}],
+        })  # fmt: skip
+        done = group["blocks_done"]
+        for block in blocks:
+            done[block] = False
     group.attrs["resumed"] = [*group.attrs.get("resumed", []), _now()]
-    return StoreWriter(path, group)
+    writer = StoreWriter(path, group)
+    writer.rewrite_arrays = rows
+    return writer
 
 
 def write_feature_store(
@@ -622,6 +731,9 @@ def _check_same_rows(
     """A resumed store must hold the same rows, labels and feature shape as the new input."""
     group = writer._group
     attrs = group.attrs
+    if writer.rewrite_arrays:
+        _write_row_arrays(group, index, attrs["observed_seeds"], only=writer.rewrite_arrays)
+        writer.rewrite_arrays = []
     same = (
         attrs["n_pool"] == len(index.pool)
         and attrs["n_test"] == len(index.test)
@@ -657,7 +769,8 @@ def add_observed_seed(path: str | Path, seed: int) -> None:
     labels = group["labels"][:]
     n_pool = int(group.attrs["n_pool"])
     group["observed"].create_array(
-        str(seed), data=_phase_observed(labels[:n_pool], labels[n_pool:], seed), overwrite=True
+        str(seed), data=_phase_observed(labels[:n_pool], labels[n_pool:], seed), overwrite=True,
+        compressors=checksum_codecs(compress=True), config=_EVERY_CHUNK,
     )
     group.attrs["observed_seeds"] = sorted([*group.attrs["observed_seeds"], seed])
 
@@ -685,7 +798,7 @@ def open_store(path: str | Path) -> Store:
     n_rows = int(attrs["n_pool"]) + int(attrs["n_test"])
     block_rows = int(attrs["block_rows"])
     n_blocks = math.ceil(n_rows / block_rows)
-    done = group["blocks_done"][:]
+    done = _guarded(path, group, "blocks_done", lambda: group["blocks_done"][:])
     if not attrs.get("complete"):
         raise StoreError(
             f"{path} is incomplete ({int(done.sum())} of {len(done)} feature blocks written): "
@@ -720,7 +833,7 @@ def open_store(path: str | Path) -> Store:
             f"{path} is marked complete but blocks {np.nonzero(~done)[0][:5].tolist()} were "
             "never written; the store is corrupt -- re-create it with --overwrite"
         )
-    split = group["split"][:]
+    split = _guarded(path, group, "split", lambda: group["split"][:])
     n_pool = int(attrs["n_pool"])
     if not (np.isin(split[:n_pool], (0, 1)).all() and (split[n_pool:] == 2).all()):
         raise StoreError(f"{path}: the split array does not put the pool rows first; corrupt store")
@@ -743,7 +856,8 @@ class Store:
         self.feature_dim: int = int(attrs["feature_dim"])
         self.has_flip: bool = bool(attrs["has_flip"])
         self.dtype: str = str(attrs["dtype"])
-        self.image_ids: list[str] = [str(s) for s in group["image_ids"][:]]
+        ids = _guarded(self.path, group, "image_ids", lambda: group["image_ids"][:])
+        self.image_ids: list[str] = [str(s) for s in ids]
 
     def __repr__(self) -> str:
         return (
@@ -753,7 +867,7 @@ class Store:
 
     def labels(self, rows: Any = None) -> np.ndarray:
         """Full ground truth, uint8 ``(len(rows), C)``."""
-        return _read_rows(self._group["labels"], rows, self.n_rows, "labels")
+        return self._read("labels", rows)
 
     def observed_seeds(self) -> list[int]:
         """Seeds of the single-positive draws this store holds."""
@@ -766,7 +880,13 @@ class Store:
                 f"{self.path} has no single-positive draw for seed {seed}; available seeds: "
                 f"{self.observed_seeds()} (add one with probe.store.add_observed_seed)"
             )
-        return _read_rows(self._group[f"observed/{int(seed)}"], rows, self.n_rows, "observed")
+        return self._read(f"observed/{int(seed)}", rows)
+
+    def _read(self, name: str, rows: Any) -> np.ndarray:
+        array = self._group[name]
+        return _guarded(
+            self.path, self._group, name, lambda: _read_rows(array, rows, self.n_rows, name)
+        )
 
     def split(self, name: str) -> np.ndarray:
         """Sorted int64 row indices of ``"train"``, ``"val"`` or ``"test"``."""
@@ -774,12 +894,26 @@ class Store:
             raise StoreError(f"unknown split {name!r}; expected one of {list(SPLIT_CODES)}")
         return np.nonzero(self._split == SPLIT_CODES[name])[0].astype(np.int64)
 
-    def features(self, rows: Any = None, flip: bool = False) -> np.ndarray:
-        """Features (store dtype) ``(len(rows), D)``; ``flip`` reads the flipped-image ones."""
+    def features(
+        self, rows: Any = None, flip: bool = False, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Features (store dtype) ``(len(rows), D)``; ``flip`` reads the flipped-image ones.
+
+        Chunks are read in parallel straight into the result (or into ``out``, e.g. the
+        ``[:, :D]`` view of a wider tensor's numpy array), each checked against its checksum;
+        a damaged chunk raises :class:`StoreDamaged` naming it (probe.store.chunks)."""
         if flip and not self.has_flip:
             raise StoreError(f"{self.path} holds no flipped features (it was written without them)")
         name = "features_flip" if flip else "features"
-        return _read_rows(self._group[name], rows, self.n_rows, name)
+        array = self._group[name]
+        reader = RowChunks.of(self.path, name, array)
+        if reader is not None:
+            return reader.read_rows(_row_indices(rows, self.n_rows, name), out)
+        values = self._read(name, rows)  # another layout (not written by this package): zarr
+        if out is None:
+            return values
+        out[...] = values
+        return out
 
     def summary(self) -> dict:
         """What ``spml info`` prints: shapes, sizes and label statistics per split, provenance."""

@@ -1,0 +1,298 @@
+"""Chunk-level access to a store's arrays: checksums, the fast feature read path, damage reports.
+
+Every array of a store written by this version carries a CRC-32C checksum per chunk (Zarr v3's
+``crc32c`` codec, appended to the chunk's bytes). Stores written before checksums were added
+(uncompressed feature chunks without the trailing 4 bytes) still open and read; only damage that
+keeps a chunk's length goes unnoticed in them (:func:`verify_store` says so).
+
+The feature arrays (N, D), chunked by whole rows and stored uncompressed, are read here rather
+than through zarr: each chunk file is read by one ``readinto`` straight into the caller's array
+(or into a per-thread chunk buffer when only some of its rows are wanted, then gathered), several
+chunks at once on a thread pool (file reads and the CRC release the GIL), the checksum checked on
+the bytes as they lie in memory. zarr's path decodes into a fresh chunk buffer, then copies into
+the output, then :func:`probe.store.store._read_rows` gathered once more (docs/protocol.md
+"The feature store": size vs load speed).
+
+Any read error is a :class:`StoreDamaged` that names the store, the array and the chunk, and says
+how to repair: re-running the featurize/import that wrote the store rewrites only the damaged
+blocks (:func:`probe.store.store.resume_store`).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from probe.store.errors import StoreDamaged
+
+FEATURE_ARRAYS: tuple[str, ...] = ("features", "features_flip")
+# reads in flight at once: a page-cache copy runs near memory bandwidth on a couple of cores;
+# more threads than cores only add switching (measured with `spml bench store`)
+READ_THREADS: int = min(8, os.cpu_count() or 1)
+
+
+def repair_hint(store: Path | str) -> str:
+    return (
+        f"the store is damaged: repair it by re-running the same featurize/import command that "
+        f"wrote {store} (it rewrites only the damaged blocks); `spml verify {store}` lists "
+        "every damaged chunk"
+    )
+
+
+def damage_message(store: Path | str, array: str, chunk: int, reason: str) -> str:
+    return f"{store}: array {array!r} chunk {chunk} is damaged ({reason}); {repair_hint(store)}"
+
+
+def checksum_codecs(compress: bool) -> list[Any]:
+    """The ``compressors`` list of a new store array: zstd (small arrays only) then CRC-32C."""
+    from zarr.codecs import Crc32cCodec, ZstdCodec
+
+    return [ZstdCodec(level=0), Crc32cCodec()] if compress else [Crc32cCodec()]
+
+
+def has_checksum(array: Any) -> bool:
+    return any(type(c).__name__ == "Crc32cCodec" for c in array.metadata.codecs)
+
+
+def _crc32c(buf: Any) -> bytes:
+    import google_crc32c  # zarr's own dependency for its crc32c codec
+
+    return int(google_crc32c.value(np.frombuffer(buf, np.uint8))).to_bytes(4, "little")
+
+
+@dataclass
+class RowChunks:
+    """Fast reader of a 2-D array chunked by whole rows with raw (bytes [+ crc32c]) chunks."""
+
+    store: Path
+    name: str
+    array: Any
+    n_rows: int
+    dim: int
+    chunk_rows: int
+    dtype: np.dtype
+    checksum: bool
+    _local: threading.local = field(default_factory=threading.local, repr=False)
+
+    @classmethod
+    def of(cls, store: Path, name: str, array: Any) -> RowChunks | None:
+        """The reader, or None when ``array`` is not laid out for it (then zarr reads it)."""
+        codecs = array.metadata.codecs
+        names = [type(c).__name__ for c in codecs]
+        if names not in (["BytesCodec"], ["BytesCodec", "Crc32cCodec"]):
+            return None
+        endian = getattr(codecs[0], "endian", None)
+        if array.ndim != 2 or array.chunks[1] != array.shape[1] or (
+            endian is not None and endian.value != "little"
+        ):
+            return None
+        if type(array.store).__name__ != "LocalStore":
+            return None
+        return cls(Path(store), name, array, int(array.shape[0]), int(array.shape[1]),
+                   int(array.chunks[0]), np.dtype(array.dtype), len(names) == 2)
+
+    @property
+    def n_chunks(self) -> int:
+        return -(-self.n_rows // self.chunk_rows)
+
+    @property
+    def chunk_bytes(self) -> int:
+        return self.chunk_rows * self.dim * self.dtype.itemsize
+
+    def path(self, chunk: int) -> Path:
+        return self.store / self.array.path / self.array.metadata.encode_chunk_key((chunk, 0))
+
+    def _damaged(self, chunk: int, reason: str) -> StoreDamaged:
+        return StoreDamaged(damage_message(self.store, self.name, chunk, reason))
+
+    def _buffer(self) -> np.ndarray:
+        buf = getattr(self._local, "buf", None)
+        if buf is None:
+            buf = self._local.buf = np.empty((self.chunk_rows, self.dim), self.dtype)
+        return buf
+
+    def read_chunk_into(self, chunk: int, dest: np.ndarray) -> None:
+        """Read the whole of ``chunk`` (``chunk_rows`` rows, the last one padded) into the
+        C-contiguous ``dest`` and check its length and checksum; StoreDamaged otherwise."""
+        want = self.chunk_bytes + (4 if self.checksum else 0)
+        try:
+            with open(self.path(chunk), "rb", buffering=0) as fh:
+                size = os.fstat(fh.fileno()).st_size
+                if size != want:
+                    raise self._damaged(chunk, f"its file is {size} bytes, expected {want}")
+                view = memoryview(dest).cast("B")
+                got = 0
+                while got < self.chunk_bytes:
+                    n = fh.readinto(view[got:])
+                    if not n:
+                        raise self._damaged(chunk, f"its file ended after {got} bytes")
+                    got += n
+                stored = fh.read(4) if self.checksum else b""
+        except FileNotFoundError:
+            raise self._damaged(chunk, "its file is missing") from None
+        except OSError as err:
+            raise self._damaged(chunk, f"reading it failed: {err}") from None
+        if self.checksum and _crc32c(view) != stored:
+            raise self._damaged(chunk, "checksum mismatch")
+
+    def read_rows(self, idx: np.ndarray | None, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows ``idx`` (sorted or not, repeats allowed; None: all) into ``out`` (allocated
+        when None; it may be a strided view such as ``x[:, :D]`` of a wider array)."""
+        n = self.n_rows if idx is None else len(idx)
+        if out is None:
+            out = np.empty((n, self.dim), self.dtype)
+        elif out.shape != (n, self.dim) or out.dtype != self.dtype:
+            raise ValueError(
+                f"read {self.name}: out must be {self.dtype} of shape {(n, self.dim)}, got "
+                f"{out.dtype} {out.shape}"
+            )
+        if n == 0:
+            return out
+        if idx is None:
+            idx = np.arange(self.n_rows, dtype=np.int64)
+        chunk_of = idx // self.chunk_rows
+        order = np.argsort(chunk_of, kind="stable")
+        bounds = np.flatnonzero(np.diff(chunk_of[order])) + 1
+        groups = np.split(order, bounds)
+        direct_ok = out.flags.c_contiguous
+
+        def one(pos: np.ndarray) -> None:
+            chunk = int(chunk_of[pos[0]])
+            lo = chunk * self.chunk_rows
+            rows = idx[pos] - lo
+            full = min(self.chunk_rows, self.n_rows - lo)
+            if (
+                direct_ok and full == self.chunk_rows and len(pos) == full
+                and pos[-1] - pos[0] == full - 1 and (np.diff(pos) == 1).all()
+                and (rows == np.arange(full)).all()
+            ):  # the whole chunk, in order, to consecutive output rows: read straight into out
+                self.read_chunk_into(chunk, out[pos[0] : pos[0] + full])
+                return
+            buf = self._buffer()
+            self.read_chunk_into(chunk, buf)
+            if len(pos) and (np.diff(pos) == 1).all() and (np.diff(rows) == 1).all():
+                out[pos[0] : pos[-1] + 1] = buf[rows[0] : rows[-1] + 1]
+            else:
+                out[pos] = buf[rows]
+
+        if len(groups) == 1 or READ_THREADS == 1:
+            for g in groups:
+                one(g)
+        else:
+            with ThreadPoolExecutor(min(READ_THREADS, len(groups))) as pool:
+                for _ in pool.map(one, groups):  # re-raises the first worker error
+                    pass
+        return out
+
+
+@dataclass(frozen=True)
+class Damage:
+    """One damaged chunk found by :func:`verify_store`."""
+
+    array: str
+    chunk: tuple[int, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """What :func:`verify_store` found: every array, its chunk count, whether it carries
+    checksums, and the damaged chunks."""
+
+    path: Path
+    arrays: dict[str, dict]
+    damaged: list[Damage]
+
+    @property
+    def ok(self) -> bool:
+        return not self.damaged
+
+    @property
+    def unchecksummed(self) -> list[str]:
+        return [name for name, a in self.arrays.items() if not a["checksum"]]
+
+
+def array_names(group: Any) -> list[str]:
+    """Every array of a store group, nested ones (observed/<seed>) as ``parent/name``."""
+    names = []
+    for key, node in sorted(group.members(max_depth=None)):
+        if hasattr(node, "shape"):
+            names.append(key)
+    return names
+
+
+def damaged_chunks(store: Path, name: str, array: Any, expect_all: bool = True) -> list[Damage]:
+    """Read every chunk of one array and return those that cannot be read back as written
+    (with ``expect_all``, a checksummed array's missing chunk file counts as damage)."""
+    reader = RowChunks.of(store, name, array)
+    out = []
+    if reader is not None:
+        buf = np.empty((reader.chunk_rows, reader.dim), reader.dtype)
+        for chunk in range(reader.n_chunks):
+            if not expect_all and not reader.path(chunk).is_file():
+                continue  # not written yet (an unfinished store)
+            try:
+                reader.read_chunk_into(chunk, buf)
+            except StoreDamaged as err:
+                reason = str(err).split(" is damaged (", 1)[1].split("); ", 1)[0]
+                out.append(Damage(name, (chunk, 0), reason))
+        return out
+    checked = has_checksum(array) and type(array.store).__name__ == "LocalStore"
+    for coords in np.ndindex(*array.cdata_shape):
+        if checked and not (
+            Path(store) / array.path / array.metadata.encode_chunk_key(coords)
+        ).is_file():
+            # written with write_empty_chunks: every chunk of a finished array has a file
+            if expect_all:
+                out.append(Damage(name, coords, "its file is missing"))
+            continue
+        try:
+            array.blocks[coords]
+        except Exception as err:  # zarr raises ValueError (checksum), codec errors, OSError
+            out.append(Damage(name, coords, _reason(err)))
+    return out
+
+
+def _reason(err: BaseException) -> str:
+    msg = str(err)
+    if "checksum" in msg.lower():
+        return "checksum mismatch"
+    return f"{type(err).__name__}: {msg}"[:200]
+
+
+def chunk_label(coords: tuple[int, ...]) -> str:
+    return str(coords[0]) if len(coords) == 1 or all(c == 0 for c in coords[1:]) else str(coords)
+
+
+def group_damage(path: Path, group: Any) -> tuple[dict[str, dict], list[Damage]]:
+    """Every array of a store group (chunk count, checksummed or not) and its damaged chunks.
+    An unfinished store's missing feature chunks are not damage: their blocks are pending."""
+    complete = bool(group.attrs.get("complete"))
+    arrays: dict[str, dict] = {}
+    damaged: list[Damage] = []
+    for name in array_names(group):
+        try:
+            array = group[name]
+        except Exception as err:  # unreadable array metadata
+            damaged.append(Damage(name, (), f"its metadata cannot be read: {_reason(err)}"))
+            continue
+        arrays[name] = {"chunks": int(np.prod(array.cdata_shape)), "checksum": has_checksum(array)}
+        expect_all = complete or name not in (*FEATURE_ARRAYS, "blocks_done")
+        damaged += damaged_chunks(path, name, array, expect_all)
+    return arrays, damaged
+
+
+def verify_store(path: str | Path) -> VerifyReport:
+    """Read every chunk of every array of a store (finished or not) and report the damaged
+    ones; the store must at least open as a Zarr group with its schema attributes."""
+    from probe.store.store import _open_group
+
+    path, group = _open_group(path, "r")
+    arrays, damaged = group_damage(path, group)
+    return VerifyReport(path, arrays, damaged)
