@@ -43,7 +43,9 @@ __all__ = ["BenchConfig", "default_cache_dir", "format_report", "plain_loop", "r
 
 COCO_TRAIN_ROWS = 65_665  # docs/protocol.md step 3: COCO 65,665 / 16,416 / test 40,137
 COCO_TEST_FRACTION = 40_137 / 82_081  # test rows per pool row in COCO
-SYNTHETIC_VERSION = 1  # bump when the generator changes (the cache key includes it)
+# bump when the generator or the store format changes (the cache key includes it); 2: stores
+# carry a CRC-32C per chunk
+SYNTHETIC_VERSION = 2
 TARGETS = {"cpu_one_trial_s_per_epoch": 2.5, "cpu_plain_loop_s_per_epoch_expected": 8.0,
            "h100_64_trials_s_per_epoch": 1.0}
 

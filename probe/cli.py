@@ -1,4 +1,4 @@
-"""``spml losses …``, ``spml probe`` and ``spml bench probe``."""
+"""``spml losses …``, ``spml probe``, ``spml bench probe`` and ``spml bench store``."""
 
 from __future__ import annotations
 
@@ -288,6 +288,16 @@ def _cmd_bench_probe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_store(args: argparse.Namespace) -> int:
+    from .bench_store import format_store_report, run_store_bench
+
+    report = run_store_bench(repeats=args.repeats, zstd_chunks=args.zstd_chunks,
+                             cache_dir=args.cache_dir, progress=not args.quiet)
+    print(format_store_report(report))
+    print(json.dumps(report, indent=1))
+    return 0
+
+
 def _register_probe(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "probe",
@@ -395,3 +405,26 @@ def _register_probe(sub: argparse._SubParsersAction, bench: argparse._SubParsers
     b.add_argument("--json", metavar="PATH", help="also write the JSON report to PATH")
     b.add_argument("--quiet", action="store_true", help="no progress bars")
     b.set_defaults(func=_cmd_bench_probe)
+
+    b = bench.add_parser(
+        "store",
+        help="seconds to load a COCO-sized store from the page cache; what its format costs",
+        description=textwrap.fill(
+            "On the COCO-shaped synthetic store of 'spml bench probe' (built once and cached), "
+            "time ProbeData.from_store (what spml probe and every study worker do) against the "
+            "previous zarr read path, the CRC-32C check alone, and zstd's size and decode speed "
+            "on a few chunks. Medians; machine and load average printed; then JSON.",
+            width=88,
+        ),
+        epilog="examples:\n  spml bench store\n  spml bench store --repeats 9\n\n"
+        "Target (docs/protocol.md \"The feature store\"): <= 1 s from the page cache.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    b.add_argument("--repeats", type=int, default=5, help="timed loads (default: 5)")
+    b.add_argument("--zstd-chunks", type=int, default=8,
+                   help="feature chunks compressed to measure zstd (default: 8)")
+    b.add_argument("--cache-dir",
+                   help="where the synthetic store is cached (default: $SPML_CACHE_DIR or "
+                   "~/.cache/spml-probe)")
+    b.add_argument("--quiet", action="store_true", help="no progress bars")
+    b.set_defaults(func=_cmd_bench_store)

@@ -74,24 +74,31 @@ def _with_bias_column(x: np.ndarray | Tensor, dtype: torch.dtype | None) -> Tens
     return torch.cat([t, torch.ones(t.shape[0], 1, dtype=t.dtype)], dim=1)
 
 
-def _store_rows_with_bias(
-    store: Any, rows: np.ndarray, dtype: torch.dtype | None, flip: bool = False
-) -> Tensor:
-    """Store rows as an (N, D+1) tensor with a trailing column of ones -- the rows, then (with
-    ``flip``) the same rows' flipped features. In the store's dtype the chunks are read straight
-    into the tensor (probe.store.chunks: no intermediate copies); another dtype converts."""
+def _store_splits_with_bias(
+    store: Any, rows: dict[str, np.ndarray], dtype: torch.dtype | None, flip: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(train, val, test) features as (N, D+1) tensors with a trailing column of ones; with
+    ``flip`` the train tensor holds the train rows, then their flipped features. In the store's
+    dtype the chunks are read straight into the tensors, each chunk once (probe.store.chunks);
+    another dtype converts."""
     stored = getattr(torch, store.dtype)
     if dtype is not None and dtype != stored:
-        parts = [store.features(rows, flip=f) for f in ((False, True) if flip else (False,))]
-        return _with_bias_column(np.concatenate(parts) if flip else parts[0], dtype)
-    n, d = len(rows), store.feature_dim
-    x = torch.empty((2 * n if flip else n, d + 1), dtype=stored)
-    x[:, d] = 1
-    view = x.numpy()
-    store.features(rows, out=view[:n, :d])
+        flips = (False, True) if flip else (False,)
+        train = [store.features(rows["train"], flip=f) for f in flips]
+        train_x = _with_bias_column(np.concatenate(train), dtype)
+        return (train_x, _with_bias_column(store.features(rows["val"]), dtype),
+                _with_bias_column(store.features(rows["test"]), dtype))
+    d = store.feature_dim
+    n = {name: len(r) for name, r in rows.items()}
+    xs = {name: torch.empty((2 * n[name] if flip and name == "train" else n[name], d + 1),
+                            dtype=stored) for name in rows}
+    for x in xs.values():
+        x[:, d] = 1
+    views = {name: x.numpy() for name, x in xs.items()}
+    store.features_into([(rows[name], views[name][: n[name], :d]) for name in rows])
     if flip:
-        store.features(rows, flip=True, out=view[n:, :d])
-    return x
+        store.features_into([(rows["train"], views["train"][n["train"] :, :d])], flip=True)
+    return xs["train"], xs["val"], xs["test"]
 
 
 @dataclass
@@ -262,7 +269,7 @@ class ProbeData:
         labels = store.labels()
         observed = store.observed(observed_seed)
         with_flip = bool(flip and store.has_flip)
-        train_x = _store_rows_with_bias(store, rows["train"], dtype, with_flip)
+        train_x, val_x, test_x = _store_splits_with_bias(store, rows, dtype, with_flip)
         source = {
             "kind": "store",
             "path": str(Path(store.path).resolve()),
@@ -277,10 +284,10 @@ class ProbeData:
             train_x=train_x.to(dev),
             train_labels=torch.from_numpy(labels[rows["train"]]).to(dev),
             train_observed=torch.from_numpy(observed[rows["train"]]).to(dev),
-            val_x=_store_rows_with_bias(store, rows["val"], train_x.dtype).to(dev),
+            val_x=val_x.to(dev),
             val_labels=torch.from_numpy(labels[rows["val"]]).to(dev),
             val_observed=torch.from_numpy(observed[rows["val"]]).to(dev),
-            test_x=_store_rows_with_bias(store, rows["test"], train_x.dtype).to(dev),
+            test_x=test_x.to(dev),
             test_labels=torch.from_numpy(labels[rows["test"]]).to(dev),
             n_train=len(rows["train"]),
             has_flip=with_flip,

@@ -256,3 +256,25 @@ def test_os_error_reading_a_chunk_is_named(tmp_path: Path, feats: np.ndarray) ->
     target.mkdir()  # an unreadable chunk (root reads chmod 000 files, so a directory)
     with pytest.raises(StoreDamaged, match=r"'features' chunk 1 is damaged \(reading it failed"):
         store.features()
+
+
+def test_probe_data_from_store_reads_the_same_tensors(tmp_path: Path, feats: np.ndarray) -> None:
+    import torch
+
+    from probe.data import ProbeData
+
+    path = tmp_path / "s.zarr"
+    store = build(path, feats, feats - 2)
+    group = zarr.open_group(path, mode="r")
+    f, g = group["features"][:], group["features_flip"][:]
+    rows = {name: store.split(name) for name in ("train", "val", "test")}
+    data = ProbeData.from_store(path)
+    want = {"train": np.concatenate([f[rows["train"]], g[rows["train"]]]),
+            "val": f[rows["val"]], "test": f[rows["test"]]}
+    for name, x in (("train", data.train_x), ("val", data.val_x), ("test", data.test_x)):
+        assert x.dtype == torch.float16
+        np.testing.assert_array_equal(x[:, :-1].numpy(), want[name])
+        assert bool((x[:, -1] == 1).all())
+    as32 = ProbeData.from_store(path, dtype=torch.float32)
+    assert torch.equal(as32.train_x, data.train_x.float())
+    assert torch.equal(as32.test_x, data.test_x.float())

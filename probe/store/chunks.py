@@ -144,51 +144,64 @@ class RowChunks:
     def read_rows(self, idx: np.ndarray | None, out: np.ndarray | None = None) -> np.ndarray:
         """Rows ``idx`` (sorted or not, repeats allowed; None: all) into ``out`` (allocated
         when None; it may be a strided view such as ``x[:, :D]`` of a wider array)."""
-        n = self.n_rows if idx is None else len(idx)
-        if out is None:
-            out = np.empty((n, self.dim), self.dtype)
-        elif out.shape != (n, self.dim) or out.dtype != self.dtype:
-            raise ValueError(
-                f"read {self.name}: out must be {self.dtype} of shape {(n, self.dim)}, got "
-                f"{out.dtype} {out.shape}"
-            )
-        if n == 0:
-            return out
-        if idx is None:
-            idx = np.arange(self.n_rows, dtype=np.int64)
-        chunk_of = idx // self.chunk_rows
-        order = np.argsort(chunk_of, kind="stable")
-        bounds = np.flatnonzero(np.diff(chunk_of[order])) + 1
-        groups = np.split(order, bounds)
-        direct_ok = out.flags.c_contiguous
+        return self.read_many([(idx, out)])[0]
 
-        def one(pos: np.ndarray) -> None:
-            chunk = int(chunk_of[pos[0]])
-            lo = chunk * self.chunk_rows
-            rows = idx[pos] - lo
-            full = min(self.chunk_rows, self.n_rows - lo)
-            if (
-                direct_ok and full == self.chunk_rows and len(pos) == full
-                and pos[-1] - pos[0] == full - 1 and (np.diff(pos) == 1).all()
-                and (rows == np.arange(full)).all()
-            ):  # the whole chunk, in order, to consecutive output rows: read straight into out
-                self.read_chunk_into(chunk, out[pos[0] : pos[0] + full])
-                return
+    def read_many(
+        self, targets: list[tuple[np.ndarray | None, np.ndarray | None]]
+    ) -> list[np.ndarray]:
+        """Several ``(rows, out)`` reads at once (as :meth:`read_rows`), each chunk read once
+        however many of the targets want rows of it (e.g. the train and val rows of the pool)."""
+        outs, wants = [], []  # per target: out; per chunk: [(target, positions, chunk rows)]
+        per_chunk: dict[int, list[tuple[int, np.ndarray, np.ndarray]]] = {}
+        for t, (idx, out) in enumerate(targets):
+            n = self.n_rows if idx is None else len(idx)
+            if out is None:
+                out = np.empty((n, self.dim), self.dtype)
+            elif out.shape != (n, self.dim) or out.dtype != self.dtype:
+                raise ValueError(
+                    f"read {self.name}: out must be {self.dtype} of shape {(n, self.dim)}, got "
+                    f"{out.dtype} {out.shape}"
+                )
+            outs.append(out)
+            if n == 0:
+                continue
+            if idx is None:
+                idx = np.arange(self.n_rows, dtype=np.int64)
+            chunk_of = idx // self.chunk_rows
+            order = np.argsort(chunk_of, kind="stable")
+            for pos in np.split(order, np.flatnonzero(np.diff(chunk_of[order])) + 1):
+                chunk = int(chunk_of[pos[0]])
+                per_chunk.setdefault(chunk, []).append((t, pos, idx[pos] - chunk * self.chunk_rows))
+        wants = list(per_chunk.items())
+
+        def one(item: tuple[int, list[tuple[int, np.ndarray, np.ndarray]]]) -> None:
+            chunk, parts = item
+            full = min(self.chunk_rows, self.n_rows - chunk * self.chunk_rows)
+            if len(parts) == 1:
+                t, pos, rows = parts[0]
+                out = outs[t]
+                if (
+                    out.flags.c_contiguous and full == self.chunk_rows and len(pos) == full
+                    and (np.diff(pos) == 1).all() and (rows == np.arange(full)).all()
+                ):  # the whole chunk, in order, to consecutive output rows: straight into out
+                    self.read_chunk_into(chunk, out[pos[0] : pos[0] + full])
+                    return
             buf = self._buffer()
             self.read_chunk_into(chunk, buf)
-            if len(pos) and (np.diff(pos) == 1).all() and (np.diff(rows) == 1).all():
-                out[pos[0] : pos[-1] + 1] = buf[rows[0] : rows[-1] + 1]
-            else:
-                out[pos] = buf[rows]
+            for t, pos, rows in parts:
+                if (np.diff(pos) == 1).all() and (np.diff(rows) == 1).all():
+                    outs[t][pos[0] : pos[-1] + 1] = buf[rows[0] : rows[-1] + 1]
+                else:
+                    outs[t][pos] = buf[rows]
 
-        if len(groups) == 1 or READ_THREADS == 1:
-            for g in groups:
-                one(g)
+        if len(wants) <= 1 or READ_THREADS == 1:
+            for item in wants:
+                one(item)
         else:
-            with ThreadPoolExecutor(min(READ_THREADS, len(groups))) as pool:
-                for _ in pool.map(one, groups):  # re-raises the first worker error
+            with ThreadPoolExecutor(min(READ_THREADS, len(wants))) as pool:
+                for _ in pool.map(one, wants):  # re-raises the first worker error
                     pass
-        return out
+        return outs
 
 
 @dataclass(frozen=True)

@@ -902,18 +902,29 @@ class Store:
         Chunks are read in parallel straight into the result (or into ``out``, e.g. the
         ``[:, :D]`` view of a wider tensor's numpy array), each checked against its checksum;
         a damaged chunk raises :class:`StoreDamaged` naming it (probe.store.chunks)."""
+        return self.features_into([(rows, out)], flip)[0]
+
+    def features_into(
+        self, targets: Sequence[tuple[Any, np.ndarray | None]], flip: bool = False
+    ) -> list[np.ndarray]:
+        """Several :meth:`features` reads ``(rows, out)`` at once, each chunk read once however
+        many targets want rows of it (the train and val rows share the pool's chunks)."""
         if flip and not self.has_flip:
             raise StoreError(f"{self.path} holds no flipped features (it was written without them)")
         name = "features_flip" if flip else "features"
         array = self._group[name]
         reader = RowChunks.of(self.path, name, array)
         if reader is not None:
-            return reader.read_rows(_row_indices(rows, self.n_rows, name), out)
-        values = self._read(name, rows)  # another layout (not written by this package): zarr
-        if out is None:
-            return values
-        out[...] = values
-        return out
+            return reader.read_many(
+                [(_row_indices(rows, self.n_rows, name), out) for rows, out in targets]
+            )
+        results = []
+        for rows, out in targets:  # another layout (not written by this package): zarr
+            values = self._read(name, rows)
+            if out is not None:
+                out[...] = values
+            results.append(values if out is None else out)
+        return results
 
     def summary(self) -> dict:
         """What ``spml info`` prints: shapes, sizes and label statistics per split, provenance."""
