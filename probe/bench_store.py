@@ -142,8 +142,9 @@ def format_store_report(r: dict[str, Any]) -> str:
         f"load the previous way (zarr read path)         {r['load_via_zarr_s']:8.3f} s  "
         f"(same tensors: {r['same_tensors']})",
         f"CRC-32C of all features, one thread            {r['crc32c_s']:8.3f} s",
-        f"features on disk {r['features_disk_bytes'] / 1e6:.0f} MB (raw "
-        f"{r['features_raw_bytes'] / 1e6:.0f} MB + 4 B/chunk); zstd would store "
+        f"features on disk {r['features_disk_bytes'] / 1e6:.0f} MB (values "
+        f"{r['features_raw_bytes'] / 1e6:.0f} MB; the last chunk padded, 4 B of CRC a chunk); "
+        "zstd would store "
         f"{r['zstd_size_ratio']:.0%} of that and decode at {r['zstd_read_mb_per_s']:.0f} MB/s "
         f"(measured on {r['zstd_sample_chunks']} chunks)",
     ])

@@ -21,13 +21,20 @@ from optuna.distributions import (
 )
 
 from probe.config import resolve_training
-from probe.losses import get_loss_class
+from probe.losses import HParam, LossInputError, get_loss_class
+from probe.losses._base import check_hparam
 
 from .storage import StudyError
 
 __all__ = ["SearchSpace", "build_space", "parse_range"]
 
 TRAIN_PREFIX = "train."
+# valid values of the searchable training settings (what probe.config.ProbeConfig accepts)
+TRAIN_HPARAMS: dict[str, HParam] = {
+    "lr": HParam("lr", None, "the head's learning rate", low=0.0, low_open=True),
+    "batch_size": HParam("batch_size", None, "rows per step", kind="int", low=1),
+    "epochs": HParam("epochs", None, "training epochs", kind="int", low=1),
+}
 
 
 @dataclass(frozen=True)
@@ -165,6 +172,15 @@ def build_space(
             )
         dists[full] = dist
         defaults.setdefault(full, preset.get(full[len(loss) + 1 :]))
+    for full, dist in dists.items():
+        part = full[len(TRAIN_PREFIX) :] if full.startswith(TRAIN_PREFIX) else None
+        spec = TRAIN_HPARAMS.get(part) if part is not None else specs[full[len(loss) + 1 :]]
+        if spec is None:
+            raise StudyError(
+                f"--space: '{full}' is not a searchable training setting (known: "
+                f"{', '.join(TRAIN_PREFIX + k for k in TRAIN_HPARAMS)})"
+            )
+        check_within(full, dist, spec)
     if not dists:
         raise StudyError(
             f"the search space for {loss} is empty: it declares no searchable hyperparameter; "
@@ -173,6 +189,30 @@ def build_space(
     # the paper point must lie inside the space to be enqueued
     defaults = {k: v for k, v in defaults.items() if v is not None and _contains(dists[k], v)}
     return SearchSpace(loss, dists, defaults)
+
+
+def check_within(name: str, dist: BaseDistribution, spec: HParam) -> None:
+    """StudyError unless every value ``dist`` can sample is valid for ``spec`` (a range's two
+    ends, or each choice), naming the parameter, the search range and the valid range."""
+    if isinstance(dist, CategoricalDistribution):
+        values, shown = list(dist.choices), "{" + ", ".join(map(str, dist.choices)) + "}"
+    else:
+        values = [dist.low, dist.high]  # type: ignore[attr-defined]
+        shown = f"[{values[0]:g}, {values[1]:g}]"
+    if spec.kind == "int" and isinstance(dist, FloatDistribution):
+        raise StudyError(
+            f"--space {name}: {shown} is a continuous range but {name} takes integers in "
+            f"{spec.range_text()}; give the values to try as a list, e.g. {name}=8,16,32"
+        )
+    for value in values:
+        try:
+            check_hparam(spec, value)
+        except LossInputError:
+            raise StudyError(
+                f"--space {name}: the search range {shown} is not inside {name}'s valid range "
+                f"{spec.range_text()} ({value!r} is not valid); nothing was created -- choose "
+                "a range inside it"
+            ) from None
 
 
 def _contains(dist: BaseDistribution, value: Any) -> bool:
