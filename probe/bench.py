@@ -10,7 +10,19 @@ positives per image -- built once and cached (:func:`synthetic_store`), one run 
     in the same run, so the speed-up is between programs that compute the same thing;
 (b) the engine with T = 1, 8, 64 stacked GR trials (different ``w_T`` per trial, shared seed);
 (c) peak memory of each run (CPU: peak resident set size, reset before each run through
-    ``/proc/self/clear_refs``; CUDA: ``torch.cuda.max_memory_allocated``).
+    ``/proc/self/clear_refs``; CUDA: ``torch.cuda.max_memory_allocated``);
+(d) evaluation as the engine does it: val of all T heads (every epoch) and test (once, on the
+    best heads), timed apart;
+(e) one GR trial the way the SPML papers' released code runs a linear probe, written fresh
+    here (:func:`papers_loop`): a ``DataLoader`` with worker processes over float32 feature
+    arrays, ``nn.Linear``, ``torch.optim.Adam``, and after every epoch mAP on train, val and
+    test (scikit-learn's ``average_precision_score`` per class, as their code computes it;
+    :mod:`probe.metrics` when scikit-learn is absent). Same data, seed, loss and batch size;
+    its own shuffling (a seeded ``DataLoader``), so it is a timing reference, not an
+    equivalence check (the plain loop (a) is that).
+
+The report names the machine, the threads and the load average before and after: on a shared
+machine the figures move with the load, and a figure only counts next to its load.
 
 Times are medians over the measured epochs (each configuration runs ``epochs`` epochs); ratios
 come from the same run. Targets (docs/design.md): 2 CPU cores, one trial ≤ 2.5 s/epoch (plain loop
@@ -19,7 +31,9 @@ come from the same run. Targets (docs/design.md): 2 CPU cores, one trial ≤ 2.5
 
 from __future__ import annotations
 
+import functools
 import os
+import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -38,8 +52,8 @@ from .losses import create_loss
 from .results import environment_info
 from .train import train_probe
 
-__all__ = ["BenchConfig", "default_cache_dir", "format_report", "plain_loop", "run_bench",
-           "synthetic_store"]
+__all__ = ["BenchConfig", "default_cache_dir", "format_report", "machine_info", "papers_loop",
+           "plain_loop", "run_bench", "synthetic_store"]
 
 COCO_TRAIN_ROWS = 65_665  # docs/protocol.md step 3: COCO 65,665 / 16,416 / test 40,137
 COCO_TEST_FRACTION = 40_137 / 82_081  # test rows per pool row in COCO
@@ -67,6 +81,8 @@ class BenchConfig:
     epochs: int = 3  # measured epochs per configuration; the median is reported
     trials: tuple[int, ...] = (1, 8, 64)  # stacked trial counts for (b)
     plain: bool = True  # also time the plain PyTorch loop (a)
+    papers: bool = True  # also time the papers-style loop (e)
+    papers_workers: int = 2  # DataLoader worker processes of (e) (the released codes use >= 2)
     device: str = "auto"  # CUDA when available, else CPU
     seed: int = 0  # init, batch order and the synthetic data
     cache_dir: str | None = None  # None: default_cache_dir()
@@ -241,6 +257,118 @@ def plain_loop(
     return head, seconds
 
 
+class _Features(torch.utils.data.Dataset):
+    """Float32 feature rows and their label rows, as the released codes' feature datasets."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, flipped: np.ndarray | None = None) -> None:
+        self.x, self.y, self.flipped = x, y, flipped
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        x = self.x[i]
+        if self.flipped is not None and np.random.random() < 0.5:  # per-worker numpy stream
+            x = self.flipped[i]
+        return torch.from_numpy(x), torch.from_numpy(self.y[i]), i
+
+
+def _papers_map(scores: np.ndarray, targets: np.ndarray) -> float:
+    """mAP as the released codes compute it: per-class ``average_precision_score``."""
+    try:
+        from sklearn.metrics import average_precision_score
+    except ImportError:  # the same figure from probe.metrics (exact sklearn AP)
+        from .metrics import mean_average_precision
+
+        return float(mean_average_precision(torch.from_numpy(targets).bool(),
+                                            logits=torch.from_numpy(scores)).map)
+    aps = [average_precision_score(targets[:, c], scores[:, c]) if targets[:, c].any() else 0.0
+           for c in range(targets.shape[1])]
+    return 100.0 * float(np.mean(aps))
+
+
+def papers_loop(
+    data: ProbeData,
+    loss_name: str = "gr",
+    *,
+    seed: int = 0,
+    lr: float = 1e-5,
+    epochs: int = 1,
+    batch_size: int = 16,
+    workers: int = 2,
+) -> dict[str, Any]:
+    """One trial trained and evaluated the way the SPML papers' code does it (module
+    docstring (e)); returns per-epoch seconds of training and of the whole epoch, and mAPs."""
+    n = data.n_train
+    x = data.train_x[:n, :-1].float().cpu().numpy()
+    flipped = data.train_x[n:, :-1].float().cpu().numpy() if data.has_flip else None
+    observed = data.train_observed.cpu().numpy()
+    splits = {"train": (x, data.train_labels.cpu().numpy()),
+              "val": (data.val_x[:, :-1].float().cpu().numpy(), data.val_labels.cpu().numpy()),
+              "test": (data.test_x[:, :-1].float().cpu().numpy(), data.test_labels.cpu().numpy())}
+    torch.manual_seed(seed)
+    head = nn.Linear(data.feature_dim, data.n_classes)
+    loss = create_loss(loss_name)
+    loss.setup(torch.from_numpy(observed), n_epochs=epochs)
+    loss.manual_seed([seed])
+    opt = torch.optim.Adam(head.parameters(), lr=lr)
+    train_loader = torch.utils.data.DataLoader(
+        _Features(x, observed, flipped), batch_size=batch_size, shuffle=True, drop_last=True,
+        num_workers=workers, generator=torch.Generator().manual_seed(seed),
+        worker_init_fn=functools.partial(_seed_worker, seed), persistent_workers=workers > 0)
+    eval_loaders = {k: torch.utils.data.DataLoader(_Features(xs, ys), batch_size=batch_size,
+                                                   num_workers=workers)
+                    for k, (xs, ys) in splits.items()}
+    train_s, epoch_s, maps = [], [], []
+    for epoch in range(epochs):
+        t0 = time.perf_counter()
+        loss.start_epoch(epoch)
+        head.train()
+        for xb, yb, idx in train_loader:
+            out = loss(head(xb), yb, index=idx)
+            opt.zero_grad()
+            out.loss.backward()
+            opt.step()
+        t1 = time.perf_counter()
+        head.eval()
+        row = {}
+        with torch.no_grad():
+            for k, loader in eval_loaders.items():
+                scores = np.concatenate([torch.sigmoid(head(xb)).numpy() for xb, _, _ in loader])
+                row[k] = _papers_map(scores, splits[k][1])
+        maps.append(row)
+        train_s.append(t1 - t0)
+        epoch_s.append(time.perf_counter() - t0)
+    return {"train_seconds": train_s, "epoch_seconds": epoch_s, "maps": maps}
+
+
+def _seed_worker(seed: int, worker: int) -> None:
+    np.random.seed(seed + worker)
+
+
+def machine_info() -> dict[str, Any]:
+    """What the figures depend on: CPU model and count, torch threads, load average."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cpus = os.cpu_count() or 0
+    try:
+        load = [round(v, 2) for v in os.getloadavg()]
+    except OSError:
+        load = []
+    return {"cpu": model, "cpus": cpus, "torch_threads": torch.get_num_threads(),
+            "load_avg_1_5_15": load}
+
+
 # --------------------------------------------------------------------------------------------
 # measuring
 # --------------------------------------------------------------------------------------------
@@ -303,6 +431,7 @@ def run_bench(config: BenchConfig | None = None, *, progress: bool = True) -> di
     data = ProbeData.from_store(path, device=device)
     rows: list[dict[str, Any]] = []
     equivalence = None
+    machine = {"before": machine_info()}
     pc = ProbeConfig(batch_size=cfg.batch_size, lr=cfg.lr, epochs=cfg.epochs, eval_every=0,
                      seed=cfg.seed, device=str(device))
     for t in sorted(set(cfg.trials) | ({1} if cfg.plain else set())):
@@ -311,18 +440,21 @@ def run_bench(config: BenchConfig | None = None, *, progress: bool = True) -> di
         with _PeakMemory(device) as mem:
             result = train_probe(data, pc, "gr", hparams, progress=progress)
         heads = result.final_heads.to(device)
-        t_eval = time.perf_counter()
-        with torch.no_grad():
+        with torch.no_grad():  # what the engine evaluates: val every epoch, test once
+            t_eval = time.perf_counter()
             evaluate_heads(data.val_x, data.val_labels.bool(), heads, 0.5)
+            val_s = time.perf_counter() - t_eval
+            t_eval = time.perf_counter()
             evaluate_heads(data.test_x, data.test_labels.bool(), heads, 0.5)
-        eval_s = time.perf_counter() - t_eval
+            test_s = time.perf_counter() - t_eval
         secs = result.timing["train_seconds"]
         rows.append({
             "name": f"engine, {t} stacked GR trial{'s' if t > 1 else ''}",
             "method": "engine", "trials": t,
             "sec_per_epoch_median": statistics.median(secs),
             "sec_per_epoch_per_trial": statistics.median(secs) / t,
-            "epoch_seconds": secs, "eval_seconds_val_test": eval_s,
+            "epoch_seconds": secs, "eval_seconds_val": val_s, "eval_seconds_test_once": test_s,
+            "step_threads": result.timing.get("step_threads"),
             "steps_per_epoch": result.timing["steps_per_epoch"],
             "peak_memory_bytes": mem.peak, "memory_at_start_bytes": mem.start,
             "memory_kind": mem.kind,
@@ -341,15 +473,45 @@ def run_bench(config: BenchConfig | None = None, *, progress: bool = True) -> di
                 "method": "plain", "trials": 1,
                 "sec_per_epoch_median": statistics.median(plain_secs),
                 "sec_per_epoch_per_trial": statistics.median(plain_secs),
-                "epoch_seconds": plain_secs, "eval_seconds_val_test": None,
+                "epoch_seconds": plain_secs, "eval_seconds_val": None,
+                "eval_seconds_test_once": None,
                 "steps_per_epoch": data.n_train // cfg.batch_size,
                 "peak_memory_bytes": mem.peak, "memory_at_start_bytes": mem.start,
                 "memory_kind": mem.kind,
             })
+        if t == 1 and cfg.papers:
+            with _PeakMemory(device) as mem:
+                pl = papers_loop(data, "gr", seed=cfg.seed, lr=cfg.lr, epochs=cfg.epochs,
+                                 batch_size=cfg.batch_size, workers=cfg.papers_workers)
+            rows.append({
+                "name": (f"papers-style loop ({cfg.papers_workers} DataLoader workers, mAP of "
+                         "3 splits/epoch), 1 trial"),
+                "method": "papers", "trials": 1,
+                "sec_per_epoch_median": statistics.median(pl["train_seconds"]),
+                "sec_per_epoch_per_trial": statistics.median(pl["train_seconds"]),
+                "epoch_seconds": pl["train_seconds"],
+                "whole_epoch_seconds": pl["epoch_seconds"],
+                "eval_seconds_val": None, "eval_seconds_test_once": None,
+                "maps": pl["maps"],
+                "steps_per_epoch": data.n_train // cfg.batch_size,
+                "peak_memory_bytes": mem.peak, "memory_at_start_bytes": mem.start,
+                "memory_kind": mem.kind,
+            })
+    machine["after"] = machine_info()
     by = {(r["method"], r["trials"]): r["sec_per_epoch_median"] for r in rows}
     ratios: dict[str, float] = {}
     if ("plain", 1) in by and ("engine", 1) in by:
         ratios["plain_over_engine_1_trial"] = by[("plain", 1)] / by[("engine", 1)]
+    engine1 = next((r for r in rows if r["method"] == "engine" and r["trials"] == 1), None)
+    papers = next((r for r in rows if r["method"] == "papers"), None)
+    if engine1 is not None and papers is not None:
+        ratios["papers_over_engine_1_trial_training"] = (papers["sec_per_epoch_median"]
+                                                         / engine1["sec_per_epoch_median"])
+        # a whole epoch: what each does per epoch (the engine: train + val; test once / epochs)
+        engine_whole = (engine1["sec_per_epoch_median"] + engine1["eval_seconds_val"]
+                        + engine1["eval_seconds_test_once"] / cfg.epochs)
+        ratios["papers_over_engine_1_trial_whole_epoch"] = (
+            statistics.median(papers["whole_epoch_seconds"]) / engine_whole)
     for t in cfg.trials:
         if t > 1 and ("engine", 1) in by:
             ratios[f"engine_{t}_trials_over_1_trial"] = by[("engine", t)] / by[("engine", 1)]
@@ -360,6 +522,7 @@ def run_bench(config: BenchConfig | None = None, *, progress: bool = True) -> di
                   "classes": data.n_classes, "flip": data.has_flip,
                   "data_bytes_on_device": data.nbytes()},
         "environment": environment_info(device),
+        "machine": machine,
         "rows": rows,
         "ratios": ratios,
         "equivalence_max_abs_diff_engine_vs_plain": equivalence,
@@ -370,21 +533,26 @@ def run_bench(config: BenchConfig | None = None, *, progress: bool = True) -> di
 def format_report(report: dict[str, Any]) -> str:
     """The report as a text table (what ``spml bench probe`` prints before the JSON)."""
     env, store = report["environment"], report["store"]
+    m = report.get("machine", {})
+    before, after = m.get("before", {}), m.get("after", {})
     lines = [
-        f"probe bench on {env['device']} ({env['device_name']}, {env['threads']} threads), "
-        f"torch {env['torch']}",
+        f"probe bench on {env['device']} ({before.get('cpu', env['device_name'])}, "
+        f"{before.get('cpus', '?')} CPUs, {env['threads']} torch threads), torch {env['torch']}",
+        f"load average (1, 5, 15 min) before {before.get('load_avg_1_5_15')} after "
+        f"{after.get('load_avg_1_5_15')}: figures move with the load",
         f"store: {store['train_rows']} train rows x {store['dim']}, {store['classes']} classes, "
         f"flip={store['flip']}; batch {report['config']['batch_size']}, Adam, GR loss; "
         f"median of {report['config']['epochs']} epochs",
         "",
-        f"{'configuration':<72} {'s/epoch':>9} {'s/epoch/trial':>14} {'eval s':>8} "
-        f"{'peak MiB':>9} {'+MiB':>7}",
+        f"{'configuration (s/epoch: training)':<72} {'s/epoch':>9} {'s/epoch/trial':>14} "
+        f"{'val s':>7} {'test s':>7} {'peak MiB':>9} {'+MiB':>7}",
     ]
     for r in report["rows"]:  # +MiB: peak minus what was in use when the run began
-        ev = "-" if r["eval_seconds_val_test"] is None else f"{r['eval_seconds_val_test']:.2f}"
+        val = "-" if r["eval_seconds_val"] is None else f"{r['eval_seconds_val']:.2f}"
+        test = "-" if r["eval_seconds_test_once"] is None else f"{r['eval_seconds_test_once']:.2f}"
         lines.append(
             f"{r['name']:<72} {r['sec_per_epoch_median']:>9.3f} "
-            f"{r['sec_per_epoch_per_trial']:>14.4f} {ev:>8} "
+            f"{r['sec_per_epoch_per_trial']:>14.4f} {val:>7} {test:>7} "
             f"{r['peak_memory_bytes'] / 2**20:>9.0f} "
             f"{(r['peak_memory_bytes'] - r['memory_at_start_bytes']) / 2**20:>7.0f}"
         )

@@ -270,7 +270,7 @@ def _cmd_bench_probe(args: argparse.Namespace) -> int:
     config = BenchConfig(
         n_train=args.rows, dim=args.dim, n_classes=args.classes, batch_size=args.batch_size,
         epochs=args.epochs, trials=trials, plain=not args.no_plain, device=args.device,
-        cache_dir=args.cache_dir,
+        cache_dir=args.cache_dir, papers=not args.no_papers, papers_workers=args.papers_workers,
     )
     if args.threads is not None:
         import torch
@@ -397,6 +397,10 @@ def _register_probe(sub: argparse._SubParsersAction, bench: argparse._SubParsers
     b.add_argument("--trials", default="1,8,64",
                    help="stacked trial counts to time (default: 1,8,64)")
     b.add_argument("--no-plain", action="store_true", help="skip the plain PyTorch loop")
+    b.add_argument("--no-papers", action="store_true",
+                   help="skip the papers-style loop (DataLoader workers, metrics every epoch)")
+    b.add_argument("--papers-workers", type=int, default=2,
+                   help="DataLoader worker processes of the papers-style loop (default: 2)")
     b.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     add_device_argument(b)
     b.add_argument("--cache-dir",

@@ -129,6 +129,7 @@ def train_probe(
     timing["total_seconds"] = time.perf_counter() - t_start
     timing["epochs_run"] = len(timing["train_seconds"])
     timing["steps_per_epoch"] = trainer.n_steps
+    timing["step_threads"] = trainer.threads  # None: torch's setting
     return _result(plan, trainer, data, config, results, evaluator, timing)
 
 

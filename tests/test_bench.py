@@ -50,7 +50,7 @@ def test_run_bench_report(tmp_path):
                       cache_dir=str(tmp_path))
     report = run_bench(cfg, progress=False)
     rows = {(r["method"], r["trials"]): r for r in report["rows"]}
-    assert set(rows) == {("engine", 1), ("engine", 3), ("plain", 1)}
+    assert set(rows) == {("engine", 1), ("engine", 3), ("plain", 1), ("papers", 1)}
     for r in rows.values():
         assert len(r["epoch_seconds"]) == 2
         assert r["sec_per_epoch_median"] == pytest.approx(float(np.median(r["epoch_seconds"])))
@@ -61,9 +61,20 @@ def test_run_bench_report(tmp_path):
     assert ratios["plain_over_engine_1_trial"] == pytest.approx(
         rows[("plain", 1)]["sec_per_epoch_median"] / rows[("engine", 1)]["sec_per_epoch_median"])
     assert "engine_3_trials_over_1_trial" in ratios
+    papers = rows[("papers", 1)]
+    assert ratios["papers_over_engine_1_trial_training"] == pytest.approx(
+        papers["sec_per_epoch_median"] / rows[("engine", 1)]["sec_per_epoch_median"])
+    assert ratios["papers_over_engine_1_trial_whole_epoch"] > 0
+    assert [set(m) for m in papers["maps"]] == [{"train", "val", "test"}] * 2
+    assert all(0 <= v <= 100 for m in papers["maps"] for v in m.values())
+    assert rows[("engine", 3)]["eval_seconds_val"] > 0
+    assert rows[("engine", 3)]["eval_seconds_test_once"] > 0
+    machine = report["machine"]
+    assert machine["before"]["cpus"] >= 1 and len(machine["after"]["load_avg_1_5_15"]) == 3
     assert report["equivalence_max_abs_diff_engine_vs_plain"] < 1e-5
     text = format_report(report)
     assert "plain loop" in text and "engine, 3 stacked GR trials" in text
+    assert "papers-style loop" in text and "load average" in text
     json.dumps(report)  # the JSON printed by the command
 
 
