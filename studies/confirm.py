@@ -21,13 +21,14 @@ import optuna
 import polars as pl
 from optuna.trial import TrialState
 
+from probe.intervals import mean_interval
 from probe.io import atomic_write
 from probe.store.protocol import PROTOCOL_SEED
 
 from .space import TRAIN_PREFIX
 from .storage import StudyError, open_storage, parse_storage
 
-__all__ = ["ConfirmRow", "confirm_study", "load_study", "winner", "write_winner"]
+__all__ = ["ConfirmRow", "confirm_study", "load_study", "trial_setup", "winner", "write_winner"]
 
 
 @dataclass
@@ -43,6 +44,9 @@ class ConfirmRow:
     test_maps: list[float]
     seeds: list[int]
     observed_seeds: list[int]
+    # Student-t 95% interval of the mean test mAP over the runs (seeds x draws); NaN for 1 run
+    test_low: float = math.nan
+    test_high: float = math.nan
 
 
 def load_study(storage: str, name: str | None) -> optuna.Study:
@@ -77,7 +81,6 @@ def confirm_study(
     """Re-train the ``top_k`` best completed trials with every training seed in ``seeds`` on
     every single-positive draw in ``observed_seeds`` (added to the store if missing); returns
     rows ordered by mean test mAP and writes ``confirm.parquet`` and ``best.json`` to ``out``."""
-    from probe.config import ProbeConfig
     from probe.data import ProbeData
     from probe.store import add_observed_seed, open_store
     from probe.train import train_probe
@@ -99,24 +102,14 @@ def confirm_study(
             log(f"adding single-positive draw {s} to {store_path}")
             add_observed_seed(store_path, s)
     store = open_store(store_path)
-    fixed = settings.get("fixed", {})
     runs: dict[int, list[tuple[float, float, int, int]]] = {t.number: [] for t in top}
     for obs_seed in observed_seeds:
         data = ProbeData.from_store(
             store, device=device if device != "auto" else "cpu", observed_seed=obs_seed
         )
         for trial in top:
-            loss_hp, train_hp = _split(trial.params, loss)
-            hp = {**fixed, **loss_hp, **({"lr": train_hp["lr"]} if "lr" in train_hp else {})}
-            cfg = ProbeConfig(
-                batch_size=train_hp.get("batch_size", settings.get("batch_size")),
-                epochs=train_hp.get("epochs", settings.get("epochs")),
-                lr=settings.get("lr"),
-                seeds=tuple(int(s) for s in seeds),
-                val_labels=settings.get("val_labels", "clean"),
-                observed_seed=obs_seed,
-                device=device,
-            )
+            hp, cfg = trial_setup(trial.params, loss, settings, seeds=seeds,
+                                  observed_seed=obs_seed, device=device)
             result = train_probe(data, cfg, loss, [hp] * len(seeds), progress=sys.stderr.isatty())
             for tr, seed in zip(result.trials, seeds):
                 runs[trial.number].append(
@@ -139,6 +132,8 @@ def confirm_study(
                 params=dict(trial.params),
                 search_value=float(trial.value),
                 test_mean=statistics.fmean(tests),
+                test_low=mean_interval(tests).low,
+                test_high=mean_interval(tests).high,
                 test_std=statistics.stdev(tests) if len(tests) > 1 else 0.0,
                 val_mean=statistics.fmean(vals),
                 n_runs=len(tests),
@@ -195,6 +190,28 @@ def write_winner(path: str | Path, record: dict[str, Any]) -> Path:
     return write_json_atomic(path, record)
 
 
+def trial_setup(params: dict[str, Any], loss: str, settings: dict[str, Any], *,
+                seeds: Sequence[int], observed_seed: int, device: str = "auto"
+                ) -> tuple[dict[str, Any], Any]:
+    """A study trial's loss hyperparameters (fixed ones included; lr when searched) and the
+    :class:`probe.config.ProbeConfig` that re-trains it with every seed in ``seeds``."""
+    from probe.config import ProbeConfig
+
+    loss_hp, train_hp = _split(params, loss)
+    hp = {**settings.get("fixed", {}), **loss_hp,
+          **({"lr": train_hp["lr"]} if "lr" in train_hp else {})}
+    cfg = ProbeConfig(
+        batch_size=train_hp.get("batch_size", settings.get("batch_size")),
+        epochs=train_hp.get("epochs", settings.get("epochs")),
+        lr=settings.get("lr"),
+        seeds=tuple(int(s) for s in seeds),
+        val_labels=settings.get("val_labels", "clean"),
+        observed_seed=observed_seed,
+        device=device,
+    )
+    return hp, cfg
+
+
 def _split(params: dict[str, Any], loss: str) -> tuple[dict[str, Any], dict[str, Any]]:
     loss_hp = {k[len(loss) + 1 :]: v for k, v in params.items() if k.startswith(loss + ".")}
     train_hp = {k[len(TRAIN_PREFIX) :]: v for k, v in params.items() if k.startswith(TRAIN_PREFIX)}
@@ -204,7 +221,9 @@ def _split(params: dict[str, Any], loss: str) -> tuple[dict[str, Any], dict[str,
 def _fmt(runs: list[tuple[float, float, int, int]]) -> str:
     tests = [r[0] for r in runs]
     std = statistics.stdev(tests) if len(tests) > 1 else 0.0
-    return f"{statistics.fmean(tests):.2f} ± {std:.2f} ({len(tests)} runs)"
+    iv = mean_interval(tests)
+    ci = f", 95% interval of the mean [{iv.low:.2f}, {iv.high:.2f}]" if len(tests) > 1 else ""
+    return f"{statistics.fmean(tests):.2f} ± {std:.2f} ({len(tests)} runs{ci})"
 
 
 def _write(out: Path, rows: list[ConfirmRow], study: optuna.Study) -> None:
@@ -216,5 +235,6 @@ def _write(out: Path, rows: list[ConfirmRow], study: optuna.Study) -> None:
     best = rows[0]
     record = winner(study, best.trial)
     record["confirmed"] = {"test_mean": best.test_mean, "test_std": best.test_std,
+                           "test_low": best.test_low, "test_high": best.test_high,
                            "n_runs": best.n_runs, "trial": best.trial}
     write_winner(out / "best.json", record)

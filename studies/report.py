@@ -73,8 +73,12 @@ SECTIONS = (
     ("contour-plots", "Contour plots"),
     ("learning-curves", "Learning curves"),
     ("per-class-ap-vs-the-an-baseline", "Per-class AP vs the AN baseline"),
+    ("intervals-and-comparison", "Intervals and comparison"),
 )
-_FIGURE_NAMES = ("history", "importance", "slices", "contours", "learning_curves", "class_ap")
+_FIGURE_NAMES = ("history", "importance", "slices", "contours", "learning_curves", "class_ap",
+                 "comparison")
+# trials re-trained for test-mAP intervals: the best few by val mAP (plus the paper point)
+_INTERVAL_TOP = 3
 
 
 @dataclass(frozen=True)
@@ -526,7 +530,8 @@ def _summary(st: _Study, commands: list[str]) -> _Section:
     return sec
 
 
-def _leaderboard(st: _Study, options: ReportOptions) -> _Section:
+def _leaderboard(st: _Study, options: ReportOptions, ctx: _Retrained | None = None
+                 ) -> _Section:
     sec = _Section(*SECTIONS[1])
     complete = st.complete
     if not complete:
@@ -540,6 +545,9 @@ def _leaderboard(st: _Study, options: ReportOptions) -> _Section:
     confirmed = {int(r["trial"]): r for r in st.confirm}
     names = list(st.distributions)
     header = ["rank", "trial", "val mAP", "best epoch", "test mAP"]
+    intervals = ctx.intervals if ctx is not None else {}
+    if intervals:
+        header += ["test mAP 95% interval"]
     if confirmed:
         header += ["confirmed test mAP", "runs"]
     header += names
@@ -555,9 +563,12 @@ def _leaderboard(st: _Study, options: ReportOptions) -> _Section:
         row = [str(rank[t.number]), f"{t.number}{mark}",
                f"{t.value:.2f}", str(epoch + 1) if epoch is not None else "–",
                _f2(res.get("test_map"))]
+        if intervals:
+            iv = intervals.get(t.number)
+            row += [f"[{iv.low:.2f}, {iv.high:.2f}]" if iv is not None else "–"]
         if confirmed:
             c = confirmed.get(t.number)
-            row += ([f"{c['test_mean']:.2f} ± {c['test_std']:.2f}", str(c["n_runs"])]
+            row += ([f"{c['test_mean']:.2f} ± {c['test_std']:.2f}{_ci(c)}", str(c["n_runs"])]
                     if c else ["–", "–"])
         row += [_fv(t.params[n]) if n in t.params else "–" for n in names]
         rows.append(row)
@@ -566,6 +577,9 @@ def _leaderboard(st: _Study, options: ReportOptions) -> _Section:
         "criterion), with test mAP at each trial's best val epoch"
         + (" and, where 'spml study confirm' re-ran a trial, its test mAP as mean ± std over "
            "seeds" if confirmed else "") + "."
+        + (f" Intervals: the best {len(intervals)} trials re-trained by this report, 95% "
+           "paired bootstrap over the test images (section 'Intervals and comparison')."
+           if intervals else "")
     ))
     sec.blocks.append(_Table(header, rows, id="leaderboard"))
     if st.confirm:
@@ -574,17 +588,28 @@ def _leaderboard(st: _Study, options: ReportOptions) -> _Section:
             seeds = ",".join(str(s) for s in dict.fromkeys(r["seeds"]))
             draws = ",".join(str(s) for s in dict.fromkeys(r["observed_seeds"]))
             crow.append([str(r["rank"]), str(r["trial"]), f"{r['search_value']:.2f}",
-                         f"{r['val_mean']:.2f}", f"{r['test_mean']:.2f} ± {r['test_std']:.2f}",
+                         f"{r['val_mean']:.2f}",
+                         f"{r['test_mean']:.2f} ± {r['test_std']:.2f}{_ci(r)}",
                          str(r["n_runs"]), seeds, draws])
         sec.blocks.append(_Para(
             "Confirmation ('spml study confirm'): each trial re-trained with every training "
             "seed on every single-positive draw; ranked by mean val mAP (test is reported, "
-            "never selected on). Standard deviations are sample standard deviations."
+            "never selected on). Standard deviations are sample standard deviations; brackets: "
+            "the Student-t 95% interval of the mean over the runs."
         ))
         sec.blocks.append(_Table(
             ["rank", "trial", "search val mAP", "val mAP (mean)", "test mAP (mean ± std)",
              "runs", "seeds", "draws"], crow, id="confirmation"))
     return sec
+
+
+def _ci(row: dict[str, Any]) -> str:
+    """`` [low, high]`` of a confirmation row's interval over runs (rows written before the
+    interval existed, or of one run, have none)."""
+    low, high = row.get("test_low"), row.get("test_high")
+    if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
+        return ""
+    return f" [{low:.2f}, {high:.2f}]"
 
 
 def _history(st: _Study, fig_dir: Path, options: ReportOptions) -> _Section:
@@ -708,30 +733,33 @@ def _curves(st: _Study, fig_dir: Path, options: ReportOptions) -> _Section:
     return sec
 
 
-def _baseline(st: _Study, store_arg: str | None, fig_dir: Path, out: Path,
-              options: ReportOptions, log: Callable[[str], None]
-              ) -> tuple[_Section, Path | None]:
-    """Per-class test AP of the best trial (from the Parquet results) against an AN probe
-    (Cole et al. 2021, Eq. 3) trained on the same store with the best trial's training
-    settings, training seed and single-positive draw."""
-    sec = _Section(*SECTIONS[7])
+@dataclass
+class _Retrained:
+    """What the report trains on the study's store: the AN baseline and, for intervals, the
+    best few trials (and the paper point) re-trained with their own settings and seed."""
 
-    def skip(reason: str) -> tuple[_Section, None]:
-        sec.blocks.append(_Note(f"Skipped: {reason}."))
-        return sec, None
+    store_path: str
+    data: Any  # probe.data.ProbeData
+    an_config: Any  # probe.config.ProbeConfig
+    an: Any  # probe.results.ProbeResult
+    observed_seed: int
+    trials: dict[int, Any] = field(default_factory=dict)  # number -> ProbeResult (1 trial)
+    comparison: Any = None  # studies.compare.Comparison over trials + AN
+    intervals: dict[int, Any] = field(default_factory=dict)  # number -> Interval
 
+
+def _retrain(st: _Study, store_arg: str | None, options: ReportOptions,
+             log: Callable[[str], None]) -> tuple[_Retrained | None, str]:
+    """Train the AN baseline and re-train the top trials on the study's store; the reason
+    when it cannot (no completed trial, no or another store, baseline turned off)."""
     if not options.baseline:
-        return skip("the AN baseline was turned off (--no-baseline)")
+        return None, "the AN baseline was turned off (--no-baseline)"
     if not st.complete:
-        return skip("no completed trial to compare")
+        return None, "no completed trial to compare"
     best = st.complete[0]
-    best_ap = st.results.get(best.number, {}).get("class_ap")
-    if not best_ap:
-        return skip(f"the results Parquet ({st.study_dir / 'results'}) holds no per-class AP "
-                    f"for the best trial {best.number}")
     store_path, why = _find_store(st, store_arg)
     if store_path is None:
-        return skip(why)
+        return None, why
     from probe.config import ProbeConfig
     from probe.data import ProbeData
     from probe.store import open_store
@@ -740,7 +768,7 @@ def _baseline(st: _Study, store_arg: str | None, fig_dir: Path, out: Path,
     try:
         store = open_store(store_path)
     except (ValueError, FileNotFoundError) as err:
-        return skip(f"the store {store_path} cannot be opened: {err}")
+        return None, f"the store {store_path} cannot be opened: {err}"
     ident = st.identity
     got = {"dataset": store.dataset, "rows": store.n_rows, "classes": store.n_classes,
            "feature_dim": store.feature_dim}
@@ -748,11 +776,8 @@ def _baseline(st: _Study, store_arg: str | None, fig_dir: Path, out: Path,
     if differ:
         what = ", ".join(f"{k} {a} in the study vs {b} in the store"
                          for k, (a, b) in differ.items())
-        return skip(f"the store {store_path} is not the one the study trained on ({what}); pass "
-                    "the right one with --store")
-    if len(best_ap) != store.n_classes:
-        return skip(f"the best trial's per-class AP has {len(best_ap)} classes, the store "
-                    f"{store.n_classes}")
+        return None, (f"the store {store_path} is not the one the study trained on ({what}); "
+                      "pass the right one with --store")
     train = _training(st)
     loss_part = {k[len("train."):]: v for k, v in best.params.items() if k.startswith("train.")}
     train.update({k: v for k, v in loss_part.items() if k in ("batch_size", "lr", "epochs")})
@@ -766,6 +791,69 @@ def _baseline(st: _Study, store_arg: str | None, fig_dir: Path, out: Path,
         f"{cfg.batch_size}, lr {cfg.lr:g})")
     data = ProbeData.from_store(store, device=options.device, observed_seed=observed_seed)
     result = train_probe(data, cfg, "an", [{}], progress=options.progress)
+    out = _Retrained(store_path=store_path, data=data, an_config=cfg, an=result,
+                     observed_seed=observed_seed)
+    _retrain_top(st, out, options, log)
+    return out, ""
+
+
+def _retrain_top(st: _Study, ctx: _Retrained, options: ReportOptions,
+                 log: Callable[[str], None]) -> None:
+    """Re-train the best :data:`_INTERVAL_TOP` trials and the paper point (their own settings,
+    the study's training seed), then bootstrap their test mAP with the AN baseline's, paired
+    over the test images (probe.intervals)."""
+    import torch
+
+    from probe.evaluate import stacked_logits
+    from probe.train import train_probe
+
+    from .compare import compare_scores
+    from .confirm import trial_setup
+
+    chosen = list(st.complete[:_INTERVAL_TOP])
+    paper = st.paper
+    if paper is not None and paper.state == TrialState.COMPLETE and paper not in chosen:
+        chosen.append(paper)
+    seed = int(st.settings.get("train_seed", 0))
+    for t in chosen:
+        hp, cfg = trial_setup(t.params, st.loss, st.settings, seeds=(seed,),
+                              observed_seed=ctx.observed_seed, device=options.device)
+        log(f"re-training trial {t.number} for its test-mAP interval")
+        ctx.trials[t.number] = train_probe(ctx.data, cfg, st.loss, [hp], progress=False)
+    labels = [f"trial {n}" + (" (paper)" if paper is not None and n == paper.number else "")
+              for n in ctx.trials] + ["AN baseline"]
+    heads = [r.best_heads[0] for r in ctx.trials.values()] + [ctx.an.best_heads[0]]
+    w = torch.stack(heads).to(ctx.data.device)
+    scores = stacked_logits(ctx.data.test_x, w)
+    cmp = compare_scores(labels, scores, ctx.data.test_labels.bool())
+    cmp.dataset, cmp.store = st.identity.get("dataset", ""), ctx.store_path
+    ctx.comparison = cmp
+    ctx.intervals = dict(zip(ctx.trials, cmp.intervals))
+
+
+def _baseline(st: _Study, ctx: _Retrained | None, why: str, fig_dir: Path, out: Path,
+              options: ReportOptions) -> tuple[_Section, Path | None]:
+    """Per-class test AP of the best trial (from the Parquet results) against an AN probe
+    (Cole et al. 2021, Eq. 3) trained on the same store with the best trial's training
+    settings, training seed and single-positive draw."""
+    sec = _Section(*SECTIONS[7])
+
+    def skip(reason: str) -> tuple[_Section, None]:
+        sec.blocks.append(_Note(f"Skipped: {reason}."))
+        return sec, None
+
+    if ctx is None:
+        return skip(why)
+    best = st.complete[0]
+    best_ap = st.results.get(best.number, {}).get("class_ap")
+    if not best_ap:
+        return skip(f"the results Parquet ({st.study_dir / 'results'}) holds no per-class AP "
+                    f"for the best trial {best.number}")
+    if len(best_ap) != ctx.data.n_classes:
+        return skip(f"the best trial's per-class AP has {len(best_ap)} classes, the store "
+                    f"{ctx.data.n_classes}")
+    result, cfg, store_path = ctx.an, ctx.an_config, ctx.store_path
+    observed_seed = ctx.observed_seed
     baseline_path = result.write_json(out / "an_baseline.json")
     an = result.trials[0]
     an_ap = an.best.get("test_ap") or []
@@ -802,6 +890,56 @@ def _baseline(st: _Study, store_arg: str | None, fig_dir: Path, out: Path,
                              [[n, f"{a:.2f}", f"{b:.2f}", f"{a - b:+.2f}"] for n, a, b in order],
                              id="class-ap"))
     return sec, baseline_path
+
+
+def _comparison_section(st: _Study, ctx: _Retrained | None, why: str, fig_dir: Path,
+                        options: ReportOptions) -> _Section:
+    """The re-trained top trials, the paper point and the AN baseline: test mAP with 95%
+    intervals and every paired difference (studies.compare), as a table and a figure."""
+    from .compare import plot
+
+    sec = _Section(*SECTIONS[8])
+    if ctx is None or ctx.comparison is None:
+        sec.blocks.append(_Note(f"Skipped: {why or 'nothing was re-trained'}."))
+        return sec
+    cmp = ctx.comparison
+    sec.blocks.append(_Para(
+        f"The best {min(_INTERVAL_TOP, len(st.complete))} trials by val mAP"
+        + (", the paper's values" if st.paper is not None else "")
+        + " and the AN baseline, re-trained on the study's store with their own settings "
+        f"(training seed {st.settings.get('train_seed', 0)}, single-positive draw "
+        f"{ctx.observed_seed}) and scored on the same {cmp.n_images} test images. Intervals: "
+        f"{cmp.n_resamples} paired bootstrap resamples of the test images (class-wise AP "
+        "recomputed on each); differences are paired and their p-values Holm-corrected over "
+        f"the {len(cmp.pairs)} pairs. They measure test-set variation only, not training "
+        "seeds or draws ('spml study confirm')."))
+    rows = []
+    for label, iv in zip(cmp.labels, cmp.intervals):
+        rows.append([label, f"{iv.value:.2f}", f"[{iv.low:.2f}, {iv.high:.2f}]"])
+    sec.blocks.append(_Table(["system", "test mAP", "95% interval"], rows, id="intervals"))
+    prow = []
+    for p in sorted(cmp.pairs, key=lambda p: p.p_holm):
+        a, b, sign = (p.a, p.b, 1) if p.diff.value >= 0 else (p.b, p.a, -1)
+        lo, hi = sorted((sign * p.diff.low, sign * p.diff.high))
+        verdict = f"{cmp.labels[a]} better" if p.significant else "no clear difference"
+        prow.append([f"{cmp.labels[a]} - {cmp.labels[b]}", f"{sign * p.diff.value:+.2f}",
+                     f"[{lo:+.2f}, {hi:+.2f}]", f"{p.p_value:.3f}", f"{p.p_holm:.3f}", verdict])
+    sec.blocks.append(_Table(["pair", "difference", "95% interval", "p", "p (Holm)",
+                              "verdict"], prow, id="comparison"))
+    drift = [(n, r.trials[0].best.get("test_map"), st.results.get(n, {}).get("test_map"))
+             for n, r in ctx.trials.items()]
+    drift = [(n, a, b) for n, a, b in drift
+             if isinstance(a, float) and isinstance(b, float) and abs(a - b) > 0.01]
+    if drift:
+        sec.blocks.append(_Note("Re-training did not reproduce the study's test mAP exactly "
+                                "for " + ", ".join(f"trial {n} ({a:.2f} vs {b:.2f})"
+                                                   for n, a, b in drift)
+                                + "; the table shows the re-trained heads.", kind="warn"))
+    path = plot(cmp, fig_dir / "comparison.png")
+    sec.blocks.append(_Fig(path, (
+        "Left: test mAP with its 95% bootstrap interval. Right: every pairwise difference "
+        "(higher minus lower) with its paired interval; red where the Holm-corrected p < 0.05.")))
+    return sec
 
 
 def _find_store(st: _Study, store_arg: str | None) -> tuple[str | None, str]:
@@ -972,17 +1110,19 @@ def build_report(
     commands = _commands(st, name, store, out_dir)
     log(f"study {st.study.study_name}: {len(st.trials)} trials; drawing figures")
     imp, imp_reason = _importances(st, options)
+    ctx, why = _retrain(st, store, options, log)
     sections = [
         _summary(st, commands),
-        _leaderboard(st, options),
+        _leaderboard(st, options, ctx),
         _history(st, fig_dir, options),
         _importance_section(st, imp, imp_reason, fig_dir, options),
         _slices(st, fig_dir, options),
         _contours(st, imp, fig_dir, options),
         _curves(st, fig_dir, options),
     ]
-    baseline_section, baseline_path = _baseline(st, store, fig_dir, out_dir, options, log)
+    baseline_section, baseline_path = _baseline(st, ctx, why, fig_dir, out_dir, options)
     sections.append(baseline_section)
+    sections.append(_comparison_section(st, ctx, why, fig_dir, options))
     figures = [b.path for s in sections for b in s.blocks if isinstance(b, _Fig)]
     for stem in _FIGURE_NAMES:  # a figure of an earlier report that this one could not draw
         old = fig_dir / f"{stem}.png"

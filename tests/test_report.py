@@ -116,6 +116,12 @@ def _informative(png: Path | bytes, min_colours: int = 64) -> np.ndarray:
     return img
 
 
+def _png(img: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(img.astype(np.uint8)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
 def _check_page(result, page: _Page) -> None:
     """Every section heading; every <img> an embedded PNG equal to its figure file; nothing
     external; the Markdown has the same headings and links existing figures."""
@@ -176,8 +182,8 @@ def test_real_study_report_matches_the_storage(real):
     assert result.skipped == {}
     assert result.html_path == out / "report" / "report.html"
     names = sorted(p.name for p in result.figures)
-    assert names == ["class_ap.png", "contours.png", "history.png", "importance.png",
-                     "learning_curves.png", "slices.png"]
+    assert names == ["class_ap.png", "comparison.png", "contours.png", "history.png",
+                     "importance.png", "learning_curves.png", "slices.png"]
     for fig in result.figures:
         assert fig.stat().st_size > 20_000
         _informative(fig)
@@ -193,9 +199,9 @@ def test_real_study_report_matches_the_storage(real):
     results = {r["trial"]: r for r in pl.read_parquet(out / "results" / "*.parquet").to_dicts()}
     confirmed = {r["trial"]: r for r in pl.read_parquet(out / "confirm.parquet").to_dicts()}
     header, rows = _table(page, "leaderboard")
-    assert header[:7] == ["rank", "trial", "val mAP", "best epoch", "test mAP",
-                          "confirmed test mAP", "runs"]
-    assert header[7:] == list(trials[0].params)
+    assert header[:8] == ["rank", "trial", "val mAP", "best epoch", "test mAP",
+                          "test mAP 95% interval", "confirmed test mAP", "runs"]
+    assert header[8:] == list(trials[0].params)
     assert len(rows) == len(complete)
     for i, row in enumerate(rows):
         t = trials[int(row["trial"].split()[0])]
@@ -208,9 +214,40 @@ def test_real_study_report_matches_the_storage(real):
         for name, value in t.params.items():
             assert float(row[name]) == pytest.approx(value, rel=1e-3)
         c = confirmed.get(t.number)
-        want = f"{c['test_mean']:.2f} ± {c['test_std']:.2f}" if c else "–"
+        want = (f"{c['test_mean']:.2f} ± {c['test_std']:.2f} [{c['test_low']:.2f}, "
+                f"{c['test_high']:.2f}]" if c else "–")
         assert row["confirmed test mAP"] == want
     assert sum(r["confirmed test mAP"] != "–" for r in rows) == 2
+    # intervals: the best 3 trials (and the paper point) re-trained by the report; their
+    # test mAP reproduces the study's, and its 95% interval brackets it
+    paper = next(t for t in complete if t.user_attrs.get("spml:paper"))
+    retrained = {t.number for t in complete[:3]} | {paper.number}
+    for row in rows:
+        n = int(row["trial"].split()[0])
+        cell = row["test mAP 95% interval"]
+        if n not in retrained:
+            assert cell == "–"
+            continue
+        low, high = (float(v) for v in cell.strip("[]").split(","))
+        assert low <= float(row["test mAP"]) <= high and high - low > 0.1
+    _, ivs = _table(page, "intervals")
+    assert [r["system"] for r in ivs] == [
+        f"trial {n}" + (" (paper)" if n == paper.number else "")
+        for n in [t.number for t in complete[:3]] + ([] if paper in complete[:3]
+                                                      else [paper.number])] + ["AN baseline"]
+    for r in ivs[:-1]:
+        n = int(r["system"].split()[1])
+        assert r["test mAP"] == f"{results[n]['test_map']:.2f}"  # re-training reproduces it
+    an_run = json.loads(result.baseline_path.read_text())
+    assert ivs[-1]["test mAP"] == f"{an_run['trials'][0]['best']['test_map']:.2f}"
+    _, pairs = _table(page, "comparison")
+    assert len(pairs) == len(ivs) * (len(ivs) - 1) // 2
+    for r in pairs:
+        low, high = (float(v) for v in r["95% interval"].strip("[]").split(","))
+        assert float(r["difference"]) >= 0 and low <= high
+        assert float(r["p"]) <= float(r["p (Holm)"]) <= 1
+        assert (r["verdict"] == "no clear difference") == (float(r["p (Holm)"]) >= 0.05)
+
     _, crow = _table(page, "confirmation")
     assert [int(r["trial"]) for r in crow] == [r["trial"] for r in
                                                sorted(confirmed.values(), key=lambda r: r["rank"])]
@@ -287,6 +324,33 @@ def test_report_renders_in_headless_chromium(real, tmp_path):
     # the page is not mostly background: text, tables and figures fill the first screen
     background = (np.abs(img.astype(int) - img[5, 5]).sum(-1) < 6).mean()
     assert background < 0.5
+
+    # the intervals section, the page's last: in a screenshot of the whole page, the last
+    # screenful of content holds the comparison figure (blue interval bars, a difference panel)
+    shot = tmp_path / "whole.png"
+    proc = subprocess.run(
+        [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
+         "--window-size=1200,16000", "--hide-scrollbars", real["result"].html_path.as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert shot.exists(), proc.stderr[-2000:]
+    whole = np.asarray(Image.open(shot).convert("RGB")).astype(int)
+    filled = np.nonzero((np.abs(whole - whole[5, 5]).sum(-1) > 6).mean(1) > 0.01)[0]
+    assert filled.max() < whole.shape[0] - 10, "page taller than the screenshot"
+    tail = whole[max(0, filled.max() - 1400): filled.max()]
+    _informative(_png(tail), min_colours=200)
+    blue = (np.abs(tail - (31, 119, 180)).sum(-1) < 30).sum()
+    grey_or_red = ((np.abs(tail - (154, 160, 166)).sum(-1) < 30)
+                   | (np.abs(tail - (214, 39, 40)).sum(-1) < 30)).sum()
+    assert blue > 200 and grey_or_red > 200
+    dom = subprocess.run(
+        [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
+         real["result"].html_path.as_uri()], capture_output=True, text=True, timeout=120,
+    ).stdout
+    section = dom.split('id="intervals-and-comparison"', 1)[1]
+    assert 'id="intervals"' in section and 'id="comparison"' in section
+    assert "95% interval" in section and 'alt="' in section
+    assert "data:image/png;base64," in section  # the comparison figure, embedded
 
 
 # --------------------------------------------------------------------------------------------

@@ -353,6 +353,14 @@ def test_confirm_reports_mean_and_std(yeast, tmp_path, capsys):
 
     frame = pl.read_parquet(out / "confirm.parquet")
     assert frame.height == 2 and all(len(x) == 4 for x in frame["test_maps"])
+    # the t interval of the mean over the 4 runs (seeds x draws) brackets the mean
+    from probe.intervals import mean_interval
+
+    for row in frame.iter_rows(named=True):
+        iv = mean_interval(row["test_maps"])
+        assert row["test_low"] == pytest.approx(iv.low) and row["test_high"] == pytest.approx(iv.high)
+        assert row["test_low"] <= row["test_mean"] <= row["test_high"]
+    assert "95% interval" in printed
     from probe.store import open_store
 
     assert 7 in open_store(yeast).observed_seeds()  # the extra draw was added to the store

@@ -131,15 +131,20 @@ def _confirm(args: argparse.Namespace) -> int:
         device=args.device,
         log=lambda m: print(m, file=sys.stderr),
     )
-    print(f"{'rank':>4} {'trial':>5}  {'val mAP':>8}  {'test mAP (mean ± std)':>22}  runs  params")
+    print(f"{'rank':>4} {'trial':>5}  {'val mAP':>8}  {'test mAP (mean ± std)':>22}  "
+          f"{'95% interval':>16}  runs  params")
     for r in rows:
         params = ", ".join(
             f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.params.items()
         )
+        ci = f"[{r.test_low:.2f}, {r.test_high:.2f}]" if r.n_runs > 1 else "- (1 run)"
         print(
             f"{r.rank:>4} {r.trial:>5}  {r.val_mean:8.2f}  {r.test_mean:13.2f} ± {r.test_std:5.2f}"
-            f"  {r.n_runs:>4}  {params}"
+            f"  {ci:>16}  {r.n_runs:>4}  {params}"
         )
+    print("95% interval: Student-t interval of the mean test mAP over the runs (training seeds "
+          "x single-positive draws); it does not include the test-image variation that "
+          "'spml compare' measures")
     if args.out:
         print(
             f"wrote {Path(args.out) / 'confirm.parquet'} and {Path(args.out) / 'best.json'} "
