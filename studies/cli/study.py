@@ -234,6 +234,59 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
     p.add_argument("--json", help="write the summary as JSON here")
     p.set_defaults(func=_study)
 
+    b = bench.add_parser(
+        "study",
+        help="trials/min of a real 'spml study' (yeast or the COCO-shaped store) and where the "
+        "time goes",
+        description=(
+            "Run one 'spml study' (one worker, a fresh SQLite storage in a temporary folder) on "
+            "the real yeast set or the COCO-shaped synthetic store of 'spml bench probe', and "
+            "print trials/min with the split of the wall time into train / eval / optuna / io "
+            "/ setup, beside the machine and its load."
+        ),
+        epilog=(
+            "examples:\n  spml bench study                       # yeast, GR, 64 trials, "
+            "batch 16\n  spml bench study --store coco --batch 64 --epochs 8\n"
+            "  spml bench study --store PATH --loss an --trials 32"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    b.add_argument("--store", default="yeast",
+                   help="yeast (river's copy, imported once into the cache; default) | coco "
+                   "(the synthetic COCO-shaped store) | a store path")
+    b.add_argument("--loss", default="gr", help="loss searched (default gr)")
+    b.add_argument("--trials", type=int, default=64, help="finished trials (default 64)")
+    b.add_argument("--batch", type=int, default=16, help="trials stacked at once (default 16)")
+    b.add_argument("--epochs", type=int, help="epochs (default: the loss's preset)")
+    b.add_argument("--batch-size", type=int, help="batch size (default: the loss's preset)")
+    b.add_argument("--pruner", default="median", help="median (default) | none")
+    b.add_argument("--cache-dir", help="where bench stores are cached (default ~/.cache/spml-probe)")
+    b.add_argument("--json", help="also write the JSON report here")
+    b.set_defaults(func=_bench_study)
+
+
+def _bench_study(args: argparse.Namespace) -> int:
+    from probe.bench import synthetic_store
+    from probe.results import write_json_atomic
+
+    from ..bench import StudyBenchConfig, bench_study, format_study_bench, yeast_bench_store
+
+    if args.store == "yeast":
+        store = yeast_bench_store(args.cache_dir)
+    elif args.store == "coco":
+        store = synthetic_store(cache_dir=args.cache_dir, progress=sys.stderr.isatty())
+    else:
+        store = Path(args.store)
+    config = StudyBenchConfig(store=str(store), loss=args.loss, n_trials=args.trials,
+                              batch=args.batch, epochs=args.epochs, batch_size=args.batch_size,
+                              pruner=args.pruner)
+    report = bench_study(config)
+    print(format_study_bench(report))
+    print(json.dumps(report, indent=1))
+    if args.json:
+        write_json_atomic(args.json, report)
+    return 0
+
 
 def confirm_parser() -> argparse.ArgumentParser:
     """``spml study confirm`` (its own parser: see :func:`studies.cli.main`)."""

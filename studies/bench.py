@@ -1,0 +1,197 @@
+"""``spml bench study``: trials per minute of a real ``spml study``, and where its time goes.
+
+A study is run exactly as ``spml study`` runs it (:func:`studies.study.run_study`, one worker, a
+fresh SQLite storage in a temporary folder) on a named store -- the real *yeast* set (river's
+copy, imported once into the cache) or the COCO-shaped synthetic store of ``spml bench probe``
+-- and its wall time is split, from the engine's own timings, into
+
+* **train**: the training epochs and the losses' per-epoch passes (``ProbeResult.timing``);
+* **eval**: val every epoch and test once (``ProbeResult.timing``);
+* **optuna**: the per-epoch callback (report + pruning decisions) and everything outside the
+  engine that is not I/O: sampling (ask), tell, heartbeats, storage;
+* **io**: opening the store onto the device and writing the per-batch Parquet results;
+* **setup**: the rest of each engine call (planning, loss setup, step-thread measurement).
+
+To read those timings the bench wraps three functions for the duration of the run (the
+engine's ``train_probe``, the store loader and the Parquet writer) and restores them after;
+the study itself is unchanged. Medians are not taken: a study is one long run whose trials/min
+is the figure; run it again to see the spread. The machine and its load are printed with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["StudyBenchConfig", "bench_study", "format_study_bench", "yeast_bench_store"]
+
+
+@dataclass(frozen=True)
+class StudyBenchConfig:
+    """One measured study (defaults: issue #12's yeast GR study)."""
+
+    store: str  # a feature store path ("yeast" / "coco" are resolved by the CLI)
+    loss: str = "gr"  # the loss the study searches
+    n_trials: int = 64  # finished trials to reach
+    batch: int = 16  # trials asked at once and trained stacked
+    epochs: int | None = None  # None: the loss's paper preset for the dataset
+    batch_size: int | None = None  # None: the loss's paper preset for the dataset
+    pruner: str = "median"  # as `spml study`'s default
+    seed: int = 0  # sampler seed
+
+    def validate(self) -> None:
+        for name in ("n_trials", "batch"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"bench study: {name} must be a positive integer; got {v!r}")
+
+
+def yeast_bench_store(cache_dir: str | Path | None = None, progress: bool = False) -> Path:
+    """The real yeast set as a store in the bench cache (imported once from river's copy)."""
+    from featurize.imports import import_yeast
+    from probe.bench import default_cache_dir
+    from probe.store import StoreError, open_store
+
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    path = root / "bench-yeast.zarr"
+    if path.exists():
+        try:
+            open_store(path)
+            return path
+        except StoreError:
+            pass
+    root.mkdir(parents=True, exist_ok=True)
+    import_yeast(path, overwrite=True, progress=progress)
+    return path
+
+
+class _Clock:
+    """Seconds spent in the wrapped functions during a study (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(("train", "eval", "callback", "engine", "io"), 0.0)
+        self.calls = 0
+
+    @contextlib.contextmanager
+    def wrapped(self) -> Iterator[_Clock]:
+        import probe.data
+        import probe.train
+        import studies.study
+
+        real_train = probe.train.train_probe
+        real_load = probe.data.ProbeData.__dict__["from_store"]
+        real_write = studies.study.write_batch
+        clock = self
+
+        def train_probe(*args: Any, callback: Any = None, **kwargs: Any) -> Any:
+            def timed_callback(report: Any) -> Any:
+                t0 = time.perf_counter()
+                try:
+                    return callback(report)
+                finally:
+                    clock.seconds["callback"] += time.perf_counter() - t0
+
+            t0 = time.perf_counter()
+            result = real_train(*args, callback=timed_callback if callback else None, **kwargs)
+            clock.seconds["engine"] += time.perf_counter() - t0
+            timing = result.timing
+            clock.seconds["train"] += sum(timing["train_seconds"]) + sum(
+                timing["end_epoch_seconds"])
+            clock.seconds["eval"] += sum(timing["eval_seconds"]) + timing.get("test_seconds", 0.0)
+            clock.calls += 1
+            return result
+
+        def from_store(cls: Any, *args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return real_load.__func__(cls, *args, **kwargs)
+            finally:
+                clock.seconds["io"] += time.perf_counter() - t0
+
+        def write_batch(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return real_write(*args, **kwargs)
+            finally:
+                clock.seconds["io"] += time.perf_counter() - t0
+
+        probe.train.train_probe = train_probe
+        probe.data.ProbeData.from_store = classmethod(from_store)
+        studies.study.write_batch = write_batch
+        try:
+            yield self
+        finally:
+            probe.train.train_probe = real_train
+            probe.data.ProbeData.from_store = real_load
+            studies.study.write_batch = real_write
+
+
+def bench_study(config: StudyBenchConfig, *, log: Any = None) -> dict[str, Any]:
+    """Run the study of ``config`` once; trials/min and the split of its wall time."""
+    from probe.bench import machine_info
+    from probe.store import open_store
+
+    from .study import StudySettings, run_study
+
+    config.validate()
+    before = machine_info()
+    with tempfile.TemporaryDirectory(prefix="spml-bench-study-") as tmp:
+        settings = StudySettings(
+            store=str(config.store), loss=config.loss, n_trials=config.n_trials,
+            batch=config.batch, pruner=config.pruner, out=str(Path(tmp) / "study"),
+            seed=config.seed, epochs=config.epochs, batch_size=config.batch_size)
+        clock = _Clock()
+        t0 = time.perf_counter()
+        with clock.wrapped():
+            summary = run_study(settings, log=log or (lambda msg: None))
+        wall = time.perf_counter() - t0
+    s = clock.seconds
+    finished = summary.n_complete + summary.n_pruned
+    split = {
+        "train": s["train"],
+        "eval": s["eval"],
+        "optuna": s["callback"] + max(wall - s["engine"] - s["io"], 0.0),
+        "io": s["io"],
+        "setup": max(s["engine"] - s["train"] - s["eval"] - s["callback"], 0.0),
+    }
+    store = open_store(config.store)
+    return {
+        "config": {**vars(config), "store": str(config.store)},
+        "store": {"dataset": store.dataset, "train_rows": len(store.split("train")),
+                  "dim": store.feature_dim, "classes": store.n_classes},
+        "machine": {"before": before, "after": machine_info()},
+        "wall_seconds": wall,
+        "finished_trials": finished,
+        "complete": summary.n_complete,
+        "pruned": summary.n_pruned,
+        "engine_calls": clock.calls,
+        "trials_per_minute": 60.0 * finished / wall if wall > 0 else float("nan"),
+        "seconds": split,
+        "fractions": {k: v / wall for k, v in split.items()} if wall > 0 else {},
+        "optuna_in_epoch_callbacks_seconds": s["callback"],
+    }
+
+
+def format_study_bench(report: dict[str, Any]) -> str:
+    """The report as text (what ``spml bench study`` prints before the JSON)."""
+    c, st, m = report["config"], report["store"], report["machine"]
+    lines = [
+        f"study bench: {c['loss']} on {st['dataset']} ({st['train_rows']} train rows x "
+        f"{st['dim']}, {st['classes']} classes), {c['n_trials']} trials in batches of "
+        f"{c['batch']}, pruner {c['pruner']}",
+        f"machine: {m['before']['cpu']}, {m['before']['cpus']} CPUs, "
+        f"{m['before']['torch_threads']} torch threads; load average before "
+        f"{m['before']['load_avg_1_5_15']} after {m['after']['load_avg_1_5_15']}",
+        f"{report['finished_trials']} trials finished ({report['complete']} complete, "
+        f"{report['pruned']} pruned) in {report['wall_seconds']:.1f} s: "
+        f"{report['trials_per_minute']:.1f} trials/min",
+        "where the time went: " + ", ".join(
+            f"{k} {v:.1f} s ({100 * report['fractions'].get(k, 0):.0f}%)"
+            for k, v in report["seconds"].items()),
+    ]
+    return "\n".join(lines)
