@@ -41,11 +41,18 @@ backbones (default {DEFAULT_BACKBONE}):
 {textwrap.fill(", ".join(BACKBONES), width=94, initial_indent="  ", subsequent_indent="  ")}
   or any torchvision classification model name (pooled features = its classifier's input).
 
-speed: on CUDA images are decoded on the GPU (nvJPEG, batched; CPU fallback for grayscale,
-  CMYK, PNG, …), the model runs in bf16 with channels_last, reader threads prefetch file bytes
-  and a writer thread stores blocks. --decode pil --precision fp32 reproduces the reference
-  preprocessing (PIL) exactly, at lower speed. On a CPU it works, slowly (~1 s/image for
-  ResNet-50 at 448 on 2 cores).
+speed: the GPU fast path -- images decoded on the GPU (nvJPEG, batched; CPU fallback for
+  grayscale, CMYK, PNG, …), bf16 autocast, channels_last, pinned host buffers -- is written but
+  has NEVER RUN ON A GPU, so it is off unless asked for: --decode torchvision --precision bf16.
+  By default (auto) CUDA runs the reference preprocessing (PIL decode, fp32). Reader threads
+  prefetch, a writer thread stores blocks. On a CPU it works, slowly (~1 s/image for ResNet-50
+  at 448 on 2 cores).
+
+several GPUs or machines: run the same command under torchrun, e.g.
+  torchrun --nproc-per-node 4 -m studies.cli featurize coco --root ~/data/coco --out s.zarr
+  Rank r featurizes blocks r, r+N, … of one store on cuda:<LOCAL_RANK> (the store must be on a
+  file system every machine sees); rank 0 marks it complete when all are done, and prints the
+  summary. An interrupted run resumes with the same command (any number of ranks).
 
 resume: an interrupted run is continued by running the same command again (blocks of
   --block-rows rows are the unit); a store made with another backbone, weights or transform is
@@ -130,8 +137,8 @@ def _add_run_options(p: argparse.ArgumentParser, default_weights: str | None) ->
         "--decode",
         choices=DECODE_CHOICES,
         default="auto",
-        help="auto (default): torchvision/nvJPEG on CUDA, pil on CPU; pil = the reference "
-        "preprocessing exactly; torchvision = torchvision decode + torch resize",
+        help="auto (default): pil; pil = the reference preprocessing exactly; torchvision = "
+        "torchvision decode (nvJPEG on CUDA: never run on a GPU yet, issue 13) + torch resize",
     )
     compute = p.add_argument_group("compute")
     add_device_argument(compute)
@@ -145,7 +152,8 @@ def _add_run_options(p: argparse.ArgumentParser, default_weights: str | None) ->
         "--precision",
         choices=PRECISION_CHOICES,
         default="auto",
-        help="auto (default): bf16 autocast on CUDA, fp32 on CPU",
+        help="auto (default): fp32; bf16 = autocast + channels_last on CUDA (the fast path: "
+        "never run on a GPU yet, issue 13)",
     )
     compute.add_argument(
         "--workers",
@@ -181,7 +189,7 @@ def _config(args: argparse.Namespace, **extra: Any) -> Any:
 
 
 def _cmd_featurize(args: argparse.Namespace) -> int:
-    from featurize.runner import featurize_dataset
+    from featurize.runner import distributed_from_env, featurize_dataset
 
     config = _config(
         args,
@@ -191,9 +199,12 @@ def _cmd_featurize(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         progress=not args.quiet,
     )
-    result = featurize_dataset(
-        args.dataset, args.root, args.out, config, **_dataset_options(args.dataset_options)
-    )
+    with distributed_from_env() as ranks:  # under torchrun: one rank of several
+        result = featurize_dataset(
+            args.dataset, args.root, args.out, config, **_dataset_options(args.dataset_options)
+        )
+    if ranks.rank != 0:
+        return 0  # rank 0 reports for the whole run
     add_draws(str(result.store_path), args.seeds)
     summary = {
         **{k: v for k, v in dataclasses.asdict(result).items() if k != "bad_rows"},

@@ -26,8 +26,11 @@ attribute lists them (``{"row", "image_id", "path", "error"}``; ``n_bad_rows`` c
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import os
 import queue
+import shutil
 import threading
 import time
 from collections import deque
@@ -53,8 +56,16 @@ from featurize.images import (
     resize_batch,
 )
 from featurize.specs import DECODE_CHOICES, PRECISION_CHOICES
+from probe.io import atomic_write_text
 from probe.progress import Progress
 from probe.store.index import DatasetIndex
+
+# The GPU fast path (batched nvJPEG decode on the device, bf16 autocast, channels_last) has never
+# run on a GPU (issue 13: no GPU was available). Until it has been run and measured there, the
+# ``auto`` settings choose the reference path (PIL decode, fp32) on CUDA too; the fast path is
+# selected explicitly with ``--decode torchvision --precision bf16``. Set True once
+# ``pytest -m gpu`` passes on a GPU and ``spml bench featurize`` has been measured (README).
+GPU_FAST_PATH_MEASURED: bool = False
 
 
 @dataclass(frozen=True)
@@ -68,8 +79,8 @@ class FeaturizeConfig:
     size: int = 448  # docs/protocol.md step 6: 448×448
     device: str = "auto"  # CUDA when available, else CPU
     batch_size: int | None = None  # None: 256 on CUDA (fills an H100), 16 on CPU (low memory)
-    decode: str = "auto"  # auto: torchvision (nvJPEG) on CUDA, pil (the reference) on CPU
-    precision: str = "auto"  # auto: bf16 autocast on CUDA (fast), fp32 on CPU (exact)
+    decode: str = "auto"  # auto: pil (the reference) until the GPU path is measured (above)
+    precision: str = "auto"  # auto: fp32 (exact) until the GPU path is measured (above)
     with_flip: bool = True  # keep flipped-image features: the protocol's only augmentation
     dtype: str = "float16"  # store dtype (docs/protocol.md store: float16 default)
     block_rows: int = 1024  # rows per store chunk = the unit of resume
@@ -113,6 +124,7 @@ class FeaturizeResult:
     batch_size: int = 0
     backbone: str = DEFAULT_BACKBONE
     weights: str = ""
+    world_size: int = 1  # processes of a torch.distributed run (rows/blocks count them all)
 
 
 def resolve_runtime(config: FeaturizeConfig) -> Runtime:
@@ -137,8 +149,9 @@ def resolve_runtime(config: FeaturizeConfig) -> Runtime:
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"--device: only cpu and cuda are supported, got {config.device!r}")
     cuda = device.type == "cuda"
-    decode = config.decode if config.decode != "auto" else ("torchvision" if cuda else "pil")
-    precision = config.precision if config.precision != "auto" else ("bf16" if cuda else "fp32")
+    fast = cuda and GPU_FAST_PATH_MEASURED
+    decode = config.decode if config.decode != "auto" else ("torchvision" if fast else "pil")
+    precision = config.precision if config.precision != "auto" else ("bf16" if fast else "fp32")
     batch_size = config.batch_size or (256 if cuda else 16)
     if batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
@@ -253,9 +266,14 @@ def _model_input(
         elif i in bad:
             images[i] = torch.zeros((3, size, size), dtype=torch.uint8, device=dev)
     batch = resize_batch(images, size)
-    if rt.cuda:
+    if _channels_last(rt):
         batch = batch.contiguous(memory_format=torch.channels_last)
     return normalize(batch, transform), dict(sorted(bad.items()))
+
+
+def _channels_last(rt: Runtime) -> bool:
+    """channels_last memory format: part of the CUDA bf16 fast path (tensor cores want NHWC)."""
+    return rt.cuda and rt.precision == "bf16"
 
 
 @contextlib.contextmanager
@@ -289,12 +307,17 @@ def _device_mode(rt: Runtime):
 
 class _BlockWriter:
     """Writer thread: takes finished blocks from a queue and writes them through the store's
-    crash-safe writer, so disk I/O never holds up the device loop. ``bad_rows`` go into the
-    store's attributes before the block is marked done."""
+    crash-safe writer, so disk I/O never holds up the device loop. ``bad_rows`` are recorded
+    before the block is marked done: in the store's attributes, or with ``per_block`` (the
+    ranks of a distributed run, which must not rewrite the shared attributes at once) in a
+    small JSON file per block that rank 0 merges into the attributes at the end."""
 
-    def __init__(self, writer: Any, bad_rows: dict[int, dict], maxsize: int = 4) -> None:
+    def __init__(
+        self, writer: Any, bad_rows: dict[int, dict], maxsize: int = 4, per_block: bool = False
+    ) -> None:
         self.writer = writer
         self.bad_rows = bad_rows
+        self.per_block = per_block
         self.error: BaseException | None = None
         self.blocks_written = 0
         self._queue: queue.Queue = queue.Queue(maxsize=maxsize)
@@ -312,7 +335,13 @@ class _BlockWriter:
             try:
                 if bad:
                     self.bad_rows.update({b["row"]: b for b in bad})
-                    _record_bad_rows(self.writer, self.bad_rows)
+                    if self.per_block:
+                        atomic_write_text(
+                            _bad_rows_dir(self.writer) / f"block-{block:08d}.json",
+                            json.dumps(bad),
+                        )
+                    else:
+                        _record_bad_rows(self.writer, self.bad_rows)
                 self.writer.write_block(block, feats, flips)
                 self.blocks_written += 1
             except BaseException as err:  # re-raised on the main thread
@@ -385,8 +414,6 @@ def _open_writer(
 def _explain_transform_change(out: Path, backbone: str, transform: dict) -> None:
     """Name the transform entries that differ (decode path, precision, size, …) before the
     store's generic refusal, with the options that select them."""
-    import json
-
     import zarr
 
     from probe.store import StoreError
@@ -408,21 +435,103 @@ def _explain_transform_change(out: Path, backbone: str, transform: dict) -> None
 # ----------------------------------------------------------------------------- the run
 
 
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place in a ``torch.distributed`` featurize run (``torchrun``; issue 13).
+
+    Every rank runs the same command; rank 0 creates (or resumes) the store, then rank ``r`` of
+    ``world`` featurizes the pending blocks ``r, r + world, …`` (disjoint row blocks of one
+    store) and rank 0 marks the store complete once every rank is done. The store is shared
+    through the file system (one machine, or a network file system across machines).
+    """
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0  # picks cuda:<local_rank> on a machine with several GPUs
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+    def agree(self, error: BaseException | None, value: Any = None) -> Any:
+        """Collective: every rank reports how its part went; raise on every rank if any failed
+        (so no rank waits forever for one that stopped with an error). Returns rank 0's
+        ``value`` on every rank."""
+        reports = self.gather((None if error is None else f"{error}", value))
+        if error is not None:
+            raise error
+        failed = [(r, msg) for r, (msg, _) in enumerate(reports) if msg is not None]
+        if failed:
+            r, msg = failed[0]
+            raise RuntimeError(
+                f"featurize rank {r} of {self.world} failed: {msg}. The blocks finished so far "
+                "are kept: re-run the same command to resume"
+            )
+        return reports[0][1]
+
+    def gather(self, value: Any) -> list[Any]:
+        """Collective: ``value`` of every rank, in rank order."""
+        if not self.distributed:
+            return [value]
+        import torch.distributed as dist
+
+        reports: list[Any] = [None] * self.world
+        dist.all_gather_object(reports, value)
+        return reports
+
+
+def current_ranks() -> Ranks:
+    """The ranks of the initialised default process group, or a single process."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return Ranks()
+    return Ranks(
+        rank=dist.get_rank(),
+        world=dist.get_world_size(),
+        local_rank=int(os.environ.get("LOCAL_RANK", dist.get_rank())),
+    )
+
+
+@contextlib.contextmanager
+def distributed_from_env() -> Iterator[Ranks]:
+    """Under ``torchrun`` (``WORLD_SIZE`` > 1 in the environment) join the process group for
+    the run (gloo: only a few small messages are exchanged, so CPU and GPU machines alike);
+    otherwise one process. The group is left again at the end."""
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    import torch.distributed as dist
+
+    if world <= 1 or dist.is_initialized():
+        yield current_ranks()
+        return
+    dist.init_process_group("gloo")
+    try:
+        yield current_ranks()
+    finally:
+        dist.destroy_process_group()
+
+
 def featurize(
     index: DatasetIndex,
     out: str | Path,
     config: FeaturizeConfig | None = None,
     *,
     backbone: Backbone | None = None,
+    ranks: Ranks | None = None,
 ) -> FeaturizeResult:
     """Featurize every image of ``index`` (pool rows, then test rows) into the store ``out``.
 
     Weights are resolved before anything is written (a missing file is an error naming where to
     put it). An existing incomplete store made the same way is resumed; a complete one, or one
     made differently, is an error suggesting ``overwrite``. ``backbone`` reuses a loaded
-    backbone (it must match ``config.backbone``).
+    backbone (it must match ``config.backbone``). ``ranks`` (default: the initialised
+    ``torch.distributed`` group, if any) splits the blocks between processes (:class:`Ranks`);
+    the result then counts the rows and blocks of all ranks.
     """
     config = config or FeaturizeConfig()
+    ranks = ranks or current_ranks()
+    if ranks.distributed and config.device in ("auto", "cuda") and torch.cuda.is_available():
+        config = dataclasses.replace(config, device=f"cuda:{ranks.local_rank}")
     rt = resolve_runtime(config)
     out = Path(out)
     if backbone is None:
@@ -449,33 +558,51 @@ def featurize(
                 "pass --skip-bad to store zero features for them (listed in the store's "
                 "bad_rows)"
             )
+    run = {"device": str(rt.device), "batch_size": rt.batch_size, "tool": "spml featurize"}
+    if ranks.distributed:
+        run["world_size"] = ranks.world
     provenance = {
         **backbone.provenance(),
         "transform": describe_transform(transform, rt, config.with_flip),
         "source": f"images of dataset '{index.name}' under {index.root}",
-        "run": {"device": str(rt.device), "batch_size": rt.batch_size, "tool": "spml featurize"},
+        "run": run,
     }
     extra = {"weights_random": True} if backbone.weights.random else {}
-    writer = _open_writer(out, index, backbone, provenance, config, extra)
-    pending = writer.pending_blocks()
+    writer, error, pending = None, None, None
+    if ranks.rank == 0:
+        try:
+            writer = _open_writer(out, index, backbone, provenance, config, extra)
+            pending = writer.pending_blocks()
+        except Exception as err:
+            error = err
+    # the other ranks join only a store that rank 0 opened, and take its list of pending
+    # blocks (read before anyone writes: a list read later would miss rank 0's new blocks)
+    pending = ranks.agree(error, pending)
+    if writer is None:
+        from probe.store import join_store
+
+        writer = join_store(out)
     blocks_resumed = writer.n_blocks - len(pending)
+    mine = pending[ranks.rank :: ranks.world]
     batches = [
         (b, start, min(start + rt.batch_size, sl.stop))
-        for b in pending
+        for b in mine
         for sl in [writer.block_slice(b)]
         for start in range(sl.start, sl.stop, rt.batch_size)
     ]
     rows_todo = sum(stop - start for _, start, stop in batches)
     bad_rows = _stored_bad_rows(writer)
-    backbone.to(rt.device, channels_last=rt.cuda)
+    backbone.to(rt.device, channels_last=_channels_last(rt))
+    where = f"{rt.device}, rank {ranks.rank}/{ranks.world}" if ranks.distributed else rt.device
     bar = Progress(
         rows_todo,
-        f"featurize {index.name} ({backbone.name}, {rt.device})",
+        f"featurize {index.name} ({backbone.name}, {where})",
         "img",
         enabled=config.progress,
     )
-    block_writer = _BlockWriter(writer, bad_rows)
+    block_writer = _BlockWriter(writer, bad_rows, per_block=ranks.distributed)
     t0 = time.perf_counter()
+    error = None
     try:
         with _device_mode(rt), ThreadPoolExecutor(rt.workers, "spml-reader") as pool:
             try:
@@ -494,32 +621,75 @@ def featurize(
                 )
             finally:
                 pool.shutdown(wait=False, cancel_futures=True)
+    except Exception as err:  # told to the other ranks first (Ctrl-C / kill: torchrun's job)
+        error = err
     finally:
         bar.close()
-        block_writer.close()  # blocks finished before an error or Ctrl-C are still saved
+        try:
+            block_writer.close()  # blocks finished before an error or Ctrl-C are still saved
+        except Exception as err:
+            error = error or err
     seconds = time.perf_counter() - t0
-    writer.finalize()
+    ranks.agree(error)
+    counts = ranks.gather((rows_todo, block_writer.blocks_written, seconds))
+    rows_all, blocks_all = (sum(c[i] for c in counts) for i in (0, 1))
+    seconds = max(c[2] for c in counts)  # the run lasts as long as its slowest rank
+    error = None
+    if ranks.rank == 0:
+        try:
+            bad_rows.update(_collect_block_bad_rows(writer))
+            if bad_rows:
+                _record_bad_rows(writer, bad_rows)
+            writer.finalize()
+            shutil.rmtree(_bad_rows_dir(writer), ignore_errors=True)
+        except Exception as err:
+            error = err
+    ranks.agree(error)  # every rank returns once the store is complete
+    if ranks.rank != 0:  # rank 0 merged every rank's bad rows into the store's attributes
+        from probe.store import open_store
+
+        bad_rows = {int(b["row"]): dict(b) for b in open_store(out).attrs.get("bad_rows", [])}
     bad = [bad_rows[r] for r in sorted(bad_rows)]
     return FeaturizeResult(
         store_path=out,
         n_rows=writer.n_rows,
-        rows_done=rows_todo,
-        blocks_done=block_writer.blocks_written,
+        rows_done=int(rows_all),
+        blocks_done=int(blocks_all),
         blocks_resumed=blocks_resumed,
         bad_rows=bad,
         seconds=seconds,
-        images_per_s=rows_todo / seconds if seconds > 0 else 0.0,
+        images_per_s=rows_all / seconds if seconds > 0 else 0.0,
         device=str(rt.device),
         decode=rt.decode,
         precision=rt.precision,
         batch_size=rt.batch_size,
         backbone=backbone.name,
         weights=backbone.weights.id,
+        world_size=ranks.world,
     )
 
 
+_BAD_ROWS_DIR = "spml-bad-rows"  # per-block records of a distributed run, merged at the end
+
+
+def _bad_rows_dir(writer: Any) -> Path:
+    return Path(writer.path) / _BAD_ROWS_DIR
+
+
+def _collect_block_bad_rows(writer: Any) -> dict[int, dict]:
+    """The bad rows that the ranks of a distributed run recorded per block (``{row: record}``)."""
+    out: dict[int, dict] = {}
+    folder = _bad_rows_dir(writer)
+    for path in sorted(folder.glob("block-*.json")) if folder.is_dir() else ():
+        out.update({int(b["row"]): dict(b) for b in json.loads(path.read_text())})
+    return out
+
+
 def _stored_bad_rows(writer: Any) -> dict[int, dict]:
-    return {int(b["row"]): dict(b) for b in writer.attrs.get("bad_rows", [])}
+    """Bad rows of the blocks written so far: the store's attribute plus, for an interrupted
+    distributed run, the per-block records of its ranks."""
+    stored = {int(b["row"]): dict(b) for b in writer.attrs.get("bad_rows", [])}
+    return {**stored, **_collect_block_bad_rows(writer)}
 
 
 def _run_batches(

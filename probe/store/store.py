@@ -609,6 +609,20 @@ def resume_store(path: str | Path, provenance: dict) -> StoreWriter:
     return writer
 
 
+def join_store(path: str | Path) -> StoreWriter:
+    """Writer for a store that another process of the same run has just created or resumed
+    (the other ranks of a distributed ``spml featurize``): it writes its own blocks only and
+    changes no attribute, so ranks never rewrite the group's metadata at once. The process
+    that created the store checked its provenance; this only checks that it is unfinished."""
+    path, group = _open_group(path, "r+")
+    if group.attrs.get("complete"):
+        raise StoreError(f"{path} is already complete; no block left to write")
+    missing = [a for a in _ARRAYS if a not in group]
+    if missing:
+        raise StoreError(f"{path} lacks arrays {missing}; re-create it with --overwrite")
+    return StoreWriter(path, group)
+
+
 def write_feature_store(
     path: str | Path,
     index: DatasetIndex,
