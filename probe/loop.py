@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from .config import ProbeConfig
 from .data import ProbeData
 from .evaluate import stacked_logits
+from .losses._base import trial_rows
 from .optim import TrialParam, make_optimizer
 from .trials import LossGroup, TrialPlan, setup_loss_groups
 
@@ -196,11 +197,6 @@ def step_threads(device: torch.device, threads: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _rows(x: Tensor, rows: list[int]) -> Tensor:
-    """Rows ``rows`` of ``x``'s leading axis as a new contiguous tensor."""
-    return x[torch.tensor(rows, device=x.device)].contiguous()
-
-
 def sync(device: torch.device) -> None:
     """Wait for the device (timing only; never inside an epoch)."""
     if device.type == "cuda":
@@ -311,7 +307,7 @@ class StackedTrainer:
         self.live = [self.live[j] for j in keep]
         if not keep:
             return  # nothing left to train; final_heads() has every head
-        self.w = _rows(self.w, keep)
+        self.w = trial_rows(self.w, keep)
         self.grad_w = torch.empty_like(self.w)
         if self.plan.shared:
             g = self.groups[0]

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .losses._base import trial_rows
+
 __all__ = [
     "OptimizerConfigError",
     "StackedAdam",
@@ -251,8 +253,8 @@ class StackedAdam(StackedOptimizer):
         self.fused = can_fuse if fused is None else bool(fused)
 
     def _select_state(self, survivors: list[tuple[int, list[int]]]) -> None:
-        self.exp_avg = [_rows(self.exp_avg[i], rows) for i, rows in survivors]
-        self.exp_avg_sq = [_rows(self.exp_avg_sq[i], rows) for i, rows in survivors]
+        self.exp_avg = [trial_rows(self.exp_avg[i], rows) for i, rows in survivors]
+        self.exp_avg_sq = [trial_rows(self.exp_avg_sq[i], rows) for i, rows in survivors]
         self._denom = [torch.empty_like(m) for m in self.exp_avg]
         self._step_t = [self._step_t[i] for i, _ in survivors]
         self._k = [self._k[i] for i, _ in survivors]
@@ -305,7 +307,7 @@ class StackedSGD(StackedOptimizer):
 
     def _select_state(self, survivors: list[tuple[int, list[int]]]) -> None:
         if self.momentum:
-            self.buffers = [_rows(self.buffers[i], rows) for i, rows in survivors]
+            self.buffers = [trial_rows(self.buffers[i], rows) for i, rows in survivors]
         self._started = [self._started[i] for i, _ in survivors]
 
     def step(self, grads: Sequence[Tensor | None]) -> None:
@@ -329,13 +331,6 @@ class StackedSGD(StackedOptimizer):
                             bu.mul_(self.momentum).add_(gr)
                         gr = bu
                     th.add_(gr, alpha=-lr)
-
-
-def _rows(state: Tensor, rows: list[int]) -> Tensor:
-    """Rows ``rows`` of a state tensor's trial axis, contiguous (the tensor itself if all)."""
-    if len(rows) == state.shape[0]:
-        return state
-    return state[torch.tensor(rows, device=state.device)].contiguous()
 
 
 def _fused_adam_available(param: Tensor) -> bool:

@@ -462,14 +462,14 @@ class Loss(nn.Module):
         for name in self._hp_names:
             value = getattr(self, f"hp_{name}")
             if value.ndim == 1:
-                setattr(self, f"hp_{name}", _rows(value, keep))
+                setattr(self, f"hp_{name}", trial_rows(value, keep))
         for name in self.trial_state:
             value = getattr(self, name, None)
             if isinstance(value, nn.Parameter):
-                setattr(self, name, nn.Parameter(_rows(value.data, keep),
+                setattr(self, name, nn.Parameter(trial_rows(value.data, keep),
                                                  requires_grad=value.requires_grad))
             elif isinstance(value, Tensor):
-                setattr(self, name, _rows(value, keep))
+                setattr(self, name, trial_rows(value, keep))
         self.n_trials = len(keep)
 
     # subclasses define: forward(self, logits, observed, index=None) -> LossOutput
@@ -530,8 +530,10 @@ class EntrywiseLoss(Loss):
 _REGISTRY: dict[str, type[Loss]] = {}
 
 
-def _rows(value: Tensor, keep: list[int]) -> Tensor:
-    """Rows ``keep`` of ``value``'s leading (trial) axis, contiguous."""
+def trial_rows(value: Tensor, keep: list[int]) -> Tensor:
+    """Rows ``keep`` (distinct, increasing) of ``value``'s leading (trial) axis as a contiguous
+    tensor; ``value`` itself when every row is kept. Shared by the losses', the optimizer's and
+    the trainer's select_trials."""
     if len(keep) == value.shape[0]:
         return value
     return value[torch.tensor(keep, device=value.device)].contiguous()
