@@ -451,7 +451,8 @@ def test_cli_featurize_and_bench(tmp_path, folder, capsys):
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["images"] == 3 and result["images_per_s"] > 0
     assert result["weights"] == "random(seed=0)" and result["image_size"] == "120x90"
-    assert result["model_only_images_per_s"] is None and result["decode"] == "pil"  # CPU
+    assert result["decode"] == "pil" and result["device"] == "cpu"
+    assert result["decode_images_per_s"] > 0 and result["forward_images_per_s"] > 0
 
 
 def test_cli_errors_and_help(tmp_path, capsys):
