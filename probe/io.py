@@ -1,5 +1,9 @@
 """Files written whole or not at all: every result, head, checkpoint, report and figure goes
-through :func:`atomic_write`, so a reader — or a crash — never sees half a file."""
+through :func:`atomic_write`, so a reader — or a crash — never sees half a file.
+
+Files get the mode a plain ``open(path, "w")`` would give them (``0666`` less the user's umask,
+so ``0644`` under the usual umask 022): a colleague on a shared machine can read the results.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["atomic_write", "atomic_write_text"]
+__all__ = ["atomic_write", "atomic_write_text", "current_umask"]
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where the system allows (Linux
+    ``/proc/self/status``); elsewhere set and restored at once."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> Path:
@@ -24,6 +43,8 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
         with os.fdopen(fd, "wb") as fh:
             write(fh)
             fh.flush()
+            # mkstemp makes 0600 files; give the file the mode open() would have given it
+            os.fchmod(fh.fileno(), 0o666 & ~current_umask())
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import stat
+
 import pytest
 
-from probe.io import atomic_write, atomic_write_text
+from probe.io import atomic_write, atomic_write_text, current_umask
 
 
 def test_atomic_write_replaces_whole_and_leaves_no_temp(tmp_path):
@@ -27,3 +30,14 @@ def test_a_failing_writer_keeps_the_old_file(tmp_path):
         atomic_write(path, half_then_crash)
     assert path.read_text() == "complete"
     assert [p.name for p in tmp_path.iterdir()] == ["result.json"]
+
+
+@pytest.mark.parametrize("mask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_atomic_write_gives_the_mode_of_the_users_umask(tmp_path, mask, mode):
+    old = os.umask(mask)
+    try:
+        assert current_umask() == mask
+        path = atomic_write_text(tmp_path / "r.json", "{}")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == mode
