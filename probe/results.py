@@ -28,6 +28,7 @@ __all__ = [
     "environment_info",
     "load_head",
     "save_head",
+    "versioned",
     "write_json_atomic",
 ]
 
@@ -39,7 +40,7 @@ _RESULT_FORMAT = "spml-probe-result/1"
 class EpochReport:
     """What the per-epoch callback sees (lists indexed by trial; None for stopped trials)."""
 
-    epoch: int
+    epoch: int  # the epoch just trained, counted from 1 like every output (1..epochs)
     train_loss: list[float | None]
     val_map: list[float | None]
     test_map: list[float | None]
@@ -60,10 +61,11 @@ class TrialResult:
     lr: float
     weight_decay: float
     init: dict[str, float] = field(default_factory=dict)  # val/test mAP of the untrained head
+    # one row per trained epoch: {"epoch": 1, "train_loss", "val_map", ...}; epochs count from 1
     epochs: list[dict[str, Any]] = field(default_factory=list)
-    best_epoch: int | None = None
+    best_epoch: int | None = None  # 1..epochs (0 only for a model that trains no epoch: kNN)
     best: dict[str, Any] = field(default_factory=dict)
-    stopped_at: int | None = None  # epoch after which the trial was stopped (pruned)
+    stopped_at: int | None = None  # the last epoch the trial trained (pruned), from 1
     finite: bool = True  # False once its training loss or metrics went NaN/inf
 
 
@@ -134,9 +136,20 @@ def _to_linear(w_aug: Tensor) -> nn.Linear:
 
 def write_json_atomic(path: str | Path, payload: Any) -> Path:
     """JSON to ``path`` via a temporary file in the same directory and ``os.replace``;
-    non-finite numbers are written as null."""
-    text = json.dumps(_strict(payload), indent=1, allow_nan=False, default=_json_default)
+    non-finite numbers are written as null. A record (a dict) is stamped with the version of
+    spml-probe that wrote it (``"spml_version"``, first key) unless it carries one already."""
+    text = json.dumps(_strict(versioned(payload)), indent=1, allow_nan=False,
+                      default=_json_default)
     return atomic_write_text(path, text)
+
+
+def versioned(payload: Any) -> Any:
+    """``payload`` with ``"spml_version"`` (the ``spml --version`` number) first, for a dict."""
+    if not isinstance(payload, dict) or "spml_version" in payload:
+        return payload
+    from probe import __version__
+
+    return {"spml_version": __version__, **payload}
 
 
 def _strict(obj: Any) -> Any:
@@ -170,7 +183,7 @@ def save_head(path: str | Path, result: ProbeResult, trials: Sequence[int] | Non
         raise ProbeConfigError(f"the {result.loss} run has no trained head to save")
     idx = list(range(heads.shape[0])) if trials is None else [int(t) for t in trials]
     d = heads.shape[1] - 1
-    meta = {
+    meta = versioned({
         "trials": [asdict(result.trials[t]) for t in idx],
         "which": "best" if best else "final",
         "loss": result.loss,
@@ -179,7 +192,7 @@ def save_head(path: str | Path, result: ProbeResult, trials: Sequence[int] | Non
         "dataset": result.dataset,
         "data": result.source,
         "environment": result.environment,
-    }
+    })
     payload = {
         "format": _HEAD_FORMAT,
         "weight": heads[idx, :d].transpose(1, 2).contiguous(),

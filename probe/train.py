@@ -143,30 +143,31 @@ def _epochs(trainer: StackedTrainer, evaluator: Evaluator | None, results: list[
     active = [True] * plan.n
     with Progress(epochs, f"probe {plan.cls.name} ×{plan.n}", "epoch", enabled=progress,
                   leave=False) as bar:
-        for epoch in range(epochs):
+        for epoch in range(epochs):  # the loop index; every output numbers epochs from 1
+            number = epoch + 1
             train_loss, seconds = trainer.train_epoch(epoch)
             timing["train_seconds"].append(seconds)
             timing["end_epoch_seconds"].append(trainer.end_epoch(epoch))
             t0 = time.perf_counter()
-            due = (epoch + 1) % max(config.eval_every, 1) == 0 or epoch == epochs - 1
-            record = evaluator(*_live_heads(trainer, active), epoch) if evaluator and due else {}
+            due = number % max(config.eval_every, 1) == 0 or number == epochs
+            record = evaluator(*_live_heads(trainer, active), number) if evaluator and due else {}
             timing["eval_seconds"].append(time.perf_counter() - t0)
-            _record_epoch(results, active, epoch, train_loss, record)
+            _record_epoch(results, active, number, train_loss, record)
             bar.update()
             if not record:
                 continue
-            bar.write(_best_line(results, evaluator, active, epoch, epochs))
+            bar.write(_best_line(results, evaluator, active, number, epochs))
             if callback is None:
                 continue
             stop = callback(EpochReport(
-                epoch=epoch, train_loss=[v if a else None for v, a in zip(train_loss, active)],
+                epoch=number, train_loss=[v if a else None for v, a in zip(train_loss, active)],
                 val_map=list(record["val_map"]),
                 test_map=list(record.get("test_map", [None] * plan.n)),
                 active=list(active), heads=_live_heads(trainer, active)[0]))
             stop = [t for t in (int(t) for t in (stop or ())) if 0 <= t < plan.n and active[t]]
             for t in stop:
                 active[t] = False
-                results[t].stopped_at = epoch
+                results[t].stopped_at = number
             if stop:
                 trainer.stop(stop)
                 if not any(active):
@@ -183,7 +184,8 @@ def _live_heads(trainer: StackedTrainer, active: list[bool]) -> tuple[Tensor, li
 
 def _record_epoch(results: list[TrialResult], active: list[bool], epoch: int,
                   train_loss: list[float], record: dict[str, list]) -> None:
-    """Append this epoch's row to every active trial; flag trials that went non-finite."""
+    """Append epoch ``epoch``'s row (counted from 1) to every active trial; flag trials that
+    went non-finite."""
     for t, result in enumerate(results):
         if not active[t]:
             continue
@@ -199,11 +201,11 @@ def _best_line(results: list[TrialResult], evaluator: Evaluator | None, active: 
     assert evaluator is not None
     live = [t for t in range(len(results)) if active[t] and _finite(evaluator.best_val[t])]
     if not live:
-        return f"epoch {epoch + 1}/{epochs}: no trial with a finite val mAP yet"
+        return f"epoch {epoch}/{epochs}: no trial with a finite val mAP yet"
     b = max(live, key=lambda t: evaluator.best_val[t])
     best = results[b].best
     test = f" test mAP {best['test_map']:.2f}" if "test_map" in best else ""
-    return (f"epoch {epoch + 1}/{epochs}: best trial {b} val mAP "
+    return (f"epoch {epoch}/{epochs}: best trial {b} val mAP "
             f"{best.get('val_map', float('nan')):.2f}{test}")
 
 

@@ -470,7 +470,7 @@ class AblationResult(_Result):
         header = ["row", "k̂", "v", "L", "loss", "val mAP", "test mAP", "best epoch"]
         rows = [[r["name"], *r["marks"], r["loss"], _pm(r["val_mean"], r["val_std"], n),
                  _pm(r["test_mean"], r["test_std"], n),
-                 ",".join("-" if e is None else str(e + 1) for e in r["best_epochs"])]
+                 ",".join("-" if e is None else str(e) for e in r["best_epochs"])]
                 for r in self.rows]
         cap = ("mAP (%) at the best val epoch" + (f", mean ± std over {n} seeds" if n > 1 else "")
                + "; ✓ on, × off (k̂ ≡ 0, v ≡ 1, q1 = q2 = q3 = 0.01), ◦ learned by gradient "
@@ -770,7 +770,7 @@ class _DistinguishProbe:
                 "distinguish needs the engine's per-epoch heads (probe.train.EpochReport.heads); "
                 "this version of probe.train does not provide them"
             )
-        self.measure(report.epoch + 1, heads)
+        self.measure(report.epoch, heads)  # epochs count from 1; 0 = init
 
 
 def _init_heads(seeds: Sequence[int], d: int, c: int) -> Tensor:
@@ -912,7 +912,7 @@ def run_distinguish(
             "w1": _json_floats(w1), "w1_mean": _json_floats(w1.mean(1)),
             "w1_std": _json_floats(w1.std(1, ddof=1) if w1.shape[1] > 1 else 0 * w1.mean(1)),
             "hist_pos": probe.hist_pos, "hist_neg": probe.hist_neg,
-            "best_epoch": None if best is None else best + 1, **scores,
+            "best_epoch": best, **scores,
         })
     assert first is not None
     n_epochs = int(first.config["epochs"])

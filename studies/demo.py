@@ -72,7 +72,7 @@ def _probe_rows(store: Path, cfg: DemoConfig, log: Callable[[str], None]) -> lis
         best = result.trials[0].best
         label = f"{name} (full labels)" if config.labels == "full" else name
         rows.append({"method": label, "val_map": best["val_map"], "test_map": best["test_map"],
-                     "best_epoch": result.trials[0].best_epoch + 1})  # counted from 1
+                     "best_epoch": result.trials[0].best_epoch})
         log(_table_line(rows[-1]))
     return rows
 

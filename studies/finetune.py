@@ -59,7 +59,6 @@ import json
 import math
 import os
 import random
-import sys
 import time
 from collections.abc import Mapping
 from contextlib import nullcontext
@@ -143,7 +142,7 @@ class FinetuneConfig:
     resume: bool = False  # continue the run whose checkpoint is in `out`
     overwrite: bool = False  # discard an existing run in `out` and start over
     save_best: bool = True  # keep the best-val-epoch weights in best_model.pt
-    progress: bool = True  # tqdm progress bar (stderr) with images/s
+    progress: bool = True  # progress on stderr (probe.progress: a bar, or lines in a log)
 
     def __post_init__(self) -> None:
         def bad(name: str, expected: str, got: Any) -> FinetuneError:
@@ -234,7 +233,7 @@ def read_winner_json(path: str | Path) -> tuple[str, dict[str, Any], dict[str, A
 class FinetuneResult:
     """What a run produced (also written to ``out/results.json``).
 
-    ``epochs``: one dict per completed epoch (0-indexed ``epoch``; train loss, val/test mAP,
+    ``epochs``: one dict per completed epoch (``epoch`` counted from 1; train loss, val/test mAP,
     OF1/CF1, images/s). ``best_epoch``: the epoch with the best val mAP (None before the first
     epoch ends); ``test_map`` / ``test_ap`` (per class) / ``test_f1`` are at that epoch.
     ``images_per_s``: training throughput over the run (``train``; image loading included,
@@ -291,7 +290,9 @@ def _save_torch(obj: Any, path: Path) -> None:
 
 
 def _save_json(obj: Any, path: Path) -> None:
-    text = json.dumps(_jsonable(obj), indent=2, allow_nan=False) + "\n"
+    from probe.results import versioned
+
+    text = json.dumps(_jsonable(versioned(obj)), indent=2, allow_nan=False) + "\n"
     atomic_write(path, lambda fh: fh.write(text.encode()))
 
 
@@ -832,7 +833,7 @@ class _Run:
                 images, start = 0, time.perf_counter()
                 self.warm = True
             if self.step_in_epoch % 25 == 0:
-                bar.set_postfix(loss=f"{self.loss_sum.item() / self.step_in_epoch:.4g}")
+                bar.set_postfix(f"loss={self.loss_sum.item() / self.step_in_epoch:.4g}")
             if self.step_in_epoch == steps:
                 break  # the epoch's end is checkpointed after its evaluation
             if cfg.max_steps is not None and self.global_step >= cfg.max_steps:
@@ -873,7 +874,7 @@ class _Run:
         images = epoch_images - done_before
         seconds = epoch_seconds - seconds_before
         record = {
-            "epoch": self.epoch,
+            "epoch": self.epoch + 1,  # counted from 1 in every output (self.epoch: loop index)
             "steps": plan.steps_per_epoch,
             "global_step": self.global_step,
             "train_loss": float(self.loss_sum) / max(plan.steps_per_epoch, 1),
@@ -890,7 +891,7 @@ class _Run:
         self.history.append(record)
         if math.isfinite(val["map"]) and (self.best is None or val["map"] > self.best["val_map"]):
             self.best = {
-                "epoch": self.epoch,
+                "epoch": self.epoch + 1,
                 "val_map": val["map"],
                 "test_map": test["map"],
                 "test_f1": test["f1"],
@@ -898,7 +899,7 @@ class _Run:
             }
             if plan.config.save_best:
                 self.out.mkdir(parents=True, exist_ok=True)
-                _save_torch({"model": self.model.state_dict(), "epoch": self.epoch,
+                _save_torch({"model": self.model.state_dict(), "epoch": self.epoch + 1,
                              "class_names": list(plan.data.class_names),
                              "fingerprint": self.fingerprint}, self.out / BEST_MODEL_NAME)
         self.epoch += 1
@@ -911,7 +912,7 @@ class _Run:
     def run(self) -> FinetuneResult:
         plan = self.plan
         epochs, steps, bs = plan.train["epochs"], plan.steps_per_epoch, plan.train["batch_size"]
-        from tqdm.auto import tqdm
+        from probe.progress import Progress
 
         while self.epoch < epochs:
             if plan.config.max_steps is not None and self.global_step >= plan.config.max_steps:
@@ -919,10 +920,9 @@ class _Run:
                 break
             if self.step_in_epoch == 0:
                 self.loss.start_epoch(self.epoch)
-            with tqdm(total=steps * bs, initial=self.step_in_epoch * bs, unit="img",
-                      unit_scale=False, desc=f"epoch {self.epoch + 1}/{epochs}",
-                      disable=not plan.config.progress, file=sys.stderr, leave=True,
-                      dynamic_ncols=True) as bar:
+            with Progress(steps * bs, f"epoch {self.epoch + 1}/{epochs}", "img",
+                          initial=self.step_in_epoch * bs,
+                          enabled=plan.config.progress) as bar:
                 finished = self._train_steps(bar)
             if not finished:
                 break

@@ -241,7 +241,8 @@ def _axis(name: str, dist: BaseDistribution) -> ParamAxis:
 
 def _point(t: FrozenTrial) -> TrialPoint:
     iv = t.intermediate_values
-    curve = tuple(iv.get(e) for e in range(max(iv) + 1)) if iv else ()
+    # steps are epochs counted from 1 (studies made before that counted from 0): first first
+    curve = tuple(iv.get(e) for e in range(min(iv), max(iv) + 1)) if iv else ()
     finite = [v for v in curve if v is not None and math.isfinite(v)]
     if t.state == TrialState.COMPLETE:
         value = t.value
@@ -509,8 +510,10 @@ def _summary(st: _Study, commands: list[str]) -> _Section:
     else:
         facts.append(("paper point", "none enqueued (--no-paper, the grid sampler, or no "
                       "paper values inside the space)"))
+    from probe import __version__
+
     facts.append(("generated", datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-                  + f" (optuna {optuna.__version__})"))
+                  + f" by spml-probe {__version__} (optuna {optuna.__version__})"))
     sec.blocks.append(_Facts(facts))
     space_rows = []
     for name, dist in st.distributions.items():
@@ -558,10 +561,10 @@ def _leaderboard(st: _Study, options: ReportOptions, ctx: _Retrained | None = No
         epoch = res.get("best_epoch")
         if epoch is None and curve:
             finite = [(v, -e) for e, v in enumerate(curve) if v is not None and math.isfinite(v)]
-            epoch = -max(finite)[1] if finite else None
+            epoch = 1 - max(finite)[1] if finite else None  # counted from 1
         mark = " (paper)" if t.user_attrs.get("spml:paper") else ""
         row = [str(rank[t.number]), f"{t.number}{mark}",
-               f"{t.value:.2f}", str(epoch + 1) if epoch is not None else "–",
+               f"{t.value:.2f}", str(epoch) if epoch is not None else "–",
                _f2(res.get("test_map"))]
         if intervals:
             iv = intervals.get(t.number)
@@ -873,7 +876,7 @@ def _baseline(st: _Study, ctx: _Retrained | None, why: str, fig_dir: Path, out: 
         f"{observed_seed}, {cfg.val_labels} val labels, device {result.config.get('device')}; "
         "its epoch chosen on val mAP like every trial's. AN: val mAP "
         f"{_f2(an.best.get('val_map'))}, "
-        f"test mAP {_f2(an.best.get('test_map'))} (epoch {(an.best_epoch or 0) + 1}). Best "
+        f"test mAP {_f2(an.best.get('test_map'))} (epoch {an.best_epoch}). Best "
         f"trial {best.number}: val mAP {best.value:.2f}, test mAP "
         f"{_f2(best_row.get('test_map'))}. The best trial beats AN on {gains} of {len(diffs)} "
         f"classes; mean per-class difference {mean_diff:+.2f} AP points. Full run: "

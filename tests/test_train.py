@@ -187,8 +187,10 @@ def test_best_epoch_selection_and_records():
     result = train_probe(data, cfg, "an", [{}, {"lr": 1e-3}])
     for tr in result.trials:
         vals = [e["val_map"] for e in tr.epochs]
-        assert len(vals) == 4 and tr.best_epoch == int(np.argmax(vals))
-        best = tr.epochs[tr.best_epoch]
+        # epochs count from 1 in every record
+        assert [e["epoch"] for e in tr.epochs] == [1, 2, 3, 4]
+        assert len(vals) == 4 and tr.best_epoch == int(np.argmax(vals)) + 1
+        best = tr.epochs[tr.best_epoch - 1]
         assert tr.best["test_map"] == best["test_map"] and tr.best["val_map"] == max(vals)
         assert len(tr.best["test_ap"]) == C and 100 * np.mean(tr.best["test_ap"]) == pytest.approx(
             best["test_map"], rel=1e-5)
@@ -204,7 +206,7 @@ def test_eval_every_and_observed_val_labels():
     result = train_probe(data, ProbeConfig(epochs=5, batch_size=8, eval_every=2,
                                            val_labels="observed", test_curve=True), "an")
     evaluated = [e["epoch"] for e in result.trials[0].epochs if "val_map" in e]
-    assert evaluated == [1, 3, 4]  # every second epoch, and the last
+    assert evaluated == [2, 4, 5]  # every second epoch, and the last (counted from 1)
     clean = train_probe(data, ProbeConfig(epochs=5, batch_size=8, eval_every=2,
                                           test_curve=True), "an")
     assert clean.trials[0].epochs[1]["val_map"] != result.trials[0].epochs[1]["val_map"]
@@ -262,16 +264,16 @@ def test_stopped_trial_freezes_and_others_are_unaffected():
 
     def stop_trial_1(report):
         seen.append(report)
-        return [1] if report.epoch == 0 else []
+        return [1] if report.epoch == 1 else []
 
     stopped = train_probe(data, cfg, "an_ls", trials, callback=stop_trial_1)
     full = train_probe(data, cfg, "an_ls", trials)
     one_epoch = train_probe(data, ProbeConfig(epochs=3, batch_size=8, lr=1e-2, seed=2),
                             "an_ls", trials[1])
     tr = stopped.trials[1]
-    assert tr.stopped_at == 0 and len(tr.epochs) == 1 and tr.best_epoch == 0
+    assert tr.stopped_at == 1 and len(tr.epochs) == 1 and tr.best_epoch == 1
     assert seen[1].active == [True, False, True] and seen[1].val_map[1] is None
-    # its weights froze after epoch 0: equal to the first epoch of an unstopped run
+    # its weights froze after epoch 1: equal to the first epoch of an unstopped run
     assert tr.epochs[0] == one_epoch.trials[0].epochs[0]
     assert torch.equal(stopped.final_heads[1], stopped.best_heads[1])
     for t in (0, 2):  # updated as trial slices now, not whole tensors: equal to rounding
@@ -286,7 +288,7 @@ def test_stopping_with_per_trial_loss_objects_freezes_only_that_trial():
     cfg = ProbeConfig(epochs=2, batch_size=8, lr=1e-2, seeds=(1, 2, 3), use_presets=False)
     full = train_probe(data, cfg, "role", {"k": 2.0})
     stopped = train_probe(data, cfg, "role", {"k": 2.0}, callback=lambda r: [1])
-    assert [t.stopped_at for t in stopped.trials] == [None, 0, None]
+    assert [t.stopped_at for t in stopped.trials] == [None, 1, None]
     for t in (0, 2):
         torch.testing.assert_close(stopped.final_heads[t], full.final_heads[t])
     assert not torch.allclose(stopped.final_heads[1], full.final_heads[1])
@@ -297,7 +299,7 @@ def test_all_trials_stopped_ends_training():
     result = train_probe(data, ProbeConfig(epochs=6, batch_size=8), "an", [{}, {}],
                          callback=lambda r: [0, 1])
     assert result.timing["epochs_run"] == 1
-    assert all(t.stopped_at == 0 for t in result.trials)
+    assert all(t.stopped_at == 1 for t in result.trials)
 
 
 def test_same_seed_is_bit_for_bit_reproducible_and_seed_matters():
@@ -321,7 +323,8 @@ def test_results_json_and_head_round_trip(tmp_path):
     assert payload["loss"] == "gr" and payload["n_trials"] == 2
     assert payload["config"]["seed"] == 9 and payload["config"]["batch_size"] == 8
     assert payload["trials"][1]["hparams"]["w_T"] == 10.0
-    assert payload["trials"][0]["best_epoch"] in (0, 1)
+    assert payload["trials"][0]["best_epoch"] in (1, 2)
+    assert [e["epoch"] for e in payload["trials"][0]["epochs"]] == [1, 2]
     assert len(payload["trials"][0]["epochs"]) == 2 and "environment" in payload
     assert payload["data"]["kind"] == "arrays"
 

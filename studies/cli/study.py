@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -97,7 +96,9 @@ def _study(args: argparse.Namespace) -> int:
         ]
     summary = run_study(settings, worker_command=command, log=lambda m: print(m, file=sys.stderr))
     if args.json:
-        Path(args.json).write_text(json.dumps(summary.to_dict(), indent=2, default=str))
+        from probe.results import write_json_atomic
+
+        write_json_atomic(args.json, summary.to_dict())
     print(
         f"study {summary.name} in {summary.storage}: {summary.n_complete} complete, "
         f"{summary.n_pruned} pruned, {summary.n_failed} failed"
