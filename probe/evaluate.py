@@ -142,8 +142,8 @@ class Evaluator:
             result = self.results[t]
             result.best_epoch = epoch
             result.best = {k: v[t] for k, v in out.items()}
-            for split, ap in best_ap.items():
-                result.best[f"{split}_ap"] = ap[j].tolist()
+            for split, ap in best_ap.items():  # per-class AP in percent, the scale of mAP
+                result.best[f"{split}_ap"] = (100.0 * ap[j]).tolist()
 
     def finish(self) -> None:
         """Test metrics of every trial's best head, once (skipped with ``test_curve``: the
@@ -160,7 +160,7 @@ class Evaluator:
         for j, t in enumerate(idx):
             best = self.results[t].best
             best.update({k: v[t] for k, v in out.items()})
-            best["test_ap"] = ap[j].tolist()
+            best["test_ap"] = (100.0 * ap[j]).tolist()  # percent, the scale of mAP
 
     def best_heads(self) -> Tensor:
         """(T, D+1, C) float32 on the CPU: each trial's best-epoch head (the initial head for

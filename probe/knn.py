@@ -140,7 +140,7 @@ def run_knn(
             row[f"{name}_map"] = float(m.map)
             row[f"{name}_OF1"] = float(f.overall_f1)
             row[f"{name}_CF1"] = float(f.class_f1)
-            aps[name] = m.ap.tolist()
+            aps[name] = (100.0 * m.ap).tolist()  # percent, the scale of mAP
         tr = TrialResult(trial=t, seed=config.seed, hparams=dict(v), lr=math.nan,
                          weight_decay=math.nan, epochs=[row], best_epoch=0,
                          best={**{k: x for k, x in row.items() if k != "epoch"},

@@ -11,9 +11,8 @@ from __future__ import annotations
 import json
 import math
 import statistics
-import sys
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +24,9 @@ from probe.intervals import mean_interval
 from probe.io import atomic_write
 from probe.store.protocol import PROTOCOL_SEED
 
+from .results import store_fingerprint
 from .space import TRAIN_PREFIX
-from .storage import StudyError, open_storage, parse_storage
+from .storage import StudyError, open_existing_storage, parse_storage
 
 __all__ = ["ConfirmRow", "confirm_study", "load_study", "trial_setup", "winner", "write_winner"]
 
@@ -47,12 +47,41 @@ class ConfirmRow:
     # Student-t 95% interval of the mean test mAP over the runs (seeds x draws); NaN for 1 run
     test_low: float = math.nan
     test_high: float = math.nan
+    # one per run too (same order as test_maps), and what every run trained with
+    val_maps: list[float] = field(default_factory=list)
+    study: str | None = None
+    loss: str | None = None
+    lr: float | None = None
+    batch_size: int | None = None
+    epochs: int | None = None
+    optimizer: str | None = None
+    val_labels: str | None = None
+    dataset: str | None = None
+    store: str | None = None
+    store_fingerprint: str | None = None
+    spml_version: str | None = None
 
 
-def load_study(storage: str, name: str | None) -> optuna.Study:
-    """Open an existing study (the only one in the storage when ``name`` is None)."""
-    opened = open_storage(parse_storage(storage))
+def default_out(storage: str) -> Path:
+    """Where ``spml study confirm`` writes without ``--out``: beside the study, i.e. the folder
+    of its storage file (where ``spml report STUDY_DIR`` looks for ``confirm.parquet``)."""
+    spec = parse_storage(storage)
+    if spec.kind == "postgresql":
+        raise StudyError(
+            "--out: a PostgreSQL study has no folder of its own; pass the folder you give to "
+            "'spml report' (e.g. --out runs/coco-gr)"
+        )
+    return Path(spec.target).expanduser().parent
+
+
+def load_study(storage: str, name: str | None, flag: str = "--storage") -> optuna.Study:
+    """Open an existing study (the only one in the storage when ``name`` is None). A file
+    storage that does not exist is refused (naming ``flag``), never created."""
+    _, opened = open_existing_storage(storage, flag)
     names = [s.study_name for s in optuna.get_all_study_summaries(opened, include_best_trial=False)]
+    if not names:
+        raise StudyError(f"{flag} {storage}: the storage holds no study; pass the storage "
+                         "'spml study' wrote (STUDY_DIR/study.db or study.log by default)")
     if name is None:
         if len(names) != 1:
             raise StudyError(
@@ -77,6 +106,7 @@ def confirm_study(
     out: str | Path | None = None,
     device: str = "auto",
     log: Callable[[str], None] | None = None,
+    progress: bool = False,
 ) -> list[ConfirmRow]:
     """Re-train the ``top_k`` best completed trials with every training seed in ``seeds`` on
     every single-positive draw in ``observed_seeds`` (added to the store if missing); returns
@@ -92,6 +122,10 @@ def confirm_study(
     settings = study.user_attrs.get("spml.settings", {})
     if loss is None:
         raise StudyError(f"study '{study.study_name}' was not made by spml study (no spml.loss)")
+    # what the trials trained with, as the study fixed it (spml.training, resolved at creation);
+    # a searched train.* parameter of a trial takes its place
+    trained = study.user_attrs.get("spml.training") or {}
+    as_trained = {**settings, **{k: v for k, v in trained.items() if v != "searched"}}
     complete = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
     if not complete:
         raise StudyError(f"study '{study.study_name}' has no completed trial to confirm yet")
@@ -103,14 +137,22 @@ def confirm_study(
             add_observed_seed(store_path, s)
     store = open_store(store_path)
     runs: dict[int, list[tuple[float, float, int, int]]] = {t.number: [] for t in top}
+    ran: dict[int, Any] = {}  # the last ProbeResult of each trial: its resolved settings
+    from probe.progress import Progress
+
+    bar = Progress(len(observed_seeds) * len(top), f"confirm {study.study_name}", "run",
+                   enabled=progress)
+    bar.write(f"confirming the top {len(top)} trial(s) of '{study.study_name}': "
+              f"{len(seeds)} seed(s) x {len(observed_seeds)} draw(s) each")
     for obs_seed in observed_seeds:
         data = ProbeData.from_store(
             store, device=device if device != "auto" else "cpu", observed_seed=obs_seed
         )
         for trial in top:
-            hp, cfg = trial_setup(trial.params, loss, settings, seeds=seeds,
+            hp, cfg = trial_setup(trial.params, loss, as_trained, seeds=seeds,
                                   observed_seed=obs_seed, device=device)
-            result = train_probe(data, cfg, loss, [hp] * len(seeds), progress=sys.stderr.isatty())
+            result = train_probe(data, cfg, loss, [hp] * len(seeds), progress=False)
+            ran[trial.number] = result
             for tr, seed in zip(result.trials, seeds):
                 runs[trial.number].append(
                     (
@@ -121,10 +163,16 @@ def confirm_study(
                     )
                 )
             log(f"trial {trial.number}: test mAP {_fmt(runs[trial.number])}")
+            bar.update()
+    bar.close()
+    from probe import __version__
+
     rows = []
     for trial in top:
         tests = [r[0] for r in runs[trial.number]]
         vals = [r[1] for r in runs[trial.number]]
+        res = ran[trial.number]
+        cfg_used = res.config
         rows.append(
             ConfirmRow(
                 rank=0,
@@ -140,6 +188,18 @@ def confirm_study(
                 test_maps=tests,
                 seeds=[r[2] for r in runs[trial.number]],
                 observed_seeds=[r[3] for r in runs[trial.number]],
+                val_maps=vals,
+                study=study.study_name,
+                loss=loss,
+                lr=res.trials[0].lr,
+                batch_size=cfg_used.get("batch_size"),
+                epochs=cfg_used.get("epochs"),
+                optimizer=cfg_used.get("optimizer"),
+                val_labels=cfg_used.get("val_labels"),
+                dataset=res.dataset,
+                store=res.source.get("path"),
+                store_fingerprint=store_fingerprint(res.source),
+                spml_version=__version__,
             )
         )
     # the winner is chosen on val (mean over seeds); test is reported, never selected on

@@ -713,7 +713,7 @@ class _Run:
         f1 = f1_scores(t, logits=logits, threshold=self.plan.config.threshold)
         return {
             "map": float(m.map),
-            "ap": m.ap.tolist(),
+            "ap": (100.0 * m.ap).tolist(),  # percent, the scale of mAP
             "n_empty_classes": int(m.n_empty_classes),
             "f1": {k: float(v) for k, v in f1.as_dict().items()},
         }

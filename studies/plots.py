@@ -380,13 +380,14 @@ def plot_class_ap(
     path: str | os.PathLike, *, labels: tuple[str, str] = ("best trial", "AN baseline"),
     max_classes: int = 40, title: str = "Per-class test AP", dpi: int = DPI,
 ) -> Path:
-    """Grouped horizontal bars of per-class test AP (%), sorted by the difference (largest gain
-    on top), the difference written beside each pair. Beyond ``max_classes`` classes only the
-    largest gains and losses are drawn (half each) and the title says so. Classes whose AP is
-    undefined (no positive test image) are left out and counted in the title."""
+    """Grouped horizontal bars of per-class test AP (in %, as recorded), sorted by the
+    difference (largest gain on top), the difference written beside each pair. Beyond
+    ``max_classes`` classes only the largest gains and losses are drawn (half each) and the
+    title says so. Classes whose AP is undefined (no positive test image) are left out and
+    counted in the title."""
     names = list(class_names)
-    a = 100 * _nan(best_ap)
-    b = 100 * _nan(baseline_ap)
+    a = _nan(best_ap)  # percent, like every AP the engine records
+    b = _nan(baseline_ap)
     if not (len(names) == len(a) == len(b)):
         raise ValueError(
             f"plot_class_ap: {len(names)} class names but {len(a)} and {len(b)} AP values"

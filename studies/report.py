@@ -177,9 +177,7 @@ def _open(study_dir: Path, storage: str | None, name: str | None) -> _Study:
     given = storage is not None
     storage = storage if given else find_storage(study_dir)
     spec = parse_storage(storage)
-    if spec.kind != "postgresql" and not Path(spec.target).expanduser().is_file():
-        raise FileNotFoundError(f"--storage {storage}: no such file (a report never creates one)")
-    study = load_study(storage, name)
+    study = load_study(storage, name)  # refuses a storage file that is not there
     trials = study.get_trials(deepcopy=False)
     attrs = study.user_attrs
     notes: list[str] = []
@@ -864,7 +862,7 @@ def _baseline(st: _Study, ctx: _Retrained | None, why: str, fig_dir: Path, out: 
     path = plots.plot_class_ap(names, best_ap, an_ap, fig_dir / "class_ap.png",
                                labels=(f"best trial {best.number} ({st.loss})", "AN baseline"),
                                max_classes=options.max_classes, dpi=options.dpi)
-    diffs = [(n, 100 * a, 100 * b) for n, a, b in zip(names, best_ap, an_ap)
+    diffs = [(n, a, b) for n, a, b in zip(names, best_ap, an_ap)  # AP in percent
              if a is not None and b is not None and math.isfinite(a) and math.isfinite(b)]
     gains = sum(a > b for _, a, b in diffs)
     mean_diff = sum(a - b for _, a, b in diffs) / len(diffs) if diffs else math.nan

@@ -1,18 +1,41 @@
-"""Study results as data: one Parquet file per trained batch of trials, written atomically (temp
-file + rename, so a reader never sees half a file), readable with polars while the study runs.
+"""Results as data: one tidy schema for every trial spml trains -- a study's trials, a probe run's
+trials, a confirmation's re-runs -- so that tables from different losses, studies and commands
+concatenate (``pl.concat(..., how="diagonal_relaxed")``) and export anywhere (CSV, Parquet).
 
-Each row is one trial: its Optuna number and state, the parameters (as JSON and as one column
-each), per-epoch val/test mAP, the best epoch, test mAP there, per-class AP at the best epoch, the
-seeds, the store's provenance, which worker trained it and how long it took.
+One row per trial. Columns (:data:`COLUMNS`, in this order):
+
+* what it is: ``format`` (``spml-results/2``), ``kind`` (``study`` | ``probe`` | ``confirm``),
+  ``source`` (the file or folder it was read from; filled by :mod:`studies.export`),
+  ``study``, ``trial``, ``state`` (``COMPLETE`` | ``PRUNED`` | ``FAIL``), ``loss``;
+* the hyperparameters in one uniform column, whatever the loss: ``params``, a JSON object with
+  sorted keys (a study's ``<loss>.<name>`` / ``train.<name>`` parameters as Optuna names them,
+  a probe run's loss hyperparameters), never one column per loss knob;
+* the metrics, all mAP/AP values in percent (0–100): ``value`` (what the study maximised: val
+  mAP at the best epoch), ``val_map`` and ``test_map`` at the best epoch, ``best_epoch``
+  (epochs count from 1), ``epochs_run`` (fewer than ``epochs`` when pruned); further metric
+  columns (e.g. interval bounds ``test_map_lo`` / ``test_map_hi``) may follow and simply
+  concatenate;
+* the settings the trial trained with (what its result depends on besides ``params``):
+  ``seed``, ``observed_seed``, ``lr``, ``batch_size``, ``epochs``, ``optimizer``,
+  ``weight_decay``, ``val_labels``, ``select``, ``dataset``, ``store``, ``store_fingerprint``;
+* where and how: ``spml_version``, ``worker``, ``seconds``.
+
+A study's per-batch Parquet files (:func:`write_batch`) hold these columns plus the per-epoch
+curves and per-class AP as list columns (:data:`CURVES`): ``val_map_per_epoch``,
+``test_map_per_epoch``, ``train_loss_per_epoch`` (index 0 = epoch 1) and ``class_ap`` (test AP
+per class at the best epoch, percent). Files are written atomically (temp file + rename), so a
+reader never sees half a file, also while the study runs.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import os
 import socket
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,33 +43,179 @@ import polars as pl
 
 from probe.io import atomic_write
 
-__all__ = ["read_results", "write_batch"]
+__all__ = [
+    "COLUMNS",
+    "CURVES",
+    "FORMAT",
+    "probe_rows",
+    "read_results",
+    "store_fingerprint",
+    "tidy_frame",
+    "write_batch",
+]
 
-_FIXED = {
+FORMAT = "spml-results/2"
+
+COLUMNS: dict[str, pl.DataType] = {
+    "format": pl.Utf8,
+    "kind": pl.Utf8,
+    "source": pl.Utf8,
     "study": pl.Utf8,
     "trial": pl.Int64,
     "state": pl.Utf8,
     "loss": pl.Utf8,
     "params": pl.Utf8,
     "value": pl.Float64,
-    "best_epoch": pl.Int64,
+    "val_map": pl.Float64,
     "test_map": pl.Float64,
-    "val_map": pl.List(pl.Float64),
-    "test_map_per_epoch": pl.List(pl.Float64),
-    "class_ap": pl.List(pl.Float64),
+    "best_epoch": pl.Int64,
+    "epochs_run": pl.Int64,
     "seed": pl.Int64,
     "observed_seed": pl.Int64,
-    "provenance": pl.Utf8,
+    "lr": pl.Float64,
+    "batch_size": pl.Int64,
+    "epochs": pl.Int64,
+    "optimizer": pl.Utf8,
+    "weight_decay": pl.Float64,
+    "val_labels": pl.Utf8,
+    "select": pl.Utf8,
+    "dataset": pl.Utf8,
+    "store": pl.Utf8,
+    "store_fingerprint": pl.Utf8,
+    "spml_version": pl.Utf8,
     "worker": pl.Utf8,
     "seconds": pl.Float64,
 }
+
+CURVES: dict[str, pl.DataType] = {
+    "val_map_per_epoch": pl.List(pl.Float64),
+    "test_map_per_epoch": pl.List(pl.Float64),
+    "train_loss_per_epoch": pl.List(pl.Float64),
+    "class_ap": pl.List(pl.Float64),
+}
+
+_BATCH = {**COLUMNS, **CURVES, "provenance": pl.Utf8}
+
+
+def store_fingerprint(source: dict[str, Any]) -> str | None:
+    """A short hash of what identifies a store's contents (dataset, rows per split, creation,
+    backbone and weights), the same wherever the store is mounted; None for in-memory data."""
+    if not source or source.get("kind") != "store":
+        return None
+    prov = source.get("provenance") or {}
+    key = {
+        "dataset": source.get("dataset"),
+        "rows": source.get("rows"),
+        "completed": source.get("completed"),
+        "created": prov.get("created"),
+        "backbone": prov.get("backbone"),
+        "weights_sha256": prov.get("weights_sha256"),
+    }
+    text = json.dumps(key, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _finite(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
+
+
+def probe_rows(record: dict[str, Any], *, kind: str = "probe", study: str | None = None,
+               trials: Sequence[int] | None = None, numbers: Sequence[int] | None = None,
+               states: Sequence[str] | None = None, params: Sequence[dict] | None = None,
+               extra: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Tidy rows (:data:`COLUMNS` and :data:`CURVES`) of a probe run's record -- what
+    :meth:`probe.ProbeResult.to_dict` returns and ``spml probe --json`` writes.
+
+    ``trials`` picks trials (default all); ``numbers`` / ``states`` / ``params`` replace their
+    trial number, state (default: ``PRUNED`` when stopped early, ``FAIL`` when non-finite, else
+    ``COMPLETE``) and parameters (default: the loss's hyperparameters); ``extra`` adds or sets
+    columns on every row.
+    """
+    cfg = record.get("config") or {}
+    data = record.get("data") or {}
+    all_trials = record.get("trials") or []
+    picked = list(range(len(all_trials))) if trials is None else list(trials)
+    rows = []
+    for j, t in enumerate(picked):
+        tr = all_trials[t]
+        best = tr.get("best") or {}
+        epochs = tr.get("epochs") or []
+        if states is not None:
+            state = states[j]
+        elif not tr.get("finite", True) or _finite(best.get("val_map")) is None:
+            state = "FAIL"
+        elif tr.get("stopped_at") is not None:
+            state = "PRUNED"
+        else:
+            state = "COMPLETE"
+        hp = params[j] if params is not None else tr.get("hparams") or {}
+        rows.append({
+            "format": FORMAT,
+            "kind": kind,
+            "source": None,
+            "study": study,
+            "trial": int(numbers[j] if numbers is not None else tr.get("trial", t)),
+            "state": state,
+            "loss": record.get("loss"),
+            "params": json.dumps(hp, sort_keys=True, default=str),
+            "value": _finite(best.get("val_map")),
+            "val_map": _finite(best.get("val_map")),
+            "test_map": _finite(best.get("test_map")),
+            "best_epoch": tr.get("best_epoch"),
+            "epochs_run": len(epochs),
+            "seed": tr.get("seed"),
+            "observed_seed": cfg.get("observed_seed", data.get("observed_seed")),
+            "lr": _finite(tr.get("lr")),
+            "batch_size": cfg.get("batch_size"),
+            "epochs": cfg.get("epochs"),
+            "optimizer": cfg.get("optimizer"),
+            "weight_decay": _finite(tr.get("weight_decay")),
+            "val_labels": cfg.get("val_labels"),
+            "select": cfg.get("select", "val"),
+            "dataset": record.get("dataset"),
+            "store": data.get("path"),
+            "store_fingerprint": store_fingerprint(data),
+            "spml_version": record.get("spml_version") or _version(),
+            "worker": None,
+            "seconds": None,
+            "val_map_per_epoch": [_finite(e.get("val_map")) for e in epochs],
+            "test_map_per_epoch": [_finite(e.get("test_map")) for e in epochs],
+            "train_loss_per_epoch": [_finite(e.get("train_loss")) for e in epochs],
+            "class_ap": [_finite(v) for v in best["test_ap"]] if best.get("test_ap") else None,
+            **(extra or {}),
+        })
+    return rows
+
+
+def _version() -> str:
+    from probe import __version__
+
+    return __version__
+
+
+def tidy_frame(rows: Iterable[dict[str, Any]], curves: bool = True) -> pl.DataFrame:
+    """Rows as a frame in the tidy schema: :data:`COLUMNS` first in their order and types,
+    then any further columns (e.g. interval bounds), then (with ``curves``) :data:`CURVES`."""
+    rows = list(rows)
+    schema = {**COLUMNS, **(CURVES if curves else {})}
+    extra: dict[str, None] = {}
+    for row in rows:
+        for k in row:
+            if k not in schema and k not in CURVES:
+                extra.setdefault(k, None)
+    names = [*COLUMNS, *extra, *(CURVES if curves else {})]
+    records = [{k: row.get(k) for k in names} for row in rows]
+    frame = pl.DataFrame(records, schema_overrides=schema, infer_schema_length=None)
+    if not rows:
+        frame = pl.DataFrame(schema={k: schema.get(k, pl.Utf8) for k in names})
+    return frame.select(names)
 
 
 def write_batch(directory: str | os.PathLike, rows: Sequence[dict[str, Any]]) -> Path | None:
     """Write one batch of trial rows as ``batch-<host>-<pid>-<uuid>.parquet``; returns its path.
 
-    ``rows`` hold the fixed columns above (``params`` as a dict); every parameter also becomes
-    its own ``param.<name>`` column.
+    ``rows`` hold the tidy columns (``params`` may be a dict; it is stored as JSON) and
+    optionally ``provenance`` (the store's, as a dict).
     """
     if not rows:
         return None
@@ -54,25 +223,51 @@ def write_batch(directory: str | os.PathLike, rows: Sequence[dict[str, Any]]) ->
     directory.mkdir(parents=True, exist_ok=True)
     records = []
     for row in rows:
-        rec = {k: row.get(k) for k in _FIXED}
-        rec["params"] = json.dumps(row.get("params", {}), sort_keys=True)
-        if isinstance(rec["provenance"], dict):
+        rec = dict(row)
+        rec.setdefault("format", FORMAT)
+        if not isinstance(rec.get("params"), str):
+            rec["params"] = json.dumps(rec.get("params") or {}, sort_keys=True, default=str)
+        if isinstance(rec.get("provenance"), dict):
             rec["provenance"] = json.dumps(rec["provenance"], sort_keys=True, default=str)
-        for name, value in (row.get("params") or {}).items():
-            rec[f"param.{name}"] = value
         records.append(rec)
-    frame = pl.DataFrame(records, schema_overrides=_FIXED, infer_schema_length=None)
+    frame = tidy_frame(records)
+    if "provenance" not in frame.columns:
+        frame = frame.with_columns(pl.lit(None, dtype=pl.Utf8).alias("provenance"))
     name = f"batch-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}.parquet"
     return atomic_write(directory / name, frame.write_parquet)
 
 
+def _upgrade(frame: pl.DataFrame) -> pl.DataFrame:
+    """A batch written before the tidy schema (spml-results/1: ``val_map`` a per-epoch list,
+    ``best_epoch`` from 0, ``class_ap`` on 0–1, one ``param.<name>`` column per parameter) in
+    today's shape."""
+    if "format" in frame.columns:
+        return frame
+    cols = []
+    if "val_map" in frame.columns and isinstance(frame.schema["val_map"], pl.List):
+        frame = frame.rename({"val_map": "val_map_per_epoch"})
+        cols.append(pl.col("value").alias("val_map"))
+    if "best_epoch" in frame.columns:
+        cols.append(pl.col("best_epoch") + 1)
+    if "class_ap" in frame.columns:
+        cols.append(pl.col("class_ap").list.eval(pl.element() * 100.0))
+    cols.append(pl.lit("spml-results/1").alias("format"))
+    cols.append(pl.lit("study").alias("kind"))
+    frame = frame.with_columns(cols)
+    return frame.drop([c for c in frame.columns if c.startswith("param.")])
+
+
 def read_results(directory: str | os.PathLike) -> pl.DataFrame:
-    """All finished batches of a study's results folder as one frame (empty frame if none).
+    """All finished batches of a study's results folder as one tidy frame, sorted by trial
+    (an empty frame in the schema if none). Batches written by older versions are upgraded.
 
     Safe while workers are writing: half-written files are hidden temp files, never read.
     """
     files = sorted(Path(directory).glob("batch-*.parquet"))
     if not files:
-        return pl.DataFrame(schema=_FIXED)
-    frames = [pl.read_parquet(f) for f in files]
-    return pl.concat(frames, how="diagonal_relaxed").sort("trial")
+        return tidy_frame([])
+    frames = [_upgrade(pl.read_parquet(f)) for f in files]
+    frame = pl.concat(frames, how="diagonal_relaxed")
+    front = [c for c in COLUMNS if c in frame.columns]
+    rest = [c for c in frame.columns if c not in COLUMNS]
+    return frame.select(front + rest).sort("trial")

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 import optuna
 
-__all__ = ["StorageSpec", "StudyError", "open_storage", "parse_storage"]
+__all__ = ["StorageSpec", "StudyError", "open_existing_storage", "open_storage", "parse_storage"]
 
 SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
 JOURNAL_SUFFIXES = (".log", ".journal", ".jsonl")
@@ -100,8 +100,31 @@ def _check_postgres_reachable(url: str, timeout: float = 5.0) -> None:
         ) from None
 
 
+def open_existing_storage(storage: str | os.PathLike, flag: str = "--storage"
+                          ) -> tuple[StorageSpec, optuna.storages.BaseStorage]:
+    """Open the storage of a study that must exist already (what confirm, report and fine-tune
+    read): a file storage that is not there is refused, naming ``flag`` and the path, and never
+    created -- a mistyped name must not leave an empty study file behind."""
+    spec = parse_storage(storage)
+    if spec.kind != "postgresql":
+        path = Path(spec.target).expanduser()
+        if not path.is_file():
+            hint = ""
+            if path.parent.is_dir():
+                near = sorted(p.name for p in path.parent.iterdir()
+                              if p.suffix.lower() in SQLITE_SUFFIXES + JOURNAL_SUFFIXES)
+                if near:
+                    hint = f" ({path.parent} holds {', '.join(near)})"
+            raise FileNotFoundError(
+                f"{flag} {storage}: no such file{hint}; pass the storage 'spml study' wrote "
+                "(STUDY_DIR/study.db or study.log by default)"
+            )
+    return spec, open_storage(spec)
+
+
 def open_storage(spec: StorageSpec) -> optuna.storages.BaseStorage:
-    """Open (creating if needed) the Optuna storage a :class:`StorageSpec` names."""
+    """Open (creating if needed) the Optuna storage a :class:`StorageSpec` names; for a study
+    that must already exist use :func:`open_existing_storage`."""
     if spec.kind == "sqlite":
         Path(spec.target).expanduser().parent.mkdir(parents=True, exist_ok=True)
         return optuna.storages.RDBStorage(

@@ -269,8 +269,8 @@ def test_real_study_report_matches_the_storage(real):
     by_class = dict(zip(baseline["class_names"], zip(results[best.number]["class_ap"], an_ap)))
     for r in cls:
         a, b = by_class[r["class"]]
-        assert r[f"trial {best.number} AP"] == f"{100 * a:.2f}"
-        assert r["AN AP"] == f"{100 * b:.2f}"
+        assert r[f"trial {best.number} AP"] == f"{a:.2f}"  # AP in percent, like mAP
+        assert r["AN AP"] == f"{b:.2f}"
     diffs = [float(r["difference"]) for r in cls]
     assert diffs == sorted(diffs, reverse=True)
     cfg = baseline["config"]

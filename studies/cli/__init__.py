@@ -8,6 +8,7 @@ Where each command lives (a module per package, or per command group in :mod:`st
 ``spml losses | probe``, ``spml bench probe``        :mod:`probe.cli`
 ``spml study``, ``spml study confirm``               :mod:`studies.cli.study`
 ``spml report``                                      :mod:`studies.cli.report`
+``spml export``                                      :mod:`studies.cli.export`
 ``spml analyze …``                                   :mod:`studies.cli.analyze`
 ``spml compare``                                     :mod:`studies.cli.compare`
 ``spml finetune``                                    :mod:`studies.cli.finetune`
@@ -37,6 +38,7 @@ COMMAND_MODULES = (
     "probe.cli",
     "studies.cli.study",
     "studies.cli.report",
+    "studies.cli.export",
     "studies.cli.analyze",
     "studies.cli.compare",
     "studies.cli.finetune",

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -119,18 +120,20 @@ def _study(args: argparse.Namespace) -> int:
 
 
 def _confirm(args: argparse.Namespace) -> int:
-    from studies.confirm import confirm_study, load_study
+    from studies.confirm import confirm_study, default_out, load_study
 
-    study = load_study(args.storage, args.name)
+    study = load_study(args.storage, args.name)  # refuses a storage file that is not there
+    out = Path(args.out) if args.out else default_out(args.storage)
     rows = confirm_study(
         study,
         args.store,
         top_k=args.top_k,
         seeds=_ints(args.seeds, "--seeds"),
         observed_seeds=_ints(args.observed_seeds, "--observed-seeds"),
-        out=args.out,
+        out=out,
         device=args.device,
         log=lambda m: print(m, file=sys.stderr),
+        progress=True,
     )
     print(f"{'rank':>4} {'trial':>5}  {'val mAP':>8}  {'test mAP (mean ± std)':>22}  "
           f"{'95% interval':>16}  runs  params")
@@ -146,11 +149,10 @@ def _confirm(args: argparse.Namespace) -> int:
     print("95% interval: Student-t interval of the mean test mAP over the runs (training seeds "
           "x single-positive draws); it does not include the test-image variation that "
           "'spml compare' measures")
-    if args.out:
-        print(
-            f"wrote {Path(args.out) / 'confirm.parquet'} and {Path(args.out) / 'best.json'} "
-            "(for spml finetune --from-json)"
-        )
+    print(
+        f"wrote {out / 'confirm.parquet'} (read by 'spml report {out}') and "
+        f"{out / 'best.json'} (for spml finetune --from-json)"
+    )
     return 0
 
 
@@ -297,7 +299,10 @@ def confirm_parser() -> argparse.ArgumentParser:
             "Re-train the top-k trials of a study over several training seeds and "
             "single-positive draws; report test mAP as mean ± std (winner chosen on val)."
         ),
-        epilog="example: spml study confirm --storage spml-study/study.db --store yeast.zarr",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example: spml study confirm --storage spml-study/study.db --store yeast.zarr\n"
+               "  writes spml-study/confirm.parquet and spml-study/best.json; then "
+               "'spml report spml-study' shows the confirmed results",
     )
     c.add_argument("--storage", required=True, help="the study's storage (as given to spml study)")
     c.add_argument("--name", help="study name (default: the only study in the storage)")
@@ -309,7 +314,9 @@ def confirm_parser() -> argparse.ArgumentParser:
         default=str(PROTOCOL_SEED),
         help=f"single-positive draws (default {PROTOCOL_SEED}; others are added to the store)",
     )
-    c.add_argument("--out", default="spml-study", help="writes confirm.parquet and best.json here")
+    c.add_argument("--out", help="folder for confirm.parquet and best.json (default: beside the "
+                   "study, the folder of the --storage file, where 'spml report' finds them; "
+                   "required for PostgreSQL)")
     add_device_argument(c)
     c.set_defaults(func=_confirm)
     return c

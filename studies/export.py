@@ -1,0 +1,195 @@
+"""Results you can take anywhere: collect probe runs, studies and confirmations into one table.
+
+:func:`collect` reads any mix of
+
+* probe run records (``spml probe … --json run.json``; also a report's ``an_baseline.json``),
+* study folders (``spml study --out DIR``: its ``results/batch-*.parquet``), a study's
+  ``results/`` folder or one of its batch files,
+* confirmation outputs (``spml study confirm``'s ``confirm.parquet``, or the folder holding it
+  when that folder is no study folder),
+* tables written by :func:`export` itself,
+
+and returns one polars DataFrame in the tidy schema of :mod:`studies.results`: one row per trial
+(a confirmation: one row per re-run, i.e. per trial, seed and single-positive draw), the
+hyperparameters as one JSON column ``params``, mAP in percent, epochs counted from 1, and the
+settings every trial trained with (``lr``, ``batch_size``, ``epochs``, …). With
+``epochs=True`` a row per trial and epoch instead, with ``epoch``, ``epoch_train_loss``,
+``epoch_val_map`` and ``epoch_test_map``.
+
+:func:`export` writes it as CSV or Parquet (by the file's suffix); ``spml export`` is its
+command. Example::
+
+    from studies.export import collect
+    df = collect(["runs/gr-study", "runs/an-study", "probe-an.json"])
+    df.group_by("loss").agg(pl.col("test_map").max())
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import polars as pl
+
+from .results import COLUMNS, CURVES, FORMAT, probe_rows, read_results, tidy_frame
+
+__all__ = ["ExportError", "collect", "export"]
+
+_PROBE_FORMAT = "spml-probe-result/1"
+_SUFFIXES = (".csv", ".parquet")
+_WHAT = ("a probe results JSON (spml probe --json), a study folder (spml study --out), its "
+         "results/ folder or batch files, a confirm.parquet, or a table written by spml export")
+
+
+class ExportError(ValueError):
+    """An export input or output is not what :func:`collect` / :func:`export` can use."""
+
+
+def collect(paths: Iterable[str | os.PathLike], *, epochs: bool = False) -> pl.DataFrame:
+    """One tidy frame of every trial in ``paths`` (see the module docstring); ``epochs=True``
+    gives one row per trial and epoch. Raises :class:`ExportError` naming a path that is
+    none of the accepted kinds."""
+    frames = []
+    paths = list(paths)
+    if not paths:
+        raise ExportError(f"PATH: nothing to export; give one or more of: {_WHAT}")
+    for p in paths:
+        frame = _read(Path(p))
+        frames.append(frame.with_columns(
+            pl.col("source").fill_null(pl.lit(str(p))) if "source" in frame.columns
+            else pl.lit(str(p)).alias("source")))
+    frame = pl.concat(frames, how="diagonal_relaxed")
+    front = [c for c in COLUMNS if c in frame.columns]
+    extra = [c for c in frame.columns if c not in COLUMNS and c not in CURVES
+             and c != "provenance"]
+    curves = [c for c in CURVES if c in frame.columns]
+    frame = frame.select(front + extra + curves)
+    if epochs:
+        return _per_epoch(frame, front + extra)
+    return frame.select(front + extra)
+
+
+def export(paths: Iterable[str | os.PathLike], out: str | os.PathLike, *,
+           epochs: bool = False) -> tuple[Path, pl.DataFrame]:
+    """Write :func:`collect` ``(paths, epochs=epochs)`` to ``out`` (``.csv`` or ``.parquet``,
+    atomically); returns the path and the frame."""
+    from probe.io import atomic_write
+
+    out = Path(out)
+    suffix = out.suffix.lower()
+    if suffix not in _SUFFIXES:
+        raise ExportError(
+            f"--out: expected a file name ending in .csv or .parquet; got {str(out)!r}"
+        )
+    frame = collect(paths, epochs=epochs)
+    if suffix == ".csv":
+        atomic_write(out, frame.write_csv)
+    else:
+        atomic_write(out, frame.write_parquet)
+    return out, frame
+
+
+def _read(path: Path) -> pl.DataFrame:
+    if not path.exists():
+        raise ExportError(f"PATH {path}: no such file or folder; expected {_WHAT}")
+    if path.is_dir():
+        if (path / "results").is_dir():
+            return _study(path / "results")
+        if any(path.glob("batch-*.parquet")):
+            return _study(path)
+        if (path / "confirm.parquet").is_file():
+            return _confirm(path / "confirm.parquet")
+        raise ExportError(
+            f"PATH {path}: a folder with no results/ (study), batch-*.parquet or "
+            f"confirm.parquet in it; expected {_WHAT}"
+        )
+    suffix = path.suffix.lower()
+    if suffix == ".json":
+        return _probe_json(path)
+    if suffix == ".parquet":
+        frame = pl.read_parquet(path)
+        if "test_maps" in frame.columns and "rank" in frame.columns:
+            return _confirm(path)
+        if path.name.startswith("batch-"):
+            return _study_frame(read_results_file(path))
+        if "format" in frame.columns:
+            return frame
+    if suffix == ".csv":
+        frame = pl.read_csv(path, infer_schema_length=None)
+        if "format" in frame.columns and "trial" in frame.columns:
+            return frame
+    raise ExportError(f"PATH {path}: not a results file spml knows; expected {_WHAT}")
+
+
+def read_results_file(path: Path) -> pl.DataFrame:
+    """One batch file of a study's results, upgraded to the tidy schema."""
+    from .results import _upgrade
+
+    return _upgrade(pl.read_parquet(path))
+
+
+def _study(directory: Path) -> pl.DataFrame:
+    return _study_frame(read_results(directory))
+
+
+def _study_frame(frame: pl.DataFrame) -> pl.DataFrame:
+    return frame.drop([c for c in ("provenance",) if c in frame.columns])
+
+
+def _probe_json(path: Path) -> pl.DataFrame:
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ExportError(f"PATH {path}: not readable JSON ({err}); expected {_WHAT}") from None
+    if not isinstance(record, dict) or record.get("format") != _PROBE_FORMAT:
+        raise ExportError(
+            f"PATH {path}: a JSON file but not a probe results record (format "
+            f"{_PROBE_FORMAT!r}, written by 'spml probe --json'); expected {_WHAT}"
+        )
+    rows = probe_rows(record, kind="probe")
+    for row in rows:  # what the probe epochs recorded, before they counted from 1
+        if record.get("spml_version") is None and row["best_epoch"] is not None:
+            row["best_epoch"] += 1
+    return tidy_frame(rows)
+
+
+def _confirm(path: Path) -> pl.DataFrame:
+    """confirm.parquet (one row per confirmed trial, runs as lists) as one row per run."""
+    frame = pl.read_parquet(path)
+    runs = [c for c in ("test_maps", "val_maps", "seeds", "observed_seeds")
+            if c in frame.columns]
+    frame = frame.explode(runs)
+    rename = {"test_maps": "test_map", "val_maps": "val_map", "seeds": "seed",
+              "observed_seeds": "observed_seed"}
+    frame = frame.drop([c for c in ("test_map", "val_map", "seed", "observed_seed")
+                        if c in frame.columns and c not in runs])
+    frame = frame.rename({k: v for k, v in rename.items() if k in runs})
+    keep = [c for c in frame.columns if c in COLUMNS or c in ("rank", "search_value",
+                                                              "test_mean", "test_std")]
+    frame = frame.select(keep).with_columns(
+        pl.lit(FORMAT).alias("format"), pl.lit("confirm").alias("kind"),
+        pl.lit("COMPLETE").alias("state"))
+    if "search_value" in frame.columns:
+        frame = frame.with_columns(pl.col("search_value").alias("value"))
+    return frame
+
+
+def _per_epoch(frame: pl.DataFrame, columns: list[str]) -> pl.DataFrame:
+    """One row per trial and epoch (epochs from 1); trials without curves keep one row with
+    no epoch."""
+    curves = {"train_loss_per_epoch": "epoch_train_loss", "val_map_per_epoch": "epoch_val_map",
+              "test_map_per_epoch": "epoch_test_map"}
+    present = [c for c in curves if c in frame.columns]
+    if not present:
+        return frame.select(columns).with_columns(pl.lit(None, dtype=pl.Int64).alias("epoch"))
+    # the curves of one trial have one value per epoch run (index 0 = epoch 1)
+    longest = pl.max_horizontal([pl.col(c).list.len().fill_null(0) for c in present])
+    frame = frame.with_columns(pl.int_ranges(1, longest + 1, dtype=pl.Int64).alias("epoch"))
+    frame = frame.explode(["epoch", *present])
+    out = frame.select([*columns, "epoch", *[pl.col(c).alias(curves[c]) for c in present]])
+    for c in curves.values():
+        if c not in out.columns:
+            out = out.with_columns(pl.lit(None, dtype=pl.Float64).alias(c))
+    return out
