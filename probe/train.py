@@ -153,10 +153,11 @@ def _epochs(trainer: StackedTrainer, evaluator: Evaluator | None, results: list[
             record = evaluator(*_live_heads(trainer, active), number) if evaluator and due else {}
             timing["eval_seconds"].append(time.perf_counter() - t0)
             _record_epoch(results, active, number, train_loss, record)
+            if record:  # the epoch's line first, then the count that includes it
+                bar.write(_best_line(results, evaluator, active, number, epochs))
             bar.update()
             if not record:
                 continue
-            bar.write(_best_line(results, evaluator, active, number, epochs))
             if callback is None:
                 continue
             stop = callback(EpochReport(

@@ -281,7 +281,7 @@ def check_hparams(specs: tuple[HParam, ...], given: dict[str, Any], loss: str) -
     by_name = {s.name: s for s in specs}
     for name in given:
         if name not in by_name:
-            hint = difflib.get_close_matches(name, list(by_name), n=1)
+            hint = _suggest(name, list(by_name), cutoff=0.6)
             raise LossInputError(
                 f"{loss}: unknown hyperparameter '{name}'"
                 + (f"; did you mean '{hint[0]}'?" if hint else "")
@@ -554,12 +554,22 @@ def available() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def _suggest(name: str, known: list[str], cutoff: float) -> list[str]:
+    """The closest known name, matching case-insensitively first (``GR`` → ``gr``); names are
+    exact, so the user gets the suggestion rather than a silent guess."""
+    folded = {k.lower(): k for k in known}
+    if name.lower() in folded:
+        return [folded[name.lower()]]
+    hint = difflib.get_close_matches(name.lower(), list(folded), n=1, cutoff=cutoff)
+    return [folded[h] for h in hint]
+
+
 def get_loss_class(name: str) -> type[Loss]:
     """The registered class for ``name``; unknown names get the closest suggestion."""
     try:
         return _REGISTRY[name]
     except KeyError:
-        hint = difflib.get_close_matches(str(name), list(_REGISTRY), n=1, cutoff=0.4)
+        hint = _suggest(str(name), list(_REGISTRY), cutoff=0.4)
         raise LossInputError(
             f"unknown loss '{name}'"
             + (f"; did you mean '{hint[0]}'?" if hint else "")

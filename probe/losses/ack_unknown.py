@@ -69,7 +69,7 @@ _NOTES_COMMON = (
     "presets were tuned for end-to-end fine-tuning (10 epochs), not for a linear probe. "
     "Observed negatives (y=−1, partial labels) get −log(1−p) (our choice: the released EM "
     "rejects them, and its EM+APL would read −1 as a soft target of 1). Search ranges are "
-    "ours (the paper gives no sensitivity ranges in our copy)."
+    "this library's choice (the paper reports no sensitivity ranges)."
 )
 
 

@@ -12,8 +12,9 @@ reduced by the **mean over the batch** (one value per sample, not per entry). Bo
 computed as ``logsumexp`` over ``[log α, z_j …]`` / ``[log β, −z_i …]``, so a row without positives
 (or without negatives) is exact and its gradient finite. α = β = 1 is ZLPR.
 
-OPML options — all three **(reconstructed)**: our copy of the paper lost its formulas and its
-hyperparameter values, so these are our reading of its prose (docs/losses.md):
+OPML options — all three **(reconstructed)**: the paper's formulas and hyperparameter values
+are not available in the text this library was built from, so these options are implemented from
+its prose description (docs/losses.md):
 
 * ``high_rank`` (``hr_lambda`` λ, ``hr_delta`` δ, paper Eq. 10): add
   λ·(−(1/C)·Σ_i log(σ_i(P)² + δ)) with P = σ(Z) the batch's B×C prediction matrix and σ_i its
@@ -357,13 +358,16 @@ class OPML(Loss):
     hparam_specs = (_ALPHA, _BETA, _HIGH_RANK, _HR_LAMBDA, _HR_DELTA, _SOFT, _SOFT_POWER,
                     _CORRECT, _CORRECT_RATIO)
     notes = (
-        "(reconstructed) Our copy of the paper has lost its formulas and numbers: the OPML loss "
-        "itself is fixed by docs/losses.md (α = β = 1 is ZLPR); the options high_rank (Eq. 10), "
-        "soft (Eq. 11) and correct (Sec. III-E) are our reading of the prose, and their default "
-        "values and search ranges (hr_lambda, soft_power, correct_ratio) are ours. The paper "
-        "reparametrises α, β for its grid search but the mapping is missing: we search log α, "
-        "log β in [1e-3, 1e3]. No per-dataset presets: the paper's values (SGD, bs, lr, epochs, "
-        "α, β, g, r) are missing from our copy. AP (soft, correct) is that of the originally "
+        "(reconstructed) The paper's formulas and numbers could not be recovered, so parts of "
+        "this loss are reconstructed: the OPML loss itself follows docs/losses.md (α = β = 1 is "
+        "ZLPR); the options high_rank (Eq. 10), soft (Eq. 11) and correct (Sec. III-E) are "
+        "implemented from the paper's prose, and their default values and search ranges "
+        "(hr_lambda, soft_power, correct_ratio) are this library's choices -- treat results "
+        "with these options as an interpretation, not a reproduction. The paper reparametrises "
+        "α, β for its grid search without giving the mapping, so α and β are searched "
+        "log-uniformly in [1e-3, 1e3]. No per-dataset presets: the paper's training values "
+        "(SGD, bs, lr, epochs, α, β, g, r) are not known. AP (soft, correct) is that of the "
+        "originally "
         "observed positives on the train split, from the logits of the last finished epoch; "
         "before the first epoch ends ε = 0 and nothing is corrected. The float hyperparameters "
         "of an option only act when its switch (high_rank / soft / correct) is on."
