@@ -66,7 +66,7 @@ class Progress:
         self.file = file or sys.stderr
         self.mode = progress_mode(enabled, self.file)
         self.interval = float(interval)
-        self.n = int(initial)
+        self.n = self._initial = int(initial)
         self.postfix = ""
         self._start = time.monotonic()
         self._last_line = self._start
@@ -93,6 +93,17 @@ class Progress:
             now = time.monotonic()
             done = self.total is not None and self.n >= self.total
             if done or now - self._last_line >= self.interval:
+                self._status_line(now)
+
+    def refresh(self, force: bool = False) -> None:
+        """Show the display as of now without counting: in a log, a status line when
+        ``interval`` seconds have passed since the last (with ``force``: whenever the count
+        changed since the last line); on a terminal, a redraw of the bar."""
+        if self._bar is not None:
+            self._bar.refresh()
+        elif self.mode == "lines":
+            now = time.monotonic()
+            if (self._last_count != self.n) if force else now - self._last_line >= self.interval:
                 self._status_line(now)
 
     def set_postfix(self, text: str) -> None:
@@ -134,8 +145,9 @@ class Progress:
         if self.total:
             parts[0] += f" ({100.0 * self.n / self.total:.0f}%)"
         parts.append(f"{format_seconds(elapsed)} elapsed")
-        if self.total and 0 < self.n < self.total:
-            parts.append(f"ETA {format_seconds(elapsed / self.n * (self.total - self.n))}")
+        done_here = self.n - self._initial  # the rate of this run, not of work done before it
+        if self.total and done_here > 0 and self.n < self.total:
+            parts.append(f"ETA {format_seconds(elapsed / done_here * (self.total - self.n))}")
         if self.postfix:
             parts.append(self.postfix)
         return ", ".join(parts)

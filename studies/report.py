@@ -400,8 +400,11 @@ def _int(n: Any) -> str:
 
 
 def _training(st: _Study) -> dict[str, Any]:
-    """The training settings the study's trials used: as given, else the loss's paper preset
-    for the dataset, else the generic linear-probe values (probe.train's own resolution)."""
+    """The training settings the study's trials used: what the results rows record each trial
+    trained with (the best trial's, else the first row's), else as given, else the loss's paper
+    preset for the dataset, else the generic linear-probe values (probe.train's resolution).
+    Values that differ between the rows (a study from before settings were part of its
+    identity) are listed in ``mixed``."""
     from probe.config import resolve_training
     from probe.losses import get_loss_class
 
@@ -412,8 +415,21 @@ def _training(st: _Study) -> dict[str, Any]:
         cls = None
     settings = resolve_training(cls, st.identity.get("dataset", ""),
                                 batch_size=s.get("batch_size"), lr=s.get("lr"),
-                                epochs=s.get("epochs"))
-    return settings.as_dict()
+                                epochs=s.get("epochs")).as_dict()
+    rows = [r for r in st.results.values() if r.get("lr") is not None]
+    best = st.results.get(st.complete[0].number) if st.complete else None
+    row = best if best is not None and best.get("lr") is not None else (rows[0] if rows else None)
+    settings["mixed"] = {}
+    if row is None:
+        return settings
+    for key in ("batch_size", "lr", "epochs"):
+        if row.get(key) is None:
+            continue
+        settings[key], settings[f"{key}_from"] = row[key], "as trained (results)"
+        seen = sorted({r[key] for r in rows if r.get(key) is not None})
+        if len(seen) > 1 and f"train.{key}" not in st.distributions:
+            settings["mixed"][key] = seen
+    return settings
 
 
 def _provenance(st: _Study) -> dict[str, Any]:
@@ -463,6 +479,12 @@ def _summary(st: _Study, commands: list[str]) -> _Section:
         training = (f"{train['epochs']} epochs ({train['epochs_from']}), batch size "
                     f"{train['batch_size']} ({train['batch_size_from']}), lr {train['lr']:g} "
                     f"({train['lr_from']}), train seed {s.get('train_seed', '?')}")
+        if train["mixed"]:
+            sec.blocks.append(_Note(
+                "The trials of this study were trained with different settings ("
+                + "; ".join(f"{k}: {', '.join(map(str, v))}" for k, v in train["mixed"].items())
+                + "), so they are not comparable with each other; the values shown are the best "
+                "trial's. Re-run the study in a new --out with one setting.", "warn"))
     else:
         training = "not recorded (the study was not made by 'spml study')"
     facts = [

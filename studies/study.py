@@ -19,7 +19,6 @@ import math
 import os
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -41,7 +40,7 @@ from .heartbeat import (
     reclaim_stale_trials,
 )
 from .pruning import BatchPruner, MedianRule
-from .results import write_batch
+from .results import probe_rows, write_batch
 from .space import SearchSpace, build_space
 from .storage import StorageSpec, StudyError, open_storage, parse_storage
 
@@ -186,7 +185,8 @@ def _prune_rule(settings: StudySettings) -> MedianRule | None:
     """The pruning rule (None: never prune); decided in process by :class:`BatchPruner`."""
     if settings.pruner == "none":
         return None
-    return MedianRule(n_startup_trials=max(2, settings.batch // 2), n_warmup_steps=1)
+    # steps are epochs counted from 1: the first epoch is never pruned
+    return MedianRule(n_startup_trials=max(2, settings.batch // 2), n_warmup_steps=2)
 
 
 def _pruner(settings: StudySettings) -> optuna.pruners.BasePruner:
@@ -243,6 +243,9 @@ def create_or_join(settings: StudySettings, store: Any) -> JoinedStudy:
         },
         "spml.fixed": {k: v for k, v in sorted(settings.fixed.items())},
     }
+    # the fixed training settings first: whoever sees the other keys sees these too
+    identity = {"spml.training": training_identity(asdict(settings), store.dataset, space),
+                **identity}
     identity = json.loads(json.dumps(identity, default=str))
     sampler, pruner = _sampler(settings, space), _pruner(settings)
     try:
@@ -277,7 +280,70 @@ def create_or_join(settings: StudySettings, store: Any) -> JoinedStudy:
                     f"{json.dumps(identity[key])}. "
                     "Use another --name, or the same settings to join it"
                 )
+        _check_training(attrs, identity["spml.training"], store.dataset, space, name,
+                        spec.display)
     return JoinedStudy(study, space, TrialStorage(storage, name))
+
+
+# what a trial's result depends on that is not searched, in the order they are reported
+TRAINING_KEYS = ("epochs", "batch_size", "lr", "optimizer", "train_seed", "observed_seed",
+                 "val_labels", "select")
+
+
+def training_identity(values: dict[str, Any], dataset: str, space: SearchSpace
+                      ) -> dict[str, Any]:
+    """The fixed training settings of a study, resolved as the trials train with them (a value
+    left to the loss's paper preset is the preset's value), from :class:`StudySettings` fields
+    (``values``: ``asdict(settings)`` or the ``spml.settings`` a study stored). A setting the
+    study searches is ``"searched"``: its value is a trial parameter."""
+    from probe.config import ProbeConfig, resolve_training
+    from probe.losses import get_loss_class
+
+    try:
+        cls = get_loss_class(values["loss"])
+    except (KeyError, ValueError):
+        cls = None
+    resolved = resolve_training(cls, dataset, batch_size=values.get("batch_size"),
+                                lr=values.get("lr"), epochs=values.get("epochs")).as_dict()
+    out: dict[str, Any] = {}
+    for key in TRAINING_KEYS:
+        if f"train.{key}" in space.distributions:
+            out[key] = "searched"
+        elif key in ("epochs", "batch_size", "lr"):
+            out[key] = resolved[key]
+        elif key == "optimizer":
+            out[key] = values.get("optimizer") or ProbeConfig().optimizer
+        elif key == "select":
+            out[key] = values.get("select") or "val"
+        elif key == "observed_seed":
+            out[key] = values.get(key, PROTOCOL_SEED)
+        elif key == "val_labels":
+            out[key] = values.get(key) or "clean"
+        else:
+            out[key] = values.get(key, 0)
+    return out
+
+
+def _check_training(attrs: dict[str, Any], given: dict[str, Any], dataset: str,
+                    space: SearchSpace, name: str, where: str) -> None:
+    """Refuse to add trials trained with other fixed settings than the study's: one line per
+    differing setting, the stored and the given value, and what to do instead."""
+    stored = attrs.get("spml.training")
+    if stored is None and attrs.get("spml.settings"):  # a study made before spml.training
+        stored = training_identity(attrs["spml.settings"], dataset, space)
+    if stored is None:
+        return
+    differ = [k for k in TRAINING_KEYS if k in stored and stored.get(k) != given.get(k)]
+    if not differ:
+        return
+    lines = [f"  {k}: the study has {stored.get(k)!r}, this command gives {given.get(k)!r}"
+             for k in differ]
+    raise StudyError(
+        f"study '{name}' in {where} was trained with other settings; adding trials to it "
+        "would mix results that cannot be compared:\n" + "\n".join(lines) + "\n"
+        "Give the study's settings to add trials to it, or start a new study with another "
+        "--out (or --name)"
+    )
 
 
 def _wait_for_identity(study: optuna.Study, timeout: float = 30.0) -> dict[str, Any]:
@@ -308,8 +374,8 @@ def _counts(study: optuna.Study) -> dict[TrialState, int]:
     return counts
 
 
-def _train_group(settings, data, study, storage, space, trials, probe_config, log
-                 ) -> list[dict[str, Any]]:
+def _train_group(settings, data, study, storage, space, trials, probe_config, log,
+                 tick: Callable[[], None] | None = None) -> list[dict[str, Any]]:
     """Train one group of trials sharing batch size and epochs, stacked; tell their results."""
     from probe.results import EpochReport
     from probe.train import train_probe
@@ -344,14 +410,17 @@ def _train_group(settings, data, study, storage, space, trials, probe_config, lo
         for i in pruner.decide(eligible, report.epoch):
             pruned.add(i)
             stop.append(i)
+        if tick is not None:  # the study's progress line, at least every ~10 s
+            tick()
         return stop
 
     started = time.perf_counter()
     with Heartbeat(storage, [t.number for t in trials], settings.heartbeat_seconds):
+        # the study shows one progress line for all its trials (run_worker), not one per batch
         result = train_probe(data, probe_config, settings.loss, hparams, callback=on_epoch,
-                             progress=sys.stderr.isatty())  # a bar per batch, for people
+                             progress=False)
     seconds = (time.perf_counter() - started) / max(len(trials), 1)
-    rows = []
+    states: list[str] = []
     for i, trial in enumerate(trials):
         tr = result.trials[i]
         value = tr.best.get("val_map") if tr.best else None
@@ -366,42 +435,39 @@ def _train_group(settings, data, study, storage, space, trials, probe_config, lo
             state = TrialState.FAIL
             storage.set_attr(trial.number, FAIL_REASON_KEY, "non-finite")
             study.tell(trial, state=state)
-        rows.append(
-            {
-                "study": study.study_name,
-                "trial": trial.number,
-                "state": state.name,
-                "loss": settings.loss,
-                "params": trial.params,
-                "value": float(value) if ok or (value is not None and i in pruned) else None,
-                "best_epoch": tr.best_epoch,
-                "test_map": tr.best.get("test_map") if tr.best else None,
-                "val_map": [e.get("val_map") for e in tr.epochs],
-                "test_map_per_epoch": [e.get("test_map") for e in tr.epochs],
-                "class_ap": tr.best.get("test_ap") if tr.best else None,
-                "seed": tr.seed,
-                "observed_seed": settings.observed_seed,
-                "provenance": result.source,
-                "worker": f"{socket.gethostname()}:{os.getpid()}",
-                "seconds": seconds,
-            }
-        )
+        states.append(state.name)
         log(
             f"trial {trial.number}: {state.name.lower()}"
             + (f", val mAP {value:.2f}" if value is not None and math.isfinite(value) else "")
         )
+    return _result_rows(study, trials, result, states, seconds)
+
+
+def _result_rows(study: optuna.Study, trials: list, result: Any, states: list[str],
+                 seconds: float) -> list[dict[str, Any]]:
+    """The batch's rows in the tidy schema (studies.results): each trial's outcome with the
+    settings it trained with, read from the probe run itself."""
+    rows = probe_rows(result.to_dict(), kind="study", study=study.study_name,
+                      numbers=[t.number for t in trials], states=states,
+                      params=[t.params for t in trials],
+                      extra={"worker": f"{socket.gethostname()}:{os.getpid()}",
+                             "seconds": seconds, "provenance": result.source})
+    for row in rows:
+        if row["state"] == "FAIL":
+            row["value"] = None
     return rows
 
 
 def run_worker(
     settings: StudySettings, *, log: Callable[[str], None] | None = None
 ) -> StudySummary:
-    """Work on the study until ``n_trials`` trials have finished (completed or pruned)."""
-    from probe.config import ProbeConfig
+    """Work on the study until ``n_trials`` trials have finished (completed or pruned).
+
+    Progress goes to stderr as one study-level display (:func:`_study_progress`); ``log`` gets
+    each finished trial's line as well when given (default: the display prints them)."""
     from probe.data import ProbeData, resolve_device
     from probe.store import open_store
 
-    log = log or (lambda msg: print(msg, file=sys.stderr))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     store = open_store(settings.store)
     study, space, storage = create_or_join(settings, store)
@@ -410,10 +476,51 @@ def run_worker(
     )
     results_dir = Path(settings.out) / "results"
     fixed_dists = dict(space.distributions)
+    with _study_progress(study, settings) as bar:
+        _work(settings, study, space, storage, data, results_dir, fixed_dists, bar, log)
+    return summarize(study, settings)
+
+
+def _study_progress(study: optuna.Study, settings: StudySettings) -> Any:
+    """The study's one progress display: trials finished of ``n_trials`` (this and every other
+    worker's), pruned and failed, the best val mAP so far, elapsed and ETA; a bar on a
+    terminal, plain lines in a log (one at once, then as trials finish and every ~10 s)."""
+    from probe.progress import Progress
+
+    counts = _counts(study)
+    done = min(counts[TrialState.COMPLETE] + counts[TrialState.PRUNED], settings.n_trials)
+    bar = Progress(settings.n_trials, f"study {study.study_name}", "trials", initial=done)
+    bar.set_postfix(_status(study, counts))
+    return bar
+
+
+def _status(study: optuna.Study, counts: dict[TrialState, int]) -> str:
+    complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
+    best = max(complete, key=lambda t: (t.value, -t.number)) if complete else None
+    text = (f"{counts[TrialState.PRUNED]} pruned, {counts[TrialState.FAIL]} failed"
+            + (f", {counts[TrialState.RUNNING]} running" if counts[TrialState.RUNNING] else ""))
+    if best is not None:
+        text += f", best val mAP {best.value:.2f} (trial {best.number})"
+    return text
+
+
+def _work(settings: StudySettings, study: optuna.Study, space: SearchSpace, storage: Any,
+          data: Any, results_dir: Path, fixed_dists: dict, bar: Any,
+          log: Callable[[str], None] | None = None) -> None:
+    """The worker loop: ask a batch, train it stacked, tell it, until the study is done."""
+    from probe.config import ProbeConfig
+
+    def say(line: str) -> None:
+        bar.write(line)  # above the bar on a terminal, a plain line in a log
+        if log is not None and bar.mode == "off":
+            log(line)
     while True:
         reclaim_stale_trials(study, storage, settings.grace_seconds)
         counts = _counts(study)
         finished = counts[TrialState.COMPLETE] + counts[TrialState.PRUNED]
+        bar.set_postfix(_status(study, counts))
+        bar.update(min(finished, settings.n_trials) - bar.n)
+        bar.refresh(force=True)
         if finished >= settings.n_trials:
             break
         # enqueued (WAITING) trials are asked first, so they are part of the room
@@ -446,13 +553,13 @@ def run_worker(
                     observed_seed=settings.observed_seed,
                     device=settings.device,
                 )
-                rows += _train_group(settings, data, study, storage, space, group, cfg, log)
+                rows += _train_group(settings, data, study, storage, space, group, cfg, say,
+                                     tick=bar.refresh)
         except BaseException as err:
             abandon(study, storage, trials, err)
             raise
         finally:  # what was told to the storage is in the results too
             write_batch(results_dir, rows)
-    return summarize(study, settings)
 
 
 def _grid_exhausted(study: optuna.Study) -> bool:

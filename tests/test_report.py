@@ -209,7 +209,8 @@ def test_real_study_report_matches_the_storage(real):
         assert row["rank"] == str(i + 1)
         assert row["val mAP"] == f"{t.value:.2f}"
         assert row["test mAP"] == f"{results[t.number]['test_map']:.2f}"
-        assert row["best epoch"] == str(results[t.number]["best_epoch"] + 1)
+        assert row["best epoch"] == str(results[t.number]["best_epoch"])  # counted from 1
+        assert 1 <= results[t.number]["best_epoch"] <= 3
         assert ("(paper)" in row["trial"]) == bool(t.user_attrs.get("spml:paper"))
         for name, value in t.params.items():
             assert float(row[name]) == pytest.approx(value, rel=1e-3)
@@ -384,15 +385,16 @@ def _synthetic(directory: Path, dists: dict, trials: list[tuple[str, dict, list[
         study.add_trial(create_trial(
             state=st, params=params, distributions=dists,
             value=max(curve) if st == TrialState.COMPLETE else None,
-            intermediate_values=dict(enumerate(curve)),
+            intermediate_values=dict(enumerate(curve, 1)),  # steps are epochs from 1
             user_attrs={"spml:paper": True} if i == 0 else {},
         ))
     if parquet:
         write_batch(directory / "results", [
             {"study": name, "trial": i, "state": state, "loss": "gr", "params": params,
-             "value": max(curve), "best_epoch": int(np.argmax(curve)),
-             "test_map": max(curve) - 1, "val_map": curve, "test_map_per_epoch": curve,
-             "class_ap": [0.2, 0.5, 0.8], "seed": 0, "observed_seed": 1200}
+             "value": max(curve), "best_epoch": int(np.argmax(curve)) + 1,
+             "test_map": max(curve) - 1, "val_map": max(curve), "val_map_per_epoch": curve,
+             "test_map_per_epoch": curve, "class_ap": [20.0, 50.0, 80.0], "seed": 0,
+             "observed_seed": 1200}
             for i, (state, params, curve) in enumerate(trials) if curve
         ])
     return study

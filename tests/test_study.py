@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -290,7 +291,8 @@ def test_grid_sampler_reproduces_a_sweep(yeast, tmp_path):
     summary = run_study(settings)
     assert summary.n_complete == 3  # the grid has 3 points; the study stops when it is exhausted
     frame = read_results(tmp_path / "results")
-    assert sorted(frame["param.an_ls.eps"].to_list()) == [0.05, 0.2, 0.35]
+    eps = [json.loads(p)["an_ls.eps"] for p in frame["params"]]
+    assert sorted(eps) == [0.05, 0.2, 0.35]
 
 
 def test_confirm_reports_mean_and_std(yeast, tmp_path, capsys):
@@ -403,3 +405,106 @@ def test_interrupted_batch_fails_fast_and_resumes(yeast, tmp_path, monkeypatch):
     retried = {t.user_attrs.get("spml:retry_of") for t in study.trials} - {None}
     assert retried == {t.number for t in failed}
     _finished_ok(storage, "yeast-an_ls", 4, tmp_path)
+
+
+def _study_cmd(yeast, out, loss="an_ls", trials="3", *extra):
+    return ["study", yeast, "--loss", loss, "--trials", trials, "--batch", "3",
+            "--out", str(out), *FAST, *extra]
+
+
+def test_resuming_with_other_settings_is_refused_and_rows_carry_them(yeast, tmp_path, capsys):
+    """Issue 17 item 1: a study's fixed training settings are part of its identity."""
+    out = tmp_path / "gr"
+    assert main(_study_cmd(yeast, out)) == 0
+    # another --lr (and batch size): exit 2, one line per setting with both values
+    argv = _study_cmd(yeast, out, "an_ls", "6")
+    argv[argv.index("--lr") + 1] = "0.001"
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "lr: the study has 0.01, this command gives 0.001" in err
+    assert "batch_size" not in err and "--out" in err and "Traceback" not in err
+    assert len(read_results(out / "results")) == 3  # nothing was added
+    # identical settings still add trials
+    assert main(_study_cmd(yeast, out, "an_ls", "6")) == 0
+    frame = read_results(out / "results")
+    assert frame.height >= 6
+    assert set(frame["lr"]) == {0.01} and set(frame["batch_size"]) == {32}
+    assert set(frame["epochs"]) == {3}
+    assert frame["best_epoch"].min() >= 1 and frame["best_epoch"].max() <= 3
+    study = optuna.load_study(study_name="yeast-an_ls", storage=f"sqlite:///{out}/study.db")
+    assert study.user_attrs["spml.training"]["lr"] == 0.01
+    # Optuna's steps are epochs too, counted from 1
+    assert all(min(t.intermediate_values) == 1 for t in study.trials if t.intermediate_values)
+
+
+def test_study_progress_in_a_log_is_plain_lines(yeast, tmp_path):
+    """Issue 17 item 4: stderr not a terminal: a first line at once, k/N lines, never a \\r."""
+    log = tmp_path / "log"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    env.pop("SPML_PROGRESS", None)
+    with open(log, "w") as fh:
+        code = subprocess.call([sys.executable, "-m", "studies.cli",
+                                *_study_cmd(yeast, tmp_path / "s", "an_ls", "4")],
+                               stderr=fh, stdout=subprocess.DEVNULL, env=env)
+    assert code == 0
+    text = log.read_text()
+    assert "\r" not in text
+    lines = text.splitlines()
+    assert lines[0] == "study yeast-an_ls: starting (4 trials)"
+    counts = [line for line in lines if "/4 trials" in line]
+    assert counts[-1].startswith("study yeast-an_ls: 4/4 trials (100%)")
+    assert "best val mAP" in counts[-1] and "pruned" in counts[-1]
+    assert any(line.startswith("trial 0: complete") for line in lines)
+
+
+def test_confirm_refuses_a_missing_storage_and_writes_beside_the_study(yeast, tmp_path, capsys):
+    """Issue 17 item 2: a mistyped storage is not created; confirm's default output is where
+    'spml report STUDY_DIR' reads it."""
+    missing = tmp_path / "missing.db"
+    assert main(["study", "confirm", "--storage", str(missing), "--store", yeast]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("spml study confirm: error: --storage ") and str(missing) in err
+    assert not missing.exists()
+    out = tmp_path / "s"
+    assert main(_study_cmd(yeast, out)) == 0
+    capsys.readouterr()
+    typo = out / "studyy.db"
+    assert main(["study", "confirm", "--storage", str(typo), "--store", yeast]) == 2
+    assert "holds study.db" in capsys.readouterr().err and not typo.exists()
+    assert main(["report", str(out), "--storage", str(typo), "--no-baseline"]) == 2
+    assert not typo.exists()
+    # no --out: beside the study
+    assert main(["study", "confirm", "--storage", str(out / "study.db"), "--store", yeast,
+                 "--top-k", "1", "--seeds", "0"]) == 0
+    assert (out / "confirm.parquet").is_file() and (out / "best.json").is_file()
+    assert not Path("spml-study").exists() or Path("spml-study").stat().st_mtime < time.time() - 60
+    assert json.loads((out / "best.json").read_text())["spml_version"]
+
+
+def test_export_two_studies_of_different_losses(yeast, tmp_path, capsys):
+    """Issue 17 item 5: spml export STUDY_GR STUDY_AN --out all.csv, one row per trial."""
+
+    gr, an = tmp_path / "gr", tmp_path / "an"
+    old = os.umask(0o022)
+    try:
+        _export_two(yeast, tmp_path, gr, an)
+    finally:
+        os.umask(old)
+
+
+def _export_two(yeast, tmp_path, gr, an):
+    import polars as pl
+
+    assert main(_study_cmd(yeast, gr, "gr", "3")) == 0
+    assert main(_study_cmd(yeast, an, "an_ls", "3")) == 0
+    n = len(read_results(gr / "results")) + len(read_results(an / "results"))
+    for suffix in ("csv", "parquet"):
+        path = tmp_path / f"all.{suffix}"
+        assert main(["export", str(gr), str(an), "--out", str(path)]) == 0
+        frame = pl.read_csv(path) if suffix == "csv" else pl.read_parquet(path)
+        assert frame.height == n and set(frame["loss"]) == {"gr", "an_ls"}
+        assert frame["lr"].null_count() == 0 and frame["batch_size"].null_count() == 0
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644  # the umask's mode, not 0600
+    for f in (gr / "results").iterdir():
+        assert stat.S_IMODE(f.stat().st_mode) == 0o644
