@@ -25,6 +25,8 @@ _EXPORTS = {
     "open_storage": "studies.storage",
     "parse_storage": "studies.storage",
     "read_results": "studies.results",
+    # results anywhere: one tidy table of probe runs, studies and confirmations
+    "collect": "studies.export",
     # confirming winners
     "confirm_study": "studies.confirm",
     "load_study": "studies.confirm",

@@ -114,3 +114,37 @@ def test_help_answers_questions(capsys):
     text = capsys.readouterr().out
     for needle in ("--set", "--zip", "--trials-seeds", "examples:", "Defaults:", "--json"):
         assert needle in text
+
+
+def test_probe_json_counts_epochs_from_1_and_logs_plain_lines(store, tmp_path):
+    """Issue 17: every epoch number in the record is in 1..E, the best epoch of a head whose
+    best is the last is E; progress in a log is plain lines (no \\r), the first one at once."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out, log = tmp_path / "run.json", tmp_path / "log"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    env.pop("SPML_PROGRESS", None)
+    with open(log, "w") as fh:
+        code = subprocess.call(
+            [sys.executable, "-m", "studies.cli", "probe", str(store), "--loss", "an",
+             "--set", "lr=0.05,0.001", "--epochs", "3", "--batch-size", "16",
+             "--json", str(out)], stderr=fh, stdout=subprocess.DEVNULL, env=env)
+    assert code == 0
+    text = log.read_text()
+    assert "\r" not in text
+    lines = text.splitlines()
+    assert lines[0] == "probe an ×2: starting (3 epoch)"
+    assert [ln.split(":")[0] for ln in lines if ln.startswith("epoch")] == [
+        "epoch 1/3", "epoch 2/3", "epoch 3/3"]
+    record = json.loads(out.read_text())
+    assert record["spml_version"]
+    for tr in record["trials"]:
+        epochs = [e["epoch"] for e in tr["epochs"]]
+        assert epochs == [1, 2, 3] and 1 <= tr["best_epoch"] <= 3
+        vals = [e["val_map"] for e in tr["epochs"]]
+        if vals[-1] > max(vals[:-1]):  # its best is the last epoch
+            assert tr["best_epoch"] == 3
+        assert tr["best_epoch"] == 1 + vals.index(max(vals))

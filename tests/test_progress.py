@@ -1,0 +1,56 @@
+"""probe.progress: plain lines in a log (one at once, k/N as work finishes, never a \\r), a
+forced refresh only when the count moved, an ETA from this run's own rate."""
+
+from __future__ import annotations
+
+import io
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from probe.progress import Progress
+
+
+class _Log(io.StringIO):
+    def isatty(self) -> bool:
+        return False
+
+
+def test_lines_in_a_log(monkeypatch):
+    monkeypatch.delenv("SPML_PROGRESS", raising=False)
+    log = _Log()
+    bar = Progress(4, "study s", "trials", file=log, interval=3600, initial=1)
+    assert bar.mode == "lines"
+    assert log.getvalue() == "study s: starting (4 trials)\n"  # at once
+    bar.refresh(force=True)  # the resumed count, once
+    bar.refresh(force=True)
+    bar.refresh()  # the interval has not passed: nothing
+    bar.update(2)
+    bar.set_postfix("1 pruned")
+    bar.refresh(force=True)
+    bar.update(1)  # the last unit: always a line
+    bar.close()
+    lines = log.getvalue().splitlines()
+    assert "\r" not in log.getvalue()
+    assert [ln.split(",")[0] for ln in lines] == [
+        "study s: starting (4 trials)", "study s: 1/4 trials (25%)", "study s: 3/4 trials (75%)",
+        "study s: 4/4 trials (100%)"]
+    assert "ETA" in lines[2] and lines[2].endswith("1 pruned")
+
+
+def test_import_in_a_log_is_plain_lines(tmp_path):
+    """'spml import yeast' without --quiet, stderr to a file."""
+    import pytest
+
+    pytest.importorskip("river", reason="the yeast set ships inside river (extra 'yeast')")
+    log = tmp_path / "log"
+    with open(log, "w") as fh:
+        code = subprocess.call([sys.executable, "-m", "studies.cli", "import", "yeast", "--out",
+                                str(tmp_path / "y.zarr")], stderr=fh, stdout=subprocess.DEVNULL,
+                               env={"PYTHONPATH": str(Path(__file__).parents[1]),
+                                    "PATH": "/usr/bin:/bin"})
+    assert code == 0
+    text = log.read_text()
+    assert "\r" not in text and text.splitlines()[0].startswith("writing y.zarr: starting")
+    assert re.match(r"writing y\.zarr: (\d+)/\1 block \(100%\)", text.splitlines()[-1])
