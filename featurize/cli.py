@@ -216,7 +216,9 @@ def _cmd_featurize(args: argparse.Namespace) -> int:
         "bad_rows": result.bad_rows[:20],
     }
     if args.json:
-        print(json.dumps(summary, indent=2))
+        from probe.results import versioned
+
+        print(json.dumps(versioned(summary), indent=2))
     else:
         resumed = f", {result.blocks_resumed} blocks already done" if result.blocks_resumed else ""
         print(
@@ -257,7 +259,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         width_key = max(len(k) for k in result)
         for key, value in result.items():
             print(f"{key:<{width_key}}  {value}")
-    print(json.dumps(result))
+    from probe.results import versioned
+
+    print(json.dumps(versioned(result)))
     return 0
 
 

@@ -280,7 +280,9 @@ def _cmd_bench_probe(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     report = run_bench(config, progress=not args.quiet)
     print(format_report(report))
-    print(json.dumps(report, indent=1))
+    from .results import versioned
+
+    print(json.dumps(versioned(report), indent=1))
     if args.json:
         from .results import write_json_atomic
 

@@ -152,7 +152,10 @@ def _run(args: argparse.Namespace) -> int:
 
     config, hparams = config_from_args(args)
     result = finetune(config, hparams)
-    print(json.dumps(result.to_dict(), indent=2) if args.json else format_summary(result))
+    from probe.results import versioned
+
+    print(json.dumps(versioned(result.to_dict()), indent=2) if args.json
+          else format_summary(result))
     return 0
 
 
