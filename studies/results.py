@@ -13,8 +13,8 @@ One row per trial. Columns (:data:`COLUMNS`, in this order):
 * the metrics, all mAP/AP values in percent (0–100): ``value`` (what the study maximised: val
   mAP at the best epoch), ``val_map`` and ``test_map`` at the best epoch, ``best_epoch``
   (epochs count from 1), ``epochs_run`` (fewer than ``epochs`` when pruned); further metric
-  columns (e.g. interval bounds ``test_map_lo`` / ``test_map_hi``) may follow and simply
-  concatenate;
+  columns of the best epoch (``val_map_*`` / ``test_map_*``, e.g. the interval bounds
+  ``test_map_low`` / ``test_map_high``) follow the settings and simply concatenate;
 * the settings the trial trained with (what its result depends on besides ``params``):
   ``seed``, ``observed_seed``, ``lr``, ``batch_size``, ``epochs``, ``optimizer``,
   ``weight_decay``, ``val_labels``, ``select``, ``dataset``, ``store``, ``store_fingerprint``;
@@ -182,6 +182,9 @@ def probe_rows(record: dict[str, Any], *, kind: str = "probe", study: str | None
             "test_map_per_epoch": [_finite(e.get("test_map")) for e in epochs],
             "train_loss_per_epoch": [_finite(e.get("train_loss")) for e in epochs],
             "class_ap": [_finite(v) for v in best["test_ap"]] if best.get("test_ap") else None,
+            # further metrics of the best epoch (e.g. test_map_low / test_map_high intervals)
+            **{k: _finite(v) for k, v in best.items()
+               if k.startswith(("val_map_", "test_map_")) and isinstance(v, int | float)},
             **(extra or {}),
         })
     return rows

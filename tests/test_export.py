@@ -133,3 +133,17 @@ def test_batches_written_before_the_tidy_schema_are_upgraded(tmp_path):
     assert row["val_map_per_epoch"] == [50.0, 58.0, 60.0]
     assert row["class_ap"] == pytest.approx([50.0, 60.0])
     assert "param.gr.w_T" not in row
+
+
+def test_extra_metric_columns_slot_in(runs):
+    """A record with interval bounds (test_map_low/high) concatenates with one without."""
+    record = json.loads((runs / "an.json").read_text())
+    for tr in record["trials"]:
+        tr["best"].update(test_map_low=tr["best"]["test_map"] - 1.0,
+                          test_map_high=tr["best"]["test_map"] + 1.0)
+    with_iv = pl.DataFrame(probe_rows(record))
+    assert {"test_map_low", "test_map_high"} <= set(with_iv.columns)
+    both = pl.concat([collect([runs / "gr"]), collect([runs / "an.json"]),
+                      with_iv.select([c for c in with_iv.columns if c in COLUMNS
+                                      or c.startswith("test_map_")])], how="diagonal_relaxed")
+    assert both.height == 2 + 2 + 2 and both["test_map_low"].null_count() == 4
