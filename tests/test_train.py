@@ -501,22 +501,22 @@ def test_stopped_trials_leave_the_stack_and_survivors_are_bit_identical(loss_nam
 
     def stop(report):
         shapes.append(report.heads.shape[0])
-        return {0: [1], 2: [0]}.get(report.epoch, [])
+        return {1: [1], 3: [0]}.get(report.epoch, [])  # epochs count from 1
 
     full = train_probe(data, cfg, loss_name, trials)
     cut = train_probe(data, cfg, loss_name, trials, callback=stop)
     n = len(trials)
     assert shapes == [n, n - 1, n - 1, n - 2]  # the stack shrinks as trials stop
-    assert [t.stopped_at for t in cut.trials] == [2, 0] + [None] * (n - 2)
+    assert [t.stopped_at for t in cut.trials] == [3, 1] + [None] * (n - 2)
     for t in range(2, n):
         a, b = cut.trials[t], full.trials[t]
         assert a.epochs == b.epochs and a.best == b.best and a.best_epoch == b.best_epoch
         assert torch.equal(cut.final_heads[t], full.final_heads[t])
         assert torch.equal(cut.best_heads[t], full.best_heads[t])
-    for t, stopped_at in ((1, 0), (0, 2)):  # the stopped trials kept what they had
-        assert cut.trials[t].epochs == full.trials[t].epochs[: stopped_at + 1]
+    for t, stopped_at in ((1, 1), (0, 3)):  # the stopped trials kept what they had
+        assert cut.trials[t].epochs == full.trials[t].epochs[:stopped_at]
     one = train_probe(data, replace(cfg, epochs=4), loss_name, trials, callback=lambda r: (
-        list(range(n)) if r.epoch == 0 else []))
+        list(range(n)) if r.epoch == 1 else []))
     assert torch.equal(cut.final_heads[1], one.final_heads[1])  # its head as it left
 
 
@@ -528,7 +528,7 @@ def test_a_loss_that_cannot_drop_trials_freezes_them_in_place():
 
     def stop(report):
         shapes.append(report.heads.shape[0])
-        return [1] if report.epoch == 0 else []
+        return [1] if report.epoch == 1 else []
 
     full = train_probe(data, cfg, "opml", trials)
     cut = train_probe(data, cfg, "opml", trials, callback=stop)
