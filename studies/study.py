@@ -463,20 +463,22 @@ def run_worker(
 ) -> StudySummary:
     """Work on the study until ``n_trials`` trials have finished (completed or pruned).
 
-    Progress goes to stderr as one study-level display (:func:`_study_progress`); ``log`` gets
-    each finished trial's line as well when given (default: the display prints them)."""
+    Progress goes to stderr as one study-level display (:func:`_study_progress`), its first
+    line before the features load; it also prints each finished trial's line (``log`` gets
+    those instead when the display is off: ``SPML_PROGRESS=off``)."""
     from probe.data import ProbeData, resolve_device
     from probe.store import open_store
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     store = open_store(settings.store)
     study, space, storage = create_or_join(settings, store)
-    data = ProbeData.from_store(
-        store, device=resolve_device(settings.device), observed_seed=settings.observed_seed
-    )
     results_dir = Path(settings.out) / "results"
     fixed_dists = dict(space.distributions)
     with _study_progress(study, settings) as bar:
+        bar.write(f"loading the features of {settings.store} ({store.n_rows} rows)")
+        data = ProbeData.from_store(
+            store, device=resolve_device(settings.device), observed_seed=settings.observed_seed
+        )
         _work(settings, study, space, storage, data, results_dir, fixed_dists, bar, log)
     return summarize(study, settings)
 

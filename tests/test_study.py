@@ -451,7 +451,8 @@ def test_study_progress_in_a_log_is_plain_lines(yeast, tmp_path):
     text = log.read_text()
     assert "\r" not in text
     lines = text.splitlines()
-    assert lines[0] == "study yeast-an_ls: starting (4 trials)"
+    assert lines[0] == "study yeast-an_ls: starting (4 trials)"  # before the features load
+    assert lines[1].startswith("loading the features of ")
     counts = [line for line in lines if "/4 trials" in line]
     assert counts[-1].startswith("study yeast-an_ls: 4/4 trials (100%)")
     assert "best val mAP" in counts[-1] and "pruned" in counts[-1]
