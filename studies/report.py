@@ -239,7 +239,7 @@ def _axis(name: str, dist: BaseDistribution) -> ParamAxis:
 
 def _point(t: FrozenTrial) -> TrialPoint:
     iv = t.intermediate_values
-    # steps are epochs counted from 1 (studies made before that counted from 0): first first
+    # steps are epochs counted from 1 (studies made before that, from 0); the first epoch first
     curve = tuple(iv.get(e) for e in range(min(iv), max(iv) + 1)) if iv else ()
     finite = [v for v in curve if v is not None and math.isfinite(v)]
     if t.state == TrialState.COMPLETE:
