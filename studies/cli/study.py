@@ -113,9 +113,9 @@ def _study(args: argparse.Namespace) -> int:
             print(f"  {k} = {v:.6g}" if isinstance(v, float) else f"  {k} = {v}")
     print(f"results: {Path(summary.out) / 'results'}")
     storage = f" --storage {summary.storage}" if settings.storage else ""  # else found in out
+    out = "" if not settings.storage else f" --out {summary.out}"  # else beside the study
     print(f"next: spml report {summary.out}{storage} --store {settings.store}\n"
-          f"      spml study confirm --storage {summary.storage} --store {settings.store} "
-          f"--out {summary.out}")
+          f"      spml study confirm --storage {summary.storage} --store {settings.store}{out}")
     return 0
 
 
