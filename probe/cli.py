@@ -181,7 +181,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         weight_decay=args.weight_decay, optimizer=args.optimizer, momentum=args.momentum,
         seed=args.seed, flip=not args.no_flip, labels=args.labels, val_labels=args.val_labels,
         observed_seed=args.observed_seed, device=args.device, eval_every=args.eval_every,
-        test_curve=args.test_curve, eval_init=args.eval_init,
+        test_curve=args.test_curve, eval_init=args.eval_init, cuda_graph=args.cuda_graph,
         drop_last=not args.no_drop_last, use_presets=not args.no_presets,
     )
     config.validate()
@@ -356,6 +356,9 @@ def _register_probe(sub: argparse._SubParsersAction, bench: argparse._SubParsers
                    help="also evaluate the untrained heads before training")
     g = p.add_argument_group("device and output")
     add_device_argument(g)
+    g.add_argument("--cuda-graph", action="store_true",
+                   help="CUDA: replay the training step as a captured CUDA graph (experimental: "
+                   "not yet run on a GPU; off by default)")
     g.add_argument("--json", metavar="PATH",
                    help="write config, per-epoch metrics and the best epoch of every trial")
     g.add_argument("--save-head", metavar="PATH", help="save the best-epoch heads (torch file)")

@@ -85,6 +85,8 @@ class ProbeConfig:
     use_presets: bool = True  # start from loss.presets[dataset] where the paper gives values
     f1_threshold: float = 0.5  # docs/protocol.md step 5: OF1/CF1 at probability 0.5
     deterministic: bool = True  # CUDA: deterministic kernels so a re-run is bit-for-bit equal
+    cuda_graph: bool = False  # CUDA: replay each epoch's step as a captured CUDA graph (fewer
+    # launches per step); off by default: this path has not run on a GPU yet
     step_threads: int | None = None  # CPU threads for the training steps; None = measured:
     # one thread or torch's setting, whichever runs this step shape faster here and now
     # (probe.loop.measured_threads; small heads gain from 1 thread, large ones from several,
@@ -118,7 +120,7 @@ class ProbeConfig:
             self.eval_every < 0
         ):
             raise bad("eval_every", "an integer >= 0 (0 = never evaluate)")
-        for name in ("test_curve", "eval_init"):
+        for name in ("test_curve", "eval_init", "cuda_graph"):
             if not isinstance(getattr(self, name), bool):
                 raise bad(name, "True or False")
         if not 0 < self.f1_threshold < 1:

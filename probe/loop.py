@@ -21,11 +21,11 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 
-from .config import ProbeConfig
+from .config import ProbeConfig, ProbeConfigError
 from .data import ProbeData
 from .evaluate import stacked_logits
 from .losses._base import trial_rows
-from .optim import TrialParam, make_optimizer
+from .optim import StackedAdam, TrialParam, make_optimizer
 from .trials import LossGroup, TrialPlan, setup_loss_groups
 
 __all__ = [
@@ -240,6 +240,13 @@ class StackedTrainer:
         self.threads = resolve_threads(config.step_threads, self.device, tuple(self.w.shape),
                                        batch, plan.shared)
         self.loss_sum = torch.zeros(plan.n, dtype=torch.float32, device=self.device)
+        self.cuda_graph = bool(config.cuda_graph)
+        if self.cuda_graph:
+            reason = self.graph_unavailable()
+            if reason:
+                raise ProbeConfigError(
+                    f"ProbeConfig.cuda_graph: the step cannot be captured ({reason}); run "
+                    "without cuda_graph (--cuda-graph)")
         # the run's trial id of each row of self.w (stopped trials leave: see stop())
         self.live: list[int] = list(range(plan.n))
         self._removed: dict[int, Tensor] = {}  # final heads of the trials that left, on CPU
@@ -256,8 +263,11 @@ class StackedTrainer:
         perm, rows = self._draw_order()
         self.loss_sum.zero_()
         with step_threads(self.device, self.threads):
-            for step in range(self.n_steps):
-                self._step(perm, rows, step)
+            if self.cuda_graph:
+                self._graph_epoch(perm, rows)
+            else:
+                for step in range(self.n_steps):
+                    self._step(perm, rows, step)
         sync(self.device)
         means = (self.loss_sum / max(self.n_steps, 1)).tolist()
         per_trial: list[float | None] = [None] * self.plan.n
@@ -330,6 +340,47 @@ class StackedTrainer:
         if self.live:
             out[self.live] = self.w.detach().cpu()
         return out
+
+    # -- the step as a CUDA graph (ProbeConfig.cuda_graph; off by default) ---------------------
+    def graph_unavailable(self) -> str | None:
+        """Why the step cannot be captured as a CUDA graph here (None: it can)."""
+        if self.device.type != "cuda":
+            return f"the run is on {self.device}, CUDA graphs need a CUDA device"
+        if not hasattr(torch.cuda, "CUDAGraph"):
+            return "this torch build has no torch.cuda.CUDAGraph"
+        if not (isinstance(self.opt, StackedAdam) and self.opt.fused):
+            # SGD's first-step branch and unfused Adam's bias corrections are host values
+            return "only the fused Adam update keeps its step count on the device"
+        host = [g.loss.name for g in self.groups if g.loss.host_per_step]
+        if host:
+            return f"the {host[0]} loss draws on the host every step"
+        return None
+
+    def _graph_epoch(self, perm: Tensor, rows: Tensor) -> None:
+        """One epoch: a few eager warm-up steps on a side stream, then the step captured once
+        (CUDA graph capture records without running) and replayed for every remaining step,
+        each replay reading its batch from static index buffers. Captured afresh every epoch,
+        since a loss may read its epoch as a host number (schedules, warm-ups). The captured
+        step is the eager step's kernels in the same order (tests/test_train.py, gpu)."""
+        b, warm = self.batch, min(3, self.n_steps)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for step in range(warm):
+                self._step(perm, rows, step)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        if warm == self.n_steps:
+            return
+        static_perm = perm[:, warm * b : (warm + 1) * b].clone()
+        static_rows = rows[:, warm * b : (warm + 1) * b].clone()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._step(static_perm, static_rows, 0)
+        graph.replay()  # step `warm`: capturing did not run it
+        for step in range(warm + 1, self.n_steps):
+            static_perm.copy_(perm[:, step * b : (step + 1) * b])
+            static_rows.copy_(rows[:, step * b : (step + 1) * b])
+            graph.replay()
 
     # -- the hot path ---------------------------------------------------------------------------
     def _draw_order(self) -> tuple[Tensor, Tensor]:

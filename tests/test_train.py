@@ -536,3 +536,30 @@ def test_a_loss_that_cannot_drop_trials_freezes_them_in_place():
     assert torch.equal(cut.final_heads[1], cut.best_heads[1])
     for t in (0, 2):
         torch.testing.assert_close(cut.final_heads[t], full.final_heads[t])
+
+
+def test_cuda_graph_is_refused_where_the_step_cannot_be_captured():
+    data = _data()
+    with pytest.raises(ValueError, match="cuda_graph.*CUDA device"):
+        train_probe(data, ProbeConfig(epochs=1, batch_size=8, cuda_graph=True), "an")
+    with pytest.raises(ValueError, match="cuda_graph"):
+        ProbeConfig(cuda_graph="yes").validate()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("loss_name,trials", [
+    ("an", [{"lr": 1e-2}, {"lr": 3e-2}]),
+    ("gr", [{"w_T": 2.0}, {"w_T": 10.0}]),
+    ("ll_cp", [{"delta_rel": 0.2}, {"delta_rel": 0.5}]),
+])
+def test_cuda_graph_step_equals_the_eager_step(loss_name, trials):
+    """The captured step replays the eager step's kernels: same heads, losses and metrics."""
+    data = _data_8_classes()
+    cfg = ProbeConfig(epochs=3, batch_size=8, lr=1e-2, device="cuda")
+    eager = train_probe(data, cfg, loss_name, trials)
+    graph = train_probe(data, replace(cfg, cuda_graph=True), loss_name, trials)
+    torch.testing.assert_close(graph.final_heads, eager.final_heads, rtol=1e-6, atol=1e-7)
+    for a, b in zip(graph.trials, eager.trials, strict=True):
+        for ea, eb in zip(a.epochs, b.epochs, strict=True):
+            assert ea == pytest.approx(eb, rel=1e-5)
+        assert a.best_epoch == b.best_epoch

@@ -333,6 +333,9 @@ class Loss(nn.Module):
     # keeps the rows of, besides the (T,) hyperparameters; None = select_trials unsupported
     # (the trainer then freezes a stopped trial in place instead of removing it)
     trial_state: ClassVar[tuple[str, ...] | None] = None
+    # the forward draws on the host or changes tensor shapes between steps (a captured CUDA
+    # graph would replay one step's draws): the trainer then never captures the step
+    host_per_step: ClassVar[bool] = False
 
     def __init__(self, **hparams: Any) -> None:
         super().__init__()

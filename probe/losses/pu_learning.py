@@ -156,6 +156,7 @@ def vpu(
 # ----------------------------------------------------------------------------- registered object
 @register
 class VPU(Loss):
+    host_per_step = True  # λ drawn per step from numpy generators
     name = "vpu"
     paper = PAPER
     formula = (
