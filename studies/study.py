@@ -56,6 +56,7 @@ __all__ = [
 
 SAMPLERS = ("tpe", "gp", "cmaes", "random", "grid")
 PRUNERS = ("median", "none")
+DEVICE_KEY = "spml:device"  # trial system attribute: the device its worker trained it on
 _IDENTITY_KEYS = ("spml.loss", "spml.store", "spml.space", "spml.fixed")
 
 
@@ -91,6 +92,7 @@ class StudySettings:
     heartbeat_seconds: float = 10.0  # how often a running trial proves its worker is alive
     grace_seconds: float = 120.0  # a RUNNING trial silent this long is retried
     workers: int = 1  # local worker processes (needs a journal or PostgreSQL storage)
+    devices: tuple[str, ...] = ()  # one device per worker (--devices cuda:0,cuda:1); (): device
 
     def storage_spec(self) -> StorageSpec:
         default = Path(self.out) / ("study.db" if self.workers == 1 else "study.log")
@@ -117,6 +119,12 @@ class StudySettings:
             raise StudyError(
                 f"--grace ({self.grace_seconds:g} s) must exceed the heartbeat interval "
                 f"({self.heartbeat_seconds:g} s), or live trials would be taken for dead ones"
+            )
+        if self.devices and len(self.devices) != self.workers:
+            raise StudyError(
+                f"--devices names {len(self.devices)} devices ({','.join(self.devices)}) for "
+                f"--workers {self.workers}: give one device per worker, e.g. --devices "
+                "cuda:0,cuda:1 (the worker count then follows from it)"
             )
         if self.workers > 1 and not self.storage_spec().multi_process:
             raise StudyError(
@@ -535,6 +543,7 @@ def _work(settings: StudySettings, study: optuna.Study, space: SearchSpace, stor
         trials = [study.ask(fixed_dists) for _ in range(n_ask)]
         for trial in trials:
             storage.set_attr(trial.number, WORKER_KEY, f"{socket.gethostname()}:{os.getpid()}")
+            storage.set_attr(trial.number, DEVICE_KEY, str(data.device))
         groups: dict[tuple, list] = {}
         for trial in trials:
             _, train_part = space.split(trial.params)
@@ -595,7 +604,8 @@ def run_study(
     log: Callable[[str], None] | None = None,
 ) -> StudySummary:
     """Run a study: in this process (``workers == 1``) or in ``workers`` local processes, each
-    running ``worker_command`` (the same ``spml study`` command with ``--workers 1``)."""
+    running ``worker_command`` (the same ``spml study`` command with ``--workers 1``); with
+    ``devices``, worker ``i`` gets ``--devices devices[i]`` (one worker per GPU)."""
     settings.validate()
     if settings.workers == 1:
         return run_worker(settings, log=log)
@@ -604,7 +614,8 @@ def run_study(
     from probe.store import open_store
 
     create_or_join(settings, open_store(settings.store))  # create once, before the workers race
-    procs = [subprocess.Popen(list(worker_command)) for _ in range(settings.workers)]
+    per_worker = [["--devices", d] for d in settings.devices] or [[]] * settings.workers
+    procs = [subprocess.Popen([*worker_command, *extra]) for extra in per_worker]
     codes = [p.wait() for p in procs]
     storage = open_storage(settings.storage_spec())
     study = optuna.load_study(study_name=settings.name or _default_name(settings), storage=storage)

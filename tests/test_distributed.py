@@ -198,3 +198,52 @@ def test_torchrun_cli(dataset, tmp_path) -> None:
     summary = json.loads(proc.stdout[proc.stdout.index("{") : proc.stdout.rindex("}") + 1])
     assert (summary["world_size"], summary["rows_done"], summary["blocks_done"]) == (2, 12, 6)
     assert_same_store(out, reference)
+
+
+# ----------------------------------------------------------------------------- study workers
+
+
+@pytest.mark.slow
+def test_study_runs_one_worker_per_device(yeast_store, tmp_path, monkeypatch) -> None:
+    """``spml study --devices cpu,cpu``: two workers on one journal storage, worker i started
+    with ``--devices <device i>``; every trial records the device it was trained on."""
+    import optuna
+
+    import studies.study as study_mod
+    from studies.cli import main
+    from studies.storage import open_storage, parse_storage
+
+    started: list[list[str]] = []
+    real_popen = subprocess.Popen
+
+    def popen(cmd, *args, **kwargs):
+        started.append(list(cmd))
+        return real_popen(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(study_mod.subprocess, "Popen", popen)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    out = tmp_path / "study"
+    fast = ["--epochs", "2", "--batch-size", "32", "--lr", "0.01"]
+    code = main(["study", yeast_store, "--loss", "an_ls", "--trials", "4", "--batch", "2",
+                 "--devices", "cpu,cpu", "--storage", str(out / "study.log"), "--out", str(out),
+                 *fast])  # fmt: skip
+    assert code == 0
+    assert len(started) == 2
+    assert all(cmd[-2:] == ["--devices", "cpu"] for cmd in started), started
+    storage = open_storage(parse_storage(out / "study.log"))
+    trials = optuna.load_study(study_name="yeast-an_ls", storage=storage).get_trials()
+    finished = [t for t in trials if t.state.is_finished()]
+    assert len(finished) >= 4
+    assert {t.system_attrs.get(study_mod.DEVICE_KEY) for t in finished} == {"cpu"}
+
+
+def test_study_devices_errors(tmp_path, capsys) -> None:
+    from studies.cli import main
+
+    store = str(tmp_path / "none.zarr")
+    assert main(["study", store, "--loss", "an", "--devices", "cpu,cpu", "--workers", "3",
+                 "--storage", str(tmp_path / "s.log")]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert "--devices names 2 devices (cpu,cpu) for --workers 3" in err
+    assert main(["study", store, "--loss", "an", "--devices", "cpu,tpu!"]) == 2
+    assert "device must be" in capsys.readouterr().err

@@ -39,6 +39,21 @@ def _settings(args: argparse.Namespace):
     from studies.study import StudySettings
 
     fixed = parse_assignments(args.set)
+    device, workers, devices = args.device, args.workers, ()
+    if args.devices:
+        devices = tuple(d.strip() for d in args.devices.split(",") if d.strip())
+        if not devices:
+            raise ValueError(
+                f"--devices expects DEV1,DEV2,... e.g. cuda:0,cuda:1; got {args.devices!r}"
+            )
+        from probe.data import resolve_device
+
+        for name in devices:  # a typo fails here, not in every worker
+            resolve_device(name)
+        if workers == 1:
+            workers = len(devices)  # one worker per device
+        if len(devices) == 1:  # one worker (also each worker of a --devices run)
+            device, devices = devices[0], ()
     grid = {}
     for key, values in parse_sets(args.grid, "--grid").items():
         grid[key if "." in key else f"{args.loss}.{key}"] = tuple(values)
@@ -66,11 +81,12 @@ def _settings(args: argparse.Namespace):
         lr=args.lr,
         val_labels=args.val_labels,
         observed_seed=args.observed_seed,
-        device=args.device,
+        device=device,
         enqueue_paper=not args.no_paper,
         heartbeat_seconds=args.heartbeat,
         grace_seconds=args.grace,
-        workers=args.workers,
+        workers=workers,
+        devices=devices,
     )
 
 
@@ -188,6 +204,12 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
         type=int,
         default=1,
         help="local worker processes (needs a journal or PostgreSQL storage)",
+    )
+    p.add_argument(
+        "--devices",
+        metavar="DEV1,DEV2,...",
+        help="one worker per device, e.g. cuda:0,cuda:1,cuda:2,cuda:3 (sets --workers; needs a "
+        "journal or PostgreSQL storage); cpu,cpu works too",
     )
     p.add_argument(
         "--set",
