@@ -59,9 +59,12 @@ def _table_line(row: dict[str, Any]) -> str:
 def _probe_rows(store: Path, cfg: DemoConfig, log: Callable[[str], None]) -> list[dict]:
     from probe.config import ProbeConfig
     from probe.data import ProbeData, resolve_device
+    from probe.results import save_head
     from probe.train import train_probe
 
     data = ProbeData.from_store(store, device=resolve_device(cfg.device))
+    heads = Path(cfg.out) / "heads"
+    heads.mkdir(parents=True, exist_ok=True)
     base = ProbeConfig(batch_size=cfg.batch_size, lr=cfg.lr, epochs=cfg.epochs, seed=cfg.seed,
                        device=cfg.device)
     rows = []
@@ -71,10 +74,25 @@ def _probe_rows(store: Path, cfg: DemoConfig, log: Callable[[str], None]) -> lis
         result = train_probe(data, config, name, [{}])
         best = result.trials[0].best
         label = f"{name} (full labels)" if config.labels == "full" else name
+        head = save_head(heads / f"{label.replace(' (full labels)', '_full')}.pt", result)
         rows.append({"method": label, "val_map": best["val_map"], "test_map": best["test_map"],
-                     "best_epoch": result.trials[0].best_epoch})
+                     "best_epoch": result.trials[0].best_epoch,
+                     "head": str(head)})
         log(_table_line(rows[-1]))
     return rows
+
+
+def _compare_rows(table: list[dict], cfg: DemoConfig, log: Callable[[str], None]) -> None:
+    """Which of the differences above are real: ``spml compare`` on the saved heads."""
+    from probe.data import resolve_device
+
+    from .compare import compare_heads, format_comparison
+
+    cmp = compare_heads([r["head"] for r in table], labels=[r["method"] for r in table],
+                        device=resolve_device(cfg.device))
+    log("\nwhich differences are real? 'spml compare " + " ".join(r["head"] for r in table)
+        + "':")
+    log(format_comparison(cmp))
 
 
 def make_digit_grids(root: Path, n: int, seed: int = 0) -> Path:
@@ -158,6 +176,7 @@ def run_demo(config: DemoConfig | None = None, *, log: Callable[[str], None] = p
         f"{cfg.batch_size}, lr {cfg.lr:g}); model selection on clean val, test at that epoch")
     log(f"{'method':<18} {'val mAP':>8} {'test mAP':>9} {'best epoch':>10}")
     table = _probe_rows(store, cfg, log)
+    _compare_rows(table, cfg, log)
 
     study_dir = out / "gr-study"
     for stale in (study_dir / "study.db", study_dir / "results"):

@@ -27,6 +27,9 @@ def test_demo_runs_end_to_end(tmp_path, capsys):
     html = out / "report" / "report.html"
     assert html.exists() and "Leaderboard" in html.read_text()
     assert str(html) in printed
+    # which of the table's differences are real: spml compare on the demo's saved heads
+    assert "Differences (paired on the same images" in printed
+    assert len(list((out / "heads").glob("*.pt"))) == 5
 
 
 @pytest.mark.slow

@@ -132,5 +132,8 @@ def test_planted_difference_is_found_and_identical_systems_are_not_different():
     boot = bootstrap_map(torch.cat([scores, same]), y, n_resamples=500, seed=0)
     pairs = {(p.a, p.b): p for p in paired_differences(boot)}
     assert pairs[(0, 1)].significant and pairs[(0, 1)].diff.high < 0  # system 1 is better
+    d = boot.replicates[0] - boot.replicates[1]
+    z = abs(float(boot.map[0] - boot.map[1])) / float(d.std())
+    assert pairs[(0, 1)].p_value == pytest.approx(math.erfc(z / math.sqrt(2)))  # 2 Phi(-z)
     assert not pairs[(2, 3)].significant
     assert pairs[(2, 3)].diff.low <= 0 <= pairs[(2, 3)].diff.high
