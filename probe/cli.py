@@ -154,11 +154,19 @@ def _print_result(result, stacked_keys: list[str]) -> None:
                      *(f"{b[k]:.2f}" if k in b else "-" for k in ("test_OF1", "test_CF1"))])
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
     print("  ".join(c.rjust(w) for c, w in zip(cols, widths)))
-    for r, tr in zip(rows, result.trials):
+    from .convergence import ADVICE, best_is_last
+
+    at_last = [tr.stopped_at is None and best_is_last([e.get("val_map") for e in tr.epochs])
+               for tr in result.trials]
+    for r, tr, last in zip(rows, result.trials, at_last):
         mark = "  <- best" if tr.trial == best and len(rows) > 1 else ""
+        mark += "  (best = last epoch)" if last else ""
         stopped = f"  (stopped after epoch {tr.stopped_at})" if tr.stopped_at is not None else ""
         flag = "  (non-finite!)" if not tr.finite else ""
         print("  ".join(v.rjust(w) for v, w in zip(r, widths)) + mark + stopped + flag)
+    if any(at_last):
+        print(f"warning: {sum(at_last)} of {len(at_last)} trial(s) had their best epoch at the "
+              f"last one, so they may not have converged; {ADVICE}")
 
 
 def _interval_text(best: dict) -> str:

@@ -605,6 +605,13 @@ def _leaderboard(st: _Study, options: ReportOptions, ctx: _Retrained | None = No
            if intervals else "")
     ))
     sec.blocks.append(_Table(header, rows, id="leaderboard"))
+    from probe.convergence import ADVICE, count_best_is_last
+
+    at_last = count_best_is_last([_point(t).curve for t in complete])
+    if at_last:
+        sec.blocks.append(_Note(
+            f"Not converged? {at_last} of {len(complete)} completed trials had their best val "
+            f"mAP at their last epoch; {ADVICE}.", kind="warn"))
     if st.confirm:
         crow = []
         for r in st.confirm:

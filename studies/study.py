@@ -29,6 +29,7 @@ import optuna
 from optuna.distributions import BaseDistribution, distribution_to_json
 from optuna.trial import TrialState
 
+from probe.convergence import best_is_last, count_best_is_last
 from probe.store.protocol import PROTOCOL_SEED
 
 from .heartbeat import (
@@ -146,6 +147,8 @@ class StudySummary:
     best_params: dict[str, Any]
     best_trial: int | None
     paper_value: float | None  # val mAP of the enqueued paper point, if it ran
+    # completed trials whose best val epoch was their last (probe.convergence): not converged
+    n_best_at_last: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -447,6 +450,8 @@ def _train_group(settings, data, study, storage, space, trials, probe_config, lo
         log(
             f"trial {trial.number}: {state.name.lower()}"
             + (f", val mAP {value:.2f}" if value is not None and math.isfinite(value) else "")
+            + (" (best epoch = last: may not have converged)" if state == TrialState.COMPLETE
+               and best_is_last([e.get("val_map") for e in tr.epochs]) else "")
         )
     return _result_rows(study, trials, result, states, seconds)
 
@@ -594,7 +599,14 @@ def summarize(study: optuna.Study, settings: StudySettings) -> StudySummary:
         best_params=dict(best.params) if best else {},
         best_trial=best.number if best else None,
         paper_value=paper[0].value if paper else None,
+        n_best_at_last=count_best_is_last([_curve(t) for t in complete]),
     )
+
+
+def _curve(trial: optuna.trial.FrozenTrial) -> list[float | None]:
+    """A trial's val mAP per reported epoch, in order (its intermediate values)."""
+    steps = trial.intermediate_values
+    return [steps[k] for k in sorted(steps)]
 
 
 def run_study(

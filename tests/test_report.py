@@ -249,6 +249,17 @@ def test_real_study_report_matches_the_storage(real):
         assert float(r["p"]) <= float(r["p (Holm)"]) <= 1
         assert (r["verdict"] == "no clear difference") == (float(r["p (Holm)"]) >= 0.05)
 
+    # convergence: completed trials whose best val epoch is their last are counted, with advice
+    from probe.convergence import count_best_is_last
+
+    curves = [[t.intermediate_values[k] for k in sorted(t.intermediate_values)]
+              for t in complete]
+    n_last = count_best_is_last(curves)
+    html = result.html_path.read_text()
+    assert ("Not converged?" in html) == (n_last > 0)
+    if n_last:
+        assert f"{n_last} of {len(complete)} completed trials had their best val" in html
+
     _, crow = _table(page, "confirmation")
     assert [int(r["trial"]) for r in crow] == [r["trial"] for r in
                                                sorted(confirmed.values(), key=lambda r: r["rank"])]

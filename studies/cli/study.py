@@ -127,6 +127,11 @@ def _study(args: argparse.Namespace) -> int:
         print(f"best val mAP {summary.best_value:.2f} in trial {summary.best_trial}{paper}")
         for k, v in summary.best_params.items():
             print(f"  {k} = {v:.6g}" if isinstance(v, float) else f"  {k} = {v}")
+    if summary.n_best_at_last:
+        from probe.convergence import ADVICE
+
+        print(f"warning: {summary.n_best_at_last} of {summary.n_complete} completed trials had "
+              f"their best val mAP at their last epoch (not converged); {ADVICE}")
     print(f"results: {Path(summary.out) / 'results'}")
     storage = f" --storage {summary.storage}" if settings.storage else ""  # else found in out
     out = "" if not settings.storage else f" --out {summary.out}"  # else beside the study
