@@ -425,7 +425,7 @@ def _training(st: _Study) -> dict[str, Any]:
     for key in ("batch_size", "lr", "epochs"):
         if row.get(key) is None:
             continue
-        settings[key], settings[f"{key}_from"] = row[key], "as trained (results)"
+        settings[key], settings[f"{key}_from"] = row[key], "recorded with the trials"
         seen = sorted({r[key] for r in rows if r.get(key) is not None})
         if len(seen) > 1 and f"train.{key}" not in st.distributions:
             settings["mixed"][key] = seen

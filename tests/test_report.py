@@ -26,7 +26,7 @@ from PIL import Image
 from studies import plots
 from studies.cli.report import register_cli as register_report_cli
 from studies.report import SECTIONS, ReportOptions, build_report, study_command
-from studies.results import write_batch
+from studies.results import read_results, write_batch
 from studies.storage import StudyError
 
 pytest.importorskip("river", reason="the yeast set ships inside river (extra 'yeast')")
@@ -556,3 +556,35 @@ def test_report_can_be_rebuilt_into_another_folder(real, tmp_path):
     a = _table(_parse(real["result"].html_path), "leaderboard")[1]
     b = _table(_parse(result.html_path), "leaderboard")[1]
     assert a == b
+
+
+def test_training_settings_come_from_the_rows_and_mixed_ones_are_flagged(tmp_path):
+    """Issue 17: a study made before settings were part of its identity may hold trials trained
+    at another lr; the report reads what each trial trained with from the results rows, says
+    the study is mixed, and shows the best trial's settings, not the first run's."""
+    dists = {"gr.w_T": FloatDistribution(2, 16), "gr.q2": FloatDistribution(1e-3, 1, log=True)}
+    trials = [("COMPLETE", {"gr.w_T": 2.0 + i, "gr.q2": 0.01 * (i + 1)}, [40.0 + i, 41.0 + i])
+              for i in range(4)]
+    _synthetic(tmp_path / "s", dists, trials, parquet=True)
+    # two more trials, trained at lr 0.1 by a resumed run (the old, silent behaviour)
+    study = optuna.load_study(study_name="toy-gr", storage=f"sqlite:///{tmp_path / 's/study.db'}")
+    for i in (4, 5):
+        study.add_trial(create_trial(state=TrialState.COMPLETE, value=50.0 + i,
+                                     params={"gr.w_T": 3.0 + i, "gr.q2": 0.5}, distributions=dists,
+                                     intermediate_values={1: 49.0 + i, 2: 50.0 + i}))
+    write_batch(tmp_path / "s" / "results", [
+        {"study": "toy-gr", "trial": i, "state": "COMPLETE", "loss": "gr",
+         "params": {"gr.w_T": 3.0 + i, "gr.q2": 0.5}, "value": 50.0 + i, "val_map": 50.0 + i,
+         "best_epoch": 2, "test_map": 49.0 + i, "class_ap": [20.0, 50.0, 80.0], "lr": 0.1,
+         "batch_size": 32, "epochs": 3} for i in (4, 5)])
+    # the first run's rows say lr 0.01, batch size 32, 3 epochs
+    frame = read_results(tmp_path / "s" / "results")
+    frame = frame.with_columns(pl.col("lr").fill_null(0.01), pl.col("batch_size").fill_null(32),
+                               pl.col("epochs").fill_null(3))
+    for f in (tmp_path / "s" / "results").glob("batch-*.parquet"):
+        f.unlink()
+    write_batch(tmp_path / "s" / "results", frame.to_dicts())
+    result = build_report(tmp_path / "s", options=FAST)
+    text = result.html_path.read_text()
+    assert "trained with different settings (lr: 0.01, 0.1)" in text
+    assert "lr 0.1 (recorded with the trials)" in text  # the best trial (5) trained at 0.1
