@@ -28,7 +28,8 @@ from .results import store_fingerprint
 from .space import TRAIN_PREFIX
 from .storage import StudyError, open_existing_storage, parse_storage
 
-__all__ = ["ConfirmRow", "confirm_study", "load_study", "trial_setup", "winner", "write_winner"]
+__all__ = ["ConfirmRow", "confirm_study", "load_study", "refit_winner", "train_plus_val",
+           "trial_setup", "winner", "write_winner"]
 
 
 @dataclass
@@ -60,6 +61,13 @@ class ConfirmRow:
     store: str | None = None
     store_fingerprint: str | None = None
     spml_version: str | None = None
+    # --refit (the winner only): re-trained on train + val for the epochs val selected, the
+    # last epoch's test mAP per run (seeds x draws), their mean and Student-t interval
+    refit_epochs: int | None = None
+    refit_test_maps: list[float] = field(default_factory=list)
+    refit_test_mean: float = math.nan
+    refit_test_low: float = math.nan
+    refit_test_high: float = math.nan
 
 
 def default_out(storage: str) -> Path:
@@ -107,10 +115,15 @@ def confirm_study(
     device: str = "auto",
     log: Callable[[str], None] | None = None,
     progress: bool = False,
+    refit: bool = False,
 ) -> list[ConfirmRow]:
     """Re-train the ``top_k`` best completed trials with every training seed in ``seeds`` on
     every single-positive draw in ``observed_seeds`` (added to the store if missing); returns
-    rows ordered by mean test mAP and writes ``confirm.parquet`` and ``best.json`` to ``out``."""
+    rows ordered by mean test mAP and writes ``confirm.parquet`` and ``best.json`` to ``out``.
+
+    ``refit``: then re-train the winner on train + val (no held-out selection) for the number
+    of epochs val selected (the median best epoch of its runs) and report the last epoch's
+    test mAP per seed and draw (:func:`refit_winner`)."""
     from probe.data import ProbeData
     from probe.store import add_observed_seed, open_store
     from probe.train import train_probe
@@ -137,6 +150,7 @@ def confirm_study(
             add_observed_seed(store_path, s)
     store = open_store(store_path)
     runs: dict[int, list[tuple[float, float, int, int]]] = {t.number: [] for t in top}
+    best_epochs: dict[int, list[int]] = {t.number: [] for t in top}
     ran: dict[int, Any] = {}  # the last ProbeResult of each trial: its resolved settings
     from probe.progress import Progress
 
@@ -154,6 +168,8 @@ def confirm_study(
             result = train_probe(data, cfg, loss, [hp] * len(seeds), progress=False)
             ran[trial.number] = result
             for tr, seed in zip(result.trials, seeds):
+                if tr.best_epoch is not None:
+                    best_epochs[trial.number].append(int(tr.best_epoch))
                 runs[trial.number].append(
                     (
                         tr.best.get("test_map", math.nan),
@@ -206,9 +222,72 @@ def confirm_study(
     rows.sort(key=lambda r: (-r.val_mean, r.trial))
     for i, row in enumerate(rows, 1):
         row.rank = i
+    if refit:
+        win = next(t for t in top if t.number == rows[0].trial)
+        epochs = max(1, round(statistics.median(best_epochs[win.number] or [1])))
+        tests = refit_winner(store, loss, win.params, as_trained, epochs=epochs, seeds=seeds,
+                             observed_seeds=observed_seeds, device=device)
+        iv = mean_interval(tests)
+        rows[0].refit_epochs, rows[0].refit_test_maps = epochs, tests
+        rows[0].refit_test_mean, rows[0].refit_test_low = statistics.fmean(tests), iv.low
+        rows[0].refit_test_high = iv.high
+        log(f"trial {win.number} re-fitted on train + val for {epochs} epochs: test mAP "
+            f"{statistics.fmean(tests):.2f} over {len(tests)} runs")
     if out is not None:
         _write(Path(out), rows, study)
     return rows
+
+
+def train_plus_val(data: Any, store: Any) -> Any:
+    """``data`` with its val rows added to the train rows (features, flipped features when
+    the run uses them, full labels and the same draw's single positives): what a refit
+    trains on. Val stays as it was, but no longer measures anything held out."""
+    import dataclasses
+
+    import torch
+
+    n = data.n_train
+    parts = [data.train_x[:n], data.val_x]
+    if data.has_flip:
+        val_rows = store.split("val")
+        flip = torch.from_numpy(store.features(val_rows, flip=True)).to(data.val_x)
+        flip = torch.cat([flip, torch.ones_like(flip[:, :1])], 1)
+        parts += [data.train_x[n:], flip]
+    return dataclasses.replace(
+        data,
+        train_x=torch.cat(parts),
+        train_labels=torch.cat([data.train_labels, data.val_labels]),
+        train_observed=torch.cat([data.train_observed, data.val_observed]),
+        n_train=n + data.val_x.shape[0],
+    )
+
+
+def refit_winner(store: Any, loss: str, params: dict[str, Any], settings: dict[str, Any], *,
+                 epochs: int, seeds: Sequence[int], observed_seeds: Sequence[int],
+                 device: str = "auto") -> list[float]:
+    """Test mAP of a trial re-trained on train + val (:func:`train_plus_val`) for exactly
+    ``epochs`` epochs, one per training seed and draw (the last epoch's head: nothing is left
+    to select on)."""
+    import dataclasses
+
+    from probe.data import ProbeData
+    from probe.evaluate import evaluate_heads
+    from probe.train import train_probe
+
+    tests = []
+    for obs_seed in observed_seeds:
+        data = ProbeData.from_store(store, device=device if device != "auto" else "cpu",
+                                    observed_seed=obs_seed)
+        data = train_plus_val(data, store)
+        hp, cfg = trial_setup(params, loss, settings, seeds=seeds, observed_seed=obs_seed,
+                              device=device)
+        cfg = dataclasses.replace(cfg, epochs=int(epochs))
+        result = train_probe(data, cfg, loss, [hp] * len(seeds), progress=False)
+        # the last epoch's heads on test (the run's own selection used the val rows it saw)
+        scored = evaluate_heads(data.test_x, data.test_labels.bool(),
+                                result.final_heads.to(data.device), cfg.f1_threshold)
+        tests += [float(v) for v in scored["map"].tolist()]
+    return tests
 
 
 def winner(study: optuna.Study, trial_number: int | None = None) -> dict[str, Any]:
@@ -297,4 +376,9 @@ def _write(out: Path, rows: list[ConfirmRow], study: optuna.Study) -> None:
     record["confirmed"] = {"test_mean": best.test_mean, "test_std": best.test_std,
                            "test_low": best.test_low, "test_high": best.test_high,
                            "n_runs": best.n_runs, "trial": best.trial}
+    if best.refit_epochs is not None:
+        record["confirmed"]["refit"] = {
+            "epochs": best.refit_epochs, "test_mean": best.refit_test_mean,
+            "test_low": best.refit_test_low, "test_high": best.refit_test_high,
+            "test_maps": best.refit_test_maps, "trained_on": "train + val"}
     write_winner(out / "best.json", record)

@@ -630,6 +630,17 @@ def _leaderboard(st: _Study, options: ReportOptions, ctx: _Retrained | None = No
         sec.blocks.append(_Table(
             ["rank", "trial", "search val mAP", "val mAP (mean)", "test mAP (mean ± std)",
              "runs", "seeds", "draws"], crow, id="confirmation"))
+        win = st.confirm[0]
+        if win.get("refit_epochs") is not None:
+            refit_ci = _ci({"test_low": win.get("refit_test_low"),
+                            "test_high": win.get("refit_test_high")})
+            sec.blocks.append(_Para(
+                f"Refit ('spml study confirm --refit'): trial {win['trial']} re-trained on "
+                f"train + val for {win['refit_epochs']} epochs (its median best val epoch), "
+                f"then tested: test mAP {_f2(win.get('refit_test_mean'))}"
+                f"{refit_ci}"
+                f" over {len(win.get('refit_test_maps') or [])} runs, against "
+                f"{win['test_mean']:.2f} trained on train only."))
     return sec
 
 

@@ -56,3 +56,4 @@ def test_study_summary_counts_unconverged_trials(tmp_path):
     settings = StudySettings(store=str(tmp_path / "s.zarr"), loss="gr", out=str(tmp_path))
     summary = summarize(study, settings)
     assert summary.n_complete == 3 and summary.n_best_at_last == 2  # pruned ones not counted
+

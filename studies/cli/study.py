@@ -155,6 +155,7 @@ def _confirm(args: argparse.Namespace) -> int:
         device=args.device,
         log=lambda m: print(m, file=sys.stderr),
         progress=True,
+        refit=args.refit,
     )
     print(f"{'rank':>4} {'trial':>5}  {'val mAP':>8}  {'test mAP (mean ± std)':>22}  "
           f"{'95% interval':>16}  runs  params")
@@ -167,6 +168,14 @@ def _confirm(args: argparse.Namespace) -> int:
             f"{r.rank:>4} {r.trial:>5}  {r.val_mean:8.2f}  {r.test_mean:13.2f} ± {r.test_std:5.2f}"
             f"  {ci:>16}  {r.n_runs:>4}  {params}"
         )
+    win = rows[0]
+    if win.refit_epochs is not None:
+        ci = (f"[{win.refit_test_low:.2f}, {win.refit_test_high:.2f}]"
+              if len(win.refit_test_maps) > 1 else "- (1 run)")
+        print(f"refit: trial {win.trial} re-trained on train + val for {win.refit_epochs} "
+              f"epochs (the median best val epoch): test mAP {win.refit_test_mean:.2f} "
+              f"{ci} over {len(win.refit_test_maps)} runs (vs {win.test_mean:.2f} trained "
+              "on train only)")
     print("95% interval: Student-t interval of the mean test mAP over the runs (training seeds "
           "x single-positive draws); it does not include the test-image variation that "
           "'spml compare' measures")
@@ -344,6 +353,9 @@ def confirm_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", help="folder for confirm.parquet and best.json (default: beside the "
                    "study, the folder of the --storage file, where 'spml report' finds them; "
                    "required for PostgreSQL)")
+    c.add_argument("--refit", action="store_true",
+                   help="then re-train the winner on train + val for the epochs val selected "
+                   "and report its test mAP (per seed and draw)")
     add_device_argument(c)
     c.set_defaults(func=_confirm)
     return c
