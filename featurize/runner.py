@@ -435,6 +435,10 @@ def _explain_transform_change(out: Path, backbone: str, transform: dict) -> None
 # ----------------------------------------------------------------------------- the run
 
 
+class RankFailed(ValueError):
+    """Another rank of a distributed featurize run failed (its message is included)."""
+
+
 @dataclass(frozen=True)
 class Ranks:
     """This process's place in a ``torch.distributed`` featurize run (``torchrun``; issue 13).
@@ -463,7 +467,7 @@ class Ranks:
         failed = [(r, msg) for r, (msg, _) in enumerate(reports) if msg is not None]
         if failed:
             r, msg = failed[0]
-            raise RuntimeError(
+            raise RankFailed(
                 f"featurize rank {r} of {self.world} failed: {msg}. The blocks finished so far "
                 "are kept: re-run the same command to resume"
             )

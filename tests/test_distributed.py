@@ -145,6 +145,10 @@ def test_a_failing_rank_stops_all_and_the_run_resumes(dataset, tmp_path) -> None
     assert not zarr.open_group(out, mode="r").attrs["complete"]
     with pytest.raises(ValueError, match="incomplete"):
         open_store(out)
+    # rank 0 refuses to resume with another transform: every rank stops with its reason
+    reports = run_ranks(tmp_path, 2, index, out, size=48)
+    assert [r["type"] for r in reports] == ["StoreError", "RankFailed"], reports
+    assert "rank 0 of 2 failed" in reports[1]["error"] and "size" in reports[1]["error"]
 
     reports = run_ranks(tmp_path, 2, index, out)
     assert all(r["ok"] for r in reports), reports
