@@ -116,6 +116,7 @@ def confirm_study(
     log: Callable[[str], None] | None = None,
     progress: bool = False,
     refit: bool = False,
+    results: str | Path | None = None,
 ) -> list[ConfirmRow]:
     """Re-train the ``top_k`` best completed trials with every training seed in ``seeds`` on
     every single-positive draw in ``observed_seeds`` (added to the store if missing); returns
@@ -123,7 +124,11 @@ def confirm_study(
 
     ``refit``: then re-train the winner on train + val (no held-out selection) for the number
     of epochs val selected (the median best epoch of its runs) and report the last epoch's
-    test mAP per seed and draw (:func:`refit_winner`)."""
+    test mAP per seed and draw (:func:`refit_winner`).
+
+    Each trial re-trains with the batch size, lr and epochs its results row (in the study's
+    ``results`` folder, when given and there) records it trained with; else with the study's
+    fixed training settings (``spml.training``)."""
     from probe.data import ProbeData
     from probe.store import add_observed_seed, open_store
     from probe.train import train_probe
@@ -139,6 +144,7 @@ def confirm_study(
     # a searched train.* parameter of a trial takes its place
     trained = study.user_attrs.get("spml.training") or {}
     as_trained = {**settings, **{k: v for k, v in trained.items() if v != "searched"}}
+    recorded = _recorded_settings(results, study.study_name)
     complete = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
     if not complete:
         raise StudyError(f"study '{study.study_name}' has no completed trial to confirm yet")
@@ -163,8 +169,8 @@ def confirm_study(
             store, device=device if device != "auto" else "cpu", observed_seed=obs_seed
         )
         for trial in top:
-            hp, cfg = trial_setup(trial.params, loss, as_trained, seeds=seeds,
-                                  observed_seed=obs_seed, device=device)
+            hp, cfg = trial_setup(trial.params, loss, {**as_trained, **recorded.get(
+                trial.number, {})}, seeds=seeds, observed_seed=obs_seed, device=device)
             result = train_probe(data, cfg, loss, [hp] * len(seeds), progress=False)
             ran[trial.number] = result
             for tr, seed in zip(result.trials, seeds):
@@ -225,7 +231,9 @@ def confirm_study(
     if refit:
         win = next(t for t in top if t.number == rows[0].trial)
         epochs = max(1, round(statistics.median(best_epochs[win.number] or [1])))
-        tests = refit_winner(store, loss, win.params, as_trained, epochs=epochs, seeds=seeds,
+        tests = refit_winner(store, loss, win.params,
+                             {**as_trained, **recorded.get(win.number, {})}, epochs=epochs,
+                             seeds=seeds,
                              observed_seeds=observed_seeds, device=device)
         iv = mean_interval(tests)
         rows[0].refit_epochs, rows[0].refit_test_maps = epochs, tests
@@ -349,6 +357,24 @@ def trial_setup(params: dict[str, Any], loss: str, settings: dict[str, Any], *,
         device=device,
     )
     return hp, cfg
+
+
+def _recorded_settings(results: str | Path | None, study_name: str
+                       ) -> dict[int, dict[str, Any]]:
+    """Batch size, lr and epochs each trial's results row records it trained with."""
+    if results is None or not Path(results).is_dir():
+        return {}
+    from .results import read_results
+
+    frame = read_results(results)
+    if not frame.height or "lr" not in frame.columns:
+        return {}
+    out = {}
+    for row in frame.filter(pl.col("study") == study_name).iter_rows(named=True):
+        got = {k: row.get(k) for k in ("batch_size", "lr", "epochs") if row.get(k) is not None}
+        if got:
+            out[int(row["trial"])] = got
+    return out
 
 
 def _split(params: dict[str, Any], loss: str) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -18,7 +18,7 @@ import pytest
 from optuna.trial import TrialState
 
 from studies.cli import main
-from studies.results import read_results
+from studies.results import read_results, write_batch
 from studies.storage import StudyError
 from studies.study import StudySettings, run_study
 
@@ -479,6 +479,18 @@ def test_confirm_refuses_a_missing_storage_and_writes_beside_the_study(yeast, tm
     assert main(["study", "confirm", "--storage", str(out / "study.db"), "--store", yeast,
                  "--top-k", "1", "--seeds", "0"]) == 0
     assert (out / "confirm.parquet").is_file() and (out / "best.json").is_file()
+    import polars as pl
+
+    conf = pl.read_parquet(out / "confirm.parquet").row(0, named=True)
+    assert (conf["lr"], conf["batch_size"], conf["epochs"]) == (0.01, 32, 3)
+    # confirm re-trains each trial with what its results row records it trained with
+    frame = read_results(out / "results").with_columns(pl.lit(0.05).alias("lr"))
+    for f in (out / "results").glob("batch-*.parquet"):
+        f.unlink()
+    write_batch(out / "results", frame.to_dicts())
+    assert main(["study", "confirm", "--storage", str(out / "study.db"), "--store", yeast,
+                 "--top-k", "1", "--seeds", "0"]) == 0
+    assert pl.read_parquet(out / "confirm.parquet")["lr"].to_list() == [0.05]
     assert not Path("spml-study").exists() or Path("spml-study").stat().st_mtime < time.time() - 60
     assert json.loads((out / "best.json").read_text())["spml_version"]
 

@@ -156,6 +156,7 @@ def _confirm(args: argparse.Namespace) -> int:
         log=lambda m: print(m, file=sys.stderr),
         progress=True,
         refit=args.refit,
+        results=_results_beside(args.storage, out),
     )
     print(f"{'rank':>4} {'trial':>5}  {'val mAP':>8}  {'test mAP (mean ± std)':>22}  "
           f"{'95% interval':>16}  runs  params")
@@ -184,6 +185,17 @@ def _confirm(args: argparse.Namespace) -> int:
         f"{out / 'best.json'} (for spml finetune --from-json)"
     )
     return 0
+
+
+def _results_beside(storage: str, out: Path) -> Path:
+    """The results folder of the study 'spml study' wrote: beside its storage file (else in
+    the --out folder, e.g. for PostgreSQL)."""
+    from studies.storage import parse_storage
+
+    spec = parse_storage(storage)
+    if spec.kind != "postgresql":
+        return Path(spec.target).expanduser().parent / "results"
+    return out / "results"
 
 
 def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction) -> None:
