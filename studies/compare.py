@@ -29,6 +29,7 @@ __all__ = [
     "format_comparison",
     "load_systems",
     "plot",
+    "study_systems",
 ]
 
 
@@ -114,8 +115,9 @@ def load_systems(specs: Sequence[str], labels: Sequence[str] | None = None) -> l
         path, trial = _parse_spec(spec)
         if not path.is_file():
             raise CompareError(
-                f"HEADS: {spec} is not a file; pass head files written by "
-                "'spml probe … --save-head PATH' (optionally PATH:TRIAL)")
+                f"HEADS: {spec} is neither a file nor a folder; pass head files written by "
+                "'spml probe … --save-head PATH' (optionally PATH:TRIAL) or a study folder "
+                "('spml study --out DIR')")
         _, meta = load_head(path, 0)
         n = len(meta.get("trials", [])) or int(torch.load(path, map_location="cpu",
                                                           weights_only=True)["weight"].shape[0])
@@ -138,6 +140,46 @@ def load_systems(specs: Sequence[str], labels: Sequence[str] | None = None) -> l
                 "(a file with T trials counts T)")
         for s, lab in zip(systems, labels):
             s.label = lab
+    return systems
+
+
+def study_systems(study_dir: str | Path, *, top: int = 3, device: str = "cpu",
+                  store: str | None = None) -> list[System]:
+    """A study's winners as systems: its ``top`` trials by val mAP and the paper point,
+    re-trained on its store with their own settings, the study's training seed and draw (what
+    the study measured; the report's 'Intervals and comparison' does the same)."""
+    from optuna.trial import TrialState
+
+    from probe.data import ProbeData
+    from probe.train import train_probe
+
+    from .confirm import load_study, trained_settings, trial_setup
+    from .report import find_storage
+
+    study = load_study(find_storage(study_dir), None)
+    loss = study.user_attrs.get("spml.loss")
+    settings = trained_settings(study)
+    where = store or settings.get("store")
+    if loss is None or not where:
+        raise CompareError(f"HEADS: {study_dir} holds a study not made by 'spml study'")
+    complete = sorted((t for t in study.get_trials(deepcopy=False)
+                       if t.state == TrialState.COMPLETE), key=lambda t: (-t.value, t.number))
+    if not complete:
+        raise CompareError(f"HEADS: the study in {study_dir} has no completed trial yet")
+    chosen = complete[:top]
+    chosen += [t for t in complete if t.user_attrs.get("spml:paper") and t not in chosen]
+    observed_seed = int(settings.get("observed_seed", 1200))
+    data = ProbeData.from_store(where, device=device, observed_seed=observed_seed)
+    seed = int(settings.get("train_seed", 0))
+    systems = []
+    for t in chosen:
+        hp, cfg = trial_setup(t.params, loss, settings, seeds=(seed,),
+                              observed_seed=observed_seed, device=device)
+        result = train_probe(data, cfg, loss, [hp], progress=False)
+        paper = " paper" if t.user_attrs.get("spml:paper") else ""
+        systems.append(System(label=f"{study.study_name} trial {t.number}{paper}",
+                              path=str(study_dir), trial=t.number, loss=loss, hparams=hp,
+                              data=dict(result.source), head=result.head(0)))
     return systems
 
 
@@ -196,7 +238,19 @@ def compare_heads(specs: Sequence[str], *, store: str | None = None,
     from probe.data import ProbeData
     from probe.evaluate import stacked_logits
 
-    systems = load_systems(specs, labels)
+    systems: list[System] = []
+    for spec in specs:  # a study folder gives its winners, a file its heads
+        if Path(spec).is_dir():
+            systems += study_systems(spec, device=device, store=store)
+        else:
+            systems += load_systems([spec])
+    if labels:
+        if len(labels) != len(systems):
+            raise CompareError(
+                f"--label: got {len(labels)} labels for {len(systems)} systems; give one per "
+                "head (a file with T trials counts T, a study folder its re-trained trials)")
+        for s, lab in zip(systems, labels):
+            s.label = lab
     check_comparable(systems)
     where = store or systems[0].data.get("path")
     if not where:

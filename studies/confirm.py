@@ -29,7 +29,7 @@ from .space import TRAIN_PREFIX
 from .storage import StudyError, open_existing_storage, parse_storage
 
 __all__ = ["ConfirmRow", "confirm_study", "load_study", "refit_winner", "train_plus_val",
-           "trial_setup", "winner", "write_winner"]
+           "trained_settings", "trial_setup", "winner", "write_winner"]
 
 
 @dataclass
@@ -137,13 +137,9 @@ def confirm_study(
     if top_k < 1 or not seeds or not observed_seeds:
         raise StudyError("--top-k, --seeds and --observed-seeds must each name at least one")
     loss = study.user_attrs.get("spml.loss")
-    settings = study.user_attrs.get("spml.settings", {})
     if loss is None:
         raise StudyError(f"study '{study.study_name}' was not made by spml study (no spml.loss)")
-    # what the trials trained with, as the study fixed it (spml.training, resolved at creation);
-    # a searched train.* parameter of a trial takes its place
-    trained = study.user_attrs.get("spml.training") or {}
-    as_trained = {**settings, **{k: v for k, v in trained.items() if v != "searched"}}
+    as_trained = trained_settings(study)
     recorded = _recorded_settings(results, study.study_name)
     complete = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
     if not complete:
@@ -335,6 +331,15 @@ def write_winner(path: str | Path, record: dict[str, Any]) -> Path:
     from probe.results import write_json_atomic
 
     return write_json_atomic(path, record)
+
+
+def trained_settings(study: optuna.Study) -> dict[str, Any]:
+    """The settings the study's trials trained with: its spml.settings, overridden by what it
+    fixed at creation (spml.training, resolved then); a searched train.* parameter of a trial
+    takes its place in :func:`trial_setup`."""
+    settings = study.user_attrs.get("spml.settings", {})
+    trained = study.user_attrs.get("spml.training") or {}
+    return {**settings, **{k: v for k, v in trained.items() if v != "searched"}}
 
 
 def trial_setup(params: dict[str, Any], loss: str, settings: dict[str, Any], *,

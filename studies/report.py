@@ -849,7 +849,7 @@ def _retrain_top(st: _Study, ctx: _Retrained, options: ReportOptions,
     from probe.train import train_probe
 
     from .compare import compare_scores
-    from .confirm import trial_setup
+    from .confirm import trained_settings, trial_setup
 
     chosen = list(st.complete[:_INTERVAL_TOP])
     paper = st.paper
@@ -857,7 +857,7 @@ def _retrain_top(st: _Study, ctx: _Retrained, options: ReportOptions,
         chosen.append(paper)
     seed = int(st.settings.get("train_seed", 0))
     for t in chosen:
-        hp, cfg = trial_setup(t.params, st.loss, st.settings, seeds=(seed,),
+        hp, cfg = trial_setup(t.params, st.loss, trained_settings(st.study), seeds=(seed,),
                               observed_seed=ctx.observed_seed, device=options.device)
         log(f"re-training trial {t.number} for its test-mAP interval")
         ctx.trials[t.number] = train_probe(ctx.data, cfg, st.loss, [hp], progress=False)

@@ -83,3 +83,24 @@ def test_refuses_results_that_are_not_paired(heads, tmp_path, capsys, key, value
 def test_a_single_head_is_refused(heads, capsys):
     assert main(["compare", f"{heads}:0"]) == 2
     assert "at least two heads" in capsys.readouterr().err
+
+
+def test_a_study_folder_stands_for_its_retrained_winners(yeast_store, tmp_path, capsys):
+    """The study's paper point, re-trained by compare, is the same head as 'spml probe' with
+    the paper's values and the same settings: their difference is exactly 0."""
+    train = ["--epochs", "3", "--batch-size", "32", "--lr", "0.01", "--device", "cpu"]
+    out = tmp_path / "study"
+    assert main(["study", yeast_store, "--loss", "an_ls", "--trials", "3", "--batch", "3",
+                 "--out", str(out), *train]) == 0
+    head = tmp_path / "defaults.pt"
+    assert main(["probe", yeast_store, "--loss", "an_ls", "--quiet", "--intervals", "0",
+                 "--save-head", str(head), *train]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(out), str(head), "--json", str(tmp_path / "c.json")]) == 0
+    doc = json.loads((tmp_path / "c.json").read_text())
+    labels = [s["label"] for s in doc["systems"]]
+    assert len(labels) == 4 and sum("trial 0 paper" in lab for lab in labels) == 1
+    paper = next(lab for lab in labels if "trial 0 paper" in lab)
+    (same,) = [p for p in doc["pairs"] if {p["a"], p["b"]} == {paper, labels[-1]}]
+    assert same["diff"] == 0 and same["diff_low"] == 0 == same["diff_high"]
+    assert not same["significant"]

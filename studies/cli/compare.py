@@ -13,8 +13,11 @@ examples:
   spml compare runs/an.pt runs/gr.pt
   spml compare runs/gr.pt:0 runs/gr.pt:3 --label "gr paper" --label "gr tuned"
   spml compare spml-demo/heads/*.pt --json cmp.json --figure cmp.png
+  spml compare spml-demo/gr-study spml-demo/heads/an.pt   # a study's winners vs a head
 
-Each head is scored on the test split of the store it was trained on (or --store). A 1,000-
+A study folder stands for its best 3 trials and the paper point, re-trained with their own
+settings, seed and draw. Each head is scored on the test split of the store it was trained on
+(or --store). A 1,000-
 resample paired bootstrap over the test images gives every mAP a 95% interval and every pair
 a difference with its interval and a p-value, Holm-corrected over the pairs. Heads from
 different stores, splits or single-positive draws are refused (their test mAPs are not paired).
@@ -59,7 +62,8 @@ def register_cli(sub: argparse._SubParsersAction,
     )
     p.add_argument("heads", nargs="+", metavar="HEADS",
                    help="head files from 'spml probe --save-head' (PATH: every trial in it; "
-                   "PATH:T: trial T)")
+                   "PATH:T: trial T) or study folders ('spml study --out DIR': its best 3 "
+                   "trials and the paper point, re-trained)")
     p.add_argument("--label", action="append",
                    help="a name per head, in order (repeatable; default: file, trial and loss)")
     p.add_argument("--store", help="the store to test on (default: the one the heads record)")
