@@ -103,9 +103,9 @@ def _parse_spec(spec: str) -> tuple[Path, int | None]:
     return Path(spec), None
 
 
-def load_systems(specs: Sequence[str], labels: Sequence[str] | None = None) -> list[System]:
+def load_systems(specs: Sequence[str]) -> list[System]:
     """Heads saved by ``spml probe --save-head`` (``PATH`` = every trial, ``PATH:T`` = trial T),
-    one :class:`System` per head, labelled ``labels`` or ``<file>[<trial>] (<loss>)``."""
+    one :class:`System` per head, labelled ``<file>[<trial>] (<loss>)``."""
     import torch
 
     from probe.results import load_head
@@ -133,13 +133,6 @@ def load_systems(specs: Sequence[str], labels: Sequence[str] | None = None) -> l
                                   hparams=hp, data=dict(meta.get("data", {})), head=head))
     if not systems:
         raise CompareError("HEADS: nothing to compare; pass at least two heads")
-    if labels:
-        if len(labels) != len(systems):
-            raise CompareError(
-                f"--label: got {len(labels)} labels for {len(systems)} heads; give one per head "
-                "(a file with T trials counts T)")
-        for s, lab in zip(systems, labels):
-            s.label = lab
     return systems
 
 
