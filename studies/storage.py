@@ -12,13 +12,22 @@ from __future__ import annotations
 
 import os
 import socket
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import optuna
 
-__all__ = ["StorageSpec", "StudyError", "open_existing_storage", "open_storage", "parse_storage"]
+__all__ = ["StorageSpec", "StudyError", "ask_lock", "open_existing_storage", "open_storage",
+           "parse_storage"]
+
+# PostgreSQL advisory-lock key under which workers create Optuna's tables one at a time
+_PG_SCHEMA_LOCK = 0x5350_4D4C  # "SPML"
+_PG_ENGINES: dict[str, Any] = {}
 
 SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
 JOURNAL_SUFFIXES = (".log", ".journal", ".jsonl")
@@ -141,10 +150,58 @@ def open_storage(spec: StorageSpec) -> optuna.storages.BaseStorage:
         return optuna.storages.JournalStorage(backend)
     _check_postgres_reachable(spec.target)
     try:
-        return optuna.storages.RDBStorage(
-            spec.target,
-            engine_kwargs={"pool_pre_ping": True, "connect_args": {"connect_timeout": 10}},
-        )
+        # Optuna creates its tables (and the version row) on first use; several workers doing
+        # that at once on an empty database collide (duplicate pg_type / version rows), so
+        # they take turns under an advisory lock -- the first creates, the others find them
+        with _pg_advisory_lock(spec.target, _PG_SCHEMA_LOCK):
+            return optuna.storages.RDBStorage(
+                spec.target,
+                engine_kwargs={"pool_pre_ping": True, "connect_args": {"connect_timeout": 10}},
+            )
+    except StudyError:
+        raise
     except Exception as err:  # SQLAlchemy's OperationalError: bad credentials, missing database
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise StudyError(f"--storage: cannot open {spec.display}: {first}") from None
+
+
+@contextmanager
+def _pg_advisory_lock(url: str, key: int) -> Iterator[None]:
+    """Hold PostgreSQL advisory lock ``key`` (released by the server if this process dies)."""
+    import sqlalchemy
+
+    engine = _PG_ENGINES.get(url)
+    if engine is None:
+        engine = _PG_ENGINES[url] = sqlalchemy.create_engine(
+            url, poolclass=sqlalchemy.pool.NullPool, connect_args={"connect_timeout": 10})
+    with engine.connect() as conn:
+        conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": key})
+        try:
+            yield
+        finally:
+            conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+            conn.commit()
+
+
+@contextmanager
+def ask_lock(spec: StorageSpec, study_name: str) -> Iterator[None]:
+    """Let one worker at a time count a study's trials and ask its next batch, so that workers
+    started together never ask more than ``n_trials`` between them (Optuna has no atomic
+    "ask while under budget"). Journal: an O_EXCL lock file beside the journal (Optuna's own
+    lock, fine on network file systems; a lock left by a killed worker is broken after 30 s of
+    silence). PostgreSQL: an advisory lock per study (freed by the server when its holder
+    dies). SQLite: one process, no lock."""
+    if spec.kind == "journal":
+        from optuna.storages.journal import JournalFileOpenLock
+
+        lock = JournalFileOpenLock(f"{Path(spec.target).expanduser()}.ask", grace_period=30)
+        lock.acquire()
+        try:
+            yield
+        finally:
+            lock.release()
+    elif spec.kind == "postgresql":
+        with _pg_advisory_lock(spec.target, zlib.crc32(study_name.encode())):
+            yield
+    else:
+        yield

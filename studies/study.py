@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 import optuna
 from optuna.distributions import BaseDistribution, distribution_to_json
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
 from probe.convergence import best_is_last, count_best_is_last
@@ -43,7 +44,7 @@ from .heartbeat import (
 from .pruning import BatchPruner, MedianRule
 from .results import probe_rows, write_batch
 from .space import SearchSpace, build_space
-from .storage import StorageSpec, StudyError, open_storage, parse_storage
+from .storage import StorageSpec, StudyError, ask_lock, open_storage, parse_storage
 
 __all__ = [
     "SAMPLERS",
@@ -399,6 +400,7 @@ def _train_group(settings, data, study, storage, space, trials, probe_config, lo
             hp["lr"] = train_part["lr"]
         hparams.append(hp)
     pruned: set[int] = set()
+    lost: set[int] = set()  # trials another worker failed and retried meanwhile (not ours now)
     paper = [bool(t.user_attrs.get("spml:paper")) for t in trials]
 
     pruner = BatchPruner(_prune_rule(settings), study)
@@ -412,7 +414,12 @@ def _train_group(settings, data, study, storage, space, trials, probe_config, lo
             if not math.isfinite(value):
                 stop.append(i)
                 continue
-            trial.report(value, report.epoch)
+            try:
+                trial.report(value, report.epoch)
+            except UpdateFinishedTrialError:  # reclaimed elsewhere: its heartbeat came late
+                lost.add(i)
+                stop.append(i)
+                continue
             pruner.record(i, report.epoch, value)
             # the paper point is the study's reference: it always runs to the end
             if not paper[i]:
@@ -436,16 +443,27 @@ def _train_group(settings, data, study, storage, space, trials, probe_config, lo
         tr = result.trials[i]
         value = tr.best.get("val_map") if tr.best else None
         ok = value is not None and math.isfinite(value) and tr.finite
-        if i in pruned:
-            state = TrialState.PRUNED
-            study.tell(trial, state=state)
-        elif ok:
-            state = TrialState.COMPLETE
-            study.tell(trial, float(value))
-        else:
-            state = TrialState.FAIL
-            storage.set_attr(trial.number, FAIL_REASON_KEY, "non-finite")
-            study.tell(trial, state=state)
+        try:
+            if i in lost:
+                raise UpdateFinishedTrialError
+            if i in pruned:
+                state = TrialState.PRUNED
+                told = study.tell(trial, state=state, skip_if_finished=True)
+            elif ok:
+                state = TrialState.COMPLETE
+                told = study.tell(trial, float(value), skip_if_finished=True)
+            else:
+                state = TrialState.FAIL
+                storage.set_attr(trial.number, FAIL_REASON_KEY, "non-finite")
+                told = study.tell(trial, state=state, skip_if_finished=True)
+            if told.state != state:
+                raise UpdateFinishedTrialError
+        except UpdateFinishedTrialError:
+            log(f"trial {trial.number}: reclaimed by another worker (its heartbeat was late); "
+                "its retry runs there")
+            lost.add(i)
+            states.append(TrialState.FAIL.name)  # a placeholder: its row is dropped below
+            continue
         states.append(state.name)
         log(
             f"trial {trial.number}: {state.name.lower()}"
@@ -453,7 +471,9 @@ def _train_group(settings, data, study, storage, space, trials, probe_config, lo
             + (" (best epoch = last: may not have converged)" if state == TrialState.COMPLETE
                and best_is_last([e.get("val_map") for e in tr.epochs]) else "")
         )
-    return _result_rows(study, trials, result, states, seconds)
+    rows = _result_rows(study, trials, result, states, seconds)
+    gone = {trials[i].number for i in lost}  # the worker that retries them writes their rows
+    return [row for row in rows if row["trial"] not in gone]
 
 
 def _result_rows(study: optuna.Study, trials: list, result: Any, states: list[str],
@@ -530,25 +550,33 @@ def _work(settings: StudySettings, study: optuna.Study, space: SearchSpace, stor
         if log is not None and bar.mode == "off":
             log(line)
     while True:
-        reclaim_stale_trials(study, storage, settings.grace_seconds)
-        counts = _counts(study)
-        finished = counts[TrialState.COMPLETE] + counts[TrialState.PRUNED]
+        # retrying dead workers' trials, counting and asking under one lock: workers started
+        # together never overshoot, and a retry is enqueued before anyone can take its room
+        with ask_lock(settings.storage_spec(), study.study_name):
+            reclaim_stale_trials(study, storage, settings.grace_seconds)
+            counts = _counts(study)
+            finished = counts[TrialState.COMPLETE] + counts[TrialState.PRUNED]
+            if finished >= settings.n_trials or (
+                settings.sampler == "grid" and _grid_exhausted(study)
+            ):
+                trials = None
+            else:
+                # enqueued (WAITING) trials are asked first, so they are part of the room
+                n_ask = min(settings.batch,
+                            settings.n_trials - finished - counts[TrialState.RUNNING])
+                trials = [study.ask(fixed_dists) for _ in range(max(n_ask, 0))]
+                for trial in trials:
+                    storage.set_attr(trial.number, WORKER_KEY,
+                                     f"{socket.gethostname()}:{os.getpid()}")
+                    storage.set_attr(trial.number, DEVICE_KEY, str(data.device))
         bar.set_postfix(_status(study, counts))
         bar.update(min(finished, settings.n_trials) - bar.n)
         bar.refresh(force=True)
-        if finished >= settings.n_trials:
+        if trials is None:
             break
-        # enqueued (WAITING) trials are asked first, so they are part of the room
-        n_ask = min(settings.batch, settings.n_trials - finished - counts[TrialState.RUNNING])
-        if settings.sampler == "grid" and _grid_exhausted(study):
-            break
-        if n_ask <= 0:  # the rest is running elsewhere: wait, and retry it if its worker dies
+        if not trials:  # the rest is running elsewhere: wait, and retry it if its worker dies
             time.sleep(min(settings.heartbeat_seconds, 2.0))
             continue
-        trials = [study.ask(fixed_dists) for _ in range(n_ask)]
-        for trial in trials:
-            storage.set_attr(trial.number, WORKER_KEY, f"{socket.gethostname()}:{os.getpid()}")
-            storage.set_attr(trial.number, DEVICE_KEY, str(data.device))
         groups: dict[tuple, list] = {}
         for trial in trials:
             _, train_part = space.split(trial.params)
