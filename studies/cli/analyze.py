@@ -8,6 +8,7 @@ calibration | curves``. Every command prints its table, then writes ``OUT/<name>
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import textwrap
 from typing import Any
 
@@ -260,6 +261,31 @@ def _cmd_curves(args: argparse.Namespace) -> int:
     return _finish(result, args)
 
 
+def _cmd_label_budget(args: argparse.Namespace) -> int:
+    import sys
+    from pathlib import Path
+
+    from probe.cliargs import parse_floats, parse_ints
+    from probe.results import write_json_atomic
+    from studies.budget import BudgetConfig, format_budget, label_budget, plot_budget
+
+    config = BudgetConfig(
+        losses=tuple(parse_names(args.losses)), ks=tuple(parse_ints(args.k, "--k") or ()),
+        fractions=tuple(parse_floats(args.fractions, "--fractions") or ()),
+        seed=args.draw_seed, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+        train_seed=args.seed, device=args.device)
+    rows = label_budget(args.store, config,
+                        log=None if args.quiet else (lambda m: print(m, file=sys.stderr)))
+    print(format_budget(rows))
+    out = Path(args.out or "spml-analysis/label-budget")
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / "label_budget.json", {"config": dataclasses.asdict(config),
+                                                  "rows": rows})
+    fig = plot_budget(rows, out / "label_budget.png")
+    print(f"wrote {out / 'label_budget.json'} and {fig}")
+    return 0
+
+
 # --------------------------------------------------------------------------------------------
 # registration
 # --------------------------------------------------------------------------------------------
@@ -390,4 +416,31 @@ def register_cli(sub: argparse._SubParsersAction,
                         "default: 20)")
     _common(p, "curves", store=False)
     p.set_defaults(func=_cmd_curves)
+
+    p = _parser(an, "label-budget", "test mAP of each loss as labels get scarcer (k positives "
+                "per image, a fraction of images labelled)",
+                "Train each loss on label budgets drawn from the store's full labels, seeded "
+                "like the protocol and nested: k observed positives per image (k=1 is the "
+                "protocol) on a fraction of the images (the rest unlabelled); report test mAP "
+                "with 95% bootstrap intervals per loss and budget, as a table, JSON and a PNG.",
+                "examples:\n  spml analyze label-budget yeast.zarr\n  spml analyze "
+                "label-budget coco.zarr --losses an,gr,em --k 1,2,4 --fractions 1,0.5,0.1")
+    p.add_argument("store", metavar="STORE", help="feature store directory")
+    p.add_argument("--losses", default="an,gr", help="comma list of losses (default: an,gr)")
+    p.add_argument("--k", default="1,2,3", help="positives per image (default: 1,2,3)")
+    p.add_argument("--fractions", default="1,0.5,0.25",
+                   help="fractions of images labelled (default: 1,0.5,0.25)")
+    p.add_argument("--draw-seed", type=int, default=1200,
+                   help="seed of the budget draws (default: 1200, so k=1 on all images is the "
+                   "protocol's draw)")
+    p.add_argument("--seed", type=int, default=0, help="training seed (default: 0)")
+    p.add_argument("--epochs", type=int, help="epochs (default: the loss's paper setting)")
+    p.add_argument("--batch-size", type=int, help="batch size (default: as --epochs)")
+    p.add_argument("--lr", type=float, help="learning rate (default: as --epochs)")
+    add_device_argument(p)
+    p.add_argument("--out", metavar="DIR",
+                   help="folder for label_budget.json and .png (default: "
+                        "spml-analysis/label-budget)")
+    p.add_argument("--quiet", action="store_true", help="no per-run lines on stderr")
+    p.set_defaults(func=_cmd_label_budget)
 

@@ -1,0 +1,151 @@
+"""``spml analyze label-budget``: how each loss degrades as labels get scarcer.
+
+For every budget -- ``k`` observed positives per image (k = 1 is the protocol) on a
+``fraction`` of the images (:func:`probe.store.protocol.budget_positive`, seeded like the
+protocol and nested: a larger budget keeps every label of a smaller one) -- each loss trains a
+probe on the store's train split with those observed labels (val stays clean: the epoch is
+chosen as in the protocol), and its test mAP is reported with a 95% paired-bootstrap interval
+over the test images (:mod:`probe.intervals`). The draws are made in memory from the store's
+full labels; nothing is written to the store.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from probe.store.protocol import PROTOCOL_SEED
+
+__all__ = ["BudgetConfig", "budget_data", "format_budget", "label_budget", "plot_budget"]
+
+
+@dataclass(frozen=True)
+class BudgetConfig:
+    losses: tuple[str, ...] = ("an", "gr")  # the baseline and the loss under study
+    ks: tuple[int, ...] = (1, 2, 3)  # positives per image; 1 is the protocol
+    fractions: tuple[float, ...] = (1.0, 0.5, 0.25)  # of images labelled; 1 is the protocol
+    seed: int = PROTOCOL_SEED  # the draw seed: 1200 makes (1, 1.0) the literature's draw
+    epochs: int | None = None  # None: the loss's paper setting for the dataset
+    batch_size: int | None = None  # None: as epochs
+    lr: float | None = None  # None: as epochs
+    train_seed: int = 0  # init and batch order, the same for every budget (paired)
+    n_resamples: int = 1000  # bootstrap resamples of the test images per interval
+    device: str = "auto"
+
+    def validate(self) -> None:
+        if not self.losses or not self.ks or not self.fractions:
+            raise ValueError("--losses, --k and --fractions must each name at least one value")
+        bad_k = [k for k in self.ks if k < 1]
+        if bad_k:
+            raise ValueError(f"--k: positives per image must be >= 1; got {bad_k}")
+        bad_f = [f for f in self.fractions if not 0.0 < f <= 1.0]
+        if bad_f:
+            raise ValueError(f"--fractions: fractions of images labelled must lie in (0, 1]; "
+                             f"got {bad_f}")
+
+
+def budget_data(data: Any, store: Any, *, k: int, fraction: float, seed: int) -> Any:
+    """``data`` (loaded from ``store``) with train/val observed labels drawn under the budget
+    from the pool's full labels, like the store's own draws (one walk over the pool)."""
+    import torch
+
+    from probe.store.protocol import budget_positive
+
+    n_pool = int(store.attrs["n_pool"])
+    pool = budget_positive(store.labels()[:n_pool], seed, k=k, fraction=fraction)
+    obs = {name: torch.from_numpy(pool[store.split(name)]).to(data.device)
+           for name in ("train", "val")}
+    return dataclasses.replace(data, train_observed=obs["train"], val_observed=obs["val"],
+                               source={**data.source, "label_budget": {
+                                   "k": k, "fraction": fraction, "seed": seed}})
+
+
+def label_budget(store_path: str, config: BudgetConfig | None = None, *,
+                 log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """One row per (loss, k, fraction): val and test mAP at the best val epoch, the test
+    interval, the best epoch and how many positives the train split observed."""
+    from probe.config import ProbeConfig
+    from probe.data import ProbeData
+    from probe.intervals import attach_test_intervals
+    from probe.store import open_store
+    from probe.train import train_probe
+
+    cfg = config or BudgetConfig()
+    cfg.validate()
+    log = log or (lambda m: None)
+    store = open_store(store_path)
+    base = ProbeData.from_store(store, device=cfg.device, observed_seed=PROTOCOL_SEED)
+    rows = []
+    for fraction in cfg.fractions:
+        for k in cfg.ks:
+            data = budget_data(base, store, k=k, fraction=fraction, seed=cfg.seed)
+            n_obs = int((data.train_observed == 1).sum())
+            for loss in cfg.losses:
+                pc = ProbeConfig(epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
+                                 seed=cfg.train_seed, device=cfg.device)
+                result = train_probe(data, pc, loss, [{}], progress=False)
+                attach_test_intervals(result, data, n_resamples=cfg.n_resamples)
+                b = result.trials[0].best
+                rows.append({"loss": loss, "k": k, "fraction": fraction,
+                             "train_positives": n_obs, "val_map": b.get("val_map"),
+                             "test_map": b.get("test_map"), "test_map_low": b.get("test_map_low"),
+                             "test_map_high": b.get("test_map_high"),
+                             "best_epoch": result.trials[0].best_epoch})
+                log(f"{loss:<8} k={k} fraction={fraction:g}: test mAP "
+                    f"{b.get('test_map', float('nan')):.2f} ({n_obs} observed train positives)")
+    return rows
+
+
+def format_budget(rows: list[dict[str, Any]]) -> str:
+    """Test mAP [95% interval] per loss (rows) and budget (columns)."""
+    budgets = list(dict.fromkeys((r["k"], r["fraction"]) for r in rows))
+    losses = list(dict.fromkeys(r["loss"] for r in rows))
+    by = {(r["loss"], r["k"], r["fraction"]): r for r in rows}
+    heads = [f"k={k}, {100 * f:g}% imgs" for k, f in budgets]
+    cells = {(loss, b): by[(loss, *b)] for loss in losses for b in budgets if (loss, *b) in by}
+    width = max(len(h) for h in [*heads, "00.00 [00.00, 00.00]"])
+    lines = ["Test mAP [95% interval over test images] by label budget: k observed positives "
+             "per image on a fraction of the images (k=1, 100% is the protocol).",
+             f"{'loss':<8}  " + "  ".join(h.rjust(width) for h in heads)]
+    for loss in losses:
+        out = []
+        for b in budgets:
+            r = cells.get((loss, b))
+            out.append("-" if r is None else f"{r['test_map']:.2f} [{r['test_map_low']:.2f}, "
+                       f"{r['test_map_high']:.2f}]")
+        lines.append(f"{loss:<8}  " + "  ".join(c.rjust(width) for c in out))
+    return "\n".join(lines)
+
+
+def plot_budget(rows: list[dict[str, Any]], path: str | Path) -> Path:
+    """Test mAP against positives per image, one panel per fraction labelled, a line per loss
+    with its 95% interval as error bars."""
+    import matplotlib as mpl
+    import numpy as np
+
+    from .plots import DPI, STYLE, new_figure, save_figure
+
+    fractions = list(dict.fromkeys(r["fraction"] for r in rows))
+    losses = list(dict.fromkeys(r["loss"] for r in rows))
+    with mpl.rc_context(STYLE):
+        fig = new_figure(3.6 * len(fractions) + 1, 3.8)
+        axes = np.atleast_1d(fig.subplots(1, len(fractions), sharey=True))
+        for ax, f in zip(axes, fractions):
+            for loss in losses:
+                pts = sorted((r for r in rows if r["loss"] == loss and r["fraction"] == f),
+                             key=lambda r: r["k"])
+                x = np.array([r["k"] for r in pts], dtype=float)
+                y = np.array([r["test_map"] for r in pts], dtype=float)
+                lo = np.array([r["test_map_low"] for r in pts], dtype=float)
+                hi = np.array([r["test_map_high"] for r in pts], dtype=float)
+                ax.errorbar(x, y, yerr=[y - lo, hi - y], marker="o", capsize=3, label=loss)
+            ax.set_title(f"{100 * f:g}% of images labelled")
+            ax.set_xlabel("observed positives per image (k)")
+            ax.set_xticks(sorted({r["k"] for r in rows}))
+        axes[0].set_ylabel("test mAP (%), 95% interval")
+        axes[-1].legend()
+        fig.suptitle("How each loss degrades as labels get scarcer")
+        return save_figure(fig, path, DPI)
