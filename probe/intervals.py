@@ -7,9 +7,10 @@ on it with the protocol's rules (docs/protocol.md step 5: scikit-learn's AP, tie
 threshold, a class without positives in the resample counts AP = 0 and stays in the mean), and
 mAP = 100 x mean over all C classes. A system's 95% interval is the bias-corrected percentile
 interval of the B resampled values (:func:`_bias_corrected`); a pairwise difference ``a - b``
-gets the percentile interval of the B paired differences and a two-sided p-value from the bootstrap standard error of the difference
-(``2 Phi(-|d| / se*)``, Efron & Tibshirani 1993, ch. 16; a tail count of the B replicates would
-bottom out at ~2/B, too coarse for many pairs), Holm-corrected across pairs (Holm 1979).
+gets the percentile interval of the B paired differences and a two-sided p-value from the
+bootstrap standard error of the difference (``2 Phi(-|d| / se*)``, Efron & Tibshirani 1993,
+ch. 16; a tail count of the B replicates would bottom out at ~2/B, too coarse for many pairs),
+Holm-corrected across pairs (Holm 1979).
 
 **Vectorised.** A resample is a vector of counts ``w`` (how often each image was drawn), so
 duplicates of a row are tied scores of one threshold and AP is a *weighted* version of
@@ -44,6 +45,7 @@ __all__ = [
     "Interval",
     "PairedDifference",
     "attach_test_intervals",
+    "bench_bootstrap",
     "bootstrap_counts",
     "bootstrap_map",
     "head_intervals",
@@ -348,3 +350,28 @@ def attach_test_intervals(result, data, *, n_resamples: int = 1000, seed: int = 
         "method": "paired percentile bootstrap over test images (docs/protocol.md)",
         "n_resamples": int(n_resamples), "seed": int(seed), "level": float(level)}
     return boot
+
+
+def bench_bootstrap(n: int = 40_137, c: int = 80, systems: int = 1, n_resamples: int = 1000,
+                    repeats: int = 3, device: str = "cpu", seed: int = 0) -> dict:
+    """``spml bench intervals``: seconds for :func:`bootstrap_map` on random scores of a
+    COCO-sized test set (N x C, 3% positives), the median of ``repeats`` runs, with the machine
+    and its load before and after (probe.bench.machine_info)."""
+    import time
+
+    from .bench import machine_info
+
+    gen = torch.Generator().manual_seed(seed)
+    scores = torch.randn(systems, n, c, generator=gen).to(device)
+    targets = (torch.rand(n, c, generator=gen) < 0.03).to(device)
+    before = machine_info()
+    runs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        bootstrap_map(scores, targets, n_resamples=n_resamples, seed=seed)
+        if scores.is_cuda:
+            torch.cuda.synchronize(scores.device)
+        runs.append(time.perf_counter() - t0)
+    return {"n": n, "classes": c, "systems": systems, "n_resamples": n_resamples,
+            "device": str(device), "seconds": runs, "median_seconds": sorted(runs)[len(runs) // 2],
+            "machine_before": before, "load_after": machine_info()["load_avg_1_5_15"]}

@@ -137,3 +137,16 @@ def test_planted_difference_is_found_and_identical_systems_are_not_different():
     assert pairs[(0, 1)].p_value == pytest.approx(math.erfc(z / math.sqrt(2)))  # 2 Phi(-z)
     assert not pairs[(2, 3)].significant
     assert pairs[(2, 3)].diff.low <= 0 <= pairs[(2, 3)].diff.high
+
+
+def test_bench_intervals_reports_the_machine(capsys):
+    from studies.cli import main
+
+    assert main(["bench", "intervals", "--rows", "300", "--classes", "4", "--resamples", "100",
+                 "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "100 resamples of 300 x 4" in out and "load" in out
+    import json
+
+    report = json.loads(out[out.index("{"):])
+    assert len(report["seconds"]) == 1 and report["machine_before"]["cpus"] >= 1

@@ -47,9 +47,28 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_intervals(args: argparse.Namespace) -> int:
+    import json
+
+    from probe.intervals import bench_bootstrap
+
+    report = bench_bootstrap(n=args.rows, c=args.classes, systems=args.systems,
+                             n_resamples=args.resamples, repeats=args.repeats,
+                             device=args.device)
+    m = report["machine_before"]
+    print(f"bootstrap_map: {report['n_resamples']} resamples of {report['n']} x "
+          f"{report['classes']}, {report['systems']} system(s) on {report['device']}: median "
+          f"{report['median_seconds']:.2f} s of {len(report['seconds'])} "
+          f"({', '.join(f'{s:.2f}' for s in report['seconds'])}); {m['cpu']}, {m['cpus']} "
+          f"CPUs, {m['torch_threads']} threads, load {m['load_avg_1_5_15']} before, "
+          f"{report['load_after']} after")
+    print(json.dumps(report, indent=1))
+    return 0
+
+
 def register_cli(sub: argparse._SubParsersAction,
                  bench: argparse._SubParsersAction | None = None) -> None:
-    """Add ``spml compare`` to the top-level subparsers ``sub``."""
+    """Add ``spml compare`` (and ``spml bench intervals``) to the top-level subparsers."""
     p = sub.add_parser(
         "compare",
         help="test mAP of saved heads with 95%% intervals, and which differences are real",
@@ -76,3 +95,18 @@ def register_cli(sub: argparse._SubParsersAction,
     p.add_argument("--figure", metavar="PATH", help="also draw the intervals as a PNG")
     add_device_argument(p)
     p.set_defaults(func=_compare)
+    if bench is None:
+        return
+    b = bench.add_parser(
+        "intervals",
+        help="seconds for the paired bootstrap of mAP (1,000 resamples of a COCO-sized test set)",
+        description="Median seconds of probe.intervals.bootstrap_map on random scores, with "
+                    "the machine and its load; printed as a line, then as JSON.",
+    )
+    b.add_argument("--rows", type=int, default=40_137, help="test images (default: COCO's)")
+    b.add_argument("--classes", type=int, default=80, help="classes (default: 80)")
+    b.add_argument("--systems", type=int, default=1, help="systems scored (default: 1)")
+    b.add_argument("--resamples", type=int, default=1000, help="default: 1000")
+    b.add_argument("--repeats", type=int, default=3, help="runs, median reported (default: 3)")
+    b.add_argument("--device", default="cpu", help="cpu (default) | cuda | cuda:N")
+    b.set_defaults(func=_bench_intervals)
