@@ -4,6 +4,9 @@ by re-running the same import/featurize, stores written before checksums (issue 
 from __future__ import annotations
 
 import os
+import resource
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -278,3 +281,85 @@ def test_probe_data_from_store_reads_the_same_tensors(tmp_path: Path, feats: np.
     as32 = ProbeData.from_store(path, dtype=torch.float32)
     assert torch.equal(as32.train_x, data.train_x.float())
     assert torch.equal(as32.test_x, data.test_x.float())
+
+
+# ----------------------------------------------------------------------------- write failures
+
+
+def _spml_limited(argv: list[str], max_file_bytes: int | None) -> subprocess.CompletedProcess:
+    """``spml ARGV`` in a subprocess whose files may not grow past ``max_file_bytes``
+    (RLIMIT_FSIZE: a write past it fails with EFBIG, as on a full disk)."""
+
+    def limit() -> None:
+        if max_file_bytes is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_bytes, max_file_bytes))
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    return subprocess.run([sys.executable, "-m", "studies.cli", *argv], capture_output=True,
+                          text=True, preexec_fn=limit, env=env, timeout=600)
+
+
+def _no_partial_files(store: Path) -> None:
+    assert not [p for p in store.rglob("*") if p.name.endswith((".partial", ".tmp"))]
+
+
+def test_import_under_a_file_size_limit_fails_clearly_then_resumes(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    x, y = tmp_path / "x.npy", tmp_path / "y.npy"
+    np.save(x, rng.normal(size=(3000, 256)).astype(np.float32))  # 1024-row chunks: 512 KiB
+    np.save(y, (rng.random((3000, 4)) < 0.4).astype(np.uint8))
+    out = tmp_path / "s.zarr"
+    argv = ["import", "arrays", "--features", str(x), "--labels", str(y), "--name", "t",
+            "--out", str(out), "--quiet"]
+    failed = _spml_limited(argv, 256 << 10)
+    assert failed.returncode == 2, failed.stderr
+    err = failed.stderr.strip()
+    assert "\n" not in err and "Traceback" not in err
+    assert f"cannot write block 0 (rows 0:1024) of {out}: File too large" in err
+    assert "re-run the same command: it resumes" in err
+    with pytest.raises(StoreError, match="incomplete"):
+        open_store(out)
+    assert verify_store(out).ok  # what was written is intact
+    _no_partial_files(out)
+    done = _spml_limited(argv, None)  # room again: the same command
+    assert done.returncode == 0, done.stderr
+    fresh = tmp_path / "fresh.zarr"
+    assert _spml_limited([*argv[:-3], "--out", str(fresh), "--quiet"], None).returncode == 0
+    np.testing.assert_array_equal(open_store(out).features(), open_store(fresh).features())
+    assert open_store(out).attrs["resumed"]
+
+
+def test_featurize_under_a_file_size_limit_fails_clearly_then_resumes(tmp_path: Path) -> None:
+    from fixtures_datasets import make_folder
+
+    expected = make_folder(tmp_path / "ds", n_images=12, seed=3)
+    out = tmp_path / "s.zarr"
+    argv = ["featurize", "folder", "--root", str(expected["root"]), "--out", str(out),
+            "--option", f"annotations={expected['root'] / 'labels.csv'}", "--backbone",
+            "resnet18", "--weights", "random", "--size", "32", "--device", "cpu", "--quiet",
+            "--block-rows", "64"]  # one 64 KiB chunk per feature array
+    failed = _spml_limited(argv, 48 << 10)
+    assert failed.returncode == 2, failed.stderr
+    err = failed.stderr.strip().splitlines()[-1]
+    assert f"cannot write block 0 (rows 0:12) of {out}: File too large" in err
+    assert "Traceback" not in failed.stderr
+    assert verify_store(out).ok
+    _no_partial_files(out)
+    done = _spml_limited(argv, None)
+    assert done.returncode == 0, done.stderr
+    assert verify_store(out).ok and open_store(out).n_rows == 12
+
+
+def test_creating_a_store_under_a_file_size_limit_leaves_nothing(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    x, y = tmp_path / "x.npy", tmp_path / "y.npy"
+    np.save(x, rng.normal(size=(100, 8)).astype(np.float32))
+    np.save(y, (rng.random((100, 4)) < 0.4).astype(np.uint8))
+    out = tmp_path / "s.zarr"
+    argv = ["import", "arrays", "--features", str(x), "--labels", str(y), "--name", "t",
+            "--out", str(out), "--quiet"]
+    failed = _spml_limited(argv, 300)  # not even the store's metadata fits
+    assert failed.returncode == 2, failed.stderr
+    assert f"cannot create {out}: File too large" in failed.stderr and not out.exists()
+    assert _spml_limited(argv, None).returncode == 0
+    assert open_store(out).n_rows == 100

@@ -24,14 +24,16 @@ A finished store is only read; any number of processes may open it at once.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import errno
 import hashlib
 import importlib.metadata
 import json
 import math
 import shutil
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -345,55 +347,82 @@ def create_store(
     n_classes = labels_pool.shape[1]
     n_blocks = math.ceil(n_rows / block_rows)
 
-    group = zarr.open_group(path, mode="w-")
-    _write_row_arrays(group, index, seeds)
-    for name in FEATURE_ARRAYS if with_flip else FEATURE_ARRAYS[:1]:
+    try:
+        group = zarr.open_group(path, mode="w-")
+        _write_row_arrays(group, index, seeds)
+        for name in FEATURE_ARRAYS if with_flip else FEATURE_ARRAYS[:1]:
+            group.create_array(
+                name,
+                shape=(n_rows, int(feature_dim)),
+                chunks=(int(block_rows), int(feature_dim)),
+                dtype=dtype,
+                fill_value=np.nan,  # a never-written row reads as NaN, not as plausible zeros
+                # uncompressed + a CRC-32C per chunk: zstd saved ~20% disk on float16
+                # features but made reads ~6x and writes ~6x slower (measured; every probe
+                # process reads the whole array); the checksum costs 4 bytes a chunk
+                # (docs/protocol.md "The feature store")
+                compressors=checksum_codecs(compress=False),
+            )
+        # one chunk per block: concurrent writers of different blocks never collide
         group.create_array(
-            name,
-            shape=(n_rows, int(feature_dim)),
-            chunks=(int(block_rows), int(feature_dim)),
-            dtype=dtype,
-            fill_value=np.nan,  # a never-written row reads as NaN, not as plausible zeros
-            # uncompressed + a CRC-32C per chunk: zstd saved ~20% disk on float16 features but
-            # made reads ~6x and writes ~6x slower (measured; every probe process reads the whole
-            # array); the checksum costs 4 bytes a chunk (docs/protocol.md "The feature store")
+            "blocks_done",
+            shape=(n_blocks,),
+            chunks=(1,),
+            dtype=bool,
+            fill_value=False,
             compressors=checksum_codecs(compress=False),
+            config=_EVERY_CHUNK,
         )
-    # one chunk per block: concurrent writers of different blocks never collide
-    group.create_array(
-        "blocks_done",
-        shape=(n_blocks,),
-        chunks=(1,),
-        dtype=bool,
-        fill_value=False,
-        compressors=checksum_codecs(compress=False),
-        config=_EVERY_CHUNK,
-    )
-    attrs = {
-        **extra,
-        "dataset": index.name,
-        "class_names": list(index.class_names),
-        "n_pool": n_pool,
-        "n_test": n_test,
-        "n_unlabeled": {
-            "pool": int((labels_pool.sum(1) == 0).sum()),
-            "test": int((labels_test.sum(1) == 0).sum()),
-        },
-        "n_classes": n_classes,
-        "feature_dim": int(feature_dim),
-        "has_flip": bool(with_flip),
-        "dtype": dtype,
-        "block_rows": int(block_rows),
-        "observed_seeds": sorted(seeds),
-        "split_seed": PROTOCOL_SEED,
-        "provenance": prov,
-        "complete": False,
-        # written together with everything above, after all arrays: a store without it was
-        # interrupted while being created
-        "schema_version": SCHEMA_VERSION,
-    }
-    group.attrs.update(attrs)
+        attrs = {
+            **extra,
+            "dataset": index.name,
+            "class_names": list(index.class_names),
+            "n_pool": n_pool,
+            "n_test": n_test,
+            "n_unlabeled": {
+                "pool": int((labels_pool.sum(1) == 0).sum()),
+                "test": int((labels_test.sum(1) == 0).sum()),
+            },
+            "n_classes": n_classes,
+            "feature_dim": int(feature_dim),
+            "has_flip": bool(with_flip),
+            "dtype": dtype,
+            "block_rows": int(block_rows),
+            "observed_seeds": sorted(seeds),
+            "split_seed": PROTOCOL_SEED,
+            "provenance": prov,
+            "complete": False,
+            # written together with everything above, after all arrays: a store without it was
+            # interrupted while being created
+            "schema_version": SCHEMA_VERSION,
+        }
+        group.attrs.update(attrs)
+    except OSError as err:  # disk full, file-size limit: remove what this call created
+        shutil.rmtree(path, ignore_errors=True)
+        raise StoreError(
+            f"cannot create {path}: {err.strerror or err} (the disk is full, or a file-size or "
+            "quota limit was reached?); nothing was kept -- free space and re-run the same "
+            "command"
+        ) from err
     return StoreWriter(path, group)
+
+
+@contextlib.contextmanager
+def _writing(path: Path, what: str) -> Iterator[None]:
+    """An OSError while writing (disk full, file-size limit, I/O error) as a StoreError naming
+    the store and what was being written. zarr writes each chunk to a temporary file renamed
+    into place, so a failed write leaves the chunks already written intact and the block
+    unmarked: the same command resumes once there is room."""
+    try:
+        yield
+    except OSError as err:
+        reason = err.strerror or str(err)
+        if err.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            reason += " (the disk is full, or a file-size or quota limit was reached)"
+        raise StoreError(
+            f"cannot write {what} of {path}: {reason}. The blocks written before are intact; "
+            "free space and re-run the same command: it resumes where it stopped"
+        ) from err
 
 
 class StoreWriter:
@@ -481,10 +510,11 @@ class StoreWriter:
             if features_flip is None
             else self._checked("features_flip", block, sl, features_flip)
         )
-        self._group["features"][sl] = feats
-        if flip is not None:
-            self._group["features_flip"][sl] = flip
-        self._group["blocks_done"][int(block)] = True
+        with _writing(self.path, f"block {block} (rows {sl.start}:{sl.stop})"):
+            self._group["features"][sl] = feats
+            if flip is not None:
+                self._group["features_flip"][sl] = flip
+            self._group["blocks_done"][int(block)] = True
 
     def check_same_rows(self, index: DatasetIndex, feature_dim: int, with_flip: bool) -> None:
         """Before resuming: StoreError unless the store was started for the same rows, labels,
@@ -517,7 +547,8 @@ class StoreWriter:
                 f"cannot finalize {self.path}: {len(pending)} of {self.n_blocks} blocks not "
                 f"written yet (first: {pending[:5]})"
             )
-        self._group.attrs.update({"complete": True, "completed": _now()})
+        with _writing(self.path, "the completion mark"):
+            self._group.attrs.update({"complete": True, "completed": _now()})
         return open_store(self.path)
 
 
