@@ -14,13 +14,14 @@ atomically. Only Optuna's public API is used: the storage object this module ope
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -637,6 +638,37 @@ def _curve(trial: optuna.trial.FrozenTrial) -> list[float | None]:
     return [steps[k] for k in sorted(steps)]
 
 
+@contextlib.contextmanager
+def _write_errors(settings: StudySettings) -> Iterator[None]:
+    """A write that fails (disk full, file-size limit, I/O error) in the study's storage or its
+    results folder as one StudyError naming both, instead of a driver's traceback. SQLite and
+    PostgreSQL roll the failed transaction back and Parquet batches are written to a
+    temporary file renamed into place, so what was written before stays intact."""
+    try:
+        yield
+    except StudyError:
+        raise
+    except Exception as err:
+        chain, e = [], err  # Optuna wraps the driver's error (StorageInternalError)
+        while e is not None and len(chain) < 8:
+            chain.append(e)
+            e = e.__cause__ or e.__context__
+        io = [e for e in chain if isinstance(e, OSError) or any(
+            s in str(e).lower() for s in ("disk i/o error", "database or disk is full",
+                                          "no space left", "file too large",
+                                          "could not extend file"))]
+        if not io:
+            raise
+        text = str(io[-1]).strip()
+        first = text.splitlines()[0] if text else type(io[-1]).__name__
+        raise StudyError(
+            f"cannot write to the study storage {settings.storage_spec().display} or its results "
+            f"folder {Path(settings.out) / 'results'}: {first}. What was written before is "
+            "intact; free space (or raise the file-size limit) and re-run the same command: it "
+            "continues the study"
+        ) from err
+
+
 def run_study(
     settings: StudySettings,
     *,
@@ -648,7 +680,8 @@ def run_study(
     ``devices``, worker ``i`` gets ``--devices devices[i]`` (one worker per GPU)."""
     settings.validate()
     if settings.workers == 1:
-        return run_worker(settings, log=log)
+        with _write_errors(settings):
+            return run_worker(settings, log=log)
     if worker_command is None:
         raise StudyError("several workers need the command that starts one worker")
     from probe.store import open_store

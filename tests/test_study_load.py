@@ -175,3 +175,45 @@ def _check(codes: list[int], killed: int | None) -> None:
     else:
         assert codes[0] == -signal.SIGKILL and codes[1:] == [0] * (N_WORKERS - 1)
 
+
+
+# ----------------------------------------------------------------------------- write failures
+
+
+@pytest.mark.slow
+def test_study_under_a_file_size_limit_fails_clearly_then_continues(yeast_store, tmp_path):
+    """The SQLite file outgrows RLIMIT_FSIZE mid-study (as on a full disk): one line naming the
+    storage and the results folder, exit 2; the same command afterwards finishes the study with
+    every trial counted once, and no results row twice."""
+    import resource
+    import subprocess
+    import sys
+
+    out, db = tmp_path / "out", tmp_path / "out" / "s.db"
+    argv = [sys.executable, "-m", "studies.cli", "study", yeast_store, "--loss", "an_ls",
+            "--trials", "32", "--batch", "4", "--storage", str(db), "--out", str(out), *FAST,
+            # a trial left RUNNING when the write failed is retried after 3 s, not 120
+            "--heartbeat", "0.5", "--grace", "3"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+           "SPML_PROGRESS": "off"}
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (120_000, 120_000))
+
+    failed = subprocess.run(argv, capture_output=True, text=True, env=env, preexec_fn=limit,
+                            timeout=600)
+    assert failed.returncode == 2, failed.stderr[-2000:]
+    last = failed.stderr.strip().splitlines()[-1]
+    assert f"cannot write to the study storage {db} or its results folder" in last
+    assert "re-run the same command" in last and "Traceback" not in failed.stderr
+    storage = open_storage(parse_storage(str(db)))
+    before = optuna.load_study(study_name="yeast-an_ls", storage=storage).get_trials()
+    done_before = [t for t in before if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    assert 0 < len(done_before) < 32  # it stopped mid-study, with what it had recorded intact
+    again = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    trials = optuna.load_study(study_name="yeast-an_ls", storage=storage).get_trials()
+    finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    assert len(finished) == 32 and not [t for t in trials if t.state == TrialState.RUNNING]
+    rows = read_results(out / "results")["trial"].to_list()
+    assert len(rows) == len(set(rows)) and set(rows) <= {t.number for t in trials}
