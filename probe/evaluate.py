@@ -91,7 +91,7 @@ class Evaluator:
         self.splits = {"val": (data.val_x, val_targets), "test": (data.test_x,
                                                                    data.test_labels.bool())}
         self.threshold = config.f1_threshold
-        self.test_curve = bool(getattr(config, "test_curve", False))
+        self.test_curve = bool(config.test_curve)
         self.results = results
         self.n_trials, self.n_classes = w.shape[0], w.shape[2]
         self.best_val = [-math.inf] * self.n_trials
