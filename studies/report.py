@@ -46,11 +46,17 @@ from optuna.distributions import (
 from optuna.trial import FrozenTrial, TrialState
 
 from probe.io import atomic_write_text
-from probe.store.protocol import PROTOCOL_SEED
 
 from . import plots
 from .confirm import load_study
 from .plots import ParamAxis, TrialPoint
+from .report_runs import (
+    INTERVAL_TOP,
+    ReportRuns,
+    study_provenance,
+    study_training,
+    train_report_runs,
+)
 from .results import read_results
 from .storage import StudyError, parse_storage
 
@@ -77,8 +83,6 @@ SECTIONS = (
 )
 _FIGURE_NAMES = ("history", "importance", "slices", "contours", "learning_curves", "class_ap",
                  "comparison")
-# trials re-trained for test-mAP intervals: the best few by val mAP (plus the paper point)
-_INTERVAL_TOP = 3
 
 
 @dataclass(frozen=True)
@@ -399,52 +403,12 @@ def _int(n: Any) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def _training(st: _Study) -> dict[str, Any]:
-    """The training settings the study's trials used: what the results rows record each trial
-    trained with (the best trial's, else the first row's), else as given, else the loss's paper
-    preset for the dataset, else the generic linear-probe values (probe.train's resolution).
-    Values that differ between the rows (a study from before settings were part of its
-    identity) are listed in ``mixed``."""
-    from probe.config import resolve_training
-    from probe.losses import get_loss_class
 
-    s = st.settings
-    try:
-        cls = get_loss_class(st.loss)
-    except (KeyError, ValueError):
-        cls = None
-    settings = resolve_training(cls, st.identity.get("dataset", ""),
-                                batch_size=s.get("batch_size"), lr=s.get("lr"),
-                                epochs=s.get("epochs")).as_dict()
-    rows = [r for r in st.results.values() if r.get("lr") is not None]
-    best = st.results.get(st.complete[0].number) if st.complete else None
-    row = best if best is not None and best.get("lr") is not None else (rows[0] if rows else None)
-    settings["mixed"] = {}
-    if row is None:
-        return settings
-    for key in ("batch_size", "lr", "epochs"):
-        if row.get(key) is None:
-            continue
-        settings[key], settings[f"{key}_from"] = row[key], "recorded with the trials"
-        seen = sorted({r[key] for r in rows if r.get(key) is not None})
-        if len(seen) > 1 and f"train.{key}" not in st.distributions:
-            settings["mixed"][key] = seen
-    return settings
-
-
-def _provenance(st: _Study) -> dict[str, Any]:
-    for row in st.results.values():
-        if row.get("provenance"):
-            try:
-                return json.loads(row["provenance"])
-            except (TypeError, ValueError):
-                continue
-    return {}
 
 
 def _summary(st: _Study, commands: list[str]) -> _Section:
     sec = _Section(*SECTIONS[0])
-    s, ident, prov = st.settings, st.identity, _provenance(st)
+    s, ident, prov = st.settings, st.identity, study_provenance(st)
     inner = prov.get("provenance") or {}
     counts = {state: sum(t.state == state for t in st.trials) for state in TrialState}
     n_done = counts[TrialState.COMPLETE]
@@ -475,7 +439,7 @@ def _summary(st: _Study, commands: list[str]) -> _Section:
     split = (f" (train {_int(rows['train'])} / val {_int(rows['val'])} / test "
              f"{_int(rows['test'])})" if {"train", "val", "test"} <= set(rows) else "")
     if s:
-        train = _training(st)
+        train = study_training(st)
         training = (f"{train['epochs']} epochs ({train['epochs_from']}), batch size "
                     f"{train['batch_size']} ({train['batch_size_from']}), lr {train['lr']:g} "
                     f"({train['lr_from']}), train seed {s.get('train_seed', '?')}")
@@ -553,7 +517,7 @@ def _summary(st: _Study, commands: list[str]) -> _Section:
     return sec
 
 
-def _leaderboard(st: _Study, options: ReportOptions, ctx: _Retrained | None = None
+def _leaderboard(st: _Study, options: ReportOptions, ctx: ReportRuns | None = None
                  ) -> _Section:
     sec = _Section(*SECTIONS[1])
     complete = st.complete
@@ -774,105 +738,7 @@ def _curves(st: _Study, fig_dir: Path, options: ReportOptions) -> _Section:
     return sec
 
 
-@dataclass
-class _Retrained:
-    """What the report trains on the study's store: the AN baseline and, for intervals, the
-    best few trials (and the paper point) re-trained with their own settings and seed."""
-
-    store_path: str
-    data: Any  # probe.data.ProbeData
-    an_config: Any  # probe.config.ProbeConfig
-    an: Any  # probe.results.ProbeResult
-    observed_seed: int
-    trials: dict[int, Any] = field(default_factory=dict)  # number -> ProbeResult (1 trial)
-    comparison: Any = None  # studies.compare.Comparison over trials + AN
-    intervals: dict[int, Any] = field(default_factory=dict)  # number -> Interval
-
-
-def _retrain(st: _Study, store_arg: str | None, options: ReportOptions,
-             log: Callable[[str], None]) -> tuple[_Retrained | None, str]:
-    """Train the AN baseline and re-train the top trials on the study's store; the reason
-    when it cannot (no completed trial, no or another store, baseline turned off)."""
-    if not options.baseline:
-        return None, "the AN baseline was turned off (--no-baseline)"
-    if not st.complete:
-        return None, "no completed trial to compare"
-    best = st.complete[0]
-    store_path, why = _find_store(st, store_arg)
-    if store_path is None:
-        return None, why
-    from probe.config import ProbeConfig
-    from probe.data import ProbeData
-    from probe.store import open_store
-    from probe.train import train_probe
-
-    try:
-        store = open_store(store_path)
-    except (ValueError, FileNotFoundError) as err:
-        return None, f"the store {store_path} cannot be opened: {err}"
-    ident = st.identity
-    got = {"dataset": store.dataset, "rows": store.n_rows, "classes": store.n_classes,
-           "feature_dim": store.feature_dim}
-    differ = {k: (ident.get(k), v) for k, v in got.items() if k in ident and ident[k] != v}
-    if differ:
-        what = ", ".join(f"{k} {a} in the study vs {b} in the store"
-                         for k, (a, b) in differ.items())
-        return None, (f"the store {store_path} is not the one the study trained on ({what}); "
-                      "pass the right one with --store")
-    train = _training(st)
-    loss_part = {k[len("train."):]: v for k, v in best.params.items() if k.startswith("train.")}
-    train.update({k: v for k, v in loss_part.items() if k in ("batch_size", "lr", "epochs")})
-    s = st.settings
-    observed_seed = int(s.get("observed_seed", PROTOCOL_SEED))
-    cfg = ProbeConfig(batch_size=int(train["batch_size"]), lr=float(train["lr"]),
-                      epochs=int(train["epochs"]), seed=int(s.get("train_seed", 0)),
-                      val_labels=s.get("val_labels", "clean"), observed_seed=observed_seed,
-                      device=options.device)
-    log(f"training the AN baseline on {store_path} ({cfg.epochs} epochs, batch size "
-        f"{cfg.batch_size}, lr {cfg.lr:g})")
-    data = ProbeData.from_store(store, device=options.device, observed_seed=observed_seed)
-    result = train_probe(data, cfg, "an", [{}], progress=options.progress)
-    out = _Retrained(store_path=store_path, data=data, an_config=cfg, an=result,
-                     observed_seed=observed_seed)
-    _retrain_top(st, out, options, log)
-    return out, ""
-
-
-def _retrain_top(st: _Study, ctx: _Retrained, options: ReportOptions,
-                 log: Callable[[str], None]) -> None:
-    """Re-train the best :data:`_INTERVAL_TOP` trials and the paper point (their own settings,
-    the study's training seed), then bootstrap their test mAP with the AN baseline's, paired
-    over the test images (probe.intervals)."""
-    import torch
-
-    from probe.evaluate import stacked_logits
-    from probe.train import train_probe
-
-    from .compare import compare_scores
-    from .confirm import trained_settings, trial_setup
-
-    chosen = list(st.complete[:_INTERVAL_TOP])
-    paper = st.paper
-    if paper is not None and paper.state == TrialState.COMPLETE and paper not in chosen:
-        chosen.append(paper)
-    seed = int(st.settings.get("train_seed", 0))
-    for t in chosen:
-        hp, cfg = trial_setup(t.params, st.loss, trained_settings(st.study), seeds=(seed,),
-                              observed_seed=ctx.observed_seed, device=options.device)
-        log(f"re-training trial {t.number} for its test-mAP interval")
-        ctx.trials[t.number] = train_probe(ctx.data, cfg, st.loss, [hp], progress=False)
-    labels = [f"trial {n}" + (" (paper)" if paper is not None and n == paper.number else "")
-              for n in ctx.trials] + ["AN baseline"]
-    heads = [r.best_heads[0] for r in ctx.trials.values()] + [ctx.an.best_heads[0]]
-    w = torch.stack(heads).to(ctx.data.device)
-    scores = stacked_logits(ctx.data.test_x, w)
-    cmp = compare_scores(labels, scores, ctx.data.test_labels.bool())
-    cmp.dataset, cmp.store = st.identity.get("dataset", ""), ctx.store_path
-    ctx.comparison = cmp
-    ctx.intervals = dict(zip(ctx.trials, cmp.intervals))
-
-
-def _baseline(st: _Study, ctx: _Retrained | None, why: str, fig_dir: Path, out: Path,
+def _baseline(st: _Study, ctx: ReportRuns | None, why: str, fig_dir: Path, out: Path,
               options: ReportOptions) -> tuple[_Section, Path | None]:
     """Per-class test AP of the best trial (from the Parquet results) against an AN probe
     (Cole et al. 2021, Eq. 3) trained on the same store with the best trial's training
@@ -933,7 +799,7 @@ def _baseline(st: _Study, ctx: _Retrained | None, why: str, fig_dir: Path, out: 
     return sec, baseline_path
 
 
-def _comparison_section(st: _Study, ctx: _Retrained | None, why: str, fig_dir: Path,
+def _comparison_section(st: _Study, ctx: ReportRuns | None, why: str, fig_dir: Path,
                         options: ReportOptions) -> _Section:
     """The re-trained top trials, the paper point and the AN baseline: test mAP with 95%
     intervals and every paired difference (studies.compare), as a table and a figure."""
@@ -945,7 +811,7 @@ def _comparison_section(st: _Study, ctx: _Retrained | None, why: str, fig_dir: P
         return sec
     cmp = ctx.comparison
     sec.blocks.append(_Para(
-        f"The best {min(_INTERVAL_TOP, len(st.complete))} trials by val mAP"
+        f"The best {min(INTERVAL_TOP, len(st.complete))} trials by val mAP"
         + (", the paper's values" if st.paper is not None else "")
         + " and the AN baseline, re-trained on the study's store with their own settings "
         f"(training seed {st.settings.get('train_seed', 0)}, single-positive draw "
@@ -981,22 +847,6 @@ def _comparison_section(st: _Study, ctx: _Retrained | None, why: str, fig_dir: P
         "Left: test mAP with its 95% bootstrap interval. Right: every pairwise difference "
         "(higher minus lower) with its paired interval; red where the Holm-corrected p < 0.05.")))
     return sec
-
-
-def _find_store(st: _Study, store_arg: str | None) -> tuple[str | None, str]:
-    if store_arg is not None:
-        if Path(store_arg).exists():
-            return store_arg, ""
-        return None, f"--store {store_arg} does not exist"
-    recorded = [p for p in (st.settings.get("store"), _provenance(st).get("path")) if p]
-    for p in recorded:
-        if Path(p).exists():
-            return str(p), ""
-    if recorded:
-        return None, (f"the AN baseline trains on the study's feature store, recorded as "
-                      f"{' and '.join(dict.fromkeys(map(str, recorded)))}, which is not here; "
-                      "pass it with --store")
-    return None, "the study records no feature store; pass it with --store"
 
 
 # --------------------------------------------------------------------------------------------
@@ -1151,7 +1001,8 @@ def build_report(
     commands = _commands(st, name, store, out_dir)
     log(f"study {st.study.study_name}: {len(st.trials)} trials; drawing figures")
     imp, imp_reason = _importances(st, options)
-    ctx, why = _retrain(st, store, options, log)
+    ctx, why = train_report_runs(st, store, device=options.device, baseline=options.baseline,
+                                 progress=options.progress, log=log)
     sections = [
         _summary(st, commands),
         _leaderboard(st, options, ctx),

@@ -1,0 +1,184 @@
+"""The runs a study report compares against, trained on the study's feature store: the AN
+baseline (Cole et al. 2021, Eq. 3) with the best trial's training settings, and the best few
+trials and the paper point re-trained with their own settings for their test-mAP intervals.
+
+:mod:`studies.report` reads and renders; this module trains (through :func:`probe.train_probe`)
+and returns what it trained. ``st`` is the report's read-only view of a study (its trials,
+settings, identity and results rows).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from optuna.trial import TrialState
+
+from probe.store.protocol import PROTOCOL_SEED
+
+__all__ = ["INTERVAL_TOP", "ReportRuns", "find_store", "study_provenance", "study_training",
+           "train_report_runs"]
+
+# trials re-trained for test-mAP intervals: the best few by val mAP (plus the paper point)
+INTERVAL_TOP = 3
+
+
+def study_training(st: Any) -> dict[str, Any]:
+    """The training settings the study's trials used: what the results rows record each trial
+    trained with (the best trial's, else the first row's), else as given, else the loss's paper
+    preset for the dataset, else the generic linear-probe values (probe.train's resolution).
+    Values that differ between the rows (a study from before settings were part of its
+    identity) are listed in ``mixed``."""
+    from probe.config import resolve_training
+    from probe.losses import get_loss_class
+
+    s = st.settings
+    try:
+        cls = get_loss_class(st.loss)
+    except (KeyError, ValueError):
+        cls = None
+    settings = resolve_training(cls, st.identity.get("dataset", ""),
+                                batch_size=s.get("batch_size"), lr=s.get("lr"),
+                                epochs=s.get("epochs")).as_dict()
+    rows = [r for r in st.results.values() if r.get("lr") is not None]
+    best = st.results.get(st.complete[0].number) if st.complete else None
+    row = best if best is not None and best.get("lr") is not None else (rows[0] if rows else None)
+    settings["mixed"] = {}
+    if row is None:
+        return settings
+    for key in ("batch_size", "lr", "epochs"):
+        if row.get(key) is None:
+            continue
+        settings[key], settings[f"{key}_from"] = row[key], "recorded with the trials"
+        seen = sorted({r[key] for r in rows if r.get(key) is not None})
+        if len(seen) > 1 and f"train.{key}" not in st.distributions:
+            settings["mixed"][key] = seen
+    return settings
+
+
+def study_provenance(st: Any) -> dict[str, Any]:
+    for row in st.results.values():
+        if row.get("provenance"):
+            try:
+                return json.loads(row["provenance"])
+            except (TypeError, ValueError):
+                continue
+    return {}
+
+
+@dataclass
+class ReportRuns:
+    """What the report trains on the study's store: the AN baseline and, for intervals, the
+    best few trials (and the paper point) re-trained with their own settings and seed."""
+
+    store_path: str
+    data: Any  # probe.data.ProbeData
+    an_config: Any  # probe.config.ProbeConfig
+    an: Any  # probe.results.ProbeResult
+    observed_seed: int
+    trials: dict[int, Any] = field(default_factory=dict)  # number -> ProbeResult (1 trial)
+    comparison: Any = None  # studies.compare.Comparison over trials + AN
+    intervals: dict[int, Any] = field(default_factory=dict)  # number -> Interval
+
+
+def train_report_runs(st: Any, store_arg: str | None, *, device: str = "auto",
+                      baseline: bool = True, progress: bool = False,
+                      log: Callable[[str], None] = lambda msg: None
+                      ) -> tuple[ReportRuns | None, str]:
+    """Train the AN baseline and re-train the top trials on the study's store; the reason
+    when it cannot (no completed trial, no or another store, baseline turned off)."""
+    if not baseline:
+        return None, "the AN baseline was turned off (--no-baseline)"
+    if not st.complete:
+        return None, "no completed trial to compare"
+    best = st.complete[0]
+    store_path, why = find_store(st, store_arg)
+    if store_path is None:
+        return None, why
+    from probe.config import ProbeConfig
+    from probe.data import ProbeData
+    from probe.store import open_store
+    from probe.train import train_probe
+
+    try:
+        store = open_store(store_path)
+    except (ValueError, FileNotFoundError) as err:
+        return None, f"the store {store_path} cannot be opened: {err}"
+    ident = st.identity
+    got = {"dataset": store.dataset, "rows": store.n_rows, "classes": store.n_classes,
+           "feature_dim": store.feature_dim}
+    differ = {k: (ident.get(k), v) for k, v in got.items() if k in ident and ident[k] != v}
+    if differ:
+        what = ", ".join(f"{k} {a} in the study vs {b} in the store"
+                         for k, (a, b) in differ.items())
+        return None, (f"the store {store_path} is not the one the study trained on ({what}); "
+                      "pass the right one with --store")
+    train = study_training(st)
+    loss_part = {k[len("train."):]: v for k, v in best.params.items() if k.startswith("train.")}
+    train.update({k: v for k, v in loss_part.items() if k in ("batch_size", "lr", "epochs")})
+    s = st.settings
+    observed_seed = int(s.get("observed_seed", PROTOCOL_SEED))
+    cfg = ProbeConfig(batch_size=int(train["batch_size"]), lr=float(train["lr"]),
+                      epochs=int(train["epochs"]), seed=int(s.get("train_seed", 0)),
+                      val_labels=s.get("val_labels", "clean"), observed_seed=observed_seed,
+                      device=device)
+    log(f"training the AN baseline on {store_path} ({cfg.epochs} epochs, batch size "
+        f"{cfg.batch_size}, lr {cfg.lr:g})")
+    data = ProbeData.from_store(store, device=device, observed_seed=observed_seed)
+    result = train_probe(data, cfg, "an", [{}], progress=progress)
+    out = ReportRuns(store_path=store_path, data=data, an_config=cfg, an=result,
+                     observed_seed=observed_seed)
+    _retrain_top(st, out, device, log)
+    return out, ""
+
+
+def _retrain_top(st: Any, ctx: ReportRuns, device: str, log: Callable[[str], None]) -> None:
+    """Re-train the best :data:`INTERVAL_TOP` trials and the paper point (their own settings,
+    the study's training seed), then bootstrap their test mAP with the AN baseline's, paired
+    over the test images (probe.intervals)."""
+    import torch
+
+    from probe.evaluate import stacked_logits
+    from probe.train import train_probe
+
+    from .compare import compare_scores
+    from .confirm import trained_settings, trial_setup
+
+    chosen = list(st.complete[:INTERVAL_TOP])
+    paper = st.paper
+    if paper is not None and paper.state == TrialState.COMPLETE and paper not in chosen:
+        chosen.append(paper)
+    seed = int(st.settings.get("train_seed", 0))
+    for t in chosen:
+        hp, cfg = trial_setup(t.params, st.loss, trained_settings(st.study), seeds=(seed,),
+                              observed_seed=ctx.observed_seed, device=device)
+        log(f"re-training trial {t.number} for its test-mAP interval")
+        ctx.trials[t.number] = train_probe(ctx.data, cfg, st.loss, [hp], progress=False)
+    labels = [f"trial {n}" + (" (paper)" if paper is not None and n == paper.number else "")
+              for n in ctx.trials] + ["AN baseline"]
+    heads = [r.best_heads[0] for r in ctx.trials.values()] + [ctx.an.best_heads[0]]
+    w = torch.stack(heads).to(ctx.data.device)
+    scores = stacked_logits(ctx.data.test_x, w)
+    cmp = compare_scores(labels, scores, ctx.data.test_labels.bool())
+    cmp.dataset, cmp.store = st.identity.get("dataset", ""), ctx.store_path
+    ctx.comparison = cmp
+    ctx.intervals = dict(zip(ctx.trials, cmp.intervals))
+
+
+def find_store(st: Any, store_arg: str | None) -> tuple[str | None, str]:
+    if store_arg is not None:
+        if Path(store_arg).exists():
+            return store_arg, ""
+        return None, f"--store {store_arg} does not exist"
+    recorded = [p for p in (st.settings.get("store"), study_provenance(st).get("path")) if p]
+    for p in recorded:
+        if Path(p).exists():
+            return str(p), ""
+    if recorded:
+        return None, (f"the AN baseline trains on the study's feature store, recorded as "
+                      f"{' and '.join(dict.fromkeys(map(str, recorded)))}, which is not here; "
+                      "pass it with --store")
+    return None, "the study records no feature store; pass it with --store"
