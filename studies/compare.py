@@ -147,7 +147,7 @@ def study_systems(study_dir: str | Path, *, top: int = 3, device: str = "cpu",
     from probe.train import train_probe
 
     from .confirm import load_study, trained_settings, trial_setup
-    from .report import find_storage
+    from .storage import find_storage
 
     study = load_study(find_storage(study_dir), None)
     loss = study.user_attrs.get("spml.loss")

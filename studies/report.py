@@ -58,14 +58,13 @@ from .report_runs import (
     train_report_runs,
 )
 from .results import read_results
-from .storage import StudyError, parse_storage
+from .storage import find_storage, parse_storage
 
 __all__ = [
     "SECTIONS",
     "ReportOptions",
     "ReportResult",
     "build_report",
-    "find_storage",
     "study_command",
 ]
 
@@ -122,28 +121,6 @@ class ReportResult:
 # --------------------------------------------------------------------------------------------
 # reading the study
 # --------------------------------------------------------------------------------------------
-
-
-def find_storage(study_dir: str | os.PathLike) -> str:
-    """The storage ``spml study --out STUDY_DIR`` wrote: ``study.db`` (one worker) or
-    ``study.log`` (several). Raises FileNotFoundError naming the folder when it holds neither."""
-    d = Path(study_dir)
-    if not d.is_dir():
-        raise FileNotFoundError(
-            f"STUDY_DIR {d} is not a folder; pass the folder given to 'spml study --out'"
-        )
-    found = [d / n for n in ("study.db", "study.log") if (d / n).is_file()]
-    if not found:
-        raise FileNotFoundError(
-            f"STUDY_DIR {d} holds no study: expected study.db (SQLite, one worker) or study.log "
-            "(journal, --workers N) as written by 'spml study --out'; for another storage "
-            "(e.g. PostgreSQL) pass --storage"
-        )
-    if len(found) > 1:
-        raise StudyError(
-            f"STUDY_DIR {d} holds both study.db and study.log; say which with --storage"
-        )
-    return str(found[0])
 
 
 @dataclass

@@ -22,8 +22,15 @@ from urllib.parse import urlsplit
 
 import optuna
 
-__all__ = ["StorageSpec", "StudyError", "ask_lock", "open_existing_storage", "open_storage",
-           "parse_storage"]
+__all__ = [
+    "StorageSpec",
+    "StudyError",
+    "ask_lock",
+    "find_storage",
+    "open_existing_storage",
+    "open_storage",
+    "parse_storage",
+]
 
 # PostgreSQL advisory-lock key under which workers create Optuna's tables one at a time
 _PG_SCHEMA_LOCK = 0x5350_4D4C  # "SPML"
@@ -205,3 +212,25 @@ def ask_lock(spec: StorageSpec, study_name: str) -> Iterator[None]:
             yield
     else:
         yield
+
+
+def find_storage(study_dir: str | os.PathLike) -> str:
+    """The storage ``spml study --out STUDY_DIR`` wrote: ``study.db`` (one worker) or
+    ``study.log`` (several). Raises FileNotFoundError naming the folder when it holds neither."""
+    d = Path(study_dir)
+    if not d.is_dir():
+        raise FileNotFoundError(
+            f"STUDY_DIR {d} is not a folder; pass the folder given to 'spml study --out'"
+        )
+    found = [d / n for n in ("study.db", "study.log") if (d / n).is_file()]
+    if not found:
+        raise FileNotFoundError(
+            f"STUDY_DIR {d} holds no study: expected study.db (SQLite, one worker) or study.log "
+            "(journal, --workers N) as written by 'spml study --out'; for another storage "
+            "(e.g. PostgreSQL) pass --storage"
+        )
+    if len(found) > 1:
+        raise StudyError(
+            f"STUDY_DIR {d} holds both study.db and study.log; say which with --storage"
+        )
+    return str(found[0])

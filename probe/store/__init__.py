@@ -8,7 +8,7 @@ format.
   protocol's constants (:data:`PROTOCOL_SEED`, :data:`VAL_FRACTION`);
 * :mod:`probe.store.index` -- :class:`DatasetIndex`, what a dataset adapter hands to the store;
 * :mod:`probe.store.store` -- the Zarr v3 store: create, write in resumable blocks, open and read;
-* :mod:`probe.store.chunks` -- per-chunk checksums, the fast feature read path, ``verify_store``.
+* :mod:`probe.store.chunks` -- per-chunk checksums, the fast feature read path, damage reports.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ _EXPORTS = {
                      "resume_store",
                      "write_feature_store"), "probe.store.store"),
     **dict.fromkeys(("StoreDamaged",), "probe.store.errors"),
-    **dict.fromkeys(("VerifyReport", "verify_store"), "probe.store.chunks"),
+    "VerifyReport": "probe.store.chunks",
+    "verify_store": "probe.store.store",
 }
 
 __all__ = [
@@ -66,7 +67,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 
 if TYPE_CHECKING:
-    from .chunks import VerifyReport, verify_store
+    from .chunks import VerifyReport
     from .errors import StoreDamaged
     from .index import DatasetIndex, Phase
     from .protocol import (

@@ -299,13 +299,3 @@ def group_damage(path: Path, group: Any) -> tuple[dict[str, dict], list[Damage]]
         expect_all = complete or name not in (*FEATURE_ARRAYS, "blocks_done")
         damaged += damaged_chunks(path, name, array, expect_all)
     return arrays, damaged
-
-
-def verify_store(path: str | Path) -> VerifyReport:
-    """Read every chunk of every array of a store (finished or not) and report the damaged
-    ones; the store must at least open as a Zarr group with its schema attributes."""
-    from probe.store.store import _open_group
-
-    path, group = _open_group(path, "r")
-    arrays, damaged = group_damage(path, group)
-    return VerifyReport(path, arrays, damaged)

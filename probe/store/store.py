@@ -43,6 +43,7 @@ import zarr
 from probe.store.chunks import (
     FEATURE_ARRAYS,
     RowChunks,
+    VerifyReport,
     checksum_codecs,
     chunk_label,
     damage_message,
@@ -1026,3 +1027,11 @@ class Store:
             "other_attrs": {k: v for k, v in self.attrs.items() if k not in known},
             "provenance": self.provenance,
         }
+
+
+def verify_store(path: str | Path) -> VerifyReport:
+    """Read every chunk of every array of a store (finished or not) and report the damaged
+    ones; the store must at least open as a Zarr group with its schema attributes."""
+    path, group = _open_group(path, "r")
+    arrays, damaged = group_damage(path, group)
+    return VerifyReport(path, arrays, damaged)

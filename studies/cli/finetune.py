@@ -60,7 +60,7 @@ def winner_from_study(study: str, name: str | None = None) -> tuple[str, dict, d
     from pathlib import Path
 
     from studies.confirm import load_study, winner
-    from studies.report import find_storage
+    from studies.storage import find_storage
 
     storage = find_storage(study) if Path(study).is_dir() else study
     record = winner(load_study(storage, name))
