@@ -17,10 +17,17 @@ from torch import Tensor, nn
 from .config import ProbeConfigError
 from .data import ProbeData
 from .metrics import f1_scores, mean_average_precision
+from .threads import step_threads
 
-__all__ = ["EVAL_BLOCK", "Evaluator", "evaluate_head", "evaluate_heads", "stacked_logits"]
+__all__ = ["EVAL_BLOCK", "SMALL_EVAL", "Evaluator", "evaluate_head", "evaluate_heads",
+           "stacked_logits"]
 
 EVAL_BLOCK = 1 << 25  # logits elements (T·N·C) evaluated at once, bounds eval memory
+# logits elements (T·N·C) below which a CPU evaluation runs on one thread: its ops are tiny
+# and intra-op threads only add waiting (measured on a shared 2-core machine: yeast's val,
+# 387 x 14 x 16 trials, 8 ms on one thread, 55-300 ms on two under load; COCO's val at 8
+# trials, 10.5M elements, gains from two threads when they are free)
+SMALL_EVAL = 1 << 20
 
 
 def stacked_logits(x: Tensor, w: Tensor) -> Tensor:
@@ -29,8 +36,12 @@ def stacked_logits(x: Tensor, w: Tensor) -> Tensor:
     n = x.shape[0]
     out = torch.empty(t, n, c, dtype=torch.float32, device=w.device)
     step = max(1, min(8192, EVAL_BLOCK // max(1, t * c)))  # rows per product
-    for r0 in range(0, n, step):
-        out[:, r0 : r0 + step] = torch.matmul(x[r0 : r0 + step].float(), w)
+    # a batched product rounds each head alike on any thread count, a one-head product does
+    # so only on one thread: a head's logits (hence its reported figures) never depend on
+    # how many heads were evaluated with it
+    with step_threads(w.device, 1 if t == 1 else None):
+        for r0 in range(0, n, step):
+            out[:, r0 : r0 + step] = torch.matmul(x[r0 : r0 + step].float(), w)
     return out
 
 
@@ -40,15 +51,17 @@ def evaluate_heads(x: Tensor, targets: Tensor, w: Tensor, threshold: float) -> d
     t, _, c = w.shape
     per = max(1, EVAL_BLOCK // max(1, x.shape[0] * c))
     maps, aps, of1, cf1 = [], [], [], []
-    for t0 in range(0, t, per):
-        z = stacked_logits(x, w[t0 : t0 + per])
-        m = mean_average_precision(targets, logits=z)
-        f = f1_scores(targets, logits=z, threshold=threshold)
-        maps.append(m.map.reshape(-1))
-        aps.append(m.ap.reshape(-1, c))
-        of1.append(f.overall_f1.reshape(-1))
-        cf1.append(f.class_f1.reshape(-1))
-        del z
+    small = t * x.shape[0] * c < SMALL_EVAL
+    with step_threads(w.device, 1 if small else None):
+        for t0 in range(0, t, per):
+            z = stacked_logits(x, w[t0 : t0 + per])
+            m = mean_average_precision(targets, logits=z)
+            f = f1_scores(targets, logits=z, threshold=threshold)
+            maps.append(m.map.reshape(-1))
+            aps.append(m.ap.reshape(-1, c))
+            of1.append(f.overall_f1.reshape(-1))
+            cf1.append(f.class_f1.reshape(-1))
+            del z
     return {"map": torch.cat(maps), "ap": torch.cat(aps), "OF1": torch.cat(of1),
             "CF1": torch.cat(cf1)}
 

@@ -26,6 +26,7 @@ from .data import ProbeData
 from .evaluate import stacked_logits
 from .losses._base import trial_rows
 from .optim import StackedAdam, TrialParam, make_optimizer
+from .threads import step_threads
 from .trials import LossGroup, TrialPlan, setup_loss_groups
 
 __all__ = [
@@ -181,20 +182,6 @@ def _calibrate(shape: tuple[int, int, int], batch: int, shared: bool, default: i
             samples[threads].append(timed(threads, reps))
     one, many = (sorted(samples[k])[2] for k in (1, default))
     return 1 if one <= many else None
-
-
-@contextlib.contextmanager
-def step_threads(device: torch.device, threads: int | None) -> Iterator[None]:
-    """Run the block with ``threads`` intra-op CPU threads, restoring the setting after."""
-    if threads is None or device.type != "cpu" or threads == torch.get_num_threads():
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def sync(device: torch.device) -> None:

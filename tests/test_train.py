@@ -563,3 +563,23 @@ def test_cuda_graph_step_equals_the_eager_step(loss_name, trials):
         for ea, eb in zip(a.epochs, b.epochs, strict=True):
             assert ea == pytest.approx(eb, rel=1e-5)
         assert a.best_epoch == b.best_epoch
+
+
+def test_a_heads_logits_do_not_depend_on_the_heads_evaluated_with_it():
+    """A one-head product on several threads rounds unlike the same head in a batch (seen at
+    4096 x 1025 x 80 on a 2-core CPU); evaluation runs it on one thread, so a trial's reported
+    figures are the same whether it was evaluated alone or stacked."""
+    from probe.evaluate import stacked_logits
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4096, 1025, generator=g).half()
+    w = torch.randn(4, 1025, 80, generator=g)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        stacked = stacked_logits(x, w)
+        for k in (0, 3):
+            assert torch.equal(stacked_logits(x, w[k : k + 1])[0], stacked[k])
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
