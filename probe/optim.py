@@ -178,6 +178,7 @@ class StackedOptimizer(ABC):
 
     def _build_groups(self) -> list[list[tuple[float, float, list[int] | None]]]:
         """Per parameter: ``(lr, wd, trials)`` groups; ``trials`` None = the whole tensor."""
+        self._views: dict[tuple[int, int], list] = {}  # _slices' cache, per (param, group)
         groups = []
         for lr, wd, ids in zip(self._lr, self._wd, self._ids):
             by_key: dict[tuple[float, float], list[int]] = {}
@@ -201,12 +202,22 @@ class StackedOptimizer(ABC):
                 f"step() needs one gradient per parameter ({len(self.params)}); got {len(grads)}"
             )
 
-    @staticmethod
-    def _slices(tensors: Sequence[Tensor], trials: list[int] | None) -> list[list[Tensor]]:
-        """The whole tensors (one-element lists) or their trial slices."""
+    def _slices(self, key: tuple[int, int], tensors: Sequence[Tensor],
+                trials: list[int] | None) -> list[list[Tensor]]:
+        """The whole tensors (one-element lists) or their trial slices. The slices of a tensor
+        are made once and reused while the same tensor comes back (parameters, optimizer
+        state, a reused gradient buffer): a step then costs no view creation per trial."""
         if trials is None:
             return [[t] for t in tensors]
-        return [[t[i] for i in trials] for t in tensors]
+        entry = self._views.setdefault(key, [None] * len(tensors))
+        out = []
+        for n, t in enumerate(tensors):
+            cached = entry[n]
+            if cached is None or cached[0] is not t:
+                cached = (t, [t[j] for j in trials])
+                entry[n] = cached
+            out.append(cached[1])
+        return out
 
     @abstractmethod
     def step(self, grads: Sequence[Tensor | None]) -> None:
@@ -271,8 +282,8 @@ class StackedAdam(StackedOptimizer):
             bc2_sqrt = math.sqrt(1.0 - b2 ** self._k[i])
             self._step_t[i].add_(1.0)
             tensors = (p.param, grad, self.exp_avg[i], self.exp_avg_sq[i], self._denom[i])
-            for lr, wd, trials in self._groups[i]:
-                param, g, m, v, denom = self._slices(tensors, trials)
+            for k, (lr, wd, trials) in enumerate(self._groups[i]):
+                param, g, m, v, denom = self._slices((i, k), tensors, trials)
                 if self.fused:
                     torch._fused_adam_(
                         param, g, m, v, [], [self._step_t[i]] * len(param),
@@ -319,8 +330,8 @@ class StackedSGD(StackedOptimizer):
             first = not self._started[i]
             self._started[i] = True
             tensors = (p.param, grad, self.buffers[i] if self.momentum else grad)
-            for lr, wd, trials in self._groups[i]:
-                param, g, buf = self._slices(tensors, trials)
+            for k, (lr, wd, trials) in enumerate(self._groups[i]):
+                param, g, buf = self._slices((i, k), tensors, trials)
                 for th, gr, bu in zip(param, g, buf):
                     if wd != 0.0:
                         gr = gr.add(th, alpha=wd)
