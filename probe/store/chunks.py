@@ -109,7 +109,9 @@ class RowChunks:
         return self.store / self.array.path / self.array.metadata.encode_chunk_key((chunk, 0))
 
     def _damaged(self, chunk: int, reason: str) -> StoreDamaged:
-        return StoreDamaged(damage_message(self.store, self.name, chunk, reason))
+        err = StoreDamaged(damage_message(self.store, self.name, chunk, reason))
+        err.reason = reason  # what verify lists
+        return err
 
     def _buffer(self) -> np.ndarray:
         buf = getattr(self._local, "buf", None)
@@ -253,8 +255,7 @@ def damaged_chunks(store: Path, name: str, array: Any, expect_all: bool = True) 
             try:
                 reader.read_chunk_into(chunk, buf)
             except StoreDamaged as err:
-                reason = str(err).split(" is damaged (", 1)[1].split("); ", 1)[0]
-                out.append(Damage(name, (chunk, 0), reason))
+                out.append(Damage(name, (chunk, 0), getattr(err, "reason", str(err))))
         return out
     checked = has_checksum(array) and type(array.store).__name__ == "LocalStore"
     for coords in np.ndindex(*array.cdata_shape):
