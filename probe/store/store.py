@@ -299,105 +299,17 @@ def create_store(
     a Zarr store or an empty directory).
     """
     path = Path(path)
-    if dtype not in DTYPES:
-        raise StoreError(f"dtype must be one of {DTYPES}, got {dtype!r}")
-    if int(feature_dim) < 1:
-        raise StoreError(f"feature_dim must be >= 1, got {feature_dim}")
-    if int(block_rows) < 1:
-        raise StoreError(f"block_rows must be >= 1, got {block_rows}")
     seeds = [int(s) for s in seeds]
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise StoreError(f"seeds must be a non-empty list of distinct integers, got {seeds}")
-    prov = _check_provenance(provenance, dtype)
-    extra = dict(extra_attrs or {})
-    clash = sorted(set(extra) & {"schema_version", "complete", "provenance", "class_names"})
-    if clash:
-        raise StoreError(f"extra_attrs may not set reserved attributes {clash}")
-    n_pool, n_test = len(index.pool), len(index.test)
-    n_rows = n_pool + n_test
-    if n_rows == 0:
-        raise StoreError(f"dataset '{index.name}' has no rows to store")
-    ids = [*index.pool.image_ids, *index.test.image_ids]
-    if len(set(ids)) != n_rows:
-        dup = next(i for i, k in Counter(ids).items() if k > 1)
-        raise StoreError(f"dataset '{index.name}': image id {dup!r} occurs more than once")
-
-    labels_pool = np.asarray(index.pool.labels, dtype=np.uint8)
-    labels_test = np.asarray(index.test.labels, dtype=np.uint8)
-    for phase, y in (("pool", index.pool.labels), ("test", index.test.labels)):
-        bad = ~np.isin(y, (0, 1))
-        if bad.any():
-            r, c = (int(v[0]) for v in np.nonzero(bad))
-            raise StoreError(
-                f"dataset '{index.name}': {phase} labels must be 0/1, row {r} column {c} is "
-                f"{y[r, c].item()!r}"
-            )
-    if path.exists():
-        if not overwrite:
-            raise StoreError(f"output store {path} already exists; pass --overwrite to replace it")
-        if is_store_dir(path):
-            shutil.rmtree(path)
-        elif path.is_dir() and not any(path.iterdir()):
-            path.rmdir()
-        else:
-            raise StoreError(
-                f"{path} exists and is not a Zarr store; refusing to delete it even with "
-                f"--overwrite -- choose another output path"
-            )
-
-    n_classes = labels_pool.shape[1]
-    n_blocks = math.ceil(n_rows / block_rows)
-
+    prov = _check_create_args(index, feature_dim, dtype, block_rows, seeds, provenance,
+                              extra_attrs)
+    _clear_output(path, overwrite)
     try:
         group = zarr.open_group(path, mode="w-")
         _write_row_arrays(group, index, seeds)
-        for name in FEATURE_ARRAYS if with_flip else FEATURE_ARRAYS[:1]:
-            group.create_array(
-                name,
-                shape=(n_rows, int(feature_dim)),
-                chunks=(int(block_rows), int(feature_dim)),
-                dtype=dtype,
-                fill_value=np.nan,  # a never-written row reads as NaN, not as plausible zeros
-                # uncompressed + a CRC-32C per chunk: zstd saved ~20% disk on float16
-                # features but made reads ~6x and writes ~6x slower (measured; every probe
-                # process reads the whole array); the checksum costs 4 bytes a chunk
-                # (docs/protocol.md "The feature store")
-                compressors=checksum_codecs(compress=False),
-            )
-        # one chunk per block: concurrent writers of different blocks never collide
-        group.create_array(
-            "blocks_done",
-            shape=(n_blocks,),
-            chunks=(1,),
-            dtype=bool,
-            fill_value=False,
-            compressors=checksum_codecs(compress=False),
-            config=_EVERY_CHUNK,
-        )
-        attrs = {
-            **extra,
-            "dataset": index.name,
-            "class_names": list(index.class_names),
-            "n_pool": n_pool,
-            "n_test": n_test,
-            "n_unlabeled": {
-                "pool": int((labels_pool.sum(1) == 0).sum()),
-                "test": int((labels_test.sum(1) == 0).sum()),
-            },
-            "n_classes": n_classes,
-            "feature_dim": int(feature_dim),
-            "has_flip": bool(with_flip),
-            "dtype": dtype,
-            "block_rows": int(block_rows),
-            "observed_seeds": sorted(seeds),
-            "split_seed": PROTOCOL_SEED,
-            "provenance": prov,
-            "complete": False,
-            # written together with everything above, after all arrays: a store without it was
-            # interrupted while being created
-            "schema_version": SCHEMA_VERSION,
-        }
-        group.attrs.update(attrs)
+        _create_feature_arrays(group, len(index.pool) + len(index.test), int(feature_dim),
+                               int(block_rows), dtype, with_flip)
+        group.attrs.update(_store_attrs(index, feature_dim, with_flip, dtype, block_rows,
+                                        seeds, prov, dict(extra_attrs or {})))
     except OSError as err:  # disk full, file-size limit: remove what this call created
         shutil.rmtree(path, ignore_errors=True)
         raise StoreError(
@@ -406,6 +318,116 @@ def create_store(
             "command"
         ) from err
     return StoreWriter(path, group)
+
+
+def _check_create_args(index: DatasetIndex, feature_dim: int, dtype: str, block_rows: int,
+                       seeds: list[int], provenance: dict, extra_attrs: dict | None) -> dict:
+    """Refuse what :func:`create_store` cannot write, before anything is written; returns the
+    checked provenance."""
+    if dtype not in DTYPES:
+        raise StoreError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    if int(feature_dim) < 1:
+        raise StoreError(f"feature_dim must be >= 1, got {feature_dim}")
+    if int(block_rows) < 1:
+        raise StoreError(f"block_rows must be >= 1, got {block_rows}")
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise StoreError(f"seeds must be a non-empty list of distinct integers, got {seeds}")
+    prov = _check_provenance(provenance, dtype)
+    clash = sorted(set(extra_attrs or {}) & {"schema_version", "complete", "provenance",
+                                             "class_names"})
+    if clash:
+        raise StoreError(f"extra_attrs may not set reserved attributes {clash}")
+    n_rows = len(index.pool) + len(index.test)
+    if n_rows == 0:
+        raise StoreError(f"dataset '{index.name}' has no rows to store")
+    ids = [*index.pool.image_ids, *index.test.image_ids]
+    if len(set(ids)) != n_rows:
+        dup = next(i for i, k in Counter(ids).items() if k > 1)
+        raise StoreError(f"dataset '{index.name}': image id {dup!r} occurs more than once")
+    for phase, y in (("pool", index.pool.labels), ("test", index.test.labels)):
+        bad = ~np.isin(y, (0, 1))
+        if bad.any():
+            r, c = (int(v[0]) for v in np.nonzero(bad))
+            raise StoreError(
+                f"dataset '{index.name}': {phase} labels must be 0/1, row {r} column {c} is "
+                f"{y[r, c].item()!r}"
+            )
+    return prov
+
+
+def _clear_output(path: Path, overwrite: bool) -> None:
+    """An existing output is an error unless ``overwrite``, which only ever deletes a Zarr
+    store or an empty directory."""
+    if not path.exists():
+        return
+    if not overwrite:
+        raise StoreError(f"output store {path} already exists; pass --overwrite to replace it")
+    if is_store_dir(path):
+        shutil.rmtree(path)
+    elif path.is_dir() and not any(path.iterdir()):
+        path.rmdir()
+    else:
+        raise StoreError(
+            f"{path} exists and is not a Zarr store; refusing to delete it even with "
+            f"--overwrite -- choose another output path"
+        )
+
+
+def _create_feature_arrays(group: zarr.Group, n_rows: int, feature_dim: int, block_rows: int,
+                           dtype: str, with_flip: bool) -> None:
+    """The feature arrays (NaN until written) and ``blocks_done``, one chunk per block."""
+    for name in FEATURE_ARRAYS if with_flip else FEATURE_ARRAYS[:1]:
+        group.create_array(
+            name,
+            shape=(n_rows, feature_dim),
+            chunks=(block_rows, feature_dim),
+            dtype=dtype,
+            fill_value=np.nan,  # a never-written row reads as NaN, not as plausible zeros
+            # uncompressed + a CRC-32C per chunk: zstd saved ~20% disk on float16
+            # features but made reads ~6x and writes ~6x slower (measured; every probe
+            # process reads the whole array); the checksum costs 4 bytes a chunk
+            # (docs/protocol.md "The feature store")
+            compressors=checksum_codecs(compress=False),
+        )
+    # one chunk per block: concurrent writers of different blocks never collide
+    group.create_array(
+        "blocks_done",
+        shape=(math.ceil(n_rows / block_rows),),
+        chunks=(1,),
+        dtype=bool,
+        fill_value=False,
+        compressors=checksum_codecs(compress=False),
+        config=_EVERY_CHUNK,
+    )
+
+
+def _store_attrs(index: DatasetIndex, feature_dim: int, with_flip: bool, dtype: str,
+                 block_rows: int, seeds: list[int], prov: dict, extra: dict) -> dict:
+    """The group's attributes; ``schema_version`` is written with them, after every array: a
+    store without it was interrupted while being created."""
+    labels_pool = np.asarray(index.pool.labels, dtype=np.uint8)
+    labels_test = np.asarray(index.test.labels, dtype=np.uint8)
+    return {
+        **extra,
+        "dataset": index.name,
+        "class_names": list(index.class_names),
+        "n_pool": len(index.pool),
+        "n_test": len(index.test),
+        "n_unlabeled": {
+            "pool": int((labels_pool.sum(1) == 0).sum()),
+            "test": int((labels_test.sum(1) == 0).sum()),
+        },
+        "n_classes": labels_pool.shape[1],
+        "feature_dim": int(feature_dim),
+        "has_flip": bool(with_flip),
+        "dtype": dtype,
+        "block_rows": int(block_rows),
+        "observed_seeds": sorted(seeds),
+        "split_seed": PROTOCOL_SEED,
+        "provenance": prov,
+        "complete": False,
+        "schema_version": SCHEMA_VERSION,
+    }
 
 
 @contextlib.contextmanager
