@@ -381,7 +381,11 @@ def _register_probe(sub: argparse._SubParsersAction, bench: argparse._SubParsers
                    "of test mAP (default: 1000; 0: none)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_probe)
+    _register_bench_probe(bench)
+    _register_bench_store(bench)
 
+
+def _register_bench_probe(bench: argparse._SubParsersAction) -> None:
     b = bench.add_parser(
         "probe",
         help="seconds per epoch of the probe engine vs a plain PyTorch loop; T stacked trials",
@@ -423,6 +427,8 @@ def _register_probe(sub: argparse._SubParsersAction, bench: argparse._SubParsers
     b.add_argument("--quiet", action="store_true", help="no progress bars")
     b.set_defaults(func=_cmd_bench_probe)
 
+
+def _register_bench_store(bench: argparse._SubParsersAction) -> None:
     b = bench.add_parser(
         "store",
         help="seconds to load a COCO-sized store from the page cache; what its format costs",

@@ -135,3 +135,20 @@ def test_lower_layers_do_not_load_higher_ones(module, forbidden):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=ROOT, check=True).stdout.strip()
     assert out == "", f"importing {module} loaded {out}"
+
+
+def test_the_engine_reads_in_short_functions():
+    """The engine is read top to bottom: no function in ``probe/`` over 120 lines, and
+    ``train_probe`` a few named steps (its body, docstring aside, under 60 lines)."""
+    long = []
+    for path in (ROOT / "probe").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = node.end_lineno - node.lineno + 1
+                if length > 120:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: "
+                                f"{length} lines")
+                if node.name == "train_probe" and path.name == "train.py":
+                    body = node.body[1:] if ast.get_docstring(node) else node.body
+                    assert body[-1].end_lineno - body[0].lineno + 1 < 60
+    assert not long, "functions over 120 lines in probe/:\n" + "\n".join(long)
