@@ -29,7 +29,8 @@ def ap_block(scores: Tensor, targets: Tensor) -> Tensor:
     One ascending sort per column. For the row at sorted position i with score s, the tie group
     of s starts at ``start = #{scores < s}`` (the running maximum of the positions where the
     sorted value changes: one linear pass, no search), so the threshold s admits ``N - start``
-    rows of which ``P - #{positives before start}`` are positive: that is sklearn's precision at threshold s. Its recall step is 1/P per positive,
+    rows of which ``P - #{positives before start}`` are positive: that is sklearn's precision
+    at threshold s. Its recall step is 1/P per positive,
     hence ``AP = (1/P) sum_{positive rows} precision(threshold = own score)``, which for a tie
     group with k positives adds ``k/P`` times the precision of the whole group -- exactly
     sklearn's step-wise sum over distinct thresholds.

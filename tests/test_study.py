@@ -360,7 +360,8 @@ def test_confirm_reports_mean_and_std(yeast, tmp_path, capsys):
 
     for row in frame.iter_rows(named=True):
         iv = mean_interval(row["test_maps"])
-        assert row["test_low"] == pytest.approx(iv.low) and row["test_high"] == pytest.approx(iv.high)
+        assert row["test_low"] == pytest.approx(iv.low)
+        assert row["test_high"] == pytest.approx(iv.high)
         assert row["test_low"] <= row["test_mean"] <= row["test_high"]
     assert "95% interval" in printed
     from probe.store import open_store

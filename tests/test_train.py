@@ -540,7 +540,7 @@ def test_a_loss_that_cannot_drop_trials_freezes_them_in_place():
 
 def test_cuda_graph_is_refused_where_the_step_cannot_be_captured():
     data = _data()
-    with pytest.raises(ValueError, match="cuda_graph.*CUDA device"):
+    with pytest.raises(ValueError, match=r"cuda_graph.*CUDA device"):
         train_probe(data, ProbeConfig(epochs=1, batch_size=8, cuda_graph=True), "an")
     with pytest.raises(ValueError, match="cuda_graph"):
         ProbeConfig(cuda_graph="yes").validate()

@@ -311,7 +311,8 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
     b.add_argument("--epochs", type=int, help="epochs (default: the loss's preset)")
     b.add_argument("--batch-size", type=int, help="batch size (default: the loss's preset)")
     b.add_argument("--pruner", default="median", help="median (default) | none")
-    b.add_argument("--cache-dir", help="where bench stores are cached (default ~/.cache/spml-probe)")
+    b.add_argument("--cache-dir",
+                   help="where bench stores are cached (default ~/.cache/spml-probe)")
     b.add_argument("--json", help="also write the JSON report here")
     b.set_defaults(func=_bench_study)
 
