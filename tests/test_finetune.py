@@ -46,14 +46,9 @@ DETERMINISTIC = ("epoch", "steps", "global_step", "train_loss", "val_map", "val_
                  "val_f1", "test_map", "test_n_empty_classes", "test_f1", "train_images")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread: on a shared 2-core machine, torch's thread pool waiting on busy
-    cores makes these tiny convolutions ~10x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# one intra-op thread: on a shared 2-core machine, torch's thread pool waiting on busy cores
+# makes these tiny convolutions ~10x slower
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
