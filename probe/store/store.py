@@ -31,6 +31,7 @@ import hashlib
 import importlib.metadata
 import json
 import math
+import os
 import shutil
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -303,21 +304,36 @@ def create_store(
     prov = _check_create_args(index, feature_dim, dtype, block_rows, seeds, provenance,
                               extra_attrs)
     _clear_output(path, overwrite)
+    # the store is created under a hidden name and renamed into place once its arrays and
+    # attributes are written: a creation that fails (disk full, file-size limit) or is killed
+    # never leaves anything at `path`. (After a failed write zarr's other writes of the same
+    # call may still land for a moment, so the staging folder, not `path`, takes them; it is
+    # removed now and again by the next creation.)
+    staging = path.with_name(f"{_STAGING_PREFIX}{path.name}.{os.getpid()}")
+    for stale in path.parent.glob(f"{_STAGING_PREFIX}{path.name}.*"):
+        shutil.rmtree(stale, ignore_errors=True)
     try:
-        group = zarr.open_group(path, mode="w-")
+        group = zarr.open_group(staging, mode="w-")
         _write_row_arrays(group, index, seeds)
         _create_feature_arrays(group, len(index.pool) + len(index.test), int(feature_dim),
                                int(block_rows), dtype, with_flip)
         group.attrs.update(_store_attrs(index, feature_dim, with_flip, dtype, block_rows,
                                         seeds, prov, dict(extra_attrs or {})))
-    except OSError as err:  # disk full, file-size limit: remove what this call created
-        shutil.rmtree(path, ignore_errors=True)
+    except OSError as err:  # disk full, file-size limit: nothing reaches `path`
+        shutil.rmtree(staging, ignore_errors=True)
         raise StoreError(
             f"cannot create {path}: {err.strerror or err} (the disk is full, or a file-size or "
             "quota limit was reached?); nothing was kept -- free space and re-run the same "
             "command"
         ) from err
-    return StoreWriter(path, group)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    os.rename(staging, path)
+    return StoreWriter(path, zarr.open_group(path, mode="r+"))
+
+
+_STAGING_PREFIX = ".creating-"  # create_store's hidden folder beside the store being created
 
 
 def _check_create_args(index: DatasetIndex, feature_dim: int, dtype: str, block_rows: int,
