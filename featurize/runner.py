@@ -467,10 +467,9 @@ class Ranks:
         failed = [(r, msg) for r, (msg, _) in enumerate(reports) if msg is not None]
         if failed:
             r, msg = failed[0]
-            raise RankFailed(
-                f"featurize rank {r} of {self.world} failed: {msg}. The blocks finished so far "
-                "are kept: re-run the same command to resume"
-            )
+            advice = ("" if "resum" in msg else
+                      ". The blocks finished so far are kept: re-run the same command to resume")
+            raise RankFailed(f"featurize rank {r} of {self.world} failed: {msg}{advice}")
         return reports[0][1]
 
     def gather(self, value: Any) -> list[Any]:
