@@ -245,6 +245,9 @@ class ProbeData:
         observed_seed: int = PROTOCOL_SEED,
         flip: bool = True,
         dtype: torch.dtype | None = None,
+        rows: dict[str, np.ndarray] | None = None,
+        observed: np.ndarray | None = None,
+        replicate: dict[str, Any] | None = None,
     ) -> ProbeData:
         """Load a feature store (a path or an open :class:`probe.store.Store`).
 
@@ -252,13 +255,17 @@ class ProbeData:
         storage dtype on the device (default: the store's, float16 unless it was written as
         float32). Errors (before anything is moved): a store lacking a train, val or test split,
         an unknown observed-label seed, an unusable device.
+
+        For :mod:`probe.selection`'s replicates: ``rows`` replaces the store's ``train`` /
+        ``val`` rows (store row indices), ``observed`` the draw ``observed_seed`` (an
+        ``(n_rows, C)`` int8 array over every row), and ``replicate`` is recorded in ``source``.
         """
         from .store import open_store  # zarr loads only when a store is read
 
         dev = resolve_device(device)
         if isinstance(store, str | Path):
             store = open_store(store)
-        rows = {name: store.split(name) for name in ("train", "val", "test")}
+        rows = {**{name: store.split(name) for name in ("train", "val", "test")}, **(rows or {})}
         empty = [name for name, r in rows.items() if len(r) == 0]
         if empty:
             raise DataError(
@@ -267,7 +274,8 @@ class ProbeData:
                 "(docs/protocol.md steps 3-5); re-create the store with a pool and a test phase"
             )
         labels = store.labels()
-        observed = store.observed(observed_seed)
+        if observed is None:
+            observed = store.observed(observed_seed)
         with_flip = bool(flip and store.has_flip)
         train_x, val_x, test_x = _store_splits_with_bias(store, rows, dtype, with_flip)
         source = {
@@ -280,6 +288,8 @@ class ProbeData:
             "completed": store.attrs.get("completed"),
             "provenance": store.provenance,
         }
+        if replicate is not None:
+            source["replicate"] = dict(replicate)
         return cls(
             train_x=train_x.to(dev),
             train_labels=torch.from_numpy(labels[rows["train"]]).to(dev),

@@ -32,6 +32,7 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
 from probe.convergence import best_is_last, count_best_is_last
+from probe.selection import Selection, SelectionError, mean_over_replicates
 from probe.store.protocol import PROTOCOL_SEED
 
 from .heartbeat import (
@@ -89,6 +90,7 @@ class StudySettings:
     batch_size: int | None = None  # None: the loss's paper preset for the dataset
     lr: float | None = None  # None: the loss's paper preset for the dataset
     val_labels: str = "clean"  # docs/protocol.md step 4
+    select: str = "val"  # how a trial is scored: val | cv:K | draws:N (probe.selection)
     observed_seed: int = PROTOCOL_SEED  # the literature's single-positive draw
     device: str = "auto"
     enqueue_paper: bool = True  # first trial = the paper's values (never worse than the paper)
@@ -123,6 +125,10 @@ class StudySettings:
                 f"--grace ({self.grace_seconds:g} s) must exceed the heartbeat interval "
                 f"({self.heartbeat_seconds:g} s), or live trials would be taken for dead ones"
             )
+        try:
+            Selection.parse(self.select)
+        except SelectionError as err:
+            raise StudyError(str(err)) from None
         if self.devices and len(self.devices) != self.workers:
             raise StudyError(
                 f"--devices names {len(self.devices)} devices ({','.join(self.devices)}) for "
@@ -196,8 +202,8 @@ class _AskTellGridSampler(optuna.samplers.GridSampler):
 
 def _prune_rule(settings: StudySettings) -> MedianRule | None:
     """The pruning rule (None: never prune); decided in process by :class:`BatchPruner`."""
-    if settings.pruner == "none":
-        return None
+    if settings.pruner == "none" or Selection.parse(settings.select).replicates > 1:
+        return None  # with replicates a trial's curve is known only after all of them
     # steps are epochs counted from 1: the first epoch is never pruned
     return MedianRule(n_startup_trials=max(2, settings.batch // 2), n_warmup_steps=2)
 
@@ -327,7 +333,7 @@ def training_identity(values: dict[str, Any], dataset: str, space: SearchSpace
         elif key == "optimizer":
             out[key] = values.get("optimizer") or ProbeConfig().optimizer
         elif key == "select":
-            out[key] = values.get("select") or "val"
+            out[key] = str(Selection.parse(values.get("select") or "val"))
         elif key == "observed_seed":
             out[key] = values.get(key, PROTOCOL_SEED)
         elif key == "val_labels":
@@ -389,7 +395,11 @@ def _counts(study: optuna.Study) -> dict[TrialState, int]:
 
 def _train_group(settings, data, study, storage, space, trials, probe_config, log,
                  tick: Callable[[], None] | None = None) -> list[dict[str, Any]]:
-    """Train one group of trials sharing batch size and epochs, stacked; tell their results."""
+    """Train one group of trials sharing batch size and epochs, stacked; tell their results.
+
+    ``data``: the replicates of the study's ``--select`` mode (:func:`probe.selection.
+    selection_data`); with several, the group is trained on each in turn and every trial is
+    scored by its mean val curve (:func:`_train_replicates`)."""
     from probe.results import EpochReport
     from probe.train import train_probe
 
@@ -436,8 +446,11 @@ def _train_group(settings, data, study, storage, space, trials, probe_config, lo
     started = time.perf_counter()
     with Heartbeat(storage, [t.number for t in trials], settings.heartbeat_seconds):
         # the study shows one progress line for all its trials (run_worker), not one per batch
-        result = train_probe(data, probe_config, settings.loss, hparams, callback=on_epoch,
-                             progress=False)
+        if len(data) == 1:
+            result = train_probe(data[0], probe_config, settings.loss, hparams,
+                                 callback=on_epoch, progress=False)
+        else:
+            result = _train_replicates(settings, data, probe_config, hparams, on_epoch, tick)
     seconds = (time.perf_counter() - started) / max(len(trials), 1)
     states: list[str] = []
     for i, trial in enumerate(trials):
@@ -477,6 +490,29 @@ def _train_group(settings, data, study, storage, space, trials, probe_config, lo
     return [row for row in rows if row["trial"] not in gone]
 
 
+def _train_replicates(settings, data, probe_config, hparams, on_epoch, tick) -> Any:
+    """The group trained stacked on each replicate in turn, then scored by the mean over them
+    (:func:`probe.selection.mean_over_replicates`); the mean val curve goes to ``on_epoch``
+    epoch by epoch (Optuna's intermediate values; nothing is pruned: ``_prune_rule``)."""
+    from probe.results import EpochReport
+    from probe.train import train_probe
+
+    def beat(report: EpochReport) -> list[int]:
+        if tick is not None:
+            tick()
+        return []
+
+    results = [train_probe(d, probe_config, settings.loss, hparams, callback=beat,
+                           progress=False) for d in data]
+    merged = mean_over_replicates(results, settings.select)
+    n = len(merged.trials)
+    for e in range(max((len(t.epochs) for t in merged.trials), default=0)):
+        vals = [t.epochs[e]["val_map"] if e < len(t.epochs) else None for t in merged.trials]
+        on_epoch(EpochReport(epoch=e + 1, train_loss=[None] * n, val_map=vals,
+                             test_map=[None] * n, active=[v is not None for v in vals]))
+    return merged
+
+
 def _result_rows(study: optuna.Study, trials: list, result: Any, states: list[str],
                  seconds: float) -> list[dict[str, Any]]:
     """The batch's rows in the tidy schema (studies.results): each trial's outcome with the
@@ -500,7 +536,8 @@ def run_worker(
     Progress goes to stderr as one study-level display (:func:`_study_progress`), its first
     line before the features load; it also prints each finished trial's line (``log`` gets
     those instead when the display is off: ``SPML_PROGRESS=off``)."""
-    from probe.data import ProbeData, resolve_device
+    from probe.data import resolve_device
+    from probe.selection import selection_data
     from probe.store import open_store
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -509,10 +546,13 @@ def run_worker(
     results_dir = Path(settings.out) / "results"
     fixed_dists = dict(space.distributions)
     with _study_progress(study, settings) as bar:
-        bar.write(f"loading the features of {settings.store} ({store.n_rows} rows)")
-        data = ProbeData.from_store(
-            store, device=resolve_device(settings.device), observed_seed=settings.observed_seed
-        )
+        selection = Selection.parse(settings.select)
+        bar.write(f"loading the features of {settings.store} ({store.n_rows} rows)"
+                  + (f"; --select {selection}: {selection.replicates} replicates, each trial "
+                     "trained on all and scored by the mean (no pruning)"
+                     if selection.replicates > 1 else ""))
+        data = selection_data(store, selection, device=resolve_device(settings.device),
+                              observed_seed=settings.observed_seed)
         _work(settings, study, space, storage, data, results_dir, fixed_dists, bar, log)
     return summarize(study, settings)
 
@@ -569,7 +609,7 @@ def _work(settings: StudySettings, study: optuna.Study, space: SearchSpace, stor
                 for trial in trials:
                     storage.set_attr(trial.number, WORKER_KEY,
                                      f"{socket.gethostname()}:{os.getpid()}")
-                    storage.set_attr(trial.number, DEVICE_KEY, str(data.device))
+                    storage.set_attr(trial.number, DEVICE_KEY, str(data[0].device))
         bar.set_postfix(_status(study, counts))
         bar.update(min(finished, settings.n_trials) - bar.n)
         bar.refresh(force=True)

@@ -286,6 +286,42 @@ def _cmd_label_budget(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_selection(args: argparse.Namespace) -> int:
+    import sys
+    from pathlib import Path
+
+    from probe.cliargs import parse_ints
+    from probe.results import write_json_atomic
+    from studies.selection import (
+        SelectionCheck,
+        check_selection,
+        format_selection,
+        plot_selection,
+        summarize_selection,
+    )
+
+    out = Path(args.out or "spml-analysis/selection")
+    config = SelectionCheck(
+        loss=args.loss, modes=tuple(parse_names(args.modes)),
+        study_seeds=tuple(parse_ints(args.study_seeds, "--study-seeds") or ()),
+        trials=args.trials, batch=args.batch,
+        eval_seeds=tuple(parse_ints(args.eval_seeds, "--eval-seeds") or ()),
+        epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, device=args.device,
+        out=str(out))
+    rows = check_selection(args.store, config,
+                           log=None if args.quiet else (lambda m: print(m, file=sys.stderr)))
+    table = format_selection(rows)
+    print(table)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / "selection.json", {"config": dataclasses.asdict(config),
+                                               "summary": summarize_selection(rows),
+                                               "rows": rows})
+    (out / "selection.md").write_text(table + "\n")
+    fig = plot_selection(rows, out / "selection.png")
+    print(f"wrote {out / 'selection.json'}, {out / 'selection.md'} and {fig}")
+    return 0
+
+
 # --------------------------------------------------------------------------------------------
 # registration
 # --------------------------------------------------------------------------------------------
@@ -443,4 +479,35 @@ def register_cli(sub: argparse._SubParsersAction,
                         "spml-analysis/label-budget)")
     p.add_argument("--quiet", action="store_true", help="no per-run lines on stderr")
     p.set_defaults(func=_cmd_label_budget)
+
+    p = _parser(an, "selection", "does a study's winner beat the paper's values on test, per "
+                "--select mode (val, cv:K, draws:N)?",
+                "For each selection mode and study seed, run one study (sampler and training "
+                "seed = the study seed), train its winner and the paper's values on the "
+                "protocol's split with --eval-seeds, and report the winner's test mAP minus the "
+                "paper values' (mean over study seeds, sd, worst, how often >= 0), as a "
+                "Markdown table, JSON and a PNG. The studies are kept under OUT/studies: "
+                "re-running resumes them. docs/selection.md shows the result on yeast.",
+                "examples:\n  spml analyze selection yeast.zarr\n  spml analyze selection "
+                "yeast.zarr --modes val,cv:5 --study-seeds 0,1,2 --trials 16")
+    p.add_argument("store", metavar="STORE", help="feature store directory")
+    p.add_argument("--loss", default="gr", help="the loss whose search is checked (default: gr)")
+    p.add_argument("--modes", default="val,cv:5,draws:5",
+                   help="selection modes (default: val,cv:5,draws:5)")
+    p.add_argument("--study-seeds", default="0,1,2,3,4",
+                   help="one study per mode and seed (default: 0,1,2,3,4)")
+    p.add_argument("--trials", type=int, default=24, help="trials per study (default: 24)")
+    p.add_argument("--batch", type=int, default=8, help="trials trained stacked (default: 8)")
+    p.add_argument("--eval-seeds", default="0,1,2",
+                   help="training seeds of the winner's and the paper's test runs (default: "
+                   "0,1,2)")
+    p.add_argument("--epochs", type=int, help="epochs (default: the loss's paper setting)")
+    p.add_argument("--batch-size", type=int, help="batch size (default: as --epochs)")
+    p.add_argument("--lr", type=float, help="learning rate (default: as --epochs)")
+    add_device_argument(p)
+    p.add_argument("--out", metavar="DIR",
+                   help="folder for the studies, selection.json/.md/.png (default: "
+                        "spml-analysis/selection)")
+    p.add_argument("--quiet", action="store_true", help="no per-study lines on stderr")
+    p.set_defaults(func=_cmd_selection)
 

@@ -80,6 +80,7 @@ def _settings(args: argparse.Namespace):
         batch_size=args.batch_size,
         lr=args.lr,
         val_labels=args.val_labels,
+        select=args.select,
         observed_seed=args.observed_seed,
         device=device,
         enqueue_paper=not args.no_paper,
@@ -267,6 +268,15 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
         default="clean",
         choices=("clean", "observed"),
         help="select epochs on clean (default) or single-positive val labels",
+    )
+    p.add_argument(
+        "--select",
+        default="val",
+        metavar="val|cv:K|draws:N",
+        help="how a trial is scored: val (default: the protocol's one split and draw), cv:K "
+        "(mean val mAP over K train/val re-splits of the pool) or draws:N (mean over N "
+        "single-positive draws); K or N times the training, no pruning. docs/selection.md "
+        "measures which picks values that hold up on test",
     )
     add_observed_seed_argument(p)
     p.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")

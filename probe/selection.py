@@ -1,0 +1,228 @@
+"""How a trial is scored for model selection (``spml study --select``; docs/selection.md).
+
+The protocol scores a trial by its val mAP on one train/val split of the pool under one
+single-positive draw. On a small validation set that one number is noisy, and a search that
+maximises it can pick values that do worse on test than the paper's (issue 14). The other
+modes score a trial by the mean over several replicates of the training data:
+
+* ``val`` — the protocol: one split, one draw (one replicate).
+* ``cv:K`` — K train/val re-splits of the pool. Replicate 0 is the store's own split;
+  replicate ``k`` re-splits the pool with the protocol's generator
+  (:func:`probe.store.protocol.split_indices`, the same val size) seeded
+  ``PROTOCOL_SEED + k``. The single-positive draw stays the study's.
+* ``draws:N`` — N single-positive draws on the store's split. Replicate 0 is the study's draw
+  (``observed_seed``); replicate ``k`` is drawn by the protocol's generator
+  (:func:`probe.store.protocol.single_positive`, per phase) seeded ``observed_seed + k``.
+
+Every replicate is a :class:`probe.data.ProbeData`; a study trains a batch of trials stacked
+on each replicate in turn and scores each trial by its mean val mAP curve (best epoch of the
+mean). The replicates are fixed by the mode alone, so every trial and every worker sees the
+same ones, and results record them (:meth:`Selection.describe`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .data import ProbeData
+from .store.protocol import PROTOCOL_SEED, single_positive, split_indices
+
+__all__ = ["MODES", "Selection", "SelectionError", "mean_over_replicates", "selection_data"]
+
+MODES = ("val", "cv", "draws")
+
+
+class SelectionError(ValueError):
+    """A ``--select`` value that cannot be used (the message names the argument)."""
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A selection mode: ``val``, ``cv:K`` or ``draws:N`` (module docstring)."""
+
+    mode: str = "val"  # the protocol's own split and draw
+    k: int = 1  # replicates: re-splits (cv) or draws (draws); 1 for val
+
+    @classmethod
+    def parse(cls, text: str | Selection) -> Selection:
+        """``"val"``, ``"cv:5"``, ``"draws:3"`` → a Selection; errors name ``--select``."""
+        if isinstance(text, Selection):
+            return text
+        value = str(text).strip().lower()
+        if value == "val":
+            return cls()
+        m = re.fullmatch(r"(cv|draws):(\d+)", value)
+        if m is None:
+            raise SelectionError(
+                f"--select must be 'val', 'cv:K' or 'draws:N' (K, N >= 2), e.g. --select cv:5; "
+                f"got {text!r}"
+            )
+        k = int(m.group(2))
+        if k < 2:
+            raise SelectionError(
+                f"--select {value}: {m.group(1)} needs at least 2 replicates (1 is --select "
+                "val, the protocol's own split and draw)"
+            )
+        return cls(m.group(1), k)
+
+    def __str__(self) -> str:
+        return "val" if self.mode == "val" else f"{self.mode}:{self.k}"
+
+    @property
+    def replicates(self) -> int:
+        return self.k if self.mode != "val" else 1
+
+    def describe(self, observed_seed: int = PROTOCOL_SEED) -> dict[str, Any]:
+        """What the replicates are, for results and the study's identity."""
+        if self.mode == "cv":
+            seeds = [None, *(PROTOCOL_SEED + k for k in range(1, self.k))]
+            return {"select": str(self), "split_seeds": seeds, "observed_seed": observed_seed,
+                    "note": "split 0 is the store's own; split k re-splits the pool seeded "
+                            f"{PROTOCOL_SEED} + k"}
+        seeds = [observed_seed + k for k in range(self.replicates)]
+        return {"select": str(self), "split_seeds": [None], "observed_seeds": seeds}
+
+
+def _pool_splits(store: Any, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(train, val) store rows of the K re-splits: the store's own, then K - 1 more."""
+    train, val = store.split("train"), store.split("val")
+    pool = np.sort(np.concatenate([train, val]))
+    fraction = len(val) / len(pool)
+    splits = [(train, val)]
+    for j in range(1, k):
+        first, second = split_indices(len(pool), fraction, PROTOCOL_SEED + j)
+        splits.append((pool[first], pool[second]))
+    return splits
+
+
+def _draw(store: Any, seed: int) -> np.ndarray:
+    """The single-positive draw ``seed`` for every row, as the store would hold it (per phase)."""
+    if seed in store.observed_seeds():
+        return store.observed(seed)
+    labels = store.labels()
+    n_pool = int(store.attrs["n_pool"])
+    return np.concatenate([single_positive(labels[:n_pool], seed),
+                           single_positive(labels[n_pool:], seed)])
+
+
+def selection_data(
+    store: Any,
+    select: str | Selection = "val",
+    *,
+    device: str | torch.device = "cpu",
+    observed_seed: int = PROTOCOL_SEED,
+    flip: bool = True,
+    dtype: torch.dtype | None = None,
+) -> list[ProbeData]:
+    """The replicates a ``select`` mode scores trials on, each a :class:`ProbeData` on
+    ``device`` (``val``: one, :meth:`ProbeData.from_store`). They hold ``k`` copies of the
+    train features: K × the memory of one."""
+    from .store import open_store
+
+    selection = Selection.parse(select)
+    if isinstance(store, str | Path):
+        store = open_store(store)
+    if selection.mode == "val":
+        return [ProbeData.from_store(store, device=device, observed_seed=observed_seed,
+                                     flip=flip, dtype=dtype)]
+    if selection.mode == "cv":
+        observed = store.observed(observed_seed)
+        return [ProbeData.from_store(store, device=device, observed_seed=observed_seed,
+                                     flip=flip, dtype=dtype,
+                                     rows={"train": tr, "val": va}, observed=observed,
+                                     replicate={"select": str(selection), "index": j})
+                for j, (tr, va) in enumerate(_pool_splits(store, selection.k))]
+    return [ProbeData.from_store(store, device=device, observed_seed=observed_seed + j,
+                                 flip=flip, dtype=dtype, observed=_draw(store, observed_seed + j),
+                                 replicate={"select": str(selection), "index": j})
+            for j in range(selection.k)]
+
+
+def _mean_test_figures(bests: list[dict[str, Any]]) -> dict[str, Any]:
+    """The replicates' test figures (``test_map``, ``test_OF1``, per-class ``test_ap``, …),
+    averaged; a figure missing from any replicate is None (per class for ``test_ap``)."""
+    out: dict[str, Any] = {}
+    keys = [k for k in (bests[0] or {}) if k.startswith("test_")]
+    for key in keys:
+        values = [(b or {}).get(key) for b in bests]
+        if all(isinstance(v, list) for v in values):
+            out[key] = [None if any(x is None for x in col) else float(sum(col) / len(col))
+                        for col in zip(*values)]
+        elif all(isinstance(v, int | float) for v in values):
+            out[key] = float(sum(values) / len(values))
+        else:
+            out[key] = None
+    return out
+
+
+def mean_over_replicates(results: list[Any], select: str | Selection) -> Any:
+    """One :class:`probe.results.ProbeResult` scoring each trial by the mean over the
+    replicates' results (the same trials, trained on each replicate of ``select``).
+
+    Per epoch, ``val_map`` and ``train_loss`` are the replicates' means (each replicate's value
+    is kept in ``replicate_val_map``); the best epoch is the first maximum of the mean val
+    curve. ``best["test_map"]`` is the mean of each replicate's test mAP on its own best-val
+    head (the engine tests each head once), and so are the other test figures (per-class
+    ``test_ap``, ``test_OF1``, …). A study's figures for test come from ``study confirm``,
+    which retrains the winner on the protocol's split. No heads are kept."""
+    import dataclasses
+    import math
+
+    from .results import ProbeResult
+
+    selection = Selection.parse(select)
+    if len(results) != selection.replicates or not results:
+        raise SelectionError(
+            f"mean_over_replicates: {selection} has {selection.replicates} replicates; got "
+            f"{len(results)} results"
+        )
+    first = results[0]
+
+    def mean(values: list[Any]) -> float | None:
+        if any(v is None for v in values):
+            return None
+        return float(sum(values) / len(values))
+
+    trials = []
+    for i, base in enumerate(first.trials):
+        runs = [r.trials[i] for r in results]
+        n_epochs = min(len(t.epochs) for t in runs)
+        epochs = []
+        for e in range(n_epochs):
+            vals = [t.epochs[e].get("val_map") for t in runs]
+            epochs.append({
+                "epoch": base.epochs[e]["epoch"],
+                "train_loss": mean([t.epochs[e].get("train_loss") for t in runs]),
+                "val_map": mean(vals),
+                "replicate_val_map": vals,
+            })
+        curve = [e["val_map"] for e in epochs]
+        scored = [(v, -j) for j, v in enumerate(curve) if v is not None and math.isfinite(v)]
+        best_epoch, best = None, {}
+        if scored:
+            j = -max(scored)[1]
+            best_epoch = epochs[j]["epoch"]
+            tests = [t.best.get("test_map") if t.best else None for t in runs]
+            best = {"epoch": best_epoch, "val_map": curve[j],
+                    **_mean_test_figures([t.best for t in runs]),
+                    "replicate_val_map": epochs[j]["replicate_val_map"],
+                    "replicate_test_map": tests}
+        trials.append(dataclasses.replace(
+            base, epochs=epochs, best_epoch=best_epoch, best=best, init={},
+            stopped_at=None, finite=all(t.finite for t in runs),
+        ))
+    config = {**first.config, "select": str(selection)}
+    source = {**first.source, "replicates": selection.describe(
+        first.source.get("observed_seed", PROTOCOL_SEED))}
+    source.pop("replicate", None)
+    timing = {"replicates": [r.timing for r in results]}
+    return ProbeResult(loss=first.loss, config=config, trials=trials,
+                       class_names=first.class_names, dataset=first.dataset, source=source,
+                       environment=first.environment, timing=timing,
+                       shared_batch_order=first.shared_batch_order)
