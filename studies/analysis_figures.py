@@ -75,8 +75,8 @@ _TAB = mpl.colormaps["tab10"].colors
 
 def plot_ablation(rows: Sequence[dict[str, Any]], path: str | os.PathLike, *, n_seeds: int = 1,
                   dpi: int = DPI) -> Path:
-    """Horizontal bars of val and test mAP per ablation row (error bars: std over seeds), the
-    AN baseline's test mAP as a dashed line."""
+    """Horizontal bars of val and test mAP per ablation row (error bars: std over seeds for val,
+    the 95% interval for test), the AN baseline's test mAP as a dashed line."""
     n = len(rows)
     with mpl.rc_context(STYLE):
         fig = new_figure(9, 1.4 + 0.5 * n)
@@ -87,8 +87,10 @@ def plot_ablation(rows: Sequence[dict[str, Any]], path: str | os.PathLike, *, n_
                                        (-h / 2, "test", BLUE, "test mAP")):
             means = np.array([r[f"{key}_mean"] for r in rows], dtype=float)
             stds = np.array([r[f"{key}_std"] for r in rows], dtype=float)
-            ax.barh(pos + off, means, height=h, color=color, label=label,
-                    xerr=stds if n_seeds > 1 else None, capsize=3)
+            err = stds if n_seeds > 1 else None
+            if key == "test":  # the test mAP's 95% interval (studies.analyze._test_interval)
+                err = _interval_errors(rows, means)
+            ax.barh(pos + off, means, height=h, color=color, label=label, xerr=err, capsize=3)
             for y, m in zip(pos + off, means):
                 if math.isfinite(m):
                     ax.text(m, y, f" {m:.2f}", va="center", fontsize=8.5)
@@ -102,17 +104,28 @@ def plot_ablation(rows: Sequence[dict[str, Any]], path: str | os.PathLike, *, n_
         ax.set_yticks(pos)
         ax.set_yticklabels([f"{r['name']}  [{' '.join(r['marks'])}]" for r in rows])
         ax.set_xlabel("mAP (%) at the best val epoch"
-                      + (f" (mean ± std, {n_seeds} seeds)" if n_seeds > 1 else ""))
+                      + (f" (mean ± std, {n_seeds} seeds)" if n_seeds > 1 else "")
+                      + "; test error bars: 95% interval")
         ax.grid(axis="y", visible=False)
         ax.set_title("GR ablation (Table 3): marks are k̂, v, L (✓ on, × off, ◦ learned)")
         fig.legend(loc="outside lower center", ncols=3, frameon=False)
         return save_figure(fig, path, dpi)
 
 
+def _interval_errors(rows: Sequence[dict[str, Any]], means: np.ndarray) -> np.ndarray | None:
+    """``xerr`` / ``yerr`` (2, n) from the rows' ``test_low`` / ``test_high`` (None if absent)."""
+    low = np.array([r.get("test_low", math.nan) for r in rows], dtype=float)
+    high = np.array([r.get("test_high", math.nan) for r in rows], dtype=float)
+    if not np.isfinite(low).any():
+        return None
+    return np.nan_to_num(np.stack([means - low, high - means]), nan=0.0)
+
+
 def plot_sensitivity(result: SensitivityResult, path: str | os.PathLike, *,
                      dpi: int = DPI) -> Path:
     """Fig. 2: val and test mAP against the swept parameter, one line per series value (error
-    bars over seeds), AN as a red dotted line; for q2 × q3 two annotated heatmaps."""
+    bars: std over seeds for val, the 95% interval for test), AN as a red dotted line; for
+    q2 × q3 two annotated heatmaps."""
     sw = SWEEPS[result.param]
     n = len(result.settings["seeds"])
     with mpl.rc_context(STYLE):
@@ -140,15 +153,19 @@ def plot_sensitivity(result: SensitivityResult, path: str | os.PathLike, *,
             else:
                 for k, s in enumerate(ss):
                     pts = [by[(x, s)] for x in xs if (x, s) in by]
-                    ax.errorbar([p["x"] for p in pts], [p[f"{split}_mean"] for p in pts],
-                                yerr=[p[f"{split}_std"] for p in pts] if n > 1 else None,
+                    means = np.array([p[f"{split}_mean"] for p in pts], dtype=float)
+                    err = ([p[f"{split}_std"] for p in pts] if n > 1 else None) \
+                        if split == "val" else _interval_errors(pts, means)
+                    # series side by side (dodged by ~1% of the axis) so error bars never hide
+                    dodge = (k - (len(ss) - 1) / 2) * 0.012 * ((max(xs) - min(xs)) or 1.0)
+                    ax.errorbar([p["x"] + dodge for p in pts], means, yerr=err,
                                 color=_TAB[k % len(_TAB)], marker="o", ms=4, capsize=3, lw=1.6,
                                 label=f"{sw.series_label} = {s:g}")
                 if result.baseline is not None and math.isfinite(result.baseline[f"{split}_mean"]):
                     ax.axhline(result.baseline[f"{split}_mean"], color=RED, ls=":", lw=1.5,
                                label="AN baseline")
                 ax.set_xlabel(sw.x_label)
-                ax.set_ylabel(f"{split} mAP (%)")
+                ax.set_ylabel(f"{split} mAP (%)" + (", 95% interval" if split == "test" else ""))
                 ax.legend(loc="best")
             ax.set_title(f"{split} mAP at the best val epoch")
         fig.suptitle(result.title, fontsize=13, fontweight="bold")

@@ -45,6 +45,7 @@ from torch import Tensor
 
 from probe.config import TRAINER_KEYS, ProbeConfig
 from probe.data import ProbeData
+from probe.intervals import attach_test_intervals, mean_interval
 from probe.loop import init_head
 from probe.losses import LossInputError, create_loss, get_loss_class
 from probe.losses._base import HParam, check_hparams
@@ -349,21 +350,48 @@ def _settings_line(s: dict[str, Any]) -> str:
 
 
 def _trial_scores(result: ProbeResult, trials: Sequence[int]) -> dict[str, Any]:
+    """Val / test mAP of one point's trials (its seeds): mean, std, and the test mAP's 95%
+    interval (:func:`_test_interval`)."""
     vals = [_finite_or_nan(result.trials[t].best.get("val_map")) for t in trials]
     tests = [_finite_or_nan(result.trials[t].best.get("test_map")) for t in trials]
     vm, vs = _mean_std(vals)
     tm, ts = _mean_std(tests)
+    low, high = _test_interval(result, trials, tests)
     return {"val_mean": vm, "val_std": vs, "test_mean": tm, "test_std": ts,
-            "val_maps": vals, "test_maps": tests,
+            "test_low": low, "test_high": high, "val_maps": vals, "test_maps": tests,
             "best_epochs": [result.trials[t].best_epoch for t in trials]}
+
+
+def _test_interval(result: ProbeResult, trials: Sequence[int], tests: list[float]
+                   ) -> tuple[float, float]:
+    """95% interval of a point's test mAP: of the mean over its seeds (Student t) when it has
+    several, else over the test images (paired bootstrap, attached by :func:`_train`)."""
+    if len(tests) > 1:
+        iv = mean_interval(tests)
+        return iv.low, iv.high
+    best = result.trials[trials[0]].best
+    return (_finite_or_nan(best.get("test_map_low")), _finite_or_nan(best.get("test_map_high")))
+
+
+def _interval_caption(n_seeds: int) -> str:
+    return ("95% interval of the mean over the seeds (Student t)" if n_seeds > 1 else
+            "95% interval over the test images (paired bootstrap, 1,000 resamples)")
+
+
+def _iv(low: float, high: float) -> str:
+    return f"[{low:.2f}, {high:.2f}]" if math.isfinite(low) and math.isfinite(high) else "-"
 
 
 def _train(data: ProbeData, config: ProbeConfig, loss: str, hparams: Sequence[dict],
            seeds: Sequence[int], progress: bool) -> ProbeResult:
-    """Every hyperparameter dict × every seed as one stacked run (trial = point·S + seed)."""
+    """Every hyperparameter dict × every seed as one stacked run (trial = point·S + seed);
+    with one seed, each trial's test mAP gets its bootstrap interval over the test images."""
     trials = [dict(h) for h in hparams for _ in seeds]
     cfg = replace(config, seeds=tuple(s for _ in hparams for s in seeds))
-    return train_probe(data, cfg, loss, trials, progress=progress)
+    result = train_probe(data, cfg, loss, trials, progress=progress)
+    if len(seeds) == 1:
+        attach_test_intervals(result, data)
+    return result
 
 
 # --------------------------------------------------------------------------------------------
@@ -467,12 +495,14 @@ class AblationResult(_Result):
 
     def tables(self):
         n = len(self.settings["seeds"])
-        header = ["row", "k̂", "v", "L", "loss", "val mAP", "test mAP", "best epoch"]
+        header = ["row", "k̂", "v", "L", "loss", "val mAP", "test mAP", "95% interval",
+                  "best epoch"]
         rows = [[r["name"], *r["marks"], r["loss"], _pm(r["val_mean"], r["val_std"], n),
-                 _pm(r["test_mean"], r["test_std"], n),
+                 _pm(r["test_mean"], r["test_std"], n), _iv(r["test_low"], r["test_high"]),
                  ",".join("-" if e is None else str(e) for e in r["best_epochs"])]
                 for r in self.rows]
         cap = ("mAP (%) at the best val epoch" + (f", mean ± std over {n} seeds" if n > 1 else "")
+               + f"; test mAP's {_interval_caption(n)}"
                + "; ✓ on, × off (k̂ ≡ 0, v ≡ 1, q1 = q2 = q3 = 0.01), ◦ learned by gradient "
                "descent; best epoch counted from 1")
         return [(cap, header, rows)]
@@ -644,18 +674,20 @@ class SensitivityResult(_Result):
         sw = SWEEPS[self.param]
         n = len(self.settings["seeds"])
         extra = ["w_T"] if self.param == "tau" else []
-        header = [sw.series, sw.x, *extra, "val mAP", "test mAP"]
+        header = [sw.series, sw.x, *extra, "val mAP", "test mAP", "95% interval"]
         rows = []
         for p in self.points:
             rows.append([f"{p['series']:g}", f"{p['x']:g}",
                          *[f"{p['hparams'][k]:.4g}" for k in extra],
                          _pm(p["val_mean"], p["val_std"], n),
-                         _pm(p["test_mean"], p["test_std"], n)])
+                         _pm(p["test_mean"], p["test_std"], n),
+                         _iv(p["test_low"], p["test_high"])])
         if self.baseline is not None:
             b = self.baseline
             rows.append(["AN baseline", "", *[""] * len(extra), _pm(b["val_mean"], b["val_std"], n),
-                         _pm(b["test_mean"], b["test_std"], n)])
+                         _pm(b["test_mean"], b["test_std"], n), _iv(b["test_low"], b["test_high"])])
         cap = ("mAP (%) at the best val epoch" + (f", mean ± std over {n} seeds" if n > 1 else "")
+               + f"; test mAP's {_interval_caption(n)}"
                + f"; all {len(self.points)} points trained stacked in one run")
         return [(cap, header, rows)]
 

@@ -23,6 +23,7 @@ import studies.analysis_figures as F
 import studies.analyze as A
 from probe import ProbeConfig, train_probe
 from probe.data import ProbeData
+from probe.intervals import head_intervals, mean_interval
 from probe.loop import init_head
 from studies.cli.analyze import register_cli as register_analyze_cli
 
@@ -281,8 +282,13 @@ def test_ablation_rows_switches_and_direct_runs(yeast, tmp_path, monkeypatch):
     data = json.loads(paths[0].read_text())
     assert data["rows"][7]["name"] == "GR (k̂ + v + L)" and data["settings"]["seeds"] == [0, 1]
     md = paths[1].read_text()
-    assert "| row | k̂ | v | L | loss | val mAP | test mAP | best epoch |" in md
+    assert "| row | k̂ | v | L | loss | val mAP | test mAP | 95% interval | best epoch |" in md
     assert f"{r.rows[0]['test_mean']:.2f} ± {r.rows[0]['test_std']:.2f}" in md
+    # two seeds: the interval of the mean over them (Student t), around the mean
+    iv = mean_interval(r.rows[0]["test_maps"])
+    assert (r.rows[0]["test_low"], r.rows[0]["test_high"]) == (iv.low, iv.high)
+    assert iv.low < r.rows[0]["test_mean"] < iv.high
+    assert f"[{iv.low:.2f}, {iv.high:.2f}]" in md and "Student t" in md
     assert "![ablation](ablation.png)" in md
     _png(paths[2])
     with pytest.raises(A.AnalyzeError, match="sets the switches"):
@@ -305,7 +311,14 @@ def test_sensitivity_trains_one_stacked_run(yeast, tmp_path, monkeypatch):
                                        "sensitivity_tau.png"]
     _png(paths[2])
     md = paths[1].read_text()
-    assert "| b_T | tau | w_T | val mAP | test mAP |" in md and "| AN baseline |" in md
+    assert "| b_T | tau | w_T | val mAP | test mAP | 95% interval |" in md
+    assert "| AN baseline |" in md and "paired bootstrap" in md
+    # one seed: each point's interval over the test images, from its own head
+    boot = head_intervals(yeast.test_x, yeast.test_labels, one.best_heads)
+    p = r.points[2]
+    assert p["test_low"] < p["test_mean"] < p["test_high"]
+    assert p["test_low"] == pytest.approx(boot.intervals[0].low, abs=0.05)
+    assert p["test_high"] == pytest.approx(boot.intervals[0].high, abs=0.05)
 
     calls.clear()
     grid = A.run_sensitivity(yeast, replace_seeds(cfg, (3, 4)), "q2q3", values=[0.01, 0.5],
