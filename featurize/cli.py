@@ -370,13 +370,14 @@ def _common(parser: argparse.ArgumentParser) -> None:
     add_seeds_argument(parser)
 
 
-def add_draws(path: str, seeds_text: str) -> list[int]:
-    """Add the single-positive draws ``seeds_text`` names (``"1200,1,2"``) to a complete store;
-    draws already there are kept. Returns the store's seeds."""
+def add_draws(path: str, seeds_text: str, *, k: int = 1, fraction: float = 1.0) -> list[int]:
+    """Add the draws ``seeds_text`` names (``"1200,1,2"``) to a complete store: single
+    positives (the protocol), or ``k`` positives on a ``fraction`` of the images (a label
+    budget); draws already there are kept. Returns the store's seeds."""
     from probe.store import add_observed_seed, open_store
 
     for seed in parse_seeds(seeds_text):
-        add_observed_seed(path, seed)
+        add_observed_seed(path, seed, k=k, fraction=fraction)
     return open_store(path).observed_seeds()
 
 
@@ -442,8 +443,14 @@ def _cmd_import_yeast(args: argparse.Namespace) -> int:
 
 
 def _cmd_draw(args: argparse.Namespace) -> int:
-    seeds = add_draws(args.store, args.seeds)
-    print(f"{args.store}: single-positive draws for seeds {seeds}")
+    from probe.store import open_store
+
+    seeds = add_draws(args.store, args.seeds, k=args.k, fraction=args.fraction)
+    print(f"{args.store}: draws for seeds {seeds}")
+    budgets = open_store(args.store).summary()["observed_budgets"]
+    for seed, b in budgets.items():
+        print(f"  draw {seed}: k={b['k']} positives per image on {100 * b['fraction']:g}% of "
+              "the images (label budget)")
     return 0
 
 
@@ -516,7 +523,9 @@ def format_summary(summary: dict) -> str:
         f"dataset     {s['dataset']}: {s['rows']} rows, {s['classes']} classes, "
         f"{s['feature_dim']}-dim {s['dtype']} features, {flip}",
         f"classes     {_names(s['class_names'])}",
-        f"positives   single-positive draws for seeds {s['observed_seeds']}",
+        f"positives   single-positive draws for seeds {s['observed_seeds']}"
+        + "".join(f"; draw {seed}: k={b['k']} on {100 * b['fraction']:g}% of the images"
+                  for seed, b in s.get("observed_budgets", {}).items()),
         f"unlabeled   rows with no positive: pool {s['n_unlabeled']['pool']}, "
         f"test {s['n_unlabeled']['test']}",
         f"disk        {s['disk_bytes'] / 2**20:.1f} MiB",
@@ -688,16 +697,25 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
 
     p = sub.add_parser(
         "draw",
-        help="add single-positive draws (other seeds of the protocol) to a store",
+        help="add single-positive draws (other seeds of the protocol) or label-budget draws "
+        "to a store",
         description=wrap(
             "Add observed/<seed> arrays to a complete store: docs/protocol.md step 2 re-run with "
             "other seeds, each phase re-seeded. The literature's draw is seed 1200; other draws "
-            "let 'spml study confirm --observed-seeds' report mean ± std over draws. Draws "
-            "already in the store are kept as they are."
+            "let 'spml study confirm --observed-seeds' report mean ± std over draws. With --k "
+            "and --fraction a draw keeps k positives per image on a fraction of the images "
+            "(a label budget, the same seeded walk); every command that takes --observed-seed "
+            "then trains on it, and 'spml info' lists it. Draws already in the store are kept "
+            "as they are; a seed names one draw."
         ),
-        epilog="example:\n  spml draw stores/coco.zarr --seeds 1,2,3",
+        epilog="examples:\n  spml draw stores/coco.zarr --seeds 1,2,3\n"
+        "  spml draw stores/coco.zarr --seeds 20 --k 2 --fraction 0.5   # then --observed-seed 20",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("store", metavar="STORE", help="feature store directory")
     p.add_argument("--seeds", required=True, metavar="S1,S2,...", help="seeds to add")
+    p.add_argument("--k", type=int, default=1,
+                   help="observed positives per image (default 1: the protocol)")
+    p.add_argument("--fraction", type=float, default=1.0,
+                   help="fraction of the images labelled, in (0, 1] (default 1: the protocol)")
     p.set_defaults(func=_cmd_draw)

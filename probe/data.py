@@ -288,6 +288,9 @@ class ProbeData:
             "completed": store.attrs.get("completed"),
             "provenance": store.provenance,
         }
+        budget = store.observed_budget(observed_seed)
+        if budget != {"k": 1, "fraction": 1.0}:  # a label-budget draw (spml draw --k/--fraction)
+            source["label_budget"] = budget
         if replicate is not None:
             source["replicate"] = dict(replicate)
         return cls(

@@ -73,3 +73,52 @@ def test_analyze_label_budget_on_yeast(yeast_store, tmp_path, capsys):
                  "--json", str(tmp_path / "p.json"), *train]) == 0
     probe = json.loads((tmp_path / "p.json").read_text())["trials"][0]["best"]
     assert by[(1, 1.0)]["test_map"] == pytest.approx(probe["test_map"], abs=1e-9)
+
+
+# ----------------------------------------------------------------------------- stored draws
+
+
+def test_a_budget_draw_stored_in_the_store_is_one_observed_seed(tmp_path, capsys):
+    """``spml draw --k --fraction`` stores a label-budget draw under its seed: per phase, the
+    same walk as budget_positive; any --observed-seed command trains on it and records the
+    budget; a seed names one draw; bad budgets name their option."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_store import PROV, make_features, make_index
+
+    from probe.data import ProbeData
+    from probe.store import StoreError, add_observed_seed, open_store, write_feature_store
+
+    index = make_index()
+    path = tmp_path / "s.zarr"
+    write_feature_store(path, index, make_features(), provenance=PROV, progress=False)
+    assert main(["draw", str(path), "--seeds", "20", "--k", "2", "--fraction", "0.5"]) == 0
+    assert "draw 20: k=2 positives per image on 50% of the images" in capsys.readouterr().out
+    store = open_store(path)
+    pool, test = np.asarray(index.pool.labels), np.asarray(index.test.labels)
+    want = np.concatenate([budget_positive(pool, 20, k=2, fraction=0.5),
+                           budget_positive(test, 20, k=2, fraction=0.5)])
+    assert np.array_equal(store.observed(20), want)
+    assert store.observed_budget(20) == {"k": 2, "fraction": 0.5}
+    assert store.observed_budget(1200) == {"k": 1, "fraction": 1.0}
+    assert store.summary()["observed_budgets"] == {"20": {"k": 2, "fraction": 0.5}}
+    data = ProbeData.from_store(store, observed_seed=20)
+    assert data.source["label_budget"] == {"k": 2, "fraction": 0.5}
+    assert torch_equal(data.train_observed, want[store.split("train")])
+    assert "label_budget" not in ProbeData.from_store(store).source
+    add_observed_seed(path, 20, k=2, fraction=0.5)  # the same draw again: nothing to do
+    with pytest.raises(StoreError, match=r"already holds draw 20 with k=2 .* needs another seed"):
+        add_observed_seed(path, 20, k=3)
+    with pytest.raises(StoreError, match="already holds draw 1200 with one positive per image"):
+        add_observed_seed(path, 1200, fraction=0.5)
+    assert main(["draw", str(path), "--seeds", "21", "--fraction", "0"]) == 2
+    assert "--fraction" in capsys.readouterr().err
+    assert open_store(path).observed_seeds() == [20, 1200]
+    assert main(["info", str(path)]) == 0
+    assert "draw 20: k=2 on 50% of the images" in capsys.readouterr().out
+
+
+def torch_equal(tensor, array) -> bool:
+    return bool(np.array_equal(tensor.cpu().numpy(), array))

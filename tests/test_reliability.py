@@ -363,3 +363,22 @@ def test_creating_a_store_under_a_file_size_limit_leaves_nothing(tmp_path: Path)
     assert f"cannot create {out}: File too large" in failed.stderr and not out.exists()
     assert _spml_limited(argv, None).returncode == 0
     assert open_store(out).n_rows == 100
+
+
+def test_a_damaged_budget_draw_is_rewritten_with_its_budget(
+    tmp_path: Path, feats: np.ndarray
+) -> None:
+    """A label-budget draw (spml draw --k --fraction) repaired by re-running the import is
+    drawn again with its budget, not as a single-positive draw."""
+    from probe.store import add_observed_seed
+
+    path = tmp_path / "s.zarr"
+    build(path, feats, resume=True)
+    add_observed_seed(path, 20, k=2, fraction=0.5)
+    before = open_store(path).observed(20)
+    flip_byte(chunk_file(path, "observed/20", 0), at=-6)
+    assert not verify_store(path).ok
+    store = build(path, feats, resume=True)
+    assert verify_store(path).ok
+    np.testing.assert_array_equal(store.observed(20), before)
+    assert store.observed_budget(20) == {"k": 2, "fraction": 0.5}

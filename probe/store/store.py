@@ -54,7 +54,7 @@ from probe.store.chunks import (
 )
 from probe.store.errors import StoreDamaged, StoreError, StoreNotFoundError
 from probe.store.index import DatasetIndex
-from probe.store.protocol import PROTOCOL_SEED, single_positive, split_pool
+from probe.store.protocol import PROTOCOL_SEED, budget_positive, single_positive, split_pool
 
 SCHEMA_VERSION: int = 1
 SPLIT_CODES: dict[str, int] = {"train": 0, "val": 1, "test": 2}
@@ -228,9 +228,23 @@ def _check_provenance(provenance: dict, dtype: str) -> dict:
     return prov
 
 
-def _phase_observed(labels_pool: np.ndarray, labels_test: np.ndarray, seed: int) -> np.ndarray:
-    """``observed/<seed>``: single positives drawn per phase, each phase re-seeded."""
+def _phase_observed(labels_pool: np.ndarray, labels_test: np.ndarray, seed: int,
+                    budget: dict | None = None) -> np.ndarray:
+    """``observed/<seed>``: single positives drawn per phase, each phase re-seeded; with a
+    label ``budget`` (``{"k", "fraction"}``), ``k`` positives on a ``fraction`` of the images
+    (:func:`probe.store.protocol.budget_positive`, the same walk)."""
+    if budget is not None and not _is_protocol(budget):
+        k, fraction = int(budget["k"]), float(budget["fraction"])
+        return np.concatenate([budget_positive(labels_pool, seed, k=k, fraction=fraction),
+                               budget_positive(labels_test, seed, k=k, fraction=fraction)])
     return np.concatenate([single_positive(labels_pool, seed), single_positive(labels_test, seed)])
+
+
+PROTOCOL_BUDGET: dict = {"k": 1, "fraction": 1.0}  # one positive per image, every image
+
+
+def _is_protocol(budget: dict) -> bool:
+    return int(budget["k"]) == 1 and float(budget["fraction"]) == 1.0
 
 
 # every chunk of a small array gets a file, even an all-zero one: a missing file is then damage
@@ -240,7 +254,8 @@ ROW_ARRAYS: tuple[str, ...] = ("labels", "split", "image_ids")
 
 
 def _write_row_arrays(
-    group: zarr.Group, index: DatasetIndex, seeds: Sequence[int], only: Sequence[str] | None = None
+    group: zarr.Group, index: DatasetIndex, seeds: Sequence[int], only: Sequence[str] | None = None,
+    budgets: dict | None = None,
 ) -> None:
     """Labels, the protocol split, the image ids and the single-positive draws of ``seeds``
     (``observed/<seed>``), each with a CRC-32C per chunk; ``only`` names the ones to (re)write."""
@@ -273,7 +288,8 @@ def _write_row_arrays(
     observed = group.require_group("observed")
     for seed in seeds:
         if want(f"observed/{seed}"):
-            put(observed, str(seed), _phase_observed(labels_pool, labels_test, seed))
+            put(observed, str(seed), _phase_observed(labels_pool, labels_test, seed,
+                                                     (budgets or {}).get(str(seed))))
 
 
 def create_store(
@@ -816,7 +832,8 @@ def _check_same_rows(
     group = writer._group
     attrs = group.attrs
     if writer.rewrite_arrays:
-        _write_row_arrays(group, index, attrs["observed_seeds"], only=writer.rewrite_arrays)
+        _write_row_arrays(group, index, attrs["observed_seeds"], only=writer.rewrite_arrays,
+                          budgets=attrs.get("observed_budgets"))
         writer.rewrite_arrays = []
     same = (
         attrs["n_pool"] == len(index.pool)
@@ -837,26 +854,56 @@ def _check_same_rows(
         )
 
 
-def add_observed_seed(path: str | Path, seed: int) -> None:
-    """Add another single-positive draw ``observed/<seed>`` to a complete store.
+def add_observed_seed(path: str | Path, seed: int, *, k: int = 1, fraction: float = 1.0) -> None:
+    """Add another draw of observed labels ``observed/<seed>`` to a complete store.
 
-    Each phase is re-seeded with ``seed`` (docs/protocol.md step 2). A seed already present is left
-    alone. The array is written first and registered in ``observed_seeds`` last, so an
-    interrupted call leaves the store as it was. Not safe against another concurrent
+    Each phase is re-seeded with ``seed`` (docs/protocol.md step 2). ``k`` / ``fraction``: a
+    label budget (``k`` positives per image on a ``fraction`` of the images,
+    :func:`probe.store.protocol.budget_positive`; k = 1 on every image is the protocol's
+    single-positive draw), recorded in the ``observed_budgets`` attribute. Every command that
+    takes ``--observed-seed`` then trains on it. A seed already present with the same budget is
+    left alone; with another budget it is an error (a seed names one draw).
+
+    The array is written first and registered in ``observed_seeds`` last, so an interrupted
+    call leaves the store as it was. Not safe against another concurrent
     ``add_observed_seed`` on the same store (readers are fine).
     """
+    if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
+        raise StoreError(f"k (observed positives per image, --k) must be an integer >= 1; "
+                         f"got {k!r}")
+    if not isinstance(fraction, int | float) or not 0.0 < float(fraction) <= 1.0:
+        raise StoreError(f"fraction (of images labelled, --fraction) must lie in (0, 1]; got "
+                         f"{fraction!r}")
+    budget = {"k": int(k), "fraction": float(fraction)}
     store = open_store(path)
     seed = int(seed)
     if seed in store.observed_seeds():
-        return
+        have = store.observed_budget(seed)
+        if have == budget:
+            return
+        raise StoreError(
+            f"{store.path} already holds draw {seed} with {_budget_text(have)}; a seed names one "
+            f"draw, so {_budget_text(budget)} needs another seed (e.g. --seeds "
+            f"{max(store.observed_seeds()) + 1})"
+        )
     group = zarr.open_group(store.path, mode="r+")
     labels = group["labels"][:]
     n_pool = int(group.attrs["n_pool"])
     group["observed"].create_array(
-        str(seed), data=_phase_observed(labels[:n_pool], labels[n_pool:], seed), overwrite=True,
-        compressors=checksum_codecs(compress=True), config=_EVERY_CHUNK,
+        str(seed), data=_phase_observed(labels[:n_pool], labels[n_pool:], seed, budget),
+        overwrite=True, compressors=checksum_codecs(compress=True), config=_EVERY_CHUNK,
     )
+    if not _is_protocol(budget):
+        group.attrs["observed_budgets"] = {**group.attrs.get("observed_budgets", {}),
+                                           str(seed): budget}
     group.attrs["observed_seeds"] = sorted([*group.attrs["observed_seeds"], seed])
+
+
+def _budget_text(budget: dict) -> str:
+    if _is_protocol(budget):
+        return "one positive per image (the protocol's draw)"
+    return (f"k={budget['k']} positives per image on {100 * float(budget['fraction']):g}% of "
+            "the images")
 
 
 # ----------------------------------------------------------------------------- reading
@@ -957,6 +1004,11 @@ class Store:
         """Seeds of the single-positive draws this store holds."""
         return sorted(int(s) for s in self.attrs["observed_seeds"])
 
+    def observed_budget(self, seed: int) -> dict:
+        """The label budget of draw ``seed``: ``{"k": 1, "fraction": 1.0}`` for the protocol's
+        single positives, else what ``add_observed_seed(…, k=, fraction=)`` stored."""
+        return dict(self.attrs.get("observed_budgets", {}).get(str(int(seed)), PROTOCOL_BUDGET))
+
     def observed(self, seed: int = PROTOCOL_SEED, rows: Any = None) -> np.ndarray:
         """Single-positive labels of draw ``seed``, int8 ``(len(rows), C)``."""
         if int(seed) not in self.observed_seeds():
@@ -1038,6 +1090,7 @@ class Store:
             "dtype",
             "block_rows",
             "observed_seeds",
+            "observed_budgets",
             "split_seed",
             "provenance",
             "complete",
@@ -1058,6 +1111,8 @@ class Store:
             "has_flip": self.has_flip,
             "block_rows": int(self.attrs["block_rows"]),
             "observed_seeds": self.observed_seeds(),
+            "observed_budgets": {str(s): self.observed_budget(s) for s in self.observed_seeds()
+                                 if not _is_protocol(self.observed_budget(s))},
             "n_unlabeled": dict(self.attrs["n_unlabeled"]),
             "splits": splits,
             "disk_bytes": int(disk),

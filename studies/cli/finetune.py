@@ -200,7 +200,9 @@ def register_cli(sub: argparse._SubParsersAction,
     g.add_argument("--epochs", type=int, help="epochs (default: paper's, else 10)")
     g.add_argument("--seed", type=int, help="head init, batch order, flips (default 0)")
     g.add_argument("--observed-seed", dest="observed_seed", type=int,
-                   help=f"single-positive draw (default {PROTOCOL_SEED}, the literature's)")
+                   help=f"single-positive draw (default {PROTOCOL_SEED}, the literature's), "
+                   "drawn from the dataset's labels: a store's label-budget draws (spml draw "
+                   "--k/--fraction) do not apply here")
     g.add_argument("--val-labels", dest="val_labels", choices=("clean", "observed"),
                    help="score val on full labels (default) or on the single positives")
     g.add_argument("--threshold", type=float, default=0.5,
