@@ -182,3 +182,15 @@ def test_analyze_selection_writes_its_table(yeast_store, tmp_path, capsys) -> No
     assert main(argv) == 0
     again = json.loads((out / "selection.json").read_text())["rows"]
     assert again == rows
+
+
+def test_a_small_val_split_is_pointed_out(yeast_store, tmp_path, capsys) -> None:
+    from studies.cli import main
+
+    fast = ["--epochs", "1", "--batch-size", "64", "--lr", "0.01", "--trials", "2", "--batch", "2"]
+    assert main(["study", yeast_store, "--loss", "an_ls", *fast, "--out", str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    assert "note: the val split has 387 rows" in out and "docs/selection.md" in out
+    assert main(["study", yeast_store, "--loss", "an_ls", *fast, "--select", "cv:2",
+                 "--out", str(tmp_path / "b")]) == 0
+    assert "val split has" not in capsys.readouterr().out

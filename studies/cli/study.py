@@ -133,6 +133,8 @@ def _study(args: argparse.Namespace) -> int:
 
         print(f"warning: {summary.n_best_at_last} of {summary.n_complete} completed trials had "
               f"their best val mAP at their last epoch (not converged); {ADVICE}")
+    if settings.select == "val":
+        _small_val_note(settings.store)
     print(f"results: {Path(summary.out) / 'results'}")
     storage = f" --storage {summary.storage}" if settings.storage else ""  # else found in out
     out = "" if not settings.storage else f" --out {summary.out}"  # else beside the study
@@ -197,6 +199,19 @@ def _results_beside(storage: str, out: Path) -> Path:
     if spec.kind != "postgresql":
         return Path(spec.target).expanduser().parent / "results"
     return out / "results"
+
+
+SMALL_VAL = 1000  # val rows below which one split's val mAP is noisy enough to mislead a search
+
+
+def _small_val_note(store_path: str) -> None:
+    """Say when the val split is small enough for --select cv:5 to pick better values."""
+    from probe.store import open_store
+
+    n_val = len(open_store(store_path).split("val"))
+    if n_val < SMALL_VAL:
+        print(f"note: the val split has {n_val} rows; on yeast (387) the winner of --select "
+              "cv:5 held up on test better than --select val's (docs/selection.md)")
 
 
 def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction) -> None:
