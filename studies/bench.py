@@ -42,9 +42,13 @@ class StudyBenchConfig:
     epochs: int | None = None  # None: the loss's paper preset for the dataset
     batch_size: int | None = None  # None: the loss's paper preset for the dataset
     pruner: str = "median"  # as `spml study`'s default
+    storage: str = "journal"  # journal (spml study's default) | sqlite: a fresh file either way
     seed: int = 0  # sampler seed
 
     def validate(self) -> None:
+        if self.storage not in ("journal", "sqlite"):
+            raise ValueError(f"bench study: storage must be 'journal' or 'sqlite'; got "
+                             f"{self.storage!r}")
         for name in ("n_trials", "batch"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -144,6 +148,8 @@ def bench_study(config: StudyBenchConfig, *, log: Any = None) -> dict[str, Any]:
         settings = StudySettings(
             store=str(config.store), loss=config.loss, n_trials=config.n_trials,
             batch=config.batch, pruner=config.pruner, out=str(Path(tmp) / "study"),
+            storage=str(Path(tmp) / "study" / ("study.log" if config.storage == "journal"
+                                                else "study.db")),
             seed=config.seed, epochs=config.epochs, batch_size=config.batch_size)
         clock = _Clock()
         t0 = time.perf_counter()

@@ -89,7 +89,7 @@ def load_study(storage: str, name: str | None, flag: str = "--storage") -> optun
     names = [s.study_name for s in optuna.get_all_study_summaries(opened, include_best_trial=False)]
     if not names:
         raise StudyError(f"{flag} {storage}: the storage holds no study; pass the storage "
-                         "'spml study' wrote (STUDY_DIR/study.db or study.log by default)")
+                         "'spml study' wrote (STUDY_DIR/study.log by default, or study.db)")
     if name is None:
         if len(names) != 1:
             raise StudyError(

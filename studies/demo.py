@@ -179,7 +179,7 @@ def run_demo(config: DemoConfig | None = None, *, log: Callable[[str], None] = p
     _compare_rows(table, cfg, log)
 
     study_dir = out / "gr-study"
-    for stale in (study_dir / "study.db", study_dir / "results"):
+    for stale in (study_dir / "study.log", study_dir / "study.db", study_dir / "results"):
         if stale.is_file():
             stale.unlink()
         elif stale.is_dir():

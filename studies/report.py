@@ -1,7 +1,7 @@
 """``spml report``: one study as a self-contained HTML page and a Markdown file with PNG figures.
 
 Reads what ``spml study … --out DIR`` and ``spml study confirm`` leave behind -- the Optuna
-storage (``DIR/study.db`` or ``DIR/study.log``, or any ``--storage``), the per-batch Parquet
+storage (``DIR/study.log`` or ``DIR/study.db``, or any ``--storage``), the per-batch Parquet
 results (``DIR/results``) and ``DIR/confirm.parquet`` when present -- and writes into ``out``
 (default ``DIR/report``):
 
@@ -960,7 +960,7 @@ def build_report(
 ) -> ReportResult:
     """Write ``report.html``, ``report.md`` and ``figures/*.png`` for the study in ``study_dir``.
 
-    ``storage``: the study's storage when it is not ``study_dir/study.db`` or ``study.log``
+    ``storage``: the study's storage when it is not ``study_dir/study.log`` or ``study.db``
     (e.g. PostgreSQL); ``name``: the study, when the storage holds several; ``store``: the
     feature store for the AN baseline (default: the path the study recorded); ``out``: where
     to write (default ``study_dir/report``). Raises FileNotFoundError / :class:`StudyError`

@@ -9,7 +9,7 @@ Both are tested on the test split; the row records the winner's and the paper's 
 and their difference. A mode that picks values which generalise has a difference >= 0 on
 average: docs/selection.md holds the table for yeast and the recommendation drawn from it.
 
-The studies live in ``OUT/studies/<mode>-seed<s>/study.db``: re-running the same command
+The studies live in ``OUT/studies/<mode>-seed<s>/study.log``: re-running the same command
 resumes them instead of starting again.
 """
 

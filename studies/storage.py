@@ -1,11 +1,12 @@
-"""Where a study lives: an SQLite file (one process), a journal file (several processes on one
-machine or a shared file system) or a PostgreSQL server (workers on many machines).
+"""Where a study lives: a journal file (the default: one or several processes on one machine or
+a shared file system), an SQLite file (one process) or a PostgreSQL server (workers on many
+machines).
 
-``open_storage(spec)`` accepts:
-
-* ``None`` or a path ending in ``.db`` / ``.sqlite`` / ``.sqlite3``, or ``sqlite:///PATH``;
-* a path ending in ``.log`` / ``.journal`` / ``.jsonl``, or ``journal:PATH``;
-* ``postgresql://USER@HOST:PORT/DB`` (driver: psycopg 3, extra ``postgres``).
+The journal is the default because it is the fastest on a small dataset: a 64-trial GR study on
+yeast ran at 222 trials/min with SQLite and 319 with the journal, measured in one session by
+``spml bench study --storage sqlite`` and ``spml bench study``. A journal line is appended and
+``fsync``-ed per operation; :func:`open_storage` drops a torn last line that a failed write (a
+full disk) left behind, so the next command can append again.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class StorageSpec:
 
     @property
     def multi_process(self) -> bool:
-        """Whether several processes may safely share it (SQLite is the one-process default)."""
+        """Whether several processes may safely share it (SQLite is for one process)."""
         return self.kind != "sqlite"
 
 
@@ -133,7 +134,7 @@ def open_existing_storage(storage: str | os.PathLike, flag: str = "--storage"
                     hint = f" ({path.parent} holds {', '.join(near)})"
             raise FileNotFoundError(
                 f"{flag} {storage}: no such file{hint}; pass the storage 'spml study' wrote "
-                "(STUDY_DIR/study.db or study.log by default)"
+                "(STUDY_DIR/study.log by default, or study.db)"
             )
     return spec, open_storage(spec)
 
@@ -153,7 +154,9 @@ def open_storage(spec: StorageSpec) -> optuna.storages.BaseStorage:
         path = Path(spec.target).expanduser()
         path.parent.mkdir(parents=True, exist_ok=True)
         # open-lock (O_EXCL lock file) works on network file systems where symlinks may not
-        backend = JournalFileBackend(str(path), lock_obj=JournalFileOpenLock(str(path)))
+        lock = JournalFileOpenLock(str(path))
+        drop_torn_tail(path, lock)
+        backend = JournalFileBackend(str(path), lock_obj=lock)
         return optuna.storages.JournalStorage(backend)
     _check_postgres_reachable(spec.target)
     try:
@@ -170,6 +173,41 @@ def open_storage(spec: StorageSpec) -> optuna.storages.BaseStorage:
     except Exception as err:  # SQLAlchemy's OperationalError: bad credentials, missing database
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise StudyError(f"--storage: cannot open {spec.display}: {first}") from None
+
+
+def drop_torn_tail(path: Path, lock: Any) -> int:
+    """Cut a journal's last line if it lacks its newline: the remains of an append that failed
+    part-way (a full disk, a file-size limit). That operation raised in the process that tried
+    it, so nothing told anyone it happened; left in place, the next append would be glued to
+    it and the journal would no longer load. Done under the journal's own lock; returns the
+    bytes removed."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return 0
+    lock.acquire()
+    try:
+        with open(path, "r+b") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(size - 1)
+            if f.read(1) == b"\n":
+                return 0
+            # the last complete line ends at the last newline (or nothing is complete)
+            keep, step = 0, 1 << 16
+            pos = size
+            while pos > 0:
+                start = max(0, pos - step)
+                f.seek(start)
+                chunk = f.read(pos - start)
+                at = chunk.rfind(b"\n")
+                if at >= 0:
+                    keep = start + at + 1
+                    break
+                pos = start
+            f.truncate(keep)
+            f.flush()
+            os.fsync(f.fileno())
+            return size - keep
+    finally:
+        lock.release()
 
 
 @contextmanager
@@ -215,8 +253,9 @@ def ask_lock(spec: StorageSpec, study_name: str) -> Iterator[None]:
 
 
 def find_storage(study_dir: str | os.PathLike) -> str:
-    """The storage ``spml study --out STUDY_DIR`` wrote: ``study.db`` (one worker) or
-    ``study.log`` (several). Raises FileNotFoundError naming the folder when it holds neither."""
+    """The storage ``spml study --out STUDY_DIR`` wrote: ``study.log`` (the journal, the
+    default) or ``study.db`` (SQLite, the default before the journal was). Raises
+    FileNotFoundError naming the folder when it holds neither."""
     d = Path(study_dir)
     if not d.is_dir():
         raise FileNotFoundError(
@@ -225,9 +264,9 @@ def find_storage(study_dir: str | os.PathLike) -> str:
     found = [d / n for n in ("study.db", "study.log") if (d / n).is_file()]
     if not found:
         raise FileNotFoundError(
-            f"STUDY_DIR {d} holds no study: expected study.db (SQLite, one worker) or study.log "
-            "(journal, --workers N) as written by 'spml study --out'; for another storage "
-            "(e.g. PostgreSQL) pass --storage"
+            f"STUDY_DIR {d} holds no study: expected study.log (the journal 'spml study --out' "
+            "writes by default) or study.db (SQLite); for another storage (e.g. PostgreSQL) "
+            "pass --storage"
         )
     if len(found) > 1:
         raise StudyError(

@@ -74,7 +74,7 @@ class StudySettings:
     batch: int = 8  # trials asked at once and trained stacked as one model
     sampler: str = "tpe"  # TPE copes with few trials and conditional spaces; the Optuna default
     pruner: str = "median"  # median pruning of epochs: cheap, robust, no tuning of its own
-    storage: str | None = None  # None: <out>/study.db (one worker) or <out>/study.log (several)
+    storage: str | None = None  # None: <out>/study.log, a journal (<out>/study.db if one exists)
     name: str | None = None  # None: "<dataset>-<loss>"
     out: str = "spml-study"  # results folder (Parquet per batch, storage file by default)
     seed: int = 0  # sampler seed; trial training seeds come from train_seed
@@ -100,7 +100,11 @@ class StudySettings:
     devices: tuple[str, ...] = ()  # one device per worker (--devices cuda:0,cuda:1); (): device
 
     def storage_spec(self) -> StorageSpec:
-        default = Path(self.out) / ("study.db" if self.workers == 1 else "study.log")
+        # the journal: the fastest storage for one worker and shared by several; a study an
+        # older spml wrote to <out>/study.db (SQLite) is continued there
+        old = Path(self.out) / "study.db"
+        default = old if self.storage is None and old.is_file() and self.workers == 1 else (
+            Path(self.out) / "study.log")
         return parse_storage(self.storage, default=default)
 
     def validate(self) -> None:

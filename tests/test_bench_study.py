@@ -39,10 +39,15 @@ def test_bench_study_report_and_restores_the_engine(tmp_path):
     json.dumps(report)
 
 
-def test_bench_study_cli(tmp_path, capsys):
+@pytest.mark.parametrize("storage", ["journal", "sqlite"])
+def test_bench_study_cli(tmp_path, capsys, storage):
     store = synthetic_store(200, 8, 5, cache_dir=tmp_path, progress=False)
     out = tmp_path / "b.json"
     assert main(["bench", "study", "--store", str(store), "--trials", "3", "--batch", "3",
-                 "--epochs", "2", "--batch-size", "16", "--json", str(out)]) == 0
-    assert json.loads(out.read_text())["finished_trials"] >= 3
+                 "--epochs", "2", "--batch-size", "16", "--storage", storage,
+                 "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["finished_trials"] >= 3 and report["config"]["storage"] == storage
     assert "where the time went" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="storage must be 'journal' or 'sqlite'"):
+        StudyBenchConfig(store=str(store), storage="redis").validate()

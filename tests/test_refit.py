@@ -21,7 +21,7 @@ def test_confirm_refit_trains_the_winner_on_train_plus_val(yeast_store, tmp_path
                  "--epochs", "3", "--batch-size", "32", "--lr", "0.01", "--device", "cpu",
                  "--out", str(out)]) == 0
     capsys.readouterr()
-    assert main(["study", "confirm", "--storage", str(out / "study.db"), "--store", yeast_store,
+    assert main(["study", "confirm", "--storage", str(out / "study.log"), "--store", yeast_store,
                  "--top-k", "2", "--seeds", "0,1", "--out", str(out), "--refit",
                  "--device", "cpu"]) == 0
     printed = capsys.readouterr().out

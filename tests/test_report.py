@@ -171,7 +171,7 @@ def real(tmp_path_factory):
     settings = StudySettings(store=str(store), loss="gr", n_trials=10, batch=5, epochs=3,
                              batch_size=32, lr=0.01, out=str(out))
     run_study(settings, log=lambda m: None)
-    study = load_study(str(out / "study.db"), None)
+    study = load_study(str(out / "study.log"), None)
     confirm_study(study, str(store), top_k=2, seeds=(0, 1), out=out, device="cpu")
     result = build_report(out, options=ReportOptions(device="cpu"))
     return {"store": store, "out": out, "study": study, "result": result}
@@ -486,9 +486,9 @@ def test_errors_name_the_folder_and_the_fix(tmp_path):
     with pytest.raises(FileNotFoundError, match="is not a folder"):
         build_report(tmp_path / "missing")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match=r"holds no study: expected study\.db"):
+    with pytest.raises(FileNotFoundError, match=r"holds no study: expected study\.log"):
         build_report(tmp_path / "empty")
-    assert not (tmp_path / "empty" / "study.db").exists()  # looking never creates a storage
+    assert not any((tmp_path / "empty").iterdir())  # looking never creates a storage
     with pytest.raises(FileNotFoundError, match="no such file"):
         build_report(tmp_path / "empty", storage=str(tmp_path / "other.db"))
     dists = {"gr.w_T": FloatDistribution(2, 16)}

@@ -124,14 +124,15 @@ def test_a_study_scores_trials_by_the_replicates_mean(yeast_store, tmp_path) -> 
     replicate with the trial's parameters; its intermediate values are the mean curve; the
     Parquet rows say which mode scored them; nothing is pruned."""
     from studies.results import read_results
-    from studies.storage import StudyError
+    from studies.storage import StudyError, open_existing_storage
     from studies.study import StudySettings, run_study
 
     settings = StudySettings(store=yeast_store, loss="gr", n_trials=3, batch=3, out=str(tmp_path),
                              select="cv:2", seed=1, **FAST)
     summary = run_study(settings)
     assert summary.n_complete == 3 and summary.n_pruned == 0
-    study = optuna.load_study(study_name="yeast-gr", storage=f"sqlite:///{tmp_path}/study.db")
+    study = optuna.load_study(study_name="yeast-gr",
+                              storage=open_existing_storage(tmp_path / "study.log")[1])
     trials = sorted(study.trials, key=lambda t: t.number)
     params = [{k.split(".", 1)[1]: v for k, v in t.params.items()} for t in trials]
     reps = selection_data(yeast_store, "cv:2")
@@ -157,7 +158,7 @@ def test_study_cli_rejects_a_bad_mode(yeast_store, tmp_path, capsys) -> None:
                  "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "--select cv:1" in err and "Traceback" not in err
-    assert not (tmp_path / "study.db").exists()
+    assert not any(tmp_path.iterdir())
 
 
 def test_analyze_selection_writes_its_table(yeast_store, tmp_path, capsys) -> None:
@@ -177,7 +178,7 @@ def test_analyze_selection_writes_its_table(yeast_store, tmp_path, capsys) -> No
         assert r["difference"] == pytest.approx(r["winner_test_map"] - r["paper_test_map"])
     assert [s["mode"] for s in record["summary"]] == ["val", "draws:2"]
     assert (out / "selection.png").stat().st_size > 0 and (out / "selection.md").exists()
-    assert Path(out / "studies" / "draws2-seed3" / "study.db").exists()
+    assert Path(out / "studies" / "draws2-seed3" / "study.log").exists()
     # the same command resumes the finished studies: the same rows
     assert main(argv) == 0
     again = json.loads((out / "selection.json").read_text())["rows"]

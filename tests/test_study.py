@@ -36,6 +36,13 @@ def yeast(yeast_store) -> str:
     return yeast_store
 
 
+def journal_storage(out: Path):
+    """The journal storage 'spml study --out OUT' writes by default."""
+    from studies.storage import open_existing_storage
+
+    return open_existing_storage(out / "study.log")[1]
+
+
 def _finished_ok(storage, name: str, n_trials: int, out: Path) -> list:
     study = optuna.load_study(study_name=name, storage=storage)
     trials = study.get_trials()
@@ -81,7 +88,7 @@ def test_sqlite_study_then_journal_with_two_workers(yeast, tmp_path):
     assert code == 0
     summary = json.loads((tmp_path / "s.json").read_text())
     assert summary["n_complete"] + summary["n_pruned"] >= 6
-    _finished_ok(f"sqlite:///{out}/study.db", "yeast-an_ls", 6, out)
+    _finished_ok(journal_storage(out), "yeast-an_ls", 6, out)
 
     out = tmp_path / "journal"
     code = main(
@@ -321,7 +328,7 @@ def test_confirm_reports_mean_and_std(yeast, tmp_path, capsys):
                 "study",
                 "confirm",
                 "--storage",
-                str(out / "study.db"),
+                str(out / "study.log"),
                 "--store",
                 yeast,
                 "--top-k",
@@ -348,7 +355,7 @@ def test_confirm_reports_mean_and_std(yeast, tmp_path, capsys):
     from studies.cli.finetune import winner_from_study
 
     loss, hparams, train = winner_from_study(str(out))
-    study_best = optuna.load_study(study_name="yeast-an_ls", storage=f"sqlite:///{out}/study.db")
+    study_best = optuna.load_study(study_name="yeast-an_ls", storage=journal_storage(out))
     assert loss == "an_ls" and train == {}
     assert hparams == {"eps": study_best.best_params["an_ls.eps"]}
     import polars as pl
@@ -370,7 +377,7 @@ def test_confirm_reports_mean_and_std(yeast, tmp_path, capsys):
     with pytest.raises(StudyError, match="no study 'nope'"):
         from studies.confirm import load_study
 
-        load_study(str(out / "study.db"), "nope")
+        load_study(str(out / "study.log"), "nope")
 
 
 def test_interrupted_batch_fails_fast_and_resumes(yeast, tmp_path, monkeypatch):
@@ -392,7 +399,7 @@ def test_interrupted_batch_fails_fast_and_resumes(yeast, tmp_path, monkeypatch):
     monkeypatch.setattr(probe.train, "train_probe", interrupt_second_batch)
     with pytest.raises(KeyboardInterrupt):
         run_study(settings)
-    storage = f"sqlite:///{tmp_path}/study.db"
+    storage = journal_storage(tmp_path)
     study = optuna.load_study(study_name="yeast-an_ls", storage=storage)
     assert not study.get_trials(states=(TrialState.RUNNING,))
     failed = study.get_trials(states=(TrialState.FAIL,))
@@ -433,7 +440,7 @@ def test_resuming_with_other_settings_is_refused_and_rows_carry_them(yeast, tmp_
     assert set(frame["lr"]) == {0.01} and set(frame["batch_size"]) == {32}
     assert set(frame["epochs"]) == {3}
     assert frame["best_epoch"].min() >= 1 and frame["best_epoch"].max() <= 3
-    study = optuna.load_study(study_name="yeast-an_ls", storage=f"sqlite:///{out}/study.db")
+    study = optuna.load_study(study_name="yeast-an_ls", storage=journal_storage(out))
     assert study.user_attrs["spml.training"]["lr"] == 0.01
     # Optuna's steps are epochs too, counted from 1
     assert all(min(t.intermediate_values) == 1 for t in study.trials if t.intermediate_values)
@@ -471,13 +478,13 @@ def test_confirm_refuses_a_missing_storage_and_writes_beside_the_study(yeast, tm
     out = tmp_path / "s"
     assert main(_study_cmd(yeast, out)) == 0
     capsys.readouterr()
-    typo = out / "studyy.db"
+    typo = out / "studyy.log"
     assert main(["study", "confirm", "--storage", str(typo), "--store", yeast]) == 2
-    assert "holds study.db" in capsys.readouterr().err and not typo.exists()
+    assert "holds study.log" in capsys.readouterr().err and not typo.exists()
     assert main(["report", str(out), "--storage", str(typo), "--no-baseline"]) == 2
     assert not typo.exists()
     # no --out: beside the study
-    assert main(["study", "confirm", "--storage", str(out / "study.db"), "--store", yeast,
+    assert main(["study", "confirm", "--storage", str(out / "study.log"), "--store", yeast,
                  "--top-k", "1", "--seeds", "0"]) == 0
     assert (out / "confirm.parquet").is_file() and (out / "best.json").is_file()
     import polars as pl
@@ -489,7 +496,7 @@ def test_confirm_refuses_a_missing_storage_and_writes_beside_the_study(yeast, tm
     for f in (out / "results").glob("batch-*.parquet"):
         f.unlink()
     write_batch(out / "results", frame.to_dicts())
-    assert main(["study", "confirm", "--storage", str(out / "study.db"), "--store", yeast,
+    assert main(["study", "confirm", "--storage", str(out / "study.log"), "--store", yeast,
                  "--top-k", "1", "--seeds", "0"]) == 0
     assert pl.read_parquet(out / "confirm.parquet")["lr"].to_list() == [0.05]
     assert not Path("spml-study").exists() or Path("spml-study").stat().st_mtime < time.time() - 60

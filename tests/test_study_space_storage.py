@@ -70,6 +70,40 @@ def test_journal_and_sqlite_open(tmp_path):
         assert len(study.trials) == 2
 
 
+def test_a_torn_journal_line_is_dropped_and_the_study_goes_on(tmp_path):
+    """A write that failed part-way (a full disk) leaves a journal line without its newline;
+    the next open cuts it, so the study loads and takes appends again."""
+    import optuna
+
+    path = tmp_path / "study.log"
+    study = optuna.create_study(storage=open_storage(parse_storage(path)), study_name="s")
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    whole = path.read_bytes()
+    with open(path, "ab") as f:
+        f.write(b'{"op_code": 5, "worker_id": "x", "trial_id": 0, "par')  # the torn remains
+    study = optuna.load_study(storage=open_storage(parse_storage(path)), study_name="s")
+    assert path.read_bytes() == whole and len(study.trials) == 2
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=1)
+    again = optuna.load_study(storage=open_storage(parse_storage(path)), study_name="s")
+    assert len(again.trials) == 3 and not (tmp_path / "study.log.lock").exists()
+
+
+def test_a_study_keeps_its_old_sqlite_file(tmp_path):
+    """The default storage is OUT/study.log; a study an older spml wrote to OUT/study.db is
+    continued there, and an explicit --storage always wins."""
+    from studies.study import StudySettings
+
+    settings = StudySettings(store="x.zarr", loss="gr", out=str(tmp_path))
+    assert settings.storage_spec() == parse_storage(tmp_path / "study.log")
+    (tmp_path / "study.db").write_bytes(b"")
+    assert settings.storage_spec() == parse_storage(tmp_path / "study.db")
+    given = StudySettings(store="x.zarr", loss="gr", out=str(tmp_path),
+                          storage=str(tmp_path / "other.log"))
+    assert given.storage_spec().target == str(tmp_path / "other.log")
+    several = StudySettings(store="x.zarr", loss="gr", out=str(tmp_path), workers=2)
+    assert several.storage_spec().kind == "journal"
+
+
 def test_unreachable_postgres_is_one_clear_line():
     import socket
 

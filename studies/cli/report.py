@@ -9,7 +9,7 @@ from probe.cliargs import DEVICE_HELP, add_device_argument
 
 REPORT_EPILOG = """\
 examples:
-  spml report spml-study                       # reads spml-study/study.db (or study.log)
+  spml report spml-study                       # reads spml-study/study.log (or study.db)
   spml report spml-study --store yeast.zarr    # the store for the AN baseline, if it moved
   spml report runs/coco-gr --storage postgresql://me@db-host:5432/spml --name coco-gr
   spml report spml-study --out paper/figs --no-baseline
@@ -54,10 +54,10 @@ def register_cli(sub: argparse._SubParsersAction,
         epilog=REPORT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("study_dir", metavar="STUDY_DIR",
-                   help="the folder given to 'spml study --out' (holds study.db or study.log, "
+                   help="the folder given to 'spml study --out' (holds study.log or study.db, "
                         "results/ and, after 'spml study confirm', confirm.parquet)")
-    p.add_argument("--storage", help="the study's storage when it is not STUDY_DIR/study.db or "
-                   "study.log: a file or postgresql://user@host:port/db")
+    p.add_argument("--storage", help="the study's storage when it is not STUDY_DIR/study.log or "
+                   "study.db: a file or postgresql://user@host:port/db")
     p.add_argument("--name", help="study name (default: the only study in the storage)")
     p.add_argument("--store", help="feature store for the AN baseline (default: the path the "
                    "study recorded)")

@@ -17,7 +17,7 @@ examples:
   spml study coco.zarr --loss gr --params w_T,b_T --search-lr --storage study.log --workers 4
   spml study coco.zarr --loss gr --sampler grid --grid gr.b_T=-8,-4,-2 --grid gr.w_T=2,6,10
   spml study coco.zarr --loss opml --storage postgresql://me@db-host:5432/spml   # on each machine
-  spml study confirm --storage spml-study/study.db --store yeast.zarr --top-k 3 --seeds 0,1,2
+  spml study confirm --storage spml-study/study.log --store yeast.zarr --top-k 3 --seeds 0,1,2
 
 Parameters are named <loss>.<hparam> (gr.w_T) and train.<setting> (train.lr); the ranges come
 from 'spml losses show LOSS' unless --space overrides them. The paper's values run first.
@@ -236,8 +236,9 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
     p.add_argument("--pruner", default="median", help="median (default) | none")
     p.add_argument(
         "--storage",
-        help="study.db (SQLite, default) | study.log (journal, several "
-        "processes) | postgresql://user@host:port/db (many machines)",
+        help="OUT/study.log by default: a journal file (one or several processes; the "
+        "fastest) | study.db (SQLite, one process) | postgresql://user@host:port/db (many "
+        "machines)",
     )
     p.add_argument("--name", help="study name (default <dataset>-<loss>)")
     p.add_argument("--out", default="spml-study", help="results folder (default spml-study)")
@@ -315,7 +316,7 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
         help="trials/min of a real 'spml study' (yeast or the COCO-shaped store) and where the "
         "time goes",
         description=(
-            "Run one 'spml study' (one worker, a fresh SQLite storage in a temporary folder) on "
+            "Run one 'spml study' (one worker, a fresh storage in a temporary folder) on "
             "the real yeast set or the COCO-shaped synthetic store of 'spml bench probe', and "
             "print trials/min with the split of the wall time into train / eval / optuna / io "
             "/ setup, beside the machine and its load."
@@ -336,6 +337,9 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
     b.add_argument("--epochs", type=int, help="epochs (default: the loss's preset)")
     b.add_argument("--batch-size", type=int, help="batch size (default: the loss's preset)")
     b.add_argument("--pruner", default="median", help="median (default) | none")
+    b.add_argument("--storage", default="journal", choices=("journal", "sqlite"),
+                   help="the study's storage kind, a fresh file in a temporary folder "
+                   "(default journal, as spml study's default; sqlite to compare)")
     b.add_argument("--cache-dir",
                    help="where bench stores are cached (default ~/.cache/spml-probe)")
     b.add_argument("--json", help="also write the JSON report here")
@@ -356,7 +360,7 @@ def _bench_study(args: argparse.Namespace) -> int:
         store = Path(args.store)
     config = StudyBenchConfig(store=str(store), loss=args.loss, n_trials=args.trials,
                               batch=args.batch, epochs=args.epochs, batch_size=args.batch_size,
-                              pruner=args.pruner)
+                              pruner=args.pruner, storage=args.storage)
     report = bench_study(config)
     print(format_study_bench(report))
     print(json.dumps(report, indent=1))
@@ -374,7 +378,7 @@ def confirm_parser() -> argparse.ArgumentParser:
             "single-positive draws; report test mAP as mean ± std (winner chosen on val)."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="example: spml study confirm --storage spml-study/study.db --store yeast.zarr\n"
+        epilog="example: spml study confirm --storage spml-study/study.log --store yeast.zarr\n"
                "  writes spml-study/confirm.parquet and spml-study/best.json; then "
                "'spml report spml-study' shows the confirmed results",
     )
