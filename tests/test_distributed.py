@@ -45,7 +45,8 @@ def _rank_main(rank: int, world: int, init_file: str, index, out: str, config: d
     The report is written before the group is left, and the process ends with ``os._exit``
     once it has: a spawned process otherwise finalises the interpreter with gloo's threads
     still around, and one such rank died with SIGABRT ("terminate called without an active
-    exception") after its work was done in about 1 of 40 runs on a loaded CI machine."""
+    exception") after its work was done, once, in a CI run on a loaded machine (not seen in
+    60 runs here)."""
     import torch
     import torch.distributed as dist
 
