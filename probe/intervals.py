@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -126,7 +127,9 @@ def weighted_column_ap(scores: Tensor, targets: Tensor, counts: Tensor) -> Tenso
 
     Equals :func:`probe.ranking.column_ap` on the resampled rows (duplicates tie); AP = 0 for a
     column without drawn positives, NaN for a column holding a NaN score (drawn or not: a
-    diverged system gets no interval).
+    diverged system gets no interval). On the CPU the columns are shared among the intra-op
+    threads (:func:`_column_workers`); each column's arithmetic is the same either way, so the
+    result does not depend on the thread count.
     """
     squeeze = scores.dim() == 2
     s3 = scores[None] if squeeze else scores
@@ -139,39 +142,64 @@ def weighted_column_ap(scores: Tensor, targets: Tensor, counts: Tensor) -> Tenso
     total_w = w_t.sum(0)  # (B,) = n for a bootstrap, any total for general weights
     out = torch.zeros(n_sys, c, n_res, dtype=work, device=scores.device)
     tgt = targets.bool().to(scores.device)
+    workers = _column_workers(scores.device)
     for s in range(n_sys):
         cols = s3[s].t().to(work).contiguous()  # (C, N); upcast keeps ties exact
         ranked, order = cols.sort(dim=-1)  # ascending
         starts = torch.searchsorted(ranked, ranked)  # first position of each tie group
         rank = torch.empty_like(order)
         rank.scatter_(1, order, torch.arange(n, device=order.device).expand(c, n))
-        nan_col = ranked[:, -1].isnan()
-        for j in range(c):
-            if bool(nan_col[j]):
+        nan_col = ranked[:, -1].isnan().tolist()
+
+        def column(j: int, s: int = s, order: Tensor = order, starts: Tensor = starts,
+                   rank: Tensor = rank, nan_col: list = nan_col) -> None:
+            if nan_col[j]:
                 out[s, j] = math.nan
-                continue
+                return
             pos = tgt[order[j], j].nonzero().squeeze(1)  # sorted positions of the positives
             if pos.numel() == 0:
-                continue  # AP 0 in every resample: the protocol's empty-class rule
-            start = starts[j, pos]  # tie-group start of each positive (nondecreasing)
-            # drawn rows below a positive's tie group, via a histogram of the rows over the
-            # P + 1 gaps between the positives' group starts (one pass over the counts):
-            # rank_i < start_k  <=>  #{starts <= rank_i} <= #{starts < start_k}
-            gap = torch.searchsorted(start, rank[j], right=True)  # (N,)
-            first = torch.searchsorted(start, start)  # (P,) #{starts < start_k}
-            hist = torch.zeros(pos.numel() + 1, n_res, dtype=work, device=w_t.device)
-            hist.index_add_(0, gap, w_t)
-            before_w = hist.cumsum_(0).index_select(0, first)  # (P, B)
-            admitted = total_w - before_w  # drawn rows scoring >= the positive's score
-            wp = w_t.index_select(0, order[j, pos])  # (P, B) weight of each positive
-            cp = torch.cat([torch.zeros_like(wp[:1]), wp.cumsum(0)], 0)  # (P+1, B)
-            p_w = cp[-1]
-            # drawn positives scoring >= s_k: all minus those before the tie group
-            tp_at = p_w - cp.index_select(0, first)
-            tot = (wp * tp_at / admitted.clamp_min(1e-30)).sum(0)
-            out[s, j] = torch.where(p_w > 0, tot / p_w.clamp_min(1e-30), torch.zeros_like(tot))
+                return  # AP 0 in every resample: the protocol's empty-class rule
+            out[s, j] = _weighted_ap_one_column(w_t, total_w, starts[j, pos], rank[j],
+                                                order[j, pos])
+
+        if workers > 1:
+            with ThreadPoolExecutor(workers, "spml-bootstrap") as pool:
+                list(pool.map(column, range(c)))
+        else:
+            for j in range(c):
+                column(j)
     out = out.transpose(1, 2)  # (S, B, C)
     return out[0] if squeeze else out
+
+
+def _column_workers(device: torch.device) -> int:
+    """Columns evaluated at once: on the CPU one per intra-op thread (a column's histogram, the
+    pass over all N x B counts, runs on one core; two columns at once use two), else 1."""
+    return max(1, torch.get_num_threads()) if device.type == "cpu" else 1
+
+
+def _weighted_ap_one_column(w_t: Tensor, total_w: Tensor, start: Tensor, rank: Tensor,
+                            rows: Tensor) -> Tensor:
+    """Weighted AP ``(B,)`` of one column with positives: ``start`` (P,) the tie-group start of
+    each positive in sorted order (nondecreasing), ``rank`` (N,) every row's sorted position,
+    ``rows`` (P,) the positives' row indices; ``w_t`` (N, B) the counts, ``total_w`` (B,)."""
+    n_res = w_t.shape[1]
+    # drawn rows below a positive's tie group, via a histogram of the rows over the
+    # P + 1 gaps between the positives' group starts (one pass over the counts):
+    # rank_i < start_k  <=>  #{starts <= rank_i} <= #{starts < start_k}
+    gap = torch.searchsorted(start, rank, right=True)  # (N,)
+    first = torch.searchsorted(start, start)  # (P,) #{starts < start_k}
+    hist = torch.zeros(start.numel() + 1, n_res, dtype=w_t.dtype, device=w_t.device)
+    hist.index_add_(0, gap, w_t)
+    # drawn rows scoring >= the positive's score: total - those before its group
+    admitted = hist.cumsum_(0).index_select(0, first).neg_().add_(total_w).clamp_min_(1e-30)
+    wp = w_t.index_select(0, rows)  # (P, B) weight of each positive
+    cp = torch.zeros(start.numel() + 1, n_res, dtype=w_t.dtype, device=w_t.device)
+    torch.cumsum(wp, 0, out=cp[1:])
+    p_w = cp[-1]
+    # drawn positives scoring >= s_k: all minus those before the tie group
+    tot = cp.index_select(0, first).neg_().add_(p_w).mul_(wp).div_(admitted).sum(0)
+    return torch.where(p_w > 0, tot / p_w.clamp_min(1e-30), torch.zeros_like(tot))
 
 
 @torch.no_grad()
