@@ -7,20 +7,25 @@
 * ``enabled=False``: nothing at all (tqdm is then not even imported).
 
 ``SPML_PROGRESS=bar|lines|off`` overrides the choice (e.g. ``lines`` for a terminal that keeps a
-log). tqdm is optional: a bare GPU machine without it gets the plain lines.
+log); ``SPML_PROGRESS_INTERVAL=SECONDS`` sets the plain lines' cadence (default 10; 0: a line at
+every refresh). tqdm is optional: a bare GPU machine without it gets the plain lines.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from typing import IO, Any, TypeVar
 
-__all__ = ["PROGRESS_ENV", "Progress", "format_seconds", "progress_mode", "track"]
+__all__ = ["INTERVAL_ENV", "PROGRESS_ENV", "Progress", "format_seconds", "progress_mode",
+           "track"]
 
 PROGRESS_ENV = "SPML_PROGRESS"
+INTERVAL_ENV = "SPML_PROGRESS_INTERVAL"
+DEFAULT_INTERVAL = 10.0  # seconds between plain status lines in a log
 _MODES = ("bar", "lines", "off")
 T = TypeVar("T")
 
@@ -37,6 +42,20 @@ def progress_mode(enabled: bool = True, file: IO[str] | None = None) -> str:
         return "bar" if file.isatty() else "lines"
     except (AttributeError, ValueError):  # a closed or fake stream
         return "lines"
+
+
+def _interval() -> float:
+    """Seconds between plain status lines: ``$SPML_PROGRESS_INTERVAL`` or 10."""
+    text = os.environ.get(INTERVAL_ENV, "").strip()
+    if not text:
+        return DEFAULT_INTERVAL
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0.0:
+        raise ValueError(f"{INTERVAL_ENV}: expected seconds >= 0 (e.g. 10); got {text!r}")
+    return value
 
 
 def format_seconds(seconds: float) -> str:
@@ -57,21 +76,28 @@ class Progress:
     ``update(n)`` counts finished work, ``set_postfix(text)`` sets a short status shown with the
     count (the best value so far, pruned trials, …), ``write(line)`` prints a line that does not
     disturb the bar, ``close()`` ends it (also as a context manager).
+
+    ``heartbeat``: in a log, a status line also comes from a background thread whenever
+    ``interval`` seconds pass without one, for work whose units take longer than that (a study's
+    batch of trials that trains for minutes).
     """
 
     def __init__(self, total: int | None, desc: str, unit: str = "it", *, enabled: bool = True,
-                 file: IO[str] | None = None, interval: float = 10.0, initial: int = 0,
-                 leave: bool = True) -> None:
+                 file: IO[str] | None = None, interval: float | None = None, initial: int = 0,
+                 leave: bool = True, heartbeat: bool = False) -> None:
         self.total, self.desc, self.unit = total, desc, unit
         self.file = file or sys.stderr
         self.mode = progress_mode(enabled, self.file)
-        self.interval = float(interval)
+        self.interval = _interval() if interval is None else float(interval)
         self.n = self._initial = int(initial)
         self.postfix = ""
         self._start = time.monotonic()
         self._last_line = self._start
         self._closed = False
         self._bar: Any = None
+        self._lock = threading.RLock()  # the heartbeat thread and the caller print in turn
+        self._ticker: threading.Thread | None = None
+        self._stop = threading.Event()
         if self.mode == "bar":
             try:
                 from tqdm.auto import tqdm
@@ -83,6 +109,10 @@ class Progress:
         if self.mode == "lines":
             what = f"{total} {unit}" if total is not None else unit
             self._print(f"{desc}: starting ({what})")
+            if heartbeat and self.interval > 0:
+                self._ticker = threading.Thread(target=self._beat, name="spml-progress",
+                                                daemon=True)
+                self._ticker.start()
 
     # -- reporting ----------------------------------------------------------------------------
     def update(self, n: int = 1) -> None:
@@ -122,6 +152,9 @@ class Progress:
         if self._closed:
             return
         self._closed = True
+        if self._ticker is not None:
+            self._stop.set()
+            self._ticker.join()
         if self._bar is not None:
             self._bar.close()
         elif self.mode == "lines" and self._last_count != self.n:
@@ -153,15 +186,25 @@ class Progress:
         return ", ".join(parts)
 
     def _status_line(self, now: float) -> None:
-        self._print(self.status(now))
-        self._last_line = now
-        self._last_count = self.n
+        with self._lock:
+            self._print(self.status(now))
+            self._last_line = now
+            self._last_count = self.n
 
     def _print(self, line: str) -> None:
-        try:
-            print(line, file=self.file, flush=True)
-        except (BrokenPipeError, ValueError):  # the log went away: keep working silently
-            self.mode = "off"
+        with self._lock:
+            if self.mode == "off":
+                return
+            try:
+                print(line, file=self.file, flush=True)
+            except (BrokenPipeError, ValueError):  # the log went away: keep working silently
+                self.mode = "off"
+
+    def _beat(self) -> None:
+        """The heartbeat thread: look twice per interval; refresh() prints only when
+        ``interval`` seconds have passed since the last line."""
+        while not self._stop.wait(self.interval / 2):
+            self.refresh()
 
 
 def track(iterable: Iterable[T], total: int | None = None, desc: str = "", unit: str = "it", *,

@@ -15,6 +15,7 @@ atomically. Only Optuna's public API is used: the storage object this module ope
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -398,7 +399,7 @@ def _counts(study: optuna.Study) -> dict[TrialState, int]:
 
 
 def _train_group(settings, data, study, storage, space, trials, probe_config, log,
-                 tick: Callable[[], None] | None = None) -> list[dict[str, Any]]:
+                 tick: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Train one group of trials sharing batch size and epochs, stacked; tell their results.
 
     ``data``: the replicates of the study's ``--select`` mode (:func:`probe.selection.
@@ -444,7 +445,7 @@ def _train_group(settings, data, study, storage, space, trials, probe_config, lo
             pruned.add(i)
             stop.append(i)
         if tick is not None:  # the study's progress line, at least every ~10 s
-            tick()
+            tick(f"batch of {len(trials)}: epoch {report.epoch}/{probe_config.epochs}")
         return stop
 
     started = time.perf_counter()
@@ -501,13 +502,16 @@ def _train_replicates(settings, data, probe_config, hparams, on_epoch, tick) -> 
     from probe.results import EpochReport
     from probe.train import train_probe
 
-    def beat(report: EpochReport) -> list[int]:
-        if tick is not None:
-            tick()
-        return []
+    results = []
+    for r, d in enumerate(data):
+        def beat(report: EpochReport, r: int = r) -> list[int]:
+            if tick is not None:
+                tick(f"batch of {len(hparams)}: replicate {r + 1}/{len(data)}, epoch "
+                     f"{report.epoch}/{probe_config.epochs}")
+            return []
 
-    results = [train_probe(d, probe_config, settings.loss, hparams, callback=beat,
-                           progress=False) for d in data]
+        results.append(train_probe(d, probe_config, settings.loss, hparams, callback=beat,
+                                   progress=False))
     merged = mean_over_replicates(results, settings.select)
     n = len(merged.trials)
     for e in range(max((len(t.epochs) for t in merged.trials), default=0)):
@@ -569,7 +573,8 @@ def _study_progress(study: optuna.Study, settings: StudySettings) -> Any:
 
     counts = _counts(study)
     done = min(counts[TrialState.COMPLETE] + counts[TrialState.PRUNED], settings.n_trials)
-    bar = Progress(settings.n_trials, f"study {study.study_name}", "trials", initial=done)
+    bar = Progress(settings.n_trials, f"study {study.study_name}", "trials", initial=done,
+                   heartbeat=True)  # a batch may train for minutes: a line every ~10 s anyway
     bar.set_postfix(_status(study, counts))
     return bar
 
@@ -614,7 +619,8 @@ def _work(settings: StudySettings, study: optuna.Study, space: SearchSpace, stor
                     storage.set_attr(trial.number, WORKER_KEY,
                                      f"{socket.gethostname()}:{os.getpid()}")
                     storage.set_attr(trial.number, DEVICE_KEY, str(data[0].device))
-        bar.set_postfix(_status(study, counts))
+        status = _status(study, counts)
+        bar.set_postfix(status)
         bar.update(min(finished, settings.n_trials) - bar.n)
         bar.refresh(force=True)
         if trials is None:
@@ -643,12 +649,19 @@ def _work(settings: StudySettings, study: optuna.Study, space: SearchSpace, stor
                     device=settings.device,
                 )
                 rows += _train_group(settings, data, study, storage, space, group, cfg, say,
-                                     tick=bar.refresh)
+                                     tick=functools.partial(_tick, bar, status))
         except BaseException as err:
             abandon(study, storage, trials, err)
             raise
         finally:  # what was told to the storage is in the results too
             write_batch(results_dir, rows)
+
+
+def _tick(bar: Any, status: str, detail: str = "") -> None:
+    """The study's display within a batch: its status, where the batch stands (``detail``,
+    e.g. "batch of 16: epoch 3/8"), shown now if ~10 s have passed since the last line."""
+    bar.set_postfix(f"{status}; {detail}" if detail else status)
+    bar.refresh()
 
 
 def _grid_exhausted(study: optuna.Study) -> bool:

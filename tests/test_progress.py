@@ -54,3 +54,47 @@ def test_import_in_a_log_is_plain_lines(tmp_path):
     text = log.read_text()
     assert "\r" not in text and text.splitlines()[0].startswith("writing y.zarr: starting")
     assert re.match(r"writing y\.zarr: (\d+)/\1 block \(100%\)", text.splitlines()[-1])
+
+
+def test_heartbeat_lines_while_nothing_finishes(monkeypatch):
+    """heartbeat=True: in a log, status lines keep coming while a unit of work takes longer
+    than the interval (a study's batch training for minutes); close() stops them. Waits on a
+    count of lines, never on a duration."""
+    import threading
+
+    monkeypatch.delenv("SPML_PROGRESS", raising=False)
+    seen = threading.Event()
+
+    class _Counting(_Log):
+        def write(self, text):
+            n = super().write(text)
+            if self.getvalue().count("0/2 trials") >= 2:
+                seen.set()
+            return n
+
+    log = _Counting()
+    bar = Progress(2, "study s", "trials", file=log, interval=0.01, heartbeat=True)
+    bar.set_postfix("batch of 2: epoch 1/8")
+    assert seen.wait(60), log.getvalue()
+    bar.close()
+    after = log.getvalue()
+    lines = after.splitlines()
+    assert lines[0] == "study s: starting (2 trials)" and "\r" not in after
+    assert all(ln.startswith("study s: 0/2 trials (0%)") and ln.endswith("epoch 1/8")
+               for ln in lines[1:])
+    assert bar._ticker is not None and not bar._ticker.is_alive()  # stopped with the display
+
+
+def test_interval_from_the_environment(monkeypatch):
+    import pytest
+
+    monkeypatch.setenv("SPML_PROGRESS_INTERVAL", "0")
+    log = _Log()
+    bar = Progress(3, "x", file=log)
+    assert bar.interval == 0.0 and bar._ticker is None
+    bar.refresh()  # interval 0: a line at every refresh
+    assert log.getvalue().splitlines()[-1].startswith("x: 0/3 it")
+    bar.close()
+    monkeypatch.setenv("SPML_PROGRESS_INTERVAL", "soon")
+    with pytest.raises(ValueError, match="SPML_PROGRESS_INTERVAL.*'soon'"):
+        Progress(3, "x", file=_Log())

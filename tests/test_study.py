@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -465,6 +466,23 @@ def test_study_progress_in_a_log_is_plain_lines(yeast, tmp_path):
     assert counts[-1].startswith("study yeast-an_ls: 4/4 trials (100%)")
     assert "best val mAP" in counts[-1] and "pruned" in counts[-1]
     assert any(line.startswith("trial 0: complete") for line in lines)
+
+
+def test_study_progress_says_where_its_batch_stands(yeast, tmp_path):
+    """A batch that trains for minutes is followed epoch by epoch: with a line at every
+    refresh (SPML_PROGRESS_INTERVAL=0) each epoch of the batch shows in the log."""
+    log = tmp_path / "log"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]),
+           "SPML_PROGRESS": "lines", "SPML_PROGRESS_INTERVAL": "0"}
+    with open(log, "w") as fh:
+        code = subprocess.call([sys.executable, "-m", "studies.cli",
+                                *_study_cmd(yeast, tmp_path / "s", "an_ls", "4")],
+                               stderr=fh, stdout=subprocess.DEVNULL, env=env)
+    assert code == 0
+    text = log.read_text()
+    epochs = re.findall(r"batch of (\d+): epoch (\d+)/(\d+)", text)
+    assert epochs and {int(e) for _, e, _ in epochs} == set(range(1, int(epochs[0][2]) + 1))
+    assert "\r" not in text
 
 
 def test_confirm_refuses_a_missing_storage_and_writes_beside_the_study(yeast, tmp_path, capsys):
