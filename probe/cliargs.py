@@ -146,6 +146,14 @@ def add_device_argument(parser: argparse.ArgumentParser | argparse._ArgumentGrou
     parser.add_argument("--device", default="auto", help=help)
 
 
+def add_training_overrides(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--epochs``, ``--batch-size``, ``--lr``: overrides of the loss's paper training setting
+    (None = the setting :func:`probe.config.resolve_training` picks)."""
+    parser.add_argument("--epochs", type=int, help="epochs (default: the loss's paper setting)")
+    parser.add_argument("--batch-size", type=int, help="batch size (default: as --epochs)")
+    parser.add_argument("--lr", type=float, help="learning rate (default: as --epochs)")
+
+
 def add_observed_seed_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
                                what: str = "to train on") -> None:
     parser.add_argument(

@@ -15,6 +15,7 @@ from typing import Any
 from probe.cliargs import (
     add_device_argument,
     add_observed_seed_argument,
+    add_training_overrides,
     parse_floats,
     parse_names,
 )
@@ -470,9 +471,7 @@ def register_cli(sub: argparse._SubParsersAction,
                    help="seed of the budget draws (default: 1200, so k=1 on all images is the "
                    "protocol's draw)")
     p.add_argument("--seed", type=int, default=0, help="training seed (default: 0)")
-    p.add_argument("--epochs", type=int, help="epochs (default: the loss's paper setting)")
-    p.add_argument("--batch-size", type=int, help="batch size (default: as --epochs)")
-    p.add_argument("--lr", type=float, help="learning rate (default: as --epochs)")
+    add_training_overrides(p)
     add_device_argument(p)
     p.add_argument("--out", metavar="DIR",
                    help="folder for label_budget.json and .png (default: "
@@ -501,9 +500,7 @@ def register_cli(sub: argparse._SubParsersAction,
     p.add_argument("--eval-seeds", default="0,1,2",
                    help="training seeds of the winner's and the paper's test runs (default: "
                    "0,1,2)")
-    p.add_argument("--epochs", type=int, help="epochs (default: the loss's paper setting)")
-    p.add_argument("--batch-size", type=int, help="batch size (default: as --epochs)")
-    p.add_argument("--lr", type=float, help="learning rate (default: as --epochs)")
+    add_training_overrides(p)
     add_device_argument(p)
     p.add_argument("--out", metavar="DIR",
                    help="folder for the studies, selection.json/.md/.png (default: "
