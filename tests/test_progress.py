@@ -96,5 +96,5 @@ def test_interval_from_the_environment(monkeypatch):
     assert log.getvalue().splitlines()[-1].startswith("x: 0/3 it")
     bar.close()
     monkeypatch.setenv("SPML_PROGRESS_INTERVAL", "soon")
-    with pytest.raises(ValueError, match="SPML_PROGRESS_INTERVAL.*'soon'"):
+    with pytest.raises(ValueError, match=r"SPML_PROGRESS_INTERVAL.*'soon'"):
         Progress(3, "x", file=_Log())
