@@ -52,6 +52,25 @@ def test_weighted_ap_equals_naive_resampling(dtype):
     assert ((fast[:, :, 1] == 0) == (counts[:, 7] == 0)).all()  # absent positive -> AP 0
 
 
+def test_replicates_do_not_depend_on_the_thread_count():
+    """On the CPU the classes are shared among the intra-op threads; each class's arithmetic is
+    the same, so the replicates are equal bit for bit on one thread and on several."""
+    g = torch.Generator().manual_seed(4)
+    n, c = 500, 12
+    scores = torch.randint(0, 40, (2, n, c), generator=g).float()  # ties
+    targets = torch.rand(n, c, generator=g) < 0.1
+    targets[:, 2] = False  # an empty class
+    counts = bootstrap_counts(n, 64, seed=1)
+    before = torch.get_num_threads()
+    try:
+        one = weighted_column_ap(scores, targets, counts)
+        torch.set_num_threads(3)
+        several = weighted_column_ap(scores, targets, counts)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, several)
+
+
 def test_unit_weights_give_the_protocol_ap():
     g = torch.Generator().manual_seed(1)
     scores = torch.randn(2, 300, 5, generator=g)
