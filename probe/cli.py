@@ -243,7 +243,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     if args.intervals > 0 and result.best_heads is not None:
         from .intervals import attach_test_intervals
 
-        attach_test_intervals(result, data, n_resamples=args.intervals)
+        attach_test_intervals(result, data, n_resamples=args.intervals, progress=not args.quiet)
     stacked = sorted({k for t in trials for k in t})
     cfg = result.config
     where = f"{data.dataset}, {data.n_train} train rows, {cfg.get('device', data.device)}"
