@@ -36,7 +36,7 @@ import os
 import platform
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +84,7 @@ class BenchConfig:
     papers: bool = True  # also time the papers-style loop (e)
     papers_workers: int = 2  # DataLoader worker processes of (e) (the released codes use >= 2)
     device: str = "auto"  # CUDA when available, else CPU
+    compare_eager: bool = False  # CUDA: also time the eager step (the engine replays CUDA graphs)
     seed: int = 0  # init, batch order and the synthetic data
     cache_dir: str | None = None  # None: default_cache_dir()
 
@@ -99,6 +100,10 @@ class BenchConfig:
                 f"bench: batch size {self.batch_size} is larger than the train split "
                 f"({self.n_train} rows)"
             )
+        if self.compare_eager and resolve_device(self.device).type != "cuda":
+            raise ValueError(
+                f"bench: compare_eager (--compare-eager) needs a CUDA device; the bench runs on "
+                f"{resolve_device(self.device)} (pass --device cuda on a GPU machine)")
         if not self.trials or any(t < 1 for t in self.trials):
             raise ValueError(f"bench: trials must be positive integers; got {self.trials!r}")
 
@@ -449,16 +454,21 @@ def run_bench(config: BenchConfig | None = None, *, progress: bool = True) -> di
             test_s = time.perf_counter() - t_eval
         secs = result.timing["train_seconds"]
         rows.append({
-            "name": f"engine, {t} stacked GR trial{'s' if t > 1 else ''}",
+            "name": (f"engine{' (CUDA graphs)' if result.timing.get('cuda_graph') else ''}, "
+                 f"{t} stacked GR trial{'s' if t > 1 else ''}"),
             "method": "engine", "trials": t,
             "sec_per_epoch_median": statistics.median(secs),
             "sec_per_epoch_per_trial": statistics.median(secs) / t,
             "epoch_seconds": secs, "eval_seconds_val": val_s, "eval_seconds_test_once": test_s,
             "step_threads": result.timing.get("step_threads"),
+            "cuda_graph": result.timing.get("cuda_graph"),
             "steps_per_epoch": result.timing["steps_per_epoch"],
             "peak_memory_bytes": mem.peak, "memory_at_start_bytes": mem.start,
             "memory_kind": mem.kind,
         })
+        if cfg.compare_eager:
+            rows.append(_eager_row(data, replace(pc, cuda_graph=False), hparams, t, heads,
+                                   progress))
         if t == 1 and cfg.plain:
             with _PeakMemory(device) as mem:
                 head, plain_secs = plain_loop(data, "gr", seed=cfg.seed, lr=cfg.lr,
@@ -515,6 +525,9 @@ def run_bench(config: BenchConfig | None = None, *, progress: bool = True) -> di
     for t in cfg.trials:
         if t > 1 and ("engine", 1) in by:
             ratios[f"engine_{t}_trials_over_1_trial"] = by[("engine", t)] / by[("engine", 1)]
+        if ("engine_eager", t) in by:
+            ratios[f"eager_over_cuda_graph_{t}_trials"] = (by[("engine_eager", t)]
+                                                           / by[("engine", t)])
     return {
         "config": asdict(cfg),
         "store": {"path": str(path), "build_or_open_seconds": build_s,
@@ -527,6 +540,26 @@ def run_bench(config: BenchConfig | None = None, *, progress: bool = True) -> di
         "ratios": ratios,
         "equivalence_max_abs_diff_engine_vs_plain": equivalence,
         "targets": TARGETS,
+    }
+
+
+def _eager_row(data: ProbeData, pc: ProbeConfig, hparams: list[dict[str, float]], t: int,
+               graph_heads: torch.Tensor, progress: bool) -> dict[str, Any]:
+    """The engine with the eager step (no CUDA graph); its heads against the graph run's."""
+    with _PeakMemory(data.device) as mem:
+        result = train_probe(data, pc, "gr", hparams, progress=progress)
+    secs = result.timing["train_seconds"]
+    diff = float((result.final_heads.to(data.device) - graph_heads).abs().max())
+    return {
+        "name": f"engine, eager step (no CUDA graph), {t} stacked GR trial{'s' if t > 1 else ''}",
+        "method": "engine_eager", "trials": t,
+        "sec_per_epoch_median": statistics.median(secs),
+        "sec_per_epoch_per_trial": statistics.median(secs) / t,
+        "epoch_seconds": secs, "eval_seconds_val": None, "eval_seconds_test_once": None,
+        "steps_per_epoch": result.timing["steps_per_epoch"],
+        "max_abs_diff_vs_graph": diff,
+        "peak_memory_bytes": mem.peak, "memory_at_start_bytes": mem.start,
+        "memory_kind": mem.kind,
     }
 
 
@@ -559,6 +592,10 @@ def format_report(report: dict[str, Any]) -> str:
     if report["ratios"]:
         lines.append("")
         lines += [f"{k}: {v:.2f}" for k, v in report["ratios"].items()]
+    for r in report["rows"]:
+        if "max_abs_diff_vs_graph" in r:
+            lines.append(f"{r['name']}: max |head difference| vs the CUDA graph run "
+                         f"{r['max_abs_diff_vs_graph']:.2e}")
     eq = report["equivalence_max_abs_diff_engine_vs_plain"]
     if eq is not None:
         lines.append(f"engine vs plain loop, max |head difference| after the run: {eq:.2e}")

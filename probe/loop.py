@@ -41,6 +41,11 @@ __all__ = [
 
 #: the batch-order stream of seed s is seeded with s + 2**32 (init uses s itself)
 ORDER_STREAM_OFFSET = 2**32
+#: steps per captured CUDA graph (one replay, after two index copies, runs this many steps).
+#: 1: on an H100 the GPU's own kernels bound the replayed step, not the host's launches --
+#: 1, 4, 16, 64 steps per graph gave 142, 150, 144, 168 us/step at T=1 and 364, 357, 372,
+#: 391 at T=64 (COCO-shaped GR, 2026-11-25), while each step captured holds its own temporaries
+GRAPH_STEPS = 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -102,11 +107,23 @@ def deterministic(device: torch.device, enabled: bool) -> Iterator[None]:
         return
     before = torch.are_deterministic_algorithms_enabled()
     warn_before = torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    _set_deterministic(True, warn_only=True)
     try:
         yield
     finally:
-        torch.use_deterministic_algorithms(before, warn_only=warn_before)
+        _set_deterministic(before, warn_only=warn_before)
+
+
+def _set_deterministic(mode: bool, warn_only: bool) -> None:
+    """``torch.use_deterministic_algorithms`` without its import of ``torch._inductor.config``
+    (which imports all of TorchDynamo: 8 s of a 16 s ``spml probe`` on an H100 machine,
+    measured with ``python -X importtime``); the inductor flag it also sets only matters to
+    ``torch.compile``, which the engine does not use."""
+    setter = getattr(torch._C, "_set_deterministic_algorithms", None)
+    if setter is None:  # a torch without the private setter: the public call
+        torch.use_deterministic_algorithms(mode, warn_only=warn_only)
+    else:
+        setter(mode, warn_only=warn_only)
 
 
 def resolve_threads(step_threads: int | None, device: torch.device, shape: tuple[int, int, int],
@@ -227,13 +244,12 @@ class StackedTrainer:
         self.threads = resolve_threads(config.step_threads, self.device, tuple(self.w.shape),
                                        batch, plan.shared)
         self.loss_sum = torch.zeros(plan.n, dtype=torch.float32, device=self.device)
-        self.cuda_graph = bool(config.cuda_graph)
-        if self.cuda_graph:
-            reason = self.graph_unavailable()
-            if reason:
-                raise ProbeConfigError(
-                    f"ProbeConfig.cuda_graph: the step cannot be captured ({reason}); run "
-                    "without cuda_graph (--cuda-graph)")
+        reason = self.graph_unavailable() if config.cuda_graph is not False else "off"
+        if config.cuda_graph and reason:
+            raise ProbeConfigError(
+                f"ProbeConfig.cuda_graph: the step cannot be captured ({reason}); leave "
+                "cuda_graph at None (captured wherever it can be) or False (--no-cuda-graph)")
+        self.cuda_graph = reason is None
         # the run's trial id of each row of self.w (stopped trials leave: see stop())
         self.live: list[int] = list(range(plan.n))
         self._removed: dict[int, Tensor] = {}  # final heads of the trials that left, on CPU
@@ -344,30 +360,37 @@ class StackedTrainer:
         return None
 
     def _graph_epoch(self, perm: Tensor, rows: Tensor) -> None:
-        """One epoch: a few eager warm-up steps on a side stream, then the step captured once
-        (CUDA graph capture records without running) and replayed for every remaining step,
-        each replay reading its batch from static index buffers. Captured afresh every epoch,
-        since a loss may read its epoch as a host number (schedules, warm-ups). The captured
-        step is the eager step's kernels in the same order (tests/test_train.py, gpu)."""
-        b, warm = self.batch, min(3, self.n_steps)
+        """One epoch: a few eager warm-up steps on a side stream, then ``GRAPH_STEPS`` steps
+        captured once (capture records without running) and replayed for each run of that many
+        full batches, the batch indices copied into static buffers before each replay; the steps
+        left over (and a last partial batch) run eagerly. Captured afresh every epoch, since a
+        loss may read its epoch as a host number (schedules, warm-ups). The captured steps are
+        the eager step's kernels in the same order: the heads are the eager run's bit for bit
+        (tests/test_train.py and tests/test_gpu.py, marked gpu)."""
+        b, n_full = self.batch, self.n // self.batch
+        warm = min(3, self.n_steps)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for step in range(warm):
                 self._step(perm, rows, step)
         torch.cuda.current_stream(self.device).wait_stream(side)
-        if warm == self.n_steps:
-            return
-        static_perm = perm[:, warm * b : (warm + 1) * b].clone()
-        static_rows = rows[:, warm * b : (warm + 1) * b].clone()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self._step(static_perm, static_rows, 0)
-        graph.replay()  # step `warm`: capturing did not run it
-        for step in range(warm + 1, self.n_steps):
-            static_perm.copy_(perm[:, step * b : (step + 1) * b])
-            static_rows.copy_(rows[:, step * b : (step + 1) * b])
-            graph.replay()
+        k = min(GRAPH_STEPS, max(n_full - warm, 0))
+        done = warm
+        if k:
+            static_perm = perm[:, warm * b : (warm + k) * b].clone()
+            static_rows = rows[:, warm * b : (warm + k) * b].clone()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for step in range(k):
+                    self._step(static_perm, static_rows, step)
+            while done + k <= n_full:
+                static_perm.copy_(perm[:, done * b : (done + k) * b])
+                static_rows.copy_(rows[:, done * b : (done + k) * b])
+                graph.replay()
+                done += k
+        for step in range(done, self.n_steps):
+            self._step(perm, rows, step)
 
     # -- the hot path ---------------------------------------------------------------------------
     def _draw_order(self) -> tuple[Tensor, Tensor]:

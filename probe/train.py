@@ -130,6 +130,7 @@ def train_probe(
     timing["epochs_run"] = len(timing["train_seconds"])
     timing["steps_per_epoch"] = trainer.n_steps
     timing["step_threads"] = trainer.threads  # None: torch's setting
+    timing["cuda_graph"] = trainer.cuda_graph  # the steps were replayed as CUDA graphs
     return _result(plan, trainer, data, config, results, evaluator, timing)
 
 

@@ -1,12 +1,12 @@
 """The CUDA paths (issue 13), run with ``pytest -m gpu`` on a machine with a GPU; skipped
-elsewhere with the reason shown by ``pytest -ra`` (tests/conftest.py). None of them has run yet:
-no GPU was available when they were written (README "Speed on a GPU").
+elsewhere with the reason shown by ``pytest -ra`` (tests/conftest.py). First run on an H100 on
+2026-11-25 (``bash .ci/gpu``; README "On a GPU").
 
 * nvJPEG decode (``torchvision.io.decode_jpeg(device='cuda')``, batched) and the GPU resize
   against the PIL reference;
 * bf16 + channels_last features against the fp32/PIL reference path: cosine ≥ 0.999 per image
   (issue 13's target);
-* one stacked trial on CUDA equals the plain PyTorch loop on CUDA;
+* one stacked trial on CUDA (CUDA graphs, the default) equals the plain PyTorch loop on CUDA;
 * no host synchronisation inside an epoch, checked on the device with
   ``torch.cuda.set_sync_debug_mode("error")`` around every training step.
 
@@ -43,17 +43,23 @@ def photos(tmp_path_factory) -> list[Path]:
 
 
 def test_nvjpeg_batch_decode_matches_pil(photos) -> None:
-    """Decoded pixels: nvJPEG and libjpeg (PIL) differ only in IDCT/upsampling rounding."""
+    """Decoded pixels: nvJPEG and libjpeg (PIL) agree on luma to rounding; their chroma
+    upsampling differs (libjpeg's "fancy" triangular filter vs nvJPEG's), which moves RGB by up
+    to ~100 at sharp colour edges on <1.3% of pixels. Measured on an H100 (2026-11-25, 12
+    photos): RGB mean |Δ| 0.35-0.64, luma mean 0.07-0.08, luma p99.9 1, luma max 13;
+    torchvision's CPU decode equals PIL exactly. The features that come out of it are what
+    matters: test_bf16_fast_path_features_match_the_fp32_reference."""
     decoded = batch_decode([read_bytes(p) for p in photos], photos, torch.device("cuda"))
+    luma = np.array([0.299, 0.587, 0.114])
     for path, image in zip(photos, decoded, strict=True):
         assert isinstance(image, torch.Tensor) and image.is_cuda, image
         ref = np.asarray(Image.open(path).convert("RGB")).astype(np.int16)
         got = image.permute(1, 2, 0).cpu().numpy().astype(np.int16)
-        diff = np.abs(got - ref)
         assert got.shape == ref.shape
-        assert diff.mean() <= 1.0 and np.percentile(diff, 99.9) <= 8, (
-            f"{path.name}: mean |Δ| {diff.mean():.3f}, p99.9 {np.percentile(diff, 99.9)}"
-        )
+        diff, dy = np.abs(got - ref), np.abs(got @ luma - ref @ luma)
+        where = f"{path.name}: RGB mean |Δ| {diff.mean():.3f}, luma p99.9 {np.percentile(dy, 99.9)}"
+        assert diff.mean() <= 1.0 and (diff > 8).mean() <= 0.02, where
+        assert dy.mean() <= 0.2 and np.percentile(dy, 99.9) <= 2 and dy.max() <= 24, where
 
 
 def test_gpu_resize_matches_pil_resize(photos) -> None:
@@ -136,5 +142,7 @@ def test_no_host_synchronisation_inside_an_epoch_on_cuda(tmp_path, monkeypatch, 
     store = synthetic_store(256, 32, 10, cache_dir=tmp_path, progress=False)
     data = ProbeData.from_store(store, device="cuda")
     lrs = [{"lr": v} for v in (1e-3, 3e-3, 1e-2, 3e-2)]
-    train_probe(data, ProbeConfig(batch_size=16, epochs=2, device="cuda"), loss_name, lrs)
+    # the eager step: with CUDA graphs (the default) most steps are replays, not _step calls
+    cfg = ProbeConfig(batch_size=16, epochs=2, device="cuda", cuda_graph=False)
+    train_probe(data, cfg, loss_name, lrs)
     assert len(steps) >= 2 * (256 // 16)  # every step of both epochs ran checked

@@ -95,3 +95,24 @@ def test_featurize_probe_and_bench_need_no_optional_package(tmp_path: Path) -> N
     trials = json.loads((tmp_path / "probe.json").read_text())
     assert len(trials["trials"]) == 2
     assert (tmp_path / "bench.json").is_file()
+
+
+def test_deterministic_cuda_kernels_do_not_import_torchdynamo():
+    """``torch.use_deterministic_algorithms`` imports ``torch._inductor.config`` and with it all
+    of TorchDynamo: 8 s of a 16 s ``spml probe`` on an H100 machine (2026-11-25, ``python -X
+    importtime``). The engine's switch sets the same kernel flag without that import. The
+    context only sets flags, so it runs here without a GPU."""
+    code = textwrap.dedent(
+        """
+        import sys, torch
+        from probe.loop import deterministic
+        with deterministic(torch.device("cuda"), True):
+            on = (torch.are_deterministic_algorithms_enabled(),
+                  torch.is_deterministic_algorithms_warn_only_enabled())
+        print(on, torch.are_deterministic_algorithms_enabled(),
+              sorted(m for m in ("torch._inductor", "torch._dynamo") if m in sys.modules))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         check=True).stdout.strip()
+    assert out == "(True, True) False []", out
