@@ -166,10 +166,19 @@ def bench_study(config: StudyBenchConfig, *, log: Any = None) -> dict[str, Any]:
         "setup": max(s["engine"] - s["train"] - s["eval"] - s["callback"], 0.0),
     }
     store = open_store(config.store)
+    from probe.config import resolve_training
+    from probe.losses import get_loss_class
+
+    training = resolve_training(get_loss_class(config.loss), store.dataset,
+                                batch_size=config.batch_size, epochs=config.epochs)
     return {
         "config": {**vars(config), "store": str(config.store)},
         "store": {"dataset": store.dataset, "train_rows": len(store.split("train")),
                   "dim": store.feature_dim, "classes": store.n_classes},
+        # what the trials trained with: a setting left out is the loss's preset for the
+        # store's dataset, else the generic one (the synthetic store has no paper preset)
+        "training": {"batch_size": training.batch_size, "lr": training.lr,
+                     "epochs": training.epochs, "sources": training.sources},
         "machine": {"before": before, "after": machine_info()},
         "wall_seconds": wall,
         "finished_trials": finished,
@@ -190,6 +199,9 @@ def format_study_bench(report: dict[str, Any]) -> str:
         f"study bench: {c['loss']} on {st['dataset']} ({st['train_rows']} train rows x "
         f"{st['dim']}, {st['classes']} classes), {c['n_trials']} trials in batches of "
         f"{c['batch']}, pruner {c['pruner']}",
+        *([f"training: batch size {tr['batch_size']} ({tr['sources']['batch_size']}), lr "
+           f"{tr['lr']:g} ({tr['sources']['lr']}), {tr['epochs']} epochs"]
+          if (tr := report.get("training")) else []),
         f"machine: {m['before']['cpu']}, {m['before']['cpus']} CPUs, "
         f"{m['before']['torch_threads']} torch threads; load average before "
         f"{m['before']['load_avg_1_5_15']} after {m['after']['load_avg_1_5_15']}",

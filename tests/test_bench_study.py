@@ -36,6 +36,9 @@ def test_bench_study_report_and_restores_the_engine(tmp_path):
         60 * report["finished_trials"] / report["wall_seconds"])
     text = format_study_bench(report)
     assert "trials/min" in text and "load average" in text
+    # what the trials trained with is printed: given, or the generic setting (no preset here)
+    assert (report["training"]["batch_size"], report["training"]["epochs"]) == (16, 3)
+    assert "training: batch size 16 (as given)" in text and "generic" in text
     json.dumps(report)
 
 
