@@ -211,8 +211,10 @@ def _f1_core(scores: Tensor, targets: Tensor, name: str, threshold: float) -> F1
     work = torch.float64 if scores.dtype == torch.float64 else torch.float32
     cut = math.log(threshold) - math.log1p(-threshold) if name == "logits" else threshold
     pred = scores.to(work) >= cut  # (..., N, C)
-    tp = (pred & targets).sum(dim=-2).to(torch.float64)  # (..., C)
-    n_pred = pred.sum(dim=-2).to(torch.float64)
+    # exact integer counts; int32 sums of bools run ~2x faster than the default int64 ones
+    count = torch.int32 if scores.shape[-2] < 2**31 else torch.int64
+    tp = (pred & targets).sum(dim=-2, dtype=count).to(torch.float64)  # (..., C)
+    n_pred = pred.sum(dim=-2, dtype=count).to(torch.float64)
     n_true = targets.sum(dim=-2).to(torch.float64).expand_as(tp)
     op = _safe_div(tp.sum(-1), n_pred.sum(-1))
     orc = _safe_div(tp.sum(-1), n_true.sum(-1))

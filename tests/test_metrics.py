@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import warnings
+import zlib
 
 import numpy as np
 import pytest
@@ -198,6 +199,59 @@ def test_blocking_does_not_change_results(monkeypatch, chunk):
 # --------------------------------------------------------------------------------------------
 # OF1 / CF1
 # --------------------------------------------------------------------------------------------
+
+
+def _all_rows_ap_block(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The all-rows form of probe.ranking.ap_block, as it was before it visited only the
+    positives (kept verbatim as the reference: every sorted row's precision, zeros at the
+    negatives, summed over N)."""
+    n = scores.shape[-2]
+    work = torch.float64 if scores.dtype == torch.float64 or n >= 1 << 24 else torch.float32
+    cols = scores.transpose(-1, -2).to(work).contiguous()
+    ranked, order = cols.sort(dim=-1)
+    y = targets.t().expand(ranked.shape).gather(-1, order)
+    yw = y.to(work)
+    before = yw.cumsum(-1)
+    n_pos = before[..., -1].clone()
+    before -= yw
+    new = torch.ones(ranked.shape, dtype=torch.bool)
+    torch.ne(ranked[..., 1:], ranked[..., :-1], out=new[..., 1:])
+    pos = torch.arange(n).expand(ranked.shape)
+    start = torch.where(new, pos, 0).cummax(-1).values
+    admitted = (n - start).to(work)
+    tp_at = n_pos.unsqueeze(-1) - before.gather(-1, start)
+    total = torch.where(y, tp_at / admitted, 0).sum(-1)
+    ap = torch.where(n_pos > 0, total / n_pos.clamp_min(1), torch.zeros_like(total))
+    return torch.where(ranked[..., -1].isnan(), torch.full_like(ap, math.nan), ap)
+
+
+@pytest.mark.parametrize("kind", ["normal", "ties", "constant", "half_nan", "float64_ties",
+                                  "coco_like"])
+def test_positives_only_ap_is_bit_identical_to_the_all_rows_sum(kind):
+    """The reported AP did not move by a bit when ap_block stopped visiting the negatives."""
+    g = torch.Generator().manual_seed(zlib.crc32(kind.encode()))  # str hash() varies by run
+    for _ in range(40 if kind != "coco_like" else 1):
+        n, c, lead = (int(torch.randint(1, 400, (), generator=g)),
+                      int(torch.randint(1, 7, (), generator=g)),
+                      int(torch.randint(1, 4, (), generator=g)))
+        if kind == "coco_like":
+            n, c, lead = 16_416, 80, 2
+        s = torch.randn(lead, n, c, generator=g)
+        if kind == "ties":
+            s = torch.randint(0, 4, (lead, n, c), generator=g).float()
+        elif kind == "constant":
+            s = torch.full((lead, n, c), 0.25)
+        elif kind == "half_nan":
+            s = s.half().float()
+            s[0, int(torch.randint(0, n, (), generator=g)), 0] = math.nan
+        elif kind == "float64_ties":
+            s = s.double().round(decimals=1)
+        rate = 0.036 if kind == "coco_like" else float(torch.rand((), generator=g))
+        t = torch.rand(n, c, generator=g) < rate
+        got, want = ranking.ap_block(s, t), _all_rows_ap_block(s, t)
+        assert got.dtype == want.dtype
+        assert torch.equal(got.nan_to_num(-1.0), want.nan_to_num(-1.0)), (n, c, lead)
+        assert torch.equal(got.isnan(), want.isnan())
 
 
 def test_f1_hand_computed():
