@@ -552,13 +552,14 @@ def test_cuda_graph_is_refused_where_the_step_cannot_be_captured():
     ("gr", [{"w_T": 2.0}, {"w_T": 10.0}]),
     ("ll_cp", [{"delta_rel": 0.2}, {"delta_rel": 0.5}]),
 ])
-@pytest.mark.parametrize("graph_steps,drop_last", [(16, True), (3, False)])
+@pytest.mark.parametrize("graph_steps,drop_last", [(1, True), (16, True), (3, False)])
 def test_cuda_graph_step_equals_the_eager_step(loss_name, trials, graph_steps, drop_last,
                                                monkeypatch):
     """The captured steps replay the eager step's kernels: the same heads bit for bit, the
-    same losses and metrics. 64 train rows: at batch 8, 3 eager warm-up steps then one graph
-    of the 5 others; at batch 7 with drop_last=False, 3 warm-up steps, three replays of a
-    3-step graph and an eager last step of one row."""
+    same losses and metrics. 64 train rows: at batch 8, 3 eager warm-up steps then a one-step
+    graph replayed 5 times (GRAPH_STEPS's default) or one graph of the 5 steps; at batch 7 with
+    drop_last=False, 3 warm-up steps, three replays of a 3-step graph and an eager last step of
+    one row."""
     from probe import loop
 
     monkeypatch.setattr(loop, "GRAPH_STEPS", graph_steps)
