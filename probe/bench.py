@@ -452,23 +452,20 @@ def run_bench(config: BenchConfig | None = None, *, progress: bool = True) -> di
             t_eval = time.perf_counter()
             evaluate_heads(data.test_x, data.test_labels.bool(), heads, 0.5)
             test_s = time.perf_counter() - t_eval
-        secs = result.timing["train_seconds"]
-        rows.append({
-            "name": (f"engine{' (CUDA graphs)' if result.timing.get('cuda_graph') else ''}, "
-                 f"{t} stacked GR trial{'s' if t > 1 else ''}"),
-            "method": "engine", "trials": t,
-            "sec_per_epoch_median": statistics.median(secs),
-            "sec_per_epoch_per_trial": statistics.median(secs) / t,
-            "epoch_seconds": secs, "eval_seconds_val": val_s, "eval_seconds_test_once": test_s,
-            "step_threads": result.timing.get("step_threads"),
-            "cuda_graph": result.timing.get("cuda_graph"),
-            "steps_per_epoch": result.timing["steps_per_epoch"],
-            "peak_memory_bytes": mem.peak, "memory_at_start_bytes": mem.start,
-            "memory_kind": mem.kind,
-        })
-        if cfg.compare_eager:
-            rows.append(_eager_row(data, replace(pc, cuda_graph=False), hparams, t, heads,
-                                   progress))
+        kind = "engine (CUDA graphs)" if result.timing.get("cuda_graph") else "engine"
+        rows.append(_engine_row(result, mem, f"{kind}, {t} stacked GR trial{'s' if t > 1 else ''}",
+                                "engine", t, eval_seconds_val=val_s, eval_seconds_test_once=test_s,
+                                step_threads=result.timing.get("step_threads"),
+                                cuda_graph=result.timing.get("cuda_graph")))
+        if cfg.compare_eager:  # the same run with the eager step; its heads against these
+            with _PeakMemory(device) as mem:
+                eager = train_probe(data, replace(pc, cuda_graph=False), "gr", hparams,
+                                    progress=progress)
+            diff = float((eager.final_heads.to(device) - heads).abs().max())
+            rows.append(_engine_row(
+                eager, mem, f"engine, eager step (no CUDA graph), {t} stacked GR trial"
+                f"{'s' if t > 1 else ''}", "engine_eager", t, eval_seconds_val=None,
+                eval_seconds_test_once=None, max_abs_diff_vs_graph=diff))
         if t == 1 and cfg.plain:
             with _PeakMemory(device) as mem:
                 head, plain_secs = plain_loop(data, "gr", seed=cfg.seed, lr=cfg.lr,
@@ -543,21 +540,16 @@ def run_bench(config: BenchConfig | None = None, *, progress: bool = True) -> di
     }
 
 
-def _eager_row(data: ProbeData, pc: ProbeConfig, hparams: list[dict[str, float]], t: int,
-               graph_heads: torch.Tensor, progress: bool) -> dict[str, Any]:
-    """The engine with the eager step (no CUDA graph); its heads against the graph run's."""
-    with _PeakMemory(data.device) as mem:
-        result = train_probe(data, pc, "gr", hparams, progress=progress)
+def _engine_row(result: Any, mem: _PeakMemory, name: str, method: str, t: int,
+                **extra: Any) -> dict[str, Any]:
+    """A report row of one engine run of T stacked trials (``extra``: its own fields)."""
     secs = result.timing["train_seconds"]
-    diff = float((result.final_heads.to(data.device) - graph_heads).abs().max())
     return {
-        "name": f"engine, eager step (no CUDA graph), {t} stacked GR trial{'s' if t > 1 else ''}",
-        "method": "engine_eager", "trials": t,
+        "name": name, "method": method, "trials": t,
         "sec_per_epoch_median": statistics.median(secs),
         "sec_per_epoch_per_trial": statistics.median(secs) / t,
-        "epoch_seconds": secs, "eval_seconds_val": None, "eval_seconds_test_once": None,
+        "epoch_seconds": secs, **extra,
         "steps_per_epoch": result.timing["steps_per_epoch"],
-        "max_abs_diff_vs_graph": diff,
         "peak_memory_bytes": mem.peak, "memory_at_start_bytes": mem.start,
         "memory_kind": mem.kind,
     }

@@ -367,7 +367,7 @@ def _register_probe(sub: argparse._SubParsersAction, bench: argparse._SubParsers
     add_device_argument(g)
     g.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
                    help="CUDA: replay the training steps as captured CUDA graphs (same heads "
-                   "bit for bit; 6-14x faster epochs on an H100). Default: wherever the step "
+                   "bit for bit; 5-14x faster epochs on an H100). Default: wherever the step "
                    "can be captured; --cuda-graph: required (an error says why not); "
                    "--no-cuda-graph: the eager step")
     g.add_argument("--json", metavar="PATH",

@@ -86,7 +86,7 @@ class ProbeConfig:
     f1_threshold: float = 0.5  # docs/protocol.md step 5: OF1/CF1 at probability 0.5
     deterministic: bool = True  # CUDA: deterministic kernels so a re-run is bit-for-bit equal
     cuda_graph: bool | None = None  # CUDA: replay the steps as captured CUDA graphs (one
-    # launch per GRAPH_STEPS steps; same kernels, same heads bit for bit; 6-14x faster epochs on
+    # launch per GRAPH_STEPS steps; same kernels, same heads bit for bit; 5-14x faster epochs on
     # an H100). None: wherever the step can be captured; True: required; False: never
     step_threads: int | None = None  # CPU threads for the training steps; None = measured:
     # one thread or torch's setting, whichever runs this step shape faster here and now

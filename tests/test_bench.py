@@ -90,3 +90,9 @@ def test_bench_cli(tmp_path, capsys):
                  str(tmp_path)]) == 2
     assert "larger than the train split" in capsys.readouterr().err
     assert main(["bench", "probe", "--trials", "0"]) == 2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without a GPU")
+def test_compare_eager_needs_cuda():
+    with pytest.raises(ValueError, match=r"compare_eager \(--compare-eager\) needs a CUDA"):
+        BenchConfig(compare_eager=True, device="cpu").validate()

@@ -146,3 +146,18 @@ def test_no_host_synchronisation_inside_an_epoch_on_cuda(tmp_path, monkeypatch, 
     cfg = ProbeConfig(batch_size=16, epochs=2, device="cuda", cuda_graph=False)
     train_probe(data, cfg, loss_name, lrs)
     assert len(steps) >= 2 * (256 // 16)  # every step of both epochs ran checked
+
+
+def test_bench_compares_the_graph_run_with_the_eager_step(tmp_path) -> None:
+    """``spml bench probe --compare-eager``: an eager row per configuration, its heads equal
+    to the graph run's, and the ratio of the two."""
+    from probe.bench import BenchConfig, run_bench
+
+    report = run_bench(BenchConfig(n_train=256, dim=32, n_classes=10, epochs=1, trials=(1, 4),
+                                   plain=False, papers=False, device="cuda", compare_eager=True,
+                                   cache_dir=str(tmp_path)), progress=False)
+    eager = [r for r in report["rows"] if r["method"] == "engine_eager"]
+    assert [r["trials"] for r in eager] == [1, 4]
+    assert all(r["max_abs_diff_vs_graph"] == 0.0 for r in eager)
+    assert {"eager_over_cuda_graph_1_trials", "eager_over_cuda_graph_4_trials"} <= set(
+        report["ratios"])
