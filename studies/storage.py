@@ -149,12 +149,11 @@ def open_storage(spec: StorageSpec) -> optuna.storages.BaseStorage:
             engine_kwargs={"connect_args": {"timeout": 60}},
         )
     if spec.kind == "journal":
-        from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
+        from optuna.storages.journal import JournalFileBackend
 
         path = Path(spec.target).expanduser()
         path.parent.mkdir(parents=True, exist_ok=True)
-        # open-lock (O_EXCL lock file) works on network file systems where symlinks may not
-        lock = JournalFileOpenLock(str(path))
+        lock = FileLock(f"{path}.flock")
         drop_torn_tail(path, lock)
         backend = JournalFileBackend(str(path), lock_obj=lock)
         return optuna.storages.JournalStorage(backend)
@@ -228,18 +227,55 @@ def _pg_advisory_lock(url: str, key: int) -> Iterator[None]:
             conn.commit()
 
 
+class FileLock:
+    """An exclusive ``flock`` on a lock file that stays in place: the journal's lock (Optuna's
+    ``BaseJournalFileLock`` interface: ``acquire``/``release``) and the ask lock.
+
+    The kernel frees the lock when its holder dies, so a SIGKILLed worker never leaves it held.
+    Optuna's own lock files (O_EXCL, or a symlink) are instead broken by waiters after a grace
+    period, and two waiters breaking one at once could each delete the lock a third had just
+    taken: two holders, and a worker failing with "did not possess lock" (seen once in CI
+    with 8 workers and one killed). Every ``acquire`` opens its own descriptor, so threads of
+    one process exclude each other too. Network file systems: Linux maps ``flock`` to POSIX
+    locks on NFS (NFSv4, or NFSv3 with lockd)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd: int | None = None  # set by the holder only, after the lock is taken
+
+    def acquire(self) -> bool:
+        import fcntl
+
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        return True
+
+    def release(self) -> None:
+        import fcntl
+
+        fd, self._fd = self._fd, None
+        if fd is None:
+            raise RuntimeError(f"{self.path}: released without being held")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+
 @contextmanager
 def ask_lock(spec: StorageSpec, study_name: str) -> Iterator[None]:
     """Let one worker at a time count a study's trials and ask its next batch, so that workers
     started together never ask more than ``n_trials`` between them (Optuna has no atomic
-    "ask while under budget"). Journal: an O_EXCL lock file beside the journal (Optuna's own
-    lock, fine on network file systems; a lock left by a killed worker is broken after 30 s of
-    silence). PostgreSQL: an advisory lock per study (freed by the server when its holder
-    dies). SQLite: one process, no lock."""
+    "ask while under budget"). Journal: a :class:`FileLock` beside the journal (freed by the
+    kernel when its holder dies). PostgreSQL: an advisory lock per study (freed by the server
+    when its holder dies). SQLite: one process, no lock."""
     if spec.kind == "journal":
-        from optuna.storages.journal import JournalFileOpenLock
-
-        lock = JournalFileOpenLock(f"{Path(spec.target).expanduser()}.ask", grace_period=30)
+        lock = FileLock(f"{Path(spec.target).expanduser()}.ask.flock")
         lock.acquire()
         try:
             yield

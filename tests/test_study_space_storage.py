@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 
 from studies.space import build_space, parse_range
-from studies.storage import StudyError, open_storage, parse_storage
+from studies.storage import FileLock, StudyError, open_storage, parse_storage
 
 
 def test_space_comes_from_declared_ranges_with_paper_defaults():
@@ -121,3 +128,34 @@ def test_option_parameters_are_searched_only_when_their_switch_is_on():
     assert set(with_hr.distributions) == {"opml.alpha", "opml.beta", "opml.hr_lambda"}
     with pytest.raises(StudyError, match="only matters with soft=true"):
         build_space("opml", only=("soft_power",))
+
+
+def test_a_killed_workers_file_lock_is_freed_at_once(tmp_path):
+    """The journal's and the ask lock (studies.storage.FileLock) are flocks: held against
+    another process while their holder lives, free the moment it is SIGKILLed -- no grace
+    period for waiters to break it (Optuna's lock files raced there)."""
+    path = str(tmp_path / "study.log.flock")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from studies.storage import FileLock; "
+         f"FileLock({path!r}).acquire(); print('held', flush=True); time.sleep(600)"],
+        stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
+    try:
+        assert holder.stdout.readline().strip() == "held"  # waits for the event, not a time
+        fd = os.open(path, os.O_RDWR)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            holder.send_signal(signal.SIGKILL)
+            holder.wait()
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free now
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+    finally:
+        holder.kill()
+        holder.wait()
+    lock = FileLock(path)
+    assert lock.acquire()
+    lock.release()
+    with pytest.raises(RuntimeError, match="released without being held"):
+        lock.release()
