@@ -41,7 +41,7 @@ def stacked_logits(x: Tensor, w: Tensor) -> Tensor:
     # how many heads were evaluated with it
     with step_threads(w.device, 1 if t == 1 else None):
         for r0 in range(0, n, step):
-            out[:, r0 : r0 + step] = torch.matmul(x[r0 : r0 + step].float(), w)
+            torch.matmul(x[r0 : r0 + step].float(), w, out=out[:, r0 : r0 + step])
     return out
 
 

@@ -196,20 +196,24 @@ def test_blocking_does_not_change_results(monkeypatch, chunk):
     torch.testing.assert_close(average_precision(targets, logits=logits), whole, rtol=0, atol=0)
 
 
-# --------------------------------------------------------------------------------------------
-# OF1 / CF1
-# --------------------------------------------------------------------------------------------
-
-
-def _all_rows_ap_block(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """The all-rows form of probe.ranking.ap_block, as it was before it visited only the
-    positives (kept verbatim as the reference: every sorted row's precision, zeros at the
-    negatives, summed over N)."""
+def _all_rows_ap_block(scores: torch.Tensor, targets: torch.Tensor,
+                       canonical: bool = True) -> torch.Tensor:
+    """The all-rows form of probe.ranking.ap_block (the reference: every sorted row's
+    precision, zeros at the negatives, summed over N). ``canonical``: ranked ascending with a
+    negative before a positive of the same score (two stable sorts: target, then score), as
+    ap_block ranks; False: the kernel as it was before 2026-11-25, whose ties between a
+    positive and a negative fell in ``torch.sort``'s (unstable) order."""
     n = scores.shape[-2]
     work = torch.float64 if scores.dtype == torch.float64 or n >= 1 << 24 else torch.float32
     cols = scores.transpose(-1, -2).to(work).contiguous()
-    ranked, order = cols.sort(dim=-1)
-    y = targets.t().expand(ranked.shape).gather(-1, order)
+    y0 = targets.t().expand(cols.shape)
+    if canonical:
+        by_target = y0.to(torch.int8).sort(dim=-1, stable=True).indices
+        ranked, order = cols.gather(-1, by_target).sort(dim=-1, stable=True)
+        order = by_target.gather(-1, order)
+    else:
+        ranked, order = cols.sort(dim=-1)
+    y = y0.gather(-1, order)
     yw = y.to(work)
     before = yw.cumsum(-1)
     n_pos = before[..., -1].clone()
@@ -228,7 +232,8 @@ def _all_rows_ap_block(scores: torch.Tensor, targets: torch.Tensor) -> torch.Ten
 @pytest.mark.parametrize("kind", ["normal", "ties", "constant", "half_nan", "float64_ties",
                                   "coco_like"])
 def test_positives_only_ap_is_bit_identical_to_the_all_rows_sum(kind):
-    """The reported AP did not move by a bit when ap_block stopped visiting the negatives."""
+    """ap_block (values-only sorts, then the positives alone) is bit for bit the all-rows sum
+    over the canonical ranking."""
     g = torch.Generator().manual_seed(zlib.crc32(kind.encode()))  # str hash() varies by run
     for _ in range(40 if kind != "coco_like" else 1):
         n, c, lead = (int(torch.randint(1, 400, (), generator=g)),
@@ -252,6 +257,60 @@ def test_positives_only_ap_is_bit_identical_to_the_all_rows_sum(kind):
         assert got.dtype == want.dtype
         assert torch.equal(got.nan_to_num(-1.0), want.nan_to_num(-1.0)), (n, c, lead)
         assert torch.equal(got.isnan(), want.isnan())
+
+
+def _mixed_tie_columns(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """(L, C) bool: the columns where a positive's score equals a negative's."""
+    out = torch.zeros(scores.shape[0], scores.shape[-1], dtype=torch.bool)
+    for i in range(scores.shape[0]):
+        for j in range(scores.shape[-1]):
+            col, pos = scores[i, :, j], targets[:, j]
+            out[i, j] = bool(torch.isin(col[pos], col[~pos]).any())
+    return out
+
+
+@pytest.mark.parametrize("kind", ["coco_like", "ties"])
+def test_canonical_ranking_moves_the_old_kernels_ap_by_rounding_only(kind):
+    """Before 2026-11-25 a positive tying a negative sat where torch's unstable sort put it,
+    which moved the sum's rounding. Columns without such a tie keep every bit; the others
+    move by at most a few float32 ulps (the same precisions, summed in other positions)."""
+    g = torch.Generator().manual_seed(11)
+    n, c = (16_416, 80) if kind == "coco_like" else (500, 6)
+    s = torch.randn(2, n, c, generator=g)
+    if kind == "ties":
+        s = torch.randint(0, 5, (2, n, c), generator=g).float()
+    t = torch.rand(n, c, generator=g) < (0.036 if kind == "coco_like" else 0.3)
+    new, old = ranking.ap_block(s, t), _all_rows_ap_block(s, t, canonical=False)
+    mixed = _mixed_tie_columns(s, t)
+    assert mixed.any()  # float32 logits of 16k rows do tie a positive and a negative
+    assert torch.equal(new[~mixed], old[~mixed])
+    torch.testing.assert_close(new, old, rtol=4e-7, atol=0)
+
+
+def test_numpy_and_torch_sorts_give_the_same_bits(monkeypatch):
+    """CPU columns are sorted by NumPy, CUDA's by torch.sort: the AP is the same either way."""
+    g = torch.Generator().manual_seed(12)
+    for s in (torch.randn(3, 2000, 9, generator=g),
+              torch.randint(0, 3, (3, 2000, 9), generator=g).double()):
+        t = torch.rand(2000, 9, generator=g) < 0.2
+        with_numpy = ranking.ap_block(s, t)
+        monkeypatch.setattr(ranking, "_NUMPY_SORT", False)
+        with_torch = ranking.ap_block(s, t)
+        monkeypatch.setattr(ranking, "_NUMPY_SORT", True)
+        assert torch.equal(with_numpy, with_torch)
+
+
+def test_signed_zeros_are_one_threshold():
+    """-0.0 and 0.0 compare equal: one tie group, as in scikit-learn."""
+    s = torch.tensor([[-0.0], [0.0], [0.0], [-0.0], [1.0], [-1.0]])
+    t = torch.tensor([[True], [False], [True], [False], [False], [True]])
+    assert average_precision(t, logits=s).item() == pytest.approx(_sk_ap(t, s)[0], abs=1e-7)
+    assert torch.equal(ranking.ap_block(s[None], t), _all_rows_ap_block((s + 0.0)[None], t))
+
+
+# --------------------------------------------------------------------------------------------
+# OF1 / CF1
+# --------------------------------------------------------------------------------------------
 
 
 def test_f1_hand_computed():
