@@ -85,6 +85,8 @@ class BenchConfig:
     papers_workers: int = 2  # DataLoader worker processes of (e) (the released codes use >= 2)
     device: str = "auto"  # CUDA when available, else CPU
     compare_eager: bool = False  # CUDA: also time the eager step (the engine replays CUDA graphs)
+    compare_one_block: bool = False  # CPU: also time the trials trained as one block
+    # (trial_block=0; the engine trains many COCO-sized heads in blocks that stay in cache)
     seed: int = 0  # init, batch order and the synthetic data
     cache_dir: str | None = None  # None: default_cache_dir()
 
@@ -104,6 +106,10 @@ class BenchConfig:
             raise ValueError(
                 f"bench: compare_eager (--compare-eager) needs a CUDA device; the bench runs on "
                 f"{resolve_device(self.device)} (pass --device cuda on a GPU machine)")
+        if self.compare_one_block and resolve_device(self.device).type != "cpu":
+            raise ValueError(
+                "bench: compare_one_block (--compare-one-block) times the CPU's trial blocks; "
+                f"the bench runs on {resolve_device(self.device)} (pass --device cpu)")
         if not self.trials or any(t < 1 for t in self.trials):
             raise ValueError(f"bench: trials must be positive integers; got {self.trials!r}")
 
@@ -453,10 +459,22 @@ def run_bench(config: BenchConfig | None = None, *, progress: bool = True) -> di
             evaluate_heads(data.test_x, data.test_labels.bool(), heads, 0.5)
             test_s = time.perf_counter() - t_eval
         kind = "engine (CUDA graphs)" if result.timing.get("cuda_graph") else "engine"
-        rows.append(_engine_row(result, mem, f"{kind}, {t} stacked GR trial{'s' if t > 1 else ''}",
-                                "engine", t, eval_seconds_val=val_s, eval_seconds_test_once=test_s,
+        blocks = result.timing.get("trial_blocks", [t])
+        in_blocks = f" in {len(blocks)} blocks" if len(blocks) > 1 else ""
+        rows.append(_engine_row(result, mem, f"{kind}, {t} stacked GR trial{'s' if t > 1 else ''}"
+                                f"{in_blocks}", "engine", t, eval_seconds_val=val_s,
+                                eval_seconds_test_once=test_s,
                                 step_threads=result.timing.get("step_threads"),
-                                cuda_graph=result.timing.get("cuda_graph")))
+                                cuda_graph=result.timing.get("cuda_graph"), trial_blocks=blocks))
+        if cfg.compare_one_block and len(blocks) > 1:  # the same run as one block
+            with _PeakMemory(device) as mem:
+                whole = train_probe(data, replace(pc, trial_block=0), "gr", hparams,
+                                    progress=progress)
+            diff = float((whole.final_heads - result.final_heads).abs().max())
+            rows.append(_engine_row(
+                whole, mem, f"engine, {t} stacked GR trials in one block", "engine_one_block",
+                t, eval_seconds_val=None, eval_seconds_test_once=None,
+                max_abs_diff_vs_blocks=diff, trial_blocks=[t]))
         if cfg.compare_eager:  # the same run with the eager step; its heads against these
             with _PeakMemory(device) as mem:
                 eager = train_probe(data, replace(pc, cuda_graph=False), "gr", hparams,
@@ -522,6 +540,9 @@ def run_bench(config: BenchConfig | None = None, *, progress: bool = True) -> di
     for t in cfg.trials:
         if t > 1 and ("engine", 1) in by:
             ratios[f"engine_{t}_trials_over_1_trial"] = by[("engine", t)] / by[("engine", 1)]
+        if ("engine_one_block", t) in by:
+            ratios[f"one_block_over_blocks_{t}_trials"] = (by[("engine_one_block", t)]
+                                                           / by[("engine", t)])
         if ("engine_eager", t) in by:
             ratios[f"eager_over_cuda_graph_{t}_trials"] = (by[("engine_eager", t)]
                                                            / by[("engine", t)])
@@ -585,6 +606,9 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append("")
         lines += [f"{k}: {v:.2f}" for k, v in report["ratios"].items()]
     for r in report["rows"]:
+        if "max_abs_diff_vs_blocks" in r:
+            lines.append(f"{r['name']}: max |head difference| vs the blocks "
+                         f"{r['max_abs_diff_vs_blocks']:.2e}")
         if "max_abs_diff_vs_graph" in r:
             lines.append(f"{r['name']}: max |head difference| vs the CUDA graph run "
                          f"{r['max_abs_diff_vs_graph']:.2e}")

@@ -191,6 +191,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         observed_seed=args.observed_seed, device=args.device, eval_every=args.eval_every,
         test_curve=args.test_curve, eval_init=args.eval_init, cuda_graph=args.cuda_graph,
         drop_last=not args.no_drop_last, use_presets=not args.no_presets,
+        trial_block=args.trial_block,
     )
     config.validate()
     if args.eval_head:
@@ -279,7 +280,7 @@ def _cmd_bench_probe(args: argparse.Namespace) -> int:
         n_train=args.rows, dim=args.dim, n_classes=args.classes, batch_size=args.batch_size,
         epochs=args.epochs, trials=trials, plain=not args.no_plain, device=args.device,
         cache_dir=args.cache_dir, papers=not args.no_papers, papers_workers=args.papers_workers,
-        compare_eager=args.compare_eager,
+        compare_eager=args.compare_eager, compare_one_block=args.compare_one_block,
     )
     if args.threads is not None:
         import torch
@@ -370,6 +371,11 @@ def _register_probe(sub: argparse._SubParsersAction, bench: argparse._SubParsers
                    "bit for bit; 5-14x faster epochs on an H100). Default: wherever the step "
                    "can be captured; --cuda-graph: required (an error says why not); "
                    "--no-cuda-graph: the eager step")
+    g.add_argument("--trial-block", type=int, default=None, metavar="N",
+                   help="CPU: train the stacked trials in blocks of N, one block after the "
+                   "other through each epoch, so that a block's heads and Adam state stay in "
+                   "cache (the same heads as one block). Default: sized to the cache (8 "
+                   "COCO-sized heads; all small ones); 0: one block")
     g.add_argument("--json", metavar="PATH",
                    help="write config, per-epoch metrics and the best epoch of every trial")
     g.add_argument("--save-head", metavar="PATH", help="save the best-epoch heads (torch file)")
@@ -427,6 +433,9 @@ def _register_bench_probe(bench: argparse._SubParsersAction) -> None:
                    help="CUDA: also time each stacked configuration with the eager step "
                    "(spml probe --no-cuda-graph; the engine rows replay CUDA graphs), its heads "
                    "compared with the graph run's")
+    b.add_argument("--compare-one-block", action="store_true",
+                   help="CPU: also time each configuration that trains in trial blocks (spml "
+                   "probe --trial-block) as one block, its heads compared with the blocks'")
     b.add_argument("--cache-dir",
                    help="where the synthetic store is cached (default: $SPML_CACHE_DIR or "
                    "~/.cache/spml-probe)")

@@ -93,6 +93,10 @@ class ProbeConfig:
     # (probe.loop.measured_threads; small heads gain from 1 thread, large ones from several,
     # and the crossover moves with the machine's load), so it may differ between runs; set it
     # for bit-for-bit equal runs across processes. Evaluation uses torch's setting.
+    trial_block: int | None = None  # CPU: stacked trials trained together, one block after the
+    # other through each epoch, so that a block's heads and optimizer state stay in cache. None
+    # = as many as fit probe.loop.TRIAL_BLOCK_BYTES (COCO-sized heads: 8; small heads: all);
+    # 0 = all trials in one block. A trial computes the same in any block (probe.loop)
 
     def validate(self) -> None:
         """Raise :class:`ProbeConfigError` naming the first bad setting."""
@@ -136,6 +140,10 @@ class ProbeConfig:
         st = self.step_threads
         if st is not None and (isinstance(st, bool) or not isinstance(st, int) or st < 1):
             raise bad("step_threads", "None (automatic) or a positive integer")
+        tb = self.trial_block
+        if tb is not None and (isinstance(tb, bool) or not isinstance(tb, int) or tb < 0):
+            raise bad("trial_block", "None (sized to the cache), 0 (one block) or a positive "
+                      "integer (trials per block)")
 
 
 # --------------------------------------------------------------------------------------------

@@ -57,13 +57,15 @@ from torch import Tensor
 from .config import ProbeConfig
 from .data import ProbeData, resolve_device
 from .evaluate import Evaluator
-from .loop import StackedTrainer, deterministic
+from .loop import BlockedTrainer, StackedTrainer, deterministic, make_trainer
 from .losses._base import Loss
 from .progress import Progress
 from .results import EpochReport, ProbeResult, TrialResult, environment_info
 from .trials import TrialPlan, plan_trials
 
 __all__ = ["train_probe"]
+
+Trainer = StackedTrainer | BlockedTrainer  # make_trainer's choice
 
 
 def train_probe(
@@ -110,7 +112,7 @@ def train_probe(
     config.validate()
     data = _on_device(data, config.device)
     plan = plan_trials(data, config, loss, hparams)
-    trainer = StackedTrainer(data, config, plan)
+    trainer = make_trainer(data, config, plan)
     results = [TrialResult(trial=t, seed=plan.seeds[t], hparams=_plain(plan.hparams[t]),
                            lr=plan.lr[t], weight_decay=plan.weight_decay[t])
                for t in range(plan.n)]
@@ -131,10 +133,12 @@ def train_probe(
     timing["steps_per_epoch"] = trainer.n_steps
     timing["step_threads"] = trainer.threads  # None: torch's setting
     timing["cuda_graph"] = trainer.cuda_graph  # the steps were replayed as CUDA graphs
+    timing["trial_blocks"] = (trainer.block_sizes if isinstance(trainer, BlockedTrainer)
+                              else [plan.n])  # trials per block (ProbeConfig.trial_block)
     return _result(plan, trainer, data, config, results, evaluator, timing)
 
 
-def _epochs(trainer: StackedTrainer, evaluator: Evaluator | None, results: list[TrialResult],
+def _epochs(trainer: Trainer, evaluator: Evaluator | None, results: list[TrialResult],
             config: ProbeConfig, timing: dict[str, Any],
             callback: Callable[[EpochReport], Iterable[int] | None] | None,
             progress: bool) -> None:
@@ -176,7 +180,7 @@ def _epochs(trainer: StackedTrainer, evaluator: Evaluator | None, results: list[
                     return
 
 
-def _live_heads(trainer: StackedTrainer, active: list[bool]) -> tuple[Tensor, list[int]]:
+def _live_heads(trainer: Trainer, active: list[bool]) -> tuple[Tensor, list[int]]:
     """The heads of the active trials (rows of the trainer's stack) and their trial ids."""
     pos = [j for j, t in enumerate(trainer.live) if active[t]]
     if len(pos) == trainer.w.shape[0]:
@@ -211,7 +215,7 @@ def _best_line(results: list[TrialResult], evaluator: Evaluator | None, active: 
             f"{best.get('val_map', float('nan')):.2f}{test}")
 
 
-def _result(plan: TrialPlan, trainer: StackedTrainer, data: ProbeData, config: ProbeConfig,
+def _result(plan: TrialPlan, trainer: Trainer, data: ProbeData, config: ProbeConfig,
             results: list[TrialResult], evaluator: Evaluator | None,
             timing: dict[str, Any]) -> ProbeResult:
     notes = list(plan.notes)

@@ -68,9 +68,23 @@ class TrialPlan:
     training: TrainingSettings
     notes: list[str]
 
+    given: bool = False  # the caller passed a Loss object (it is never rebuilt or split)
+
     @property
     def n(self) -> int:
         return len(self.seeds)
+
+    def subset(self, trials: range) -> TrialPlan:
+        """The plan of the trials ``trials`` (a contiguous range) alone: their settings, and
+        for a shared seed a fresh loss object of their hyperparameters (each trial computes
+        exactly what it computes stacked with the others: probe.train's docstring)."""
+        if self.given and len(trials) != self.n:
+            raise ProbeConfigError("a plan made from a given Loss object cannot be split")
+        sl = slice(trials.start, trials.stop)
+        losses = ([_build_loss(self.cls, self.hparams[sl])] if self.shared and not self.given
+                  else self.losses if self.shared else self.losses[sl])
+        return TrialPlan(self.cls, self.seeds[sl], self.lr[sl], self.weight_decay[sl],
+                         self.hparams[sl], losses, self.training, self.notes, self.given)
 
     @property
     def shared(self) -> bool:
@@ -133,7 +147,7 @@ def plan_trials(data: ProbeData, config: ProbeConfig, loss: Loss | str,
             f"than the train split ({data.n_train} rows); use a batch size of at most "
             f"{data.n_train}"
         )
-    return TrialPlan(cls, seeds, lrs, wds, merged, objects, training, notes)
+    return TrialPlan(cls, seeds, lrs, wds, merged, objects, training, notes, given is not None)
 
 
 def setup_loss_groups(plan: TrialPlan, train_y: Tensor, device: Any) -> list[LossGroup]:

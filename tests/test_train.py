@@ -520,6 +520,72 @@ def test_stopped_trials_leave_the_stack_and_survivors_are_bit_identical(loss_nam
     assert torch.equal(cut.final_heads[1], one.final_heads[1])  # its head as it left
 
 
+BLOCK_CASES = [
+    ("gr", [{"w_T": w, "learn_kv": True} for w in (2.0, 4.0, 6.0, 8.0, 10.0)], {}),
+    ("role", [{"k": k} for k in (1.5, 2.0, 2.5, 3.0, 3.5)], {"use_presets": False}),
+    ("em_apl", [{"alpha": a, "warmup": 1} for a in (0.1, 0.2, 0.3, 0.4, 0.5)], {}),
+    ("ll_cp", [{"delta_rel": d} for d in (0.1, 0.2, 0.3, 0.4, 0.5)], {}),
+    ("an", [{}, {"lr": 3e-2}, {"lr": 1e-1}, {}, {"lr": 3e-3}],
+     {"optimizer": "sgd", "seeds": (1, 2, 3, 4, 5)}),
+    ("opml", [{"alpha": a} for a in (0.5, 1.0, 1.5, 2.0, 2.5)], {}),  # cannot drop trials
+]
+
+
+@pytest.mark.parametrize("loss_name,trials,extra", BLOCK_CASES)
+def test_trials_in_blocks_train_exactly_as_in_one_block(loss_name, trials, extra):
+    """ProbeConfig.trial_block: blocks of 2 (2 + 2 + 1 trials, each block through the whole
+    epoch before the next) give every trial's epochs, best and final heads bit for bit as one
+    block does, also when trials stop (pruning) in the blocked run."""
+    data = _data_8_classes()
+    cfg = ProbeConfig(epochs=3, batch_size=8, lr=1e-2, step_threads=1, **extra)  # B·C = 64
+    one = train_probe(data, replace(cfg, trial_block=0), loss_name, trials)
+    blocked = train_probe(data, replace(cfg, trial_block=2), loss_name, trials)
+    assert one.timing["trial_blocks"] == [5] and blocked.timing["trial_blocks"] == [2, 2, 1]
+    for a, b in zip(blocked.trials, one.trials, strict=True):
+        assert a.epochs == b.epochs and a.best == b.best and a.best_epoch == b.best_epoch
+    assert torch.equal(blocked.final_heads, one.final_heads)
+    assert torch.equal(blocked.best_heads, one.best_heads)
+    shapes = []
+
+    def stop(report):  # trial 1 (block 0) after epoch 1; trial 4 (the last block, alone) after 2
+        shapes.append(report.heads.shape[0])
+        return {1: [1], 2: [4]}.get(report.epoch, [])
+
+    cut = train_probe(data, replace(cfg, trial_block=2), loss_name, trials, callback=stop)
+    assert shapes == [5, 4, 3]
+    survivors = (0, 2, 3)
+    for t in survivors:
+        assert cut.trials[t].epochs == one.trials[t].epochs
+        close = torch.equal if L.get_loss_class(loss_name).trial_state is not None else (
+            torch.allclose)  # a frozen trial still shares its block's tensors
+        assert close(cut.final_heads[t], one.final_heads[t])
+    assert cut.trials[4].epochs == one.trials[4].epochs[:2]
+
+
+def test_trial_blocks_are_balanced_sized_to_the_cache_and_cpu_only():
+    import probe.loop as loop
+
+    cpu = torch.device("cpu")
+    sizes = lambda n, b, s: [len(r) for r in loop.trial_blocks(n, b, cpu, s)]  # noqa: E731
+    assert sizes(64, 0, 8) == [8] * 8
+    assert sizes(60, 0, 8) == [8] * 4 + [7] * 4
+    assert sizes(9, 0, 8) == [5, 4] and sizes(5, 0, 8) == [5] and sizes(64, 0, 0) == [64]
+    coco = 4 * 2049 * 80 * 4  # head, gradient, Adam's two moments (float32)
+    assert sizes(64, coco, None) == [8] * 8  # 24 MiB hold 9 COCO heads: 8 blocks of 8
+    assert sizes(64, 4 * 104 * 14 * 4, None) == [64]  # yeast's heads all fit
+    assert [len(r) for r in loop.trial_blocks(64, coco, torch.device("meta"), 8)] == [64]
+    data = _data()
+    given = create_loss("gr", w_T=torch.tensor([2.0, 4.0]))  # the caller's object: not split
+    result = train_probe(data, ProbeConfig(epochs=1, batch_size=8, trial_block=1), given)
+    assert result.timing["trial_blocks"] == [2]
+    gr = [{"w_T": 2.0}, {"w_T": 4.0}]
+    result = train_probe(data, ProbeConfig(epochs=1, batch_size=8, trial_block=1), "gr", gr)
+    assert result.timing["trial_blocks"] == [1, 1]
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ProbeConfigError, match="trial_block"):
+            ProbeConfig(trial_block=bad).validate()
+
+
 def test_a_loss_that_cannot_drop_trials_freezes_them_in_place():
     data = _data()
     cfg = ProbeConfig(epochs=3, batch_size=8, lr=1e-2)
