@@ -448,42 +448,8 @@ def run_bench(config: BenchConfig | None = None, *, progress: bool = True) -> di
     for t in sorted(set(cfg.trials) | ({1} if cfg.plain else set())):
         # T different final w_T (the kind of spread an Optuna study stacks), one shared seed
         hparams = [{"w_T": float(w)} for w in np.linspace(2.0, 10.0, t)] if t > 1 else [{}]
-        with _PeakMemory(device) as mem:
-            result = train_probe(data, pc, "gr", hparams, progress=progress)
-        heads = result.final_heads.to(device)
-        with torch.no_grad():  # what the engine evaluates: val every epoch, test once
-            t_eval = time.perf_counter()
-            evaluate_heads(data.val_x, data.val_labels.bool(), heads, 0.5)
-            val_s = time.perf_counter() - t_eval
-            t_eval = time.perf_counter()
-            evaluate_heads(data.test_x, data.test_labels.bool(), heads, 0.5)
-            test_s = time.perf_counter() - t_eval
-        kind = "engine (CUDA graphs)" if result.timing.get("cuda_graph") else "engine"
-        blocks = result.timing.get("trial_blocks", [t])
-        in_blocks = f" in {len(blocks)} blocks" if len(blocks) > 1 else ""
-        rows.append(_engine_row(result, mem, f"{kind}, {t} stacked GR trial{'s' if t > 1 else ''}"
-                                f"{in_blocks}", "engine", t, eval_seconds_val=val_s,
-                                eval_seconds_test_once=test_s,
-                                step_threads=result.timing.get("step_threads"),
-                                cuda_graph=result.timing.get("cuda_graph"), trial_blocks=blocks))
-        if cfg.compare_one_block and len(blocks) > 1:  # the same run as one block
-            with _PeakMemory(device) as mem:
-                whole = train_probe(data, replace(pc, trial_block=0), "gr", hparams,
-                                    progress=progress)
-            diff = float((whole.final_heads - result.final_heads).abs().max())
-            rows.append(_engine_row(
-                whole, mem, f"engine, {t} stacked GR trials in one block", "engine_one_block",
-                t, eval_seconds_val=None, eval_seconds_test_once=None,
-                max_abs_diff_vs_blocks=diff, trial_blocks=[t]))
-        if cfg.compare_eager:  # the same run with the eager step; its heads against these
-            with _PeakMemory(device) as mem:
-                eager = train_probe(data, replace(pc, cuda_graph=False), "gr", hparams,
-                                    progress=progress)
-            diff = float((eager.final_heads.to(device) - heads).abs().max())
-            rows.append(_engine_row(
-                eager, mem, f"engine, eager step (no CUDA graph), {t} stacked GR trial"
-                f"{'s' if t > 1 else ''}", "engine_eager", t, eval_seconds_val=None,
-                eval_seconds_test_once=None, max_abs_diff_vs_graph=diff))
+        result, engine_rows = _engine_rows(data, pc, cfg, t, hparams, device, progress)
+        rows += engine_rows
         if t == 1 and cfg.plain:
             with _PeakMemory(device) as mem:
                 head, plain_secs = plain_loop(data, "gr", seed=cfg.seed, lr=cfg.lr,
@@ -559,6 +525,51 @@ def run_bench(config: BenchConfig | None = None, *, progress: bool = True) -> di
         "equivalence_max_abs_diff_engine_vs_plain": equivalence,
         "targets": TARGETS,
     }
+
+
+def _engine_rows(data: ProbeData, pc: ProbeConfig, cfg: BenchConfig, t: int,
+                 hparams: list[dict[str, Any]], device: torch.device, progress: bool
+                 ) -> tuple[Any, list[dict[str, Any]]]:
+    """(b) and (d) for T = ``t``: the engine's run with its evaluation, and the runs it is
+    compared with (one block, the eager step) where asked; returns the run and its rows."""
+    rows: list[dict[str, Any]] = []
+    with _PeakMemory(device) as mem:
+        result = train_probe(data, pc, "gr", hparams, progress=progress)
+    heads = result.final_heads.to(device)
+    with torch.no_grad():  # what the engine evaluates: val every epoch, test once
+        t_eval = time.perf_counter()
+        evaluate_heads(data.val_x, data.val_labels.bool(), heads, 0.5)
+        val_s = time.perf_counter() - t_eval
+        t_eval = time.perf_counter()
+        evaluate_heads(data.test_x, data.test_labels.bool(), heads, 0.5)
+        test_s = time.perf_counter() - t_eval
+    kind = "engine (CUDA graphs)" if result.timing.get("cuda_graph") else "engine"
+    blocks = result.timing.get("trial_blocks", [t])
+    in_blocks = f" in {len(blocks)} blocks" if len(blocks) > 1 else ""
+    rows.append(_engine_row(result, mem, f"{kind}, {t} stacked GR trial{'s' if t > 1 else ''}"
+                            f"{in_blocks}", "engine", t, eval_seconds_val=val_s,
+                            eval_seconds_test_once=test_s,
+                            step_threads=result.timing.get("step_threads"),
+                            cuda_graph=result.timing.get("cuda_graph"), trial_blocks=blocks))
+    if cfg.compare_one_block and len(blocks) > 1:  # the same run as one block
+        with _PeakMemory(device) as mem:
+            whole = train_probe(data, replace(pc, trial_block=0), "gr", hparams,
+                                progress=progress)
+        diff = float((whole.final_heads - result.final_heads).abs().max())
+        rows.append(_engine_row(
+            whole, mem, f"engine, {t} stacked GR trials in one block", "engine_one_block",
+            t, eval_seconds_val=None, eval_seconds_test_once=None,
+            max_abs_diff_vs_blocks=diff, trial_blocks=[t]))
+    if cfg.compare_eager:  # the same run with the eager step; its heads against these
+        with _PeakMemory(device) as mem:
+            eager = train_probe(data, replace(pc, cuda_graph=False), "gr", hparams,
+                                progress=progress)
+        diff = float((eager.final_heads.to(device) - heads).abs().max())
+        rows.append(_engine_row(
+            eager, mem, f"engine, eager step (no CUDA graph), {t} stacked GR trial"
+            f"{'s' if t > 1 else ''}", "engine_eager", t, eval_seconds_val=None,
+            eval_seconds_test_once=None, max_abs_diff_vs_graph=diff))
+    return result, rows
 
 
 def _engine_row(result: Any, mem: _PeakMemory, name: str, method: str, t: int,

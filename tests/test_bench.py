@@ -96,3 +96,27 @@ def test_bench_cli(tmp_path, capsys):
 def test_compare_eager_needs_cuda():
     with pytest.raises(ValueError, match=r"compare_eager \(--compare-eager\) needs a CUDA"):
         BenchConfig(compare_eager=True, device="cpu").validate()
+
+
+def test_compare_one_block_times_the_same_heads_as_one_block(tmp_path, monkeypatch):
+    """--compare-one-block: where the stacked trials train in blocks, the same run as one
+    block is timed beside it, its heads compared (equal: a trial computes the same bits in
+    any block); the ratio comes from the same run."""
+    import probe.loop as loop
+
+    monkeypatch.setattr(loop, "TRIAL_BLOCK_BYTES", 4 * 17 * 6 * 4 * 2)  # two tiny heads a block
+    cfg = BenchConfig(n_train=160, dim=16, n_classes=6, epochs=1, trials=(4,), plain=False,
+                      papers=False, compare_one_block=True, cache_dir=str(tmp_path))
+    report = run_bench(cfg, progress=False)
+    rows = {r["method"]: r for r in report["rows"]}
+    assert rows["engine"]["trial_blocks"] == [2, 2]
+    assert rows["engine_one_block"]["trial_blocks"] == [4]
+    assert rows["engine_one_block"]["max_abs_diff_vs_blocks"] == 0.0
+    assert report["ratios"]["one_block_over_blocks_4_trials"] == pytest.approx(
+        rows["engine_one_block"]["sec_per_epoch_median"] / rows["engine"]["sec_per_epoch_median"])
+    assert "in 2 blocks" in format_report(report)
+    import probe.bench as bench
+
+    monkeypatch.setattr(bench, "resolve_device", lambda device: torch.device("cuda"))
+    with pytest.raises(ValueError, match=r"compare_one_block \(--compare-one-block\).*cuda"):
+        BenchConfig(compare_one_block=True, device="cuda").validate()
