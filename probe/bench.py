@@ -13,6 +13,8 @@ positives per image -- built once and cached (:func:`synthetic_store`), one run 
     ``/proc/self/clear_refs``; CUDA: ``torch.cuda.max_memory_allocated``);
 (d) evaluation as the engine does it: val of all T heads (every epoch) and test (once, on the
     best heads), timed apart;
+(f) with ``compare_one_block`` (``--compare-one-block``, CPU), each configuration the engine
+    trains in trial blocks also trained as one block, its heads compared with the blocks';
 (e) one GR trial the way the SPML papers' released code runs a linear probe, written fresh
     here (:func:`papers_loop`): a ``DataLoader`` with worker processes over float32 feature
     arrays, ``nn.Linear``, ``torch.optim.Adam``, and after every epoch mAP on train, val and

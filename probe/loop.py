@@ -58,9 +58,10 @@ GRAPH_STEPS = 1
 #: CPU: the training state (head, its gradient, the optimizer's state) one block of stacked
 #: trials may hold; a block is trained through the whole epoch before the next starts, so its
 #: state stays in the last-level cache instead of streaming from memory every step. 24 MiB:
-#: 9 COCO-sized heads (2049 x 80); measured on a 2-core EPYC (32 MiB L3), GR at batch 16,
-#: 4/6/8/10/12/16/24/64 trials in one block ran 0.74/0.71/0.68/0.69/0.73/0.77/0.78/0.77 s per
-#: trial-epoch, and at batch 8, 8 vs 64 trials 0.97 vs 1.31 (2026-11-25)
+#: 9 COCO-sized heads (2049 x 80). On a 2-core EPYC (32 MiB L3), GR at batch 16, the step
+#: costs least per trial at 6-10 trials (0.68-0.71 s per trial-epoch; 4: 0.74, 16: 0.77, 64:
+#: 0.77), and `spml bench probe --trials 64 --compare-one-block` gave 42.2 s/epoch in 8 blocks
+#: vs 49.6 s in one (2026-11-25; at batch 8, 63.9 vs 82.6 s)
 TRIAL_BLOCK_BYTES = 24 << 20
 
 
