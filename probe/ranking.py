@@ -43,8 +43,9 @@ def ap_block(scores: Tensor, targets: Tensor) -> Tensor:
     step-wise sum over distinct thresholds.
 
     How: every column's scores are sorted as values only, no indices (on the CPU by NumPy's
-    SIMD sort, in place, rows shared among the intra-op threads: ~4x less time than
-    ``torch.sort`` with indices). Then per class -- whose positives are the same rows in every
+    SIMD sort, in place, rows shared among the intra-op threads; measured on 2 cores, a
+    COCO-test block of 5 trials x 80 classes took 0.18 s against 0.65 s with ``torch.sort``'s
+    values and indices). Then per class -- whose positives are the same rows in every
     trial -- the positives' scores of all L trials at once are sorted (a few % of N), and a
     binary search of each into its sorted column gives ``start``; its tie group ends k rows
     later unless a negative ties it (then a second search). In the canonical order the group's
