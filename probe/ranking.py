@@ -33,8 +33,9 @@ def ap_block(scores: Tensor, targets: Tensor) -> Tensor:
     """AP of every column of ``scores`` ``(L, N, c)`` against bool ``targets`` ``(N, c)``.
 
     Each column is ranked ascending by score, a negative before a positive of the same score
-    (the *canonical* order: every AP bit is then fixed by the scores and targets alone -- the
-    same on CPU and CUDA, on any thread count -- whatever tie order a sort would pick). For a
+    (the *canonical* order: whatever tie order a sort would pick, every AP bit is then fixed by
+    the scores, the targets and the device's summation -- NumPy's sort and torch's give the
+    same bits on the CPU, on any thread count; CUDA sums in its own order). For a
     positive with score s the tie group of s starts at ``start = #{scores < s}``, so the
     threshold s admits ``N - start`` rows of which ``P - #{positives below s}`` are positive:
     that is sklearn's precision at threshold s. Its recall step is 1/P per positive, hence

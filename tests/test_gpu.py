@@ -7,7 +7,7 @@ elsewhere with the reason shown by ``pytest -ra`` (tests/conftest.py). First run
 * bf16 + channels_last features against the fp32/PIL reference path: cosine ≥ 0.999 per image
   (issue 13's target);
 * one stacked trial on CUDA (CUDA graphs, the default) equals the plain PyTorch loop on CUDA;
-* AP on CUDA equals AP on the CPU bit for bit (the canonical ranking);
+* AP on CUDA equals AP on the CPU to float rounding (the canonical ranking);
 * no host synchronisation inside an epoch, checked on the device with
   ``torch.cuda.set_sync_debug_mode("error")`` around every training step.
 
@@ -164,9 +164,10 @@ def test_bench_compares_the_graph_run_with_the_eager_step(tmp_path) -> None:
         report["ratios"])
 
 
-def test_ap_on_cuda_equals_ap_on_the_cpu_bit_for_bit() -> None:
-    """The canonical ranking (probe.ranking.ap_block) fixes every AP bit by the scores and
-    targets alone: torch's CUDA sort and NumPy's CPU sort give the same AP, ties included."""
+def test_ap_on_cuda_equals_ap_on_the_cpu() -> None:
+    """The canonical ranking (probe.ranking.ap_block) on CUDA -- torch's sort, then the same
+    searches -- gives the CPU's AP, ties included, to float rounding (a CUDA sum adds in its
+    own order)."""
     from probe.ranking import column_ap
 
     g = torch.Generator().manual_seed(3)
@@ -176,4 +177,4 @@ def test_ap_on_cuda_equals_ap_on_the_cpu_bit_for_bit() -> None:
         targets = torch.rand(scores.shape[-2:], generator=g) < 0.05
         cpu = column_ap(scores, targets)
         cuda = column_ap(scores.cuda(), targets.cuda()).cpu()
-        assert torch.equal(cpu, cuda)
+        torch.testing.assert_close(cuda, cpu, rtol=1e-6, atol=1e-7)
