@@ -239,8 +239,9 @@ def make_trainer(data: ProbeData, config: ProbeConfig, plan: TrialPlan
     """The run's trainer: one :class:`StackedTrainer`, or a :class:`BlockedTrainer` where the
     trials train in several blocks (:func:`trial_blocks`; a given Loss object is never split)."""
     d1, c = data.train_x.shape[1], data.n_classes
-    state = {"adam": 4, "sgd": 3 if config.momentum else 2}.get(config.optimizer, 4)
-    blocks = (trial_blocks(plan.n, state * d1 * c * 4, data.device, config.trial_block)
+    # float32 tensors per trial: head, gradient and the optimizer's state
+    tensors = 4 if config.optimizer == "adam" else 3 if config.momentum else 2
+    blocks = (trial_blocks(plan.n, tensors * d1 * c * 4, data.device, config.trial_block)
               if not plan.given else [range(plan.n)])
     if len(blocks) == 1:
         return StackedTrainer(data, config, plan)
@@ -380,6 +381,11 @@ class StackedTrainer:
         self.opt.select_trials(self.live, [self.w, *(p.data for p in self.extra_params)])
         self.loss_sum = torch.zeros(len(keep), dtype=torch.float32, device=self.device)
         # the thread setting stays the run's: a matrix product's rounding can depend on it
+
+    @property
+    def block_sizes(self) -> list[int]:
+        """Trials per block: this trainer is one block of the run's trials."""
+        return [self.plan.n]
 
     def final_heads(self) -> Tensor:
         """(T, D+1, C) on the CPU: every trial's head now (a removed trial's as it left)."""

@@ -133,8 +133,7 @@ def train_probe(
     timing["steps_per_epoch"] = trainer.n_steps
     timing["step_threads"] = trainer.threads  # None: torch's setting
     timing["cuda_graph"] = trainer.cuda_graph  # the steps were replayed as CUDA graphs
-    timing["trial_blocks"] = (trainer.block_sizes if isinstance(trainer, BlockedTrainer)
-                              else [plan.n])  # trials per block (ProbeConfig.trial_block)
+    timing["trial_blocks"] = trainer.block_sizes  # trials per block (ProbeConfig.trial_block)
     return _result(plan, trainer, data, config, results, evaluator, timing)
 
 
@@ -182,10 +181,11 @@ def _epochs(trainer: Trainer, evaluator: Evaluator | None, results: list[TrialRe
 
 def _live_heads(trainer: Trainer, active: list[bool]) -> tuple[Tensor, list[int]]:
     """The heads of the active trials (rows of the trainer's stack) and their trial ids."""
-    pos = [j for j, t in enumerate(trainer.live) if active[t]]
-    if len(pos) == trainer.w.shape[0]:
-        return trainer.w, list(trainer.live)
-    return trainer.w[torch.tensor(pos, device=trainer.w.device)], [trainer.live[j] for j in pos]
+    live, w = trainer.live, trainer.w  # a BlockedTrainer builds both on each access
+    pos = [j for j, t in enumerate(live) if active[t]]
+    if len(pos) == w.shape[0]:
+        return w, list(live)
+    return w[torch.tensor(pos, device=w.device)], [live[j] for j in pos]
 
 
 def _record_epoch(results: list[TrialResult], active: list[bool], epoch: int,

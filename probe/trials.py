@@ -78,11 +78,12 @@ class TrialPlan:
         """The plan of the trials ``trials`` (a contiguous range) alone: their settings, and
         for a shared seed a fresh loss object of their hyperparameters (each trial computes
         exactly what it computes stacked with the others: probe.train's docstring)."""
-        if self.given and len(trials) != self.n:
-            raise ProbeConfigError("a plan made from a given Loss object cannot be split")
+        if self.given:
+            if len(trials) != self.n:
+                raise ProbeConfigError("a plan made from a given Loss object cannot be split")
+            return self
         sl = slice(trials.start, trials.stop)
-        losses = ([_build_loss(self.cls, self.hparams[sl])] if self.shared and not self.given
-                  else self.losses if self.shared else self.losses[sl])
+        losses = [_build_loss(self.cls, self.hparams[sl])] if self.shared else self.losses[sl]
         return TrialPlan(self.cls, self.seeds[sl], self.lr[sl], self.weight_decay[sl],
                          self.hparams[sl], losses, self.training, self.notes, self.given)
 
