@@ -13,8 +13,6 @@ positives per image -- built once and cached (:func:`synthetic_store`), one run 
     ``/proc/self/clear_refs``; CUDA: ``torch.cuda.max_memory_allocated``);
 (d) evaluation as the engine does it: val of all T heads (every epoch) and test (once, on the
     best heads), timed apart;
-(f) with ``compare_one_block`` (``--compare-one-block``, CPU), each configuration the engine
-    trains in trial blocks also trained as one block, its heads compared with the blocks';
 (e) one GR trial the way the SPML papers' released code runs a linear probe, written fresh
     here (:func:`papers_loop`): a ``DataLoader`` with worker processes over float32 feature
     arrays, ``nn.Linear``, ``torch.optim.Adam``, and after every epoch mAP on train, val and
@@ -22,6 +20,9 @@ positives per image -- built once and cached (:func:`synthetic_store`), one run 
     :mod:`probe.metrics` when scikit-learn is absent). Same data, seed, loss and batch size;
     its own shuffling (a seeded ``DataLoader``), so it is a timing reference, not an
     equivalence check (the plain loop (a) is that).
+(f) with ``compare_one_block`` (``--compare-one-block``, CPU) each configuration the engine
+    trains in trial blocks, and with ``compare_eager`` (``--compare-eager``, CUDA) each one,
+    also trained as one block / with the eager step, its heads compared with the engine's.
 
 The report names the machine, the threads and the load average before and after: on a shared
 machine the figures move with the load, and a figure only counts next to its load.
@@ -553,24 +554,23 @@ def _engine_rows(data: ProbeData, pc: ProbeConfig, cfg: BenchConfig, t: int,
                             eval_seconds_test_once=test_s,
                             step_threads=result.timing.get("step_threads"),
                             cuda_graph=result.timing.get("cuda_graph"), trial_blocks=blocks))
-    if cfg.compare_one_block and len(blocks) > 1:  # the same run as one block
+    # the same run another way, timed, its heads against these
+    compared = []
+    if cfg.compare_one_block and len(blocks) > 1:
+        compared.append((replace(pc, trial_block=0), "engine_one_block",
+                         f"engine, {t} stacked GR trials in one block", "blocks"))
+    if cfg.compare_eager:
+        compared.append((replace(pc, cuda_graph=False), "engine_eager",
+                         f"engine, eager step (no CUDA graph), {t} stacked GR trial"
+                         f"{'s' if t > 1 else ''}", "graph"))
+    for config, method, name, against in compared:
         with _PeakMemory(device) as mem:
-            whole = train_probe(data, replace(pc, trial_block=0), "gr", hparams,
-                                progress=progress)
-        diff = float((whole.final_heads - result.final_heads).abs().max())
-        rows.append(_engine_row(
-            whole, mem, f"engine, {t} stacked GR trials in one block", "engine_one_block",
-            t, eval_seconds_val=None, eval_seconds_test_once=None,
-            max_abs_diff_vs_blocks=diff, trial_blocks=[t]))
-    if cfg.compare_eager:  # the same run with the eager step; its heads against these
-        with _PeakMemory(device) as mem:
-            eager = train_probe(data, replace(pc, cuda_graph=False), "gr", hparams,
-                                progress=progress)
-        diff = float((eager.final_heads.to(device) - heads).abs().max())
-        rows.append(_engine_row(
-            eager, mem, f"engine, eager step (no CUDA graph), {t} stacked GR trial"
-            f"{'s' if t > 1 else ''}", "engine_eager", t, eval_seconds_val=None,
-            eval_seconds_test_once=None, max_abs_diff_vs_graph=diff))
+            other = train_probe(data, config, "gr", hparams, progress=progress)
+        diff = float((other.final_heads.to(device) - heads).abs().max())
+        rows.append(_engine_row(other, mem, name, method, t, eval_seconds_val=None,
+                                eval_seconds_test_once=None,
+                                trial_blocks=other.timing.get("trial_blocks", [t]),
+                                **{f"max_abs_diff_vs_{against}": diff}))
     return result, rows
 
 
@@ -619,12 +619,10 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append("")
         lines += [f"{k}: {v:.2f}" for k, v in report["ratios"].items()]
     for r in report["rows"]:
-        if "max_abs_diff_vs_blocks" in r:
-            lines.append(f"{r['name']}: max |head difference| vs the blocks "
-                         f"{r['max_abs_diff_vs_blocks']:.2e}")
-        if "max_abs_diff_vs_graph" in r:
-            lines.append(f"{r['name']}: max |head difference| vs the CUDA graph run "
-                         f"{r['max_abs_diff_vs_graph']:.2e}")
+        for against, what in (("blocks", "the blocks"), ("graph", "the CUDA graph run")):
+            if f"max_abs_diff_vs_{against}" in r:
+                lines.append(f"{r['name']}: max |head difference| vs {what} "
+                             f"{r[f'max_abs_diff_vs_{against}']:.2e}")
     eq = report["equivalence_max_abs_diff_engine_vs_plain"]
     if eq is not None:
         lines.append(f"engine vs plain loop, max |head difference| after the run: {eq:.2e}")
