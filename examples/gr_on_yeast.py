@@ -20,9 +20,10 @@ from probe.data import ProbeData
 from probe.losses import gr
 
 # 1. the store --------------------------------------------------------------------------------
-store = Path(tempfile.mkdtemp()) / "yeast.zarr"
-import_yeast(store, progress=False)
-data = ProbeData.from_store(store)  # train / val / test features and labels, on the device
+with tempfile.TemporaryDirectory() as scratch:  # a scratch store, removed once it is loaded
+    store = Path(scratch) / "yeast.zarr"
+    import_yeast(store, progress=False)
+    data = ProbeData.from_store(store)  # train / val / test features and labels, on the device
 y = data.train_observed  # int8: 1 = the one observed positive, 0 = unknown
 print(f"train rows {data.n_train}, classes {data.n_classes}, "
       f"observed positives per row {(y == 1).sum(1).float().mean():.2f}, "
