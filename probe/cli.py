@@ -240,6 +240,10 @@ def _cmd_probe(args: argparse.Namespace) -> int:
             raise ValueError("--save-head: the kNN baseline has no trained head")
         result = run_knn(data, config, trials, backend=args.knn_backend)
     else:
+        if args.intervals > 0:  # drawn while the training runs (one-trial steps use one core)
+            from .intervals import prefetch_bootstrap_counts
+
+            prefetch_bootstrap_counts(data.test_x.shape[0], args.intervals)
         result = train_probe(data, config, args.loss, trials, progress=not args.quiet)
     if args.intervals > 0 and result.best_heads is not None:
         from .intervals import attach_test_intervals

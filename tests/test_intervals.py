@@ -169,3 +169,59 @@ def test_bench_intervals_reports_the_machine(capsys):
 
     report = json.loads(out[out.index("{"):])
     assert len(report["seconds"]) == 1 and report["machine_before"]["cpus"] >= 1
+
+
+def test_counts_are_the_draw_of_one_generator_in_any_slicing_and_prefetched_alike():
+    """The counts are drawn in slices of resamples: the same values as one (B, n) draw of the
+    seeded generator (the definition), stored resample-minor; prefetched counts are the same."""
+    from probe import intervals
+
+    n, b = 300, 150  # more resamples than one slice
+    gen = torch.Generator().manual_seed(9)
+    idx = torch.randint(0, n, (b, n), generator=gen)
+    reference = torch.zeros(b, n).scatter_add_(1, idx, torch.ones(b, n))
+    drawn = bootstrap_counts(n, b, seed=9)
+    assert torch.equal(drawn, reference)
+    assert drawn.t().is_contiguous()  # the (n, B) layout weighted_column_ap reads
+    intervals.prefetch_bootstrap_counts(n, b, seed=9)
+    assert (n, b, 9) in intervals._PREFETCHED
+    assert torch.equal(bootstrap_counts(n, b, seed=9), reference)
+    assert (n, b, 9) not in intervals._PREFETCHED  # taken once, not kept
+    with pytest.raises(ValueError, match="n_resamples >= 1"):
+        intervals.prefetch_bootstrap_counts(n, 0)
+
+
+def test_tiles_and_threads_give_the_replicates_of_one_pass():
+    """Resamples taken in tiles (64 and 64 + the 5 left) equal one pass over all of them, bit
+    for bit, on one thread and on several: counts and histograms are whole numbers, and each
+    resample's sum runs in the same order and vector lane (widths are multiples of 64, the
+    leftover joins the last tile: 5 columns summed alone round differently)."""
+    from probe import intervals
+
+    g = torch.Generator().manual_seed(11)
+    n, c = 400, 7
+    scores = torch.randint(0, 25, (2, n, c), generator=g).float()  # ties
+    scores[1, :, 4] = torch.randn(n, generator=g)
+    targets = torch.rand(n, c, generator=g) < 0.15
+    targets[:, 3] = False  # an empty class
+    counts = bootstrap_counts(n, 133, seed=2)
+    cpu = torch.device("cpu")
+    assert intervals._tile_width(n, 133, 4, cpu) == 133  # small: one tile
+    whole = weighted_column_ap(scores, targets, counts)
+    before = (intervals.TILE_BYTES, torch.get_num_threads())
+    try:
+        intervals.TILE_BYTES = 4 * n * 100  # room for 100 resamples: tiles of 64
+        assert intervals._tile_width(n, 133, 4, cpu) == 64
+        assert intervals._tiles(133, 64) == [(0, 64), (64, 133)]
+        for threads in (1, 3):
+            torch.set_num_threads(threads)
+            assert torch.equal(weighted_column_ap(scores, targets, counts), whole)
+    finally:
+        intervals.TILE_BYTES = before[0]
+        torch.set_num_threads(before[1])
+    assert torch.allclose(whole, naive_bootstrap_ap(scores, targets, counts), atol=1e-6)
+    # COCO's test set: 64 resamples of 40,137 rows, a 10 MB tile; never a width off the step
+    assert intervals._tile_width(40_137, 1000, 4, cpu) == 64
+    widths = {intervals._tile_width(m, 1000, 4, cpu) for m in range(1000, 90_000, 997)}
+    assert 1000 in widths and all(w == 1000 or w % 64 == 0 for w in widths)
+    assert intervals._tile_width(40_137, 1000, 4, torch.device("meta")) == 1000
