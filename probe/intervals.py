@@ -35,11 +35,12 @@ import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import pairwise
 
 import torch
 from torch import Tensor
 
-from .ranking import column_ap
+from .ranking import argsort_rows, column_ap
 from .threads import step_threads
 
 __all__ = [
@@ -185,8 +186,9 @@ def weighted_column_ap(scores: Tensor, targets: Tensor, counts: Tensor,
     cache (:func:`_weighted_ap_one_column`). On the CPU the columns of a tile are shared among
     threads, one intra-op thread each (:func:`_column_workers`). The counts and histograms are
     whole numbers, exact in any order, and each resample's final sum runs over the same
-    positives in the same order and vector lane on any tiling (:data:`TILE_STEP`) or thread
-    count: the replicates are the same bits either way (tests/test_intervals.py).
+    positives in the same order (by score, tied positives by row) and vector lane on any
+    tiling (:data:`TILE_STEP`), thread count or sort (NumPy's or torch's, whose ties come in no
+    defined order): the replicates are the same bits either way (tests/test_intervals.py).
     """
     squeeze = scores.dim() == 2
     s3 = scores[None] if squeeze else scores
@@ -208,7 +210,7 @@ def weighted_column_ap(scores: Tensor, targets: Tensor, counts: Tensor,
 
     try:
         for s in range(n_sys):
-            ranked, order = s3[s].t().to(work).contiguous().sort(dim=-1)  # (C, N) ascending
+            ranked, order = argsort_rows(s3[s].t().to(work).contiguous())  # (C, N) ascending
             nan_col = ranked[:, -1].isnan().tolist()
             with step_threads(scores.device, 1 if pool is not None else None):
                 plans = each(lambda j, r=ranked, o=order: _column_plan(j, r[j], o[j], tgt[:, j]),
@@ -258,7 +260,7 @@ def _tiles(n_res: int, width: int) -> list[tuple[int, int]]:
     if edges and n_res - edges[-1] < width:
         edges.pop()
     bounds = [0, *edges, n_res]
-    return list(zip(bounds[:-1], bounds[1:]))
+    return list(pairwise(bounds))
 
 
 @dataclass(frozen=True)
@@ -288,8 +290,12 @@ def _column_plan(j: int, ranked: Tensor, order: Tensor, targets: Tensor
     marks.index_add_(0, start, torch.ones_like(start))
     gap = torch.empty_like(marks)
     gap[order] = marks.cumsum_(0)
+    # positives tied with each other in row order: the sort leaves ties in no defined order,
+    # and the final sum adds the positives in this order (nothing else here depends on it)
+    rows, by_row = order[pos].sort()
+    rows = rows[torch.sort(ranked[pos][by_row], stable=True).indices]
     # rank_i < start_k  <=>  #{starts <= rank_i} <= #{starts < start_k}
-    return _ColumnPlan(j, gap, torch.searchsorted(start, start), order[pos])
+    return _ColumnPlan(j, gap, torch.searchsorted(start, start), rows)
 
 
 def _weighted_ap_one_column(w_t: Tensor, total_w: Tensor, plan: _ColumnPlan) -> Tensor:

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["ap_block", "column_ap"]
+__all__ = ["ap_block", "argsort_rows", "column_ap"]
 
 # Largest number of score elements (rows x columns) ranked in one block. Ranking needs about
 # 20 bytes per element (the columns, sorted in place, and the zero-padded precisions), so a
@@ -119,6 +119,30 @@ def _sort_rows(rows: Tensor) -> None:
     bounds = np.linspace(0, a.shape[0], workers + 1).astype(int)
     with ThreadPoolExecutor(workers, "spml-rank") as pool:
         list(pool.map(lambda i: a[bounds[i] : bounds[i + 1]].sort(axis=-1), range(workers)))
+
+
+def argsort_rows(rows: Tensor) -> tuple[Tensor, Tensor]:
+    """Every row of the 2-D ``rows`` sorted ascending (NaN last): ``(values, indices)``. On the
+    CPU NumPy's argsort with the rows shared among the intra-op threads (~7x torch's sort on
+    COCO's 80 x 40,137 test columns), else torch's sort. Ties come in no defined order: a
+    caller that needs one imposes it (:func:`probe.intervals._column_plan` does)."""
+    if rows.device.type != "cpu" or not _NUMPY_SORT:
+        return rows.sort(dim=-1)
+    a = rows.contiguous().numpy()
+    order = np.empty(a.shape, dtype=np.int64)
+    workers = min(torch.get_num_threads(), a.shape[0])
+
+    def part(lo: int, hi: int) -> None:
+        order[lo:hi] = np.argsort(a[lo:hi], axis=-1)
+
+    if workers <= 1 or a.size < 1 << 16:
+        part(0, a.shape[0])
+    else:
+        bounds = np.linspace(0, a.shape[0], workers + 1).astype(int)
+        with ThreadPoolExecutor(workers, "spml-rank") as pool:
+            list(pool.map(lambda i: part(bounds[i], bounds[i + 1]), range(workers)))
+    idx = torch.from_numpy(order)
+    return torch.gather(rows, -1, idx), idx
 
 
 @torch.no_grad()

@@ -225,3 +225,26 @@ def test_tiles_and_threads_give_the_replicates_of_one_pass():
     widths = {intervals._tile_width(m, 1000, 4, cpu) for m in range(1000, 90_000, 997)}
     assert 1000 in widths and all(w == 1000 or w % 64 == 0 for w in widths)
     assert intervals._tile_width(40_137, 1000, 4, torch.device("meta")) == 1000
+
+
+def test_replicates_do_not_depend_on_the_sorts_tie_order():
+    """Positives tied with each other enter the sum in row order, whatever order the sort left
+    them in: NumPy's argsort (the CPU's) and torch's sort give the same bits on heavy ties."""
+    from probe import ranking
+
+    g = torch.Generator().manual_seed(12)
+    n, c = 600, 6
+    scores = torch.randint(0, 8, (2, n, c), generator=g).float()  # ~75 rows per score
+    targets = torch.rand(n, c, generator=g) < 0.3
+    counts = bootstrap_counts(n, 70, seed=4)
+    numpy_sort = weighted_column_ap(scores, targets, counts)
+    try:
+        ranking._NUMPY_SORT = False
+        torch_sort = weighted_column_ap(scores, targets, counts)
+        # a different tie order in the sort itself: rows reversed, then scored the same
+        flipped = weighted_column_ap(scores.flip(1), targets.flip(0), counts.flip(1))
+    finally:
+        ranking._NUMPY_SORT = True
+    assert torch.equal(numpy_sort, torch_sort)
+    assert torch.allclose(numpy_sort, flipped, atol=1e-6, rtol=0)
+    assert torch.allclose(numpy_sort, naive_bootstrap_ap(scores, targets, counts), atol=1e-6)
