@@ -468,6 +468,16 @@ def test_step_threads_are_measured_once_per_shape_or_taken_from_the_config(monke
     assert loop.resolve_threads(None, torch.device("meta"), (3, 33, 5), 8, True) is None
 
 
+def test_a_clear_thread_winner_is_decided_early_a_close_one_by_medians():
+    from probe.loop import _clear_winner
+
+    assert _clear_winner([1.0], [9.0]) is None  # one round is not enough
+    assert _clear_winner([1.0, 1.1], [2.0, 1.9]) is True  # 1.1 x 1.5 < 1.9
+    assert _clear_winner([3.1, 3.2], [1.0, 2.0]) is False  # 2.0 x 1.5 < 3.1
+    assert _clear_winner([1.0, 1.4], [2.0, 2.0]) is None  # 1.4 x 1.5 > 2.0: the medians decide
+    assert _clear_winner([1.0, 1.0, 5.0], [2.0, 2.0, 2.0]) is None  # one slow sample: undecided
+
+
 def _data_8_classes() -> ProbeData:
     rng = np.random.default_rng(5)
     out = []
