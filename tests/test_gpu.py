@@ -7,7 +7,8 @@ elsewhere with the reason shown by ``pytest -ra`` (tests/conftest.py). First run
 * bf16 + channels_last features against the fp32/PIL reference path: cosine ≥ 0.999 per image
   (issue 13's target);
 * one stacked trial on CUDA (CUDA graphs, the default) equals the plain PyTorch loop on CUDA;
-* AP on CUDA equals AP on the CPU to float rounding (the canonical ranking);
+* AP on CUDA equals AP on the CPU to float rounding (the canonical ranking), and so do the
+  bootstrap replicates of the test-mAP intervals;
 * no host synchronisation inside an epoch, checked on the device with
   ``torch.cuda.set_sync_debug_mode("error")`` around every training step.
 
@@ -177,4 +178,20 @@ def test_ap_on_cuda_equals_ap_on_the_cpu() -> None:
         targets = torch.rand(scores.shape[-2:], generator=g) < 0.05
         cpu = column_ap(scores, targets)
         cuda = column_ap(scores.cuda(), targets.cuda()).cpu()
+        torch.testing.assert_close(cuda, cpu, rtol=1e-6, atol=1e-7)
+
+
+def test_bootstrap_replicates_on_cuda_equal_the_cpus() -> None:
+    """The paired bootstrap (probe.intervals) on CUDA -- torch's sort, one tile of all the
+    resamples, no column threads -- gives the CPU's replicates to float rounding, ties included
+    (positives tied with each other enter in row order on both)."""
+    from probe.intervals import bootstrap_counts, weighted_column_ap
+
+    g = torch.Generator().manual_seed(5)
+    for scores in (torch.randn(2, 4000, 20, generator=g),
+                   torch.randint(0, 6, (2, 900, 5), generator=g).float()):
+        targets = torch.rand(scores.shape[-2:], generator=g) < 0.1
+        counts = bootstrap_counts(scores.shape[1], 200, seed=1)
+        cpu = weighted_column_ap(scores, targets, counts)
+        cuda = weighted_column_ap(scores.cuda(), targets.cuda(), counts.cuda()).cpu()
         torch.testing.assert_close(cuda, cpu, rtol=1e-6, atol=1e-7)
