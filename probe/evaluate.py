@@ -38,10 +38,12 @@ def stacked_logits(x: Tensor, w: Tensor) -> Tensor:
     step = max(1, min(8192, EVAL_BLOCK // max(1, t * c)))  # rows per product
     # a batched product rounds each head alike on any thread count, a one-head product does
     # so only on one thread: a head's logits (hence its reported figures) never depend on
-    # how many heads were evaluated with it
-    with step_threads(w.device, 1 if t == 1 else None):
-        for r0 in range(0, n, step):
-            torch.matmul(x[r0 : r0 + step].float(), w, out=out[:, r0 : r0 + step])
+    # how many heads were evaluated with it; the conversion to float32 is exact on any count
+    # and keeps torch's threads (COCO's test set, one head: 0.23 s instead of 0.28)
+    for r0 in range(0, n, step):
+        rows = x[r0 : r0 + step].float()
+        with step_threads(w.device, 1 if t == 1 else None):
+            torch.matmul(rows, w, out=out[:, r0 : r0 + step])
     return out
 
 
