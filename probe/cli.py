@@ -191,7 +191,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         observed_seed=args.observed_seed, device=args.device, eval_every=args.eval_every,
         test_curve=args.test_curve, eval_init=args.eval_init, cuda_graph=args.cuda_graph,
         drop_last=not args.no_drop_last, use_presets=not args.no_presets,
-        trial_block=args.trial_block,
+        trial_block=args.trial_block, test_intervals=max(args.intervals, 0),
     )
     config.validate()
     if args.eval_head:
@@ -245,10 +245,6 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 
             prefetch_bootstrap_counts(data.test_x.shape[0], args.intervals)
         result = train_probe(data, config, args.loss, trials, progress=not args.quiet)
-    if args.intervals > 0 and result.best_heads is not None:
-        from .intervals import attach_test_intervals
-
-        attach_test_intervals(result, data, n_resamples=args.intervals, progress=not args.quiet)
     stacked = sorted({k for t in trials for k in t})
     cfg = result.config
     where = f"{data.dataset}, {data.n_train} train rows, {cfg.get('device', data.device)}"

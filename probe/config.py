@@ -81,6 +81,9 @@ class ProbeConfig:
     # measures it every evaluated epoch (the per-epoch test curve; same reported figures)
     eval_init: bool = False  # also evaluate the untrained heads (TrialResult.init); off: it is
     # a full val+test pass that nothing reports by default
+    test_intervals: int = 0  # bootstrap resamples for a 95% interval of each trial's test mAP
+    # (probe.intervals; seed 0), computed on the logits of the final test pass; 0 = none, as
+    # a study's trials need none (`spml probe` asks for 1000)
     drop_last: bool = True  # Cole et al.'s train DataLoader drops the last partial batch
     use_presets: bool = True  # start from loss.presets[dataset] where the paper gives values
     f1_threshold: float = 0.5  # docs/protocol.md step 5: OF1/CF1 at probability 0.5
@@ -128,6 +131,9 @@ class ProbeConfig:
         for name in ("test_curve", "eval_init"):
             if not isinstance(getattr(self, name), bool):
                 raise bad(name, "True or False")
+        ti = self.test_intervals
+        if isinstance(ti, bool) or not isinstance(ti, int) or ti < 0:
+            raise bad("test_intervals", "an integer >= 0 (bootstrap resamples; 0 = none)")
         if self.cuda_graph is not None and not isinstance(self.cuda_graph, bool):
             raise bad("cuda_graph", "None (wherever the step can be captured), True or False")
         if not 0 < self.f1_threshold < 1:

@@ -9,6 +9,7 @@ the threshold metrics.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -47,9 +48,13 @@ def stacked_logits(x: Tensor, w: Tensor) -> Tensor:
     return out
 
 
-def evaluate_heads(x: Tensor, targets: Tensor, w: Tensor, threshold: float) -> dict[str, Tensor]:
+def evaluate_heads(x: Tensor, targets: Tensor, w: Tensor, threshold: float,
+                   on_logits: Callable[[Tensor, Tensor], None] | None = None
+                   ) -> dict[str, Tensor]:
     """mAP (T,), per-class AP (T, C), OF1/CF1 (T,) for heads ``w`` (T, D+1, C), in trial
-    blocks so the logits stay below :data:`EVAL_BLOCK` elements."""
+    blocks so the logits stay below :data:`EVAL_BLOCK` elements. ``on_logits(z, ap)`` sees
+    each block's logits (t, N, C) and per-class AP (t, C) before they are freed (the test
+    intervals reuse them)."""
     t, _, c = w.shape
     per = max(1, EVAL_BLOCK // max(1, x.shape[0] * c))
     maps, aps, of1, cf1 = [], [], [], []
@@ -63,6 +68,8 @@ def evaluate_heads(x: Tensor, targets: Tensor, w: Tensor, threshold: float) -> d
             aps.append(m.ap.reshape(-1, c))
             of1.append(f.overall_f1.reshape(-1))
             cf1.append(f.class_f1.reshape(-1))
+            if on_logits is not None:
+                on_logits(z, m.ap.reshape(-1, c))
             del z
     return {"map": torch.cat(maps), "ap": torch.cat(aps), "OF1": torch.cat(of1),
             "CF1": torch.cat(cf1)}
@@ -100,29 +107,36 @@ class Evaluator:
     some analyses plot); the reported figures are the same either way (tests/test_train.py).
     """
 
-    def __init__(self, data: ProbeData, config: Any, results: list[Any], w: Tensor) -> None:
+    def __init__(self, data: ProbeData, config: Any, results: list[Any], w: Tensor,
+                 progress: bool = False) -> None:
         val_targets = (data.val_labels.bool() if config.val_labels == "clean"
                        else data.val_observed == 1)
         self.splits = {"val": (data.val_x, val_targets), "test": (data.test_x,
                                                                    data.test_labels.bool())}
         self.threshold = config.f1_threshold
         self.test_curve = bool(config.test_curve)
+        self.n_resamples = int(config.test_intervals)
+        self.progress = progress  # a display over the heads while their intervals are formed
+        self.intervals: dict[int, Any] = {}  # trial -> its test-mAP Interval (finish)
         self.results = results
         self.n_trials, self.n_classes = w.shape[0], w.shape[2]
         self.best_val = [-math.inf] * self.n_trials
         self.best_w = w.detach().clone()  # on the heads' device; to the CPU once, at the end
 
-    def measure(self, heads: Tensor, trials: list[int], splits: tuple[str, ...]
+    def measure(self, heads: Tensor, trials: list[int], splits: tuple[str, ...],
+                on_test_logits: Callable[[Tensor, Tensor], None] | None = None
                 ) -> tuple[dict[str, list[float | None]], dict[str, Tensor]]:
         """Metrics of ``heads`` (one row per trial id in ``trials``) on ``splits`` as
         ``{"val_map": [...], …}`` over all T trials (None for the others), and the per-class
-        AP ``(len(trials), C)`` per split."""
+        AP ``(len(trials), C)`` per split; ``on_test_logits`` as :func:`evaluate_heads`'s
+        ``on_logits``, for the test split."""
         idx = list(trials)
         out: dict[str, list[float | None]] = {}
         aps = {}
         for split in splits:
             x, y = self.splits[split]
-            r = evaluate_heads(x, y, heads, self.threshold)
+            r = evaluate_heads(x, y, heads, self.threshold,
+                               on_test_logits if split == "test" else None)
             for k in ("map", "OF1", "CF1"):
                 full: list[float | None] = [None] * self.n_trials
                 for j, v in zip(idx, r[k].tolist()):
@@ -162,20 +176,55 @@ class Evaluator:
 
     def finish(self) -> None:
         """Test metrics of every trial's best head, once (skipped with ``test_curve``: the
-        best epoch's test figures were measured at that epoch)."""
-        if self.test_curve:
-            return
+        best epoch's test figures were measured at that epoch), and with ``test_intervals``
+        each one's test-mAP interval: the same resamples and figures as
+        :func:`probe.intervals.attach_test_intervals` after the run, from the logits of this
+        final pass instead of a second one."""
+        from .intervals import head_intervals
+        from .progress import Progress
+
         idx = [t for t, r in enumerate(self.results) if r.best_epoch is not None]
         if not idx:
             return
         heads = self.best_w if len(idx) == self.n_trials else self.best_w[
             torch.tensor(idx, device=self.best_w.device)]
-        out, aps = self.measure(heads, idx, ("test",))
+        if self.test_curve:
+            if self.n_resamples:
+                x, y = self.splits["test"]
+                self._keep_intervals(idx, [head_intervals(
+                    x, y, heads, n_resamples=self.n_resamples, progress=self.progress)])
+            return
+        boots: list[Any] = []
+        with Progress(len(idx), f"test intervals ({self.n_resamples} resamples)",
+                      "heads", enabled=self.progress and self.n_resamples > 0) as bar:
+            hook = self._bootstrap_hook(boots, bar.update) if self.n_resamples else None
+            out, aps = self.measure(heads, idx, ("test",), hook)
         ap = aps["test"].cpu()
         for j, t in enumerate(idx):
             best = self.results[t].best
             best.update({k: v[t] for k, v in out.items()})
             best["test_ap"] = (100.0 * ap[j]).tolist()  # percent, the scale of mAP
+        self._keep_intervals(idx, boots)
+
+    def _bootstrap_hook(self, boots: list[Any], done: Callable[[int], None]
+                        ) -> Callable[[Tensor, Tensor], None]:
+        """A hook for :func:`evaluate_heads` that bootstraps each block of test logits, with
+        its per-class AP as the observed value, into ``boots`` (one draw of the resamples),
+        then reports the block's heads to ``done``."""
+        from .intervals import bootstrap_counts, bootstrap_map
+
+        x, y = self.splits["test"]
+        counts = bootstrap_counts(x.shape[0], self.n_resamples, device=x.device)
+
+        def hook(z: Tensor, ap: Tensor) -> None:
+            boots.append(bootstrap_map(z, y, n_resamples=self.n_resamples, counts=counts,
+                                       observed_ap=ap))
+            done(z.shape[0])
+        return hook
+
+    def _keep_intervals(self, idx: list[int], boots: list[Any]) -> None:
+        """The intervals of trials ``idx``, in order, from the bootstraps of their blocks."""
+        self.intervals.update(zip(idx, [iv for boot in boots for iv in boot.intervals]))
 
     def best_heads(self) -> Tensor:
         """(T, D+1, C) float32 on the CPU: each trial's best-epoch head (the initial head for

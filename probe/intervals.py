@@ -57,6 +57,7 @@ __all__ = [
     "naive_bootstrap_ap",
     "paired_differences",
     "prefetch_bootstrap_counts",
+    "record_test_intervals",
     "weighted_column_ap",
 ]
 
@@ -380,6 +381,8 @@ def bootstrap_map(
     seed: int = 0,
     level: float = 0.95,
     progress: bool = False,
+    counts: Tensor | None = None,
+    observed_ap: Tensor | None = None,
 ) -> BootstrapResult:
     """Paired bootstrap of mAP over test images for S systems scored on the same images.
 
@@ -387,8 +390,13 @@ def bootstrap_map(
     ``targets`` ``(N, C)`` bool / 0-1 full ground truth. Returns the observed mAP ``(S,)``, the
     replicates ``(S, B)`` (the same resamples for every system, so differences are paired) and
     bias-corrected percentile intervals at ``level``. ``progress``: a display over the systems
-    on stderr (:mod:`probe.progress`; each system's resamples take about a second or two on a
+    on stderr (:mod:`probe.progress`; each system's resamples take about a second on a
     COCO-sized test set on 2 CPU cores).
+
+    For callers that bootstrap systems in blocks (:class:`probe.evaluate.Evaluator`):
+    ``counts``, the ``bootstrap_counts(N, n_resamples, seed)`` they drew once, and
+    ``observed_ap`` ``(S, C)``, the per-class AP they already computed on these scores
+    (:func:`probe.ranking.column_ap`); the result is the same as without them.
     """
     from .progress import Progress
 
@@ -398,9 +406,18 @@ def bootstrap_map(
         raise ValueError(
             f"scores must be (N, C) or (S, N, C) matching targets (N, C) = "
             f"{tuple(targets.shape)}; got {tuple(scores.shape)}")
+    n_sys, n = s3.shape[:2]
+    if counts is not None and tuple(counts.shape) != (n_resamples, n):
+        raise ValueError(f"counts must be bootstrap_counts(N, n_resamples) of shape "
+                         f"({n_resamples}, {n}); got {tuple(counts.shape)}")
+    if observed_ap is not None and tuple(observed_ap.shape) != (n_sys, targets.shape[1]):
+        raise ValueError(f"observed_ap must be the per-class AP (S, C) = "
+                         f"({n_sys}, {targets.shape[1]}); got {tuple(observed_ap.shape)}")
     tgt = targets.to(s3.device).bool()
-    observed = 100.0 * column_ap(s3, tgt).to(torch.float64).mean(-1)  # (S,)
-    counts = bootstrap_counts(s3.shape[1], n_resamples, seed, device=s3.device)
+    ap = column_ap(s3, tgt) if observed_ap is None else observed_ap
+    observed = 100.0 * ap.to(torch.float64).mean(-1)  # (S,)
+    if counts is None:
+        counts = bootstrap_counts(n, n_resamples, seed, device=s3.device)
     with Progress(s3.shape[0], f"test intervals ({n_resamples} resamples)", "heads",
                   enabled=progress) as bar:
         reps = 100.0 * weighted_column_ap(s3, tgt, counts, on_system=bar.update
@@ -491,18 +508,28 @@ def attach_test_intervals(result, data, *, n_resamples: int = 1000, seed: int = 
                           level: float = 0.95, progress: bool = False) -> BootstrapResult | None:
     """Add ``test_map_low`` / ``test_map_high`` to every evaluated trial's ``best`` record of a
     :class:`probe.results.ProbeResult` (and the bootstrap's settings to its ``config``);
-    returns the bootstrap, or None when the run has no heads."""
+    returns the bootstrap, or None when the run has no heads. (Training with
+    ``ProbeConfig.test_intervals`` gives the same figures without a second test pass.)"""
     if result.best_heads is None or n_resamples <= 0:
         return None
     boot = head_intervals(data.test_x, data.test_labels, result.best_heads,
                           n_resamples=n_resamples, seed=seed, level=level, progress=progress)
-    for tr, iv in zip(result.trials, boot.intervals):
-        if tr.best:
-            tr.best["test_map_low"], tr.best["test_map_high"] = iv.low, iv.high
+    record_test_intervals(result, dict(enumerate(boot.intervals)), n_resamples=n_resamples,
+                          seed=seed, level=level)
+    return boot
+
+
+def record_test_intervals(result, intervals: dict[int, Interval], *, n_resamples: int,
+                          seed: int = 0, level: float = 0.95) -> None:
+    """Write each trial's test-mAP interval (``{trial: Interval}``) into its ``best`` record
+    (trials without one are left alone) and the bootstrap's settings into ``result.config``."""
+    for t, iv in intervals.items():
+        best = result.trials[t].best
+        if best:
+            best["test_map_low"], best["test_map_high"] = iv.low, iv.high
     result.config["test_interval"] = {
         "method": "paired percentile bootstrap over test images (docs/protocol.md)",
         "n_resamples": int(n_resamples), "seed": int(seed), "level": float(level)}
-    return boot
 
 
 def bench_bootstrap(n: int = 40_137, c: int = 80, systems: int = 1, n_resamples: int = 1000,

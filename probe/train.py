@@ -116,7 +116,8 @@ def train_probe(
     results = [TrialResult(trial=t, seed=plan.seeds[t], hparams=_plain(plan.hparams[t]),
                            lr=plan.lr[t], weight_decay=plan.weight_decay[t])
                for t in range(plan.n)]
-    evaluator = Evaluator(data, config, results, trainer.w) if config.eval_every > 0 else None
+    evaluator = (Evaluator(data, config, results, trainer.w, progress)
+                 if config.eval_every > 0 else None)
     timing: dict[str, Any] = {"train_seconds": [], "eval_seconds": [], "end_epoch_seconds": []}
     with deterministic(trainer.device, config.deterministic), torch.no_grad():
         if evaluator is not None and config.eval_init:
@@ -223,7 +224,7 @@ def _result(plan: TrialPlan, trainer: Trainer, data: ProbeData, config: ProbeCon
         notes.append("flip augmentation off: the data has no flipped features")
     resolved = {**asdict(config), **plan.training.as_dict(), "device": str(trainer.device),
                 "flip_used": trainer.flip, "notes": notes}
-    return ProbeResult(
+    result = ProbeResult(
         loss=plan.cls.name,
         config=resolved,
         trials=results,
@@ -236,6 +237,11 @@ def _result(plan: TrialPlan, trainer: Trainer, data: ProbeData, config: ProbeCon
         best_heads=evaluator.best_heads() if evaluator is not None else None,
         final_heads=trainer.final_heads(),
     )
+    if evaluator is not None and config.test_intervals:
+        from .intervals import record_test_intervals
+
+        record_test_intervals(result, evaluator.intervals, n_resamples=config.test_intervals)
+    return result
 
 
 def _finite(v: Any) -> bool:

@@ -677,3 +677,29 @@ def test_a_heads_logits_do_not_depend_on_the_heads_evaluated_with_it():
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_test_intervals_from_the_final_pass_equal_the_intervals_after_the_run(monkeypatch):
+    """ProbeConfig.test_intervals bootstraps the logits of the final test pass, block by block
+    (three blocks here), instead of a second pass after training: every trial's interval and
+    the recorded settings equal attach_test_intervals' on the same run; with the test curve
+    (no final pass) too."""
+    from probe import evaluate
+    from probe.intervals import attach_test_intervals
+
+    data = _data_8_classes()
+    trials = [{"lr": 1e-2}, {"lr": 3e-2}, {"lr": 1e-1}, {"lr": 3e-1}, {"lr": 5e-2}]
+    base = ProbeConfig(batch_size=16, epochs=3, use_presets=False)
+    after = train_probe(data, base, "an", trials)
+    attach_test_intervals(after, data, n_resamples=60)
+    monkeypatch.setattr(evaluate, "EVAL_BLOCK", 2 * data.test_x.shape[0] * data.n_classes)
+    for curve in (False, True):
+        cfg = replace(base, test_intervals=60, test_curve=curve)
+        during = train_probe(data, cfg, "an", trials)
+        assert during.config["test_interval"] == after.config["test_interval"]
+        assert during.config["test_intervals"] == 60
+        for a, b in zip(during.trials, after.trials):
+            assert a.best == b.best  # test figures and intervals, bit for bit
+        assert all("test_map_low" in t.best for t in during.trials)
+    with pytest.raises(ProbeConfigError, match="test_intervals"):
+        replace(base, test_intervals=-1).validate()
