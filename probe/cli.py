@@ -240,7 +240,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
             raise ValueError("--save-head: the kNN baseline has no trained head")
         result = run_knn(data, config, trials, backend=args.knn_backend)
     else:
-        if args.intervals > 0:  # drawn while the training runs (one-trial steps use one core)
+        if args.intervals > 0:  # the resamples are drawn on a thread while training runs
             from .intervals import prefetch_bootstrap_counts
 
             prefetch_bootstrap_counts(data.test_x.shape[0], args.intervals)

@@ -9,6 +9,7 @@ the threshold metrics.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -118,6 +119,7 @@ class Evaluator:
         self.n_resamples = int(config.test_intervals)
         self.progress = progress  # a display over the heads while their intervals are formed
         self.intervals: dict[int, Any] = {}  # trial -> its test-mAP Interval (finish)
+        self.interval_seconds = 0.0  # of finish's time, spent on the intervals
         self.results = results
         self.n_trials, self.n_classes = w.shape[0], w.shape[2]
         self.best_val = [-math.inf] * self.n_trials
@@ -191,8 +193,10 @@ class Evaluator:
         if self.test_curve:
             if self.n_resamples:
                 x, y = self.splits["test"]
+                t0 = time.perf_counter()
                 self._keep_intervals(idx, [head_intervals(
                     x, y, heads, n_resamples=self.n_resamples, progress=self.progress)])
+                self.interval_seconds += time.perf_counter() - t0
             return
         boots: list[Any] = []
         with Progress(len(idx), f"test intervals ({self.n_resamples} resamples)",
@@ -214,11 +218,15 @@ class Evaluator:
         from .intervals import bootstrap_counts, bootstrap_map
 
         x, y = self.splits["test"]
+        t0 = time.perf_counter()
         counts = bootstrap_counts(x.shape[0], self.n_resamples, device=x.device)
+        self.interval_seconds += time.perf_counter() - t0
 
         def hook(z: Tensor, ap: Tensor) -> None:
+            t0 = time.perf_counter()
             boots.append(bootstrap_map(z, y, n_resamples=self.n_resamples, counts=counts,
                                        observed_ap=ap))
+            self.interval_seconds += time.perf_counter() - t0
             done(z.shape[0])
         return hook
 

@@ -701,5 +701,7 @@ def test_test_intervals_from_the_final_pass_equal_the_intervals_after_the_run(mo
         for a, b in zip(during.trials, after.trials):
             assert a.best == b.best  # test figures and intervals, bit for bit
         assert all("test_map_low" in t.best for t in during.trials)
+        assert 0 < during.timing["test_interval_seconds"]  # the share of the test pass's time
+    assert after.timing["test_interval_seconds"] == 0.0
     with pytest.raises(ProbeConfigError, match="test_intervals"):
         replace(base, test_intervals=-1).validate()
