@@ -127,8 +127,8 @@ def bootstrap_counts(n: int, n_resamples: int, seed: int = 0,
 def prefetch_bootstrap_counts(n: int, n_resamples: int, seed: int = 0) -> None:
     """Start drawing :func:`bootstrap_counts` ``(n, n_resamples, seed)`` on a background
     thread, for the next call with those arguments to take: ``spml probe`` starts it before
-    training, whose one-trial steps leave a core idle (the draw is ~0.3 s for COCO's test set;
-    its ops release the interpreter lock). The same values as drawing them then."""
+    training, so the draw (~0.3 s on one core for COCO's test set; its ops release the
+    interpreter lock) overlaps the epochs. The same values as drawing them then."""
     _check_counts_args(n, n_resamples)
     key = (int(n), int(n_resamples), int(seed))
     if key not in _PREFETCHED:
