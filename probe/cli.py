@@ -191,8 +191,11 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         observed_seed=args.observed_seed, device=args.device, eval_every=args.eval_every,
         test_curve=args.test_curve, eval_init=args.eval_init, cuda_graph=args.cuda_graph,
         drop_last=not args.no_drop_last, use_presets=not args.no_presets,
-        trial_block=args.trial_block, test_intervals=max(args.intervals, 0),
+        trial_block=args.trial_block, test_intervals=args.intervals,
     )
+    if args.intervals < 0:
+        raise ValueError(f"--intervals must be >= 0 (bootstrap resamples; 0 = none); got "
+                         f"{args.intervals}")
     config.validate()
     if args.eval_head:
         head, meta = load_head(args.eval_head, trial=args.head_trial)

@@ -93,6 +93,7 @@ def test_probe_zip_seeds_and_knn(store, tmp_path, capsys):
     (["--observed-seed", "5"], "no single-positive draw for seed 5"),
     (["--trials-seeds", "a,b"], "--trials-seeds must be a comma list"),
     (["--loss", "knn", "--save-head", "x.pt"], "no trained head"),
+    (["--intervals", "-1"], "--intervals must be >= 0"),
 ])
 def test_errors_are_one_line(store, capsys, argv, message):
     assert main(["probe", str(store), "--epochs", "1", *argv]) == 2
