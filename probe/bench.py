@@ -50,13 +50,14 @@ from torch import nn
 from .config import ProbeConfig
 from .data import ProbeData, resolve_device
 from .evaluate import evaluate_heads
+from .intervals import bootstrap_map
 from .loop import epoch_order, order_generator
 from .losses import create_loss
 from .results import environment_info
 from .train import train_probe
 
-__all__ = ["BenchConfig", "default_cache_dir", "format_report", "machine_info", "papers_loop",
-           "plain_loop", "run_bench", "synthetic_store"]
+__all__ = ["BenchConfig", "bench_bootstrap", "default_cache_dir", "format_report",
+           "machine_info", "papers_loop", "plain_loop", "run_bench", "synthetic_store"]
 
 COCO_TRAIN_ROWS = 65_665  # docs/protocol.md step 3: COCO 65,665 / 16,416 / test 40,137
 COCO_TEST_FRACTION = 40_137 / 82_081  # test rows per pool row in COCO
@@ -627,3 +628,24 @@ def format_report(report: dict[str, Any]) -> str:
     if eq is not None:
         lines.append(f"engine vs plain loop, max |head difference| after the run: {eq:.2e}")
     return "\n".join(lines)
+
+
+def bench_bootstrap(n: int = 40_137, c: int = 80, systems: int = 1, n_resamples: int = 1000,
+                    repeats: int = 3, device: str = "cpu", seed: int = 0) -> dict:
+    """``spml bench intervals``: seconds for :func:`bootstrap_map` on random scores of a
+    COCO-sized test set (N x C, 3% positives), the median of ``repeats`` runs, with the machine
+    and its load before and after (probe.bench.machine_info)."""
+    gen = torch.Generator().manual_seed(seed)
+    scores = torch.randn(systems, n, c, generator=gen).to(device)
+    targets = (torch.rand(n, c, generator=gen) < 0.03).to(device)
+    before = machine_info()
+    runs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        bootstrap_map(scores, targets, n_resamples=n_resamples, seed=seed)
+        if scores.is_cuda:
+            torch.cuda.synchronize(scores.device)
+        runs.append(time.perf_counter() - t0)
+    return {"n": n, "classes": c, "systems": systems, "n_resamples": n_resamples,
+            "device": str(device), "seconds": runs, "median_seconds": sorted(runs)[len(runs) // 2],
+            "machine_before": before, "load_after": machine_info()["load_avg_1_5_15"]}

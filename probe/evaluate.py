@@ -18,35 +18,18 @@ from torch import Tensor, nn
 
 from .config import ProbeConfigError
 from .data import ProbeData
+from .logits import EVAL_BLOCK, stacked_logits
 from .metrics import f1_scores, mean_average_precision
 from .threads import step_threads
 
 __all__ = ["EVAL_BLOCK", "SMALL_EVAL", "Evaluator", "evaluate_head", "evaluate_heads",
            "stacked_logits"]
 
-EVAL_BLOCK = 1 << 25  # logits elements (T·N·C) evaluated at once, bounds eval memory
 # logits elements (T·N·C) below which a CPU evaluation runs on one thread: its ops are tiny
 # and intra-op threads only add waiting (measured on a shared 2-core machine: yeast's val,
 # 387 x 14 x 16 trials, 8 ms on one thread, 55-300 ms on two under load; COCO's val at 8
 # trials, 10.5M elements, gains from two threads when they are free)
 SMALL_EVAL = 1 << 20
-
-
-def stacked_logits(x: Tensor, w: Tensor) -> Tensor:
-    """(T, N, C) float32 logits of features ``x`` (N, D+1) under heads ``w`` (T, D+1, C)."""
-    t, _, c = w.shape
-    n = x.shape[0]
-    out = torch.empty(t, n, c, dtype=torch.float32, device=w.device)
-    step = max(1, min(8192, EVAL_BLOCK // max(1, t * c)))  # rows per product
-    # a batched product rounds each head alike on any thread count, a one-head product does
-    # so only on one thread: a head's logits (hence its reported figures) never depend on
-    # how many heads were evaluated with it; the conversion to float32 is exact on any count
-    # and keeps torch's threads (COCO's test set, one head: 0.23 s instead of 0.28)
-    for r0 in range(0, n, step):
-        rows = x[r0 : r0 + step].float()
-        with step_threads(w.device, 1 if t == 1 else None):
-            torch.matmul(rows, w, out=out[:, r0 : r0 + step])
-    return out
 
 
 def evaluate_heads(x: Tensor, targets: Tensor, w: Tensor, threshold: float,

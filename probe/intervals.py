@@ -40,6 +40,7 @@ from itertools import pairwise
 import torch
 from torch import Tensor
 
+from .logits import stacked_logits
 from .ranking import argsort_rows, column_ap
 from .threads import step_threads
 
@@ -48,7 +49,6 @@ __all__ = [
     "Interval",
     "PairedDifference",
     "attach_test_intervals",
-    "bench_bootstrap",
     "bootstrap_counts",
     "bootstrap_map",
     "head_intervals",
@@ -497,8 +497,6 @@ def head_intervals(test_x: Tensor, test_labels: Tensor, heads: Tensor, *,
     """Test-mAP intervals of trained heads ``(T, D+1, C)`` (bias in the last row) on test
     features ``(N, D+1)`` (bias column included) and full labels ``(N, C)``: the heads' logits,
     then :func:`bootstrap_map` (paired: every head sees the same resamples)."""
-    from .evaluate import stacked_logits
-
     w = heads.to(device=test_x.device, dtype=torch.float32)
     return bootstrap_map(stacked_logits(test_x, w), test_labels.bool(), n_resamples=n_resamples,
                          seed=seed, level=level, progress=progress)
@@ -530,28 +528,3 @@ def record_test_intervals(result, intervals: dict[int, Interval], *, n_resamples
     result.config["test_interval"] = {
         "method": "paired percentile bootstrap over test images (docs/protocol.md)",
         "n_resamples": int(n_resamples), "seed": int(seed), "level": float(level)}
-
-
-def bench_bootstrap(n: int = 40_137, c: int = 80, systems: int = 1, n_resamples: int = 1000,
-                    repeats: int = 3, device: str = "cpu", seed: int = 0) -> dict:
-    """``spml bench intervals``: seconds for :func:`bootstrap_map` on random scores of a
-    COCO-sized test set (N x C, 3% positives), the median of ``repeats`` runs, with the machine
-    and its load before and after (probe.bench.machine_info)."""
-    import time
-
-    from .bench import machine_info
-
-    gen = torch.Generator().manual_seed(seed)
-    scores = torch.randn(systems, n, c, generator=gen).to(device)
-    targets = (torch.rand(n, c, generator=gen) < 0.03).to(device)
-    before = machine_info()
-    runs = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        bootstrap_map(scores, targets, n_resamples=n_resamples, seed=seed)
-        if scores.is_cuda:
-            torch.cuda.synchronize(scores.device)
-        runs.append(time.perf_counter() - t0)
-    return {"n": n, "classes": c, "systems": systems, "n_resamples": n_resamples,
-            "device": str(device), "seconds": runs, "median_seconds": sorted(runs)[len(runs) // 2],
-            "machine_before": before, "load_after": machine_info()["load_avg_1_5_15"]}

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from .config import ProbeConfig, ProbeConfigError
 from .data import ProbeData
-from .evaluate import stacked_logits
+from .logits import stacked_logits
 from .losses._base import trial_rows
 from .optim import StackedAdam, TrialParam, make_optimizer
 from .threads import step_threads

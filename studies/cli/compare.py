@@ -50,7 +50,7 @@ def _compare(args: argparse.Namespace) -> int:
 def _bench_intervals(args: argparse.Namespace) -> int:
     import json
 
-    from probe.intervals import bench_bootstrap
+    from probe.bench import bench_bootstrap
 
     report = bench_bootstrap(n=args.rows, c=args.classes, systems=args.systems,
                              n_resamples=args.resamples, repeats=args.repeats,
