@@ -11,6 +11,7 @@ device.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -112,13 +113,7 @@ def _sort_rows(rows: Tensor) -> None:
         rows.copy_(rows.sort(dim=-1).values)
         return
     a = rows.numpy()
-    workers = min(torch.get_num_threads(), a.shape[0])
-    if workers <= 1 or a.size < 1 << 16:
-        a.sort(axis=-1)
-        return
-    bounds = np.linspace(0, a.shape[0], workers + 1).astype(int)
-    with ThreadPoolExecutor(workers, "spml-rank") as pool:
-        list(pool.map(lambda i: a[bounds[i] : bounds[i + 1]].sort(axis=-1), range(workers)))
+    _by_row_ranges(a.shape[0], a.size, lambda lo, hi: a[lo:hi].sort(axis=-1))
 
 
 def argsort_rows(rows: Tensor) -> tuple[Tensor, Tensor]:
@@ -130,19 +125,26 @@ def argsort_rows(rows: Tensor) -> tuple[Tensor, Tensor]:
         return rows.sort(dim=-1)
     a = rows.contiguous().numpy()
     order = np.empty(a.shape, dtype=np.int64)
-    workers = min(torch.get_num_threads(), a.shape[0])
 
     def part(lo: int, hi: int) -> None:
         order[lo:hi] = np.argsort(a[lo:hi], axis=-1)
 
-    if workers <= 1 or a.size < 1 << 16:
-        part(0, a.shape[0])
-    else:
-        bounds = np.linspace(0, a.shape[0], workers + 1).astype(int)
-        with ThreadPoolExecutor(workers, "spml-rank") as pool:
-            list(pool.map(lambda i: part(bounds[i], bounds[i + 1]), range(workers)))
+    _by_row_ranges(a.shape[0], a.size, part)
     idx = torch.from_numpy(order)
     return torch.gather(rows, -1, idx), idx
+
+
+def _by_row_ranges(n_rows: int, size: int, work: Callable[[int, int], None]) -> None:
+    """``work(lo, hi)`` over row ranges covering ``n_rows``: one range per intra-op thread, run
+    at once (NumPy's sorts release the GIL), or a single range for small arrays (< 64k
+    elements, where threads cost more than they save)."""
+    workers = min(torch.get_num_threads(), n_rows)
+    if workers <= 1 or size < 1 << 16:
+        work(0, n_rows)
+        return
+    bounds = np.linspace(0, n_rows, workers + 1).astype(int)
+    with ThreadPoolExecutor(workers, "spml-rank") as pool:
+        list(pool.map(lambda i: work(bounds[i], bounds[i + 1]), range(workers)))
 
 
 @torch.no_grad()
