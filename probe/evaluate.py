@@ -8,9 +8,10 @@ the threshold metrics.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -176,10 +177,9 @@ class Evaluator:
         if self.test_curve:
             if self.n_resamples:
                 x, y = self.splits["test"]
-                t0 = time.perf_counter()
-                self._keep_intervals(idx, [head_intervals(
-                    x, y, heads, n_resamples=self.n_resamples, progress=self.progress)])
-                self.interval_seconds += time.perf_counter() - t0
+                with self._timing_intervals():
+                    self._keep_intervals(idx, [head_intervals(
+                        x, y, heads, n_resamples=self.n_resamples, progress=self.progress)])
             return
         boots: list[Any] = []
         with Progress(len(idx), f"test intervals ({self.n_resamples} resamples)",
@@ -201,17 +201,24 @@ class Evaluator:
         from .intervals import bootstrap_counts, bootstrap_map
 
         x, y = self.splits["test"]
-        t0 = time.perf_counter()
-        counts = bootstrap_counts(x.shape[0], self.n_resamples, device=x.device)
-        self.interval_seconds += time.perf_counter() - t0
+        with self._timing_intervals():
+            counts = bootstrap_counts(x.shape[0], self.n_resamples, device=x.device)
 
         def hook(z: Tensor, ap: Tensor) -> None:
-            t0 = time.perf_counter()
-            boots.append(bootstrap_map(z, y, n_resamples=self.n_resamples, counts=counts,
-                                       observed_ap=ap))
-            self.interval_seconds += time.perf_counter() - t0
+            with self._timing_intervals():
+                boots.append(bootstrap_map(z, y, n_resamples=self.n_resamples, counts=counts,
+                                           observed_ap=ap))
             done(z.shape[0])
         return hook
+
+    @contextlib.contextmanager
+    def _timing_intervals(self) -> Iterator[None]:
+        """Adds the block's seconds to :attr:`interval_seconds`."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.interval_seconds += time.perf_counter() - t0
 
     def _keep_intervals(self, idx: list[int], boots: list[Any]) -> None:
         """The intervals of trials ``idx``, in order, from the bootstraps of their blocks."""

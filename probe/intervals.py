@@ -36,6 +36,7 @@ import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from itertools import pairwise
 
 import torch
@@ -207,7 +208,7 @@ def weighted_column_ap(scores: Tensor, targets: Tensor, counts: Tensor,
     width = _tile_width(n, n_res, w_t.element_size(), scores.device)
     pool = ThreadPoolExecutor(workers, "spml-bootstrap") if workers > 1 else None
 
-    def each(fn: Callable, items: Sequence) -> list:
+    def each(fn: Callable, items: Sequence) -> list:  # in order; returns once all are done
         return list(pool.map(fn, items)) if pool is not None else [fn(i) for i in items]
 
     try:
@@ -215,21 +216,16 @@ def weighted_column_ap(scores: Tensor, targets: Tensor, counts: Tensor,
             ranked, order = argsort_rows(s3[s].t().to(work).contiguous())  # (C, N) ascending
             nan_col = ranked[:, -1].isnan().tolist()
             with step_threads(scores.device, 1 if pool is not None else None):
-                plans = each(lambda j, r=ranked, o=order: _column_plan(j, r[j], o[j], tgt[:, j]),
+                plans = each(partial(_column_plan, ranked, order, tgt),
                              [j for j in range(c) if not nan_col[j]])
                 todo = [p for p in plans if p is not None]
                 for b0, b1 in _tiles(n_res, width):
                     tile = w_t if b1 - b0 == n_res else w_t[:, b0:b1].contiguous()
-
-                    def column(plan: _ColumnPlan, s: int = s, b0: int = b0, b1: int = b1,
-                               tile: Tensor = tile) -> None:
-                        out[s, plan.j, b0:b1] = _weighted_ap_one_column(
-                            tile, total_w[b0:b1], plan)
-
-                    each(column, todo)
-            for j in range(c):
-                if nan_col[j]:
-                    out[s, j] = math.nan
+                    totals = total_w[b0:b1]
+                    aps = each(partial(_weighted_ap_one_column, tile, totals), todo)
+                    for plan, ap in zip(todo, aps):
+                        out[s, plan.j, b0:b1] = ap
+            out[s, [j for j in range(c) if nan_col[j]]] = math.nan
             if on_system is not None:
                 on_system()
     finally:
@@ -278,11 +274,12 @@ class _ColumnPlan:
     rows: Tensor
 
 
-def _column_plan(j: int, ranked: Tensor, order: Tensor, targets: Tensor
+def _column_plan(ranked_all: Tensor, order_all: Tensor, targets_all: Tensor, j: int
                  ) -> _ColumnPlan | None:
-    """The plan of column ``j`` from its ascending sort (values ``ranked``, row indices
-    ``order``) and its bool targets (N,); None when the column has no positive (AP 0 in every
-    resample: the protocol's empty-class rule)."""
+    """The plan of column ``j`` from the columns' ascending sort (values ``ranked_all`` and
+    row indices ``order_all``, both (C, N)) and the bool targets (N, C); None when the column
+    has no positive (AP 0 in every resample: the protocol's empty-class rule)."""
+    ranked, order, targets = ranked_all[j], order_all[j], targets_all[:, j]
     pos = targets[order].nonzero().squeeze(1)  # sorted positions of the positives
     if pos.numel() == 0:
         return None

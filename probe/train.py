@@ -128,7 +128,8 @@ def train_probe(
         t0 = time.perf_counter()
         if evaluator is not None:
             evaluator.finish()
-        timing["test_seconds"] = time.perf_counter() - t0  # the test intervals' share:
+        timing["test_seconds"] = time.perf_counter() - t0
+        # of which the test intervals (ProbeConfig.test_intervals)
         timing["test_interval_seconds"] = evaluator.interval_seconds if evaluator else 0.0
     timing["total_seconds"] = time.perf_counter() - t_start
     timing["epochs_run"] = len(timing["train_seconds"])
