@@ -34,11 +34,12 @@ from featurize.specs import (  # the registry itself needs no torch (spml --help
     BackboneSpec,
     tv_spec,
 )
+from probe.errors import SpmlError
 
 _HASH_IN_NAME = re.compile(r"-([a-f0-9]{6,})\.[a-z]+$")  # torch.hub's convention
 
 
-class WeightsError(ValueError):
+class WeightsError(SpmlError):
     """Weights that cannot be used: unknown name, wrong architecture, corrupt file."""
 
 
@@ -75,7 +76,7 @@ def get_spec(name: str) -> BackboneSpec:
 
     close = difflib.get_close_matches(name, [*BACKBONES, *tv_names], n=3)
     hint = f" Did you mean {', '.join(close)}?" if close else ""
-    raise ValueError(
+    raise SpmlError(
         f"unknown backbone {name!r}.{hint} Known: {', '.join(BACKBONES)}, or any torchvision "
         "classification model name (torchvision.models.list_models())"
     )
@@ -166,7 +167,7 @@ def _strip_head(model: nn.Module, name: str) -> tuple[nn.Module, nn.Linear]:
                 head = part[i]
                 part[i] = nn.Identity()
                 return model, head
-    raise ValueError(
+    raise SpmlError(
         f"backbone {name!r}: cannot find its classifier layer to take pooled features from "
         "(no Linear 'fc', 'classifier', 'heads' or 'head'); use a registry backbone"
     )
@@ -321,11 +322,11 @@ def _dry_run(spec: BackboneSpec, size: int) -> None:
     except NotImplementedError:  # an op or builder without meta support: nothing learned
         return
     except (RuntimeError, AssertionError, ValueError) as err:
-        raise ValueError(
+        raise SpmlError(
             f"backbone {spec.name!r} cannot take {size}x{size} images: {err}"
         ) from None
     if tuple(out.shape) != (1, spec.feature_dim):
-        raise ValueError(
+        raise SpmlError(
             f"backbone {spec.name!r}: pooled features have shape {tuple(out.shape)[1:]}, "
             f"expected ({spec.feature_dim},)"
         )
@@ -365,7 +366,7 @@ def load_backbone(
     else:
         features, head = _strip_head(model, spec.name)
     if int(head.in_features) != spec.feature_dim:
-        raise ValueError(
+        raise SpmlError(
             f"backbone {name!r}: its classifier takes {head.in_features} features, the "
             f"registry says {spec.feature_dim}"
         )

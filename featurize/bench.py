@@ -48,6 +48,7 @@ from featurize.runner import (
     featurize,
     resolve_runtime,
 )
+from probe.errors import SpmlError
 from probe.store.index import DatasetIndex, Phase
 
 
@@ -168,7 +169,7 @@ def bench_featurize(config: BenchConfig | None = None) -> dict:
     rt = resolve_runtime(fc)
     n = config.n_images or (4096 if rt.cuda else 24)
     if n < 1 or config.unique_images < 1:
-        raise ValueError(f"--images must be >= 1, got {n}")
+        raise SpmlError(f"--images must be >= 1, got {n}")
     backbone = load_backbone(
         fc.backbone, fc.weights, seed=fc.weights_seed, download=fc.download, size=fc.size
     )

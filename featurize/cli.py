@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from featurize.specs import BACKBONES, DECODE_CHOICES, DEFAULT_BACKBONE, PRECISION_CHOICES, RANDOM
 from probe.cliargs import add_device_argument, add_seeds_argument, parse_seeds, wrap
+from probe.errors import SpmlError
 
 if TYPE_CHECKING:
     from probe.store import Store
@@ -97,7 +98,7 @@ def _dataset_options(pairs: list[str] | None) -> dict[str, Any]:
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise ValueError(
+            raise SpmlError(
                 f"--option expects KEY=VALUE (e.g. annotations=labels.csv), got {pair!r}"
             )
         out[key.strip().replace("-", "_")] = _option_value(value)
@@ -246,7 +247,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     try:
         width, height = (int(v) for v in args.image_size.lower().split("x"))
     except ValueError:
-        raise ValueError(
+        raise SpmlError(
             f"--image-size expects WIDTHxHEIGHT, e.g. 500x375; got {args.image_size!r}"
         ) from None
     config = BenchConfig(

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from featurize.specs import IMAGENET_MEAN, IMAGENET_STD
+from probe.errors import SpmlError
 
 DECODE_PATHS: tuple[str, ...] = ("pil", "torchvision")
 
@@ -44,7 +45,7 @@ _NVJPEG_SOF = frozenset((0xC0, 0xC1, 0xC2))
 _ALL_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # C4 DHT, C8 JPG, CC DAC
 
 
-class BadImageError(ValueError):
+class BadImageError(SpmlError):
     """An image file that cannot be read or decoded (the message names the file)."""
 
 
@@ -60,13 +61,13 @@ class ImageTransform:
 
     def __post_init__(self) -> None:
         if int(self.size) < 16:
-            raise ValueError(f"image size must be >= 16 pixels, got {self.size}")
+            raise SpmlError(f"image size must be >= 16 pixels, got {self.size}")
         for name in ("mean", "std"):
             value = getattr(self, name)
             if len(value) != 3:
-                raise ValueError(f"{name} needs 3 values (R, G, B), got {value!r}")
+                raise SpmlError(f"{name} needs 3 values (R, G, B), got {value!r}")
         if min(self.std) <= 0:
-            raise ValueError(f"std values must be positive, got {self.std!r}")
+            raise SpmlError(f"std values must be positive, got {self.std!r}")
 
     def describe(self) -> dict:
         """JSON-able description (the store's provenance ``transform`` field, with extras)."""
@@ -233,7 +234,7 @@ def resize_batch(images: Sequence[torch.Tensor], size: int) -> torch.Tensor:
     waits for the device (no host→device copies of indices).
     """
     if not images:
-        raise ValueError("resize_batch needs at least one image")
+        raise SpmlError("resize_batch needs at least one image")
     cpu = images[0].device.type == "cpu"
     groups: dict[tuple[int, int], list[int]] = {}
     for i, img in enumerate(images):

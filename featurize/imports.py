@@ -33,6 +33,7 @@ from featurize.datasets.cole import (
     read_class_names,
     reference_observed,
 )
+from probe.errors import MissingPathError, SpmlError
 from probe.store import Store, file_sha256, write_feature_store
 from probe.store.index import DatasetIndex, Phase
 from probe.store.protocol import PROTOCOL_SEED, single_positive, split_indices
@@ -219,10 +220,10 @@ def import_arrays(
         )
     attrs = dict(extra_attrs or {})
     if (test_features is None) != (test_labels is None):
-        raise ValueError("give both test features and test labels, or neither")
+        raise SpmlError("give both test features and test labels, or neither")
     if test_features is not None:
         if test_fraction is not None:
-            raise ValueError("give either test features/labels or a test fraction, not both")
+            raise SpmlError("give either test features/labels or a test fraction, not both")
         test_feats = _float_features(np.asarray(test_features), sources[1])
         _check_values(test_feats, sources[1], dtype)
         test_y = binary_labels(test_labels, label_sources[1])
@@ -304,7 +305,7 @@ def import_array_files(
 ) -> Store:
     """:func:`import_arrays` from ``.npy`` files (``spml import arrays``)."""
     if (test_features_path is None) != (test_labels_path is None):
-        raise ValueError("--test-features and --test-labels go together: give both or neither")
+        raise SpmlError("--test-features and --test-labels go together: give both or neither")
     files = {"features": Path(features_path), "labels": Path(labels_path)}
     if test_features_path is not None:
         files["test_features"] = Path(test_features_path)
@@ -357,7 +358,7 @@ def import_array_files(
 # ----------------------------------------------------------------------------- yeast
 
 
-class MissingExtraError(ValueError):
+class MissingExtraError(SpmlError):
     """An optional dependency is not installed."""
 
 
@@ -373,7 +374,7 @@ def yeast_csv_path() -> Path:
         path = Path(location) / "datasets" / "yeast.csv.gz"
         if path.is_file():
             return path
-    raise FileNotFoundError(
+    raise MissingPathError(
         f"river is installed but has no datasets/yeast.csv.gz under "
         f"{list(spec.submodule_search_locations)}; reinstall it: pip install 'spml-probe[yeast]'"
     )

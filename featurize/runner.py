@@ -56,6 +56,7 @@ from featurize.images import (
     resize_batch,
 )
 from featurize.specs import DECODE_CHOICES, PRECISION_CHOICES
+from probe.errors import MissingPathError, SpmlError
 from probe.io import atomic_write_text
 from probe.progress import Progress
 from probe.store.index import DatasetIndex
@@ -131,9 +132,9 @@ class FeaturizeResult:
 def resolve_runtime(config: FeaturizeConfig) -> Runtime:
     """Turn the ``auto`` settings into concrete ones; bad values are a ValueError."""
     if config.decode not in DECODE_CHOICES:
-        raise ValueError(f"--decode must be one of {DECODE_CHOICES}, got {config.decode!r}")
+        raise SpmlError(f"--decode must be one of {DECODE_CHOICES}, got {config.decode!r}")
     if config.precision not in PRECISION_CHOICES:
-        raise ValueError(
+        raise SpmlError(
             f"--precision must be one of {PRECISION_CHOICES}, got {config.precision!r}"
         )
     name = config.device
@@ -142,23 +143,23 @@ def resolve_runtime(config: FeaturizeConfig) -> Runtime:
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise ValueError(
+        raise SpmlError(
             f"--device: {config.device!r} is not a device (auto, cpu, cuda, cuda:1)"
         ) from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {config.device}: CUDA is not available on this machine")
+        raise SpmlError(f"--device {config.device}: CUDA is not available on this machine")
     if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device: only cpu and cuda are supported, got {config.device!r}")
+        raise SpmlError(f"--device: only cpu and cuda are supported, got {config.device!r}")
     cuda = device.type == "cuda"
     fast = cuda and GPU_FAST_PATH_MEASURED
     decode = config.decode if config.decode != "auto" else ("torchvision" if fast else "pil")
     precision = config.precision if config.precision != "auto" else ("bf16" if fast else "fp32")
     batch_size = config.batch_size or (256 if cuda else 16)
     if batch_size < 1:
-        raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
+        raise SpmlError(f"--batch-size must be >= 1, got {batch_size}")
     workers = config.workers or min(16, os.cpu_count() or 1)
     if workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {workers}")
+        raise SpmlError(f"--workers must be >= 1, got {workers}")
     return Runtime(device, decode, precision, int(batch_size), int(workers))
 
 
@@ -436,7 +437,7 @@ def _explain_transform_change(out: Path, backbone: str, transform: dict) -> None
 # ----------------------------------------------------------------------------- the run
 
 
-class RankFailed(ValueError):
+class RankFailed(SpmlError):
     """Another rank of a distributed featurize run failed (its message is included)."""
 
 
@@ -547,7 +548,7 @@ def featurize(
             size=config.size,
         )
     elif backbone.name != config.backbone:
-        raise ValueError(
+        raise SpmlError(
             f"backbone {backbone.name!r} given but the config says {config.backbone!r}"
         )
     transform = backbone_transform(backbone, config.size)
@@ -556,7 +557,7 @@ def featurize(
     if not config.skip_bad:
         missing = [p for p in paths if not os.path.isfile(p)]  # os.path: fast for 100k files
         if missing:
-            raise FileNotFoundError(
+            raise MissingPathError(
                 f"{len(missing)} of {len(paths)} image files of dataset '{index.name}' are "
                 f"missing, e.g. {', '.join(str(p) for p in missing[:3])}; restore them, or "
                 "pass --skip-bad to store zero features for them (listed in the store's "

@@ -28,6 +28,9 @@ except PackageNotFoundError:  # running from a source tree that was never instal
     __version__ = "0+unknown"
 
 _EXPORTS = {
+    # errors: every input error of probe, featurize and studies is an SpmlError
+    "SpmlError": "probe.errors",
+    "MissingPathError": "probe.errors",
     # training
     "train_probe": "probe.train",
     "ProbeConfig": "probe.config",
@@ -76,10 +79,12 @@ __all__ = [
     "HParam",
     "Loss",
     "LossInputError",
+    "MissingPathError",
     "ProbeConfig",
     "ProbeConfigError",
     "ProbeData",
     "ProbeResult",
+    "SpmlError",
     "Store",
     "StoreError",
     "TrainingSettings",
@@ -113,6 +118,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals(),
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
     from .config import ProbeConfig, ProbeConfigError, TrainingSettings, resolve_training
     from .data import DataError, ProbeData, load_store, resolve_device
+    from .errors import MissingPathError, SpmlError
     from .evaluate import evaluate_head, evaluate_heads
     from .knn import run_knn
     from .losses import HParam, Loss, LossInputError, create_loss, get_loss_class

@@ -47,6 +47,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from probe.errors import SpmlError
+
 from .config import ProbeConfig
 from .data import ProbeData, resolve_device
 from .evaluate import evaluate_heads
@@ -98,24 +100,24 @@ class BenchConfig:
         for name in ("n_train", "dim", "n_classes", "batch_size", "epochs"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"bench: {name} must be a positive integer; got {v!r}")
+                raise SpmlError(f"bench: {name} must be a positive integer; got {v!r}")
         if self.n_train < 8:
-            raise ValueError(f"bench: n_train must be at least 8 rows; got {self.n_train}")
+            raise SpmlError(f"bench: n_train must be at least 8 rows; got {self.n_train}")
         if self.batch_size > self.n_train:
-            raise ValueError(
+            raise SpmlError(
                 f"bench: batch size {self.batch_size} is larger than the train split "
                 f"({self.n_train} rows)"
             )
         if self.compare_eager and resolve_device(self.device).type != "cuda":
-            raise ValueError(
+            raise SpmlError(
                 f"bench: compare_eager (--compare-eager) needs a CUDA device; the bench runs on "
                 f"{resolve_device(self.device)} (pass --device cuda on a GPU machine)")
         if self.compare_one_block and resolve_device(self.device).type != "cpu":
-            raise ValueError(
+            raise SpmlError(
                 "bench: compare_one_block (--compare-one-block) times the CPU's trial blocks; "
                 f"the bench runs on {resolve_device(self.device)} (pass --device cpu)")
         if not self.trials or any(t < 1 for t in self.trials):
-            raise ValueError(f"bench: trials must be positive integers; got {self.trials!r}")
+            raise SpmlError(f"bench: trials must be positive integers; got {self.trials!r}")
 
 
 # --------------------------------------------------------------------------------------------

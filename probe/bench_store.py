@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from probe.errors import SpmlError
+
 __all__ = ["format_store_report", "run_store_bench"]
 
 
@@ -68,7 +70,7 @@ def run_store_bench(
     from probe.store import open_store, verify_store
 
     if repeats < 1 or zstd_chunks < 1:
-        raise ValueError(f"--repeats and --zstd-chunks must be >= 1; got {repeats}, {zstd_chunks}")
+        raise SpmlError(f"--repeats and --zstd-chunks must be >= 1; got {repeats}, {zstd_chunks}")
     path = synthetic_store(cache_dir=cache_dir, progress=progress)
     store = open_store(path)
     report_v = verify_store(path)

@@ -7,6 +7,8 @@ import dataclasses
 import json
 import textwrap
 
+from probe.errors import SpmlError
+
 from .cliargs import (
     add_device_argument,
     add_observed_seed_argument,
@@ -194,7 +196,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         trial_block=args.trial_block, test_intervals=args.intervals,
     )
     if args.intervals < 0:
-        raise ValueError(f"--intervals must be >= 0 (bootstrap resamples; 0 = none); got "
+        raise SpmlError(f"--intervals must be >= 0 (bootstrap resamples; 0 = none); got "
                          f"{args.intervals}")
     config.validate()
     if args.eval_head:
@@ -240,7 +242,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         from .knn import run_knn
 
         if args.save_head:
-            raise ValueError("--save-head: the kNN baseline has no trained head")
+            raise SpmlError("--save-head: the kNN baseline has no trained head")
         result = run_knn(data, config, trials, backend=args.knn_backend)
     else:
         if args.intervals > 0:  # the resamples are drawn on a thread while training runs
@@ -289,7 +291,7 @@ def _cmd_bench_probe(args: argparse.Namespace) -> int:
         import torch
 
         if args.threads < 1:
-            raise ValueError(f"--threads must be >= 1; got {args.threads}")
+            raise SpmlError(f"--threads must be >= 1; got {args.threads}")
         torch.set_num_threads(args.threads)
     report = run_bench(config, progress=not args.quiet)
     print(format_report(report))

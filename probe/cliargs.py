@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import textwrap
 
+from probe.errors import SpmlError
+
 from .store.protocol import PROTOCOL_SEED
 
 __all__ = [
@@ -66,9 +68,9 @@ def parse_sets(items: list[str] | None, option: str = "--set") -> dict[str, list
         key, sep, values = item.partition("=")
         key = key.strip()
         if not sep or not key or not values.strip():
-            raise ValueError(f"{option} expects KEY=VALUE or KEY=V1,V2,...; got {item!r}")
+            raise SpmlError(f"{option} expects KEY=VALUE or KEY=V1,V2,...; got {item!r}")
         if key in out:
-            raise ValueError(f"{option} {key} given twice; put all its values in one comma list")
+            raise SpmlError(f"{option} {key} given twice; put all its values in one comma list")
         out[key] = [parse_value(v) for v in values.split(",")]
     return out
 
@@ -79,7 +81,7 @@ def parse_assignments(items: list[str] | None, option: str = "--set") -> dict[st
     for item in items or []:
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
-            raise ValueError(
+            raise SpmlError(
                 f"{option} expects NAME=VALUE (e.g. {option} alpha=0.2); got {item!r}"
             )
         out[name.strip()] = parse_value(value)
@@ -93,10 +95,10 @@ def parse_ints(text: str | None, flag: str) -> list[int] | None:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise ValueError(f"{flag} must be a comma list of integers, e.g. 0,1,2; got {text!r}")\
+        raise SpmlError(f"{flag} must be a comma list of integers, e.g. 0,1,2; got {text!r}")\
             from None
     if not values:
-        raise ValueError(f"{flag} needs at least one integer; got {text!r}")
+        raise SpmlError(f"{flag} needs at least one integer; got {text!r}")
     return values
 
 
@@ -107,10 +109,10 @@ def parse_floats(text: str | None, flag: str) -> list[float] | None:
     try:
         values = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise ValueError(f"{flag} must be a comma list of numbers, e.g. 0.2,0.5,1; got "
+        raise SpmlError(f"{flag} must be a comma list of numbers, e.g. 0.2,0.5,1; got "
                          f"{text!r}") from None
     if not values:
-        raise ValueError(f"{flag} needs at least one number; got {text!r}")
+        raise SpmlError(f"{flag} needs at least one number; got {text!r}")
     return values
 
 
@@ -118,7 +120,7 @@ def parse_names(text: str, flag: str = "--loss") -> list[str]:
     """``"gr,an"`` → ``["gr", "an"]``."""
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
-        raise ValueError(f"{flag} needs at least one name; got {text!r}")
+        raise SpmlError(f"{flag} needs at least one name; got {text!r}")
     return names
 
 
@@ -127,12 +129,12 @@ def parse_seeds(text: str, flag: str = "--seeds") -> list[int]:
     try:
         seeds = [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
-        raise ValueError(
+        raise SpmlError(
             f"{flag} must be integers separated by commas, e.g. {PROTOCOL_SEED},1,2; "
             f"got {text!r}"
         ) from None
     if not seeds or any(s < 0 or s >= 2**32 for s in seeds):
-        raise ValueError(f"{flag} needs integers in [0, 2**32); got {text!r}")
+        raise SpmlError(f"{flag} needs integers in [0, 2**32); got {text!r}")
     return seeds
 
 

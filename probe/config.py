@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from probe.errors import SpmlError
+
 from .losses._base import Loss, check_hparams
 from .losses.assume_negative import EXPECTED_POSITIVES
 from .optim import OPTIMIZERS
@@ -48,7 +50,7 @@ _GENERIC = {"probe": (GENERIC_TRAINING, "generic (Cole et al. linear probe)"),
             "finetune": (GENERIC_FINETUNE, "generic (Cole et al. end-to-end fine-tune)")}
 
 
-class ProbeConfigError(ValueError):
+class ProbeConfigError(SpmlError):
     """Bad probe settings or inputs, reported before training starts."""
 
 

@@ -28,12 +28,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from probe.errors import SpmlError
+
 from .store.protocol import PROTOCOL_SEED, single_positive
 
 __all__ = ["DataError", "ProbeData", "load_store", "resolve_device"]
 
 
-class DataError(ValueError):
+class DataError(SpmlError):
     """Unusable probe data (missing split, mismatched shapes, unknown device, …)."""
 
 

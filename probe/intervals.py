@@ -42,6 +42,8 @@ from itertools import pairwise
 import torch
 from torch import Tensor
 
+from probe.errors import SpmlError
+
 from .logits import stacked_logits
 from .ranking import argsort_rows, column_ap
 from .threads import step_threads
@@ -145,7 +147,7 @@ _DRAW_ROWS = 64  # resamples drawn at once: bounds the index buffer, not the val
 
 def _check_counts_args(n: int, n_resamples: int) -> None:
     if n < 1 or n_resamples < 1:
-        raise ValueError(f"bootstrap needs n >= 1 rows and n_resamples >= 1; got {n}, "
+        raise SpmlError(f"bootstrap needs n >= 1 rows and n_resamples >= 1; got {n}, "
                          f"{n_resamples}")
 
 
@@ -366,7 +368,7 @@ def _bias_corrected(reps: Tensor, observed: float, level: float) -> Interval:
 
 def _check_level(level: float) -> float:
     if not 0.0 < float(level) < 1.0:
-        raise ValueError(f"level must lie in (0, 1), e.g. 0.95; got {level!r}")
+        raise SpmlError(f"level must lie in (0, 1), e.g. 0.95; got {level!r}")
     return float(level)
 
 
@@ -401,15 +403,15 @@ def bootstrap_map(
     level = _check_level(level)
     s3 = scores[None] if scores.dim() == 2 else scores
     if s3.dim() != 3 or s3.shape[-2:] != targets.shape:
-        raise ValueError(
+        raise SpmlError(
             f"scores must be (N, C) or (S, N, C) matching targets (N, C) = "
             f"{tuple(targets.shape)}; got {tuple(scores.shape)}")
     n_sys, n = s3.shape[:2]
     if counts is not None and tuple(counts.shape) != (n_resamples, n):
-        raise ValueError(f"counts must be bootstrap_counts(N, n_resamples) of shape "
+        raise SpmlError(f"counts must be bootstrap_counts(N, n_resamples) of shape "
                          f"({n_resamples}, {n}); got {tuple(counts.shape)}")
     if observed_ap is not None and tuple(observed_ap.shape) != (n_sys, targets.shape[1]):
-        raise ValueError(f"observed_ap must be the per-class AP (S, C) = "
+        raise SpmlError(f"observed_ap must be the per-class AP (S, C) = "
                          f"({n_sys}, {targets.shape[1]}); got {tuple(observed_ap.shape)}")
     tgt = targets.to(s3.device).bool()
     ap = column_ap(s3, tgt) if observed_ap is None else observed_ap

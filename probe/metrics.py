@@ -35,6 +35,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from probe.errors import SpmlError
+
 from .ranking import column_ap
 
 __all__ = [
@@ -49,7 +51,7 @@ __all__ = [
 
 
 
-class MetricInputError(ValueError):
+class MetricInputError(SpmlError):
     """Bad input to a metric: the message names the argument, what was expected and what arrived."""
 
 

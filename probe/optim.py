@@ -32,6 +32,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from probe.errors import SpmlError
+
 from .losses._base import trial_rows
 
 __all__ = [
@@ -44,7 +46,7 @@ __all__ = [
 ]
 
 
-class OptimizerConfigError(ValueError):
+class OptimizerConfigError(SpmlError):
     """Bad optimizer settings: the message names the setting, what was expected and what came."""
 
 

@@ -20,6 +20,8 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import IO, Any, TypeVar
 
+from probe.errors import SpmlError
+
 __all__ = ["INTERVAL_ENV", "PROGRESS_ENV", "Progress", "format_seconds", "progress_mode",
            "track"]
 
@@ -54,7 +56,7 @@ def _interval() -> float:
     except ValueError:
         value = -1.0
     if not value >= 0.0:
-        raise ValueError(f"{INTERVAL_ENV}: expected seconds >= 0 (e.g. 10); got {text!r}")
+        raise SpmlError(f"{INTERVAL_ENV}: expected seconds >= 0 (e.g. 10); got {text!r}")
     return value
 
 

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from probe.errors import MissingPathError
+
 from .config import ProbeConfigError
 from .io import atomic_write, atomic_write_text
 
@@ -207,7 +209,7 @@ def load_head(path: str | Path, trial: int = 0) -> tuple[nn.Linear, dict[str, An
     """``(nn.Linear, metadata)`` of one trial saved by :func:`save_head`."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"head file {path} does not exist")
+        raise MissingPathError(f"head file {path} does not exist")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types for a foreign or corrupt file

@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from probe.errors import SpmlError
+
 from .data import ProbeData
 from .store.protocol import PROTOCOL_SEED, single_positive, split_indices
 
@@ -38,7 +40,7 @@ __all__ = ["MODES", "Selection", "SelectionError", "mean_over_replicates", "sele
 MODES = ("val", "cv", "draws")
 
 
-class SelectionError(ValueError):
+class SelectionError(SpmlError):
     """A ``--select`` value that cannot be used (the message names the argument)."""
 
 

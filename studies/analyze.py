@@ -45,6 +45,7 @@ from torch import Tensor
 
 from probe.config import TRAINER_KEYS, ProbeConfig
 from probe.data import ProbeData
+from probe.errors import SpmlError
 from probe.intervals import attach_test_intervals, mean_interval
 from probe.loop import init_head
 from probe.losses import LossInputError, create_loss, get_loss_class
@@ -86,7 +87,7 @@ __all__ = [
 ]
 
 
-class AnalyzeError(ValueError):
+class AnalyzeError(SpmlError):
     """Bad input to an analysis: the message names the argument, what was expected and got."""
 
 

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from probe.errors import SpmlError
+
 __all__ = ["StudyBenchConfig", "bench_study", "format_study_bench", "yeast_bench_store"]
 
 
@@ -47,12 +49,12 @@ class StudyBenchConfig:
 
     def validate(self) -> None:
         if self.storage not in ("journal", "sqlite"):
-            raise ValueError(f"bench study: storage must be 'journal' or 'sqlite'; got "
+            raise SpmlError(f"bench study: storage must be 'journal' or 'sqlite'; got "
                              f"{self.storage!r}")
         for name in ("n_trials", "batch"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"bench study: {name} must be a positive integer; got {v!r}")
+                raise SpmlError(f"bench study: {name} must be a positive integer; got {v!r}")
 
 
 def yeast_bench_store(cache_dir: str | Path | None = None, progress: bool = False) -> Path:

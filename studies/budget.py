@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from probe.errors import SpmlError
 from probe.store.protocol import PROTOCOL_SEED
 
 __all__ = ["BudgetConfig", "budget_data", "format_budget", "label_budget", "plot_budget"]
@@ -37,13 +38,13 @@ class BudgetConfig:
 
     def validate(self) -> None:
         if not self.losses or not self.ks or not self.fractions:
-            raise ValueError("--losses, --k and --fractions must each name at least one value")
+            raise SpmlError("--losses, --k and --fractions must each name at least one value")
         bad_k = [k for k in self.ks if k < 1]
         if bad_k:
-            raise ValueError(f"--k: positives per image must be >= 1; got {bad_k}")
+            raise SpmlError(f"--k: positives per image must be >= 1; got {bad_k}")
         bad_f = [f for f in self.fractions if not 0.0 < f <= 1.0]
         if bad_f:
-            raise ValueError(f"--fractions: fractions of images labelled must lie in (0, 1]; "
+            raise SpmlError(f"--fractions: fractions of images labelled must lie in (0, 1]; "
                              f"got {bad_f}")
 
 

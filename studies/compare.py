@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from probe.errors import SpmlError
+
 __all__ = [
     "CompareError",
     "Comparison",
@@ -33,7 +35,7 @@ __all__ = [
 ]
 
 
-class CompareError(ValueError):
+class CompareError(SpmlError):
     """The inputs cannot be compared; the message says which argument and why."""
 
 

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from probe.errors import SpmlError
+
 __all__ = ["DemoConfig", "DemoResult", "make_digit_grids", "run_demo"]
 
 DEMO_LOSSES = ("an", "em", "gr", "opml")
@@ -104,7 +106,7 @@ def make_digit_grids(root: Path, n: int, seed: int = 0) -> Path:
     try:
         from sklearn.datasets import load_digits
     except ImportError:
-        raise ValueError(
+        raise SpmlError(
             "spml demo --images needs scikit-learn's bundled digits: pip install scikit-learn"
         ) from None
     digits = load_digits()

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import polars as pl
 
+from probe.errors import SpmlError
+
 from .results import COLUMNS, CURVES, FORMAT, probe_rows, read_results, tidy_frame
 
 __all__ = ["ExportError", "collect", "export"]
@@ -43,7 +45,7 @@ _WHAT = ("a probe results JSON (spml probe --json), a study folder (spml study -
          "results/ folder or batch files, a confirm.parquet, or a table written by spml export")
 
 
-class ExportError(ValueError):
+class ExportError(SpmlError):
     """An export input or output is not what :func:`collect` / :func:`export` can use."""
 
 

@@ -70,6 +70,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from probe.errors import MissingPathError, SpmlError
 from probe.io import atomic_write
 from probe.store.protocol import PROTOCOL_SEED
 
@@ -98,7 +99,7 @@ _RESULTS_FORMAT = "spml-finetune-results/1"
 _WARMUP_STEPS = 10  # steps excluded from the steady-state images/s (cudnn autotune, workers)
 
 
-class FinetuneError(ValueError):
+class FinetuneError(SpmlError):
     """Bad fine-tuning input: the message names the option, what was expected and what came."""
 
 
@@ -193,7 +194,7 @@ def read_winner_json(path: str | Path) -> tuple[str, dict[str, Any], dict[str, A
     """
     path = Path(path).expanduser()
     if not path.is_file():
-        raise FileNotFoundError(f"--from-json: file {path} does not exist")
+        raise MissingPathError(f"--from-json: file {path} does not exist")
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as err:
@@ -466,7 +467,7 @@ def _prepare(config: FinetuneConfig, loss_hparams: Mapping[str, Any]) -> _Plan:
     amp_dtype = _resolve_amp(config.amp, device)
     root = Path(config.root).expanduser()
     if not root.exists():
-        raise FileNotFoundError(
+        raise MissingPathError(
             f"finetune: dataset root {root} does not exist (--root); point it at the folder "
             f"that holds the {config.dataset} files"
         )

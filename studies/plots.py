@@ -23,6 +23,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
+from probe.errors import SpmlError
 from probe.io import atomic_write
 
 __all__ = [
@@ -389,7 +390,7 @@ def plot_class_ap(
     a = _nan(best_ap)  # percent, like every AP the engine records
     b = _nan(baseline_ap)
     if not (len(names) == len(a) == len(b)):
-        raise ValueError(
+        raise SpmlError(
             f"plot_class_ap: {len(names)} class names but {len(a)} and {len(b)} AP values"
         )
     ok = np.isfinite(a) & np.isfinite(b)

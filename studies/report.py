@@ -45,6 +45,7 @@ from optuna.distributions import (
 )
 from optuna.trial import FrozenTrial, TrialState
 
+from probe.errors import MissingPathError, SpmlError
 from probe.io import atomic_write_text
 
 from . import plots
@@ -105,7 +106,7 @@ class ReportOptions:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 flag = {"top": "--top", "dpi": "--dpi"}.get(name, f"ReportOptions.{name}")
-                raise ValueError(f"{flag} must be an integer >= {low}; got {v!r}")
+                raise SpmlError(f"{flag} must be an integer >= {low}; got {v!r}")
 
 
 @dataclass
@@ -152,7 +153,7 @@ class _Study:
 
 def _open(study_dir: Path, storage: str | None, name: str | None) -> _Study:
     if not study_dir.is_dir():
-        raise FileNotFoundError(
+        raise MissingPathError(
             f"STUDY_DIR {study_dir} is not a folder; pass the folder given to 'spml study --out'"
         )
     given = storage is not None

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from probe.errors import SpmlError
+
 __all__ = ["SelectionCheck", "check_selection", "format_selection", "plot_selection",
            "summarize_selection"]
 
@@ -46,9 +48,9 @@ class SelectionCheck:
         for mode in self.modes:
             Selection.parse(mode)
         if not self.modes or not self.study_seeds or not self.eval_seeds:
-            raise ValueError("--modes, --study-seeds and --eval-seeds must each name a value")
+            raise SpmlError("--modes, --study-seeds and --eval-seeds must each name a value")
         if self.trials < 2 or self.batch < 1:
-            raise ValueError(f"--trials must be >= 2 and --batch >= 1; got {self.trials}, "
+            raise SpmlError(f"--trials must be >= 2 and --batch >= 1; got {self.trials}, "
                              f"{self.batch}")
 
 

@@ -23,6 +23,8 @@ from urllib.parse import urlsplit
 
 import optuna
 
+from probe.errors import MissingPathError, SpmlError
+
 __all__ = [
     "StorageSpec",
     "StudyError",
@@ -45,7 +47,7 @@ _FORMS = (
 )
 
 
-class StudyError(ValueError):
+class StudyError(SpmlError):
     """A study cannot be created, joined or run as asked; the message says why and what to do."""
 
 
@@ -132,7 +134,7 @@ def open_existing_storage(storage: str | os.PathLike, flag: str = "--storage"
                               if p.suffix.lower() in SQLITE_SUFFIXES + JOURNAL_SUFFIXES)
                 if near:
                     hint = f" ({path.parent} holds {', '.join(near)})"
-            raise FileNotFoundError(
+            raise MissingPathError(
                 f"{flag} {storage}: no such file{hint}; pass the storage 'spml study' wrote "
                 "(STUDY_DIR/study.log by default, or study.db)"
             )
@@ -294,12 +296,12 @@ def find_storage(study_dir: str | os.PathLike) -> str:
     FileNotFoundError naming the folder when it holds neither."""
     d = Path(study_dir)
     if not d.is_dir():
-        raise FileNotFoundError(
+        raise MissingPathError(
             f"STUDY_DIR {d} is not a folder; pass the folder given to 'spml study --out'"
         )
     found = [d / n for n in ("study.db", "study.log") if (d / n).is_file()]
     if not found:
-        raise FileNotFoundError(
+        raise MissingPathError(
             f"STUDY_DIR {d} holds no study: expected study.log (the journal 'spml study --out' "
             "writes by default) or study.db (SQLite); for another storage (e.g. PostgreSQL) "
             "pass --storage"

@@ -17,7 +17,9 @@ PACKAGES = ("probe", "featurize", "studies")
 
 # lowest first; a module may import only modules of its own layer or below
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("store", ("probe.store", "probe.io", "probe.ranking", "probe.progress", "probe._lazy")),
+    ("store", (
+        "probe.errors", "probe.store", "probe.io", "probe.ranking", "probe.progress", "probe._lazy",
+    )),
     ("losses", ("probe.losses", "probe.metrics")),
     ("engine", ("probe",)),
     ("featurize", ("featurize",)),

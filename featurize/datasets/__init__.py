@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from probe.errors import MissingPathError, SpmlError
 from probe.store.index import DatasetIndex, Phase
 
 from ._parse import DatasetFormatError
@@ -37,7 +38,7 @@ __all__ = [
 ]
 
 
-class UnknownDatasetError(ValueError):
+class UnknownDatasetError(SpmlError):
     """A dataset name that is not registered (the message suggests the closest one)."""
 
 
@@ -126,18 +127,18 @@ def load_dataset(name: str, root: str | Path, **options: Any) -> DatasetIndex:
     entry = DATASETS[resolve_name(name)]
     root = Path(root).expanduser()
     if not root.exists():
-        raise FileNotFoundError(f"dataset root for '{entry.name}' not found: {root}")
+        raise MissingPathError(f"dataset root for '{entry.name}' not found: {root}")
     loader = entry.loader()
     params = list(inspect.signature(loader).parameters.values())[1:]  # after root
     names = [p.name for p in params if p.kind is not inspect.Parameter.VAR_KEYWORD]
     unknown = sorted(set(options) - set(names))
     if unknown and all(p.kind is not inspect.Parameter.VAR_KEYWORD for p in params):
-        raise ValueError(
+        raise SpmlError(
             f"dataset '{entry.name}' does not take option(s) {', '.join(unknown)}; it accepts: "
             f"{', '.join(names) or 'none'}"
         )
     needed = [p.name for p in params if p.default is inspect.Parameter.empty and p.name in names]
     missing = [n for n in needed if n not in options]
     if missing:
-        raise ValueError(f"dataset '{entry.name}' needs the option(s): {', '.join(missing)}")
+        raise SpmlError(f"dataset '{entry.name}' needs the option(s): {', '.join(missing)}")
     return loader(root, **options)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from probe.errors import MissingPathError, SpmlError
+
 __all__ = [
     "DatasetFormatError",
     "find_file",
@@ -21,7 +23,7 @@ __all__ = [
 ]
 
 
-class DatasetFormatError(ValueError):
+class DatasetFormatError(SpmlError):
     """A dataset annotation file is malformed or disagrees with another one; the message names
     the file and line."""
 
@@ -35,7 +37,7 @@ def require_file(path: Path, what: str, hint: str = "") -> Path:
     """``path`` if it is a file, else a :class:`FileNotFoundError` saying what is expected where."""
     if not path.is_file():
         msg = f"{what} not found: expected the file {path}"
-        raise FileNotFoundError(f"{msg}; {hint}" if hint else msg)
+        raise MissingPathError(f"{msg}; {hint}" if hint else msg)
     return path
 
 
@@ -46,7 +48,7 @@ def find_file(candidates: Sequence[Path], what: str, hint: str = "") -> Path:
             return path
     places = ", ".join(str(p) for p in candidates)
     msg = f"{what} not found: looked for {places}"
-    raise FileNotFoundError(f"{msg}; {hint}" if hint else msg)
+    raise MissingPathError(f"{msg}; {hint}" if hint else msg)
 
 
 def _decode(path: Path) -> str:
@@ -134,7 +136,7 @@ def require_images(*groups: ImageGroup) -> None:
         return
     total = sum(len(paths) for paths, _, _ in groups)
     shown = "; ".join(f"{path} (listed in {where})" for path, where in missing[:3])
-    raise FileNotFoundError(
+    raise MissingPathError(
         f"{len(missing)} of {total} image file(s) are missing, e.g. {shown}. Check the dataset "
         f"root and that the images were extracted there, or pass check_images=False to index "
         f"the labels without images (no featurizing is possible then)"

@@ -21,6 +21,7 @@ import numpy as np
 
 from featurize.datasets._parse import DatasetFormatError
 from featurize.datasets.voc import VOC_CLASSES  # the order of Cole et al.'s format_pascal.py
+from probe.errors import MissingPathError, SpmlError
 from probe.store.index import DatasetIndex, Phase
 
 # order of ``categories`` in instances_{train,val}2014.json (their format_coco.py)
@@ -69,7 +70,7 @@ def canonical_dataset(dataset: str) -> str:
     """``voc|coco|nus|cub`` (also Cole et al.'s ``pascal`` / ``nuswide``)."""
     name = _ALIASES.get(dataset.lower(), dataset.lower())
     if name not in COLE_DATASETS:
-        raise ValueError(
+        raise SpmlError(
             f"unknown dataset {dataset!r} for Cole et al.'s formatted files; expected one of "
             f"{list(COLE_DATASETS)}"
         )
@@ -80,7 +81,7 @@ def load_npy(path: Path, what: str, *, mmap: bool = False) -> np.ndarray:
     """``np.load`` without pickles, with errors that name the file and what it should hold."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{what}: file {path} not found")
+        raise MissingPathError(f"{what}: file {path} not found")
     try:
         return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
     except ValueError as err:
@@ -117,7 +118,7 @@ def read_class_names(path: Path, n_expected: int | None = None) -> tuple[str, ..
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"class-names file {path} not found")
+        raise MissingPathError(f"class-names file {path} not found")
     lines = path.read_text(encoding="utf-8").splitlines()
     while lines and not lines[-1].strip():
         lines.pop()
@@ -168,7 +169,7 @@ def cole_class_names(
             return read_class_names(root / rel, n), str(root / rel)
     if dataset == "nus":
         return NUS_CLASSES, "NUS-WIDE Concepts81 alphabetical order (no Concepts81.txt found)"
-    raise FileNotFoundError(
+    raise MissingPathError(
         f"CUB attribute names: none of {candidates} exists under {root}; put CUB's "
         "attributes.txt there or pass --class-names FILE (312 names, one per line)"
     )
@@ -185,7 +186,7 @@ def cole_paths(root: Path, *, features: bool) -> dict[str, Path]:
             paths[f"features_{phase}"] = root / FEATURES_FILE.format(prefix)
     missing = [p.name for p in paths.values() if not p.is_file()]
     if missing:
-        raise FileNotFoundError(
+        raise MissingPathError(
             f"{root} lacks Cole et al.'s files {missing}; it should hold "
             f"formatted_{{train,val}}_{{labels,images}}.npy"
             + (" and {train,val}_features_imagenet_resnet50.npy" if features else "")
@@ -205,7 +206,7 @@ def load_cole_formatted(
     """
     root = Path(root)
     if not root.is_dir():
-        raise FileNotFoundError(f"Cole et al. dataset directory {root} not found")
+        raise MissingPathError(f"Cole et al. dataset directory {root} not found")
     dataset = canonical_dataset(dataset)
     names, _ = cole_class_names(
         root, dataset, None if class_names_file is None else Path(class_names_file)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from probe.errors import MissingPathError
 from probe.store.index import DatasetIndex, Phase
 
 from ._parse import (
@@ -47,7 +48,7 @@ def find_cub(root: str | Path) -> Path:
     for cand in (root, root / "CUB_200_2011", root / "CUB_200_2011" / "CUB_200_2011"):
         if (cand / "images.txt").is_file():
             return cand
-    raise FileNotFoundError(
+    raise MissingPathError(
         f"no CUB-200-2011 layout under {root}: expected {root}/images.txt or "
         f"{root}/CUB_200_2011/images.txt; extract CUB_200_2011.tgz there"
     )

@@ -41,6 +41,7 @@ from typing import Literal
 
 import numpy as np
 
+from probe.errors import MissingPathError, SpmlError
 from probe.store.index import DatasetIndex, Phase
 from probe.store.protocol import PROTOCOL_SEED
 
@@ -163,9 +164,9 @@ def _class_list(classes: str | Path | Sequence[str]) -> tuple[tuple[str, ...], s
         names, source = tuple(str(c).strip() for c in classes), "the classes argument"
         dupes = sorted({c for c in names if names.count(c) > 1})
         if dupes:
-            raise ValueError(f"classes: names must be unique, repeated: {dupes}")
+            raise SpmlError(f"classes: names must be unique, repeated: {dupes}")
     if not names:
-        raise ValueError(f"classes: {source} lists no class")
+        raise SpmlError(f"classes: {source} lists no class")
     return names, source
 
 
@@ -190,11 +191,11 @@ def load_folder(
     """
     root = Path(root)
     if not root.is_dir():
-        raise FileNotFoundError(f"image folder not found: {root} is not a directory")
+        raise MissingPathError(f"image folder not found: {root} is not a directory")
     if empty not in ("error", "keep", "drop"):
-        raise ValueError(f"empty: expected 'error', 'keep' or 'drop', got {empty!r}")
+        raise SpmlError(f"empty: expected 'error', 'keep' or 'drop', got {empty!r}")
     if not 0.0 < test_fraction < 1.0:
-        raise ValueError(f"test_fraction: expected a number in (0, 1), got {test_fraction!r}")
+        raise SpmlError(f"test_fraction: expected a number in (0, 1), got {test_fraction!r}")
     known, source = _class_list(classes) if classes is not None else ((), "")
     if annotations is None:
         ann = find_file(
@@ -203,7 +204,7 @@ def load_folder(
             "pass annotations=PATH to name a CSV or JSON-lines file",
         )
         if ann.suffix == ".csv" and (root / "labels.jsonl").is_file():
-            raise ValueError(
+            raise SpmlError(
                 f"annotations: both {ann} and {root / 'labels.jsonl'} exist; pass "
                 f"annotations=PATH to choose one"
             )
@@ -214,7 +215,7 @@ def load_folder(
     elif ann.suffix.lower() in _JSON_SUFFIXES:
         rows = _read_jsonl(ann)
     else:
-        raise ValueError(
+        raise SpmlError(
             f"annotations: cannot tell the format of {ann} from its suffix; name it .csv "
             f"(path,labels[,split]) or .jsonl (one JSON object a line)"
         )

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from probe.errors import MissingPathError
 from probe.store.index import DatasetIndex, Phase
 
 from ._parse import (
@@ -43,7 +44,7 @@ def find_voc2012(root: str | Path) -> Path:
     for cand in (root / "VOCdevkit" / "VOC2012", root / "VOC2012", root):
         if (cand / "ImageSets" / "Main").is_dir():
             return cand
-    raise FileNotFoundError(
+    raise MissingPathError(
         f"no VOC 2012 layout under {root}: expected {root}/VOCdevkit/VOC2012/ImageSets/Main/ "
         f"(root may also be the VOCdevkit or VOC2012 folder itself); extract "
         f"VOCtrainval_11-May-2012.tar there"

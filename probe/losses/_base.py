@@ -25,6 +25,8 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from probe.errors import SpmlError
+
 __all__ = [
     "EntrywiseLoss",
     "HParam",
@@ -44,7 +46,7 @@ __all__ = [
 ]
 
 
-class LossInputError(ValueError):
+class LossInputError(SpmlError):
     """Bad input to a loss: the message names the argument, what was expected and what arrived."""
 
 

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from probe.errors import SpmlError
+
 from ._base import (
     EntrywiseLoss,
     HParam,
@@ -156,7 +158,7 @@ class EPR(Loss):
     def forward(self, logits: Tensor, observed: Tensor, index: Tensor | None = None) -> LossOutput:
         k = self.hparam("k")
         if k is None:
-            raise ValueError(
+            raise SpmlError(
                 "epr: hyperparameter 'k' (expected positives per image) is not set; pass k=… or "
                 "let the trainer fill it from the dataset"
             )

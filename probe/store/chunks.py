@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from probe.errors import SpmlError
 from probe.store.errors import StoreDamaged
 
 FEATURE_ARRAYS: tuple[str, ...] = ("features", "features_flip")
@@ -160,7 +161,7 @@ class RowChunks:
             if out is None:
                 out = np.empty((n, self.dim), self.dtype)
             elif out.shape != (n, self.dim) or out.dtype != self.dtype:
-                raise ValueError(
+                raise SpmlError(
                     f"read {self.name}: out must be {self.dtype} of shape {(n, self.dim)}, got "
                     f"{out.dtype} {out.shape}"
                 )

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from probe.errors import SpmlError
 
-class StoreError(ValueError):
+
+class StoreError(SpmlError):
     """A feature store is missing, malformed, incomplete, or used the wrong way."""
 
 

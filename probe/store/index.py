@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from probe.errors import SpmlError
+
 
 @dataclass(frozen=True)
 class Phase:
@@ -22,7 +24,7 @@ class Phase:
     def __post_init__(self) -> None:
         n = len(self.image_ids)
         if self.labels.ndim != 2 or self.labels.shape[0] != n or len(self.paths) != n:
-            raise ValueError(
+            raise SpmlError(
                 f"Phase: image_ids ({n}), paths ({len(self.paths)}) and labels "
                 f"{self.labels.shape} must agree in the number of rows"
             )
@@ -46,7 +48,7 @@ class DatasetIndex:
         for phase_name in ("pool", "test"):
             phase = getattr(self, phase_name)
             if phase.labels.shape[1] != c:
-                raise ValueError(
+                raise SpmlError(
                     f"DatasetIndex '{self.name}': {phase_name} labels have "
                     f"{phase.labels.shape[1]} columns but there are {c} class names"
                 )

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from probe.errors import SpmlError
+
 PROTOCOL_SEED: int = 1200  # the seed every SPML paper uses for both the draws and the split
 VAL_FRACTION: float = 0.2  # docs/protocol.md step 3: 20% of the official train split is val
 #: class counts of the benchmark datasets (docs/protocol.md "Official dataset layouts"); the
@@ -36,7 +38,7 @@ def single_positive(labels: np.ndarray, seed: int = PROTOCOL_SEED) -> np.ndarray
     """
     y = np.asarray(labels)
     if y.ndim != 2:
-        raise ValueError(
+        raise SpmlError(
             f"single_positive: labels must be a 2-D (N, C) matrix, got shape {y.shape}"
         )
     rng = np.random.RandomState(seed)
@@ -61,9 +63,9 @@ def split_indices(
     is then empty, which is what a zero fraction means.)
     """
     if n < 0:
-        raise ValueError(f"split_indices: n must be >= 0, got {n}")
+        raise SpmlError(f"split_indices: n must be >= 0, got {n}")
     if not 0.0 <= fraction < 1.0:
-        raise ValueError(f"split_indices: fraction must be in [0, 1), got {fraction}")
+        raise SpmlError(f"split_indices: fraction must be in [0, 1), got {fraction}")
     n_second = round(fraction * n)
     perm = np.random.RandomState(seed).permutation(n)
     first = np.sort(perm[: n - n_second]).astype(np.int64)
@@ -93,14 +95,14 @@ def budget_positive(labels: np.ndarray, seed: int = PROTOCOL_SEED, *, k: int = 1
     fresh generator), nested in the same way; an unlabelled image is all ``0`` (unknown).
     """
     if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
-        raise ValueError(f"budget_positive: k (positives kept per image) must be an int >= 1; "
+        raise SpmlError(f"budget_positive: k (positives kept per image) must be an int >= 1; "
                          f"got {k!r}")
     if not 0.0 < float(fraction) <= 1.0:
-        raise ValueError(f"budget_positive: fraction (of images labelled) must lie in (0, 1]; "
+        raise SpmlError(f"budget_positive: fraction (of images labelled) must lie in (0, 1]; "
                          f"got {fraction!r}")
     y = np.asarray(labels)
     if y.ndim != 2:
-        raise ValueError(f"budget_positive: labels must be a 2-D (N, C) matrix, got {y.shape}")
+        raise SpmlError(f"budget_positive: labels must be a 2-D (N, C) matrix, got {y.shape}")
     rng = np.random.RandomState(seed)
     observed = np.zeros(y.shape, dtype=np.int8)
     for i in range(y.shape[0]):

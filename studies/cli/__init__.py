@@ -18,8 +18,10 @@ Where each command lives (a module per package, or per command group in :mod:`st
 Each module exposes ``register_cli(sub, bench)``; a command is a thin function
 ``func(args) -> int`` over library functions that return results. Argument helpers shared by
 all of them are in :mod:`probe.cliargs`. Building the parser imports no torch, so ``--help``
-is instant. User errors (``ValueError`` subclasses, missing files) print as one line,
-``spml <command>: error: …``, and exit with status 2; set ``SPML_DEBUG=1`` for the traceback.
+is instant. User errors (:class:`probe.SpmlError`) and the environment's (``OSError``: a
+missing path, a permission, a full disk) print as one line, ``spml <command>: error: …``, and
+exit with status 2 (``SPML_DEBUG=1`` shows their traceback); anything else is a bug in
+spml-probe and prints its traceback with a request to report it, exit status 1.
 """
 
 from __future__ import annotations
@@ -28,9 +30,11 @@ import argparse
 import importlib
 import os
 import sys
+import traceback
 from collections.abc import Callable
 
 from probe import __version__
+from probe.errors import SpmlError
 
 # modules that add subcommands, in the order they appear in ``spml --help``
 COMMAND_MODULES = (
@@ -88,7 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = argv  # a command that starts worker processes repeats its own arguments
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, PermissionError) as err:
+    except (SpmlError, OSError) as err:
+        # a user's mistake (SpmlError) or the environment's (a path, a permission, the disk):
+        # one line naming the cause (a closed pipe, as in `spml losses show gr | head`, is no error)
+        if isinstance(err, BrokenPipeError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
         if os.environ.get("SPML_DEBUG"):
             raise
         print(f"spml {args.command}: error: {err}", file=sys.stderr)
@@ -96,6 +105,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"spml {args.command}: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # the reader went away (spml losses show gr | head): not an error
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+    except Exception:
+        # anything else is a bug in spml-probe, not the user's mistake: show the traceback
+        traceback.print_exc()
+        print(
+            f"spml {args.command}: internal error: this is a bug in spml-probe; please report it "
+            f"with the command that raised it (spml {' '.join(argv)}), spml-probe {__version__}, "
+            "and the traceback above",
+            file=sys.stderr,
+        )
+        return 1

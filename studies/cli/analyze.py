@@ -19,6 +19,7 @@ from probe.cliargs import (
     parse_floats,
     parse_names,
 )
+from probe.errors import SpmlError
 
 _COMMON_EPILOG = """
 Training (store commands): --epochs, --batch-size and --lr default to GR's paper setting for the
@@ -215,10 +216,10 @@ def _hist_epochs(text: str) -> list[int | str]:
         try:
             out.append(int(item))
         except ValueError:
-            raise ValueError(f"--hist-epochs: expected epoch numbers, 'best' or 'last'; got "
+            raise SpmlError(f"--hist-epochs: expected epoch numbers, 'best' or 'last'; got "
                              f"{item!r}") from None
     if not out:
-        raise ValueError(f"--hist-epochs needs at least one epoch; got {text!r}")
+        raise SpmlError(f"--hist-epochs needs at least one epoch; got {text!r}")
     return out
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from probe.cliargs import add_device_argument
+from probe.errors import SpmlError
 
 COMPARE_EPILOG = """\
 examples:
@@ -28,9 +29,9 @@ def _compare(args: argparse.Namespace) -> int:
     from studies.compare import compare_heads, format_comparison
 
     if args.resamples < 100:
-        raise ValueError(f"--resamples: at least 100 for a 95% interval; got {args.resamples}")
+        raise SpmlError(f"--resamples: at least 100 for a 95% interval; got {args.resamples}")
     if not 0.5 <= args.level < 1.0:
-        raise ValueError(f"--level: a coverage in [0.5, 1), e.g. 0.95; got {args.level}")
+        raise SpmlError(f"--level: a coverage in [0.5, 1), e.g. 0.95; got {args.level}")
     cmp = compare_heads(args.heads, store=args.store, labels=args.label,
                         n_resamples=args.resamples, seed=args.seed, level=args.level,
                         device=args.device)

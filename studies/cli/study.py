@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from probe.cliargs import add_device_argument, add_observed_seed_argument
+from probe.errors import SpmlError
 from probe.store.protocol import PROTOCOL_SEED
 
 STUDY_EPILOG = """\
@@ -43,7 +44,7 @@ def _settings(args: argparse.Namespace):
     if args.devices:
         devices = tuple(d.strip() for d in args.devices.split(",") if d.strip())
         if not devices:
-            raise ValueError(
+            raise SpmlError(
                 f"--devices expects DEV1,DEV2,... e.g. cuda:0,cuda:1; got {args.devices!r}"
             )
         from probe.data import resolve_device
