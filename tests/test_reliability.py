@@ -15,7 +15,7 @@ import zarr
 from test_store import BLOCK, PROV, make_features, make_index
 
 from probe.store import StoreDamaged, StoreError, open_store, verify_store, write_feature_store
-from probe.store import store as store_module
+from probe.store import writing as store_module
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -7,7 +7,12 @@ format.
 * :mod:`probe.store.protocol` -- Cole et al.'s single-positive draw and train/val split, and the
   protocol's constants (:data:`PROTOCOL_SEED`, :data:`VAL_FRACTION`);
 * :mod:`probe.store.index` -- :class:`DatasetIndex`, what a dataset adapter hands to the store;
-* :mod:`probe.store.store` -- the Zarr v3 store: create, write in resumable blocks, open and read;
+* :mod:`probe.store.layout` -- the Zarr v3 store's format: its constants and arrays, opening a
+  group of this schema;
+* :mod:`probe.store.writing` -- create a store and write it in resumable blocks, resume or
+  join one, or write in-memory features at once;
+* :mod:`probe.store.reading` -- open a finished store, read it, verify every chunk;
+* :mod:`probe.store.draws` -- add another draw of observed labels to a finished store;
 * :mod:`probe.store.chunks` -- per-chunk checksums, the fast feature read path, damage reports.
 """
 
@@ -22,14 +27,14 @@ _EXPORTS = {
     **dict.fromkeys(("DatasetIndex", "Phase"), "probe.store.index"),
     **dict.fromkeys(("PROTOCOL_SEED", "VAL_FRACTION", "DATASET_CLASSES", "single_positive",
                      "split_indices", "split_pool"), "probe.store.protocol"),
-    **dict.fromkeys(("DTYPES", "SCHEMA_VERSION", "SPLIT_CODES", "BadFeatureRow", "Store",
-                     "StoreError", "StoreNotFoundError", "StoreWriter", "add_observed_seed",
-                     "create_store", "file_sha256", "is_store_dir", "join_store", "open_store",
-                     "resume_store",
-                     "write_feature_store"), "probe.store.store"),
-    **dict.fromkeys(("StoreDamaged",), "probe.store.errors"),
+    **dict.fromkeys(("DTYPES", "SCHEMA_VERSION", "SPLIT_CODES", "file_sha256", "is_store_dir"),
+                    "probe.store.layout"),
+    **dict.fromkeys(("BadFeatureRow", "StoreWriter", "create_store", "join_store", "resume_store",
+                     "write_feature_store"), "probe.store.writing"),
+    **dict.fromkeys(("Store", "open_store", "verify_store"), "probe.store.reading"),
+    "add_observed_seed": "probe.store.draws",
+    **dict.fromkeys(("StoreDamaged", "StoreError", "StoreNotFoundError"), "probe.store.errors"),
     "VerifyReport": "probe.store.chunks",
-    "verify_store": "probe.store.store",
 }
 
 __all__ = [
@@ -68,8 +73,10 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 if TYPE_CHECKING:
     from .chunks import VerifyReport
-    from .errors import StoreDamaged
+    from .draws import add_observed_seed
+    from .errors import StoreDamaged, StoreError, StoreNotFoundError
     from .index import DatasetIndex, Phase
+    from .layout import DTYPES, SCHEMA_VERSION, SPLIT_CODES, file_sha256, is_store_dir
     from .protocol import (
         DATASET_CLASSES,
         PROTOCOL_SEED,
@@ -78,20 +85,12 @@ if TYPE_CHECKING:
         split_indices,
         split_pool,
     )
-    from .store import (
-        DTYPES,
-        SCHEMA_VERSION,
-        SPLIT_CODES,
+    from .reading import Store, open_store, verify_store
+    from .writing import (
         BadFeatureRow,
-        Store,
-        StoreError,
-        StoreNotFoundError,
         StoreWriter,
-        add_observed_seed,
         create_store,
-        file_sha256,
-        is_store_dir,
-        open_store,
+        join_store,
         resume_store,
         write_feature_store,
     )

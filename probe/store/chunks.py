@@ -10,12 +10,12 @@ than through zarr: each chunk file is read by one ``readinto`` straight into the
 (or into a per-thread chunk buffer when only some of its rows are wanted, then gathered), several
 chunks at once on a thread pool (file reads and the CRC release the GIL), the checksum checked on
 the bytes as they lie in memory. zarr's path decodes into a fresh chunk buffer, then copies into
-the output, then :func:`probe.store.store._read_rows` gathered once more (docs/protocol.md
+the output, then :func:`probe.store.reading._read_rows` gathered once more (docs/protocol.md
 "The feature store": size vs load speed).
 
 Any read error is a :class:`StoreDamaged` that names the store, the array and the chunk, and says
 how to repair: re-running the featurize/import that wrote the store rewrites only the damaged
-blocks (:func:`probe.store.store.resume_store`).
+blocks (:func:`probe.store.writing.resume_store`).
 """
 
 from __future__ import annotations

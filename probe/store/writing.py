@@ -1,34 +1,12 @@
-"""The feature store: one Zarr v3 group per dataset x backbone (docs/protocol.md "The feature
-store").
-
-Layout (rows are the pool -- the official train split -- first, then the test phase)::
-
-    features        (N, D) float16 | float32, chunks (block_rows, D), uncompressed, NaN where
-                    never written
-    features_flip   (N, D) the same for horizontally flipped images (optional)
-    labels          (N, C) uint8 full ground truth
-    observed/<seed> (N, C) int8 single positives, drawn per phase (probe.store.protocol)
-    split           (N,)   int8 0=train 1=val 2=test (train/val: split_pool over the pool rows)
-    image_ids       (N,)   strings
-    blocks_done     (n_blocks,) bool, one chunk per block
-    attrs           schema_version, dataset, class_names, n_pool, n_test, n_unlabeled,
-                    block_rows, observed_seeds, provenance, complete (set last, by finalize)
-
-Crash safety: features are written in blocks aligned with the chunks; a block is marked in
-``blocks_done`` only after its data is written, and ``complete`` is set only by
-:meth:`StoreWriter.finalize` once every block is marked. zarr's local store writes every file
-atomically (temporary file + rename), so a killed writer leaves a store that :func:`resume_store`
-continues and :func:`open_store` refuses -- never one that opens as complete with missing rows.
-A finished store is only read; any number of processes may open it at once.
-"""
+"""Writing a feature store: :func:`create_store` and the :class:`StoreWriter` that writes
+its feature blocks, :func:`resume_store` / :func:`join_store` to continue or share one,
+and :func:`write_feature_store` for in-memory features (the format and its crash safety:
+:mod:`probe.store.layout`)."""
 
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import errno
-import hashlib
-import importlib.metadata
 import json
 import math
 import os
@@ -41,40 +19,27 @@ from typing import Any
 import numpy as np
 import zarr
 
-from probe.store.chunks import (
-    FEATURE_ARRAYS,
-    RowChunks,
-    VerifyReport,
-    checksum_codecs,
-    chunk_label,
-    damage_message,
-    damaged_chunks,
-    group_damage,
-    repair_hint,
-)
-from probe.store.errors import StoreDamaged, StoreError, StoreNotFoundError
+from probe.store.chunks import FEATURE_ARRAYS, checksum_codecs, group_damage
+from probe.store.errors import StoreError
 from probe.store.index import DatasetIndex
-from probe.store.protocol import PROTOCOL_SEED, budget_positive, single_positive, split_pool
-
-SCHEMA_VERSION: int = 1
-SPLIT_CODES: dict[str, int] = {"train": 0, "val": 1, "test": 2}
-DTYPES: tuple[str, ...] = ("float16", "float32")
-# provenance fields that must agree before an interrupted store may be resumed
-RESUME_KEYS: tuple[str, ...] = (
-    "backbone",
-    "weights",
-    "weights_sha256",
-    "transform",
-    "dtype",
-    "source_sha256",
+from probe.store.layout import (
+    _ARRAYS,
+    _ATTRS,
+    _EVERY_CHUNK,
+    DTYPES,
+    REQUIRED_PROVENANCE,
+    RESUME_KEYS,
+    ROW_ARRAYS,
+    SCHEMA_VERSION,
+    SPLIT_CODES,
+    _now,
+    _open_group,
+    _package_versions,
+    _phase_observed,
+    is_store_dir,
 )
-REQUIRED_PROVENANCE: tuple[str, ...] = ("backbone", "weights", "transform")
-_VERSIONED_PACKAGES: tuple[str, ...] = ("torch", "torchvision", "numpy", "zarr")
-_ARRAYS: tuple[str, ...] = ("features", "labels", "split", "image_ids", "blocks_done")
-_ATTRS: tuple[str, ...] = (
-    "dataset", "class_names", "n_pool", "n_test", "n_unlabeled", "feature_dim", "has_flip",
-    "dtype", "block_rows", "observed_seeds", "provenance",
-)  # fmt: skip
+from probe.store.protocol import PROTOCOL_SEED, split_pool
+from probe.store.reading import Store, open_store
 
 
 class BadFeatureRow(StoreError):
@@ -84,118 +49,6 @@ class BadFeatureRow(StoreError):
         super().__init__(message)
         self.row = row
         self.reason = reason
-
-
-# ----------------------------------------------------------------------------- helpers
-
-
-def file_sha256(path: str | Path, *, progress: bool = False, chunk_bytes: int = 8 << 20) -> str:
-    """Hex sha256 of a file (weights, imported source files) for the provenance record; a
-    byte counter on stderr with ``progress`` (for files over 256 MiB; probe.progress)."""
-    from probe.progress import Progress
-
-    path = Path(path)
-    size = path.stat().st_size
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh, Progress(
-        size, f"sha256 {path.name}", "B", enabled=progress and size >= 256 << 20
-    ) as bar:
-        while chunk := fh.read(chunk_bytes):
-            digest.update(chunk)
-            bar.update(len(chunk))
-    return digest.hexdigest()
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-
-
-def _package_versions() -> dict[str, str]:
-    """Installed versions, read from package metadata (no heavy imports such as torch)."""
-    out = {}
-    for name in _VERSIONED_PACKAGES:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = "not installed"
-    return out
-
-
-def is_store_dir(path: str | Path) -> bool:
-    """Whether ``path`` is a Zarr directory (finished or not) -- i.e. something to resume or
-    to replace with ``overwrite``, never a user's other directory."""
-    path = Path(path)
-    return path.is_dir() and (path / "zarr.json").is_file()
-
-
-
-
-def _row_indices(rows: Any, n_rows: int, what: str) -> np.ndarray | None:
-    """``rows`` (None: all, a slice, a boolean mask of length N, or integer indices in any
-    order, repeats allowed) as int64 indices, or None for all rows."""
-    if rows is None:
-        return None
-    if isinstance(rows, slice):
-        return np.arange(n_rows, dtype=np.int64)[rows]
-    idx = np.asarray(rows)
-    if idx.dtype == bool:
-        if idx.shape != (n_rows,):
-            raise StoreError(
-                f"{what}: a boolean row mask must have shape ({n_rows},), got {idx.shape}"
-            )
-        idx = np.nonzero(idx)[0]
-    if idx.ndim != 1 or not (idx.size == 0 or np.issubdtype(idx.dtype, np.integer)):
-        raise StoreError(
-            f"{what}: rows must be None, a slice, a boolean mask or 1-D integer indices; "
-            f"got an array of dtype {idx.dtype} and shape {idx.shape}"
-        )
-    idx = idx.astype(np.int64)
-    if idx.size:
-        lo, hi = int(idx.min()), int(idx.max())
-        if lo < 0 or hi >= n_rows:
-            raise StoreError(f"{what}: row index out of range [0, {n_rows}): min {lo}, max {hi}")
-    return idx
-
-
-def _read_rows(array: Any, rows: Any, n_rows: int, what: str) -> np.ndarray:
-    """Rows of a zarr array in the order asked for (``rows`` as in :func:`_row_indices`).
-
-    Dense index sets read their covering range in one go; sparse ones use zarr's orthogonal
-    selection on the unique sorted rows.
-    """
-    if isinstance(rows, slice):
-        return array[rows]
-    idx = _row_indices(rows, n_rows, what)
-    if idx is None:
-        return array[:]
-    if idx.size == 0:
-        return np.empty((0, *array.shape[1:]), dtype=array.dtype)
-    lo, hi = int(idx.min()), int(idx.max())
-    if hi - lo + 1 <= 4 * idx.size:  # dense enough: one contiguous read, then gather in memory
-        return array[lo : hi + 1][idx - lo]
-    uniq = np.unique(idx)
-    return array.oindex[uniq][np.searchsorted(uniq, idx)]
-
-
-def _guarded(path: Path, group: zarr.Group, name: str, read: Any) -> Any:
-    """``read()`` of array ``name``; a failure that is damage becomes a :class:`StoreDamaged`
-    naming the store, the array and the (first) damaged chunk, and how to repair."""
-    try:
-        return read()
-    except StoreError:
-        raise
-    except Exception as err:  # zarr/codec errors: checksum mismatch, truncated zstd, …
-        damage = damaged_chunks(path, name, group[name])
-        if damage:
-            first = damage[0]
-            more = f"; {len(damage) - 1} more damaged chunks" if len(damage) > 1 else ""
-            raise StoreDamaged(
-                damage_message(path, name, chunk_label(first.chunk), first.reason + more)
-            ) from None
-        raise StoreDamaged(
-            f"{path}: reading array {name!r} failed ({type(err).__name__}: {err}); "
-            f"{repair_hint(path)}"
-        ) from None
 
 
 # ----------------------------------------------------------------------------- writing
@@ -228,29 +81,6 @@ def _check_provenance(provenance: dict, dtype: str) -> dict:
     return prov
 
 
-def _phase_observed(labels_pool: np.ndarray, labels_test: np.ndarray, seed: int,
-                    budget: dict | None = None) -> np.ndarray:
-    """``observed/<seed>``: single positives drawn per phase, each phase re-seeded; with a
-    label ``budget`` (``{"k", "fraction"}``), ``k`` positives on a ``fraction`` of the images
-    (:func:`probe.store.protocol.budget_positive`, the same walk)."""
-    if budget is not None and not _is_protocol(budget):
-        k, fraction = int(budget["k"]), float(budget["fraction"])
-        return np.concatenate([budget_positive(labels_pool, seed, k=k, fraction=fraction),
-                               budget_positive(labels_test, seed, k=k, fraction=fraction)])
-    return np.concatenate([single_positive(labels_pool, seed), single_positive(labels_test, seed)])
-
-
-PROTOCOL_BUDGET: dict = {"k": 1, "fraction": 1.0}  # one positive per image, every image
-
-
-def _is_protocol(budget: dict) -> bool:
-    return int(budget["k"]) == 1 and float(budget["fraction"]) == 1.0
-
-
-# every chunk of a small array gets a file, even an all-zero one: a missing file is then damage
-_EVERY_CHUNK: dict = {"write_empty_chunks": True}
-# the arrays that follow from the DatasetIndex alone (rewritten when found damaged)
-ROW_ARRAYS: tuple[str, ...] = ("labels", "split", "image_ids")
 
 
 def _write_row_arrays(
@@ -607,35 +437,6 @@ class StoreWriter:
         return open_store(self.path)
 
 
-def _open_group(path: str | Path, mode: str) -> tuple[Path, zarr.Group]:
-    path = Path(path)
-    if not path.exists():
-        raise StoreNotFoundError(f"feature store {path} does not exist")
-    if not is_store_dir(path):
-        raise StoreError(f"{path} is not a Zarr feature store (no zarr.json in it)")
-    try:
-        group = zarr.open_group(path, mode=mode)
-    except Exception as err:  # zarr raises several types for unreadable metadata
-        raise StoreError(f"cannot open {path} as a Zarr v3 group: {err}") from None
-    version = group.attrs.get("schema_version")
-    if version is None:
-        raise StoreError(
-            f"{path} is not a finished spml-probe store (no schema_version attribute): its "
-            "creation was interrupted or it was written by another tool; re-create it with "
-            "--overwrite"
-        )
-    if version != SCHEMA_VERSION:
-        raise StoreError(
-            f"{path} has store schema version {version}; this spml-probe reads version "
-            f"{SCHEMA_VERSION}. Re-create the store with this version (featurize or import with "
-            "--overwrite) or use the spml-probe version that wrote it"
-        )
-    missing = [a for a in _ATTRS if a not in group.attrs]
-    if missing:
-        raise StoreError(f"{path} lacks store attributes {missing}; re-create it with --overwrite")
-    return path, group
-
-
 def resume_store(path: str | Path, provenance: dict) -> StoreWriter:
     """Writer for an interrupted or damaged store, to write its pending (or damaged) blocks.
 
@@ -853,278 +654,3 @@ def _check_same_rows(
             "shape than this input; pass --overwrite to start again"
         )
 
-
-def add_observed_seed(path: str | Path, seed: int, *, k: int = 1, fraction: float = 1.0) -> None:
-    """Add another draw of observed labels ``observed/<seed>`` to a complete store.
-
-    Each phase is re-seeded with ``seed`` (docs/protocol.md step 2). ``k`` / ``fraction``: a
-    label budget (``k`` positives per image on a ``fraction`` of the images,
-    :func:`probe.store.protocol.budget_positive`; k = 1 on every image is the protocol's
-    single-positive draw), recorded in the ``observed_budgets`` attribute. Every command that
-    takes ``--observed-seed`` then trains on it. A seed already present with the same budget is
-    left alone; with another budget it is an error (a seed names one draw).
-
-    The array is written first and registered in ``observed_seeds`` last, so an interrupted
-    call leaves the store as it was. Not safe against another concurrent
-    ``add_observed_seed`` on the same store (readers are fine).
-    """
-    if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
-        raise StoreError(f"k (observed positives per image, --k) must be an integer >= 1; "
-                         f"got {k!r}")
-    if not isinstance(fraction, int | float) or not 0.0 < float(fraction) <= 1.0:
-        raise StoreError(f"fraction (of images labelled, --fraction) must lie in (0, 1]; got "
-                         f"{fraction!r}")
-    budget = {"k": int(k), "fraction": float(fraction)}
-    store = open_store(path)
-    seed = int(seed)
-    if seed in store.observed_seeds():
-        have = store.observed_budget(seed)
-        if have == budget:
-            return
-        raise StoreError(
-            f"{store.path} already holds draw {seed} with {_budget_text(have)}; a seed names one "
-            f"draw, so {_budget_text(budget)} needs another seed (e.g. --seeds "
-            f"{max(store.observed_seeds()) + 1})"
-        )
-    group = zarr.open_group(store.path, mode="r+")
-    labels = group["labels"][:]
-    n_pool = int(group.attrs["n_pool"])
-    group["observed"].create_array(
-        str(seed), data=_phase_observed(labels[:n_pool], labels[n_pool:], seed, budget),
-        overwrite=True, compressors=checksum_codecs(compress=True), config=_EVERY_CHUNK,
-    )
-    if not _is_protocol(budget):
-        group.attrs["observed_budgets"] = {**group.attrs.get("observed_budgets", {}),
-                                           str(seed): budget}
-    group.attrs["observed_seeds"] = sorted([*group.attrs["observed_seeds"], seed])
-
-
-def _budget_text(budget: dict) -> str:
-    if _is_protocol(budget):
-        return "one positive per image (the protocol's draw)"
-    return (f"k={budget['k']} positives per image on {100 * float(budget['fraction']):g}% of "
-            "the images")
-
-
-# ----------------------------------------------------------------------------- reading
-
-
-def open_store(path: str | Path) -> Store:
-    """Open a finished store read-only, after validating it.
-
-    Checks: the path exists, the schema version is known, ``complete`` is set, every block is
-    written, the arrays agree in N (and in C with ``class_names``), and the split puts the pool
-    rows first. Each failure is a :class:`StoreError` saying what is wrong and what to do.
-    """
-    path, group = _open_group(path, "r")
-    attrs = dict(group.attrs)
-    missing = [a for a in _ARRAYS if a not in group]
-    if attrs.get("has_flip") and "features_flip" not in group:
-        missing.append("features_flip")
-    missing += [
-        f"observed/{s}" for s in attrs.get("observed_seeds", []) if f"observed/{s}" not in group
-    ]
-    if missing:
-        raise StoreError(f"{path} lacks arrays {missing}; re-create it with --overwrite")
-    n_rows = int(attrs["n_pool"]) + int(attrs["n_test"])
-    block_rows = int(attrs["block_rows"])
-    n_blocks = math.ceil(n_rows / block_rows)
-    done = _guarded(path, group, "blocks_done", lambda: group["blocks_done"][:])
-    if not attrs.get("complete"):
-        raise StoreError(
-            f"{path} is incomplete ({int(done.sum())} of {len(done)} feature blocks written): "
-            "the featurize/import writing it was interrupted or is still running. Re-run the "
-            "same command to resume it, or pass --overwrite to start again"
-        )
-    n_classes = len(attrs["class_names"])
-    shapes = {
-        "features": (n_rows, int(attrs["feature_dim"])),
-        "labels": (n_rows, n_classes),
-        "split": (n_rows,),
-        "image_ids": (n_rows,),
-        "blocks_done": (n_blocks,),
-        **({"features_flip": (n_rows, int(attrs["feature_dim"]))} if attrs["has_flip"] else {}),
-        **{f"observed/{s}": (n_rows, n_classes) for s in attrs["observed_seeds"]},
-    }
-    for name in ("features", "features_flip") if attrs["has_flip"] else ("features",):
-        if str(group[name].dtype) != attrs["dtype"]:
-            raise StoreError(
-                f"{path}: array {name!r} is {group[name].dtype} but the store says "
-                f"{attrs['dtype']}; the store is corrupt -- re-create it"
-            )
-    for name, want in shapes.items():
-        got = tuple(group[name].shape)
-        if got != want:
-            raise StoreError(
-                f"{path}: array {name!r} has shape {got}, expected {want} (N={n_rows} rows, "
-                f"C={n_classes} classes from class_names); the store is corrupt -- re-create it"
-            )
-    if not done.all():
-        raise StoreError(
-            f"{path} is marked complete but blocks {np.nonzero(~done)[0][:5].tolist()} were "
-            "never written; the store is corrupt -- re-create it with --overwrite"
-        )
-    split = _guarded(path, group, "split", lambda: group["split"][:])
-    n_pool = int(attrs["n_pool"])
-    if not (np.isin(split[:n_pool], (0, 1)).all() and (split[n_pool:] == 2).all()):
-        raise StoreError(f"{path}: the split array does not put the pool rows first; corrupt store")
-    return Store(path, group, attrs, split)
-
-
-class Store:
-    """Read-only view of a complete feature store (open it with :func:`open_store`)."""
-
-    def __init__(self, path: Path, group: zarr.Group, attrs: dict, split: np.ndarray) -> None:
-        self.path = Path(path)
-        self._group = group
-        self._split = split
-        self.attrs: dict = attrs
-        self.provenance: dict = dict(attrs["provenance"])
-        self.dataset: str = attrs["dataset"]
-        self.class_names: list[str] = list(attrs["class_names"])
-        self.n_rows: int = int(split.shape[0])
-        self.n_classes: int = len(self.class_names)
-        self.feature_dim: int = int(attrs["feature_dim"])
-        self.has_flip: bool = bool(attrs["has_flip"])
-        self.dtype: str = str(attrs["dtype"])
-        ids = _guarded(self.path, group, "image_ids", lambda: group["image_ids"][:])
-        self.image_ids: list[str] = [str(s) for s in ids]
-
-    def __repr__(self) -> str:
-        return (
-            f"Store({str(self.path)!r}, dataset={self.dataset!r}, rows={self.n_rows}, "
-            f"classes={self.n_classes}, dim={self.feature_dim}, flip={self.has_flip})"
-        )
-
-    def labels(self, rows: Any = None) -> np.ndarray:
-        """Full ground truth, uint8 ``(len(rows), C)``."""
-        return self._read("labels", rows)
-
-    def observed_seeds(self) -> list[int]:
-        """Seeds of the single-positive draws this store holds."""
-        return sorted(int(s) for s in self.attrs["observed_seeds"])
-
-    def observed_budget(self, seed: int) -> dict:
-        """The label budget of draw ``seed``: ``{"k": 1, "fraction": 1.0}`` for the protocol's
-        single positives, else what ``add_observed_seed(…, k=, fraction=)`` stored."""
-        return dict(self.attrs.get("observed_budgets", {}).get(str(int(seed)), PROTOCOL_BUDGET))
-
-    def observed(self, seed: int = PROTOCOL_SEED, rows: Any = None) -> np.ndarray:
-        """Single-positive labels of draw ``seed``, int8 ``(len(rows), C)``."""
-        if int(seed) not in self.observed_seeds():
-            raise StoreError(
-                f"{self.path} has no single-positive draw for seed {seed}; available seeds: "
-                f"{self.observed_seeds()} (add one with probe.store.add_observed_seed)"
-            )
-        return self._read(f"observed/{int(seed)}", rows)
-
-    def _read(self, name: str, rows: Any) -> np.ndarray:
-        array = self._group[name]
-        return _guarded(
-            self.path, self._group, name, lambda: _read_rows(array, rows, self.n_rows, name)
-        )
-
-    def split(self, name: str) -> np.ndarray:
-        """Sorted int64 row indices of ``"train"``, ``"val"`` or ``"test"``."""
-        if name not in SPLIT_CODES:
-            raise StoreError(f"unknown split {name!r}; expected one of {list(SPLIT_CODES)}")
-        return np.nonzero(self._split == SPLIT_CODES[name])[0].astype(np.int64)
-
-    def features(
-        self, rows: Any = None, flip: bool = False, out: np.ndarray | None = None
-    ) -> np.ndarray:
-        """Features (store dtype) ``(len(rows), D)``; ``flip`` reads the flipped-image ones.
-
-        Chunks are read in parallel straight into the result (or into ``out``, e.g. the
-        ``[:, :D]`` view of a wider tensor's numpy array), each checked against its checksum;
-        a damaged chunk raises :class:`StoreDamaged` naming it (probe.store.chunks)."""
-        return self.features_into([(rows, out)], flip)[0]
-
-    def features_into(
-        self, targets: Sequence[tuple[Any, np.ndarray | None]], flip: bool = False
-    ) -> list[np.ndarray]:
-        """Several :meth:`features` reads ``(rows, out)`` at once, each chunk read once however
-        many targets want rows of it (the train and val rows share the pool's chunks)."""
-        if flip and not self.has_flip:
-            raise StoreError(f"{self.path} holds no flipped features (it was written without them)")
-        name = "features_flip" if flip else "features"
-        array = self._group[name]
-        reader = RowChunks.of(self.path, name, array)
-        if reader is not None:
-            return reader.read_many(
-                [(_row_indices(rows, self.n_rows, name), out) for rows, out in targets]
-            )
-        results = []
-        for rows, out in targets:  # another layout (not written by this package): zarr
-            values = self._read(name, rows)
-            if out is not None:
-                out[...] = values
-            results.append(values if out is None else out)
-        return results
-
-    def summary(self) -> dict:
-        """What ``spml info`` prints: shapes, sizes and label statistics per split, provenance."""
-        labels = self.labels()
-        splits = {}
-        for name in SPLIT_CODES:
-            y = labels[self.split(name)]
-            per_row = y.sum(1)
-            empty = np.nonzero(y.sum(0) == 0)[0]
-            splits[name] = {
-                "rows": int(y.shape[0]),
-                "label_cardinality": round(float(per_row.mean()), 4) if len(y) else 0.0,
-                "rows_without_positive": int((per_row == 0).sum()),
-                "classes_without_positive": int(empty.size),
-                "classes_without_positive_names": [self.class_names[c] for c in empty],
-            }
-        known = {
-            "schema_version",
-            "dataset",
-            "class_names",
-            "n_pool",
-            "n_test",
-            "n_unlabeled",
-            "n_classes",
-            "feature_dim",
-            "has_flip",
-            "dtype",
-            "block_rows",
-            "observed_seeds",
-            "observed_budgets",
-            "split_seed",
-            "provenance",
-            "complete",
-            "completed",
-            "resumed",
-        }
-        disk = sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file())
-        return {
-            "path": str(self.path),
-            "dataset": self.dataset,
-            "schema_version": self.attrs["schema_version"],
-            "complete": bool(self.attrs["complete"]),
-            "completed": self.attrs.get("completed"),
-            "rows": self.n_rows,
-            "classes": self.n_classes,
-            "feature_dim": self.feature_dim,
-            "dtype": self.dtype,
-            "has_flip": self.has_flip,
-            "block_rows": int(self.attrs["block_rows"]),
-            "observed_seeds": self.observed_seeds(),
-            "observed_budgets": {str(s): self.observed_budget(s) for s in self.observed_seeds()
-                                 if not _is_protocol(self.observed_budget(s))},
-            "n_unlabeled": dict(self.attrs["n_unlabeled"]),
-            "splits": splits,
-            "disk_bytes": int(disk),
-            "class_names": self.class_names,
-            "other_attrs": {k: v for k, v in self.attrs.items() if k not in known},
-            "provenance": self.provenance,
-        }
-
-
-def verify_store(path: str | Path) -> VerifyReport:
-    """Read every chunk of every array of a store (finished or not) and report the damaged
-    ones; the store must at least open as a Zarr group with its schema attributes."""
-    path, group = _open_group(path, "r")
-    arrays, damaged = group_damage(path, group)
-    return VerifyReport(path, arrays, damaged)
