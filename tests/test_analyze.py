@@ -1,4 +1,4 @@
-"""``spml analyze`` (studies.analyze, studies.cli.analyze): the GR paper's analyses.
+"""``spml analyze`` (studies.analyses, studies.cli.analyze): the GR paper's analyses.
 
 Numbers against hand-made cases and closed forms (Wasserstein-1 vs scipy and exact shifts,
 confidence buckets, the entry loss/gradient curves of AN, Hill and GR Eq. 18), then every
@@ -19,8 +19,9 @@ import scipy.stats
 import torch
 from PIL import Image
 
-import studies.analysis_figures as F
-import studies.analyze as A
+import studies.analyses as A
+import studies.analyses.common as analyses_common
+import studies.analyses.figures as F
 from probe import ProbeConfig, train_probe
 from probe.data import ProbeData
 from probe.intervals import head_intervals, mean_interval
@@ -238,14 +239,14 @@ def test_sweep_points_and_range_errors():
 
 
 def _count_runs(monkeypatch):
-    """Wrap studies.analyze.train_probe to record (loss, number of stacked trials) per run."""
+    """Wrap studies.analyses.common.train_probe to record (loss, stacked trials) per run."""
     calls = []
 
     def counting(data, config, loss, hparams, **kw):
         calls.append((loss, len(hparams), config.seeds))
         return train_probe(data, config, loss, hparams, **kw)
 
-    monkeypatch.setattr(A, "train_probe", counting)
+    monkeypatch.setattr(analyses_common, "train_probe", counting)
     return calls
 
 
@@ -511,3 +512,17 @@ def test_cli_errors_are_value_errors(store, tmp_path):
             _run([*argv, "--out", str(tmp_path / "x"), *(["--quiet"] if "curves" not in argv
                                                            else [])])
     assert not (tmp_path / "x").exists()
+
+
+def test_old_module_path_is_a_deprecated_alias():
+    """``studies.analyze`` (the analyses' old home) still gives every public name, the very
+    objects of ``studies.analyses``, and warns that it moved."""
+    import importlib
+    import sys
+
+    sys.modules.pop("studies.analyze", None)
+    with pytest.warns(DeprecationWarning, match="studies.analyses"):
+        old = importlib.import_module("studies.analyze")
+    assert sorted(old.__all__) == sorted(A.__all__)
+    for name in A.__all__:
+        assert getattr(old, name) is getattr(A, name), name

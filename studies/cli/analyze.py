@@ -1,4 +1,4 @@
-"""``spml analyze …``: thin argparse layers over :mod:`studies.analyze` (the GR paper's analyses).
+"""``spml analyze …``: thin argparse layers over :mod:`studies.analyses` (the GR paper's analyses).
 
 ``register_analyze_cli(sub)`` adds ``spml analyze ablation | sensitivity | distinguish |
 calibration | curves``. Every command prints its table, then writes ``OUT/<name>.json``,
@@ -116,7 +116,7 @@ def _loss_sets(items: list[str] | None, losses: list[str], lists: bool = False
     from probe.cliargs import parse_sets
     from probe.config import TRAINER_KEYS
     from probe.losses import get_loss_class
-    from studies.analyze import AnalyzeError
+    from studies.analyses import AnalyzeError
 
     out: dict[str, dict[str, Any]] = {name: {} for name in losses}
     known = {name: {s.name for s in get_loss_class(name).hparam_specs} for name in losses}
@@ -162,7 +162,7 @@ def _data(args: argparse.Namespace):
 
 
 def _finish(result, args: argparse.Namespace) -> int:
-    from studies.analysis_figures import write_outputs
+    from studies.analyses.figures import write_outputs
 
     print(result.text())
     paths = write_outputs(result, args.out or f"spml-analysis/{args.analysis}", dpi=args.dpi)
@@ -176,7 +176,7 @@ def _finish(result, args: argparse.Namespace) -> int:
 
 
 def _cmd_ablation(args: argparse.Namespace) -> int:
-    from studies.analyze import ablation_hparams, run_ablation
+    from studies.analyses import ablation_hparams, run_ablation
 
     config = _config(args)
     hp = ablation_hparams(_loss_sets(args.set, ["gr"])["gr"])
@@ -188,7 +188,7 @@ _SWEEP_FLAGS = {"tau": ("tau", "b_T"), "mu": ("mu_T", "sigma_T"), "q2q3": ("q2",
 
 
 def _cmd_sensitivity(args: argparse.Namespace) -> int:
-    from studies.analyze import AnalyzeError, run_sensitivity, sweep_hparams, sweep_points
+    from studies.analyses import AnalyzeError, run_sensitivity, sweep_hparams, sweep_points
 
     config = _config(args)
     x_key, s_key = _SWEEP_FLAGS[args.param]
@@ -224,7 +224,7 @@ def _hist_epochs(text: str) -> list[int | str]:
 
 
 def _cmd_distinguish(args: argparse.Namespace) -> int:
-    from studies.analyze import check_fixed, hist_epochs_for, run_distinguish
+    from studies.analyses import check_fixed, hist_epochs_for, run_distinguish
 
     config = _config(args)
     losses = parse_names(args.loss)
@@ -239,7 +239,7 @@ def _cmd_distinguish(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibration(args: argparse.Namespace) -> int:
-    from studies.analyze import AnalyzeError, check_fixed, run_calibration
+    from studies.analyses import AnalyzeError, check_fixed, run_calibration
 
     config = _config(args)
     names = parse_names(args.loss)
@@ -254,7 +254,7 @@ def _cmd_calibration(args: argparse.Namespace) -> int:
 
 def _cmd_curves(args: argparse.Namespace) -> int:
     from probe.cliargs import parse_ints
-    from studies.analyze import loss_curves
+    from studies.analyses import loss_curves
 
     losses = parse_names(args.loss)
     at = parse_ints(args.at, "--at")
@@ -269,7 +269,7 @@ def _cmd_label_budget(args: argparse.Namespace) -> int:
 
     from probe.cliargs import parse_floats, parse_ints
     from probe.results import write_json_atomic
-    from studies.budget import BudgetConfig, format_budget, label_budget, plot_budget
+    from studies.analyses.label_budget import BudgetConfig, format_budget, label_budget, plot_budget
 
     config = BudgetConfig(
         losses=tuple(parse_names(args.losses)), ks=tuple(parse_ints(args.k, "--k") or ()),
@@ -294,7 +294,7 @@ def _cmd_selection(args: argparse.Namespace) -> int:
 
     from probe.cliargs import parse_ints
     from probe.results import write_json_atomic
-    from studies.selection import (
+    from studies.analyses.selection_check import (
         SelectionCheck,
         check_selection,
         format_selection,

@@ -75,8 +75,8 @@ def check_selection(store_path: str, config: SelectionCheck | None = None, *,
     from probe.data import ProbeData
     from probe.store import open_store
 
-    from .space import build_space
-    from .study import StudySettings, run_study
+    from ..space import build_space
+    from ..study import StudySettings, run_study
 
     cfg = config or SelectionCheck()
     cfg.validate()
@@ -151,7 +151,7 @@ def plot_selection(rows: list[dict[str, Any]], path: str | Path) -> Path:
     """The winner − paper test mAP of every study, a column of points per mode, with the mean."""
     import matplotlib as mpl
 
-    from .plots import DPI, STYLE, new_figure, save_figure
+    from ..plots import DPI, STYLE, new_figure, save_figure
 
     modes = list(dict.fromkeys(r["mode"] for r in rows))
     with mpl.rc_context(STYLE):

@@ -127,7 +127,7 @@ def plot_budget(rows: list[dict[str, Any]], path: str | Path) -> Path:
     import matplotlib as mpl
     import numpy as np
 
-    from .plots import DPI, STYLE, new_figure, save_figure
+    from ..plots import DPI, STYLE, new_figure, save_figure
 
     fractions = list(dict.fromkeys(r["fraction"] for r in rows))
     losses = list(dict.fromkeys(r["loss"] for r in rows))

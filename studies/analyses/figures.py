@@ -1,4 +1,4 @@
-"""Figures of the GR paper's analyses (:mod:`studies.analyze` computes, this module draws), in
+"""Figures of the GR paper's analyses (:mod:`studies.analyses` computes, this module draws), in
 the house style of :mod:`studies.plots` (Agg canvas, one titled PNG per function), and
 :func:`write_outputs`, which writes an analysis's JSON, Markdown tables and figures."""
 
@@ -16,17 +16,13 @@ import numpy as np
 from probe.io import atomic_write_text
 from probe.results import write_json_atomic
 
-from .analyze import (
-    SWEEPS,
-    AblationResult,
-    CalibrationResult,
-    CurvesResult,
-    DistinguishResult,
-    SensitivityResult,
-    k_hat_curve,
-    scar_curve,
-)
-from .plots import BLUE, DPI, GREY, ORANGE, RED, STYLE, new_figure, save_figure
+from ..plots import BLUE, DPI, GREY, ORANGE, RED, STYLE, new_figure, save_figure
+from .ablation import AblationResult
+from .calibration import CalibrationResult
+from .common import k_hat_curve, scar_curve
+from .curves import CurvesResult
+from .distinguish import DistinguishResult
+from .sensitivity import SWEEPS, SensitivityResult
 
 __all__ = [
     "figures",
@@ -88,7 +84,7 @@ def plot_ablation(rows: Sequence[dict[str, Any]], path: str | os.PathLike, *, n_
             means = np.array([r[f"{key}_mean"] for r in rows], dtype=float)
             stds = np.array([r[f"{key}_std"] for r in rows], dtype=float)
             err = stds if n_seeds > 1 else None
-            if key == "test":  # the test mAP's 95% interval (studies.analyze._test_interval)
+            if key == "test":  # the test mAP's 95% interval (analyses.common._test_interval)
                 err = _interval_errors(rows, means)
             ax.barh(pos + off, means, height=h, color=color, label=label, xerr=err, capsize=3)
             for y, m in zip(pos + off, means):

@@ -1,0 +1,408 @@
+"""What the GR paper's analyses share (:mod:`studies.analyses`): their input error, the
+numbers (Wasserstein-1, confidence buckets, the k̂ and Eq. 6 curves), seeds, mean ± std,
+tables, the training settings and runs, the result objects' base class, and the
+confidences of unannotated entries."""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import unicodedata
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from probe.config import TRAINER_KEYS, ProbeConfig
+from probe.data import ProbeData
+from probe.errors import SpmlError
+from probe.intervals import attach_test_intervals, mean_interval
+from probe.loop import init_head
+from probe.losses import get_loss_class
+from probe.losses._base import check_hparams
+from probe.results import ProbeResult
+from probe.train import train_probe
+
+
+class AnalyzeError(SpmlError):
+    """Bad input to an analysis: the message names the argument, what was expected and got."""
+
+
+# --------------------------------------------------------------------------------------------
+# numbers: Wasserstein-1, confidence buckets, the k̂ and Eq. 6 curves
+# --------------------------------------------------------------------------------------------
+
+
+def wasserstein_1d(u: Tensor | np.ndarray | Sequence[float],
+                   v: Tensor | np.ndarray | Sequence[float]) -> float:
+    """Exact Wasserstein-1 distance of two 1-D empirical distributions (paper Fig. 3a).
+
+    W1 = ∫ |F_u(x) − F_v(x)| dx, evaluated exactly between consecutive sorted sample values
+    (the sorted-CDF formula; equals ``scipy.stats.wasserstein_distance`` without weights).
+    Computed in float64 on the inputs' device.
+    """
+    a = torch.as_tensor(u).detach().to(torch.float64).flatten()
+    b = torch.as_tensor(v).detach().to(device=a.device, dtype=torch.float64).flatten()
+    if a.numel() == 0 or b.numel() == 0:
+        raise AnalyzeError(
+            f"wasserstein_1d needs two non-empty samples; got {a.numel()} and {b.numel()} values"
+        )
+    if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
+        raise AnalyzeError("wasserstein_1d: the samples contain NaN or inf")
+    a, b = a.sort().values, b.sort().values
+    both = torch.cat([a, b]).sort().values
+    deltas = both.diff()
+    cdf_a = torch.searchsorted(a, both[:-1], right=True).to(torch.float64) / a.numel()
+    cdf_b = torch.searchsorted(b, both[:-1], right=True).to(torch.float64) / b.numel()
+    return float(((cdf_a - cdf_b).abs() * deltas).sum())
+
+
+@dataclass(frozen=True)
+class BucketStats:
+    """Entries grouped by confidence into ``n`` equal buckets of [0, 1] (paper Appendix E.3).
+
+    ``rate[i]`` = positives / count of bucket i, i.e. FN/(FN+TN) when the entries are the
+    unannotated ones (NaN for an empty bucket); ``mean_p[i]`` the mean confidence inside it.
+    """
+
+    edges: np.ndarray  # (n + 1,)
+    counts: np.ndarray  # (n,) int
+    positives: np.ndarray  # (n,) int
+    rate: np.ndarray  # (n,) float, NaN where empty
+    mean_p: np.ndarray  # (n,) float, NaN where empty
+
+    def to_dict(self) -> dict[str, list]:
+        return {k: _json_floats(v) for k, v in asdict(self).items()}
+
+
+def bucket_rates(p: Tensor | np.ndarray, truth: Tensor | np.ndarray,
+                 n_buckets: int = 100) -> BucketStats:
+    """Bucket confidences ``p`` ∈ [0, 1] into ``n_buckets`` equal intervals ([i/n, (i+1)/n),
+    the last one closed) and count the entries and the true positives (``truth`` 1/True) in
+    each (Fig. 5: FN/(FN+TN) per bucket when the entries are the unannotated ones)."""
+    if isinstance(n_buckets, bool) or not isinstance(n_buckets, int) or n_buckets < 1:
+        raise AnalyzeError(f"n_buckets must be a positive integer; got {n_buckets!r}")
+    pt = torch.as_tensor(p).detach().to(torch.float64).flatten().cpu()
+    yt = torch.as_tensor(truth).detach().flatten().cpu().to(torch.float64)
+    if pt.shape != yt.shape:
+        raise AnalyzeError(
+            f"bucket_rates: p has {pt.numel()} values but truth has {yt.numel()}"
+        )
+    if pt.numel() and (pt.isnan().any() or pt.min() < 0 or pt.max() > 1):
+        raise AnalyzeError("bucket_rates: confidences must lie in [0, 1] (no NaN)")
+    idx = (pt * n_buckets).floor().clamp(0, n_buckets - 1).long()
+    counts = torch.bincount(idx, minlength=n_buckets)
+    positives = torch.bincount(idx, weights=yt, minlength=n_buckets)
+    sum_p = torch.bincount(idx, weights=pt, minlength=n_buckets)
+    denom = counts.to(torch.float64)
+    empty = counts == 0
+    rate = torch.where(empty, math.nan, positives / denom.clamp_min(1))
+    mean_p = torch.where(empty, math.nan, sum_p / denom.clamp_min(1))
+    return BucketStats(
+        edges=np.linspace(0.0, 1.0, n_buckets + 1),
+        counts=counts.numpy().astype(np.int64),
+        positives=positives.round().numpy().astype(np.int64),
+        rate=rate.numpy(),
+        mean_p=mean_p.numpy(),
+    )
+
+
+def k_hat_curve(p: np.ndarray | float, w: float, b: float) -> np.ndarray:
+    """GR's soft pseudo-label k̂(p) = σ(w·p + b) (paper Eq. 7)."""
+    return 1.0 / (1.0 + np.exp(-(w * np.asarray(p, dtype=float) + b)))
+
+
+def scar_curve(p: np.ndarray | float, a: float) -> np.ndarray:
+    """Eq. 6: k(x) = (1−a)·p / (1 − a·p), the probability that an unannotated entry with
+    P(y=1 | x) = p is a false negative when labels are selected completely at random with
+    a = P(s=1 | y=1)."""
+    if not 0 < a <= 1:
+        raise AnalyzeError(f"scar_curve: a = P(s=1 | y=1) must lie in (0, 1]; got {a!r}")
+    q = np.asarray(p, dtype=float)
+    if a == 1:  # every positive observed: no false negative (and no 0/0 at p = 1)
+        return np.zeros_like(q)
+    return (1 - a) * q / (1 - a * q)
+
+
+def unannotated_truth(data: ProbeData, split: str = "train") -> tuple[Tensor, Tensor, Tensor]:
+    """``(x (N, D+1), mask (N, C) bool, labels (N, C) bool)`` of ``split``'s unflipped rows:
+    ``mask`` marks the unannotated entries (observed 0), ``labels`` the store's full labels.
+
+    Raises :class:`AnalyzeError` when the labels hold no positive (or no negative) among the
+    unannotated entries: then the store's labels are only the single positives, not the full
+    ground truth that distinguish / calibration need.
+    """
+    if split == "train":
+        x, obs, lab = data.train_x[: data.n_train], data.train_observed, data.train_labels
+    elif split == "val":
+        x, obs, lab = data.val_x, data.val_observed, data.val_labels
+    else:
+        raise AnalyzeError(f"split must be 'train' or 'val'; got {split!r}")
+    mask = obs == 0
+    truth = lab.bool()
+    n_pos = int((mask & truth).sum())
+    n_neg = int((mask & ~truth).sum())
+    if n_pos == 0 or n_neg == 0:
+        where = data.source.get("path", data.dataset)
+        raise AnalyzeError(
+            f"store {where}: among the {int(mask.sum())} unannotated {split} entries the labels "
+            f"have {n_pos} positives and {n_neg} negatives, so the store has no full ground "
+            "truth beyond the single positives (its labels equal the observed ones); this "
+            "analysis needs a store built from fully annotated data (e.g. 'spml import yeast', "
+            "a VOC/COCO/NUS/CUB featurize, or 'spml import arrays' with full label matrices)"
+        )
+    return x, mask, truth
+
+
+# --------------------------------------------------------------------------------------------
+# shared helpers: seeds, mean ± std, tables, hyperparameters, training settings
+# --------------------------------------------------------------------------------------------
+
+
+def _seeds(config: ProbeConfig) -> tuple[int, ...]:
+    return tuple(config.seeds) if config.seeds is not None else (config.seed,)
+
+
+def _finite_or_nan(v: Any) -> float:
+    return float(v) if isinstance(v, int | float) and math.isfinite(v) else math.nan
+
+
+def _mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for one value), as ``spml study confirm``."""
+    vals = [_finite_or_nan(v) for v in values]
+    if not vals:
+        return math.nan, math.nan
+    mean = statistics.fmean(vals)
+    return mean, (statistics.stdev(vals) if len(vals) > 1 else 0.0)
+
+
+def _pm(mean: float, std: float, n: int) -> str:
+    if not math.isfinite(mean):
+        return "nan"
+    return f"{mean:.2f} ± {std:.2f}" if n > 1 else f"{mean:.2f}"
+
+
+def _json_floats(values: Any) -> list:
+    """NumPy / tensor values as JSON-safe lists (NaN → None)."""
+    arr = np.asarray(values.cpu() if isinstance(values, Tensor) else values)
+    out = arr.tolist()
+
+    def clean(v: Any) -> Any:
+        if isinstance(v, list):
+            return [clean(x) for x in v]
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        return v
+
+    return clean(out)
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence[str]],
+                 markdown: bool = False) -> str:
+    """A text table: space-aligned columns for the terminal, or a GitHub Markdown table
+    (first column left-aligned, the others right-aligned)."""
+    if markdown:
+        def cell(s: str) -> str:
+            return str(s).replace("|", "\\|").replace("\n", " ")
+
+        lines = ["| " + " | ".join(cell(h) for h in header) + " |",
+                 "|" + "|".join(":--" if i == 0 else "--:" for i in range(len(header))) + "|"]
+        lines += ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
+        return "\n".join(lines)
+    def width(s: str) -> int:  # combining marks (the hat of k̂) take no column
+        return sum(not unicodedata.combining(ch) for ch in s)
+
+    def pad(s: str, w: int, left: bool) -> str:
+        fill = " " * (w - width(s))
+        return s + fill if left else fill + s
+
+    table = [[str(c) for c in header], *[[str(c) for c in r] for r in rows]]
+    widths = [max(width(r[i]) for r in table) for i in range(len(header))]
+    return "\n".join("  ".join(pad(c, w, i == 0) for i, (c, w) in enumerate(zip(r, widths)))
+                     for r in table)
+
+
+#: GR's structural ablation switches (paper Table 3)
+GR_SWITCHES = ("use_k", "use_v", "robust", "learn_kv")
+
+
+def check_fixed(loss: str, hparams: dict[str, Any] | None, forbidden: Iterable[str] = (),
+                 why: str = "") -> dict[str, Any]:
+    """Validate single-valued hyperparameters for ``loss`` (names, ranges; trainer keys lr /
+    weight_decay allowed) and refuse the ones the analysis sets itself."""
+    hparams = dict(hparams or {})
+    for key in forbidden:
+        if key in hparams:
+            raise AnalyzeError(f"--set {key}: {why or 'this analysis sets it itself'}")
+    for key, value in hparams.items():
+        if isinstance(value, list | tuple):
+            raise AnalyzeError(
+                f"--set {key}: takes one value here; got {len(value)} ({value!r})"
+            )
+    cls = get_loss_class(loss)
+    check_hparams(cls.hparam_specs, {k: v for k, v in hparams.items() if k not in TRAINER_KEYS},
+                  cls.name)
+    for key in TRAINER_KEYS:
+        if key in hparams:
+            v = hparams[key]
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or (
+                v < 0 or (key == "lr" and v == 0)
+            ):
+                want = "positive" if key == "lr" else "non-negative"
+                raise AnalyzeError(f"--set {key}: must be a {want} number; got {v!r}")
+    return hparams
+
+
+def _pin_training(config: ProbeConfig, result: ProbeResult) -> ProbeConfig:
+    """The config with batch size, lr and epochs fixed to what ``result`` resolved, so every
+    run of an analysis trains with the same settings (a loss without presets would otherwise
+    fall back to the generic ones)."""
+    cfg = result.config
+    return replace(config, batch_size=int(cfg["batch_size"]), lr=float(cfg["lr"]),
+                   epochs=int(cfg["epochs"]))
+
+
+def _settings(data: ProbeData, result: ProbeResult, seeds: Sequence[int]) -> dict[str, Any]:
+    cfg = result.config
+    return {
+        "store": data.source.get("path", "(arrays)"),
+        "dataset": data.dataset,
+        "n_train": data.n_train,
+        "n_classes": data.n_classes,
+        "batch_size": cfg["batch_size"], "batch_size_from": cfg.get("batch_size_from"),
+        "lr": cfg["lr"], "lr_from": cfg.get("lr_from"),
+        "epochs": cfg["epochs"], "epochs_from": cfg.get("epochs_from"),
+        "optimizer": cfg["optimizer"],
+        "seeds": list(seeds),
+        "observed_seed": cfg["observed_seed"],
+        "flip_used": cfg.get("flip_used"),
+        "device": cfg.get("device"),
+        "use_presets": cfg.get("use_presets"),
+    }
+
+
+def _settings_line(s: dict[str, Any]) -> str:
+    return (f"{s['dataset']} ({s['n_train']} train rows, {s['n_classes']} classes), batch "
+            f"{s['batch_size']}, lr {s['lr']:g}, {s['epochs']} epochs, {s['optimizer']}, "
+            f"seeds {','.join(map(str, s['seeds']))}")
+
+
+def _trial_scores(result: ProbeResult, trials: Sequence[int]) -> dict[str, Any]:
+    """Val / test mAP of one point's trials (its seeds): mean, std, and the test mAP's 95%
+    interval (:func:`_test_interval`)."""
+    vals = [_finite_or_nan(result.trials[t].best.get("val_map")) for t in trials]
+    tests = [_finite_or_nan(result.trials[t].best.get("test_map")) for t in trials]
+    vm, vs = _mean_std(vals)
+    tm, ts = _mean_std(tests)
+    low, high = _test_interval(result, trials, tests)
+    return {"val_mean": vm, "val_std": vs, "test_mean": tm, "test_std": ts,
+            "test_low": low, "test_high": high, "val_maps": vals, "test_maps": tests,
+            "best_epochs": [result.trials[t].best_epoch for t in trials]}
+
+
+def _test_interval(result: ProbeResult, trials: Sequence[int], tests: list[float]
+                   ) -> tuple[float, float]:
+    """95% interval of a point's test mAP: of the mean over its seeds (Student t) when it has
+    several, else over the test images (paired bootstrap, attached by :func:`_train`)."""
+    if len(tests) > 1:
+        iv = mean_interval(tests)
+        return iv.low, iv.high
+    best = result.trials[trials[0]].best
+    return (_finite_or_nan(best.get("test_map_low")), _finite_or_nan(best.get("test_map_high")))
+
+
+def _interval_caption(n_seeds: int) -> str:
+    return ("95% interval of the mean over the seeds (Student t)" if n_seeds > 1 else
+            "95% interval over the test images (paired bootstrap, 1,000 resamples)")
+
+
+def _iv(low: float, high: float) -> str:
+    return f"[{low:.2f}, {high:.2f}]" if math.isfinite(low) and math.isfinite(high) else "-"
+
+
+def _train(data: ProbeData, config: ProbeConfig, loss: str, hparams: Sequence[dict],
+           seeds: Sequence[int], progress: bool) -> ProbeResult:
+    """Every hyperparameter dict × every seed as one stacked run (trial = point·S + seed);
+    with one seed, each trial's test mAP gets its bootstrap interval over the test images."""
+    trials = [dict(h) for h in hparams for _ in seeds]
+    cfg = replace(config, seeds=tuple(s for _ in hparams for s in seeds))
+    result = train_probe(data, cfg, loss, trials, progress=progress)
+    if len(seeds) == 1:
+        attach_test_intervals(result, data)
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# result objects: tables, JSON, Markdown, figures
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Result(ABC):
+    """What every analysis returns: a title, its settings, notes; tables and figures."""
+
+    kind: str = field(init=False, default="")  # names the output files: <kind>.json / .md
+    title: str = field(init=False, default="")
+
+    @abstractmethod
+    def tables(self) -> list[tuple[str, list[str], list[list[str]]]]:
+        """``(caption, header, rows)`` of every table."""
+
+    @abstractmethod
+    def to_dict(self) -> dict[str, Any]:
+        """Everything the analysis measured, JSON-ready (the ``<kind>.json`` file)."""
+
+    def subtitle(self) -> str:
+        s = getattr(self, "settings", None)
+        return _settings_line(s) if s else ""
+
+    def text(self) -> str:
+        """The tables as the terminal shows them."""
+        parts = [f"{self.title}", self.subtitle()]
+        for caption, header, rows in self.tables():
+            parts += ["", caption, format_table(header, rows)]
+        for note in getattr(self, "notes", []):
+            parts.append(f"note: {note}")
+        return "\n".join(p for p in parts if p is not None)
+
+    def markdown(self, figures: Sequence[Path] = (), base: Path | None = None) -> str:
+        lines = [f"# {self.title}", ""]
+        if self.subtitle():
+            lines += [f"_{self.subtitle()}_", ""]
+        for caption, header, rows in self.tables():
+            lines += [f"**{caption}**", "", format_table(header, rows, markdown=True), ""]
+        for path in figures:
+            rel = os.path.relpath(path, base) if base is not None else str(path)
+            lines += [f"![{path.stem}]({rel.replace(os.sep, '/')})", ""]
+        for note in getattr(self, "notes", []):
+            lines += [f"> **Note:** {note}", ""]
+        return "\n".join(lines)
+
+
+
+_ROW_BLOCK = 8192  # rows per product: the float32 copy of a block stays small (COCO: 67 MB)
+
+
+def _masked_probs(x: Tensor, head: Tensor, mask: Tensor) -> Tensor:
+    """σ(x @ head)[mask] for features ``x`` (N, D+1) in their storage dtype and one head
+    (D+1, C), computed in float32 row blocks (row-major order of the masked entries)."""
+    w = head.to(device=x.device, dtype=torch.float32)
+    parts = [torch.sigmoid(x[r0 : r0 + _ROW_BLOCK].float() @ w)[mask[r0 : r0 + _ROW_BLOCK]]
+             for r0 in range(0, x.shape[0], _ROW_BLOCK)]
+    return torch.cat(parts)
+
+
+
+def _init_heads(seeds: Sequence[int], d: int, c: int) -> Tensor:
+    """(T, D+1, C): the untrained heads exactly as the engine draws them (probe.train.init_head)."""
+    out = []
+    for s in seeds:
+        weight, bias = init_head(s, d, c)
+        out.append(torch.cat([weight.T, bias[None]]))
+    return torch.stack(out)

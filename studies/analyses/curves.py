@@ -1,0 +1,214 @@
+"""Fig. 1 of the GR paper: loss and gradient of an entry loss against its logit, on an
+unannotated label and on a positive, at chosen epochs (:func:`loss_curves`, ``spml
+analyze curves``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from probe.losses import LossInputError, create_loss, get_loss_class
+from probe.losses._base import HParam, check_hparams
+from probe.trials import expand_grid
+
+from .common import AnalyzeError, _Result
+
+# --------------------------------------------------------------------------------------------
+# loss and gradient curves (paper Fig. 1)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CurvesResult(_Result):
+    """Fig. 1: per loss, variant and epoch, the entry loss and its gradient w.r.t. the logit on
+    an unannotated label (y=0) and a positive (y=1), as functions of p."""
+
+    p: list[float]
+    curves: list[dict[str, Any]]
+    n_epochs: int
+    classes: int
+    notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.kind = "curves"
+        self.title = "Loss and gradient curves (paper Fig. 1)"
+
+    def subtitle(self) -> str:
+        return (f"per-entry loss ℓ(p) and ∂ℓ/∂z (autograd, z = logit p) over {len(self.p)} "
+                f"values of p; schedules over {self.n_epochs} epochs")
+
+    def tables(self):
+        probes = [0.1, 0.3, 0.5, 0.7, 0.9]
+        p = np.asarray(self.p)
+        idx = [int(np.abs(p - q).argmin()) for q in probes]
+        header = ["curve", *[f"y=0 ∂ℓ/∂z p={p[i]:.2f}" for i in idx],
+                  *[f"y=1 ∂ℓ/∂z p={p[i]:.2f}" for i in idx]]
+        rows = [[c["label"], *[f"{c['grad_y0'][i]:.4f}" for i in idx],
+                 *[f"{c['grad_y1'][i]:.4f}" for i in idx]] for c in self.curves]
+        return [("gradient w.r.t. the logit at a few p (all values in the JSON)", header, rows)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"analysis": "curves", "paper": "GR Loss, IJCAI 2024, Fig. 1", "p": self.p,
+                "n_epochs": self.n_epochs, "classes": self.classes, "curves": self.curves,
+                "notes": self.notes}
+
+
+def _entry_curves(loss_obj: Any, z: Tensor, y: int, classes: int) -> tuple[Tensor, Tensor]:
+    """Per-entry loss and d loss / d z for logits ``z`` (P,) with label ``y``: every entry is
+    its own trial (T = P, one sample, ``classes`` identical columns), so the (T,) loss is the
+    entry loss and autograd gives its derivative."""
+    leaf = z.detach().clone().view(-1, 1, 1).requires_grad_(True)
+    logits = leaf.expand(-1, 1, classes)
+    observed = torch.full((1, classes), y, dtype=torch.int8)
+    with torch.enable_grad():
+        out = loss_obj(logits, observed).loss
+        (grad,) = torch.autograd.grad(out.sum(), leaf)
+    return out.detach().reshape(-1), grad.reshape(-1)
+
+
+def _entrywise_problem(loss_obj: Any, z: Tensor, y: int, classes: int, value: Tensor,
+                       grad: Tensor) -> str | None:
+    """Why the loss is not a function of the entry's own p and label (None when it is): the
+    same entries as one batch must give the mean of the per-entry losses, and an entry's
+    gradient must not change when the other classes of its sample change."""
+    tol = {"rtol": 1e-6, "atol": 1e-9}
+    p_n = z.numel()
+    leaf = z.detach().clone().view(-1, 1).requires_grad_(True)
+    observed = torch.full((p_n, classes), y, dtype=torch.int8)
+    with torch.enable_grad():
+        out = loss_obj(leaf.expand(-1, classes), observed).loss
+        (g,) = torch.autograd.grad(out.sum(), leaf)
+    if not (torch.allclose(out.detach().reshape(()), value.mean(), **tol)
+            and torch.allclose(g.reshape(-1) * p_n, grad, **tol)):
+        return "its loss depends on the other entries of the batch"
+    if classes > 1:
+        leaf = z.detach().clone().view(-1, 1, 1).requires_grad_(True)
+        rest = torch.zeros(p_n, 1, classes - 1, dtype=z.dtype)
+        observed = torch.zeros(1, classes, dtype=torch.int8)
+        observed[0, 0] = y
+        with torch.enable_grad():
+            out = loss_obj(torch.cat([leaf, rest], dim=2), observed).loss
+            (g,) = torch.autograd.grad(out.sum(), leaf)
+        if not torch.allclose(g.reshape(-1) * classes, grad, **tol):
+            return "an entry's gradient depends on the other classes of its sample"
+    return None
+
+
+def loss_curves(
+    losses: Sequence[str],
+    hparams: dict[str, dict[str, Any]] | None = None,
+    *,
+    n_epochs: int = 8,
+    at: Sequence[int] | None = None,
+    points: int = 199,
+    classes: int = 20,
+) -> CurvesResult:
+    """Entry loss ℓ and ∂ℓ/∂z (autograd) of each registered loss on y=0 and y=1 over p ∈
+    (0, 1) (Fig. 1). ``hparams``: per loss, values or lists of values (lists give one curve per
+    combination, e.g. q3 = 0.001, 0.5, 1 for Fig. 1a). ``at``: epochs of the schedule counted
+    from 1 (default: first and last of ``n_epochs``); a loss whose curve does not change over
+    them is drawn once. ``classes``: the sample's class count (WAN weights by 1/(C − 1)).
+
+    Only losses whose entry loss depends on that entry's p and label alone can be drawn so;
+    stateful losses and ones that depend on the batch or the sample's other classes (EPR, ROLE,
+    vPU, ZLPR/OPML, LL after its first epoch, …) raise :class:`AnalyzeError` naming the reason.
+    """
+    if not losses:
+        raise AnalyzeError("--loss: give at least one loss")
+    if isinstance(n_epochs, bool) or not isinstance(n_epochs, int) or n_epochs < 1:
+        raise AnalyzeError(f"--epochs must be a positive integer; got {n_epochs!r}")
+    if isinstance(points, bool) or not isinstance(points, int) or not 3 <= points <= 100_000:
+        raise AnalyzeError(f"--points must be an integer in [3, 100000]; got {points!r}")
+    if isinstance(classes, bool) or not isinstance(classes, int) or classes < 1:
+        raise AnalyzeError(f"--classes must be a positive integer; got {classes!r}")
+    at = list(at) if at is not None else sorted({1, n_epochs})
+    for e in at:
+        if isinstance(e, bool) or not isinstance(e, int) or not 1 <= e <= n_epochs:
+            raise AnalyzeError(f"--at: epochs are counted from 1 to --epochs {n_epochs}; got {e!r}")
+    hparams = hparams or {}
+    unknown = set(hparams) - set(losses)
+    if unknown:
+        raise AnalyzeError(f"hyperparameters given for {sorted(unknown)}, which are not among "
+                           f"the losses {list(losses)}")
+    p = torch.linspace(0.002, 0.998, points, dtype=torch.float64)
+    z = torch.logit(p)
+    curves: list[dict[str, Any]] = []
+    for name in losses:
+        if name == "knn":
+            raise AnalyzeError("--loss knn: the kNN baseline is not a loss")
+        cls = get_loss_class(name)
+        if cls.stateful:
+            raise AnalyzeError(
+                f"--loss {name}: keeps per-example state over the train split, so its loss is "
+                "not a function of p alone; curves draw losses without state"
+            )
+        given = {k: (list(v) if isinstance(v, list | tuple) else [v])
+                 for k, v in hparams.get(name, {}).items()}
+        specs = {s.name: s for s in cls.hparam_specs}
+        for key in given:
+            if key not in specs:
+                check_hparams(cls.hparam_specs, {key: None}, cls.name)  # raises with a hint
+        varied = [k for k, v in given.items() if len(v) > 1]
+        for variant in expand_grid(given):
+            _fill_optional(cls.name, specs, variant)
+            try:
+                obj = create_loss(name, **variant)
+            except LossInputError as err:
+                raise AnalyzeError(f"--set for {name}: {err}") from None
+            obj.setup(torch.zeros(1, classes, dtype=torch.int8), n_epochs=n_epochs)
+            previous = None
+            for e in at:
+                obj.start_epoch(e - 1)
+                entry = {}
+                for y in (0, 1):
+                    value, grad = _entry_curves(obj, z, y, classes)
+                    if not (torch.isfinite(value).all() and torch.isfinite(grad).all()):
+                        raise AnalyzeError(
+                            f"--loss {name}: non-finite loss or gradient on y={y} with "
+                            f"{variant or 'its defaults'} and {classes} classes"
+                        )
+                    why = _entrywise_problem(obj, z, y, classes, value, grad)
+                    if why:
+                        raise AnalyzeError(
+                            f"--loss {name} at epoch {e}: not a per-entry function of p ({why}); "
+                            "curves draw losses whose entry loss depends on that entry's p and "
+                            "label only"
+                        )
+                    entry[f"loss_y{y}"] = value.tolist()
+                    entry[f"grad_y{y}"] = grad.tolist()
+                if previous is not None and entry == previous["data"]:
+                    previous["epochs"].append(e)
+                    continue
+                label = name + "".join(f" {k}={variant[k]:g}" if isinstance(variant[k], float)
+                                       else f" {k}={variant[k]}" for k in varied)
+                previous = {"loss": name, "hparams": dict(variant), "epochs": [e],
+                            "data": entry, "base": label}
+                curves.append(previous)
+    for c in curves:
+        data = c.pop("data")
+        base = c.pop("base")
+        ep = c["epochs"]
+        c["label"] = f"{base} @ epoch {','.join(map(str, ep))}" if _epoch_dependent(
+            curves, c) else base
+        c.update(data)
+    return CurvesResult(p.tolist(), curves, n_epochs, classes)
+
+
+def _epoch_dependent(curves: list[dict[str, Any]], c: dict[str, Any]) -> bool:
+    """True when another curve has the same loss and hyperparameters (so epochs must be named)."""
+    return any(o is not c and o["loss"] == c["loss"] and o["hparams"] == c["hparams"]
+               for o in curves)
+
+
+def _fill_optional(loss: str, specs: dict[str, HParam], variant: dict[str, Any]) -> None:
+    for spec in specs.values():
+        if spec.optional and variant.get(spec.name) is None:
+            raise AnalyzeError(
+                f"--loss {loss}: hyperparameter '{spec.name}' has no default ({spec.doc}); set "
+                f"it with --set {loss}.{spec.name}=VALUE"
+            )
