@@ -144,8 +144,8 @@ def _retrain_top(st: Any, ctx: ReportRuns, device: str, log: Callable[[str], Non
     from probe.evaluate import stacked_logits
     from probe.train import train_probe
 
-    from .compare import compare_scores
-    from .confirm import trained_settings, trial_setup
+    from ..compare import compare_scores
+    from ..confirm import trained_settings, trial_setup
 
     chosen = list(st.complete[:INTERVAL_TOP])
     paper = st.paper

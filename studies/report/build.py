@@ -1,0 +1,108 @@
+"""``build_report``: reads the study, trains the runs it compares against, computes the
+sections and writes ``report.html``, ``report.md`` and the figures."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from probe.io import atomic_write_text
+
+from .data import _commands, _open
+from .render import _Fig, _Note, _render_html, _render_md
+from .runs import train_report_runs
+from .sections import (
+    ReportOptions,
+    _baseline,
+    _comparison_section,
+    _contours,
+    _curves,
+    _history,
+    _importance_section,
+    _importances,
+    _leaderboard,
+    _slices,
+    _summary,
+)
+
+_FIGURE_NAMES = ("history", "importance", "slices", "contours", "learning_curves", "class_ap",
+                 "comparison")
+
+
+@dataclass
+class ReportResult:
+    html_path: Path
+    md_path: Path
+    figures: list[Path]
+    sections: list[str]  # headings written, in order (every one of SECTIONS)
+    skipped: dict[str, str] = field(default_factory=dict)  # heading → why it has no figure
+    baseline_path: Path | None = None  # an_baseline.json, when the baseline was trained
+
+
+
+def _write_text(path: Path, text: str) -> Path:
+    return atomic_write_text(path, text)
+
+
+def build_report(
+    study_dir: str | os.PathLike,
+    *,
+    storage: str | None = None,
+    name: str | None = None,
+    store: str | None = None,
+    out: str | os.PathLike | None = None,
+    options: ReportOptions | None = None,
+    log: Callable[[str], None] | None = None,
+) -> ReportResult:
+    """Write ``report.html``, ``report.md`` and ``figures/*.png`` for the study in ``study_dir``.
+
+    ``storage``: the study's storage when it is not ``study_dir/study.log`` or ``study.db``
+    (e.g. PostgreSQL); ``name``: the study, when the storage holds several; ``store``: the
+    feature store for the AN baseline (default: the path the study recorded); ``out``: where
+    to write (default ``study_dir/report``). Raises FileNotFoundError / :class:`StudyError`
+    (ValueErrors) when ``study_dir`` holds no study or the storage has no such study. A study
+    with no completed trial still gets a report, which says so.
+    """
+    options = options or ReportOptions()
+    options.validate()
+    log = log or (lambda msg: None)
+    study_dir = Path(study_dir)
+    st = _open(study_dir, storage, name)
+    out_dir = Path(out) if out is not None else study_dir / "report"
+    fig_dir = out_dir / "figures"
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    commands = _commands(st, name, store, out_dir)
+    log(f"study {st.study.study_name}: {len(st.trials)} trials; drawing figures")
+    imp, imp_reason = _importances(st, options)
+    ctx, why = train_report_runs(st, store, device=options.device, baseline=options.baseline,
+                                 progress=options.progress, log=log)
+    sections = [
+        _summary(st, commands),
+        _leaderboard(st, options, ctx),
+        _history(st, fig_dir, options),
+        _importance_section(st, imp, imp_reason, fig_dir, options),
+        _slices(st, fig_dir, options),
+        _contours(st, imp, fig_dir, options),
+        _curves(st, fig_dir, options),
+    ]
+    baseline_section, baseline_path = _baseline(st, ctx, why, fig_dir, out_dir, options)
+    sections.append(baseline_section)
+    sections.append(_comparison_section(st, ctx, why, fig_dir, options))
+    figures = [b.path for s in sections for b in s.blocks if isinstance(b, _Fig)]
+    for stem in _FIGURE_NAMES:  # a figure of an earlier report that this one could not draw
+        old = fig_dir / f"{stem}.png"
+        if old.exists() and old not in figures:
+            old.unlink()
+    skipped = {s.title: b.text.removeprefix("Skipped: ").rstrip(".") for s in sections
+               for b in s.blocks if isinstance(b, _Note) and b.kind == "skip"}
+    title = f"Study report: {st.study.study_name}"
+    subtitle = (f"loss {st.loss} on {st.identity.get('dataset', '?')}; {len(st.trials)} trials; "
+                f"{st.storage}")
+    page = _render_html(title, subtitle, sections, options.dpi)
+    html_path = _write_text(out_dir / "report.html", page)
+    md_path = _write_text(out_dir / "report.md", _render_md(title, subtitle, sections, out_dir))
+    return ReportResult(html_path=html_path, md_path=md_path, figures=figures,
+                        sections=[s.title for s in sections], skipped=skipped,
+                        baseline_path=baseline_path)

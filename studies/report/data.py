@@ -1,0 +1,224 @@
+"""What a study report reads: the study (its storage, trials, search space, results and
+confirmations) as one read-only view, and the commands that reproduce the study."""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from dataclasses import MISSING, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import optuna
+import polars as pl
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+    json_to_distribution,
+)
+from optuna.trial import FrozenTrial, TrialState
+
+from probe.errors import MissingPathError
+
+from ..confirm import load_study
+from ..plots import ParamAxis, TrialPoint
+from ..results import read_results
+from ..storage import find_storage, parse_storage
+
+# --------------------------------------------------------------------------------------------
+# reading the study
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Study:
+    study: optuna.Study
+    storage: str  # as given or found, for display and commands (a password is hidden)
+    storage_given: bool  # --storage was given (not found in study_dir)
+    study_dir: Path
+    trials: list[FrozenTrial]
+    points: list[TrialPoint]
+    axes: list[ParamAxis]
+    distributions: dict[str, BaseDistribution]
+    results: dict[int, dict[str, Any]]  # Parquet rows by trial number
+    confirm: list[dict[str, Any]]  # confirm.parquet rows by rank
+    settings: dict[str, Any]
+    loss: str
+    identity: dict[str, Any]  # spml.store
+    notes: list[str]  # what was found wrong with the inputs (and ignored)
+
+    @property
+    def complete(self) -> list[FrozenTrial]:
+        done = [t for t in self.trials if t.state == TrialState.COMPLETE]
+        return sorted(done, key=lambda t: (-t.value, t.number))
+
+    @property
+    def paper(self) -> FrozenTrial | None:
+        return next((t for t in self.trials if t.user_attrs.get("spml:paper")), None)
+
+
+def _open(study_dir: Path, storage: str | None, name: str | None) -> _Study:
+    if not study_dir.is_dir():
+        raise MissingPathError(
+            f"STUDY_DIR {study_dir} is not a folder; pass the folder given to 'spml study --out'"
+        )
+    given = storage is not None
+    storage = storage if given else find_storage(study_dir)
+    spec = parse_storage(storage)
+    study = load_study(storage, name)  # refuses a storage file that is not there
+    trials = study.get_trials(deepcopy=False)
+    attrs = study.user_attrs
+    notes: list[str] = []
+    results = _read_results(study_dir / "results", study.study_name, notes)
+    distributions = _distributions(attrs.get("spml.space"), trials)
+    confirm = _read_confirm(study_dir / "confirm.parquet", trials, notes)
+    return _Study(
+        study=study, storage=spec.display, storage_given=given,
+        study_dir=study_dir, trials=trials,
+        points=[_point(t) for t in trials], axes=[_axis(k, d) for k, d in distributions.items()],
+        distributions=distributions, results=results, confirm=confirm,
+        settings=attrs.get("spml.settings") or {}, loss=attrs.get("spml.loss") or "?",
+        identity=attrs.get("spml.store") or {}, notes=notes,
+    )
+
+
+def _read_results(directory: Path, study_name: str, notes: list[str]) -> dict[int, dict]:
+    if not directory.is_dir():
+        notes.append(f"no results folder {directory}: test mAP and per-class AP are unknown")
+        return {}
+    frame = read_results(directory)
+    if frame.height and "study" in frame.columns:
+        frame = frame.filter(pl.col("study") == study_name)
+    return {int(r["trial"]): r for r in frame.iter_rows(named=True)}
+
+
+def _read_confirm(path: Path, trials: list[FrozenTrial], notes: list[str]) -> list[dict]:
+    """confirm.parquet's rows, when they belong to this study (same trials, same parameters)."""
+    if not path.is_file():
+        return []
+    rows = pl.read_parquet(path).sort("rank").to_dicts()
+    by_number = {t.number: t for t in trials}
+    for row in rows:
+        t = by_number.get(int(row["trial"]))
+        if t is None or json.loads(row["params"]) != t.params:
+            notes.append(
+                f"{path} does not belong to this study (its trial {row['trial']} has other "
+                "parameters); confirmed results are left out -- re-run 'spml study confirm'"
+            )
+            return []
+    return rows
+
+
+def _distributions(space: dict | None, trials: list[FrozenTrial]) -> dict[str, BaseDistribution]:
+    if space:
+        return {k: json_to_distribution(json.dumps(v)) for k, v in space.items()}
+    out: dict[str, BaseDistribution] = {}
+    for t in trials:
+        for k, d in t.distributions.items():
+            out.setdefault(k, d)
+    return out
+
+
+def _axis(name: str, dist: BaseDistribution) -> ParamAxis:
+    if isinstance(dist, CategoricalDistribution):
+        return ParamAxis(name, choices=tuple(dist.choices))
+    return ParamAxis(name, log=bool(getattr(dist, "log", False)))
+
+
+def _point(t: FrozenTrial) -> TrialPoint:
+    iv = t.intermediate_values
+    # steps are epochs counted from 1 (studies made before that, from 0); the first epoch first
+    curve = tuple(iv.get(e) for e in range(min(iv), max(iv) + 1)) if iv else ()
+    finite = [v for v in curve if v is not None and math.isfinite(v)]
+    if t.state == TrialState.COMPLETE:
+        value = t.value
+    elif t.state == TrialState.PRUNED and finite:
+        value = max(finite)
+    else:
+        value = None
+    return TrialPoint(t.number, t.state.name, value, dict(t.params), curve,
+                      bool(t.user_attrs.get("spml:paper")))
+
+
+# --------------------------------------------------------------------------------------------
+# the commands that reproduce the study
+# --------------------------------------------------------------------------------------------
+
+
+def _num(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return repr(v) if isinstance(v, float) else str(v)
+
+
+def _range(dist: BaseDistribution) -> str:
+    if isinstance(dist, CategoricalDistribution):
+        return ",".join(_num(c) for c in dist.choices)
+    assert isinstance(dist, FloatDistribution | IntDistribution)
+    return f"{_num(dist.low)}:{_num(dist.high)}" + (":log" if dist.log else "")
+
+
+def study_command(settings: dict[str, Any]) -> list[str]:
+    """The ``spml study`` command line (argv) that creates this study, from its recorded
+    ``spml.settings``: the flags that set a value other than the default, plus the store, loss,
+    trial counts and output folder. ``spml study`` parses it back to the same settings."""
+    from ..study import StudySettings
+
+    defaults = {f.name: (f.default if f.default is not MISSING else None)
+                for f in fields(StudySettings)}
+    s = settings
+    argv = ["spml", "study", str(s["store"]), "--loss", str(s["loss"]),
+            "--trials", str(s["n_trials"]), "--batch", str(s["batch"])]
+    simple = (("sampler", "--sampler"), ("pruner", "--pruner"), ("storage", "--storage"),
+              ("name", "--name"), ("seed", "--seed"), ("train_seed", "--train-seed"),
+              ("epochs", "--epochs"), ("batch_size", "--batch-size"), ("lr", "--lr"),
+              ("val_labels", "--val-labels"), ("observed_seed", "--observed-seed"),
+              ("device", "--device"), ("heartbeat_seconds", "--heartbeat"),
+              ("grace_seconds", "--grace"), ("workers", "--workers"))
+    for key, flag in simple:
+        v = s.get(key)
+        if v is not None and v != defaults.get(key):
+            argv += [flag, _num(v)]
+    for k, v in (s.get("fixed") or {}).items():
+        argv += ["--set", f"{k}={_num(v)}"]
+    for k, v in (s.get("space") or {}).items():
+        argv += ["--space", f"{k}={_range(json_to_distribution(json.dumps(v)))}"]
+    if s.get("params"):
+        argv += ["--params", ",".join(s["params"])]
+    for k, values in (s.get("grid") or {}).items():
+        argv += ["--grid", f"{k}={','.join(_num(v) for v in values)}"]
+    if s.get("search_lr"):
+        argv.append("--search-lr")
+    for key, flag in (("batch_sizes", "--batch-sizes"), ("epochs_choices", "--epochs-choices")):
+        if s.get(key):
+            argv += [flag, ",".join(str(v) for v in s[key])]
+    if s.get("enqueue_paper") is False:
+        argv.append("--no-paper")
+    return [*argv, "--out", str(s["out"])]
+
+
+def _commands(st: _Study, name: str | None, store: str | None, out: Path) -> list[str]:
+    lines = []
+    if st.settings.get("store") and st.settings.get("loss"):
+        lines.append(shlex.join(study_command(st.settings)))
+    if st.confirm:
+        first = st.confirm[0]
+        seeds = list(dict.fromkeys(int(s) for s in first["seeds"]))
+        draws = list(dict.fromkeys(int(s) for s in first["observed_seeds"]))
+        lines.append(shlex.join([
+            "spml", "study", "confirm", "--storage", st.storage,
+            *(["--name", name] if name else []),
+            "--store", str(store or st.settings.get("store", "STORE")),
+            "--top-k", str(len(st.confirm)), "--seeds", ",".join(map(str, seeds)),
+            "--observed-seeds", ",".join(map(str, draws)), "--out", str(st.study_dir),
+        ]))
+    report = ["spml", "report", str(st.study_dir)]
+    if st.storage_given:
+        report += ["--storage", st.storage]
+    report += [*(["--name", name] if name else []), *(["--store", store] if store else []),
+               "--out", str(out)]
+    lines.append(shlex.join(report))
+    return lines
