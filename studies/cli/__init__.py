@@ -1,19 +1,22 @@
 """The ``spml`` command: one entry point; every subcommand is defined in its package's ``cli``.
 
-Where each command lives (a module per package, or per command group in :mod:`studies.cli`):
+Where each command lives (a module per package, or per command group in :mod:`studies.cli`),
+and the library it is a thin layer over:
 
-==================================================  ===========================================
-``spml featurize | import | info | draw``            :mod:`featurize.cli`
-``spml bench featurize``                             :mod:`featurize.cli`
-``spml losses | probe``, ``spml bench probe``        :mod:`probe.cli`
-``spml study``, ``spml study confirm``               :mod:`studies.cli.study`
-``spml report``                                      :mod:`studies.cli.report`
-``spml export``                                      :mod:`studies.cli.export`
-``spml analyze …``                                   :mod:`studies.cli.analyze`
-``spml compare``                                     :mod:`studies.cli.compare`
-``spml finetune``                                    :mod:`studies.cli.finetune`
-``spml demo``                                        :mod:`studies.cli.demo`
-==================================================  ===========================================
+=============================================  ===========================  =======================
+command                                        defined in                   over the library
+=============================================  ===========================  =======================
+``spml featurize | import | info | draw``      :mod:`featurize.cli`         featurize, probe.store
+``spml bench featurize``                       :mod:`featurize.cli`         featurize.bench
+``spml losses | probe``, ``spml bench probe``  :mod:`probe.cli`             probe
+``spml study``, ``spml study confirm``         :mod:`studies.cli.study`     studies.study, .confirm
+``spml report``                                :mod:`studies.cli.report`    studies.report
+``spml export``                                :mod:`studies.cli.export`    studies.export
+``spml analyze …``                             :mod:`studies.cli.analyze`   studies.analyses
+``spml compare``                               :mod:`studies.cli.compare`   studies.compare
+``spml finetune``                              :mod:`studies.cli.finetune`  studies.finetune
+``spml demo``                                  :mod:`studies.cli.demo`      studies.demo
+=============================================  ===========================  =======================
 
 Each module exposes ``register_cli(sub, bench)``; a command is a thin function
 ``func(args) -> int`` over library functions that return results. Argument helpers shared by
