@@ -1,4 +1,4 @@
-"""``spml featurize``, ``spml import {cole,arrays,yeast}``, ``spml info``, ``spml verify``,
+"""``spml featurize``, ``spml import {cole,arrays,yeast,priors}``, ``spml info``, ``spml verify``,
 ``spml draw`` and ``spml bench featurize``: thin layers over :mod:`featurize.runner`,
 :mod:`featurize.imports`, :mod:`featurize.bench` and :mod:`probe.store`, imported when a command
 runs (``spml --help`` loads neither torch nor zarr)."""
@@ -545,6 +545,12 @@ def format_summary(summary: dict) -> str:
                 f"  {name}: no positive for {_names(sp['classes_without_positive_names'])} "
                 "(AP counts as 0 for them)"
             )
+    for name, rec in s.get("priors", {}).items():  # probe.store.priors
+        prov = rec["provenance"]
+        extras = f", extras {rec['extras']}" if rec["extras"] else ""
+        lines.append(f"prior       {name}: model {prov.get('model')}, temperature "
+                     f"{prov.get('temperature')}, tiles {prov.get('tiles')}{extras}; source "
+                     f"{prov.get('source')}")
     if s["other_attrs"]:
         lines += ["", "attributes"]
         lines += [f"  {k}: {_flat(v)}" for k, v in s["other_attrs"].items()]
@@ -666,6 +672,8 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
     _common(p)
     p.set_defaults(func=_cmd_import_yeast)
 
+    _register_import_priors(isub)
+
     p = sub.add_parser(
         "info",
         help="show what a feature store holds (sizes, splits, labels, provenance)",
@@ -721,3 +729,76 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
     p.add_argument("--fraction", type=float, default=1.0,
                    help="fraction of the images labelled, in (0, 1] (default 1: the protocol)")
     p.set_defaults(func=_cmd_draw)
+
+
+# ----------------------------------------------------------------------------- spml import priors
+
+
+def _key_file(text: str) -> tuple[str, str]:
+    key, sep, path = text.partition("=")
+    if not sep or not key or not path:
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=FILE (e.g. tile_max=max.npy); got {text!r}")
+    return key, path
+
+
+def _tiles(text: str) -> list[int]:
+    rows, sep, cols = text.lower().partition("x")
+    if not sep or not rows.isdigit() or not cols.isdigit() or int(rows) < 1 or int(cols) < 1:
+        raise argparse.ArgumentTypeError(f"expected ROWSxCOLS (e.g. 4x4); got {text!r}")
+    return [int(rows), int(cols)]
+
+
+def _cmd_import_priors(args: argparse.Namespace) -> int:
+    from featurize.priors_import import import_priors
+
+    provenance = {"model": args.model, "prompt_template": args.prompt_template,
+                  "temperature": args.temperature, "tiles": args.tiles}
+    prior = import_priors(args.store, args.name, args.from_path, extras=dict(args.extra or []),
+                          provenance=provenance, class_names_path=args.class_names,
+                          overwrite=args.overwrite)
+    n, c = prior.scores.shape
+    extras = f" and extras {sorted(prior.extras)}" if prior.extras else ""
+    print(f"wrote prior {prior.name!r} to {args.store}: {n} rows x {c} classes{extras}. "
+          f"Train with it: spml probe {args.store} --loss vlpl --priors {prior.name}")
+    return 0
+
+
+def _register_import_priors(isub: argparse._SubParsersAction) -> None:
+    p = isub.add_parser(
+        "priors",
+        help="per-image class scores (CLIP, a teacher) into a store's priors/<name>",
+        description=wrap(
+            "Store per-image class scores computed elsewhere as a named prior of a complete "
+            "store, for the losses that use one (spml probe --loss vlpl|gpr --priors NAME; "
+            "docs/priors.md). --from is an (N, C) .npy matrix in the store's row and class "
+            "order, or a .csv/.parquet table with one column per class name (any order) and "
+            "optionally an image_id column matching the store's image ids. The scores must "
+            "cover every store row (train, val and test), be finite, and (with --class-names) "
+            "be in the store's class order; a refused prior leaves the store untouched. The "
+            "prior is checksummed like the features and listed by 'spml info'."
+        ),
+        epilog="examples:\n"
+        "  spml import priors stores/coco.zarr --name clip --from clip_scores.npy \\\n"
+        "      --model openai/clip-vit-large-patch14-336 --temperature 0.01\n"
+        "  spml import priors stores/coco.zarr --name damp --from global.npy \\\n"
+        "      --extra tile_max=tmax.npy --extra tile_min=tmin.npy --tiles 4x4",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("store", metavar="STORE", help="a complete feature store")
+    p.add_argument("--name", required=True, help="the prior's name (e.g. clip)")
+    p.add_argument("--from", dest="from_path", required=True, metavar="FILE",
+                   help="the scores: .npy (N, C), .csv or .parquet (columns = class names)")
+    p.add_argument("--extra", action="append", type=_key_file, metavar="NAME=FILE",
+                   help="an extra (N, C) array in the same format, e.g. DAMP's global, "
+                   "tile_max and tile_min (repeatable)")
+    p.add_argument("--class-names", metavar="FILE",
+                   help="the .npy columns' class names, one per line (checked against the "
+                   "store's order)")
+    p.add_argument("--model", help="provenance: the model that scored the images")
+    p.add_argument("--prompt-template",
+                   help="provenance: the text prompt, e.g. 'a photo of a {}.'")
+    p.add_argument("--temperature", type=float, help="provenance: the softmax temperature")
+    p.add_argument("--tiles", type=_tiles, metavar="RxC", help="provenance: the tile grid (4x4)")
+    p.add_argument("--overwrite", action="store_true", help="replace a prior of the same name")
+    p.set_defaults(func=_cmd_import_priors)

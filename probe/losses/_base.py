@@ -338,6 +338,13 @@ class Loss(nn.Module):
     # the forward draws on the host or changes tensor shapes between steps (a captured CUDA
     # graph would replay one step's draws): the trainer then never captures the step
     host_per_step: ClassVar[bool] = False
+    # the prior it needs (per-image class scores from a vision-language model, a store's
+    # ``priors/<name>``; docs/priors.md): None = uses none; else what it reads, e.g.
+    # "class scores". The trainer hands the train rows' prior to :meth:`set_prior` once, after
+    # :meth:`setup`; the loss indexes it per batch with ``index`` (like per-example state, shared
+    # by the stacked trials). A loss that needs a prior and gets none is refused before
+    # training (naming ``--priors``), and so is a prior given to a loss with ``prior = None``.
+    prior: ClassVar[str | None] = None
 
     def __init__(self, **hparams: Any) -> None:
         super().__init__()
@@ -416,6 +423,15 @@ class Loss(nn.Module):
         self.n_epochs = int(n_epochs)
         if n_trials is not None:
             self.n_trials = n_trials
+
+    def set_prior(self, scores: Tensor, extras: dict[str, Tensor] | None = None) -> None:
+        """Receive the train split's prior once, after :meth:`setup`: ``scores`` ``(N_train,
+        C)`` float32 in the train rows' order, ``extras`` further ``(N_train, C)`` arrays by
+        name. Losses with :attr:`prior` set override this (``probe.losses._prior``)."""
+        raise LossInputError(
+            f"{self.name}: this loss uses no prior (per-image class scores); drop --priors "
+            "(ProbeConfig.priors) or choose a loss that uses one (vlpl, gpr)"
+        )
 
     def start_epoch(self, epoch: int) -> None:
         """Called at the start of every epoch (0-indexed); schedules update here."""

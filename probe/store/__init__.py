@@ -29,6 +29,7 @@ _EXPORTS = {
                      "write_feature_store"), "probe.store.store"),
     **dict.fromkeys(("StoreDamaged",), "probe.store.errors"),
     "VerifyReport": "probe.store.chunks",
+    **dict.fromkeys(("Prior", "PriorError", "write_prior"), "probe.store.priors"),
     "verify_store": "probe.store.store",
 }
 
@@ -42,6 +43,8 @@ __all__ = [
     "BadFeatureRow",
     "DatasetIndex",
     "Phase",
+    "Prior",
+    "PriorError",
     "Store",
     "StoreDamaged",
     "StoreError",
@@ -60,6 +63,7 @@ __all__ = [
     "split_pool",
     "verify_store",
     "write_feature_store",
+    "write_prior",
 ]
 
 
@@ -70,6 +74,7 @@ if TYPE_CHECKING:
     from .chunks import VerifyReport
     from .errors import StoreDamaged
     from .index import DatasetIndex, Phase
+    from .priors import Prior, PriorError, write_prior
     from .protocol import (
         DATASET_CLASSES,
         PROTOCOL_SEED,
