@@ -29,7 +29,8 @@ _EXPORTS = {
                      "write_feature_store"), "probe.store.store"),
     **dict.fromkeys(("StoreDamaged",), "probe.store.errors"),
     "VerifyReport": "probe.store.chunks",
-    **dict.fromkeys(("Prior", "PriorError", "write_prior"), "probe.store.priors"),
+    **dict.fromkeys(("Prior", "PriorError"), "probe.store.priors"),
+    "write_prior": "probe.store.prior_writer",
     "verify_store": "probe.store.store",
 }
 
@@ -74,7 +75,8 @@ if TYPE_CHECKING:
     from .chunks import VerifyReport
     from .errors import StoreDamaged
     from .index import DatasetIndex, Phase
-    from .priors import Prior, PriorError, write_prior
+    from .prior_writer import write_prior
+    from .priors import Prior, PriorError
     from .protocol import (
         DATASET_CLASSES,
         PROTOCOL_SEED,
