@@ -424,6 +424,32 @@ def test_priors_are_refused_before_training_where_they_do_not_fit():
         train_probe(data, dataclasses.replace(cfg, priors="u"), "vlpl")
 
 
+def test_a_teacher_prior_helps_on_yeast_and_an_unreachable_threshold_is_plain_em(store):
+    """A prior that knows the labels a little (true labels + uniform noise, normalised) lifts
+    VLPL above EM and GPR above GR on the real yeast set; a threshold above every score leaves
+    VLPL EM (the same heads, to float rounding: the terms are computed by other ops)."""
+    from probe import load_store
+
+    s = open_store(store)
+    labels = s.labels().astype(np.float32)
+    noisy = labels + np.random.default_rng(0).random(labels.shape).astype(np.float32)
+    write_prior(store, "teacher", noisy / noisy.sum(1, keepdims=True), {"model": "teacher"})
+    data = load_store(store, device="cpu", priors="teacher")
+    cfg = ProbeConfig(epochs=3, batch_size=32, lr=1e-3, priors="teacher")
+    bare = dataclasses.replace(cfg, priors=None)
+
+    def val(result):
+        return result.trials[0].best["val_map"]
+
+    em, gr = train_probe(data, bare, "em"), train_probe(data, bare, "gr")
+    vlpl = train_probe(data, cfg, "vlpl", {"threshold": 0.1})
+    gpr = train_probe(data, cfg, "gpr", {"threshold": 0.1})
+    assert val(vlpl) > val(em) + 0.5, (val(vlpl), val(em))
+    assert val(gpr) > val(gr) + 0.5, (val(gpr), val(gr))
+    silent = train_probe(data, cfg, "vlpl", {"threshold": 1.0})
+    torch.testing.assert_close(silent.final_heads, em.final_heads, atol=1e-6, rtol=1e-5)
+
+
 # ----------------------------------------------------------------------------- CLI
 
 
