@@ -485,6 +485,11 @@ def test_cli_import_probe_and_study_on_yeast(store, tmp_path, capsys):
     assert main(["study", str(store), "--loss", "gpr", "--priors", "teacher", "--trials", "4",
                  "--epochs", "2", "--batch-size", "32", "--lr", "1e-3",
                  "--out", str(tmp_path / "study")]) == 0
+    # confirm and refit re-train with the prior the study recorded (train + val rows for refit)
+    assert main(["study", "confirm", "--storage", str(tmp_path / "study" / "study.log"),
+                 "--store", str(store), "--top-k", "1", "--seeds", "0", "--out",
+                 str(tmp_path / "study"), "--refit", "--device", "cpu"]) == 0
+    assert "refit: trial" in capsys.readouterr().out
     assert main(["study", str(store), "--loss", "gpr", "--trials", "1", "--epochs", "1",
                  "--out", str(tmp_path / "bad")]) == 2
     assert "--priors" in capsys.readouterr().err
