@@ -493,3 +493,11 @@ def test_cli_import_probe_and_study_on_yeast(store, tmp_path, capsys):
     assert main(["study", str(store), "--loss", "gpr", "--trials", "1", "--epochs", "1",
                  "--out", str(tmp_path / "bad")]) == 2
     assert "--priors" in capsys.readouterr().err
+
+
+def test_the_fine_tune_refuses_a_prior_loss_by_name():
+    from studies.finetune import FinetuneConfig, FinetuneError, _build_loss
+
+    with pytest.raises(FinetuneError, match=r"--loss vlpl reads a store prior.*spml probe"):
+        _build_loss(FinetuneConfig("voc", "unused", "vlpl", "unused"), {}, None)
+
