@@ -444,15 +444,61 @@ def _cmd_import_yeast(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_class_weights(path: str, class_names: list[str]) -> list[float]:
+    """``--class-weights``: C numbers, one per line in the store's class order, or
+    ``name weight`` lines naming every class once."""
+    from pathlib import Path
+
+    lines = [ln.split() for ln in Path(path).read_text(encoding="utf-8").splitlines()
+             if ln.strip()]
+    try:
+        if lines and all(len(p) >= 2 for p in lines):
+            named = {" ".join(p[:-1]): float(p[-1]) for p in lines}
+            missing = [c for c in class_names if c not in named]
+            if missing or len(named) != len(class_names):
+                raise SpmlError(f"--class-weights {path}: 'name weight' lines must name each of "
+                                f"the store's {len(class_names)} classes once; missing "
+                                f"{missing[:5]}")
+            return [named[c] for c in class_names]
+        return [float(p[0]) for p in lines]
+    except ValueError as err:
+        raise SpmlError(f"--class-weights {path}: not a number ({err})") from None
+
+
 def _cmd_draw(args: argparse.Namespace) -> int:
     from probe.store import open_store
 
+    if args.bias is not None:
+        return _biased_draws(args)
+    if args.class_weights is not None:
+        raise SpmlError("--class-weights goes with --bias semantic")
     seeds = add_draws(args.store, args.seeds, k=args.k, fraction=args.fraction)
     print(f"{args.store}: draws for seeds {seeds}")
     budgets = open_store(args.store).summary()["observed_budgets"]
     for seed, b in budgets.items():
         print(f"  draw {seed}: k={b['k']} positives per image on {100 * b['fraction']:g}% of "
               "the images (label budget)")
+    return 0
+
+
+def _biased_draws(args: argparse.Namespace) -> int:
+    from probe.errors import MissingPathError
+    from probe.store import add_biased_draw, open_store
+
+    if args.k != 1 or args.fraction != 1.0:
+        raise SpmlError("--bias draws one positive per image: drop --k / --fraction")
+    store = open_store(args.store)
+    weights = None
+    if args.class_weights is not None:
+        from pathlib import Path
+
+        if not Path(args.class_weights).is_file():
+            raise MissingPathError(f"--class-weights: file {args.class_weights} not found")
+        weights = _read_class_weights(args.class_weights, store.class_names)
+    for seed in parse_seeds(args.seeds):
+        add_biased_draw(args.store, seed, args.bias, weights)
+        print(f"{args.store}: draw {seed} with {args.bias} bias (train on it with "
+              f"--observed-seed {seed})")
     return 0
 
 
@@ -728,6 +774,15 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
                    help="observed positives per image (default 1: the protocol)")
     p.add_argument("--fraction", type=float, default=1.0,
                    help="fraction of the images labelled, in (0, 1] (default 1: the protocol)")
+    p.add_argument("--bias", choices=("size", "location", "semantic"),
+                   help="draw the single positive with a label bias (Cole et al.'s spml-bias): "
+                   "in proportion to its objects' total area (size) or to the inverse distance "
+                   "of their centres from the image centre (location) -- both need a store "
+                   "featurized from COCO's instance annotations -- or to fixed per-class "
+                   "weights (semantic, --class-weights); docs/priors.md")
+    p.add_argument("--class-weights", metavar="FILE",
+                   help="--bias semantic: one weight per class, one per line, in the store's "
+                   "class order (or 'name weight' lines)")
     p.set_defaults(func=_cmd_draw)
 
 

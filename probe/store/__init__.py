@@ -31,6 +31,7 @@ _EXPORTS = {
     "VerifyReport": "probe.store.chunks",
     **dict.fromkeys(("Prior", "PriorError"), "probe.store.priors"),
     "write_prior": "probe.store.prior_writer",
+    "add_biased_draw": "probe.store.biased_draws",
     "verify_store": "probe.store.store",
 }
 
@@ -52,6 +53,7 @@ __all__ = [
     "StoreNotFoundError",
     "StoreWriter",
     "VerifyReport",
+    "add_biased_draw",
     "add_observed_seed",
     "create_store",
     "file_sha256",
@@ -72,6 +74,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 
 if TYPE_CHECKING:
+    from .biased_draws import add_biased_draw
     from .chunks import VerifyReport
     from .errors import StoreDamaged
     from .index import DatasetIndex, Phase
