@@ -305,12 +305,16 @@ class Loss(nn.Module):
 
     Subclasses set the class attributes and implement :meth:`forward`; stateful losses also
     implement :meth:`setup` (allocate per-example state as buffers/parameters of shape
-    ``(T, N_train, C)``), and :meth:`end_epoch` where the paper has a per-epoch pass.
+    ``(T, N_train, C)``), and :meth:`end_epoch` where the paper has a per-epoch pass. A loss
+    that reads a prior (per-image class scores from a vision-language model, docs/priors.md)
+    names it in :attr:`prior` and receives the train rows' scores once in :meth:`set_prior`
+    (``probe.losses._prior.PriorMixin`` keeps them and gathers a batch's rows by ``index``).
 
     The trainer's protocol, per run::
 
         loss = create_loss("gr", w_T=torch.tensor([2., 10.]))   # T = 2 stacked trials
         loss.setup(observed_train, n_epochs=E, n_trials=T)        # once; validates labels
+        loss.set_prior(scores_train, extras)                       # once, if loss.prior is set
         for epoch in range(E):                                     # 0-indexed
             loss.start_epoch(epoch)                                # schedules (GR, LL, SPLC)
             for index in batches:                                  # rows of the train split
