@@ -523,6 +523,8 @@ class Loss(nn.Module):
             for ds in sorted(set(cls.presets) | set(cls.train_presets)):
                 vals = {**cls.train_presets.get(ds, {}), **cls.presets.get(ds, {})}
                 lines.append(f"  {ds}: " + ", ".join(f"{k}={v}" for k, v in vals.items()))
+        if cls.prior:
+            lines += ["", f"prior: {cls.prior} (spml probe --priors NAME; docs/priors.md)"]
         if cls.stateful:
             lines += ["", "stateful: keeps per-example state over the train split"]
         if cls.notes:
