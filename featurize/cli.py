@@ -765,7 +765,8 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
             "as they are; a seed names one draw."
         ),
         epilog="examples:\n  spml draw stores/coco.zarr --seeds 1,2,3\n"
-        "  spml draw stores/coco.zarr --seeds 20 --k 2 --fraction 0.5   # then --observed-seed 20",
+        "  spml draw stores/coco.zarr --seeds 20 --k 2 --fraction 0.5   # then --observed-seed 20\n"
+        "  spml draw stores/coco.zarr --seeds 21 --bias size            # label bias (COCO boxes)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("store", metavar="STORE", help="feature store directory")
@@ -845,8 +846,9 @@ def _register_import_priors(isub: argparse._SubParsersAction) -> None:
     p.add_argument("--from", dest="from_path", required=True, metavar="FILE",
                    help="the scores: .npy (N, C), .csv or .parquet (columns = class names)")
     p.add_argument("--extra", action="append", type=_key_file, metavar="NAME=FILE",
-                   help="an extra (N, C) array in the same format, e.g. DAMP's global, "
-                   "tile_max and tile_min (repeatable)")
+                   help="an extra (N, C) array in the same format, e.g. DAMP's per-class "
+                   "tile_max, tile_min and tile_mean over the tiles, with the global scores as "
+                   "--from (repeatable)")
     p.add_argument("--class-names", metavar="FILE",
                    help="the .npy columns' class names, one per line (checked against the "
                    "store's order)")
