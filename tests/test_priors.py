@@ -410,6 +410,28 @@ def test_stacked_trials_with_a_prior_equal_plain_loops(name, varied, fixed):
     assert not torch.allclose(heads[0], heads[1])  # the varied parameter mattered
 
 
+def test_per_trial_seeds_and_trial_blocks_each_get_the_prior():
+    """One loss object per trial (per-trial seeds) and trials in blocks: every object is given
+    the prior, and each trial still equals its plain loop."""
+    data = _data_with_prior()
+    trials = [{"k": 2.0, "top_k": 2, "eta": e} for e in (0.05, 0.3, 0.6)]
+    per_seed = ProbeConfig(epochs=2, batch_size=8, lr=1e-2, seeds=(1, 2, 3), use_presets=False,
+                           priors="t")
+    result = train_probe(data, per_seed, "gpr", trials)
+    assert not result.shared_batch_order
+    for t, seed in enumerate((1, 2, 3)):
+        ref = _plain_loop(data, "gpr", trials[t], seed=seed, lr=1e-2, epochs=2, batch=8)
+        torch.testing.assert_close(result.head(t, best=False).weight, ref.weight.detach(),
+                                   atol=2e-5, rtol=1e-4)
+    shared = dataclasses.replace(per_seed, seeds=None, seed=4)
+    one = train_probe(data, dataclasses.replace(shared, trial_block=0), "vlpl",
+                      [{"threshold": v} for v in (0.2, 0.3, 0.45)])
+    blocks = train_probe(data, dataclasses.replace(shared, trial_block=1), "vlpl",
+                         [{"threshold": v} for v in (0.2, 0.3, 0.45)])
+    assert blocks.timing["trial_blocks"] == [1, 1, 1]
+    torch.testing.assert_close(blocks.final_heads, one.final_heads, atol=1e-6, rtol=1e-5)
+
+
 def test_priors_are_refused_before_training_where_they_do_not_fit():
     data = _data_with_prior()
     bare = dataclasses.replace(data, train_prior=None)
