@@ -1,4 +1,4 @@
-"""``spml featurize``, ``spml import {cole,arrays,yeast}``, ``spml info``, ``spml verify``,
+"""``spml featurize``, ``spml import {cole,arrays,yeast,priors}``, ``spml info``, ``spml verify``,
 ``spml draw`` and ``spml bench featurize``: thin layers over :mod:`featurize.runner`,
 :mod:`featurize.imports`, :mod:`featurize.bench` and :mod:`probe.store`, imported when a command
 runs (``spml --help`` loads neither torch nor zarr)."""
@@ -444,15 +444,61 @@ def _cmd_import_yeast(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_class_weights(path: str, class_names: list[str]) -> list[float]:
+    """``--class-weights``: C numbers, one per line in the store's class order, or
+    ``name weight`` lines naming every class once."""
+    from pathlib import Path
+
+    lines = [ln.split() for ln in Path(path).read_text(encoding="utf-8").splitlines()
+             if ln.strip()]
+    try:
+        if lines and all(len(p) >= 2 for p in lines):
+            named = {" ".join(p[:-1]): float(p[-1]) for p in lines}
+            missing = [c for c in class_names if c not in named]
+            if missing or len(named) != len(class_names):
+                raise SpmlError(f"--class-weights {path}: 'name weight' lines must name each of "
+                                f"the store's {len(class_names)} classes once; missing "
+                                f"{missing[:5]}")
+            return [named[c] for c in class_names]
+        return [float(p[0]) for p in lines]
+    except ValueError as err:
+        raise SpmlError(f"--class-weights {path}: not a number ({err})") from None
+
+
 def _cmd_draw(args: argparse.Namespace) -> int:
     from probe.store import open_store
 
+    if args.bias is not None:
+        return _biased_draws(args)
+    if args.class_weights is not None:
+        raise SpmlError("--class-weights goes with --bias semantic")
     seeds = add_draws(args.store, args.seeds, k=args.k, fraction=args.fraction)
     print(f"{args.store}: draws for seeds {seeds}")
     budgets = open_store(args.store).summary()["observed_budgets"]
     for seed, b in budgets.items():
         print(f"  draw {seed}: k={b['k']} positives per image on {100 * b['fraction']:g}% of "
               "the images (label budget)")
+    return 0
+
+
+def _biased_draws(args: argparse.Namespace) -> int:
+    from probe.errors import MissingPathError
+    from probe.store import add_biased_draw, open_store
+
+    if args.k != 1 or args.fraction != 1.0:
+        raise SpmlError("--bias draws one positive per image: drop --k / --fraction")
+    store = open_store(args.store)
+    weights = None
+    if args.class_weights is not None:
+        from pathlib import Path
+
+        if not Path(args.class_weights).is_file():
+            raise MissingPathError(f"--class-weights: file {args.class_weights} not found")
+        weights = _read_class_weights(args.class_weights, store.class_names)
+    for seed in parse_seeds(args.seeds):
+        add_biased_draw(args.store, seed, args.bias, weights)
+        print(f"{args.store}: draw {seed} with {args.bias} bias (train on it with "
+              f"--observed-seed {seed})")
     return 0
 
 
@@ -545,6 +591,12 @@ def format_summary(summary: dict) -> str:
                 f"  {name}: no positive for {_names(sp['classes_without_positive_names'])} "
                 "(AP counts as 0 for them)"
             )
+    for name, rec in s.get("priors", {}).items():  # probe.store.priors
+        prov = rec["provenance"]
+        extras = f", extras {rec['extras']}" if rec["extras"] else ""
+        lines.append(f"prior       {name}: model {prov.get('model')}, temperature "
+                     f"{prov.get('temperature')}, tiles {prov.get('tiles')}{extras}; source "
+                     f"{prov.get('source')}")
     if s["other_attrs"]:
         lines += ["", "attributes"]
         lines += [f"  {k}: {_flat(v)}" for k, v in s["other_attrs"].items()]
@@ -666,6 +718,8 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
     _common(p)
     p.set_defaults(func=_cmd_import_yeast)
 
+    _register_import_priors(isub)
+
     p = sub.add_parser(
         "info",
         help="show what a feature store holds (sizes, splits, labels, provenance)",
@@ -711,7 +765,8 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
             "as they are; a seed names one draw."
         ),
         epilog="examples:\n  spml draw stores/coco.zarr --seeds 1,2,3\n"
-        "  spml draw stores/coco.zarr --seeds 20 --k 2 --fraction 0.5   # then --observed-seed 20",
+        "  spml draw stores/coco.zarr --seeds 20 --k 2 --fraction 0.5   # then --observed-seed 20\n"
+        "  spml draw stores/coco.zarr --seeds 21 --bias size            # label bias (COCO boxes)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("store", metavar="STORE", help="feature store directory")
@@ -720,4 +775,87 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
                    help="observed positives per image (default 1: the protocol)")
     p.add_argument("--fraction", type=float, default=1.0,
                    help="fraction of the images labelled, in (0, 1] (default 1: the protocol)")
+    p.add_argument("--bias", choices=("size", "location", "semantic"),
+                   help="draw the single positive with a label bias (Cole et al.'s spml-bias): "
+                   "in proportion to its objects' total area (size) or to the inverse distance "
+                   "of their centres from the image centre (location) -- both need a store "
+                   "featurized from COCO's instance annotations -- or to fixed per-class "
+                   "weights (semantic, --class-weights); docs/priors.md")
+    p.add_argument("--class-weights", metavar="FILE",
+                   help="--bias semantic: one weight per class, one per line, in the store's "
+                   "class order (or 'name weight' lines)")
     p.set_defaults(func=_cmd_draw)
+
+
+# ----------------------------------------------------------------------------- spml import priors
+
+
+def _key_file(text: str) -> tuple[str, str]:
+    key, sep, path = text.partition("=")
+    if not sep or not key or not path:
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=FILE (e.g. tile_max=max.npy); got {text!r}")
+    return key, path
+
+
+def _tiles(text: str) -> list[int]:
+    rows, sep, cols = text.lower().partition("x")
+    if not sep or not rows.isdigit() or not cols.isdigit() or int(rows) < 1 or int(cols) < 1:
+        raise argparse.ArgumentTypeError(f"expected ROWSxCOLS (e.g. 4x4); got {text!r}")
+    return [int(rows), int(cols)]
+
+
+def _cmd_import_priors(args: argparse.Namespace) -> int:
+    from featurize.priors_import import import_priors
+
+    provenance = {"model": args.model, "prompt_template": args.prompt_template,
+                  "temperature": args.temperature, "tiles": args.tiles}
+    prior = import_priors(args.store, args.name, args.from_path, extras=dict(args.extra or []),
+                          provenance=provenance, class_names_path=args.class_names,
+                          overwrite=args.overwrite)
+    n, c = prior.scores.shape
+    extras = f" and extras {sorted(prior.extras)}" if prior.extras else ""
+    print(f"wrote prior {prior.name!r} to {args.store}: {n} rows x {c} classes{extras}. "
+          f"Train with it: spml probe {args.store} --loss vlpl --priors {prior.name}")
+    return 0
+
+
+def _register_import_priors(isub: argparse._SubParsersAction) -> None:
+    p = isub.add_parser(
+        "priors",
+        help="per-image class scores (CLIP, a teacher) into a store's priors/<name>",
+        description=wrap(
+            "Store per-image class scores computed elsewhere as a named prior of a complete "
+            "store, for the losses that use one (spml probe --loss vlpl|gpr --priors NAME; "
+            "docs/priors.md). --from is an (N, C) .npy matrix in the store's row and class "
+            "order, or a .csv/.parquet table with one column per class name (any order) and "
+            "optionally an image_id column matching the store's image ids. The scores must "
+            "cover every store row (train, val and test), be finite, and (with --class-names) "
+            "be in the store's class order; a refused prior leaves the store untouched. The "
+            "prior is checksummed like the features and listed by 'spml info'."
+        ),
+        epilog="examples:\n"
+        "  spml import priors stores/coco.zarr --name clip --from clip_scores.npy \\\n"
+        "      --model openai/clip-vit-large-patch14-336 --temperature 0.01\n"
+        "  spml import priors stores/coco.zarr --name damp --from global.npy \\\n"
+        "      --extra tile_max=tmax.npy --extra tile_min=tmin.npy --tiles 4x4",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("store", metavar="STORE", help="a complete feature store")
+    p.add_argument("--name", required=True, help="the prior's name (e.g. clip)")
+    p.add_argument("--from", dest="from_path", required=True, metavar="FILE",
+                   help="the scores: .npy (N, C), .csv or .parquet (columns = class names)")
+    p.add_argument("--extra", action="append", type=_key_file, metavar="NAME=FILE",
+                   help="an extra (N, C) array in the same format, e.g. DAMP's per-class "
+                   "tile_max, tile_min and tile_mean over the tiles, with the global scores as "
+                   "--from (repeatable)")
+    p.add_argument("--class-names", metavar="FILE",
+                   help="the .npy columns' class names, one per line (checked against the "
+                   "store's order)")
+    p.add_argument("--model", help="provenance: the model that scored the images")
+    p.add_argument("--prompt-template",
+                   help="provenance: the text prompt, e.g. 'a photo of a {}.'")
+    p.add_argument("--temperature", type=float, help="provenance: the softmax temperature")
+    p.add_argument("--tiles", type=_tiles, metavar="RxC", help="provenance: the tile grid (4x4)")
+    p.add_argument("--overwrite", action="store_true", help="replace a prior of the same name")
+    p.set_defaults(func=_cmd_import_priors)

@@ -12,6 +12,7 @@ from probe.errors import SpmlError
 from .cliargs import (
     add_device_argument,
     add_observed_seed_argument,
+    add_priors_argument,
     parse_ints,
     parse_sets,
 )
@@ -193,7 +194,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         observed_seed=args.observed_seed, device=args.device, eval_every=args.eval_every,
         test_curve=args.test_curve, eval_init=args.eval_init, cuda_graph=args.cuda_graph,
         drop_last=not args.no_drop_last, use_presets=not args.no_presets,
-        trial_block=args.trial_block, test_intervals=args.intervals,
+        trial_block=args.trial_block, test_intervals=args.intervals, priors=args.priors,
     )
     if args.intervals < 0:
         raise SpmlError(f"--intervals must be >= 0 (bootstrap resamples; 0 = none); got "
@@ -236,8 +237,11 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     if seeds is not None:
         config = dataclasses.replace(config, seeds=seeds)
         config.validate()
+        from .trials import check_prior_request  # a missing or unwanted --priors: before
+        check_prior_request(cls, args.priors)       # the store is loaded
     data = ProbeData.from_store(args.store, device=args.device,
-                                observed_seed=args.observed_seed, flip=not args.no_flip)
+                                observed_seed=args.observed_seed, flip=not args.no_flip,
+                                priors=args.priors)
     if args.loss == "knn":
         from .knn import run_knn
 
@@ -361,6 +365,7 @@ def _register_probe(sub: argparse._SubParsersAction, bench: argparse._SubParsers
     g.add_argument("--val-labels", choices=("clean", "observed"), default="clean",
                    help="labels that choose the best epoch (default: clean = full labels)")
     add_observed_seed_argument(g)
+    add_priors_argument(g)
     g.add_argument("--eval-every", type=int, default=1,
                    help="evaluate val every N epochs and after the last (default: 1); test is "
                    "measured once, at the end, on each trial's best-val head")

@@ -17,6 +17,7 @@ __all__ = [
     "DEVICE_HELP",
     "add_device_argument",
     "add_observed_seed_argument",
+    "add_priors_argument",
     "add_seeds_argument",
     "parse_assignments",
     "parse_floats",
@@ -162,6 +163,15 @@ def add_observed_seed_argument(parser: argparse.ArgumentParser | argparse._Argum
         "--observed-seed", type=int, default=PROTOCOL_SEED, metavar="SEED",
         help=f"the store's single-positive draw {what} (default: {PROTOCOL_SEED}, the "
         "literature's; others via 'spml draw')",
+    )
+
+
+def add_priors_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--priors NAME``: the store prior a loss with ``Loss.prior`` reads (docs/priors.md)."""
+    parser.add_argument(
+        "--priors", metavar="NAME",
+        help="the store's prior (per-image class scores, e.g. CLIP's) for a loss that uses one "
+        "(vlpl, gpr); 'spml import priors' adds one, 'spml info' lists them",
     )
 
 

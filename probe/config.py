@@ -102,6 +102,8 @@ class ProbeConfig:
     # other through each epoch, so that a block's heads and optimizer state stay in cache. None
     # = as many as fit probe.loop.TRIAL_BLOCK_BYTES (COCO-sized heads: 8; small heads: all);
     # 0 = all trials in one block. A trial computes the same in any block (probe.loop)
+    priors: str | None = None  # the store prior (docs/priors.md) a loss with Loss.prior reads:
+    # the data must carry it (probe.load_store(..., priors=NAME)); refused for other losses
 
     def validate(self) -> None:
         """Raise :class:`ProbeConfigError` naming the first bad setting."""

@@ -124,6 +124,7 @@ class ProbeData:
     class_names: list[str]
     dataset: str = "arrays"
     source: dict[str, Any] = field(default_factory=dict)
+    train_prior: Any = None  # the train rows' prior (probe.store.priors.Prior, docs/priors.md)
 
     @property
     def device(self) -> torch.device:
@@ -250,6 +251,7 @@ class ProbeData:
         rows: dict[str, np.ndarray] | None = None,
         observed: np.ndarray | None = None,
         replicate: dict[str, Any] | None = None,
+        priors: str | None = None,
     ) -> ProbeData:
         """Load a feature store (a path or an open :class:`probe.store.Store`).
 
@@ -261,6 +263,9 @@ class ProbeData:
         For :mod:`probe.selection`'s replicates: ``rows`` replaces the store's ``train`` /
         ``val`` rows (store row indices), ``observed`` the draw ``observed_seed`` (an
         ``(n_rows, C)`` int8 array over every row), and ``replicate`` is recorded in ``source``.
+
+        ``priors``: also read the store's prior of that name at the train rows
+        (``train_prior``, for the losses that use one; docs/priors.md).
         """
         from .store import open_store  # zarr loads only when a store is read
 
@@ -295,6 +300,10 @@ class ProbeData:
             source["label_budget"] = budget
         if replicate is not None:
             source["replicate"] = dict(replicate)
+        prior = None
+        if priors is not None:
+            prior = store.prior(priors, rows=rows["train"])
+            source["priors"] = {"name": priors, "provenance": prior.provenance}
         return cls(
             train_x=train_x.to(dev),
             train_labels=torch.from_numpy(labels[rows["train"]]).to(dev),
@@ -309,6 +318,7 @@ class ProbeData:
             class_names=list(store.class_names),
             dataset=store.dataset,
             source=source,
+            train_prior=prior,
         )
 
 
@@ -319,10 +329,12 @@ def load_store(
     observed_seed: int = PROTOCOL_SEED,
     flip: bool = True,
     dtype: torch.dtype | None = None,
+    priors: str | None = None,
 ) -> ProbeData:
     """A feature store's train/val/test splits on ``device`` (``"auto"``: the GPU when there
     is one), ready for :func:`probe.train_probe`: :meth:`ProbeData.from_store` with the
     device chosen for you. ``observed_seed`` picks the single-positive draw (the literature's
-    by default); ``flip`` also loads the flipped train features when the store has them."""
+    by default); ``flip`` also loads the flipped train features when the store has them;
+    ``priors`` the train rows' prior of that name (docs/priors.md)."""
     return ProbeData.from_store(store, device=device, observed_seed=observed_seed, flip=flip,
-                                dtype=dtype)
+                                dtype=dtype, priors=priors)

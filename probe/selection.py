@@ -121,10 +121,12 @@ def selection_data(
     observed_seed: int = PROTOCOL_SEED,
     flip: bool = True,
     dtype: torch.dtype | None = None,
+    priors: str | None = None,
 ) -> list[ProbeData]:
     """The replicates a ``select`` mode scores trials on, each a :class:`ProbeData` on
     ``device`` (``val``: one, :meth:`ProbeData.from_store`). They hold ``k`` copies of the
-    train features: K × the memory of one."""
+    train features: K × the memory of one. ``priors``: each replicate's train rows of that
+    store prior (docs/priors.md)."""
     from .store import open_store
 
     selection = Selection.parse(select)
@@ -132,17 +134,19 @@ def selection_data(
         store = open_store(store)
     if selection.mode == "val":
         return [ProbeData.from_store(store, device=device, observed_seed=observed_seed,
-                                     flip=flip, dtype=dtype)]
+                                     flip=flip, dtype=dtype, priors=priors)]
     if selection.mode == "cv":
         observed = store.observed(observed_seed)
         return [ProbeData.from_store(store, device=device, observed_seed=observed_seed,
                                      flip=flip, dtype=dtype,
                                      rows={"train": tr, "val": va}, observed=observed,
-                                     replicate={"select": str(selection), "index": j})
+                                     replicate={"select": str(selection), "index": j},
+                                     priors=priors)
                 for j, (tr, va) in enumerate(_pool_splits(store, selection.k))]
     return [ProbeData.from_store(store, device=device, observed_seed=observed_seed + j,
                                  flip=flip, dtype=dtype, observed=_draw(store, observed_seed + j),
-                                 replicate={"select": str(selection), "index": j})
+                                 replicate={"select": str(selection), "index": j},
+                                 priors=priors)
             for j in range(selection.k)]
 
 

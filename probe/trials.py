@@ -69,6 +69,7 @@ class TrialPlan:
     notes: list[str]
 
     given: bool = False  # the caller passed a Loss object (it is never rebuilt or split)
+    prior: Any = None  # the train rows' prior the loss reads (probe.store.priors.Prior), or None
 
     @property
     def n(self) -> int:
@@ -85,7 +86,8 @@ class TrialPlan:
         sl = slice(trials.start, trials.stop)
         losses = [_build_loss(self.cls, self.hparams[sl])] if self.shared else self.losses[sl]
         return TrialPlan(self.cls, self.seeds[sl], self.lr[sl], self.weight_decay[sl],
-                         self.hparams[sl], losses, self.training, self.notes, self.given)
+                         self.hparams[sl], losses, self.training, self.notes, self.given,
+                         prior=self.prior)
 
     @property
     def shared(self) -> bool:
@@ -148,7 +150,44 @@ def plan_trials(data: ProbeData, config: ProbeConfig, loss: Loss | str,
             f"than the train split ({data.n_train} rows); use a batch size of at most "
             f"{data.n_train}"
         )
-    return TrialPlan(cls, seeds, lrs, wds, merged, objects, training, notes, given is not None)
+    return TrialPlan(cls, seeds, lrs, wds, merged, objects, training, notes, given is not None,
+                     prior=train_prior(cls, config, data))
+
+
+def train_prior(cls: type[Loss], config: ProbeConfig, data: ProbeData) -> Any:
+    """The train rows' prior for a loss that declares one (``Loss.prior``; docs/priors.md):
+    ``data.train_prior`` named ``config.priors``. Refused before training: a loss that needs a
+    prior without ``config.priors``, a prior for a loss that uses none, a name the data was not
+    loaded with."""
+    name = getattr(config, "priors", None)
+    check_prior_request(cls, name)
+    if cls.prior is None:
+        return None
+    prior = getattr(data, "train_prior", None)
+    if prior is None or prior.name != name:
+        have = "none" if prior is None else repr(prior.name)
+        raise ProbeConfigError(
+            f"{cls.name}: ProbeConfig.priors is {name!r} but the data carries prior {have}; "
+            f"load it with probe.load_store(store, priors={name!r})"
+        )
+    return prior
+
+
+def check_prior_request(cls: type[Loss], name: str | None) -> None:
+    """Refuse a prior for a loss that uses none, and a loss that needs one without it."""
+    if cls.prior is None:
+        if name is not None:
+            raise ProbeConfigError(
+                f"{cls.name} uses no prior, but --priors {name} (ProbeConfig.priors) was given; "
+                "drop --priors, or choose a loss that uses one (vlpl, gpr)"
+            )
+        return
+    if name is None:
+        raise ProbeConfigError(
+            f"{cls.name} needs a prior ({cls.prior}): pass --priors NAME (ProbeConfig.priors) "
+            "naming one of the store's priors ('spml info STORE' lists them; 'spml import "
+            "priors' adds one)"
+        )
 
 
 def setup_loss_groups(plan: TrialPlan, train_y: Tensor, device: Any) -> list[LossGroup]:
@@ -160,6 +199,8 @@ def setup_loss_groups(plan: TrialPlan, train_y: Tensor, device: Any) -> list[Los
         span = slice(0, plan.n) if plan.shared else slice(i, i + 1)
         k = span.stop - span.start
         obj.setup(train_y, n_epochs=plan.training.epochs, n_trials=k)
+        if plan.prior is not None:  # the train rows' prior, shared by the stacked trials
+            obj.set_prior(*_prior_tensors(plan.prior, device))
         obj.manual_seed(plan.seeds[span])
         extra = list(obj.extra_parameters())
         for p, _ in extra:
@@ -170,6 +211,16 @@ def setup_loss_groups(plan: TrialPlan, train_y: Tensor, device: Any) -> list[Los
                 )
         groups.append(LossGroup(obj, span, extra))
     return groups
+
+
+def _prior_tensors(prior: Any, device: Any) -> tuple[Tensor, dict[str, Tensor]]:
+    """A :class:`probe.store.priors.Prior`'s arrays as float32 tensors on ``device``."""
+    import torch
+
+    def put(a: Any) -> Tensor:
+        return torch.as_tensor(a, dtype=torch.float32).to(device)
+
+    return put(prior.scores), {k: put(v) for k, v in prior.extras.items()}
 
 
 def _normalise_trials(hparams: dict | Sequence[dict] | None, config: ProbeConfig, lr: float

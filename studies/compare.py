@@ -164,7 +164,8 @@ def study_systems(study_dir: str | Path, *, top: int = 3, device: str = "cpu",
     chosen = complete[:top]
     chosen += [t for t in complete if t.user_attrs.get("spml:paper") and t not in chosen]
     observed_seed = int(settings.get("observed_seed", 1200))
-    data = ProbeData.from_store(where, device=device, observed_seed=observed_seed)
+    data = ProbeData.from_store(where, device=device, observed_seed=observed_seed,
+                                priors=settings.get("priors"))
     seed = int(settings.get("train_seed", 0))
     systems = []
     for t in chosen:

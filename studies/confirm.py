@@ -162,7 +162,8 @@ def confirm_study(
               f"{len(seeds)} seed(s) x {len(observed_seeds)} draw(s) each")
     for obs_seed in observed_seeds:
         data = ProbeData.from_store(
-            store, device=device if device != "auto" else "cpu", observed_seed=obs_seed
+            store, device=device if device != "auto" else "cpu", observed_seed=obs_seed,
+            priors=as_trained.get("priors"),
         )
         for trial in top:
             hp, cfg = trial_setup(trial.params, loss, {**as_trained, **recorded.get(
@@ -263,7 +264,22 @@ def train_plus_val(data: Any, store: Any) -> Any:
         train_labels=torch.cat([data.train_labels, data.val_labels]),
         train_observed=torch.cat([data.train_observed, data.val_observed]),
         n_train=n + data.val_x.shape[0],
+        train_prior=_prior_plus_val(data.train_prior, store),
     )
+
+
+def _prior_plus_val(prior: Any, store: Any) -> Any:
+    """The train rows' prior followed by the val rows' (docs/priors.md), or None."""
+    import dataclasses
+
+    import numpy as np
+
+    if prior is None:
+        return None
+    val = store.prior(prior.name, rows=store.split("val"))
+    return dataclasses.replace(
+        prior, scores=np.concatenate([prior.scores, val.scores]),
+        extras={k: np.concatenate([v, val.extras[k]]) for k, v in prior.extras.items()})
 
 
 def refit_winner(store: Any, loss: str, params: dict[str, Any], settings: dict[str, Any], *,
@@ -281,7 +297,7 @@ def refit_winner(store: Any, loss: str, params: dict[str, Any], settings: dict[s
     tests = []
     for obs_seed in observed_seeds:
         data = ProbeData.from_store(store, device=device if device != "auto" else "cpu",
-                                    observed_seed=obs_seed)
+                                    observed_seed=obs_seed, priors=settings.get("priors"))
         data = train_plus_val(data, store)
         hp, cfg = trial_setup(params, loss, settings, seeds=seeds, observed_seed=obs_seed,
                               device=device)
@@ -360,6 +376,7 @@ def trial_setup(params: dict[str, Any], loss: str, settings: dict[str, Any], *,
         val_labels=settings.get("val_labels", "clean"),
         observed_seed=observed_seed,
         device=device,
+        priors=settings.get("priors"),  # the store prior the study trained with (docs/priors.md)
     )
     return hp, cfg
 

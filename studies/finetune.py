@@ -341,6 +341,12 @@ def _build_loss(config: FinetuneConfig, hparams: Mapping[str, Any], data: _Data
     from probe.losses import create_loss, get_loss_class
 
     cls = get_loss_class(config.loss)  # unknown name: LossInputError with a suggestion
+    if cls.prior is not None:  # docs/priors.md: the fine-tune reads images, not a store's rows
+        raise FinetuneError(
+            f"--loss {config.loss} reads a store prior (per-image CLIP scores), which the "
+            "fine-tune cannot pass yet; probe it instead (spml probe STORE --loss "
+            f"{config.loss} --priors NAME)"
+        )
     preset = config.preset
     if preset == "auto":
         preset = data.name if data.name in cls.presets else None

@@ -99,6 +99,7 @@ class StudySettings:
     grace_seconds: float = 120.0  # a RUNNING trial silent this long is retried
     workers: int = 1  # local worker processes (needs a journal or PostgreSQL storage)
     devices: tuple[str, ...] = ()  # one device per worker (--devices cuda:0,cuda:1); (): device
+    priors: str | None = None  # the store prior a loss with Loss.prior reads (docs/priors.md)
 
     def storage_spec(self) -> StorageSpec:
         # the journal: the fastest storage for one worker and shared by several; a study an
@@ -146,6 +147,11 @@ class StudySettings:
                 "SQLite file is for one process; use a journal file (--storage study.log) or "
                 "PostgreSQL (--storage postgresql://…)"
             )
+        # a loss that needs a prior and has none, or a prior for a loss that uses none
+        from probe.losses import get_loss_class
+        from probe.trials import check_prior_request
+
+        check_prior_request(get_loss_class(self.loss), self.priors)
 
 
 @dataclass
@@ -560,7 +566,7 @@ def run_worker(
                      "trained on all and scored by the mean (no pruning)"
                      if selection.replicates > 1 else ""))
         data = selection_data(store, selection, device=resolve_device(settings.device),
-                              observed_seed=settings.observed_seed)
+                              observed_seed=settings.observed_seed, priors=settings.priors)
         _work(settings, study, space, storage, data, results_dir, fixed_dists, bar, log)
     return summarize(study, settings)
 
@@ -647,6 +653,7 @@ def _work(settings: StudySettings, study: optuna.Study, space: SearchSpace, stor
                     val_labels=settings.val_labels,
                     observed_seed=settings.observed_seed,
                     device=settings.device,
+                    priors=settings.priors,
                 )
                 rows += _train_group(settings, data, study, storage, space, group, cfg, say,
                                      tick=functools.partial(_tick, bar, status))

@@ -159,14 +159,17 @@ def make_coco(root: Path, n_train: int = 14, n_val: int = 10, seed: int = 0) -> 
         anns = []
         for r, image_id in enumerate(ids):
             for c in np.flatnonzero(labels[r]):
-                for _ in range(rng.randint(1, 3)):  # a category may be annotated twice
+                for j in range(rng.randint(1, 3)):  # a category may be annotated twice
+                    # boxes and areas that differ by row, class and instance (no RNG draw: the
+                    # labels stay those of earlier versions): the label-bias draws' weights
+                    x, y, w, h = 5.0 * c + j, 3.0 * r, 10.0 + c, 20.0 + r + j
                     anns.append(
                         {
                             "image_id": image_id,
                             "category_id": _COCO_CATEGORIES[c][0],
                             "iscrowd": 0,
-                            "bbox": [1.0, 2.0, 3.0, 4.0],
-                            "area": 12.0,
+                            "bbox": [x, y, w, h],
+                            "area": 0.8 * w * h,
                         }
                     )
         rng.shuffle(anns)
@@ -177,7 +180,8 @@ def make_coco(root: Path, n_train: int = 14, n_val: int = 10, seed: int = 0) -> 
         data = {
             "info": {"description": "tiny COCO-format fixture"},
             "images": [
-                {"id": i, "file_name": p.name, "width": 1, "height": 1} for i, p in zip(ids, paths)
+                {"id": i, "file_name": p.name, "width": 64, "height": 48}
+                for i, p in zip(ids, paths)
             ],
             "annotations": anns,
             "categories": [

@@ -340,6 +340,8 @@ def test_every_loss_survives_the_checkpoint_round_trip(name):
     observed[torch.arange(6), torch.tensor([0, 1, 2, 3, 0, 1])] = 1
     loss.manual_seed([3])
     loss.setup(observed, n_epochs=3)
+    if type(loss).prior is not None:  # VLPL, GPR: the train rows' prior (docs/priors.md)
+        loss.set_prior(torch.linspace(0, 1, 24).view(6, 4))
     loss.start_epoch(1)
     buf = io.BytesIO()
     torch.save({"loss": loss}, buf)

@@ -45,10 +45,23 @@ def _make(name: str, **hparams):
     return loss
 
 
+def _give_prior(loss, observed):
+    """A loss that reads a prior (Loss.prior: VLPL, GPR) gets one after setup, as the trainer
+    does: softmax scores over the train rows, with DAMP's tile extras."""
+    if type(loss).prior is None:
+        return
+    g = torch.Generator().manual_seed(5)
+    scores = torch.softmax(torch.randn(observed.shape, generator=g) * 2, -1)
+    spread = torch.rand(observed.shape, generator=g) * 0.2
+    loss.set_prior(scores, {"tile_max": scores + spread, "tile_min": scores * 0.5,
+                            "tile_mean": scores * 0.8})
+
+
 def _run(loss, logits_seq, observed, n_epochs=2, seeds=(0,)):
     """Drive a loss through the trainer protocol; returns the losses and grads of each step."""
     stacked = logits_seq[0].ndim == 3
     loss.setup(observed, n_epochs=n_epochs, n_trials=len(seeds) if stacked else None)
+    _give_prior(loss, observed)
     loss.manual_seed(list(seeds))
     out_vals, out_grads = [], []
     step = 0
@@ -190,6 +203,7 @@ def test_training_step_does_not_synchronise(name):
     stackable = [s for s in get_loss_class(name).hparam_specs if s.stackable and s.search]
     loss = _make(name, **{s.name: torch.tensor(_trial_values(s, T, seed=0)) for s in stackable})
     loss.setup(observed, n_epochs=3, n_trials=T)
+    _give_prior(loss, observed)
     loss.manual_seed([1, 2, 3])
     loss.start_epoch(2)
     index = torch.tensor([3, 7, 1, 0, 9, 12])

@@ -79,7 +79,35 @@ def _phase(root: Path, split: str, data: dict, path: Path, cat_index: dict[int, 
     folder = f"{split}2014"
     base = root / folder
     paths = tuple(base / f"COCO_{folder}_{int(s):012d}.jpg" for s in ids)
-    return Phase(image_ids=tuple(ids), paths=paths, labels=labels)
+    return Phase(image_ids=tuple(ids), paths=paths, labels=labels,
+                 bias_weights=_bias_weights(data, anns, rows, class_of, labels.shape))
+
+
+def _bias_weights(data: dict, anns: list, rows: np.ndarray, class_of: np.ndarray,
+                  shape: tuple[int, int]) -> dict[str, np.ndarray]:
+    """The label-bias draws' weights per (image, class) (Cole et al.'s ``spml-bias`` branch,
+    ``preproc/biased_labels.py``; probe.store.bias): ``size`` = the total ``area`` of the
+    class's instances; ``location`` = Σ 1/d over its instances, d the distance in pixels of the
+    box centre from the image centre (0.0005 where d = 0, as theirs). Empty (no biased draws)
+    when an annotation lacks ``area``/``bbox`` or an image its ``width``/``height``."""
+    try:
+        dims = {int(im["id"]): (float(im["width"]), float(im["height"]))
+                for im in data.get("images", [])}
+        area = np.array([float(a["area"]) for a in anns], dtype=np.float64)
+        box = np.array([[float(v) for v in a["bbox"][:4]] for a in anns],
+                       dtype=np.float64).reshape(-1, 4)
+        size = np.array([dims[int(a["image_id"])] for a in anns], dtype=np.float64).reshape(-1, 2)
+    except (KeyError, TypeError, ValueError, IndexError):
+        return {}
+    centre = box[:, :2] + box[:, 2:] / 2
+    dist = np.hypot(*(centre - size / 2).T)
+    inv = 1.0 / np.where(dist == 0, 0.0005, dist)
+    out = {}
+    for kind, values in (("size", area), ("location", inv)):
+        w = np.zeros(shape, dtype=np.float64)
+        np.add.at(w, (rows, class_of), values)
+        out[kind] = w.astype(np.float32)
+    return out
 
 
 def load_coco(root: str | Path, *, check_images: bool = True) -> DatasetIndex:

@@ -305,12 +305,16 @@ class Loss(nn.Module):
 
     Subclasses set the class attributes and implement :meth:`forward`; stateful losses also
     implement :meth:`setup` (allocate per-example state as buffers/parameters of shape
-    ``(T, N_train, C)``), and :meth:`end_epoch` where the paper has a per-epoch pass.
+    ``(T, N_train, C)``), and :meth:`end_epoch` where the paper has a per-epoch pass. A loss
+    that reads a prior (per-image class scores from a vision-language model, docs/priors.md)
+    names it in :attr:`prior` and receives the train rows' scores once in :meth:`set_prior`
+    (``probe.losses._prior.PriorMixin`` keeps them and gathers a batch's rows by ``index``).
 
     The trainer's protocol, per run::
 
         loss = create_loss("gr", w_T=torch.tensor([2., 10.]))   # T = 2 stacked trials
         loss.setup(observed_train, n_epochs=E, n_trials=T)        # once; validates labels
+        loss.set_prior(scores_train, extras)                       # once, if loss.prior is set
         for epoch in range(E):                                     # 0-indexed
             loss.start_epoch(epoch)                                # schedules (GR, LL, SPLC)
             for index in batches:                                  # rows of the train split
@@ -338,6 +342,13 @@ class Loss(nn.Module):
     # the forward draws on the host or changes tensor shapes between steps (a captured CUDA
     # graph would replay one step's draws): the trainer then never captures the step
     host_per_step: ClassVar[bool] = False
+    # the prior it needs (per-image class scores from a vision-language model, a store's
+    # ``priors/<name>``; docs/priors.md): None = uses none; else what it reads, e.g.
+    # "class scores". The trainer hands the train rows' prior to :meth:`set_prior` once, after
+    # :meth:`setup`; the loss indexes it per batch with ``index`` (like per-example state, shared
+    # by the stacked trials). A loss that needs a prior and gets none is refused before
+    # training (naming ``--priors``), and so is a prior given to a loss with ``prior = None``.
+    prior: ClassVar[str | None] = None
 
     def __init__(self, **hparams: Any) -> None:
         super().__init__()
@@ -416,6 +427,15 @@ class Loss(nn.Module):
         self.n_epochs = int(n_epochs)
         if n_trials is not None:
             self.n_trials = n_trials
+
+    def set_prior(self, scores: Tensor, extras: dict[str, Tensor] | None = None) -> None:
+        """Receive the train split's prior once, after :meth:`setup`: ``scores`` ``(N_train,
+        C)`` float32 in the train rows' order, ``extras`` further ``(N_train, C)`` arrays by
+        name. Losses with :attr:`prior` set override this (``probe.losses._prior``)."""
+        raise LossInputError(
+            f"{self.name}: this loss uses no prior (per-image class scores); drop --priors "
+            "(ProbeConfig.priors) or choose a loss that uses one (vlpl, gpr)"
+        )
 
     def start_epoch(self, epoch: int) -> None:
         """Called at the start of every epoch (0-indexed); schedules update here."""
@@ -503,6 +523,8 @@ class Loss(nn.Module):
             for ds in sorted(set(cls.presets) | set(cls.train_presets)):
                 vals = {**cls.train_presets.get(ds, {}), **cls.presets.get(ds, {})}
                 lines.append(f"  {ds}: " + ", ".join(f"{k}={v}" for k, v in vals.items()))
+        if cls.prior:
+            lines += ["", f"prior: {cls.prior} (spml probe --priors NAME; docs/priors.md)"]
         if cls.stateful:
             lines += ["", "stateful: keeps per-example state over the train split"]
         if cls.notes:

@@ -35,6 +35,10 @@ _EXPORTS = {
     "add_observed_seed": "probe.store.draws",
     **dict.fromkeys(("StoreDamaged", "StoreError", "StoreNotFoundError"), "probe.store.errors"),
     "VerifyReport": "probe.store.chunks",
+    **dict.fromkeys(("Prior", "PriorError"), "probe.store.priors"),
+    "write_prior": "probe.store.prior_writer",
+    "add_biased_draw": "probe.store.biased_draws",
+    "verify_store": "probe.store.store",
 }
 
 __all__ = [
@@ -47,12 +51,15 @@ __all__ = [
     "BadFeatureRow",
     "DatasetIndex",
     "Phase",
+    "Prior",
+    "PriorError",
     "Store",
     "StoreDamaged",
     "StoreError",
     "StoreNotFoundError",
     "StoreWriter",
     "VerifyReport",
+    "add_biased_draw",
     "add_observed_seed",
     "create_store",
     "file_sha256",
@@ -65,6 +72,7 @@ __all__ = [
     "split_pool",
     "verify_store",
     "write_feature_store",
+    "write_prior",
 ]
 
 
@@ -72,11 +80,14 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 
 if TYPE_CHECKING:
+    from .biased_draws import add_biased_draw
     from .chunks import VerifyReport
     from .draws import add_observed_seed
     from .errors import StoreDamaged, StoreError, StoreNotFoundError
     from .index import DatasetIndex, Phase
     from .layout import DTYPES, SCHEMA_VERSION, SPLIT_CODES, file_sha256, is_store_dir
+    from .prior_writer import write_prior
+    from .priors import Prior, PriorError
     from .protocol import (
         DATASET_CLASSES,
         PROTOCOL_SEED,

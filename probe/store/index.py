@@ -4,7 +4,7 @@ the official val/test split (our *test* set)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +20,10 @@ class Phase:
     paths: tuple[Path, ...]  # image files (may not exist for feature-only imports)
     labels: np.ndarray  # (N, C) uint8 full ground truth, 1 = positive
     n_unlabeled: int = 0  # rows with no positive label (kept for NUS-WIDE, counted)
+    # per (image, class) weights of the label-bias draws (probe.store.bias), from the dataset's
+    # boxes: {"size": Σ object area, "location": Σ 1/distance of box centres from the image
+    # centre}, each (N, C) float32; empty where the dataset has no boxes
+    bias_weights: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         n = len(self.image_ids)
@@ -28,6 +32,10 @@ class Phase:
                 f"Phase: image_ids ({n}), paths ({len(self.paths)}) and labels "
                 f"{self.labels.shape} must agree in the number of rows"
             )
+        for kind, w in self.bias_weights.items():
+            if np.shape(w) != self.labels.shape:
+                raise SpmlError(f"Phase: bias weights {kind!r} must have the labels' shape "
+                                f"{self.labels.shape}; got {np.shape(w)}")
 
     def __len__(self) -> int:
         return len(self.image_ids)

@@ -206,6 +206,20 @@ class Store:
             )
         return self._read(f"observed/{int(seed)}", rows)
 
+    def prior_names(self) -> list[str]:
+        """Names of the priors (per-image class scores, probe.store.priors) this store holds."""
+        from probe.store.priors import prior_names
+        return prior_names(self)
+
+    def prior(self, name: str, rows: Any = None) -> Any:
+        """Prior ``name`` at ``rows``: a :class:`probe.store.priors.Prior` (scores, extras)."""
+        from probe.store.priors import read_prior
+        return read_prior(self, name, rows)
+
+    def _prior_summary(self) -> dict:
+        from probe.store.priors import prior_summary
+        return prior_summary(self)
+
     def _read(self, name: str, rows: Any) -> np.ndarray:
         array = self._group[name]
         return _guarded(
@@ -284,6 +298,7 @@ class Store:
             "complete",
             "completed",
             "resumed",
+            "priors",
         }
         disk = sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file())
         return {
@@ -305,6 +320,7 @@ class Store:
             "splits": splits,
             "disk_bytes": int(disk),
             "class_names": self.class_names,
+            "priors": self._prior_summary(),
             "other_attrs": {k: v for k, v in self.attrs.items() if k not in known},
             "provenance": self.provenance,
         }

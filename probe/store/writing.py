@@ -115,6 +115,9 @@ def _write_row_arrays(
             "image_ids", shape=(n_rows,), dtype=str, compressors=checksum_codecs(compress=True),
             config=_EVERY_CHUNK, overwrite=True,
         )[:] = ids
+    if only is None:  # a dataset's boxes: the label-bias draws' weights (probe.store.bias)
+        from probe.store.bias import write_bias_weights
+        write_bias_weights(group, index.pool, index.test)
     observed = group.require_group("observed")
     for seed in seeds:
         if want(f"observed/{seed}"):

@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from probe.cliargs import add_device_argument, add_observed_seed_argument
+from probe.cliargs import add_device_argument, add_observed_seed_argument, add_priors_argument
 from probe.errors import SpmlError
 from probe.store.protocol import PROTOCOL_SEED
 
@@ -89,6 +89,7 @@ def _settings(args: argparse.Namespace):
         grace_seconds=args.grace,
         workers=workers,
         devices=devices,
+        priors=args.priors,
     )
 
 
@@ -296,6 +297,7 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
         "measures which picks values that hold up on test",
     )
     add_observed_seed_argument(p)
+    add_priors_argument(p)
     p.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
     p.add_argument(
         "--train-seed",

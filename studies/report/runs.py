@@ -127,7 +127,8 @@ def train_report_runs(st: Any, store_arg: str | None, *, device: str = "auto",
                       device=device)
     log(f"training the AN baseline on {store_path} ({cfg.epochs} epochs, batch size "
         f"{cfg.batch_size}, lr {cfg.lr:g})")
-    data = ProbeData.from_store(store, device=device, observed_seed=observed_seed)
+    data = ProbeData.from_store(store, device=device, observed_seed=observed_seed,
+                                priors=s.get("priors"))  # for the re-trained trials
     result = train_probe(data, cfg, "an", [{}], progress=progress)
     out = ReportRuns(store_path=store_path, data=data, an_config=cfg, an=result,
                      observed_seed=observed_seed)

@@ -1,0 +1,135 @@
+"""``spml import priors``: per-image class scores computed elsewhere (a CLIP run, a teacher
+model, the released code's pseudo-label scores) into a store's ``priors/<name>``
+(:func:`probe.store.write_prior`, docs/priors.md).
+
+Formats, by the file's suffix:
+
+* ``.npy``: an ``(N, C)`` matrix in the store's row order (train, val and test rows as
+  ``spml info`` counts them) and class order (``class_names`` checks the order when given);
+* ``.csv`` / ``.parquet``: a table with one column per class, named by the store's class
+  names (any column order; they are put in the store's), and optionally an ``image_id`` column:
+  then the rows are matched to the store's image ids (any row order, every store row once);
+  without it the rows are in the store's order.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from featurize.datasets.cole import load_npy
+from probe.errors import MissingPathError, SpmlError
+
+__all__ = ["PriorFileError", "import_priors", "read_score_table"]
+
+ID_COLUMN = "image_id"
+SUFFIXES = (".npy", ".csv", ".parquet")
+
+
+class PriorFileError(SpmlError):
+    """A scores file that cannot be read as a store's prior."""
+
+
+def _table_columns(path: Path) -> tuple[list[str], dict[str, list[Any]]]:
+    """The header and columns of a ``.csv`` or ``.parquet`` table."""
+    if path.suffix == ".parquet":
+        import polars as pl
+
+        try:
+            frame = pl.read_parquet(path)
+        except Exception as err:  # polars' own errors: not a parquet file, damaged
+            raise PriorFileError(f"--from {path}: not a readable parquet file ({err})") from None
+        return list(frame.columns), {c: frame[c].to_list() for c in frame.columns}
+    with open(path, newline="", encoding="utf-8") as fh:
+        rows = list(csv.reader(fh))
+    if not rows:
+        raise PriorFileError(f"--from {path}: the csv file is empty; it needs a header row of "
+                             "class names (and optionally image_id)")
+    header = [h.strip() for h in rows[0]]
+    body = rows[1:]
+    for i, row in enumerate(body):
+        if len(row) != len(header):
+            raise PriorFileError(f"--from {path}: line {i + 2} has {len(row)} fields, the header "
+                                 f"has {len(header)}")
+    return header, {h: [r[j] for r in body] for j, h in enumerate(header)}
+
+
+def read_score_table(path: str | Path, class_names: Sequence[str],
+                     image_ids: Sequence[str]) -> np.ndarray:
+    """An ``(N, C)`` float matrix from a scores file (module docstring), rows and columns in
+    the store's order (``image_ids``, ``class_names``)."""
+    path = Path(path)
+    if not path.is_file():
+        raise MissingPathError(f"--from: file {path} not found")
+    if path.suffix not in SUFFIXES:
+        raise PriorFileError(f"--from {path}: expected a {', '.join(SUFFIXES)} file; got suffix "
+                             f"{path.suffix!r}")
+    if path.suffix == ".npy":
+        return np.asarray(load_npy(path, "--from (scores)"))
+    header, columns = _table_columns(path)
+    classes = [c for c in header if c != ID_COLUMN]
+    missing = [c for c in class_names if c not in columns]
+    unknown = [c for c in classes if c not in class_names]
+    if missing or unknown or len(set(classes)) != len(classes):
+        raise PriorFileError(
+            f"--from {path}: the columns must be the store's {len(class_names)} class names "
+            f"(plus optionally '{ID_COLUMN}'); missing {missing[:5]}, unknown {unknown[:5]}"
+        )
+    try:
+        values = np.array([[float(v) for v in columns[c]] for c in class_names],
+                          dtype=np.float64).T.reshape(-1, len(class_names))
+    except (TypeError, ValueError) as err:
+        raise PriorFileError(f"--from {path}: every class column must hold numbers ({err})"
+                             ) from None
+    if ID_COLUMN not in columns:
+        return values
+    ids = [str(v) for v in columns[ID_COLUMN]]
+    position = {image_id: i for i, image_id in enumerate(ids)}
+    if len(position) != len(ids):
+        raise PriorFileError(f"--from {path}: the {ID_COLUMN} column repeats ids; one row per "
+                             "image")
+    absent = [i for i in image_ids if i not in position]
+    if absent or len(ids) != len(image_ids):
+        raise PriorFileError(
+            f"--from {path}: the {ID_COLUMN} column must hold every store image id once "
+            f"({len(image_ids)} rows); {len(absent)} store ids are absent (e.g. {absent[:3]}), "
+            f"the file has {len(ids)} rows"
+        )
+    return values[[position[i] for i in image_ids]]
+
+
+def import_priors(
+    store_path: str | Path,
+    name: str,
+    from_path: str | Path,
+    *,
+    extras: Mapping[str, str | Path] | None = None,
+    provenance: Mapping[str, Any] | None = None,
+    class_names_path: str | Path | None = None,
+    overwrite: bool = False,
+) -> Any:
+    """Read a scores file (and ``extras`` files, the same format) and store them as prior
+    ``name`` (:func:`probe.store.write_prior`); the file's path and sha256 go into the
+    provenance's ``source``. ``class_names_path``: the ``.npy`` columns' class names, one per
+    line, checked against the store's order. Returns the stored prior."""
+    from featurize.datasets.cole import read_class_names
+    from probe.store import file_sha256, open_store, write_prior
+
+    store = open_store(store_path)
+    files = {"scores": Path(from_path), **{k: Path(v) for k, v in (extras or {}).items()}}
+    values = {key: read_score_table(p, store.class_names, store.image_ids)
+              for key, p in files.items()}
+    names = None
+    if class_names_path is not None:
+        names = read_class_names(Path(class_names_path), store.n_classes)
+    prov = dict(provenance or {})
+    prov.setdefault("source", str(files["scores"].resolve()))
+    prov["source_files"] = {k: {"path": str(p.resolve()), "sha256": file_sha256(p)}
+                            for k, p in files.items()}
+    scores = values.pop("scores")
+    return write_prior(store.path, name, scores, prov, extras=values, overwrite=overwrite,
+                       class_names=names)

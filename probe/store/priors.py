@@ -1,0 +1,105 @@
+"""Priors in the store: per-image class scores from another model (docs/priors.md).
+
+A *prior* is what a vision-language model (CLIP) or any other teacher thinks of every image of
+the store: an ``(N, C)`` float32 matrix of class scores over all the store's rows, in the store's
+row and class order. The losses that use one (VLPL, GPR; ``Loss.prior``) read the train rows'
+scores once and index them per batch.
+
+Layout (inside the store)::
+
+    priors/<name>/scores    (N, C) float32, one chunk per block_rows rows, CRC-32C per chunk
+    priors/<name>/<extra>   (N, C) float32 extra per-image arrays a pseudo-labeller needs
+                            (DAMP: ``global``, ``tile_max``, ``tile_min``)
+    attrs["priors"][name]   {"provenance": {...}, "extras": [...], "shape": [N, C],
+                             "created": ...}
+
+The arrays are written into a hidden staging group (``priors/.staging-<name>``) and renamed
+into place; the prior is registered in the store's ``priors`` attribute last, so an
+interrupted write leaves the store as it was. Everything is validated before the first byte
+is written: a bad prior is refused by name and the store is untouched
+(:func:`probe.store.prior_writer.write_prior`; this module reads).
+
+Provenance keys (each may be None): ``model`` (e.g. ``"openai/clip-vit-large-patch14-336"``),
+``prompt_template`` (``"a photo of a {}."``), ``temperature`` (the softmax's, 0.01 for
+VLPL/AEVLP), ``tiles`` (``[4, 4]`` for DAMP's grid, None without tiles), ``source`` (the file
+or program the scores came from), plus anything else JSON can hold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from probe.store.errors import StoreError
+
+__all__ = [
+    "PRIOR_PROVENANCE_KEYS",
+    "Prior",
+    "PriorError",
+    "prior_names",
+    "prior_summary",
+    "read_prior",
+]
+
+PRIOR_PROVENANCE_KEYS: tuple[str, ...] = ("model", "prompt_template", "temperature", "tiles",
+                                          "source")
+GROUP = "priors"  # the store's group of priors
+
+
+class PriorError(StoreError):
+    """A prior that cannot be stored or read as asked: the message names the prior, what was
+    expected, what arrived and how to fix it."""
+
+
+@dataclass(frozen=True)
+class Prior:
+    """A prior read from a store: ``scores`` ``(len(rows), C)`` float32, the ``extras`` of the
+    same shape, and its provenance."""
+
+    name: str
+    scores: np.ndarray
+    extras: dict[str, np.ndarray] = field(default_factory=dict)
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+
+def prior_names(store: Any) -> list[str]:
+    """Names of the priors an open :class:`probe.store.Store` holds, sorted."""
+    return sorted(store.attrs.get("priors", {}))
+
+
+def read_prior(store: Any, name: str, rows: Any = None) -> Prior:
+    """Prior ``name`` of an open store at ``rows`` (as :meth:`probe.store.Store.labels`
+    takes them), checked against its recorded shape."""
+    have = store.attrs.get("priors", {})
+    if name not in have:
+        hint = (f"it holds {prior_names(store)}" if have else "it holds none")
+        raise PriorError(
+            f"{store.path} has no prior {name!r} ({hint}); add one with 'spml import priors "
+            f"{store.path} --name {name} --from scores.npy' (probe.store.write_prior)"
+        )
+    record = have[name]
+    group = store._group
+    out: dict[str, np.ndarray] = {}
+    for key in ("scores", *record["extras"]):
+        full = f"{GROUP}/{name}/{key}"
+        if full not in group:
+            raise PriorError(f"{store.path}: prior {name!r} lacks its array {full!r}; write it "
+                             "again with 'spml import priors … --overwrite'")
+        array = group[full]
+        if tuple(array.shape) != (store.n_rows, store.n_classes):
+            raise PriorError(
+                f"{store.path}: prior array {full!r} has shape {tuple(array.shape)}, expected "
+                f"{(store.n_rows, store.n_classes)}; write it again with --overwrite"
+            )
+        out[key] = store._read(full, rows)  # checksummed chunks, damage named
+    scores = out.pop("scores")
+    return Prior(name, scores, out, dict(record["provenance"]))
+
+
+def prior_summary(store: Any) -> dict[str, dict[str, Any]]:
+    """``{name: {"extras": [...], "provenance": {...}, "created": ...}}`` for ``spml info``."""
+    return {name: {"extras": list(rec.get("extras", [])), "created": rec.get("created"),
+                   "provenance": dict(rec.get("provenance", {}))}
+            for name, rec in sorted(store.attrs.get("priors", {}).items())}
