@@ -38,7 +38,6 @@ _EXPORTS = {
     **dict.fromkeys(("Prior", "PriorError"), "probe.store.priors"),
     "write_prior": "probe.store.prior_writer",
     "add_biased_draw": "probe.store.biased_draws",
-    "verify_store": "probe.store.store",
 }
 
 __all__ = [

@@ -13,7 +13,7 @@ import zarr
 from probe.store.bias import BIASES, GROUP, biased_positive, class_weights
 from probe.store.chunks import checksum_codecs
 from probe.store.errors import StoreError
-from probe.store.store import open_store
+from probe.store.reading import open_store
 
 __all__ = ["add_biased_draw"]
 

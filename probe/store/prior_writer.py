@@ -17,7 +17,7 @@ import zarr
 
 from probe.store.chunks import checksum_codecs
 from probe.store.priors import GROUP, PRIOR_PROVENANCE_KEYS, Prior, PriorError
-from probe.store.store import open_store
+from probe.store.reading import open_store
 
 __all__ = ["write_prior"]
 
