@@ -737,7 +737,7 @@ def _load_plugins() -> None:
         for ep in _plugins.entry_points():
             dist = _plugins.distribution_text(ep)
             before = set(_REGISTRY)
-            _PLUGINS["loading"] = f"plugin '{ep.name}' of {dist}"
+            origin = _PLUGINS["loading"] = f"plugin '{ep.name}' of {dist}"
             try:
                 obj = ep.load()
                 if isinstance(obj, type):
@@ -746,10 +746,16 @@ def _load_plugins() -> None:
                     raise LossContractError(
                         f"the entry point must name a module or a Loss subclass "
                         f"('module' or 'module:Class'); it names {type(obj).__name__} {obj!r}")
-                if set(_REGISTRY) == before:
+                # its losses: those registered now, or earlier by an import of the module
+                mine = [n for n, c in _REGISTRY.items() if c is obj or n not in before or (
+                    isinstance(obj, types.ModuleType) and c.__module__ == obj.__name__)]
+                mine = [n for n in mine if _ORIGINS.get(n) != "the built-in loss"]
+                if not mine:
                     raise LossContractError(
                         "it registered no loss (decorate the class with @register, or name "
                         "the class itself as 'module:Class')")
+                for name in mine:
+                    _ORIGINS[name] = origin
             except Exception as err:
                 for name in set(_REGISTRY) - before:
                     del _REGISTRY[name]
