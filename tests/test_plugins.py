@@ -268,11 +268,34 @@ def test_importing_probe_loads_no_plugin(tmp_path):
 # ----------------------------------------------------------------------------- real processes
 
 
-def _spml(args: list[str], pythonpath: Path, cwd: Path) -> subprocess.CompletedProcess:
+def _spml(args: list[str], pythonpath: Path, cwd: Path, argv: list[str] | None = None
+          ) -> subprocess.CompletedProcess:
+    """``spml ARGS`` in a fresh interpreter that finds the packages under ``pythonpath``."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(pythonpath), str(ROOT)]),
            "SPML_PROGRESS": "off", "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "studies.cli", *args], capture_output=True,
-                          text=True, cwd=cwd, env=env, timeout=600)
+    return subprocess.run([sys.executable, *(argv or ["-m", "studies.cli", *args])],
+                          capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
+
+
+_MANY = """
+import contextlib, io, json, sys
+from studies.cli import main
+results = []
+for argv in json.loads(sys.argv[1]):
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        code = main(argv)
+    results.append((code, out.getvalue()))
+print(json.dumps(results))
+"""
+
+
+def _spml_in_one_process(commands: list[list[str]], pythonpath: Path, cwd: Path
+                         ) -> tuple[list[tuple[int, str]], str]:
+    """``spml`` commands run one after the other in one fresh interpreter (torch starts once):
+    each command's exit code and output, and the interpreter's stderr."""
+    proc = _spml([], pythonpath, cwd, argv=["-c", _MANY, json.dumps(commands)])
+    assert proc.returncode == 0, proc.stderr
+    return [tuple(r) for r in json.loads(proc.stdout.splitlines()[-1])], proc.stderr
 
 
 @pytest.fixture(scope="module")
@@ -316,22 +339,21 @@ def store(tmp_path_factory) -> Path:
 
 def test_the_installed_example_plugin_is_listed_shown_and_trained_like_an(installed, store,
                                                                            tmp_path):
-    listed = _spml(["losses", "list"], installed, tmp_path)
-    assert listed.returncode == 0, listed.stderr
-    line = next(ln for ln in listed.stdout.splitlines() if ln.startswith("an_plugin "))
+    out = {loss: tmp_path / f"{loss}.json" for loss in ("an_plugin", "an")}
+    train = ["--epochs", "3", "--batch-size", "8", "--lr", "0.01", "--quiet"]
+    (listed, shown, *probes), stderr = _spml_in_one_process([
+        ["losses", "list"],
+        ["losses", "show", "an_plugin"],
+        ["probe", str(store), "--loss", "an_plugin", "--set", "pos_weight=1,2", *train,
+         "--json", str(out["an_plugin"])],
+        ["probe", str(store), "--loss", "an", *train, "--json", str(out["an"])],
+    ], installed, tmp_path)
+    assert [code for code, _ in (listed, shown, *probes)] == [0] * 4, stderr
+    line = next(ln for ln in listed[1].splitlines() if ln.startswith("an_plugin "))
     assert "[plugin 'an_plugin' of distribution 'spml-an-plugin 0.1.0']" in line
-    assert "19 losses" in listed.stdout and "failed" not in listed.stdout
-    shown = _spml(["losses", "show", "an_plugin"], installed, tmp_path)
-    assert shown.returncode == 0, shown.stderr
-    assert "pos_weight" in shown.stdout and "search [0.25, 4] log" in shown.stdout
-    runs = {}
-    for loss, sets in (("an_plugin", ["--set", "pos_weight=1,2"]), ("an", [])):
-        out = tmp_path / f"{loss}.json"
-        proc = _spml(["probe", str(store), "--loss", loss, *sets, "--epochs", "3",
-                      "--batch-size", "8", "--lr", "0.01",
-                      "--json", str(out), "--quiet"], installed, tmp_path)
-        assert proc.returncode == 0, proc.stderr
-        runs[loss] = json.loads(out.read_text())["trials"]
+    assert "19 losses" in listed[1] and "failed" not in listed[1]
+    assert "pos_weight" in shown[1] and "search [0.25, 4] log" in shown[1]
+    runs = {loss: json.loads(path.read_text())["trials"] for loss, path in out.items()}
     plugin_w1, plugin_w2, an = runs["an_plugin"][0], runs["an_plugin"][1], runs["an"][0]
     assert plugin_w1["hparams"] == {"pos_weight": 1.0}
     assert plugin_w1["epochs"] == an["epochs"]  # w = 1 is the built-in AN, to the bit
@@ -369,12 +391,12 @@ def test_a_broken_plugin_is_named_and_the_built_ins_stay(tmp_path):
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: spml-broken\nVersion: 1.2\n")
     (dist / "entry_points.txt").write_text("[spml_probe.losses]\nbroken = spml_broken_mod\n")
     (site / "spml_broken_mod.py").write_text("import no_such_module_anywhere\n")
-    proc = _spml(["losses", "list"], site, tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    listed = {ln.split()[0] for ln in proc.stdout.split("\n\n")[0].splitlines()}
-    assert listed == set(L.available()) and "18 losses" in proc.stdout  # every built-in
+    (listed, asked), stderr = _spml_in_one_process([["losses", "list"], ["losses", "show",
+                                                                        "broken"]], site, tmp_path)
+    assert listed[0] == 0, stderr
+    names = {ln.split()[0] for ln in listed[1].split("\n\n")[0].splitlines()}
+    assert names == set(L.available()) and "18 losses" in listed[1]  # every built-in
     assert ("loss plugin 'broken' (entry point broken = 'spml_broken_mod' of distribution "
             "'spml-broken 1.2') failed to load: ModuleNotFoundError: No module named "
-            "'no_such_module_anywhere'") in proc.stdout
-    asked = _spml(["losses", "show", "broken"], site, tmp_path)
-    assert asked.returncode == 2 and "loss 'broken' is not available" in asked.stderr
+            "'no_such_module_anywhere'") in listed[1]
+    assert asked[0] == 2 and "loss 'broken' is not available" in stderr
