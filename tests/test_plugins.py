@@ -196,7 +196,7 @@ def fake_plugins(registry, monkeypatch, tmp_path):
     monkeypatch.syspath_prepend(str(tmp_path))
     points: list[EntryPoint] = []
     monkeypatch.setattr(_plugins, "entry_points", lambda: list(points))
-    _base._PLUGINS.update(loaded=False, failures=[])
+    _base._PLUGINS.update(loaded=False, done=False, failures=[])
 
     def add(entry: str, value: str, module: str, code: str) -> None:
         (tmp_path / f"{module}.py").write_text(textwrap.dedent(code))

@@ -630,7 +630,9 @@ class EntrywiseLoss(Loss):
 
 _REGISTRY: dict[str, type[Loss]] = {}
 _ORIGINS: dict[str, str] = {}  # name -> "built-in", "plugin '…' of distribution '…'", "module …"
-_PLUGINS: dict[str, Any] = {"loaded": False, "loading": None, "failures": []}
+# loaded: started (a plugin that asks the registry while it loads does not recurse); done:
+# finished (other threads wait on the lock until then)
+_PLUGINS: dict[str, Any] = {"loaded": False, "done": False, "loading": None, "failures": []}
 _PLUGIN_LOCK = threading.RLock()
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _RESERVED = {"knn": "the training-free kNN baseline of spml probe"}
@@ -726,12 +728,12 @@ def register(cls: type[Loss]) -> type[Loss]:
 def _load_plugins() -> None:
     """Load every entry point of ``spml_probe.losses`` once per process (docs/plugins.md); a
     plugin that fails leaves no loss behind and is recorded (:func:`plugin_failures`)."""
-    if _PLUGINS["loaded"]:
+    if _PLUGINS["done"]:
         return
     with _PLUGIN_LOCK:
         if _PLUGINS["loaded"]:
             return
-        _PLUGINS["loaded"] = True  # first: a plugin that asks the registry does not recurse
+        _PLUGINS["loaded"] = True
         from . import _plugins
 
         for ep in _plugins.entry_points():
@@ -764,6 +766,7 @@ def _load_plugins() -> None:
                     ep.name, ep.value, dist, _plugins.error_line(err)))
             finally:
                 _PLUGINS["loading"] = None
+        _PLUGINS["done"] = True
 
 
 def plugin_failures() -> list[Any]:
