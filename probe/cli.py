@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import textwrap
 
 from probe.errors import SpmlError
@@ -26,15 +27,24 @@ def _losses_list(args: argparse.Namespace) -> int:
         cls = _losses.get_loss_class(name)
         searched = [s.name for s in cls.hparam_specs if s.search is not None]
         rows.append({"name": name, "paper": cls.paper, "stateful": cls.stateful,
-                     "searchable": searched})
+                     "searchable": searched, "origin": _losses.loss_origin(name)})
+    failures = _losses.plugin_failures()
     if args.json:
         print(json.dumps(rows, indent=2))
+        for failure in failures:  # the rows stay a list; what failed goes beside them
+            print(f"warning: {failure}", file=sys.stderr)
         return 0
     width = max(len(r["name"]) for r in rows)
     for r in rows:
         flag = " [stateful]" if r["stateful"] else ""
+        if r["origin"] != "the built-in loss":
+            flag += f" [{r['origin']}]"
         print(f"{r['name']:<{width}}  {r['paper']}{flag}")
     print(f"\n{len(rows)} losses; 'spml losses show NAME' for the formula and hyperparameters.")
+    if failures:
+        print(f"\n{len(failures)} loss plugin(s) failed to load (their losses are not listed):")
+        for failure in failures:
+            print(f"  {failure}")
     return 0
 
 
@@ -42,23 +52,29 @@ def _losses_show(args: argparse.Namespace) -> int:
     from . import losses as _losses
 
     cls = _losses.get_loss_class(args.name)
+    origin = _losses.loss_origin(args.name)
     if args.json:
         specs = [
             {"name": s.name, "default": s.default, "kind": s.kind, "valid": s.range_text(),
-             "search": list(s.search) if s.search else None, "log": s.log, "doc": s.doc}
+             "search": list(s.search) if s.search else None, "log": s.log, "doc": s.doc,
+             "from_data": s.from_data}
             for s in cls.hparam_specs
         ]
         print(json.dumps({"name": cls.name, "paper": cls.paper, "formula": cls.formula,
                           "hparams": specs, "presets": cls.presets,
-                          "train_presets": cls.train_presets, "notes": cls.notes}, indent=2))
+                          "train_presets": cls.train_presets, "notes": cls.notes,
+                          "origin": origin}, indent=2))
         return 0
     print(cls.describe())
+    if origin != "the built-in loss":
+        print(f"\nfrom {origin}")
     return 0
 
 
-def loss_reference_markdown() -> str:
-    """docs/loss-reference.md: every registered loss's card (``spml losses show``) as Markdown,
-    generated from the registry so that the reference cannot drift from the code."""
+def loss_reference_markdown(plugins: bool = False) -> str:
+    """docs/loss-reference.md: every built-in loss's card (``spml losses show``) as Markdown,
+    generated from the registry so that the reference cannot drift from the code; with
+    ``plugins``, the installed plugins' losses too."""
     from . import losses as _losses
 
     parts = ["# Loss reference\n",
@@ -66,13 +82,15 @@ def loss_reference_markdown() -> str:
              "(a test fails when this file and the code disagree). The specification the losses "
              "implement, with the conventions, is [losses.md](losses.md).\n"]
     for name in _losses.available():
+        if not plugins and _losses.loss_origin(name) != "the built-in loss":
+            continue
         cls = _losses.get_loss_class(name)
         parts.append(f"## {name}\n\n```text\n{cls.describe()}\n```\n")
     return "\n".join(parts)
 
 
 def _losses_doc(args: argparse.Namespace) -> int:
-    print(loss_reference_markdown(), end="")
+    print(loss_reference_markdown(plugins=args.plugins), end="")
     return 0
 
 
@@ -83,7 +101,9 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
         description="The loss library (probe.losses): every loss of docs/losses.md by its name.",
     )
     lsub = losses.add_subparsers(dest="losses_command", metavar="ACTION", required=True)
-    p = lsub.add_parser("list", help="one line per registered loss")
+    p = lsub.add_parser(
+        "list", help="one line per registered loss (built-in and plugins), and any plugin that "
+                     "failed to load")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_losses_list)
     p = lsub.add_parser(
@@ -97,6 +117,9 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
         "doc", help="every loss's card as Markdown (docs/loss-reference.md is its output)",
         epilog="example: spml losses doc > docs/loss-reference.md",
     )
+    p.add_argument("--plugins", action="store_true",
+                   help="also the losses of installed plugins (docs/plugins.md); without it, "
+                        "the built-in losses only")
     p.set_defaults(func=_losses_doc)
     _register_probe(sub, bench)
 

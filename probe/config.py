@@ -18,7 +18,7 @@ from typing import Any
 
 from probe.errors import SpmlError
 
-from .losses._base import Loss, check_hparams
+from .losses._base import HParam, Loss, check_hparam, check_hparams
 from .losses.assume_negative import EXPECTED_POSITIVES
 from .optim import OPTIMIZERS
 from .store.protocol import DATASET_CLASSES, PROTOCOL_SEED
@@ -253,44 +253,99 @@ def loss_hparams(
     """Each trial's full loss hyperparameters and notes on what the dataset decided.
 
     Per trial: the signature defaults < the paper preset ``preset`` (a dataset name, or None for
-    none) < the trial's own values, validated (unknown names, ranges). Then the optional values
-    left None are filled from the dataset: EPR/ROLE's ``k`` = Cole et al.'s expected positives
-    per image for a benchmark dataset, else ``val_cardinality()`` (the val split's mean label
-    count). Errors for a ``k`` above the class count.
+    none) < the trial's own values, validated (unknown names, ranges). Then each value left
+    None whose :class:`~probe.losses.HParam` names a ``from_data`` quantity
+    (:data:`probe.losses.DATA_QUANTITIES`) is filled from the data: ``expected_positives``
+    (EPR/ROLE's ``k``) = Cole et al.'s expected positives per image for a benchmark dataset,
+    else ``val_cardinality()`` (the val split's mean label count); ``val_cardinality``;
+    ``n_classes``; ``positive_fraction`` = expected positives / classes. Errors for an
+    ``expected_positives`` parameter above the class count.
     """
     base = dict(cls.presets.get(preset, {})) if preset is not None else {}
     merged = [check_hparams(cls.hparam_specs, {**base, **t}, cls.name) for t in trials]
     notes: list[str] = []
+    quantities = _DataQuantities(cls.name, dataset, n_classes, val_cardinality)
     for spec in cls.hparam_specs:
         if not spec.optional:
             continue
         for values in merged:
             if values.get(spec.name) is not None:
                 continue
-            if spec.name != "k":
+            if spec.from_data is None:
                 raise ProbeConfigError(
                     f"{cls.name}: hyperparameter '{spec.name}' has no default and cannot be "
                     f"derived from the data; set it (--set {spec.name}=VALUE)"
                 )
-            if dataset in EXPECTED_POSITIVES:
-                check_dataset_classes(dataset, n_classes, "the expected positives k")
-                values["k"] = float(EXPECTED_POSITIVES[dataset])
-                note = f"k={values['k']:g} (expected positives per image, Cole et al., {dataset})"
-            else:
-                values["k"] = round(float(val_cardinality()), 6)
-                if not values["k"] > 0:
-                    raise ProbeConfigError(
-                        f"{cls.name}: needs k (expected positives per image) and the val split "
-                        "has no positive label to estimate it from; set it (--set k=VALUE)"
-                    )
-                note = f"k={values['k']:g} (mean label cardinality of the val split)"
+            values[spec.name], note = quantities.fill(spec)
             if note not in notes:
                 notes.append(note)
-    for values in merged:
-        k = values.get("k")
-        if isinstance(k, int | float) and k > n_classes:
-            raise ProbeConfigError(
-                f"{cls.name}: k={k:g} expected positives per image, but the data has only "
-                f"{n_classes} classes; k must be at most the class count"
-            )
+    for spec in cls.hparam_specs:
+        if spec.from_data != "expected_positives":
+            continue
+        for values in merged:
+            k = values.get(spec.name)
+            if isinstance(k, int | float) and k > n_classes:
+                raise ProbeConfigError(
+                    f"{cls.name}: {spec.name}={k:g} expected positives per image, but the data "
+                    f"has only {n_classes} classes; {spec.name} must be at most the class count"
+                )
     return merged, notes
+
+
+class _DataQuantities:
+    """The values of :data:`probe.losses.DATA_QUANTITIES` for one dataset, each computed once,
+    and the note that says where a filled value came from."""
+
+    def __init__(self, loss: str, dataset: str, n_classes: int,
+                 val_cardinality: Callable[[], float]) -> None:
+        self.loss, self.dataset, self.n_classes = loss, dataset, n_classes
+        self._read_val = val_cardinality
+        self._cache: dict[str, tuple[float, str]] = {}  # quantity (and "val") -> value, why
+
+    def fill(self, spec: HParam) -> tuple[float, str]:
+        """``(value, note)`` for the parameter ``spec`` (its ``from_data``), validated."""
+        value, why = self._value(spec)
+        note = f"{spec.name}={value:g} ({why})"
+        try:
+            value = check_hparam(spec, value, self.loss)
+        except SpmlError as err:
+            raise ProbeConfigError(
+                f"{self.loss}: hyperparameter '{spec.name}' filled from the data "
+                f"({spec.from_data}) is not valid: {err}; set it (--set {spec.name}=VALUE)"
+            ) from None
+        return value, note
+
+    def _value(self, spec: HParam) -> tuple[float, str]:
+        if spec.from_data not in self._cache:
+            self._cache[spec.from_data] = getattr(self, f"_{spec.from_data}")(spec)
+        return self._cache[spec.from_data]
+
+    def _val(self) -> float:
+        if "val" not in self._cache:
+            self._cache["val"] = (round(float(self._read_val()), 6), "")
+        return self._cache["val"][0]
+
+    def _expected_positives(self, spec: HParam) -> tuple[float, str]:
+        if self.dataset in EXPECTED_POSITIVES:
+            check_dataset_classes(self.dataset, self.n_classes,
+                                  f"the expected positives {spec.name}")
+            return (float(EXPECTED_POSITIVES[self.dataset]),
+                    f"expected positives per image, Cole et al., {self.dataset}")
+        value = self._val()
+        if not value > 0:
+            raise ProbeConfigError(
+                f"{self.loss}: needs {spec.name} (expected positives per image) and the val "
+                f"split has no positive label to estimate it from; set it "
+                f"(--set {spec.name}=VALUE)"
+            )
+        return value, "mean label cardinality of the val split"
+
+    def _val_cardinality(self, spec: HParam) -> tuple[float, str]:
+        return self._val(), "mean label cardinality of the val split"
+
+    def _n_classes(self, spec: HParam) -> tuple[float, str]:
+        return float(self.n_classes), "the number of classes"
+
+    def _positive_fraction(self, spec: HParam) -> tuple[float, str]:
+        k, why = self._expected_positives(spec)
+        return round(k / self.n_classes, 6), f"expected positives / classes; {why}"

@@ -9,7 +9,9 @@ Every loss is available two ways:
 
 Each family lives in one module of this package; a module registers its classes with
 ``@register`` and lists its pure functions in ``__all__``. Modules are discovered automatically,
-so a new loss is one file.
+so a new loss is one file. Losses of other installed packages register through the entry-point
+group ``spml_probe.losses`` and are loaded on the registry's first use (``docs/plugins.md``);
+:mod:`probe.losses.testing` holds the contract checks a plugin's tests can run.
 """
 
 from __future__ import annotations
@@ -18,31 +20,53 @@ import importlib
 import pkgutil
 
 from ._base import (
+    DATA_QUANTITIES,
+    EntrywiseLoss,
     HParam,
     Loss,
+    LossContractError,
     LossInputError,
     LossOutput,
     available,
+    check_hparam,
     check_hparams,
+    check_inputs,
     create_loss,
     get_loss_class,
+    hp,
+    loss_origin,
+    mean_bc,
+    per_trial,
+    plugin_failures,
+    promote,
     register,
 )
 
 __all__ = [
+    "DATA_QUANTITIES",
+    "EntrywiseLoss",
     "HParam",
     "Loss",
+    "LossContractError",
     "LossInputError",
     "LossOutput",
     "available",
+    "check_hparam",
     "check_hparams",
+    "check_inputs",
     "create_loss",
     "get_loss_class",
+    "hp",
+    "loss_origin",
+    "mean_bc",
+    "per_trial",
+    "plugin_failures",
+    "promote",
     "register",
 ]
 
 for _info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-    if _info.name.startswith("_"):
+    if _info.name.startswith("_") or _info.name == "testing":  # testing: for tests, on demand
         continue
     _module = importlib.import_module(f"{__name__}.{_info.name}")
     for _name in getattr(_module, "__all__", ()):

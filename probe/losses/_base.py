@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
+import threading
+import types
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
@@ -28,9 +31,11 @@ from torch import Tensor, nn
 from probe.errors import SpmlError
 
 __all__ = [
+    "DATA_QUANTITIES",
     "EntrywiseLoss",
     "HParam",
     "Loss",
+    "LossContractError",
     "LossInputError",
     "LossOutput",
     "available",
@@ -39,8 +44,10 @@ __all__ = [
     "create_loss",
     "get_loss_class",
     "hp",
+    "loss_origin",
     "mean_bc",
     "per_trial",
+    "plugin_failures",
     "promote",
     "register",
 ]
@@ -48,6 +55,11 @@ __all__ = [
 
 class LossInputError(SpmlError):
     """Bad input to a loss: the message names the argument, what was expected and what arrived."""
+
+
+class LossContractError(SpmlError, TypeError):
+    """A loss class that breaks the contract of :class:`Loss` (refused by :func:`register`, or
+    a plugin that cannot be loaded): the message names the class and what to declare."""
 
 
 class LossOutput(NamedTuple):
@@ -62,6 +74,23 @@ class LossOutput(NamedTuple):
 # --------------------------------------------------------------------------------------------
 
 
+#: The quantities of the data a hyperparameter can be filled with when it is left None
+#: (``HParam(..., default=None, from_data=NAME)``); :func:`probe.config.loss_hparams` computes
+#: them for the probe, studies, confirm, the analyses and the fine-tune alike.
+DATA_QUANTITIES: dict[str, str] = {
+    "expected_positives": (
+        "expected positives per image: Cole et al.'s value for a benchmark dataset (VOC 1.5, "
+        "COCO 2.9, NUS 1.9, CUB 31.4), else the val split's mean label cardinality; a value "
+        "above the class count is refused (EPR's and ROLE's k)"
+    ),
+    "val_cardinality": "the val split's mean number of positive labels per image",
+    "n_classes": "the number of classes C of the data",
+    "positive_fraction": (
+        "expected_positives / C: the share of labels that are positive (a class prior)"
+    ),
+}
+
+
 @dataclass(frozen=True)
 class HParam:
     """One hyperparameter of a loss: its default, its valid range and its search range.
@@ -70,6 +99,11 @@ class HParam:
     ``search`` is the ``(low, high)`` range a study samples from (``log`` = log-uniform), or
     ``None`` when the parameter is not searched. ``kind`` is ``float`` (stackable per trial),
     ``int``, ``bool`` or ``choice`` (structural: the same for all stacked trials).
+
+    ``from_data`` names a quantity of the data (:data:`DATA_QUANTITIES`, e.g.
+    ``"expected_positives"``) that the trainer fills the parameter with when it is left None;
+    such a parameter's default must be None (it is then ``optional``). ``optional`` alone
+    (without ``from_data``) lets a pure function take None; the trainer refuses it unset.
     """
 
     name: str
@@ -83,8 +117,24 @@ class HParam:
     search: tuple[float, float] | None = None
     log: bool = False
     choices: tuple[Any, ...] | None = None
-    optional: bool = False  # default None means "filled in by the trainer" (e.g. EPR's k)
+    optional: bool = False  # None is a valid value (filled in by the trainer with from_data)
     requires: str | None = None  # a bool switch this parameter only matters under (OPML options)
+    from_data: str | None = None  # left None: filled with this DATA_QUANTITIES entry
+
+    def __post_init__(self) -> None:
+        if self.from_data is None:
+            return
+        if self.from_data not in DATA_QUANTITIES:
+            raise LossContractError(
+                f"HParam '{self.name}': from_data must be one of {sorted(DATA_QUANTITIES)}; got "
+                f"{self.from_data!r}"
+            )
+        if self.default is not None:
+            raise LossContractError(
+                f"HParam '{self.name}': a parameter filled from the data (from_data="
+                f"{self.from_data!r}) must have default None; got {self.default!r}"
+            )
+        object.__setattr__(self, "optional", True)
 
     @property
     def stackable(self) -> bool:
@@ -301,20 +351,72 @@ def check_hparams(specs: tuple[HParam, ...], given: dict[str, Any], loss: str) -
 
 
 class Loss(nn.Module):
-    """Base class of a registered loss.
+    """Base class of a registered loss: the contract every loss -- built-in or plugin -- keeps
+    (``docs/plugins.md`` walks through writing one).
 
-    Subclasses set the class attributes and implement :meth:`forward`; stateful losses also
-    implement :meth:`setup` (allocate per-example state as buffers/parameters of shape
-    ``(T, N_train, C)``), and :meth:`end_epoch` where the paper has a per-epoch pass. A loss
-    that reads a prior (per-image class scores from a vision-language model, docs/priors.md)
-    names it in :attr:`prior` and receives the train rows' scores once in :meth:`set_prior`
+    A subclass sets the class attributes below, implements :meth:`forward`, and is registered
+    with :func:`register` (built-ins: a module of ``probe/losses/``; plugins: the entry-point
+    group ``spml_probe.losses``). Stateful losses also implement :meth:`setup` (allocate
+    per-example state as buffers/parameters of shape ``(T, N_train, C)``), and
+    :meth:`end_epoch` where the paper has a per-epoch pass. A loss that reads a prior
+    (per-image class scores from a vision-language model, ``docs/priors.md``) names it in
+    :attr:`prior` and receives the train rows' scores once in :meth:`set_prior`
     (``probe.losses._prior.PriorMixin`` keeps them and gathers a batch's rows by ``index``).
 
-    The trainer's protocol, per run::
+    Class attributes (the contract; :func:`register` checks them):
+
+    ``name``
+        The registry name (``--loss NAME``): lower case, letters, digits and ``_``; unique.
+    ``paper``
+        The paper and equation the loss implements (one line; shown by ``spml losses list``).
+    ``formula``
+        The loss written out (``spml losses show``): the per-entry terms and the reduction.
+    ``hparam_specs``
+        A tuple of :class:`HParam`: each hyperparameter's default, valid range, search range
+        (studies sample from it) and a doc line naming the paper's value; ``from_data`` for one
+        the trainer fills from the data (:data:`DATA_QUANTITIES`).
+    ``presets``
+        The paper's hyperparameter values per dataset, ``{"coco": {"w_T": 10.0}}`` (used by
+        the probe for a store of that dataset, and run first by a study).
+    ``train_presets``
+        The paper's training settings per dataset, ``{"coco": {"batch_size": 16, "lr": 1e-5,
+        "epochs": 8, "head_lr_mult": 10}}`` (:func:`probe.config.resolve_training`).
+    ``stateful``
+        True when the loss keeps per-example state over the train split: it needs
+        :meth:`setup` with the train labels and ``forward(..., index=rows)``.
+    ``needs_epoch_pass``
+        True when :meth:`end_epoch` needs the whole train split's logits (an extra no-grad
+        pass over the train features after each epoch).
+    ``notes``
+        Deviations from the paper, reconstructed parts (shown by ``spml losses show``).
+    ``trial_state``
+        The names of the buffers/parameters that hold per-trial state (leading trial axis T),
+        which :meth:`select_trials` keeps the rows of when a pruned trial leaves the stack.
+        ``()`` (the default) when no state is per trial. ``None`` opts out: the trainer then
+        keeps a stopped trial in the stack, frozen (its rows still compute, results are the
+        same, later epochs are slower). A loss with state -- ``stateful``,
+        ``needs_epoch_pass``, or its own ``setup``/``end_epoch``/``manual_seed``/
+        ``extra_parameters`` -- must declare it explicitly; :func:`register` refuses it
+        otherwise.
+    ``host_per_step``
+        True when ``forward`` draws on the host or changes tensor shapes between steps; the
+        trainer then never captures the step as a CUDA graph (which would replay one step's
+        draws).
+    ``prior``
+        The prior it needs (per-image class scores, a store's ``priors/<name>``;
+        ``docs/priors.md``): None = uses none; else what it reads, e.g. "class scores". The
+        trainer hands the train rows' prior to :meth:`set_prior` once, after :meth:`setup`; the
+        loss indexes it per batch with ``index`` (shared by the stacked trials). A loss that
+        needs a prior and gets none is refused before training (naming ``--priors``), and so is
+        a prior given to a loss with ``prior = None``.
+
+    Hooks (the trainer's protocol, per run)::
 
         loss = create_loss("gr", w_T=torch.tensor([2., 10.]))   # T = 2 stacked trials
         loss.setup(observed_train, n_epochs=E, n_trials=T)        # once; validates labels
         loss.set_prior(scores_train, extras)                       # once, if loss.prior is set
+        loss.manual_seed(seeds)                                    # one seed per trial
+        params = loss.extra_parameters()                           # trained with the head
         for epoch in range(E):                                     # 0-indexed
             loss.start_epoch(epoch)                                # schedules (GR, LL, SPLC)
             for index in batches:                                  # rows of the train split
@@ -322,32 +424,27 @@ class Loss(nn.Module):
                 out.loss.sum().backward()                          # (T,) -> one backward
             if loss.needs_epoch_pass:
                 loss.end_epoch(epoch, train_logits)                # (T, N_train, C), no grad
+            loss.select_trials(keep)                               # when trials are pruned
+
+    ``forward(logits, observed, index=None) -> LossOutput``: ``logits`` ``(T, B, C)`` (or
+    ``(B, C)``), ``observed`` ``(B, C)`` int8 of -1/0/1, ``index`` the batch's rows of the
+    train split; returns the ``(T,)`` (or scalar) loss and its named parts. It must not
+    synchronise with the host (no ``.item()``, ``bool(tensor)``, ``nonzero``): the inputs were
+    validated once, before training. Hyperparameters are read with :meth:`hparam` and viewed
+    for broadcasting with :func:`hp`; half-precision logits are promoted (:func:`promote`).
     """
 
     name: ClassVar[str] = ""
     paper: ClassVar[str] = ""
     formula: ClassVar[str] = ""
     hparam_specs: ClassVar[tuple[HParam, ...]] = ()
-    # per-dataset paper values: {"coco": {"hparam": value, ...}}; training settings live in
-    # ``train_presets`` ({"coco": {"batch_size": 16, "lr": 1e-5, "epochs": 8}})
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
     train_presets: ClassVar[dict[str, dict[str, Any]]] = {}
-    stateful: ClassVar[bool] = False  # needs setup(observed) and forward(..., index=...)
-    needs_epoch_pass: ClassVar[bool] = False  # end_epoch needs the train set's logits
-    notes: ClassVar[str] = ""  # deviations from the paper / reconstructed parts
-    # per-trial state (buffer/parameter names with a leading trial axis) that select_trials
-    # keeps the rows of, besides the (T,) hyperparameters; None = select_trials unsupported
-    # (the trainer then freezes a stopped trial in place instead of removing it)
-    trial_state: ClassVar[tuple[str, ...] | None] = None
-    # the forward draws on the host or changes tensor shapes between steps (a captured CUDA
-    # graph would replay one step's draws): the trainer then never captures the step
+    stateful: ClassVar[bool] = False
+    needs_epoch_pass: ClassVar[bool] = False
+    notes: ClassVar[str] = ""
+    trial_state: ClassVar[tuple[str, ...] | None] = ()
     host_per_step: ClassVar[bool] = False
-    # the prior it needs (per-image class scores from a vision-language model, a store's
-    # ``priors/<name>``; docs/priors.md): None = uses none; else what it reads, e.g.
-    # "class scores". The trainer hands the train rows' prior to :meth:`set_prior` once, after
-    # :meth:`setup`; the loss indexes it per batch with ``index`` (like per-example state, shared
-    # by the stacked trials). A loss that needs a prior and gets none is refused before
-    # training (naming ``--priors``), and so is a prior given to a loss with ``prior = None``.
     prior: ClassVar[str | None] = None
 
     def __init__(self, **hparams: Any) -> None:
@@ -555,6 +652,15 @@ class EntrywiseLoss(Loss):
 # --------------------------------------------------------------------------------------------
 
 _REGISTRY: dict[str, type[Loss]] = {}
+_ORIGINS: dict[str, str] = {}  # name -> "built-in", "plugin '…' of distribution '…'", "module …"
+# loaded: started (a plugin that asks the registry while it loads does not recurse); done:
+# finished (other threads wait on the lock until then)
+_PLUGINS: dict[str, Any] = {"loaded": False, "done": False, "loading": None, "failures": []}
+_PLUGIN_LOCK = threading.RLock()
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_RESERVED = {"knn": "the training-free kNN baseline of spml probe"}
+# hooks that keep state over training: a loss defining one must declare its trial_state
+_STATE_HOOKS = ("setup", "end_epoch", "manual_seed", "extra_parameters")
 
 
 def trial_rows(value: Tensor, keep: list[int]) -> Tensor:
@@ -566,18 +672,143 @@ def trial_rows(value: Tensor, keep: list[int]) -> Tensor:
     return value[torch.tensor(keep, device=value.device)].contiguous()
 
 
+def _declares(cls: type, attr: str) -> bool:
+    """Whether ``cls`` itself (or a class between it and the library's bases) sets ``attr``."""
+    return any(attr in vars(k) for k in cls.__mro__ if k not in (Loss, EntrywiseLoss)
+               and issubclass(k, Loss))
+
+
+def _check_contract(cls: Any) -> None:
+    """Refuse a class that breaks the :class:`Loss` contract, naming what to declare."""
+    what = getattr(cls, "__qualname__", repr(cls))
+    if not (isinstance(cls, type) and issubclass(cls, Loss)):
+        raise LossContractError(f"register: {what} must be a subclass of probe.losses.Loss")
+    name = cls.name
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise LossContractError(
+            f"register: {what}.name must be the loss's registry name, letters, digits and '_' "
+            f"(e.g. 'my_loss'); got {name!r}"
+        )
+    if name in _RESERVED:
+        raise LossContractError(f"register: {what}.name '{name}' is reserved for "
+                                f"{_RESERVED[name]}; choose another name")
+    if cls.forward is nn.Module.forward:
+        raise LossContractError(f"register: loss '{name}' ({what}) defines no forward(logits, "
+                                "observed, index=None) -> LossOutput")
+    specs = cls.hparam_specs
+    if not isinstance(specs, tuple) or not all(isinstance(s, HParam) for s in specs):
+        raise LossContractError(f"register: loss '{name}': hparam_specs must be a tuple of "
+                                f"HParam; got {specs!r}")
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise LossContractError(f"register: loss '{name}': hparam_specs name a parameter twice "
+                                f"({names})")
+    for dataset, values in cls.presets.items():
+        unknown = sorted(set(values) - set(names))
+        if unknown:
+            raise LossContractError(f"register: loss '{name}': presets['{dataset}'] sets "
+                                    f"{unknown}, which are not in hparam_specs ({names})")
+    ts = cls.trial_state
+    if ts is not None and not (isinstance(ts, tuple) and all(isinstance(t, str) for t in ts)):
+        raise LossContractError(f"register: loss '{name}': trial_state must be a tuple of "
+                                f"buffer/parameter names, () or None; got {ts!r}")
+    hooks = [h for h in _STATE_HOOKS if getattr(cls, h) is not getattr(Loss, h)]
+    flags = [f for f in ("stateful", "needs_epoch_pass") if getattr(cls, f)]
+    if (hooks or flags) and not _declares(cls, "trial_state"):
+        why = ", ".join([f"{f}=True" for f in flags] + [f"defines {h}()" for h in hooks])
+        raise LossContractError(
+            f"register: loss '{name}' ({what}) may keep state over training ({why}) but "
+            "declares no trial_state, so the trainer cannot know how to remove a pruned trial; "
+            "declare trial_state = (the names of its buffers/parameters with a leading trial "
+            "axis), trial_state = () if none of its state is per trial, or trial_state = None "
+            "to keep stopped trials frozen in the stack"
+        )
+
+
 def register(cls: type[Loss]) -> type[Loss]:
-    """Class decorator: register a :class:`Loss` under ``cls.name`` (the name in docs/losses.md)."""
-    if not cls.name:
-        raise TypeError(f"{cls.__name__} has no 'name'")
-    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
-        raise TypeError(f"loss name '{cls.name}' registered twice")
-    _REGISTRY[cls.name] = cls
+    """Class decorator: register a :class:`Loss` under ``cls.name`` (the name in docs/losses.md).
+
+    Checks the contract (:class:`Loss`) and refuses a name already taken, naming both classes
+    (:class:`LossContractError`)."""
+    _check_contract(cls)
+    with _PLUGIN_LOCK:
+        taken = _REGISTRY.get(cls.name)
+        if taken is not None and taken is not cls:
+            raise LossContractError(
+                f"register: loss name '{cls.name}' of {cls.__module__}.{cls.__qualname__} is "
+                f"already taken by {_ORIGINS.get(cls.name, 'another loss')} "
+                f"({taken.__module__}.{taken.__qualname__}); give the new loss another name"
+            )
+        if taken is None:
+            loading = _PLUGINS["loading"]
+            _ORIGINS[cls.name] = (loading if loading is not None
+                                  else "the built-in loss" if cls.__module__.startswith(
+                                      "probe.losses.") else f"module {cls.__module__}")
+        _REGISTRY[cls.name] = cls
     return cls
 
 
+def _load_plugins() -> None:
+    """Load every entry point of ``spml_probe.losses`` once per process (docs/plugins.md); a
+    plugin that fails leaves no loss behind and is recorded (:func:`plugin_failures`)."""
+    if _PLUGINS["done"]:
+        return
+    with _PLUGIN_LOCK:
+        if _PLUGINS["loaded"]:
+            return
+        _PLUGINS["loaded"] = True
+        from . import _plugins
+
+        for ep in _plugins.entry_points():
+            dist = _plugins.distribution_text(ep)
+            before = set(_REGISTRY)
+            origin = _PLUGINS["loading"] = f"plugin '{ep.name}' of {dist}"
+            try:
+                obj = ep.load()
+                if isinstance(obj, type):
+                    register(obj)
+                elif not isinstance(obj, types.ModuleType):
+                    raise LossContractError(
+                        f"the entry point must name a module or a Loss subclass "
+                        f"('module' or 'module:Class'); it names {type(obj).__name__} {obj!r}")
+                # its losses: those registered now, or earlier by an import of the module
+                mine = [n for n, c in _REGISTRY.items() if c is obj or n not in before or (
+                    isinstance(obj, types.ModuleType) and c.__module__ == obj.__name__)]
+                mine = [n for n in mine if _ORIGINS.get(n) != "the built-in loss"]
+                if not mine:
+                    raise LossContractError(
+                        "it registered no loss (decorate the class with @register, or name "
+                        "the class itself as 'module:Class')")
+                for name in mine:
+                    _ORIGINS[name] = origin
+            except Exception as err:
+                for name in set(_REGISTRY) - before:
+                    del _REGISTRY[name]
+                    _ORIGINS.pop(name, None)
+                _PLUGINS["failures"].append(_plugins.PluginFailure(
+                    ep.name, ep.value, dist, _plugins.error_line(err)))
+            finally:
+                _PLUGINS["loading"] = None
+        _PLUGINS["done"] = True
+
+
+def plugin_failures() -> list[Any]:
+    """The loss plugins that failed to load in this process (``PluginFailure``: entry point,
+    distribution, error), after loading them if that has not happened yet."""
+    _load_plugins()
+    return list(_PLUGINS["failures"])
+
+
+def loss_origin(name: str) -> str:
+    """Where the registered loss ``name`` comes from: ``"the built-in loss"``, ``"plugin 'x' of
+    distribution 'y 1.0'"`` or ``"module m"`` (a class registered by the user's own code)."""
+    get_loss_class(name)
+    return _ORIGINS.get(name, "the built-in loss")
+
+
 def available() -> list[str]:
-    """Names of all registered losses, sorted."""
+    """Names of all registered losses (built-in and plugins), sorted."""
+    _load_plugins()
     return sorted(_REGISTRY)
 
 
@@ -592,15 +823,26 @@ def _suggest(name: str, known: list[str], cutoff: float) -> list[str]:
 
 
 def get_loss_class(name: str) -> type[Loss]:
-    """The registered class for ``name``; unknown names get the closest suggestion."""
+    """The registered class for ``name``; unknown names get the closest suggestion, and a name
+    whose plugin failed to load gets that plugin's error."""
+    _load_plugins()
     try:
         return _REGISTRY[name]
     except KeyError:
+        failures = _PLUGINS["failures"]
+        for failure in failures:
+            if failure.entry_point == name:
+                raise LossInputError(
+                    f"loss '{name}' is not available: {failure}; fix or uninstall the plugin"
+                ) from None
         hint = _suggest(str(name), list(_REGISTRY), cutoff=0.4)
+        broken = ("; plugins that failed to load: "
+                  + ", ".join(f"'{f.entry_point}' ({f.distribution})" for f in failures)
+                  + " ('spml losses list' shows why)") if failures else ""
         raise LossInputError(
             f"unknown loss '{name}'"
             + (f"; did you mean '{hint[0]}'?" if hint else "")
-            + f" (available: {', '.join(available())})"
+            + f" (available: {', '.join(available())})" + broken
         ) from None
 
 

@@ -57,7 +57,7 @@ _K = HParam(
     low_open=True,
     search=(0.5, 10.0),
     log=True,
-    optional=True,
+    from_data="expected_positives",
 )
 
 

@@ -357,6 +357,9 @@ class OPML(Loss):
     )
     hparam_specs = (_ALPHA, _BETA, _HIGH_RANK, _HR_LAMBDA, _HR_DELTA, _SOFT, _SOFT_POWER,
                     _CORRECT, _CORRECT_RATIO)
+    # the options soft/correct keep per-trial AP and flips that select_trials does not take:
+    # a stopped trial stays in the stack, frozen
+    trial_state = None
     notes = (
         "(reconstructed) The paper's formulas and numbers could not be recovered, so parts of "
         "this loss are reconstructed: the OPML loss itself follows docs/losses.md (α = β = 1 is "

@@ -157,6 +157,7 @@ def vpu(
 @register
 class VPU(Loss):
     host_per_step = True  # λ drawn per step from numpy generators
+    trial_state = None  # one numpy generator per trial: a stopped trial stays in the stack, frozen
     name = "vpu"
     paper = PAPER
     formula = (
