@@ -165,9 +165,9 @@ def _draw_counts(n: int, n_resamples: int, seed: int) -> Tensor:
 
 
 # bytes of one tile of counts (N rows x a range of resamples): every class's histogram pass
-# reads the tile from the cache instead of memory (measured on 2 EPYC cores with a 32 MiB L3,
-# COCO's 40,137 test rows: tiles of 64 resamples (10 MB) 0.93 s for 80 classes x 1,000
-# resamples, 32 or 128 resamples 1.2 s, one pass over all resamples per class 1.3 s)
+# reads the tile from the cache instead of memory (on 2 EPYC cores with a 32 MiB L3 and
+# COCO's 40,137 test rows, tiles of 64 resamples (10 MB) beat 32, 128 or one pass over all
+# resamples per class; `spml bench intervals` times it)
 TILE_BYTES = 8 << 20
 # tile widths are multiples of 64 resamples: torch sums a (P, width) block down its columns in
 # groups of vector lanes (32 float32 columns with AVX2, 64 with AVX-512), so a resample's sum
@@ -526,5 +526,6 @@ def record_test_intervals(result, intervals: dict[int, Interval], *, n_resamples
         if best:
             best["test_map_low"], best["test_map_high"] = iv.low, iv.high
     result.config["test_interval"] = {
-        "method": "paired percentile bootstrap over test images (docs/protocol.md)",
+        "method": ("paired bootstrap over test images, bias-corrected percentile interval "
+                   "(docs/protocol.md)"),
         "n_resamples": int(n_resamples), "seed": int(seed), "level": float(level)}
