@@ -93,15 +93,11 @@ class ProbeConfig:
     cuda_graph: bool | None = None  # CUDA: replay the steps as captured CUDA graphs (one
     # launch per GRAPH_STEPS steps; same kernels, same heads bit for bit; 5-14x faster epochs on
     # an H100). None: wherever the step can be captured; True: required; False: never
-    step_threads: int | None = None  # CPU threads for the training steps; None = measured:
-    # one thread or torch's setting, whichever runs this step shape faster here and now
-    # (probe.loop.measured_threads; small heads gain from 1 thread, large ones from several,
-    # and the crossover moves with the machine's load), so it may differ between runs; set it
-    # for bit-for-bit equal runs across processes. Evaluation uses torch's setting.
-    trial_block: int | None = None  # CPU: stacked trials trained together, one block after the
-    # other through each epoch, so that a block's heads and optimizer state stay in cache. None
-    # = as many as fit probe.loop.TRIAL_BLOCK_BYTES (COCO-sized heads: 8; small heads: all);
-    # 0 = all trials in one block. A trial computes the same in any block (probe.loop)
+    # Deprecated (removed in the next release): how the run uses the CPU is no part of the
+    # experiment; pass train_probe(..., speed=probe.SpeedOptions(step_threads=...,
+    # trial_block=...)). Set here, they still work, with a DeprecationWarning.
+    step_threads: int | None = None
+    trial_block: int | None = None
 
     def validate(self) -> None:
         """Raise :class:`ProbeConfigError` naming the first bad setting."""
