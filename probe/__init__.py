@@ -48,6 +48,7 @@ _EXPORTS = {
     # results
     "ProbeResult": "probe.results",
     "TrialResult": "probe.results",
+    "BestEpoch": "probe.results",
     "EpochReport": "probe.results",
     "save_head": "probe.results",
     "load_head": "probe.results",
@@ -76,6 +77,7 @@ _EXPORTS = {
 
 __all__ = [
     "PROTOCOL_SEED",
+    "BestEpoch",
     "DataError",
     "EpochReport",
     "HParam",
@@ -127,7 +129,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from .losses import HParam, Loss, LossInputError, create_loss, get_loss_class
     from .losses import available as available_losses
     from .metrics import average_precision, f1_scores, mean_average_precision
-    from .results import EpochReport, ProbeResult, TrialResult, load_head, save_head
+    from .results import BestEpoch, EpochReport, ProbeResult, TrialResult, load_head, save_head
     from .speed import SpeedOptions
     from .store import PROTOCOL_SEED, Store, StoreError, open_store, write_feature_store
     from .train import train_probe

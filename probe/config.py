@@ -12,6 +12,7 @@ fine-tune all call these, so they never disagree about what a setting means.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -169,12 +170,18 @@ class TrainingSettings:
     head_lr_mult: float
     sources: dict[str, str]
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """``batch_size, lr, epochs`` and ``<key>_from`` (what the results files record)."""
         out: dict[str, Any] = {"batch_size": self.batch_size, "lr": self.lr,
                                "epochs": self.epochs}
         out.update({f"{k}_from": v for k, v in self.sources.items()})
         return out
+
+    def as_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Deprecated alias of :meth:`to_dict` (removed in the next release)."""
+        warnings.warn(f"{type(self).__name__}.as_dict() is deprecated; use to_dict()",
+                      DeprecationWarning, stacklevel=2)
+        return self.to_dict(*args, **kwargs)
 
 
 def resolve_training(

@@ -33,11 +33,13 @@ interval of the mean of the runs' mAPs.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from itertools import pairwise
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -77,8 +79,15 @@ class Interval:
     def __str__(self) -> str:
         return f"{self.value:.2f} [{self.low:.2f}, {self.high:.2f}]"
 
-    def as_dict(self, prefix: str = "") -> dict[str, float]:
+    def to_dict(self, prefix: str = "") -> dict[str, float]:
+        """``{prefix: value, prefix_low: low, prefix_high: high}``."""
         return {f"{prefix}": self.value, f"{prefix}_low": self.low, f"{prefix}_high": self.high}
+
+    def as_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Deprecated alias of :meth:`to_dict` (removed in the next release)."""
+        warnings.warn(f"{type(self).__name__}.as_dict() is deprecated; use to_dict()",
+                      DeprecationWarning, stacklevel=2)
+        return self.to_dict(*args, **kwargs)
 
 
 @dataclass(frozen=True)

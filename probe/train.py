@@ -231,7 +231,7 @@ def _result(plan: TrialPlan, trainer: Trainer, data: ProbeData, config: ProbeCon
     if config.flip and not data.has_flip:
         notes.append("flip augmentation off: the data has no flipped features")
     experiment = {k: v for k, v in asdict(config).items() if k not in SPEED_FIELDS}
-    resolved = {**experiment, **plan.training.as_dict(), "device": str(trainer.device),
+    resolved = {**experiment, **plan.training.to_dict(), "device": str(trainer.device),
                 "flip_used": trainer.flip, "notes": notes}
     result = ProbeResult(
         loss=plan.cls.name,

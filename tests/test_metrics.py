@@ -327,7 +327,7 @@ def test_f1_hand_computed():
     assert r.class_precision.item() == pytest.approx(100 * cp)
     assert r.class_recall.item() == pytest.approx(100 * cr)
     assert r.class_f1.item() == pytest.approx(100 * 2 * cp * cr / (cp + cr))
-    assert set(r.as_dict()) == {"OF1", "CF1", "OP", "OR", "CP", "CR"}
+    assert set(r.to_dict()) == {"OF1", "CF1", "OP", "OR", "CP", "CR"}
 
 
 @pytest.mark.parametrize("threshold", [0.5, 0.3, 0.75])

@@ -438,12 +438,12 @@ def test_paper_presets_train_the_head_at_the_released_codes_head_rate():
     from probe import resolve_training
     from probe.losses import get_loss_class
 
-    gr = resolve_training(get_loss_class("gr"), "coco").as_dict()
+    gr = resolve_training(get_loss_class("gr"), "coco").to_dict()
     assert gr["lr"] == pytest.approx(1e-4) and gr["batch_size"] == 16 and gr["epochs"] == 8
     assert "head rate: 10 × the backbone's 1e-05" in gr["lr_from"]
-    em = resolve_training(get_loss_class("em_apl"), "coco").as_dict()
+    em = resolve_training(get_loss_class("em_apl"), "coco").to_dict()
     assert em["lr"] == pytest.approx(1e-5)  # no head multiplier in its released code
-    given = resolve_training(get_loss_class("gr"), "coco", lr=3e-3).as_dict()
+    given = resolve_training(get_loss_class("gr"), "coco", lr=3e-3).to_dict()
     assert given["lr"] == 3e-3 and given["lr_from"] == "as given"
 
 
