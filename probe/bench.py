@@ -664,7 +664,9 @@ def format_report(report: dict[str, Any]) -> str:
         f"{after.get('load_avg_1_5_15')}: figures move with the load",
         f"store: {store['train_rows']} train rows x {store['dim']}, {store['classes']} classes, "
         f"flip={store['flip']}; batch {report['config']['batch_size']}, Adam, GR loss; "
-        f"median of {report['config']['epochs']} epochs",
+        f"median of {report['config']['epochs']} epochs; "
+        + ("each row timed alone, in a fresh process" if report["config"].get("isolate", True)
+           else "rows timed one after the other in one process (--in-process)"),
         "",
         f"{'configuration (s/epoch: training)':<72} {'s/epoch':>9} {'s/epoch/trial':>14} "
         f"{'val s':>7} {'test s':>7} {'peak MiB':>9} {'+MiB':>7}",

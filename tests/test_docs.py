@@ -60,12 +60,17 @@ DOCS = [ROOT / "README.md", *sorted(ROOT.glob("docs/*.md"))]
 def _quoted_commands(text: str) -> list[str]:
     """Every command line starting with ``spml`` inside inline code or a fenced block."""
     spans = re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S)
-    spans += re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", text, flags=re.S))
+    # an inline code span may wrap across lines in the Markdown source
+    spans += [" ".join(s.split()) for s in
+              re.findall(r"`([^`]+)`", re.sub(r"```.*?```", "", text, flags=re.S))]
     found = []
     for span in spans:
         for line in span.splitlines():
             # a command runs to a shell separator; a "|" inside a word names alternatives
             for m in re.finditer(r"(?:^|[\s(&;|])(spml(?: (?:[^&;|#]|\|(?! ))*)?)", line):
+                words = m.group(1).split()
+                if len(words) > 1 and words[1].endswith(":"):
+                    continue  # a message the command prints ("spml probe: error: ..."), quoted
                 found.append(m.group(1).strip())
     return found
 
@@ -132,6 +137,8 @@ def test_the_command_checker_catches_a_wrong_flag_and_command():
     assert _check_command("spml bench probe|store") == []
     assert _quoted_commands("`spml import cole|arrays|yeast` and `spml losses show gr | head`") \
         == ["spml import cole|arrays|yeast", "spml losses show gr"]
+    assert _quoted_commands("`spml probe: error: damaged` and `spml demo\n  --out x`") \
+        == ["spml demo --out x"]
     assert _check_command("spml probe STORE --no-such-flag")
     assert _check_command("spml frobnicate STORE")
     assert _check_command("spml bench probe --trials 1 --no-such-flag")
