@@ -155,3 +155,23 @@ def test_the_demo_help_states_how_long_it_takes():
     assert "minutes" not in text
     assert "about 10 s" in " ".join(text.split())
     assert "about 10 s" in " ".join((ROOT / "README.md").read_text().split())
+
+
+def test_every_cited_doc_section_exists():
+    """``docs/NAME.md "Section"`` in code and docs names a heading or a bold lead-in of that
+    doc (quotes and case aside), so a renamed section cannot leave a dangling citation."""
+    def plain(s: str) -> str:
+        return " ".join(re.sub(r"[\"'`*]", "", s).lower().split())
+
+    missing, seen = [], 0
+    for path in [*SOURCES, ROOT / "pyproject.toml"]:
+        text = " ".join(path.read_text().split())  # a citation may wrap across lines
+        for doc, section in re.findall(r"(docs/[A-Za-z0-9_.-]+\.md),? \"([^\"]+)\"", text):
+            target = (ROOT / doc).read_text()
+            titles = re.findall(r"^#+ (.+)$", target, flags=re.M)
+            titles += re.findall(r"\*\*([^*]+)\*\*", target)
+            seen += 1
+            if not any(plain(section) in plain(t) for t in titles):
+                missing.append(f"{path.relative_to(ROOT)} cites {doc} \"{section}\"")
+    assert seen > 20, f"found only {seen} section citations: the pattern is broken"
+    assert not missing, "\n".join(missing)
