@@ -193,8 +193,9 @@ def remembered_threads(key: str, measure: Callable[[], tuple[int | None, dict[st
         return _REMEMBERED[full]
     path = path or thread_cache_path()
     entries = _read_cache(path) if disk else {}
-    if full in entries and entries[full].get("threads") in (1, None):
-        choice = entries[full]["threads"]
+    entry = entries.get(full)
+    if isinstance(entry, dict) and "threads" in entry and entry["threads"] in (1, None):
+        choice = entry["threads"]
     else:
         choice, evidence = measure()
         if disk:

@@ -100,6 +100,12 @@ def test_an_unreadable_or_unwritable_cache_is_ignored(fresh, tmp_path):
     speed._REMEMBERED.clear()
     fresh.write_text(json.dumps({"format": 999, "choices": {"x": {"threads": 1}}}))
     assert remembered_threads("k", lambda: (None, {})) is None  # another format: measured
+    key = f"{speed._machine()}|k2"
+    for bad in ({}, {"threads": 4}, "1", None):  # a damaged entry is measured again
+        speed._REMEMBERED.clear()
+        fresh.write_text(json.dumps({"format": speed.THREAD_CACHE_FORMAT,
+                                     "choices": {key: bad}}))
+        assert remembered_threads("k2", lambda: (1, {})) == 1
 
 
 def test_measured_threads_calibrates_once_per_machine_and_shape(fresh, monkeypatch):
