@@ -1,7 +1,6 @@
 """``spml bench featurize``: images/s of the featurize pipeline on this machine (docs/design.md
-"What fast means"; issue 13's target: ≥ 2,500 images/s end to end with flips at 448² on one
-H100 with bf16, channels_last and GPU JPEG decode; measured 1,323 on 2026-11-25, README "On a
-GPU").
+"What fast means"; the target: ≥ 2,500 images/s end to end with flips at 448² on one
+H100 with bf16, channels_last and GPU JPEG decode; figures in docs/performance.md).
 
 Synthetic photo-like JPEGs (default 640×480, COCO's typical size: smooth colour fields, edges
 and sensor noise, quality 90) are written to a temporary folder. Three figures, each after an
@@ -61,7 +60,7 @@ class BenchConfig:
         default_factory=lambda: FeaturizeConfig(weights=RANDOM, progress=False)
     )
     n_images: int | None = None  # None: 4096 on CUDA (a few seconds at target speed), 24 on CPU
-    width: int = 640  # COCO's typical photo (issue 13: 640×480, quality 90)
+    width: int = 640  # COCO's typical photo (640×480, quality 90)
     height: int = 480
     unique_images: int = 64  # distinct JPEG files; rows cycle through them (decode cost is real)
     warmup_batches: int = 2  # untimed: cuDNN autotuning, allocator and decoder start-up

@@ -1,5 +1,5 @@
 """The featurize pipeline: run a frozen backbone once over a dataset into a feature store
-(GitHub issue 4; docs/protocol.md steps 6-7 and "The feature store").
+(docs/protocol.md steps 6-7 and "The feature store").
 
 Per image: decode → resize to S×S (bilinear, antialias, aspect not kept, no crop) → ``/255`` →
 normalise → backbone → pooled features; plus the features of the horizontally flipped input
@@ -61,9 +61,9 @@ from probe.io import atomic_write_text
 from probe.progress import Progress
 from probe.store.index import DatasetIndex
 
-# The GPU fast path (batched nvJPEG decode on the device, bf16 autocast, channels_last) ran on an
-# H100 on 2026-11-25: 1,323 vs 199 images/s for the reference path, features within cosine
-# 0.999 of the reference (README "On a GPU"). The ``auto`` settings still choose the reference
+# The GPU fast path (batched nvJPEG decode on the device, bf16 autocast, channels_last) is
+# several times faster than the reference path on an H100, its features within cosine 0.999 of
+# the reference (docs/performance.md). The ``auto`` settings still choose the reference
 # path (PIL decode, fp32) on CUDA: whether a probe trained on bf16 features lands within 0.1 mAP
 # of the reference needs a real dataset and pretrained weights, and has not been run. The fast
 # path is selected with ``--decode torchvision --precision bf16``; set True once that is checked.
@@ -443,7 +443,7 @@ class RankFailed(SpmlError):
 
 @dataclass(frozen=True)
 class Ranks:
-    """This process's place in a ``torch.distributed`` featurize run (``torchrun``; issue 13).
+    """This process's place in a ``torch.distributed`` featurize run (``torchrun``).
 
     Every rank runs the same command; rank 0 creates (or resumes) the store, then rank ``r`` of
     ``world`` featurizes the pending blocks ``r, r + world, …`` (disjoint row blocks of one

@@ -1,5 +1,6 @@
 """spml-probe's engine: the feature store, the SPML loss library, metrics, and the stacked
-linear-probe trainer. Needs only torch, numpy and zarr.
+linear-probe trainer. Needs torch, numpy and zarr (faiss for the kNN baseline, scipy for
+intervals over seeds).
 
 The public API, importable from here (names load on first use, so ``import probe`` is cheap)::
 
@@ -9,7 +10,7 @@ The public API, importable from here (names load on first use, so ``import probe
     result.trials[1].best["test_map"]
 
 Layers (each reads only those below it; docs/design.md "Layers"): :mod:`probe.store` (the
-store and the protocol) and :mod:`probe.ranking` ← :mod:`probe.losses` and
+store and the protocol, no torch) ← :mod:`probe.ranking`, :mod:`probe.losses` and
 :mod:`probe.metrics` ← the engine (:mod:`probe.config`, :mod:`probe.data`, :mod:`probe.trials`,
 :mod:`probe.loop`, :mod:`probe.evaluate`, :mod:`probe.results`, :mod:`probe.train`) ←
 :mod:`studies`.
@@ -35,6 +36,7 @@ _EXPORTS = {
     "train_probe": "probe.train",
     "ProbeConfig": "probe.config",
     "ProbeConfigError": "probe.config",
+    "SpeedOptions": "probe.speed",
     "TrainingSettings": "probe.config",
     "resolve_training": "probe.config",
     "expand_grid": "probe.trials",
@@ -46,6 +48,7 @@ _EXPORTS = {
     # results
     "ProbeResult": "probe.results",
     "TrialResult": "probe.results",
+    "BestEpoch": "probe.results",
     "EpochReport": "probe.results",
     "save_head": "probe.results",
     "load_head": "probe.results",
@@ -74,6 +77,7 @@ _EXPORTS = {
 
 __all__ = [
     "PROTOCOL_SEED",
+    "BestEpoch",
     "DataError",
     "EpochReport",
     "HParam",
@@ -84,6 +88,7 @@ __all__ = [
     "ProbeConfigError",
     "ProbeData",
     "ProbeResult",
+    "SpeedOptions",
     "SpmlError",
     "Store",
     "StoreError",
@@ -124,7 +129,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from .losses import HParam, Loss, LossInputError, create_loss, get_loss_class
     from .losses import available as available_losses
     from .metrics import average_precision, f1_scores, mean_average_precision
-    from .results import EpochReport, ProbeResult, TrialResult, load_head, save_head
+    from .results import BestEpoch, EpochReport, ProbeResult, TrialResult, load_head, save_head
+    from .speed import SpeedOptions
     from .store import PROTOCOL_SEED, Store, StoreError, open_store, write_feature_store
     from .train import train_probe
     from .trials import expand_grid

@@ -24,6 +24,11 @@ positives per image -- built once and cached (:func:`synthetic_store`), one run 
     trains in trial blocks, and with ``compare_eager`` (``--compare-eager``, CUDA) each one,
     also trained as one block / with the eager step, its heads compared with the engine's.
 
+Each configuration is timed alone, in a fresh process of its own (``isolate``; ``--in-process``
+runs them all in this one): the rows do not disturb each other, so ``plain / engine`` in one
+run is the plain loop over the engine timed alone. The engine's step-thread choice is the one
+every run of that step shape gets on this machine (:mod:`probe.speed`).
+
 The report names the machine, the threads and the load average before and after: on a shared
 machine the figures move with the load, and a figure only counts next to its load.
 
@@ -39,7 +44,7 @@ import os
 import platform
 import statistics
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +61,7 @@ from .intervals import bootstrap_map
 from .loop import epoch_order, order_generator
 from .losses import create_loss
 from .results import environment_info
+from .speed import SpeedOptions, default_cache_dir
 from .train import train_probe
 
 __all__ = ["BenchConfig", "bench_bootstrap", "default_cache_dir", "format_report",
@@ -68,11 +74,6 @@ COCO_TEST_FRACTION = 40_137 / 82_081  # test rows per pool row in COCO
 SYNTHETIC_VERSION = 2
 TARGETS = {"cpu_one_trial_s_per_epoch": 2.5, "cpu_plain_loop_s_per_epoch_expected": 8.0,
            "h100_64_trials_s_per_epoch": 1.0}
-
-
-def default_cache_dir() -> Path:
-    """``$SPML_CACHE_DIR`` if set, else ``~/.cache/spml-probe``."""
-    return Path(os.environ.get("SPML_CACHE_DIR") or Path.home() / ".cache" / "spml-probe")
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,8 @@ class BenchConfig:
     compare_eager: bool = False  # CUDA: also time the eager step (the engine replays CUDA graphs)
     compare_one_block: bool = False  # CPU: also time the trials trained as one block
     # (trial_block=0; the engine trains many COCO-sized heads in blocks that stay in cache)
+    isolate: bool = True  # time each configuration alone, in a fresh process of its own, so
+    # that no row depends on what ran before it; False: all in this process (quicker to start)
     seed: int = 0  # init, batch order and the synthetic data
     cache_dir: str | None = None  # None: default_cache_dir()
 
@@ -437,7 +440,11 @@ class _PeakMemory:
 
 
 def run_bench(config: BenchConfig | None = None, *, progress: bool = True) -> dict[str, Any]:
-    """Measure (a), (b), (c) of the module docstring; returns the report (also the JSON)."""
+    """Measure (a)-(f) of the module docstring; returns the report (also the JSON).
+
+    Each row is timed alone: with ``config.isolate`` (the default) every configuration runs in
+    a fresh process of its own, so no row's timing depends on what ran before it (thread pools,
+    caches, allocator state, worker processes); the heads come back and are compared here."""
     cfg = config or BenchConfig()
     cfg.validate()
     device = resolve_device(cfg.device)
@@ -445,56 +452,44 @@ def run_bench(config: BenchConfig | None = None, *, progress: bool = True) -> di
     path = synthetic_store(cfg.n_train, cfg.dim, cfg.n_classes, seed=cfg.seed,
                            cache_dir=cfg.cache_dir, progress=progress)
     build_s = time.perf_counter() - t0
-    data = ProbeData.from_store(path, device=device)
+    data = ProbeData.from_store(path, device="cpu")  # the shape of what the jobs load
+    store = {"path": str(path), "build_or_open_seconds": build_s,
+             "train_rows": data.n_train, "dim": data.feature_dim, "classes": data.n_classes,
+             "flip": data.has_flip, "data_bytes_on_device": data.nbytes()}
+    del data
     rows: list[dict[str, Any]] = []
     equivalence = None
     machine = {"before": machine_info()}
-    pc = ProbeConfig(batch_size=cfg.batch_size, lr=cfg.lr, epochs=cfg.epochs, eval_every=0,
-                     seed=cfg.seed, device=str(device))
+    run = functools.partial(_run_job, isolate=cfg.isolate, threads=torch.get_num_threads())
     for t in sorted(set(cfg.trials) | ({1} if cfg.plain else set())):
-        # T different final w_T (the kind of spread an Optuna study stacks), one shared seed
-        hparams = [{"w_T": float(w)} for w in np.linspace(2.0, 10.0, t)] if t > 1 else [{}]
-        result, engine_rows = _engine_rows(data, pc, cfg, t, hparams, device, progress)
-        rows += engine_rows
+        engine = run(_engine_job, cfg, str(path), t, "engine", progress)
+        rows.append(engine["row"])
+        for variant in _variants(cfg, engine["row"]):
+            other = run(_engine_job, cfg, str(path), t, variant, progress)
+            against = "blocks" if variant == "engine_one_block" else "graph"
+            other["row"][f"max_abs_diff_vs_{against}"] = float(
+                np.abs(other["heads"] - engine["heads"]).max())
+            rows.append(other["row"])
         if t == 1 and cfg.plain:
-            with _PeakMemory(device) as mem:
-                head, plain_secs = plain_loop(data, "gr", seed=cfg.seed, lr=cfg.lr,
-                                              epochs=cfg.epochs, batch_size=cfg.batch_size)
-            ours = result.head(0, best=False)
-            equivalence = max(
-                float((ours.weight.detach() - head.weight.detach().cpu()).abs().max()),
-                float((ours.bias.detach() - head.bias.detach().cpu()).abs().max()),
-            )
-            rows.append({
-                "name": "plain loop (DataLoader + nn.Linear + torch.optim.Adam), 1 GR trial",
-                "method": "plain", "trials": 1,
-                "sec_per_epoch_median": statistics.median(plain_secs),
-                "sec_per_epoch_per_trial": statistics.median(plain_secs),
-                "epoch_seconds": plain_secs, "eval_seconds_val": None,
-                "eval_seconds_test_once": None,
-                "steps_per_epoch": data.n_train // cfg.batch_size,
-                "peak_memory_bytes": mem.peak, "memory_at_start_bytes": mem.start,
-                "memory_kind": mem.kind,
-            })
+            plain = run(_plain_job, cfg, str(path))
+            equivalence = float(np.abs(plain["heads"] - engine["heads"]).max())
+            rows.append(plain["row"])
         if t == 1 and cfg.papers:
-            with _PeakMemory(device) as mem:
-                pl = papers_loop(data, "gr", seed=cfg.seed, lr=cfg.lr, epochs=cfg.epochs,
-                                 batch_size=cfg.batch_size, workers=cfg.papers_workers)
-            rows.append({
-                "name": (f"papers-style loop ({cfg.papers_workers} DataLoader workers, mAP of "
-                         "3 splits/epoch), 1 trial"),
-                "method": "papers", "trials": 1,
-                "sec_per_epoch_median": statistics.median(pl["train_seconds"]),
-                "sec_per_epoch_per_trial": statistics.median(pl["train_seconds"]),
-                "epoch_seconds": pl["train_seconds"],
-                "whole_epoch_seconds": pl["epoch_seconds"],
-                "eval_seconds_val": None, "eval_seconds_test_once": None,
-                "maps": pl["maps"],
-                "steps_per_epoch": data.n_train // cfg.batch_size,
-                "peak_memory_bytes": mem.peak, "memory_at_start_bytes": mem.start,
-                "memory_kind": mem.kind,
-            })
+            rows.append(run(_papers_job, cfg, str(path))["row"])
     machine["after"] = machine_info()
+    return {
+        "config": asdict(cfg),
+        "store": store,
+        "environment": environment_info(device),
+        "machine": machine,
+        "rows": rows,
+        "ratios": _ratios(rows, cfg),
+        "equivalence_max_abs_diff_engine_vs_plain": equivalence,
+        "targets": TARGETS,
+    }
+
+
+def _ratios(rows: list[dict[str, Any]], cfg: BenchConfig) -> dict[str, float]:
     by = {(r["method"], r["trials"]): r["sec_per_epoch_median"] for r in rows}
     ratios: dict[str, float] = {}
     if ("plain", 1) in by and ("engine", 1) in by:
@@ -518,63 +513,128 @@ def run_bench(config: BenchConfig | None = None, *, progress: bool = True) -> di
         if ("engine_eager", t) in by:
             ratios[f"eager_over_cuda_graph_{t}_trials"] = (by[("engine_eager", t)]
                                                            / by[("engine", t)])
-    return {
-        "config": asdict(cfg),
-        "store": {"path": str(path), "build_or_open_seconds": build_s,
-                  "train_rows": data.n_train, "dim": data.feature_dim,
-                  "classes": data.n_classes, "flip": data.has_flip,
-                  "data_bytes_on_device": data.nbytes()},
-        "environment": environment_info(device),
-        "machine": machine,
-        "rows": rows,
-        "ratios": ratios,
-        "equivalence_max_abs_diff_engine_vs_plain": equivalence,
-        "targets": TARGETS,
-    }
+    return ratios
 
 
-def _engine_rows(data: ProbeData, pc: ProbeConfig, cfg: BenchConfig, t: int,
-                 hparams: list[dict[str, Any]], device: torch.device, progress: bool
-                 ) -> tuple[Any, list[dict[str, Any]]]:
-    """(b) and (d) for T = ``t``: the engine's run with its evaluation, and the runs it is
-    compared with (one block, the eager step) where asked; returns the run and its rows."""
-    rows: list[dict[str, Any]] = []
-    with _PeakMemory(device) as mem:
-        result = train_probe(data, pc, "gr", hparams, progress=progress)
-    heads = result.final_heads.to(device)
-    with torch.no_grad():  # what the engine evaluates: val every epoch, test once
-        t_eval = time.perf_counter()
-        evaluate_heads(data.val_x, data.val_labels.bool(), heads, 0.5)
-        val_s = time.perf_counter() - t_eval
-        t_eval = time.perf_counter()
-        evaluate_heads(data.test_x, data.test_labels.bool(), heads, 0.5)
-        test_s = time.perf_counter() - t_eval
-    kind = "engine (CUDA graphs)" if result.timing.get("cuda_graph") else "engine"
-    blocks = result.timing.get("trial_blocks", [t])
-    in_blocks = f" in {len(blocks)} blocks" if len(blocks) > 1 else ""
-    rows.append(_engine_row(result, mem, f"{kind}, {t} stacked GR trial{'s' if t > 1 else ''}"
-                            f"{in_blocks}", "engine", t, eval_seconds_val=val_s,
-                            eval_seconds_test_once=test_s,
-                            step_threads=result.timing.get("step_threads"),
-                            cuda_graph=result.timing.get("cuda_graph"), trial_blocks=blocks))
-    # the same run another way, timed, its heads against these
-    compared = []
-    if cfg.compare_one_block and len(blocks) > 1:
-        compared.append((replace(pc, trial_block=0), "engine_one_block",
-                         f"engine, {t} stacked GR trials in one block", "blocks"))
+def _variants(cfg: BenchConfig, engine_row: dict[str, Any]) -> list[str]:
+    """The same run another way, timed beside the engine's (f)."""
+    out = []
+    if cfg.compare_one_block and len(engine_row["trial_blocks"]) > 1:
+        out.append("engine_one_block")
     if cfg.compare_eager:
-        compared.append((replace(pc, cuda_graph=False), "engine_eager",
-                         f"engine, eager step (no CUDA graph), {t} stacked GR trial"
-                         f"{'s' if t > 1 else ''}", "graph"))
-    for config, method, name, against in compared:
-        with _PeakMemory(device) as mem:
-            other = train_probe(data, config, "gr", hparams, progress=progress)
-        diff = float((other.final_heads.to(device) - heads).abs().max())
-        rows.append(_engine_row(other, mem, name, method, t, eval_seconds_val=None,
-                                eval_seconds_test_once=None,
-                                trial_blocks=other.timing.get("trial_blocks", [t]),
-                                **{f"max_abs_diff_vs_{against}": diff}))
-    return result, rows
+        out.append("engine_eager")
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# the timed jobs: each loads the store and times one configuration, alone in its process
+# --------------------------------------------------------------------------------------------
+
+
+def _run_job(job: Any, *args: Any, isolate: bool, threads: int) -> dict[str, Any]:
+    """``job(*args)`` in a fresh spawned process (``isolate``) with this process's torch
+    thread count, or here."""
+    if not isolate:
+        return job(*args)
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_set_threads, initargs=(threads,)) as pool:
+        return pool.submit(job, *args).result()
+
+
+def _set_threads(threads: int) -> None:
+    torch.set_num_threads(threads)
+
+
+def _job_data(cfg: BenchConfig, path: str) -> tuple[ProbeData, torch.device]:
+    device = resolve_device(cfg.device)
+    return ProbeData.from_store(path, device=device), device
+
+
+def _engine_job(cfg: BenchConfig, path: str, t: int, method: str, progress: bool
+                ) -> dict[str, Any]:
+    """(b) and (d) for T = ``t`` (``method`` "engine"), or the same run as one block
+    ("engine_one_block") or with the eager step ("engine_eager"): its row and final heads."""
+    data, device = _job_data(cfg, path)
+    pc = ProbeConfig(batch_size=cfg.batch_size, lr=cfg.lr, epochs=cfg.epochs, eval_every=0,
+                     seed=cfg.seed, device=str(device),
+                     cuda_graph=False if method == "engine_eager" else None)
+    speed = SpeedOptions(trial_block=0 if method == "engine_one_block" else None)
+    # T different final w_T (the kind of spread an Optuna study stacks), one shared seed
+    hparams = [{"w_T": float(w)} for w in np.linspace(2.0, 10.0, t)] if t > 1 else [{}]
+    with _PeakMemory(device) as mem:
+        result = train_probe(data, pc, "gr", hparams, progress=progress, speed=speed)
+    heads = result.final_heads.to(device)
+    blocks = result.timing.get("trial_blocks", [t])
+    plural = "s" if t > 1 else ""
+    if method == "engine_one_block":
+        row = _engine_row(result, mem, f"engine, {t} stacked GR trials in one block", method,
+                          t, eval_seconds_val=None, eval_seconds_test_once=None,
+                          trial_blocks=blocks)
+    elif method == "engine_eager":
+        row = _engine_row(result, mem, f"engine, eager step (no CUDA graph), {t} stacked GR "
+                          f"trial{plural}", method, t, eval_seconds_val=None,
+                          eval_seconds_test_once=None, trial_blocks=blocks)
+    else:
+        with torch.no_grad():  # what the engine evaluates: val every epoch, test once
+            t_eval = time.perf_counter()
+            evaluate_heads(data.val_x, data.val_labels.bool(), heads, 0.5)
+            val_s = time.perf_counter() - t_eval
+            t_eval = time.perf_counter()
+            evaluate_heads(data.test_x, data.test_labels.bool(), heads, 0.5)
+            test_s = time.perf_counter() - t_eval
+        kind = "engine (CUDA graphs)" if result.timing.get("cuda_graph") else "engine"
+        in_blocks = f" in {len(blocks)} blocks" if len(blocks) > 1 else ""
+        row = _engine_row(result, mem, f"{kind}, {t} stacked GR trial{plural}{in_blocks}",
+                          "engine", t, eval_seconds_val=val_s, eval_seconds_test_once=test_s,
+                          step_threads=result.timing.get("step_threads"),
+                          cuda_graph=result.timing.get("cuda_graph"), trial_blocks=blocks)
+    return {"row": row, "heads": heads.cpu().numpy()}
+
+
+def _plain_job(cfg: BenchConfig, path: str) -> dict[str, Any]:
+    """(a): the plain loop's row and its head as a stacked (1, D+1, C) array."""
+    data, device = _job_data(cfg, path)
+    with _PeakMemory(device) as mem:
+        head, plain_secs = plain_loop(data, "gr", seed=cfg.seed, lr=cfg.lr,
+                                      epochs=cfg.epochs, batch_size=cfg.batch_size)
+    w = torch.cat([head.weight.detach().T, head.bias.detach()[None]]).cpu()[None]
+    row = {
+        "name": "plain loop (DataLoader + nn.Linear + torch.optim.Adam), 1 GR trial",
+        "method": "plain", "trials": 1,
+        "sec_per_epoch_median": statistics.median(plain_secs),
+        "sec_per_epoch_per_trial": statistics.median(plain_secs),
+        "epoch_seconds": plain_secs, "eval_seconds_val": None,
+        "eval_seconds_test_once": None,
+        "steps_per_epoch": data.n_train // cfg.batch_size,
+        "peak_memory_bytes": mem.peak, "memory_at_start_bytes": mem.start,
+        "memory_kind": mem.kind,
+    }
+    return {"row": row, "heads": w.numpy()}
+
+
+def _papers_job(cfg: BenchConfig, path: str) -> dict[str, Any]:
+    """(e): the papers-style loop's row."""
+    data, device = _job_data(cfg, path)
+    with _PeakMemory(device) as mem:
+        pl = papers_loop(data, "gr", seed=cfg.seed, lr=cfg.lr, epochs=cfg.epochs,
+                         batch_size=cfg.batch_size, workers=cfg.papers_workers)
+    return {"row": {
+        "name": (f"papers-style loop ({cfg.papers_workers} DataLoader workers, mAP of "
+                 "3 splits/epoch), 1 trial"),
+        "method": "papers", "trials": 1,
+        "sec_per_epoch_median": statistics.median(pl["train_seconds"]),
+        "sec_per_epoch_per_trial": statistics.median(pl["train_seconds"]),
+        "epoch_seconds": pl["train_seconds"],
+        "whole_epoch_seconds": pl["epoch_seconds"],
+        "eval_seconds_val": None, "eval_seconds_test_once": None,
+        "maps": pl["maps"],
+        "steps_per_epoch": data.n_train // cfg.batch_size,
+        "peak_memory_bytes": mem.peak, "memory_at_start_bytes": mem.start,
+        "memory_kind": mem.kind,
+    }}
 
 
 def _engine_row(result: Any, mem: _PeakMemory, name: str, method: str, t: int,
@@ -604,7 +664,9 @@ def format_report(report: dict[str, Any]) -> str:
         f"{after.get('load_avg_1_5_15')}: figures move with the load",
         f"store: {store['train_rows']} train rows x {store['dim']}, {store['classes']} classes, "
         f"flip={store['flip']}; batch {report['config']['batch_size']}, Adam, GR loss; "
-        f"median of {report['config']['epochs']} epochs",
+        f"median of {report['config']['epochs']} epochs; "
+        + ("each row timed alone, in a fresh process" if report["config"].get("isolate", True)
+           else "rows timed one after the other in one process (--in-process)"),
         "",
         f"{'configuration (s/epoch: training)':<72} {'s/epoch':>9} {'s/epoch/trial':>14} "
         f"{'val s':>7} {'test s':>7} {'peak MiB':>9} {'+MiB':>7}",

@@ -217,8 +217,12 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         observed_seed=args.observed_seed, device=args.device, eval_every=args.eval_every,
         test_curve=args.test_curve, eval_init=args.eval_init, cuda_graph=args.cuda_graph,
         drop_last=not args.no_drop_last, use_presets=not args.no_presets,
-        trial_block=args.trial_block, test_intervals=args.intervals, priors=args.priors,
+        test_intervals=args.intervals, priors=args.priors,
     )
+    from .speed import SpeedOptions
+
+    speed = SpeedOptions(step_threads=args.step_threads, trial_block=args.trial_block)
+    speed.validate()
     if args.intervals < 0:
         raise SpmlError(f"--intervals must be >= 0 (bootstrap resamples; 0 = none); got "
                          f"{args.intervals}")
@@ -276,7 +280,8 @@ def _cmd_probe(args: argparse.Namespace) -> int:
             from .intervals import prefetch_bootstrap_counts
 
             prefetch_bootstrap_counts(data.test_x.shape[0], args.intervals)
-        result = train_probe(data, config, args.loss, trials, progress=not args.quiet)
+        result = train_probe(data, config, args.loss, trials, progress=not args.quiet,
+                             speed=speed)
     stacked = sorted({k for t in trials for k in t})
     cfg = result.config
     where = f"{data.dataset}, {data.n_train} train rows, {cfg.get('device', data.device)}"
@@ -313,6 +318,7 @@ def _cmd_bench_probe(args: argparse.Namespace) -> int:
         epochs=args.epochs, trials=trials, plain=not args.no_plain, device=args.device,
         cache_dir=args.cache_dir, papers=not args.no_papers, papers_workers=args.papers_workers,
         compare_eager=args.compare_eager, compare_one_block=args.compare_one_block,
+        isolate=not args.in_process,
     )
     if args.threads is not None:
         import torch
@@ -409,6 +415,13 @@ def _register_probe(sub: argparse._SubParsersAction, bench: argparse._SubParsers
                    "other through each epoch, so that a block's heads and Adam state stay in "
                    "cache (the same heads as one block). Default: sized to the cache (8 "
                    "COCO-sized heads; all small ones); 0: one block")
+    g.add_argument("--step-threads", type=int, default=None, metavar="N",
+                   help="CPU: threads of the training steps (a speed setting: the heads agree to "
+                   "float rounding on any number). "
+                   "Default: one thread, or torch's setting where a measurement made once per "
+                   "machine and step shape found it clearly faster (remembered in "
+                   "$SPML_CACHE_DIR or ~/.cache/spml-probe/step-threads.json; delete the file "
+                   "to measure again)")
     g.add_argument("--json", metavar="PATH",
                    help="write config, per-epoch metrics and the best epoch of every trial")
     g.add_argument("--save-head", metavar="PATH", help="save the best-epoch heads (torch file)")
@@ -469,6 +482,10 @@ def _register_bench_probe(bench: argparse._SubParsersAction) -> None:
     b.add_argument("--compare-one-block", action="store_true",
                    help="CPU: also time each configuration that trains in trial blocks (spml "
                    "probe --trial-block) as one block, its heads compared with the blocks'")
+    b.add_argument("--in-process", action="store_true",
+                   help="time every configuration in this process, one after the other "
+                   "(default: each alone in a fresh process, so the rows do not disturb each "
+                   "other)")
     b.add_argument("--cache-dir",
                    help="where the synthetic store is cached (default: $SPML_CACHE_DIR or "
                    "~/.cache/spml-probe)")
@@ -495,6 +512,10 @@ def _register_bench_store(bench: argparse._SubParsersAction) -> None:
     b.add_argument("--repeats", type=int, default=5, help="timed loads (default: 5)")
     b.add_argument("--zstd-chunks", type=int, default=8,
                    help="feature chunks compressed to measure zstd (default: 8)")
+    b.add_argument("--in-process", action="store_true",
+                   help="time every configuration in this process, one after the other "
+                   "(default: each alone in a fresh process, so the rows do not disturb each "
+                   "other)")
     b.add_argument("--cache-dir",
                    help="where the synthetic store is cached (default: $SPML_CACHE_DIR or "
                    "~/.cache/spml-probe)")

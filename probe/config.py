@@ -12,6 +12,7 @@ fine-tune all call these, so they never disagree about what a setting means.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -93,17 +94,13 @@ class ProbeConfig:
     cuda_graph: bool | None = None  # CUDA: replay the steps as captured CUDA graphs (one
     # launch per GRAPH_STEPS steps; same kernels, same heads bit for bit; 5-14x faster epochs on
     # an H100). None: wherever the step can be captured; True: required; False: never
-    step_threads: int | None = None  # CPU threads for the training steps; None = measured:
-    # one thread or torch's setting, whichever runs this step shape faster here and now
-    # (probe.loop.measured_threads; small heads gain from 1 thread, large ones from several,
-    # and the crossover moves with the machine's load), so it may differ between runs; set it
-    # for bit-for-bit equal runs across processes. Evaluation uses torch's setting.
-    trial_block: int | None = None  # CPU: stacked trials trained together, one block after the
-    # other through each epoch, so that a block's heads and optimizer state stay in cache. None
-    # = as many as fit probe.loop.TRIAL_BLOCK_BYTES (COCO-sized heads: 8; small heads: all);
-    # 0 = all trials in one block. A trial computes the same in any block (probe.loop)
     priors: str | None = None  # the store prior (docs/priors.md) a loss with Loss.prior reads:
     # the data must carry it (probe.load_store(..., priors=NAME)); refused for other losses
+    # Deprecated (removed in the next release): how the run uses the CPU is no part of the
+    # experiment; pass train_probe(..., speed=probe.SpeedOptions(step_threads=...,
+    # trial_block=...)). Set here, they still work, with a DeprecationWarning.
+    step_threads: int | None = None
+    trial_block: int | None = None
 
     def validate(self) -> None:
         """Raise :class:`ProbeConfigError` naming the first bad setting."""
@@ -175,12 +172,18 @@ class TrainingSettings:
     head_lr_mult: float
     sources: dict[str, str]
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """``batch_size, lr, epochs`` and ``<key>_from`` (what the results files record)."""
         out: dict[str, Any] = {"batch_size": self.batch_size, "lr": self.lr,
                                "epochs": self.epochs}
         out.update({f"{k}_from": v for k, v in self.sources.items()})
         return out
+
+    def as_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Deprecated alias of :meth:`to_dict` (removed in the next release)."""
+        warnings.warn(f"{type(self).__name__}.as_dict() is deprecated; use to_dict()",
+                      DeprecationWarning, stacklevel=2)
+        return self.to_dict(*args, **kwargs)
 
 
 def resolve_training(

@@ -27,9 +27,9 @@ __all__ = ["EVAL_BLOCK", "SMALL_EVAL", "Evaluator", "evaluate_head", "evaluate_h
            "stacked_logits"]
 
 # logits elements (T·N·C) below which a CPU evaluation runs on one thread: its ops are tiny
-# and intra-op threads only add waiting (measured on a shared 2-core machine: yeast's val,
-# 387 x 14 x 16 trials, 8 ms on one thread, 55-300 ms on two under load; COCO's val at 8
-# trials, 10.5M elements, gains from two threads when they are free)
+# and intra-op threads only add waiting, the more so on a busy machine (yeast's val at 16
+# trials is far below it; COCO's val at 8 trials, 10.5M elements, gains from two threads when
+# they are free)
 SMALL_EVAL = 1 << 20
 
 

@@ -33,11 +33,13 @@ interval of the mean of the runs' mAPs.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from itertools import pairwise
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -77,8 +79,15 @@ class Interval:
     def __str__(self) -> str:
         return f"{self.value:.2f} [{self.low:.2f}, {self.high:.2f}]"
 
-    def as_dict(self, prefix: str = "") -> dict[str, float]:
+    def to_dict(self, prefix: str = "") -> dict[str, float]:
+        """``{prefix: value, prefix_low: low, prefix_high: high}``."""
         return {f"{prefix}": self.value, f"{prefix}_low": self.low, f"{prefix}_high": self.high}
+
+    def as_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Deprecated alias of :meth:`to_dict` (removed in the next release)."""
+        warnings.warn(f"{type(self).__name__}.as_dict() is deprecated; use to_dict()",
+                      DeprecationWarning, stacklevel=2)
+        return self.to_dict(*args, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -165,9 +174,9 @@ def _draw_counts(n: int, n_resamples: int, seed: int) -> Tensor:
 
 
 # bytes of one tile of counts (N rows x a range of resamples): every class's histogram pass
-# reads the tile from the cache instead of memory (measured on 2 EPYC cores with a 32 MiB L3,
-# COCO's 40,137 test rows: tiles of 64 resamples (10 MB) 0.93 s for 80 classes x 1,000
-# resamples, 32 or 128 resamples 1.2 s, one pass over all resamples per class 1.3 s)
+# reads the tile from the cache instead of memory (on 2 EPYC cores with a 32 MiB L3 and
+# COCO's 40,137 test rows, tiles of 64 resamples (10 MB) beat 32, 128 or one pass over all
+# resamples per class; `spml bench intervals` times it)
 TILE_BYTES = 8 << 20
 # tile widths are multiples of 64 resamples: torch sums a (P, width) block down its columns in
 # groups of vector lanes (32 float32 columns with AVX2, 64 with AVX-512), so a resample's sum
@@ -526,5 +535,6 @@ def record_test_intervals(result, intervals: dict[int, Interval], *, n_resamples
         if best:
             best["test_map_low"], best["test_map_high"] = iv.low, iv.high
     result.config["test_interval"] = {
-        "method": "paired percentile bootstrap over test images (docs/protocol.md)",
+        "method": ("paired bootstrap over test images, bias-corrected percentile interval "
+                   "(docs/protocol.md)"),
         "n_resamples": int(n_resamples), "seed": int(seed), "level": float(level)}

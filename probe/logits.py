@@ -23,7 +23,7 @@ def stacked_logits(x: Tensor, w: Tensor) -> Tensor:
     # a batched product rounds each head alike on any thread count, a one-head product does
     # so only on one thread: a head's logits (hence its reported figures) never depend on
     # how many heads were evaluated with it; the conversion to float32 is exact on any count
-    # and keeps torch's threads (COCO's test set, one head: 0.23 s instead of 0.28)
+    # and keeps torch's threads
     for r0 in range(0, n, step):
         rows = x[r0 : r0 + step].float()
         with step_threads(w.device, 1 if t == 1 else None):

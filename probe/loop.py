@@ -31,6 +31,7 @@ from .data import ProbeData
 from .logits import stacked_logits
 from .losses._base import trial_rows
 from .optim import StackedAdam, TrialParam, make_optimizer
+from .speed import SpeedOptions, choose_threads, clear_winner, remembered_threads
 from .threads import step_threads
 from .trials import LossGroup, TrialPlan, setup_loss_groups
 
@@ -51,17 +52,15 @@ __all__ = [
 #: the batch-order stream of seed s is seeded with s + 2**32 (init uses s itself)
 ORDER_STREAM_OFFSET = 2**32
 #: steps per captured CUDA graph (one replay, after two index copies, runs this many steps).
-#: 1: on an H100 the GPU's own kernels bound the replayed step, not the host's launches --
-#: 1, 4, 16, 64 steps per graph gave 142, 150, 144, 168 us/step at T=1 and 364, 357, 372,
-#: 391 at T=64 (COCO-shaped GR, 2026-11-25), while each step captured holds its own temporaries
+#: 1: on an H100 the GPU's own kernels bound the replayed step, not the host's launches, so
+#: more steps per graph gain nothing, while each step captured holds its own temporaries
 GRAPH_STEPS = 1
 #: CPU: the training state (head, its gradient, the optimizer's state) one block of stacked
 #: trials may hold; a block is trained through the whole epoch before the next starts, so its
 #: state stays in the last-level cache instead of streaming from memory every step. 24 MiB:
 #: 9 COCO-sized heads (2049 x 80). On a 2-core EPYC (32 MiB L3), GR at batch 16, the step
-#: costs least per trial at 6-10 trials (0.68-0.71 s per trial-epoch; 4: 0.74, 16: 0.77, 64:
-#: 0.77), and `spml bench probe --trials 64 --compare-one-block` gave 42.2 s/epoch in 8 blocks
-#: vs 49.6 s in one (2026-11-25; at batch 8, 63.9 vs 82.6 s)
+#: costs least per trial at 6-10 trials per block; `spml bench probe --trials 64
+#: --compare-one-block` compares blocks with one block on any machine (docs/performance.md)
 TRIAL_BLOCK_BYTES = 24 << 20
 
 
@@ -133,8 +132,8 @@ def deterministic(device: torch.device, enabled: bool) -> Iterator[None]:
 
 def _set_deterministic(mode: bool, warn_only: bool) -> None:
     """``torch.use_deterministic_algorithms`` without its import of ``torch._inductor.config``
-    (which imports all of TorchDynamo: 8 s of a 16 s ``spml probe`` on an H100 machine,
-    measured with ``python -X importtime``); the inductor flag it also sets only matters to
+    (which imports all of TorchDynamo: about half of a whole ``spml probe`` process on a GPU
+    machine, as ``python -X importtime`` shows); the inductor flag it also sets only matters to
     ``torch.compile``, which the engine does not use."""
     setter = getattr(torch._C, "_set_deterministic_algorithms", None)
     if setter is None:  # a torch without the private setter: the public call
@@ -144,42 +143,44 @@ def _set_deterministic(mode: bool, warn_only: bool) -> None:
 
 
 def resolve_threads(step_threads: int | None, device: torch.device, shape: tuple[int, int, int],
-                    batch: int, shared: bool) -> int | None:
-    """CPU threads for the step loop (None: leave torch's setting); see ProbeConfig.
-
-    ``step_threads`` None: measured (:func:`measured_threads`) -- one thread or torch's
-    setting, whichever runs this step shape faster here, now."""
+                    batch: int, shared: bool, *, disk: bool = True) -> int | None:
+    """CPU threads for the step loop (None: leave torch's setting); see
+    :class:`probe.speed.SpeedOptions`. ``step_threads`` None: :func:`measured_threads`."""
     if device.type != "cpu":
         return None
     if step_threads is not None:
         return step_threads
-    return measured_threads(shape, batch, shared)
+    return measured_threads(shape, batch, shared, disk=disk)
 
 
-_THREAD_CHOICE: dict[tuple, int | None] = {}
+def measured_threads(shape: tuple[int, int, int], batch: int, shared: bool, *,
+                     disk: bool = True) -> int | None:
+    """1 or None (torch's setting) for a CPU step of heads ``shape`` (T, D+1, C) with
+    ``batch`` rows: decided once per machine, step shape and torch thread setting, and
+    remembered in the process and (``disk``) in the cache file, so that every later run of
+    this shape gets the same setting whatever ran before it (:mod:`probe.speed`).
 
-
-def measured_threads(shape: tuple[int, int, int], batch: int, shared: bool) -> int | None:
-    """1 or None (torch's setting): the faster for a CPU step of heads ``shape`` (T, D+1, C)
-    with ``batch`` rows, timed once per process and shape on scratch tensors.
-
-    Whether intra-op threads pay depends on the step's size *and* on the machine and its load
-    (measured on a 2-core machine: 1 thread is ~3x faster at T=1, 2 threads ~2x faster at T=64
-    when the cores are free, and slower when other processes hold them), so the choice is
-    measured, not a size threshold: both settings run the step's ops (batch gather, forward
-    product, weight-gradient product, fused Adam) alternately, a few rounds, and the lower
-    median wins. The training itself never runs during the measurement."""
+    Whether intra-op threads pay depends on the step's size and on the machine and its load
+    (on a 2-core machine one thread is clearly faster at T=1, two threads at T=64 when the
+    cores are free, and slower when other processes hold them), so the decision is measured,
+    not a size threshold: both settings run the step's ops (batch gather, forward product,
+    weight-gradient product, fused Adam) alternately on scratch tensors, a few rounds, and
+    torch's setting is taken only where it is clearly faster (:func:`probe.speed.
+    choose_threads`); otherwise one thread. The training itself never runs during the
+    measurement."""
     default = torch.get_num_threads()
     if default <= 1:
         return None
-    key = (shape, batch, shared, default)
-    if key not in _THREAD_CHOICE:
-        _THREAD_CHOICE[key] = _calibrate(shape, batch, shared, default)
-    return _THREAD_CHOICE[key]
+    t, d1, c = shape
+    key = f"step T={t} D+1={d1} C={c} batch={batch} shared={bool(shared)} threads={default}"
+    return remembered_threads(key, lambda: _calibrate(shape, batch, shared, default), disk=disk)
 
 
 def _calibrate(shape: tuple[int, int, int], batch: int, shared: bool, default: int
-               ) -> int | None:
+               ) -> tuple[int | None, dict]:
+    """(the choice, the samples it was decided from): seconds per step on one thread and on
+    ``default`` threads, alternately, until one is clearly faster (:func:`probe.speed.
+    clear_winner`) or five rounds ran (:func:`probe.speed.choose_threads`)."""
     t, d1, c = shape
     g = torch.Generator().manual_seed(0)
     pool = torch.randn(4 * batch, d1, generator=g).half()
@@ -210,34 +211,24 @@ def _calibrate(shape: tuple[int, int, int], batch: int, shared: bool, default: i
     timed(1, 2)
     timed(default, 2)  # warm both paths
     reps = max(2, min(50, int(0.02 / max(timed(1, 2), 1e-6))))  # ~20 ms per sample
-    samples: dict[int, list[float]] = {1: [], default: []}
+    one: list[float] = []
+    many: list[float] = []
     for _ in range(5):
-        for threads in samples:
-            samples[threads].append(timed(threads, reps))
-        clear = _clear_winner(samples[1], samples[default])
-        if clear is not None:  # e.g. one COCO head: 1 thread ~3x faster, known in 2 rounds
-            return 1 if clear else None
-    one, many = (sorted(samples[k])[2] for k in (1, default))
-    return 1 if one <= many else None
-
-
-def _clear_winner(one: list[float], many: list[float], margin: float = 1.5) -> bool | None:
-    """After two or more rounds: True when every one-thread sample beats every sample on
-    torch's setting by ``margin``, False for the reverse, None while it is closer than that
-    (then all five rounds run and the medians decide)."""
-    if len(one) < 2:
-        return None
-    if max(one) * margin < min(many):
-        return True
-    if max(many) * margin < min(one):
-        return False
-    return None
+        one.append(timed(1, reps))
+        many.append(timed(default, reps))
+        clear = clear_winner(one, many)
+        if clear is not None:  # e.g. one COCO head: one thread clearly faster, known in 2 rounds
+            break
+    choice = 1 if clear else None if clear is False else choose_threads(one, many)
+    return choice, {"seconds_per_step_one_thread": one,
+                    f"seconds_per_step_{default}_threads": many,
+                    "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
 def trial_blocks(n: int, state_bytes: int, device: torch.device, setting: int | None
                  ) -> list[range]:
     """Contiguous trial ranges trained one after the other through each epoch
-    (:class:`BlockedTrainer`): ``setting`` (ProbeConfig.trial_block) trials per block, None =
+    (:class:`BlockedTrainer`): ``setting`` (SpeedOptions.trial_block) trials per block, None =
     as many as keep ``state_bytes`` per trial within :data:`TRIAL_BLOCK_BYTES`, 0 = one block;
     balanced (sizes differ by at most one). One block off the CPU: a GPU wants every trial
     of a step in flight at once."""
@@ -250,18 +241,19 @@ def trial_blocks(n: int, state_bytes: int, device: torch.device, setting: int | 
     return [range(starts[i], starts[i + 1]) for i in range(k)]
 
 
-def make_trainer(data: ProbeData, config: ProbeConfig, plan: TrialPlan
-                 ) -> StackedTrainer | BlockedTrainer:
+def make_trainer(data: ProbeData, config: ProbeConfig, plan: TrialPlan,
+                 speed: SpeedOptions | None = None) -> StackedTrainer | BlockedTrainer:
     """The run's trainer: one :class:`StackedTrainer`, or a :class:`BlockedTrainer` where the
     trials train in several blocks (:func:`trial_blocks`; a given Loss object is never split)."""
+    speed = speed or SpeedOptions()
     d1, c = data.train_x.shape[1], data.n_classes
     # float32 tensors per trial: head, gradient and the optimizer's state
     tensors = 4 if config.optimizer == "adam" else 3 if config.momentum else 2
-    blocks = (trial_blocks(plan.n, tensors * d1 * c * 4, data.device, config.trial_block)
+    blocks = (trial_blocks(plan.n, tensors * d1 * c * 4, data.device, speed.trial_block)
               if not plan.given else [range(plan.n)])
     if len(blocks) == 1:
-        return StackedTrainer(data, config, plan)
-    return BlockedTrainer(data, config, plan, blocks)
+        return StackedTrainer(data, config, plan, speed)
+    return BlockedTrainer(data, config, plan, blocks, speed)
 
 
 def sync(device: torch.device) -> None:
@@ -278,7 +270,9 @@ def sync(device: torch.device) -> None:
 class StackedTrainer:
     """The training state of one run and its epoch (module docstring)."""
 
-    def __init__(self, data: ProbeData, config: ProbeConfig, plan: TrialPlan) -> None:
+    def __init__(self, data: ProbeData, config: ProbeConfig, plan: TrialPlan,
+                 speed: SpeedOptions | None = None) -> None:
+        speed = speed or SpeedOptions()
         self.data, self.plan = data, plan
         self.device = data.device
         n, batch = data.n_train, plan.training.batch_size
@@ -304,8 +298,8 @@ class StackedTrainer:
         seeds = plan.seeds[:1] if plan.shared else plan.seeds
         self.order_gens = [order_generator(s) for s in seeds]
         self.extra_params = [p for g in self.groups for p, _ in g.extra]
-        self.threads = resolve_threads(config.step_threads, self.device, tuple(self.w.shape),
-                                       batch, plan.shared)
+        self.threads = resolve_threads(speed.step_threads, self.device, tuple(self.w.shape),
+                                       batch, plan.shared, disk=speed.thread_cache)
         self.loss_sum = torch.zeros(plan.n, dtype=torch.float32, device=self.device)
         reason = self.graph_unavailable() if config.cuda_graph is not False else "off"
         if config.cuda_graph and reason:
@@ -530,14 +524,17 @@ class BlockedTrainer:
     step threads are chosen once, for the largest block, and shared by all blocks."""
 
     def __init__(self, data: ProbeData, config: ProbeConfig, plan: TrialPlan,
-                 blocks: list[range]) -> None:
+                 blocks: list[range], speed: SpeedOptions | None = None) -> None:
+        speed = speed or SpeedOptions()
         self.plan, self.device = plan, data.device
         largest = max(len(r) for r in blocks)
         shape = (largest, data.train_x.shape[1], data.n_classes)
-        self.threads = resolve_threads(config.step_threads, self.device, shape,
-                                       plan.training.batch_size, plan.shared)
-        fixed = replace(config, step_threads=self.threads or torch.get_num_threads())
-        self.blocks = [(r, StackedTrainer(data, fixed, plan.subset(r))) for r in blocks]
+        self.threads = resolve_threads(speed.step_threads, self.device, shape,
+                                       plan.training.batch_size, plan.shared,
+                                       disk=speed.thread_cache)
+        fixed = replace(speed, step_threads=self.threads or torch.get_num_threads())
+        self.blocks = [(r, StackedTrainer(data, config, plan.subset(r), fixed))
+                       for r in blocks]
         first = self.blocks[0][1]
         self.n_steps, self.flip, self.cuda_graph = first.n_steps, first.flip, False
 

@@ -30,7 +30,8 @@ same cores back :class:`MetricAccumulator` (update per batch, compute once).
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+import warnings
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -78,7 +79,7 @@ class F1Result(NamedTuple):
     class_precision: Tensor
     class_recall: Tensor
 
-    def as_dict(self) -> dict[str, Tensor]:
+    def to_dict(self) -> dict[str, Tensor]:
         """The literature's names: ``OF1, CF1, OP, OR, CP, CR``."""
         return {
             "OF1": self.overall_f1,
@@ -88,6 +89,12 @@ class F1Result(NamedTuple):
             "CP": self.class_precision,
             "CR": self.class_recall,
         }
+
+    def as_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Deprecated alias of :meth:`to_dict` (removed in the next release)."""
+        warnings.warn(f"{type(self).__name__}.as_dict() is deprecated; use to_dict()",
+                      DeprecationWarning, stacklevel=2)
+        return self.to_dict(*args, **kwargs)
 
 
 # --------------------------------------------------------------------------------------------

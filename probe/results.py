@@ -24,6 +24,7 @@ from .config import ProbeConfigError
 from .io import atomic_write, atomic_write_text
 
 __all__ = [
+    "BestEpoch",
     "EpochReport",
     "ProbeResult",
     "TrialResult",
@@ -53,9 +54,39 @@ class EpochReport:
     heads: Tensor | None = None
 
 
+class BestEpoch(dict):
+    """A trial's best epoch (selected on val): its figures, in percent like every figure a
+    result holds. Typed attribute access for the documented figures (``best.test_map``; None
+    where the run did not measure it, e.g. ``test_map_low`` without test intervals), and still
+    the dict it always was (``best["test_map"]``, ``best.get(...)``, ``**best``, JSON), so
+    code written against the dict keeps working."""
+
+    __slots__ = ()
+
+    def _figure(self, key: str) -> Any:
+        return self.get(key)
+
+    val_map = property(lambda self: self._figure("val_map"), doc="val mAP (percent)")
+    test_map = property(lambda self: self._figure("test_map"), doc="test mAP (percent)")
+    test_map_low = property(lambda self: self._figure("test_map_low"),
+                            doc="the test mAP's 95% interval, low end (ProbeConfig.test_intervals)")
+    test_map_high = property(lambda self: self._figure("test_map_high"),
+                             doc="the test mAP's 95% interval, high end")
+    val_OF1 = property(lambda self: self._figure("val_OF1"), doc="val overall F1 (percent)")
+    val_CF1 = property(lambda self: self._figure("val_CF1"), doc="val per-class F1 (percent)")
+    test_OF1 = property(lambda self: self._figure("test_OF1"), doc="test overall F1 (percent)")
+    test_CF1 = property(lambda self: self._figure("test_CF1"), doc="test per-class F1 (percent)")
+    val_ap = property(lambda self: self._figure("val_ap"), doc="val AP per class (percent)")
+    test_ap = property(lambda self: self._figure("test_ap"), doc="test AP per class (percent)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self)
+
+
 @dataclass
 class TrialResult:
-    """One trial: its settings, per-epoch metrics and its best epoch (selected on val)."""
+    """One trial: its settings, per-epoch metrics and its best epoch (selected on val;
+    :class:`BestEpoch`, a dict with typed attribute access)."""
 
     trial: int
     seed: int
@@ -66,9 +97,14 @@ class TrialResult:
     # one row per trained epoch: {"epoch": 1, "train_loss", "val_map", ...}; epochs count from 1
     epochs: list[dict[str, Any]] = field(default_factory=list)
     best_epoch: int | None = None  # 1..epochs (0 only for a model that trains no epoch: kNN)
-    best: dict[str, Any] = field(default_factory=dict)
+    best: BestEpoch = field(default_factory=BestEpoch)
     stopped_at: int | None = None  # the last epoch the trial trained (pruned), from 1
     finite: bool = True  # False once its training loss or metrics went NaN/inf
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "best" and not isinstance(value, BestEpoch):
+            value = BestEpoch(value or {})  # a plain dict given or assigned becomes typed
+        object.__setattr__(self, name, value)
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 The protocol scores a trial by its val mAP on one train/val split of the pool under one
 single-positive draw. On a small validation set that one number is noisy, and a search that
-maximises it can pick values that do worse on test than the paper's (issue 14). The other
+maximises it can pick values that do worse on test than the paper's. The other
 modes score a trial by the mean over several replicates of the training data:
 
 * ``val`` — the protocol: one split, one draw (one replicate).

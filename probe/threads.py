@@ -1,5 +1,6 @@
 """CPU intra-op threads for a block of work: the one helper the trainer's steps and the
-evaluation use (the choice of how many lives with each: :func:`probe.loop.measured_threads`,
+evaluation use (the choice of how many lives with each: :mod:`probe.speed` and
+:func:`probe.loop.measured_threads`,
 :data:`probe.evaluate.SMALL_EVAL`)."""
 
 from __future__ import annotations

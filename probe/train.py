@@ -38,7 +38,7 @@ ones column of the features (:mod:`probe.data`), so the head is one tensor and A
 update; every batch of an epoch is drawn up front and moved to the device once; nothing in an
 epoch waits for the device (losses follow the no-host-sync contract, the optimizer's bias
 corrections are host arithmetic); on CPU the step loop runs on one thread or on torch's setting,
-whichever a short measurement of the step's shape finds faster (``ProbeConfig.step_threads``:
+as decided once per machine and step shape (:class:`probe.speed.SpeedOptions`:
 intra-op threading of ~10 tiny ops per step costs more than it gains for small heads, and pays
 for large stacks on free cores). ``torch.compile`` is not used: on the GR loss it saved ~13%
 of a CPU step for ~30 s of compilation (break-even after ~100 COCO epochs).
@@ -61,6 +61,7 @@ from .loop import BlockedTrainer, StackedTrainer, deterministic, make_trainer
 from .losses._base import Loss
 from .progress import Progress
 from .results import EpochReport, ProbeResult, TrialResult, environment_info
+from .speed import SPEED_FIELDS, SpeedOptions, resolve_speed
 from .trials import TrialPlan, plan_trials
 
 __all__ = ["train_probe"]
@@ -76,6 +77,7 @@ def train_probe(
     *,
     callback: Callable[[EpochReport], Iterable[int] | None] | None = None,
     progress: bool = False,
+    speed: SpeedOptions | None = None,
 ) -> ProbeResult:
     """Train T linear heads at once with one SPML loss; select each trial's best epoch on val,
     then measure test once on its head.
@@ -97,6 +99,9 @@ def train_probe(
             stopped, training ends.
         progress: a progress display over epochs on stderr (a bar on a terminal, plain lines
             in a log), one line per epoch with the best trial's val/test mAP.
+        speed: how the run uses the CPU (:class:`probe.speed.SpeedOptions`: step threads,
+            trial blocks); None = the defaults. It changes no result and is not part of the
+            recorded config; ``result.timing`` says what was used.
 
     Returns:
         :class:`ProbeResult` (per-trial per-epoch metrics, best epoch and its per-class AP,
@@ -110,9 +115,10 @@ def train_probe(
     t_start = time.perf_counter()
     config = config or ProbeConfig()
     config.validate()
+    speed = resolve_speed(config, speed)
     data = _on_device(data, config.device)
     plan = plan_trials(data, config, loss, hparams)
-    trainer = make_trainer(data, config, plan)
+    trainer = make_trainer(data, config, plan, speed)
     results = [TrialResult(trial=t, seed=plan.seeds[t], hparams=_plain(plan.hparams[t]),
                            lr=plan.lr[t], weight_decay=plan.weight_decay[t])
                for t in range(plan.n)]
@@ -136,7 +142,7 @@ def train_probe(
     timing["steps_per_epoch"] = trainer.n_steps
     timing["step_threads"] = trainer.threads  # None: torch's setting
     timing["cuda_graph"] = trainer.cuda_graph  # the steps were replayed as CUDA graphs
-    timing["trial_blocks"] = trainer.block_sizes  # trials per block (ProbeConfig.trial_block)
+    timing["trial_blocks"] = trainer.block_sizes  # trials per block (SpeedOptions.trial_block)
     return _result(plan, trainer, data, config, results, evaluator, timing)
 
 
@@ -224,7 +230,8 @@ def _result(plan: TrialPlan, trainer: Trainer, data: ProbeData, config: ProbeCon
     notes = list(plan.notes)
     if config.flip and not data.has_flip:
         notes.append("flip augmentation off: the data has no flipped features")
-    resolved = {**asdict(config), **plan.training.as_dict(), "device": str(trainer.device),
+    experiment = {k: v for k, v in asdict(config).items() if k not in SPEED_FIELDS}
+    resolved = {**experiment, **plan.training.to_dict(), "device": str(trainer.device),
                 "flip_used": trainer.flip, "notes": notes}
     result = ProbeResult(
         loss=plan.cls.name,

@@ -35,7 +35,7 @@ __all__ = ["StudyBenchConfig", "bench_study", "format_study_bench", "yeast_bench
 
 @dataclass(frozen=True)
 class StudyBenchConfig:
-    """One measured study (defaults: issue #12's yeast GR study)."""
+    """One measured study (defaults: a 64-trial GR study on yeast)."""
 
     store: str  # a feature store path ("yeast" / "coco" are resolved by the CLI)
     loss: str = "gr"  # the loss the study searches

@@ -76,7 +76,10 @@ class Comparison:
             "n_test_images": self.n_images,
             "n_classes": self.n_classes,
             "bootstrap": {"n_resamples": self.n_resamples, "seed": self.seed,
-                          "level": self.level, "method": "paired percentile, over test images"},
+                          "level": self.level,
+                          "method": ("paired bootstrap over test images: bias-corrected "
+                                     "percentile intervals for systems, percentile "
+                                     "intervals for differences")},
             "systems": [
                 {"label": lab, **sys, "test_map": iv.value, "test_map_low": iv.low,
                  "test_map_high": iv.high}

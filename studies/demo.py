@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from probe.errors import SpmlError
+from probe.io import atomic_write_text
 
 __all__ = ["DemoConfig", "DemoResult", "make_digit_grids", "run_demo"]
 
@@ -121,11 +122,11 @@ def make_digit_grids(root: Path, n: int, seed: int = 0) -> Path:
         pixels = (255 * (1 - grid)).astype(np.uint8)  # dark ink on white, like paper
         img = Image.fromarray(pixels, mode="L").resize((64, 64), Image.Resampling.NEAREST)
         name = f"grid_{i:04d}.png"
-        img.convert("RGB").save(root / name)
+        img.convert("RGB").save(root / name)  # scratch input, rewritten on every run
         labels = sorted({str(int(targets[j])) for j in picks})
         lines.append(f"{name},{';'.join(labels)}")
-    csv = root / "labels.csv"
-    csv.write_text("\n".join(lines) + "\n")
+    csv = root / "labels.csv"  # written last and whole: it marks the set complete
+    atomic_write_text(csv, "\n".join(lines) + "\n")
     return csv
 
 

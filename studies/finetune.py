@@ -60,6 +60,7 @@ import math
 import os
 import random
 import time
+import warnings
 from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
@@ -177,12 +178,18 @@ class FinetuneConfig:
         if self.resume and self.overwrite:
             raise FinetuneError("finetune: resume and overwrite exclude each other; pick one")
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """JSON-able copy (paths as strings)."""
         out = asdict(self)
         out["root"], out["out"] = str(self.root), str(self.out)
         out["dataset_options"] = {k: _jsonable(v) for k, v in self.dataset_options.items()}
         return out
+
+    def as_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Deprecated alias of :meth:`to_dict` (removed in the next release)."""
+        warnings.warn(f"{type(self).__name__}.as_dict() is deprecated; use to_dict()",
+                      DeprecationWarning, stacklevel=2)
+        return self.to_dict(*args, **kwargs)
 
 
 def read_winner_json(path: str | Path) -> tuple[str, dict[str, Any], dict[str, Any]]:
@@ -722,7 +729,7 @@ class _Run:
             "map": float(m.map),
             "ap": (100.0 * m.ap).tolist(),  # percent, the scale of mAP
             "n_empty_classes": int(m.n_empty_classes),
-            "f1": {k: float(v) for k, v in f1.as_dict().items()},
+            "f1": {k: float(v) for k, v in f1.to_dict().items()},
         }
 
     # -- checkpoints -----------------------------------------------------------------------------
@@ -943,7 +950,7 @@ class _Run:
         steady = self.steady_images / self.steady_seconds if self.steady_seconds else None
         best = self.best or {}
         return FinetuneResult(
-            config=plan.config.as_dict(),
+            config=plan.config.to_dict(),
             loss=self.loss.name,
             hparams=self.loss.hparams_dict(),
             train={

@@ -3,7 +3,7 @@
 Optuna's :class:`~optuna.pruners.MedianPruner` answers ``trial.should_prune()`` by reading every
 completed trial from the storage -- once per trial per epoch. A batch of T stacked trials asks T
 times an epoch the same question about the same history, and on a long study most of the wall
-time went there (issue #12: 53% of a 64-trial yeast GR study).
+time went there (about half of a 64-trial yeast GR study).
 
 :class:`BatchPruner` takes the same decisions from one read of the completed trials per epoch
 (their intermediate values at that step) and the values the worker already holds for its own

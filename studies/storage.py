@@ -2,9 +2,9 @@
 a shared file system), an SQLite file (one process) or a PostgreSQL server (workers on many
 machines).
 
-The journal is the default because it is the fastest on a small dataset: a 64-trial GR study on
-yeast ran at 222 trials/min with SQLite and 319 with the journal, measured in one session by
-``spml bench study --storage sqlite`` and ``spml bench study``. A journal line is appended and
+The journal is the default because it is the fastest on a small dataset: SQLite's ORM round
+trips cost a short study a large share of its time (compare ``spml bench study --storage
+sqlite`` with ``spml bench study``). A journal line is appended and
 ``fsync``-ed per operation; :func:`open_storage` drops a torn last line that a failed write (a
 full disk) left behind, so the next command can append again.
 """

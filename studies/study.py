@@ -334,7 +334,7 @@ def training_identity(values: dict[str, Any], dataset: str, space: SearchSpace
     except (KeyError, ValueError):
         cls = None
     resolved = resolve_training(cls, dataset, batch_size=values.get("batch_size"),
-                                lr=values.get("lr"), epochs=values.get("epochs")).as_dict()
+                                lr=values.get("lr"), epochs=values.get("epochs")).to_dict()
     out: dict[str, Any] = {}
     for key in TRAINING_KEYS:
         if f"train.{key}" in space.distributions:

@@ -7,6 +7,7 @@
 * ``@pytest.mark.slow`` — the longest tests; they run with ``SPML_SLOW=1`` (CI sets it), and are
   reported as skipped with that reason otherwise.
 * ``@pytest.mark.gpu`` — needs a CUDA device; skipped, saying so, where there is none.
+* every test runs with ``$SPML_CACHE_DIR`` set to a fresh folder of the session.
 """
 
 from __future__ import annotations
@@ -32,6 +33,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if not have_cuda:
                 item.add_marker(pytest.mark.skip(
                     reason="needs a CUDA device (none here); run `pytest -m gpu` on a GPU machine"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_cache_dir(tmp_path_factory):
+    """The suite never writes the user's cache (``$SPML_CACHE_DIR``: remembered step-thread
+    choices, the bench's synthetic stores): it gets a fresh one for the session."""
+    before = os.environ.get("SPML_CACHE_DIR")
+    os.environ["SPML_CACHE_DIR"] = str(tmp_path_factory.mktemp("spml-cache"))
+    yield
+    if before is None:
+        os.environ.pop("SPML_CACHE_DIR", None)
+    else:
+        os.environ["SPML_CACHE_DIR"] = before
 
 
 @pytest.fixture(scope="module")

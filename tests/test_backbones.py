@@ -1,4 +1,4 @@
-"""Backbone registry and honest weights (issue 4, items 1-2): registry widths, unknown names,
+"""Backbone registry and honest weights: registry widths, unknown names,
 missing/corrupt/foreign weight files, seeded random weights, and the offline pretrained
 EfficientNet-Lite0 classifying real photos (scikit-image's cat and coffee)."""
 

@@ -47,7 +47,7 @@ def test_plain_loop_equals_engine(tmp_path):
 
 def test_run_bench_report(tmp_path):
     cfg = BenchConfig(n_train=160, dim=16, n_classes=6, epochs=2, trials=(1, 3),
-                      cache_dir=str(tmp_path))
+                      cache_dir=str(tmp_path), isolate=False)
     report = run_bench(cfg, progress=False)
     rows = {(r["method"], r["trials"]): r for r in report["rows"]}
     assert set(rows) == {("engine", 1), ("engine", 3), ("plain", 1), ("papers", 1)}
@@ -82,7 +82,7 @@ def test_bench_cli(tmp_path, capsys):
     out = tmp_path / "bench.json"
     assert main(["bench", "probe", "--rows", "64", "--dim", "8", "--classes", "4", "--epochs",
                  "1", "--trials", "2", "--no-plain", "--cache-dir", str(tmp_path), "--json",
-                 str(out), "--quiet"]) == 0
+                 str(out), "--quiet", "--in-process"]) == 0
     report = json.loads(out.read_text())
     assert [(r["method"], r["trials"]) for r in report["rows"]] == [("engine", 2)]
     assert "s/epoch" in capsys.readouterr().out
@@ -106,7 +106,8 @@ def test_compare_one_block_times_the_same_heads_as_one_block(tmp_path, monkeypat
 
     monkeypatch.setattr(loop, "TRIAL_BLOCK_BYTES", 4 * 17 * 6 * 4 * 2)  # two tiny heads a block
     cfg = BenchConfig(n_train=160, dim=16, n_classes=6, epochs=1, trials=(4,), plain=False,
-                      papers=False, compare_one_block=True, cache_dir=str(tmp_path))
+                      papers=False, compare_one_block=True, cache_dir=str(tmp_path),
+                      isolate=False)  # the patched block size holds in this process only
     report = run_bench(cfg, progress=False)
     rows = {r["method"]: r for r in report["rows"]}
     assert rows["engine"]["trial_blocks"] == [2, 2]
@@ -120,3 +121,32 @@ def test_compare_one_block_times_the_same_heads_as_one_block(tmp_path, monkeypat
     monkeypatch.setattr(bench, "resolve_device", lambda device: torch.device("cuda"))
     with pytest.raises(ValueError, match=r"compare_one_block \(--compare-one-block\).*cuda"):
         BenchConfig(compare_one_block=True, device="cuda").validate()
+
+
+def test_each_row_is_timed_alone_by_default(tmp_path, monkeypatch):
+    """The default: every configuration is one job, run alone in a fresh process (here the
+    jobs run in this process, to keep the test quick: the spawn itself is the slow test
+    below); the heads come back and are compared here."""
+    import probe.bench as bench
+
+    jobs = []
+    monkeypatch.setattr(bench, "_run_job", lambda job, *a, isolate, threads: jobs.append(
+        (job.__name__, isolate, threads)) or job(*a))
+    cfg = BenchConfig(n_train=96, dim=8, n_classes=4, epochs=1, trials=(1,), papers=False,
+                      cache_dir=str(tmp_path))
+    report = run_bench(cfg, progress=False)
+    assert jobs == [("_engine_job", True, 1), ("_plain_job", True, 1)]  # one_thread fixture
+    assert [r["method"] for r in report["rows"]] == ["engine", "plain"]
+    assert report["equivalence_max_abs_diff_engine_vs_plain"] < 1e-5
+
+
+@pytest.mark.slow
+def test_a_job_run_in_a_spawned_process_computes_what_it_computes_here(tmp_path):
+    import probe.bench as bench
+
+    cfg = BenchConfig(n_train=96, dim=8, n_classes=4, epochs=1, trials=(1,), papers=False,
+                      cache_dir=str(tmp_path))
+    path = synthetic_store(96, 8, 4, cache_dir=tmp_path, progress=False)
+    here = bench._run_job(bench._plain_job, cfg, str(path), isolate=False, threads=1)
+    alone = bench._run_job(bench._plain_job, cfg, str(path), isolate=True, threads=1)
+    np.testing.assert_array_equal(alone["heads"], here["heads"])

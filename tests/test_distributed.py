@@ -1,4 +1,4 @@
-"""``spml featurize`` past one process (issue 13): ``torch.distributed`` ranks write disjoint row
+"""``spml featurize`` past one process: ``torch.distributed`` ranks write disjoint row
 blocks of one store, the store is complete only when every block is, and an interrupted run
 resumes. On CPU with two ``gloo`` ranks (spawned processes, one torch thread each); the stores
 are compared bit for bit with a single-process run's (the same batches: a batch never crosses a

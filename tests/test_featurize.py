@@ -1,4 +1,4 @@
-"""The featurize pipeline (issue 4): parity with the reference preprocessing + a plain
+"""The featurize pipeline: parity with the reference preprocessing + a plain
 torchvision forward, the torchvision decode path, resume after an interruption, bad images,
 the CLI and the benchmark. CPU only, seeded random weights, a dozen tiny images.
 

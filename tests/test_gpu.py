@@ -1,11 +1,11 @@
-"""The CUDA paths (issue 13), run with ``pytest -m gpu`` on a machine with a GPU; skipped
-elsewhere with the reason shown by ``pytest -ra`` (tests/conftest.py). First run on an H100 on
-2026-11-25 (``bash .ci/gpu``; README "On a GPU").
+"""The CUDA paths, run with ``pytest -m gpu`` on a machine with a GPU; skipped elsewhere with
+the reason shown by ``pytest -ra`` (tests/conftest.py). ``bash .ci/gpu`` runs them with the GPU
+benches (docs/performance.md, "One NVIDIA H100").
 
 * nvJPEG decode (``torchvision.io.decode_jpeg(device='cuda')``, batched) and the GPU resize
   against the PIL reference;
 * bf16 + channels_last features against the fp32/PIL reference path: cosine ≥ 0.999 per image
-  (issue 13's target);
+  (the target);
 * one stacked trial on CUDA (CUDA graphs, the default) equals the plain PyTorch loop on CUDA;
 * AP on CUDA equals AP on the CPU to float rounding (the canonical ranking), and so do the
   bootstrap replicates of the test-mAP intervals;
@@ -47,10 +47,10 @@ def photos(tmp_path_factory) -> list[Path]:
 def test_nvjpeg_batch_decode_matches_pil(photos) -> None:
     """Decoded pixels: nvJPEG and libjpeg (PIL) agree on luma to rounding; their chroma
     upsampling differs (libjpeg's "fancy" triangular filter vs nvJPEG's), which moves RGB by up
-    to ~100 at sharp colour edges on <1.3% of pixels. Measured on an H100 (2026-11-25, 12
-    photos): RGB mean |Δ| 0.35-0.64, luma mean 0.07-0.08, luma p99.9 1, luma max 13;
-    torchvision's CPU decode equals PIL exactly. The features that come out of it are what
-    matters: test_bf16_fast_path_features_match_the_fp32_reference."""
+    to ~100 at sharp colour edges on a small share of pixels (on an H100, 12 photos: RGB mean
+    |Δ| below 1, luma p99.9 1, luma max 13); torchvision's CPU decode equals PIL exactly. The
+    features that come out of it are what matters:
+    test_bf16_fast_path_features_match_the_fp32_reference."""
     decoded = batch_decode([read_bytes(p) for p in photos], photos, torch.device("cuda"))
     luma = np.array([0.299, 0.587, 0.114])
     for path, image in zip(photos, decoded, strict=True):
@@ -85,7 +85,7 @@ def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def test_bf16_fast_path_features_match_the_fp32_reference(photos, tmp_path) -> None:
     """ResNet-50 at 448² (seeded random weights: no download on a GPU box): the fast path
     (nvJPEG, GPU resize, bf16 autocast, channels_last) vs the reference (PIL, fp32), for the
-    image and its flip; issue 13's target is cosine ≥ 0.999 per image."""
+    image and its flip; the target is cosine ≥ 0.999 per image."""
     index = _index(photos, len(photos), "gpu")
     common = dict(backbone="resnet50", weights="random", size=448, batch_size=8,
                   progress=False, device="cuda", dtype="float32")  # fmt: skip

@@ -1,5 +1,5 @@
 """A bare GPU machine has torch, torchvision, numpy, pillow and zarr (and, for studies, optuna)
-and little else (issue 13): ``spml featurize``, ``spml probe`` and ``spml bench`` must run
+and little else: ``spml featurize``, ``spml probe`` and ``spml bench`` must run
 without polars, faiss, matplotlib or tqdm, which are imported only where they are used.
 
 Each check runs the real ``spml`` commands in a fresh interpreter whose import system hides the
@@ -99,7 +99,7 @@ def test_featurize_probe_and_bench_need_no_optional_package(tmp_path: Path) -> N
 
 def test_deterministic_cuda_kernels_do_not_import_torchdynamo():
     """``torch.use_deterministic_algorithms`` imports ``torch._inductor.config`` and with it all
-    of TorchDynamo: 8 s of a 16 s ``spml probe`` on an H100 machine (2026-11-25, ``python -X
+    of TorchDynamo: about half of a whole ``spml probe`` process on a GPU machine (``python -X
     importtime``). The engine's switch sets the same kernel flag without that import. The
     context only sets flags, so it runs here without a GPU."""
     code = textwrap.dedent(

@@ -201,7 +201,7 @@ def _all_rows_ap_block(scores: torch.Tensor, targets: torch.Tensor,
     """The all-rows form of probe.ranking.ap_block (the reference: every sorted row's
     precision, zeros at the negatives, summed over N). ``canonical``: ranked ascending with a
     negative before a positive of the same score (two stable sorts: target, then score), as
-    ap_block ranks; False: the kernel as it was before 2026-11-25, whose ties between a
+    ap_block ranks; False: the previous kernel, whose ties between a
     positive and a negative fell in ``torch.sort``'s (unstable) order."""
     n = scores.shape[-2]
     work = torch.float64 if scores.dtype == torch.float64 or n >= 1 << 24 else torch.float32
@@ -271,7 +271,7 @@ def _mixed_tie_columns(scores: torch.Tensor, targets: torch.Tensor) -> torch.Ten
 
 @pytest.mark.parametrize("kind", ["coco_like", "ties"])
 def test_canonical_ranking_moves_the_old_kernels_ap_by_rounding_only(kind):
-    """Before 2026-11-25 a positive tying a negative sat where torch's unstable sort put it,
+    """In the previous kernel a positive tying a negative sat where torch's unstable sort put it,
     which moved the sum's rounding. Columns without such a tie keep every bit; the others
     move by at most a few float32 ulps (the same precisions, summed in other positions)."""
     g = torch.Generator().manual_seed(11)
@@ -327,7 +327,7 @@ def test_f1_hand_computed():
     assert r.class_precision.item() == pytest.approx(100 * cp)
     assert r.class_recall.item() == pytest.approx(100 * cr)
     assert r.class_f1.item() == pytest.approx(100 * 2 * cp * cr / (cp + cr))
-    assert set(r.as_dict()) == {"OF1", "CF1", "OP", "OR", "CP", "CR"}
+    assert set(r.to_dict()) == {"OF1", "CF1", "OP", "OR", "CP", "CR"}
 
 
 @pytest.mark.parametrize("threshold", [0.5, 0.3, 0.75])

@@ -118,7 +118,7 @@ def test_help_answers_questions(capsys):
 
 
 def test_probe_json_counts_epochs_from_1_and_logs_plain_lines(store, tmp_path):
-    """Issue 17: every epoch number in the record is in 1..E, the best epoch of a head whose
+    """Every epoch number in the record is in 1..E, the best epoch of a head whose
     best is the last is E; progress in a log is plain lines (no \\r), the first one at once."""
     import os
     import subprocess

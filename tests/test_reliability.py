@@ -1,5 +1,5 @@
 """Faults injected into stores: checksums, damage named by array and chunk, `spml verify`, repair
-by re-running the same import/featurize, stores written before checksums (issue 15)."""
+by re-running the same import/featurize, stores written before checksums."""
 
 from __future__ import annotations
 

@@ -559,7 +559,7 @@ def test_report_can_be_rebuilt_into_another_folder(real, tmp_path):
 
 
 def test_training_settings_come_from_the_rows_and_mixed_ones_are_flagged(tmp_path):
-    """Issue 17: a study made before settings were part of its identity may hold trials trained
+    """A study made before settings were part of its identity may hold trials trained
     at another lr; the report reads what each trial trained with from the results rows, says
     the study is mixed, and shows the best trial's settings, not the first run's."""
     dists = {"gr.w_T": FloatDistribution(2, 16), "gr.q2": FloatDistribution(1e-3, 1, log=True)}

@@ -1,4 +1,4 @@
-"""Selection modes (issue 14 item 3): ``spml study --select val | cv:K | draws:N`` and
+"""Selection modes: ``spml study --select val | cv:K | draws:N`` and
 ``spml analyze selection``, on the real yeast store.
 
 What is checked: the replicates are what :mod:`probe.selection` says (re-splits of the pool

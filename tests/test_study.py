@@ -422,7 +422,7 @@ def _study_cmd(yeast, out, loss="an_ls", trials="3", *extra):
 
 
 def test_resuming_with_other_settings_is_refused_and_rows_carry_them(yeast, tmp_path, capsys):
-    """Issue 17 item 1: a study's fixed training settings are part of its identity."""
+    """A study's fixed training settings are part of its identity."""
     out = tmp_path / "gr"
     assert main(_study_cmd(yeast, out)) == 0
     # another --lr (and batch size): exit 2, one line per setting with both values
@@ -448,7 +448,7 @@ def test_resuming_with_other_settings_is_refused_and_rows_carry_them(yeast, tmp_
 
 
 def test_study_progress_in_a_log_is_plain_lines(yeast, tmp_path):
-    """Issue 17 item 4: stderr not a terminal: a first line at once, k/N lines, never a \\r."""
+    """Stderr not a terminal: a first line at once, k/N lines, never a \\r."""
     log = tmp_path / "log"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
     env.pop("SPML_PROGRESS", None)
@@ -486,7 +486,7 @@ def test_study_progress_says_where_its_batch_stands(yeast, tmp_path):
 
 
 def test_confirm_refuses_a_missing_storage_and_writes_beside_the_study(yeast, tmp_path, capsys):
-    """Issue 17 item 2: a mistyped storage is not created; confirm's default output is where
+    """A mistyped storage is not created; confirm's default output is where
     'spml report STUDY_DIR' reads it."""
     missing = tmp_path / "missing.db"
     assert main(["study", "confirm", "--storage", str(missing), "--store", yeast]) == 2
@@ -522,7 +522,7 @@ def test_confirm_refuses_a_missing_storage_and_writes_beside_the_study(yeast, tm
 
 
 def test_export_two_studies_of_different_losses(yeast, tmp_path, capsys):
-    """Issue 17 item 5: spml export STUDY_GR STUDY_AN --out all.csv, one row per trial."""
+    """spml export STUDY_GR STUDY_AN --out all.csv, one row per trial."""
 
     gr, an = tmp_path / "gr", tmp_path / "an"
     old = os.umask(0o022)

@@ -1,4 +1,4 @@
-"""Studies under load and bad input (issue 15): search spaces checked against each
+"""Studies under load and bad input: search spaces checked against each
 hyperparameter's valid range before anything is created; many workers started at the same
 instant on one journal file and on one fresh PostgreSQL database; a worker SIGKILLed mid-batch."""
 

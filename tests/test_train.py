@@ -23,6 +23,8 @@ import probe.losses as L
 from probe import (
     ProbeConfig,
     ProbeConfigError,
+    SpeedOptions,
+    SpmlError,
     evaluate_head,
     expand_grid,
     load_head,
@@ -438,46 +440,13 @@ def test_paper_presets_train_the_head_at_the_released_codes_head_rate():
     from probe import resolve_training
     from probe.losses import get_loss_class
 
-    gr = resolve_training(get_loss_class("gr"), "coco").as_dict()
+    gr = resolve_training(get_loss_class("gr"), "coco").to_dict()
     assert gr["lr"] == pytest.approx(1e-4) and gr["batch_size"] == 16 and gr["epochs"] == 8
     assert "head rate: 10 × the backbone's 1e-05" in gr["lr_from"]
-    em = resolve_training(get_loss_class("em_apl"), "coco").as_dict()
+    em = resolve_training(get_loss_class("em_apl"), "coco").to_dict()
     assert em["lr"] == pytest.approx(1e-5)  # no head multiplier in its released code
-    given = resolve_training(get_loss_class("gr"), "coco", lr=3e-3).as_dict()
+    given = resolve_training(get_loss_class("gr"), "coco", lr=3e-3).to_dict()
     assert given["lr"] == 3e-3 and given["lr_from"] == "as given"
-
-
-def test_step_threads_are_measured_once_per_shape_or_taken_from_the_config(monkeypatch):
-    from probe import loop
-
-    calls = []
-    real = loop._calibrate
-    monkeypatch.setattr(loop, "_calibrate", lambda *a: calls.append(a) or real(*a))
-    monkeypatch.setattr(loop, "_THREAD_CHOICE", {})
-    cpu = torch.device("cpu")
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)  # the measurement compares 1 thread with torch's setting
-    try:
-        first = loop.resolve_threads(None, cpu, (3, 33, 5), 8, True)
-        assert first in (1, None)  # one thread, or torch's setting
-        assert loop.resolve_threads(None, cpu, (3, 33, 5), 8, True) == first
-        assert len(calls) == 1 and torch.get_num_threads() == 2  # restored
-        loop.resolve_threads(None, cpu, (3, 33, 5), 8, False)
-        assert len(calls) == 2  # another step shape is measured on its own
-    finally:
-        torch.set_num_threads(before)
-    assert loop.resolve_threads(4, cpu, (3, 33, 5), 8, True) == 4 and len(calls) == 2
-    assert loop.resolve_threads(None, torch.device("meta"), (3, 33, 5), 8, True) is None
-
-
-def test_a_clear_thread_winner_is_decided_early_a_close_one_by_medians():
-    from probe.loop import _clear_winner
-
-    assert _clear_winner([1.0], [9.0]) is None  # one round is not enough
-    assert _clear_winner([1.0, 1.1], [2.0, 1.9]) is True  # 1.1 x 1.5 < 1.9
-    assert _clear_winner([3.1, 3.2], [1.0, 2.0]) is False  # 2.0 x 1.5 < 3.1
-    assert _clear_winner([1.0, 1.4], [2.0, 2.0]) is None  # 1.4 x 1.5 > 2.0: the medians decide
-    assert _clear_winner([1.0, 1.0, 5.0], [2.0, 2.0, 2.0]) is None  # one slow sample: undecided
 
 
 def _data_8_classes() -> ProbeData:
@@ -508,15 +477,16 @@ def test_stopped_trials_leave_the_stack_and_survivors_are_bit_identical(loss_nam
     data = _data_8_classes()
     # bit for bit: B·C = 64 (a whole number of CPU vectors) and one step thread (StackedTrainer.
     # stop's docstring says when the equality is exact; COCO's 16·80 step is such a block)
-    cfg = ProbeConfig(epochs=4, batch_size=8, lr=1e-2, step_threads=1, **extra)
+    cfg = ProbeConfig(epochs=4, batch_size=8, lr=1e-2, **extra)
+    one_thread = SpeedOptions(step_threads=1)
     shapes = []
 
     def stop(report):
         shapes.append(report.heads.shape[0])
         return {1: [1], 3: [0]}.get(report.epoch, [])  # epochs count from 1
 
-    full = train_probe(data, cfg, loss_name, trials)
-    cut = train_probe(data, cfg, loss_name, trials, callback=stop)
+    full = train_probe(data, cfg, loss_name, trials, speed=one_thread)
+    cut = train_probe(data, cfg, loss_name, trials, callback=stop, speed=one_thread)
     n = len(trials)
     assert shapes == [n, n - 1, n - 1, n - 2]  # the stack shrinks as trials stop
     assert [t.stopped_at for t in cut.trials] == [3, 1] + [None] * (n - 2)
@@ -528,7 +498,7 @@ def test_stopped_trials_leave_the_stack_and_survivors_are_bit_identical(loss_nam
     for t, stopped_at in ((1, 1), (0, 3)):  # the stopped trials kept what they had
         assert cut.trials[t].epochs == full.trials[t].epochs[:stopped_at]
     one = train_probe(data, replace(cfg, epochs=4), loss_name, trials, callback=lambda r: (
-        list(range(n)) if r.epoch == 1 else []))
+        list(range(n)) if r.epoch == 1 else []), speed=one_thread)
     assert torch.equal(cut.final_heads[1], one.final_heads[1])  # its head as it left
 
 
@@ -545,13 +515,15 @@ BLOCK_CASES = [
 
 @pytest.mark.parametrize("loss_name,trials,extra", BLOCK_CASES)
 def test_trials_in_blocks_train_exactly_as_in_one_block(loss_name, trials, extra):
-    """ProbeConfig.trial_block: blocks of 2 (2 + 2 + 1 trials, each block through the whole
+    """SpeedOptions.trial_block: blocks of 2 (2 + 2 + 1 trials, each block through the whole
     epoch before the next) give every trial's epochs, best and final heads bit for bit as one
     block does, also when trials stop (pruning) in the blocked run."""
     data = _data_8_classes()
-    cfg = ProbeConfig(epochs=3, batch_size=8, lr=1e-2, step_threads=1, **extra)  # B·C = 64
-    one = train_probe(data, replace(cfg, trial_block=0), loss_name, trials)
-    blocked = train_probe(data, replace(cfg, trial_block=2), loss_name, trials)
+    cfg = ProbeConfig(epochs=3, batch_size=8, lr=1e-2, **extra)  # B·C = 64
+    one = train_probe(data, cfg, loss_name, trials,
+                      speed=SpeedOptions(step_threads=1, trial_block=0))
+    in_twos = SpeedOptions(step_threads=1, trial_block=2)
+    blocked = train_probe(data, cfg, loss_name, trials, speed=in_twos)
     assert one.timing["trial_blocks"] == [5] and blocked.timing["trial_blocks"] == [2, 2, 1]
     for a, b in zip(blocked.trials, one.trials, strict=True):
         assert a.epochs == b.epochs and a.best == b.best and a.best_epoch == b.best_epoch
@@ -563,7 +535,7 @@ def test_trials_in_blocks_train_exactly_as_in_one_block(loss_name, trials, extra
         shapes.append(report.heads.shape[0])
         return {1: [1], 2: [4]}.get(report.epoch, [])
 
-    cut = train_probe(data, replace(cfg, trial_block=2), loss_name, trials, callback=stop)
+    cut = train_probe(data, cfg, loss_name, trials, callback=stop, speed=in_twos)
     assert shapes == [5, 4, 3]
     survivors = (0, 2, 3)
     for t in survivors:
@@ -588,14 +560,15 @@ def test_trial_blocks_are_balanced_sized_to_the_cache_and_cpu_only():
     assert [len(r) for r in loop.trial_blocks(64, coco, torch.device("meta"), 8)] == [64]
     data = _data()
     given = create_loss("gr", w_T=torch.tensor([2.0, 4.0]))  # the caller's object: not split
-    result = train_probe(data, ProbeConfig(epochs=1, batch_size=8, trial_block=1), given)
+    cfg, ones = ProbeConfig(epochs=1, batch_size=8), SpeedOptions(trial_block=1)
+    result = train_probe(data, cfg, given, speed=ones)
     assert result.timing["trial_blocks"] == [2]
     gr = [{"w_T": 2.0}, {"w_T": 4.0}]
-    result = train_probe(data, ProbeConfig(epochs=1, batch_size=8, trial_block=1), "gr", gr)
+    result = train_probe(data, cfg, "gr", gr, speed=ones)
     assert result.timing["trial_blocks"] == [1, 1]
     for bad in (-1, True, 1.5):
-        with pytest.raises(ProbeConfigError, match="trial_block"):
-            ProbeConfig(trial_block=bad).validate()
+        with pytest.raises(SpmlError, match="trial_block"):
+            SpeedOptions(trial_block=bad).validate()
 
 
 def test_a_loss_that_cannot_drop_trials_freezes_them_in_place():

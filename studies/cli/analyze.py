@@ -20,6 +20,7 @@ from probe.cliargs import (
     parse_names,
 )
 from probe.errors import SpmlError
+from probe.io import atomic_write_text
 
 _COMMON_EPILOG = """
 Training (store commands): --epochs, --batch-size and --lr default to GR's paper setting for the
@@ -318,7 +319,7 @@ def _cmd_selection(args: argparse.Namespace) -> int:
     write_json_atomic(out / "selection.json", {"config": dataclasses.asdict(config),
                                                "summary": summarize_selection(rows),
                                                "rows": rows})
-    (out / "selection.md").write_text(table + "\n")
+    atomic_write_text(out / "selection.md", table + "\n")
     fig = plot_selection(rows, out / "selection.png")
     print(f"wrote {out / 'selection.json'}, {out / 'selection.md'} and {fig}")
     return 0

@@ -18,12 +18,13 @@ def _demo(args: argparse.Namespace) -> int:
 def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction) -> None:
     d = sub.add_parser(
         "demo",
-        help="the whole workflow offline in a few minutes: import yeast, probe, study, report",
+        help="the whole workflow offline in seconds: import yeast, probe, study, report",
         description=(
             "Imports the real multi-label yeast set (shipped inside the river package) into a "
             "feature store, trains AN, EM, GR and OPML heads on its single positives and prints "
             "their val/test mAP, runs a short GR study with pruning, and writes the study report. "
-            "Offline; a few minutes on 2 CPU cores. --images also featurizes 2×2 grids of "
+            "Offline; about 10 s on 2 CPU cores (more on a busy machine). --images also "
+            "featurizes 2×2 grids of "
             "scikit-learn's handwritten digits with the offline pretrained EfficientNet-Lite0 "
             "and probes them (extra 'lite0' and scikit-learn)."
         ),

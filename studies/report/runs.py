@@ -42,7 +42,7 @@ def study_training(st: Any) -> dict[str, Any]:
         cls = None
     settings = resolve_training(cls, st.identity.get("dataset", ""),
                                 batch_size=s.get("batch_size"), lr=s.get("lr"),
-                                epochs=s.get("epochs")).as_dict()
+                                epochs=s.get("epochs")).to_dict()
     rows = [r for r in st.results.values() if r.get("lr") is not None]
     best = st.results.get(st.complete[0].number) if st.complete else None
     row = best if best is not None and best.get("lr") is not None else (rows[0] if rows else None)

@@ -1,0 +1,221 @@
+"""How a run uses the machine, kept apart from what it computes.
+
+:class:`SpeedOptions` holds the knobs that change how fast a probe runs on the CPU but not its
+heads: the step loop's thread count and the trial blocks. They are passed to
+:func:`probe.train.train_probe` beside the experiment's :class:`probe.config.ProbeConfig`, and
+they are not part of the recorded experiment (the run's ``timing`` says what was used).
+
+**The step-thread choice is stable.** With ``step_threads=None`` the engine runs the training
+steps on one thread or on torch's setting. The choice is decided once per machine and step
+shape from a short measurement (:func:`probe.loop.measured_threads`), with a margin:
+torch's setting is taken only where it is clearly faster than one thread
+(:func:`choose_threads`); otherwise one thread, which is the setting that does not depend on
+what else holds the cores. The decision is remembered in the process and, by default, in a
+small JSON file under the user cache dir (:func:`thread_cache_path`), so the same step shape
+gets the same setting in every later process on this machine, whatever ran before it. Delete
+that file (or pass ``thread_cache=False``) to measure again, e.g. after the machine changed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from probe.errors import SpmlError
+
+from .io import atomic_write_text
+
+__all__ = [
+    "SPEED_FIELDS",
+    "THREAD_MARGIN",
+    "SpeedOptions",
+    "choose_threads",
+    "clear_winner",
+    "default_cache_dir",
+    "remembered_threads",
+    "resolve_speed",
+    "thread_cache_path",
+]
+
+#: torch's thread setting is used for a step only when its samples beat one thread's by this
+#: factor (best and median sample alike); closer than that, one thread is kept
+THREAD_MARGIN = 1.25
+#: ProbeConfig's deprecated fields that belong here (not recorded with the experiment)
+SPEED_FIELDS = ("step_threads", "trial_block")
+#: the file, under the cache dir, that remembers each step shape's thread choice
+THREAD_CACHE_FILE = "step-threads.json"
+THREAD_CACHE_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class SpeedOptions:
+    """How a probe run uses the CPU; none of these change a trial's result.
+
+    ``step_threads``: CPU threads of the training steps. None (the default): one thread, or
+    torch's setting where a measurement made once per machine and step shape found it clearly
+    faster (module docstring); a number fixes it.
+    ``trial_block``: stacked trials trained together on the CPU, one block after the other
+    through each epoch, so that a block's heads and optimizer state stay in cache. None (the
+    default): as many as fit :data:`probe.loop.TRIAL_BLOCK_BYTES` (8 COCO-sized heads; all
+    small ones); 0: all trials in one block. A trial computes the same in any block.
+    ``thread_cache``: remember measured thread choices on disk under the cache dir
+    (:func:`thread_cache_path`) so that later processes reuse them (default True); False:
+    measure once per process and shape.
+    """
+
+    step_threads: int | None = None
+    trial_block: int | None = None
+    thread_cache: bool = True
+
+    def validate(self) -> None:
+        """Raise :class:`SpmlError` naming the first bad option."""
+        st = self.step_threads
+        if st is not None and (isinstance(st, bool) or not isinstance(st, int) or st < 1):
+            raise SpmlError(f"SpeedOptions.step_threads must be None (one thread, or torch's "
+                            f"setting where clearly faster) or a positive integer; got {st!r}")
+        tb = self.trial_block
+        if tb is not None and (isinstance(tb, bool) or not isinstance(tb, int) or tb < 0):
+            raise SpmlError(f"SpeedOptions.trial_block must be None (sized to the cache), 0 "
+                            f"(one block) or a positive integer (trials per block); got {tb!r}")
+        if not isinstance(self.thread_cache, bool):
+            raise SpmlError(f"SpeedOptions.thread_cache must be True or False; got "
+                            f"{self.thread_cache!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def resolve_speed(config: Any, speed: SpeedOptions | None) -> SpeedOptions:
+    """The run's :class:`SpeedOptions`: ``speed``, or the defaults, taking the deprecated
+    ``ProbeConfig.step_threads`` / ``ProbeConfig.trial_block`` where they are set (with a
+    :class:`DeprecationWarning`). Both places set at once is an error."""
+    speed = speed if speed is not None else SpeedOptions()
+    old = {k: getattr(config, k, None) for k in SPEED_FIELDS}
+    old = {k: v for k, v in old.items() if v is not None}
+    if old:
+        names = ", ".join(f"{k}={v!r}" for k, v in old.items())
+        clash = [k for k in old if getattr(speed, k) is not None]
+        if clash:
+            raise SpmlError(
+                f"ProbeConfig({names}) and SpeedOptions({clash[0]}="
+                f"{getattr(speed, clash[0])!r}) both set {clash[0]}; set it in SpeedOptions "
+                "only (the ProbeConfig fields are deprecated)")
+        warnings.warn(
+            f"ProbeConfig({names}) is deprecated and will be removed in the next release: pass "
+            f"train_probe(..., speed=SpeedOptions({names})) instead",
+            DeprecationWarning, stacklevel=3)
+        speed = replace(speed, **old)
+    speed.validate()
+    return speed
+
+
+# --------------------------------------------------------------------------------------------
+# the thread decision, on given samples
+# --------------------------------------------------------------------------------------------
+
+
+def clear_winner(one: Sequence[float], many: Sequence[float], margin: float = 1.5
+                 ) -> bool | None:
+    """After two or more rounds of samples (seconds per step): True when every one-thread
+    sample beats every sample on torch's setting by ``margin``, False for the reverse, None
+    while it is closer than that (then more rounds run and :func:`choose_threads` decides)."""
+    if len(one) < 2 or len(many) < 2:
+        return None
+    if max(one) * margin < min(many):
+        return True
+    if max(many) * margin < min(one):
+        return False
+    return None
+
+
+def choose_threads(one: Sequence[float], many: Sequence[float],
+                   margin: float = THREAD_MARGIN) -> int | None:
+    """1 (one thread) or None (torch's setting) from timed samples of the same step on each:
+    torch's setting only when it beats one thread by ``margin`` on both the best sample and
+    the median (a lucky sample or a busy moment alone cannot flip the choice); otherwise one
+    thread. Raises :class:`SpmlError` on empty samples."""
+    if not one or not many:
+        raise SpmlError(f"choose_threads needs samples of both settings; got {len(one)} with "
+                        f"one thread and {len(many)} with torch's setting")
+    clearly = (min(many) * margin <= min(one)
+               and statistics.median(many) * margin <= statistics.median(one))
+    return None if clearly else 1
+
+
+# --------------------------------------------------------------------------------------------
+# remembering the decision: in the process and on disk
+# --------------------------------------------------------------------------------------------
+
+
+def default_cache_dir() -> Path:
+    """``$SPML_CACHE_DIR`` if set, else ``~/.cache/spml-probe`` (the bench's synthetic stores
+    and the remembered thread choices)."""
+    return Path(os.environ.get("SPML_CACHE_DIR") or Path.home() / ".cache" / "spml-probe")
+
+
+def thread_cache_path() -> Path:
+    """Where measured thread choices are remembered (``step-threads.json`` in the cache dir)."""
+    return default_cache_dir() / THREAD_CACHE_FILE
+
+
+def _machine() -> str:
+    """What a thread choice depends on besides the step: host, CPU, cores, torch."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")),
+                       cpu)
+    except OSError:
+        pass
+    return f"{platform.node()}|{cpu}|{os.cpu_count()}|torch {torch.__version__}"
+
+
+_REMEMBERED: dict[str, int | None] = {}
+
+
+def remembered_threads(key: str, measure: Callable[[], tuple[int | None, dict[str, Any]]],
+                       *, disk: bool = True, path: Path | None = None) -> int | None:
+    """The thread choice for ``key`` (a step shape and torch's thread setting): remembered in
+    this process, else read from the cache file (``disk``), else ``measure()`` -- which
+    returns the choice and what it was decided from -- remembered in both. A cache file that
+    cannot be read or written is ignored (the choice is then made once per process)."""
+    full = f"{_machine()}|{key}"
+    if full in _REMEMBERED:
+        return _REMEMBERED[full]
+    path = path or thread_cache_path()
+    entries = _read_cache(path) if disk else {}
+    entry = entries.get(full)
+    if isinstance(entry, dict) and "threads" in entry and entry["threads"] in (1, None):
+        choice = entry["threads"]
+    else:
+        choice, evidence = measure()
+        if disk:
+            entries = _read_cache(path)  # another process may have written meanwhile
+            entries[full] = {"threads": choice, **evidence}
+            try:
+                atomic_write_text(path, json.dumps(
+                    {"format": THREAD_CACHE_FORMAT, "choices": entries}, indent=1) + "\n")
+            except OSError:
+                pass
+    _REMEMBERED[full] = choice
+    return choice
+
+
+def _read_cache(path: Path) -> dict[str, dict[str, Any]]:
+    try:
+        payload = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(payload, dict) or payload.get("format") != THREAD_CACHE_FORMAT:
+        return {}
+    choices = payload.get("choices")
+    return dict(choices) if isinstance(choices, dict) else {}

@@ -1,0 +1,191 @@
+"""Speed options apart from the experiment (probe.speed): the step-thread decision on given
+samples (never on timings), remembering it per machine and step shape in the process and on
+disk so that a run gets the same setting whatever ran before it, the deprecated ProbeConfig
+fields, and that the recorded experiment carries no speed knob."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import probe.loop as loop
+import probe.speed as speed
+from probe import ProbeConfig, SpeedOptions, SpmlError, train_probe
+from probe.data import ProbeData
+from probe.speed import choose_threads, clear_winner, remembered_threads, resolve_speed
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    """An empty in-process memo and a cache file of this test's own."""
+    monkeypatch.setattr(speed, "_REMEMBERED", {})
+    monkeypatch.setenv("SPML_CACHE_DIR", str(tmp_path))
+    return tmp_path / speed.THREAD_CACHE_FILE
+
+
+def test_a_clear_thread_winner_is_decided_early_a_close_one_later():
+    assert clear_winner([1.0], [9.0]) is None  # one round is not enough
+    assert clear_winner([1.0, 1.1], [2.0, 1.9]) is True  # 1.1 x 1.5 < 1.9
+    assert clear_winner([3.1, 3.2], [1.0, 2.0]) is False  # 2.0 x 1.5 < 3.1
+    assert clear_winner([1.0, 1.4], [2.0, 2.0]) is None  # 1.4 x 1.5 > 2.0
+    assert clear_winner([1.0, 1.0, 5.0], [2.0, 2.0, 2.0]) is None  # one slow sample
+
+
+def test_torchs_threads_only_where_clearly_faster_else_one_thread():
+    # the measurements the bench saw: one thread 2.3-2.6 s, two threads 4.1 s -> one thread
+    assert choose_threads([2.3, 2.6, 2.4], [4.1, 4.1, 4.2]) == 1
+    # two threads clearly faster on the best sample and the median -> torch's setting
+    assert choose_threads([2.0, 2.1, 2.2], [1.0, 1.2, 1.5]) is None
+    # within the margin either way: one thread, never a coin toss between runs
+    assert choose_threads([1.0, 1.0, 1.0], [0.9, 0.9, 0.9]) == 1
+    assert choose_threads([1.0, 1.0, 1.0], [1.1, 1.1, 1.1]) == 1
+    # one lucky sample on torch's setting does not decide
+    assert choose_threads([1.0, 1.0, 1.0], [0.5, 1.0, 1.0]) == 1
+    # nor a busy moment that slowed one thread's best sample only
+    assert choose_threads([2.0, 1.0, 1.0], [0.78, 0.95, 0.95]) == 1
+    # exactly at the margin counts as clearly faster
+    assert choose_threads([1.25, 1.25], [1.0, 1.0]) is None
+    assert choose_threads([1.0], [0.5], margin=3.0) == 1
+    with pytest.raises(SpmlError, match="samples of both settings"):
+        choose_threads([], [1.0])
+
+
+def test_a_decision_is_measured_once_then_read_by_every_later_process(fresh):
+    calls = []
+
+    def measure(choice):
+        def run():
+            calls.append(choice)
+            return choice, {"seconds_per_step_one_thread": [1.0]}
+        return run
+
+    assert remembered_threads("shape A", measure(1)) == 1
+    assert remembered_threads("shape A", measure(None)) == 1  # remembered in the process
+    assert remembered_threads("shape B", measure(None)) is None  # another shape: its own
+    assert calls == [1, None]
+    stored = json.loads(fresh.read_text())
+    assert stored["format"] == speed.THREAD_CACHE_FORMAT
+    assert sorted(str(v["threads"]) for v in stored["choices"].values()) == ["1", "None"]
+    # a later process (an empty memo): the remembered choice, even where a measurement made
+    # now -- after other work ran in the process -- would come out the other way
+    speed._REMEMBERED.clear()
+    assert remembered_threads("shape A", measure(None)) == 1
+    assert remembered_threads("shape B", measure(1)) is None
+    assert calls == [1, None]
+
+
+def test_without_the_disk_cache_the_choice_is_made_once_per_process(fresh):
+    calls = []
+    run = lambda: calls.append(1) or (1, {})  # noqa: E731
+    assert remembered_threads("k", run, disk=False) == 1
+    assert remembered_threads("k", run, disk=False) == 1 and len(calls) == 1
+    assert not fresh.exists()
+    speed._REMEMBERED.clear()
+    remembered_threads("k", run, disk=False)
+    assert len(calls) == 2
+
+
+def test_an_unreadable_or_unwritable_cache_is_ignored(fresh, tmp_path):
+    fresh.write_text("{not json")
+    assert remembered_threads("k", lambda: (None, {})) is None
+    assert json.loads(fresh.read_text())["choices"]  # replaced by a good file
+    speed._REMEMBERED.clear()
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    assert remembered_threads("k", lambda: (1, {}), path=blocked / "x.json") == 1
+    speed._REMEMBERED.clear()
+    fresh.write_text(json.dumps({"format": 999, "choices": {"x": {"threads": 1}}}))
+    assert remembered_threads("k", lambda: (None, {})) is None  # another format: measured
+    key = f"{speed._machine()}|k2"
+    for bad in ({}, {"threads": 4}, "1", None):  # a damaged entry is measured again
+        speed._REMEMBERED.clear()
+        fresh.write_text(json.dumps({"format": speed.THREAD_CACHE_FORMAT,
+                                     "choices": {key: bad}}))
+        assert remembered_threads("k2", lambda: (1, {})) == 1
+
+
+def test_measured_threads_calibrates_once_per_machine_and_shape(fresh, monkeypatch):
+    calls = []
+    monkeypatch.setattr(loop, "_calibrate", lambda *a: calls.append(a) or (1, {}))
+    cpu = torch.device("cpu")
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # the decision is between 1 thread and torch's setting
+    try:
+        assert loop.resolve_threads(None, cpu, (3, 33, 5), 8, True) == 1
+        assert loop.resolve_threads(None, cpu, (3, 33, 5), 8, True) == 1
+        assert len(calls) == 1 and torch.get_num_threads() == 2
+        loop.resolve_threads(None, cpu, (3, 33, 5), 8, False)
+        assert len(calls) == 2  # another step shape is decided on its own
+        speed._REMEMBERED.clear()  # a new process: read from the cache file
+        loop.resolve_threads(None, cpu, (3, 33, 5), 8, True)
+        assert len(calls) == 2
+    finally:
+        torch.set_num_threads(before)
+    assert loop.resolve_threads(4, cpu, (3, 33, 5), 8, True) == 4 and len(calls) == 2
+    assert loop.resolve_threads(None, torch.device("meta"), (3, 33, 5), 8, True) is None
+
+
+def test_the_real_calibration_returns_a_choice_and_its_samples(fresh):
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        choice, evidence = loop._calibrate((1, 17, 4), 4, True, 2)
+    finally:
+        torch.set_num_threads(before)
+    assert choice in (1, None)
+    one, many = evidence["seconds_per_step_one_thread"], evidence["seconds_per_step_2_threads"]
+    assert 2 <= len(one) == len(many) <= 5 and min(one + many) > 0
+
+
+def _data() -> ProbeData:
+    rng = np.random.default_rng(0)
+    out = []
+    for n in (48, 16, 16):
+        y = (rng.random((n, 4)) < 0.3).astype(np.uint8)
+        y[np.arange(n), rng.integers(0, 4, n)] = 1
+        out.append(((y @ rng.normal(size=(4, 6)) + rng.normal(size=(n, 6))).astype(np.float16),
+                    y))
+    return ProbeData.from_arrays(*out)
+
+
+def test_speed_options_train_the_same_heads_and_stay_out_of_the_record(fresh):
+    data = _data()
+    cfg = ProbeConfig(epochs=2, batch_size=8, lr=1e-2)
+    trials = [{"w_T": 2.0}, {"w_T": 6.0}, {"w_T": 10.0}]
+    plain = train_probe(data, cfg, "gr", trials, speed=SpeedOptions(step_threads=1))
+    blocked = train_probe(data, cfg, "gr", trials,
+                          speed=SpeedOptions(step_threads=1, trial_block=1))
+    assert blocked.timing["trial_blocks"] == [1, 1, 1] and plain.timing["step_threads"] == 1
+    assert torch.equal(plain.final_heads, blocked.final_heads)
+    for key in ("step_threads", "trial_block"):
+        assert key not in plain.config  # the experiment, not how it ran
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the new API warns about nothing
+        train_probe(data, cfg, "gr", trials[:1], speed=SpeedOptions(step_threads=1))
+
+
+def test_the_deprecated_probeconfig_fields_still_work_with_a_warning(fresh):
+    data = _data()
+    old = ProbeConfig(epochs=1, batch_size=8, lr=1e-2, step_threads=1, trial_block=1)
+    with pytest.warns(DeprecationWarning, match=r"SpeedOptions\(step_threads=1, trial_block=1\)"):
+        result = train_probe(data, old, "gr", [{"w_T": 2.0}, {"w_T": 6.0}])
+    assert result.timing["trial_blocks"] == [1, 1] and result.timing["step_threads"] == 1
+    with pytest.warns(DeprecationWarning):
+        assert resolve_speed(ProbeConfig(trial_block=0), None) == SpeedOptions(trial_block=0)
+    with pytest.raises(SpmlError, match="both set trial_block"):
+        resolve_speed(ProbeConfig(trial_block=0), SpeedOptions(trial_block=2))
+    assert resolve_speed(ProbeConfig(), None) == SpeedOptions()
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"step_threads": 0}, "step_threads"), ({"step_threads": True}, "step_threads"),
+    ({"trial_block": -1}, "trial_block"), ({"trial_block": 1.5}, "trial_block"),
+    ({"thread_cache": "yes"}, "thread_cache"),
+])
+def test_bad_speed_options_are_named(bad, match):
+    with pytest.raises(SpmlError, match=match):
+        SpeedOptions(**bad).validate()
