@@ -42,6 +42,7 @@ from probe.errors import SpmlError
 # modules that add subcommands, in the order they appear in ``spml --help``
 COMMAND_MODULES = (
     "featurize.cli",
+    "featurize.priors_cli",
     "probe.cli",
     "studies.cli.study",
     "studies.cli.report",

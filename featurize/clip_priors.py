@@ -1,0 +1,275 @@
+"""``spml priors``: CLIP zero-shot class scores of a store's images, stored as a prior.
+
+The prior the VLPL and GPR losses read (docs/priors.md), computed from the store's own images
+with an OpenCLIP model's image and text towers (the ``open_clip`` backbone family,
+docs/backbones.md):
+
+1. **text**: one prompt per class, ``prompt.format(class name)`` (``_`` read as a space),
+   through the text tower, L2-normalised: ``t_c``.
+2. **views**: each image whole, and with ``tiles = k`` also cut into a k×k grid of tiles
+   (AEVLP's DAMP: 4×4, 5×5 on CUB), each view through the model's own preprocessing and the
+   image tower, L2-normalised: ``v``.
+3. **scores**: per view, ``softmax_c(v · t_c / T)`` over the classes at temperature ``T``
+   (0.01 in both papers). The whole image's scores are the prior's ``scores``; with tiles the
+   per-class ``tile_max``, ``tile_min`` and ``tile_mean`` over the k² tiles are its extras.
+
+Rows are computed in blocks that are kept beside the store (``<store>.priors-<name>.partial``)
+until the prior is written, so an interrupted run resumes where it stopped; the prior itself is
+written by :func:`probe.store.write_prior` (validated, checksummed, all or nothing) and the
+scratch folder is then removed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from probe.errors import MissingPathError, SpmlError
+from probe.io import atomic_write, atomic_write_text
+
+__all__ = ["ClipPriorConfig", "ClipPriorResult", "compute_clip_prior", "image_paths_of_store"]
+
+BLOCK_ROWS = 512  # rows per resumable block (a block's 17 views of ViT-B/16 take ~1 min on a CPU)
+_SOURCE = re.compile(r"^images of dataset '(?P<name>[^']*)' under (?P<root>.+)$")
+
+
+class ClipPriorError(SpmlError):
+    """``spml priors`` cannot run as asked (the message names the option and the fix)."""
+
+
+@dataclass(frozen=True)
+class ClipPriorConfig:
+    """What ``spml priors`` computes; each default is the papers' value."""
+
+    model: str  # open_clip:<arch>/<pretrained> (VLPL: ViT-L-14-336/openai, AEVLP: ViT-B-16/openai)
+    weights: str | None = None  # None: the pretrained tag's weights (library cache); or a file
+    name: str = "clip"  # the prior's name in the store (priors/<name>)
+    prompt: str = "a photo of a {}."  # CLIP's standard zero-shot template
+    temperature: float = 0.01  # VLPL's and AEVLP's softmax temperature
+    tiles: int = 0  # k for a k×k grid of tiles (DAMP: 4; CUB 5); 0 = the whole image only
+    batch_size: int = 32  # images per forward (each brings 1 + k² views)
+    device: str = "cpu"  # cpu or cuda[:N]
+    overwrite: bool = False  # replace an existing prior of that name
+    progress: bool = True  # a progress bar with ETA on stderr
+
+    def validate(self) -> None:
+        def bad(option: str, expected: str, got: Any) -> ClipPriorError:
+            return ClipPriorError(f"{option}: expected {expected}; got {got!r}")
+
+        if not isinstance(self.model, str) or not self.model.startswith("open_clip:"):
+            raise bad("--model", "an OpenCLIP model open_clip:<arch>/<pretrained>, e.g. "
+                      "open_clip:ViT-B-16/openai (the prior needs CLIP's text tower)", self.model)
+        if not isinstance(self.prompt, str) or self.prompt.count("{}") != 1:
+            raise bad("--prompt", "a template with one {} for the class name, e.g. "
+                      "'a photo of a {}.'", self.prompt)
+        if not (isinstance(self.temperature, int | float) and 0 < self.temperature <= 100):
+            raise bad("--temperature", "a number in (0, 100], e.g. 0.01", self.temperature)
+        if isinstance(self.tiles, bool) or not isinstance(self.tiles, int) \
+                or not 0 <= self.tiles <= 8:
+            raise bad("--tiles", "an integer k in [0, 8] for a k×k grid (DAMP: 4)", self.tiles)
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) \
+                or self.batch_size < 1:
+            raise bad("--batch-size", "an integer >= 1", self.batch_size)
+        from probe.store.prior_writer import _check_name
+
+        _check_name(self.name, "--name")
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What decides the numbers (a resumed run must match it)."""
+        out = dataclasses.asdict(self)
+        for key in ("batch_size", "device", "overwrite", "progress"):
+            out.pop(key)
+        return out
+
+
+@dataclass(frozen=True)
+class ClipPriorResult:
+    store: Path
+    name: str
+    rows: int
+    classes: int
+    views_per_image: int
+    blocks_resumed: int
+    provenance: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["store"] = str(self.store)
+        return out
+
+
+def image_paths_of_store(store: Any, root: str | Path | None = None,
+                         dataset_options: dict[str, Any] | None = None) -> list[Path]:
+    """The image file of every store row, in row order: the store's dataset read again from
+    ``root`` (default: the root its provenance records) and matched by image id. Refused by
+    name where the store holds imported features with no images, where the dataset cannot be
+    read, or where any row's image is missing (the first 20 named, then a count)."""
+    from featurize.datasets import load_dataset
+
+    source = store.provenance.get("source")
+    match = _SOURCE.match(source) if isinstance(source, str) else None
+    if root is None:
+        if match is None:
+            raise ClipPriorError(
+                f"store {store.path} holds imported features (source: {json.dumps(source)[:200]})"
+                ", so spml priors cannot find its images: pass --root DIR with the images of "
+                f"dataset '{store.dataset}', or compute the scores elsewhere and bring them with "
+                "'spml import priors'"
+            )
+        root = match.group("root")
+    name = match.group("name") if match else store.dataset
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        raise MissingPathError(
+            f"--root: the images of store {store.path} (dataset '{name}') are not reachable: "
+            f"{root} is not a directory; pass --root DIR where the dataset now lives"
+        )
+    index = load_dataset(name, root, **dict(dataset_options or {}))
+    by_id: dict[str, Path] = {}
+    for phase in (index.pool, index.test):
+        by_id.update(zip(phase.image_ids, phase.paths))
+    absent = [i for i in store.image_ids if i not in by_id]
+    if absent:
+        raise ClipPriorError(
+            f"--root {root}: {len(absent)} of the store's {store.n_rows} image ids are not in "
+            f"dataset '{name}' there, e.g. {', '.join(absent[:5])}; is it the dataset this store "
+            "was featurized from?"
+        )
+    paths = [Path(by_id[i]) for i in store.image_ids]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        more = f" and {len(missing) - 20} more" if len(missing) > 20 else ""
+        raise MissingPathError(
+            f"--root {root}: {len(missing)} image files of the store's rows are missing: "
+            f"{', '.join(missing[:20])}{more}"
+        )
+    return paths
+
+
+def _class_prompts(class_names: list[str], template: str) -> list[str]:
+    return [template.format(c.replace("_", " ")) for c in class_names]
+
+
+def _tiles(image: Any, k: int) -> list[Any]:
+    """The k×k grid of an image (PIL), row by row; edges from integer division of the size."""
+    w, h = image.size
+    xs = [round(i * w / k) for i in range(k + 1)]
+    ys = [round(j * h / k) for j in range(k + 1)]
+    return [image.crop((xs[i], ys[j], xs[i + 1], ys[j + 1])) for j in range(k) for i in range(k)]
+
+
+def view_scores(clip: Any, images: list[Any], text: Any, tiles: int, temperature: float,
+                device: Any) -> np.ndarray:
+    """``(B, 1 + k², C)`` softmax class scores of each image's views (the whole image first,
+    then its tiles row by row)."""
+    import torch
+
+    views = [v for img in images for v in [img, *(_tiles(img, tiles) if tiles else [])]]
+    batch = torch.stack([clip.preprocess(v) for v in views]).to(device)
+    with torch.inference_mode():
+        feats = clip.model.encode_image(batch)
+        feats = feats / feats.norm(dim=-1, keepdim=True)
+        scores = torch.softmax(feats.float() @ text.T / temperature, dim=-1)
+    return scores.view(len(images), 1 + tiles * tiles, -1).cpu().numpy()
+
+
+def _scratch(store_path: Path, name: str) -> Path:
+    return store_path.with_name(f"{store_path.name}.priors-{name}.partial")
+
+
+def compute_clip_prior(store_path: str | Path, config: ClipPriorConfig,
+                       root: str | Path | None = None,
+                       dataset_options: dict[str, Any] | None = None) -> ClipPriorResult:
+    """Compute the CLIP prior of every row of the store at ``store_path`` and store it.
+
+    Every input is checked before the model is loaded or anything is written: the options,
+    the store, the prior's name (an existing one only with ``overwrite``), every row's image
+    file. Missing weights offline are refused by name (the open_clip family's loader) and leave
+    nothing behind."""
+    import torch
+    from PIL import Image
+
+    from featurize.backbones import load_clip
+    from probe.progress import Progress
+    from probe.store import open_store, write_prior
+
+    config.validate()
+    store_path = Path(store_path)
+    store = open_store(store_path)
+    if config.name in store.prior_names() and not config.overwrite:
+        raise ClipPriorError(
+            f"--name: store {store_path} already holds a prior '{config.name}'; pass "
+            "--overwrite to replace it, or choose another --name"
+        )
+    paths = image_paths_of_store(store, root, dataset_options)
+    device = torch.device(config.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ClipPriorError(f"--device {config.device}: CUDA is not available on this machine")
+    clip = load_clip(config.model, config.weights)
+    clip.model.to(device)
+    with torch.inference_mode():
+        tokens = clip.tokenizer(_class_prompts(store.class_names, config.prompt)).to(device)
+        text = clip.model.encode_text(tokens).float()
+        text = text / text.norm(dim=-1, keepdim=True)
+
+    scratch = _scratch(store_path, config.name)
+    fingerprint = {**config.fingerprint(), "rows": store.n_rows, "classes": store.n_classes,
+                   "weights_sha256": getattr(clip.info, "sha256", None)}
+    meta = scratch / "meta.json"
+    if scratch.exists():
+        old = json.loads(meta.read_text()) if meta.is_file() else None
+        if old != fingerprint:  # another model, prompt or store: its blocks are of no use
+            shutil.rmtree(scratch)
+    scratch.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(meta, json.dumps(fingerprint, sort_keys=True))
+
+    k2 = config.tiles * config.tiles
+    n_blocks = -(-store.n_rows // BLOCK_ROWS)
+    done = {b for b in range(n_blocks) if (scratch / f"block-{b}.npy").is_file()}
+    todo = store.n_rows - sum(min(BLOCK_ROWS, store.n_rows - b * BLOCK_ROWS) for b in done)
+    bar = Progress(todo, f"priors {config.name} ({config.model}, {1 + k2} views, {device})",
+                   "img", enabled=config.progress)
+    with bar:
+        for b in range(n_blocks):
+            if b in done:
+                continue
+            rows = range(b * BLOCK_ROWS, min((b + 1) * BLOCK_ROWS, store.n_rows))
+            parts = []
+            for start in range(rows.start, rows.stop, config.batch_size):
+                chunk = paths[start:min(start + config.batch_size, rows.stop)]
+                images = [Image.open(p).convert("RGB") for p in chunk]
+                parts.append(view_scores(clip, images, text, config.tiles, config.temperature,
+                                         device))
+                bar.update(len(chunk))
+            block = np.concatenate(parts).astype(np.float32)
+            atomic_write(scratch / f"block-{b}.npy", lambda f, a=block: np.save(f, a))
+
+    views = np.concatenate([np.load(scratch / f"block-{b}.npy") for b in range(n_blocks)])
+    scores = views[:, 0, :]
+    extras = None
+    if config.tiles:
+        tiles = views[:, 1:, :]
+        extras = {"tile_max": tiles.max(axis=1), "tile_min": tiles.min(axis=1),
+                  "tile_mean": tiles.mean(axis=1)}
+    provenance = {
+        "model": config.model,
+        "prompt_template": config.prompt,
+        "temperature": config.temperature,
+        "tiles": f"{config.tiles}x{config.tiles}" if config.tiles else None,
+        "source": f"spml priors: OpenCLIP zero-shot softmax over the store's {store.n_classes} "
+                  f"classes, {1 + k2} views per image",
+        "weights": clip.info.path,
+        "weights_sha256": getattr(clip.info, "sha256", None),
+    }
+    write_prior(store_path, config.name, scores, provenance, extras=extras,
+                overwrite=config.overwrite, class_names=store.class_names)
+    shutil.rmtree(scratch, ignore_errors=True)
+    return ClipPriorResult(store_path, config.name, store.n_rows, store.n_classes, 1 + k2,
+                           len(done), provenance)

@@ -1,0 +1,91 @@
+"""``spml priors``: compute a store's CLIP prior from its images (:mod:`featurize.clip_priors`).
+
+``spml import priors`` (scores computed elsewhere) lives with the other imports in
+:mod:`featurize.cli`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from probe.cliargs import wrap
+
+__all__ = ["register_cli"]
+
+
+def _cmd_priors(args: argparse.Namespace) -> int:
+    from featurize.cli import _dataset_options
+    from featurize.clip_priors import ClipPriorConfig, compute_clip_prior
+
+    config = ClipPriorConfig(
+        model=args.model, weights=args.weights, name=args.name, prompt=args.prompt,
+        temperature=args.temperature, tiles=args.tiles, batch_size=args.batch_size,
+        device=args.device, overwrite=args.overwrite, progress=not args.quiet,
+    )
+    result = compute_clip_prior(args.store, config, root=args.root,
+                                dataset_options=_dataset_options(args.option))
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+        return 0
+    resumed = f", {result.blocks_resumed} blocks resumed" if result.blocks_resumed else ""
+    print(
+        f"wrote prior '{result.name}' to {result.store}: {result.rows} images x {result.classes} "
+        f"classes, {result.views_per_image} views each{resumed}. Train with it: spml probe "
+        f"{result.store} --loss vlpl --priors {result.name}",
+        file=sys.stdout,
+    )
+    return 0
+
+
+def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction) -> None:
+    """Add ``spml priors``."""
+    p = sub.add_parser(
+        "priors",
+        help="compute CLIP zero-shot class scores of a store's images as a prior (VLPL, GPR)",
+        description=wrap(
+            "Compute a vision-language prior for every row of a feature store: an OpenCLIP "
+            "model's zero-shot scores of the store's classes, softmax over classes of "
+            "image-text cosine similarity at --temperature, from the prompt --prompt. With "
+            "--tiles k each image is also cut into a k x k grid and the per-class max, min and "
+            "mean over the tiles are stored too (AEVLP's DAMP reads them). The images are read "
+            "from the dataset the store was featurized from (--root to point elsewhere). The "
+            "prior is validated and written all or nothing (priors/NAME, spml info lists it); "
+            "an interrupted run resumes from its last finished block of rows. For scores "
+            "computed elsewhere use 'spml import priors'. docs/priors.md explains the losses "
+            "that read it.",
+        ),
+        epilog="examples:\n"
+        "  spml priors stores/voc.zarr --model open_clip:ViT-L-14-336/openai --name vlpl\n"
+        "  spml priors stores/coco.zarr --model open_clip:ViT-B-16/openai --tiles 4 --name damp\n"
+        "  spml priors s.zarr --model open_clip:ViT-B-16 --weights clip.safetensors --device cpu",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("store", metavar="STORE", help="the feature store (.zarr) to add the prior to")
+    p.add_argument("--model", required=True,
+                   help="OpenCLIP model open_clip:<arch>/<pretrained> (VLPL: "
+                   "open_clip:ViT-L-14-336/openai; AEVLP: open_clip:ViT-B-16/openai)")
+    p.add_argument("--weights", default=None,
+                   help="a local checkpoint (.pt/.pth/.safetensors) instead of the pretrained "
+                   "tag's download; 'random' for a seeded random model (tests only)")
+    p.add_argument("--name", default="clip", help="the prior's name in the store (default clip)")
+    p.add_argument("--prompt", default="a photo of a {}.",
+                   help="prompt template with {} for the class name (default 'a photo of a {}.')")
+    p.add_argument("--temperature", type=float, default=0.01,
+                   help="softmax temperature over the classes (default 0.01, both papers)")
+    p.add_argument("--tiles", type=int, default=0,
+                   help="k: also score a k x k grid of tiles per image (DAMP: 4, CUB 5; "
+                   "default 0 = the whole image only)")
+    p.add_argument("--root", default=None,
+                   help="where the store's images are now (default: the dataset root its "
+                   "provenance records)")
+    p.add_argument("--option", action="append", metavar="KEY=VALUE",
+                   help="a dataset adapter option, as given to spml featurize (repeatable)")
+    p.add_argument("--batch-size", type=int, default=32,
+                   help="images per forward pass (each with 1 + k^2 views; default 32)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing prior of NAME")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_priors)
