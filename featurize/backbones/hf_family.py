@@ -4,9 +4,9 @@ preprocessing, and a chosen embedding (docs/backbones.md).
 
 The repo's ``config.json`` builds the network; its weights are the repo's ``model.safetensors``
 (or ``pytorch_model.bin``) from the Hugging Face hub cache (downloaded there on first use), or
-``--weights PATH``. A checkpoint of the whole model (a CLIP model's text tower, a classifier's
-head, a base-model prefix such as ``dinov2.``) loads into the vision encoder; every key of the
-encoder must be in it.
+``--weights PATH``, loaded by transformers' own ``from_pretrained``. A checkpoint of the whole
+model (a CLIP model's text tower, a classifier's head) loads into the vision encoder; every key
+of the encoder must be in it.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from featurize.backbones.base import (
     hub_file,
     input_check,
     package_version,
-    read_state,
 )
 from featurize.images import ImageTransform
 from featurize.specs import DEFAULT, BackboneSpec
@@ -37,9 +36,6 @@ from probe.errors import SpmlError
 
 PREFIX = "hf:"
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
-# parts of a whole-model checkpoint that are not the vision encoder: ignored when loading it
-_OTHER_PARTS = ("text_model.", "text_projection.", "logit_scale", "logit_bias", "classifier.",
-                "head.", "lm_head.")
 _RESAMPLE = {2: "bilinear", 3: "bicubic"}  # PIL's codes in preprocessor_config.json
 
 
@@ -107,47 +103,60 @@ def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> 
     return file_info(path, f"hf:{repo}", url=None if Path(repo).is_dir() else f"hf-hub:{repo}")
 
 
-def build(repo: str) -> tuple[nn.Module, Any]:
-    """The vision encoder that ``repo``'s config.json describes (default initialisation from
-    the current RNG state) and that config."""
+def _model_class(config: Any) -> Any:
+    """The vision encoder class for ``config``: CLIP's vision tower with its projection, SigLIP's
+    vision tower, else the model type's base model (``AutoModel``)."""
     transformers = _transformers()
-    config_file = repo_file(repo, ("config.json",), "name a folder holding config.json")
-    config = transformers.AutoConfig.from_pretrained(str(config_file.parent))
     kind = config.model_type
     if kind == "clip":
-        vision = config.vision_config
-        vision.projection_dim = config.projection_dim
-        return transformers.CLIPVisionModelWithProjection(vision), config
+        return transformers.CLIPVisionModelWithProjection
     if kind == "clip_vision_model":
-        return transformers.CLIPVisionModel(config), config
+        return transformers.CLIPVisionModel
     if kind == "siglip":
-        return transformers.SiglipVisionModel(config.vision_config), config
-    return transformers.AutoModel.from_config(config), config
+        return transformers.SiglipVisionModel
+    return transformers.AutoModel
 
 
-def _load_state(model: nn.Module, path: str, name: str) -> None:
-    """The checkpoint into the encoder: keys taken as they are or without/with the base
-    model's prefix (whichever fits most); the other parts of a whole-model checkpoint are
-    ignored; every encoder key must be there."""
-    state = read_state(path)
-    want = set(model.state_dict())
-    prefix = f"{getattr(model, 'base_model_prefix', '')}."
-    variants = [state]
-    if prefix != ".":
-        variants.append({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
-        variants.append({prefix + k: v for k, v in state.items()})
-    best = max(variants, key=lambda s: len(want & set(s)))
-    missing = sorted(want - set(best))
-    foreign = sorted(k for k in set(best) - want if not k.startswith(_OTHER_PARTS))
-    if missing or foreign:
+def _config(repo: str) -> Any:
+    config_file = repo_file(repo, ("config.json",), "name a folder holding config.json")
+    return _transformers().AutoConfig.from_pretrained(str(config_file.parent))
+
+
+def build(repo: str, weights_file: str | None = None) -> tuple[nn.Module, Any]:
+    """The vision encoder that ``repo``'s config.json describes and that config: with
+    ``weights_file`` loaded by transformers' own ``from_pretrained`` (its key conversions, a
+    whole-model checkpoint's other parts left out), refused if any encoder key is missing or
+    of another shape; without, default initialisation from the current RNG state."""
+    config = _config(repo)
+    cls = _model_class(config)
+    if weights_file is None:
+        if cls is _transformers().AutoModel:
+            return cls.from_config(config), config
+        vision = getattr(config, "vision_config", config)
+        return cls(vision), config
+    import tempfile
+
+    config_file = repo_file(repo, ("config.json",), "name a folder holding config.json")
+    weights = Path(weights_file)
+    target = "model.safetensors" if weights.suffix == ".safetensors" else "pytorch_model.bin"
+    with tempfile.TemporaryDirectory(prefix="spml-hf-") as folder:
+        (Path(folder) / "config.json").symlink_to(config_file)
+        (Path(folder) / target).symlink_to(weights.resolve())
+        try:
+            model, info = cls.from_pretrained(
+                folder, local_files_only=True, output_loading_info=True
+            )
+        except (OSError, RuntimeError, ValueError, KeyError) as err:
+            raise WeightsError(f"cannot load weights file {weights} into hf:{repo}: {err}") from None
+    missing = sorted(info.get("missing_keys") or ())
+    mismatched = list(info.get("mismatched_keys") or ())
+    if missing or mismatched:
         raise WeightsError(
-            f"weights file {path} does not fit backbone {name!r}: {len(missing)} missing keys "
-            f"(e.g. {missing[:3]}), {len(foreign)} unexpected (e.g. {foreign[:3]})"
+            f"weights file {weights} does not fit backbone 'hf:{repo}': {len(missing)} missing "
+            f"keys (e.g. {missing[:3]}), {len(mismatched)} of another shape "
+            f"(e.g. {mismatched[:3]})"
         )
-    try:
-        model.load_state_dict({k: v for k, v in best.items() if k in want}, strict=True)
-    except RuntimeError as err:  # shapes that differ
-        raise WeightsError(f"weights file {path} does not fit backbone {name!r}: {err}") from None
+    return model, config
 
 
 def processor_transform(repo: str) -> ImageTransform | None:
@@ -250,9 +259,7 @@ def load(spec: BackboneSpec, info: WeightsInfo, seed: int = 0, embed: str | None
     repo = _repo(spec)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
-        model, config = build(repo)
-    if not info.random:
-        _load_state(model, info.path, spec.name)
+        model, config = build(repo, None if info.random else info.path)
     chosen = _embed_choice(model, config, embed, spec.name)
     features = HFEmbedding(model, chosen).eval().requires_grad_(False)
     transform = processor_transform(repo)

@@ -133,17 +133,21 @@ def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> 
     return file_info(path, f"open_clip:{arch}/{tag}", url=url)
 
 
-def _quick_gelu(arch: str, tag: str | None) -> bool:
-    if tag is None:
-        return False
-    return bool(_open_clip().get_pretrained_cfg(arch, tag).get("quick_gelu", False))
+_PREPROCESS_KEYS = ("mean", "std", "interpolation", "resize_mode")
 
 
 def build(arch: str, tag: str | None = None) -> nn.Module:
     """The whole CLIP model ``arch`` (default initialisation from the current RNG state), with
-    QuickGELU where the pretrained tag was trained with it (OpenAI's weights)."""
-    return _open_clip().create_model(
-        arch, pretrained=None, force_quick_gelu=_quick_gelu(arch, tag)
+    QuickGELU where the pretrained tag was trained with it (OpenAI's weights) and the tag's
+    preprocessing (mean, std, interpolation, resize mode) in ``visual.preprocess_cfg``, as
+    OpenCLIP's ``create_model(arch, pretrained=tag)`` sets them."""
+    open_clip = _open_clip()
+    cfg = open_clip.get_pretrained_cfg(arch, tag) if tag else {}
+    return open_clip.create_model(
+        arch,
+        pretrained=None,
+        force_quick_gelu=bool(cfg.get("quick_gelu", False)),
+        force_preprocess_cfg={k: cfg[k] for k in _PREPROCESS_KEYS if k in cfg},
     )
 
 
@@ -227,15 +231,9 @@ def load_clip(name: str, weights: str | None = None, *, seed: int = 0) -> ClipMo
         _load_state(model, info.path, name)
     model.eval().requires_grad_(False)
     transform = model_transform(model)
-    cfg = dict(getattr(model.visual, "preprocess_cfg", {}) or {})
-    preprocess = open_clip.image_transform(
-        cfg.get("size", transform.out_size),
-        is_train=False,
-        mean=cfg.get("mean"),
-        std=cfg.get("std"),
-        resize_mode=cfg.get("resize_mode"),
-        interpolation=cfg.get("interpolation"),
-    )
+    from open_clip.transform import PreprocessCfg, image_transform_v2
+
+    preprocess = image_transform_v2(PreprocessCfg(**model.visual.preprocess_cfg), is_train=False)
     tokenizer = open_clip.get_tokenizer(arch)
     return ClipModel(name, model, tokenizer, preprocess, transform, info)
 
