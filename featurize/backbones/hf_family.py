@@ -147,7 +147,9 @@ def build(repo: str, weights_file: str | None = None) -> tuple[nn.Module, Any]:
                 folder, local_files_only=True, output_loading_info=True
             )
         except (OSError, RuntimeError, ValueError, KeyError) as err:
-            raise WeightsError(f"cannot load weights file {weights} into hf:{repo}: {err}") from None
+            raise WeightsError(
+                f"cannot load weights file {weights} into hf:{repo}: {err}"
+            ) from None
     missing = sorted(info.get("missing_keys") or ())
     mismatched = list(info.get("mismatched_keys") or ())
     if missing or mismatched:
