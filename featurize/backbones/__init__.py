@@ -174,8 +174,10 @@ def describe_families() -> str:
     """``spml backbones``: the families, installed or not and how to add them, the registry."""
     lines = ["backbone families (--backbone):"]
     for s in family_status():
-        state = s["version"] if s["installed"] else f"NOT INSTALLED: {s['install']}"
+        state = s["version"] if s["installed"] else "NOT INSTALLED"
         lines.append(f"  {s['family']:<12} {s['syntax']:<40} {state}")
+        if s["install"] != "(core)":
+            lines.append(f"  {'':<12} install: {s['install']}")
         lines.append(f"  {'':<12} e.g. --backbone {s['example']}; --embed {'|'.join(s['embeds'])}")
         lines.append(f"  {'':<12} {s['note']}")
     lines.append("registry names (torchvision; the protocol's preprocessing by default):")

@@ -165,6 +165,18 @@ def read_state(path: str | Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def load_into(model: nn.Module, state: dict, path: str | Path, name: str) -> Any:
+    """``model.load_state_dict(state, strict=False)``, a tensor of another shape refused as a
+    :class:`WeightsError` naming the file; returns the result (for :func:`check_fit`)."""
+    try:
+        return model.load_state_dict(state, strict=False)
+    except RuntimeError as err:  # size mismatches
+        first = str(err).split("\n\t")[1:2] or [str(err)]
+        raise WeightsError(
+            f"weights file {path} does not fit backbone {name!r}: {first[0]}"
+        ) from None
+
+
 def check_fit(result: Any, path: str | Path, name: str) -> None:
     """Refuse a ``load_state_dict(strict=False)`` result with missing or unexpected keys."""
     if result.missing_keys or result.unexpected_keys:

@@ -28,6 +28,7 @@ from featurize.backbones.base import (
     file_info,
     hub_file,
     input_check,
+    load_into,
     package_version,
     read_state,
 )
@@ -135,8 +136,11 @@ def _load_state(model: nn.Module, path: str, name: str) -> None:
     state = read_state(path)
     for key in _classifier_keys(model):
         state.pop(key, None)
-    result = model.load_state_dict(state, strict=False)
-    if result.missing_keys or result.unexpected_keys:
+    try:
+        result = model.load_state_dict(state, strict=False)
+    except RuntimeError:  # tensors of other shapes: maybe the original layout, tried below
+        result = None
+    if result is None or result.missing_keys or result.unexpected_keys:
         # a checkpoint in the model's original (pre-timm) layout: timm's own converter
         import sys
 
@@ -149,7 +153,8 @@ def _load_state(model: nn.Module, path: str, name: str) -> None:
             if converted is not None:
                 for key in _classifier_keys(model):
                     converted.pop(key, None)
-                result = model.load_state_dict(converted, strict=False)
+                state = converted
+        result = load_into(model, state, path, name)
     check_fit(result, path, name)
 
 

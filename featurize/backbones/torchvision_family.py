@@ -32,6 +32,7 @@ from featurize.backbones.base import (
     WeightsNotFoundError,
     as_weights_path,
     check_fit,
+    load_into,
     random_info,
     read_state,
 )
@@ -227,7 +228,7 @@ def resolve_weights(spec: BackboneSpec, weights: str | None, download: bool = Fa
 
 def _load_state(model: nn.Module, info: WeightsInfo, name: str) -> None:
     state = read_state(info.path)
-    check_fit(model.load_state_dict(state, strict=False), info.path, name)
+    check_fit(load_into(model, state, info.path, name), info.path, name)
 
 
 def _dry_run(spec: BackboneSpec, size: int) -> None:
