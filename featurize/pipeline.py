@@ -9,8 +9,9 @@ import contextlib
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -26,8 +27,20 @@ from featurize.images import (
     resize_batch,
 )
 
-if TYPE_CHECKING:
-    from featurize.runner import Runtime
+
+@dataclass(frozen=True)
+class Runtime:
+    """The concrete choices ``auto`` settings resolve to on this machine."""
+
+    device: torch.device
+    decode: str  # "pil" | "torchvision"
+    precision: str  # "fp32" | "bf16"
+    batch_size: int
+    workers: int
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
 
 
 # ----------------------------------------------------------------------------- reading

@@ -41,6 +41,7 @@ import torch
 from featurize.backbones import DEFAULT_BACKBONE, Backbone, load_backbone
 from featurize.images import BadImageError, ImageTransform
 from featurize.pipeline import (  # noqa: F401  (_load_item: re-exported for the benchmark)
+    Runtime,
     _channels_last,
     _device_mode,
     _load_item,
@@ -106,21 +107,6 @@ class FeaturizeConfig:
     skip_bad: bool = False  # unreadable image: error (default) or zero features + bad_rows
     overwrite: bool = False  # never replace an existing store unless asked
     progress: bool = True  # progress on stderr (probe.progress: bar or log lines)
-
-
-@dataclass(frozen=True)
-class Runtime:
-    """The concrete choices ``auto`` settings resolve to on this machine."""
-
-    device: torch.device
-    decode: str  # "pil" | "torchvision"
-    precision: str  # "fp32" | "bf16"
-    batch_size: int
-    workers: int
-
-    @property
-    def cuda(self) -> bool:
-        return self.device.type == "cuda"
 
 
 @dataclass(frozen=True)

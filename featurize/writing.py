@@ -10,15 +10,11 @@ import json
 import queue
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from featurize.backbones import Backbone
 from probe.io import atomic_write_text
 from probe.store.index import DatasetIndex
-
-if TYPE_CHECKING:
-    from featurize.backbones import Backbone
-    from featurize.runner import FeaturizeConfig
-
 
 # ----------------------------------------------------------------------------- writing
 
@@ -95,7 +91,7 @@ def _open_writer(
     index: DatasetIndex,
     backbone: Backbone,
     provenance: dict,
-    config: FeaturizeConfig,
+    config: Any,  # featurize.runner.FeaturizeConfig
     extra_attrs: dict,
 ) -> Any:
     """A fresh store, or the interrupted one at ``out`` when it was started the same way."""
