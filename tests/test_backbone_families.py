@@ -82,13 +82,20 @@ def resnet10t(tmp_path_factory):
     return model, path
 
 
-def test_timm_store_equals_timms_forward_and_trains(folder, resnet10t, tmp_path, capsys):
-    """The brief's acceptance run: featurize with timm:resnet10t from a local file, offline;
-    spml info names timm, the model and the sha256; spml probe trains on the store."""
-    model, weights = resnet10t
-    out = tmp_path / "timm.zarr"
+@pytest.fixture(scope="module")
+def timm_store(folder, resnet10t, tmp_path_factory):
+    """``spml featurize folder --backbone timm:resnet10t --weights resnet10t.pth`` (offline)."""
+    out = tmp_path_factory.mktemp("timm-store") / "timm.zarr"
     assert _featurize_cli(folder, out, "--backbone", "timm:resnet10t", "--weights",
-                          str(weights)) == 0
+                          str(resnet10t[1])) == 0
+    return out
+
+
+def test_timm_store_equals_timms_forward_and_trains(folder, resnet10t, timm_store, capsys):
+    """The acceptance run: featurize with timm:resnet10t from a local file, offline; spml info
+    names timm, the model and the weights' sha256; spml probe trains on the store."""
+    model, weights = resnet10t
+    out = timm_store
     store = open_store(out)
     # timm's own eval preprocessing and forward without the classifier
     cfg = timm.data.resolve_data_config({}, model=model)
@@ -113,6 +120,34 @@ def test_timm_store_equals_timms_forward_and_trains(folder, resnet10t, tmp_path,
     assert main(["probe", str(out), "--loss", "an", "--epochs", "2", "--batch-size", "4",
                  "--quiet"]) == 0
     assert "best" in capsys.readouterr().out
+
+
+def test_finetune_rebuilds_the_stores_backbone(folder, resnet10t, timm_store, tmp_path, capsys):
+    """spml finetune --store: the same timm model, weights file (sha256 checked) and timm's
+    preprocessing as the store; other weights than the store's are refused."""
+    from studies.finetune_config import store_backbone
+
+    model = store_backbone(timm_store)
+    assert model == {"backbone": "timm:resnet10t", "embed": "pooled",
+                     "weights": str(resnet10t[1].resolve()), "transform": "model",
+                     "weights_sha256": open_store(timm_store).provenance["weights_sha256"]}
+    out = tmp_path / "ft"
+    assert main(["finetune", "folder", "--root", str(folder["root"]), "--store", str(timm_store),
+                 "--loss", "an", "--batch-size", "2", "--max-steps", "1", "--out", str(out),
+                 "--no-progress", "--json", "--device", "cpu"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["model"]["backbone"] == "timm:resnet10t"
+    assert result["model"]["weights_sha256"] == model["weights_sha256"]
+    assert result["model"]["head"] == "Linear(512, 4)" and result["global_step"] == 1
+    assert result["model"]["transform"]["crop"] == [176, 176]
+    torch.save(timm.create_model("resnet10t").state_dict(), tmp_path / "other.pth")
+    from studies.finetune import FinetuneConfig as FC
+    from studies.finetune import FinetuneError, finetune
+
+    with pytest.raises(FinetuneError, match="sha256"):
+        finetune(FC(dataset="folder", root=folder["root"], loss="an", out=tmp_path / "ft2",
+                    backbone="timm:resnet10t", weights=str(tmp_path / "other.pth"),
+                    weights_sha256=model["weights_sha256"], progress=False, device="cpu"))
 
 
 def test_timm_weights_without_classifier_and_wrong_files(resnet10t, tmp_path):
