@@ -134,7 +134,7 @@ def as_weights_path(weights: str) -> Path | None:
     path = Path(weights).expanduser()
     if path.suffix in WEIGHT_SUFFIXES or path.exists():
         if not path.is_file():
-            raise WeightsNotFoundError(f"--weights: the file {path} does not exist")
+            raise WeightsNotFoundError(f"weights file {path} does not exist (--weights)")
         return path.resolve()
     return None
 
