@@ -103,7 +103,9 @@ def _open_writer(
     )
 
     if out.exists() and not config.overwrite and is_store_dir(out):
-        _explain_transform_change(out, backbone.name, provenance["transform"])
+        _explain_transform_change(
+            out, backbone.name, provenance["transform"], provenance.get("embed")
+        )
         writer = resume_store(out, provenance)
         if writer.dtype != config.dtype:
             raise StoreError(
@@ -125,14 +127,23 @@ def _open_writer(
     )
 
 
-def _explain_transform_change(out: Path, backbone: str, transform: dict) -> None:
-    """Name the transform entries that differ (decode path, precision, size, …) before the
-    store's generic refusal, with the options that select them."""
+def _explain_transform_change(
+    out: Path, backbone: str, transform: dict, embed: str | None = None
+) -> None:
+    """Name the transform entries that differ (decode path, precision, size, …) or another
+    embedding (``--embed``) before the store's generic refusal, with the options that select
+    them."""
     import zarr
 
     from probe.store import StoreError
 
     provenance = zarr.open_group(out, mode="r").attrs.get("provenance", {})
+    if provenance.get("backbone") == backbone and provenance.get("embed") != embed:
+        raise StoreError(
+            f"cannot resume {out}: it holds the {provenance.get('embed')!r} embedding of "
+            f"{backbone}, this run asks for {embed!r}; pass the same --embed, or --overwrite to "
+            "start again, or choose another --out"
+        )
     stored = provenance.get("transform")
     now = json.loads(json.dumps(transform))
     if provenance.get("backbone") != backbone or not isinstance(stored, dict) or stored == now:

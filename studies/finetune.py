@@ -11,8 +11,10 @@ followed by GR Loss, EM/APL and Large-Loss, with the same protocol as the probe
   ``single_positive(labels, observed_seed)`` on the whole pool, then split; val is clean by
   default (``val_labels="observed"`` scores against the single positives), test always clean;
 * images: ``PIL open → RGB → resize((S, S), BILINEAR)`` (aspect not kept, antialiased, no crop;
-  ``featurize.images.pil_resized``), a random horizontal flip per training image, the
-  backbone's mean/std (ImageNet for ResNet-50); eval images are not flipped;
+  ``featurize.images.pil_transformed``), a random horizontal flip per training image, the
+  backbone's mean/std (ImageNet for ResNet-50); eval images are not flipped. A ``timm:``,
+  ``open_clip:`` or ``hf:`` backbone gets its own preprocessing by default (docs/backbones.md),
+  and ``spml finetune --store`` rebuilds a feature store's backbone from its provenance;
 * model: the backbone registry's network (``featurize.backbones.load_backbone``; ResNet-50
   ``IMAGENET1K_V1`` by default) without its ImageNet classifier, made trainable, plus
   ``nn.Linear(D, C)`` with PyTorch's default initialisation (Cole's ``linear_classifier``),

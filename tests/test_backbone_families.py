@@ -224,6 +224,11 @@ def test_open_clip_store_equals_encode_image(folder, tiny_clip, tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(pooled.features(x), visual(x))
     assert pooled.feature_dim == 32
+    # the store holds the projected embedding: a run asking for another one does not resume it
+    with pytest.raises(SpmlError, match="'projected' embedding"):
+        featurize_dataset("folder", folder["root"], out, FeaturizeConfig(
+            backbone="open_clip:spml-tiny-vit", weights=str(tiny_clip), embed="pooled",
+            device="cpu", with_flip=False, block_rows=8, progress=False))
 
 
 def test_load_clip_gives_both_towers_tokenizer_and_preprocess(tiny_clip):
