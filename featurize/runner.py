@@ -226,13 +226,15 @@ def describe_transform(transform: ImageTransform, rt: Runtime, with_flip: bool) 
     """The provenance ``transform`` record: everything between the file and the features that
     can change their values (resume refuses a store made with a different one)."""
     out = transform.describe()
+    how = transform.interpolation
+    crop = "" if transform.crop is None else ", centre crop"
     out["decode"] = (
-        "PIL (reference: open, convert RGB, resize BILINEAR)"
+        f"PIL (reference: open, convert RGB, resize {how.upper()}{crop})"
         if rt.decode == "pil"
         else (
-            "torchvision nvJPEG batched + CPU fallback; torch antialiased bilinear resize"
+            f"torchvision nvJPEG batched + CPU fallback; torch antialiased {how} resize{crop}"
             if rt.cuda
-            else "torchvision libjpeg-turbo/libpng; torch antialiased bilinear resize"
+            else f"torchvision libjpeg-turbo/libpng; torch antialiased {how} resize{crop}"
         )
     )
     out["compute"] = "bf16 autocast, channels_last" if rt.precision == "bf16" else "float32"

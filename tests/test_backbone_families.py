@@ -335,6 +335,9 @@ def test_families_listed_and_names_checked(capsys):
     text = capsys.readouterr().out
     for word in ("timm:", "open_clip:", "hf:", "pip install -e '.[clip]'", "resnet50"):
         assert word in text
+    with pytest.raises(SystemExit) as done:
+        main(["featurize", "--list-backbones"])
+    assert done.value.code == 0 and "open_clip:" in capsys.readouterr().out
     assert main(["backbones", "--json"]) == 0
     families = {f["family"]: f for f in json.loads(capsys.readouterr().out)}
     assert families["timm"]["installed"] and families["torchvision"]["installed"]
@@ -346,3 +349,17 @@ def test_families_listed_and_names_checked(capsys):
     with pytest.raises(SpmlError, match="--size 64"):
         featurize_dataset("folder", "/nonexistent", "/tmp/x.zarr",
                           FeaturizeConfig(backbone="timm:resnet10t", size=64))
+
+
+@pytest.mark.gpu
+def test_fast_gpu_path_takes_a_family(folder, resnet10t, timm_store, tmp_path):
+    """The GPU fast path (nvJPEG decode, bicubic resize and crop on the device, bf16 autocast,
+    channels_last) on a timm backbone: within cosine 0.99 of the CPU reference store."""
+    out = tmp_path / "gpu.zarr"
+    featurize_dataset("folder", folder["root"], out, FeaturizeConfig(
+        backbone="timm:resnet10t", weights=str(resnet10t[1]), device="cuda",
+        decode="torchvision", precision="bf16", progress=False, overwrite=True))
+    fast, ref = open_store(out).features(), open_store(timm_store).features()
+    a, b = fast.astype(np.float64), ref.astype(np.float64)
+    cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    assert cos.min() > 0.99
