@@ -327,6 +327,45 @@ def test_hf_offline_without_files_is_refused(tmp_path, monkeypatch):
         load_backbone("hf:facebook/dinov2-small")
 
 
+# ----------------------------------------------------------------------------- preprocessing
+
+
+@pytest.mark.parametrize("rounding", ["round", "floor"])
+def test_torch_resize_and_crop_match_pil(folder, rounding):
+    """The torchvision decode path's shorter-side resize and centre crop (bicubic) against the
+    PIL reference path, image by image: the same window (on these pure-noise images a window
+    one pixel off differs by tens of grey levels on average), pixels within a grey level on
+    average (libjpeg-turbo vs PIL's decoder, and bicubic overshoot clipped differently, make a
+    few pixels differ more)."""
+    from featurize.images import ImageTransform, cpu_decode, pil_transformed, resize_batch
+
+    transform = ImageTransform(size=41, crop=33, interpolation="bicubic", resize="shortest",
+                               crop_rounding=rounding)
+    paths = _paths(folder)
+    images = [cpu_decode(bytearray(p.read_bytes()), p) for p in paths]
+    got = resize_batch(images, transform)
+    assert got.shape == (len(paths), 3, 33, 33)
+    for i, p in enumerate(paths):
+        ref = torch.from_numpy(pil_transformed(p, transform).copy()).permute(2, 0, 1)
+        diff = (got[i].int() - ref.int()).abs()
+        assert diff.float().mean() < 1.0 and diff.max() <= 32, (p, diff.max())
+
+
+def test_transform_geometry_rules():
+    from featurize.images import ImageTransform
+
+    t = ImageTransform(size=256, crop=224, resize="shortest")
+    assert t.resized_shape(480, 640) == (256, 341)  # torchvision: int(256 * 640 / 480)
+    assert t.crop_box(256, 341) == (16, 58)  # round(117 / 2) = 58 (half to even)
+    floor = ImageTransform(size=256, crop=224, resize="shortest", crop_rounding="floor")
+    assert floor.crop_box(256, 341) == (16, 58) and floor.crop_box(257, 341) == (16, 58)
+    assert t.crop_box(257, 341) == (16, 58)  # round(16.5) = 16
+    assert t.crop_box(259, 341) == (18, 58) and floor.crop_box(259, 341) == (17, 58)
+    with pytest.raises(SpmlError, match="crop must be between"):
+        ImageTransform(size=200, crop=224, resize="shortest")
+    assert ImageTransform(size=32).describe()["crop"] is None
+
+
 # ----------------------------------------------------------------------------- the registry
 
 
