@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fixtures_datasets import make_folder
 
 from featurize.backbones import WeightsError, WeightsNotFoundError, load_backbone
+from featurize.images import normalize, pil_transformed
 from featurize.runner import FeaturizeConfig, featurize_dataset
 from probe.errors import SpmlError
 from probe.store import open_store
@@ -317,6 +318,44 @@ def test_hf_store_equals_transformers_forward(folder, tiny_dinov2, tmp_path):
     assert prov["transform"]["crop_offset"] == "(resized - crop) // 2"
     with pytest.raises(SpmlError, match="--embed 'projected'"):
         load_backbone(f"hf:{repo}", str(weights), embed="projected")
+
+
+def test_hf_clip_projected_from_a_whole_clip_checkpoint(folder, tmp_path):
+    """A whole CLIPModel checkpoint (text tower included) loads into the vision tower with its
+    projection: --embed projected (the default for CLIP) is transformers' image_embeds, pooled
+    its pooler_output; the image processor's resize/crop/mean/std are the preprocessing."""
+    repo = tmp_path / "clip-tiny"
+    config = transformers.CLIPConfig(
+        text_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                     "num_attention_heads": 2, "vocab_size": 99, "max_position_embeddings": 16},
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                       "num_attention_heads": 2, "image_size": 32, "patch_size": 8},
+        projection_dim=24,
+    )
+    torch.manual_seed(14)
+    transformers.CLIPModel(config).save_pretrained(repo)
+    processor = transformers.CLIPImageProcessor(size={"shortest_edge": 32},
+                                                crop_size={"height": 32, "width": 32})
+    processor.save_pretrained(repo)
+    weights = repo / "model.safetensors"
+    projected = load_backbone(f"hf:{repo}", str(weights))
+    pooled = load_backbone(f"hf:{repo}", str(weights), embed="pooled")
+    assert (projected.embed, projected.feature_dim, pooled.feature_dim) == ("projected", 24, 32)
+    assert projected.transform.mean == pytest.approx(processor.image_mean)
+    reference = transformers.CLIPModel.from_pretrained(repo).eval()  # both towers
+    paths = _paths(folder)[:4]
+    x = torch.stack([processor(images=Image.open(p).convert("RGB"), return_tensors="pt")
+                     ["pixel_values"][0] for p in paths])
+    ours = torch.stack([
+        torch.from_numpy(pil_transformed(p, projected.transform).copy()) for p in paths
+    ]).permute(0, 3, 1, 2)
+    ours = normalize(ours, projected.transform)
+    torch.testing.assert_close(ours, x, atol=2e-2, rtol=0)  # one grey level
+    with torch.no_grad():
+        pooler = reference.vision_model(pixel_values=x).pooler_output
+        torch.testing.assert_close(pooled.features(x), pooler)
+        # CLIP's image features: the pooled output through the visual projection
+        torch.testing.assert_close(projected.features(x), reference.visual_projection(pooler))
 
 
 def test_hf_offline_without_files_is_refused(tmp_path, monkeypatch):

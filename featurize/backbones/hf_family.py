@@ -129,11 +129,13 @@ def build(repo: str, weights_file: str | None = None) -> tuple[nn.Module, Any]:
     of another shape; without, default initialisation from the current RNG state."""
     config = _config(repo)
     cls = _model_class(config)
-    if weights_file is None:
-        if cls is _transformers().AutoModel:
-            return cls.from_config(config), config
+    vision = None  # the vision tower's config, for the towers of a two-tower model
+    if cls is not _transformers().AutoModel:
         vision = getattr(config, "vision_config", config)
-        return cls(vision), config
+        if hasattr(config, "projection_dim"):  # CLIP's projection width is the whole model's
+            vision.projection_dim = config.projection_dim
+    if weights_file is None:
+        return (cls.from_config(config) if vision is None else cls(vision)), config
     import tempfile
 
     config_file = repo_file(repo, ("config.json",), "name a folder holding config.json")
@@ -144,7 +146,10 @@ def build(repo: str, weights_file: str | None = None) -> tuple[nn.Module, Any]:
         (Path(folder) / target).symlink_to(weights.resolve())
         try:
             model, info = cls.from_pretrained(
-                folder, local_files_only=True, output_loading_info=True
+                folder,
+                local_files_only=True,
+                output_loading_info=True,
+                **({} if vision is None else {"config": vision}),
             )
         except (OSError, RuntimeError, ValueError, KeyError) as err:
             raise WeightsError(
@@ -225,6 +230,9 @@ class HFEmbedding(nn.Module):
         self.model, self.embed = model, embed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.embed == "pooled" and hasattr(self.model, "visual_projection"):
+            # CLIP's tower with its projection returns image_embeds only: the encoder's output
+            return self.model.vision_model(pixel_values=x).pooler_output
         out = self.model(pixel_values=x)
         if self.embed == "projected":
             return out.image_embeds
