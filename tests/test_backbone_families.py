@@ -318,6 +318,12 @@ def test_hf_store_equals_transformers_forward(folder, tiny_dinov2, tmp_path):
     assert prov["transform"]["crop_offset"] == "(resized - crop) // 2"
     with pytest.raises(SpmlError, match="--embed 'projected'"):
         load_backbone(f"hf:{repo}", str(weights), embed="projected")
+    from safetensors.torch import load_file, save_file
+
+    part = {k: v for k, v in load_file(str(weights)).items() if ".layer.1." not in k}
+    save_file(part, str(tmp_path / "part.safetensors"))
+    with pytest.raises(WeightsError, match="missing keys"):
+        load_backbone(f"hf:{repo}", str(tmp_path / "part.safetensors"))
 
 
 def test_hf_clip_projected_from_a_whole_clip_checkpoint(folder, tmp_path):

@@ -141,6 +141,10 @@ def build(repo: str, weights_file: str | None = None) -> tuple[nn.Module, Any]:
     config_file = repo_file(repo, ("config.json",), "name a folder holding config.json")
     weights = Path(weights_file)
     target = "model.safetensors" if weights.suffix == ".safetensors" else "pytorch_model.bin"
+    from transformers.utils import logging as hf_logging
+
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # one small bar per load: noise in featurize's output
     with tempfile.TemporaryDirectory(prefix="spml-hf-") as folder:
         (Path(folder) / "config.json").symlink_to(config_file)
         (Path(folder) / target).symlink_to(weights.resolve())
@@ -155,6 +159,9 @@ def build(repo: str, weights_file: str | None = None) -> tuple[nn.Module, Any]:
             raise WeightsError(
                 f"cannot load weights file {weights} into hf:{repo}: {err}"
             ) from None
+        finally:
+            if bar:
+                hf_logging.enable_progress_bar()
     missing = sorted(info.get("missing_keys") or ())
     mismatched = list(info.get("mismatched_keys") or ())
     if missing or mismatched:
