@@ -20,7 +20,7 @@ class RankFailed(SpmlError):
 
 @dataclass(frozen=True)
 class Ranks:
-    """This process's place in a ``torch.distributed`` featurize run (``torchrun``; issue 13).
+    """This process's place in a ``torch.distributed`` featurize run (``torchrun``).
 
     Every rank runs the same command; rank 0 creates (or resumes) the store, then rank ``r`` of
     ``world`` featurizes the pending blocks ``r, r + world, …`` (disjoint row blocks of one
