@@ -24,6 +24,7 @@ _EXPORTS = {
     "featurize_dataset": "featurize.runner",
     "list_backbones": "featurize.backbones",
     "load_backbone": "featurize.backbones",
+    "load_clip": "featurize.backbones",  # a whole OpenCLIP model, tokenizer, preprocessing
     # dataset adapters
     "load_dataset": "featurize.datasets",
     "list_datasets": "featurize.datasets",

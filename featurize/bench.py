@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from featurize.backbones import RANDOM, Backbone, load_backbone
+from featurize.backbones import RANDOM, Backbone
 from featurize.images import ImageTransform
 from featurize.runner import (
     FeaturizeConfig,
@@ -45,7 +45,9 @@ from featurize.runner import (
     _prefetch,
     backbone_transform,
     featurize,
+    load_configured,
     resolve_runtime,
+    transform_mode,
 )
 from probe.errors import SpmlError
 from probe.store.index import DatasetIndex, Phase
@@ -149,7 +151,7 @@ def _decode_only(
     ]
     with ThreadPoolExecutor(rt.workers, "spml-bench-reader") as pool, _device_mode(rt):
         t0, done = None, 0
-        for (_, start, stop), items in _prefetch(pool, batches, rows, rt, transform.size, depth):
+        for (_, start, stop), items in _prefetch(pool, batches, rows, rt, transform, depth):
             x, _ = _model_input(items, rows[start:stop], rt, transform)
             if t0 is None:  # the first batch warms the decoder up
                 _sync(rt)
@@ -169,9 +171,7 @@ def bench_featurize(config: BenchConfig | None = None) -> dict:
     n = config.n_images or (4096 if rt.cuda else 24)
     if n < 1 or config.unique_images < 1:
         raise SpmlError(f"--images must be >= 1, got {n}")
-    backbone = load_backbone(
-        fc.backbone, fc.weights, seed=fc.weights_seed, download=fc.download, size=fc.size
-    )
+    backbone = load_configured(fc)
     with tempfile.TemporaryDirectory(prefix="spml-bench-") as tmp:
         tmp_path = Path(tmp)
         t0 = time.perf_counter()
@@ -195,15 +195,15 @@ def bench_featurize(config: BenchConfig | None = None) -> dict:
         result = featurize(
             _index(photos, n, "timed"), tmp_path / "timed.zarr", cfg, backbone=backbone
         )
-        transform = backbone_transform(backbone, fc.size)
+        transform = backbone_transform(backbone, fc.size, transform_mode(fc))
         decode = _decode_only(photos, rt, transform, n, fc.prefetch_batches)
     iters = config.forward_iters or (5 if rt.cuda else 1)
-    forward = _forward_only(backbone, rt, transform.size, fc.with_flip, rt.batch_size, iters)
+    forward = _forward_only(backbone, rt, transform.out_size, fc.with_flip, rt.batch_size, iters)
     return {
         "images": n,
         "unique_files": len(photos),
         "image_size": f"{config.width}x{config.height}",
-        "input_size": fc.size,
+        "input_size": transform.out_size,
         "seconds": round(result.seconds, 3),
         "images_per_s": round(result.images_per_s, 1),
         "decode_images_per_s": round(decode, 1),

@@ -11,7 +11,16 @@ import json
 import textwrap
 from typing import TYPE_CHECKING, Any
 
-from featurize.specs import BACKBONES, DECODE_CHOICES, DEFAULT_BACKBONE, PRECISION_CHOICES, RANDOM
+from featurize.specs import (
+    BACKBONES,
+    DECODE_CHOICES,
+    DEFAULT_BACKBONE,
+    EMBED_CHOICES,
+    FAMILIES,
+    PRECISION_CHOICES,
+    RANDOM,
+    TRANSFORM_CHOICES,
+)
 from probe.cliargs import add_device_argument, add_seeds_argument, parse_seeds, wrap
 from probe.errors import SpmlError
 
@@ -21,6 +30,11 @@ if TYPE_CHECKING:
 DTYPES = ("float16", "float32")  # = probe.store.DTYPES (a test checks they agree)
 TEST_FRACTION = 0.2  # = featurize.imports.DEFAULT_TEST_FRACTION (a test checks they agree)
 
+_FAMILY_LINES = "".join(
+    f"    {f.prefix + ':' + f.syntax:<36} e.g. {f.example}\n"
+    f"    {'':<36} (pip install -e '.[{f.extra}]')\n"
+    for f in FAMILIES.values()
+)
 _FEATURIZE_EPILOG = f"""\
 what it does (docs/protocol.md steps 6-7):
   every image of the dataset (official train split = pool rows, then the test split) is resized
@@ -38,10 +52,13 @@ weights (never downloaded unless you say --download):
   random        seeded random weights (--weights-seed): tests and speed only, marked in the store
   The weights file's sha256 is recorded in the store.
 
-backbones (default {DEFAULT_BACKBONE}):
+backbones (default {DEFAULT_BACKBONE}; 'spml backbones' says which families are installed):
 {textwrap.fill(", ".join(BACKBONES), width=94, initial_indent="  ", subsequent_indent="  ")}
-  or any torchvision classification model name (pooled features = its classifier's input).
-
+  or any torchvision classification model name (pooled features = its classifier's input),
+  or a library-qualified name, with the model's own preprocessing (--transform protocol for
+  the SIZExSIZE one) and weights from the library's cache, downloaded on first use
+  (docs/backbones.md):
+{_FAMILY_LINES}
 speed: the GPU fast path -- images decoded on the GPU (nvJPEG, batched; CPU fallback for
   grayscale, CMYK, PNG, …), bf16 autocast, channels_last, pinned host buffers -- is written but
   has NEVER RUN ON A GPU, so it is off unless asked for: --decode torchvision --precision bf16.
@@ -111,13 +128,27 @@ def _add_run_options(p: argparse.ArgumentParser, default_weights: str | None) ->
     model.add_argument(
         "--backbone",
         default=DEFAULT_BACKBONE,
-        help=f"backbone name (default: {DEFAULT_BACKBONE}; the list is in 'spml featurize --help')",
+        help=f"backbone name (default: {DEFAULT_BACKBONE}), or timm:<model>, "
+        "open_clip:<arch>/<pretrained>, hf:<repo id> (--list-backbones)",
+    )
+    model.add_argument(
+        "--list-backbones",
+        action=_ListBackbones,
+        help="say which backbone families are installed and how to add the others, and exit",
+    )
+    model.add_argument(
+        "--embed",
+        choices=EMBED_CHOICES,
+        default="auto",
+        help="which embedding: auto (default) = the family's (CLIP: projected, others: pooled); "
+        "pooled, projected (CLIP's image embedding), mean (of the patch tokens, hf:)",
     )
     model.add_argument(
         "--weights",
         default=default_weights,
         metavar="WEIGHTS",
-        help="default | a torchvision weights name | PATH | random (default: "
+        help="default | a torchvision weights name | PATH (.pth, .pt, .safetensors) | random "
+        "(default: "
         + (default_weights or "the backbone's standard ImageNet weights")
         + ")",
     )
@@ -132,10 +163,18 @@ def _add_run_options(p: argparse.ArgumentParser, default_weights: str | None) ->
     )
     images = p.add_argument_group("images")
     images.add_argument(
+        "--transform",
+        choices=TRANSFORM_CHOICES,
+        default="auto",
+        help="auto (default): the model's own preprocessing for timm:/open_clip:/hf: "
+        "backbones, the protocol's for the others; model; protocol = SIZExSIZE resize, no crop",
+    )
+    images.add_argument(
         "--size",
         type=int,
-        default=448,
-        help="square input size in pixels (default: 448, the protocol's)",
+        default=None,
+        help="square input size of --transform protocol in pixels (default: 448, the "
+        "protocol's)",
     )
     images.add_argument(
         "--decode",
@@ -183,6 +222,8 @@ def _config(args: argparse.Namespace, **extra: Any) -> Any:
         weights_seed=args.weights_seed,
         download=args.download,
         size=args.size,
+        transform=args.transform,
+        embed=args.embed,
         device=args.device,
         batch_size=args.batch_size,
         decode=args.decode,
@@ -191,6 +232,26 @@ def _config(args: argparse.Namespace, **extra: Any) -> Any:
         workers=args.workers,
         **extra,
     )
+
+
+class _ListBackbones(argparse.Action):
+    """``--list-backbones``: print the families and exit (like ``--version``)."""
+
+    def __init__(self, option_strings, dest, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        from featurize.backbones import describe_families
+
+        print(describe_families())
+        parser.exit()
+
+
+def _cmd_backbones(args: argparse.Namespace) -> int:
+    from featurize.backbones import describe_families, family_status
+
+    print(json.dumps(family_status(), indent=2) if args.json else describe_families())
+    return 0
 
 
 def _cmd_featurize(args: argparse.Namespace) -> int:
@@ -321,6 +382,17 @@ def _register_featurize(sub: argparse._SubParsersAction, bench: argparse._SubPar
     add_seeds_argument(p)
     p.add_argument("--json", action="store_true", help="print the run summary as JSON")
     p.set_defaults(func=_cmd_featurize)
+
+    p = sub.add_parser(
+        "backbones",
+        help="which backbone families (torchvision, timm, OpenCLIP, Hugging Face) are installed",
+        description="List the backbone families of 'spml featurize --backbone', whether each "
+        "is installed (and how to add it: pip install -e '.[timm]', '.[clip]', '.[hf]'), and "
+        "the registry names. The same as 'spml featurize --list-backbones'. docs/backbones.md "
+        "describes the preprocessing, the embeddings and what a store records.",
+    )
+    p.add_argument("--json", action="store_true", help="print the families as JSON")
+    p.set_defaults(func=_cmd_backbones)
 
     b = bench.add_parser(
         "featurize",

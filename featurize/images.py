@@ -49,14 +49,32 @@ class BadImageError(SpmlError):
     """An image file that cannot be read or decoded (the message names the file)."""
 
 
+RESIZE_MODES: tuple[str, ...] = ("square", "shortest", "squash")
+INTERPOLATIONS: tuple[str, ...] = ("bilinear", "bicubic")
+CROP_ROUNDINGS: tuple[str, ...] = ("round", "floor")
+_PIL_FILTERS = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}
+
+
 @dataclass(frozen=True)
 class ImageTransform:
-    """The image → model-input transform of docs/protocol.md step 6, recorded in the store."""
+    """The image → model-input transform, recorded in the store.
+
+    The protocol's (docs/protocol.md step 6) is the default: ``resize="square"``, an S×S resize
+    (aspect not kept, no crop). A backbone's own preprocessing (timm's data config, OpenCLIP's
+    transform, a Hugging Face image processor; docs/backbones.md) is ``resize="shortest"``: the
+    shorter side to ``size`` (the longer one ``int(size · long / short)``, torchvision's rule),
+    then a centred ``crop``×``crop`` window, whose offset is ``round((size - crop) / 2)``
+    (torchvision's ``CenterCrop``) or with ``crop_rounding="floor"`` ``(size - crop) // 2``
+    (the Hugging Face image processors); or ``resize="squash"``: S×S, then the centred crop.
+    """
 
     size: int = 448  # the protocol's 448×448 (square, aspect not kept)
     mean: tuple[float, float, float] = IMAGENET_MEAN  # ImageNet statistics (ResNet-50 V1)
     std: tuple[float, float, float] = IMAGENET_STD  # likewise; a backbone may bring its own
-    interpolation: str = field(default="bilinear", init=False)  # PIL BILINEAR, antialiased
+    interpolation: str = "bilinear"  # PIL's BILINEAR (the protocol) or BICUBIC, antialiased
+    resize: str = "square"  # see the class docstring
+    crop: int | None = None  # centre crop after the resize (None: none)
+    crop_rounding: str = "round"  # the centre crop's offset rule (class docstring)
     antialias: bool = field(default=True, init=False)  # PIL always antialiases when shrinking
 
     def __post_init__(self) -> None:
@@ -68,14 +86,66 @@ class ImageTransform:
                 raise SpmlError(f"{name} needs 3 values (R, G, B), got {value!r}")
         if min(self.std) <= 0:
             raise SpmlError(f"std values must be positive, got {self.std!r}")
+        for name, choices in (
+            ("interpolation", INTERPOLATIONS),
+            ("resize", RESIZE_MODES),
+            ("crop_rounding", CROP_ROUNDINGS),
+        ):
+            if getattr(self, name) not in choices:
+                raise SpmlError(
+                    f"image transform: {name} must be one of {', '.join(choices)}; "
+                    f"got {getattr(self, name)!r}"
+                )
+        if self.crop is not None and not 1 <= int(self.crop) <= int(self.size):
+            raise SpmlError(
+                f"image transform: crop must be between 1 and the resize size {self.size}; "
+                f"got {self.crop}"
+            )
+
+    @property
+    def out_size(self) -> int:
+        """Side of the square model input (the crop, else the resize size)."""
+        return int(self.crop) if self.crop is not None else int(self.size)
+
+    def resized_shape(self, height: int, width: int) -> tuple[int, int]:
+        """``(h, w)`` of an image of ``height × width`` after the resize, before the crop."""
+        s = int(self.size)
+        if self.resize != "shortest":
+            return s, s
+        if width <= height:
+            return int(s * height / width), s
+        return s, int(s * width / height)
+
+    def crop_box(self, height: int, width: int) -> tuple[int, int]:
+        """``(top, left)`` of the centre crop in a resized ``height × width`` image."""
+        c = self.out_size
+        if self.crop_rounding == "floor":
+            return (height - c) // 2, (width - c) // 2
+        return round((height - c) / 2.0), round((width - c) / 2.0)
 
     def describe(self) -> dict:
         """JSON-able description (the store's provenance ``transform`` field, with extras)."""
         out = asdict(self)
+        for key in ("resize", "crop", "crop_rounding"):
+            out.pop(key)
+        if self.resize == "square" and self.crop is None:  # the protocol's, as always recorded
+            out.update(resize=[self.size, self.size], keep_aspect=False, crop=None)
+        else:
+            out.update(
+                resize=(
+                    f"shorter side to {self.size}"
+                    if self.resize == "shortest"
+                    else [self.size, self.size]
+                ),
+                keep_aspect=self.resize == "shortest",
+                crop=None if self.crop is None else [self.out_size, self.out_size],
+                crop_offset=(
+                    "round((resized - crop) / 2)"
+                    if self.crop_rounding == "round"
+                    else "(resized - crop) // 2"
+                ),
+            )
         out.update(
-            resize=[self.size, self.size],
-            keep_aspect=False,
-            crop=None,
             exif_orientation="ignored",
             to_tensor="uint8 / 255",
             mean=list(self.mean),
@@ -168,6 +238,21 @@ def pil_resized(path: str | Path, size: int) -> np.ndarray:
     return np.asarray(img.resize((size, size), Image.BILINEAR))
 
 
+def pil_transformed(path: str | Path, transform: ImageTransform) -> np.ndarray:
+    """``transform`` up to the normalisation with PIL: open → RGB → resize (``transform.resize``,
+    its interpolation) → centre crop. ``(S, S, 3)`` uint8 with ``S = transform.out_size``; the
+    protocol's transform gives exactly :func:`pil_resized`'s pixels."""
+    img = _open_rgb(path, path)
+    h, w = transform.resized_shape(img.height, img.width)
+    if (h, w) != (img.height, img.width):
+        img = img.resize((w, h), _PIL_FILTERS[transform.interpolation])
+    if transform.crop is not None:
+        top, left = transform.crop_box(h, w)
+        c = transform.out_size
+        img = img.crop((left, top, left + c, top + c))
+    return np.asarray(img)
+
+
 def _quiet_torchvision_io() -> None:
     # torchvision 0.29 marks its image codecs deprecated in favour of TorchCodec and warns;
     # the codecs are what the issue asks for, so that notice is silenced. Re-applied on every
@@ -224,33 +309,40 @@ def batch_decode(
     return out
 
 
-def resize_batch(images: Sequence[torch.Tensor], size: int) -> torch.Tensor:
-    """Resize ``(3, H, W)`` uint8 images to a ``(B, 3, S, S)`` uint8 batch, bilinear with
-    antialias (PyTorch's port of PIL's filter), aspect ratio not kept.
+def resize_batch(
+    images: Sequence[torch.Tensor], size: int | ImageTransform
+) -> torch.Tensor:
+    """Resize ``(3, H, W)`` uint8 images to a ``(B, 3, S, S)`` uint8 batch with antialias
+    (PyTorch's port of PIL's filters): an int ``size`` is the protocol's S×S bilinear resize
+    (aspect not kept); an :class:`ImageTransform` is applied with its resize, interpolation
+    and centre crop (``S = transform.out_size``).
 
     Images of equal shape are resized together (one kernel per shape, not per image). On the
-    CPU the uint8 kernel is used (it matches PIL to within one grey level, almost everywhere
-    exactly); on CUDA the float kernel, rounded back to uint8 like PIL's output. Nothing here
-    waits for the device (no host→device copies of indices).
+    CPU the uint8 bilinear kernel is used (it matches PIL to within one grey level, almost
+    everywhere exactly); on CUDA, and for bicubic, the float kernel, rounded back to uint8 like
+    PIL's output. Nothing here waits for the device (no host→device copies of indices).
     """
     if not images:
         raise SpmlError("resize_batch needs at least one image")
+    transform = size if isinstance(size, ImageTransform) else ImageTransform(size=int(size))
     cpu = images[0].device.type == "cpu"
+    mode = transform.interpolation
     groups: dict[tuple[int, int], list[int]] = {}
     for i, img in enumerate(images):
         groups.setdefault(tuple(img.shape[-2:]), []).append(i)
     out: list[torch.Tensor | None] = [None] * len(images)
     for (h, w), idx in groups.items():
         x = torch.stack([images[i] for i in idx])
-        if (h, w) != (size, size):
-            if cpu:
-                x = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True)
+        rh, rw = transform.resized_shape(h, w)
+        if (h, w) != (rh, rw):
+            if cpu and mode == "bilinear":
+                x = F.interpolate(x, size=(rh, rw), mode="bilinear", antialias=True)
             else:
                 x = (
                     F.interpolate(
                         x.float(),
-                        size=(size, size),
-                        mode="bilinear",
+                        size=(rh, rw),
+                        mode=mode,
                         antialias=True,
                         align_corners=False,
                     )
@@ -258,6 +350,10 @@ def resize_batch(images: Sequence[torch.Tensor], size: int) -> torch.Tensor:
                     .clamp_(0, 255)
                     .to(torch.uint8)
                 )
+        if transform.crop is not None:
+            top, left = transform.crop_box(rh, rw)
+            c = transform.out_size
+            x = x[:, :, top : top + c, left : left + c]
         for j, i in enumerate(idx):
             out[i] = x[j]
     return torch.stack(out)

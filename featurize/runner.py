@@ -25,17 +25,12 @@ attribute lists them (``{"row", "image_id", "path", "error"}``; ``n_bad_rows`` c
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
 import os
-import queue
 import shutil
-import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,22 +39,41 @@ import numpy as np
 import torch
 
 from featurize.backbones import DEFAULT_BACKBONE, Backbone, load_backbone
-from featurize.images import (
-    BadImageError,
-    ImageTransform,
-    batch_decode,
-    cpu_decode,
-    normalize,
-    nvjpeg_decodable,
-    pil_resized,
-    read_bytes,
-    resize_batch,
+from featurize.images import BadImageError, ImageTransform
+from featurize.pipeline import (  # noqa: F401  (_load_item: re-exported for the benchmark)
+    Runtime,
+    _channels_last,
+    _device_mode,
+    _load_item,
+    _model_input,
+    _prefetch,
 )
-from featurize.specs import DECODE_CHOICES, PRECISION_CHOICES
+from featurize.ranks import (  # noqa: F401  (re-exported: the run's public names)
+    RankFailed,
+    Ranks,
+    current_ranks,
+    distributed_from_env,
+)
+from featurize.specs import (
+    DECODE_CHOICES,
+    EMBED_CHOICES,
+    PRECISION_CHOICES,
+    TRANSFORM_CHOICES,
+    family_of,
+)
+from featurize.writing import (
+    _bad_rows_dir,
+    _BlockWriter,
+    _collect_block_bad_rows,
+    _open_writer,
+    _record_bad_rows,
+    _stored_bad_rows,
+)
 from probe.errors import MissingPathError, SpmlError
-from probe.io import atomic_write_text
 from probe.progress import Progress
 from probe.store.index import DatasetIndex
+
+PROTOCOL_SIZE = 448  # docs/protocol.md step 6: 448×448
 
 # The GPU fast path (batched nvJPEG decode on the device, bf16 autocast, channels_last) is
 # several times faster than the reference path on an H100, its features within cosine 0.999 of
@@ -78,7 +92,9 @@ class FeaturizeConfig:
     weights: str | None = None  # None: the backbone's standard pretrained weights
     weights_seed: int = 0  # seeds weights="random" (tests and benchmarks only)
     download: bool = False  # weights are only fetched when asked: offline machines stay honest
-    size: int = 448  # docs/protocol.md step 6: 448×448
+    size: int | None = None  # the protocol transform's S×S; None: 448 (docs/protocol.md)
+    transform: str = "auto"  # auto: the model's own for timm:/open_clip:/hf:, else protocol
+    embed: str = "auto"  # which embedding (featurize.specs.FAMILIES); auto: the family's
     device: str = "auto"  # CUDA when available, else CPU
     batch_size: int | None = None  # None: 256 on CUDA (fills an H100), 16 on CPU (low memory)
     decode: str = "auto"  # auto: pil (the reference) until the GPU path is measured (above)
@@ -91,21 +107,6 @@ class FeaturizeConfig:
     skip_bad: bool = False  # unreadable image: error (default) or zero features + bad_rows
     overwrite: bool = False  # never replace an existing store unless asked
     progress: bool = True  # progress on stderr (probe.progress: bar or log lines)
-
-
-@dataclass(frozen=True)
-class Runtime:
-    """The concrete choices ``auto`` settings resolve to on this machine."""
-
-    device: torch.device
-    decode: str  # "pil" | "torchvision"
-    precision: str  # "fp32" | "bf16"
-    batch_size: int
-    workers: int
-
-    @property
-    def cuda(self) -> bool:
-        return self.device.type == "cuda"
 
 
 @dataclass(frozen=True)
@@ -163,22 +164,77 @@ def resolve_runtime(config: FeaturizeConfig) -> Runtime:
     return Runtime(device, decode, precision, int(batch_size), int(workers))
 
 
-def backbone_transform(backbone: Backbone, size: int) -> ImageTransform:
-    """The image transform for ``backbone``: protocol size, the weights' own mean/std."""
-    return ImageTransform(size=size, mean=backbone.spec.mean, std=backbone.spec.std)
+def transform_mode(config: FeaturizeConfig) -> str:
+    """``"model"`` (the backbone's own preprocessing) or ``"protocol"`` (S×S, docs/protocol.md
+    step 6): ``auto`` is the model's own for a library-qualified backbone (``timm:`` …), the
+    protocol's for the registry (torchvision) names, whose meaning it keeps."""
+    if config.transform not in TRANSFORM_CHOICES:
+        raise SpmlError(
+            f"--transform must be one of {', '.join(TRANSFORM_CHOICES)}; got {config.transform!r}"
+        )
+    if config.embed not in EMBED_CHOICES:
+        raise SpmlError(f"--embed must be one of {', '.join(EMBED_CHOICES)}; got {config.embed!r}")
+    mode = config.transform
+    if mode == "auto":
+        mode = "model" if family_of(config.backbone) else "protocol"
+    if mode == "model":
+        if family_of(config.backbone) is None:
+            raise SpmlError(
+                f"--transform model: backbone {config.backbone!r} has the protocol's "
+                "preprocessing only (its mean/std at --size); use a timm:, open_clip: or hf: "
+                "backbone, or --transform protocol"
+            )
+        if config.size is not None:
+            raise SpmlError(
+                f"--size {config.size}: the model's own preprocessing fixes its input size; "
+                "drop --size, or pass --transform protocol for the S×S protocol resize"
+            )
+    return mode
+
+
+def load_configured(config: FeaturizeConfig) -> Backbone:
+    """The backbone ``config`` names, checked against the input size it will get."""
+    protocol = transform_mode(config) == "protocol"
+    return load_backbone(
+        config.backbone,
+        config.weights,
+        seed=config.weights_seed,
+        download=config.download,
+        size=(config.size or PROTOCOL_SIZE) if protocol else None,
+        embed=config.embed,
+    )
+
+
+def backbone_transform(
+    backbone: Backbone, size: int | None = None, mode: str = "protocol"
+) -> ImageTransform:
+    """The image transform for ``backbone``: ``protocol``, S×S (default 448) with the weights'
+    own mean/std; ``model``, the backbone's own preprocessing."""
+    if mode == "model":
+        if backbone.transform is None:
+            raise SpmlError(
+                f"backbone {backbone.name!r} brings no preprocessing of its own (no image "
+                "processor); pass --transform protocol"
+            )
+        return backbone.transform
+    return ImageTransform(
+        size=size or PROTOCOL_SIZE, mean=backbone.spec.mean, std=backbone.spec.std
+    )
 
 
 def describe_transform(transform: ImageTransform, rt: Runtime, with_flip: bool) -> dict:
     """The provenance ``transform`` record: everything between the file and the features that
     can change their values (resume refuses a store made with a different one)."""
     out = transform.describe()
+    how = transform.interpolation
+    crop = "" if transform.crop is None else ", centre crop"
     out["decode"] = (
-        "PIL (reference: open, convert RGB, resize BILINEAR)"
+        f"PIL (reference: open, convert RGB, resize {how.upper()}{crop})"
         if rt.decode == "pil"
         else (
-            "torchvision nvJPEG batched + CPU fallback; torch antialiased bilinear resize"
+            f"torchvision nvJPEG batched + CPU fallback; torch antialiased {how} resize{crop}"
             if rt.cuda
-            else "torchvision libjpeg-turbo/libpng; torch antialiased bilinear resize"
+            else f"torchvision libjpeg-turbo/libpng; torch antialiased {how} resize{crop}"
         )
     )
     out["compute"] = "bf16 autocast, channels_last" if rt.precision == "bf16" else "float32"
@@ -186,334 +242,7 @@ def describe_transform(transform: ImageTransform, rt: Runtime, with_flip: bool) 
     return out
 
 
-# ----------------------------------------------------------------------------- reading
-
-
-def _load_item(path: Path, rt: Runtime, size: int) -> tuple[str, Any]:
-    """Reader-thread work for one image: ``("pixels", (S,S,3) uint8)`` on the PIL path,
-    ``("jpeg", bytes)`` for the GPU batch decode, ``("image", (3,H,W) uint8 tensor)`` for a CPU
-    decode, or ``("bad", message)``."""
-    try:
-        if rt.decode == "pil":
-            return "pixels", pil_resized(path, size)
-        data = read_bytes(path)
-        if rt.cuda and nvjpeg_decodable(data):
-            return "jpeg", data
-        image = cpu_decode(data, path)
-        # pinned here, so the main thread's upload is truly asynchronous (a copy from pageable
-        # memory would first wait for all queued device work)
-        return "image", image.pin_memory() if rt.cuda else image
-    except BadImageError as err:
-        return "bad", str(err)
-
-
-def _prefetch(
-    pool: ThreadPoolExecutor,
-    batches: Sequence[tuple[int, int, int]],
-    paths: Sequence[Path],
-    rt: Runtime,
-    size: int,
-    depth: int,
-) -> Iterator[tuple[tuple[int, int, int], list[tuple[str, Any]]]]:
-    """Yield ``(batch, items)`` in order while the reader threads work ``depth`` batches ahead."""
-    ahead: deque[tuple[tuple[int, int, int], list[Future]]] = deque()
-    todo = iter(batches)
-
-    def submit() -> None:
-        batch = next(todo, None)
-        if batch is not None:
-            _, start, stop = batch
-            ahead.append(
-                (batch, [pool.submit(_load_item, paths[r], rt, size) for r in range(start, stop)])
-            )
-
-    for _ in range(max(1, depth)):
-        submit()
-    while ahead:
-        batch, futures = ahead.popleft()
-        submit()
-        yield batch, [f.result() for f in futures]
-
-
-# ----------------------------------------------------------------------------- the device
-
-
-def _model_input(
-    items: list[tuple[str, Any]], paths: Sequence[Path], rt: Runtime, transform: ImageTransform
-) -> tuple[torch.Tensor, dict[int, str]]:
-    """Normalised ``(B, 3, S, S)`` float32 input on the device, and ``{batch index: error}``
-    of the images that could not be read or decoded (their pixels are zero)."""
-    size, dev = transform.size, rt.device
-    bad = {i: value for i, (kind, value) in enumerate(items) if kind == "bad"}
-    if rt.decode == "pil":
-        host = torch.empty((len(items), size, size, 3), dtype=torch.uint8, pin_memory=rt.cuda)
-        view = host.numpy()
-        for i, (kind, value) in enumerate(items):
-            view[i] = value if kind == "pixels" else 0
-        # NHWC → NCHW view: already channels_last in memory, as the CUDA model wants it
-        batch = host.to(dev, non_blocking=True).permute(0, 3, 1, 2)
-        return normalize(batch, transform), bad
-    images: list[torch.Tensor | None] = [None] * len(items)
-    jpeg_idx = [i for i, (kind, _) in enumerate(items) if kind == "jpeg"]
-    if jpeg_idx:
-        decoded = batch_decode([items[i][1] for i in jpeg_idx], [paths[i] for i in jpeg_idx], dev)
-        for i, img in zip(jpeg_idx, decoded):
-            if isinstance(img, BadImageError):
-                bad[i] = str(img)
-            else:
-                images[i] = img
-    for i, (kind, value) in enumerate(items):
-        if kind == "image":
-            images[i] = value.to(dev, non_blocking=True)
-        elif i in bad:
-            images[i] = torch.zeros((3, size, size), dtype=torch.uint8, device=dev)
-    batch = resize_batch(images, size)
-    if _channels_last(rt):
-        batch = batch.contiguous(memory_format=torch.channels_last)
-    return normalize(batch, transform), dict(sorted(bad.items()))
-
-
-def _channels_last(rt: Runtime) -> bool:
-    """channels_last memory format: part of the CUDA bf16 fast path (tensor cores want NHWC)."""
-    return rt.cuda and rt.precision == "bf16"
-
-
-@contextlib.contextmanager
-def _device_mode(rt: Runtime):
-    """cuDNN autotuning on CUDA; with fp32 also no TF32, so fp32 means fp32. Restored after."""
-    if not rt.cuda:
-        yield
-        return
-    saved = (
-        torch.backends.cudnn.benchmark,
-        torch.backends.cudnn.allow_tf32,
-        torch.backends.cuda.matmul.allow_tf32,
-    )
-    torch.backends.cudnn.benchmark = True
-    if rt.precision == "fp32":
-        torch.backends.cudnn.allow_tf32 = False
-        torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        with torch.cuda.device(rt.device):
-            yield
-    finally:
-        (
-            torch.backends.cudnn.benchmark,
-            torch.backends.cudnn.allow_tf32,
-            torch.backends.cuda.matmul.allow_tf32,
-        ) = saved
-
-
-# ----------------------------------------------------------------------------- writing
-
-
-class _BlockWriter:
-    """Writer thread: takes finished blocks from a queue and writes them through the store's
-    crash-safe writer, so disk I/O never holds up the device loop. ``bad_rows`` are recorded
-    before the block is marked done: in the store's attributes, or with ``per_block`` (the
-    ranks of a distributed run, which must not rewrite the shared attributes at once) in a
-    small JSON file per block that rank 0 merges into the attributes at the end."""
-
-    def __init__(
-        self, writer: Any, bad_rows: dict[int, dict], maxsize: int = 4, per_block: bool = False
-    ) -> None:
-        self.writer = writer
-        self.bad_rows = bad_rows
-        self.per_block = per_block
-        self.error: BaseException | None = None
-        self.blocks_written = 0
-        self._queue: queue.Queue = queue.Queue(maxsize=maxsize)
-        self._thread = threading.Thread(target=self._run, name="spml-store-writer", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            if self.error is not None:
-                continue  # drain without writing after a failure
-            block, feats, flips, bad = item
-            try:
-                if bad:
-                    self.bad_rows.update({b["row"]: b for b in bad})
-                    if self.per_block:
-                        atomic_write_text(
-                            _bad_rows_dir(self.writer) / f"block-{block:08d}.json",
-                            json.dumps(bad),
-                        )
-                    else:
-                        _record_bad_rows(self.writer, self.bad_rows)
-                self.writer.write_block(block, feats, flips)
-                self.blocks_written += 1
-            except BaseException as err:  # re-raised on the main thread
-                self.error = err
-
-    def put(self, item: tuple) -> None:
-        while True:
-            if self.error is not None:
-                raise self.error
-            try:
-                self._queue.put(item, timeout=0.2)
-                return
-            except queue.Full:
-                continue
-
-    def close(self) -> None:
-        """Write every queued block, stop the thread; re-raise a write error."""
-        self._queue.put(None)
-        self._thread.join()
-        if self.error is not None:
-            raise self.error
-
-
-def _record_bad_rows(writer: Any, bad_rows: dict[int, dict]) -> None:
-    # The store writer's own zarr group, so finalize() (which rewrites the attributes from
-    # the same in-memory group) keeps them.
-    rows = [bad_rows[r] for r in sorted(bad_rows)]
-    writer.update_attrs({"bad_rows": rows, "n_bad_rows": len(rows)})
-
-
-def _open_writer(
-    out: Path,
-    index: DatasetIndex,
-    backbone: Backbone,
-    provenance: dict,
-    config: FeaturizeConfig,
-    extra_attrs: dict,
-) -> Any:
-    """A fresh store, or the interrupted one at ``out`` when it was started the same way."""
-    from probe.store import (
-        StoreError,
-        create_store,
-        is_store_dir,
-        resume_store,
-    )
-
-    if out.exists() and not config.overwrite and is_store_dir(out):
-        _explain_transform_change(out, backbone.name, provenance["transform"])
-        writer = resume_store(out, provenance)
-        if writer.dtype != config.dtype:
-            raise StoreError(
-                f"cannot resume {out}: it stores {writer.dtype} features, this run asks for "
-                f"{config.dtype}; use the same --dtype or pass --overwrite"
-            )
-        writer.check_same_rows(index, backbone.feature_dim, config.with_flip)
-        return writer
-    return create_store(
-        out,
-        index,
-        feature_dim=backbone.feature_dim,
-        with_flip=config.with_flip,
-        provenance=provenance,
-        dtype=config.dtype,
-        block_rows=config.block_rows,
-        overwrite=config.overwrite,
-        extra_attrs=extra_attrs,
-    )
-
-
-def _explain_transform_change(out: Path, backbone: str, transform: dict) -> None:
-    """Name the transform entries that differ (decode path, precision, size, …) before the
-    store's generic refusal, with the options that select them."""
-    import zarr
-
-    from probe.store import StoreError
-
-    provenance = zarr.open_group(out, mode="r").attrs.get("provenance", {})
-    stored = provenance.get("transform")
-    now = json.loads(json.dumps(transform))
-    if provenance.get("backbone") != backbone or not isinstance(stored, dict) or stored == now:
-        return  # another backbone: the store's own refusal names that field
-    keys = sorted(k for k in set(stored) | set(now) if stored.get(k) != now.get(k))
-    diffs = "; ".join(f"{k}: store {stored.get(k)!r}, now {now.get(k)!r}" for k in keys)
-    raise StoreError(
-        f"cannot resume {out}: it was featurized with another transform ({diffs}). Re-run with "
-        "the options that made it (--size, --decode, --precision, --no-flip, --backbone), or "
-        "pass --overwrite to start again, or choose another --out"
-    )
-
-
 # ----------------------------------------------------------------------------- the run
-
-
-class RankFailed(SpmlError):
-    """Another rank of a distributed featurize run failed (its message is included)."""
-
-
-@dataclass(frozen=True)
-class Ranks:
-    """This process's place in a ``torch.distributed`` featurize run (``torchrun``).
-
-    Every rank runs the same command; rank 0 creates (or resumes) the store, then rank ``r`` of
-    ``world`` featurizes the pending blocks ``r, r + world, …`` (disjoint row blocks of one
-    store) and rank 0 marks the store complete once every rank is done. The store is shared
-    through the file system (one machine, or a network file system across machines).
-    """
-
-    rank: int = 0
-    world: int = 1
-    local_rank: int = 0  # picks cuda:<local_rank> on a machine with several GPUs
-
-    @property
-    def distributed(self) -> bool:
-        return self.world > 1
-
-    def agree(self, error: BaseException | None, value: Any = None) -> Any:
-        """Collective: every rank reports how its part went; raise on every rank if any failed
-        (so no rank waits forever for one that stopped with an error). Returns rank 0's
-        ``value`` on every rank."""
-        reports = self.gather((None if error is None else f"{error}", value))
-        if error is not None:
-            raise error
-        failed = [(r, msg) for r, (msg, _) in enumerate(reports) if msg is not None]
-        if failed:
-            r, msg = failed[0]
-            advice = ("" if "resum" in msg else
-                      ". The blocks finished so far are kept: re-run the same command to resume")
-            raise RankFailed(f"featurize rank {r} of {self.world} failed: {msg}{advice}")
-        return reports[0][1]
-
-    def gather(self, value: Any) -> list[Any]:
-        """Collective: ``value`` of every rank, in rank order."""
-        if not self.distributed:
-            return [value]
-        import torch.distributed as dist
-
-        reports: list[Any] = [None] * self.world
-        dist.all_gather_object(reports, value)
-        return reports
-
-
-def current_ranks() -> Ranks:
-    """The ranks of the initialised default process group, or a single process."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return Ranks()
-    return Ranks(
-        rank=dist.get_rank(),
-        world=dist.get_world_size(),
-        local_rank=int(os.environ.get("LOCAL_RANK", dist.get_rank())),
-    )
-
-
-@contextlib.contextmanager
-def distributed_from_env() -> Iterator[Ranks]:
-    """Under ``torchrun`` (``WORLD_SIZE`` > 1 in the environment) join the process group for
-    the run (gloo: only a few small messages are exchanged, so CPU and GPU machines alike);
-    otherwise one process. The group is left again at the end."""
-    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    import torch.distributed as dist
-
-    if world <= 1 or dist.is_initialized():
-        yield current_ranks()
-        return
-    dist.init_process_group("gloo")
-    try:
-        yield current_ranks()
-    finally:
-        dist.destroy_process_group()
 
 
 def featurize(
@@ -539,19 +268,14 @@ def featurize(
         config = dataclasses.replace(config, device=f"cuda:{ranks.local_rank}")
     rt = resolve_runtime(config)
     out = Path(out)
+    mode = transform_mode(config)
     if backbone is None:
-        backbone = load_backbone(
-            config.backbone,
-            config.weights,
-            seed=config.weights_seed,
-            download=config.download,
-            size=config.size,
-        )
+        backbone = load_configured(config)
     elif backbone.name != config.backbone:
         raise SpmlError(
             f"backbone {backbone.name!r} given but the config says {config.backbone!r}"
         )
-    transform = backbone_transform(backbone, config.size)
+    transform = backbone_transform(backbone, config.size, mode)
     paths = [Path(p) for p in (*index.pool.paths, *index.test.paths)]
     ids = [*index.pool.image_ids, *index.test.image_ids]
     if not config.skip_bad:
@@ -674,29 +398,6 @@ def featurize(
     )
 
 
-_BAD_ROWS_DIR = "spml-bad-rows"  # per-block records of a distributed run, merged at the end
-
-
-def _bad_rows_dir(writer: Any) -> Path:
-    return Path(writer.path) / _BAD_ROWS_DIR
-
-
-def _collect_block_bad_rows(writer: Any) -> dict[int, dict]:
-    """The bad rows that the ranks of a distributed run recorded per block (``{row: record}``)."""
-    out: dict[int, dict] = {}
-    folder = _bad_rows_dir(writer)
-    for path in sorted(folder.glob("block-*.json")) if folder.is_dir() else ():
-        out.update({int(b["row"]): dict(b) for b in json.loads(path.read_text())})
-    return out
-
-
-def _stored_bad_rows(writer: Any) -> dict[int, dict]:
-    """Bad rows of the blocks written so far: the store's attribute plus, for an interrupted
-    distributed run, the per-block records of its ranks."""
-    stored = {int(b["row"]): dict(b) for b in writer.attrs.get("bad_rows", [])}
-    return {**stored, **_collect_block_bad_rows(writer)}
-
-
 def _run_batches(
     batches: list[tuple[int, int, int]],
     paths: list[Path],
@@ -737,7 +438,7 @@ def _run_batches(
 
     with torch.inference_mode():
         for (block, start, stop), items in _prefetch(
-            pool, batches, paths, rt, transform.size, config.prefetch_batches
+            pool, batches, paths, rt, transform, config.prefetch_batches
         ):
             if block not in blocks:
                 sl = writer.block_slice(block)
@@ -806,12 +507,6 @@ def featurize_dataset(
     from featurize.datasets import load_dataset
 
     config = config or FeaturizeConfig()
-    backbone = load_backbone(
-        config.backbone,
-        config.weights,
-        seed=config.weights_seed,
-        download=config.download,
-        size=config.size,
-    )
+    backbone = load_configured(config)
     index = load_dataset(name, root, **dataset_options)
     return featurize(index, out, config, backbone=backbone)

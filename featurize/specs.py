@@ -11,11 +11,16 @@ __all__ = [
     "DECODE_CHOICES",
     "DEFAULT",
     "DEFAULT_BACKBONE",
+    "EMBED_CHOICES",
+    "FAMILIES",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "PRECISION_CHOICES",
     "RANDOM",
+    "TRANSFORM_CHOICES",
     "BackboneSpec",
+    "Family",
+    "family_of",
     "tv_spec",
 ]
 
@@ -78,4 +83,64 @@ BACKBONES: dict[str, BackboneSpec] = {
     )
 }
 
+
+@dataclass(frozen=True)
+class Family:
+    """A library-qualified backbone family: ``--backbone <prefix>:<model>`` (docs/backbones.md)."""
+
+    prefix: str  # "timm", "open_clip", "hf"
+    modules: tuple[str, ...]  # what must be importable
+    extra: str  # pip install -e '.[<extra>]'
+    syntax: str  # the name after the prefix
+    example: str
+    embeds: tuple[str, ...]  # --embed choices, the default first
+    note: str
+
+
+FAMILIES: dict[str, Family] = {
+    f.prefix: f
+    for f in (
+        Family(
+            "timm",
+            ("timm",),
+            "timm",
+            "<model>[.<pretrained tag>]",
+            "timm:convnext_large.fb_in22k",
+            ("pooled",),
+            "any timm model; pooled = its classifier's input (forward_head(pre_logits=True))",
+        ),
+        Family(
+            "open_clip",
+            ("open_clip",),
+            "clip",
+            "<arch>/<pretrained>",
+            "open_clip:ViT-B-16/openai",
+            ("projected", "pooled"),
+            "the image tower of an OpenCLIP model; projected = CLIP's image embedding "
+            "(encode_image), pooled = the ViT's pooled output before the projection",
+        ),
+        Family(
+            "hf",
+            ("transformers", "safetensors"),
+            "hf",
+            "<repo id or local folder>",
+            "hf:facebook/dinov2-base",
+            ("pooled", "projected", "mean"),
+            "a transformers vision encoder (CLIP vision, DINOv2, ...); pooled = pooler_output, "
+            "projected = CLIP's image_embeds, mean = the mean of the patch tokens",
+        ),
+    )
+}
+#: --embed: the family's default, or one of its Family.embeds
+EMBED_CHOICES: tuple[str, ...] = ("auto", "pooled", "projected", "mean")
+#: --transform: auto = the model's own preprocessing for library-qualified backbones, the
+#: protocol's for the registry (torchvision) names; model; protocol (docs/protocol.md step 6)
+TRANSFORM_CHOICES: tuple[str, ...] = ("auto", "model", "protocol")
+
+
+def family_of(name: str) -> Family | None:
+    """The library family of a qualified backbone name (``timm:...``), None for the registry's
+    (torchvision) names."""
+    prefix, sep, _ = str(name).partition(":")
+    return FAMILIES.get(prefix) if sep else None
 

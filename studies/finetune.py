@@ -11,8 +11,10 @@ followed by GR Loss, EM/APL and Large-Loss, with the same protocol as the probe
   ``single_positive(labels, observed_seed)`` on the whole pool, then split; val is clean by
   default (``val_labels="observed"`` scores against the single positives), test always clean;
 * images: ``PIL open → RGB → resize((S, S), BILINEAR)`` (aspect not kept, antialiased, no crop;
-  ``featurize.images.pil_resized``), a random horizontal flip per training image, the
-  backbone's mean/std (ImageNet for ResNet-50); eval images are not flipped;
+  ``featurize.images.pil_transformed``), a random horizontal flip per training image, the
+  backbone's mean/std (ImageNet for ResNet-50); eval images are not flipped. A ``timm:``,
+  ``open_clip:`` or ``hf:`` backbone gets its own preprocessing by default (docs/backbones.md),
+  and ``spml finetune --store`` rebuilds a feature store's backbone from its provenance;
 * model: the backbone registry's network (``featurize.backbones.load_backbone``; ResNet-50
   ``IMAGENET1K_V1`` by default) without its ImageNet classifier, made trainable, plus
   ``nn.Linear(D, C)`` with PyTorch's default initialisation (Cole's ``linear_classifier``),
@@ -55,15 +57,13 @@ numpy / Python RNGs (seeded with ``seed``, saved in checkpoints). Random backbon
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
 import time
-import warnings
 from collections.abc import Mapping
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,9 +71,24 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from probe.errors import MissingPathError, SpmlError
-from probe.io import atomic_write
-from probe.store.protocol import PROTOCOL_SEED
+from probe.errors import MissingPathError
+from studies.finetune_config import (
+    _CHECKPOINT_FORMAT,
+    _WARMUP_STEPS,
+    AMP_MODES,
+    BEST_MODEL_NAME,
+    CHECKPOINT_NAME,
+    RESULTS_NAME,
+    TRAIN_JSON_KEYS,
+    FinetuneConfig,
+    FinetuneError,
+    FinetuneResult,
+    _jsonable,
+    _save_json,
+    _save_torch,
+    read_winner_json,
+)
+from studies.finetune_data import _Data, _epoch_order, _Inputs, _load_data, _loader
 
 __all__ = [
     "AMP_MODES",
@@ -84,224 +99,6 @@ __all__ = [
     "finetune",
     "read_winner_json",
 ]
-
-
-#: ``auto``: bf16 on CUDA when supported, else fp16 (+ GradScaler) on CUDA; ``off`` on CPU.
-AMP_MODES = ("auto", "bf16", "fp16", "off")
-
-#: Keys a ``--from-json`` file's ``"train"`` object may set (FinetuneConfig fields).
-TRAIN_JSON_KEYS = ("batch_size", "lr", "epochs", "seed", "observed_seed", "val_labels")
-
-CHECKPOINT_NAME = "checkpoint.pt"
-RESULTS_NAME = "results.json"
-BEST_MODEL_NAME = "best_model.pt"
-_CHECKPOINT_FORMAT = "spml-finetune-checkpoint/1"
-_RESULTS_FORMAT = "spml-finetune-results/1"
-_WARMUP_STEPS = 10  # steps excluded from the steady-state images/s (cudnn autotune, workers)
-
-
-class FinetuneError(SpmlError):
-    """Bad fine-tuning input: the message names the option, what was expected and what came."""
-
-
-# --------------------------------------------------------------------------------------------
-# configuration
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class FinetuneConfig:
-    """Everything that defines one fine-tuning run (the loss hyperparameters come separately).
-
-    ``None`` for ``batch_size`` / ``lr`` / ``epochs`` means "the paper's value for this loss and
-    dataset" (``train_presets``), else :data:`probe.config.GENERIC_FINETUNE`.
-    """
-
-    dataset: str  # adapter name: voc, coco, nus, cub, folder (featurize.datasets)
-    root: str | Path  # the dataset as the user holds it on disk
-    loss: str  # registry name (probe.losses.available())
-    out: str | Path  # run directory: checkpoint.pt, results.json, best_model.pt
-    dataset_options: Mapping[str, Any] = field(default_factory=dict)  # adapter keyword options
-    preset: str | None = "auto"  # loss hparam preset; auto = the dataset's paper values if any
-    batch_size: int | None = None  # None: the paper's (train_presets), else 8
-    lr: float | None = None  # None: the paper's, else 1e-5 (one lr for backbone and head)
-    epochs: int | None = None  # None: the paper's, else 10
-    backbone: str = "resnet50"  # the protocol's backbone (docs/protocol.md step 7)
-    weights: str = "imagenet1k_v1"  # what pretrained=True meant for the papers; or random/PATH
-    weights_seed: int = 0  # initialisation seed for weights="random" only
-    size: int = 448  # the protocol's 448×448 resize; smaller only for smoke tests
-    seed: int = 0  # head init, batch order, flips, the loss's own randomness
-    observed_seed: int = PROTOCOL_SEED  # the single-positive draw (docs/protocol.md step 2)
-    val_labels: str = "clean"  # docs/protocol.md step 4: clean val by default, or "observed"
-    threshold: float = 0.5  # probability threshold of OF1/CF1 (docs/protocol.md step 5)
-    device: str = "auto"  # auto = cuda when available, else cpu
-    amp: str = "auto"  # see AMP_MODES
-    channels_last: bool | None = None  # None = on CUDA only (faster convolutions there)
-    num_workers: int | None = None  # decoding processes; None = CPUs - 1 (<= 16) on CUDA, 0 on CPU
-    eval_batch_size: int | None = None  # None = max(2 × batch_size, 32): no grads, more fits
-    max_steps: int | None = None  # stop after this many optimiser steps (smoke runs)
-    checkpoint_every: int = 0  # also checkpoint every N steps (0: only at epoch ends)
-    resume: bool = False  # continue the run whose checkpoint is in `out`
-    overwrite: bool = False  # discard an existing run in `out` and start over
-    save_best: bool = True  # keep the best-val-epoch weights in best_model.pt
-    progress: bool = True  # progress on stderr (probe.progress: a bar, or lines in a log)
-
-    def __post_init__(self) -> None:
-        def bad(name: str, expected: str, got: Any) -> FinetuneError:
-            return FinetuneError(f"finetune: {name} must be {expected}; got {got!r}")
-
-        for name in ("batch_size", "epochs", "max_steps", "eval_batch_size"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < 1):
-                raise bad(name, "a positive integer (or None for the default)", value)
-        if self.lr is not None and (
-            isinstance(self.lr, bool) or not isinstance(self.lr, int | float)
-            or not math.isfinite(self.lr) or self.lr <= 0
-        ):
-            raise bad("lr", "a positive number (or None for the paper's value)", self.lr)
-        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 16:
-            raise bad("size", "an integer >= 16 (pixels; the protocol uses 448)", self.size)
-        if self.val_labels not in ("clean", "observed"):
-            raise bad("val_labels", "'clean' or 'observed'", self.val_labels)
-        if self.amp not in AMP_MODES:
-            raise bad("amp", f"one of {', '.join(AMP_MODES)}", self.amp)
-        if not 0.0 < float(self.threshold) < 1.0:
-            raise bad("threshold", "a probability in (0, 1)", self.threshold)
-        if not isinstance(self.checkpoint_every, int) or self.checkpoint_every < 0:
-            raise bad("checkpoint_every", "an integer >= 0 (0 = only at epoch ends)",
-                      self.checkpoint_every)
-        if self.num_workers is not None and (
-            not isinstance(self.num_workers, int) or self.num_workers < 0
-        ):
-            raise bad("num_workers", "an integer >= 0 (or None for automatic)", self.num_workers)
-        if self.resume and self.overwrite:
-            raise FinetuneError("finetune: resume and overwrite exclude each other; pick one")
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able copy (paths as strings)."""
-        out = asdict(self)
-        out["root"], out["out"] = str(self.root), str(self.out)
-        out["dataset_options"] = {k: _jsonable(v) for k, v in self.dataset_options.items()}
-        return out
-
-    def as_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """Deprecated alias of :meth:`to_dict` (removed in the next release)."""
-        warnings.warn(f"{type(self).__name__}.as_dict() is deprecated; use to_dict()",
-                      DeprecationWarning, stacklevel=2)
-        return self.to_dict(*args, **kwargs)
-
-
-def read_winner_json(path: str | Path) -> tuple[str, dict[str, Any], dict[str, Any]]:
-    """Read a study winner ``{"loss": name, "hparams": {...}, "train": {...}}``.
-
-    Returns ``(loss, hparams, train)``; ``train`` may only hold :data:`TRAIN_JSON_KEYS`
-    (FinetuneConfig fields). Other top-level keys (provenance, scores) are ignored. Hyperparameter
-    values must be single values (a winner is one configuration), validated later by the loss.
-    """
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise MissingPathError(f"--from-json: file {path} does not exist")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise FinetuneError(
-            f"--from-json {path}: not valid JSON (line {err.lineno}, column {err.colno}: "
-            f"{err.msg})"
-        ) from None
-    if not isinstance(data, dict) or not isinstance(data.get("loss"), str):
-        raise FinetuneError(
-            f"--from-json {path}: expected an object {{\"loss\": NAME, \"hparams\": {{...}}, "
-            f"\"train\": {{...}}}} with a string 'loss'; got {str(data)[:80]!r}"
-        )
-    hparams, train = data.get("hparams") or {}, data.get("train") or {}
-    if not isinstance(hparams, dict) or not isinstance(train, dict):
-        raise FinetuneError(f"--from-json {path}: 'hparams' and 'train' must be JSON objects")
-    for name, value in hparams.items():
-        if isinstance(value, list | dict):
-            raise FinetuneError(
-                f"--from-json {path}: hyperparameter '{name}' must be a single value (one "
-                f"winning configuration); got {value!r}"
-            )
-    unknown = sorted(set(train) - set(TRAIN_JSON_KEYS))
-    if unknown:
-        raise FinetuneError(
-            f"--from-json {path}: unknown 'train' key(s) {', '.join(unknown)}; accepted: "
-            f"{', '.join(TRAIN_JSON_KEYS)}"
-        )
-    return data["loss"], dict(hparams), dict(train)
-
-
-# --------------------------------------------------------------------------------------------
-# results
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class FinetuneResult:
-    """What a run produced (also written to ``out/results.json``).
-
-    ``epochs``: one dict per completed epoch (``epoch`` counted from 1; train loss, val/test mAP,
-    OF1/CF1, images/s). ``best_epoch``: the epoch with the best val mAP (None before the first
-    epoch ends); ``test_map`` / ``test_ap`` (per class) / ``test_f1`` are at that epoch.
-    ``images_per_s``: training throughput over the run (``train``; image loading included,
-    evaluation and checkpoints excluded), the same without this process's first 10 steps
-    (``train_steady``: cudnn autotuning, worker start-up), and evaluation (``eval``).
-    """
-
-    config: dict[str, Any]
-    loss: str
-    hparams: dict[str, Any]
-    train: dict[str, Any]
-    data: dict[str, Any]
-    model: dict[str, Any]
-    epochs: list[dict[str, Any]]
-    best_epoch: int | None
-    best_val_map: float | None
-    test_map: float | None
-    test_ap: dict[str, float] | None
-    test_f1: dict[str, float] | None
-    global_step: int
-    completed: bool
-    stopped: str | None  # "max_steps" when cut short, else None
-    images_per_s: dict[str, float | None]
-    paths: dict[str, str | None]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"format": _RESULTS_FORMAT, **_jsonable(asdict(self))}
-
-
-def _jsonable(value: Any) -> Any:
-    """Plain JSON values: NaN/inf become None, tensors/arrays lists, paths strings."""
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, Tensor | np.ndarray):
-        return _jsonable(value.tolist())
-    if isinstance(value, np.generic):
-        return _jsonable(value.item())
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, Path):
-        return str(value)
-    return value
-
-
-# --------------------------------------------------------------------------------------------
-# atomic files
-# --------------------------------------------------------------------------------------------
-
-
-def _save_torch(obj: Any, path: Path) -> None:
-    atomic_write(path, lambda fh: torch.save(obj, fh))
-
-
-def _save_json(obj: Any, path: Path) -> None:
-    from probe.results import versioned
-
-    text = json.dumps(_jsonable(versioned(obj)), indent=2, allow_nan=False) + "\n"
-    atomic_write(path, lambda fh: fh.write(text.encode()))
 
 
 # --------------------------------------------------------------------------------------------
@@ -371,65 +168,6 @@ def _build_loss(config: FinetuneConfig, hparams: Mapping[str, Any], data: _Data
     return cls(**merged), preset, filled
 
 
-@dataclass
-class _Data:
-    """The protocol's three splits of one dataset (docs/protocol.md steps 1-4)."""
-
-    name: str
-    class_names: tuple[str, ...]
-    train_paths: list[str]
-    val_paths: list[str]
-    test_paths: list[str]
-    observed_train: np.ndarray  # (N_train, C) int8 single positives
-    val_targets: np.ndarray  # (N_val, C) uint8, clean or observed positives
-    test_targets: np.ndarray  # (N_test, C) uint8 clean
-    val_clean: np.ndarray  # (N_val, C) uint8 (for k)
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            "dataset": self.name,
-            "n_classes": len(self.class_names),
-            "class_names": list(self.class_names),
-            "n_train": len(self.train_paths),
-            "n_val": len(self.val_paths),
-            "n_test": len(self.test_paths),
-            "n_train_without_positive": int((self.observed_train != 1).all(axis=1).sum()),
-        }
-
-
-def _load_data(config: FinetuneConfig) -> _Data:
-    from featurize.datasets import load_dataset
-    from probe.store.protocol import single_positive, split_pool
-
-    root = Path(config.root).expanduser()
-    index = load_dataset(config.dataset, root, **dict(config.dataset_options))
-    pool, test = index.pool, index.test
-    if len(test) == 0:
-        raise FinetuneError(f"finetune: dataset '{index.name}' at {root} has no test images")
-    train_idx, val_idx = split_pool(len(pool))
-    if len(val_idx) == 0:
-        raise FinetuneError(
-            f"finetune: dataset '{index.name}' at {root} has only {len(pool)} pool images: "
-            "the 20% validation split is empty; need at least 3"
-        )
-    observed_pool = single_positive(pool.labels, config.observed_seed)
-    if config.val_labels == "clean":
-        val_targets = pool.labels[val_idx]
-    else:
-        val_targets = (observed_pool[val_idx] == 1).astype(np.uint8)
-    return _Data(
-        name=index.name,
-        class_names=tuple(index.class_names),
-        train_paths=[str(pool.paths[i]) for i in train_idx],
-        val_paths=[str(pool.paths[i]) for i in val_idx],
-        test_paths=[str(p) for p in test.paths],
-        observed_train=observed_pool[train_idx],
-        val_targets=np.ascontiguousarray(val_targets, dtype=np.uint8),
-        test_targets=np.ascontiguousarray(test.labels, dtype=np.uint8),
-        val_clean=np.ascontiguousarray(pool.labels[val_idx], dtype=np.uint8),
-    )
-
-
 class FinetuneModel(nn.Module):
     """Backbone (pooled features, trainable) + linear head: Cole et al.'s ``ImageClassifier``."""
 
@@ -458,6 +196,7 @@ class _Plan:
     preset: str | None
     filled: dict[str, float]
     backbone: Any
+    transform: Any  # featurize.images.ImageTransform: the images' preprocessing
     steps_per_epoch: int
     out: Path
 
@@ -465,6 +204,8 @@ class _Plan:
 def _prepare(config: FinetuneConfig, loss_hparams: Mapping[str, Any]) -> _Plan:
     """Check everything the run needs, cheapest first; raise before any training work."""
     from featurize.backbones import get_spec, load_backbone, resolve_weights
+    from featurize.runner import backbone_transform
+    from featurize.specs import family_of
     from probe.losses import create_loss, get_loss_class
 
     cls = get_loss_class(config.loss)
@@ -495,7 +236,13 @@ def _prepare(config: FinetuneConfig, loss_hparams: Mapping[str, Any]) -> _Plan:
         raise FinetuneError(f"finetune: --out {out} exists and is not a directory")
     spec = get_spec(config.backbone)
     if config.weights != "random":
-        resolve_weights(spec, config.weights)  # missing offline: the registry's message
+        info = resolve_weights(spec, config.weights)  # missing offline: the registry's message
+        if config.weights_sha256 and info.sha256 != config.weights_sha256:
+            raise FinetuneError(
+                f"finetune: the weights file {info.path} has sha256 {info.sha256[:12]}…, the "
+                f"store's backbone was made with {config.weights_sha256[:12]}…; pass the "
+                "store's weights file with --weights PATH"
+            )
     data = _load_data(config)
     train = _train_settings(cls, data.name, config)
     n_train = len(data.train_paths)
@@ -506,9 +253,17 @@ def _prepare(config: FinetuneConfig, loss_hparams: Mapping[str, Any]) -> _Plan:
             "are dropped, so no step could run: pass a smaller --batch-size"
         )
     loss, preset, filled = _build_loss(config, loss_hparams, data)
-    backbone = load_backbone(
-        config.backbone, config.weights, seed=config.weights_seed, size=config.size
+    protocol = config.transform == "protocol" or (
+        config.transform == "auto" and family_of(config.backbone) is None
     )
+    backbone = load_backbone(
+        config.backbone,
+        config.weights,
+        seed=config.weights_seed,
+        size=config.size if protocol else None,
+        embed=config.embed,
+    )
+    transform = backbone_transform(backbone, config.size, "protocol" if protocol else "model")
     if config.num_workers is not None:
         workers = config.num_workers
     else:
@@ -527,6 +282,7 @@ def _prepare(config: FinetuneConfig, loss_hparams: Mapping[str, Any]) -> _Plan:
         preset=preset,
         filled=filled,
         backbone=backbone,
+        transform=transform,
         steps_per_epoch=n_train // train["batch_size"],
         out=out,
     )
@@ -548,6 +304,9 @@ def _fingerprint(plan: _Plan) -> dict[str, Any]:
         "weights": plan.backbone.weights.id,
         "weights_sha256": plan.backbone.weights.sha256,
         "size": c.size,
+        **({} if plan.transform.resize == "square" and plan.transform.crop is None
+           and plan.backbone.embed == "pooled"
+           else {"transform": plan.transform.describe(), "embed": plan.backbone.embed}),
         "seed": c.seed,
         "observed_seed": c.observed_seed,
         "val_labels": c.val_labels,
@@ -556,71 +315,6 @@ def _fingerprint(plan: _Plan) -> dict[str, Any]:
         "channels_last": plan.channels_last,
         "device_type": plan.device.type,
     })
-
-
-# --------------------------------------------------------------------------------------------
-# images
-# --------------------------------------------------------------------------------------------
-
-
-class _Images(torch.utils.data.Dataset):
-    """Row ``i`` → ``((S, S, 3) uint8 tensor, i)``: the reference pipeline up to the resize.
-
-    Channels-last on purpose: ``batch.permute(0, 3, 1, 2)`` on the device is then already in
-    ``torch.channels_last`` layout. Normalisation and flips happen on the device.
-    """
-
-    def __init__(self, paths: list[str], size: int) -> None:
-        self.paths, self.size = paths, size
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, i: int) -> tuple[Tensor, int]:
-        from featurize.images import pil_resized
-
-        return torch.from_numpy(pil_resized(self.paths[i], self.size).copy()), i
-
-
-def _loader(plan: _Plan, paths: list[str], batches: list[list[int]]):
-    """A DataLoader over fixed batches of rows. It gets its own generator, so creating one
-    never draws from the global RNG (which a resumed run must find as it was saved)."""
-    return torch.utils.data.DataLoader(
-        _Images(paths, plan.config.size),
-        batch_sampler=batches,
-        num_workers=plan.num_workers,
-        pin_memory=plan.device.type == "cuda",
-        generator=torch.Generator().manual_seed(0),
-        prefetch_factor=4 if plan.num_workers else None,
-    )
-
-
-class _Inputs:
-    """uint8 ``(B, S, S, 3)`` host batch → normalised float model input on the device."""
-
-    def __init__(self, plan: _Plan) -> None:
-        spec = plan.backbone.spec
-        self.device = plan.device
-        self.mean = torch.tensor(spec.mean, device=plan.device).view(1, 3, 1, 1)
-        self.std = torch.tensor(spec.std, device=plan.device).view(1, 3, 1, 1)
-        self.fmt = torch.channels_last if plan.channels_last else torch.contiguous_format
-
-    def __call__(self, batch: Tensor, flip: Tensor | None = None) -> Tensor:
-        x = batch.to(self.device, non_blocking=True).permute(0, 3, 1, 2)
-        if flip is not None:
-            x = torch.where(flip.view(-1, 1, 1, 1), x.flip(-1), x)
-        # the arithmetic of ToTensor + Normalize: x / 255, then (x - mean) / std
-        x = x.contiguous(memory_format=self.fmt).float().div_(255.0)
-        return x.sub_(self.mean).div_(self.std)
-
-
-def _epoch_order(seed: int, epoch: int, n: int, steps: int, bs: int) -> tuple[Tensor, Tensor]:
-    """Epoch ``epoch``'s batches ``(steps, bs)`` of train rows and per-row flip bits ``(n,)``."""
-    state = np.random.SeedSequence([int(seed), int(epoch)]).generate_state(2, dtype=np.uint32)
-    gen = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
-    perm = torch.randperm(n, generator=gen)
-    flips = torch.rand(n, generator=gen) < 0.5
-    return perm[: steps * bs].view(steps, bs), flips
 
 
 # --------------------------------------------------------------------------------------------
@@ -970,6 +664,7 @@ class _Run:
             data=plan.data.summary(),
             model={"backbone": plan.backbone.name, **plan.backbone.provenance(),
                    "head": f"Linear({plan.backbone.feature_dim}, {len(plan.data.class_names)})",
+                   "transform": plan.transform.describe(),
                    "torch": torch.__version__},
             epochs=self.history,
             best_epoch=best.get("epoch"),

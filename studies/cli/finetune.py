@@ -38,8 +38,9 @@ Settings not given come from the loss's paper values for the dataset ('spml loss
 else batch 8, lr 1e-5, 10 epochs. The run directory gets checkpoint.pt (every epoch and every
 --checkpoint-every steps, written atomically), results.json (config, per-epoch metrics, best
 epoch, per-class test AP there, images/s) and best_model.pt (weights at the best val epoch).
-Pretrained weights are never downloaded: put torchvision's file in the torch hub cache or pass
---weights PATH.
+torchvision's pretrained weights are never downloaded: put its file in the torch hub cache or
+pass --weights PATH; timm:, open_clip: and hf: weights come from the library's own cache
+(downloaded on first use). --store STORE rebuilds the backbone a feature store was made with.
 """
 
 
@@ -65,6 +66,25 @@ def winner_from_study(study: str, name: str | None = None) -> tuple[str, dict, d
     storage = find_storage(study) if Path(study).is_dir() else study
     record = winner(load_study(storage, name))
     return record["loss"], record["hparams"], record["train"]
+
+
+def _model_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The backbone's FinetuneConfig fields: a --store's provenance, overridden by the options
+    given; without either, resnet50 with imagenet1k_v1 at 448 (a library-qualified backbone:
+    its own default weights)."""
+    from featurize.specs import family_of
+    from studies.finetune_config import store_backbone
+
+    model = store_backbone(args.store) if args.store else {}
+    if args.weights is not None or args.backbone is not None:
+        model.pop("weights_sha256", None)  # other weights than the store's
+    for key in ("backbone", "weights", "weights_seed", "transform", "embed", "size"):
+        if getattr(args, key) is not None:
+            model[key] = getattr(args, key)
+    model.setdefault("backbone", "resnet50")
+    if "weights" not in model:
+        model["weights"] = "imagenet1k_v1" if family_of(model["backbone"]) is None else None
+    return model
 
 
 def config_from_args(args: argparse.Namespace) -> tuple[FinetuneConfig, dict[str, Any]]:
@@ -99,10 +119,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[FinetuneConfig, dict[str
         out=args.out,
         dataset_options=parse_assignments(args.dataset_option, "--dataset-option"),
         preset=None if args.no_preset else "auto",
-        backbone=args.backbone,
-        weights=args.weights,
-        weights_seed=args.weights_seed,
-        size=args.size,
+        **_model_options(args),
         threshold=args.threshold,
         device=args.device,
         amp=args.amp,
@@ -208,13 +225,26 @@ def register_cli(sub: argparse._SubParsersAction,
     g.add_argument("--threshold", type=float, default=0.5,
                    help="probability threshold of OF1/CF1 (default 0.5)")
     m = p.add_argument_group("model and data")
-    m.add_argument("--backbone", default="resnet50", help="backbone registry name (resnet50)")
-    m.add_argument("--weights", default="imagenet1k_v1",
+    m.add_argument("--store", metavar="STORE",
+                   help="build the backbone as this feature store's provenance records it "
+                        "(backbone, weights file and its sha256, transform, size, embedding); "
+                        "the options below override it")
+    m.add_argument("--backbone", default=None,
+                   help="backbone name (default resnet50), or timm:<model>, "
+                        "open_clip:<arch>/<pretrained>, hf:<repo id> (docs/backbones.md)")
+    m.add_argument("--weights", default=None,
                    help="imagenet1k_v1 (torch hub cache; never downloaded), random, or a file "
-                        "PATH (default imagenet1k_v1)")
-    m.add_argument("--weights-seed", type=int, default=0, help="seed of --weights random")
-    m.add_argument("--size", type=int, default=448,
-                   help="resize to SIZE x SIZE (default 448, the protocol's)")
+                        "PATH (default imagenet1k_v1; for timm:/open_clip:/hf: the name's own)")
+    m.add_argument("--weights-seed", type=int, default=None,
+                   help="seed of --weights random (default 0)")
+    m.add_argument("--transform", choices=("auto", "model", "protocol"), default=None,
+                   help="auto (default): the model's own preprocessing for timm:/open_clip:/hf:, "
+                        "the protocol's SIZE x SIZE resize for the others")
+    m.add_argument("--embed", choices=("auto", "pooled", "projected", "mean"), default=None,
+                   help="which embedding the head reads (default auto: the family's)")
+    m.add_argument("--size", type=int, default=None,
+                   help="resize to SIZE x SIZE with --transform protocol (default 448, the "
+                        "protocol's)")
     m.add_argument("--dataset-option", action="append", metavar="NAME=VALUE",
                    help="adapter option, e.g. annotations=labels.csv for folder")
     r = p.add_argument_group("running")

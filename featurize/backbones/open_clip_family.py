@@ -1,0 +1,275 @@
+"""``--backbone open_clip:<arch>/<pretrained>``: the image tower of an OpenCLIP model, its own
+preprocessing (the model's ``preprocess_cfg``: OpenCLIP's eval transform) and CLIP's projected
+image embedding (``--embed projected``, the default) or the ViT's pooled output before the
+projection (``--embed pooled``) (docs/backbones.md).
+
+Weights: the tag's file from the Hugging Face hub cache (OpenCLIP's own source for it, fetched
+there on first use), or ``--weights PATH`` (a whole CLIP checkpoint, torch or safetensors), with
+``open_clip:<arch>`` or ``open_clip:<arch>/<tag>``; or ``random``.
+
+:func:`load_clip` gives the whole model (both towers), its tokenizer and its preprocessing from
+the same name and weights: the entry point for anything that needs CLIP's text tower too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from featurize.backbones.base import (
+    Backbone,
+    WeightsError,
+    WeightsInfo,
+    WeightsNotFoundError,
+    as_weights_path,
+    file_info,
+    hf_offline,
+    hub_file,
+    input_check,
+    package_version,
+    random_info,
+)
+from featurize.images import ImageTransform
+from featurize.specs import DEFAULT, RANDOM, BackboneSpec
+from probe.errors import SpmlError
+
+PREFIX = "open_clip:"
+_HUB_FILES = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
+
+
+def _open_clip():
+    try:
+        import open_clip
+    except ImportError:
+        raise SpmlError(
+            "backbone 'open_clip:...' needs the open_clip_torch package: pip install -e "
+            "'.[clip]' (or pip install open_clip_torch)"
+        ) from None
+    return open_clip
+
+
+def parse(name: str) -> tuple[str, str | None]:
+    """``open_clip:<arch>[/<pretrained>]`` → ``(arch, pretrained or None)``."""
+    rest = name[len(PREFIX) :] if name.startswith(PREFIX) else name
+    arch, _, tag = rest.partition("/")
+    return arch, tag or None
+
+
+def get_spec(name: str) -> BackboneSpec:
+    open_clip = _open_clip()
+    arch, tag = parse(name)
+    if arch not in open_clip.list_models():
+        close = difflib.get_close_matches(arch, open_clip.list_models(), n=3)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise SpmlError(
+            f"--backbone {name!r}: OpenCLIP has no architecture {arch!r}.{hint} "
+            "open_clip.list_pretrained() lists (arch, pretrained) pairs, e.g. "
+            "open_clip:ViT-B-16/openai"
+        )
+    if tag is not None:
+        tags = open_clip.list_pretrained_tags_by_model(arch)
+        if tag not in tags:
+            raise SpmlError(
+                f"--backbone {name!r}: OpenCLIP's {arch} has no pretrained tag {tag!r}; its "
+                f"tags: {', '.join(tags) or 'none'}"
+            )
+    return BackboneSpec(name, "open_clip", 0, default_weights=DEFAULT, note="OpenCLIP image tower")
+
+
+def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> WeightsInfo:
+    """The weights file for ``weights`` (None/"default": the pretrained tag's), found in the
+    Hugging Face hub cache or fetched into it now."""
+    open_clip = _open_clip()
+    arch, tag = parse(spec.name)
+    if weights not in (None, DEFAULT):
+        path = as_weights_path(str(weights))
+        if path is None:
+            raise WeightsError(
+                f"--weights {weights!r} for {spec.name}: expected default (the pretrained "
+                "tag's weights), a checkpoint file (.pt, .pth, .bin, .safetensors) or random"
+            )
+        return file_info(path, f"file:{path.name}")
+    fix = f"pass --weights PATH to a {arch} checkpoint"
+    if tag is None:
+        raise WeightsError(
+            f"--backbone {spec.name}: name the pretrained weights (open_clip:{arch}/<tag>; "
+            f"tags: {', '.join(open_clip.list_pretrained_tags_by_model(arch)) or 'none'}), or "
+            "pass --weights PATH or --weights random"
+        )
+    cfg = open_clip.get_pretrained_cfg(arch, tag)
+    hub = (cfg.get("hf_hub") or "").strip("/")
+    what = f"OpenCLIP {arch}/{tag}"
+    if hub:
+        repo, names = hub, _HUB_FILES
+        parts = hub.split("/")
+        if len(parts) > 2:  # "org/repo/file name"
+            repo, names = "/".join(parts[:2]), ("/".join(parts[2:]),)
+        path = hub_file(repo, names, what, fix)
+        return file_info(path, f"open_clip:{arch}/{tag}", url=f"hf-hub:{repo}")
+    url = cfg.get("url")
+    if not url:
+        raise WeightsError(f"{what} names no source for its weights; {fix}")
+    cache = Path.home() / ".cache" / "clip"
+    path = cache / url.rsplit("/", 1)[-1]
+    if not path.is_file():
+        if hf_offline():
+            raise WeightsNotFoundError(
+                f"{what} needs {path.name} in OpenCLIP's cache {cache}, and HF_HUB_OFFLINE is "
+                f"set: fetch {url} on a connected machine and copy it there, or {fix}"
+            )
+        try:
+            path = Path(open_clip.download_pretrained_from_url(url, cache_dir=str(cache)))
+        except Exception as err:
+            raise WeightsNotFoundError(
+                f"{what} needs {path} (OpenCLIP's cache); downloading {url} failed ({err}); "
+                f"copy the file there, or {fix}"
+            ) from None
+    return file_info(path, f"open_clip:{arch}/{tag}", url=url)
+
+
+_PREPROCESS_KEYS = ("mean", "std", "interpolation", "resize_mode")
+
+
+def build(arch: str, tag: str | None = None) -> nn.Module:
+    """The whole CLIP model ``arch`` (default initialisation from the current RNG state), with
+    QuickGELU where the pretrained tag was trained with it (OpenAI's weights) and the tag's
+    preprocessing (mean, std, interpolation, resize mode) in ``visual.preprocess_cfg``, as
+    OpenCLIP's ``create_model(arch, pretrained=tag)`` sets them."""
+    open_clip = _open_clip()
+    cfg = open_clip.get_pretrained_cfg(arch, tag) if tag else {}
+    return open_clip.create_model(
+        arch,
+        pretrained=None,
+        force_quick_gelu=bool(cfg.get("quick_gelu", False)),
+        force_preprocess_cfg={k: cfg[k] for k in _PREPROCESS_KEYS if k in cfg},
+    )
+
+
+def model_transform(model: nn.Module) -> ImageTransform:
+    """OpenCLIP's eval transform of ``model`` (its ``visual.preprocess_cfg``) as an
+    :class:`ImageTransform`: the shorter side to S, the centre S×S crop ("shortest"), or an
+    S×S resize ("squash"); bicubic or bilinear; the model's mean and std."""
+    cfg = dict(getattr(model.visual, "preprocess_cfg", {}) or {})
+    size = cfg.get("size", getattr(model.visual, "image_size", 224))
+    size = (size, size) if isinstance(size, int) else tuple(size)
+    mode = cfg.get("resize_mode", "shortest")
+    interpolation = cfg.get("interpolation", "bicubic")
+    if size[0] != size[1] or mode not in ("shortest", "squash") or interpolation not in (
+        "bicubic", "bilinear"
+    ):
+        raise SpmlError(
+            f"OpenCLIP's preprocessing of this model (size {size}, {mode}, {interpolation}) is "
+            "not one the featurizer reproduces; pass --transform protocol"
+        )
+    mean = tuple(float(v) for v in cfg.get("mean", (0.48145466, 0.4578275, 0.40821073)))
+    std = tuple(float(v) for v in cfg.get("std", (0.26862954, 0.26130258, 0.27577711)))
+    s = int(size[0])
+    if mode == "shortest":
+        return ImageTransform(size=s, crop=s, mean=mean, std=std, interpolation=interpolation,
+                              resize="shortest")
+    return ImageTransform(size=s, mean=mean, std=std, interpolation=interpolation)
+
+
+def _load_state(model: nn.Module, path: str, name: str) -> None:
+    try:
+        result = _open_clip().load_checkpoint(model, path, strict=False)
+    except (RuntimeError, KeyError, ValueError) as err:
+        raise WeightsError(f"weights file {path} does not fit backbone {name!r}: {err}") from None
+    missing = list(getattr(result, "missing_keys", []) or [])
+    unexpected = list(getattr(result, "unexpected_keys", []) or [])
+    if missing or unexpected:
+        raise WeightsError(
+            f"weights file {path} does not fit backbone {name!r}: {len(missing)} missing keys "
+            f"(e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]})"
+        )
+
+
+@dataclass
+class ClipModel:
+    """A whole OpenCLIP model (image and text towers, eval mode, frozen), its tokenizer,
+    OpenCLIP's own eval preprocessing (PIL image → tensor), the same as an
+    :class:`ImageTransform` (what the featurizer runs), and the weights it carries."""
+
+    name: str  # "open_clip:<arch>[/<pretrained>]"
+    model: nn.Module
+    tokenizer: Any
+    preprocess: Any
+    transform: ImageTransform
+    weights: WeightsInfo
+
+    def provenance(self) -> dict:
+        arch, tag = parse(self.name)
+        return {
+            "library": package_version("open_clip_torch"),
+            "model_id": f"{arch}/{tag}" if tag else arch,
+            "weights": self.weights.id,
+            "weights_sha256": self.weights.sha256,
+            "weights_file": self.weights.path,
+            "weights_random": self.weights.random,
+        }
+
+
+def load_clip(name: str, weights: str | None = None, *, seed: int = 0) -> ClipModel:
+    """The whole CLIP model of ``open_clip:<arch>[/<pretrained>]`` with ``weights`` (None: the
+    tag's, from the hub cache or fetched; a checkpoint path; "random" with ``seed``), plus its
+    tokenizer and preprocessing. Missing weights offline are refused before anything is built."""
+    name = name if name.startswith(PREFIX) else PREFIX + name
+    spec = get_spec(name)
+    info = random_info(seed) if weights == RANDOM else resolve(spec, weights)
+    arch, tag = parse(name)
+    open_clip = _open_clip()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        model = build(arch, tag)
+    if not info.random:
+        _load_state(model, info.path, name)
+    model.eval().requires_grad_(False)
+    transform = model_transform(model)
+    from open_clip.transform import PreprocessCfg, image_transform_v2
+
+    preprocess = image_transform_v2(PreprocessCfg(**model.visual.preprocess_cfg), is_train=False)
+    tokenizer = open_clip.get_tokenizer(arch)
+    return ClipModel(name, model, tokenizer, preprocess, transform, info)
+
+
+_EMBEDDING = {
+    "projected": "OpenCLIP encode_image (normalize=False): CLIP's projected image embedding",
+    "pooled": "OpenCLIP ViT pooled output before the projection (visual.proj)",
+}
+
+
+def load(spec: BackboneSpec, info: WeightsInfo, seed: int = 0, embed: str | None = None
+         ) -> Backbone:
+    arch, tag = parse(spec.name)
+    embed = "projected" if embed in (None, "auto") else embed
+    if embed not in _EMBEDDING:
+        raise SpmlError(f"--embed {embed!r}: an OpenCLIP backbone gives projected or pooled")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        model = build(arch, tag)
+    if not info.random:
+        _load_state(model, info.path, spec.name)
+    visual = model.visual
+    if embed == "pooled":
+        if not isinstance(getattr(visual, "proj", None), torch.Tensor):
+            raise SpmlError(
+                f"--embed pooled: {arch}'s image tower has no separate final projection "
+                "(only OpenCLIP's ViTs do); use --embed projected"
+            )
+        visual.proj = None  # this model's own tower: the pooled output is returned
+    visual.eval().requires_grad_(False)
+    transform = model_transform(model)
+    dim = input_check(visual, transform.out_size, spec.name)
+    spec = dataclasses.replace(spec, feature_dim=dim, mean=transform.mean, std=transform.std)
+    details = {
+        "embedding": _EMBEDDING[embed],
+        "library": package_version("open_clip_torch"),
+        "model_id": f"{arch}/{tag}" if tag else arch,
+    }
+    return Backbone(spec, visual, None, info, transform=transform, embed=embed, details=details)

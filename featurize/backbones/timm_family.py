@@ -1,0 +1,218 @@
+"""``--backbone timm:<model>[.<tag>]``: any timm model, its pretrained tag's weights and its own
+preprocessing (timm's resolved data config), the classifier's input as the embedding
+(docs/backbones.md).
+
+Weights: the tag's file from the Hugging Face hub cache (``timm/<model>.<tag>``, downloaded
+there on first use) or, for the few tags timm still fetches from a URL, the torch hub cache;
+``--weights PATH`` a local checkpoint (torch or safetensors, with or without the classifier);
+``random``. The checkpoint is loaded into the classifier-less model and every key must fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from featurize.backbones.base import (
+    Backbone,
+    WeightsError,
+    WeightsInfo,
+    WeightsNotFoundError,
+    as_weights_path,
+    check_fit,
+    file_info,
+    hub_file,
+    input_check,
+    load_into,
+    package_version,
+    read_state,
+)
+from featurize.images import ImageTransform
+from featurize.specs import DEFAULT, BackboneSpec
+from probe.errors import SpmlError
+
+PREFIX = "timm:"
+_HUB_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def _timm():
+    try:
+        import timm
+    except ImportError:
+        raise SpmlError(
+            "backbone 'timm:...' needs the timm package: pip install -e '.[timm]' "
+            "(or pip install timm)"
+        ) from None
+    return timm
+
+
+def get_spec(name: str) -> BackboneSpec:
+    """The spec of ``timm:<model>[.<tag>]`` (its width is measured when it is loaded)."""
+    timm = _timm()
+    model = name[len(PREFIX) :]
+    arch, _, tag = model.partition(".")
+    if not timm.is_model(arch):
+        close = difflib.get_close_matches(arch, timm.list_models(), n=3)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise SpmlError(
+            f"--backbone {name!r}: timm has no model {arch!r}.{hint} timm.list_models() lists "
+            "them (e.g. timm:resnet50.a1_in1k, timm:convnext_large.fb_in22k)"
+        )
+    if tag:
+        tags = [n.partition(".")[2] for n in timm.list_pretrained(f"{arch}.*")]
+        if tag not in tags:
+            raise SpmlError(
+                f"--backbone {name!r}: timm's {arch} has no pretrained tag {tag!r}; its tags: "
+                f"{', '.join(tags) or 'none'}"
+            )
+    return BackboneSpec(name, "timm", 0, default_weights=DEFAULT, note="timm model")
+
+
+def _pretrained_cfg(model: str):
+    from timm.models import get_pretrained_cfg
+
+    cfg = get_pretrained_cfg(model)
+    if cfg is None:
+        raise WeightsError(
+            f"timm model {model!r} has no pretrained weights; pass --weights PATH or "
+            "--weights random"
+        )
+    return cfg
+
+
+def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> WeightsInfo:
+    """The weights file for ``weights`` (None/"default": the tag's), found or fetched now."""
+    model = spec.name[len(PREFIX) :]
+    if weights not in (None, DEFAULT):
+        path = as_weights_path(str(weights))
+        if path is None:
+            raise WeightsError(
+                f"--weights {weights!r} for {spec.name}: expected default (the pretrained tag's "
+                "weights), a checkpoint file (.pth, .pt, .safetensors) or random"
+            )
+        return file_info(path, f"file:{path.name}")
+    cfg = _pretrained_cfg(model)
+    tagged = f"{cfg.architecture}.{cfg.tag}" if cfg.tag else model
+    fix = f"pass --weights PATH to a {tagged} checkpoint"
+    if cfg.hf_hub_id:
+        names = (cfg.hf_hub_filename,) if cfg.hf_hub_filename else _HUB_FILES
+        path = hub_file(cfg.hf_hub_id, names, f"timm model {tagged}", fix)
+        return file_info(path, f"timm:{tagged}", url=f"hf-hub:{cfg.hf_hub_id}")
+    if cfg.url:
+        path = Path(torch.hub.get_dir()) / "checkpoints" / cfg.url.rsplit("/", 1)[-1]
+        if not path.is_file():
+            from featurize.backbones.base import hf_offline
+
+            if hf_offline():
+                raise WeightsNotFoundError(
+                    f"timm model {tagged} needs {path.name} in the torch hub cache {path.parent} "
+                    f"(TORCH_HOME moves it), and HF_HUB_OFFLINE is set: fetch {cfg.url} on a "
+                    f"connected machine and copy it there, or {fix}"
+                )
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                torch.hub.download_url_to_file(cfg.url, str(path))
+            except Exception as err:
+                raise WeightsNotFoundError(
+                    f"timm model {tagged} needs {path} (torch hub cache); downloading {cfg.url} "
+                    f"failed ({err}); copy the file there, or {fix}"
+                ) from None
+        return file_info(path, f"timm:{tagged}", url=cfg.url)
+    raise WeightsError(f"timm model {tagged} names no source for its weights; {fix}")
+
+
+def _classifier_keys(model: nn.Module) -> list[str]:
+    names = model.pretrained_cfg.get("classifier") or ()
+    names = (names,) if isinstance(names, str) else tuple(names)
+    return [f"{n}.{p}" for n in names for p in ("weight", "bias")]
+
+
+def _load_state(model: nn.Module, path: str, name: str) -> None:
+    state = read_state(path)
+    for key in _classifier_keys(model):
+        state.pop(key, None)
+    try:
+        result = model.load_state_dict(state, strict=False)
+    except RuntimeError:  # tensors of other shapes: maybe the original layout, tried below
+        result = None
+    if result is None or result.missing_keys or result.unexpected_keys:
+        # a checkpoint in the model's original (pre-timm) layout: timm's own converter
+        import sys
+
+        convert = getattr(sys.modules[type(model).__module__], "checkpoint_filter_fn", None)
+        if convert is not None:
+            try:
+                converted = convert(state, model)
+            except Exception:  # not that layout either: report the first mismatch
+                converted = None
+            if converted is not None:
+                for key in _classifier_keys(model):
+                    converted.pop(key, None)
+                state = converted
+        result = load_into(model, state, path, name)
+    check_fit(result, path, name)
+
+
+def data_transform(model: nn.Module, name: str) -> ImageTransform:
+    """timm's resolved eval data config as an :class:`ImageTransform` (timm's
+    ``create_transform(**resolve_data_config(model=model))``: resize to ``floor(S / crop_pct)``,
+    the shorter side (crop_mode "center") or both ("squash"), then the centre S×S crop)."""
+    from timm.data import resolve_data_config
+
+    cfg = resolve_data_config({}, model=model)
+    _, h, w = cfg["input_size"]
+    mode = cfg.get("crop_mode") or "center"
+    interpolation = cfg.get("interpolation") or "bilinear"
+    if h != w or mode not in ("center", "squash") or interpolation not in ("bilinear", "bicubic"):
+        raise SpmlError(
+            f"backbone {name!r}: timm's preprocessing (input {h}x{w}, crop_mode {mode}, "
+            f"{interpolation}) is not one the featurizer reproduces; pass --transform protocol"
+        )
+    crop_pct = cfg.get("crop_pct") or 1.0
+    return ImageTransform(
+        size=math.floor(h / crop_pct),
+        crop=h,
+        mean=tuple(float(v) for v in cfg["mean"]),
+        std=tuple(float(v) for v in cfg["std"]),
+        interpolation=interpolation,
+        resize="shortest" if mode == "center" else "squash",
+    )
+
+
+def build(model: str, num_classes: int = 0) -> nn.Module:
+    """The timm network ``model`` (default initialisation from the current RNG state)."""
+    return _timm().create_model(model, pretrained=False, num_classes=num_classes)
+
+
+def load(spec: BackboneSpec, info: WeightsInfo, seed: int = 0, embed: str | None = None
+         ) -> Backbone:
+    """Build ``spec``'s model without its classifier, load ``info``'s weights, measure the
+    embedding width on one image of the model's input size."""
+    if embed not in (None, "auto", "pooled"):
+        raise SpmlError(
+            f"--embed {embed!r}: a timm backbone gives 'pooled' (its classifier's input)"
+        )
+    model_name = spec.name[len(PREFIX) :]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        model = build(model_name)
+    if not info.random:
+        _load_state(model, info.path, spec.name)
+    model.eval().requires_grad_(False)
+    transform = data_transform(model, spec.name)
+    dim = input_check(model, transform.out_size, spec.name)
+    spec = dataclasses.replace(spec, feature_dim=dim, mean=transform.mean, std=transform.std)
+    cfg = model.pretrained_cfg
+    details = {
+        "embedding": "timm forward_head(pre_logits=True): the classifier's input",
+        "library": package_version("timm"),
+        "model_id": f"{cfg.get('architecture', model_name)}"
+        + (f".{cfg['tag']}" if cfg.get("tag") else ""),
+        "hf_hub_id": cfg.get("hf_hub_id"),
+    }
+    return Backbone(spec, model, None, info, transform=transform, embed="pooled", details=details)
