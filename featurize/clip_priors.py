@@ -106,12 +106,15 @@ class ClipPriorResult:
 
 
 def image_paths_of_store(store: Any, root: str | Path | None = None,
-                         dataset_options: dict[str, Any] | None = None) -> list[Path]:
+                         dataset_options: dict[str, Any] | None = None,
+                         adapter: str | None = None) -> list[Path]:
     """The image file of every store row, in row order: the store's dataset read again from
-    ``root`` (default: the root its provenance records) and matched by image id. Refused by
-    name where the store holds imported features with no images, where the dataset cannot be
-    read, or where any row's image is missing (the first 20 named, then a count)."""
-    from featurize.datasets import load_dataset
+    ``root`` (default: the root its provenance records) with ``adapter`` (default: the
+    registered adapter of the store's dataset name, else ``folder``, which names a dataset
+    after its folder) and matched by image id. Refused by name where the store holds imported
+    features with no images, where the dataset cannot be read, or where any row's image is
+    missing (the first 20 named, then a count)."""
+    from featurize.datasets import DATASETS, load_dataset, resolve_name
 
     source = store.provenance.get("source")
     match = _SOURCE.match(source) if isinstance(source, str) else None
@@ -125,13 +128,20 @@ def image_paths_of_store(store: Any, root: str | Path | None = None,
             )
         root = match.group("root")
     name = match.group("name") if match else store.dataset
+    if adapter is None:
+        try:
+            adapter = resolve_name(name)
+        except SpmlError:
+            adapter = "folder"
+    elif adapter not in DATASETS:
+        adapter = resolve_name(adapter)  # an unknown name: refused with the known ones
     root = Path(root).expanduser()
     if not root.is_dir():
         raise MissingPathError(
             f"--root: the images of store {store.path} (dataset '{name}') are not reachable: "
             f"{root} is not a directory; pass --root DIR where the dataset now lives"
         )
-    index = load_dataset(name, root, **dict(dataset_options or {}))
+    index = load_dataset(adapter, root, **dict(dataset_options or {}))
     by_id: dict[str, Path] = {}
     for phase in (index.pool, index.test):
         by_id.update(zip(phase.image_ids, phase.paths))
@@ -186,7 +196,8 @@ def _scratch(store_path: Path, name: str) -> Path:
 
 def compute_clip_prior(store_path: str | Path, config: ClipPriorConfig,
                        root: str | Path | None = None,
-                       dataset_options: dict[str, Any] | None = None) -> ClipPriorResult:
+                       dataset_options: dict[str, Any] | None = None,
+                       adapter: str | None = None) -> ClipPriorResult:
     """Compute the CLIP prior of every row of the store at ``store_path`` and store it.
 
     Every input is checked before the model is loaded or anything is written: the options,
@@ -208,7 +219,7 @@ def compute_clip_prior(store_path: str | Path, config: ClipPriorConfig,
             f"--name: store {store_path} already holds a prior '{config.name}'; pass "
             "--overwrite to replace it, or choose another --name"
         )
-    paths = image_paths_of_store(store, root, dataset_options)
+    paths = image_paths_of_store(store, root, dataset_options, adapter)
     device = torch.device(config.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ClipPriorError(f"--device {config.device}: CUDA is not available on this machine")
@@ -221,7 +232,7 @@ def compute_clip_prior(store_path: str | Path, config: ClipPriorConfig,
 
     scratch = _scratch(store_path, config.name)
     fingerprint = {**config.fingerprint(), "rows": store.n_rows, "classes": store.n_classes,
-                   "weights_sha256": getattr(clip.info, "sha256", None)}
+                   "weights_sha256": clip.weights.sha256}
     meta = scratch / "meta.json"
     if scratch.exists():
         old = json.loads(meta.read_text()) if meta.is_file() else None
@@ -265,8 +276,7 @@ def compute_clip_prior(store_path: str | Path, config: ClipPriorConfig,
         "tiles": f"{config.tiles}x{config.tiles}" if config.tiles else None,
         "source": f"spml priors: OpenCLIP zero-shot softmax over the store's {store.n_classes} "
                   f"classes, {1 + k2} views per image",
-        "weights": clip.info.path,
-        "weights_sha256": getattr(clip.info, "sha256", None),
+        **clip.provenance(),
     }
     write_prior(store_path, config.name, scores, provenance, extras=extras,
                 overwrite=config.overwrite, class_names=store.class_names)

@@ -25,7 +25,8 @@ def _cmd_priors(args: argparse.Namespace) -> int:
         device=args.device, overwrite=args.overwrite, progress=not args.quiet,
     )
     result = compute_clip_prior(args.store, config, root=args.root,
-                                dataset_options=_dataset_options(args.option))
+                                dataset_options=_dataset_options(args.option),
+                                adapter=args.dataset)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
         return 0
@@ -80,6 +81,9 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
     p.add_argument("--root", default=None,
                    help="where the store's images are now (default: the dataset root its "
                    "provenance records)")
+    p.add_argument("--dataset", default=None,
+                   help="the dataset adapter to read the images with (voc, coco, nus, cub, folder; "
+                   "default: the store's dataset, or folder for a folder-named one)")
     p.add_argument("--option", action="append", metavar="KEY=VALUE",
                    help="a dataset adapter option, as given to spml featurize (repeatable)")
     p.add_argument("--batch-size", type=int, default=32,

@@ -1,0 +1,171 @@
+"""``spml priors`` (featurize.clip_priors): a tiny OpenCLIP model with random weights in a file,
+offline, on a tiny image folder. The stored prior equals an independent computation with
+OpenCLIP's own API (softmax over classes of cosine similarity / T, whole image and tiles); an
+interrupted run resumes from its finished blocks; bad requests are refused before anything is
+written; the prior trains VLPL and GPR through ``spml probe``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fixtures_datasets import make_folder
+
+import featurize.clip_priors as cp
+from probe.errors import SpmlError
+from probe.store import open_store
+from studies.cli import main
+
+open_clip = pytest.importorskip("open_clip")
+
+TINY = {
+    "embed_dim": 16,
+    "vision_cfg": {"image_size": 32, "layers": 1, "width": 32, "patch_size": 8, "head_width": 16},
+    "text_cfg": {"context_length": 16, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1},
+}
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A 12-image folder, a tiny CLIP checkpoint, and a store featurized from the folder."""
+    base = tmp_path_factory.mktemp("clip-priors")
+    expected = make_folder(base / "ds", n_images=12, seed=9)
+    (base / "spml-prior-vit.json").write_text(json.dumps(TINY))
+    open_clip.add_model_config(base / "spml-prior-vit.json")
+    torch.manual_seed(3)
+    weights = base / "tiny.pt"
+    torch.save(open_clip.create_model("spml-prior-vit").state_dict(), weights)
+    store = base / "s.zarr"
+    assert main(["featurize", "folder", "--root", str(expected["root"]), "--out", str(store),
+                 "--backbone", "open_clip:spml-prior-vit", "--weights", str(weights),
+                 "--device", "cpu", "--quiet", "--no-flip", "--block-rows", "8"]) == 0
+    return expected, weights, store
+
+
+def _reference(weights: Path, store_path: Path, root: Path, k: int, template: str,
+               temperature: float) -> np.ndarray:
+    """(N, 1 + k², C) view scores written from the definition with OpenCLIP's own calls."""
+    model, _, preprocess = open_clip.create_model_and_transforms(
+        "spml-prior-vit", pretrained=str(weights))
+    model.eval()
+    tokenizer = open_clip.get_tokenizer("spml-prior-vit")
+    store = open_store(store_path)
+    with torch.no_grad():
+        text = model.encode_text(tokenizer([template.format(c.replace("_", " "))
+                                            for c in store.class_names]))
+        text = text / text.norm(dim=-1, keepdim=True)
+        out = []
+        for image_id in store.image_ids:
+            image = Image.open(Path(root) / image_id).convert("RGB")  # a folder's ids
+            w, h = image.size
+            views = [image]
+            for j in range(k):
+                for i in range(k):
+                    box = (round(i * w / k), round(j * h / k), round((i + 1) * w / k),
+                           round((j + 1) * h / k))
+                    views.append(image.crop(box))
+            feats = model.encode_image(torch.stack([preprocess(v) for v in views]))
+            feats = feats / feats.norm(dim=-1, keepdim=True)
+            out.append(torch.softmax(feats @ text.T / temperature, dim=-1).numpy())
+    return np.stack(out)
+
+
+def test_prior_equals_openclip_zero_shot_and_trains(setup, capsys):
+    expected, weights, store = setup
+    assert main(["priors", str(store), "--model", "open_clip:spml-prior-vit", "--weights",
+                 str(weights), "--tiles", "2", "--name", "clip", "--temperature", "0.05",
+                 "--quiet"]) == 0
+    assert "wrote prior 'clip'" in capsys.readouterr().out
+    ref = _reference(weights, store, expected["root"], 2, "a photo of a {}.", 0.05)
+    prior = open_store(store).prior("clip")
+    np.testing.assert_allclose(prior.scores, ref[:, 0], atol=2e-6)
+    tiles = ref[:, 1:]
+    np.testing.assert_allclose(prior.extras["tile_max"], tiles.max(1), atol=2e-6)
+    np.testing.assert_allclose(prior.extras["tile_min"], tiles.min(1), atol=2e-6)
+    np.testing.assert_allclose(prior.extras["tile_mean"], tiles.mean(1), atol=2e-6)
+    np.testing.assert_allclose(prior.scores.sum(1), 1.0, atol=1e-5)
+    assert prior.provenance["model"] == "open_clip:spml-prior-vit"
+    assert prior.provenance["tiles"] == "2x2" and prior.provenance["temperature"] == 0.05
+    assert not list(store.parent.glob("*.partial"))  # the scratch blocks are gone
+    for loss in ("vlpl", "gpr"):
+        assert main(["probe", str(store), "--loss", loss, "--priors", "clip", "--epochs", "2",
+                     "--batch-size", "4", "--intervals", "0", "--quiet"]) == 0, loss
+    # an existing name is refused without --overwrite, before the model is loaded
+    assert main(["priors", str(store), "--model", "open_clip:spml-prior-vit", "--weights",
+                 str(weights), "--name", "clip", "--quiet"]) == 2
+    assert "already holds a prior 'clip'" in capsys.readouterr().err
+
+
+def test_an_interrupted_run_resumes_from_its_finished_blocks(setup, tmp_path, monkeypatch):
+    expected, weights, store = setup
+    monkeypatch.setattr(cp, "BLOCK_ROWS", 4)
+    real, calls = cp.view_scores, []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # the user stops the run in its third block
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cp, "view_scores", failing)
+    config = cp.ClipPriorConfig(model="open_clip:spml-prior-vit", weights=str(weights),
+                                name="resumed", batch_size=4, progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        cp.compute_clip_prior(store, config)
+    assert "resumed" not in open_store(store).prior_names()  # nothing half-written
+    assert len(list(store.with_name(f"{store.name}.priors-resumed.partial").glob("block-*"))) == 2
+    monkeypatch.setattr(cp, "view_scores", real)
+    result = cp.compute_clip_prior(store, config)
+    assert result.blocks_resumed == 2
+    ref = _reference(weights, store, expected["root"], 0, "a photo of a {}.", 0.01)
+    np.testing.assert_allclose(open_store(store).prior("resumed").scores, ref[:, 0], atol=2e-6)
+
+
+def test_bad_requests_are_refused_before_anything_is_written(setup, tmp_path, capsys,
+                                                             monkeypatch):
+    _, weights, store = setup
+    before = open_store(store).prior_names()
+    cases = [
+        (["--model", "timm:resnet10t"], "--model"),
+        (["--model", "open_clip:spml-prior-vit", "--prompt", "no slot"], "--prompt"),
+        (["--model", "open_clip:spml-prior-vit", "--tiles", "-1"], "--tiles"),
+        (["--model", "open_clip:spml-prior-vit", "--temperature", "0"], "--temperature"),
+        (["--model", "open_clip:spml-prior-vit", "--name", "bad name"], "--name"),
+        (["--model", "open_clip:spml-prior-vit", "--name", "fresh", "--root",
+          str(tmp_path / "gone")], "--root"),
+    ]
+    for extra, word in cases:
+        assert main(["priors", str(store), "--weights", str(weights), "--quiet", *extra]) == 2
+        assert word in capsys.readouterr().err, extra
+    # offline without the pretrained tag's weights: refused by name, nothing left behind
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    assert main(["priors", str(store), "--model", "open_clip:ViT-B-16/openai", "--name",
+                 "offline", "--quiet"]) == 2
+    assert "open_clip" in capsys.readouterr().err
+    assert open_store(store).prior_names() == before
+    assert not list(store.parent.glob("*.partial"))
+    # a store of imported features has no images to score
+    arrays = tmp_path / "a.zarr"
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "x.npy", rng.normal(size=(30, 4)).astype(np.float32))
+    y = np.zeros((30, 3), np.uint8)
+    y[np.arange(30), np.arange(30) % 3] = 1
+    np.save(tmp_path / "y.npy", y)
+    assert main(["import", "arrays", "--features", str(tmp_path / "x.npy"), "--labels",
+                 str(tmp_path / "y.npy"), "--name", "arr", "--out", str(arrays), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["priors", str(arrays), "--model", "open_clip:spml-prior-vit", "--weights",
+                 str(weights), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "imported features" in err and "--root" in err and "spml import priors" in err
+    with pytest.raises(SpmlError, match="--tiles"):
+        cp.ClipPriorConfig(model="open_clip:x", tiles=True).validate()
