@@ -86,7 +86,8 @@ class StudySettings:
     space: dict[str, BaseDistribution] = field(default_factory=dict)  # --space overrides
     params: tuple[str, ...] | None = None  # search only these loss hparams
     grid: dict[str, tuple[float, ...]] = field(default_factory=dict)  # grid sampler values
-    search_lr: bool = False  # lr is a training setting; searched only on request
+    search_lr: bool | None = None  # None: searched where no paper gives the store's lr
+    # (no preset for its dataset and no --lr: lr_unknown); True / False: always / never
     batch_sizes: tuple[int, ...] = ()  # categorical batch-size search (groups train apart)
     epochs_choices: tuple[int, ...] = ()  # categorical epochs search
     epochs: int | None = None  # None: the loss's paper preset for the dataset
@@ -244,13 +245,21 @@ def _space(settings: StudySettings, dataset: str) -> SearchSpace:
     space = build_space(
         settings.loss,
         dataset,
-        search_lr=settings.search_lr,
+        search_lr=searches_lr(settings, dataset),
         batch_sizes=settings.batch_sizes,
         epochs=settings.epochs_choices,
         overrides=settings.space,
         only=settings.params,
         fixed=settings.fixed,
     )
+    from probe.config import GENERIC_TRAINING
+
+    if settings.search_lr is None and searches_lr(settings, dataset):
+        space = dataclasses.replace(space, notes=(
+            f"no paper gives {settings.loss}'s learning rate on {dataset}: train.lr is "
+            f"searched (log-uniform 1e-5..1e-1; the first trial keeps the generic "
+            f"{GENERIC_TRAINING['lr']:g}); "
+            "--lr or --no-search-lr fixes it (docs/selection.md)",))
     # --set on a searched parameter fixes it: the search narrows to the others
     held = [f"{settings.loss}.{n}" for n in settings.fixed
             if f"{settings.loss}.{n}" in space.distributions]
@@ -267,7 +276,8 @@ def _space(settings: StudySettings, dataset: str) -> SearchSpace:
     note = (f"--set {fixed}: held fixed instead of searched; the search narrows to "
             f"{', '.join(dists)}")
     return SearchSpace(space.loss, dists,
-                       {k: v for k, v in space.defaults.items() if k in dists}, (note,))
+                       {k: v for k, v in space.defaults.items() if k in dists},
+                       (*space.notes, note))
 
 
 def preflight(settings: StudySettings, store: Any) -> SearchSpace:
@@ -306,6 +316,24 @@ def preflight(settings: StudySettings, store: Any) -> SearchSpace:
                 f"{flag}: batch size {size} ({source}) is larger than the train split of "
                 f"{settings.store} ({n_train} rows); use a batch size of at most {n_train}")
     return space
+
+
+def lr_unknown(loss: str, dataset: str) -> bool:
+    """No paper gives the learning rate of ``loss`` on ``dataset`` (no training preset), so
+    the generic setting's lr (Cole et al.'s pick for ResNet-50 features of the four
+    benchmarks) is a guess for these features: docs/selection.md "Stores without a preset"."""
+    from probe.losses import get_loss_class
+
+    return "lr" not in get_loss_class(loss).train_presets.get(dataset, {})
+
+
+def searches_lr(settings: StudySettings, dataset: str) -> bool:
+    """Whether the study searches ``train.lr``: as asked (``--search-lr`` / ``--no-search-lr``),
+    else where the lr is unknown and not given (:func:`lr_unknown`; not with --sampler grid)."""
+    if settings.search_lr is not None:
+        return settings.search_lr
+    return (settings.lr is None and settings.sampler != "grid" and "lr" not in settings.fixed
+            and lr_unknown(settings.loss, dataset))
 
 
 class JoinedStudy(NamedTuple):

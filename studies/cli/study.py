@@ -314,7 +314,13 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
         metavar="NAME=V1,V2,...",
         help="grid values for --sampler grid (repeatable)",
     )
-    p.add_argument("--search-lr", action="store_true", help="also search train.lr (log-uniform)")
+    lr = p.add_mutually_exclusive_group()
+    lr.add_argument("--search-lr", action="store_true", default=None,
+                    help="also search train.lr (log-uniform 1e-5..1e-1). Default: searched on a "
+                    "store for which the loss has no paper preset (no paper gives its lr) "
+                    "unless --lr is given; docs/selection.md")
+    lr.add_argument("--no-search-lr", dest="search_lr", action="store_false",
+                    help="never search train.lr: train at --lr, else the preset or generic lr")
     p.add_argument("--batch-sizes", help="also search train.batch_size among these, e.g. 8,16")
     p.add_argument("--epochs-choices", help="also search train.epochs among these")
     p.add_argument("--epochs", type=int, help="epochs per trial (default: the paper's)")
