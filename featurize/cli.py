@@ -228,10 +228,11 @@ def _cmd_featurize(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         progress=not args.quiet,
     )
+    options = _dataset_options(args.dataset_options)
+    if args.skip_bad and args.dataset in ("folder", "coco", "cub"):
+        options.setdefault("check_images", False)  # missing images become bad rows
     with distributed_from_env() as ranks:  # under torchrun: one rank of several
-        result = featurize_dataset(
-            args.dataset, args.root, args.out, config, **_dataset_options(args.dataset_options)
-        )
+        result = featurize_dataset(args.dataset, args.root, args.out, config, **options)
     if ranks.rank != 0:
         return 0  # rank 0 reports for the whole run
     add_draws(str(result.store_path), args.seeds)
