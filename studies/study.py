@@ -303,6 +303,20 @@ def preflight(settings: StudySettings, store: Any) -> SearchSpace:
                               or not 0 <= v < math.inf or (key == "lr" and v == 0)):
             raise StudyError(f"--set {key}: a {'positive' if key == 'lr' else 'non-negative'} "
                              f"number; got {v!r}")
+    seeds = store.observed_seeds()
+    if settings.observed_seed not in seeds:
+        raise StudyError(
+            f"--observed-seed {settings.observed_seed}: {settings.store} has no such "
+            f"single-positive draw (it has {', '.join(map(str, seeds))}); add it with 'spml "
+            f"draw {settings.store} --seeds {settings.observed_seed}', or pick one it has")
+    from probe.data import resolve_device
+
+    for device in settings.devices or (settings.device,):
+        try:
+            resolve_device(device)  # "cuda" without a GPU, a typo: refused now
+        except SpmlError as err:
+            flag = "--devices" if settings.devices else "--device"
+            raise StudyError(f"{flag} {device}: {err}") from None
     space = _space(settings, store.dataset)
     n_train = len(store.split("train"))
     training = resolve_training(cls, store.dataset, batch_size=settings.batch_size,

@@ -58,6 +58,8 @@ def _run(cmd: str) -> int:
     (["--epochs", "0"], "--epochs must be a positive integer"),
     (["--batch-size", "100000"], "at most 1547"),
     (["--lr", "-1"], "--lr must be a positive number"),
+    (["--observed-seed", "5"], "spml draw"),
+    (["--device", "tpu"], "--device"),
 ])
 def test_a_refused_study_leaves_out_as_it_was(yeast_store, tmp_path, capsys, bad, says):
     out = tmp_path / "pz"
@@ -266,8 +268,8 @@ def test_each_worker_gets_its_share_of_the_cores(yeast_store, tmp_path, capsys, 
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
             assert w["env"][var] == threads
         assert w["env"]["PATH"] == os.environ["PATH"]  # the rest of the environment is kept
-        assert w["argv"][-4:] == ["--workers", "1", "--storage",
-                                  f"journal:{tmp_path / 'w' / 'study.log'}"]
+        assert w["argv"][-5:] == ["--workers", "1", "--storage",
+                                  f"journal:{tmp_path / 'w' / 'study.log'}", "--as-worker"]
     assert (f"--workers {workers} on {cores} CPU cores" in err) == warns
 
 

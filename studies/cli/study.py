@@ -117,12 +117,9 @@ def _study(args: argparse.Namespace) -> int:
             "1",
             "--storage",
             storage,
+            "--as-worker",
         ]
     summary = run_study(settings, worker_command=command, log=lambda m: print(m, file=sys.stderr))
-    if args.json:
-        from probe.results import write_json_atomic
-
-        write_json_atomic(args.json, summary.to_dict())
     print(
         f"study {summary.name} in {summary.storage}: {summary.n_complete} complete, "
         f"{summary.n_pruned} pruned, {summary.n_failed} failed"
@@ -137,6 +134,8 @@ def _study(args: argparse.Namespace) -> int:
 
         print(f"warning: {summary.n_best_at_last} of {summary.n_complete} completed trials had "
               f"their best val mAP at their last epoch (not converged); {ADVICE}")
+    if args.as_worker:  # one of several: the command that started it sums the study up
+        return 0
     if settings.select == "val":
         _small_val_note(settings.store)
     q = shlex.quote
@@ -356,6 +355,7 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
         "--grace", type=float, default=120.0, help="retry a RUNNING trial silent this long, s (120)"
     )
     p.add_argument("--json", help="write the summary as JSON here")
+    p.add_argument("--as-worker", action="store_true", help=argparse.SUPPRESS)  # --workers N
     p.set_defaults(func=_study)
 
     b = bench.add_parser(
