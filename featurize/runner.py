@@ -756,7 +756,8 @@ def _run_batches(
                 if not config.skip_bad:
                     raise BadImageError(
                         f"{error} (row {row}, image id {ids[row]!r}); fix or remove the file, "
-                        "or pass --skip-bad to store zero features for it (listed in the "
+                        "or pass --skip-bad to store zero features for it and every other "
+                        "unreadable image (all listed at the end of the run and in the "
                         "store's bad_rows). Blocks finished so far are kept: re-running the "
                         "same command resumes"
                     )
