@@ -447,7 +447,10 @@ def _drop_rows(results: Path, name: str) -> None:
     import polars as pl
 
     for f in sorted(results.glob("batch-*.parquet")):
-        studies = pl.read_parquet(f, columns=["study"])["study"].unique().to_list()
+        try:
+            studies = pl.read_parquet(f, columns=["study"])["study"].unique().to_list()
+        except Exception:  # not a results file this version reads: left alone
+            continue
         if studies == [name]:
             f.unlink()
 

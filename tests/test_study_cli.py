@@ -16,7 +16,7 @@ import pytest
 from optuna.trial import TrialState
 
 from studies.cli import main
-from studies.results import read_results
+from studies.results import read_results, write_batch
 
 pytest.importorskip("river", reason="the yeast set ships inside river (extra 'yeast')")
 
@@ -102,7 +102,10 @@ def _failed_start(store: str, out: Path, **changes) -> None:
     settings = StudySettings(store=store, loss="gr", n_trials=3, batch=3, out=str(out),
                              epochs=1, batch_size=64, lr=0.01, **changes)
     study = create_or_join(settings, open_store(store)).study
-    study.tell(study.ask(), state=TrialState.FAIL)
+    trial = study.ask()
+    study.tell(trial, state=TrialState.FAIL)
+    write_batch(out / "results", [{"trial": trial.number, "study": "yeast-gr", "state": "FAIL"}])
+    write_batch(out / "results", [{"trial": 0, "study": "another", "state": "COMPLETE"}])
 
 
 def test_a_study_of_only_failed_trials_is_replaced_by_the_corrected_command(
@@ -116,6 +119,9 @@ def test_a_study_of_only_failed_trials_is_replaced_by_the_corrected_command(
     assert study.user_attrs["spml.fixed"] == {}
     assert all(t.state != TrialState.FAIL for t in study.trials)
     assert len(optuna.get_all_study_names(_storage(out))) == 1
+    rows = read_results(out / "results")  # the failed start's rows went with it; others stay
+    assert "FAIL" not in rows.filter(rows["study"] == "yeast-gr")["state"].to_list()
+    assert rows.filter(rows["study"] == "another").height == 1
 
 
 def test_a_study_with_measured_trials_is_never_replaced(yeast_store, tmp_path, capsys):
