@@ -20,6 +20,7 @@ import functools
 import json
 import math
 import os
+import shlex
 import socket
 import subprocess
 import time
@@ -955,7 +956,7 @@ def open_study_store(path: str) -> Any:
     except StoreNotFoundError:
         raise StudyError(
             f"STORE: no store at {path}; pass a feature store made by 'spml featurize' or "
-            f"'spml import' (e.g. 'spml import yeast {path}')") from None
+            f"'spml import' (e.g. 'spml import yeast --out {shlex.quote(str(path))}')") from None
 
 
 def check_writable(settings: StudySettings) -> None:

@@ -291,6 +291,8 @@ def test_a_missing_store_is_called_missing(tmp_path, capsys):
     assert f"no store at {tmp_path / 'missing.zarr'}" in err
     assert "space" not in err and "file-size" not in err
     assert not (tmp_path / "o").exists()
+    hint = re.search(r"e\.g\. '(spml import [^']+)'", err).group(1)  # runs as printed
+    assert _run(hint) == 0 and (tmp_path / "missing.zarr").is_dir()
 
 
 def test_an_unwritable_out_is_not_blamed_on_the_disk(yeast_store, tmp_path, capsys):

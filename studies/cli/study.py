@@ -143,7 +143,12 @@ def _study(args: argparse.Namespace) -> int:
     storage = f" --storage {q(summary.storage)}" if settings.storage else ""  # else in out
     name = f" --name {q(summary.name)}" if _several_studies(settings) else ""
     print(f"next: spml report {q(summary.out)}{storage}{name} --store {q(settings.store)}")
-    verdict = _verdict(settings, summary) if summary.best_value is not None else None
+    verdict = None
+    if summary.best_value is not None:
+        try:
+            verdict = _verdict(settings, summary)
+        except SpmlError as err:  # e.g. the store moved since: the study itself is done
+            print(f"note: the winner was not tested against the paper values: {err}")
     if verdict is not None:
         from studies.verdict import format_verdict
 
