@@ -368,6 +368,15 @@ def create_or_join(settings: StudySettings, store: Any) -> JoinedStudy:
     spec = settings.storage_spec()
     storage = open_storage(spec)
     name = settings.name or f"{store.dataset}-{settings.loss}"
+    if settings.search_lr is None and "train.lr" in space.distributions and \
+            name in optuna.get_all_study_names(storage):
+        made = optuna.load_study(study_name=name, storage=storage).user_attrs.get("spml.space")
+        if made is not None and "train.lr" not in made:
+            # a study made before the lr was searched by default: the same command continues
+            # it with its fixed lr
+            settings = dataclasses.replace(settings, search_lr=False)
+            space = dataclasses.replace(_space(settings, store.dataset), notes=(
+                f"study '{name}' was made with a fixed lr: continued with it (not searched)",))
     identity = {
         "spml.loss": settings.loss,
         "spml.store": _store_identity(store),

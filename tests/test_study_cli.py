@@ -417,3 +417,24 @@ def test_featurize_lists_every_bad_image(tmp_path, capsys):
     listed = [ln for ln in out.splitlines() if ln.startswith("  ") and "img/" in ln]
     assert len(listed) == 20 and sum(f"  {p}: " in out for p in gone) == 20
     assert "... and 3 more" in out
+
+
+def test_a_study_made_with_a_fixed_lr_continues_with_it(yeast_store, tmp_path, capsys):
+    """A study made before the lr was searched by default (no --lr, a store without a preset)
+    continues with the same command; a new one searches the lr."""
+    out = tmp_path / "old"
+    base = ["study", yeast_store, "--loss", "an_ls", "--trials-at-once", "2", "--epochs", "1",
+            "--batch-size", "64"]
+    assert main([*base, "--trials", "2", "--out", str(out), "--no-search-lr"]) == 0
+    assert main([*base, "--trials", "4", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "made with a fixed lr: continued with it" in err
+    study = optuna.load_study(study_name="yeast-an_ls", storage=_storage(out))
+    assert len([t for t in study.trials if t.state.is_finished()]) >= 4
+    assert all("train.lr" not in t.params for t in study.trials)
+    new = tmp_path / "new"
+    assert main([*base, "--trials", "2", "--out", str(new)]) == 0
+    assert "no paper gives an_ls's learning rate on yeast: train.lr is searched" in \
+        capsys.readouterr().err
+    study = optuna.load_study(study_name="yeast-an_ls", storage=_storage(new))
+    assert "train.lr" in study.user_attrs["spml.space"]
