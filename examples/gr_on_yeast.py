@@ -44,5 +44,5 @@ for loss, trials in (("an", [{}]), ("gr", [{"b_T": -2.0}, {"b_T": -5.0}, {"b_T":
     result = train_probe(data, config, loss, trials)
     for t, trial in enumerate(result.trials):
         settings = ", ".join(f"{k}={v}" for k, v in trials[t].items()) or "defaults"
-        print(f"{loss:>3} ({settings:<9}) best epoch {trial.best_epoch + 1:>2}: "
+        print(f"{loss:>3} ({settings:<9}) best epoch {trial.best_epoch:>2}: "
               f"val mAP {trial.best['val_map']:.2f}, test mAP {trial.best['test_map']:.2f}")

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 DTYPES = ("float16", "float32")  # = probe.store.DTYPES (a test checks they agree)
 TEST_FRACTION = 0.2  # = featurize.imports.DEFAULT_TEST_FRACTION (a test checks they agree)
+BAD_SHOWN = 20  # unreadable images listed after a run (the rest are counted)
 
 _FAMILY_LINES = "".join(
     f"    {f.prefix + ':' + f.syntax:<36} e.g. {f.example}\n"
@@ -71,6 +72,18 @@ several GPUs or machines: run the same command under torchrun, e.g.
   Rank r featurizes blocks r, r+N, … of one store on cuda:<LOCAL_RANK> (the store must be on a
   file system every machine sees); rank 0 marks it complete when all are done, and prints the
   summary. An interrupted run resumes with the same command (any number of ranks).
+
+folder (your own images): --root holds the images and labels.csv (or labels.jsonl; another
+  file with --option annotations=PATH). labels.csv has one row per image, columns
+  path,labels[,split]: path relative to --root (or absolute), the image's labels joined by ';',
+  and optionally split = train or test (then on every row; without it a seeded 20% test split,
+  --option test_fraction=F). A header row naming the columns is optional. For example:
+      path,labels,split
+      img/001.jpg,cat;dog,train
+      img/002.jpg,dog,test
+  labels.jsonl: one {{"path": ..., "labels": [...], "split": ...}} object a line. Classes are
+  the sorted labels seen (or --option classes=FILE, one name a line); a row without labels is
+  an error (--option empty=keep|drop).
 
 resume: an interrupted run is continued by running the same command again (blocks of
   --block-rows rows are the unit); a store made with another backbone, weights or transform is
@@ -254,8 +267,19 @@ def _cmd_backbones(args: argparse.Namespace) -> int:
     return 0
 
 
+def _before_writing(args: argparse.Namespace) -> None:
+    """The checks a featurize/import makes before it writes anything: the draws' seeds parse
+    and ``--out`` can be written (its real cause named: permission, a virtual file system)."""
+    from probe.io import check_writable
+
+    parse_seeds(args.seeds)
+    check_writable(args.out, "--out")
+
+
 def _cmd_featurize(args: argparse.Namespace) -> int:
     from featurize.runner import distributed_from_env, featurize_dataset
+
+    _before_writing(args)
 
     config = _config(
         args,
@@ -265,10 +289,11 @@ def _cmd_featurize(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         progress=not args.quiet,
     )
+    options = _dataset_options(args.dataset_options)
+    if args.skip_bad and args.dataset in ("folder", "coco", "cub"):
+        options.setdefault("check_images", False)  # missing images become bad rows
     with distributed_from_env() as ranks:  # under torchrun: one rank of several
-        result = featurize_dataset(
-            args.dataset, args.root, args.out, config, **_dataset_options(args.dataset_options)
-        )
+        result = featurize_dataset(args.dataset, args.root, args.out, config, **options)
     if ranks.rank != 0:
         return 0  # rank 0 reports for the whole run
     add_draws(str(result.store_path), args.seeds)
@@ -276,7 +301,7 @@ def _cmd_featurize(args: argparse.Namespace) -> int:
         **{k: v for k, v in dataclasses.asdict(result).items() if k != "bad_rows"},
         "store_path": str(result.store_path),
         "n_bad_rows": len(result.bad_rows),
-        "bad_rows": result.bad_rows[:20],
+        "bad_rows": result.bad_rows[:BAD_SHOWN],
     }
     if args.json:
         from probe.results import versioned
@@ -290,10 +315,13 @@ def _cmd_featurize(args: argparse.Namespace) -> int:
             f"{result.images_per_s:.1f} images/s. 'spml info {result.store_path}' shows more."
         )
         if result.bad_rows:
-            print(
-                f"{len(result.bad_rows)} unreadable images got zero features (store attribute "
-                f"bad_rows), e.g. {result.bad_rows[0]['path']}: {result.bad_rows[0]['error']}"
-            )
+            print(f"{len(result.bad_rows)} unreadable images got zero features (store "
+                  "attribute bad_rows):")
+            for row in result.bad_rows[:BAD_SHOWN]:
+                print(f"  {row['path']}: {row['error']}")
+            if len(result.bad_rows) > BAD_SHOWN:
+                print(f"  ... and {len(result.bad_rows) - BAD_SHOWN} more ('spml info "
+                      f"{result.store_path}' lists them all)")
     if args.weights == RANDOM:
         print(
             f"WARNING: random weights (seed {args.weights_seed}) -- these features are NOT "
@@ -468,6 +496,8 @@ def _report(store: Store, seeds_text: str) -> None:
 def _cmd_import_cole(args: argparse.Namespace) -> int:
     from featurize import imports
 
+    _before_writing(args)
+
     store = imports.import_cole(
         args.dir,
         args.dataset,
@@ -484,6 +514,8 @@ def _cmd_import_cole(args: argparse.Namespace) -> int:
 
 def _cmd_import_arrays(args: argparse.Namespace) -> int:
     from featurize import imports
+
+    _before_writing(args)
 
     store = imports.import_array_files(
         args.out,
@@ -504,6 +536,8 @@ def _cmd_import_arrays(args: argparse.Namespace) -> int:
 
 def _cmd_import_yeast(args: argparse.Namespace) -> int:
     from featurize import imports
+
+    _before_writing(args)
 
     store = imports.import_yeast(
         args.out,

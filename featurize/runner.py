@@ -281,11 +281,12 @@ def featurize(
     if not config.skip_bad:
         missing = [p for p in paths if not os.path.isfile(p)]  # os.path: fast for 100k files
         if missing:
+            shown = "".join(f"\n  {p}" for p in missing[:20]) + (
+                f"\n  ... and {len(missing) - 20} more" if len(missing) > 20 else "")
             raise MissingPathError(
                 f"{len(missing)} of {len(paths)} image files of dataset '{index.name}' are "
-                f"missing, e.g. {', '.join(str(p) for p in missing[:3])}; restore them, or "
-                "pass --skip-bad to store zero features for them (listed in the store's "
-                "bad_rows)"
+                "missing; restore them, or pass --skip-bad to store zero features for them "
+                f"(listed in the store's bad_rows):{shown}"
             )
     run = {"device": str(rt.device), "batch_size": rt.batch_size, "tool": "spml featurize"}
     if ranks.distributed:
@@ -456,7 +457,8 @@ def _run_batches(
                 if not config.skip_bad:
                     raise BadImageError(
                         f"{error} (row {row}, image id {ids[row]!r}); fix or remove the file, "
-                        "or pass --skip-bad to store zero features for it (listed in the "
+                        "or pass --skip-bad to store zero features for it and every other "
+                        "unreadable image (all listed at the end of the run and in the "
                         "store's bad_rows). Blocks finished so far are kept: re-running the "
                         "same command resumes"
                     )

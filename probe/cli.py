@@ -226,6 +226,11 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     if args.intervals < 0:
         raise SpmlError(f"--intervals must be >= 0 (bootstrap resamples; 0 = none); got "
                          f"{args.intervals}")
+    from .io import check_writable
+
+    for flag, path in (("--json", args.json), ("--save-head", args.save_head)):
+        if path:  # refused now, not after the training
+            check_writable(path, flag)
     config.validate()
     if args.eval_head:
         head, meta = load_head(args.eval_head, trial=args.head_trial)

@@ -15,10 +15,13 @@ from .store.protocol import PROTOCOL_SEED
 
 __all__ = [
     "DEVICE_HELP",
+    "DeprecatedAlias",
+    "Parser",
     "add_device_argument",
     "add_observed_seed_argument",
     "add_priors_argument",
     "add_seeds_argument",
+    "add_trials_at_once_argument",
     "parse_assignments",
     "parse_floats",
     "parse_ints",
@@ -35,6 +38,33 @@ SEEDS_HELP = (
     "docs/protocol.md step 2 re-run with each seed gives other draws for multi-seed "
     "confirmation)"
 )
+
+
+class Parser(argparse.ArgumentParser):
+    """Every ``spml`` parser: an option is taken only as spelled, never by a prefix
+    (``allow_abbrev=False``: ``probe --batch`` is an error, not ``--batch-size``). Sub-parsers
+    made by ``add_subparsers().add_parser`` are of this class too (argparse makes them of the
+    parent's class)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+
+class DeprecatedAlias(argparse.Action):
+    """An old option name kept for a release: it stores into the new option's ``dest`` and
+    warns on stderr, naming the new spelling (``new="--trials-at-once"``)."""
+
+    def __init__(self, option_strings, dest, new: str = "", **kwargs) -> None:
+        self.new = new
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        import sys
+
+        print(f"{parser.prog}: warning: {option_string} is deprecated; use {self.new} "
+              "(same meaning)", file=sys.stderr)
+        setattr(namespace, self.dest, values)
 
 
 def wrap(*paragraphs: str) -> str:
@@ -179,3 +209,15 @@ def add_seeds_argument(parser: argparse.ArgumentParser) -> None:
     """``--seeds``: the single-positive draws a new store gets."""
     parser.add_argument("--seeds", default=str(PROTOCOL_SEED), metavar="S1,S2,...",
                         help=SEEDS_HELP)
+
+
+def add_trials_at_once_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+                                default: int, what: str = "trials asked at once and trained "
+                                "stacked as one model") -> None:
+    """``--trials-at-once N`` (dest ``batch``), and ``--batch`` as its deprecated alias: a
+    study's trials trained together, not the rows of a training step (``--batch-size``)."""
+    parser.add_argument("--trials-at-once", dest="batch", type=int, default=default,
+                        metavar="N", help=f"{what} (default {default}); not --batch-size, the "
+                        "rows of one training step")
+    parser.add_argument("--batch", dest="batch", type=int, action=DeprecatedAlias,
+                        new="--trials-at-once", default=argparse.SUPPRESS, help=argparse.SUPPRESS)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["atomic_write", "atomic_write_text", "current_umask"]
+__all__ = ["atomic_write", "atomic_write_text", "check_writable", "current_umask"]
 
 
 def current_umask() -> int:
@@ -57,3 +57,31 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """:func:`atomic_write` of UTF-8 text."""
     return atomic_write(path, lambda fh: fh.write(text.encode("utf-8")))
+
+
+_VIRTUAL = ("/proc", "/sys")  # report write permission to root, yet take no new file
+
+
+def check_writable(path: str | os.PathLike, flag: str) -> None:
+    """Refuse, before anything is written, a ``path`` (a file or folder to be made or
+    rewritten) whose nearest existing folder cannot take it: a file where a folder must be,
+    no write permission, a virtual file system. The :class:`probe.errors.SpmlError` names
+    ``flag``, the path and the real cause, never a full disk."""
+    from probe.errors import SpmlError
+
+    target = Path(path).expanduser()
+    folder = target if target.is_dir() else target.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise SpmlError(f"{flag} {path}: {folder} is a file, not a folder; pass a path in a "
+                        "folder (missing folders are created)")
+    resolved = folder.resolve()
+    if any(resolved == Path(v) or Path(v) in resolved.parents for v in _VIRTUAL):
+        raise SpmlError(f"{flag} {path}: cannot write there: {resolved} is on a virtual file "
+                        "system (/proc, /sys) where no file can be made; pass a folder on a "
+                        "disk")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise SpmlError(f"{flag} {path}: cannot write there: {folder} is not writable by this "
+                        "user (permission denied); pass a folder you can write to, or change "
+                        "its permissions")

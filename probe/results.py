@@ -246,10 +246,16 @@ def load_head(path: str | Path, trial: int = 0) -> tuple[nn.Linear, dict[str, An
     path = Path(path)
     if not path.is_file():
         raise MissingPathError(f"head file {path} does not exist")
+    save = "save heads with 'spml probe STORE --loss LOSS --save-head PATH.pt'"
+    kind = _file_kind(path)
+    if kind is not None:  # say what it is, not what torch's unpickler made of it
+        raise ProbeConfigError(f"{path} is {kind}, not an spml-probe head file; {save}")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # torch raises several types for a foreign or corrupt file
-        raise ProbeConfigError(f"{path} is not a readable spml-probe head file: {err}") from None
+    except Exception:  # torch raises several types for a foreign or corrupt file
+        raise ProbeConfigError(
+            f"{path} is not an spml-probe head file (torch cannot read it as one: another "
+            f"program's file, or a damaged head); {save}") from None
     if not isinstance(payload, dict) or payload.get("format") != _HEAD_FORMAT:
         raise ProbeConfigError(
             f"{path} is not an spml-probe head file (format {_HEAD_FORMAT!r}); save heads with "
@@ -265,6 +271,32 @@ def load_head(path: str | Path, trial: int = 0) -> tuple[nn.Linear, dict[str, An
     meta = {k: v for k, v in payload.items() if k not in ("weight", "bias")}
     return lin, meta
 
+
+
+def _file_kind(path: Path) -> str | None:
+    """What a file that cannot be a head (a zip or pickle written by ``torch.save``) is, in
+    words: a probe results JSON, another JSON, a text/CSV file; None when it may be a head."""
+    with open(path, "rb") as f:
+        start = f.read(4096)
+    if start[:2] == b"PK" or start[:1] == b"\x80":
+        return None  # torch.save's zip, or a legacy pickle
+    text = start.lstrip()
+    if text[:1] in (b"{", b"["):
+        try:
+            record = json.loads(path.read_text())
+        except (ValueError, UnicodeDecodeError):
+            return "a JSON file"
+        if isinstance(record, dict) and "trials" in record:
+            return ("the results JSON of a probe run ('spml probe --json'), which holds "
+                    "metrics but no weights; re-run that probe with --save-head PATH.pt")
+        return "a JSON file"
+    try:
+        line = start.decode("utf-8").splitlines()[0] if start else ""
+    except UnicodeDecodeError:
+        return None
+    if not start:
+        return "an empty file"
+    return "a CSV file" if "," in line else "a text file"
 
 
 def environment_info(device: torch.device) -> dict[str, Any]:

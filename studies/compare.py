@@ -28,10 +28,13 @@ __all__ = [
     "check_comparable",
     "compare_heads",
     "compare_scores",
+    "compare_systems",
     "format_comparison",
     "load_systems",
     "plot",
+    "split_study_spec",
     "study_systems",
+    "systems_of_study",
 ]
 
 
@@ -141,20 +144,40 @@ def load_systems(specs: Sequence[str]) -> list[System]:
     return systems
 
 
+def split_study_spec(spec: str) -> tuple[str, str | None]:
+    """``DIR`` or ``DIR:NAME`` (a study folder and the name of one study in it)."""
+    path, sep, name = spec.rpartition(":")
+    if sep and path and name and not name.isdigit() and Path(path).is_dir() \
+            and not Path(spec).exists():
+        return path, name
+    return spec, None
+
+
 def study_systems(study_dir: str | Path, *, top: int = 3, device: str = "cpu",
-                  store: str | None = None) -> list[System]:
+                  store: str | None = None, name: str | None = None) -> list[System]:
     """A study's winners as systems: its ``top`` trials by val mAP and the paper point,
     re-trained on its store with their own settings, the study's training seed and draw (what
-    the study measured; the report's 'Intervals and comparison' does the same)."""
+    the study measured; the report's 'Intervals and comparison' does the same). ``name``: the
+    study, where the folder's storage holds several."""
+    from .confirm import load_study
+    from .storage import find_storage
+
+    storage = find_storage(study_dir)
+    study = load_study(storage, name, flag=f"STUDY_DIR {study_dir}")
+    return systems_of_study(study, str(study_dir), top=top, device=device, store=store)
+
+
+def systems_of_study(study: Any, where: str, *, top: int = 3, device: str = "cpu",
+                     store: str | None = None) -> list[System]:
+    """:func:`study_systems` for an opened Optuna study (``where`` labels its folder)."""
     from optuna.trial import TrialState
 
     from probe.data import ProbeData
     from probe.train import train_probe
 
-    from .confirm import load_study, trained_settings, trial_setup
-    from .storage import find_storage
+    from .confirm import trained_settings, trial_setup
 
-    study = load_study(find_storage(study_dir), None)
+    study_dir = where
     loss = study.user_attrs.get("spml.loss")
     settings = trained_settings(study)
     where = store or settings.get("store")
@@ -229,20 +252,35 @@ def compare_scores(labels: Sequence[str], scores: Any, targets: Any, *, n_resamp
 
 def compare_heads(specs: Sequence[str], *, store: str | None = None,
                   labels: Sequence[str] | None = None, n_resamples: int = 1000, seed: int = 0,
-                  level: float = 0.95, device: str = "cpu") -> Comparison:
+                  level: float = 0.95, device: str = "cpu", name: str | None = None
+                  ) -> Comparison:
     """Load heads, check they are comparable, score them on the store's test split (the store
-    they record, or ``store``) and compare them."""
+    they record, or ``store``) and compare them. A study folder (``DIR``, or ``DIR:NAME`` for
+    one of several studies in it; ``name`` for every folder) stands for its winners."""
+    systems: list[System] = []
+    for spec in specs:  # a study folder gives its winners, a file its heads
+        folder, study_name = split_study_spec(spec)
+        if Path(folder).is_dir():
+            systems += study_systems(folder, device=device, store=store,
+                                     name=study_name or name)
+        else:
+            systems += load_systems([spec])
+    return compare_systems(systems, store=store, labels=labels, n_resamples=n_resamples,
+                           seed=seed, level=level, device=device)
+
+
+def compare_systems(systems: list[System], *, store: str | None = None,
+                    labels: Sequence[str] | None = None, n_resamples: int = 1000,
+                    seed: int = 0, level: float = 0.95, device: str = "cpu",
+                    allow_one: bool = False) -> Comparison:
+    """Check ``systems`` are comparable, score them on the store's test split and compare
+    them (:func:`compare_heads` after loading); ``allow_one``: one system gets its interval
+    and no pair."""
     import torch
 
     from probe.data import ProbeData
     from probe.evaluate import stacked_logits
 
-    systems: list[System] = []
-    for spec in specs:  # a study folder gives its winners, a file its heads
-        if Path(spec).is_dir():
-            systems += study_systems(spec, device=device, store=store)
-        else:
-            systems += load_systems([spec])
     if labels:
         if len(labels) != len(systems):
             raise CompareError(
@@ -250,7 +288,8 @@ def compare_heads(specs: Sequence[str], *, store: str | None = None,
                 "head (a file with T trials counts T, a study folder its re-trained trials)")
         for s, lab in zip(systems, labels):
             s.label = lab
-    check_comparable(systems)
+    if not (allow_one and len(systems) == 1):
+        check_comparable(systems)
     where = store or systems[0].data.get("path")
     if not where:
         raise CompareError("--store: the heads do not record their store; pass --store PATH")

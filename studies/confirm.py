@@ -82,9 +82,11 @@ def default_out(storage: str) -> Path:
     return Path(spec.target).expanduser().parent
 
 
-def load_study(storage: str, name: str | None, flag: str = "--storage") -> optuna.Study:
+def load_study(storage: str, name: str | None, flag: str = "--storage",
+               name_flag: str = "--name") -> optuna.Study:
     """Open an existing study (the only one in the storage when ``name`` is None). A file
-    storage that does not exist is refused (naming ``flag``), never created."""
+    storage that does not exist is refused (naming ``flag``), never created; a storage of
+    several studies asks for one by ``name_flag``."""
     _, opened = open_existing_storage(storage, flag)
     names = [s.study_name for s in optuna.get_all_study_summaries(opened, include_best_trial=False)]
     if not names:
@@ -93,13 +95,13 @@ def load_study(storage: str, name: str | None, flag: str = "--storage") -> optun
     if name is None:
         if len(names) != 1:
             raise StudyError(
-                f"--name: the storage {storage} holds {len(names)} studies "
-                f"({', '.join(names) or 'none'}); name one"
+                f"{name_flag}: the storage {storage} holds {len(names)} studies "
+                f"({', '.join(names) or 'none'}); name one, e.g. {name_flag} {names[0]}"
             )
         name = names[0]
     if name not in names:
         raise StudyError(
-            f"--name: no study '{name}' in {storage} (studies: {', '.join(names) or 'none'})"
+            f"{name_flag}: no study '{name}' in {storage} (studies: {', '.join(names) or 'none'})"
         )
     return optuna.load_study(study_name=name, storage=opened)
 

@@ -98,6 +98,30 @@ def _compare_rows(table: list[dict], cfg: DemoConfig, log: Callable[[str], None]
     log(format_comparison(cmp))
 
 
+def _study_verdict(study_dir: Path, store: Path, table: list[dict], settings: Any,
+                   cfg: DemoConfig) -> Any:
+    """The study's winner and the paper values on test beside the AN head of step 2, with
+    the commands that settle it (:mod:`studies.verdict`)."""
+    import optuna
+
+    from probe.data import resolve_device
+
+    from .compare import load_systems
+    from .storage import open_storage
+    from .verdict import settle_commands, study_verdict
+
+    study = optuna.load_study(study_name=settings.name,
+                              storage=open_storage(settings.storage_spec()))
+    an = next(r for r in table if r["method"] == "an")
+    ref = load_systems([an["head"]])
+    ref[0].label = "an (step 2)"
+    return study_verdict(study, str(store), device=str(resolve_device(cfg.device)),
+                         references=ref, reference_val=[an["val_map"]],
+                         commands=settle_commands(str(study_dir),
+                                                  str(settings.storage_spec().display),
+                                                  str(store)))
+
+
 def make_digit_grids(root: Path, n: int, seed: int = 0) -> Path:
     """Write ``n`` 2×2 grids of scikit-learn's handwritten digits as PNGs (32×32 → upscaled by
     the featurizer) with a CSV ``path,labels`` of the digits each grid shows; returns the CSV."""
@@ -166,6 +190,7 @@ def run_demo(config: DemoConfig | None = None, *, log: Callable[[str], None] = p
 
     from .report import build_report
     from .study import StudySettings, run_study
+    from .verdict import format_verdict
 
     cfg = config or DemoConfig()
     start = time.perf_counter()
@@ -196,8 +221,12 @@ def run_demo(config: DemoConfig | None = None, *, log: Callable[[str], None] = p
         seed=cfg.seed, train_seed=cfg.seed, device=cfg.device, name="demo-gr",
     )
     summary = run_study(settings, log=lambda m: log("  " + m))
-    log(f"  best val mAP {summary.best_value:.2f} (the paper's values: {summary.paper_value:.2f})"
-        f"; {summary.n_complete} complete, {summary.n_pruned} pruned")
+    log(f"  {summary.n_complete} complete, {summary.n_pruned} pruned; best val mAP "
+        f"{summary.best_value:.2f} in trial {summary.best_trial} (the paper's values: "
+        f"{summary.paper_value:.2f} on val)")
+    verdict = _study_verdict(study_dir, store, table, settings, cfg)
+    for line in format_verdict(verdict):
+        log("  " + line)
 
     images = {}
     if cfg.images:

@@ -44,6 +44,7 @@ class SearchSpace:
     loss: str
     distributions: dict[str, BaseDistribution]
     defaults: dict[str, Any] = field(default_factory=dict)  # the paper point, same names
+    notes: tuple[str, ...] = ()  # what the command changed about the space (log lines)
 
     def split(self, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """``{"gr.w_T": 5, "train.lr": 1e-4}`` → ``({"w_T": 5}, {"lr": 1e-4})``."""

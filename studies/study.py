@@ -15,10 +15,12 @@ atomically. Only Optuna's public API is used: the storage object this module ope
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import math
 import os
+import shlex
 import socket
 import subprocess
 import time
@@ -33,6 +35,7 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
 from probe.convergence import best_is_last, count_best_is_last
+from probe.errors import SpmlError
 from probe.selection import Selection, SelectionError, mean_over_replicates
 from probe.store.protocol import PROTOCOL_SEED
 
@@ -84,7 +87,8 @@ class StudySettings:
     space: dict[str, BaseDistribution] = field(default_factory=dict)  # --space overrides
     params: tuple[str, ...] | None = None  # search only these loss hparams
     grid: dict[str, tuple[float, ...]] = field(default_factory=dict)  # grid sampler values
-    search_lr: bool = False  # lr is a training setting; searched only on request
+    search_lr: bool | None = None  # None: searched where no paper gives the store's lr
+    # (no preset for its dataset and no --lr: lr_unknown); True / False: always / never
     batch_sizes: tuple[int, ...] = ()  # categorical batch-size search (groups train apart)
     epochs_choices: tuple[int, ...] = ()  # categorical epochs search
     epochs: int | None = None  # None: the loss's paper preset for the dataset
@@ -122,6 +126,19 @@ class StudySettings:
                 raise StudyError(
                     f"--{name.replace('_', '-')} must be a positive integer; got {v!r}"
                 )
+        for flag, v in (("--epochs", self.epochs), ("--batch-size", self.batch_size)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise StudyError(f"{flag} must be a positive integer (or left out for the "
+                                 f"loss's preset); got {v!r}")
+        if self.lr is not None and not (isinstance(self.lr, int | float)
+                                        and 0 < self.lr < math.inf):
+            raise StudyError(f"--lr must be a positive number; got {self.lr!r}")
+        for flag, values in (("--epochs-choices", self.epochs_choices),
+                             ("--batch-sizes", self.batch_sizes)):
+            bad = [v for v in values if isinstance(v, bool) or not isinstance(v, int) or v < 1]
+            if bad:
+                raise StudyError(f"{flag} must be positive integers; got {bad[0]!r} in "
+                                 f"{','.join(map(str, values))}")
         if self.sampler == "grid" and not self.grid:
             raise StudyError("--sampler grid needs the grid: --grid gr.b_T=-8,-4,-2 (repeatable)")
         if self.grid and self.sampler != "grid":
@@ -232,16 +249,112 @@ def _space(settings: StudySettings, dataset: str) -> SearchSpace:
         overrides = {k: CategoricalDistribution(tuple(v)) for k, v in settings.grid.items()}
         space = build_space(settings.loss, dataset, overrides=overrides, only=())
         return SearchSpace(space.loss, overrides if overrides else space.distributions, {})
-    return build_space(
+    space = build_space(
         settings.loss,
         dataset,
-        search_lr=settings.search_lr,
+        search_lr=searches_lr(settings, dataset),
         batch_sizes=settings.batch_sizes,
         epochs=settings.epochs_choices,
         overrides=settings.space,
         only=settings.params,
         fixed=settings.fixed,
     )
+    from probe.config import GENERIC_TRAINING
+
+    if settings.search_lr is None and searches_lr(settings, dataset):
+        space = dataclasses.replace(space, notes=(
+            f"no paper gives {settings.loss}'s learning rate on {dataset}: train.lr is "
+            f"searched (log-uniform 1e-5..1e-1; the first trial keeps the generic "
+            f"{GENERIC_TRAINING['lr']:g}); "
+            "--lr or --no-search-lr fixes it (docs/selection.md)",))
+    # --set on a searched parameter fixes it: the search narrows to the others
+    held = [f"{settings.loss}.{n}" for n in settings.fixed
+            if f"{settings.loss}.{n}" in space.distributions]
+    if not held:
+        return space
+    dists = {k: d for k, d in space.distributions.items() if k not in held}
+    if not dists:
+        raise StudyError(
+            f"--set {', '.join(n.split('.', 1)[1] for n in held)}: fixes every searched "
+            "parameter, so nothing is left to search; drop one from --set, or search others "
+            "(--params, --space, --search-lr)")
+    fixed = ",".join(f"{n.split('.', 1)[1]}={settings.fixed[n.split('.', 1)[1]]}"
+                     for n in held)
+    note = (f"--set {fixed}: held fixed instead of searched; the search narrows to "
+            f"{', '.join(dists)}")
+    return SearchSpace(space.loss, dists,
+                       {k: v for k, v in space.defaults.items() if k in dists},
+                       (*space.notes, note))
+
+
+def preflight(settings: StudySettings, store: Any) -> SearchSpace:
+    """Check every input of a study against its store before anything is written: the
+    settings, the loss and its fixed hyperparameters (names and values), the search space,
+    epochs and batch size against the train split. Returns the search space. A command refused
+    here leaves ``--out`` and the storage as they were."""
+    from probe.config import TRAINER_KEYS, resolve_training
+    from probe.losses import get_loss_class
+    from probe.losses._base import check_hparams
+
+    settings.validate()
+    cls = get_loss_class(settings.loss)  # an unknown loss names the closest one
+    preset = cls.presets.get(store.dataset, {})
+    loss_fixed = {k: v for k, v in settings.fixed.items() if k not in TRAINER_KEYS}
+    try:
+        check_hparams(cls.hparam_specs, {**preset, **loss_fixed}, cls.name)
+    except SpmlError as err:
+        raise StudyError(f"--set: {err}") from None
+    for key in TRAINER_KEYS:
+        v = settings.fixed.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)
+                              or not 0 <= v < math.inf or (key == "lr" and v == 0)):
+            raise StudyError(f"--set {key}: a {'positive' if key == 'lr' else 'non-negative'} "
+                             f"number; got {v!r}")
+    seeds = store.observed_seeds()
+    if settings.observed_seed not in seeds:
+        raise StudyError(
+            f"--observed-seed {settings.observed_seed}: {settings.store} has no such "
+            f"single-positive draw (it has {', '.join(map(str, seeds))}); add it with 'spml "
+            f"draw {settings.store} --seeds {settings.observed_seed}', or pick one it has")
+    from probe.data import resolve_device
+
+    for device in settings.devices or (settings.device,):
+        try:
+            resolve_device(device)  # "cuda" without a GPU, a typo: refused now
+        except SpmlError as err:
+            flag = "--devices" if settings.devices else "--device"
+            raise StudyError(f"{flag} {device}: {err}") from None
+    space = _space(settings, store.dataset)
+    n_train = len(store.split("train"))
+    training = resolve_training(cls, store.dataset, batch_size=settings.batch_size,
+                                lr=settings.lr, epochs=settings.epochs)
+    sizes = [("--batch-size", training.batch_size)] if "train.batch_size" not in \
+        space.distributions else [("--batch-sizes", b) for b in settings.batch_sizes]
+    for flag, size in sizes:
+        if size > n_train:
+            source = training.sources["batch_size"] if flag == "--batch-size" else "searched"
+            raise StudyError(
+                f"{flag}: batch size {size} ({source}) is larger than the train split of "
+                f"{settings.store} ({n_train} rows); use a batch size of at most {n_train}")
+    return space
+
+
+def lr_unknown(loss: str, dataset: str) -> bool:
+    """No paper gives the learning rate of ``loss`` on ``dataset`` (no training preset), so
+    the generic setting's lr (Cole et al.'s pick for ResNet-50 features of the four
+    benchmarks) is a guess for these features: docs/selection.md "Stores without a preset"."""
+    from probe.losses import get_loss_class
+
+    return "lr" not in get_loss_class(loss).train_presets.get(dataset, {})
+
+
+def searches_lr(settings: StudySettings, dataset: str) -> bool:
+    """Whether the study searches ``train.lr``: as asked (``--search-lr`` / ``--no-search-lr``),
+    else where the lr is unknown and not given (:func:`lr_unknown`; not with --sampler grid)."""
+    if settings.search_lr is not None:
+        return settings.search_lr
+    return (settings.lr is None and settings.sampler != "grid" and "lr" not in settings.fixed
+            and lr_unknown(settings.loss, dataset))
 
 
 class JoinedStudy(NamedTuple):
@@ -257,14 +370,19 @@ class JoinedStudy(NamedTuple):
 def create_or_join(settings: StudySettings, store: Any) -> JoinedStudy:
     """Create the study (enqueueing the paper point) or join an existing one with the same loss,
     store and space; refuse, saying why, when they differ."""
-    settings.validate()
-    space = _space(settings, store.dataset)
-    for name in settings.fixed:
-        if f"{settings.loss}.{name}" in space.distributions:
-            raise StudyError(f"--set {name}: it is also searched; drop it from --set or --params")
+    space = preflight(settings, store)
     spec = settings.storage_spec()
     storage = open_storage(spec)
     name = settings.name or f"{store.dataset}-{settings.loss}"
+    if settings.search_lr is None and "train.lr" in space.distributions and \
+            name in optuna.get_all_study_names(storage):
+        made = optuna.load_study(study_name=name, storage=storage).user_attrs.get("spml.space")
+        if made is not None and "train.lr" not in made:
+            # a study made before the lr was searched by default: the same command continues
+            # it with its fixed lr
+            settings = dataclasses.replace(settings, search_lr=False)
+            space = dataclasses.replace(_space(settings, store.dataset), notes=(
+                f"study '{name}' was made with a fixed lr: continued with it (not searched)",))
     identity = {
         "spml.loss": settings.loss,
         "spml.store": _store_identity(store),
@@ -286,6 +404,17 @@ def create_or_join(settings: StudySettings, store: Any) -> JoinedStudy:
     except optuna.exceptions.DuplicatedStudyError:
         study = optuna.load_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner)
         created = False
+        if _nothing_measured(study) and _identity_differs(study, identity):
+            # a start that failed before measuring anything is not a study to protect: the
+            # corrected command replaces it (and its failed trials' rows)
+            optuna.delete_study(study_name=name, storage=storage)
+            _drop_rows(Path(settings.out) / "results", name)
+            study = optuna.create_study(storage=storage, study_name=name, direction="maximize",
+                                        sampler=sampler, pruner=pruner)
+            created = True
+            space = dataclasses.replace(space, notes=(*space.notes, (
+                f"study '{name}' in {spec.display} held only failed trials, made with other "
+                "settings; replaced by this command's study")))
     if created:
         for key, value in identity.items():
             study.set_user_attr(key, value)
@@ -313,6 +442,33 @@ def create_or_join(settings: StudySettings, store: Any) -> JoinedStudy:
         _check_training(attrs, identity["spml.training"], store.dataset, space, name,
                         spec.display)
     return JoinedStudy(study, space, TrialStorage(storage, name))
+
+
+def _nothing_measured(study: optuna.Study) -> bool:
+    """No trial of the study completed, was pruned or is running: at most failed trials and
+    the enqueued paper point are there (a start that failed)."""
+    return all(t.state in (TrialState.FAIL, TrialState.WAITING)
+               for t in study.get_trials(deepcopy=False))
+
+
+def _identity_differs(study: optuna.Study, identity: dict[str, Any]) -> bool:
+    attrs = study.user_attrs
+    return any(attrs.get(k) != identity[k] for k in (*_IDENTITY_KEYS, "spml.training")
+               if k in attrs)
+
+
+def _drop_rows(results: Path, name: str) -> None:
+    """Delete the result files that hold only rows of study ``name`` (one file is one batch
+    of one study)."""
+    import polars as pl
+
+    for f in sorted(results.glob("batch-*.parquet")):
+        try:
+            studies = pl.read_parquet(f, columns=["study"])["study"].unique().to_list()
+        except Exception:  # not a results file this version reads: left alone
+            continue
+        if studies == [name]:
+            f.unlink()
 
 
 # what a trial's result depends on that is not searched, in the order they are reported
@@ -552,14 +708,17 @@ def run_worker(
     those instead when the display is off: ``SPML_PROGRESS=off``)."""
     from probe.data import resolve_device
     from probe.selection import selection_data
-    from probe.store import open_store
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    store = open_store(settings.store)
+    store = open_study_store(settings.store)
     study, space, storage = create_or_join(settings, store)
     results_dir = Path(settings.out) / "results"
     fixed_dists = dict(space.distributions)
     with _study_progress(study, settings) as bar:
+        for note in space.notes:
+            bar.write(note)
+            if log is not None and bar.mode == "off":
+                log(note)
         selection = Selection.parse(settings.select)
         bar.write(f"loading the features of {settings.store} ({store.n_rows} rows)"
                   + (f"; --select {selection}: {selection.replicates} replicates, each trial "
@@ -710,7 +869,7 @@ def _write_errors(settings: StudySettings) -> Iterator[None]:
     temporary file renamed into place, so what was written before stays intact."""
     try:
         yield
-    except StudyError:
+    except SpmlError:  # the user's input (a missing store is also a FileNotFoundError)
         raise
     except Exception as err:
         chain, e = [], err  # Optuna wraps the driver's error (StorageInternalError)
@@ -743,16 +902,26 @@ def run_study(
     running ``worker_command`` (the same ``spml study`` command with ``--workers 1``); with
     ``devices``, worker ``i`` gets ``--devices devices[i]`` (one worker per GPU)."""
     settings.validate()
+    store = open_study_store(settings.store)
+    preflight(settings, store)  # every input checked before the storage is created
+    check_writable(settings)
     if settings.workers == 1:
         with _write_errors(settings):
             return run_worker(settings, log=log)
     if worker_command is None:
         raise StudyError("several workers need the command that starts one worker")
-    from probe.store import open_store
-
-    create_or_join(settings, open_store(settings.store))  # create once, before the workers race
+    space = create_or_join(settings, store).space  # create once, before the workers race
+    for note in space.notes:
+        if log is not None:
+            log(note)
     per_worker = [["--devices", d] for d in settings.devices] or [[]] * settings.workers
-    procs = [subprocess.Popen([*worker_command, *extra]) for extra in per_worker]
+    cores = available_cores()
+    if settings.workers > cores and log is not None:
+        log(f"warning: --workers {settings.workers} on {cores} CPU cores: the workers share "
+            "the cores, one thread each, and the study takes longer than with "
+            f"--workers {cores}")
+    env = worker_env(settings.workers, cores)
+    procs = [subprocess.Popen([*worker_command, *extra], env=env) for extra in per_worker]
     codes = [p.wait() for p in procs]
     storage = open_storage(settings.storage_spec())
     study = optuna.load_study(study_name=settings.name or _default_name(settings), storage=storage)
@@ -764,6 +933,57 @@ def run_study(
             "run the same command again to finish the study"
         )
     return summary
+
+
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def available_cores() -> int:
+    """The CPU cores this process may run on (its affinity, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def worker_threads(workers: int, cores: int) -> int:
+    """Threads per worker process: the cores shared out, at least one (N workers that each
+    keep torch's full thread count oversubscribe the cores and run slower than one)."""
+    return max(1, cores // max(workers, 1))
+
+
+def worker_env(workers: int, cores: int | None = None,
+               base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a local worker process starts with: ``base`` (this process's) with
+    the thread count of :func:`worker_threads` for torch (OpenMP) and the BLAS libraries."""
+    env = dict(os.environ if base is None else base)
+    n = worker_threads(workers, available_cores() if cores is None else cores)
+    env.update(dict.fromkeys(THREAD_VARS, str(n)))
+    return env
+
+
+def open_study_store(path: str) -> Any:
+    """The study's feature store, opened read-only; a missing path says so (never a write
+    error), naming the flag and how to make one."""
+    from probe.store import StoreNotFoundError, open_store
+
+    try:
+        return open_store(path)
+    except StoreNotFoundError:
+        raise StudyError(
+            f"STORE: no store at {path}; pass a feature store made by 'spml featurize' or "
+            f"'spml import' (e.g. 'spml import yeast --out {shlex.quote(str(path))}')") from None
+
+
+def check_writable(settings: StudySettings) -> None:
+    """Refuse, before anything is written, an ``--out`` (or storage file) that cannot be made
+    or written, naming the real cause (:func:`probe.io.check_writable`)."""
+    from probe.io import check_writable as check
+
+    check(Path(settings.out) / "results", "--out")
+    spec = settings.storage_spec()
+    if spec.kind != "postgresql":
+        check(Path(spec.target), "--storage" if settings.storage else "--out")
 
 
 def _default_name(settings: StudySettings) -> str:

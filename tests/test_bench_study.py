@@ -46,7 +46,7 @@ def test_bench_study_report_and_restores_the_engine(tmp_path):
 def test_bench_study_cli(tmp_path, capsys, storage):
     store = synthetic_store(200, 8, 5, cache_dir=tmp_path, progress=False)
     out = tmp_path / "b.json"
-    assert main(["bench", "study", "--store", str(store), "--trials", "3", "--batch", "3",
+    assert main(["bench", "study", "--store", str(store), "--trials", "3", "--trials-at-once", "3",
                  "--epochs", "2", "--batch-size", "16", "--storage", storage,
                  "--json", str(out)]) == 0
     report = json.loads(out.read_text())

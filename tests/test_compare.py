@@ -90,7 +90,7 @@ def test_a_study_folder_stands_for_its_retrained_winners(yeast_store, tmp_path, 
     the paper's values and the same settings: their difference is exactly 0."""
     train = ["--epochs", "3", "--batch-size", "32", "--lr", "0.01", "--device", "cpu"]
     out = tmp_path / "study"
-    assert main(["study", yeast_store, "--loss", "an_ls", "--trials", "3", "--batch", "3",
+    assert main(["study", yeast_store, "--loss", "an_ls", "--trials", "3", "--trials-at-once", "3",
                  "--out", str(out), *train]) == 0
     head = tmp_path / "defaults.pt"
     assert main(["probe", yeast_store, "--loss", "an_ls", "--quiet", "--intervals", "0",

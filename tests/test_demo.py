@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from studies.cli import main
@@ -30,6 +32,15 @@ def test_demo_runs_end_to_end(tmp_path, capsys):
     # which of the table's differences are real: spml compare on the demo's saved heads
     assert "Differences (paired on the same images" in printed
     assert len(list((out / "heads").glob("*.pt"))) == 5
+    # the study's summary: winner and paper values with test intervals, AN beside them (its
+    # test mAP the table's), what the test says, and the commands that settle it
+    assert "val winner" in printed and "re-trained with the study's settings" in printed
+    an = re.search(r"an \(step 2\)\s+val mAP\s+([\d.]+)\s+test mAP\s+([\d.]+) \[", printed)
+    assert an and float(an.group(1)) == pytest.approx(rows["an"][0], abs=0.006)
+    assert float(an.group(2)) == pytest.approx(rows["an"][1], abs=0.006)
+    assert re.search(r"the (val winner is|paper values won on val)", printed)
+    assert f"    spml compare {out / 'gr-study'}\n" in printed
+    assert "    spml study confirm --storage " in printed
 
 
 @pytest.mark.slow

@@ -237,7 +237,7 @@ def test_study_runs_one_worker_per_device(yeast_store, tmp_path, monkeypatch) ->
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     out = tmp_path / "study"
     fast = ["--epochs", "2", "--batch-size", "32", "--lr", "0.01"]
-    code = main(["study", yeast_store, "--loss", "an_ls", "--trials", "4", "--batch", "2",
+    code = main(["study", yeast_store, "--loss", "an_ls", "--trials", "4", "--trials-at-once", "2",
                  "--devices", "cpu,cpu", "--storage", str(out / "study.log"), "--out", str(out),
                  *fast])  # fmt: skip
     assert code == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import runpy
 from pathlib import Path
 
@@ -16,6 +17,9 @@ def test_example_runs(path, capsys):
     runpy.run_path(str(path), run_name="__main__")
     out = capsys.readouterr().out
     assert "test mAP" in out
+    if path.name == "gr_on_yeast.py":  # best epochs count from 1, up to the 10 trained
+        epochs = [int(e) for e in re.findall(r"best epoch\s+(\d+)", out)]
+        assert len(epochs) == 4 and all(1 <= e <= 10 for e in epochs)
 
 
 def test_readme_setup_commands_are_what_ci_runs():

@@ -348,7 +348,7 @@ def test_skip_bad_records_rows_and_zero_features(tmp_path, folder, resnet18):
     paths[7].unlink()  # missing
     out = tmp_path / "s.zarr"
     # without --skip-bad a missing file is reported before any work: no store is created
-    with pytest.raises(FileNotFoundError, match=rf"1 of 12 image files.*{paths[7].name}"):
+    with pytest.raises(FileNotFoundError, match=rf"(?s)1 of 12 image files.*{paths[7].name}"):
         featurize(index, out, _cfg(), backbone=resnet18)
     assert not out.exists()
     for decode in ("pil", "torchvision"):

@@ -191,7 +191,7 @@ def test_cole_errors(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"names.txt line 2: empty class name"):
         load_cole_formatted(root, "voc", names)
     np.save(root / "formatted_train_images.npy", np.array([object()] * 30, dtype=object))
-    with pytest.raises(ValueError, match=r"formatted_train_images.npy cannot be read as a plain"):
+    with pytest.raises(ValueError, match=r"formatted_train_images.npy holds an object array"):
         load_cole_formatted(root, "voc")
     with pytest.raises(ValueError, match=r"unknown dataset 'imagenet'"):
         load_cole_formatted(root, "imagenet")

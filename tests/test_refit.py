@@ -17,7 +17,7 @@ def test_confirm_refit_trains_the_winner_on_train_plus_val(yeast_store, tmp_path
     import polars as pl
 
     out = tmp_path / "s"
-    assert main(["study", yeast_store, "--loss", "an_ls", "--trials", "2", "--batch", "2",
+    assert main(["study", yeast_store, "--loss", "an_ls", "--trials", "2", "--trials-at-once", "2",
                  "--epochs", "3", "--batch-size", "32", "--lr", "0.01", "--device", "cpu",
                  "--out", str(out)]) == 0
     capsys.readouterr()

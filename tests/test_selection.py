@@ -166,7 +166,7 @@ def test_analyze_selection_writes_its_table(yeast_store, tmp_path, capsys) -> No
 
     out = tmp_path / "sel"
     argv = ["analyze", "selection", yeast_store, "--modes", "val,draws:2", "--study-seeds", "3",
-            "--trials", "2", "--batch", "2", "--eval-seeds", "0", "--epochs", "1",
+            "--trials", "2", "--trials-at-once", "2", "--eval-seeds", "0", "--epochs", "1",
             "--batch-size", "64", "--lr", "0.01", "--out", str(out), "--quiet"]
     assert main(argv) == 0
     printed = capsys.readouterr().out
@@ -188,7 +188,8 @@ def test_analyze_selection_writes_its_table(yeast_store, tmp_path, capsys) -> No
 def test_a_small_val_split_is_pointed_out(yeast_store, tmp_path, capsys) -> None:
     from studies.cli import main
 
-    fast = ["--epochs", "1", "--batch-size", "64", "--lr", "0.01", "--trials", "2", "--batch", "2"]
+    fast = ["--epochs", "1", "--batch-size", "64", "--lr", "0.01", "--trials", "2",
+            "--trials-at-once", "2"]
     assert main(["study", yeast_store, "--loss", "an_ls", *fast, "--out", str(tmp_path / "a")]) == 0
     out = capsys.readouterr().out
     assert "note: the val split has 387 rows" in out and "docs/selection.md" in out

@@ -77,7 +77,7 @@ def test_sqlite_study_then_journal_with_two_workers(yeast, tmp_path):
             "an_ls",
             "--trials",
             "6",
-            "--batch",
+            "--trials-at-once",
             "3",
             "--out",
             str(out),
@@ -100,7 +100,7 @@ def test_sqlite_study_then_journal_with_two_workers(yeast, tmp_path):
             "em",
             "--trials",
             "8",
-            "--batch",
+            "--trials-at-once",
             "2",
             "--workers",
             "2",
@@ -140,7 +140,7 @@ def test_postgresql_study_with_two_workers(yeast, tmp_path):
                 "an_ls",
                 "--trials",
                 "6",
-                "--batch",
+                "--trials-at-once",
                 "2",
                 "--workers",
                 "2",
@@ -171,7 +171,7 @@ def test_killed_worker_trial_is_retried_and_nothing_is_lost(yeast, tmp_path):
         "an_ls",
         "--trials",
         "4",
-        "--batch",
+        "--trials-at-once",
         "1",
         "--storage",
         str(log),
@@ -264,7 +264,7 @@ def test_bad_input_is_one_clear_line(yeast, tmp_path, capsys):
                 "an_ls",
                 "--trials",
                 "1",
-                "--batch",
+                "--trials-at-once",
                 "1",
                 "--storage",
                 str(db),
@@ -314,7 +314,7 @@ def test_confirm_reports_mean_and_std(yeast, tmp_path, capsys):
                 "an_ls",
                 "--trials",
                 "3",
-                "--batch",
+                "--trials-at-once",
                 "3",
                 "--out",
                 str(out),
@@ -417,7 +417,7 @@ def test_interrupted_batch_fails_fast_and_resumes(yeast, tmp_path, monkeypatch):
 
 
 def _study_cmd(yeast, out, loss="an_ls", trials="3", *extra):
-    return ["study", yeast, "--loss", loss, "--trials", trials, "--batch", "3",
+    return ["study", yeast, "--loss", loss, "--trials", trials, "--trials-at-once", "3",
             "--out", str(out), *FAST, *extra]
 
 

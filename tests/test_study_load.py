@@ -191,7 +191,8 @@ def test_study_under_a_file_size_limit_fails_clearly_then_continues(yeast_store,
 
     out, db = tmp_path / "out", tmp_path / "out" / "s.db"
     argv = [sys.executable, "-m", "studies.cli", "study", yeast_store, "--loss", "an_ls",
-            "--trials", "32", "--batch", "4", "--storage", str(db), "--out", str(out), *FAST,
+            "--trials", "32", "--trials-at-once", "4", "--storage", str(db), "--out", str(out),
+            *FAST,
             # a trial left RUNNING when the write failed is retried after 3 s, not 120
             "--heartbeat", "0.5", "--grace", "3"]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]),

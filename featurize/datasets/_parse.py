@@ -135,9 +135,11 @@ def require_images(*groups: ImageGroup) -> None:
     if not missing:
         return
     total = sum(len(paths) for paths, _, _ in groups)
-    shown = "; ".join(f"{path} (listed in {where})" for path, where in missing[:3])
+    shown = "".join(f"\n  {path} (listed in {where})" for path, where in missing[:20])
+    more = f"\n  ... and {len(missing) - 20} more" if len(missing) > 20 else ""
     raise MissingPathError(
-        f"{len(missing)} of {total} image file(s) are missing, e.g. {shown}. Check the dataset "
-        f"root and that the images were extracted there, or pass check_images=False to index "
-        f"the labels without images (no featurizing is possible then)"
+        f"{len(missing)} of {total} image file(s) are missing. Check the dataset root and that "
+        "the images were extracted there; or featurize the others with --skip-bad (the missing "
+        "ones get zero features and are listed in the store's bad_rows), or index the labels "
+        f"alone with check_images=False:{shown}{more}"
     )

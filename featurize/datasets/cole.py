@@ -82,15 +82,28 @@ def load_npy(path: Path, what: str, *, mmap: bool = False) -> np.ndarray:
     path = Path(path)
     if not path.is_file():
         raise MissingPathError(f"{what}: file {path} not found")
+    with open(path, "rb") as f:
+        magic = f.read(6)
+    if magic != b"\x93NUMPY":  # say what it is instead of numpy's pickle advice
+        kind = ("a text/CSV file" if magic and all(32 <= c < 127 or c in (9, 10, 13)
+                                                    for c in magic) else "not a .npy file")
+        raise DatasetFormatError(
+            f"{what}: {path} is {kind}; expected a .npy array written by np.save. Convert "
+            f"a CSV with: python -c \"import numpy as np; np.save('{path.with_suffix('.npy')}', "
+            f"np.loadtxt('{path}', delimiter=','))\"")
     try:
         return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
     except ValueError as err:
+        if "pickle" not in str(err):
+            raise DatasetFormatError(f"{what}: {path} is a damaged .npy file (its header "
+                                     "cannot be read); write it again with np.save") from None
         raise DatasetFormatError(
-            f"{what}: {path} cannot be read as a plain .npy array ({err}); save it with "
-            "np.save from a numeric or string array (not an object array)"
+            f"{what}: {path} holds an object array (Python objects), not plain numbers or "
+            "strings; save it with np.save from a numeric array (e.g. arr.astype(np.float32))"
         ) from None
     except OSError as err:
-        raise DatasetFormatError(f"{what}: {path} is not a readable .npy file ({err})") from None
+        raise DatasetFormatError(f"{what}: {path} is a damaged .npy file ({err}); write it "
+                                 "again with np.save") from None
 
 
 def binary_labels(values: np.ndarray, source: Path | str) -> np.ndarray:

@@ -50,8 +50,8 @@ class SelectionCheck:
         if not self.modes or not self.study_seeds or not self.eval_seeds:
             raise SpmlError("--modes, --study-seeds and --eval-seeds must each name a value")
         if self.trials < 2 or self.batch < 1:
-            raise SpmlError(f"--trials must be >= 2 and --batch >= 1; got {self.trials}, "
-                             f"{self.batch}")
+            raise SpmlError(f"--trials must be >= 2 and --trials-at-once >= 1; got "
+                             f"{self.trials}, {self.batch}")
 
 
 def _test_maps(data: Any, cfg: SelectionCheck, params: list[dict[str, Any]]) -> list[float]:

@@ -55,7 +55,9 @@ COMMAND_MODULES = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from probe.cliargs import Parser
+
+    parser = Parser(
         prog="spml",
         description=(
             "spml-probe: fast linear-probe experiments for single-positive multi-label learning. "

@@ -16,6 +16,7 @@ from probe.cliargs import (
     add_device_argument,
     add_observed_seed_argument,
     add_training_overrides,
+    add_trials_at_once_argument,
     parse_floats,
     parse_names,
 )
@@ -498,7 +499,7 @@ def register_cli(sub: argparse._SubParsersAction,
     p.add_argument("--study-seeds", default="0,1,2,3,4",
                    help="one study per mode and seed (default: 0,1,2,3,4)")
     p.add_argument("--trials", type=int, default=24, help="trials per study (default: 24)")
-    p.add_argument("--batch", type=int, default=8, help="trials trained stacked (default: 8)")
+    add_trials_at_once_argument(p, 8, "trials trained stacked")
     p.add_argument("--eval-seeds", default="0,1,2",
                    help="training seeds of the winner's and the paper's test runs (default: "
                    "0,1,2)")

@@ -15,6 +15,7 @@ examples:
   spml compare runs/gr.pt:0 runs/gr.pt:3 --label "gr paper" --label "gr tuned"
   spml compare spml-demo/heads/*.pt --json cmp.json --figure cmp.png
   spml compare spml-demo/gr-study spml-demo/heads/an.pt   # a study's winners vs a head
+  spml compare studies --name yeast-gr                    # one of several studies in a folder
 
 A study folder stands for its best 3 trials and the paper point, re-trained with their own
 settings, seed and draw. Each head is scored on the test split of the store it was trained on
@@ -34,7 +35,7 @@ def _compare(args: argparse.Namespace) -> int:
         raise SpmlError(f"--level: a coverage in [0.5, 1), e.g. 0.95; got {args.level}")
     cmp = compare_heads(args.heads, store=args.store, labels=args.label,
                         n_resamples=args.resamples, seed=args.seed, level=args.level,
-                        device=args.device)
+                        device=args.device, name=args.name)
     print(format_comparison(cmp))
     if args.json:
         from probe.results import write_json_atomic
@@ -82,8 +83,12 @@ def register_cli(sub: argparse._SubParsersAction,
     )
     p.add_argument("heads", nargs="+", metavar="HEADS",
                    help="head files from 'spml probe --save-head' (PATH: every trial in it; "
-                   "PATH:T: trial T) or study folders ('spml study --out DIR': its best 3 "
-                   "trials and the paper point, re-trained)")
+                   "PATH:T: trial T) or study folders ('spml study --out DIR', or DIR:NAME for "
+                   "one of several studies in it: its best 3 trials and the paper point, "
+                   "re-trained)")
+    p.add_argument("--name", metavar="STUDY",
+                   help="the study to take from each study folder whose storage holds several "
+                   "(one folder: DIR:NAME does the same)")
     p.add_argument("--label", action="append",
                    help="a name per head, in order (repeatable; default: file, trial and loss)")
     p.add_argument("--store", help="the store to test on (default: the one the heads record)")

@@ -64,7 +64,7 @@ def winner_from_study(study: str, name: str | None = None) -> tuple[str, dict, d
     from studies.storage import find_storage
 
     storage = find_storage(study) if Path(study).is_dir() else study
-    record = winner(load_study(storage, name))
+    record = winner(load_study(storage, name, name_flag="--study-name"))
     return record["loss"], record["hparams"], record["train"]
 
 

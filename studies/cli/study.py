@@ -5,16 +5,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
-from probe.cliargs import add_device_argument, add_observed_seed_argument, add_priors_argument
+from probe.cliargs import (
+    add_device_argument,
+    add_observed_seed_argument,
+    add_priors_argument,
+    add_trials_at_once_argument,
+)
 from probe.errors import SpmlError
 from probe.store.protocol import PROTOCOL_SEED
 
 STUDY_EPILOG = """\
 examples:
-  spml study yeast.zarr --loss gr --trials 64 --batch 16
+  spml study yeast.zarr --loss gr --trials 64 --trials-at-once 16
   spml study coco.zarr --loss gr --params w_T,b_T --search-lr --storage study.log --workers 4
   spml study coco.zarr --loss gr --sampler grid --grid gr.b_T=-8,-4,-2 --grid gr.w_T=2,6,10
   spml study coco.zarr --loss opml --storage postgresql://me@db-host:5432/spml   # on each machine
@@ -113,21 +119,16 @@ def _study(args: argparse.Namespace) -> int:
             "1",
             "--storage",
             storage,
+            "--as-worker",
         ]
     summary = run_study(settings, worker_command=command, log=lambda m: print(m, file=sys.stderr))
-    if args.json:
-        from probe.results import write_json_atomic
-
-        write_json_atomic(args.json, summary.to_dict())
     print(
         f"study {summary.name} in {summary.storage}: {summary.n_complete} complete, "
         f"{summary.n_pruned} pruned, {summary.n_failed} failed"
     )
     if summary.best_value is not None:
-        paper = (
-            f" (paper values: {summary.paper_value:.2f})" if summary.paper_value is not None else ""
-        )
-        print(f"best val mAP {summary.best_value:.2f} in trial {summary.best_trial}{paper}")
+        print(f"best val mAP {summary.best_value:.2f} in trial {summary.best_trial}; its "
+              "parameters:")
         for k, v in summary.best_params.items():
             print(f"  {k} = {v:.6g}" if isinstance(v, float) else f"  {k} = {v}")
     if summary.n_best_at_last:
@@ -135,14 +136,60 @@ def _study(args: argparse.Namespace) -> int:
 
         print(f"warning: {summary.n_best_at_last} of {summary.n_complete} completed trials had "
               f"their best val mAP at their last epoch (not converged); {ADVICE}")
+    if args.as_worker:  # one of several: the command that started it sums the study up
+        return 0
     if settings.select == "val":
         _small_val_note(settings.store)
+    q = shlex.quote
     print(f"results: {Path(summary.out) / 'results'}")
-    storage = f" --storage {summary.storage}" if settings.storage else ""  # else found in out
-    out = "" if not settings.storage else f" --out {summary.out}"  # else beside the study
-    print(f"next: spml report {summary.out}{storage} --store {settings.store}\n"
-          f"      spml study confirm --storage {summary.storage} --store {settings.store}{out}")
+    storage = f" --storage {q(summary.storage)}" if settings.storage else ""  # else in out
+    name = f" --name {q(summary.name)}" if _several_studies(settings) else ""
+    print(f"next: spml report {q(summary.out)}{storage}{name} --store {q(settings.store)}")
+    verdict = None
+    if summary.best_value is not None:
+        try:
+            verdict = _verdict(settings, summary)
+        except SpmlError as err:  # e.g. the store moved since: the study itself is done
+            print(f"note: the winner was not tested against the paper values: {err}")
+    if verdict is not None:
+        from studies.verdict import format_verdict
+
+        print("\n".join(format_verdict(verdict)))
+    if args.json:
+        from probe.results import write_json_atomic
+
+        write_json_atomic(args.json, {**summary.to_dict(),
+                                      "verdict": verdict.to_dict() if verdict else None})
     return 0
+
+
+def _several_studies(settings) -> bool:
+    """The study's storage holds other studies too (commands on it then need --name)."""
+    import optuna
+
+    from studies.storage import open_storage
+
+    return len(optuna.get_all_study_names(open_storage(settings.storage_spec()))) > 1
+
+
+def _verdict(settings, summary):
+    """The winner against the paper values on test (:func:`studies.verdict.study_verdict`),
+    with the confirm and compare commands that settle it."""
+    import optuna
+
+    from probe.data import resolve_device
+    from studies.storage import open_storage
+    from studies.verdict import settle_commands, study_verdict
+
+    spec = settings.storage_spec()
+    several = _several_studies(settings)
+    study = optuna.load_study(study_name=summary.name, storage=open_storage(spec))
+    in_out = spec.kind != "postgresql" and (
+        Path(spec.target).expanduser().resolve().parent == Path(summary.out).resolve())
+    commands = settle_commands(summary.out, summary.storage, settings.store,
+                               name=summary.name if several else None, storage_in_out=in_out)
+    return study_verdict(study, settings.store, device=str(resolve_device(settings.device)),
+                         commands=commands)
 
 
 def _confirm(args: argparse.Namespace) -> int:
@@ -231,9 +278,7 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
     p.add_argument("store", help="feature store (from spml featurize / spml import)")
     p.add_argument("--loss", required=True, help="registered loss name (spml losses list)")
     p.add_argument("--trials", type=int, default=32, help="finished trials to reach (default 32)")
-    p.add_argument(
-        "--batch", type=int, default=8, help="trials asked at once and trained stacked (default 8)"
-    )
+    add_trials_at_once_argument(p, 8)
     p.add_argument("--sampler", default="tpe", help="tpe (default) | gp | cmaes | random | grid")
     p.add_argument("--pruner", default="median", help="median (default) | none")
     p.add_argument(
@@ -275,7 +320,13 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
         metavar="NAME=V1,V2,...",
         help="grid values for --sampler grid (repeatable)",
     )
-    p.add_argument("--search-lr", action="store_true", help="also search train.lr (log-uniform)")
+    lr = p.add_mutually_exclusive_group()
+    lr.add_argument("--search-lr", action="store_true", default=None,
+                    help="also search train.lr (log-uniform 1e-5..1e-1). Default: searched on a "
+                    "store for which the loss has no paper preset (no paper gives its lr) "
+                    "unless --lr is given; docs/selection.md")
+    lr.add_argument("--no-search-lr", dest="search_lr", action="store_false",
+                    help="never search train.lr: train at --lr, else the preset or generic lr")
     p.add_argument("--batch-sizes", help="also search train.batch_size among these, e.g. 8,16")
     p.add_argument("--epochs-choices", help="also search train.epochs among these")
     p.add_argument("--epochs", type=int, help="epochs per trial (default: the paper's)")
@@ -312,6 +363,7 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
         "--grace", type=float, default=120.0, help="retry a RUNNING trial silent this long, s (120)"
     )
     p.add_argument("--json", help="write the summary as JSON here")
+    p.add_argument("--as-worker", action="store_true", help=argparse.SUPPRESS)  # --workers N
     p.set_defaults(func=_study)
 
     b = bench.add_parser(
@@ -326,7 +378,7 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
         ),
         epilog=(
             "examples:\n  spml bench study                       # yeast, GR, 64 trials, "
-            "batch 16\n  spml bench study --store coco --batch 64 --epochs 8\n"
+            "batch 16\n  spml bench study --store coco --trials-at-once 64 --epochs 8\n"
             "  spml bench study --store PATH --loss an --trials 32"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -336,7 +388,7 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
                    "(the synthetic COCO-shaped store) | a store path")
     b.add_argument("--loss", default="gr", help="loss searched (default gr)")
     b.add_argument("--trials", type=int, default=64, help="finished trials (default 64)")
-    b.add_argument("--batch", type=int, default=16, help="trials stacked at once (default 16)")
+    add_trials_at_once_argument(b, 16, "trials stacked at once")
     b.add_argument("--epochs", type=int, help="epochs (default: the loss's preset)")
     b.add_argument("--batch-size", type=int, help="batch size (default: the loss's preset)")
     b.add_argument("--pruner", default="median", help="median (default) | none")
@@ -374,7 +426,9 @@ def _bench_study(args: argparse.Namespace) -> int:
 
 def confirm_parser() -> argparse.ArgumentParser:
     """``spml study confirm`` (its own parser: see :func:`studies.cli.main`)."""
-    c = argparse.ArgumentParser(
+    from probe.cliargs import Parser
+
+    c = Parser(
         prog="spml study confirm",
         description=(
             "Re-train the top-k trials of a study over several training seeds and "

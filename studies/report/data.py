@@ -171,7 +171,7 @@ def study_command(settings: dict[str, Any]) -> list[str]:
                 for f in fields(StudySettings)}
     s = settings
     argv = ["spml", "study", str(s["store"]), "--loss", str(s["loss"]),
-            "--trials", str(s["n_trials"]), "--batch", str(s["batch"])]
+            "--trials", str(s["n_trials"]), "--trials-at-once", str(s["batch"])]
     simple = (("sampler", "--sampler"), ("pruner", "--pruner"), ("storage", "--storage"),
               ("name", "--name"), ("seed", "--seed"), ("train_seed", "--train-seed"),
               ("epochs", "--epochs"), ("batch_size", "--batch-size"), ("lr", "--lr"),
