@@ -1,7 +1,7 @@
 """``spml priors``: compute a store's CLIP prior from its images (:mod:`featurize.clip_priors`).
 
 ``spml import priors`` (scores computed elsewhere) lives with the other imports in
-:mod:`featurize.cli`.
+:mod:`featurize.import_cli`.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from featurize import cli as fcli
-from featurize import imports
+from featurize import import_cli, imports, store_cli
 from featurize.datasets.cole import COCO_CLASSES, NUS_CLASSES, VOC_CLASSES, load_cole_formatted
 from probe.store import StoreError, StoreWriter, file_sha256, open_store
 from probe.store.protocol import single_positive, split_indices, split_pool
@@ -20,11 +20,12 @@ DIM = 12
 
 
 def run_cli(argv: list[str]) -> int:
-    """``spml ARGV`` through this package's register_cli (the errors propagate)."""
+    """``spml ARGV`` through this package's register_cli functions (the errors propagate)."""
     parser = argparse.ArgumentParser(prog="spml")
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench").add_subparsers()
-    fcli.register_cli(sub, bench)
+    for module in (fcli, import_cli, store_cli):
+        module.register_cli(sub, bench)
     args = parser.parse_args(argv)
     return args.func(args)
 
@@ -397,10 +398,10 @@ def test_info_rejects_other_schema(tmp_path: Path, arrays: dict[str, Path]) -> N
 
 
 def test_cli_constants_agree() -> None:
-    """featurize.cli keeps copies so that building the parser does not import zarr."""
+    """featurize's CLI modules keep copies so that building the parser does not import zarr."""
     from probe.store import DTYPES
 
-    assert fcli.DTYPES == DTYPES and fcli.TEST_FRACTION == imports.DEFAULT_TEST_FRACTION
+    assert fcli.DTYPES == DTYPES and import_cli.TEST_FRACTION == imports.DEFAULT_TEST_FRACTION
 
 
 def test_help_texts(capsys: pytest.CaptureFixture) -> None:

@@ -6,7 +6,10 @@ and the library it is a thin layer over:
 =============================================  ===========================  =======================
 command                                        defined in                   over the library
 =============================================  ===========================  =======================
-``spml featurize | import | info | draw``      :mod:`featurize.cli`         featurize, probe.store
+``spml featurize | backbones``                 :mod:`featurize.cli`         featurize
+``spml import …``                              :mod:`featurize.import_cli`  featurize.imports
+``spml info | verify | draw``                  :mod:`featurize.store_cli`   probe.store
+``spml priors``                                :mod:`featurize.priors_cli`  featurize.clip_priors
 ``spml bench featurize``                       :mod:`featurize.cli`         featurize.bench
 ``spml losses | probe``, ``spml bench probe``  :mod:`probe.cli`             probe
 ``spml study``, ``spml study confirm``         :mod:`studies.cli.study`     studies.study, .confirm
@@ -42,6 +45,8 @@ from probe.errors import SpmlError
 # modules that add subcommands, in the order they appear in ``spml --help``
 COMMAND_MODULES = (
     "featurize.cli",
+    "featurize.import_cli",
+    "featurize.store_cli",
     "featurize.priors_cli",
     "probe.cli",
     "studies.cli.study",
