@@ -239,7 +239,8 @@ def preflight(settings: StudySettings, store: Any) -> SearchSpace:
 def lr_unknown(loss: str, dataset: str) -> bool:
     """No paper gives the learning rate of ``loss`` on ``dataset`` (no training preset), so
     the generic setting's lr (Cole et al.'s pick for ResNet-50 features of the four
-    benchmarks) is a guess for these features: docs/selection.md "Stores without a preset"."""
+    benchmarks) is a guess for these features: docs/selection.md "Stores without a paper
+    preset"."""
     from probe.losses import get_loss_class
 
     return "lr" not in get_loss_class(loss).train_presets.get(dataset, {})
