@@ -17,10 +17,10 @@ from probe._lazy import lazy_exports
 
 _EXPORTS = {
     # studies
-    "StudySettings": "studies.study",
-    "StudySummary": "studies.study",
+    "StudySettings": "studies.study_settings",
+    "StudySummary": "studies.study_summary",
     "run_study": "studies.study",
-    "create_or_join": "studies.study",
+    "create_or_join": "studies.study_create",
     "StudyError": "studies.storage",
     "open_storage": "studies.storage",
     "parse_storage": "studies.storage",

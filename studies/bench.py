@@ -87,11 +87,11 @@ class _Clock:
     def wrapped(self) -> Iterator[_Clock]:
         import probe.data
         import probe.train
-        import studies.study
+        import studies.study_worker
 
         real_train = probe.train.train_probe
         real_load = probe.data.ProbeData.__dict__["from_store"]
-        real_write = studies.study.write_batch
+        real_write = studies.study_worker.write_batch
         clock = self
 
         def train_probe(*args: Any, callback: Any = None, **kwargs: Any) -> Any:
@@ -128,13 +128,13 @@ class _Clock:
 
         probe.train.train_probe = train_probe
         probe.data.ProbeData.from_store = classmethod(from_store)
-        studies.study.write_batch = write_batch
+        studies.study_worker.write_batch = write_batch
         try:
             yield self
         finally:
             probe.train.train_probe = real_train
             probe.data.ProbeData.from_store = real_load
-            studies.study.write_batch = real_write
+            studies.study_worker.write_batch = real_write
 
 
 def bench_study(config: StudyBenchConfig, *, log: Any = None) -> dict[str, Any]:
@@ -142,7 +142,8 @@ def bench_study(config: StudyBenchConfig, *, log: Any = None) -> dict[str, Any]:
     from probe.bench import machine_info
     from probe.store import open_store
 
-    from .study import StudySettings, run_study
+    from .study import run_study
+    from .study_settings import StudySettings
 
     config.validate()
     before = machine_info()

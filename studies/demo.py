@@ -189,7 +189,8 @@ def run_demo(config: DemoConfig | None = None, *, log: Callable[[str], None] = p
     from featurize.imports import import_yeast
 
     from .report import build_report
-    from .study import StudySettings, run_study
+    from .study import run_study
+    from .study_settings import StudySettings
     from .verdict import format_verdict
 
     cfg = config or DemoConfig()

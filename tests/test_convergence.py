@@ -44,7 +44,8 @@ def test_probe_warns_when_the_best_epoch_is_the_last(yeast_store, capsys):
 
 
 def test_study_summary_counts_unconverged_trials(tmp_path):
-    from studies.study import StudySettings, summarize
+    from studies.study_settings import StudySettings
+    from studies.study_summary import summarize
 
     study = optuna.create_study(direction="maximize")
     dist = {"gr.w_T": FloatDistribution(1, 10)}

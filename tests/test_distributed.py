@@ -223,6 +223,7 @@ def test_study_runs_one_worker_per_device(yeast_store, tmp_path, monkeypatch) ->
     import optuna
 
     import studies.study as study_mod
+    import studies.study_worker as worker_mod
     from studies.cli import main
     from studies.storage import open_storage, parse_storage
 
@@ -247,7 +248,7 @@ def test_study_runs_one_worker_per_device(yeast_store, tmp_path, monkeypatch) ->
     trials = optuna.load_study(study_name="yeast-an_ls", storage=storage).get_trials()
     finished = [t for t in trials if t.state.is_finished()]
     assert len(finished) >= 4
-    assert {t.system_attrs.get(study_mod.DEVICE_KEY) for t in finished} == {"cpu"}
+    assert {t.system_attrs.get(worker_mod.DEVICE_KEY) for t in finished} == {"cpu"}
 
 
 def test_study_devices_errors(tmp_path, capsys) -> None:

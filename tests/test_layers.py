@@ -119,7 +119,7 @@ def test_the_walker_sees_imports_at_module_level_and_inside_functions():
     for name in modules:
         _layer(name)  # every module has a layer
     assert "probe.store" in graph["featurize.runner"]  # module level
-    assert "probe.train" in graph["studies.study"]  # inside a function
+    assert "probe.train" in graph["studies.study_worker"]  # inside a function
     assert "probe.losses._base" in graph["probe.losses.gr_loss"]  # relative
 
 

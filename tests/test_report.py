@@ -162,7 +162,8 @@ def real(tmp_path_factory):
     of the top 2 over seeds 0,1 → report with the AN baseline."""
     from featurize.imports import import_yeast
     from studies.confirm import confirm_study, load_study
-    from studies.study import StudySettings, run_study
+    from studies.study import run_study
+    from studies.study_settings import StudySettings
 
     root = tmp_path_factory.mktemp("report")
     store = root / "yeast.zarr"
@@ -294,7 +295,7 @@ def test_reproduce_command_parses_back_to_the_same_settings(real):
     """The summary's 'spml study' line, parsed by the real CLI, gives the recorded settings."""
     from studies.cli import build_parser
     from studies.cli.study import _settings
-    from studies.study import _settings_dict
+    from studies.study_create import _settings_dict
 
     page = _parse(real["result"].html_path)
     lines = page.pre[0].splitlines()

@@ -125,7 +125,8 @@ def test_a_study_scores_trials_by_the_replicates_mean(yeast_store, tmp_path) -> 
     Parquet rows say which mode scored them; nothing is pruned."""
     from studies.results import read_results
     from studies.storage import StudyError, open_existing_storage
-    from studies.study import StudySettings, run_study
+    from studies.study import run_study
+    from studies.study_settings import StudySettings
 
     settings = StudySettings(store=yeast_store, loss="gr", n_trials=3, batch=3, out=str(tmp_path),
                              select="cv:2", seed=1, **FAST)

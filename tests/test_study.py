@@ -21,7 +21,8 @@ from optuna.trial import TrialState
 from studies.cli import main
 from studies.results import read_results, write_batch
 from studies.storage import StudyError
-from studies.study import StudySettings, run_study
+from studies.study import run_study
+from studies.study_settings import StudySettings
 
 pytest.importorskip("river", reason="the yeast set ships inside river (extra 'yeast')")
 
@@ -206,7 +207,7 @@ def test_killed_worker_trial_is_retried_and_nothing_is_lost(yeast, tmp_path):
     )
     from probe.store import open_store
     from studies.storage import open_storage, parse_storage
-    from studies.study import create_or_join
+    from studies.study_create import create_or_join
 
     create_or_join(settings, open_store(yeast))
     victim = subprocess.Popen(args, stderr=subprocess.DEVNULL)

@@ -97,7 +97,8 @@ def test_probe_and_import_refuse_before_writing(yeast_store, tmp_path, capsys):
 def _failed_start(store: str, out: Path, **changes) -> None:
     """A study whose only trial failed, as a start that broke in training leaves it."""
     from probe.store import open_store
-    from studies.study import StudySettings, create_or_join
+    from studies.study_create import create_or_join
+    from studies.study_settings import StudySettings
 
     settings = StudySettings(store=store, loss="gr", n_trials=3, batch=3, out=str(out),
                              epochs=1, batch_size=64, lr=0.01, **changes)

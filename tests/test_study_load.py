@@ -70,7 +70,8 @@ def _worker(barrier, settings: dict) -> None:
     import torch
 
     torch.set_num_threads(1)
-    from studies.study import StudySettings, run_worker
+    from studies.study_settings import StudySettings
+    from studies.study_worker import run_worker
 
     config = StudySettings(**settings)
     barrier.wait(timeout=600)

@@ -98,7 +98,7 @@ def test_a_torn_journal_line_is_dropped_and_the_study_goes_on(tmp_path):
 def test_a_study_keeps_its_old_sqlite_file(tmp_path):
     """The default storage is OUT/study.log; a study an older spml wrote to OUT/study.db is
     continued there, and an explicit --storage always wins."""
-    from studies.study import StudySettings
+    from studies.study_settings import StudySettings
 
     settings = StudySettings(store="x.zarr", loss="gr", out=str(tmp_path))
     assert settings.storage_spec() == parse_storage(tmp_path / "study.log")

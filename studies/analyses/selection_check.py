@@ -76,7 +76,8 @@ def check_selection(store_path: str, config: SelectionCheck | None = None, *,
     from probe.store import open_store
 
     from ..space import build_space
-    from ..study import StudySettings, run_study
+    from ..study import run_study
+    from ..study_settings import StudySettings
 
     cfg = config or SelectionCheck()
     cfg.validate()

@@ -43,7 +43,7 @@ def _ints(text: str | None, flag: str) -> tuple[int, ...]:
 def _settings(args: argparse.Namespace):
     from probe.cliargs import parse_assignments, parse_sets
     from studies.space import parse_range
-    from studies.study import StudySettings
+    from studies.study_settings import StudySettings
 
     fixed = parse_assignments(args.set)
     device, workers, devices = args.device, args.workers, ()

@@ -165,7 +165,7 @@ def study_command(settings: dict[str, Any]) -> list[str]:
     """The ``spml study`` command line (argv) that creates this study, from its recorded
     ``spml.settings``: the flags that set a value other than the default, plus the store, loss,
     trial counts and output folder. ``spml study`` parses it back to the same settings."""
-    from ..study import StudySettings
+    from ..study_settings import StudySettings
 
     defaults = {f.name: (f.default if f.default is not MISSING else None)
                 for f in fields(StudySettings)}

@@ -1,0 +1,268 @@
+"""Creating or joining a study: its identity (loss, store, search space, fixed settings) stored
+with it, its sampler and pruner, and the refusals to add trials to a study made with other
+settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import optuna
+from optuna.distributions import distribution_to_json
+from optuna.trial import TrialState
+
+from probe.selection import Selection
+from probe.store.protocol import PROTOCOL_SEED
+
+from .heartbeat import TrialStorage
+from .pruning import MedianRule
+from .space import SearchSpace
+from .storage import StudyError, open_storage
+from .study_settings import StudySettings, _space, preflight
+
+__all__ = ["TRAINING_KEYS", "JoinedStudy", "create_or_join", "training_identity"]
+
+_IDENTITY_KEYS = ("spml.loss", "spml.store", "spml.space", "spml.fixed")
+
+
+def _store_identity(store: Any) -> dict[str, Any]:
+    prov = store.provenance or {}
+    return {
+        "dataset": store.dataset,
+        "rows": int(store.n_rows),
+        "classes": int(store.n_classes),
+        "feature_dim": int(store.feature_dim),
+        "created": prov.get("created") or store.attrs.get("created"),
+        "backbone": prov.get("backbone"),
+        "weights_sha256": prov.get("weights_sha256"),
+    }
+
+
+def _sampler(settings: StudySettings, space: SearchSpace) -> optuna.samplers.BaseSampler:
+    if settings.sampler == "tpe":
+        return optuna.samplers.TPESampler(seed=settings.seed, constant_liar=True, multivariate=True)
+    if settings.sampler == "gp":
+        return optuna.samplers.GPSampler(seed=settings.seed)
+    if settings.sampler == "cmaes":
+        return optuna.samplers.CmaEsSampler(seed=settings.seed)
+    if settings.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=settings.seed)
+    return _AskTellGridSampler({k: list(v) for k, v in settings.grid.items()}, seed=settings.seed)
+
+
+class _AskTellGridSampler(optuna.samplers.GridSampler):
+    """Optuna's grid sampler calls ``study.stop()`` after the last point, which only works
+    inside ``study.optimize``; with ask/tell the worker loop checks ``is_exhausted`` itself."""
+
+    def after_trial(self, study, trial, state, values) -> None:
+        return None
+
+
+def _prune_rule(settings: StudySettings) -> MedianRule | None:
+    """The pruning rule (None: never prune); decided in process by :class:`BatchPruner`."""
+    if settings.pruner == "none" or Selection.parse(settings.select).replicates > 1:
+        return None  # with replicates a trial's curve is known only after all of them
+    # steps are epochs counted from 1: the first epoch is never pruned
+    return MedianRule(n_startup_trials=max(2, settings.batch // 2), n_warmup_steps=2)
+
+
+def _pruner(settings: StudySettings) -> optuna.pruners.BasePruner:
+    """The Optuna pruner the study is created with: the same rule as :func:`_prune_rule`."""
+    rule = _prune_rule(settings)
+    return optuna.pruners.NopPruner() if rule is None else rule.optuna()
+
+
+class JoinedStudy(NamedTuple):
+    """What :func:`create_or_join` opened: the study, its search space, and its trials in the
+    storage object it opened (for heartbeats and failure reasons, through Optuna's public
+    storage API)."""
+
+    study: optuna.Study
+    space: SearchSpace
+    trials: TrialStorage
+
+
+def create_or_join(settings: StudySettings, store: Any) -> JoinedStudy:
+    """Create the study (enqueueing the paper point) or join an existing one with the same loss,
+    store and space; refuse, saying why, when they differ."""
+    space = preflight(settings, store)
+    spec = settings.storage_spec()
+    storage = open_storage(spec)
+    name = settings.name or f"{store.dataset}-{settings.loss}"
+    if settings.search_lr is None and "train.lr" in space.distributions and \
+            name in optuna.get_all_study_names(storage):
+        made = optuna.load_study(study_name=name, storage=storage).user_attrs.get("spml.space")
+        if made is not None and "train.lr" not in made:
+            # a study made before the lr was searched by default: the same command continues
+            # it with its fixed lr
+            settings = dataclasses.replace(settings, search_lr=False)
+            space = dataclasses.replace(_space(settings, store.dataset), notes=(
+                f"study '{name}' was made with a fixed lr: continued with it (not searched)",))
+    identity = {
+        "spml.loss": settings.loss,
+        "spml.store": _store_identity(store),
+        "spml.space": {
+            k: json.loads(distribution_to_json(d)) for k, d in space.distributions.items()
+        },
+        "spml.fixed": {k: v for k, v in sorted(settings.fixed.items())},
+    }
+    # the fixed training settings first: whoever sees the other keys sees these too
+    identity = {"spml.training": training_identity(asdict(settings), store.dataset, space),
+                **identity}
+    identity = json.loads(json.dumps(identity, default=str))
+    sampler, pruner = _sampler(settings, space), _pruner(settings)
+    try:
+        study = optuna.create_study(
+            storage=storage, study_name=name, direction="maximize", sampler=sampler, pruner=pruner
+        )
+        created = True
+    except optuna.exceptions.DuplicatedStudyError:
+        study = optuna.load_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner)
+        created = False
+        if _nothing_measured(study) and _identity_differs(study, identity):
+            # a start that failed before measuring anything is not a study to protect: the
+            # corrected command replaces it (and its failed trials' rows)
+            optuna.delete_study(study_name=name, storage=storage)
+            _drop_rows(Path(settings.out) / "results", name)
+            study = optuna.create_study(storage=storage, study_name=name, direction="maximize",
+                                        sampler=sampler, pruner=pruner)
+            created = True
+            space = dataclasses.replace(space, notes=(*space.notes, (
+                f"study '{name}' in {spec.display} held only failed trials, made with other "
+                "settings; replaced by this command's study")))
+    if created:
+        for key, value in identity.items():
+            study.set_user_attr(key, value)
+        study.set_user_attr(
+            "spml.settings", json.loads(json.dumps(_settings_dict(settings), default=str))
+        )
+        if settings.enqueue_paper and space.defaults and settings.sampler != "grid":
+            study.enqueue_trial(dict(space.defaults), user_attrs={"spml:paper": True})
+    else:
+        attrs = _wait_for_identity(study)
+        for key in _IDENTITY_KEYS:
+            if attrs.get(key) != identity[key]:
+                what = {
+                    "spml.loss": "loss",
+                    "spml.store": "store",
+                    "spml.space": "search space",
+                    "spml.fixed": "fixed hyperparameters (--set)",
+                }[key]
+                raise StudyError(
+                    f"study '{name}' in {spec.display} exists with a different {what}: it has "
+                    f"{json.dumps(attrs.get(key))}, this command asks for "
+                    f"{json.dumps(identity[key])}. "
+                    "Use another --name, or the same settings to join it"
+                )
+        _check_training(attrs, identity["spml.training"], store.dataset, space, name,
+                        spec.display)
+    return JoinedStudy(study, space, TrialStorage(storage, name))
+
+
+def _nothing_measured(study: optuna.Study) -> bool:
+    """No trial of the study completed, was pruned or is running: at most failed trials and
+    the enqueued paper point are there (a start that failed)."""
+    return all(t.state in (TrialState.FAIL, TrialState.WAITING)
+               for t in study.get_trials(deepcopy=False))
+
+
+def _identity_differs(study: optuna.Study, identity: dict[str, Any]) -> bool:
+    attrs = study.user_attrs
+    return any(attrs.get(k) != identity[k] for k in (*_IDENTITY_KEYS, "spml.training")
+               if k in attrs)
+
+
+def _drop_rows(results: Path, name: str) -> None:
+    """Delete the result files that hold only rows of study ``name`` (one file is one batch
+    of one study)."""
+    import polars as pl
+
+    for f in sorted(results.glob("batch-*.parquet")):
+        try:
+            studies = pl.read_parquet(f, columns=["study"])["study"].unique().to_list()
+        except Exception:  # not a results file this version reads: left alone
+            continue
+        if studies == [name]:
+            f.unlink()
+
+
+# what a trial's result depends on that is not searched, in the order they are reported
+TRAINING_KEYS = ("epochs", "batch_size", "lr", "optimizer", "train_seed", "observed_seed",
+                 "val_labels", "select")
+
+
+def training_identity(values: dict[str, Any], dataset: str, space: SearchSpace
+                      ) -> dict[str, Any]:
+    """The fixed training settings of a study, resolved as the trials train with them (a value
+    left to the loss's paper preset is the preset's value), from :class:`StudySettings` fields
+    (``values``: ``asdict(settings)`` or the ``spml.settings`` a study stored). A setting the
+    study searches is ``"searched"``: its value is a trial parameter."""
+    from probe.config import ProbeConfig, resolve_training
+    from probe.losses import get_loss_class
+
+    try:
+        cls = get_loss_class(values["loss"])
+    except (KeyError, ValueError):
+        cls = None
+    resolved = resolve_training(cls, dataset, batch_size=values.get("batch_size"),
+                                lr=values.get("lr"), epochs=values.get("epochs")).to_dict()
+    out: dict[str, Any] = {}
+    for key in TRAINING_KEYS:
+        if f"train.{key}" in space.distributions:
+            out[key] = "searched"
+        elif key in ("epochs", "batch_size", "lr"):
+            out[key] = resolved[key]
+        elif key == "optimizer":
+            out[key] = values.get("optimizer") or ProbeConfig().optimizer
+        elif key == "select":
+            out[key] = str(Selection.parse(values.get("select") or "val"))
+        elif key == "observed_seed":
+            out[key] = values.get(key, PROTOCOL_SEED)
+        elif key == "val_labels":
+            out[key] = values.get(key) or "clean"
+        else:
+            out[key] = values.get(key, 0)
+    return out
+
+
+def _check_training(attrs: dict[str, Any], given: dict[str, Any], dataset: str,
+                    space: SearchSpace, name: str, where: str) -> None:
+    """Refuse to add trials trained with other fixed settings than the study's: one line per
+    differing setting, the stored and the given value, and what to do instead."""
+    stored = attrs.get("spml.training")
+    if stored is None and attrs.get("spml.settings"):  # a study made before spml.training
+        stored = training_identity(attrs["spml.settings"], dataset, space)
+    if stored is None:
+        return
+    differ = [k for k in TRAINING_KEYS if k in stored and stored.get(k) != given.get(k)]
+    if not differ:
+        return
+    lines = [f"  {k}: the study has {stored.get(k)!r}, this command gives {given.get(k)!r}"
+             for k in differ]
+    raise StudyError(
+        f"study '{name}' in {where} was trained with other settings; adding trials to it "
+        "would mix results that cannot be compared:\n" + "\n".join(lines) + "\n"
+        "Give the study's settings to add trials to it, or start a new study with another "
+        "--out (or --name)"
+    )
+
+
+def _wait_for_identity(study: optuna.Study, timeout: float = 30.0) -> dict[str, Any]:
+    """A study another worker has just created may not carry its attributes yet."""
+    deadline = time.time() + timeout
+    while True:
+        attrs = study.user_attrs
+        if all(k in attrs for k in _IDENTITY_KEYS) or time.time() > deadline:
+            return attrs
+        time.sleep(0.2)
+
+
+def _settings_dict(settings: StudySettings) -> dict[str, Any]:
+    d = asdict(settings)
+    d["space"] = {k: json.loads(distribution_to_json(v)) for k, v in settings.space.items()}
+    return d

@@ -1,0 +1,323 @@
+"""The worker loop of a study: ask a batch of trials, train it stacked as one model, report
+per-epoch val mAP to the pruner, tell the results, write them to the batch's Parquet file;
+until the study has its trials (:func:`run_worker`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.trial import TrialState
+
+from probe.convergence import best_is_last
+from probe.selection import Selection, mean_over_replicates
+
+from .heartbeat import (
+    FAIL_REASON_KEY,
+    WORKER_KEY,
+    Heartbeat,
+    abandon,
+    reclaim_stale_trials,
+)
+from .pruning import BatchPruner
+from .results import probe_rows, write_batch
+from .space import SearchSpace
+from .storage import ask_lock
+from .study_create import _prune_rule, create_or_join
+from .study_settings import StudySettings, open_study_store
+from .study_summary import StudySummary, summarize
+
+__all__ = ["DEVICE_KEY", "run_worker"]
+
+DEVICE_KEY = "spml:device"  # trial system attribute: the device its worker trained it on
+
+
+def _counts(study: optuna.Study) -> dict[TrialState, int]:
+    counts = dict.fromkeys(TrialState, 0)
+    for t in study.get_trials(deepcopy=False):
+        counts[t.state] += 1
+    return counts
+
+
+def _train_group(settings, data, study, storage, space, trials, probe_config, log,
+                 tick: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """Train one group of trials sharing batch size and epochs, stacked; tell their results.
+
+    ``data``: the replicates of the study's ``--select`` mode (:func:`probe.selection.
+    selection_data`); with several, the group is trained on each in turn and every trial is
+    scored by its mean val curve (:func:`_train_replicates`)."""
+    from probe.results import EpochReport
+    from probe.train import train_probe
+
+    hparams = []
+    for trial in trials:
+        loss_part, train_part = space.split(trial.params)
+        hp = {**settings.fixed, **loss_part}
+        if "lr" in train_part:
+            hp["lr"] = train_part["lr"]
+        hparams.append(hp)
+    pruned: set[int] = set()
+    lost: set[int] = set()  # trials another worker failed and retried meanwhile (not ours now)
+    paper = [bool(t.user_attrs.get("spml:paper")) for t in trials]
+
+    pruner = BatchPruner(_prune_rule(settings), study)
+
+    def on_epoch(report: EpochReport) -> list[int]:
+        stop, eligible = [], []
+        for i, trial in enumerate(trials):
+            value = report.val_map[i]
+            if not report.active[i] or value is None:
+                continue
+            if not math.isfinite(value):
+                stop.append(i)
+                continue
+            try:
+                trial.report(value, report.epoch)
+            except UpdateFinishedTrialError:  # reclaimed elsewhere: its heartbeat came late
+                lost.add(i)
+                stop.append(i)
+                continue
+            pruner.record(i, report.epoch, value)
+            # the paper point is the study's reference: it always runs to the end
+            if not paper[i]:
+                eligible.append(i)
+        # Optuna's decisions, from one read of the completed trials (studies.pruning)
+        for i in pruner.decide(eligible, report.epoch):
+            pruned.add(i)
+            stop.append(i)
+        if tick is not None:  # the study's progress line, at least every ~10 s
+            tick(f"batch of {len(trials)}: epoch {report.epoch}/{probe_config.epochs}")
+        return stop
+
+    started = time.perf_counter()
+    with Heartbeat(storage, [t.number for t in trials], settings.heartbeat_seconds):
+        # the study shows one progress line for all its trials (run_worker), not one per batch
+        if len(data) == 1:
+            result = train_probe(data[0], probe_config, settings.loss, hparams,
+                                 callback=on_epoch, progress=False)
+        else:
+            result = _train_replicates(settings, data, probe_config, hparams, on_epoch, tick)
+    seconds = (time.perf_counter() - started) / max(len(trials), 1)
+    states: list[str] = []
+    for i, trial in enumerate(trials):
+        tr = result.trials[i]
+        value = tr.best.get("val_map") if tr.best else None
+        ok = value is not None and math.isfinite(value) and tr.finite
+        try:
+            if i in lost:
+                raise UpdateFinishedTrialError
+            if i in pruned:
+                state = TrialState.PRUNED
+                told = study.tell(trial, state=state, skip_if_finished=True)
+            elif ok:
+                state = TrialState.COMPLETE
+                told = study.tell(trial, float(value), skip_if_finished=True)
+            else:
+                state = TrialState.FAIL
+                storage.set_attr(trial.number, FAIL_REASON_KEY, "non-finite")
+                told = study.tell(trial, state=state, skip_if_finished=True)
+            if told.state != state:
+                raise UpdateFinishedTrialError
+        except UpdateFinishedTrialError:
+            log(f"trial {trial.number}: reclaimed by another worker (its heartbeat was late); "
+                "its retry runs there")
+            lost.add(i)
+            states.append(TrialState.FAIL.name)  # a placeholder: its row is dropped below
+            continue
+        states.append(state.name)
+        log(
+            f"trial {trial.number}: {state.name.lower()}"
+            + (f", val mAP {value:.2f}" if value is not None and math.isfinite(value) else "")
+            + (" (best epoch = last: may not have converged)" if state == TrialState.COMPLETE
+               and best_is_last([e.get("val_map") for e in tr.epochs]) else "")
+        )
+    rows = _result_rows(study, trials, result, states, seconds)
+    gone = {trials[i].number for i in lost}  # the worker that retries them writes their rows
+    return [row for row in rows if row["trial"] not in gone]
+
+
+def _train_replicates(settings, data, probe_config, hparams, on_epoch, tick) -> Any:
+    """The group trained stacked on each replicate in turn, then scored by the mean over them
+    (:func:`probe.selection.mean_over_replicates`); the mean val curve goes to ``on_epoch``
+    epoch by epoch (Optuna's intermediate values; nothing is pruned: ``_prune_rule``)."""
+    from probe.results import EpochReport
+    from probe.train import train_probe
+
+    results = []
+    for r, d in enumerate(data):
+        def beat(report: EpochReport, r: int = r) -> list[int]:
+            if tick is not None:
+                tick(f"batch of {len(hparams)}: replicate {r + 1}/{len(data)}, epoch "
+                     f"{report.epoch}/{probe_config.epochs}")
+            return []
+
+        results.append(train_probe(d, probe_config, settings.loss, hparams, callback=beat,
+                                   progress=False))
+    merged = mean_over_replicates(results, settings.select)
+    n = len(merged.trials)
+    for e in range(max((len(t.epochs) for t in merged.trials), default=0)):
+        vals = [t.epochs[e]["val_map"] if e < len(t.epochs) else None for t in merged.trials]
+        on_epoch(EpochReport(epoch=e + 1, train_loss=[None] * n, val_map=vals,
+                             test_map=[None] * n, active=[v is not None for v in vals]))
+    return merged
+
+
+def _result_rows(study: optuna.Study, trials: list, result: Any, states: list[str],
+                 seconds: float) -> list[dict[str, Any]]:
+    """The batch's rows in the tidy schema (studies.results): each trial's outcome with the
+    settings it trained with, read from the probe run itself."""
+    rows = probe_rows(result.to_dict(), kind="study", study=study.study_name,
+                      numbers=[t.number for t in trials], states=states,
+                      params=[t.params for t in trials],
+                      extra={"worker": f"{socket.gethostname()}:{os.getpid()}",
+                             "seconds": seconds, "provenance": result.source})
+    for row in rows:
+        if row["state"] == "FAIL":
+            row["value"] = None
+    return rows
+
+
+def run_worker(
+    settings: StudySettings, *, log: Callable[[str], None] | None = None
+) -> StudySummary:
+    """Work on the study until ``n_trials`` trials have finished (completed or pruned).
+
+    Progress goes to stderr as one study-level display (:func:`_study_progress`), its first
+    line before the features load; it also prints each finished trial's line (``log`` gets
+    those instead when the display is off: ``SPML_PROGRESS=off``)."""
+    from probe.data import resolve_device
+    from probe.selection import selection_data
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    store = open_study_store(settings.store)
+    study, space, storage = create_or_join(settings, store)
+    results_dir = Path(settings.out) / "results"
+    fixed_dists = dict(space.distributions)
+    with _study_progress(study, settings) as bar:
+        for note in space.notes:
+            bar.write(note)
+            if log is not None and bar.mode == "off":
+                log(note)
+        selection = Selection.parse(settings.select)
+        bar.write(f"loading the features of {settings.store} ({store.n_rows} rows)"
+                  + (f"; --select {selection}: {selection.replicates} replicates, each trial "
+                     "trained on all and scored by the mean (no pruning)"
+                     if selection.replicates > 1 else ""))
+        data = selection_data(store, selection, device=resolve_device(settings.device),
+                              observed_seed=settings.observed_seed, priors=settings.priors)
+        _work(settings, study, space, storage, data, results_dir, fixed_dists, bar, log)
+    return summarize(study, settings)
+
+
+def _study_progress(study: optuna.Study, settings: StudySettings) -> Any:
+    """The study's one progress display: trials finished of ``n_trials`` (this and every other
+    worker's), pruned and failed, the best val mAP so far, elapsed and ETA; a bar on a
+    terminal, plain lines in a log (one at once, then as trials finish and every ~10 s)."""
+    from probe.progress import Progress
+
+    counts = _counts(study)
+    done = min(counts[TrialState.COMPLETE] + counts[TrialState.PRUNED], settings.n_trials)
+    bar = Progress(settings.n_trials, f"study {study.study_name}", "trials", initial=done,
+                   heartbeat=True)  # a batch may train for minutes: a line every ~10 s anyway
+    bar.set_postfix(_status(study, counts))
+    return bar
+
+
+def _status(study: optuna.Study, counts: dict[TrialState, int]) -> str:
+    complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
+    best = max(complete, key=lambda t: (t.value, -t.number)) if complete else None
+    text = (f"{counts[TrialState.PRUNED]} pruned, {counts[TrialState.FAIL]} failed"
+            + (f", {counts[TrialState.RUNNING]} running" if counts[TrialState.RUNNING] else ""))
+    if best is not None:
+        text += f", best val mAP {best.value:.2f} (trial {best.number})"
+    return text
+
+
+def _work(settings: StudySettings, study: optuna.Study, space: SearchSpace, storage: Any,
+          data: Any, results_dir: Path, fixed_dists: dict, bar: Any,
+          log: Callable[[str], None] | None = None) -> None:
+    """The worker loop: ask a batch, train it stacked, tell it, until the study is done."""
+    from probe.config import ProbeConfig
+
+    def say(line: str) -> None:
+        bar.write(line)  # above the bar on a terminal, a plain line in a log
+        if log is not None and bar.mode == "off":
+            log(line)
+    while True:
+        # retrying dead workers' trials, counting and asking under one lock: workers started
+        # together never overshoot, and a retry is enqueued before anyone can take its room
+        with ask_lock(settings.storage_spec(), study.study_name):
+            reclaim_stale_trials(study, storage, settings.grace_seconds)
+            counts = _counts(study)
+            finished = counts[TrialState.COMPLETE] + counts[TrialState.PRUNED]
+            if finished >= settings.n_trials or (
+                settings.sampler == "grid" and _grid_exhausted(study)
+            ):
+                trials = None
+            else:
+                # enqueued (WAITING) trials are asked first, so they are part of the room
+                n_ask = min(settings.batch,
+                            settings.n_trials - finished - counts[TrialState.RUNNING])
+                trials = [study.ask(fixed_dists) for _ in range(max(n_ask, 0))]
+                for trial in trials:
+                    storage.set_attr(trial.number, WORKER_KEY,
+                                     f"{socket.gethostname()}:{os.getpid()}")
+                    storage.set_attr(trial.number, DEVICE_KEY, str(data[0].device))
+        status = _status(study, counts)
+        bar.set_postfix(status)
+        bar.update(min(finished, settings.n_trials) - bar.n)
+        bar.refresh(force=True)
+        if trials is None:
+            break
+        if not trials:  # the rest is running elsewhere: wait, and retry it if its worker dies
+            time.sleep(min(settings.heartbeat_seconds, 2.0))
+            continue
+        groups: dict[tuple, list] = {}
+        for trial in trials:
+            _, train_part = space.split(trial.params)
+            key = (
+                train_part.get("batch_size", settings.batch_size),
+                train_part.get("epochs", settings.epochs),
+            )
+            groups.setdefault(key, []).append(trial)
+        rows = []
+        try:
+            for (batch_size, epochs), group in groups.items():
+                cfg = ProbeConfig(
+                    batch_size=batch_size,
+                    epochs=epochs,
+                    lr=settings.lr,
+                    seed=settings.train_seed,
+                    val_labels=settings.val_labels,
+                    observed_seed=settings.observed_seed,
+                    device=settings.device,
+                    priors=settings.priors,
+                )
+                rows += _train_group(settings, data, study, storage, space, group, cfg, say,
+                                     tick=functools.partial(_tick, bar, status))
+        except BaseException as err:
+            abandon(study, storage, trials, err)
+            raise
+        finally:  # what was told to the storage is in the results too
+            write_batch(results_dir, rows)
+
+
+def _tick(bar: Any, status: str, detail: str = "") -> None:
+    """The study's display within a batch: its status, where the batch stands (``detail``,
+    e.g. "batch of 16: epoch 3/8"), shown now if ~10 s have passed since the last line."""
+    bar.set_postfix(f"{status}; {detail}" if detail else status)
+    bar.refresh()
+
+
+def _grid_exhausted(study: optuna.Study) -> bool:
+    sampler = study.sampler
+    return isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(study)
