@@ -249,12 +249,12 @@ def load_head(path: str | Path, trial: int = 0) -> tuple[nn.Linear, dict[str, An
     save = "save heads with 'spml probe STORE --loss LOSS --save-head PATH.pt'"
     kind = _file_kind(path)
     if kind is not None:  # say what it is, not what torch's unpickler made of it
-        raise ProbeConfigError(f"{path} is {kind}, not an spml-probe head file; {save}")
+        raise ProbeConfigError(f"{path} is {kind}, not a readable spml-probe head file; {save}")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception:  # torch raises several types for a foreign or corrupt file
         raise ProbeConfigError(
-            f"{path} is not an spml-probe head file (torch cannot read it as one: another "
+            f"{path} is not a readable spml-probe head file (torch cannot read it: another "
             f"program's file, or a damaged head); {save}") from None
     if not isinstance(payload, dict) or payload.get("format") != _HEAD_FORMAT:
         raise ProbeConfigError(
@@ -270,7 +270,6 @@ def load_head(path: str | Path, trial: int = 0) -> tuple[nn.Linear, dict[str, An
         lin.bias.copy_(bias[trial])
     meta = {k: v for k, v in payload.items() if k not in ("weight", "bias")}
     return lin, meta
-
 
 
 def _file_kind(path: Path) -> str | None:

@@ -231,7 +231,10 @@ def test_study_runs_one_worker_per_device(yeast_store, tmp_path, monkeypatch) ->
     real_popen = subprocess.Popen
 
     def popen(cmd, *args, **kwargs):
-        started.append(list(cmd))
+        # subprocess is one module: count the study's worker processes, not other programs a
+        # library starts meanwhile (platform.processor() runs `uname -p` once per process)
+        if isinstance(cmd, list | tuple) and "study" in cmd:
+            started.append(list(cmd))
         return real_popen(cmd, *args, **kwargs)
 
     monkeypatch.setattr(study_mod.subprocess, "Popen", popen)

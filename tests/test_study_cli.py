@@ -364,7 +364,7 @@ def test_compare_says_what_a_wrong_file_is(yeast_store, tmp_path, capsys):
     table.write_text("a,b\n1,2\n")
     assert main(["compare", str(table), str(head)]) == 2
     err = capsys.readouterr().err
-    assert "is a CSV file, not an spml-probe head file" in err and "Unpickler" not in err
+    assert "is a CSV file, not a readable spml-probe head file" in err and "Unpickler" not in err
 
 
 def test_import_arrays_says_a_csv_is_not_a_npy(tmp_path, capsys):

@@ -108,7 +108,7 @@ def wan(logits: Tensor, observed: Tensor) -> Tensor:
 def epr(logits: Tensor, observed: Tensor, k: float | Tensor) -> Tensor:
     """Expected positive regularisation (Cole et al. Eq. 6): positives only, plus
     (mean_n Σ_c p_nc − k)² / C²."""
-    k = check_hparam(replace(_K, optional=False), k, "epr")
+    k = check_hparam(replace(_K, optional=False, from_data=None), k, "epr")
     z, y = check_inputs(logits, observed, {"k": k}, loss="epr")
     data, reg = _epr_parts(z, y, hp(k, z))
     return data + reg

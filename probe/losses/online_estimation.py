@@ -96,7 +96,7 @@ def role(logits: Tensor, observed: Tensor, label_logits: Tensor, k: float | Tens
     of the label-estimate matrix, Θ[index], of the logits' shape ((B, C) or (T, B, C)); the
     gradient flows into them (train them at ``lr_mult``=10 × the head's learning rate).
     ``k`` = expected positives per image (VOC 1.5, COCO 2.9, NUS 1.9, CUB 31.4)."""
-    k = check_hparam(replace(_K, optional=False), k, "role")
+    k = check_hparam(replace(_K, optional=False, from_data=None), k, "role")
     z, y = check_inputs(logits, observed, {"k": k}, loss="role")
     if not isinstance(label_logits, Tensor) or not label_logits.is_floating_point():
         got = getattr(label_logits, "dtype", type(label_logits).__name__)
