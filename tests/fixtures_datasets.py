@@ -357,3 +357,39 @@ def assert_index_matches(index, expected: dict[str, Any]) -> None:
         assert got.labels.dtype == np.uint8
         np.testing.assert_array_equal(got.labels, want["labels"], err_msg=phase)
         assert got.n_unlabeled == want["n_unlabeled"], phase
+
+
+def toy_feature_store(path: Path) -> Path:
+    """A 6-class store written through the real writer at ``path``: 150 pool rows + 40 test
+    rows of 12-dim features that carry the labels (class prototypes plus noise), with flips."""
+    from probe.store import write_feature_store
+    from probe.store.index import DatasetIndex, Phase
+
+    rng = np.random.default_rng(0)
+    n_pool, n_test, d, c = 150, 40, 12, 6
+    proto = rng.normal(size=(c, d))
+    y = (rng.random((n_pool + n_test, c)) < 0.3).astype(np.uint8)
+    y[np.arange(len(y)), rng.integers(0, c, len(y))] = 1
+    x = (y @ proto + 0.4 * rng.normal(size=(len(y), d))).astype(np.float32)
+    ids = [f"img{i}" for i in range(len(y))]
+    index = DatasetIndex(
+        "toy", tuple(f"c{i}" for i in range(c)),
+        Phase(tuple(ids[:n_pool]), (None,) * n_pool, y[:n_pool]),
+        Phase(tuple(ids[n_pool:]), (None,) * n_test, y[n_pool:]),
+    )
+    write_feature_store(path, index, x, x + 0.05, provenance={
+        "backbone": "none", "weights": "none", "transform": "none"}, progress=False)
+    return path
+
+
+def toy_probe_arrays(seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(features, labels) of a 48/16/16-row train/val/test split, 4 classes, 6-dim float16
+    features that carry the labels: ``ProbeData.from_arrays(*toy_probe_arrays(seed))``."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for n in (48, 16, 16):
+        y = (rng.random((n, 4)) < 0.3).astype(np.uint8)
+        y[np.arange(n), rng.integers(0, 4, n)] = 1
+        out.append(((y @ rng.normal(size=(4, 6)) + rng.normal(size=(n, 6))).astype(np.float16),
+                    y))
+    return out

@@ -8,6 +8,7 @@ import warnings
 
 import pytest
 import torch
+from fixtures_datasets import toy_probe_arrays
 
 from probe.config import resolve_training
 from probe.intervals import Interval
@@ -50,18 +51,9 @@ def test_the_documented_dict_shapes():
 
 
 def _tiny_data():
-    import numpy as np
-
     from probe.data import ProbeData
 
-    rng = np.random.default_rng(1)
-    out = []
-    for n in (48, 16, 16):
-        y = (rng.random((n, 4)) < 0.3).astype(np.uint8)
-        y[np.arange(n), rng.integers(0, 4, n)] = 1
-        out.append(((y @ rng.normal(size=(4, 6)) + rng.normal(size=(n, 6))).astype(np.float16),
-                    y))
-    return ProbeData.from_arrays(*out)
+    return ProbeData.from_arrays(*toy_probe_arrays(1))
 
 
 def test_best_is_typed_and_still_the_dict_it_was(tmp_path):

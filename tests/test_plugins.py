@@ -16,9 +16,9 @@ import textwrap
 from importlib.metadata import EntryPoint
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
+from fixtures_datasets import toy_feature_store
 
 import probe.losses as L
 from probe.config import ProbeConfigError, loss_hparams
@@ -343,25 +343,7 @@ def installed(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> Path:
-    from probe.store import write_feature_store
-    from probe.store.index import DatasetIndex, Phase
-
-    rng = np.random.default_rng(0)
-    n_pool, n_test, d, c = 150, 40, 12, 6
-    proto = rng.normal(size=(c, d))
-    y = (rng.random((n_pool + n_test, c)) < 0.3).astype(np.uint8)
-    y[np.arange(len(y)), rng.integers(0, c, len(y))] = 1
-    x = (y @ proto + 0.4 * rng.normal(size=(len(y), d))).astype(np.float32)
-    ids = [f"img{i}" for i in range(len(y))]
-    index = DatasetIndex(
-        "toy", tuple(f"c{i}" for i in range(c)),
-        Phase(tuple(ids[:n_pool]), (None,) * n_pool, y[:n_pool]),
-        Phase(tuple(ids[n_pool:]), (None,) * n_test, y[n_pool:]),
-    )
-    path = tmp_path_factory.mktemp("store") / "toy.zarr"
-    write_feature_store(path, index, x, x + 0.05, provenance={
-        "backbone": "none", "weights": "none", "transform": "none"}, progress=False)
-    return path
+    return toy_feature_store(tmp_path_factory.mktemp("store") / "toy.zarr")
 
 
 def test_the_installed_example_plugin_is_listed_shown_and_trained_like_an(installed, store,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import torch
+from fixtures_datasets import toy_feature_store
 
 from probe.cliargs import parse_sets, parse_value
 from studies.cli import main
@@ -18,25 +18,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     """A 6-class store written through the real writer: 150 pool rows + 40 test rows, flips."""
-    from probe.store import write_feature_store
-    from probe.store.index import DatasetIndex, Phase
-
-    rng = np.random.default_rng(0)
-    n_pool, n_test, d, c = 150, 40, 12, 6
-    proto = rng.normal(size=(c, d))
-    y = (rng.random((n_pool + n_test, c)) < 0.3).astype(np.uint8)
-    y[np.arange(len(y)), rng.integers(0, c, len(y))] = 1
-    x = (y @ proto + 0.4 * rng.normal(size=(len(y), d))).astype(np.float32)
-    ids = [f"img{i}" for i in range(len(y))]
-    index = DatasetIndex(
-        "toy", tuple(f"c{i}" for i in range(c)),
-        Phase(tuple(ids[:n_pool]), (None,) * n_pool, y[:n_pool]),
-        Phase(tuple(ids[n_pool:]), (None,) * n_test, y[n_pool:]),
-    )
-    path = tmp_path_factory.mktemp("cli") / "toy.zarr"
-    write_feature_store(path, index, x, x + 0.05, provenance={
-        "backbone": "none", "weights": "none", "transform": "none"}, progress=False)
-    return path
+    return toy_feature_store(tmp_path_factory.mktemp("cli") / "toy.zarr")
 
 
 def test_set_values_are_parsed_into_trials():

@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 import warnings
 
-import numpy as np
 import pytest
 import torch
+from fixtures_datasets import toy_probe_arrays
 
 import probe.loop as loop
 import probe.speed as speed
@@ -142,14 +142,7 @@ def test_the_real_calibration_returns_a_choice_and_its_samples(fresh):
 
 
 def _data() -> ProbeData:
-    rng = np.random.default_rng(0)
-    out = []
-    for n in (48, 16, 16):
-        y = (rng.random((n, 4)) < 0.3).astype(np.uint8)
-        y[np.arange(n), rng.integers(0, 4, n)] = 1
-        out.append(((y @ rng.normal(size=(4, 6)) + rng.normal(size=(n, 6))).astype(np.float16),
-                    y))
-    return ProbeData.from_arrays(*out)
+    return ProbeData.from_arrays(*toy_probe_arrays(0))
 
 
 def test_speed_options_train_the_same_heads_and_stay_out_of_the_record(fresh):

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from featurize.images import ImageTransform
-from featurize.specs import BackboneSpec
+from featurize.specs import DEFAULT, BackboneSpec
 from probe.errors import SpmlError
 
 #: checkpoint suffixes a ``--weights PATH`` may have (any existing file is tried as well)
@@ -137,6 +137,22 @@ def as_weights_path(weights: str) -> Path | None:
             raise WeightsNotFoundError(f"weights file {path} does not exist (--weights)")
         return path.resolve()
     return None
+
+
+def local_weights(name: str, weights: str | None, default: str, suffixes: str
+                  ) -> WeightsInfo | None:
+    """``--weights`` as a local checkpoint of backbone ``name`` (its sha256 taken now), or None
+    when it asks for the default weights (None or "default", which the family then resolves);
+    anything else is an error saying what ``default`` means and which ``suffixes`` it takes."""
+    if weights in (None, DEFAULT):
+        return None
+    path = as_weights_path(str(weights))
+    if path is None:
+        raise WeightsError(
+            f"--weights {weights!r} for {name}: expected default ({default}), a checkpoint "
+            f"file ({suffixes}) or random"
+        )
+    return file_info(path, f"file:{path.name}")
 
 
 def read_state(path: str | Path) -> dict[str, torch.Tensor]:

@@ -24,10 +24,10 @@ from featurize.backbones.base import (
     WeightsError,
     WeightsInfo,
     WeightsNotFoundError,
-    as_weights_path,
     file_info,
     hub_file,
     input_check,
+    local_weights,
     package_version,
 )
 from featurize.images import ImageTransform
@@ -91,14 +91,9 @@ def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> 
     repo = _repo(spec)
     fix = "pass --weights PATH to a checkpoint and name a folder holding config.json"
     repo_file(repo, ("config.json",), fix)
-    if weights not in (None, DEFAULT):
-        path = as_weights_path(str(weights))
-        if path is None:
-            raise WeightsError(
-                f"--weights {weights!r} for {spec.name}: expected default (the repo's weights), "
-                "a checkpoint file (.safetensors, .bin, .pth, .pt) or random"
-            )
-        return file_info(path, f"file:{path.name}")
+    local = local_weights(spec.name, weights, "the repo's weights", ".safetensors, .bin, .pth, .pt")
+    if local is not None:
+        return local
     path = repo_file(repo, _WEIGHT_FILES, "pass --weights PATH to a checkpoint")
     return file_info(path, f"hf:{repo}", url=None if Path(repo).is_dir() else f"hf-hub:{repo}")
 

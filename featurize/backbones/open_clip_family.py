@@ -27,11 +27,11 @@ from featurize.backbones.base import (
     WeightsError,
     WeightsInfo,
     WeightsNotFoundError,
-    as_weights_path,
     file_info,
     hf_offline,
     hub_file,
     input_check,
+    local_weights,
     package_version,
     random_info,
 )
@@ -87,14 +87,10 @@ def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> 
     Hugging Face hub cache or fetched into it now."""
     open_clip = _open_clip()
     arch, tag = parse(spec.name)
-    if weights not in (None, DEFAULT):
-        path = as_weights_path(str(weights))
-        if path is None:
-            raise WeightsError(
-                f"--weights {weights!r} for {spec.name}: expected default (the pretrained "
-                "tag's weights), a checkpoint file (.pt, .pth, .bin, .safetensors) or random"
-            )
-        return file_info(path, f"file:{path.name}")
+    local = local_weights(spec.name, weights, "the pretrained tag's weights",
+                          ".pt, .pth, .bin, .safetensors")
+    if local is not None:
+        return local
     fix = f"pass --weights PATH to a {arch} checkpoint"
     if tag is None:
         raise WeightsError(

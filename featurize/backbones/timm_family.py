@@ -23,12 +23,12 @@ from featurize.backbones.base import (
     WeightsError,
     WeightsInfo,
     WeightsNotFoundError,
-    as_weights_path,
     check_fit,
     file_info,
     hub_file,
     input_check,
     load_into,
+    local_weights,
     package_version,
     read_state,
 )
@@ -88,14 +88,10 @@ def _pretrained_cfg(model: str):
 def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> WeightsInfo:
     """The weights file for ``weights`` (None/"default": the tag's), found or fetched now."""
     model = spec.name[len(PREFIX) :]
-    if weights not in (None, DEFAULT):
-        path = as_weights_path(str(weights))
-        if path is None:
-            raise WeightsError(
-                f"--weights {weights!r} for {spec.name}: expected default (the pretrained tag's "
-                "weights), a checkpoint file (.pth, .pt, .safetensors) or random"
-            )
-        return file_info(path, f"file:{path.name}")
+    local = local_weights(spec.name, weights, "the pretrained tag's weights",
+                          ".pth, .pt, .safetensors")
+    if local is not None:
+        return local
     cfg = _pretrained_cfg(model)
     tagged = f"{cfg.architecture}.{cfg.tag}" if cfg.tag else model
     fix = f"pass --weights PATH to a {tagged} checkpoint"
