@@ -45,8 +45,10 @@ __all__ = [
 ]
 
 #: torch's thread setting is used for a step only when its samples beat one thread's by this
-#: factor (best and median sample alike); closer than that, one thread is kept
-THREAD_MARGIN = 1.25
+#: factor (best and median sample alike); closer than that, one thread is kept. The choice is
+#: made once per machine and step shape and remembered, so the margin guards that one
+#: measurement against a lucky sample; it also bounds what the choice can lose (10%)
+THREAD_MARGIN = 1.1
 #: ProbeConfig's deprecated fields that belong here (not recorded with the experiment)
 SPEED_FIELDS = ("step_threads", "trial_block")
 #: the file, under the cache dir, that remembers each step shape's thread choice
