@@ -193,7 +193,7 @@ def _drop_rows(results: Path, name: str) -> None:
 
 # what a trial's result depends on that is not searched, in the order they are reported
 TRAINING_KEYS = ("epochs", "batch_size", "lr", "optimizer", "train_seed", "observed_seed",
-                 "val_labels", "select")
+                 "val_labels", "select", "priors")
 
 
 def training_identity(values: dict[str, Any], dataset: str, space: SearchSpace
@@ -225,6 +225,8 @@ def training_identity(values: dict[str, Any], dataset: str, space: SearchSpace
             out[key] = values.get(key, PROTOCOL_SEED)
         elif key == "val_labels":
             out[key] = values.get(key) or "clean"
+        elif key == "priors":  # the store prior a loss reads (None: none); a study made
+            out[key] = values.get(key)  # before priors has no such key and is not compared
         else:
             out[key] = values.get(key, 0)
     return out

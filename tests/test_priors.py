@@ -512,6 +512,16 @@ def test_cli_import_probe_and_study_on_yeast(store, tmp_path, capsys):
                  "--store", str(store), "--top-k", "1", "--seeds", "0", "--out",
                  str(tmp_path / "study"), "--refit", "--device", "cpu"]) == 0
     assert "refit: trial" in capsys.readouterr().out
+    # the prior is one of the study's training settings: another one would mix results
+    (tmp_path / "other.npy").write_bytes((tmp_path / "scores.npy").read_bytes())
+    assert main(["import", "priors", str(store), "--name", "other", "--from",
+                 str(tmp_path / "other.npy")]) == 0
+    capsys.readouterr()
+    assert main(["study", str(store), "--loss", "gpr", "--priors", "other", "--trials", "6",
+                 "--epochs", "2", "--batch-size", "32", "--lr", "1e-3",
+                 "--out", str(tmp_path / "study")]) == 2
+    assert "priors: the study has 'teacher', this command gives 'other'" in \
+        capsys.readouterr().err
     assert main(["study", str(store), "--loss", "gpr", "--trials", "1", "--epochs", "1",
                  "--out", str(tmp_path / "bad")]) == 2
     assert "--priors" in capsys.readouterr().err
