@@ -157,6 +157,20 @@ class ImageTransform:
 # ----------------------------------------------------------------------------- reading
 
 
+def header_error(path: str | Path) -> str | None:
+    """Why an image file cannot even be opened -- missing, empty, or a header PIL does not
+    recognise or verify -- else None. A cheap check (no pixel decoding): a file that passes it
+    may still fail to decode when featurized (e.g. a truncated JPEG)."""
+    try:
+        with Image.open(path) as image:
+            image.verify()
+    except FileNotFoundError:
+        return f"image file {path} does not exist"
+    except Exception as err:  # PIL raises many types for a file that is not an image
+        return f"cannot open image {path} ({type(err).__name__}: {err})"
+    return None
+
+
 def read_bytes(path: str | Path) -> bytearray:
     """The file's bytes (a writable buffer, so tensors can view it without a copy)."""
     try:

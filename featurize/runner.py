@@ -399,6 +399,29 @@ def featurize(
     )
 
 
+def _unreadable(bad: dict[int, str], start: int, stop: int,
+                batches: list[tuple[int, int, int]], paths: list[Path], ids: list[str]
+                ) -> BadImageError:
+    """The error for a run without --skip-bad that met unreadable images in the batch at rows
+    ``start:stop``: every one of that batch, and every one of the run's rows still to do whose
+    file cannot even be opened (:func:`featurize.images.header_error`), the first 20 named."""
+    from featurize.images import header_error
+
+    found = [(start + i, bad[i]) for i in sorted(bad)]
+    later = [r for _, lo, hi in batches if lo >= stop for r in range(lo, hi)]
+    found += [(r, err) for r in later if (err := header_error(paths[r])) is not None]
+    row, error = found[0]
+    listed = "".join(f"\n  row {r}, image id {ids[r]!r}: {e}" for r, e in found[:20])
+    more = f"\n  ... and {len(found) - 20} more" if len(found) > 20 else ""
+    return BadImageError(
+        f"{error} (row {row}, image id {ids[row]!r}); {len(found)} unreadable image(s) in this "
+        f"run (the {len(later)} images still to do were checked by their header only):{listed}"
+        f"{more}\nfix or remove the files, or pass --skip-bad to store zero features for every "
+        "unreadable image (all listed at the end of the run and in the store's bad_rows). "
+        "Blocks finished so far are kept: re-running the same command resumes"
+    )
+
+
 def _run_batches(
     batches: list[tuple[int, int, int]],
     paths: list[Path],
@@ -452,16 +475,10 @@ def _run_batches(
                     "flips": np.empty((n, dim), dtype=np.float32) if config.with_flip else None,
                 }
             x, bad = _model_input(items, paths[start:stop], rt, transform)
+            if bad and not config.skip_bad:
+                raise _unreadable(bad, start, stop, batches, paths, ids)
             for i, error in bad.items():
                 row = start + i
-                if not config.skip_bad:
-                    raise BadImageError(
-                        f"{error} (row {row}, image id {ids[row]!r}); fix or remove the file, "
-                        "or pass --skip-bad to store zero features for it and every other "
-                        "unreadable image (all listed at the end of the run and in the "
-                        "store's bad_rows). Blocks finished so far are kept: re-running the "
-                        "same command resumes"
-                    )
                 blocks[block]["bad"].append(
                     {"row": row, "image_id": ids[row], "path": str(paths[row]), "error": error}
                 )

@@ -273,6 +273,24 @@ def test_decode_errors_name_the_file(tmp_path):
 # ----------------------------------------------------------------------------- resume, bad
 
 
+def test_a_run_without_skip_bad_lists_every_unreadable_image(tmp_path, folder, resnet18):
+    """The batch's unreadable images and every later one whose file cannot be opened are
+    named in one error (rows, ids, causes), not only the first; nothing is half-written."""
+    _, index = folder
+    paths = _paths(index)
+    victims = {1: paths[1], 6: paths[6], 10: paths[10]}  # batches 0, 1 and 2 of 4 rows
+    for p in victims.values():
+        p.write_bytes(b"not an image at all")
+    with pytest.raises(BadImageError) as caught:
+        featurize(index, tmp_path / "s.zarr", _cfg(), backbone=resnet18)
+    text = str(caught.value)
+    assert "3 unreadable image(s) in this run" in text
+    for row, p in victims.items():
+        assert f"row {row}, image id" in text and p.name in text, (row, text)
+    assert text.index("row 1,") < text.index("row 6,") < text.index("row 10,")
+    assert "--skip-bad" in text
+
+
 def test_interrupted_run_resumes_to_the_same_store(tmp_path, folder, resnet18):
     """A corrupt image in block 2 stops the run naming the file; blocks 0-1 stay written; the
     store is refused as incomplete; after fixing the file the same call resumes (only block 2
