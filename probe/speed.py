@@ -18,6 +18,7 @@ that file (or pass ``thread_cache=False``) to measure again, e.g. after the mach
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -167,8 +168,10 @@ def thread_cache_path() -> Path:
     return default_cache_dir() / THREAD_CACHE_FILE
 
 
+@functools.cache
 def _machine() -> str:
-    """What a thread choice depends on besides the step: host, CPU, cores, torch."""
+    """What a thread choice depends on besides the step: host, CPU, cores, torch (read once
+    per process)."""
     import torch
 
     cpu = platform.processor() or platform.machine()

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 import probe.losses as L
-from probe import ProbeConfig, ProbeConfigError, train_probe
+from probe import ProbeConfig, ProbeConfigError, SpeedOptions, train_probe
 from probe.data import ProbeData
 from probe.errors import SpmlError
 from probe.losses import LossInputError, create_loss
@@ -424,10 +424,10 @@ def test_per_trial_seeds_and_trial_blocks_each_get_the_prior():
         torch.testing.assert_close(result.head(t, best=False).weight, ref.weight.detach(),
                                    atol=2e-5, rtol=1e-4)
     shared = dataclasses.replace(per_seed, seeds=None, seed=4)
-    one = train_probe(data, dataclasses.replace(shared, trial_block=0), "vlpl",
-                      [{"threshold": v} for v in (0.2, 0.3, 0.45)])
-    blocks = train_probe(data, dataclasses.replace(shared, trial_block=1), "vlpl",
-                         [{"threshold": v} for v in (0.2, 0.3, 0.45)])
+    one = train_probe(data, shared, "vlpl", [{"threshold": v} for v in (0.2, 0.3, 0.45)],
+                      speed=SpeedOptions(trial_block=0))
+    blocks = train_probe(data, shared, "vlpl", [{"threshold": v} for v in (0.2, 0.3, 0.45)],
+                         speed=SpeedOptions(trial_block=1))
     assert blocks.timing["trial_blocks"] == [1, 1, 1]
     torch.testing.assert_close(blocks.final_heads, one.final_heads, atol=1e-6, rtol=1e-5)
 
