@@ -14,17 +14,17 @@ from probe.results import ProbeResult
 
 from .common import (
     GR_SWITCHES,
+    AnalysisResult,
     AnalyzeError,
-    _interval_caption,
-    _iv,
-    _pin_training,
-    _pm,
-    _Result,
-    _seeds,
-    _settings,
-    _train,
-    _trial_scores,
     check_fixed,
+    config_seeds,
+    format_interval,
+    format_pm,
+    interval_caption,
+    pin_training,
+    run_settings,
+    train_runs,
+    trial_scores,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -68,7 +68,7 @@ _REFERENCE_ROW = "GR (k̂ + v + L)"
 
 
 @dataclass
-class AblationResult(_Result):
+class AblationResult(AnalysisResult):
     """Table 3 on this store: per row val and test mAP (mean ± std over seeds)."""
 
     rows: list[dict[str, Any]]
@@ -83,12 +83,13 @@ class AblationResult(_Result):
         n = len(self.settings["seeds"])
         header = ["row", "k̂", "v", "L", "loss", "val mAP", "test mAP", "95% interval",
                   "best epoch"]
-        rows = [[r["name"], *r["marks"], r["loss"], _pm(r["val_mean"], r["val_std"], n),
-                 _pm(r["test_mean"], r["test_std"], n), _iv(r["test_low"], r["test_high"]),
+        rows = [[r["name"], *r["marks"], r["loss"], format_pm(r["val_mean"], r["val_std"], n),
+                 format_pm(r["test_mean"], r["test_std"], n),
+                 format_interval(r["test_low"], r["test_high"]),
                  ",".join("-" if e is None else str(e) for e in r["best_epochs"])]
                 for r in self.rows]
         cap = ("mAP (%) at the best val epoch" + (f", mean ± std over {n} seeds" if n > 1 else "")
-               + f"; test mAP's {_interval_caption(n)}"
+               + f"; test mAP's {interval_caption(n)}"
                + "; ✓ on, × off (k̂ ≡ 0, v ≡ 1, q1 = q2 = q3 = 0.01), ◦ learned by gradient "
                "descent; best epoch counted from 1")
         return [(cap, header, rows)]
@@ -124,7 +125,7 @@ def run_ablation(
     hp = ablation_hparams(hparams)
     if not rows:
         raise AnalyzeError("run_ablation: no rows to train")
-    seeds = _seeds(config)
+    seeds = config_seeds(config)
     order = sorted(range(len(rows)), key=lambda i: rows[i].name != _REFERENCE_ROW)
     results: dict[int, ProbeResult] = {}
     bar = Progress(len(rows), "ablation rows", "run", enabled=progress)
@@ -132,15 +133,15 @@ def run_ablation(
         row = rows[i]
         row_hp = {**hp, **row.switches} if row.loss == "gr" else {
             k: v for k, v in hp.items() if k in TRAINER_KEYS}
-        results[i] = _train(data, config, row.loss, [row_hp], seeds, progress)
+        results[i] = train_runs(data, config, row.loss, [row_hp], seeds, progress)
         if len(results) == 1:
-            config = _pin_training(config, results[i])
+            config = pin_training(config, results[i])
         bar.update(1)
     bar.close()
     out_rows = []
     for i, row in enumerate(rows):
         r = results[i]
-        scores = _trial_scores(r, range(len(seeds)))
+        scores = trial_scores(r, range(len(seeds)))
         out_rows.append({"name": row.name, "loss": row.loss, "marks": list(row.marks),
                          "switches": row.switches, **scores,
                          "hparams": r.trials[0].hparams})
@@ -150,4 +151,4 @@ def run_ablation(
         notes.append("the AN row trains the 'an' loss (−log p, −log(1−p)), the paper's "
                      "baseline; GR with k̂, v and L all off would give (1 − e^(−0.01·a))/0.01 "
                      "of AN's entry loss a (q = 0.01), not exactly AN")
-    return AblationResult(out_rows, _settings(data, first, seeds), hp, notes)
+    return AblationResult(out_rows, run_settings(data, first, seeds), hp, notes)

@@ -17,19 +17,19 @@ from probe.config import ProbeConfig
 from probe.data import ProbeData
 
 from .common import (
+    AnalysisResult,
     AnalyzeError,
     BucketStats,
-    _init_heads,
-    _masked_probs,
-    _Result,
-    _seeds,
-    _settings,
-    _train,
-    _trial_scores,
     bucket_rates,
     check_fixed,
+    config_seeds,
     k_hat_curve,
+    masked_probs,
+    run_settings,
     scar_curve,
+    seeded_heads,
+    train_runs,
+    trial_scores,
     unannotated_truth,
 )
 
@@ -39,7 +39,7 @@ from .common import (
 
 
 @dataclass
-class CalibrationResult(_Result):
+class CalibrationResult(AnalysisResult):
     """Fig. 5 on this store: FN/(FN+TN) per confidence bucket before and after training."""
 
     loss: str
@@ -111,7 +111,7 @@ def _gap(stats: BucketStats, curve: Callable[[np.ndarray], np.ndarray]) -> float
 
 def _confidences(x: Tensor, heads: Tensor, mask: Tensor, truth: Tensor) -> tuple[Tensor, Tensor]:
     """The masked entries' confidences under every head (trials pooled) and their truth."""
-    ps = [_masked_probs(x, heads[t], mask) for t in range(heads.shape[0])]
+    ps = [masked_probs(x, heads[t], mask) for t in range(heads.shape[0])]
     return torch.cat(ps), truth[mask].repeat(heads.shape[0])
 
 
@@ -137,9 +137,9 @@ def run_calibration(
         raise AnalyzeError("--loss knn: the kNN baseline trains no head; pick a loss")
     hp = check_fixed(loss, hparams)
     x, mask, truth = unannotated_truth(data, "train")
-    seeds = _seeds(config)
-    result = _train(data, config, loss, [hp], seeds, progress)
-    before = bucket_rates(*_confidences(x, _init_heads(seeds, data.feature_dim, data.n_classes),
+    seeds = config_seeds(config)
+    result = train_runs(data, config, loss, [hp], seeds, progress)
+    before = bucket_rates(*_confidences(x, seeded_heads(seeds, data.feature_dim, data.n_classes),
                                         mask, truth), n_buckets)
     after = bucket_rates(*_confidences(x, result.final_heads, mask, truth), n_buckets)
     observed_pos = int((data.train_observed == 1).sum())
@@ -167,5 +167,5 @@ def run_calibration(
     if k_final is not None:
         gaps["k̂ final"] = _gap(after, lambda p: k_hat_curve(p, *k_final))
     return CalibrationResult(loss, before, after, k_start, k_final, a, fn_rate, gaps,
-                             _settings(data, result, seeds), trial_hp,
-                             _trial_scores(result, range(len(seeds))), notes)
+                             run_settings(data, result, seeds), trial_hp,
+                             trial_scores(result, range(len(seeds))), notes)

@@ -78,7 +78,7 @@ class BucketStats:
     mean_p: np.ndarray  # (n,) float, NaN where empty
 
     def to_dict(self) -> dict[str, list]:
-        return {k: _json_floats(v) for k, v in asdict(self).items()}
+        return {k: json_floats(v) for k, v in asdict(self).items()}
 
 
 def bucket_rates(p: Tensor | np.ndarray, truth: Tensor | np.ndarray,
@@ -165,7 +165,8 @@ def unannotated_truth(data: ProbeData, split: str = "train") -> tuple[Tensor, Te
 # --------------------------------------------------------------------------------------------
 
 
-def _seeds(config: ProbeConfig) -> tuple[int, ...]:
+def config_seeds(config: ProbeConfig) -> tuple[int, ...]:
+    """The run's seeds: ``config.seeds`` when set, else the one ``config.seed``."""
     return tuple(config.seeds) if config.seeds is not None else (config.seed,)
 
 
@@ -182,13 +183,14 @@ def _mean_std(values: Sequence[float]) -> tuple[float, float]:
     return mean, (statistics.stdev(vals) if len(vals) > 1 else 0.0)
 
 
-def _pm(mean: float, std: float, n: int) -> str:
+def format_pm(mean: float, std: float, n: int) -> str:
+    """``mean ± std`` with two decimals (the mean alone for one value, ``nan`` if undefined)."""
     if not math.isfinite(mean):
         return "nan"
     return f"{mean:.2f} ± {std:.2f}" if n > 1 else f"{mean:.2f}"
 
 
-def _json_floats(values: Any) -> list:
+def json_floats(values: Any) -> list:
     """NumPy / tensor values as JSON-safe lists (NaN → None)."""
     arr = np.asarray(values.cpu() if isinstance(values, Tensor) else values)
     out = arr.tolist()
@@ -259,7 +261,7 @@ def check_fixed(loss: str, hparams: dict[str, Any] | None, forbidden: Iterable[s
     return hparams
 
 
-def _pin_training(config: ProbeConfig, result: ProbeResult) -> ProbeConfig:
+def pin_training(config: ProbeConfig, result: ProbeResult) -> ProbeConfig:
     """The config with batch size, lr and epochs fixed to what ``result`` resolved, so every
     run of an analysis trains with the same settings (a loss without presets would otherwise
     fall back to the generic ones)."""
@@ -268,7 +270,9 @@ def _pin_training(config: ProbeConfig, result: ProbeResult) -> ProbeConfig:
                    epochs=int(cfg["epochs"]))
 
 
-def _settings(data: ProbeData, result: ProbeResult, seeds: Sequence[int]) -> dict[str, Any]:
+def run_settings(data: ProbeData, result: ProbeResult, seeds: Sequence[int]) -> dict[str, Any]:
+    """The training settings an analysis ran with (store, batch, lr, epochs, seeds, …), as the
+    result's ``settings``."""
     cfg = result.config
     return {
         "store": data.source.get("path", "(arrays)"),
@@ -293,7 +297,7 @@ def _settings_line(s: dict[str, Any]) -> str:
             f"seeds {','.join(map(str, s['seeds']))}")
 
 
-def _trial_scores(result: ProbeResult, trials: Sequence[int]) -> dict[str, Any]:
+def trial_scores(result: ProbeResult, trials: Sequence[int]) -> dict[str, Any]:
     """Val / test mAP of one point's trials (its seeds): mean, std, and the test mAP's 95%
     interval (:func:`_test_interval`)."""
     vals = [_finite_or_nan(result.trials[t].best.get("val_map")) for t in trials]
@@ -309,7 +313,7 @@ def _trial_scores(result: ProbeResult, trials: Sequence[int]) -> dict[str, Any]:
 def _test_interval(result: ProbeResult, trials: Sequence[int], tests: list[float]
                    ) -> tuple[float, float]:
     """95% interval of a point's test mAP: of the mean over its seeds (Student t) when it has
-    several, else over the test images (paired bootstrap, attached by :func:`_train`)."""
+    several, else over the test images (paired bootstrap, attached by :func:`train_runs`)."""
     if len(tests) > 1:
         iv = mean_interval(tests)
         return iv.low, iv.high
@@ -317,17 +321,19 @@ def _test_interval(result: ProbeResult, trials: Sequence[int], tests: list[float
     return (_finite_or_nan(best.get("test_map_low")), _finite_or_nan(best.get("test_map_high")))
 
 
-def _interval_caption(n_seeds: int) -> str:
+def interval_caption(n_seeds: int) -> str:
+    """What a table's interval column means: over seeds (several) or test images (one)."""
     return ("95% interval of the mean over the seeds (Student t)" if n_seeds > 1 else
             "95% interval over the test images (paired bootstrap, 1,000 resamples)")
 
 
-def _iv(low: float, high: float) -> str:
+def format_interval(low: float, high: float) -> str:
+    """A 95% interval as ``[low, high]`` with two decimals."""
     return f"[{low:.2f}, {high:.2f}]" if math.isfinite(low) and math.isfinite(high) else "-"
 
 
-def _train(data: ProbeData, config: ProbeConfig, loss: str, hparams: Sequence[dict],
-           seeds: Sequence[int], progress: bool) -> ProbeResult:
+def train_runs(data: ProbeData, config: ProbeConfig, loss: str, hparams: Sequence[dict],
+               seeds: Sequence[int], progress: bool) -> ProbeResult:
     """Every hyperparameter dict × every seed as one stacked run (trial = point·S + seed);
     with one seed, each trial's test mAP gets its bootstrap interval over the test images."""
     trials = [dict(h) for h in hparams for _ in seeds]
@@ -344,7 +350,7 @@ def _train(data: ProbeData, config: ProbeConfig, loss: str, hparams: Sequence[di
 
 
 @dataclass
-class _Result(ABC):
+class AnalysisResult(ABC):
     """What every analysis returns: a title, its settings, notes; tables and figures."""
 
     kind: str = field(init=False, default="")  # names the output files: <kind>.json / .md
@@ -389,7 +395,7 @@ class _Result(ABC):
 _ROW_BLOCK = 8192  # rows per product: the float32 copy of a block stays small (COCO: 67 MB)
 
 
-def _masked_probs(x: Tensor, head: Tensor, mask: Tensor) -> Tensor:
+def masked_probs(x: Tensor, head: Tensor, mask: Tensor) -> Tensor:
     """σ(x @ head)[mask] for features ``x`` (N, D+1) in their storage dtype and one head
     (D+1, C), computed in float32 row blocks (row-major order of the masked entries)."""
     w = head.to(device=x.device, dtype=torch.float32)
@@ -399,7 +405,7 @@ def _masked_probs(x: Tensor, head: Tensor, mask: Tensor) -> Tensor:
 
 
 
-def _init_heads(seeds: Sequence[int], d: int, c: int) -> Tensor:
+def seeded_heads(seeds: Sequence[int], d: int, c: int) -> Tensor:
     """(T, D+1, C): the untrained heads exactly as the engine draws them (probe.train.init_head)."""
     out = []
     for s in seeds:

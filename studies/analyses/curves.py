@@ -16,7 +16,7 @@ from probe.losses import LossInputError, create_loss, get_loss_class
 from probe.losses._base import HParam, check_hparams
 from probe.trials import expand_grid
 
-from .common import AnalyzeError, _Result
+from .common import AnalysisResult, AnalyzeError
 
 # --------------------------------------------------------------------------------------------
 # loss and gradient curves (paper Fig. 1)
@@ -24,7 +24,7 @@ from .common import AnalyzeError, _Result
 
 
 @dataclass
-class CurvesResult(_Result):
+class CurvesResult(AnalysisResult):
     """Fig. 1: per loss, variant and epoch, the entry loss and its gradient w.r.t. the logit on
     an unannotated label (y=0) and a positive (y=1), as functions of p."""
 

@@ -18,17 +18,17 @@ from probe.results import EpochReport
 from probe.train import train_probe
 
 from .common import (
+    AnalysisResult,
     AnalyzeError,
-    _init_heads,
-    _json_floats,
-    _masked_probs,
-    _pin_training,
-    _pm,
-    _Result,
-    _seeds,
-    _settings,
-    _trial_scores,
     check_fixed,
+    config_seeds,
+    format_pm,
+    json_floats,
+    masked_probs,
+    pin_training,
+    run_settings,
+    seeded_heads,
+    trial_scores,
     unannotated_truth,
     wasserstein_1d,
 )
@@ -54,7 +54,7 @@ class _DistinguishProbe:
         w1, hp, hn = [], torch.zeros(self.bins, dtype=torch.float64), torch.zeros(
             self.bins, dtype=torch.float64)
         for t in range(heads.shape[0]):
-            p = _masked_probs(self.x, heads[t], self.mask)
+            p = masked_probs(self.x, heads[t], self.mask)
             pp, pn = p[self.pos], p[~self.pos]
             w1.append(wasserstein_1d(pp, pn))
             hp += torch.histc(pp.double(), self.bins, 0, 1).cpu()
@@ -76,7 +76,7 @@ class _DistinguishProbe:
 
 
 @dataclass
-class DistinguishResult(_Result):
+class DistinguishResult(AnalysisResult):
     """Fig. 3 on this store: per loss and epoch the W1 distance between the confidences of the
     positive and negative unannotated entries, and their histograms."""
 
@@ -110,8 +110,8 @@ class DistinguishResult(_Result):
                f"unannotated {self.split} entries after each epoch"
                + (f", mean ± std over {n} seeds" if n > 1 else "")
                + "; * = the best val epoch of the first seed")
-        score_rows = [[r["loss"], _pm(r["val_mean"], r["val_std"], n),
-                       _pm(r["test_mean"], r["test_std"], n)] for r in self.losses]
+        score_rows = [[r["loss"], format_pm(r["val_mean"], r["val_std"], n),
+                       format_pm(r["test_mean"], r["test_std"], n)] for r in self.losses]
         return [(cap, header, rows),
                 ("mAP (%) at the best val epoch", ["loss", "val mAP", "test mAP"], score_rows)]
 
@@ -183,9 +183,9 @@ def run_distinguish(
     fixed = {name: check_fixed(name, hparams.get(name)) for name in losses}
     hist_epochs_for(hist_epochs, config.epochs)
     x, mask, truth = unannotated_truth(data, split)
-    seeds = _seeds(config)
+    seeds = config_seeds(config)
     config = replace(config, eval_every=1)
-    init = _init_heads(seeds, data.feature_dim, data.n_classes)
+    init = seeded_heads(seeds, data.feature_dim, data.n_classes)
     out, first = [], None
     for name in losses:
         probe = _DistinguishProbe(x, mask, truth, bins)
@@ -195,15 +195,15 @@ def run_distinguish(
         result = train_probe(data, cfg, name, trials, callback=probe.callback, progress=progress)
         if first is None:
             first = result
-            config = _pin_training(config, result)
+            config = pin_training(config, result)
             hist_epochs_for(hist_epochs, config.epochs)  # before the other losses train
         w1 = np.array(probe.w1)  # (epochs + 1, T)
         best = result.trials[0].best_epoch
-        scores = _trial_scores(result, range(len(seeds)))
+        scores = trial_scores(result, range(len(seeds)))
         out.append({
             "loss": name, "hparams": result.trials[0].hparams, "epochs": probe.epochs,
-            "w1": _json_floats(w1), "w1_mean": _json_floats(w1.mean(1)),
-            "w1_std": _json_floats(w1.std(1, ddof=1) if w1.shape[1] > 1 else 0 * w1.mean(1)),
+            "w1": json_floats(w1), "w1_mean": json_floats(w1.mean(1)),
+            "w1_std": json_floats(w1.std(1, ddof=1) if w1.shape[1] > 1 else 0 * w1.mean(1)),
             "hist_pos": probe.hist_pos, "hist_neg": probe.hist_neg,
             "best_epoch": best, **scores,
         })
@@ -212,5 +212,5 @@ def run_distinguish(
     chosen = {r["loss"]: hist_epochs_for(hist_epochs, n_epochs, r["best_epoch"]) for r in out}
     counts = {"unannotated": int(mask.sum()), "positive": int((mask & truth).sum()),
               "negative": int((mask & ~truth).sum())}
-    return DistinguishResult(out, split, bins, chosen, _settings(data, first, seeds), counts,
+    return DistinguishResult(out, split, bins, chosen, run_settings(data, first, seeds), counts,
                              list(first.config.get("notes", [])))

@@ -12,17 +12,17 @@ from probe.config import TRAINER_KEYS, ProbeConfig
 from probe.data import ProbeData
 
 from .common import (
+    AnalysisResult,
     AnalyzeError,
-    _interval_caption,
-    _iv,
-    _pin_training,
-    _pm,
-    _Result,
-    _seeds,
-    _settings,
-    _train,
-    _trial_scores,
     check_fixed,
+    config_seeds,
+    format_interval,
+    format_pm,
+    interval_caption,
+    pin_training,
+    run_settings,
+    train_runs,
+    trial_scores,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -111,7 +111,7 @@ def sweep_points(param: str, values: Sequence[float] | None = None,
 
 
 @dataclass
-class SensitivityResult(_Result):
+class SensitivityResult(AnalysisResult):
     """Fig. 2 on this store: val / test mAP at every point of one sweep."""
 
     param: str
@@ -137,15 +137,17 @@ class SensitivityResult(_Result):
         for p in self.points:
             rows.append([f"{p['series']:g}", f"{p['x']:g}",
                          *[f"{p['hparams'][k]:.4g}" for k in extra],
-                         _pm(p["val_mean"], p["val_std"], n),
-                         _pm(p["test_mean"], p["test_std"], n),
-                         _iv(p["test_low"], p["test_high"])])
+                         format_pm(p["val_mean"], p["val_std"], n),
+                         format_pm(p["test_mean"], p["test_std"], n),
+                         format_interval(p["test_low"], p["test_high"])])
         if self.baseline is not None:
             b = self.baseline
-            rows.append(["AN baseline", "", *[""] * len(extra), _pm(b["val_mean"], b["val_std"], n),
-                         _pm(b["test_mean"], b["test_std"], n), _iv(b["test_low"], b["test_high"])])
+            rows.append(["AN baseline", "", *[""] * len(extra),
+                         format_pm(b["val_mean"], b["val_std"], n),
+                         format_pm(b["test_mean"], b["test_std"], n),
+                         format_interval(b["test_low"], b["test_high"])])
         cap = ("mAP (%) at the best val epoch" + (f", mean ± std over {n} seeds" if n > 1 else "")
-               + f"; test mAP's {_interval_caption(n)}"
+               + f"; test mAP's {interval_caption(n)}"
                + f"; all {len(self.points)} points trained stacked in one run")
         return [(cap, header, rows)]
 
@@ -196,16 +198,17 @@ def run_sensitivity(
     config.validate()
     hp = sweep_hparams(param, hparams)
     points = sweep_points(param, values, series)
-    seeds = _seeds(config)
-    result = _train(data, config, "gr", [{**hp, **p["hparams"]} for p in points], seeds, progress)
+    seeds = config_seeds(config)
+    result = train_runs(data, config, "gr", [{**hp, **p["hparams"]} for p in points], seeds,
+                        progress)
     base = None
     if baseline:
-        an = _train(data, _pin_training(config, result), "an",
+        an = train_runs(data, pin_training(config, result), "an",
                     [{k: v for k, v in hp.items() if k in TRAINER_KEYS}], seeds, progress)
-        base = _trial_scores(an, range(len(seeds)))
+        base = trial_scores(an, range(len(seeds)))
     out = []
     for i, p in enumerate(points):
         trials = range(i * len(seeds), (i + 1) * len(seeds))
-        out.append({**p, **_trial_scores(result, trials)})
-    return SensitivityResult(param, out, base, _settings(data, result, seeds), hp,
+        out.append({**p, **trial_scores(result, trials)})
+    return SensitivityResult(param, out, base, run_settings(data, result, seeds), hp,
                              list(result.config.get("notes", [])))
