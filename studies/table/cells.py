@@ -234,7 +234,7 @@ def _columns(paths: Sequence[str], config: TableConfig) -> list[Column]:
         if missing:
             raise TableError(
                 f"--observed-seeds: {path} holds the draws {','.join(map(str, have))}, not "
-                f"{','.join(map(str, missing))}; add them first ('spml draw {path} --seed "
+                f"{','.join(map(str, missing))}; add them first ('spml draw {path} --seeds "
                 f"{missing[0]}') or ask for the ones it holds")
         if config.priors and config.priors not in prior_names(store):
             held = ", ".join(prior_names(store)) or "none"
