@@ -189,7 +189,17 @@ def test_tune_adds_a_tuned_row_per_loss(store, tmp_path, capsys):
     assert (out / "studies" / "yeast-gr").is_dir()
     cells = pl.read_parquet(out / "cells.parquet")
     tuned = cells.filter(pl.col("row_kind") == "tuned")
-    assert tuned.height == 2 and all("--set" in c or "an" in c for c in tuned["command"])
+    assert tuned.height == 2
+    gr_tuned = tuned.filter(pl.col("loss") == "gr")
+    assert "--set" in gr_tuned["command"][0]  # the winner's hyperparameters, spelled out
+    # a study folder's winner as a row of its own (--from), trained like the tuned row
+    assert main(["table", store, "--losses", "an", "--from", str(out / "studies" / "yeast-gr"),
+                 "--observed-seeds", "1200", "--out", str(out), *FAST]) == 0
+    assert "| gr, searched (table-yeast-gr) |" in capsys.readouterr().out
+    cells = pl.read_parquet(out / "cells.parquet")
+    searched = cells.filter(pl.col("row_kind") == "study")
+    assert searched["test_map"][0] == pytest.approx(gr_tuned["test_map"][0], abs=1e-9)
+    assert searched["cell"][0] == gr_tuned["cell"][0]  # the same settings: the same cell
 
 
 @pytest.mark.slow

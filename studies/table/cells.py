@@ -277,6 +277,8 @@ def plan_table(paths: Sequence[str], config: TableConfig) -> Plan:
     write."""
     from probe import losses as _losses
 
+    from ..study_settings import open_study_store, preflight
+
     config.validate()
     if config.out and Path(config.out).exists() and not Path(config.out).is_dir():
         raise TableError(f"--out {config.out}: a file; pass a folder (it keeps the cells)")
@@ -301,6 +303,7 @@ def plan_table(paths: Sequence[str], config: TableConfig) -> Plan:
             for n in names:
                 s = _study_settings(col, n, config, _losses.get_loss_class(n).prior is not None)
                 s.validate()
+                preflight(s, open_study_store(col.path))  # what run_study checks, up front
                 study_settings.append((i, n, s))
     settings = {}
     for i, col in enumerate(columns):
@@ -329,12 +332,22 @@ def resolve_settings(m: Method, col: Column, data: Any, config: TableConfig,
     plan = plan_trials(data, m.probe_config(col.draws[0], config), m.loss, [dict(m.hparams)])
     t = plan.training
     if notes is not None and m.kind == "preset" and "generic" in t.sources.get("epochs", ""):
-        notes.append(f"{m.loss} on {col.dataset}: no paper preset; the generic setting "
-                     f"(batch {t.batch_size}, lr {t.lr:g}, {t.epochs} epochs)")
+        _note_generic(notes, m.loss, col.dataset, f"batch {t.batch_size}, lr {t.lr:g}, "
+                      f"{t.epochs} epochs")
     return {**base, "kind": "probe", "loss": m.loss, "labels": m.labels, "priors": m.priors,
             "hparams": plan.hparams[0], "lr": plan.lr[0], "weight_decay": plan.weight_decay[0],
             "batch_size": t.batch_size, "epochs": t.epochs, "seed": config.seed,
             "optimizer": "adam", "val_labels": "clean", "flip": True, "drop_last": True}
+
+
+def _note_generic(notes: list[str], loss: str, dataset: str, setting: str) -> None:
+    """One note per dataset and setting naming every loss without a paper preset for it."""
+    head = f"no paper preset for {dataset}, the generic setting ({setting}): "
+    for k, note in enumerate(notes):
+        if note.startswith(head):
+            notes[k] = f"{note}, {loss}"
+            return
+    notes.append(head + loss)
 
 
 def _study_method(folder: str, columns: list[Column], config: TableConfig) -> Method:
