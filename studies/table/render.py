@@ -212,14 +212,24 @@ class Table:
 
 def write_outputs(table: Table, out: str | Path) -> list[Path]:
     """Write ``table.md``, ``table.tex``, ``cells.parquet``, ``cells.csv`` and
-    ``commands.sh`` into ``out`` (each atomically); returns their paths."""
-    from probe.io import atomic_write, atomic_write_text
+    ``commands.sh`` into ``out`` (each atomically, and only where its bytes change: a rerun
+    that trained nothing leaves every file as it was); returns their paths."""
+    import io
+
+    from probe.io import atomic_write
 
     out = Path(out)
     frame = table.frame()
-    written = [atomic_write_text(out / "table.md", table.markdown()),
-               atomic_write_text(out / "table.tex", table.latex()),
-               atomic_write(out / "cells.parquet", frame.write_parquet),
-               atomic_write(out / "cells.csv", frame.write_csv),
-               atomic_write_text(out / "commands.sh", table.commands())]
+    parquet, csv = io.BytesIO(), io.BytesIO()
+    frame.write_parquet(parquet)
+    frame.write_csv(csv)
+    files = {"table.md": table.markdown().encode(), "table.tex": table.latex().encode(),
+             "cells.parquet": parquet.getvalue(), "cells.csv": csv.getvalue(),
+             "commands.sh": table.commands().encode()}
+    written = []
+    for name, data in files.items():
+        path = out / name
+        if not (path.is_file() and path.read_bytes() == data):
+            atomic_write(path, lambda fh, data=data: fh.write(data))
+        written.append(path)
     return written
