@@ -225,3 +225,35 @@ def test_the_done_when_command(yeast_store, tmp_path, capsys):
     assert main(["table", str(y), "--losses", "gr", "--observed-seeds", "1200,1,2,3",
                  "--out", str(out), "--quiet"]) == 0
     assert _trained(capsys.readouterr().err) == 1
+
+
+def test_marks_follow_the_paired_test_within_the_column(store):
+    """Three rows with known relations: gr given an's very heads (a difference of exactly 0:
+    marked, Holm p = 1) and em given an's heads negated (far worse: not marked)."""
+
+    from probe.data import ProbeData
+    from probe.evaluate import stacked_logits
+    from probe.metrics import mean_average_precision
+    from studies.table import Table, TableConfig, plan_table
+    from studies.table.cells import make_cells, train_cells
+
+    plan = plan_table([store], TableConfig(losses=("an", "gr", "em"), observed_seeds=(1200, 1),
+                                           epochs=2, lr=0.01, batch_size=32, resamples=200))
+    cells = make_cells(plan)
+    train_cells(plan, cells, progress=False, log=lambda m: None)
+    data = ProbeData.from_store(store, device="cpu", flip=False)
+    by = {name: sorted((c for c in cells if c.method.loss == name), key=lambda c: c.observed_seed)
+          for name in ("an", "gr", "em")}
+    for a, g, e in zip(by["an"], by["gr"], by["em"]):
+        g.head, g.test_map = a.head.clone(), a.test_map
+        e.head = -a.head
+        logits = stacked_logits(data.test_x, e.head[None].float())[0]
+        e.test_map = float(mean_average_precision(data.test_labels, logits=logits).map)
+    table = Table(plan, cells)
+    an, gr, em = (table.entries[(j, 0)] for j in range(3))
+    assert an.best and not gr.best and not em.best  # a tie goes to the first row
+    assert gr.not_worse and gr.p_holm == 1.0
+    assert not em.not_worse and em.p_holm < 0.05
+    rows = [line for line in table.markdown().splitlines() if line.startswith("| ")]
+    assert rows[1].startswith("| an | **") and rows[2].endswith("† |")
+    assert "†" not in rows[3]
