@@ -19,6 +19,7 @@ command                                        defined in                   over
 ``spml compare``                               :mod:`studies.cli.compare`   studies.compare
 ``spml finetune``                              :mod:`studies.cli.finetune`  studies.finetune
 ``spml demo``                                  :mod:`studies.cli.demo`      studies.demo
+``spml table``                                 :mod:`studies.cli.table`     studies.table
 =============================================  ===========================  =======================
 
 Each module exposes ``register_cli(sub, bench)``; a command is a thin function
@@ -56,6 +57,7 @@ COMMAND_MODULES = (
     "studies.cli.compare",
     "studies.cli.finetune",
     "studies.cli.demo",
+    "studies.cli.table",
 )
 
 

@@ -1,0 +1,105 @@
+"""``spml table``: a thin argparse layer over :func:`studies.table.build_table`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from probe.cliargs import add_device_argument, parse_names, parse_seeds
+
+TABLE_EPILOG = """\
+examples:
+  spml table yeast.zarr --include full --out t/
+  spml table yeast.zarr --observed-seeds 1200,1,2 --include full --out t/
+  spml table yeast.zarr --losses gr --observed-seeds 1200,1,2,3 --out t/   # only new cells
+  spml table coco.zarr --priors clip --out t/          # + vlpl, gpr and the zero-shot row
+  spml table yeast.zarr --losses an,em,gr --tune 16 --out t/    # a tuned row per loss
+  spml table voc.zarr coco.zarr --losses an,gr --from runs/gr-study --out t/
+
+Rows: every loss (--losses all) at its paper preset for each store's dataset, or the generic
+setting where a paper gives none (said below the table); --include full adds the full-label
+oracle; --priors NAME the losses that read that store prior and the zero-shot row (the prior's
+scores as the classifier); --tune N an N-trial study per loss, its winner as a row; --from a
+study's winner. Columns: one per store (its dataset). A cell is the test mAP at the best-val
+epoch, mean over the draws (--observed-seeds; default: every draw the store holds) with its
+95% interval; bold = the column's best; a dagger = not significantly worse than it (paired
+bootstrap over the same test images, Holm within the column). With --out, every trained cell
+is kept (keyed by its settings): a rerun trains nothing, a larger table only its new cells.
+--out also gets table.md, table.tex (booktabs), cells.parquet / cells.csv (the 'spml export'
+rows, one per cell and draw) and commands.sh (the 'spml probe' command of every cell).
+docs/tables.md explains the marks and the keys.
+"""
+
+
+def _table(args: argparse.Namespace) -> int:
+    from studies.table import TableConfig, build_table, write_outputs
+
+    losses = None if args.losses == "all" else tuple(parse_names(args.losses, "--losses"))
+    include = parse_names(args.include, "--include") if args.include else []
+    for what in include:
+        if what != "full":
+            from studies.table import TableError
+
+            raise TableError(f"--include: 'full' (the full-label oracle) is the only row to "
+                             f"include; got {what!r}")
+    seeds = (tuple(parse_seeds(args.observed_seeds, "--observed-seeds"))
+             if args.observed_seeds else None)
+    config = TableConfig(
+        losses=losses, include_full="full" in include, observed_seeds=seeds, priors=args.priors,
+        tune=args.tune, select=args.select, from_studies=tuple(args.from_study or ()),
+        seed=args.seed, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+        out=args.out, device=args.device, resamples=args.resamples)
+    table = build_table(args.stores, config, progress=not args.quiet,
+                        log=lambda m: print(m, file=sys.stderr))
+    print(table.markdown(), end="")
+    if args.out:
+        written = write_outputs(table, args.out)
+        print(f"\n{table.n_trained} cell(s) trained; written: "
+              + ", ".join(str(p) for p in written), file=sys.stderr)
+    return 0
+
+
+def register_cli(sub: argparse._SubParsersAction,
+                 bench: argparse._SubParsersAction | None = None) -> None:
+    """Add ``spml table`` to the top-level subparsers."""
+    p = sub.add_parser(
+        "table",
+        help="the paper's Table 1: every loss (and the oracle, zero-shot, tuned rows) on each "
+             "store, mean test mAP over draws with intervals and significance marks",
+        description="Rows = methods, columns = stores; Markdown on stdout, and with --out "
+                    "LaTeX, Parquet/CSV and the reproducing command of every cell.",
+        epilog=TABLE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("stores", nargs="+", metavar="STORE", help="feature stores, one column each")
+    p.add_argument("--losses", default="all",
+                   help="comma list of losses ('spml losses list'), or all (default)")
+    p.add_argument("--include", metavar="full",
+                   help="full: also the full-label oracle (spml probe --labels full)")
+    p.add_argument("--observed-seeds", metavar="S1,S2,...",
+                   help="single-positive draws of every cell (default: every draw the store "
+                   "holds; 'spml draw' adds one)")
+    p.add_argument("--priors", metavar="NAME",
+                   help="a store prior: adds the losses that read it (vlpl, gpr) and the "
+                   "zero-shot row")
+    p.add_argument("--tune", type=int, default=0, metavar="N",
+                   help="also an N-trial study per loss (same sampler, seed and --select), its "
+                   "winner as a row (needs --out)")
+    p.add_argument("--select", default="val",
+                   help="how a --tune study scores a trial: val | cv:K | draws:N (as spml study)")
+    p.add_argument("--from", dest="from_study", action="append", metavar="STUDY_DIR",
+                   help="a study folder ('spml study --out'): its winner as a row (repeatable)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="training seed of every cell, and the tuning sampler's (default: 0)")
+    p.add_argument("--epochs", type=int, help="epochs of every cell (default: each loss's "
+                   "paper setting)")
+    p.add_argument("--batch-size", type=int, help="batch size of every cell (default: as "
+                   "--epochs)")
+    p.add_argument("--lr", type=float, help="learning rate of every cell (default: as --epochs)")
+    p.add_argument("--out", metavar="DIR",
+                   help="keep the cells here (resumable) and write table.md, table.tex, "
+                   "cells.parquet, cells.csv, commands.sh")
+    p.add_argument("--resamples", type=int, default=1000,
+                   help="bootstrap resamples of the test images (default: 1000)")
+    add_device_argument(p)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_table)

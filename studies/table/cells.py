@@ -1,0 +1,558 @@
+"""The rows, the checks and the cells of ``spml table`` (:mod:`studies.table`).
+
+A *cell* is one method trained on one store with one single-positive draw; a column's entry
+is the mean over its draws. A cell's key is a hash of its resolved settings (store contents,
+loss, every hyperparameter after presets and data-derived values, batch size, lr, epochs, seed,
+draw, labels, prior): a changed setting is a new cell, an unchanged one is read back from
+``--out`` and never trained again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from probe.errors import SpmlError
+
+__all__ = ["Cell", "Column", "Method", "TableConfig", "TableError", "build_table", "plan_table"]
+
+CELL_FORMAT = "spml-table-cell/1"
+ORACLE_LOSS = "an"  # the full-label oracle: BCE on every label of the train rows (Cole et al.)
+
+
+class TableError(SpmlError):
+    """An input ``spml table`` cannot use; raised before anything trains or is written."""
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    """What ``spml table`` builds (the stores are passed apart)."""
+
+    losses: tuple[str, ...] | None = None  # None: every registered loss at its paper preset
+    include_full: bool = False  # add the full-label oracle (AN on all labels of the train rows)
+    observed_seeds: tuple[int, ...] | None = None  # None: every draw each store holds
+    priors: str | None = None  # a store prior: the prior-reading losses and the zero-shot row
+    tune: int = 0  # trials of one equal-budget study per loss (0: no tuned rows)
+    tune_batch: int = 8  # a tuning study's trials trained stacked at once (spml study's)
+    select: str = "val"  # how a tuning study scores a trial (spml study --select)
+    from_studies: tuple[str, ...] = ()  # study folders whose winner becomes a row
+    seed: int = 0  # every cell's training seed (init + batch order); the tuning sampler's too
+    epochs: int | None = None  # None: each loss's paper preset (else the generic setting)
+    batch_size: int | None = None  # None: as epochs
+    lr: float | None = None  # None: as epochs
+    out: str | None = None  # where cells are kept (resumable); None: nothing is kept
+    device: str = "auto"
+    resamples: int = 1000  # bootstrap resamples of the test images behind the marks
+    level: float = 0.95  # interval coverage; marks at 1 - level
+
+    def validate(self) -> None:
+        if self.tune < 0:
+            raise TableError(f"--tune must be a number of trials >= 1 (or 0: none); got "
+                             f"{self.tune}")
+        if self.tune and not self.out:
+            raise TableError("--tune needs --out DIR: the tuning studies are kept there "
+                             "(a rerun continues them)")
+        if self.resamples < 100:
+            raise TableError(f"--resamples: at least 100 for a 95% interval; got "
+                             f"{self.resamples}")
+        if not 0.5 <= self.level < 1.0:
+            raise TableError(f"--level: a coverage in [0.5, 1), e.g. 0.95; got {self.level}")
+        for flag, v in (("--epochs", self.epochs), ("--batch-size", self.batch_size)):
+            if v is not None and v < 1:
+                raise TableError(f"{flag} must be a positive integer; got {v}")
+        if self.lr is not None and not (0 < self.lr < math.inf):
+            raise TableError(f"--lr must be a positive number; got {self.lr}")
+
+
+@dataclass(frozen=True)
+class Method:
+    """A row: a loss with the settings it is given (empty: its paper preset), or the zero-shot
+    prior (``loss`` None)."""
+
+    label: str
+    kind: str  # preset | oracle | tuned | study | zero-shot
+    loss: str | None
+    hparams: dict[str, Any] = field(default_factory=dict)
+    batch_size: int | None = None
+    lr: float | None = None
+    epochs: int | None = None
+    labels: str = "observed"
+    priors: str | None = None
+
+    def probe_config(self, observed_seed: int, config: TableConfig) -> Any:
+        """The :class:`probe.ProbeConfig` of this row on draw ``observed_seed``."""
+        from probe.config import ProbeConfig
+
+        return ProbeConfig(batch_size=self.batch_size, lr=self.lr, epochs=self.epochs,
+                           seed=config.seed, labels=self.labels, observed_seed=observed_seed,
+                           device=config.device, priors=self.priors)
+
+    def command(self, store: str, observed_seed: int, config: TableConfig) -> str:
+        """The ``spml probe`` command that trains this row's cell on ``store`` and draw
+        ``observed_seed`` (the same settings, hence the same test mAP)."""
+        if self.loss is None:
+            return ""
+        parts = ["spml probe", _quote(store), "--loss", self.loss]
+        if self.labels == "full":
+            parts += ["--labels", "full"]
+        if self.priors:
+            parts += ["--priors", self.priors]
+        for flag, v in (("--batch-size", self.batch_size), ("--lr", self.lr),
+                        ("--epochs", self.epochs)):
+            if v is not None:
+                parts += [flag, _value_text(v)]
+        for k in sorted(self.hparams):
+            parts += ["--set", f"{k}={_value_text(self.hparams[k])}"]
+        parts += ["--observed-seed", str(observed_seed), "--seed", str(config.seed)]
+        if config.device != "auto":
+            parts += ["--device", config.device]
+        return " ".join(parts)
+
+
+@dataclass
+class Column:
+    """A store: its path as given, dataset name (the column's title), draws and fingerprint."""
+
+    path: str
+    dataset: str
+    draws: tuple[int, ...]
+    fingerprint: str
+    class_names: list[str]
+    prior_test_scores: Any = None  # (N_test, C) the prior at the test rows (zero-shot row)
+
+
+@dataclass
+class Cell:
+    """One method on one store and draw: its key, resolved settings and results."""
+
+    method: Method
+    column: Column
+    observed_seed: int
+    key: str
+    settings: dict[str, Any]
+    command: str
+    record: dict[str, Any] | None = None  # the probe run's record (None: zero-shot)
+    head: Any = None  # (D+1, C) the best-val head (None: zero-shot)
+    test_map: float = math.nan
+    val_map: float = math.nan
+    trained: bool = False  # trained by this run (else read back from --out, or no training)
+
+
+@dataclass
+class Plan:
+    """Everything checked: the columns, the rows before tuning, the resolved settings of each
+    (column, row) and the tuning studies to run."""
+
+    config: TableConfig
+    columns: list[Column]
+    methods: list[Method]
+    settings: dict[tuple[int, int], dict[str, Any]]  # (column, method) -> resolved settings
+    notes: list[str]
+    study_settings: list[tuple[int, str, Any]]  # (column, loss, StudySettings)
+    per_column: dict[tuple[int, int], Method] = field(default_factory=dict)  # a tuned row's
+    # winner on each column (its own study's)
+
+    def method_at(self, i: int, j: int) -> Method:
+        """Row ``j``'s method on column ``i``."""
+        return self.per_column.get((i, j), self.methods[j])
+
+
+def _value_text(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "none"
+    if isinstance(v, float):
+        return repr(v)
+    return str(v)
+
+
+def _quote(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
+
+
+def cell_key(settings: dict[str, Any]) -> str:
+    """A cell's key: the hash of its resolved settings (a changed setting is a new cell)."""
+    text = json.dumps(settings, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+# --------------------------------------------------------------------------------------------
+# the checks (nothing trains or is written before they pass)
+# --------------------------------------------------------------------------------------------
+
+
+def _loss_names(config: TableConfig) -> tuple[list[str], list[str]]:
+    from probe import losses as _losses
+
+    known = _losses.available()
+    notes = []
+    if config.losses is None:
+        names = [n for n in known if config.priors or _losses.get_loss_class(n).prior is None]
+        skipped = [n for n in known if n not in names]
+        if skipped:
+            notes.append(f"{', '.join(skipped)} read a store prior: pass --priors NAME for "
+                         "their rows and the zero-shot row")
+        return names, notes
+    names = list(dict.fromkeys(config.losses))
+    for n in names:
+        if n not in known:
+            raise TableError(f"--losses: unknown loss {n!r}; expected names from 'spml losses "
+                             f"list' ({', '.join(known)}), or all")
+        if _losses.get_loss_class(n).prior is not None and not config.priors:
+            raise TableError(f"--losses: {n} reads a store prior; pass --priors NAME (one of "
+                             "the store's priors: 'spml info STORE' lists them), or drop it")
+    return names, notes
+
+
+def _columns(paths: Sequence[str], config: TableConfig) -> list[Column]:
+    from probe.store import PROTOCOL_SEED, open_store
+    from probe.store.priors import prior_names
+
+    from ..results import store_fingerprint
+
+    if not paths:
+        raise TableError("STORE: give one or more feature stores (one column each)")
+    columns: list[Column] = []
+    for path in paths:
+        if not Path(path).exists():
+            raise TableError(f"STORE {path}: no such store; pass a store from 'spml import' or "
+                             "'spml featurize'")
+        store = open_store(path)
+        have = store.observed_seeds()
+        # default: every draw the store holds, the protocol's first (the oracle trains on it)
+        draws = (tuple(config.observed_seeds) if config.observed_seeds
+                 else tuple(sorted(have, key=lambda s: (s != PROTOCOL_SEED, s))))
+        missing = [d for d in draws if d not in have]
+        if missing:
+            raise TableError(
+                f"--observed-seeds: {path} holds the draws {','.join(map(str, have))}, not "
+                f"{','.join(map(str, missing))}; add them first ('spml draw {path} --seeds "
+                f"{missing[0]}') or ask for the ones it holds")
+        if config.priors and config.priors not in prior_names(store):
+            held = ", ".join(prior_names(store)) or "none"
+            raise TableError(f"--priors: {path} holds no prior {config.priors!r} (it holds "
+                             f"{held}); add it with 'spml import priors' or drop --priors")
+        source = {"kind": "store", "dataset": store.dataset,
+                  "rows": {s: len(store.split(s)) for s in ("train", "val", "test")},
+                  "completed": store.attrs.get("completed"), "provenance": store.provenance}
+        col = Column(str(path), store.dataset, draws, store_fingerprint(source) or "",
+                     list(store.class_names))
+        for other in columns:
+            if other.dataset == col.dataset:
+                same = other.class_names == col.class_names
+                raise TableError(
+                    f"STORE: {other.path} and {path} are both '{col.dataset}' "
+                    f"({'the same class set' if same else 'with different class sets'}); one "
+                    "column per dataset: give one store per dataset")
+        if config.priors:
+            col.prior_test_scores = store.prior(config.priors, rows=store.split("test")).scores
+        columns.append(col)
+    return columns
+
+
+def _study_settings(col: Column, loss: str, config: TableConfig, reads_prior: bool) -> Any:
+    from ..study_settings import StudySettings
+
+    out = Path(config.out or ".") / "studies" / f"{col.dataset}-{loss}"
+    return StudySettings(
+        store=col.path, loss=loss, n_trials=config.tune, batch=min(config.tune_batch,
+                                                                   config.tune),
+        out=str(out), name=f"table-{col.dataset}-{loss}", seed=config.seed,
+        train_seed=config.seed, select=config.select, observed_seed=col.draws[0],
+        device=config.device, epochs=config.epochs, batch_size=config.batch_size, lr=config.lr,
+        priors=config.priors if reads_prior else None)
+
+
+def plan_table(paths: Sequence[str], config: TableConfig) -> Plan:
+    """Check every input and resolve every (column, row)'s settings; raises
+    :class:`TableError` (or the engine's own error naming the flag) before any training or
+    write."""
+    from probe import losses as _losses
+
+    from ..study_settings import open_study_store, preflight
+
+    config.validate()
+    if config.out and Path(config.out).exists() and not Path(config.out).is_dir():
+        raise TableError(f"--out {config.out}: a file; pass a folder (it keeps the cells)")
+    names, notes = _loss_names(config)
+    columns = _columns(paths, config)
+    given = {"batch_size": config.batch_size, "lr": config.lr, "epochs": config.epochs}
+    methods: list[Method] = []
+    if config.include_full:
+        methods.append(Method(f"{ORACLE_LOSS}, full labels (oracle)", "oracle", ORACLE_LOSS,
+                              labels="full", **given))
+    if config.priors:
+        methods.append(Method(f"zero-shot ({config.priors})", "zero-shot", None,
+                              priors=config.priors))
+    for n in names:
+        prior = config.priors if _losses.get_loss_class(n).prior is not None else None
+        methods.append(Method(n, "preset", n, priors=prior, **given))
+    for folder in config.from_studies:
+        methods.append(_study_method(folder, columns, config))
+    study_settings = []
+    if config.tune:
+        for i, col in enumerate(columns):
+            for n in names:
+                s = _study_settings(col, n, config, _losses.get_loss_class(n).prior is not None)
+                s.validate()
+                preflight(s, open_study_store(col.path))  # what run_study checks, up front
+                study_settings.append((i, n, s))
+    settings = {}
+    for i, col in enumerate(columns):
+        data = _load(col, col.draws[0], config)
+        for j, m in enumerate(methods):
+            settings[(i, j)] = resolve_settings(m, col, data, config, notes)
+    return Plan(config, columns, methods, settings, notes, study_settings)
+
+
+def _load(col: Column, draw: int, config: TableConfig) -> Any:
+    from probe.data import ProbeData, resolve_device
+
+    return ProbeData.from_store(col.path, device=resolve_device(config.device),
+                                observed_seed=draw, priors=config.priors)
+
+
+def resolve_settings(m: Method, col: Column, data: Any, config: TableConfig,
+                     notes: list[str] | None = None) -> dict[str, Any]:
+    """A row's resolved settings on a column (all but the draw): what its cells' keys hash.
+    Refuses, as ``spml probe`` would, settings the engine cannot train."""
+    base = {"format": CELL_FORMAT, "store": col.fingerprint, "dataset": col.dataset}
+    if m.loss is None:
+        return {**base, "kind": "zero-shot", "priors": m.priors}
+    from probe.trials import plan_trials
+
+    plan = plan_trials(data, m.probe_config(col.draws[0], config), m.loss, [dict(m.hparams)])
+    t = plan.training
+    if notes is not None and m.kind == "preset" and "generic" in t.sources.get("epochs", ""):
+        _note_generic(notes, m.loss, col.dataset, f"batch {t.batch_size}, lr {t.lr:g}, "
+                      f"{t.epochs} epochs")
+    return {**base, "kind": "probe", "loss": m.loss, "labels": m.labels, "priors": m.priors,
+            "hparams": plan.hparams[0], "lr": plan.lr[0], "weight_decay": plan.weight_decay[0],
+            "batch_size": t.batch_size, "epochs": t.epochs, "seed": config.seed,
+            "optimizer": "adam", "val_labels": "clean", "flip": True, "drop_last": True}
+
+
+def _note_generic(notes: list[str], loss: str, dataset: str, setting: str) -> None:
+    """One note per dataset and setting naming every loss without a paper preset for it."""
+    head = f"no paper preset for {dataset}, the generic setting ({setting}): "
+    for k, note in enumerate(notes):
+        if note.startswith(head):
+            notes[k] = f"{note}, {loss}"
+            return
+    notes.append(head + loss)
+
+
+def _study_method(folder: str, columns: list[Column], config: TableConfig) -> Method:
+    """``--from STUDY_DIR``: the study's winner as a row on its store's column."""
+    from ..compare import split_study_spec
+    from ..confirm import load_study
+    from ..storage import find_storage
+
+    path, name = split_study_spec(folder)
+    if not Path(path).is_dir():
+        raise TableError(f"--from {folder}: not a folder; pass a 'spml study --out' folder")
+    study = load_study(find_storage(path), name, flag=f"--from {folder}")
+    return _winner_method(study, f"searched ({study.study_name})", "study", config)
+
+
+def _winner_method(study: Any, what: str, kind: str, config: TableConfig) -> Method:
+    from optuna.trial import TrialState
+
+    from ..confirm import trained_settings, trial_setup
+
+    loss = study.user_attrs.get("spml.loss")
+    if loss is None:
+        raise TableError(f"--from: study '{study.study_name}' was not made by 'spml study'")
+    complete = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
+    if not complete:
+        raise TableError(f"study '{study.study_name}' has no completed trial yet")
+    best = max(complete, key=lambda t: (t.value, -t.number))
+    settings = trained_settings(study)
+    hp, cfg = trial_setup(best.params, loss, settings, seeds=(config.seed,),
+                          observed_seed=int(settings.get("observed_seed", 1200)))
+    return Method(f"{loss}, {what}", kind, loss, hparams=dict(hp), batch_size=cfg.batch_size,
+                  lr=cfg.lr, epochs=cfg.epochs, priors=cfg.priors)
+
+
+# --------------------------------------------------------------------------------------------
+# tuning and training
+# --------------------------------------------------------------------------------------------
+
+
+def run_tuning(plan: Plan, log: Callable[[str], None]) -> None:
+    """``--tune N``: one N-trial study per loss and column (the same sampler, seed and
+    selection rule for all); each winner is the cell of a "tuned" row after its loss's row."""
+    from ..confirm import load_study
+    from ..storage import find_storage
+    from ..study import run_study
+
+    winners: dict[tuple[int, str], Method] = {}
+    for i, loss, settings in plan.study_settings:
+        log(f"tuning {loss} on {plan.columns[i].dataset}: {settings.n_trials} trials "
+            f"({settings.sampler}, seed {settings.seed}, --select {settings.select}) -> "
+            f"{settings.out}")
+        run_study(settings, log=lambda m: log("  " + m))
+        study = load_study(find_storage(settings.out), settings.name)
+        winners[(i, loss)] = _winner_method(study, f"tuned ({settings.n_trials} trials)",
+                                            "tuned", plan.config)
+    if not winners:
+        return
+    methods: list[Method] = []
+    rows: list[tuple[int | None, str | None]] = []  # (old row, tuned loss)
+    for j, m in enumerate(plan.methods):
+        methods.append(m)
+        rows.append((j, None))
+        if m.kind == "preset" and (0, m.loss) in winners:
+            methods.append(winners[(0, m.loss)])
+            rows.append((None, m.loss))
+    settings, per_column = {}, {}
+    for i, col in enumerate(plan.columns):
+        data = _load(col, col.draws[0], plan.config)
+        for j, (old, loss) in enumerate(rows):
+            if old is not None:
+                settings[(i, j)] = plan.settings[(i, old)]
+                if (i, old) in plan.per_column:
+                    per_column[(i, j)] = plan.per_column[(i, old)]
+                continue
+            per_column[(i, j)] = winners[(i, loss)]
+            settings[(i, j)] = resolve_settings(winners[(i, loss)], col, data, plan.config)
+    plan.methods, plan.settings, plan.per_column = methods, settings, per_column
+
+
+def _cell_paths(out: str, key: str) -> tuple[Path, Path]:
+    return Path(out) / "cells" / f"{key}.json", Path(out) / "heads" / f"{key}.pt"
+
+
+def _read_cell(cell: Cell, out: str | None) -> bool:
+    """Fill ``cell`` from ``--out`` when it was trained before with the same settings."""
+    if out is None:
+        return False
+    rec_path, head_path = _cell_paths(out, cell.key)
+    if not (rec_path.is_file() and head_path.is_file()):
+        return False
+    saved = json.loads(rec_path.read_text())
+    if saved.get("format") != CELL_FORMAT or saved.get("settings") != json.loads(
+            json.dumps({**cell.settings, "observed_seed": cell.observed_seed}, default=str)):
+        return False
+    from probe.results import load_head
+
+    head, _ = load_head(head_path, 0)
+    _fill(cell, saved["record"], head)
+    return True
+
+
+def _fill(cell: Cell, record: dict[str, Any], head: Any) -> None:
+    import torch
+
+    best = record["trials"][0].get("best") or {}
+    cell.record = record
+    cell.head = torch.cat([head.weight.detach().T, head.bias.detach()[None]]).float()
+    cell.test_map = float(best.get("test_map", math.nan))
+    cell.val_map = float(best.get("val_map", math.nan))
+
+
+def _write_cell(cell: Cell, result: Any, out: str) -> None:
+    from probe.io import atomic_write_text
+    from probe.results import save_head
+
+    rec_path, head_path = _cell_paths(out, cell.key)
+    save_head(head_path, result)  # the head first: the record, written last, marks it whole
+    payload = {"format": CELL_FORMAT,
+               "settings": {**cell.settings, "observed_seed": cell.observed_seed},
+               "method": cell.method.label, "command": cell.command,
+               "record": result.to_dict()}
+    atomic_write_text(rec_path, json.dumps(payload, sort_keys=True, default=str))
+
+
+def draw_dependent(m: Method) -> bool:
+    """Whether a row's result depends on the single-positive draw: not the zero-shot row (no
+    training) nor the oracle (all labels of the train rows); those get one cell, used on every
+    draw."""
+    return m.loss is not None and m.labels != "full"
+
+
+def make_cells(plan: Plan) -> list[Cell]:
+    """Every (column, row, draw) cell with its key and command (nothing trained yet)."""
+    cells = []
+    for i, col in enumerate(plan.columns):
+        for j in range(len(plan.methods)):
+            m = plan.method_at(i, j)
+            for d in (col.draws if draw_dependent(m) else col.draws[:1]):
+                s = plan.settings[(i, j)]
+                key_settings = {**s, "observed_seed": d} if m.loss is not None else s
+                cells.append(Cell(m, col, d, cell_key(key_settings), s,
+                                  m.command(col.path, d, plan.config)))
+    return cells
+
+
+def train_cells(plan: Plan, cells: list[Cell], *, progress: bool = True,
+                log: Callable[[str], None] = print) -> None:
+    """Read back every cell ``--out`` holds, train the others (one store load per column and
+    draw), keeping each in ``--out`` as soon as it is trained; progress with ETA over cells."""
+    import torch
+
+    from probe.metrics import mean_average_precision
+    from probe.progress import Progress
+    from probe.train import train_probe
+
+    config = plan.config
+    todo = []
+    for c in cells:
+        if c.method.loss is None:
+            labels = _test_labels(c.column)
+            scores = torch.as_tensor(c.column.prior_test_scores, dtype=torch.float32)
+            c.test_map = float(mean_average_precision(labels, logits=scores).map)
+        elif not _read_cell(c, config.out):
+            todo.append(c)
+    log(f"{len(cells)} cell(s): {len(cells) - len(todo)} kept or without training, "
+        f"{len(todo)} to train")
+    with Progress(len(todo), "table", "cell", enabled=progress) as bar:
+        for col in plan.columns:
+            for d in col.draws:
+                mine = [c for c in todo if c.column is col and c.observed_seed == d]
+                if not mine:
+                    continue
+                data = _load(col, d, config)
+                for c in mine:
+                    bar.set_postfix(f"{col.dataset} {c.method.label} draw {d}")
+                    result = train_probe(data, c.method.probe_config(d, config), c.method.loss,
+                                         [dict(c.method.hparams)], progress=False)
+                    if config.out:
+                        _write_cell(c, result, config.out)
+                    _fill(c, result.to_dict(), result.head(0))
+                    c.trained = True
+                    bar.update()
+
+
+def _test_labels(col: Column) -> Any:
+    from probe.store import open_store
+
+    store = open_store(col.path)
+    import torch
+
+    return torch.from_numpy(store.labels()[store.split("test")]).bool()
+
+
+def build_table(paths: Sequence[str], config: TableConfig | None = None, *,
+                progress: bool = True, log: Callable[[str], None] = print) -> Any:
+    """Check, tune (``--tune``), train the missing cells, then score and mark every column:
+    returns a :class:`studies.table.Table` (``markdown()``, ``latex()``, ``frame()``)."""
+    from .render import Table
+
+    config = config or TableConfig()
+    plan = plan_table(paths, config)
+    for note in plan.notes:
+        log(f"note: {note}")
+    if plan.study_settings:
+        run_tuning(plan, log)
+    cells = make_cells(plan)
+    train_cells(plan, cells, progress=progress, log=log)
+    return Table(plan, cells)
