@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -129,11 +128,6 @@ class FinetuneConfig:
         out["dataset_options"] = {k: _jsonable(v) for k, v in self.dataset_options.items()}
         return out
 
-    def as_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """Deprecated alias of :meth:`to_dict` (removed in the next release)."""
-        warnings.warn(f"{type(self).__name__}.as_dict() is deprecated; use to_dict()",
-                      DeprecationWarning, stacklevel=2)
-        return self.to_dict(*args, **kwargs)
 
 
 def read_winner_json(path: str | Path) -> tuple[str, dict[str, Any], dict[str, Any]]:
