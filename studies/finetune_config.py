@@ -279,3 +279,28 @@ def store_backbone(path: str | Path) -> dict[str, Any]:
         out["transform"] = "model"
     return out
 
+
+
+def store_images(path: str | Path) -> dict[str, Any]:
+    """The :class:`FinetuneConfig` fields that read the images of the feature store at ``path``
+    again, as its provenance records them (:func:`featurize.image_source`): ``dataset`` (the
+    adapter; for an older store, its dataset's registered name, else ``folder``), ``root``
+    (absolute) and ``dataset_options``. Refused for a store of imported features."""
+    from featurize.datasets import image_source, resolve_name
+    from probe.errors import SpmlError
+    from probe.store import open_store
+
+    store = open_store(path)
+    source = image_source(store.provenance)
+    if source is None:
+        raise FinetuneError(
+            f"--store {path}: it holds imported features, so its provenance names no images; "
+            "give the dataset and --root DIR"
+        )
+    adapter = source.adapter
+    if adapter is None:
+        try:
+            adapter = resolve_name(source.dataset)
+        except SpmlError:
+            adapter = "folder"
+    return {"dataset": adapter, "root": source.root, "dataset_options": dict(source.options)}

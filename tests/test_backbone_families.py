@@ -151,6 +151,38 @@ def test_finetune_rebuilds_the_stores_backbone(folder, resnet10t, timm_store, tm
                     weights_sha256=model["weights_sha256"], progress=False, device="cpu"))
 
 
+def test_finetune_reads_the_stores_images_and_follows_a_studys_store(folder, resnet10t,
+                                                                     timm_store, tmp_path,
+                                                                     capsys, monkeypatch):
+    """spml finetune --store with no dataset or --root: the adapter, the image root (absolute)
+    and its options come from the store's provenance. spml finetune --from-study on a study of
+    the timm store rebuilds timm:resnet10t from that store (not ResNet-50's weights), from
+    another directory too."""
+    out = tmp_path / "ft"
+    assert main(["finetune", "--store", str(timm_store), "--loss", "an", "--batch-size", "2",
+                 "--max-steps", "1", "--out", str(out), "--no-progress", "--json",
+                 "--device", "cpu"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["config"]["dataset"] == "folder"
+    assert result["config"]["root"] == str(Path(folder["root"]).resolve())
+    assert result["model"]["backbone"] == "timm:resnet10t"
+    study = tmp_path / "study"
+    assert main(["study", str(timm_store), "--loss", "an", "--trials", "2", "--epochs", "1",
+                 "--batch-size", "2", "--search-lr", "--out", str(study)]) == 0
+    capsys.readouterr()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["finetune", "--from-study", str(study), "--batch-size", "2", "--max-steps",
+                 "1", "--out", str(tmp_path / "ft-study"), "--no-progress", "--json",
+                 "--device", "cpu"]) == 0, capsys.readouterr().err
+    result = json.loads(capsys.readouterr().out)
+    assert result["loss"] == "an" and result["model"]["backbone"] == "timm:resnet10t"
+    assert result["model"]["weights_sha256"] == open_store(timm_store).provenance[
+        "weights_sha256"]
+    assert result["model"]["head"] == "Linear(512, 4)" and result["global_step"] == 1
+
+
 def test_timm_weights_without_classifier_and_wrong_files(resnet10t, tmp_path):
     model, _ = resnet10t
     trunk = tmp_path / "trunk.safetensors"
