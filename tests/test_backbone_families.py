@@ -296,6 +296,33 @@ def test_open_clip_offline_is_refused_by_name_before_any_store(folder, tmp_path,
     assert not out.exists()
 
 
+def test_unreachable_hub_is_refused_after_one_check(folder, tmp_path, monkeypatch, capfd):
+    """Without HF_HUB_OFFLINE, weights that are not cached and a hub that cannot be reached:
+    one connectivity check, then the refusal saying what spml checked -- no retry loop, none of
+    the hub library's lines, nothing written (timm and OpenCLIP, featurize and load_clip)."""
+    from featurize.backbones import load_clip
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    for key in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "https://spml-hub.invalid")  # never resolves (RFC 2606)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    for backbone in ("open_clip:ViT-B-32/openai", "timm:resnet10t"):
+        out = tmp_path / "s.zarr"
+        capfd.readouterr()
+        assert _featurize_cli(folder, out, "--backbone", backbone) == 2, backbone
+        err = capfd.readouterr().err
+        assert "spml checked the connection to spml-hub.invalid:443 and it failed" in err
+        assert "this machine looks offline" in err and "--weights PATH" in err
+        assert "Retrying" not in err and "thrown while requesting" not in err
+        assert err.count("\n") == 1, err  # the one spml line
+        assert not out.exists() and not (tmp_path / "hf").exists()
+    with pytest.raises(WeightsNotFoundError, match="spml checked the connection"):
+        load_clip("open_clip:ViT-B-32/openai")  # spml priors' model
+
+
 # ----------------------------------------------------------------------------- Hugging Face
 
 
