@@ -183,12 +183,14 @@ def test_a_store_featurized_from_a_relative_root_is_scored_from_another_director
     monkeypatch.chdir(root.parent)
     store = tmp_path / "rel.zarr"
     assert main(["featurize", "folder", "--root", root.name, "--out", str(store),
-                 "--option", "test_fraction=0.25", "--backbone", "open_clip:spml-prior-vit",
+                 "--option", "test_fraction=0.25", "--option",
+                 f"annotations={root.name}/labels.csv", "--backbone", "open_clip:spml-prior-vit",
                  "--weights", str(weights), "--device", "cpu", "--quiet", "--no-flip",
                  "--block-rows", "8"]) == 0
     prov = open_store(store).provenance
     assert prov["image_root"] == str(root.resolve()) and prov["dataset"] == root.name
-    assert prov["adapter"] == "folder" and prov["adapter_options"] == {"test_fraction": 0.25}
+    assert prov["adapter"] == "folder" and prov["adapter_options"] == {
+        "annotations": str((root / "labels.csv").resolve()), "test_fraction": 0.25}
     source = image_source(prov)
     assert (source.root, source.adapter) == (str(root.resolve()), "folder")
     elsewhere = tmp_path / "elsewhere"

@@ -156,14 +156,23 @@ def load_dataset(name: str, root: str | Path, **options: Any) -> DatasetIndex:
 _SOURCE_SENTENCE = re.compile(r"^images of dataset '(?P<name>[^']*)' under (?P<root>.+)$")
 
 
-def _absolute(value: Any) -> Any:
-    """An option as the provenance records it: a path (or a string naming an existing file or
-    folder) absolute and resolved, so that it reads the same from any directory; a list or
-    tuple element by element; other values as they are (JSON-able: str() otherwise)."""
-    if isinstance(value, Path) or (isinstance(value, str) and value and os.path.exists(value)):
+def _path_options(adapter: str | None) -> set[str]:
+    """The options of ``adapter`` that may name a file (typed ``Path`` in its signature)."""
+    if adapter not in DATASETS:
+        return set()
+    params = list(inspect.signature(DATASETS[adapter].loader()).parameters.values())[1:]
+    return {p.name for p in params if "Path" in str(p.annotation)}
+
+
+def _recorded(value: Any, is_path: bool) -> Any:
+    """An option as the provenance records it: where it may name a file and a string or path
+    names an existing one (from this directory), absolute and resolved, so that it reads the
+    same from any directory (a list -- of class names -- as it is); other values as they are
+    (JSON-able: str() otherwise)."""
+    if is_path and isinstance(value, str | Path) and str(value) and os.path.exists(value):
         return str(Path(value).expanduser().resolve())
     if isinstance(value, list | tuple):
-        return [_absolute(v) for v in value]
+        return [_recorded(v, False) for v in value]
     if value is None or isinstance(value, bool | int | float | str):
         return value
     return str(value)
@@ -184,8 +193,9 @@ class ImageSource:
     def of(cls, dataset: str, root: str | Path, adapter: str | None = None,
            options: Mapping[str, Any] | None = None) -> ImageSource:
         """The record of a dataset read from ``root`` (made absolute and resolved here)."""
+        paths = _path_options(adapter)
         return cls(dataset, str(Path(root).expanduser().resolve()), adapter,
-                   {k: _absolute(v) for k, v in sorted(dict(options or {}).items())})
+                   {k: _recorded(v, k in paths) for k, v in sorted(dict(options or {}).items())})
 
     def to_provenance(self) -> dict[str, Any]:
         """The store provenance's fields: ``dataset``, ``image_root``, ``adapter``,
