@@ -28,6 +28,8 @@ _EXPORTS = {
     # dataset adapters
     "load_dataset": "featurize.datasets",
     "list_datasets": "featurize.datasets",
+    "ImageSource": "featurize.datasets",  # where a store's images came from (its provenance)
+    "image_source": "featurize.datasets",
     # features people already have
     "import_arrays": "featurize.imports",
     "import_array_files": "featurize.imports",

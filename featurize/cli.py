@@ -31,8 +31,8 @@ BAD_SHOWN = 20  # unreadable images listed after a run (the rest are counted)
 
 _FAMILY_LINES = "".join(
     f"    {f.prefix + ':' + f.syntax:<36} e.g. {f.example}\n"
-    f"    {'':<36} (pip install -e '.[{f.extra}]')\n"
-    for f in FAMILIES.values()
+    f"    {'':<36} ({f.install})\n"
+    for f in FAMILIES.values() if f.qualified
 )
 _FEATURIZE_EPILOG = f"""\
 what it does (docs/protocol.md steps 6-7):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +37,6 @@ from probe.io import atomic_write, atomic_write_text
 __all__ = ["ClipPriorConfig", "ClipPriorResult", "compute_clip_prior", "image_paths_of_store"]
 
 BLOCK_ROWS = 512  # rows per resumable block (a block's 17 views of ViT-B/16 take ~1 min on a CPU)
-_SOURCE = re.compile(r"^images of dataset '(?P<name>[^']*)' under (?P<root>.+)$")
 
 
 class ClipPriorError(SpmlError):
@@ -109,25 +108,34 @@ def image_paths_of_store(store: Any, root: str | Path | None = None,
                          dataset_options: dict[str, Any] | None = None,
                          adapter: str | None = None) -> list[Path]:
     """The image file of every store row, in row order: the store's dataset read again from
-    ``root`` (default: the root its provenance records) with ``adapter`` (default: the
-    registered adapter of the store's dataset name, else ``folder``, which names a dataset
-    after its folder) and matched by image id. Refused by name where the store holds imported
-    features with no images, where the dataset cannot be read, or where any row's image is
-    missing (the first 20 named, then a count)."""
-    from featurize.datasets import DATASETS, load_dataset, resolve_name
+    ``root`` (default: the absolute root its provenance records, :func:`featurize.image_source`)
+    with ``adapter`` and ``dataset_options`` (default: those the provenance records; for an
+    older store, the registered adapter of its dataset name, else ``folder``, which names a
+    dataset after its folder) and matched by image id. Refused by name where the store holds
+    imported features with no images, where the dataset cannot be read, or where any row's
+    image is missing (the first 20 named, then a count)."""
+    from featurize.datasets import DATASETS, image_source, load_dataset, resolve_name
 
-    source = store.provenance.get("source")
-    match = _SOURCE.match(source) if isinstance(source, str) else None
+    source = image_source(store.provenance)
+    recorded = dict(source.options) if source is not None else {}
+    if root is not None and source is not None:  # moved: the options' paths under the old root
+        old, new = source.root.rstrip(os.sep) + os.sep, str(Path(root).expanduser().resolve())
+        recorded = {k: new + os.sep + v[len(old):] if isinstance(v, str) and v.startswith(old)
+                    else v for k, v in recorded.items()}
     if root is None:
-        if match is None:
+        if source is None:
+            sentence = store.provenance.get("source")
             raise ClipPriorError(
-                f"store {store.path} holds imported features (source: {json.dumps(source)[:200]})"
-                ", so spml priors cannot find its images: pass --root DIR with the images of "
-                f"dataset '{store.dataset}', or compute the scores elsewhere and bring them with "
-                "'spml import priors'"
+                f"store {store.path} holds imported features (source: "
+                f"{json.dumps(sentence)[:200]}), so spml priors cannot find its images: pass "
+                f"--root DIR with the images of dataset '{store.dataset}', or compute the scores "
+                "elsewhere and bring them with 'spml import priors'"
             )
-        root = match.group("root")
-    name = match.group("name") if match else store.dataset
+        root = source.root
+    name = source.dataset if source else store.dataset
+    if source is not None and source.adapter is not None and adapter in (None, source.adapter):
+        adapter = source.adapter  # its recorded options, under those given
+        dataset_options = {**recorded, **dict(dataset_options or {})}
     if adapter is None:
         try:
             adapter = resolve_name(name)

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from featurize.backbones import DEFAULT_BACKBONE, Backbone, load_backbone
+from featurize.datasets import ImageSource
 from featurize.images import BadImageError, ImageTransform
 from featurize.pipeline import (  # noqa: F401  (_load_item: re-exported for the benchmark)
     Runtime,
@@ -252,6 +253,7 @@ def featurize(
     *,
     backbone: Backbone | None = None,
     ranks: Ranks | None = None,
+    source: ImageSource | None = None,
 ) -> FeaturizeResult:
     """Featurize every image of ``index`` (pool rows, then test rows) into the store ``out``.
 
@@ -260,7 +262,8 @@ def featurize(
     made differently, is an error suggesting ``overwrite``. ``backbone`` reuses a loaded
     backbone (it must match ``config.backbone``). ``ranks`` (default: the initialised
     ``torch.distributed`` group, if any) splits the blocks between processes (:class:`Ranks`);
-    the result then counts the rows and blocks of all ranks.
+    the result then counts the rows and blocks of all ranks. ``source``: where the images come
+    from, recorded in the provenance (default: the index's name and root, adapter unknown).
     """
     config = config or FeaturizeConfig()
     ranks = ranks or current_ranks()
@@ -294,7 +297,7 @@ def featurize(
     provenance = {
         **backbone.provenance(),
         "transform": describe_transform(transform, rt, config.with_flip),
-        "source": f"images of dataset '{index.name}' under {index.root}",
+        **_source_fields(index, source),
         "run": run,
     }
     extra = {"weights_random": True} if backbone.weights.random else {}
@@ -511,6 +514,13 @@ def _to_host(
     return event, host[0], host[1] if flips is not None else None
 
 
+def _source_fields(index: DatasetIndex, source: ImageSource | None) -> dict[str, Any]:
+    """The provenance's record of where the images came from (:class:`ImageSource`)."""
+    if source is None and index.root is None:
+        return {"source": f"images of dataset '{index.name}'", "dataset": index.name}
+    return (source or ImageSource.of(index.name, index.root)).to_provenance()
+
+
 def featurize_dataset(
     name: str,
     root: str | Path,
@@ -523,9 +533,10 @@ def featurize_dataset(
     The backbone (and its weights file) is resolved first, so a missing weights file is
     reported before the dataset is even parsed.
     """
-    from featurize.datasets import load_dataset
+    from featurize.datasets import load_dataset, resolve_name
 
     config = config or FeaturizeConfig()
     backbone = load_configured(config)
     index = load_dataset(name, root, **dataset_options)
-    return featurize(index, out, config, backbone=backbone)
+    source = ImageSource.of(index.name, root, resolve_name(name), dataset_options)
+    return featurize(index, out, config, backbone=backbone, source=source)

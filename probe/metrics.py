@@ -30,8 +30,7 @@ same cores back :class:`MetricAccumulator` (update per batch, compute once).
 from __future__ import annotations
 
 import math
-import warnings
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -90,11 +89,6 @@ class F1Result(NamedTuple):
             "CR": self.class_recall,
         }
 
-    def as_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """Deprecated alias of :meth:`to_dict` (removed in the next release)."""
-        warnings.warn(f"{type(self).__name__}.as_dict() is deprecated; use to_dict()",
-                      DeprecationWarning, stacklevel=2)
-        return self.to_dict(*args, **kwargs)
 
 
 # --------------------------------------------------------------------------------------------

@@ -23,9 +23,8 @@ import json
 import os
 import platform
 import statistics
-import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +49,7 @@ __all__ = [
 #: made once per machine and step shape and remembered, so the margin guards that one
 #: measurement against a lucky sample; it also bounds what the choice can lose (10%)
 THREAD_MARGIN = 1.1
-#: ProbeConfig's deprecated fields that belong here (not recorded with the experiment)
+#: SpeedOptions' fields: how a run uses the CPU, never recorded with the experiment
 SPEED_FIELDS = ("step_threads", "trial_block")
 #: the file, under the cache dir, that remembers each step shape's thread choice
 THREAD_CACHE_FILE = "step-threads.json"
@@ -95,26 +94,9 @@ class SpeedOptions:
         return asdict(self)
 
 
-def resolve_speed(config: Any, speed: SpeedOptions | None) -> SpeedOptions:
-    """The run's :class:`SpeedOptions`: ``speed``, or the defaults, taking the deprecated
-    ``ProbeConfig.step_threads`` / ``ProbeConfig.trial_block`` where they are set (with a
-    :class:`DeprecationWarning`). Both places set at once is an error."""
+def resolve_speed(speed: SpeedOptions | None) -> SpeedOptions:
+    """The run's :class:`SpeedOptions`: ``speed``, or the defaults, validated."""
     speed = speed if speed is not None else SpeedOptions()
-    old = {k: getattr(config, k, None) for k in SPEED_FIELDS}
-    old = {k: v for k, v in old.items() if v is not None}
-    if old:
-        names = ", ".join(f"{k}={v!r}" for k, v in old.items())
-        clash = [k for k in old if getattr(speed, k) is not None]
-        if clash:
-            raise SpmlError(
-                f"ProbeConfig({names}) and SpeedOptions({clash[0]}="
-                f"{getattr(speed, clash[0])!r}) both set {clash[0]}; set it in SpeedOptions "
-                "only (the ProbeConfig fields are deprecated)")
-        warnings.warn(
-            f"ProbeConfig({names}) is deprecated and will be removed in the next release: pass "
-            f"train_probe(..., speed=SpeedOptions({names})) instead",
-            DeprecationWarning, stacklevel=3)
-        speed = replace(speed, **old)
     speed.validate()
     return speed
 

@@ -115,7 +115,7 @@ def train_probe(
     t_start = time.perf_counter()
     config = config or ProbeConfig()
     config.validate()
-    speed = resolve_speed(config, speed)
+    speed = resolve_speed(speed)
     data = _on_device(data, config.device)
     plan = plan_trials(data, config, loss, hparams)
     trainer = make_trainer(data, config, plan, speed)

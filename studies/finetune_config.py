@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -129,11 +128,6 @@ class FinetuneConfig:
         out["dataset_options"] = {k: _jsonable(v) for k, v in self.dataset_options.items()}
         return out
 
-    def as_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """Deprecated alias of :meth:`to_dict` (removed in the next release)."""
-        warnings.warn(f"{type(self).__name__}.as_dict() is deprecated; use to_dict()",
-                      DeprecationWarning, stacklevel=2)
-        return self.to_dict(*args, **kwargs)
 
 
 def read_winner_json(path: str | Path) -> tuple[str, dict[str, Any], dict[str, Any]]:
@@ -285,3 +279,28 @@ def store_backbone(path: str | Path) -> dict[str, Any]:
         out["transform"] = "model"
     return out
 
+
+
+def store_images(path: str | Path) -> dict[str, Any]:
+    """The :class:`FinetuneConfig` fields that read the images of the feature store at ``path``
+    again, as its provenance records them (:func:`featurize.image_source`): ``dataset`` (the
+    adapter; for an older store, its dataset's registered name, else ``folder``), ``root``
+    (absolute) and ``dataset_options``. Refused for a store of imported features."""
+    from featurize.datasets import image_source, resolve_name
+    from probe.errors import SpmlError
+    from probe.store import open_store
+
+    store = open_store(path)
+    source = image_source(store.provenance)
+    if source is None:
+        raise FinetuneError(
+            f"--store {path}: it holds imported features, so its provenance names no images; "
+            "give the dataset and --root DIR"
+        )
+    adapter = source.adapter
+    if adapter is None:
+        try:
+            adapter = resolve_name(source.dataset)
+        except SpmlError:
+            adapter = "folder"
+    return {"dataset": adapter, "root": source.root, "dataset_options": dict(source.options)}

@@ -512,17 +512,3 @@ def test_cli_errors_are_value_errors(store, tmp_path):
             _run([*argv, "--out", str(tmp_path / "x"), *(["--quiet"] if "curves" not in argv
                                                            else [])])
     assert not (tmp_path / "x").exists()
-
-
-def test_old_module_path_is_a_deprecated_alias():
-    """``studies.analyze`` (the analyses' old home) still gives every public name, the very
-    objects of ``studies.analyses``, and warns that it moved."""
-    import importlib
-    import sys
-
-    sys.modules.pop("studies.analyze", None)
-    with pytest.warns(DeprecationWarning, match="studies.analyses"):
-        old = importlib.import_module("studies.analyze")
-    assert sorted(old.__all__) == sorted(A.__all__)
-    for name in A.__all__:
-        assert getattr(old, name) is getattr(A, name), name

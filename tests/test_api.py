@@ -1,6 +1,5 @@
 """One convention for the public API: every object that turns into a plain dict does so by
-``to_dict()``; the old spelling ``as_dict()`` still answers the same, with a
-DeprecationWarning, for one release."""
+``to_dict()`` (the one spelling: there is no ``as_dict()``)."""
 
 from __future__ import annotations
 
@@ -28,17 +27,13 @@ def _objects():
 
 
 @pytest.mark.parametrize("index", range(4))
-def test_to_dict_is_the_one_spelling_and_as_dict_is_deprecated(index):
+def test_to_dict_is_the_one_spelling(index):
     obj = _objects()[index]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         new = obj.to_dict()
     assert isinstance(new, dict) and new
-    with pytest.warns(DeprecationWarning, match=r"as_dict\(\) is deprecated; use to_dict\(\)"):
-        old = obj.as_dict()
-    assert old.keys() == new.keys()
-    for key in new:
-        assert old[key] is new[key] or old[key] == new[key] or torch.equal(old[key], new[key])
+    assert not hasattr(obj, "as_dict")
 
 
 def test_the_documented_dict_shapes():

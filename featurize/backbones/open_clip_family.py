@@ -34,6 +34,7 @@ from featurize.backbones.base import (
     local_weights,
     package_version,
     random_info,
+    unreachable,
 )
 from featurize.images import ImageTransform
 from featurize.specs import DEFAULT, RANDOM, BackboneSpec
@@ -118,6 +119,12 @@ def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> 
             raise WeightsNotFoundError(
                 f"{what} needs {path.name} in OpenCLIP's cache {cache}, and HF_HUB_OFFLINE is "
                 f"set: fetch {url} on a connected machine and copy it there, or {fix}"
+            )
+        offline = unreachable(url)
+        if offline is not None:
+            raise WeightsNotFoundError(
+                f"{what} needs {path.name} in OpenCLIP's cache {cache}, and {offline}: fetch "
+                f"{url} on a connected machine and copy it there, or {fix}"
             )
         try:
             path = Path(open_clip.download_pretrained_from_url(url, cache_dir=str(cache)))

@@ -102,13 +102,20 @@ def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> 
     if cfg.url:
         path = Path(torch.hub.get_dir()) / "checkpoints" / cfg.url.rsplit("/", 1)[-1]
         if not path.is_file():
-            from featurize.backbones.base import hf_offline
+            from featurize.backbones.base import hf_offline, unreachable
 
             if hf_offline():
                 raise WeightsNotFoundError(
                     f"timm model {tagged} needs {path.name} in the torch hub cache {path.parent} "
                     f"(TORCH_HOME moves it), and HF_HUB_OFFLINE is set: fetch {cfg.url} on a "
                     f"connected machine and copy it there, or {fix}"
+                )
+            offline = unreachable(cfg.url)
+            if offline is not None:
+                raise WeightsNotFoundError(
+                    f"timm model {tagged} needs {path.name} in the torch hub cache {path.parent} "
+                    f"(TORCH_HOME moves it), and {offline}: fetch {cfg.url} on a connected "
+                    f"machine and copy it there, or {fix}"
                 )
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)

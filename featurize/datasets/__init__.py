@@ -14,8 +14,10 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
-from collections.abc import Callable
-from dataclasses import dataclass
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +32,10 @@ __all__ = [
     "DatasetEntry",
     "DatasetFormatError",
     "DatasetIndex",
+    "ImageSource",
     "Phase",
     "UnknownDatasetError",
+    "image_source",
     "list_datasets",
     "load_dataset",
     "resolve_name",
@@ -142,3 +146,78 @@ def load_dataset(name: str, root: str | Path, **options: Any) -> DatasetIndex:
     if missing:
         raise SpmlError(f"dataset '{entry.name}' needs the option(s): {', '.join(missing)}")
     return loader(root, **options)
+
+
+# --------------------------------------------------------------------------------------------
+# where a store's images came from (its provenance)
+# --------------------------------------------------------------------------------------------
+
+#: the sentence older stores record instead of the fields (read for them only)
+_SOURCE_SENTENCE = re.compile(r"^images of dataset '(?P<name>[^']*)' under (?P<root>.+)$")
+
+
+def _path_options(adapter: str | None) -> set[str]:
+    """The options of ``adapter`` that may name a file (typed ``Path`` in its signature)."""
+    if adapter not in DATASETS:
+        return set()
+    params = list(inspect.signature(DATASETS[adapter].loader()).parameters.values())[1:]
+    return {p.name for p in params if "Path" in str(p.annotation)}
+
+
+def _recorded(value: Any, is_path: bool) -> Any:
+    """An option as the provenance records it: where it may name a file and a string or path
+    names an existing one (from this directory), absolute and resolved, so that it reads the
+    same from any directory (a list -- of class names -- as it is); other values as they are
+    (JSON-able: str() otherwise)."""
+    if is_path and isinstance(value, str | Path) and str(value) and os.path.exists(value):
+        return str(Path(value).expanduser().resolve())
+    if isinstance(value, list | tuple):
+        return [_recorded(v, False) for v in value]
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
+
+
+@dataclass(frozen=True)
+class ImageSource:
+    """Where a feature store's images came from, as its provenance records it: the dataset's
+    name, the image root (absolute, resolved), the adapter that read it (``None`` for a store
+    made before the adapter was recorded) and the adapter's options (paths absolute)."""
+
+    dataset: str
+    root: str
+    adapter: str | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, dataset: str, root: str | Path, adapter: str | None = None,
+           options: Mapping[str, Any] | None = None) -> ImageSource:
+        """The record of a dataset read from ``root`` (made absolute and resolved here)."""
+        paths = _path_options(adapter)
+        return cls(dataset, str(Path(root).expanduser().resolve()), adapter,
+                   {k: _recorded(v, k in paths) for k, v in sorted(dict(options or {}).items())})
+
+    def to_provenance(self) -> dict[str, Any]:
+        """The store provenance's fields: ``dataset``, ``image_root``, ``adapter``,
+        ``adapter_options``, and the human-readable ``source`` sentence."""
+        return {"source": f"images of dataset '{self.dataset}' under {self.root}",
+                "dataset": self.dataset, "image_root": self.root, "adapter": self.adapter,
+                "adapter_options": dict(self.options)}
+
+
+def image_source(provenance: Mapping[str, Any]) -> ImageSource | None:
+    """The :class:`ImageSource` a store's provenance records (``store.provenance``): its fields,
+    or, for a store written before they existed, the sentence "images of dataset '…' under …"
+    (root as written then, adapter unknown, no options). ``None`` for a store that holds
+    imported features (no images)."""
+    root = provenance.get("image_root")
+    if isinstance(root, str) and root:
+        options = provenance.get("adapter_options")
+        return ImageSource(str(provenance.get("dataset", "")), root,
+                           provenance.get("adapter"),
+                           dict(options) if isinstance(options, Mapping) else {})
+    sentence = provenance.get("source")
+    match = _SOURCE_SENTENCE.match(sentence) if isinstance(sentence, str) else None
+    if match is None:
+        return None
+    return ImageSource(match.group("name"), match.group("root"))

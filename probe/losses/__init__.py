@@ -10,7 +10,8 @@ Every loss is available two ways:
 Each family lives in one module of this package; a module registers its classes with
 ``@register`` and lists its pure functions in ``__all__``. Modules are discovered automatically,
 so a new loss is one file. Losses of other installed packages register through the entry-point
-group ``spml_probe.losses`` and are loaded on the registry's first use (``docs/plugins.md``);
+group ``spml_probe.losses``, one entry point per loss, imported on the first use of its name
+(``docs/plugins.md``);
 :mod:`probe.losses.testing` holds the contract checks a plugin's tests can run.
 """
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import re
 import threading
-import types
 from typing import Any, ClassVar
 
 import torch
@@ -372,9 +371,10 @@ class EntrywiseLoss(Loss):
 
 _REGISTRY: dict[str, type[Loss]] = {}
 _ORIGINS: dict[str, str] = {}  # name -> "built-in", "plugin '…' of distribution '…'", "module …"
-# loaded: started (a plugin that asks the registry while it loads does not recurse); done:
-# finished (other threads wait on the lock until then)
-_PLUGINS: dict[str, Any] = {"loaded": False, "done": False, "loading": None, "failures": []}
+# tried: the entry points (by name) whose import was attempted, each once per process (a plugin
+# that asks the registry while it loads does not recurse); done: every entry point tried (other
+# threads wait on the lock until then); failures: PluginFailure of each one that failed
+_PLUGINS: dict[str, Any] = {"tried": set(), "done": False, "loading": None, "failures": []}
 _PLUGIN_LOCK = threading.RLock()
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _RESERVED = {"knn": "the training-free kNN baseline of spml probe"}
@@ -467,53 +467,78 @@ def register(cls: type[Loss]) -> type[Loss]:
     return cls
 
 
+def _load_plugin(ep: Any) -> None:
+    """Import the one loss an entry point of ``spml_probe.losses`` names (``name =
+    "module:Class"``, the entry point's name being the loss's name), once per process. A plugin
+    that raises anything while it loads (``SystemExit`` included; not ``KeyboardInterrupt``) or
+    breaks the rule leaves no loss behind and is recorded (:func:`plugin_failures`)."""
+    from . import _plugins
+
+    with _PLUGIN_LOCK:
+        if ep.name in _PLUGINS["tried"]:
+            return
+        _PLUGINS["tried"].add(ep.name)
+        dist = _plugins.distribution_text(ep)
+        before = dict(_REGISTRY)
+        origin = _PLUGINS["loading"] = f"plugin '{ep.name}' of {dist}"
+        try:
+            if ":" not in ep.value:
+                raise LossContractError(
+                    "the entry point must name one Loss subclass as 'module:Class' (one entry "
+                    "point per loss, named like the loss)")
+            obj = ep.load()
+            if not isinstance(obj, type):
+                raise LossContractError(
+                    f"the entry point must name a Loss subclass ('module:Class'); it names "
+                    f"{type(obj).__name__} {obj!r}")
+            if getattr(obj, "name", None) != ep.name:
+                raise LossContractError(
+                    f"the entry point's name '{ep.name}' must be the loss's name; "
+                    f"{obj.__qualname__}.name is {getattr(obj, 'name', None)!r}")
+            register(obj)  # refuses a name taken by another class (a built-in keeps it)
+            _ORIGINS[ep.name] = origin
+            # another loss its module registered on import: its own entry point names it (and
+            # is loaded), or it is not a plugin's loss
+            for name in set(_REGISTRY) - set(before) - {ep.name}:
+                del _REGISTRY[name]
+                _ORIGINS.pop(name, None)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as err:  # SystemExit too: a plugin never takes a command down
+            for name in set(_REGISTRY) - set(before):
+                del _REGISTRY[name]
+                _ORIGINS.pop(name, None)
+            _PLUGINS["failures"].append(_plugins.PluginFailure(
+                ep.name, ep.value, dist, _plugins.error_line(err)))
+        finally:
+            _PLUGINS["loading"] = None
+
+
+def _plugin_points() -> dict[str, Any]:
+    """The installed entry points of ``spml_probe.losses`` by name (read from the
+    distributions' metadata; nothing is imported). The first of two with one name wins."""
+    from . import _plugins
+
+    points: dict[str, Any] = {}
+    for ep in _plugins.entry_points():
+        points.setdefault(ep.name, ep)
+    return points
+
+
 def _load_plugins() -> None:
-    """Load every entry point of ``spml_probe.losses`` once per process (docs/plugins.md); a
-    plugin that fails leaves no loss behind and is recorded (:func:`plugin_failures`)."""
+    """Import every installed loss plugin (``spml losses list`` does; a command that names one
+    loss imports only that loss's plugin, on first use)."""
     if _PLUGINS["done"]:
         return
     with _PLUGIN_LOCK:
-        if _PLUGINS["loaded"]:
-            return
-        _PLUGINS["loaded"] = True
-        from . import _plugins
-
-        for ep in _plugins.entry_points():
-            dist = _plugins.distribution_text(ep)
-            before = set(_REGISTRY)
-            origin = _PLUGINS["loading"] = f"plugin '{ep.name}' of {dist}"
-            try:
-                obj = ep.load()
-                if isinstance(obj, type):
-                    register(obj)
-                elif not isinstance(obj, types.ModuleType):
-                    raise LossContractError(
-                        f"the entry point must name a module or a Loss subclass "
-                        f"('module' or 'module:Class'); it names {type(obj).__name__} {obj!r}")
-                # its losses: those registered now, or earlier by an import of the module
-                mine = [n for n, c in _REGISTRY.items() if c is obj or n not in before or (
-                    isinstance(obj, types.ModuleType) and c.__module__ == obj.__name__)]
-                mine = [n for n in mine if _ORIGINS.get(n) != "the built-in loss"]
-                if not mine:
-                    raise LossContractError(
-                        "it registered no loss (decorate the class with @register, or name "
-                        "the class itself as 'module:Class')")
-                for name in mine:
-                    _ORIGINS[name] = origin
-            except Exception as err:
-                for name in set(_REGISTRY) - before:
-                    del _REGISTRY[name]
-                    _ORIGINS.pop(name, None)
-                _PLUGINS["failures"].append(_plugins.PluginFailure(
-                    ep.name, ep.value, dist, _plugins.error_line(err)))
-            finally:
-                _PLUGINS["loading"] = None
+        for ep in _plugin_points().values():
+            _load_plugin(ep)
         _PLUGINS["done"] = True
 
 
 def plugin_failures() -> list[Any]:
     """The loss plugins that failed to load in this process (``PluginFailure``: entry point,
-    distribution, error), after loading them if that has not happened yet."""
+    distribution, error), after loading every plugin."""
     _load_plugins()
     return list(_PLUGINS["failures"])
 
@@ -526,33 +551,40 @@ def loss_origin(name: str) -> str:
 
 
 def available() -> list[str]:
-    """Names of all registered losses (built-in and plugins), sorted."""
+    """Names of all registered losses (built-in and every plugin that loads), sorted."""
     _load_plugins()
     return sorted(_REGISTRY)
 
 
 def get_loss_class(name: str) -> type[Loss]:
-    """The registered class for ``name``; unknown names get the closest suggestion, and a name
-    whose plugin failed to load gets that plugin's error."""
-    _load_plugins()
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        failures = _PLUGINS["failures"]
-        for failure in failures:
-            if failure.entry_point == name:
-                raise LossInputError(
-                    f"loss '{name}' is not available: {failure}; fix or uninstall the plugin"
-                ) from None
-        hint = _suggest(str(name), list(_REGISTRY), cutoff=0.4)
-        broken = ("; plugins that failed to load: "
-                  + ", ".join(f"'{f.entry_point}' ({f.distribution})" for f in failures)
-                  + " ('spml losses list' shows why)") if failures else ""
-        raise LossInputError(
-            f"unknown loss '{name}'"
-            + (f"; did you mean '{hint[0]}'?" if hint else "")
-            + f" (available: {', '.join(available())})" + broken
-        ) from None
+    """The registered class for ``name``: a built-in or registered loss without reading any
+    plugin, else the plugin whose entry point has that name (imported on this first use).
+    Unknown names get the closest suggestion, and a name whose plugin failed to load gets that
+    plugin's error."""
+    cls = _REGISTRY.get(name)
+    if cls is not None:
+        return cls
+    points = _plugin_points() if isinstance(name, str) else {}
+    if name in points:
+        _load_plugin(points[name])
+        if name in _REGISTRY:
+            return _REGISTRY[name]
+    failures = _PLUGINS["failures"]
+    for failure in failures:
+        if failure.entry_point == name:
+            raise LossInputError(
+                f"loss '{name}' is not available: {failure}; fix or uninstall the plugin"
+            ) from None
+    known = sorted(set(_REGISTRY) | set(points) - {f.entry_point for f in failures})
+    hint = _suggest(str(name), known, cutoff=0.4)
+    broken = ("; plugins that failed to load: "
+              + ", ".join(f"'{f.entry_point}' ({f.distribution})" for f in failures)
+              + " ('spml losses list' shows why)") if failures else ""
+    raise LossInputError(
+        f"unknown loss '{name}'"
+        + (f"; did you mean '{hint[0]}'?" if hint else "")
+        + f" (available: {', '.join(known)})" + broken
+    ) from None
 
 
 def create_loss(name: str, preset: str | None = None, **hparams: Any) -> Loss:

