@@ -250,7 +250,7 @@ class Loss(nn.Module):
         name. Losses with :attr:`prior` set override this (``probe.losses._prior``)."""
         raise LossInputError(
             f"{self.name}: this loss uses no prior (per-image class scores); drop --priors "
-            "(ProbeConfig.priors) or choose a loss that uses one (vlpl, gpr)"
+            "or choose a loss that uses one (vlpl, gpr)"
         )
 
     def start_epoch(self, epoch: int) -> None:
