@@ -473,7 +473,8 @@ def test_folder_seeded_split_and_empty_policy(tmp_path):
     _images(tmp_path, *names)
     rows = [f"{n},{'x' if k % 3 else ''}" for k, n in enumerate(names)]  # rows 0, 3, 6, 9 empty
     (tmp_path / "labels.csv").write_text("\n".join(rows) + "\n")
-    with _raises(DatasetFormatError, tmp_path / "labels.csv", 1, "has no label", "empty='keep'"):
+    with _raises(DatasetFormatError, tmp_path / "labels.csv", 1, "has no label",
+                 "--option empty=keep"):
         load_dataset("folder", tmp_path)
     kept = load_dataset("folder", tmp_path, empty="keep", split_seed=7)
     perm = np.random.RandomState(7).permutation(10)
@@ -510,7 +511,7 @@ def test_folder_errors(tmp_path):
     check("a.jpg,cat,train,extra\n", 1, "expected 'path,labels' or 'path,labels,split'")
     check("path,labels\na.jpg\n", 2, "expected 2 cells as in the header, found 1")
     check("path,tags\na.jpg,cat\n", 1, "the header must name the columns 'path' and 'labels'")
-    check("a.jpg,cat\n", None, "1 row(s) are too few")
+    check("a.jpg,cat\n", None, "1 row is too few")
     ann.unlink()
     jl = tmp_path / "labels.jsonl"
     jl.write_text('{"path": "a.jpg", "labels": ["cat"]}\n{"path": "b.jpg", "labels": "cat"}\n')
@@ -526,5 +527,5 @@ def test_folder_errors(tmp_path):
     (tmp_path / "classes.txt").write_text("cat\ndog\ncat\n")
     with _raises(DatasetFormatError, tmp_path / "classes.txt", 3, "'cat' is listed again"):
         load_dataset("folder", tmp_path, classes=str(tmp_path / "classes.txt"))
-    with pytest.raises(ValueError, match="empty: expected 'error', 'keep' or 'drop'"):
+    with pytest.raises(ValueError, match="--option empty: expected error, keep or drop"):
         load_dataset("folder", tmp_path, empty="skip")

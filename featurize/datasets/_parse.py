@@ -35,6 +35,8 @@ def at(path: Path, line: int | None = None) -> str:
 
 def require_file(path: Path, what: str, hint: str = "") -> Path:
     """``path`` if it is a file, else a :class:`FileNotFoundError` saying what is expected where."""
+    if path.is_dir():
+        raise DatasetFormatError(f"{what}: {path} is a directory; expected a file")
     if not path.is_file():
         msg = f"{what} not found: expected the file {path}"
         raise MissingPathError(f"{msg}; {hint}" if hint else msg)
@@ -141,5 +143,5 @@ def require_images(*groups: ImageGroup) -> None:
         f"{len(missing)} of {total} image file(s) are missing. Check the dataset root and that "
         "the images were extracted there; or featurize the others with --skip-bad (the missing "
         "ones get zero features and are listed in the store's bad_rows), or index the labels "
-        f"alone with check_images=False:{shown}{more}"
+        f"alone with --option check_images=false:{shown}{more}"
     )
