@@ -22,6 +22,7 @@ from probe.errors import MissingPathError
 
 from .config import ProbeConfigError
 from .io import atomic_write, atomic_write_text
+from .progress import plural
 
 __all__ = [
     "BestEpoch",
@@ -263,7 +264,9 @@ def load_head(path: str | Path, trial: int = 0) -> tuple[nn.Linear, dict[str, An
         )
     weight, bias = payload["weight"], payload["bias"]
     if not 0 <= trial < weight.shape[0]:
-        raise ProbeConfigError(f"{path} holds {weight.shape[0]} heads; trial {trial} asked for")
+        raise ProbeConfigError(f"--head-trial {trial}: {path} holds "
+                               f"{plural(weight.shape[0], 'heads')} (trials 0 to "
+                               f"{weight.shape[0] - 1})")
     lin = nn.Linear(weight.shape[2], weight.shape[1])
     with torch.no_grad():
         lin.weight.copy_(weight[trial])
