@@ -246,7 +246,7 @@ def load_head(path: str | Path, trial: int = 0) -> tuple[nn.Linear, dict[str, An
     """``(nn.Linear, metadata)`` of one trial saved by :func:`save_head`."""
     path = Path(path)
     if not path.is_file():
-        raise MissingPathError(f"head file {path} does not exist")
+        raise MissingPathError(f"--eval-head {path}: no such head file")
     save = "save heads with 'spml probe STORE --loss LOSS --save-head PATH.pt'"
     kind = _file_kind(path)
     if kind is not None:  # say what it is, not what torch's unpickler made of it

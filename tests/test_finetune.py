@@ -266,7 +266,7 @@ def test_batch_larger_than_train_split(voc, tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without a GPU")
 def test_gpu_asked_for_without_one(voc, tmp_path):
-    with pytest.raises(FinetuneError, match=r"device 'cuda' asked for, but .* no usable CUDA GPU"):
+    with pytest.raises(FinetuneError, match=r"--device cuda: .*no usable CUDA GPU"):
         finetune(_config(voc, tmp_path, "an", device="cuda"))
 
 
