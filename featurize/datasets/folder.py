@@ -192,6 +192,8 @@ def load_folder(
     """
     root = Path(root)
     if not root.is_dir():
+        if root.exists():
+            raise DatasetFormatError(f"--root {root}: is a file; expected the image folder")
         raise MissingPathError(f"image folder not found: {root} is not a directory")
     if empty not in ("error", "keep", "drop"):
         raise SpmlError(f"--option empty: expected error, keep or drop; got {plain(empty)}")
