@@ -264,9 +264,8 @@ def load_head(path: str | Path, trial: int = 0) -> tuple[nn.Linear, dict[str, An
         )
     weight, bias = payload["weight"], payload["bias"]
     if not 0 <= trial < weight.shape[0]:
-        raise ProbeConfigError(f"--head-trial {trial}: {path} holds "
-                               f"{plural(weight.shape[0], 'heads')} (trials 0 to "
-                               f"{weight.shape[0] - 1})")
+        raise ProbeConfigError(f"{path} holds {plural(weight.shape[0], 'heads')} (trials 0 to "
+                               f"{weight.shape[0] - 1}); trial {trial} asked for")
     lin = nn.Linear(weight.shape[2], weight.shape[1])
     with torch.no_grad():
         lin.weight.copy_(weight[trial])
