@@ -26,9 +26,10 @@ def _read_class_weights(path: str, class_names: list[str]) -> list[float]:
             named = {" ".join(p[:-1]): float(p[-1]) for p in lines}
             missing = [c for c in class_names if c not in named]
             if missing or len(named) != len(class_names):
+                which = (f"missing {', '.join(missing[:5])}" if missing else
+                         f"{len(named) - len(class_names)} unknown or repeated")
                 raise SpmlError(f"--class-weights {path}: 'name weight' lines must name each of "
-                                f"the store's {len(class_names)} classes once; missing "
-                                f"{missing[:5]}")
+                                f"the store's {len(class_names)} classes once; {which}")
             return [named[c] for c in class_names]
         return [float(p[0]) for p in lines]
     except ValueError as err:
