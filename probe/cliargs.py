@@ -10,7 +10,7 @@ import argparse
 import difflib
 import textwrap
 
-from probe.errors import SpmlError
+from probe.errors import SpmlError, plain
 
 from .store.protocol import PROTOCOL_SEED
 
@@ -171,7 +171,7 @@ def parse_sets(items: list[str] | None, option: str = "--set") -> dict[str, list
         key, sep, values = item.partition("=")
         key = key.strip()
         if not sep or not key or not values.strip():
-            raise SpmlError(f"{option} expects KEY=VALUE or KEY=V1,V2,...; got {item!r}")
+            raise SpmlError(f"{option} expects KEY=VALUE or KEY=V1,V2,...; got {plain(item)}")
         if key in out:
             raise SpmlError(f"{option} {key} given twice; put all its values in one comma list")
         out[key] = [parse_value(v) for v in values.split(",")]
@@ -185,7 +185,7 @@ def parse_assignments(items: list[str] | None, option: str = "--set") -> dict[st
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
             raise SpmlError(
-                f"{option} expects NAME=VALUE (e.g. {option} alpha=0.2); got {item!r}"
+                f"{option} expects NAME=VALUE (e.g. {option} alpha=0.2); got {plain(item)}"
             )
         out[name.strip()] = parse_value(value)
     return out
@@ -198,10 +198,10 @@ def parse_ints(text: str | None, flag: str) -> list[int] | None:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise SpmlError(f"{flag} must be a comma list of integers, e.g. 0,1,2; got {text!r}")\
+        raise SpmlError(f"{flag} must be a comma list of integers, e.g. 0,1,2; got {plain(text)}")\
             from None
     if not values:
-        raise SpmlError(f"{flag} needs at least one integer; got {text!r}")
+        raise SpmlError(f"{flag} needs at least one integer; got {plain(text)}")
     return values
 
 
@@ -213,9 +213,9 @@ def parse_floats(text: str | None, flag: str) -> list[float] | None:
         values = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise SpmlError(f"{flag} must be a comma list of numbers, e.g. 0.2,0.5,1; got "
-                         f"{text!r}") from None
+                         f"{plain(text)}") from None
     if not values:
-        raise SpmlError(f"{flag} needs at least one number; got {text!r}")
+        raise SpmlError(f"{flag} needs at least one number; got {plain(text)}")
     return values
 
 
@@ -223,7 +223,7 @@ def parse_names(text: str, flag: str = "--loss") -> list[str]:
     """``"gr,an"`` → ``["gr", "an"]``."""
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
-        raise SpmlError(f"{flag} needs at least one name; got {text!r}")
+        raise SpmlError(f"{flag} needs at least one name; got {plain(text)}")
     return names
 
 
@@ -234,10 +234,10 @@ def parse_seeds(text: str, flag: str = "--seeds") -> list[int]:
     except ValueError:
         raise SpmlError(
             f"{flag} must be integers separated by commas, e.g. {PROTOCOL_SEED},1,2; "
-            f"got {text!r}"
+            f"got {plain(text)}"
         ) from None
     if not seeds or any(s < 0 or s >= 2**32 for s in seeds):
-        raise SpmlError(f"{flag} needs integers in [0, 2**32); got {text!r}")
+        raise SpmlError(f"{flag} needs integers in [0, 2**32); got {plain(text)}")
     return seeds
 
 
