@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import sys
 import textwrap
 
 from probe.errors import SpmlError, plain
@@ -88,7 +89,7 @@ class Parser(argparse.ArgumentParser):
         return hints
 
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
-        self._given = list(args) if args is not None else []
+        self._given = list(sys.argv[1:] if args is None else args)
         return super().parse_known_args(args, namespace)
 
     def error(self, message: str):  # type: ignore[override]
