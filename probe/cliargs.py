@@ -116,6 +116,8 @@ class _Subcommands(argparse._SubParsersAction):
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         super().__call__(parser, namespace, values, option_string)
+        if not getattr(namespace, "command_prog", None):  # the innermost command's name
+            namespace.command_prog = self._name_parser_map[values[0]].prog
         extras = vars(namespace).pop(argparse._UNRECOGNIZED_ARGS_ATTR, None)
         if extras:
             chosen = self._name_parser_map[values[0]]

@@ -218,6 +218,15 @@ def test_a_bad_input_is_refused_in_the_users_words(env, capsys, argv, names):
         assert bad not in message, (bad, message)
 
 
+def test_an_error_is_headed_by_the_command_typed(env, capsys):
+    for argv, prog in ((["import", "priors", env["S"], "--name", "p", "--from",
+                         env["D"] + "/ok.csv"], "spml import priors"),
+                       (["bench", "probe", "--rows", "0"], "spml bench probe"),
+                       (["probe", env["S"], "--epochs", "0"], "spml probe")):
+        code, _, err = _run(argv, capsys)
+        assert code == 2 and err.startswith(f"{prog}: error: "), err
+
+
 def test_a_mistyped_option_gets_its_own_commands_usage(env, capsys):
     for argv, prog in ((["probe", env["S"], "--epoch", "3"], "spml probe"),
                        (["import", "priors", env["S"], "--nam", "x"], "spml import priors"),
