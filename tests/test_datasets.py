@@ -179,7 +179,7 @@ def test_voc_errors(tmp_path):
     missing = voc / "JPEGImages" / "2010_000001.jpg"
     train_file = main / "aeroplane_train.txt"
     with _raises(
-        FileNotFoundError, "", None, "3 of 3 image file(s) are missing", f"{train_file}:3"
+        FileNotFoundError, "", None, "3 of 3 image files are missing", f"{train_file}:3"
     ):
         load_dataset("voc", tmp_path)
     _images(voc / "JPEGImages", "2008_000002.jpg", "2009_000003.jpg")
@@ -249,7 +249,7 @@ def test_coco_errors(tmp_path):
     with _raises(DatasetFormatError, val, None, "annotations[0] needs integer 'image_id'"):
         load_dataset("coco", tmp_path, check_images=False)
     _tiny_coco(tmp_path)
-    with _raises(FileNotFoundError, "", None, "4 of 4 image file(s) are missing", str(train)):
+    with _raises(FileNotFoundError, "", None, "4 of 4 image files are missing", str(train)):
         load_dataset("coco", tmp_path)
 
 
@@ -314,7 +314,7 @@ def test_nus_errors(tmp_path):
     train_list = tmp_path / "ImageList" / "TrainImagelist.txt"
     water = gt / "Labels_water_Train.txt"
     water.write_text("1\n1\n")
-    with _raises(DatasetFormatError, water, None, "has 2 label line(s) but", str(train_list)):
+    with _raises(DatasetFormatError, water, None, "has 2 label lines but", str(train_list)):
         load_dataset("nus", tmp_path, check_images=False)
     water.write_text("1\n2\n0\n")
     with _raises(DatasetFormatError, water, 2, "expected a label 0 or 1, found '2'"):

@@ -39,7 +39,7 @@ def test_probe_stacked_trials_json_and_head(store, tmp_path, capsys):
                str(head), "--quiet"])
     assert rc == 0
     text = capsys.readouterr().out
-    assert "4 trial(s)" in text and "<- best" in text and "lr per trial" in text
+    assert "4 trials" in text and "<- best" in text and "lr per trial" in text
     payload = json.loads(out.read_text())
     assert payload["n_trials"] == 4 and payload["config"]["batch_size"] == 8
     assert [(t["hparams"]["w_T"], t["lr"]) for t in payload["trials"]] == [
