@@ -99,9 +99,9 @@ class Parser(argparse.ArgumentParser):
             message = "; ".join([message, *self._hints(getattr(self, "_given", []))])
         super().error(message)
 
-    def _check_value(self, action, value):  # a mistyped command: the nearest command named
-        if isinstance(action, argparse._SubParsersAction) and action.choices is not None \
-                and value not in action.choices:
+    def _check_value(self, action, value):  # a mistyped command or choice: the nearest named
+        if action.choices is not None and value not in action.choices \
+                and all(isinstance(c, str) for c in action.choices):
             near = difflib.get_close_matches(str(value), list(action.choices), n=1, cutoff=0.6)
             hint = f"; did you mean '{near[0]}'?" if near else ""
             raise argparse.ArgumentError(

@@ -160,6 +160,7 @@ CASES: list[tuple[str, tuple[str, ...]]] = [
     ("draw {S} --seeds x", ("--seeds",)),
     ("draw {S} --seeds -1", ("--seeds",)),
     ("draw {S} --seds 5", ("did you mean '--seeds'",)),
+    ("draw {S} --seeds 5 --bias sise", ("--bias", "did you mean 'size'")),
     # spml import priors: the culprit named
     ("import priors {S} --name q --from {D}/empty.csv", ("line 6, column 4", "Class3",
                                                          "empty cell")),
