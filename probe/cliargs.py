@@ -78,7 +78,7 @@ class Parser(argparse.ArgumentParser):
         """A "did you mean" for each option in ``tokens`` this parser does not take."""
         taken = self.option_names()
         unknown = [t.split("=", 1)[0] for t in tokens
-                   if t.startswith("--") and t.split("=", 1)[0] not in taken]
+                   if t.startswith("--") and len(t) > 2 and t.split("=", 1)[0] not in taken]
         hints = []
         for name in unknown:
             near = difflib.get_close_matches(name, taken, n=1, cutoff=0.6)
