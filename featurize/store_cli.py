@@ -110,8 +110,8 @@ def _names(names: list[str], limit: int = 8) -> str:
 
 
 def _flat(value: Any) -> str:
-    if value is None:
-        return "none"
+    if value is None or isinstance(value, bool):
+        return {None: "none", True: "true", False: "false"}[value]
     if isinstance(value, list | tuple) and all(isinstance(v, int | float | str) for v in value):
         return ", ".join(map(str, value)) or "(none)"
     return json.dumps(value) if isinstance(value, dict | list) else str(value)
