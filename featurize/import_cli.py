@@ -256,7 +256,7 @@ def _cmd_import_priors(args: argparse.Namespace) -> int:
                           provenance=provenance, class_names_path=args.class_names,
                           overwrite=args.overwrite)
     n, c = prior.scores.shape
-    extras = f" and extras {sorted(prior.extras)}" if prior.extras else ""
+    extras = f" and extras {', '.join(sorted(prior.extras))}" if prior.extras else ""
     print(f"wrote prior {prior.name!r} to {args.store}: {n} rows x {c} classes{extras}. "
           f"Train with it: spml probe {args.store} --loss vlpl --priors {prior.name}")
     return 0

@@ -312,7 +312,7 @@ def import_array_files(
         files["test_labels"] = Path(test_labels_path)
     loaded = {}
     for key, path in files.items():
-        arr = load_npy(path, key.replace("_", " "))
+        arr = load_npy(path, "--" + key.replace("_", "-"))
         if "labels" in key:
             arr = binary_labels(arr, path)
         else:

@@ -63,11 +63,14 @@ def read_score_table(path: str | Path, class_names: Sequence[str],
     """An ``(N, C)`` float matrix from a scores file (module docstring), rows and columns in
     the store's order (``image_ids``, ``class_names``)."""
     path = Path(path)
+    if path.is_dir():
+        raise PriorFileError(f"--from {path}: is a directory; expected a {', '.join(SUFFIXES)} "
+                             "file of class scores")
     if not path.is_file():
         raise MissingPathError(f"--from: file {path} not found")
     if path.suffix not in SUFFIXES:
         raise PriorFileError(f"--from {path}: expected a {', '.join(SUFFIXES)} file; got suffix "
-                             f"{path.suffix!r}")
+                             f"'{path.suffix}'")
     if path.suffix == ".npy":
         return np.asarray(load_npy(path, "--from (scores)"))
     header, columns = _table_columns(path)
@@ -75,28 +78,44 @@ def read_score_table(path: str | Path, class_names: Sequence[str],
     missing = [c for c in class_names if c not in columns]
     unknown = [c for c in classes if c not in class_names]
     if missing or unknown or len(set(classes)) != len(classes):
+        twice = sorted({c for c in classes if classes.count(c) > 1})
+        found = [f"{what} {', '.join(names[:5])}" + (f" (and {len(names) - 5} more)"
+                                                   if len(names) > 5 else "")
+                 for what, names in (("missing", missing), ("unknown", unknown),
+                                     ("repeated", twice)) if names]
         raise PriorFileError(
             f"--from {path}: the columns must be the store's {len(class_names)} class names "
-            f"(plus optionally '{ID_COLUMN}'); missing {missing[:5]}, unknown {unknown[:5]}"
+            f"(plus optionally '{ID_COLUMN}'); {'; '.join(found)}"
         )
-    try:
-        values = np.array([[float(v) for v in columns[c]] for c in class_names],
-                          dtype=np.float64).T.reshape(-1, len(class_names))
-    except (TypeError, ValueError) as err:
-        raise PriorFileError(f"--from {path}: every class column must hold numbers ({err})"
-                             ) from None
+    values = np.empty((len(next(iter(columns.values()), [])), len(class_names)))
+    for j, name in enumerate(class_names):
+        for i, cell in enumerate(columns[name]):
+            try:
+                values[i, j] = float(cell)
+            except (TypeError, ValueError):
+                where = (f"line {i + 2}, column {header.index(name) + 1} ('{name}')"
+                         if path.suffix == ".csv" else f"row {i + 1}, column '{name}'")
+                got = "an empty cell" if cell is None or not str(cell).strip() else \
+                    f"'{cell}'"
+                raise PriorFileError(f"--from {path}: {where} holds {got}; every class column "
+                                     "must hold a number for every image") from None
     if ID_COLUMN not in columns:
         return values
     ids = [str(v) for v in columns[ID_COLUMN]]
     position = {image_id: i for i, image_id in enumerate(ids)}
     if len(position) != len(ids):
-        raise PriorFileError(f"--from {path}: the {ID_COLUMN} column repeats ids; one row per "
+        seen: set[str] = set()
+        twice = [i for i in ids if i in seen or seen.add(i)]
+        n = len(set(twice))
+        raise PriorFileError(f"--from {path}: the {ID_COLUMN} column repeats {n} "
+                             f"{'id' if n == 1 else 'ids'}, e.g. '{twice[0]}'; one row per "
                              "image")
     absent = [i for i in image_ids if i not in position]
     if absent or len(ids) != len(image_ids):
+        eg = f" (e.g. {', '.join(absent[:3])})" if absent else ""
         raise PriorFileError(
             f"--from {path}: the {ID_COLUMN} column must hold every store image id once "
-            f"({len(image_ids)} rows); {len(absent)} store ids are absent (e.g. {absent[:3]}), "
+            f"({len(image_ids)} rows); {len(absent)} store ids are absent{eg}, "
             f"the file has {len(ids)} rows"
         )
     return values[[position[i] for i in image_ids]]

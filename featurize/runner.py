@@ -151,15 +151,15 @@ def resolve_runtime(config: FeaturizeConfig) -> Runtime:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SpmlError(f"--device {config.device}: CUDA is not available on this machine")
     if device.type not in ("cpu", "cuda"):
-        raise SpmlError(f"--device: only cpu and cuda are supported, got {config.device!r}")
+        raise SpmlError(f"--device: only cpu and cuda are supported; got {config.device}")
     cuda = device.type == "cuda"
     fast = cuda and GPU_FAST_PATH_MEASURED
     decode = config.decode if config.decode != "auto" else ("torchvision" if fast else "pil")
     precision = config.precision if config.precision != "auto" else ("bf16" if fast else "fp32")
-    batch_size = config.batch_size or (256 if cuda else 16)
+    batch_size = config.batch_size if config.batch_size is not None else (256 if cuda else 16)
     if batch_size < 1:
         raise SpmlError(f"--batch-size must be >= 1, got {batch_size}")
-    workers = config.workers or min(16, os.cpu_count() or 1)
+    workers = config.workers if config.workers is not None else min(16, os.cpu_count() or 1)
     if workers < 1:
         raise SpmlError(f"--workers must be >= 1, got {workers}")
     return Runtime(device, decode, precision, int(batch_size), int(workers))

@@ -26,9 +26,10 @@ def _read_class_weights(path: str, class_names: list[str]) -> list[float]:
             named = {" ".join(p[:-1]): float(p[-1]) for p in lines}
             missing = [c for c in class_names if c not in named]
             if missing or len(named) != len(class_names):
+                which = (f"missing {', '.join(missing[:5])}" if missing else
+                         f"{len(named) - len(class_names)} unknown or repeated")
                 raise SpmlError(f"--class-weights {path}: 'name weight' lines must name each of "
-                                f"the store's {len(class_names)} classes once; missing "
-                                f"{missing[:5]}")
+                                f"the store's {len(class_names)} classes once; {which}")
             return [named[c] for c in class_names]
         return [float(p[0]) for p in lines]
     except ValueError as err:
@@ -109,7 +110,11 @@ def _names(names: list[str], limit: int = 8) -> str:
 
 
 def _flat(value: Any) -> str:
-    return json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+    if value is None or isinstance(value, bool):
+        return {None: "none", True: "true", False: "false"}[value]
+    if isinstance(value, list | tuple) and all(isinstance(v, int | float | str) for v in value):
+        return ", ".join(map(str, value)) or "(none)"
+    return json.dumps(value) if isinstance(value, dict | list) else str(value)
 
 
 def format_summary(summary: dict) -> str:
@@ -156,10 +161,14 @@ def format_summary(summary: dict) -> str:
             )
     for name, rec in s.get("priors", {}).items():  # probe.store.priors
         prov = rec["provenance"]
-        extras = f", extras {rec['extras']}" if rec["extras"] else ""
-        lines.append(f"prior       {name}: model {prov.get('model')}, temperature "
-                     f"{prov.get('temperature')}, tiles {prov.get('tiles')}{extras}; source "
-                     f"{prov.get('source')}")
+        fields = [f"{key} {_flat(prov[key])}" for key in ("model", "temperature")
+                  if prov.get(key) is not None]
+        if prov.get("tiles"):
+            fields.append(f"tiles {'x'.join(map(str, prov['tiles']))}")
+        if rec["extras"]:
+            fields.append(f"extras {', '.join(rec['extras'])}")
+        source = f"; source {prov['source']}" if prov.get("source") else ""
+        lines.append(f"prior       {name}: {', '.join(fields) or 'no provenance given'}{source}")
     if s["other_attrs"]:
         lines += ["", "attributes"]
         lines += [f"  {k}: {_flat(v)}" for k, v in s["other_attrs"].items()]

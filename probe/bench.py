@@ -52,7 +52,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from probe.errors import SpmlError
+from probe.errors import SpmlError, plain
 
 from .config import ProbeConfig
 from .data import ProbeData, resolve_device
@@ -100,16 +100,17 @@ class BenchConfig:
     cache_dir: str | None = None  # None: default_cache_dir()
 
     def validate(self) -> None:
-        for name in ("n_train", "dim", "n_classes", "batch_size", "epochs"):
+        for name, flag in (("n_train", "--rows"), ("dim", "--dim"), ("n_classes", "--classes"),
+                           ("batch_size", "--batch-size"), ("epochs", "--epochs")):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise SpmlError(f"bench: {name} must be a positive integer; got {v!r}")
+                raise SpmlError(f"bench: {flag} must be a positive integer; got {plain(v)}")
         if self.n_train < 8:
-            raise SpmlError(f"bench: n_train must be at least 8 rows; got {self.n_train}")
+            raise SpmlError(f"bench: --rows must be at least 8; got {self.n_train}")
         if self.batch_size > self.n_train:
             raise SpmlError(
-                f"bench: batch size {self.batch_size} is larger than the train split "
-                f"({self.n_train} rows)"
+                f"bench: --batch-size {self.batch_size} is larger than the train split "
+                f"(--rows {self.n_train})"
             )
         if self.compare_eager and resolve_device(self.device).type != "cuda":
             raise SpmlError(
@@ -120,7 +121,7 @@ class BenchConfig:
                 "bench: compare_one_block (--compare-one-block) times the CPU's trial blocks; "
                 f"the bench runs on {resolve_device(self.device)} (pass --device cpu)")
         if not self.trials or any(t < 1 for t in self.trials):
-            raise SpmlError(f"bench: trials must be positive integers; got {self.trials!r}")
+            raise SpmlError(f"bench: --trials must be positive integers; got {plain(self.trials)}")
 
 
 # --------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import sys
 import textwrap
 
 from probe.errors import SpmlError
+from probe.progress import plural
 
 from .cliargs import (
     add_device_argument,
@@ -42,7 +43,8 @@ def _losses_list(args: argparse.Namespace) -> int:
         print(f"{r['name']:<{width}}  {r['paper']}{flag}")
     print(f"\n{len(rows)} losses; 'spml losses show NAME' for the formula and hyperparameters.")
     if failures:
-        print(f"\n{len(failures)} loss plugin(s) failed to load (their losses are not listed):")
+        print(f"\n{plural(len(failures), 'loss plugins')} failed to load (their losses are not "
+              "listed):")
         for failure in failures:
             print(f"  {failure}")
     return 0
@@ -191,8 +193,8 @@ def _print_result(result, stacked_keys: list[str]) -> None:
         flag = "  (non-finite!)" if not tr.finite else ""
         print("  ".join(v.rjust(w) for v, w in zip(r, widths)) + mark + stopped + flag)
     if any(at_last):
-        print(f"warning: {sum(at_last)} of {len(at_last)} trial(s) had their best epoch at the "
-              f"last one, so they may not have converged; {ADVICE}")
+        print(f"warning: {sum(at_last)} of {plural(len(at_last), 'trials')} had their best "
+              f"epoch at the last one, so they may not have converged; {ADVICE}")
 
 
 def _interval_text(best: dict) -> str:
@@ -291,12 +293,12 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     cfg = result.config
     where = f"{data.dataset}, {data.n_train} train rows, {cfg.get('device', data.device)}"
     if args.loss == "knn":
-        print(f"knn baseline on {args.store} ({where}), {result.n_trials} trial(s)")
+        print(f"knn baseline on {args.store} ({where}), {plural(result.n_trials, 'trials')}")
     else:
         per_epoch = result.timing["train_seconds"]
         lr = "per trial" if "lr" in stacked else f"{cfg['lr']:g}"
-        print(f"{result.loss} on {args.store} ({where}): {result.n_trials} trial(s), "
-              f"batch {cfg['batch_size']}, lr {lr}, {cfg['epochs']} epochs, "
+        print(f"{result.loss} on {args.store} ({where}): {plural(result.n_trials, 'trials')}, "
+              f"batch {cfg['batch_size']}, lr {lr}, {plural(cfg['epochs'], 'epochs')}, "
               f"{cfg['optimizer']}; {sum(per_epoch) / max(len(per_epoch), 1):.2f} s/epoch")
         for note in cfg.get("notes", []):
             print(f"  note: {note}")

@@ -7,9 +7,11 @@ Pure argparse and the standard library: building the ``spml`` parser imports no 
 from __future__ import annotations
 
 import argparse
+import difflib
+import sys
 import textwrap
 
-from probe.errors import SpmlError
+from probe.errors import SpmlError, plain
 
 from .store.protocol import PROTOCOL_SEED
 
@@ -44,11 +46,84 @@ class Parser(argparse.ArgumentParser):
     """Every ``spml`` parser: an option is taken only as spelled, never by a prefix
     (``allow_abbrev=False``: ``probe --batch`` is an error, not ``--batch-size``). Sub-parsers
     made by ``add_subparsers().add_parser`` are of this class too (argparse makes them of the
-    parent's class)."""
+    parent's class).
+
+    A mistyped option is refused by the parser of the command it was given to (its usage, not
+    the top-level one), with the nearest spelling it takes (``did you mean '--epochs'?``); a
+    mistyped command gets the same suggestion among the commands.
+    """
 
     def __init__(self, *args, **kwargs) -> None:
         kwargs["allow_abbrev"] = False
         super().__init__(*args, **kwargs)
+        self.register("action", "parsers", _Subcommands)
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error(self.unrecognized(extras))
+        return parsed
+
+    def option_names(self) -> list[str]:
+        """Every option string this parser takes, hidden aliases left out."""
+        return [o for a in self._actions if a.help != argparse.SUPPRESS
+                for o in a.option_strings]
+
+    def unrecognized(self, extras: list[str]) -> str:
+        """The refusal of arguments this parser does not take, with a "did you mean" for each
+        mistyped option (``--epoch`` → ``--epochs``)."""
+        return "; ".join([f"unrecognized arguments: {' '.join(extras)}", *self._hints(extras)])
+
+    def _hints(self, tokens: list[str]) -> list[str]:
+        """A "did you mean" for each option in ``tokens`` this parser does not take."""
+        taken = self.option_names()
+        unknown = [t.split("=", 1)[0] for t in tokens
+                   if t.startswith("--") and len(t) > 2 and t.split("=", 1)[0] not in taken]
+        hints = []
+        for name in unknown:
+            near = difflib.get_close_matches(name, taken, n=1, cutoff=0.6)
+            which = f" for '{name}'" if len(unknown) > 1 else ""
+            hints.append(f"did you mean '{near[0]}'{which}?" if near else
+                         f"'{name}' is no option of {self.prog} ('{self.prog} --help' lists "
+                         "them)")
+        return hints
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        self._given = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str):  # type: ignore[override]
+        """argparse's refusal (this parser's usage, exit 2); a missing required argument also
+        names a mistyped option given with it (``--nam`` for ``--name``)."""
+        if message.startswith("the following arguments are required"):
+            message = "; ".join([message, *self._hints(getattr(self, "_given", []))])
+        super().error(message)
+
+    def _check_value(self, action, value):  # a mistyped command or choice: the nearest named
+        if action.choices is not None and value not in action.choices \
+                and all(isinstance(c, str) for c in action.choices):
+            near = difflib.get_close_matches(str(value), list(action.choices), n=1, cutoff=0.6)
+            hint = f"; did you mean '{near[0]}'?" if near else ""
+            raise argparse.ArgumentError(
+                action, f"invalid choice: '{value}' (choose from "
+                f"{', '.join(map(str, action.choices))}){hint}")
+        super()._check_value(action, value)
+
+
+class _Subcommands(argparse._SubParsersAction):
+    """Sub-commands whose arguments are checked by the sub-command's own parser: an unknown
+    option is refused with that parser's usage and suggestion, not the top-level usage."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        super().__call__(parser, namespace, values, option_string)
+        if not getattr(namespace, "command_prog", None):  # the innermost command's name
+            namespace.command_prog = self._name_parser_map[values[0]].prog
+        extras = vars(namespace).pop(argparse._UNRECOGNIZED_ARGS_ATTR, None)
+        if extras:
+            chosen = self._name_parser_map[values[0]]
+            if isinstance(chosen, Parser):
+                chosen.error(chosen.unrecognized(extras))
+            vars(namespace)[argparse._UNRECOGNIZED_ARGS_ATTR] = extras
 
 
 class DeprecatedAlias(argparse.Action):
@@ -99,7 +174,7 @@ def parse_sets(items: list[str] | None, option: str = "--set") -> dict[str, list
         key, sep, values = item.partition("=")
         key = key.strip()
         if not sep or not key or not values.strip():
-            raise SpmlError(f"{option} expects KEY=VALUE or KEY=V1,V2,...; got {item!r}")
+            raise SpmlError(f"{option} expects KEY=VALUE or KEY=V1,V2,...; got {plain(item)}")
         if key in out:
             raise SpmlError(f"{option} {key} given twice; put all its values in one comma list")
         out[key] = [parse_value(v) for v in values.split(",")]
@@ -113,7 +188,7 @@ def parse_assignments(items: list[str] | None, option: str = "--set") -> dict[st
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
             raise SpmlError(
-                f"{option} expects NAME=VALUE (e.g. {option} alpha=0.2); got {item!r}"
+                f"{option} expects NAME=VALUE (e.g. {option} alpha=0.2); got {plain(item)}"
             )
         out[name.strip()] = parse_value(value)
     return out
@@ -126,10 +201,10 @@ def parse_ints(text: str | None, flag: str) -> list[int] | None:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise SpmlError(f"{flag} must be a comma list of integers, e.g. 0,1,2; got {text!r}")\
+        raise SpmlError(f"{flag} must be a comma list of integers, e.g. 0,1,2; got {plain(text)}")\
             from None
     if not values:
-        raise SpmlError(f"{flag} needs at least one integer; got {text!r}")
+        raise SpmlError(f"{flag} needs at least one integer; got {plain(text)}")
     return values
 
 
@@ -141,9 +216,9 @@ def parse_floats(text: str | None, flag: str) -> list[float] | None:
         values = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise SpmlError(f"{flag} must be a comma list of numbers, e.g. 0.2,0.5,1; got "
-                         f"{text!r}") from None
+                         f"{plain(text)}") from None
     if not values:
-        raise SpmlError(f"{flag} needs at least one number; got {text!r}")
+        raise SpmlError(f"{flag} needs at least one number; got {plain(text)}")
     return values
 
 
@@ -151,7 +226,7 @@ def parse_names(text: str, flag: str = "--loss") -> list[str]:
     """``"gr,an"`` → ``["gr", "an"]``."""
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
-        raise SpmlError(f"{flag} needs at least one name; got {text!r}")
+        raise SpmlError(f"{flag} needs at least one name; got {plain(text)}")
     return names
 
 
@@ -162,10 +237,10 @@ def parse_seeds(text: str, flag: str = "--seeds") -> list[int]:
     except ValueError:
         raise SpmlError(
             f"{flag} must be integers separated by commas, e.g. {PROTOCOL_SEED},1,2; "
-            f"got {text!r}"
+            f"got {plain(text)}"
         ) from None
     if not seeds or any(s < 0 or s >= 2**32 for s in seeds):
-        raise SpmlError(f"{flag} needs integers in [0, 2**32); got {text!r}")
+        raise SpmlError(f"{flag} needs integers in [0, 2**32); got {plain(text)}")
     return seeds
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from probe.errors import SpmlError
+from probe.errors import SpmlError, plain
 
 from .losses._base import HParam, Loss, check_hparam, check_hparams
 from .losses.assume_negative import EXPECTED_POSITIVES
@@ -24,6 +24,7 @@ from .optim import OPTIMIZERS
 from .store.protocol import DATASET_CLASSES, PROTOCOL_SEED
 
 __all__ = [
+    "CONFIG_FLAGS",
     "GENERIC_FINETUNE",
     "GENERIC_TRAINING",
     "TRAINER_KEYS",
@@ -48,6 +49,19 @@ GENERIC_TRAINING: dict[str, Any] = {"batch_size": 8, "lr": 1e-4, "epochs": 25}
 GENERIC_FINETUNE: dict[str, Any] = {"batch_size": 8, "lr": 1e-5, "epochs": 10}
 _GENERIC = {"probe": (GENERIC_TRAINING, "generic (Cole et al. linear probe)"),
             "finetune": (GENERIC_FINETUNE, "generic (Cole et al. end-to-end fine-tune)")}
+
+
+#: The ``spml probe`` flag that sets each :class:`ProbeConfig` field: errors name the flag a
+#: user types, never the field (a field without a flag is named as is).
+CONFIG_FLAGS: dict[str, str] = {
+    "batch_size": "--batch-size", "lr": "--lr", "epochs": "--epochs",
+    "weight_decay": "--weight-decay", "optimizer": "--optimizer", "momentum": "--momentum",
+    "seed": "--seed", "seeds": "--trials-seeds", "flip": "--no-flip", "labels": "--labels",
+    "val_labels": "--val-labels", "observed_seed": "--observed-seed", "device": "--device",
+    "eval_every": "--eval-every", "test_curve": "--test-curve", "eval_init": "--eval-init",
+    "test_intervals": "--intervals", "drop_last": "--no-drop-last",
+    "use_presets": "--no-presets", "cuda_graph": "--cuda-graph", "priors": "--priors",
+}
 
 
 class ProbeConfigError(SpmlError):
@@ -100,19 +114,20 @@ class ProbeConfig:
         """Raise :class:`ProbeConfigError` naming the first bad setting."""
         def bad(name: str, want: str) -> ProbeConfigError:
             got = getattr(self, name)
-            return ProbeConfigError(f"ProbeConfig.{name} must be {want}; got {got!r}")
+            return ProbeConfigError(f"{CONFIG_FLAGS.get(name, name)} must be {want}; got "
+                                    f"{plain(got)}")
 
         for name in ("batch_size", "epochs"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise bad(name, "a positive integer (or None for the paper preset)")
+                raise bad(name, "a positive integer (or left out for the loss's paper setting)")
         lr = self.lr
         if lr is not None and not (isinstance(lr, int | float) and 0 < lr < math.inf):
-            raise bad("lr", "a positive number (or None for the paper preset)")
+            raise bad("lr", "a positive number (or left out for the loss's paper setting)")
         if not (0 <= self.weight_decay < math.inf):
             raise bad("weight_decay", "a number >= 0")
         if self.optimizer not in OPTIMIZERS:
-            raise bad("optimizer", f"one of {list(OPTIMIZERS)}")
+            raise bad("optimizer", f"one of {', '.join(OPTIMIZERS)}")
         if not 0 <= self.momentum <= 1:
             raise bad("momentum", "in [0, 1]")
         if self.labels not in ("observed", "full"):
@@ -125,19 +140,20 @@ class ProbeConfig:
             raise bad("eval_every", "an integer >= 0 (0 = never evaluate)")
         for name in ("test_curve", "eval_init"):
             if not isinstance(getattr(self, name), bool):
-                raise bad(name, "True or False")
+                raise bad(name, "true or false")
         ti = self.test_intervals
         if isinstance(ti, bool) or not isinstance(ti, int) or ti < 0:
             raise bad("test_intervals", "an integer >= 0 (bootstrap resamples; 0 = none)")
         if self.cuda_graph is not None and not isinstance(self.cuda_graph, bool):
-            raise bad("cuda_graph", "None (wherever the step can be captured), True or False")
+            raise bad("cuda_graph", "unset (wherever the step can be captured), true or false")
         if not 0 < self.f1_threshold < 1:
             raise bad("f1_threshold", "a probability in (0, 1)")
         for s in [self.seed, *(self.seeds or ())]:
             if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2**32:
-                raise ProbeConfigError(f"seeds must be integers in [0, 2**32); got {s!r}")
+                raise ProbeConfigError(f"--seed and --trials-seeds must be integers in [0, 2**32); "
+                                       f"got {plain(s)}")
         if self.seeds is not None and len(self.seeds) == 0:
-            raise bad("seeds", "None or a non-empty tuple of integers")
+            raise bad("seeds", "a non-empty comma list of integers")
 
 
 # --------------------------------------------------------------------------------------------
@@ -222,7 +238,7 @@ def check_dataset_classes(dataset: str, n_classes: int, what: str) -> None:
         raise ProbeConfigError(
             f"the data says dataset '{dataset}' but has {n_classes} classes, while {what} for "
             f"'{dataset}' assume its {known} classes; fix the store's dataset name, or pass "
-            "use_presets=False (--no-presets) and set the values yourself"
+            "--no-presets and set the values yourself"
         )
 
 

@@ -48,21 +48,21 @@ def resolve_device(device: str | torch.device) -> torch.device:
         dev = torch.device(name)
     except RuntimeError:
         raise DataError(
-            f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N'; got {name!r}"
+            f"--device must be auto, cpu, cuda or cuda:N; got {name}"
         ) from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise DataError(
-                f"device {name!r} asked for, but this machine has no usable CUDA GPU "
-                "(torch.cuda.is_available() is False); use --device cpu or --device auto"
+                f"--device {name}: this machine has no usable CUDA GPU (torch sees none); use "
+                "--device cpu or --device auto"
             )
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise DataError(
-                f"device {name!r} asked for, but only {torch.cuda.device_count()} CUDA "
-                "device(s) exist"
+                f"--device {name}: this machine has CUDA devices 0 to "
+                f"{torch.cuda.device_count() - 1} only"
             )
     elif dev.type != "cpu":
-        raise DataError(f"device must be 'auto', 'cpu' or 'cuda[:N]'; got {name!r}")
+        raise DataError(f"--device must be auto, cpu, cuda or cuda:N; got {name}")
     return dev
 
 

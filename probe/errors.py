@@ -12,7 +12,7 @@ Each package defines its own, more specific subclasses (``StoreError``, ``LossIn
 
 from __future__ import annotations
 
-__all__ = ["MissingPathError", "SpmlError"]
+__all__ = ["MissingPathError", "SpmlError", "plain"]
 
 
 class SpmlError(ValueError):
@@ -22,3 +22,35 @@ class SpmlError(ValueError):
 
 class MissingPathError(SpmlError, FileNotFoundError):
     """A path the user named does not exist (also a :class:`FileNotFoundError`)."""
+
+
+def plain(value: object) -> str:
+    """A value as a message shows it to a user: ``nan``, ``inf``, ``0.5``, ``2,4``, ``true``,
+    ``none``, ``(empty)`` -- never a Python or numpy repr (``np.float32(nan)``, ``tensor(…)``,
+    ``None``, ``[]``). Sequences show their first 8 items and a count."""
+    item = getattr(value, "item", None)
+    if callable(item) and getattr(value, "ndim", None) == 0:  # numpy / torch scalars
+        value = item()
+    elif hasattr(value, "tolist") and not isinstance(value, str):  # arrays, tensors
+        value = value.tolist()
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        if value != value:
+            return "nan"
+        if value in (float("inf"), float("-inf")):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, str):
+        return value if value.strip() else "(empty)"
+    if isinstance(value, dict):
+        value = [f"{k}={plain(v)}" for k, v in value.items()]
+    if isinstance(value, list | tuple | set | frozenset):
+        items = list(value)
+        if not items:
+            return "(empty)"
+        shown = ",".join(plain(v) for v in items[:8])
+        return shown if len(items) <= 8 else f"{shown},… ({len(items)} in all)"
+    return str(value)

@@ -304,8 +304,8 @@ class StackedTrainer:
         reason = self.graph_unavailable() if config.cuda_graph is not False else "off"
         if config.cuda_graph and reason:
             raise ProbeConfigError(
-                f"ProbeConfig.cuda_graph: the step cannot be captured ({reason}); leave "
-                "cuda_graph at None (captured wherever it can be) or False (--no-cuda-graph)")
+                f"--cuda-graph: the step cannot be captured ({reason}); leave the flag out "
+                "(captured wherever it can be) or pass --no-cuda-graph")
         self.cuda_graph = reason is None
         # the run's trial id of each row of self.w (stopped trials leave: see stop())
         self.live: list[int] = list(range(plan.n))

@@ -22,8 +22,8 @@ from typing import IO, Any, TypeVar
 
 from probe.errors import SpmlError
 
-__all__ = ["INTERVAL_ENV", "PROGRESS_ENV", "Progress", "format_seconds", "progress_mode",
-           "track"]
+__all__ = ["INTERVAL_ENV", "PROGRESS_ENV", "Progress", "format_seconds", "plural",
+           "progress_mode", "track"]
 
 PROGRESS_ENV = "SPML_PROGRESS"
 INTERVAL_ENV = "SPML_PROGRESS_INTERVAL"
@@ -58,6 +58,25 @@ def _interval() -> float:
     if not value >= 0.0:
         raise SpmlError(f"{INTERVAL_ENV}: expected seconds >= 0 (e.g. 10); got {text!r}")
     return value
+
+
+#: units that read the same for one and for many (symbols and abbreviations)
+_INVARIANT_UNITS = frozenset({"", "it", "B", "img", "s"})
+
+
+def plural(n: int | None, unit: str) -> str:
+    """``n`` and ``unit`` in the right number, whichever number ``unit`` is given in:
+    ``plural(1, "heads")`` → ``"1 head"``, ``plural(3, "block")`` → ``"3 blocks"``,
+    ``plural(2, "class")`` → ``"2 classes"``; symbols (``B``, ``it``, ``img``) as given.
+    ``n`` None: the unit alone, plural."""
+    if unit in _INVARIANT_UNITS:
+        return unit if n is None else f"{n} {unit}"
+    one = unit[:-2] if unit.endswith(("sses", "xes", "ches", "shes")) else (
+        unit[:-1] if unit.endswith("s") and not unit.endswith("ss") else unit)
+    many = one + ("es" if one.endswith(("s", "x", "ch", "sh")) and one != "epoch" else "s")
+    if n is None:
+        return many
+    return f"{n} {one if n == 1 else many}"
 
 
 def format_seconds(seconds: float) -> str:
@@ -109,8 +128,7 @@ class Progress:
                 self._bar = tqdm(total=total, desc=desc, unit=unit, file=self.file,
                                  initial=initial, leave=leave, dynamic_ncols=True)
         if self.mode == "lines":
-            what = f"{total} {unit}" if total is not None else unit
-            self._print(f"{desc}: starting ({what})")
+            self._print(f"{desc}: starting ({plural(total, unit)})")
             if heartbeat and self.interval > 0:
                 self._ticker = threading.Thread(target=self._beat, name="spml-progress",
                                                 daemon=True)
@@ -175,8 +193,9 @@ class Progress:
         """``"desc: k/N unit (p%), elapsed, ETA, postfix"`` as of now."""
         now = time.monotonic() if now is None else now
         elapsed = now - self._start
-        count = f"{self.n}/{self.total}" if self.total is not None else f"{self.n}"
-        parts = [f"{self.desc}: {count} {self.unit}"]
+        count = (f"{self.n}/{plural(self.total, self.unit)}" if self.total is not None
+                 else plural(self.n, self.unit))
+        parts = [f"{self.desc}: {count}"]
         if self.total:
             parts[0] += f" ({100.0 * self.n / self.total:.0f}%)"
         parts.append(f"{format_seconds(elapsed)} elapsed")

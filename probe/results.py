@@ -22,6 +22,7 @@ from probe.errors import MissingPathError
 
 from .config import ProbeConfigError
 from .io import atomic_write, atomic_write_text
+from .progress import plural
 
 __all__ = [
     "BestEpoch",
@@ -245,7 +246,7 @@ def load_head(path: str | Path, trial: int = 0) -> tuple[nn.Linear, dict[str, An
     """``(nn.Linear, metadata)`` of one trial saved by :func:`save_head`."""
     path = Path(path)
     if not path.is_file():
-        raise MissingPathError(f"head file {path} does not exist")
+        raise MissingPathError(f"--eval-head {path}: no such head file")
     save = "save heads with 'spml probe STORE --loss LOSS --save-head PATH.pt'"
     kind = _file_kind(path)
     if kind is not None:  # say what it is, not what torch's unpickler made of it
@@ -263,7 +264,8 @@ def load_head(path: str | Path, trial: int = 0) -> tuple[nn.Linear, dict[str, An
         )
     weight, bias = payload["weight"], payload["bias"]
     if not 0 <= trial < weight.shape[0]:
-        raise ProbeConfigError(f"{path} holds {weight.shape[0]} heads; trial {trial} asked for")
+        raise ProbeConfigError(f"{path} holds {plural(weight.shape[0], 'heads')} (trials 0 to "
+                               f"{weight.shape[0] - 1}); trial {trial} asked for")
     lin = nn.Linear(weight.shape[2], weight.shape[1])
     with torch.no_grad():
         lin.weight.copy_(weight[trial])

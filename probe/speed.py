@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from probe.errors import SpmlError
+from probe.errors import SpmlError, plain
 
 from .io import atomic_write_text
 
@@ -80,15 +80,17 @@ class SpeedOptions:
         """Raise :class:`SpmlError` naming the first bad option."""
         st = self.step_threads
         if st is not None and (isinstance(st, bool) or not isinstance(st, int) or st < 1):
-            raise SpmlError(f"SpeedOptions.step_threads must be None (one thread, or torch's "
-                            f"setting where clearly faster) or a positive integer; got {st!r}")
+            raise SpmlError(f"--step-threads must be left out (one thread, or torch's "
+                            f"setting where clearly faster) or a positive integer; got "
+                            f"{plain(st)}")
         tb = self.trial_block
         if tb is not None and (isinstance(tb, bool) or not isinstance(tb, int) or tb < 0):
-            raise SpmlError(f"SpeedOptions.trial_block must be None (sized to the cache), 0 "
-                            f"(one block) or a positive integer (trials per block); got {tb!r}")
+            raise SpmlError(f"--trial-block must be left out (sized to the cache), 0 "
+                            f"(one block) or a positive integer (trials per block); got "
+                            f"{plain(tb)}")
         if not isinstance(self.thread_cache, bool):
-            raise SpmlError(f"SpeedOptions.thread_cache must be True or False; got "
-                            f"{self.thread_cache!r}")
+            raise SpmlError(f"thread_cache must be true or false; got "
+                            f"{plain(self.thread_cache)}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -98,7 +98,7 @@ def train_probe(
             later evaluations; their best epoch stays what it was). When every trial is
             stopped, training ends.
         progress: a progress display over epochs on stderr (a bar on a terminal, plain lines
-            in a log), one line per epoch with the best trial's val/test mAP.
+            in a log), one line per epoch with its val mAP and the best so far, labelled.
         speed: how the run uses the CPU (:class:`probe.speed.SpeedOptions`: step threads,
             trial blocks); None = the defaults. It changes no result and is not part of the
             recorded config; ``result.timing`` says what was used.
@@ -213,15 +213,29 @@ def _record_epoch(results: list[TrialResult], active: list[bool], epoch: int,
 
 def _best_line(results: list[TrialResult], evaluator: Evaluator | None, active: list[bool],
                epoch: int, epochs: int) -> str:
+    """The per-epoch line: this epoch's val mAP (its best trial's, where several train) and,
+    labelled apart, the best so far with the epoch it came from."""
     assert evaluator is not None
+    head = f"epoch {epoch}/{epochs}"
+    now = {t: r.epochs[-1].get("val_map") for t, r in enumerate(results)
+           if active[t] and r.epochs and r.epochs[-1].get("epoch") == epoch}
+    now = {t: v for t, v in now.items() if _finite(v)}
+    which = (lambda t: f" (trial {t})") if len(results) > 1 else (lambda t: "")
+    parts = []
+    if now:
+        t = max(now, key=lambda k: now[k])
+        parts.append(f"val mAP {now[t]:.2f}{which(t)}")
     live = [t for t in range(len(results)) if active[t] and _finite(evaluator.best_val[t])]
     if not live:
-        return f"epoch {epoch}/{epochs}: no trial with a finite val mAP yet"
+        return f"{head}: no trial with a finite val mAP yet"
     b = max(live, key=lambda t: evaluator.best_val[t])
     best = results[b].best
-    test = f" test mAP {best['test_map']:.2f}" if "test_map" in best else ""
-    return (f"epoch {epoch}/{epochs}: best trial {b} val mAP "
-            f"{best.get('val_map', float('nan')):.2f}{test}")
+    test = f", test mAP {best['test_map']:.2f}" if "test_map" in best else ""
+    at = f"epoch {results[b].best_epoch}" if results[b].best_epoch is not None else ""
+    where = ", ".join(x for x in (which(b).strip(" ()"), at) if x)
+    parts.append(f"best so far val mAP {best.get('val_map', float('nan')):.2f}{test}"
+                 + (f" ({where})" if where else ""))
+    return f"{head}: " + "; ".join(parts)
 
 
 def _result(plan: TrialPlan, trainer: Trainer, data: ProbeData, config: ProbeConfig,

@@ -165,10 +165,10 @@ def train_prior(cls: type[Loss], config: ProbeConfig, data: ProbeData) -> Any:
         return None
     prior = getattr(data, "train_prior", None)
     if prior is None or prior.name != name:
-        have = "none" if prior is None else repr(prior.name)
+        have = "none" if prior is None else f"'{prior.name}'"
         raise ProbeConfigError(
-            f"{cls.name}: ProbeConfig.priors is {name!r} but the data carries prior {have}; "
-            f"load it with probe.load_store(store, priors={name!r})"
+            f"{cls.name}: --priors is '{name}' but the data carries prior {have}; "
+            f"load it with probe.load_store(store, priors='{name}')"
         )
     return prior
 
@@ -178,13 +178,13 @@ def check_prior_request(cls: type[Loss], name: str | None) -> None:
     if cls.prior is None:
         if name is not None:
             raise ProbeConfigError(
-                f"{cls.name} uses no prior, but --priors {name} (ProbeConfig.priors) was given; "
+                f"{cls.name} uses no prior, but --priors {name} was given; "
                 "drop --priors, or choose a loss that uses one (vlpl, gpr)"
             )
         return
     if name is None:
         raise ProbeConfigError(
-            f"{cls.name} needs a prior ({cls.prior}): pass --priors NAME (ProbeConfig.priors) "
+            f"{cls.name} needs a prior ({cls.prior}): pass --priors NAME "
             "naming one of the store's priors ('spml info STORE' lists them; 'spml import "
             "priors' adds one)"
         )

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from probe.errors import MissingPathError, SpmlError
+from probe.errors import MissingPathError, SpmlError, plain
 from probe.io import atomic_write
 from probe.store.protocol import PROTOCOL_SEED
 
@@ -85,18 +85,19 @@ class FinetuneConfig:
 
     def __post_init__(self) -> None:
         def bad(name: str, expected: str, got: Any) -> FinetuneError:
-            return FinetuneError(f"finetune: {name} must be {expected}; got {got!r}")
+            flag = {"num_workers": "--workers"}.get(name, "--" + name.replace("_", "-"))
+            return FinetuneError(f"finetune: {flag} must be {expected}; got {plain(got)}")
 
         for name in ("batch_size", "epochs", "max_steps", "eval_batch_size"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 1):
-                raise bad(name, "a positive integer (or None for the default)", value)
+                raise bad(name, "a positive integer (or left out for the default)", value)
         if self.lr is not None and (
             isinstance(self.lr, bool) or not isinstance(self.lr, int | float)
             or not math.isfinite(self.lr) or self.lr <= 0
         ):
-            raise bad("lr", "a positive number (or None for the paper's value)", self.lr)
+            raise bad("lr", "a positive number (or left out for the paper's value)", self.lr)
         if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 16:
             raise bad("size", "an integer >= 16 (pixels; the protocol uses 448)", self.size)
         from featurize.specs import EMBED_CHOICES, TRANSFORM_CHOICES
@@ -106,7 +107,7 @@ class FinetuneConfig:
         if self.embed not in EMBED_CHOICES:
             raise bad("embed", f"one of {', '.join(EMBED_CHOICES)}", self.embed)
         if self.val_labels not in ("clean", "observed"):
-            raise bad("val_labels", "'clean' or 'observed'", self.val_labels)
+            raise bad("val_labels", "clean or observed", self.val_labels)
         if self.amp not in AMP_MODES:
             raise bad("amp", f"one of {', '.join(AMP_MODES)}", self.amp)
         if not 0.0 < float(self.threshold) < 1.0:
@@ -117,9 +118,9 @@ class FinetuneConfig:
         if self.num_workers is not None and (
             not isinstance(self.num_workers, int) or self.num_workers < 0
         ):
-            raise bad("num_workers", "an integer >= 0 (or None for automatic)", self.num_workers)
+            raise bad("num_workers", "an integer >= 0 (or left out: automatic)", self.num_workers)
         if self.resume and self.overwrite:
-            raise FinetuneError("finetune: resume and overwrite exclude each other; pick one")
+            raise FinetuneError("finetune: --resume and --overwrite exclude each other; pick one")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able copy (paths as strings)."""

@@ -14,7 +14,7 @@ from typing import Any
 
 from optuna.distributions import BaseDistribution
 
-from probe.errors import SpmlError
+from probe.errors import SpmlError, plain
 from probe.selection import Selection, SelectionError
 from probe.store.protocol import PROTOCOL_SEED
 
@@ -84,28 +84,28 @@ class StudySettings:
     def validate(self) -> None:
         if self.sampler not in SAMPLERS:
             raise StudyError(
-                f"--sampler must be one of {', '.join(SAMPLERS)}; got {self.sampler!r}"
+                f"--sampler must be one of {', '.join(SAMPLERS)}; got {plain(self.sampler)}"
             )
         if self.pruner not in PRUNERS:
-            raise StudyError(f"--pruner must be one of {', '.join(PRUNERS)}; got {self.pruner!r}")
-        for name in ("n_trials", "batch", "workers"):
+            raise StudyError(f"--pruner must be one of {', '.join(PRUNERS)}; got "
+                             f"{plain(self.pruner)}")
+        for name, flag in (("n_trials", "--trials"), ("batch", "--trials-at-once"),
+                           ("workers", "--workers")):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
-                raise StudyError(
-                    f"--{name.replace('_', '-')} must be a positive integer; got {v!r}"
-                )
+                raise StudyError(f"{flag} must be a positive integer; got {plain(v)}")
         for flag, v in (("--epochs", self.epochs), ("--batch-size", self.batch_size)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise StudyError(f"{flag} must be a positive integer (or left out for the "
-                                 f"loss's preset); got {v!r}")
+                                 f"loss's preset); got {plain(v)}")
         if self.lr is not None and not (isinstance(self.lr, int | float)
                                         and 0 < self.lr < math.inf):
-            raise StudyError(f"--lr must be a positive number; got {self.lr!r}")
+            raise StudyError(f"--lr must be a positive number; got {plain(self.lr)}")
         for flag, values in (("--epochs-choices", self.epochs_choices),
                              ("--batch-sizes", self.batch_sizes)):
             bad = [v for v in values if isinstance(v, bool) or not isinstance(v, int) or v < 1]
             if bad:
-                raise StudyError(f"{flag} must be positive integers; got {bad[0]!r} in "
+                raise StudyError(f"{flag} must be positive integers; got {plain(bad[0])} in "
                                  f"{','.join(map(str, values))}")
         if self.sampler == "grid" and not self.grid:
             raise StudyError("--sampler grid needs the grid: --grid gr.b_T=-8,-4,-2 (repeatable)")
@@ -206,7 +206,7 @@ def preflight(settings: StudySettings, store: Any) -> SearchSpace:
         if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)
                               or not 0 <= v < math.inf or (key == "lr" and v == 0)):
             raise StudyError(f"--set {key}: a {'positive' if key == 'lr' else 'non-negative'} "
-                             f"number; got {v!r}")
+                             f"number; got {plain(v)}")
     seeds = store.observed_seeds()
     if settings.observed_seed not in seeds:
         raise StudyError(

@@ -40,7 +40,7 @@ def test_probe_warns_when_the_best_epoch_is_the_last(yeast_store, capsys):
                  "--batch-size", "32", "--device", "cpu", "--quiet", "--intervals", "0"]) == 0
     out = capsys.readouterr().out
     assert "(best = last epoch)" in out
-    assert "warning: 1 of 1 trial(s)" in out and ADVICE in out
+    assert "warning: 1 of 1 trial had" in out and ADVICE in out
 
 
 def test_study_summary_counts_unconverged_trials(tmp_path):

@@ -179,7 +179,7 @@ def test_voc_errors(tmp_path):
     missing = voc / "JPEGImages" / "2010_000001.jpg"
     train_file = main / "aeroplane_train.txt"
     with _raises(
-        FileNotFoundError, "", None, "3 of 3 image file(s) are missing", f"{train_file}:3"
+        FileNotFoundError, "", None, "3 of 3 image files are missing", f"{train_file}:3"
     ):
         load_dataset("voc", tmp_path)
     _images(voc / "JPEGImages", "2008_000002.jpg", "2009_000003.jpg")
@@ -249,7 +249,7 @@ def test_coco_errors(tmp_path):
     with _raises(DatasetFormatError, val, None, "annotations[0] needs integer 'image_id'"):
         load_dataset("coco", tmp_path, check_images=False)
     _tiny_coco(tmp_path)
-    with _raises(FileNotFoundError, "", None, "4 of 4 image file(s) are missing", str(train)):
+    with _raises(FileNotFoundError, "", None, "4 of 4 image files are missing", str(train)):
         load_dataset("coco", tmp_path)
 
 
@@ -314,7 +314,7 @@ def test_nus_errors(tmp_path):
     train_list = tmp_path / "ImageList" / "TrainImagelist.txt"
     water = gt / "Labels_water_Train.txt"
     water.write_text("1\n1\n")
-    with _raises(DatasetFormatError, water, None, "has 2 label line(s) but", str(train_list)):
+    with _raises(DatasetFormatError, water, None, "has 2 label lines but", str(train_list)):
         load_dataset("nus", tmp_path, check_images=False)
     water.write_text("1\n2\n0\n")
     with _raises(DatasetFormatError, water, 2, "expected a label 0 or 1, found '2'"):
@@ -473,7 +473,8 @@ def test_folder_seeded_split_and_empty_policy(tmp_path):
     _images(tmp_path, *names)
     rows = [f"{n},{'x' if k % 3 else ''}" for k, n in enumerate(names)]  # rows 0, 3, 6, 9 empty
     (tmp_path / "labels.csv").write_text("\n".join(rows) + "\n")
-    with _raises(DatasetFormatError, tmp_path / "labels.csv", 1, "has no label", "empty='keep'"):
+    with _raises(DatasetFormatError, tmp_path / "labels.csv", 1, "has no label",
+                 "--option empty=keep"):
         load_dataset("folder", tmp_path)
     kept = load_dataset("folder", tmp_path, empty="keep", split_seed=7)
     perm = np.random.RandomState(7).permutation(10)
@@ -510,7 +511,7 @@ def test_folder_errors(tmp_path):
     check("a.jpg,cat,train,extra\n", 1, "expected 'path,labels' or 'path,labels,split'")
     check("path,labels\na.jpg\n", 2, "expected 2 cells as in the header, found 1")
     check("path,tags\na.jpg,cat\n", 1, "the header must name the columns 'path' and 'labels'")
-    check("a.jpg,cat\n", None, "1 row(s) are too few")
+    check("a.jpg,cat\n", None, "1 row is too few")
     ann.unlink()
     jl = tmp_path / "labels.jsonl"
     jl.write_text('{"path": "a.jpg", "labels": ["cat"]}\n{"path": "b.jpg", "labels": "cat"}\n')
@@ -526,5 +527,5 @@ def test_folder_errors(tmp_path):
     (tmp_path / "classes.txt").write_text("cat\ndog\ncat\n")
     with _raises(DatasetFormatError, tmp_path / "classes.txt", 3, "'cat' is listed again"):
         load_dataset("folder", tmp_path, classes=str(tmp_path / "classes.txt"))
-    with pytest.raises(ValueError, match="empty: expected 'error', 'keep' or 'drop'"):
+    with pytest.raises(ValueError, match="--option empty: expected error, keep or drop"):
         load_dataset("folder", tmp_path, empty="skip")

@@ -266,7 +266,7 @@ def test_batch_larger_than_train_split(voc, tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without a GPU")
 def test_gpu_asked_for_without_one(voc, tmp_path):
-    with pytest.raises(FinetuneError, match=r"device 'cuda' asked for, but .* no usable CUDA GPU"):
+    with pytest.raises(FinetuneError, match=r"--device cuda: .*no usable CUDA GPU"):
         finetune(_config(voc, tmp_path, "an", device="cuda"))
 
 
@@ -280,11 +280,11 @@ def test_missing_pretrained_weights_refused_offline(voc, tmp_path, monkeypatch):
 
 
 def test_config_checks():
-    for kw, match in (({"batch_size": 0}, "batch_size must be a positive integer"),
-                      ({"lr": -1.0}, "lr must be a positive number"),
-                      ({"size": 8}, "size must be an integer >= 16"),
-                      ({"amp": "fp8"}, "amp must be one of auto, bf16, fp16, off"),
-                      ({"val_labels": "full"}, "val_labels must be 'clean' or 'observed'"),
+    for kw, match in (({"batch_size": 0}, "--batch-size must be a positive integer"),
+                      ({"lr": -1.0}, "--lr must be a positive number"),
+                      ({"size": 8}, "--size must be an integer >= 16"),
+                      ({"amp": "fp8"}, "--amp must be one of auto, bf16, fp16, off"),
+                      ({"val_labels": "full"}, "--val-labels must be clean or observed"),
                       ({"resume": True, "overwrite": True}, "exclude each other")):
         with pytest.raises(FinetuneError, match=match):
             FinetuneConfig("voc", ".", "an", ".", **kw)

@@ -395,7 +395,7 @@ def test_framework_errors():
         ({"q1": -0.1}, r"'q1' must lie in \[0, inf\)"),
         ({"q3": torch.tensor([0.5, -0.5])}, "'q3' must lie in"),
         ({"w": float("inf")}, "'w' must lie in"),
-        ({"use_k": 1}, "'use_k' must be True or False"),
+        ({"use_k": 1}, "'use_k' must be true or false"),
         ({"return_parts": "yes"}, "'return_parts' must be True or False"),
     ],
 )
@@ -412,7 +412,7 @@ def test_pure_function_errors(kwargs, match):
         ({"sigma_T": 0.0}, "'sigma_T' must lie in"),
         ({"sigma_0": -2.0}, "'sigma_0' must lie in"),
         ({"q2": -1.0}, "'q2' must lie in"),
-        ({"learn_kv": "no"}, "'learn_kv' must be True or False"),
+        ({"learn_kv": "no"}, "'learn_kv' must be true or false"),
         ({"sigma": 0.5}, "unknown hyperparameter 'sigma'; did you mean"),
     ],
 )

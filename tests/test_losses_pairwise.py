@@ -401,7 +401,7 @@ def test_stacked_options_equal_separate_runs():
         ({"soft": True, "soft_power": -0.5, "ap": torch.ones(3)}, r"'soft_power' must lie"),
         ({"soft": True}, r"soft=True needs 'ap'"),
         ({"soft": True, "ap": torch.ones(4)}, r"'ap' must have shape \(3,\)"),
-        ({"high_rank": 1}, r"'high_rank' must be True or False"),
+        ({"high_rank": 1}, r"'high_rank' must be true or false"),
         ({"alpha": torch.ones(2)}, r"'alpha' has one value per trial"),
     ],
 )

@@ -87,7 +87,7 @@ def test_write_read_list_and_verify_a_prior(store):
 @pytest.mark.parametrize(("change", "match"), [
     (lambda a: a[:-1], r"shape \(N, C\) = \(2417, 14\).*got \(2416, 14\)"),
     (lambda a: a[:, :-1], r"got \(2417, 13\)"),
-    (lambda a: np.where(np.arange(a.size).reshape(a.shape) == 20, np.nan, a), r"NaN/inf.*row 1, "
+    (lambda a: np.where(np.arange(a.size).reshape(a.shape) == 20, np.nan, a), r"nan/inf.*row 1, "
      r"class 6"),
     (lambda a: a.astype(np.float64) * 1e300, "overflow float32"),
     (lambda a: a.astype(str), "must hold numbers"),
@@ -122,7 +122,7 @@ def test_other_refusals_name_the_problem(store, tmp_path):
     with pytest.raises(PriorError, match=r"already holds prior 'clip'.*--overwrite"):
         write_prior(store, "clip", scores, {})
     assert _digest(store) == middle
-    with pytest.raises(PriorError, match=r"no prior 'clap'.*holds \['clip'\]"):
+    with pytest.raises(PriorError, match=r"no prior 'clap' \(it holds clip\)"):
         open_store(store).prior("clap")
 
 
@@ -152,7 +152,7 @@ def test_import_from_csv_and_parquet_matches_the_npy(store, tmp_path):
     with pytest.raises(SpmlError, match="every store image id once"):
         import_priors(store, "d", tmp_path / "short.csv")
     pl.DataFrame({k: v for k, v in table.items() if k != cols[0]}).write_csv(tmp_path / "m.csv")
-    with pytest.raises(SpmlError, match=f"missing \\['{cols[0]}'\\]"):
+    with pytest.raises(SpmlError, match=f"missing {cols[0]}$"):
         import_priors(store, "d", tmp_path / "m.csv")
     assert _digest(store) == before
 

@@ -39,7 +39,7 @@ def test_probe_stacked_trials_json_and_head(store, tmp_path, capsys):
                str(head), "--quiet"])
     assert rc == 0
     text = capsys.readouterr().out
-    assert "4 trial(s)" in text and "<- best" in text and "lr per trial" in text
+    assert "4 trials" in text and "<- best" in text and "lr per trial" in text
     payload = json.loads(out.read_text())
     assert payload["n_trials"] == 4 and payload["config"]["batch_size"] == 8
     assert [(t["hparams"]["w_T"], t["lr"]) for t in payload["trials"]] == [
@@ -119,7 +119,7 @@ def test_probe_json_counts_epochs_from_1_and_logs_plain_lines(store, tmp_path):
     text = log.read_text()
     assert "\r" not in text
     lines = text.splitlines()
-    assert lines[0] == "probe an ×2: starting (3 epoch)"
+    assert lines[0] == "probe an ×2: starting (3 epochs)"
     assert [ln.split(":")[0] for ln in lines if ln.startswith("epoch")] == [
         "epoch 1/3", "epoch 2/3", "epoch 3/3"]
     # the test intervals after training are followed too (a second or two per head on COCO)

@@ -53,7 +53,7 @@ def test_import_in_a_log_is_plain_lines(tmp_path):
     assert code == 0
     text = log.read_text()
     assert "\r" not in text and text.splitlines()[0].startswith("writing y.zarr: starting")
-    assert re.match(r"writing y\.zarr: (\d+)/\1 block \(100%\)", text.splitlines()[-1])
+    assert re.match(r"writing y\.zarr: (\d+)/\1 blocks? \(100%\)", text.splitlines()[-1])
 
 
 def test_heartbeat_lines_while_nothing_finishes(monkeypatch):
@@ -99,3 +99,18 @@ def test_interval_from_the_environment(monkeypatch):
     monkeypatch.setenv("SPML_PROGRESS_INTERVAL", "soon")
     with pytest.raises(ValueError, match=r"SPML_PROGRESS_INTERVAL.*'soon'"):
         Progress(3, "x", file=_Log())
+
+
+def test_counts_read_in_the_right_number():
+    from probe.progress import plural
+
+    cases = [((1, "heads"), "1 head"), ((3, "block"), "3 blocks"), ((1, "block"), "1 block"),
+             ((10, "epoch"), "10 epochs"), ((1, "epochs"), "1 epoch"), ((2, "class"), "2 classes"),
+             ((1, "classes"), "1 class"), ((5, "B"), "5 B"), ((None, "run"), "runs")]
+    for args, want in cases:
+        assert plural(*args) == want, args
+    log = io.StringIO()
+    Progress(1, "probe an", "heads", file=log, interval=3600).close()
+    Progress(3, "writing s", "block", file=log, interval=3600).close()
+    assert log.getvalue().splitlines()[::2] == ["probe an: starting (1 head)",
+                                               "writing s: starting (3 blocks)"]

@@ -181,8 +181,8 @@ def test_speed_is_not_a_probeconfig_field():
 
 
 @pytest.mark.parametrize("bad, match", [
-    ({"step_threads": 0}, "step_threads"), ({"step_threads": True}, "step_threads"),
-    ({"trial_block": -1}, "trial_block"), ({"trial_block": 1.5}, "trial_block"),
+    ({"step_threads": 0}, "--step-threads"), ({"step_threads": True}, "--step-threads"),
+    ({"trial_block": -1}, "--trial-block"), ({"trial_block": 1.5}, "--trial-block"),
     ({"thread_cache": "yes"}, "thread_cache"),
 ])
 def test_bad_speed_options_are_named(bad, match):

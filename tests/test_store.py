@@ -166,7 +166,7 @@ def test_add_observed_seed(tmp_path: Path, index: DatasetIndex, feats: np.ndarra
         [single_positive(index.pool.labels, 7), single_positive(index.test.labels, 7)]
     )
     np.testing.assert_array_equal(store.observed(7), expected)
-    with pytest.raises(StoreError, match=r"available seeds: \[7, 1200\]"):
+    with pytest.raises(StoreError, match=r"it has seeds 7, 1200 .*spml draw"):
         store.observed(99)
 
 

@@ -408,7 +408,7 @@ def test_featurize_lists_every_bad_image(tmp_path, capsys):
             "--backbone", "resnet18", "--weights", "random", "--size", "32", "--quiet"]
     assert main(argv) == 2  # without --skip-bad: the first 20 named, the rest counted
     err = capsys.readouterr().err
-    assert "23 of 26 image file(s) are missing" in err
+    assert "23 of 26 image files are missing" in err
     assert sum(f"{p} (listed in" in err for p in gone) == 20
     assert "... and 3 more" in err and "--skip-bad" in err
     assert not (tmp_path / "s.zarr").exists()

@@ -254,7 +254,7 @@ def test_eval_init_measures_the_untrained_heads():
         lin.weight.copy_(weight)
         lin.bias.copy_(bias)
     assert init["test_map"] == pytest.approx(evaluate_head(data, lin)["test_map"], abs=1e-4)
-    with pytest.raises(ValueError, match="test_curve"):
+    with pytest.raises(ValueError, match="--test-curve"):
         ProbeConfig(test_curve=1).validate()
 
 
@@ -363,7 +363,7 @@ def test_errors_before_training():
         train_probe(data, ProbeConfig(epochs=1), "nope")
     with pytest.raises(ProbeConfigError, match="'use_k' is a structural"):
         train_probe(data, ProbeConfig(epochs=1), "gr", [{"use_k": True}, {"use_k": False}])
-    with pytest.raises(ProbeConfigError, match=r"ProbeConfig\.labels"):
+    with pytest.raises(ProbeConfigError, match="--labels"):
         train_probe(data, ProbeConfig(labels="partial"), "an")
     with pytest.raises(ProbeConfigError, match="3 hyperparameter trials but 2 seeds"):
         train_probe(data, ProbeConfig(seeds=(1, 2)), "an", [{}, {}, {}])
@@ -567,7 +567,7 @@ def test_trial_blocks_are_balanced_sized_to_the_cache_and_cpu_only():
     result = train_probe(data, cfg, "gr", gr, speed=ones)
     assert result.timing["trial_blocks"] == [1, 1]
     for bad in (-1, True, 1.5):
-        with pytest.raises(SpmlError, match="trial_block"):
+        with pytest.raises(SpmlError, match="--trial-block"):
             SpeedOptions(trial_block=bad).validate()
 
 
@@ -591,9 +591,9 @@ def test_a_loss_that_cannot_drop_trials_freezes_them_in_place():
 
 def test_cuda_graph_is_refused_where_the_step_cannot_be_captured():
     data = _data()
-    with pytest.raises(ValueError, match=r"cuda_graph.*CUDA device"):
+    with pytest.raises(ValueError, match=r"--cuda-graph.*CUDA device"):
         train_probe(data, ProbeConfig(epochs=1, batch_size=8, cuda_graph=True), "an")
-    with pytest.raises(ValueError, match="cuda_graph"):
+    with pytest.raises(ValueError, match="--cuda-graph"):
         ProbeConfig(cuda_graph="yes").validate()
 
 
@@ -678,5 +678,5 @@ def test_test_intervals_from_the_final_pass_equal_the_intervals_after_the_run(mo
         assert all("test_map_low" in t.best for t in during.trials)
         assert 0 < during.timing["test_interval_seconds"]  # the share of the test pass's time
     assert after.timing["test_interval_seconds"] == 0.0
-    with pytest.raises(ProbeConfigError, match="test_intervals"):
+    with pytest.raises(ProbeConfigError, match="--intervals"):
         replace(base, test_intervals=-1).validate()

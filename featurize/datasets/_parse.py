@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from probe.errors import MissingPathError, SpmlError
+from probe.progress import plural
 
 __all__ = [
     "DatasetFormatError",
@@ -35,6 +36,8 @@ def at(path: Path, line: int | None = None) -> str:
 
 def require_file(path: Path, what: str, hint: str = "") -> Path:
     """``path`` if it is a file, else a :class:`FileNotFoundError` saying what is expected where."""
+    if path.is_dir():
+        raise DatasetFormatError(f"{what}: {path} is a directory; expected a file")
     if not path.is_file():
         msg = f"{what} not found: expected the file {path}"
         raise MissingPathError(f"{msg}; {hint}" if hint else msg)
@@ -76,7 +79,7 @@ def read_fields(
         fields = text.split()
         if len(fields) < n_min or (n_max is not None and len(fields) > n_max):
             raise DatasetFormatError(
-                f"{at(path, line)}: expected '{layout}' but found {len(fields)} field(s): "
+                f"{at(path, line)}: expected '{layout}' but found {plural(len(fields), 'fields')}: "
                 f"{text[:80]!r}"
             )
         rows.append((line, fields))
@@ -100,9 +103,9 @@ def read_binary_column(path: Path, n_expected: int, count_source: Path) -> np.nd
                 raise DatasetFormatError(f"{at(path, i)}: expected a label 0 or 1, found {shown!r}")
     if len(lines) != n_expected:
         raise DatasetFormatError(
-            f"{path}: has {len(lines)} label line(s) but {count_source} lists {n_expected} "
-            f"image(s); each label file must have exactly one 0/1 line per listed image, in "
-            f"the same order"
+            f"{path}: has {plural(len(lines), 'label lines')} but {count_source} lists "
+            f"{plural(n_expected, 'images')}; each label file must have exactly one 0/1 line "
+            "per listed image, in the same order"
         )
     return np.frombuffer(b"".join(lines), dtype=np.uint8) == ord("1")
 
@@ -114,7 +117,8 @@ def require_disjoint(
     both = set(pool).intersection(test)
     if both:
         raise DatasetFormatError(
-            f"{len(both)} image(s) are listed in both {pool_src} and {test_src}, e.g. "
+            f"{plural(len(both), 'images')} {'is' if len(both) == 1 else 'are'} listed in both "
+            f"{pool_src} and {test_src}, e.g. "
             f"{min(both)}; the train and test splits must not share images"
         )
 
@@ -138,8 +142,9 @@ def require_images(*groups: ImageGroup) -> None:
     shown = "".join(f"\n  {path} (listed in {where})" for path, where in missing[:20])
     more = f"\n  ... and {len(missing) - 20} more" if len(missing) > 20 else ""
     raise MissingPathError(
-        f"{len(missing)} of {total} image file(s) are missing. Check the dataset root and that "
+        f"{len(missing)} of {plural(total, 'image files')} "
+        f"{'is' if len(missing) == 1 else 'are'} missing. Check the dataset root and that "
         "the images were extracted there; or featurize the others with --skip-bad (the missing "
         "ones get zero features and are listed in the store's bad_rows), or index the labels "
-        f"alone with check_images=False:{shown}{more}"
+        f"alone with --option check_images=false:{shown}{more}"
     )

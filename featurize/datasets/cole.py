@@ -80,6 +80,8 @@ def canonical_dataset(dataset: str) -> str:
 def load_npy(path: Path, what: str, *, mmap: bool = False) -> np.ndarray:
     """``np.load`` without pickles, with errors that name the file and what it should hold."""
     path = Path(path)
+    if path.is_dir():
+        raise DatasetFormatError(f"{what}: {path} is a directory; expected a .npy file")
     if not path.is_file():
         raise MissingPathError(f"{what}: file {path} not found")
     with open(path, "rb") as f:

@@ -41,7 +41,7 @@ from typing import Literal
 
 import numpy as np
 
-from probe.errors import MissingPathError, SpmlError
+from probe.errors import MissingPathError, SpmlError, plain
 from probe.store.index import DatasetIndex, Phase
 from probe.store.protocol import PROTOCOL_SEED
 
@@ -76,7 +76,7 @@ def _split_value(value: object, where: str) -> str | None:
             else ""
         )
         raise DatasetFormatError(
-            f"{where}: split {value!r} is not one of {', '.join(SPLIT_VALUES)}{extra}"
+            f"{where}: split '{value}' is not one of {', '.join(SPLIT_VALUES)}{extra}"
         )
     return text
 
@@ -101,14 +101,15 @@ def _read_csv(path: Path) -> list[_Row]:
                 if "labels" not in names or any(names.count(n) > 1 for n in _COLUMNS):
                     raise DatasetFormatError(
                         f"{where}: the header must name the columns 'path' and 'labels' once "
-                        f"each (and optionally 'split'), found {cells}"
+                        f"each (and optionally 'split'), found {','.join(cells)}"
                     )
                 header = names
                 continue
             if header is None and len(cells) not in (2, 3):
                 raise DatasetFormatError(
                     f"{where}: expected 'path,labels' or 'path,labels,split' (labels joined by "
-                    f"';'), found {len(cells)} cell(s): {cells}"
+                    f"';'), found {len(cells)} {'cell' if len(cells) == 1 else 'cells'}: "
+                    f"{','.join(cells)}"
                 )
             if header is not None and len(cells) != len(header):
                 raise DatasetFormatError(
@@ -164,7 +165,7 @@ def _class_list(classes: str | Path | Sequence[str]) -> tuple[tuple[str, ...], s
         names, source = tuple(str(c).strip() for c in classes), "the classes argument"
         dupes = sorted({c for c in names if names.count(c) > 1})
         if dupes:
-            raise SpmlError(f"classes: names must be unique, repeated: {dupes}")
+            raise SpmlError(f"classes: names must be unique, repeated: {', '.join(dupes)}")
     if not names:
         raise SpmlError(f"classes: {source} lists no class")
     return names, source
@@ -191,22 +192,25 @@ def load_folder(
     """
     root = Path(root)
     if not root.is_dir():
+        if root.exists():
+            raise DatasetFormatError(f"--root {root}: is a file; expected the image folder")
         raise MissingPathError(f"image folder not found: {root} is not a directory")
     if empty not in ("error", "keep", "drop"):
-        raise SpmlError(f"empty: expected 'error', 'keep' or 'drop', got {empty!r}")
+        raise SpmlError(f"--option empty: expected error, keep or drop; got {plain(empty)}")
     if not 0.0 < test_fraction < 1.0:
-        raise SpmlError(f"test_fraction: expected a number in (0, 1), got {test_fraction!r}")
+        raise SpmlError(f"--option test_fraction: expected a number in (0, 1); got "
+                        f"{plain(test_fraction)}")
     known, source = _class_list(classes) if classes is not None else ((), "")
     if annotations is None:
         ann = find_file(
             [root / "labels.csv", root / "labels.jsonl"],
             "annotation file",
-            "pass annotations=PATH to name a CSV or JSON-lines file",
+            "pass --option annotations=PATH to name a CSV or JSON-lines file",
         )
         if ann.suffix == ".csv" and (root / "labels.jsonl").is_file():
             raise SpmlError(
                 f"annotations: both {ann} and {root / 'labels.jsonl'} exist; pass "
-                f"annotations=PATH to choose one"
+                f"--option annotations=PATH to choose one"
             )
     else:
         ann = require_file(Path(annotations), "annotation file")
@@ -245,8 +249,8 @@ def load_folder(
         if not row.labels:
             if empty == "error":
                 raise DatasetFormatError(
-                    f"{where}: image {row.path} has no label; pass empty='keep' to keep such "
-                    f"rows (counted as unlabeled) or empty='drop' to drop them"
+                    f"{where}: image {row.path} has no label; pass --option empty=keep to keep "
+                    f"such rows (counted as unlabeled) or --option empty=drop to drop them"
                 )
             if empty == "drop":
                 continue
@@ -272,8 +276,8 @@ def load_folder(
         n_test = round(test_fraction * n)
         if not 0 < n_test < n:
             raise DatasetFormatError(
-                f"{ann}: {n} row(s) are too few for a {test_fraction:.0%} test split; add rows "
-                f"or give a split column"
+                f"{ann}: {n} {'row is' if n == 1 else 'rows are'} too few for a "
+                f"{test_fraction:.0%} test split; add rows or give a split column"
             )
         perm = np.random.RandomState(split_seed).permutation(n)
         members = {"train": np.sort(perm[: n - n_test]), "test": np.sort(perm[-n_test:])}

@@ -186,6 +186,19 @@ class Loss(nn.Module):
         self.epoch = 0
         self.n_epochs = 1
 
+    def __repr__(self) -> str:
+        """``GR(w_T=..., b_T=..., ..., preset='coco')``: every hyperparameter's value (a
+        per-trial one as its list) and the paper preset it started from, if any."""
+        def shown(value: Any) -> str:
+            return repr(value.tolist() if isinstance(value, Tensor) else value)
+
+        parts = [f"{s.name}={shown(self.hparam(s.name))}" for s in self.hparam_specs
+                 if s.name in self._static or s.name in self._hp_names]
+        preset = getattr(self, "preset", None)
+        if preset is not None:
+            parts.append(f"preset={preset!r}")
+        return f"{type(self).__name__}({', '.join(parts)})"
+
     # -- hyperparameters ----------------------------------------------------------------------
     def hparam(self, name: str) -> Any:
         """The hyperparameter's value: a number, or a ``(T,)`` tensor buffer."""
@@ -249,7 +262,7 @@ class Loss(nn.Module):
         name. Losses with :attr:`prior` set override this (``probe.losses._prior``)."""
         raise LossInputError(
             f"{self.name}: this loss uses no prior (per-image class scores); drop --priors "
-            "(ProbeConfig.priors) or choose a loss that uses one (vlpl, gpr)"
+            "or choose a loss that uses one (vlpl, gpr)"
         )
 
     def start_epoch(self, epoch: int) -> None:
@@ -600,4 +613,6 @@ def create_loss(name: str, preset: str | None = None, **hparams: Any) -> Loss:
             )
         values.update(cls.presets[preset])
     values.update(hparams)
-    return cls(**values)
+    loss = cls(**values)
+    loss.preset = preset  # shown by its repr
+    return loss

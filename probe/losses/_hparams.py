@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from probe.errors import SpmlError
+from probe.errors import SpmlError, plain
 
 __all__ = [
     "DATA_QUANTITIES",
@@ -139,25 +139,26 @@ def check_hparam(spec: HParam, value: Any, loss: str = "") -> Any:
         if spec.optional:
             return None
         raise LossInputError(
-            f"{where}hyperparameter '{spec.name}' is required ({spec.doc}); got None"
+            f"{where}hyperparameter '{spec.name}' is required ({spec.doc}); set it with "
+            f"--set {spec.name}=VALUE"
         )
     if spec.kind == "bool":
         if not isinstance(value, bool):
             raise LossInputError(
-                f"{where}hyperparameter '{spec.name}' must be True or False; got {value!r}"
+                f"{where}hyperparameter '{spec.name}' must be true or false; got {plain(value)}"
             )
         return value
     if spec.kind == "choice":
         if value not in (spec.choices or ()):
             raise LossInputError(
-                f"{where}hyperparameter '{spec.name}' must be one of {list(spec.choices or ())}; "
-                f"got {value!r}"
+                f"{where}hyperparameter '{spec.name}' must be one of "
+                f"{', '.join(map(str, spec.choices or ()))}; got {plain(value)}"
             )
         return value
     if spec.kind == "int":
         if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
             raise LossInputError(
-                f"{where}hyperparameter '{spec.name}' must be an integer; got {value!r}"
+                f"{where}hyperparameter '{spec.name}' must be an integer; got {plain(value)}"
             )
         value = int(value)
         vals = [float(value)]
@@ -173,9 +174,11 @@ def check_hparam(spec: HParam, value: Any, loss: str = "") -> Any:
         value = float(value)
         vals = [value]
     else:
+        several = isinstance(value, str) and "," in value
         raise LossInputError(
-            f"{where}hyperparameter '{spec.name}' must be a number or a (T,) tensor; got "
-            f"{type(value).__name__} {value!r}"
+            f"{where}hyperparameter '{spec.name}' must be a number; got {plain(value)}"
+            + (" (one value here: a comma list is a grid of trials for 'spml probe --set', "
+               "and 'spml study --grid' searches among values)" if several else "")
         )
     for v in vals:
         bad = not math.isfinite(v)

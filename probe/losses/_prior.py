@@ -74,7 +74,7 @@ class PriorMixin:
         if getattr(self, "prior_scores", None) is None:
             raise LossInputError(
                 f"{self.name}: needs a prior (per-image class scores): pass --priors NAME "
-                "(ProbeConfig.priors; loss.set_prior(scores) after setup)"
+                "(from Python: loss.set_prior(scores) after setup)"
             )
         if index is None:
             raise LossInputError(f"{self.name}: forward needs index= (the batch's train rows) to "

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import zarr
 
+from probe.errors import plain
 from probe.store.chunks import checksum_codecs
 from probe.store.priors import GROUP, PRIOR_PROVENANCE_KEYS, Prior, PriorError
 from probe.store.reading import open_store
@@ -58,8 +59,9 @@ def _check_matrix(values: Any, name: str, what: str, shape: tuple[int, int]) -> 
     if bad.any():
         r, c = (int(i) for i in np.argwhere(bad)[0])
         raise PriorError(
-            f"prior {name!r}: {what} must be finite (float32); {int(bad.sum())} entries are "
-            f"NaN/inf or overflow float32, the first at row {r}, class {c} (value {arr[r, c]!r})"
+            f"prior {name!r}: {what} must be finite (float32); {int(bad.sum())} "
+            f"{'entry is' if bad.sum() == 1 else 'entries are'} nan/inf or overflow float32, "
+            f"the first at row {r}, class {c} (value {plain(arr[r, c])})"
         )
     return out
 
@@ -134,7 +136,7 @@ def write_prior(
         source = have[name]["provenance"].get("source")
         raise PriorError(
             f"{store.path} already holds prior {name!r} (from {source}); "
-            "pass overwrite=True (--overwrite) to replace it, or choose another --name"
+            "pass --overwrite to replace it, or choose another --name"
         )
     group = zarr.open_group(store.path, mode="r+")
     parent = group.require_group(GROUP)

@@ -74,7 +74,7 @@ def read_prior(store: Any, name: str, rows: Any = None) -> Prior:
     takes them), checked against its recorded shape."""
     have = store.attrs.get("priors", {})
     if name not in have:
-        hint = (f"it holds {prior_names(store)}" if have else "it holds none")
+        hint = (f"it holds {', '.join(prior_names(store))}" if have else "it holds none")
         raise PriorError(
             f"{store.path} has no prior {name!r} ({hint}); add one with 'spml import priors "
             f"{store.path} --name {name} --from scores.npy' (probe.store.write_prior)"

@@ -201,8 +201,9 @@ class Store:
         """Single-positive labels of draw ``seed``, int8 ``(len(rows), C)``."""
         if int(seed) not in self.observed_seeds():
             raise StoreError(
-                f"{self.path} has no single-positive draw for seed {seed}; available seeds: "
-                f"{self.observed_seeds()} (add one with probe.store.add_observed_seed)"
+                f"{self.path} has no single-positive draw for seed {seed}; it has seeds "
+                f"{', '.join(map(str, self.observed_seeds()))} (add one with 'spml draw "
+                f"{self.path} --seeds {seed}')"
             )
         return self._read(f"observed/{int(seed)}", rows)
 

@@ -133,8 +133,8 @@ def loss_curves(
     hparams = hparams or {}
     unknown = set(hparams) - set(losses)
     if unknown:
-        raise AnalyzeError(f"hyperparameters given for {sorted(unknown)}, which are not among "
-                           f"the losses {list(losses)}")
+        raise AnalyzeError(f"--set: hyperparameters given for {', '.join(sorted(unknown))}, "
+                           f"which are not among the losses {', '.join(losses)}")
     p = torch.linspace(0.002, 0.998, points, dtype=torch.float64)
     z = torch.logit(p)
     curves: list[dict[str, Any]] = []

@@ -170,14 +170,14 @@ def run_distinguish(
     if not losses:
         raise AnalyzeError("--loss: give at least one loss")
     if len(set(losses)) != len(losses):
-        raise AnalyzeError(f"--loss: a loss is listed twice: {list(losses)}")
+        raise AnalyzeError(f"--loss: a loss is listed twice: {','.join(losses)}")
     if isinstance(bins, bool) or not isinstance(bins, int) or bins < 2:
         raise AnalyzeError(f"--bins must be an integer >= 2; got {bins!r}")
     hparams = hparams or {}
     unknown = set(hparams) - set(losses)
     if unknown:
-        raise AnalyzeError(f"hyperparameters given for {sorted(unknown)}, which are not among "
-                           f"the losses {list(losses)}")
+        raise AnalyzeError(f"--set: hyperparameters given for {', '.join(sorted(unknown))}, "
+                           f"which are not among the losses {', '.join(losses)}")
     if "knn" in losses:
         raise AnalyzeError("--loss knn: the kNN baseline trains no head; pick a loss")
     fixed = {name: check_fixed(name, hparams.get(name)) for name in losses}

@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         args = build_parser().parse_args(argv)
     args.argv = argv  # a command that starts worker processes repeats its own arguments
+    prog = getattr(args, "command_prog", None) or f"spml {args.command}"  # spml import priors
     try:
         return int(args.func(args) or 0)
     except (SpmlError, OSError) as err:
@@ -113,16 +114,16 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if os.environ.get("SPML_DEBUG"):
             raise
-        print(f"spml {args.command}: error: {err}", file=sys.stderr)
+        print(f"{prog}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"spml {args.command}: interrupted", file=sys.stderr)
+        print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     except Exception:
         # anything else is a bug in spml-probe, not the user's mistake: show the traceback
         traceback.print_exc()
         print(
-            f"spml {args.command}: internal error: this is a bug in spml-probe; please report it "
+            f"{prog}: internal error: this is a bug in spml-probe; please report it "
             f"with the command that raised it (spml {' '.join(argv)}), spml-probe {__version__}, "
             "and the traceback above",
             file=sys.stderr,

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from probe.cliargs import add_device_argument
+from probe.errors import SpmlError
 
 
 def _demo(args: argparse.Namespace) -> int:
     from studies.demo import DemoConfig, run_demo
 
+    if args.study_trials < 1:  # refused before the demo's first step writes
+        raise SpmlError(f"--study-trials must be a positive integer; got {args.study_trials}")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise SpmlError(f"--out {args.out}: is a file; expected a folder for the demo")
     run_demo(DemoConfig(out=args.out, images=args.images, device=args.device,
                         study_trials=args.study_trials))
     return 0

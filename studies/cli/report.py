@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from probe.cliargs import DEVICE_HELP, add_device_argument
+from probe.errors import SpmlError
 
 REPORT_EPILOG = """\
 examples:
@@ -28,6 +30,8 @@ store) says why. The report reads the study without changing it, also while it r
 def _report(args: argparse.Namespace) -> int:
     from studies.report import ReportOptions, build_report
 
+    if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise SpmlError(f"--out {args.out}: is a file; expected a folder for the report")
     options = ReportOptions(top=args.top, baseline=not args.no_baseline, device=args.device,
                             dpi=args.dpi, progress=True)
     result = build_report(args.study_dir, storage=args.storage, name=args.name, store=args.store,
