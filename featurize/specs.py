@@ -217,14 +217,16 @@ def register_family(family: Family) -> Family:
     """Add ``family`` to the registry (like timm's ``register_model``): ``spml backbones``
     lists it and ``--backbone <name>:<model>`` (or a plain name it claims) builds its models.
     A name already taken by another family is refused."""
+    from probe.errors import SpmlError
+
     if not isinstance(family, Family):
         raise TypeError(f"register_family: {family!r} is not a featurize.backbones.Family")
     if not family.name or not family.name.replace("_", "").isalnum():
-        raise ValueError(f"register_family: a family's name must be letters, digits and '_'; "
+        raise SpmlError(f"register_family: a family's name must be letters, digits and '_'; "
                          f"got {family.name!r}")
     taken = FAMILIES.get(family.name)
     if taken is not None and taken is not family:
-        raise ValueError(f"register_family: the family name {family.name!r} is already taken "
+        raise SpmlError(f"register_family: the family name {family.name!r} is already taken "
                          f"by {taken!r}")
     FAMILIES[family.name] = family
     return family

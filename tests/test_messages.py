@@ -201,6 +201,12 @@ CASES: list[tuple[str, tuple[str, ...]]] = [
     ("backbones --zz", ("'--zz' is no option of spml backbones",)),
     ("priors {S} --name c --model nope", ("--model", "open_clip:")),
     ("priors {S} --name c --modle open_clip:ViT-B-32/openai", ("did you mean '--model'",)),
+    ("table {S} --losses nope", ("--losses", "'nope'")),
+    ("table {S} --losses an --observed-seeds 99", ("--observed-seeds", "not 99")),
+    ("table {S} --include fulll", ("--include", "fulll")),
+    ("table {S} --losses an --tune 4", ("--tune needs --out",)),
+    ("table {S} --losses an --priors teach", ("--priors", "'teach'")),
+    ("table {S} --losess an", ("did you mean '--losses'",)),
 ]
 
 

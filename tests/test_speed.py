@@ -176,7 +176,7 @@ def test_speed_is_not_a_probeconfig_field():
         ProbeConfig(step_threads=1)  # type: ignore[call-arg]
     assert resolve_speed(None) == SpeedOptions()
     assert resolve_speed(SpeedOptions(trial_block=0)) == SpeedOptions(trial_block=0)
-    with pytest.raises(SpmlError, match="trial_block"):
+    with pytest.raises(SpmlError, match="--trial-block"):
         resolve_speed(SpeedOptions(trial_block=-1))
 
 

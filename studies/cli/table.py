@@ -49,12 +49,14 @@ def _table(args: argparse.Namespace) -> int:
         tune=args.tune, select=args.select, from_studies=tuple(args.from_study or ()),
         seed=args.seed, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
         out=args.out, device=args.device, resamples=args.resamples)
+    from probe.progress import plural
+
     table = build_table(args.stores, config, progress=not args.quiet,
                         log=lambda m: print(m, file=sys.stderr))
     print(table.markdown(), end="")
     if args.out:
         written = write_outputs(table, args.out)
-        print(f"\n{table.n_trained} cell(s) trained; written: "
+        print(f"\n{plural(table.n_trained, 'cells')} trained; written: "
               + ", ".join(str(p) for p in written), file=sys.stderr)
     return 0
 

@@ -500,7 +500,7 @@ def train_cells(plan: Plan, cells: list[Cell], *, progress: bool = True,
     import torch
 
     from probe.metrics import mean_average_precision
-    from probe.progress import Progress
+    from probe.progress import Progress, plural
     from probe.train import train_probe
 
     config = plan.config
@@ -512,7 +512,7 @@ def train_cells(plan: Plan, cells: list[Cell], *, progress: bool = True,
             c.test_map = float(mean_average_precision(labels, logits=scores).map)
         elif not _read_cell(c, config.out):
             todo.append(c)
-    log(f"{len(cells)} cell(s): {len(cells) - len(todo)} kept or without training, "
+    log(f"{plural(len(cells), 'cells')}: {len(cells) - len(todo)} kept or without training, "
         f"{len(todo)} to train")
     with Progress(len(todo), "table", "cell", enabled=progress) as bar:
         for col in plan.columns:
