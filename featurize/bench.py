@@ -36,13 +36,10 @@ from PIL import Image
 
 from featurize.backbones import RANDOM, Backbone
 from featurize.images import ImageTransform
+from featurize.pipeline import channels_last, device_mode, model_input, prefetch
 from featurize.runner import (
     FeaturizeConfig,
     Runtime,
-    _channels_last,
-    _device_mode,
-    _model_input,
-    _prefetch,
     backbone_transform,
     featurize,
     load_configured,
@@ -120,7 +117,7 @@ def _forward_only(
 ) -> float:
     """images/s of the forward passes alone (normalised input already on the device)."""
     x = torch.randn(batch, 3, size, size, device=rt.device)
-    if _channels_last(rt):
+    if channels_last(rt):
         x = x.contiguous(memory_format=torch.channels_last)
     autocast = torch.autocast(rt.device.type, dtype=torch.bfloat16, enabled=rt.precision == "bf16")
 
@@ -130,7 +127,7 @@ def _forward_only(
             if with_flip:
                 backbone.features(torch.flip(x, dims=[-1]))
 
-    with torch.inference_mode(), _device_mode(rt):
+    with torch.inference_mode(), device_mode(rt):
         step()  # warm-up
         _sync(rt)
         t0 = time.perf_counter()
@@ -149,10 +146,10 @@ def _decode_only(
     batches = [
         (0, a, min(a + rt.batch_size, len(rows))) for a in range(0, len(rows), rt.batch_size)
     ]
-    with ThreadPoolExecutor(rt.workers, "spml-bench-reader") as pool, _device_mode(rt):
+    with ThreadPoolExecutor(rt.workers, "spml-bench-reader") as pool, device_mode(rt):
         t0, done = None, 0
-        for (_, start, stop), items in _prefetch(pool, batches, rows, rt, transform, depth):
-            x, _ = _model_input(items, rows[start:stop], rt, transform)
+        for (_, start, stop), items in prefetch(pool, batches, rows, rt, transform, depth):
+            x, _ = model_input(items, rows[start:stop], rt, transform)
             if t0 is None:  # the first batch warms the decoder up
                 _sync(rt)
                 t0 = time.perf_counter()

@@ -46,7 +46,7 @@ class Runtime:
 # ----------------------------------------------------------------------------- reading
 
 
-def _load_item(path: Path, rt: Runtime, transform: ImageTransform) -> tuple[str, Any]:
+def load_item(path: Path, rt: Runtime, transform: ImageTransform) -> tuple[str, Any]:
     """Reader-thread work for one image: ``("pixels", (S,S,3) uint8)`` on the PIL path,
     ``("jpeg", bytes)`` for the GPU batch decode, ``("image", (3,H,W) uint8 tensor)`` for a CPU
     decode, or ``("bad", message)``."""
@@ -64,7 +64,7 @@ def _load_item(path: Path, rt: Runtime, transform: ImageTransform) -> tuple[str,
         return "bad", str(err)
 
 
-def _prefetch(
+def prefetch(
     pool: ThreadPoolExecutor,
     batches: Sequence[tuple[int, int, int]],
     paths: Sequence[Path],
@@ -83,7 +83,7 @@ def _prefetch(
             ahead.append(
                 (
                     batch,
-                    [pool.submit(_load_item, paths[r], rt, transform) for r in range(start, stop)],
+                    [pool.submit(load_item, paths[r], rt, transform) for r in range(start, stop)],
                 )
             )
 
@@ -98,7 +98,7 @@ def _prefetch(
 # ----------------------------------------------------------------------------- the device
 
 
-def _model_input(
+def model_input(
     items: list[tuple[str, Any]], paths: Sequence[Path], rt: Runtime, transform: ImageTransform
 ) -> tuple[torch.Tensor, dict[int, str]]:
     """Normalised ``(B, 3, S, S)`` float32 input on the device, and ``{batch index: error}``
@@ -128,18 +128,18 @@ def _model_input(
         elif i in bad:
             images[i] = torch.zeros((3, size, size), dtype=torch.uint8, device=dev)
     batch = resize_batch(images, transform)
-    if _channels_last(rt):
+    if channels_last(rt):
         batch = batch.contiguous(memory_format=torch.channels_last)
     return normalize(batch, transform), dict(sorted(bad.items()))
 
 
-def _channels_last(rt: Runtime) -> bool:
+def channels_last(rt: Runtime) -> bool:
     """channels_last memory format: part of the CUDA bf16 fast path (tensor cores want NHWC)."""
     return rt.cuda and rt.precision == "bf16"
 
 
 @contextlib.contextmanager
-def _device_mode(rt: Runtime):
+def device_mode(rt: Runtime):
     """cuDNN autotuning on CUDA; with fp32 also no TF32, so fp32 means fp32. Restored after."""
     if not rt.cuda:
         yield

@@ -41,13 +41,13 @@ import torch
 from featurize.backbones import DEFAULT_BACKBONE, Backbone, load_backbone
 from featurize.datasets import ImageSource
 from featurize.images import BadImageError, ImageTransform
-from featurize.pipeline import (  # noqa: F401  (_load_item: re-exported for the benchmark)
+from featurize.pipeline import (  # noqa: F401  (load_item: re-exported for the benchmark)
     Runtime,
-    _channels_last,
-    _device_mode,
-    _load_item,
-    _model_input,
-    _prefetch,
+    channels_last,
+    device_mode,
+    load_item,
+    model_input,
+    prefetch,
 )
 from featurize.ranks import (  # noqa: F401  (re-exported: the run's public names)
     RankFailed,
@@ -63,12 +63,12 @@ from featurize.specs import (
     family_of,
 )
 from featurize.writing import (
-    _bad_rows_dir,
-    _BlockWriter,
-    _collect_block_bad_rows,
-    _open_writer,
-    _record_bad_rows,
-    _stored_bad_rows,
+    BlockWriter,
+    bad_rows_dir,
+    collect_block_bad_rows,
+    open_writer,
+    record_bad_rows,
+    stored_bad_rows,
 )
 from probe.errors import MissingPathError, SpmlError
 from probe.progress import Progress
@@ -304,7 +304,7 @@ def featurize(
     writer, error, pending = None, None, None
     if ranks.rank == 0:
         try:
-            writer = _open_writer(out, index, backbone, provenance, config, extra)
+            writer = open_writer(out, index, backbone, provenance, config, extra)
             pending = writer.pending_blocks()
         except Exception as err:
             error = err
@@ -324,8 +324,8 @@ def featurize(
         for start in range(sl.start, sl.stop, rt.batch_size)
     ]
     rows_todo = sum(stop - start for _, start, stop in batches)
-    bad_rows = _stored_bad_rows(writer)
-    backbone.to(rt.device, channels_last=_channels_last(rt))
+    bad_rows = stored_bad_rows(writer)
+    backbone.to(rt.device, channels_last=channels_last(rt))
     where = f"{rt.device}, rank {ranks.rank}/{ranks.world}" if ranks.distributed else rt.device
     bar = Progress(
         rows_todo,
@@ -333,11 +333,11 @@ def featurize(
         "img",
         enabled=config.progress,
     )
-    block_writer = _BlockWriter(writer, bad_rows, per_block=ranks.distributed)
+    block_writer = BlockWriter(writer, bad_rows, per_block=ranks.distributed)
     t0 = time.perf_counter()
     error = None
     try:
-        with _device_mode(rt), ThreadPoolExecutor(rt.workers, "spml-reader") as pool:
+        with device_mode(rt), ThreadPoolExecutor(rt.workers, "spml-reader") as pool:
             try:
                 _run_batches(
                     batches,
@@ -370,11 +370,11 @@ def featurize(
     error = None
     if ranks.rank == 0:
         try:
-            bad_rows.update(_collect_block_bad_rows(writer))
+            bad_rows.update(collect_block_bad_rows(writer))
             if bad_rows:
-                _record_bad_rows(writer, bad_rows)
+                record_bad_rows(writer, bad_rows)
             writer.finalize()
-            shutil.rmtree(_bad_rows_dir(writer), ignore_errors=True)
+            shutil.rmtree(bad_rows_dir(writer), ignore_errors=True)
         except Exception as err:
             error = err
     ranks.agree(error)  # every rank returns once the store is complete
@@ -433,7 +433,7 @@ def _run_batches(
     transform: ImageTransform,
     backbone: Backbone,
     writer: Any,
-    block_writer: _BlockWriter,
+    block_writer: BlockWriter,
     config: FeaturizeConfig,
     pool: ThreadPoolExecutor,
     bar: Any,
@@ -464,7 +464,7 @@ def _run_batches(
             block_writer.put((block, done["feats"], done["flips"], done["bad"]))
 
     with torch.inference_mode():
-        for (block, start, stop), items in _prefetch(
+        for (block, start, stop), items in prefetch(
             pool, batches, paths, rt, transform, config.prefetch_batches
         ):
             if block not in blocks:
@@ -477,7 +477,7 @@ def _run_batches(
                     "feats": np.empty((n, dim), dtype=np.float32),
                     "flips": np.empty((n, dim), dtype=np.float32) if config.with_flip else None,
                 }
-            x, bad = _model_input(items, paths[start:stop], rt, transform)
+            x, bad = model_input(items, paths[start:stop], rt, transform)
             if bad and not config.skip_bad:
                 raise _unreadable(bad, start, stop, batches, paths, ids)
             for i, error in bad.items():

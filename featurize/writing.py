@@ -19,7 +19,7 @@ from probe.store.index import DatasetIndex
 # ----------------------------------------------------------------------------- writing
 
 
-class _BlockWriter:
+class BlockWriter:
     """Writer thread: takes finished blocks from a queue and writes them through the store's
     crash-safe writer, so disk I/O never holds up the device loop. ``bad_rows`` are recorded
     before the block is marked done: in the store's attributes, or with ``per_block`` (the
@@ -51,11 +51,11 @@ class _BlockWriter:
                     self.bad_rows.update({b["row"]: b for b in bad})
                     if self.per_block:
                         atomic_write_text(
-                            _bad_rows_dir(self.writer) / f"block-{block:08d}.json",
+                            bad_rows_dir(self.writer) / f"block-{block:08d}.json",
                             json.dumps(bad),
                         )
                     else:
-                        _record_bad_rows(self.writer, self.bad_rows)
+                        record_bad_rows(self.writer, self.bad_rows)
                 self.writer.write_block(block, feats, flips)
                 self.blocks_written += 1
             except BaseException as err:  # re-raised on the main thread
@@ -79,14 +79,15 @@ class _BlockWriter:
             raise self.error
 
 
-def _record_bad_rows(writer: Any, bad_rows: dict[int, dict]) -> None:
+def record_bad_rows(writer: Any, bad_rows: dict[int, dict]) -> None:
+    """Record the unreadable rows (``{row: record}``) in the store's attributes."""
     # The store writer's own zarr group, so finalize() (which rewrites the attributes from
     # the same in-memory group) keeps them.
     rows = [bad_rows[r] for r in sorted(bad_rows)]
     writer.update_attrs({"bad_rows": rows, "n_bad_rows": len(rows)})
 
 
-def _open_writer(
+def open_writer(
     out: Path,
     index: DatasetIndex,
     backbone: Backbone,
@@ -160,23 +161,24 @@ def _explain_transform_change(
 _BAD_ROWS_DIR = "spml-bad-rows"  # per-block records of a distributed run, merged at the end
 
 
-def _bad_rows_dir(writer: Any) -> Path:
+def bad_rows_dir(writer: Any) -> Path:
+    """Where the ranks of a distributed run keep their per-block bad-row records."""
     return Path(writer.path) / _BAD_ROWS_DIR
 
 
-def _collect_block_bad_rows(writer: Any) -> dict[int, dict]:
+def collect_block_bad_rows(writer: Any) -> dict[int, dict]:
     """The bad rows that the ranks of a distributed run recorded per block (``{row: record}``)."""
     out: dict[int, dict] = {}
-    folder = _bad_rows_dir(writer)
+    folder = bad_rows_dir(writer)
     for path in sorted(folder.glob("block-*.json")) if folder.is_dir() else ():
         out.update({int(b["row"]): dict(b) for b in json.loads(path.read_text())})
     return out
 
 
-def _stored_bad_rows(writer: Any) -> dict[int, dict]:
+def stored_bad_rows(writer: Any) -> dict[int, dict]:
     """Bad rows of the blocks written so far: the store's attribute plus, for an interrupted
     distributed run, the per-block records of its ranks."""
     stored = {int(b["row"]): dict(b) for b in writer.attrs.get("bad_rows", [])}
-    return {**stored, **_collect_block_bad_rows(writer)}
+    return {**stored, **collect_block_bad_rows(writer)}
 
 

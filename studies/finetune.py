@@ -73,22 +73,22 @@ from torch import Tensor, nn
 
 from probe.errors import MissingPathError
 from studies.finetune_config import (
-    _CHECKPOINT_FORMAT,
-    _WARMUP_STEPS,
     AMP_MODES,
     BEST_MODEL_NAME,
+    CHECKPOINT_FORMAT,
     CHECKPOINT_NAME,
     RESULTS_NAME,
     TRAIN_JSON_KEYS,
+    WARMUP_STEPS,
     FinetuneConfig,
     FinetuneError,
     FinetuneResult,
-    _jsonable,
-    _save_json,
-    _save_torch,
+    jsonable,
     read_winner_json,
+    save_json,
+    save_torch,
 )
-from studies.finetune_data import _Data, _epoch_order, _Inputs, _load_data, _loader
+from studies.finetune_data import FinetuneData, FinetuneInputs, epoch_order, load_data, make_loader
 
 __all__ = [
     "AMP_MODES",
@@ -136,7 +136,7 @@ def _train_settings(cls, dataset: str, config: FinetuneConfig) -> dict[str, Any]
             "head_lr_mult": s.head_lr_mult, "source": dict(s.sources)}
 
 
-def _build_loss(config: FinetuneConfig, hparams: Mapping[str, Any], data: _Data
+def _build_loss(config: FinetuneConfig, hparams: Mapping[str, Any], data: FinetuneData
                 ) -> tuple[Any, str | None, dict[str, Any]]:
     """The loss object: the dataset's paper preset (``config.preset``: "auto" = the dataset's
     if the loss has one) under the given hparams, with the values the dataset decides (k) filled
@@ -191,7 +191,7 @@ class _Plan:
     num_workers: int
     eval_batch_size: int
     train: dict[str, Any]
-    data: _Data
+    data: FinetuneData
     loss: Any
     preset: str | None
     filled: dict[str, float]
@@ -243,7 +243,7 @@ def _prepare(config: FinetuneConfig, loss_hparams: Mapping[str, Any]) -> _Plan:
                 f"store's backbone was made with {config.weights_sha256[:12]}…; pass the "
                 "store's weights file with --weights PATH"
             )
-    data = _load_data(config)
+    data = load_data(config)
     train = _train_settings(cls, data.name, config)
     n_train = len(data.train_paths)
     if train["batch_size"] > n_train:
@@ -291,7 +291,7 @@ def _prepare(config: FinetuneConfig, loss_hparams: Mapping[str, Any]) -> _Plan:
 def _fingerprint(plan: _Plan) -> dict[str, Any]:
     """What determines the trajectory; a checkpoint only resumes a run that agrees on all of it."""
     c = plan.config
-    return _jsonable({
+    return jsonable({
         "dataset": plan.data.name,
         "root": str(Path(c.root).expanduser().resolve()),
         "dataset_options": dict(c.dataset_options),
@@ -350,7 +350,7 @@ class _Run:
         self.loss.manual_seed([cfg.seed])
         self.loss.setup(self.observed, n_epochs=plan.train["epochs"])
         self.loss.to(dev)
-        self.inputs = _Inputs(plan)
+        self.inputs = FinetuneInputs(plan)
         self.scaler = torch.amp.GradScaler(dev.type, enabled=plan.amp_dtype == torch.float16)
         # position: `step_in_epoch` steps of epoch `epoch` are done
         self.epoch, self.step_in_epoch, self.global_step = 0, 0, 0
@@ -397,7 +397,7 @@ class _Run:
         self.model.eval()
         start = time.perf_counter()
         try:
-            for i, (x, _rows) in enumerate(_loader(self.plan, paths, batches)):
+            for i, (x, _rows) in enumerate(make_loader(self.plan, paths, batches)):
                 with self._autocast():
                     logits = self.model(self.inputs(x))
                 out[i * bs : i * bs + logits.shape[0]] = logits.float()
@@ -436,7 +436,7 @@ class _Run:
         if self.plan.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state_all()
         return {
-            "format": _CHECKPOINT_FORMAT,
+            "format": CHECKPOINT_FORMAT,
             "fingerprint": self.fingerprint,
             "position": {"epoch": self.epoch, "step_in_epoch": self.step_in_epoch,
                          "global_step": self.global_step},
@@ -459,7 +459,7 @@ class _Run:
         if not self.dirty:
             return
         self.out.mkdir(parents=True, exist_ok=True)
-        _save_torch(self._state(), self.ckpt_path)
+        save_torch(self._state(), self.ckpt_path)
         self.dirty = False
 
     def restore(self) -> None:
@@ -472,7 +472,7 @@ class _Run:
                 f"finetune: cannot read checkpoint {self.ckpt_path}: {err}; pass --overwrite to "
                 "start over"
             ) from None
-        if not isinstance(state, dict) or state.get("format") != _CHECKPOINT_FORMAT:
+        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
             raise FinetuneError(
                 f"finetune: {self.ckpt_path} is not a finetune checkpoint of this version "
                 f"(format {state.get('format') if isinstance(state, dict) else None!r})"
@@ -512,14 +512,14 @@ class _Run:
         """Run the rest of epoch ``self.epoch``; False if stopped by ``max_steps``."""
         plan, cfg = self.plan, self.plan.config
         bs, steps = plan.train["batch_size"], plan.steps_per_epoch
-        batches, flips = _epoch_order(cfg.seed, self.epoch, len(plan.data.train_paths), steps, bs)
+        batches, flips = epoch_order(cfg.seed, self.epoch, len(plan.data.train_paths), steps, bs)
         todo = batches[self.step_in_epoch :].tolist()
         flips_dev = flips.to(plan.device)
         if not todo:
             return True
         start = time.perf_counter()
         images = 0
-        for x, rows in _loader(plan, plan.data.train_paths, todo):
+        for x, rows in make_loader(plan, plan.data.train_paths, todo):
             rows = rows.to(plan.device, non_blocking=True)
             inputs = self.inputs(x, flips_dev[rows])
             with self._autocast():
@@ -536,7 +536,7 @@ class _Run:
             self.dirty = True
             images += bs
             bar.update(bs)
-            if self.process_steps == _WARMUP_STEPS:  # steady-state timing starts here
+            if self.process_steps == WARMUP_STEPS:  # steady-state timing starts here
                 self._account(images, start)
                 images, start = 0, time.perf_counter()
                 self.warm = True
@@ -607,7 +607,7 @@ class _Run:
             }
             if plan.config.save_best:
                 self.out.mkdir(parents=True, exist_ok=True)
-                _save_torch({"model": self.model.state_dict(), "epoch": self.epoch + 1,
+                save_torch({"model": self.model.state_dict(), "epoch": self.epoch + 1,
                              "class_names": list(plan.data.class_names),
                              "fingerprint": self.fingerprint}, self.out / BEST_MODEL_NAME)
         self.epoch += 1
@@ -692,7 +692,7 @@ class _Run:
     def write_results(self) -> FinetuneResult:
         result = self.result()
         self.out.mkdir(parents=True, exist_ok=True)
-        _save_json(result.to_dict(), self.out / RESULTS_NAME)
+        save_json(result.to_dict(), self.out / RESULTS_NAME)
         return result
 
 

@@ -28,9 +28,9 @@ TRAIN_JSON_KEYS = ("batch_size", "lr", "epochs", "seed", "observed_seed", "val_l
 CHECKPOINT_NAME = "checkpoint.pt"
 RESULTS_NAME = "results.json"
 BEST_MODEL_NAME = "best_model.pt"
-_CHECKPOINT_FORMAT = "spml-finetune-checkpoint/1"
+CHECKPOINT_FORMAT = "spml-finetune-checkpoint/1"
 _RESULTS_FORMAT = "spml-finetune-results/1"
-_WARMUP_STEPS = 10  # steps excluded from the steady-state images/s (cudnn autotune, workers)
+WARMUP_STEPS = 10  # steps excluded from the steady-state images/s (cudnn autotune, workers)
 
 
 class FinetuneError(SpmlError):
@@ -126,7 +126,7 @@ class FinetuneConfig:
         """JSON-able copy (paths as strings)."""
         out = asdict(self)
         out["root"], out["out"] = str(self.root), str(self.out)
-        out["dataset_options"] = {k: _jsonable(v) for k, v in self.dataset_options.items()}
+        out["dataset_options"] = {k: jsonable(v) for k, v in self.dataset_options.items()}
         return out
 
 
@@ -207,19 +207,19 @@ class FinetuneResult:
     paths: dict[str, str | None]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": _RESULTS_FORMAT, **_jsonable(asdict(self))}
+        return {"format": _RESULTS_FORMAT, **jsonable(asdict(self))}
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     """Plain JSON values: NaN/inf become None, tensors/arrays lists, paths strings."""
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if isinstance(value, Tensor | np.ndarray):
-        return _jsonable(value.tolist())
+        return jsonable(value.tolist())
     if isinstance(value, np.generic):
-        return _jsonable(value.item())
+        return jsonable(value.item())
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, Path):
@@ -232,14 +232,16 @@ def _jsonable(value: Any) -> Any:
 # --------------------------------------------------------------------------------------------
 
 
-def _save_torch(obj: Any, path: Path) -> None:
+def save_torch(obj: Any, path: Path) -> None:
+    """``torch.save`` to ``path`` atomically (a temporary file, then a rename)."""
     atomic_write(path, lambda fh: torch.save(obj, fh))
 
 
-def _save_json(obj: Any, path: Path) -> None:
+def save_json(obj: Any, path: Path) -> None:
+    """``obj`` as versioned JSON at ``path``, written atomically; NaN is refused."""
     from probe.results import versioned
 
-    text = json.dumps(_jsonable(versioned(obj)), indent=2, allow_nan=False) + "\n"
+    text = json.dumps(jsonable(versioned(obj)), indent=2, allow_nan=False) + "\n"
     atomic_write(path, lambda fh: fh.write(text.encode()))
 
 

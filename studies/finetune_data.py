@@ -16,7 +16,7 @@ from studies.finetune_config import FinetuneConfig, FinetuneError
 
 
 @dataclass
-class _Data:
+class FinetuneData:
     """The protocol's three splits of one dataset (docs/protocol.md steps 1-4)."""
 
     name: str
@@ -41,7 +41,9 @@ class _Data:
         }
 
 
-def _load_data(config: FinetuneConfig) -> _Data:
+def load_data(config: FinetuneConfig) -> FinetuneData:
+    """The dataset's images and labels split by the protocol (train/val/test), with the
+    single positives of ``config.observed_seed``; refuses an empty test or val split."""
     from featurize.datasets import load_dataset
     from probe.store.protocol import single_positive, split_pool
 
@@ -61,7 +63,7 @@ def _load_data(config: FinetuneConfig) -> _Data:
         val_targets = pool.labels[val_idx]
     else:
         val_targets = (observed_pool[val_idx] == 1).astype(np.uint8)
-    return _Data(
+    return FinetuneData(
         name=index.name,
         class_names=tuple(index.class_names),
         train_paths=[str(pool.paths[i]) for i in train_idx],
@@ -93,7 +95,7 @@ class _Images(torch.utils.data.Dataset):
         return torch.from_numpy(pil_transformed(self.paths[i], self.transform).copy()), i
 
 
-def _loader(plan: Any, paths: list[str], batches: list[list[int]]):
+def make_loader(plan: Any, paths: list[str], batches: list[list[int]]):
     """A DataLoader over fixed batches of rows. It gets its own generator, so creating one
     never draws from the global RNG (which a resumed run must find as it was saved)."""
     return torch.utils.data.DataLoader(
@@ -106,7 +108,7 @@ def _loader(plan: Any, paths: list[str], batches: list[list[int]]):
     )
 
 
-class _Inputs:
+class FinetuneInputs:
     """uint8 ``(B, S, S, 3)`` host batch → normalised float model input on the device."""
 
     def __init__(self, plan: Any) -> None:
@@ -125,7 +127,7 @@ class _Inputs:
         return x.sub_(self.mean).div_(self.std)
 
 
-def _epoch_order(seed: int, epoch: int, n: int, steps: int, bs: int) -> tuple[Tensor, Tensor]:
+def epoch_order(seed: int, epoch: int, n: int, steps: int, bs: int) -> tuple[Tensor, Tensor]:
     """Epoch ``epoch``'s batches ``(steps, bs)`` of train rows and per-row flip bits ``(n,)``."""
     state = np.random.SeedSequence([int(seed), int(epoch)]).generate_state(2, dtype=np.uint32)
     gen = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))

@@ -238,7 +238,7 @@ def test_gpu_style_batch_assembly_on_cpu(tmp_path):
     ]
     rt = resolve_runtime(FeaturizeConfig(device="cpu", decode="torchvision"))
     transform = ImageTransform(size=24)
-    x, bad = runner._model_input(items, files, rt, transform)
+    x, bad = runner.model_input(items, files, rt, transform)
     assert list(bad) == [3] and "broken.jpg" in bad[3]
     ref = resize_batch([cpu_decode(d, p) for d, p in zip(datas[:3], files[:3])], 24)
     assert torch.equal(x[:3], normalize(ref, transform))
@@ -323,7 +323,7 @@ def test_ctrl_c_keeps_finished_blocks(tmp_path, folder, resnet18, monkeypatch):
     import featurize.runner as runner
 
     _, index = folder
-    real, calls = runner._model_input, []
+    real, calls = runner.model_input, []
 
     def interrupted(*args, **kwargs):
         calls.append(1)
@@ -331,11 +331,11 @@ def test_ctrl_c_keeps_finished_blocks(tmp_path, folder, resnet18, monkeypatch):
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(runner, "_model_input", interrupted)
+    monkeypatch.setattr(runner, "model_input", interrupted)
     out = tmp_path / "s.zarr"
     with pytest.raises(KeyboardInterrupt):
         featurize(index, out, _cfg(), backbone=resnet18)
-    monkeypatch.setattr(runner, "_model_input", real)
+    monkeypatch.setattr(runner, "model_input", real)
     result = featurize(index, out, _cfg(), backbone=resnet18)
     assert (result.blocks_resumed, result.rows_done) == (2, 4)
 
