@@ -9,8 +9,8 @@ stays cheap (torchvision is imported only with the backbones, zarr only with the
     index = load_dataset("voc", "data/VOCdevkit/VOC2012")       # the official layout
     featurize_dataset("voc", "data/VOCdevkit/VOC2012", "voc.zarr", FeaturizeConfig())
 
-The store itself is :mod:`probe.store`, the bottom layer (its names are re-exported here for
-convenience: ``from featurize import open_store``).
+The store itself is :mod:`probe.store`, the bottom layer, and its names are exported there only
+(``from probe.store import open_store, add_observed_seed, write_prior``).
 """
 
 from __future__ import annotations
@@ -35,18 +35,6 @@ _EXPORTS = {
     "import_array_files": "featurize.imports",
     "import_cole": "featurize.imports",
     "import_yeast": "featurize.imports",
-    # the store (probe.store), re-exported
-    "SCHEMA_VERSION": "probe.store",
-    "Store": "probe.store",
-    "StoreError": "probe.store",
-    "StoreWriter": "probe.store",
-    "add_observed_seed": "probe.store",
-    "create_store": "probe.store",
-    "open_store": "probe.store",
-    "resume_store": "probe.store",
-    "write_feature_store": "probe.store",
-    "single_positive": "probe.store.protocol",
-    "split_pool": "probe.store.protocol",
 }
 
 __all__ = sorted(_EXPORTS)

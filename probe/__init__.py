@@ -19,7 +19,6 @@ store and the protocol, no torch) ← :mod:`probe.ranking`, :mod:`probe.losses` 
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING
 
 from ._lazy import lazy_exports
 
@@ -75,62 +74,8 @@ _EXPORTS = {
     "run_knn": "probe.knn",
 }
 
-__all__ = [
-    "PROTOCOL_SEED",
-    "BestEpoch",
-    "DataError",
-    "EpochReport",
-    "HParam",
-    "Loss",
-    "LossInputError",
-    "MissingPathError",
-    "ProbeConfig",
-    "ProbeConfigError",
-    "ProbeData",
-    "ProbeResult",
-    "SpeedOptions",
-    "SpmlError",
-    "Store",
-    "StoreError",
-    "TrainingSettings",
-    "TrialResult",
-    "__version__",
-    "available_losses",
-    "average_precision",
-    "create_loss",
-    "evaluate_head",
-    "evaluate_heads",
-    "expand_grid",
-    "f1_scores",
-    "get_loss_class",
-    "load_head",
-    "load_store",
-    "mean_average_precision",
-    "open_store",
-    "resolve_device",
-    "resolve_training",
-    "run_knn",
-    "save_head",
-    "train_probe",
-    "write_feature_store",
-]
+__all__ = sorted([*_EXPORTS, "__version__"])
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals(),
                                    aliases={"available_losses": "available"})
-
-
-if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily
-    from .config import ProbeConfig, ProbeConfigError, TrainingSettings, resolve_training
-    from .data import DataError, ProbeData, load_store, resolve_device
-    from .errors import MissingPathError, SpmlError
-    from .evaluate import evaluate_head, evaluate_heads
-    from .knn import run_knn
-    from .losses import HParam, Loss, LossInputError, create_loss, get_loss_class
-    from .losses import available as available_losses
-    from .metrics import average_precision, f1_scores, mean_average_precision
-    from .results import BestEpoch, EpochReport, ProbeResult, TrialResult, load_head, save_head
-    from .speed import SpeedOptions
-    from .store import PROTOCOL_SEED, Store, StoreError, open_store, write_feature_store
-    from .train import train_probe
-    from .trials import expand_grid

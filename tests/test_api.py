@@ -80,3 +80,22 @@ def test_best_is_typed_and_still_the_dict_it_was(tmp_path):
     tr.best = {"test_map": 39.0}
     assert tr.best.test_map == 39.0 and tr.best.val_map is None
     assert not TrialResult(trial=0, seed=0, hparams={}, lr=1e-3, weight_decay=0.0).best
+
+
+def test_each_public_name_is_exported_by_one_package_and_resolves():
+    """The three packages' tops do not overlap (the store's names live in probe, the store's
+    writers together in probe.store), and every exported name imports."""
+    import importlib
+    import itertools
+
+    tops = {name: importlib.import_module(name) for name in ("probe", "featurize", "studies")}
+    for (a, ma), (b, mb) in itertools.combinations(tops.items(), 2):
+        assert not set(ma.__all__) & set(mb.__all__), (a, b, set(ma.__all__) & set(mb.__all__))
+    for name in ("probe.store", "probe.losses", *tops):
+        module = importlib.import_module(name)
+        assert list(module.__all__) == sorted(set(module.__all__)) or name == "probe.losses"
+        for public in module.__all__:
+            assert getattr(module, public) is not None, f"{name}.{public}"
+    store = importlib.import_module("probe.store")
+    for writer in ("add_observed_seed", "add_biased_draw", "write_prior", "write_feature_store"):
+        assert writer in store.__all__

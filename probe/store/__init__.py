@@ -18,8 +18,6 @@ format.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from probe._lazy import lazy_exports
 
 # names load on first use: importing the protocol alone does not load zarr
@@ -40,67 +38,7 @@ _EXPORTS = {
     "add_biased_draw": "probe.store.biased_draws",
 }
 
-__all__ = [
-    "DATASET_CLASSES",
-    "DTYPES",
-    "PROTOCOL_SEED",
-    "SCHEMA_VERSION",
-    "SPLIT_CODES",
-    "VAL_FRACTION",
-    "BadFeatureRow",
-    "DatasetIndex",
-    "Phase",
-    "Prior",
-    "PriorError",
-    "Store",
-    "StoreDamaged",
-    "StoreError",
-    "StoreNotFoundError",
-    "StoreWriter",
-    "VerifyReport",
-    "add_biased_draw",
-    "add_observed_seed",
-    "create_store",
-    "file_sha256",
-    "is_store_dir",
-    "join_store",
-    "open_store",
-    "resume_store",
-    "single_positive",
-    "split_indices",
-    "split_pool",
-    "verify_store",
-    "write_feature_store",
-    "write_prior",
-]
+__all__ = sorted(_EXPORTS)
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
-
-
-if TYPE_CHECKING:
-    from .biased_draws import add_biased_draw
-    from .chunks import VerifyReport
-    from .draws import add_observed_seed
-    from .errors import StoreDamaged, StoreError, StoreNotFoundError
-    from .index import DatasetIndex, Phase
-    from .layout import DTYPES, SCHEMA_VERSION, SPLIT_CODES, file_sha256, is_store_dir
-    from .prior_writer import write_prior
-    from .priors import Prior, PriorError
-    from .protocol import (
-        DATASET_CLASSES,
-        PROTOCOL_SEED,
-        VAL_FRACTION,
-        single_positive,
-        split_indices,
-        split_pool,
-    )
-    from .reading import Store, open_store, verify_store
-    from .writing import (
-        BadFeatureRow,
-        StoreWriter,
-        create_store,
-        join_store,
-        resume_store,
-        write_feature_store,
-    )
