@@ -295,6 +295,10 @@ class ProbeData:
             "completed": store.attrs.get("completed"),
             "provenance": store.provenance,
         }
+        # what the draw is: protocol, label budget or label bias (probe.store.records)
+        from .store.records import draw_record
+
+        source["draw"] = draw_record(store.attrs, observed_seed)
         budget = store.observed_budget(observed_seed)
         if budget != {"k": 1, "fraction": 1.0}:  # a label-budget draw (spml draw --k/--fraction)
             source["label_budget"] = budget

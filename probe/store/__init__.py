@@ -13,6 +13,7 @@ format.
   join one, or write in-memory features at once;
 * :mod:`probe.store.reading` -- open a finished store, read it, verify every chunk;
 * :mod:`probe.store.draws` -- add another draw of observed labels to a finished store;
+* :mod:`probe.store.records` -- what each draw is, and the root attributes changed under a lock;
 * :mod:`probe.store.chunks` -- per-chunk checksums, the fast feature read path, damage reports.
 """
 
@@ -32,7 +33,7 @@ _EXPORTS = {
     **dict.fromkeys(("BadFeatureRow", "StoreWriter", "create_store", "join_store", "resume_store",
                      "write_feature_store"), "probe.store.writing"),
     **dict.fromkeys(("Store", "open_store", "verify_store"), "probe.store.reading"),
-    "add_observed_seed": "probe.store.draws",
+    **dict.fromkeys(("add_draws", "add_observed_seed"), "probe.store.draws"),
     **dict.fromkeys(("StoreDamaged", "StoreError", "StoreNotFoundError"), "probe.store.errors"),
     "VerifyReport": "probe.store.chunks",
     **dict.fromkeys(("Prior", "PriorError"), "probe.store.priors"),
@@ -59,6 +60,7 @@ __all__ = [
     "StoreWriter",
     "VerifyReport",
     "add_biased_draw",
+    "add_draws",
     "add_observed_seed",
     "create_store",
     "file_sha256",
@@ -81,7 +83,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 if TYPE_CHECKING:
     from .biased_draws import add_biased_draw
     from .chunks import VerifyReport
-    from .draws import add_observed_seed
+    from .draws import add_draws, add_observed_seed
     from .errors import StoreDamaged, StoreError, StoreNotFoundError
     from .index import DatasetIndex, Phase
     from .layout import DTYPES, SCHEMA_VERSION, SPLIT_CODES, file_sha256, is_store_dir
