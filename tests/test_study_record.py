@@ -76,3 +76,17 @@ def test_confirm_as_printed_trains_on_the_studys_draw(biased_study):
         assert set(row["observed_seeds"]) == {21}
         run0 = row["test_maps"][row["seeds"].index(0)]  # training seed 0: the study's own
         assert run0 == pytest.approx(tests[row["trial"]], abs=0.011)
+
+
+def test_a_mistyped_prior_is_refused_before_anything_is_written(store, tmp_path):
+    out = tmp_path / "D"
+    rc, _, err = _run(["study", str(store), "--loss", "gpr", "--priors", "teachr", "--out",
+                       str(out), "--trials", "2", *FAST])
+    assert rc == 2
+    assert "--priors teachr" in err and "did you mean 'teacher'?" in err
+    assert "--name teachr" not in err  # never suggests making a prior under the typo
+    assert not out.exists()
+    out.mkdir()
+    assert _run(["study", str(store), "--loss", "gpr", "--priors", "teachr", "--out",
+                 str(out), "--trials", "2", *FAST])[0] == 2
+    assert list(out.iterdir()) == []
