@@ -90,3 +90,18 @@ def test_a_mistyped_prior_is_refused_before_anything_is_written(store, tmp_path)
     assert _run(["study", str(store), "--loss", "gpr", "--priors", "teachr", "--out",
                  str(out), "--trials", "2", *FAST])[0] == 2
     assert list(out.iterdir()) == []
+
+
+def test_several_workers_print_one_summary(store, tmp_path):
+    import os
+    import subprocess
+
+    out = tmp_path / "w"
+    proc = subprocess.run(
+        [sys.executable, "-m", "studies.cli", "study", str(store), "--loss", "an_ls", "--trials",
+         "4", "--trials-at-once", "1", "--workers", "4", "--out", str(out), *FAST],
+        capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("study yeast-an_ls in ") == 1, proc.stdout
+    assert proc.stdout.count("on the test split") == 1

@@ -121,6 +121,8 @@ def _study(args: argparse.Namespace) -> int:
             "--as-worker",
         ]
     summary = run_study(settings, worker_command=command, log=lambda m: print(m, file=sys.stderr))
+    if args.as_worker:  # one of several: the parent that started it prints the summary once
+        return 0
     print(
         f"study {summary.name} in {summary.storage}: {summary.n_complete} complete, "
         f"{summary.n_pruned} pruned, {summary.n_failed} failed"
@@ -135,8 +137,6 @@ def _study(args: argparse.Namespace) -> int:
 
         print(f"warning: {summary.n_best_at_last} of {summary.n_complete} completed trials had "
               f"their best val mAP at their last epoch (not converged); {ADVICE}")
-    if args.as_worker:  # one of several: the command that started it sums the study up
-        return 0
     if settings.select == "val":
         _small_val_note(settings.store)
     q = shlex.quote
