@@ -6,9 +6,12 @@ images, recomputes class-wise AP on each (the protocol's rules) and gives each s
 95% percentile interval and every pair ``a - b`` a paired interval and p-value, Holm-corrected
 across the pairs (docs/protocol.md, "Intervals and comparisons").
 
-Results are only comparable on the same test images and the same single-positive labels: the
-systems must come from one store (same path and build), the same split and the same draw;
-:func:`check_comparable` refuses anything else and says which differs.
+Results are only comparable on the same test images: the systems must come from one store (same
+path and build) and the same split; :func:`check_comparable` refuses anything else and says
+which differs. Heads trained on different draws of that store (another seed, a label budget, a
+label bias) are compared -- every head is scored on the same fully labelled test images, so the
+paired difference measures method and draw together (Cole et al.'s label-bias question) -- and
+:func:`draw_note` says that the draws differ.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ __all__ = [
     "compare_heads",
     "compare_scores",
     "compare_systems",
+    "draw_note",
     "format_comparison",
     "load_systems",
     "plot",
@@ -70,6 +74,7 @@ class Comparison:
     dataset: str = ""
     store: str = ""
     systems: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # e.g. the heads' draws differ (draw_note)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -95,6 +100,7 @@ class Comparison:
                  "p_holm": p.p_holm, "significant": p.significant}
                 for p in self.pairs
             ],
+            "notes": self.notes,
         }
 
 
@@ -154,7 +160,8 @@ def split_study_spec(spec: str) -> tuple[str, str | None]:
 
 
 def study_systems(study_dir: str | Path, *, top: int = 3, device: str = "cpu",
-                  store: str | None = None, name: str | None = None) -> list[System]:
+                  store: str | None = None, name: str | None = None,
+                  progress: bool = False) -> list[System]:
     """A study's winners as systems: its ``top`` trials by val mAP and the paper point,
     re-trained on its store with their own settings, the study's training seed and draw (what
     the study measured; the report's 'Intervals and comparison' does the same). ``name``: the
@@ -164,15 +171,17 @@ def study_systems(study_dir: str | Path, *, top: int = 3, device: str = "cpu",
 
     storage = find_storage(study_dir)
     study = load_study(storage, name, flag=f"STUDY_DIR {study_dir}")
-    return systems_of_study(study, str(study_dir), top=top, device=device, store=store)
+    return systems_of_study(study, str(study_dir), top=top, device=device, store=store,
+                            progress=progress)
 
 
 def systems_of_study(study: Any, where: str, *, top: int = 3, device: str = "cpu",
-                     store: str | None = None) -> list[System]:
+                     store: str | None = None, progress: bool = False) -> list[System]:
     """:func:`study_systems` for an opened Optuna study (``where`` labels its folder)."""
     from optuna.trial import TrialState
 
     from probe.data import ProbeData
+    from probe.progress import Progress
     from probe.train import train_probe
 
     from .confirm import trained_settings, trial_setup
@@ -194,20 +203,48 @@ def systems_of_study(study: Any, where: str, *, top: int = 3, device: str = "cpu
                                 priors=settings.get("priors"))
     seed = int(settings.get("train_seed", 0))
     systems = []
-    for t in chosen:
-        hp, cfg = trial_setup(t.params, loss, settings, seeds=(seed,),
-                              observed_seed=observed_seed, device=device)
-        result = train_probe(data, cfg, loss, [hp], progress=False)
-        paper = " paper" if t.user_attrs.get("spml:paper") else ""
-        systems.append(System(label=f"{study.study_name} trial {t.number}{paper}",
-                              path=str(study_dir), trial=t.number, loss=loss, hparams=hp,
-                              data=dict(result.source), head=result.head(0)))
+    bar = Progress(len(chosen), f"re-training {study.study_name}", "head", enabled=progress)
+    bar.write(f"re-training {len(chosen)} head{'s' if len(chosen) != 1 else ''} of "
+              f"'{study.study_name}' with its settings (the study keeps no heads)")
+    with bar:
+        for t in chosen:
+            hp, cfg = trial_setup(t.params, loss, settings, seeds=(seed,),
+                                  observed_seed=observed_seed, device=device)
+            result = train_probe(data, cfg, loss, [hp], progress=False)
+            paper = " paper" if t.user_attrs.get("spml:paper") else ""
+            label = f"{study.study_name} trial {t.number}{paper}"
+            systems.append(System(label=label, path=str(study_dir), trial=t.number, loss=loss,
+                                  hparams=hp, data=dict(result.source), head=result.head(0)))
+            bar.update(1)
+            bar.write(f"  re-trained {label}: {bar.status()}")
     return systems
 
 
+def _draw_of(system: System) -> str:
+    from probe.store.records import draw_text
+
+    d = system.data
+    seed = d.get("observed_seed")
+    record = d.get("draw") or ({"kind": "budget", **d["label_budget"]} if d.get("label_budget")
+                               else {"kind": "protocol"})
+    return f"draw {seed}, {draw_text(record)}"
+
+
+def draw_note(systems: Sequence[System]) -> str | None:
+    """A note where the systems were trained on different draws (seed or kind), else None."""
+    draws = {s.label: _draw_of(s) for s in systems}
+    if len(set(draws.values())) < 2:
+        return None
+    return ("note: the heads were trained on different draws of the store's observed labels -- "
+            + "; ".join(f"{lab}: {d}" for lab, d in draws.items())
+            + ". All are scored on the same fully labelled test images, so each paired "
+            "difference measures the method and the draw together (e.g. what a label bias "
+            "costs); to compare methods alone, train them on one draw")
+
+
 def check_comparable(systems: Sequence[System]) -> None:
-    """Refuse systems from different stores, splits or single-positive draws, naming the
-    first two that differ and why it matters."""
+    """Refuse systems from different stores or splits, naming the first two that differ and
+    why it matters (different draws of one store are compared: :func:`draw_note`)."""
     if len(systems) < 2:
         raise CompareError(
             f"HEADS: need at least two heads to compare; got {len(systems)} "
@@ -218,9 +255,6 @@ def check_comparable(systems: Sequence[System]) -> None:
          "difference between them mixes data with method"),
         ("split", lambda d: d.get("rows"),
          "their train/val/test splits differ, so they were not tested on the same images"),
-        ("single-positive draw", lambda d: d.get("observed_seed"),
-         "they were trained on different single-positive draws (--observed-seed); compare "
-         "heads of one draw, or run 'spml study confirm' over draws"),
     )
     ref = systems[0]
     for what, key, why in checks:
@@ -252,8 +286,8 @@ def compare_scores(labels: Sequence[str], scores: Any, targets: Any, *, n_resamp
 
 def compare_heads(specs: Sequence[str], *, store: str | None = None,
                   labels: Sequence[str] | None = None, n_resamples: int = 1000, seed: int = 0,
-                  level: float = 0.95, device: str = "cpu", name: str | None = None
-                  ) -> Comparison:
+                  level: float = 0.95, device: str = "cpu", name: str | None = None,
+                  progress: bool = False) -> Comparison:
     """Load heads, check they are comparable, score them on the store's test split (the store
     they record, or ``store``) and compare them. A study folder (``DIR``, or ``DIR:NAME`` for
     one of several studies in it; ``name`` for every folder) stands for its winners."""
@@ -262,7 +296,7 @@ def compare_heads(specs: Sequence[str], *, store: str | None = None,
         folder, study_name = split_study_spec(spec)
         if Path(folder).is_dir():
             systems += study_systems(folder, device=device, store=store,
-                                     name=study_name or name)
+                                     name=study_name or name, progress=progress)
         else:
             systems += load_systems([spec])
     return compare_systems(systems, store=store, labels=labels, n_resamples=n_resamples,
@@ -311,7 +345,10 @@ def compare_systems(systems: list[System], *, store: str | None = None,
                          n_resamples=n_resamples, seed=seed, level=level)
     cmp.dataset, cmp.store = data.dataset, str(where)
     cmp.systems = [{"path": s.path, "trial": s.trial, "loss": s.loss, "hparams": s.hparams,
-                    "observed_seed": s.data.get("observed_seed")} for s in systems]
+                    "observed_seed": s.data.get("observed_seed"), "draw": s.data.get("draw")}
+                   for s in systems]
+    note = draw_note(systems)
+    cmp.notes = [note] if note else []
     return cmp
 
 
@@ -371,6 +408,7 @@ def format_comparison(cmp: Comparison) -> str:
     lines += ["", f"'better' means the Holm-corrected p < {1 - cmp.level:.2g}: the difference "
               "is larger than the variation from which test images happen to be in the set. "
               "It says nothing about other training seeds or draws (see 'spml study confirm')."]
+    lines += ["", *cmp.notes] if cmp.notes else []
     return "\n".join(lines)
 
 

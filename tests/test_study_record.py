@@ -105,3 +105,29 @@ def test_several_workers_print_one_summary(store, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("study yeast-an_ls in ") == 1, proc.stdout
     assert proc.stdout.count("on the test split") == 1
+
+
+def test_compare_pairs_heads_of_a_biased_and_the_protocol_draw(store, tmp_path):
+    heads = []
+    for seed in (21, 1200):
+        heads.append(tmp_path / f"an{seed}.pt")
+        rc, _, err = _run(["probe", str(store), "--loss", "an", "--observed-seed", str(seed),
+                           *FAST, "--save-head", str(heads[-1]), "--quiet"])
+        assert rc == 0, err
+    rc, text, err = _run(["compare", *map(str, heads), "--json", str(tmp_path / "c.json")])
+    assert rc == 0, err
+    assert "note: the heads were trained on different draws" in text
+    assert "draw 21, label bias 'semantic'" in text and "draw 1200, one positive" in text
+    (pair,) = json.loads((tmp_path / "c.json").read_text())["pairs"]
+    assert pair["diff_low"] <= pair["diff"] <= pair["diff_high"]
+
+
+def test_compare_of_a_study_shows_a_line_per_retrained_head(biased_study):
+    out, _ = biased_study
+    rc, text, err = _run(["compare", str(out)])
+    assert rc == 0, err
+    n = len(re.findall(r"^\s+[A-Z]\s+yeast-gr trial \d+", text, re.M))
+    lines = re.findall(r"re-trained yeast-gr trial \d+.*: (\d+)/(\d+)", err)
+    assert n >= 2 and len(lines) == n
+    assert [int(k) for k, _ in lines] == list(range(1, n + 1))
+    assert "ETA" in err or "eta" in err.lower()
