@@ -66,7 +66,7 @@ def biased_study(store, tmp_path_factory):
 def test_confirm_as_printed_trains_on_the_studys_draw(biased_study):
     out, text = biased_study
     cmd = next(m.group(1) for m in re.finditer(r"^\s+(spml study confirm .+)$", text, re.M))
-    rc, printed, err = _run(shlex.split(cmd)[1:])
+    rc, _, err = _run(shlex.split(cmd)[1:])
     assert rc == 0, err
     assert "draws: 21 (label bias 'semantic'" in err and "the study's" in err
     rows = pl.read_parquet(out / "confirm.parquet")
