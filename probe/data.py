@@ -307,7 +307,8 @@ class ProbeData:
         prior = None
         if priors is not None:
             prior = store.prior(priors, rows=rows["train"])
-            source["priors"] = {"name": priors, "provenance": prior.provenance}
+            source["priors"] = {"name": priors, "provenance": prior.provenance,
+                                "extras": sorted(prior.extras)}  # the arrays a loss may read
         return cls(
             train_x=train_x.to(dev),
             train_labels=torch.from_numpy(labels[rows["train"]]).to(dev),

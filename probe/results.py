@@ -7,6 +7,7 @@ trained heads in ``nn.Linear`` layout with what is needed to use and reproduce t
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import platform
@@ -30,6 +31,7 @@ __all__ = [
     "TrialResult",
     "environment_info",
     "load_head",
+    "loss_package",
     "save_head",
     "versioned",
     "write_json_atomic",
@@ -137,6 +139,7 @@ class ProbeResult:
         return {
             "format": _RESULT_FORMAT,
             "loss": self.loss,
+            "loss_package": loss_package(self.loss),
             "config": self.config,
             "dataset": self.dataset,
             "data": self.source,
@@ -161,6 +164,34 @@ class ProbeResult:
         if not 0 <= trial < heads.shape[0]:
             raise ProbeConfigError(f"trial {trial} out of range [0, {heads.shape[0]})")
         return _to_linear(heads[trial])
+
+
+def loss_package(loss: str) -> dict[str, str] | None:
+    """The distribution that provides loss ``loss`` and its version (``{"name", "version"}``):
+    spml-probe for a built-in loss, the plugin's package for a plugin; None where unknown."""
+    import importlib.metadata as md
+
+    try:
+        from probe.losses import get_loss_class
+
+        top = get_loss_class(loss).__module__.split(".")[0]
+    except Exception:  # an unknown or broken loss: the record says nothing rather than fail
+        return None
+    names = _packages().get(top) or []
+    if not names:
+        return None
+    try:
+        return {"name": names[0], "version": md.version(names[0])}
+    except md.PackageNotFoundError:
+        return None
+
+
+@functools.cache
+def _packages() -> dict[str, list[str]]:
+    """Top-level module -> distributions (read once per process)."""
+    import importlib.metadata as md
+
+    return dict(md.packages_distributions())
 
 
 def _to_linear(w_aug: Tensor) -> nn.Linear:

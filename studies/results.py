@@ -16,8 +16,11 @@ One row per trial. Columns (:data:`COLUMNS`, in this order):
   columns of the best epoch (``val_map_*`` / ``test_map_*``, e.g. the interval bounds
   ``test_map_low`` / ``test_map_high``) follow the settings and simply concatenate;
 * the settings the trial trained with (what its result depends on besides ``params``):
-  ``seed``, ``observed_seed``, ``lr``, ``batch_size``, ``epochs``, ``optimizer``,
-  ``weight_decay``, ``val_labels``, ``select``, ``dataset``, ``store``, ``store_fingerprint``;
+  ``seed``, ``observed_seed``, ``draw`` (JSON: ``{"kind": "protocol"}``, a label budget's
+  ``k`` and ``fraction``, a label bias's name), ``prior`` and ``prior_provenance`` (JSON: model,
+  weights, tiles, T, ...), ``lr``, ``batch_size``, ``epochs``, ``optimizer``,
+  ``weight_decay``, ``val_labels``, ``select``, ``dataset``, ``store``, ``store_fingerprint``,
+  ``backbone``, ``loss_package`` (the distribution and version providing the loss: a plugin's);
 * where and how: ``spml_version``, ``worker``, ``seconds``.
 
 A study's per-batch Parquet files (:func:`write_batch`) hold these columns plus the per-epoch
@@ -47,6 +50,7 @@ __all__ = [
     "COLUMNS",
     "CURVES",
     "FORMAT",
+    "draw_of",
     "probe_rows",
     "read_results",
     "store_fingerprint",
@@ -72,6 +76,9 @@ COLUMNS: dict[str, pl.DataType] = {
     "epochs_run": pl.Int64,
     "seed": pl.Int64,
     "observed_seed": pl.Int64,
+    "draw": pl.Utf8,
+    "prior": pl.Utf8,
+    "prior_provenance": pl.Utf8,
     "lr": pl.Float64,
     "batch_size": pl.Int64,
     "epochs": pl.Int64,
@@ -82,6 +89,8 @@ COLUMNS: dict[str, pl.DataType] = {
     "dataset": pl.Utf8,
     "store": pl.Utf8,
     "store_fingerprint": pl.Utf8,
+    "backbone": pl.Utf8,
+    "loss_package": pl.Utf8,
     "spml_version": pl.Utf8,
     "worker": pl.Utf8,
     "seconds": pl.Float64,
@@ -165,6 +174,9 @@ def probe_rows(record: dict[str, Any], *, kind: str = "probe", study: str | None
             "epochs_run": len(epochs),
             "seed": tr.get("seed"),
             "observed_seed": cfg.get("observed_seed", data.get("observed_seed")),
+            "draw": _json(draw_of(data)),
+            "prior": cfg.get("priors") or (data.get("priors") or {}).get("name"),
+            "prior_provenance": _json((data.get("priors") or {}).get("provenance")),
             "lr": _finite(tr.get("lr")),
             "batch_size": cfg.get("batch_size"),
             "epochs": cfg.get("epochs"),
@@ -175,6 +187,8 @@ def probe_rows(record: dict[str, Any], *, kind: str = "probe", study: str | None
             "dataset": record.get("dataset"),
             "store": data.get("path"),
             "store_fingerprint": store_fingerprint(data),
+            "backbone": (data.get("provenance") or {}).get("backbone"),
+            "loss_package": _package_text(record.get("loss_package")),
             "spml_version": record.get("spml_version") or _version(),
             "worker": None,
             "seconds": None,
@@ -188,6 +202,24 @@ def probe_rows(record: dict[str, Any], *, kind: str = "probe", study: str | None
             **(extra or {}),
         })
     return rows
+
+
+def draw_of(data: dict[str, Any]) -> dict[str, Any] | None:
+    """The draw record of a run's ``data`` (probe.store.records.draw_record); a record written
+    before draws were recorded: from its label budget, else the protocol's; None off a store."""
+    if data.get("draw"):
+        return dict(data["draw"])
+    if data.get("label_budget"):
+        return {"kind": "budget", **data["label_budget"]}
+    return {"kind": "protocol"} if data.get("kind") == "store" else None
+
+
+def _json(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, sort_keys=True, default=str)
+
+
+def _package_text(package: dict[str, str] | None) -> str | None:
+    return f"{package['name']} {package['version']}" if package else None
 
 
 def _version() -> str:

@@ -131,3 +131,46 @@ def test_compare_of_a_study_shows_a_line_per_retrained_head(biased_study):
     assert n >= 2 and len(lines) == n
     assert [int(k) for k, _ in lines] == list(range(1, n + 1))
     assert "ETA" in err or "eta" in err.lower()
+
+
+@pytest.fixture(scope="module")
+def prior_study(store, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ps") / "st"
+    rc, text, err = _run(["study", str(store), "--loss", "gpr", "--priors", "teacher",
+                          "--trials", "2", "--trials-at-once", "2", "--out", str(out), *FAST])
+    assert rc == 0, err
+    return out
+
+
+def _best_val(out, name):
+    import optuna
+
+    from studies.storage import open_existing_storage
+
+    study = optuna.load_study(study_name=name,
+                              storage=open_existing_storage(out / "study.log")[1])
+    return study.best_value
+
+
+@pytest.mark.parametrize("which, says", [
+    ("prior_study", "'teacher' (--priors teacher): model test-teacher"),
+    ("biased_study", "draw 21 (label bias 'semantic'"),
+])
+def test_the_report_names_what_the_study_used_and_its_reproduce_command_runs(
+        request, tmp_path, which, says):
+    study_out = request.getfixturevalue(which)
+    study_out = study_out[0] if isinstance(study_out, tuple) else study_out
+    rc, _, err = _run(["report", str(study_out), "--out", str(tmp_path / "r"),
+                       "--no-baseline"])
+    assert rc == 0, err
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert says in md
+    cmd = next(ln.strip().strip("`") for ln in md.splitlines()
+               if ln.strip().strip("`").startswith("spml study ") and "--out" in ln)
+    argv = shlex.split(cmd)[1:]
+    argv[argv.index("--out") + 1] = str(tmp_path / "again")
+    rc, _, err = _run(argv)
+    assert rc == 0, err
+    name = "yeast-gpr" if which == "prior_study" else "yeast-gr"
+    assert _best_val(tmp_path / "again", name) == pytest.approx(_best_val(study_out, name),
+                                                                 abs=1e-9)
