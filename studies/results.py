@@ -8,8 +8,10 @@ One row per trial. Columns (:data:`COLUMNS`, in this order):
   ``source`` (the file or folder it was read from; filled by :mod:`studies.export`),
   ``study``, ``trial``, ``state`` (``COMPLETE`` | ``PRUNED`` | ``FAIL``), ``loss``;
 * the hyperparameters in one uniform column, whatever the loss: ``params``, a JSON object with
-  sorted keys (a study's ``<loss>.<name>`` / ``train.<name>`` parameters as Optuna names them,
-  a probe run's loss hyperparameters), never one column per loss knob;
+  sorted keys in one scheme for every source (:func:`params_keys`): ``<loss>.<name>`` for a
+  loss hyperparameter (``gr.b_T``), ``train.<name>`` for a training setting -- a study's
+  parameters as Optuna names them, a probe run's hyperparameters prefixed the same way --
+  never one column per loss knob;
 * the metrics, all mAP/AP values in percent (0–100): ``value`` (what the study maximised: val
   mAP at the best epoch), ``val_map`` and ``test_map`` at the best epoch, ``best_epoch``
   (epochs count from 1), ``epochs_run`` (fewer than ``epochs`` when pruned); further metric
@@ -51,6 +53,7 @@ __all__ = [
     "CURVES",
     "FORMAT",
     "draw_of",
+    "params_keys",
     "probe_rows",
     "read_results",
     "store_fingerprint",
@@ -157,7 +160,8 @@ def probe_rows(record: dict[str, Any], *, kind: str = "probe", study: str | None
             state = "PRUNED"
         else:
             state = "COMPLETE"
-        hp = params[j] if params is not None else tr.get("hparams") or {}
+        hp = params_keys(params[j] if params is not None else tr.get("hparams") or {},
+                         record.get("loss"))
         rows.append({
             "format": FORMAT,
             "kind": kind,
@@ -202,6 +206,21 @@ def probe_rows(record: dict[str, Any], *, kind: str = "probe", study: str | None
             **(extra or {}),
         })
     return rows
+
+
+def params_keys(params: dict[str, Any], loss: str | None) -> dict[str, Any]:
+    """The one key scheme of the ``params`` column, whatever the source: a loss hyperparameter
+    as ``<loss>.<name>`` (``gr.b_T``), a training setting as ``train.<name>`` -- the names a
+    study's trials carry; a probe run's plain names (``b_T``, ``lr``) are prefixed so."""
+    from probe.config import TRAINER_KEYS
+
+    out = {}
+    for k, v in params.items():
+        if "." in k or not loss:
+            out[k] = v
+        else:
+            out[f"train.{k}" if k in TRAINER_KEYS else f"{loss}.{k}"] = v
+    return out
 
 
 def draw_of(data: dict[str, Any]) -> dict[str, Any] | None:

@@ -174,3 +174,33 @@ def test_the_report_names_what_the_study_used_and_its_reproduce_command_runs(
     name = "yeast-gpr" if which == "prior_study" else "yeast-gr"
     assert _best_val(tmp_path / "again", name) == pytest.approx(_best_val(study_out, name),
                                                                  abs=1e-9)
+
+
+def test_export_rows_say_which_draw_and_prior_and_share_one_key_scheme(store, biased_study,
+                                                                       prior_study, tmp_path):
+    out, _ = biased_study
+    run = tmp_path / "run.json"
+    rc, _, err = _run(["probe", str(store), "--loss", "gr", "--observed-seed", "21", *FAST,
+                       "--json", str(run), "--quiet"])
+    assert rc == 0, err
+    rc, _, err = _run(["export", str(out), str(prior_study), str(run), "--out",
+                       str(tmp_path / "all.csv")])
+    assert rc == 0, err
+    frame = pl.read_csv(tmp_path / "all.csv")
+    for row in frame.iter_rows(named=True):
+        draw = json.loads(row["draw"])
+        if row["observed_seed"] == 21:
+            assert draw == json.loads(json.dumps(
+                {"kind": "bias", "bias": "semantic",
+                 "class_weights": [float(1 + i % 4) for i in range(14)]}))
+        else:
+            assert draw == {"kind": "protocol"}
+        keys = set(json.loads(row["params"]))
+        assert keys and all(k.startswith((f"{row['loss']}.", "train.")) for k in keys), keys
+        assert row["backbone"] and row["loss_package"].startswith("spml-probe ")
+    priors = frame.filter(pl.col("loss") == "gpr")
+    assert priors.height and set(priors["prior"]) == {"teacher"}
+    assert all(json.loads(p)["model"] == "test-teacher" for p in priors["prior_provenance"])
+    assert frame.filter(pl.col("loss") == "gr")["prior"].null_count() == \
+        frame.filter(pl.col("loss") == "gr").height
+    assert frame.filter(pl.col("kind") == "probe").height == 1
