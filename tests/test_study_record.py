@@ -136,7 +136,7 @@ def test_compare_of_a_study_shows_a_line_per_retrained_head(biased_study):
 @pytest.fixture(scope="module")
 def prior_study(store, tmp_path_factory):
     out = tmp_path_factory.mktemp("ps") / "st"
-    rc, text, err = _run(["study", str(store), "--loss", "gpr", "--priors", "teacher",
+    rc, _, err = _run(["study", str(store), "--loss", "gpr", "--priors", "teacher",
                           "--trials", "2", "--trials-at-once", "2", "--out", str(out), *FAST])
     assert rc == 0, err
     return out
