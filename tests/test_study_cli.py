@@ -144,7 +144,7 @@ def test_a_study_with_measured_trials_is_never_replaced(yeast_store, tmp_path, c
 @pytest.fixture(scope="module")
 def study_run(yeast_store, tmp_path_factory):
     out = tmp_path_factory.mktemp("study") / "pz"
-    argv = ["study", yeast_store, "--loss", "gr", "--trials", "4", "--batch", "2",
+    argv = ["study", yeast_store, "--loss", "gr", "--trials", "4", "--trials-at-once", "2",
             "--out", str(out), *FAST, "--set", "w_T=2", "--json", str(out.parent / "s.json")]
     with pytest.MonkeyPatch.context() as mp:
         import io
@@ -168,11 +168,13 @@ def test_set_on_a_searched_parameter_fixes_it_and_narrows_the_search(study_run):
         assert json.loads(row["params"]).get("w_T", 2) == 2
 
 
-def test_old_batch_option_still_works_and_warns(study_run):
-    out, _, err = study_run
-    assert "--batch is deprecated; use --trials-at-once" in err
-    assert optuna.load_study(study_name="yeast-gr", storage=_storage(out)).user_attrs[
-        "spml.settings"]["batch"] == 2
+def test_the_old_batch_option_is_gone(yeast_store, tmp_path, capsys):
+    out = tmp_path / "b"
+    with pytest.raises(SystemExit) as exc:  # argparse refuses an unknown option
+        main(["study", yeast_store, "--loss", "gr", "--batch", "2", "--out", str(out)])
+    assert exc.value.code == 2
+    assert "--batch" in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_summary_states_val_and_test_of_the_winner_and_the_paper_values(study_run):
