@@ -33,6 +33,7 @@ __all__ = [
     "load_head",
     "loss_package",
     "save_head",
+    "to_linear",
     "versioned",
     "write_json_atomic",
 ]
@@ -163,7 +164,7 @@ class ProbeResult:
             raise ProbeConfigError(f"the {self.loss} run has no trained head")
         if not 0 <= trial < heads.shape[0]:
             raise ProbeConfigError(f"trial {trial} out of range [0, {heads.shape[0]})")
-        return _to_linear(heads[trial])
+        return to_linear(heads[trial])
 
 
 def loss_package(loss: str) -> dict[str, str] | None:
@@ -194,7 +195,8 @@ def _packages() -> dict[str, list[str]]:
     return dict(md.packages_distributions())
 
 
-def _to_linear(w_aug: Tensor) -> nn.Linear:
+def to_linear(w_aug: Tensor) -> nn.Linear:
+    """A ``(D+1, C)`` head (bias in the last row, the engine's layout) as ``nn.Linear``."""
     d = w_aug.shape[0] - 1
     lin = nn.Linear(d, w_aug.shape[1])
     with torch.no_grad():

@@ -162,29 +162,33 @@ def split_study_spec(spec: str) -> tuple[str, str | None]:
 def study_systems(study_dir: str | Path, *, top: int = 3, device: str = "cpu",
                   store: str | None = None, name: str | None = None,
                   progress: bool = False) -> list[System]:
-    """A study's winners as systems: its ``top`` trials by val mAP and the paper point,
-    re-trained on its store with their own settings, the study's training seed and draw (what
-    the study measured; the report's 'Intervals and comparison' does the same). ``name``: the
-    study, where the folder's storage holds several."""
+    """A study's winners as systems: its ``top`` trials by val mAP and the paper point -- the
+    heads the study kept when they finished (``results/heads-*.pt``), else re-trained on its
+    store with their own settings, the study's training seed and draw (what the study
+    measured; the report's 'Intervals and comparison' does the same). ``name``: the study,
+    where the folder's storage holds several. ``progress``: a line per head on stderr, with
+    the ETA (probe.progress)."""
     from .confirm import load_study
     from .storage import find_storage
 
     storage = find_storage(study_dir)
     study = load_study(storage, name, flag=f"STUDY_DIR {study_dir}")
     return systems_of_study(study, str(study_dir), top=top, device=device, store=store,
-                            progress=progress)
+                            progress=progress, heads_dir=Path(study_dir) / "results")
 
 
 def systems_of_study(study: Any, where: str, *, top: int = 3, device: str = "cpu",
-                     store: str | None = None, progress: bool = False) -> list[System]:
-    """:func:`study_systems` for an opened Optuna study (``where`` labels its folder)."""
+                     store: str | None = None, progress: bool = False,
+                     heads_dir: str | Path | None = None) -> list[System]:
+    """:func:`study_systems` for an opened Optuna study (``where`` labels its folder; the
+    heads it kept are read from ``heads_dir``)."""
     from optuna.trial import TrialState
 
-    from probe.data import ProbeData
     from probe.progress import Progress
-    from probe.train import train_probe
+    from probe.results import to_linear
 
     from .confirm import trained_settings, trial_setup
+    from .results import read_trial_heads
 
     study_dir = where
     loss = study.user_attrs.get("spml.loss")
@@ -199,24 +203,38 @@ def systems_of_study(study: Any, where: str, *, top: int = 3, device: str = "cpu
     chosen = complete[:top]
     chosen += [t for t in complete if t.user_attrs.get("spml:paper") and t not in chosen]
     observed_seed = int(settings.get("observed_seed", 1200))
-    data = ProbeData.from_store(where, device=device, observed_seed=observed_seed,
-                                priors=settings.get("priors"))
     seed = int(settings.get("train_seed", 0))
+    kept = read_trial_heads(heads_dir) if heads_dir is not None else {}
+    retrain = [t for t in chosen if t.number not in kept]
     systems = []
-    bar = Progress(len(chosen), f"re-training {study.study_name}", "head", enabled=progress)
-    bar.write(f"re-training {len(chosen)} head{'s' if len(chosen) != 1 else ''} of "
-              f"'{study.study_name}' with its settings (the study keeps no heads)")
+    bar = Progress(len(chosen), f"heads of {study.study_name}", "head", enabled=progress)
+    bar.write(f"{len(chosen)} head{'s' if len(chosen) != 1 else ''} of '{study.study_name}': "
+              f"{len(chosen) - len(retrain)} kept by the study, {len(retrain)} re-trained with "
+              "its settings")
+    data = None
     with bar:
         for t in chosen:
             hp, cfg = trial_setup(t.params, loss, settings, seeds=(seed,),
                                   observed_seed=observed_seed, device=device)
-            result = train_probe(data, cfg, loss, [hp], progress=False)
             paper = " paper" if t.user_attrs.get("spml:paper") else ""
             label = f"{study.study_name} trial {t.number}{paper}"
+            if t.number in kept:
+                w, source = kept[t.number]
+                head, how = to_linear(w), "kept by the study"
+            else:
+                from probe.data import ProbeData
+                from probe.train import train_probe
+
+                if data is None:
+                    data = ProbeData.from_store(where, device=device,
+                                                observed_seed=observed_seed,
+                                                priors=settings.get("priors"))
+                result = train_probe(data, cfg, loss, [hp], progress=False)
+                head, source, how = result.head(0), dict(result.source), "re-trained"
             systems.append(System(label=label, path=str(study_dir), trial=t.number, loss=loss,
-                                  hparams=hp, data=dict(result.source), head=result.head(0)))
+                                  hparams=hp, data=dict(source), head=head))
             bar.update(1)
-            bar.write(f"  re-trained {label}: {bar.status()}")
+            bar.write(f"  {how} {label}: {bar.status()}")
     return systems
 
 

@@ -56,9 +56,11 @@ __all__ = [
     "params_keys",
     "probe_rows",
     "read_results",
+    "read_trial_heads",
     "store_fingerprint",
     "tidy_frame",
     "write_batch",
+    "write_trial_heads",
 ]
 
 FORMAT = "spml-results/2"
@@ -289,6 +291,50 @@ def write_batch(directory: str | os.PathLike, rows: Sequence[dict[str, Any]]) ->
         frame = frame.with_columns(pl.lit(None, dtype=pl.Utf8).alias("provenance"))
     name = f"batch-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}.parquet"
     return atomic_write(directory / name, frame.write_parquet)
+
+
+HEADS_FORMAT = "spml-study-heads/1"
+
+
+def write_trial_heads(directory: str | os.PathLike, numbers: Sequence[int], heads: Any,
+                      source: dict[str, Any]) -> Path | None:
+    """Keep what the paired bootstrap needs of finished trials: their best-epoch heads
+    ``(T, D+1, C)`` (bias in the last row; float32), the trial numbers and the run's data
+    record, as ``heads-<host>-<pid>-<uuid>.pt`` beside the batch files (written atomically).
+    The study's summary, ``spml compare STUDY_DIR`` and the report then score these heads on
+    the test split instead of re-training them."""
+    if not len(numbers):
+        return None
+    import torch
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    payload = {"format": HEADS_FORMAT, "trials": [int(n) for n in numbers],
+               "heads": heads.detach().float().cpu().contiguous(),
+               "data": json.loads(json.dumps(source, default=str))}
+    name = f"heads-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}.pt"
+    return atomic_write(directory / name, lambda fh: torch.save(payload, fh))
+
+
+def read_trial_heads(directory: str | os.PathLike) -> dict[int, tuple[Any, dict[str, Any]]]:
+    """Trial number -> (best-epoch head ``(D+1, C)``, data record) of every head
+    :func:`write_trial_heads` kept in ``directory`` (none: an empty dict)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return {}
+    import torch
+
+    out = {}
+    for path in sorted(directory.glob("heads-*.pt")):
+        try:
+            payload = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception:  # a damaged file: those trials are re-trained instead
+            continue
+        if not isinstance(payload, dict) or payload.get("format") != HEADS_FORMAT:
+            continue
+        for i, n in enumerate(payload["trials"]):
+            out[int(n)] = (payload["heads"][i], payload["data"])
+    return out
 
 
 def _upgrade(frame: pl.DataFrame) -> pl.DataFrame:

@@ -60,10 +60,12 @@ class Verdict:
 def study_verdict(study: Any, store: str, *, device: str = "cpu",
                   references: Sequence[Any] = (), reference_val: Sequence[float | None] = (),
                   n_resamples: int = 1000, seed: int = 0, level: float = 0.95,
-                  commands: Sequence[str] = ()) -> Verdict | None:
+                  commands: Sequence[str] = (), heads_dir: Any = None) -> Verdict | None:
     """The verdict of an opened Optuna study made by ``spml study`` (None without a completed
     trial). ``references``: further :class:`studies.compare.System` heads to show beside (the
-    demo's AN), with their val mAP in ``reference_val``."""
+    demo's AN), with their val mAP in ``reference_val``. ``heads_dir``: where the study kept
+    its trials' heads (``STUDY_DIR/results``): those are scored as they are, the others
+    re-trained."""
     from optuna.trial import TrialState
 
     from .compare import compare_systems, systems_of_study
@@ -71,7 +73,8 @@ def study_verdict(study: Any, store: str, *, device: str = "cpu",
     complete = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
     if not complete:
         return None
-    systems = systems_of_study(study, study.study_name, top=1, device=device, store=store)
+    systems = systems_of_study(study, study.study_name, top=1, device=device, store=store,
+                               heads_dir=heads_dir)
     by_trial = {t.number: t for t in complete}
     cmp = compare_systems([*systems, *references], store=store, n_resamples=n_resamples,
                           seed=seed, level=level, device=device, allow_one=True)

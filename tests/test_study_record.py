@@ -122,15 +122,25 @@ def test_compare_pairs_heads_of_a_biased_and_the_protocol_draw(store, tmp_path):
     assert pair["diff_low"] <= pair["diff"] <= pair["diff_high"]
 
 
-def test_compare_of_a_study_shows_a_line_per_retrained_head(biased_study):
+def test_compare_of_a_study_shows_a_line_per_head(biased_study, tmp_path):
     out, _ = biased_study
     rc, text, err = _run(["compare", str(out)])
     assert rc == 0, err
     n = len(re.findall(r"^\s+[A-Z]\s+yeast-gr trial \d+", text, re.M))
+    kept = re.findall(r"kept by the study yeast-gr trial \d+.*: (\d+)/(\d+)", err)
+    assert n >= 2 and len(kept) == n  # the study kept every head it measured
+    # without the kept heads (a study made before they were kept): each one re-trained
+    old = tmp_path / "old"
+    shutil.copytree(out, old)
+    for f in (old / "results").glob("heads-*.pt"):
+        f.unlink()
+    rc, again, err = _run(["compare", str(old)])
+    assert rc == 0, err
     lines = re.findall(r"re-trained yeast-gr trial \d+.*: (\d+)/(\d+)", err)
-    assert n >= 2 and len(lines) == n
     assert [int(k) for k, _ in lines] == list(range(1, n + 1))
     assert "ETA" in err or "eta" in err.lower()
+    maps = re.findall(r"trial \d+(?: paper)?\s+([\d.]+)\s+\[", text)
+    assert maps == re.findall(r"trial \d+(?: paper)?\s+([\d.]+)\s+\[", again)
 
 
 @pytest.fixture(scope="module")
@@ -204,3 +214,57 @@ def test_export_rows_say_which_draw_and_prior_and_share_one_key_scheme(store, bi
     assert frame.filter(pl.col("loss") == "gr")["prior"].null_count() == \
         frame.filter(pl.col("loss") == "gr").height
     assert frame.filter(pl.col("kind") == "probe").height == 1
+
+
+def test_run_study_returns_what_spml_study_prints_without_re_training(store, tmp_path,
+                                                                      monkeypatch):
+    import subprocess
+
+    import probe.train
+    from studies import StudySettings, run_study
+
+    out = tmp_path / "cli"
+    rc, text, err = _run(["study", str(store), "--loss", "gr", "--trials", "3",
+                          "--trials-at-once", "3", "--out", str(out), *FAST])
+    assert rc == 0, err
+    printed = {int(m.group(1)): (float(m.group(2)), float(m.group(3)), float(m.group(4)))
+               for m in re.finditer(r"trial (\d+)\s+val mAP\s+[\d.]+\s+test mAP\s+([\d.]+) "
+                                    r"\[([\d.]+), ([\d.]+)\]", text)}
+    assert printed
+
+    def no_training(*a, **k):
+        raise AssertionError("the summary re-trained a head the study kept")
+
+    settings = StudySettings(store=str(store), loss="gr", n_trials=3, batch=3,
+                             out=str(tmp_path / "lib"), epochs=1, batch_size=64, lr=0.01)
+    real = probe.train.train_probe
+    summary = run_study(settings, verdict=False)
+    monkeypatch.setattr(probe.train, "train_probe", no_training)
+    import optuna
+
+    from studies.storage import open_storage
+    from studies.study_summary import with_verdict
+
+    study = optuna.load_study(study_name=summary.name,
+                              storage=open_storage(settings.storage_spec()))
+    summary = with_verdict(summary, study, settings)
+    monkeypatch.setattr(probe.train, "train_probe", real)
+    v = summary.verdict
+    for row in [v.winner, *([v.paper] if v.paper else [])]:
+        assert printed[row.trial] == pytest.approx(
+            (round(row.test_map, 2), round(row.test_low, 2), round(row.test_high, 2)),
+            abs=0.006)
+    tests = {r["trial"]: r["test_map"] for r in read_results(tmp_path / "lib" / "results")
+             .iter_rows(named=True)}
+    # its own head: equal up to float32 (the study) vs float64 (the bootstrap) AP arithmetic
+    assert v.winner.test_map == pytest.approx(tests[v.winner.trial], abs=1e-4)
+    # the same from a fresh interpreter, as a notebook user would
+    code = (f"from studies import StudySettings, run_study; s = run_study(StudySettings("
+            f"store={str(store)!r}, loss='gr', n_trials=3, batch=3, out={str(tmp_path / 'py')!r}"
+            ", epochs=1, batch_size=64, lr=0.01)); v = s.verdict; print(v.winner.trial, "
+            "f'{v.winner.test_map:.2f}', f'{v.diff:+.2f}' if v.diff is not None else '-')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    trial, test_map, _ = proc.stdout.split()
+    assert float(test_map) == printed[int(trial)][0]

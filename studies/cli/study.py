@@ -120,7 +120,8 @@ def _study(args: argparse.Namespace) -> int:
             storage,
             "--as-worker",
         ]
-    summary = run_study(settings, worker_command=command, log=lambda m: print(m, file=sys.stderr))
+    summary = run_study(settings, worker_command=command, log=lambda m: print(m, file=sys.stderr),
+                        verdict=not args.as_worker)
     if args.as_worker:  # one of several: the parent that started it prints the summary once
         return 0
     print(
@@ -142,14 +143,12 @@ def _study(args: argparse.Namespace) -> int:
     q = shlex.quote
     print(f"results: {Path(summary.out) / 'results'}")
     storage = f" --storage {q(summary.storage)}" if settings.storage else ""  # else in out
-    name = f" --name {q(summary.name)}" if _several_studies(settings) else ""
+    name = f" --name {q(summary.name)}" if summary.several else ""
     print(f"next: spml report {q(summary.out)}{storage}{name} --store {q(settings.store)}")
-    verdict = None
-    if summary.best_value is not None:
-        try:
-            verdict = _verdict(settings, summary)
-        except SpmlError as err:  # e.g. the store moved since: the study itself is done
-            print(f"note: the winner was not tested against the paper values: {err}")
+    verdict = summary.verdict
+    if summary.verdict_error:  # e.g. the store moved since: the study itself is done
+        print(f"note: the winner was not tested against the paper values: "
+              f"{summary.verdict_error}")
     if verdict is not None:
         from studies.verdict import format_verdict
 
@@ -157,38 +156,8 @@ def _study(args: argparse.Namespace) -> int:
     if args.json:
         from probe.results import write_json_atomic
 
-        write_json_atomic(args.json, {**summary.to_dict(),
-                                      "verdict": verdict.to_dict() if verdict else None})
+        write_json_atomic(args.json, summary.to_dict())
     return 0
-
-
-def _several_studies(settings) -> bool:
-    """The study's storage holds other studies too (commands on it then need --name)."""
-    import optuna
-
-    from studies.storage import open_storage
-
-    return len(optuna.get_all_study_names(open_storage(settings.storage_spec()))) > 1
-
-
-def _verdict(settings, summary):
-    """The winner against the paper values on test (:func:`studies.verdict.study_verdict`),
-    with the confirm and compare commands that settle it."""
-    import optuna
-
-    from probe.data import resolve_device
-    from studies.storage import open_storage
-    from studies.verdict import settle_commands, study_verdict
-
-    spec = settings.storage_spec()
-    several = _several_studies(settings)
-    study = optuna.load_study(study_name=summary.name, storage=open_storage(spec))
-    in_out = spec.kind != "postgresql" and (
-        Path(spec.target).expanduser().resolve().parent == Path(summary.out).resolve())
-    commands = settle_commands(summary.out, summary.storage, settings.store,
-                               name=summary.name if several else None, storage_in_out=in_out)
-    return study_verdict(study, settings.store, device=str(resolve_device(settings.device)),
-                         commands=commands)
 
 
 def _confirm(args: argparse.Namespace) -> int:
