@@ -426,6 +426,14 @@ def format_comparison(cmp: Comparison) -> str:
     lines += ["", f"'better' means the Holm-corrected p < {1 - cmp.level:.2g}: the difference "
               "is larger than the variation from which test images happen to be in the set. "
               "It says nothing about other training seeds or draws (see 'spml study confirm')."]
+    alpha = 1 - cmp.level
+    odd = [f"{_letter(p.a)} - {_letter(p.b)}" for p in cmp.pairs
+           if (p.p_value < alpha) != (p.diff.low > 0 or p.diff.high < 0)]
+    if odd:
+        from .verdict import disagreement_note
+
+        lines += ["", f"note ({', '.join(odd)}): " + disagreement_note(
+            alpha, "the verdict column follows the Holm-corrected p")]
     lines += ["", *cmp.notes] if cmp.notes else []
     return "\n".join(lines)
 

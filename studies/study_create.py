@@ -87,6 +87,39 @@ class JoinedStudy(NamedTuple):
     trials: TrialStorage
 
 
+def paper_point(space: SearchSpace, settings: StudySettings, store: Any) -> dict[str, Any]:
+    """The study's first trial: the space's paper values (the loss's preset for the store's
+    dataset, else its defaults), with every value the loss derives from the data (e.g. GPR's
+    and EPR's ``k``, :data:`probe.losses.DATA_QUANTITIES`) filled exactly as ``spml probe``
+    fills it (:func:`probe.config.loss_hparams`, the val split's label cardinality)."""
+    from probe.config import TRAINER_KEYS, loss_hparams
+    from probe.losses import get_loss_class
+
+    point = dict(space.defaults)
+    prefix = f"{settings.loss}."
+    missing = [k for k in space.distributions if k.startswith(prefix) and k not in point]
+    if not missing:
+        return point
+    import torch
+
+    cls = get_loss_class(settings.loss)
+
+    def val_cardinality() -> float:  # as probe.data.ProbeData.val_label_cardinality
+        return float(torch.from_numpy(store.labels(store.split("val"))).float().sum(1).mean())
+
+    fixed = {k: v for k, v in settings.fixed.items() if k not in TRAINER_KEYS}
+    (values,), _ = loss_hparams(cls, [fixed], store.dataset, store.n_classes, val_cardinality,
+                                preset=store.dataset)
+    for key in missing:
+        value, dist = values.get(key[len(prefix):]), space.distributions[key]
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        if getattr(dist, "low", value) <= value <= getattr(dist, "high", value):
+            point[key] = float(value) if isinstance(dist, optuna.distributions.FloatDistribution) \
+                else value
+    return point
+
+
 def create_or_join(settings: StudySettings, store: Any) -> JoinedStudy:
     """Create the study (enqueueing the paper point) or join an existing one with the same loss,
     store and space; refuse, saying why, when they differ."""
@@ -141,8 +174,9 @@ def create_or_join(settings: StudySettings, store: Any) -> JoinedStudy:
         study.set_user_attr(
             "spml.settings", json.loads(json.dumps(_settings_dict(settings), default=str))
         )
-        if settings.enqueue_paper and space.defaults and settings.sampler != "grid":
-            study.enqueue_trial(dict(space.defaults), user_attrs={"spml:paper": True})
+        point = paper_point(space, settings, store)
+        if settings.enqueue_paper and point and settings.sampler != "grid":
+            study.enqueue_trial(point, user_attrs={"spml:paper": True})
     else:
         attrs = _wait_for_identity(study)
         for key in _IDENTITY_KEYS:

@@ -92,7 +92,38 @@ def summarize(study: optuna.Study, settings: StudySettings) -> StudySummary:
         best_trial=best.number if best else None,
         paper_value=paper[0].value if paper else None,
         n_best_at_last=count_best_is_last([_curve(t) for t in complete]),
+        facts=settings_lines(study, best),
     )
+
+
+def settings_lines(study: optuna.Study, best: Any = None) -> list[str]:
+    """What every trial trained with, as quotable lines: epochs, batch size and lr (the
+    winner's where searched), the fixed --set values, the draw and the store prior."""
+    trained = study.user_attrs.get("spml.training") or {}
+    fixed = study.user_attrs.get("spml.fixed") or {}
+    params = dict(best.params) if best is not None else {}
+    parts = []
+    for key, flag in (("epochs", "epochs"), ("batch_size", "batch size"), ("lr", "lr")):
+        value = trained.get(key)
+        if value == "searched":
+            value = params.get(f"train.{key}")
+            parts.append(f"{flag} {_num(value)} (searched; the winner's)" if value is not None
+                         else f"{flag} searched")
+        elif value is not None:
+            parts.append(f"{flag} {_num(value)}")
+    lines = ["trained with: " + ", ".join(parts)] if parts else []
+    if fixed:
+        lines.append("fixed (--set): " + ", ".join(f"{k}={_num(v)}" for k, v in fixed.items()))
+    draw = trained.get("observed_seed")
+    if draw is not None:
+        lines.append(f"draw: --observed-seed {draw}"
+                     + (f"; prior: --priors {trained['priors']}" if trained.get("priors")
+                        else ""))
+    return lines
+
+
+def _num(v: Any) -> str:
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
 
 
 def _curve(trial: optuna.trial.FrozenTrial) -> list[float | None]:

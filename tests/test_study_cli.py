@@ -210,6 +210,7 @@ def test_summary_states_val_and_test_of_the_winner_and_the_paper_values(study_ru
     assert tail[-1] == f"  spml compare {out}"
     record = json.loads((out.parent / "s.json").read_text())
     assert record["verdict"]["winner"]["trial"] == best.number
+    assert "fixed (--set): w_T=2" in text and "trained with: epochs 1, batch size 64" in text
 
 
 def test_every_printed_hint_runs_as_printed(study_run, capsys):

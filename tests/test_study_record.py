@@ -268,3 +268,27 @@ def test_run_study_returns_what_spml_study_prints_without_re_training(store, tmp
     assert proc.returncode == 0, proc.stderr
     trial, test_map, _ = proc.stdout.split()
     assert float(test_map) == printed[int(trial)][0]
+
+
+def test_the_first_trial_fills_data_derived_values_as_probe_does(store, tmp_path):
+    import optuna
+
+    from studies.storage import open_existing_storage
+
+    out = tmp_path / "epr"
+    rc, text, err = _run(["study", str(store), "--loss", "epr", "--trials", "2",
+                          "--trials-at-once", "2", "--out", str(out), *FAST])
+    assert rc == 0, err
+    study = optuna.load_study(study_name="yeast-epr",
+                              storage=open_existing_storage(out / "study.log")[1])
+    first = next(t for t in study.trials if t.user_attrs.get("spml:paper"))
+    run = tmp_path / "p.json"
+    assert _run(["probe", str(store), "--loss", "epr", *FAST, "--json", str(run),
+                 "--quiet"])[0] == 0
+    assert first.params["epr.k"] == json.loads(run.read_text())["trials"][0]["hparams"]["k"]
+    # no paper values for yeast: called defaults, with why, never "--no-paper"
+    assert "--no-paper" not in text
+    assert "note: epr has no paper values for dataset 'yeast'" in text
+    assert re.search(r"^\s+defaults\s+trial \d", text, re.M) or "val winner = defaults" in text
+    assert "trained with: epochs 1, batch size 64, lr 0.01" in text
+    assert "draw: --observed-seed 1200" in text

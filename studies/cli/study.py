@@ -133,6 +133,8 @@ def _study(args: argparse.Namespace) -> int:
               "parameters:")
         for k, v in summary.best_params.items():
             print(f"  {k} = {v:.6g}" if isinstance(v, float) else f"  {k} = {v}")
+    for line in summary.facts:  # epochs, batch size, lr, --set values, draw, prior
+        print(line)
     if summary.n_best_at_last:
         from probe.convergence import ADVICE
 
