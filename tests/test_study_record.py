@@ -292,3 +292,23 @@ def test_the_first_trial_fills_data_derived_values_as_probe_does(store, tmp_path
     assert re.search(r"^\s+defaults\s+trial \d", text, re.M) or "val winner = defaults" in text
     assert "trained with: epochs 1, batch size 64, lr 0.01" in text
     assert "draw: --observed-seed 1200" in text
+
+
+def test_a_refused_report_leaves_no_empty_folders(biased_study, tmp_path, monkeypatch):
+    out, _ = biased_study
+    import studies.report.build as build
+
+    def refuse(*a, **k):
+        from probe.errors import SpmlError
+
+        raise SpmlError("--store: refused for the test")
+
+    monkeypatch.setattr(build, "train_report_runs", refuse)
+    target = tmp_path / "D" / "deeper"
+    rc, _, err = _run(["report", str(out), "--out", str(target)])
+    assert rc == 2 and "refused for the test" in err
+    assert not (tmp_path / "D").exists()
+    (tmp_path / "mine").mkdir()
+    rc, _, _ = _run(["report", str(out), "--out", str(tmp_path / "mine")])
+    assert rc == 2 and (tmp_path / "mine").is_dir()  # the user's folder stays, empty
+    assert list((tmp_path / "mine").iterdir()) == []
