@@ -207,7 +207,7 @@ def systems_of_study(study: Any, where: str, *, top: int = 3, device: str = "cpu
     kept = read_trial_heads(heads_dir) if heads_dir is not None else {}
     retrain = [t for t in chosen if t.number not in kept]
     systems = []
-    bar = Progress(len(chosen), f"heads of {study.study_name}", "head", enabled=progress)
+    bar = Progress(len(chosen), f"heads of {study.study_name}", "heads", enabled=progress)
     bar.write(f"{len(chosen)} head{'s' if len(chosen) != 1 else ''} of '{study.study_name}': "
               f"{len(chosen) - len(retrain)} kept by the study, {len(retrain)} re-trained with "
               "its settings")

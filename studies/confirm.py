@@ -193,8 +193,10 @@ def confirm_study(
                         obs_seed,
                     )
                 )
-            log(f"trial {trial.number}: test mAP {_fmt(runs[trial.number])}")
             bar.update()
+            log(f"trial {trial.number} re-trained on draw {obs_seed} ({len(seeds)} seed"
+                f"{'s' if len(seeds) != 1 else ''}): test mAP {_fmt(runs[trial.number])}"
+                + (f"; {bar.status()}" if progress else ""))
     bar.close()
     from probe import __version__
 

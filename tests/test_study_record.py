@@ -69,6 +69,10 @@ def test_confirm_as_printed_trains_on_the_studys_draw(biased_study):
     rc, _, err = _run(shlex.split(cmd)[1:])
     assert rc == 0, err
     assert "draws: 21 (label bias 'semantic'" in err and "the study's" in err
+    # a progress line per re-trained trial, with the count and (before the last) the ETA
+    done = re.findall(r"trial \d+ re-trained on draw 21 .*confirm yeast-gr: (\d+)/(\d+)", err)
+    assert [int(k) for k, _ in done] == list(range(1, int(done[0][1]) + 1))
+    assert "ETA" in err
     rows = pl.read_parquet(out / "confirm.parquet")
     tests = {r["trial"]: r["test_map"] for r in read_results(out / "results").iter_rows(
         named=True)}
@@ -170,9 +174,9 @@ def test_the_report_names_what_the_study_used_and_its_reproduce_command_runs(
         request, tmp_path, which, says):
     study_out = request.getfixturevalue(which)
     study_out = study_out[0] if isinstance(study_out, tuple) else study_out
-    rc, _, err = _run(["report", str(study_out), "--out", str(tmp_path / "r"),
-                       "--no-baseline"])
+    rc, _, err = _run(["report", str(study_out), "--out", str(tmp_path / "r")])
     assert rc == 0, err
+    assert re.search(r"re-trained trial \d+ for its test-mAP interval: .*1/\d+ heads", err)
     md = (tmp_path / "r" / "report.md").read_text()
     assert says in md
     cmd = next(ln.strip().strip("`") for ln in md.splitlines()
