@@ -32,6 +32,7 @@ __all__ = [
     "compare_heads",
     "compare_scores",
     "compare_systems",
+    "disagreement_note",
     "draw_note",
     "format_comparison",
     "load_systems",
@@ -430,12 +431,19 @@ def format_comparison(cmp: Comparison) -> str:
     odd = [f"{_letter(p.a)} - {_letter(p.b)}" for p in cmp.pairs
            if (p.p_value < alpha) != (p.diff.low > 0 or p.diff.high < 0)]
     if odd:
-        from .verdict import disagreement_note
-
         lines += ["", f"note ({', '.join(odd)}): " + disagreement_note(
             alpha, "the verdict column follows the Holm-corrected p")]
     lines += ["", *cmp.notes] if cmp.notes else []
     return "\n".join(lines)
+
+
+def disagreement_note(alpha: float, follows: str = "the verdict follows the interval") -> str:
+    """Why a paired interval and its p value can disagree (one line, for every output), and
+    which of the two the output's verdict follows."""
+    return (f"the interval and p disagree: the interval is the bootstrap's percentiles of the "
+            f"paired difference, p a normal test on the bootstrap's standard error; they part "
+            f"near the {alpha:g} threshold when the resampled differences are skewed -- "
+            f"{follows}")
 
 
 def _p(p: float) -> str:

@@ -14,8 +14,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["Verdict", "VerdictRow", "disagreement_note", "format_verdict", "settle_commands",
-           "study_verdict"]
+__all__ = ["Verdict", "VerdictRow", "format_verdict", "settle_commands", "study_verdict"]
 
 
 @dataclass
@@ -136,15 +135,6 @@ def _paper_words(study: Any, store: str, *, has_point: bool) -> tuple[str, str |
                         "defaults, not with a paper")
 
 
-def disagreement_note(alpha: float, follows: str = "the verdict follows the interval") -> str:
-    """Why a paired interval and its p value can disagree (one line, for every output), and
-    which of the two the output's verdict follows."""
-    return (f"the interval and p disagree: the interval is the bootstrap's percentiles of the "
-            f"paired difference, p a normal test on the bootstrap's standard error; they part "
-            f"near the {alpha:g} threshold when the resampled differences are skewed -- "
-            f"{follows}")
-
-
 def _p_text(p: float) -> str:
     return "<0.001" if p < 0.001 else f"{p:.3f}"
 
@@ -164,6 +154,8 @@ def settle_commands(study_out: str, storage: str, store: str, *, name: str | Non
 
 def format_verdict(v: Verdict) -> list[str]:
     """The verdict as lines: the rows, then the sentence, then the commands."""
+    from .compare import disagreement_note
+
     pct = f"{100 * v.level:g}%"
     pn = v.paper_name
     rows = [("val winner" if not v.winner_is_paper else f"val winner = {pn}", v.winner)]
