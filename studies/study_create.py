@@ -22,7 +22,7 @@ from probe.store.protocol import PROTOCOL_SEED
 from .heartbeat import TrialStorage
 from .pruning import MedianRule
 from .space import SearchSpace
-from .storage import StudyError, open_storage
+from .storage import StudyError, ask_lock, open_storage
 from .study_settings import StudySettings, _space, preflight
 
 __all__ = ["TRAINING_KEYS", "JoinedStudy", "create_or_join", "training_identity"]
@@ -149,6 +149,7 @@ def create_or_join(settings: StudySettings, store: Any) -> JoinedStudy:
                 **identity}
     identity = json.loads(json.dumps(identity, default=str))
     sampler, pruner = _sampler(settings, space), _pruner(settings)
+    labelled = False
     try:
         study = optuna.create_study(
             storage=storage, study_name=name, direction="maximize", sampler=sampler, pruner=pruner
@@ -159,25 +160,27 @@ def create_or_join(settings: StudySettings, store: Any) -> JoinedStudy:
         created = False
         if _nothing_measured(study) and _identity_differs(study, identity):
             # a start that failed before measuring anything is not a study to protect: the
-            # corrected command replaces it (and its failed trials' rows)
-            optuna.delete_study(study_name=name, storage=storage)
-            _drop_rows(Path(settings.out) / "results", name)
-            study = optuna.create_study(storage=storage, study_name=name, direction="maximize",
-                                        sampler=sampler, pruner=pruner)
-            created = True
-            space = dataclasses.replace(space, notes=(*space.notes, (
-                f"study '{name}' in {spec.display} held only failed trials, made with other "
-                "settings; replaced by this command's study")))
-    if created:
-        for key, value in identity.items():
-            study.set_user_attr(key, value)
-        study.set_user_attr(
-            "spml.settings", json.loads(json.dumps(_settings_dict(settings), default=str))
-        )
-        point = paper_point(space, settings, store)
-        if settings.enqueue_paper and point and settings.sampler != "grid":
-            study.enqueue_trial(point, user_attrs={"spml:paper": True})
-    else:
+            # corrected command replaces it (and its failed trials' rows) -- under the ask
+            # lock, checked again there, so that two machines starting it at once replace it
+            # once and the second joins the first's new study
+            with ask_lock(spec, name):
+                study = optuna.load_study(study_name=name, storage=storage, sampler=sampler,
+                                          pruner=pruner)
+                if _nothing_measured(study) and _identity_differs(study, identity):
+                    optuna.delete_study(study_name=name, storage=storage)
+                    _drop_rows(Path(settings.out) / "results", name)
+                    study = optuna.create_study(storage=storage, study_name=name,
+                                                direction="maximize", sampler=sampler,
+                                                pruner=pruner)
+                    created = True
+                    space = dataclasses.replace(space, notes=(*space.notes, (
+                        f"study '{name}' in {spec.display} held only failed trials, made with "
+                        "other settings; replaced by this command's study")))
+                    _label_new(study, identity, settings, space, store)
+                    labelled = True
+    if created and not labelled:
+        _label_new(study, identity, settings, space, store)
+    elif not created:
         attrs = _wait_for_identity(study)
         for key in _IDENTITY_KEYS:
             if attrs.get(key) != identity[key]:
@@ -196,6 +199,19 @@ def create_or_join(settings: StudySettings, store: Any) -> JoinedStudy:
         _check_training(attrs, identity["spml.training"], store.dataset, space, name,
                         spec.display)
     return JoinedStudy(study, space, TrialStorage(storage, name))
+
+
+def _label_new(study: optuna.Study, identity: dict[str, Any], settings: StudySettings,
+               space: SearchSpace, store: Any) -> None:
+    """A new study's identity and settings, then its paper point enqueued."""
+    for key, value in identity.items():
+        study.set_user_attr(key, value)
+    study.set_user_attr(
+        "spml.settings", json.loads(json.dumps(_settings_dict(settings), default=str))
+    )
+    point = paper_point(space, settings, store)
+    if settings.enqueue_paper and point and settings.sampler != "grid":
+        study.enqueue_trial(point, user_attrs={"spml:paper": True})
 
 
 def _nothing_measured(study: optuna.Study) -> bool:

@@ -125,6 +125,42 @@ def test_a_study_of_only_failed_trials_is_replaced_by_the_corrected_command(
     assert rows.filter(rows["study"] == "another").height == 1
 
 
+def test_a_failed_study_is_replaced_under_the_ask_lock(yeast_store, tmp_path, monkeypatch):
+    """Replacing happens while the ask lock is held (two machines starting the corrected
+    command at once replace it once), and its new identity is set before the lock is freed."""
+    import contextlib
+
+    import studies.study_create as sc
+
+    out = tmp_path / "pz"
+    _failed_start(yeast_store, out, fixed={"w_T": 3.0})
+    held, seen = [], []
+    real_lock, real_delete, real_label = sc.ask_lock, optuna.delete_study, sc._label_new
+
+    @contextlib.contextmanager
+    def lock(*a, **k):
+        with real_lock(*a, **k):
+            held.append(True)
+            try:
+                yield
+            finally:
+                held.pop()
+
+    def delete(*a, **k):
+        seen.append(("delete", bool(held)))
+        return real_delete(*a, **k)
+
+    def label(*a, **k):
+        seen.append(("label", bool(held)))
+        return real_label(*a, **k)
+
+    monkeypatch.setattr(sc, "ask_lock", lock)
+    monkeypatch.setattr(optuna, "delete_study", delete)
+    monkeypatch.setattr(sc, "_label_new", label)
+    assert main(_study(yeast_store, out)) == 0
+    assert seen == [("delete", True), ("label", True)]
+
+
 def test_a_study_with_measured_trials_is_never_replaced(yeast_store, tmp_path, capsys):
     out = tmp_path / "pz"
     assert main(_study(yeast_store, out)) == 0
