@@ -2,9 +2,11 @@
 the test interval) beside the paper values' (and any reference heads', e.g. the demo's AN),
 whether the val winner is better on test, and the commands that settle it.
 
-The winner and the paper point are re-trained with the study's settings, seed and draw (the
-same trials: a trial computes the same alone as stacked, docs/design.md), scored on the test
-split, and compared by the paired bootstrap of ``spml compare`` (:mod:`studies.compare`).
+The winner and the paper point are the heads their trials kept when they finished
+(``STUDY_DIR/results/heads-*.pt``); a study made before trials kept them has them re-trained
+with the study's settings, seed and draw (the same trials: a trial computes the same alone as
+stacked, docs/design.md). Both are scored on the test split and compared by the paired
+bootstrap of ``spml compare`` (:mod:`studies.compare`).
 """
 
 from __future__ import annotations
