@@ -179,6 +179,7 @@ def test_the_report_names_what_the_study_used_and_its_reproduce_command_runs(
     assert re.search(r"re-trained trial \d+ for its test-mAP interval: .*1/\d+ heads", err)
     md = (tmp_path / "r" / "report.md").read_text()
     assert says in md
+    assert "(from spml-probe " in md  # the package that provides the loss, and its version
     cmd = next(ln.strip().strip("`") for ln in md.splitlines()
                if ln.strip().strip("`").startswith("spml study ") and "--out" in ln)
     argv = shlex.split(cmd)[1:]

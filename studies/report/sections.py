@@ -148,7 +148,9 @@ def _summary(st: _Study, commands: list[str]) -> _Section:
         training = "not recorded (the study was not made by 'spml study')"
     facts = [
         ("study", f"{st.study.study_name} in {st.storage}"),
-        ("loss", st.loss + (f" — {paper_doc}" if paper_doc else "")),
+        ("loss", st.loss + (f" — {paper_doc}" if paper_doc else "")
+         + (f" (from {pkg})" if (pkg := next((r.get("loss_package") for r in st.results.values()
+                                               if r.get("loss_package")), None)) else "")),
         ("dataset", str(ident.get("dataset", "?"))),
         ("store", str(prov.get("path") or s.get("store", "?"))),
         ("store contents", f"{_int(ident.get('rows', '?'))} rows{split}, "
