@@ -128,9 +128,16 @@ def _paper_words(study: Any, store: str, *, has_point: bool) -> tuple[str, str |
             return "paper values", "no paper point ran (--no-paper): nothing to compare with"
         return "paper values", (f"{loss} has no paper or default values inside the search "
                                 "space, so no first trial was enqueued to compare with")
-    if presets.get(dataset):
+    from probe.results import loss_package
+
+    package = (loss_package(loss) or {}).get("name")
+    if package not in (None, "spml-probe"):  # a plugin: its defaults are its author's
+        return "defaults", (f"{loss} is a plugin loss (from {package}): spml-probe knows no "
+                            "paper values for it, so the first trial ran its defaults; the "
+                            "comparison is with those defaults, not with a paper")
+    if not presets or presets.get(dataset):  # one paper setting for all, or this dataset's
         return "paper values", None
-    known = ", ".join(sorted(presets)) or "none"
+    known = ", ".join(sorted(presets))
     return "defaults", (f"{loss} has no paper values for dataset '{dataset}' (its presets: "
                         f"{known}), so the first trial ran its defaults, data-derived values "
                         "filled as 'spml probe' fills them; the comparison is with those "
