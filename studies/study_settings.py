@@ -207,7 +207,6 @@ def preflight(settings: StudySettings, store: Any) -> SearchSpace:
                               or not 0 <= v < math.inf or (key == "lr" and v == 0)):
             raise StudyError(f"--set {key}: a {'positive' if key == 'lr' else 'non-negative'} "
                              f"number; got {v!r}")
-    check_study_prior(settings, store, cls)
     seeds = store.observed_seeds()
     if settings.observed_seed not in seeds:
         raise StudyError(
@@ -222,6 +221,7 @@ def preflight(settings: StudySettings, store: Any) -> SearchSpace:
         except SpmlError as err:
             flag = "--devices" if settings.devices else "--device"
             raise StudyError(f"{flag} {device}: {err}") from None
+    check_study_prior(settings, store, cls)
     space = _space(settings, store.dataset)
     n_train = len(store.split("train"))
     training = resolve_training(cls, store.dataset, batch_size=settings.batch_size,
