@@ -7,7 +7,6 @@ import argparse
 import json
 from typing import Any
 
-from featurize.cli import add_draws
 from probe.cliargs import parse_seeds, wrap
 from probe.errors import SpmlError
 
@@ -37,39 +36,29 @@ def _read_class_weights(path: str, class_names: list[str]) -> list[float]:
 
 
 def _cmd_draw(args: argparse.Namespace) -> int:
-    from probe.store import open_store
+    from pathlib import Path
 
-    if args.bias is not None:
-        return _biased_draws(args)
-    if args.class_weights is not None:
-        raise SpmlError("--class-weights goes with --bias semantic")
-    seeds = add_draws(args.store, args.seeds, k=args.k, fraction=args.fraction)
-    print(f"{args.store}: draws for seeds {seeds}")
-    budgets = open_store(args.store).summary()["observed_budgets"]
-    for seed, b in budgets.items():
-        print(f"  draw {seed}: k={b['k']} positives per image on {100 * b['fraction']:g}% of "
-              "the images (label budget)")
-    return 0
-
-
-def _biased_draws(args: argparse.Namespace) -> int:
     from probe.errors import MissingPathError
-    from probe.store import add_biased_draw, open_store
+    from probe.store import add_draws, open_store
+    from probe.store.records import draw_record, draw_text
 
-    if args.k != 1 or args.fraction != 1.0:
-        raise SpmlError("--bias draws one positive per image: drop --k / --fraction")
+    seeds = parse_seeds(args.seeds)
     store = open_store(args.store)
     weights = None
     if args.class_weights is not None:
-        from pathlib import Path
-
+        if args.bias is None:
+            raise SpmlError("--class-weights goes with --bias semantic")
         if not Path(args.class_weights).is_file():
             raise MissingPathError(f"--class-weights: file {args.class_weights} not found")
         weights = _read_class_weights(args.class_weights, store.class_names)
-    for seed in parse_seeds(args.seeds):
-        add_biased_draw(args.store, seed, args.bias, weights)
-        print(f"{args.store}: draw {seed} with {args.bias} bias (train on it with "
-              f"--observed-seed {seed})")
+    written = add_draws(args.store, seeds, k=args.k, fraction=args.fraction, bias=args.bias,
+                        weights_by_class=weights)
+    attrs = open_store(args.store).attrs
+    kept = [s for s in seeds if s not in written]
+    for seed in seeds:
+        print(f"{args.store}: draw {seed}: {draw_text(draw_record(attrs, seed))}"
+              + (" (already there)" if seed in kept else "")
+              + f"; train on it with --observed-seed {seed}")
     return 0
 
 
@@ -119,6 +108,8 @@ def _flat(value: Any) -> str:
 
 def format_summary(summary: dict) -> str:
     """Human-readable ``spml info`` text for :meth:`probe.store.Store.summary`."""
+    from probe.store.records import draw_text
+
     s = summary
     flip = "with flipped features" if s["has_flip"] else "no flipped features"
     lines = []
@@ -139,9 +130,8 @@ def format_summary(summary: dict) -> str:
         f"dataset     {s['dataset']}: {s['rows']} rows, {s['classes']} classes, "
         f"{s['feature_dim']}-dim {s['dtype']} features, {flip}",
         f"classes     {_names(s['class_names'])}",
-        f"positives   single-positive draws for seeds {s['observed_seeds']}"
-        + "".join(f"; draw {seed}: k={b['k']} on {100 * b['fraction']:g}% of the images"
-                  for seed, b in s.get("observed_budgets", {}).items()),
+        f"positives   single-positive draws for seeds {s['observed_seeds']}",
+        *(f"  draw {seed}: {draw_text(rec)}" for seed, rec in s.get("draws", {}).items()),
         f"unlabeled   rows with no positive: pool {s['n_unlabeled']['pool']}, "
         f"test {s['n_unlabeled']['test']}",
         f"disk        {s['disk_bytes'] / 2**20:.1f} MiB",

@@ -17,7 +17,6 @@ from .store.protocol import PROTOCOL_SEED
 
 __all__ = [
     "DEVICE_HELP",
-    "DeprecatedAlias",
     "Parser",
     "add_device_argument",
     "add_observed_seed_argument",
@@ -124,22 +123,6 @@ class _Subcommands(argparse._SubParsersAction):
             if isinstance(chosen, Parser):
                 chosen.error(chosen.unrecognized(extras))
             vars(namespace)[argparse._UNRECOGNIZED_ARGS_ATTR] = extras
-
-
-class DeprecatedAlias(argparse.Action):
-    """An old option name kept for a release: it stores into the new option's ``dest`` and
-    warns on stderr, naming the new spelling (``new="--trials-at-once"``)."""
-
-    def __init__(self, option_strings, dest, new: str = "", **kwargs) -> None:
-        self.new = new
-        super().__init__(option_strings, dest, **kwargs)
-
-    def __call__(self, parser, namespace, values, option_string=None) -> None:
-        import sys
-
-        print(f"{parser.prog}: warning: {option_string} is deprecated; use {self.new} "
-              "(same meaning)", file=sys.stderr)
-        setattr(namespace, self.dest, values)
 
 
 def wrap(*paragraphs: str) -> str:
@@ -289,10 +272,8 @@ def add_seeds_argument(parser: argparse.ArgumentParser) -> None:
 def add_trials_at_once_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
                                 default: int, what: str = "trials asked at once and trained "
                                 "stacked as one model") -> None:
-    """``--trials-at-once N`` (dest ``batch``), and ``--batch`` as its deprecated alias: a
-    study's trials trained together, not the rows of a training step (``--batch-size``)."""
+    """``--trials-at-once N`` (dest ``batch``): a study's trials trained together, not the rows
+    of a training step (``--batch-size``)."""
     parser.add_argument("--trials-at-once", dest="batch", type=int, default=default,
                         metavar="N", help=f"{what} (default {default}); not --batch-size, the "
                         "rows of one training step")
-    parser.add_argument("--batch", dest="batch", type=int, action=DeprecatedAlias,
-                        new="--trials-at-once", default=argparse.SUPPRESS, help=argparse.SUPPRESS)

@@ -295,6 +295,10 @@ class ProbeData:
             "completed": store.attrs.get("completed"),
             "provenance": store.provenance,
         }
+        # what the draw is: protocol, label budget or label bias (probe.store.records)
+        from .store.records import draw_record
+
+        source["draw"] = draw_record(store.attrs, observed_seed)
         budget = store.observed_budget(observed_seed)
         if budget != {"k": 1, "fraction": 1.0}:  # a label-budget draw (spml draw --k/--fraction)
             source["label_budget"] = budget
@@ -303,7 +307,8 @@ class ProbeData:
         prior = None
         if priors is not None:
             prior = store.prior(priors, rows=rows["train"])
-            source["priors"] = {"name": priors, "provenance": prior.provenance}
+            source["priors"] = {"name": priors, "provenance": prior.provenance,
+                                "extras": sorted(prior.extras)}  # the arrays a loss may read
         return cls(
             train_x=train_x.to(dev),
             train_labels=torch.from_numpy(labels[rows["train"]]).to(dev),

@@ -7,6 +7,7 @@ trained heads in ``nn.Linear`` layout with what is needed to use and reproduce t
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import platform
@@ -31,7 +32,9 @@ __all__ = [
     "TrialResult",
     "environment_info",
     "load_head",
+    "loss_package",
     "save_head",
+    "to_linear",
     "versioned",
     "write_json_atomic",
 ]
@@ -138,6 +141,7 @@ class ProbeResult:
         return {
             "format": _RESULT_FORMAT,
             "loss": self.loss,
+            "loss_package": loss_package(self.loss),
             "config": self.config,
             "dataset": self.dataset,
             "data": self.source,
@@ -161,10 +165,39 @@ class ProbeResult:
             raise ProbeConfigError(f"the {self.loss} run has no trained head")
         if not 0 <= trial < heads.shape[0]:
             raise ProbeConfigError(f"trial {trial} out of range [0, {heads.shape[0]})")
-        return _to_linear(heads[trial])
+        return to_linear(heads[trial])
 
 
-def _to_linear(w_aug: Tensor) -> nn.Linear:
+def loss_package(loss: str) -> dict[str, str] | None:
+    """The distribution that provides loss ``loss`` and its version (``{"name", "version"}``):
+    spml-probe for a built-in loss, the plugin's package for a plugin; None where unknown."""
+    import importlib.metadata as md
+
+    try:
+        from probe.losses import get_loss_class
+
+        top = get_loss_class(loss).__module__.split(".")[0]
+    except Exception:  # an unknown or broken loss: the record says nothing rather than fail
+        return None
+    names = _packages().get(top) or []
+    if not names:
+        return None
+    try:
+        return {"name": names[0], "version": md.version(names[0])}
+    except md.PackageNotFoundError:
+        return None
+
+
+@functools.cache
+def _packages() -> dict[str, list[str]]:
+    """Top-level module -> distributions (read once per process)."""
+    import importlib.metadata as md
+
+    return dict(md.packages_distributions())
+
+
+def to_linear(w_aug: Tensor) -> nn.Linear:
+    """A ``(D+1, C)`` head (bias in the last row, the engine's layout) as ``nn.Linear``."""
     d = w_aug.shape[0] - 1
     lin = nn.Linear(d, w_aug.shape[1])
     with torch.no_grad():

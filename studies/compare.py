@@ -6,9 +6,12 @@ images, recomputes class-wise AP on each (the protocol's rules) and gives each s
 95% percentile interval and every pair ``a - b`` a paired interval and p-value, Holm-corrected
 across the pairs (docs/protocol.md, "Intervals and comparisons").
 
-Results are only comparable on the same test images and the same single-positive labels: the
-systems must come from one store (same path and build), the same split and the same draw;
-:func:`check_comparable` refuses anything else and says which differs.
+Results are only comparable on the same test images: the systems must come from one store (same
+path and build) and the same split; :func:`check_comparable` refuses anything else and says
+which differs. Heads trained on different draws of that store (another seed, a label budget, a
+label bias) are compared -- every head is scored on the same fully labelled test images, so the
+paired difference measures method and draw together (Cole et al.'s label-bias question) -- and
+:func:`draw_note` says that the draws differ.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ __all__ = [
     "compare_heads",
     "compare_scores",
     "compare_systems",
+    "disagreement_note",
+    "draw_note",
     "format_comparison",
     "load_systems",
     "plot",
@@ -70,6 +75,7 @@ class Comparison:
     dataset: str = ""
     store: str = ""
     systems: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # e.g. the heads' draws differ (draw_note)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -95,6 +101,7 @@ class Comparison:
                  "p_holm": p.p_holm, "significant": p.significant}
                 for p in self.pairs
             ],
+            "notes": self.notes,
         }
 
 
@@ -154,28 +161,35 @@ def split_study_spec(spec: str) -> tuple[str, str | None]:
 
 
 def study_systems(study_dir: str | Path, *, top: int = 3, device: str = "cpu",
-                  store: str | None = None, name: str | None = None) -> list[System]:
-    """A study's winners as systems: its ``top`` trials by val mAP and the paper point,
-    re-trained on its store with their own settings, the study's training seed and draw (what
-    the study measured; the report's 'Intervals and comparison' does the same). ``name``: the
-    study, where the folder's storage holds several."""
+                  store: str | None = None, name: str | None = None,
+                  progress: bool = False) -> list[System]:
+    """A study's winners as systems: its ``top`` trials by val mAP and the paper point -- the
+    heads the study kept when they finished (``results/heads-*.pt``), else re-trained on its
+    store with their own settings, the study's training seed and draw (what the study
+    measured; the report's 'Intervals and comparison' does the same). ``name``: the study,
+    where the folder's storage holds several. ``progress``: a line per head on stderr, with
+    the ETA (probe.progress)."""
     from .confirm import load_study
     from .storage import find_storage
 
     storage = find_storage(study_dir)
     study = load_study(storage, name, flag=f"STUDY_DIR {study_dir}")
-    return systems_of_study(study, str(study_dir), top=top, device=device, store=store)
+    return systems_of_study(study, str(study_dir), top=top, device=device, store=store,
+                            progress=progress, heads_dir=Path(study_dir) / "results")
 
 
 def systems_of_study(study: Any, where: str, *, top: int = 3, device: str = "cpu",
-                     store: str | None = None) -> list[System]:
-    """:func:`study_systems` for an opened Optuna study (``where`` labels its folder)."""
+                     store: str | None = None, progress: bool = False,
+                     heads_dir: str | Path | None = None) -> list[System]:
+    """:func:`study_systems` for an opened Optuna study (``where`` labels its folder; the
+    heads it kept are read from ``heads_dir``)."""
     from optuna.trial import TrialState
 
-    from probe.data import ProbeData
-    from probe.train import train_probe
+    from probe.progress import Progress
+    from probe.results import to_linear
 
     from .confirm import trained_settings, trial_setup
+    from .results import read_trial_heads
 
     study_dir = where
     loss = study.user_attrs.get("spml.loss")
@@ -190,24 +204,66 @@ def systems_of_study(study: Any, where: str, *, top: int = 3, device: str = "cpu
     chosen = complete[:top]
     chosen += [t for t in complete if t.user_attrs.get("spml:paper") and t not in chosen]
     observed_seed = int(settings.get("observed_seed", 1200))
-    data = ProbeData.from_store(where, device=device, observed_seed=observed_seed,
-                                priors=settings.get("priors"))
     seed = int(settings.get("train_seed", 0))
+    kept = read_trial_heads(heads_dir) if heads_dir is not None else {}
+    retrain = [t for t in chosen if t.number not in kept]
     systems = []
-    for t in chosen:
-        hp, cfg = trial_setup(t.params, loss, settings, seeds=(seed,),
-                              observed_seed=observed_seed, device=device)
-        result = train_probe(data, cfg, loss, [hp], progress=False)
-        paper = " paper" if t.user_attrs.get("spml:paper") else ""
-        systems.append(System(label=f"{study.study_name} trial {t.number}{paper}",
-                              path=str(study_dir), trial=t.number, loss=loss, hparams=hp,
-                              data=dict(result.source), head=result.head(0)))
+    bar = Progress(len(chosen), f"heads of {study.study_name}", "heads", enabled=progress)
+    bar.write(f"{len(chosen)} head{'s' if len(chosen) != 1 else ''} of '{study.study_name}': "
+              f"{len(chosen) - len(retrain)} kept by the study, {len(retrain)} re-trained with "
+              "its settings")
+    data = None
+    with bar:
+        for t in chosen:
+            hp, cfg = trial_setup(t.params, loss, settings, seeds=(seed,),
+                                  observed_seed=observed_seed, device=device)
+            paper = " paper" if t.user_attrs.get("spml:paper") else ""
+            label = f"{study.study_name} trial {t.number}{paper}"
+            if t.number in kept:
+                w, source = kept[t.number]
+                head, how = to_linear(w), "kept by the study"
+            else:
+                from probe.data import ProbeData
+                from probe.train import train_probe
+
+                if data is None:
+                    data = ProbeData.from_store(where, device=device,
+                                                observed_seed=observed_seed,
+                                                priors=settings.get("priors"))
+                result = train_probe(data, cfg, loss, [hp], progress=False)
+                head, source, how = result.head(0), dict(result.source), "re-trained"
+            systems.append(System(label=label, path=str(study_dir), trial=t.number, loss=loss,
+                                  hparams=hp, data=dict(source), head=head))
+            bar.update(1)
+            bar.write(f"  {how} {label}: {bar.status()}")
     return systems
 
 
+def _draw_of(system: System) -> str:
+    from probe.store.records import draw_text
+
+    d = system.data
+    seed = d.get("observed_seed")
+    record = d.get("draw") or ({"kind": "budget", **d["label_budget"]} if d.get("label_budget")
+                               else {"kind": "protocol"})
+    return f"draw {seed}, {draw_text(record)}"
+
+
+def draw_note(systems: Sequence[System]) -> str | None:
+    """A note where the systems were trained on different draws (seed or kind), else None."""
+    draws = {s.label: _draw_of(s) for s in systems}
+    if len(set(draws.values())) < 2:
+        return None
+    return ("note: the heads were trained on different draws of the store's observed labels -- "
+            + "; ".join(f"{lab}: {d}" for lab, d in draws.items())
+            + ". All are scored on the same fully labelled test images, so each paired "
+            "difference measures the method and the draw together (e.g. what a label bias "
+            "costs); to compare methods alone, train them on one draw")
+
+
 def check_comparable(systems: Sequence[System]) -> None:
-    """Refuse systems from different stores, splits or single-positive draws, naming the
-    first two that differ and why it matters."""
+    """Refuse systems from different stores or splits, naming the first two that differ and
+    why it matters (different draws of one store are compared: :func:`draw_note`)."""
     if len(systems) < 2:
         raise CompareError(
             f"HEADS: need at least two heads to compare; got {len(systems)} "
@@ -218,9 +274,6 @@ def check_comparable(systems: Sequence[System]) -> None:
          "difference between them mixes data with method"),
         ("split", lambda d: d.get("rows"),
          "their train/val/test splits differ, so they were not tested on the same images"),
-        ("single-positive draw", lambda d: d.get("observed_seed"),
-         "they were trained on different single-positive draws (--observed-seed); compare "
-         "heads of one draw, or run 'spml study confirm' over draws"),
     )
     ref = systems[0]
     for what, key, why in checks:
@@ -252,8 +305,8 @@ def compare_scores(labels: Sequence[str], scores: Any, targets: Any, *, n_resamp
 
 def compare_heads(specs: Sequence[str], *, store: str | None = None,
                   labels: Sequence[str] | None = None, n_resamples: int = 1000, seed: int = 0,
-                  level: float = 0.95, device: str = "cpu", name: str | None = None
-                  ) -> Comparison:
+                  level: float = 0.95, device: str = "cpu", name: str | None = None,
+                  progress: bool = False) -> Comparison:
     """Load heads, check they are comparable, score them on the store's test split (the store
     they record, or ``store``) and compare them. A study folder (``DIR``, or ``DIR:NAME`` for
     one of several studies in it; ``name`` for every folder) stands for its winners."""
@@ -262,7 +315,7 @@ def compare_heads(specs: Sequence[str], *, store: str | None = None,
         folder, study_name = split_study_spec(spec)
         if Path(folder).is_dir():
             systems += study_systems(folder, device=device, store=store,
-                                     name=study_name or name)
+                                     name=study_name or name, progress=progress)
         else:
             systems += load_systems([spec])
     return compare_systems(systems, store=store, labels=labels, n_resamples=n_resamples,
@@ -311,7 +364,10 @@ def compare_systems(systems: list[System], *, store: str | None = None,
                          n_resamples=n_resamples, seed=seed, level=level)
     cmp.dataset, cmp.store = data.dataset, str(where)
     cmp.systems = [{"path": s.path, "trial": s.trial, "loss": s.loss, "hparams": s.hparams,
-                    "observed_seed": s.data.get("observed_seed")} for s in systems]
+                    "observed_seed": s.data.get("observed_seed"), "draw": s.data.get("draw")}
+                   for s in systems]
+    note = draw_note(systems)
+    cmp.notes = [note] if note else []
     return cmp
 
 
@@ -371,7 +427,23 @@ def format_comparison(cmp: Comparison) -> str:
     lines += ["", f"'better' means the Holm-corrected p < {1 - cmp.level:.2g}: the difference "
               "is larger than the variation from which test images happen to be in the set. "
               "It says nothing about other training seeds or draws (see 'spml study confirm')."]
+    alpha = 1 - cmp.level
+    odd = [f"{_letter(p.a)} - {_letter(p.b)}" for p in cmp.pairs
+           if (p.p_value < alpha) != (p.diff.low > 0 or p.diff.high < 0)]
+    if odd:
+        lines += ["", f"note ({', '.join(odd)}): " + disagreement_note(
+            alpha, "the verdict column follows the Holm-corrected p")]
+    lines += ["", *cmp.notes] if cmp.notes else []
     return "\n".join(lines)
+
+
+def disagreement_note(alpha: float, follows: str = "the verdict follows the interval") -> str:
+    """Why a paired interval and its p value can disagree (one line, for every output), and
+    which of the two the output's verdict follows."""
+    return (f"the interval and p disagree: the interval is the bootstrap's percentiles of the "
+            f"paired difference, p a normal test on the bootstrap's standard error; they part "
+            f"near the {alpha:g} threshold when the resampled differences are skewed -- "
+            f"{follows}")
 
 
 def _p(p: float) -> str:

@@ -112,7 +112,7 @@ def confirm_study(
     *,
     top_k: int = 3,
     seeds: Sequence[int] = (0, 1, 2),
-    observed_seeds: Sequence[int] = (PROTOCOL_SEED,),
+    observed_seeds: Sequence[int] | None = None,
     out: str | Path | None = None,
     device: str = "auto",
     log: Callable[[str], None] | None = None,
@@ -121,7 +121,8 @@ def confirm_study(
     results: str | Path | None = None,
 ) -> list[ConfirmRow]:
     """Re-train the ``top_k`` best completed trials with every training seed in ``seeds`` on
-    every single-positive draw in ``observed_seeds`` (added to the store if missing); returns
+    every draw in ``observed_seeds`` (default: the draw the study trained on, whatever its kind;
+    protocol draws are added to the store if missing); returns
     rows ordered by mean test mAP and writes ``confirm.parquet`` and ``best.json`` to ``out``.
 
     ``refit``: then re-train the winner on train + val (no held-out selection) for the number
@@ -136,12 +137,16 @@ def confirm_study(
     from probe.train import train_probe
 
     log = log or (lambda msg: None)
+    loss = study.user_attrs.get("spml.loss")
+    as_trained = trained_settings(study)
+    studied = int(as_trained.get("observed_seed", PROTOCOL_SEED))
+    if observed_seeds is None:
+        observed_seeds = [studied]
+    observed_seeds = [int(s) for s in observed_seeds]
     if top_k < 1 or not seeds or not observed_seeds:
         raise StudyError("--top-k, --seeds and --observed-seeds must each name at least one")
-    loss = study.user_attrs.get("spml.loss")
     if loss is None:
         raise StudyError(f"study '{study.study_name}' was not made by spml study (no spml.loss)")
-    as_trained = trained_settings(study)
     recorded = _recorded_settings(results, study.study_name)
     complete = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
     if not complete:
@@ -153,6 +158,11 @@ def confirm_study(
             log(f"adding single-positive draw {s} to {store_path}")
             add_observed_seed(store_path, s)
     store = open_store(store_path)
+    from probe.store.records import draw_record, draw_text
+
+    log("draws: " + "; ".join(
+        f"{s} ({draw_text(draw_record(store.attrs, s))}"
+        + (", the study's)" if s == studied else ")") for s in observed_seeds))
     runs: dict[int, list[tuple[float, float, int, int]]] = {t.number: [] for t in top}
     best_epochs: dict[int, list[int]] = {t.number: [] for t in top}
     ran: dict[int, Any] = {}  # the last ProbeResult of each trial: its resolved settings
@@ -183,8 +193,10 @@ def confirm_study(
                         obs_seed,
                     )
                 )
-            log(f"trial {trial.number}: test mAP {_fmt(runs[trial.number])}")
             bar.update()
+            log(f"trial {trial.number} re-trained on draw {obs_seed} ({len(seeds)} seed"
+                f"{'s' if len(seeds) != 1 else ''}): test mAP {_fmt(runs[trial.number])}"
+                + (f"; {bar.status()}" if progress else ""))
     bar.close()
     from probe import __version__
 

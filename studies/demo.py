@@ -119,7 +119,8 @@ def _study_verdict(study_dir: Path, store: Path, table: list[dict], settings: An
                          references=ref, reference_val=[an["val_map"]],
                          commands=settle_commands(str(study_dir),
                                                   str(settings.storage_spec().display),
-                                                  str(store)))
+                                                  str(store)),
+                         heads_dir=Path(study_dir) / "results")  # the heads the study kept
 
 
 def make_digit_grids(root: Path, n: int, seed: int = 0) -> Path:

@@ -11,7 +11,9 @@
 
 and returns one polars DataFrame in the tidy schema of :mod:`studies.results`: one row per trial
 (a confirmation: one row per re-run, i.e. per trial, seed and single-positive draw), the
-hyperparameters as one JSON column ``params``, mAP in percent, epochs counted from 1, and the
+hyperparameters as one JSON column ``params`` in one key scheme for every source
+(``<loss>.<name>`` for a loss hyperparameter, ``train.<name>`` for a training setting:
+:func:`studies.results.params_keys`), mAP in percent, epochs counted from 1, and the
 settings every trial trained with (``lr``, ``batch_size``, ``epochs``, …). With
 ``epochs=True`` a row per trial and epoch instead, with ``epoch``, ``epoch_train_loss``,
 ``epoch_val_map`` and ``epoch_test_map``.
@@ -35,7 +37,15 @@ import polars as pl
 
 from probe.errors import SpmlError
 
-from .results import COLUMNS, CURVES, FORMAT, probe_rows, read_results, tidy_frame
+from .results import (
+    COLUMNS,
+    CURVES,
+    FORMAT,
+    params_keys,
+    probe_rows,
+    read_results,
+    tidy_frame,
+)
 
 __all__ = ["ExportError", "collect", "export"]
 
@@ -62,7 +72,7 @@ def collect(paths: Iterable[str | os.PathLike], *, epochs: bool = False) -> pl.D
         frames.append(frame.with_columns(
             pl.col("source").fill_null(pl.lit(str(p))) if "source" in frame.columns
             else pl.lit(str(p)).alias("source")))
-    frame = pl.concat(frames, how="diagonal_relaxed")
+    frame = _one_key_scheme(pl.concat(frames, how="diagonal_relaxed"))
     front = [c for c in COLUMNS if c in frame.columns]
     extra = [c for c in frame.columns if c not in COLUMNS and c not in CURVES
              and c != "provenance"]
@@ -71,6 +81,16 @@ def collect(paths: Iterable[str | os.PathLike], *, epochs: bool = False) -> pl.D
     if epochs:
         return _per_epoch(frame, front + extra)
     return frame.select(front + extra)
+
+
+def _one_key_scheme(frame: pl.DataFrame) -> pl.DataFrame:
+    """``params`` in :func:`studies.results.params_keys`' scheme, also in tables written before
+    it (a probe run's plain ``eps`` becomes ``<loss>.eps``)."""
+    if "params" not in frame.columns or "loss" not in frame.columns or not frame.height:
+        return frame
+    fixed = [None if p is None else json.dumps(params_keys(json.loads(p), loss), sort_keys=True)
+             for p, loss in zip(frame["params"].to_list(), frame["loss"].to_list())]
+    return frame.with_columns(pl.Series("params", fixed, dtype=pl.Utf8))
 
 
 def export(paths: Iterable[str | os.PathLike], out: str | os.PathLike, *,

@@ -8,16 +8,21 @@ One row per trial. Columns (:data:`COLUMNS`, in this order):
   ``source`` (the file or folder it was read from; filled by :mod:`studies.export`),
   ``study``, ``trial``, ``state`` (``COMPLETE`` | ``PRUNED`` | ``FAIL``), ``loss``;
 * the hyperparameters in one uniform column, whatever the loss: ``params``, a JSON object with
-  sorted keys (a study's ``<loss>.<name>`` / ``train.<name>`` parameters as Optuna names them,
-  a probe run's loss hyperparameters), never one column per loss knob;
+  sorted keys in one scheme for every source (:func:`params_keys`): ``<loss>.<name>`` for a
+  loss hyperparameter (``gr.b_T``), ``train.<name>`` for a training setting -- a study's
+  parameters as Optuna names them, a probe run's hyperparameters prefixed the same way --
+  never one column per loss knob;
 * the metrics, all mAP/AP values in percent (0–100): ``value`` (what the study maximised: val
   mAP at the best epoch), ``val_map`` and ``test_map`` at the best epoch, ``best_epoch``
   (epochs count from 1), ``epochs_run`` (fewer than ``epochs`` when pruned); further metric
   columns of the best epoch (``val_map_*`` / ``test_map_*``, e.g. the interval bounds
   ``test_map_low`` / ``test_map_high``) follow the settings and simply concatenate;
 * the settings the trial trained with (what its result depends on besides ``params``):
-  ``seed``, ``observed_seed``, ``lr``, ``batch_size``, ``epochs``, ``optimizer``,
-  ``weight_decay``, ``val_labels``, ``select``, ``dataset``, ``store``, ``store_fingerprint``;
+  ``seed``, ``observed_seed``, ``draw`` (JSON: ``{"kind": "protocol"}``, a label budget's
+  ``k`` and ``fraction``, a label bias's name), ``prior`` and ``prior_provenance`` (JSON: model,
+  weights, tiles, T, ...), ``lr``, ``batch_size``, ``epochs``, ``optimizer``,
+  ``weight_decay``, ``val_labels``, ``select``, ``dataset``, ``store``, ``store_fingerprint``,
+  ``backbone``, ``loss_package`` (the distribution and version providing the loss: a plugin's);
 * where and how: ``spml_version``, ``worker``, ``seconds``.
 
 A study's per-batch Parquet files (:func:`write_batch`) hold these columns plus the per-epoch
@@ -47,11 +52,15 @@ __all__ = [
     "COLUMNS",
     "CURVES",
     "FORMAT",
+    "draw_of",
+    "params_keys",
     "probe_rows",
     "read_results",
+    "read_trial_heads",
     "store_fingerprint",
     "tidy_frame",
     "write_batch",
+    "write_trial_heads",
 ]
 
 FORMAT = "spml-results/2"
@@ -72,6 +81,9 @@ COLUMNS: dict[str, pl.DataType] = {
     "epochs_run": pl.Int64,
     "seed": pl.Int64,
     "observed_seed": pl.Int64,
+    "draw": pl.Utf8,
+    "prior": pl.Utf8,
+    "prior_provenance": pl.Utf8,
     "lr": pl.Float64,
     "batch_size": pl.Int64,
     "epochs": pl.Int64,
@@ -82,6 +94,8 @@ COLUMNS: dict[str, pl.DataType] = {
     "dataset": pl.Utf8,
     "store": pl.Utf8,
     "store_fingerprint": pl.Utf8,
+    "backbone": pl.Utf8,
+    "loss_package": pl.Utf8,
     "spml_version": pl.Utf8,
     "worker": pl.Utf8,
     "seconds": pl.Float64,
@@ -148,7 +162,8 @@ def probe_rows(record: dict[str, Any], *, kind: str = "probe", study: str | None
             state = "PRUNED"
         else:
             state = "COMPLETE"
-        hp = params[j] if params is not None else tr.get("hparams") or {}
+        hp = params_keys(params[j] if params is not None else tr.get("hparams") or {},
+                         record.get("loss"))
         rows.append({
             "format": FORMAT,
             "kind": kind,
@@ -165,6 +180,9 @@ def probe_rows(record: dict[str, Any], *, kind: str = "probe", study: str | None
             "epochs_run": len(epochs),
             "seed": tr.get("seed"),
             "observed_seed": cfg.get("observed_seed", data.get("observed_seed")),
+            "draw": _json(draw_of(data)),
+            "prior": cfg.get("priors") or (data.get("priors") or {}).get("name"),
+            "prior_provenance": _json((data.get("priors") or {}).get("provenance")),
             "lr": _finite(tr.get("lr")),
             "batch_size": cfg.get("batch_size"),
             "epochs": cfg.get("epochs"),
@@ -175,6 +193,8 @@ def probe_rows(record: dict[str, Any], *, kind: str = "probe", study: str | None
             "dataset": record.get("dataset"),
             "store": data.get("path"),
             "store_fingerprint": store_fingerprint(data),
+            "backbone": (data.get("provenance") or {}).get("backbone"),
+            "loss_package": _package_text(record.get("loss_package")),
             "spml_version": record.get("spml_version") or _version(),
             "worker": None,
             "seconds": None,
@@ -188,6 +208,39 @@ def probe_rows(record: dict[str, Any], *, kind: str = "probe", study: str | None
             **(extra or {}),
         })
     return rows
+
+
+def params_keys(params: dict[str, Any], loss: str | None) -> dict[str, Any]:
+    """The one key scheme of the ``params`` column, whatever the source: a loss hyperparameter
+    as ``<loss>.<name>`` (``gr.b_T``), a training setting as ``train.<name>`` -- the names a
+    study's trials carry; a probe run's plain names (``b_T``, ``lr``) are prefixed so."""
+    from probe.config import TRAINER_KEYS
+
+    out = {}
+    for k, v in params.items():
+        if "." in k or not loss:
+            out[k] = v
+        else:
+            out[f"train.{k}" if k in TRAINER_KEYS else f"{loss}.{k}"] = v
+    return out
+
+
+def draw_of(data: dict[str, Any]) -> dict[str, Any] | None:
+    """The draw record of a run's ``data`` (probe.store.records.draw_record); a record written
+    before draws were recorded: from its label budget, else the protocol's; None off a store."""
+    if data.get("draw"):
+        return dict(data["draw"])
+    if data.get("label_budget"):
+        return {"kind": "budget", **data["label_budget"]}
+    return {"kind": "protocol"} if data.get("kind") == "store" else None
+
+
+def _json(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, sort_keys=True, default=str)
+
+
+def _package_text(package: dict[str, str] | None) -> str | None:
+    return f"{package['name']} {package['version']}" if package else None
 
 
 def _version() -> str:
@@ -238,6 +291,50 @@ def write_batch(directory: str | os.PathLike, rows: Sequence[dict[str, Any]]) ->
         frame = frame.with_columns(pl.lit(None, dtype=pl.Utf8).alias("provenance"))
     name = f"batch-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}.parquet"
     return atomic_write(directory / name, frame.write_parquet)
+
+
+HEADS_FORMAT = "spml-study-heads/1"
+
+
+def write_trial_heads(directory: str | os.PathLike, numbers: Sequence[int], heads: Any,
+                      source: dict[str, Any]) -> Path | None:
+    """Keep what the paired bootstrap needs of finished trials: their best-epoch heads
+    ``(T, D+1, C)`` (bias in the last row; float32), the trial numbers and the run's data
+    record, as ``heads-<host>-<pid>-<uuid>.pt`` beside the batch files (written atomically).
+    The study's summary, ``spml compare STUDY_DIR`` and the report then score these heads on
+    the test split instead of re-training them."""
+    if not len(numbers):
+        return None
+    import torch
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    payload = {"format": HEADS_FORMAT, "trials": [int(n) for n in numbers],
+               "heads": heads.detach().float().cpu().contiguous(),
+               "data": json.loads(json.dumps(source, default=str))}
+    name = f"heads-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}.pt"
+    return atomic_write(directory / name, lambda fh: torch.save(payload, fh))
+
+
+def read_trial_heads(directory: str | os.PathLike) -> dict[int, tuple[Any, dict[str, Any]]]:
+    """Trial number -> (best-epoch head ``(D+1, C)``, data record) of every head
+    :func:`write_trial_heads` kept in ``directory`` (none: an empty dict)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return {}
+    import torch
+
+    out = {}
+    for path in sorted(directory.glob("heads-*.pt")):
+        try:
+            payload = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception:  # a damaged file: those trials are re-trained instead
+            continue
+        if not isinstance(payload, dict) or payload.get("format") != HEADS_FORMAT:
+            continue
+        for i, n in enumerate(payload["trials"]):
+            out[int(n)] = (payload["heads"][i], payload["data"])
+    return out
 
 
 def _upgrade(frame: pl.DataFrame) -> pl.DataFrame:

@@ -38,7 +38,7 @@ from .study_settings import (
     open_study_store,
     preflight,
 )
-from .study_summary import StudySummary, summarize
+from .study_summary import StudySummary, summarize, with_verdict
 from .study_worker import run_worker
 
 __all__ = [
@@ -88,17 +88,25 @@ def run_study(
     *,
     worker_command: Sequence[str] | None = None,
     log: Callable[[str], None] | None = None,
+    verdict: bool = True,
 ) -> StudySummary:
     """Run a study: in this process (``workers == 1``) or in ``workers`` local processes, each
     running ``worker_command`` (the same ``spml study`` command with ``--workers 1``); with
-    ``devices``, worker ``i`` gets ``--devices devices[i]`` (one worker per GPU)."""
+    ``devices``, worker ``i`` gets ``--devices devices[i]`` (one worker per GPU).
+
+    Returns the :class:`StudySummary` that ``spml study`` prints: the counts, the val winner
+    and, with ``verdict`` (a worker of several passes False), ``summary.verdict`` -- the
+    winner's and the paper values' test mAP with 95% intervals and their paired difference
+    (:class:`studies.verdict.Verdict`), scored from the heads the trials kept when they
+    finished (nothing is re-trained that the study measured)."""
     settings.validate()
     store = open_study_store(settings.store)
     preflight(settings, store)  # every input checked before the storage is created
     check_writable(settings)
     if settings.workers == 1:
         with _write_errors(settings):
-            return run_worker(settings, log=log)
+            summary = run_worker(settings, log=log)
+        return _finish(summary, settings) if verdict else summary
     if worker_command is None:
         raise StudyError("several workers need the command that starts one worker")
     space = create_or_join(settings, store).space  # create once, before the workers race
@@ -123,7 +131,13 @@ def run_study(
             f"{summary.n_complete + summary.n_pruned} of {settings.n_trials} trials finished; "
             "run the same command again to finish the study"
         )
-    return summary
+    return _finish(summary, settings) if verdict else summary
+
+
+def _finish(summary: StudySummary, settings: StudySettings) -> StudySummary:
+    storage = open_storage(settings.storage_spec())
+    study = optuna.load_study(study_name=summary.name, storage=storage)
+    return with_verdict(summary, study, settings)
 
 
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")

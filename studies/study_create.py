@@ -22,7 +22,7 @@ from probe.store.protocol import PROTOCOL_SEED
 from .heartbeat import TrialStorage
 from .pruning import MedianRule
 from .space import SearchSpace
-from .storage import StudyError, open_storage
+from .storage import StudyError, ask_lock, open_storage
 from .study_settings import StudySettings, _space, preflight
 
 __all__ = ["TRAINING_KEYS", "JoinedStudy", "create_or_join", "training_identity"]
@@ -87,6 +87,39 @@ class JoinedStudy(NamedTuple):
     trials: TrialStorage
 
 
+def paper_point(space: SearchSpace, settings: StudySettings, store: Any) -> dict[str, Any]:
+    """The study's first trial: the space's paper values (the loss's preset for the store's
+    dataset, else its defaults), with every value the loss derives from the data (e.g. GPR's
+    and EPR's ``k``, :data:`probe.losses.DATA_QUANTITIES`) filled exactly as ``spml probe``
+    fills it (:func:`probe.config.loss_hparams`, the val split's label cardinality)."""
+    from probe.config import TRAINER_KEYS, loss_hparams
+    from probe.losses import get_loss_class
+
+    point = dict(space.defaults)
+    prefix = f"{settings.loss}."
+    missing = [k for k in space.distributions if k.startswith(prefix) and k not in point]
+    if not missing:
+        return point
+    import torch
+
+    cls = get_loss_class(settings.loss)
+
+    def val_cardinality() -> float:  # as probe.data.ProbeData.val_label_cardinality
+        return float(torch.from_numpy(store.labels(store.split("val"))).float().sum(1).mean())
+
+    fixed = {k: v for k, v in settings.fixed.items() if k not in TRAINER_KEYS}
+    (values,), _ = loss_hparams(cls, [fixed], store.dataset, store.n_classes, val_cardinality,
+                                preset=store.dataset)
+    for key in missing:
+        value, dist = values.get(key[len(prefix):]), space.distributions[key]
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        if getattr(dist, "low", value) <= value <= getattr(dist, "high", value):
+            point[key] = float(value) if isinstance(dist, optuna.distributions.FloatDistribution) \
+                else value
+    return point
+
+
 def create_or_join(settings: StudySettings, store: Any) -> JoinedStudy:
     """Create the study (enqueueing the paper point) or join an existing one with the same loss,
     store and space; refuse, saying why, when they differ."""
@@ -116,6 +149,7 @@ def create_or_join(settings: StudySettings, store: Any) -> JoinedStudy:
                 **identity}
     identity = json.loads(json.dumps(identity, default=str))
     sampler, pruner = _sampler(settings, space), _pruner(settings)
+    labelled = False
     try:
         study = optuna.create_study(
             storage=storage, study_name=name, direction="maximize", sampler=sampler, pruner=pruner
@@ -126,24 +160,27 @@ def create_or_join(settings: StudySettings, store: Any) -> JoinedStudy:
         created = False
         if _nothing_measured(study) and _identity_differs(study, identity):
             # a start that failed before measuring anything is not a study to protect: the
-            # corrected command replaces it (and its failed trials' rows)
-            optuna.delete_study(study_name=name, storage=storage)
-            _drop_rows(Path(settings.out) / "results", name)
-            study = optuna.create_study(storage=storage, study_name=name, direction="maximize",
-                                        sampler=sampler, pruner=pruner)
-            created = True
-            space = dataclasses.replace(space, notes=(*space.notes, (
-                f"study '{name}' in {spec.display} held only failed trials, made with other "
-                "settings; replaced by this command's study")))
-    if created:
-        for key, value in identity.items():
-            study.set_user_attr(key, value)
-        study.set_user_attr(
-            "spml.settings", json.loads(json.dumps(_settings_dict(settings), default=str))
-        )
-        if settings.enqueue_paper and space.defaults and settings.sampler != "grid":
-            study.enqueue_trial(dict(space.defaults), user_attrs={"spml:paper": True})
-    else:
+            # corrected command replaces it (and its failed trials' rows) -- under the ask
+            # lock, checked again there, so that two machines starting it at once replace it
+            # once and the second joins the first's new study
+            with ask_lock(spec, name):
+                study = optuna.load_study(study_name=name, storage=storage, sampler=sampler,
+                                          pruner=pruner)
+                if _nothing_measured(study) and _identity_differs(study, identity):
+                    optuna.delete_study(study_name=name, storage=storage)
+                    _drop_rows(Path(settings.out) / "results", name)
+                    study = optuna.create_study(storage=storage, study_name=name,
+                                                direction="maximize", sampler=sampler,
+                                                pruner=pruner)
+                    created = True
+                    space = dataclasses.replace(space, notes=(*space.notes, (
+                        f"study '{name}' in {spec.display} held only failed trials, made with "
+                        "other settings; replaced by this command's study")))
+                    _label_new(study, identity, settings, space, store)
+                    labelled = True
+    if created and not labelled:
+        _label_new(study, identity, settings, space, store)
+    elif not created:
         attrs = _wait_for_identity(study)
         for key in _IDENTITY_KEYS:
             if attrs.get(key) != identity[key]:
@@ -162,6 +199,19 @@ def create_or_join(settings: StudySettings, store: Any) -> JoinedStudy:
         _check_training(attrs, identity["spml.training"], store.dataset, space, name,
                         spec.display)
     return JoinedStudy(study, space, TrialStorage(storage, name))
+
+
+def _label_new(study: optuna.Study, identity: dict[str, Any], settings: StudySettings,
+               space: SearchSpace, store: Any) -> None:
+    """A new study's identity and settings, then its paper point enqueued."""
+    for key, value in identity.items():
+        study.set_user_attr(key, value)
+    study.set_user_attr(
+        "spml.settings", json.loads(json.dumps(_settings_dict(settings), default=str))
+    )
+    point = paper_point(space, settings, store)
+    if settings.enqueue_paper and point and settings.sampler != "grid":
+        study.enqueue_trial(point, user_attrs={"spml:paper": True})
 
 
 def _nothing_measured(study: optuna.Study) -> bool:

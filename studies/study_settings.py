@@ -221,6 +221,7 @@ def preflight(settings: StudySettings, store: Any) -> SearchSpace:
         except SpmlError as err:
             flag = "--devices" if settings.devices else "--device"
             raise StudyError(f"{flag} {device}: {err}") from None
+    check_study_prior(settings, store, cls)
     space = _space(settings, store.dataset)
     n_train = len(store.split("train"))
     training = resolve_training(cls, store.dataset, batch_size=settings.batch_size,
@@ -234,6 +235,33 @@ def preflight(settings: StudySettings, store: Any) -> SearchSpace:
                 f"{flag}: batch size {size} ({source}) is larger than the train split of "
                 f"{settings.store} ({n_train} rows); use a batch size of at most {n_train}")
     return space
+
+
+def check_study_prior(settings: StudySettings, store: Any, cls: Any) -> None:
+    """``--priors NAME``: the store holds it (else "did you mean" the closest name), with the
+    extras the loss needs -- refused before anything is written."""
+    import difflib
+
+    name = settings.priors
+    if name is None:
+        return
+    have = store.prior_names()
+    if name not in have:
+        close = difflib.get_close_matches(name, have, n=1)
+        hint = (f"did you mean '{close[0]}'? " if close else "")
+        held = ", ".join(have) if have else "none"
+        raise StudyError(
+            f"--priors {name}: {settings.store} has no prior of that name (it holds {held}); "
+            f"{hint}pick one it holds, or add it with 'spml import priors {settings.store} "
+            f"--name NAME --from scores.npy' (or 'spml priors')")
+    extras = store.attrs.get("priors", {}).get(name, {}).get("extras", [])
+    missing = [k for k in getattr(cls, "prior_extras", ()) if k not in extras]
+    if missing:
+        raise StudyError(
+            f"--priors {name}: --loss {settings.loss} needs the prior's extra arrays "
+            f"{', '.join(missing)}, which {settings.store}'s prior {name} lacks; store them "
+            f"with 'spml import priors {settings.store} --name {name} --extra "
+            f"{missing[0]}=FILE --overwrite'")
 
 
 def lr_unknown(loss: str, dataset: str) -> bool:

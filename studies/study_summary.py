@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import copy
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -12,7 +14,7 @@ from probe.convergence import count_best_is_last
 
 from .study_settings import StudySettings
 
-__all__ = ["StudySummary", "summarize"]
+__all__ = ["StudySummary", "summarize", "with_verdict"]
 
 @dataclass
 class StudySummary:
@@ -28,9 +30,49 @@ class StudySummary:
     paper_value: float | None  # val mAP of the enqueued paper point, if it ran
     # completed trials whose best val epoch was their last (probe.convergence): not converged
     n_best_at_last: int = 0
+    # the val winner against the paper values on the test split, with 95% intervals and the
+    # paired difference (studies.verdict.Verdict: .winner.test_map, .paper.test_low, .diff,
+    # .better_on_test, ...); None without a completed trial, in a worker, or when it could
+    # not be measured (verdict_error says why)
+    verdict: Any = None
+    verdict_error: str | None = None
+    several: bool = False  # the storage holds other studies too (commands then need --name)
+    facts: list[str] = field(default_factory=list)  # the summary's settings lines
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self)}
+        out["verdict"] = self.verdict.to_dict() if self.verdict is not None else None
+        return out
+
+
+def with_verdict(summary: StudySummary, study: optuna.Study, settings: StudySettings
+                 ) -> StudySummary:
+    """``summary`` with the val winner tested against the paper values on the test split
+    (:func:`studies.verdict.study_verdict`: the heads the study kept, re-trained only where
+    missing) and the confirm and compare commands that settle it."""
+    from probe.data import resolve_device
+    from probe.errors import SpmlError
+
+    from .storage import open_storage
+    from .verdict import settle_commands, study_verdict
+
+    spec = settings.storage_spec()
+    summary.several = len(optuna.get_all_study_names(open_storage(spec))) > 1
+    if summary.best_value is None:
+        return summary
+    in_out = spec.kind != "postgresql" and (
+        Path(spec.target).expanduser().resolve().parent == Path(summary.out).resolve())
+    commands = settle_commands(summary.out, summary.storage, settings.store,
+                               name=summary.name if summary.several else None,
+                               storage_in_out=in_out)
+    try:
+        summary.verdict = study_verdict(study, settings.store,
+                                        device=str(resolve_device(settings.device)),
+                                        commands=commands,
+                                        heads_dir=Path(settings.out) / "results")
+    except SpmlError as err:
+        summary.verdict_error = str(err)
+    return summary
 
 
 def summarize(study: optuna.Study, settings: StudySettings) -> StudySummary:
@@ -50,7 +92,38 @@ def summarize(study: optuna.Study, settings: StudySettings) -> StudySummary:
         best_trial=best.number if best else None,
         paper_value=paper[0].value if paper else None,
         n_best_at_last=count_best_is_last([_curve(t) for t in complete]),
+        facts=settings_lines(study, best),
     )
+
+
+def settings_lines(study: optuna.Study, best: Any = None) -> list[str]:
+    """What every trial trained with, as quotable lines: epochs, batch size and lr (the
+    winner's where searched), the fixed --set values, the draw and the store prior."""
+    trained = study.user_attrs.get("spml.training") or {}
+    fixed = study.user_attrs.get("spml.fixed") or {}
+    params = dict(best.params) if best is not None else {}
+    parts = []
+    for key, flag in (("epochs", "epochs"), ("batch_size", "batch size"), ("lr", "lr")):
+        value = trained.get(key)
+        if value == "searched":
+            value = params.get(f"train.{key}")
+            parts.append(f"{flag} {_num(value)} (searched; the winner's)" if value is not None
+                         else f"{flag} searched")
+        elif value is not None:
+            parts.append(f"{flag} {_num(value)}")
+    lines = ["trained with: " + ", ".join(parts)] if parts else []
+    if fixed:
+        lines.append("fixed (--set): " + ", ".join(f"{k}={_num(v)}" for k, v in fixed.items()))
+    draw = trained.get("observed_seed")
+    if draw is not None:
+        lines.append(f"draw: --observed-seed {draw}"
+                     + (f"; prior: --priors {trained['priors']}" if trained.get("priors")
+                        else ""))
+    return lines
+
+
+def _num(v: Any) -> str:
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
 
 
 def _curve(trial: optuna.trial.FrozenTrial) -> list[float | None]:

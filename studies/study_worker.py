@@ -29,7 +29,7 @@ from .heartbeat import (
     reclaim_stale_trials,
 )
 from .pruning import BatchPruner
-from .results import probe_rows, write_batch
+from .results import probe_rows, write_batch, write_trial_heads
 from .space import SearchSpace
 from .storage import ask_lock
 from .study_create import _prune_rule, create_or_join
@@ -141,6 +141,10 @@ def _train_group(settings, data, study, storage, space, trials, probe_config, lo
                and best_is_last([e.get("val_map") for e in tr.epochs]) else "")
         )
     rows = _result_rows(study, trials, result, states, seconds)
+    kept = [i for i, st in enumerate(states) if st == "COMPLETE" and i not in lost]
+    if len(data) == 1 and result.best_heads is not None and kept:  # for the paired bootstrap
+        write_trial_heads(Path(settings.out) / "results", [trials[i].number for i in kept],
+                          result.best_heads[kept], result.source)
     gone = {trials[i].number for i in lost}  # the worker that retries them writes their rows
     return [row for row in rows if row["trial"] not in gone]
 

@@ -2,9 +2,11 @@
 the test interval) beside the paper values' (and any reference heads', e.g. the demo's AN),
 whether the val winner is better on test, and the commands that settle it.
 
-The winner and the paper point are re-trained with the study's settings, seed and draw (the
-same trials: a trial computes the same alone as stacked, docs/design.md), scored on the test
-split, and compared by the paired bootstrap of ``spml compare`` (:mod:`studies.compare`).
+The winner and the paper point are the heads their trials kept when they finished
+(``STUDY_DIR/results/heads-*.pt``); a study made before trials kept them has them re-trained
+with the study's settings, seed and draw (the same trials: a trial computes the same alone as
+stacked, docs/design.md). Both are scored on the test split and compared by the paired
+bootstrap of ``spml compare`` (:mod:`studies.compare`).
 """
 
 from __future__ import annotations
@@ -44,6 +46,11 @@ class Verdict:
     level: float
     winner_is_paper: bool
     commands: list[str] = field(default_factory=list)  # what settles it, runnable as printed
+    # what the first trial is: "paper values" (the loss's preset for the dataset) or
+    # "defaults" (no preset: its signature defaults and data-derived values), and why
+    paper_name: str = "paper values"
+    paper_why: str | None = None  # why there is no paper comparison (defaults, or no point)
+    p_value: float | None = None  # the pair's raw (uncorrected) p value
 
     @property
     def better_on_test(self) -> bool | None:
@@ -60,10 +67,12 @@ class Verdict:
 def study_verdict(study: Any, store: str, *, device: str = "cpu",
                   references: Sequence[Any] = (), reference_val: Sequence[float | None] = (),
                   n_resamples: int = 1000, seed: int = 0, level: float = 0.95,
-                  commands: Sequence[str] = ()) -> Verdict | None:
+                  commands: Sequence[str] = (), heads_dir: Any = None) -> Verdict | None:
     """The verdict of an opened Optuna study made by ``spml study`` (None without a completed
     trial). ``references``: further :class:`studies.compare.System` heads to show beside (the
-    demo's AN), with their val mAP in ``reference_val``."""
+    demo's AN), with their val mAP in ``reference_val``. ``heads_dir``: where the study kept
+    its trials' heads (``STUDY_DIR/results``): those are scored as they are, the others
+    re-trained."""
     from optuna.trial import TrialState
 
     from .compare import compare_systems, systems_of_study
@@ -71,7 +80,8 @@ def study_verdict(study: Any, store: str, *, device: str = "cpu",
     complete = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
     if not complete:
         return None
-    systems = systems_of_study(study, study.study_name, top=1, device=device, store=store)
+    systems = systems_of_study(study, study.study_name, top=1, device=device, store=store,
+                               heads_dir=heads_dir)
     by_trial = {t.number: t for t in complete}
     cmp = compare_systems([*systems, *references], store=store, n_resamples=n_resamples,
                           seed=seed, level=level, device=device, allow_one=True)
@@ -89,15 +99,53 @@ def study_verdict(study: Any, store: str, *, device: str = "cpu",
         paper = winner
     refs = [row(len(systems) + j, reference_val[j] if j < len(reference_val) else None)
             for j in range(len(references))]
-    diff = low = high = p = None
+    diff = low = high = p = p_raw = None
     if len(systems) > 1:
         pair = next(pp for pp in cmp.pairs if {pp.a, pp.b} == {0, 1})
         sign = 1.0 if pair.a == 0 else -1.0
         diff = sign * pair.diff.value
         low, high = sorted((sign * pair.diff.low, sign * pair.diff.high))
-        p = pair.p_holm
+        p, p_raw = pair.p_holm, pair.p_value
+    name, why = _paper_words(study, store, has_point=len(systems) > 1 or winner_is_paper)
     return Verdict(winner, paper, refs, diff, low, high, p, cmp.n_images, level,
-                   winner_is_paper, list(commands))
+                   winner_is_paper, list(commands), name, why, p_raw)
+
+
+def _paper_words(study: Any, store: str, *, has_point: bool) -> tuple[str, str | None]:
+    """("paper values" | "defaults", why there is no paper comparison) for a study."""
+    loss = study.user_attrs.get("spml.loss")
+    settings = study.user_attrs.get("spml.settings") or {}
+    try:
+        from probe.losses import get_loss_class
+        from probe.store import open_store
+
+        presets = get_loss_class(loss).presets
+        dataset = open_store(store).dataset
+    except Exception:  # a loss or store gone since: say nothing rather than guess
+        return "paper values", None
+    if not has_point:
+        if settings.get("enqueue_paper") is False:
+            return "paper values", "no paper point ran (--no-paper): nothing to compare with"
+        return "paper values", (f"{loss} has no paper or default values inside the search "
+                                "space, so no first trial was enqueued to compare with")
+    from probe.results import loss_package
+
+    package = (loss_package(loss) or {}).get("name")
+    if package not in (None, "spml-probe"):  # a plugin: its defaults are its author's
+        return "defaults", (f"{loss} is a plugin loss (from {package}): spml-probe knows no "
+                            "paper values for it, so the first trial ran its defaults; the "
+                            "comparison is with those defaults, not with a paper")
+    if not presets or presets.get(dataset):  # one paper setting for all, or this dataset's
+        return "paper values", None
+    known = ", ".join(sorted(presets))
+    return "defaults", (f"{loss} has no paper values for dataset '{dataset}' (its presets: "
+                        f"{known}), so the first trial ran its defaults, data-derived values "
+                        "filled as 'spml probe' fills them; the comparison is with those "
+                        "defaults, not with a paper")
+
+
+def _p_text(p: float) -> str:
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
 
 
 def settle_commands(study_out: str, storage: str, store: str, *, name: str | None = None,
@@ -115,39 +163,50 @@ def settle_commands(study_out: str, storage: str, store: str, *, name: str | Non
 
 def format_verdict(v: Verdict) -> list[str]:
     """The verdict as lines: the rows, then the sentence, then the commands."""
+    from .compare import disagreement_note
+
     pct = f"{100 * v.level:g}%"
-    rows = [("val winner" if not v.winner_is_paper else "val winner = paper values", v.winner)]
+    pn = v.paper_name
+    rows = [("val winner" if not v.winner_is_paper else f"val winner = {pn}", v.winner)]
     if v.paper is not None and not v.winner_is_paper:
-        rows.append(("paper values", v.paper))
+        rows.append((pn, v.paper))
     rows += [(r.label, r) for r in v.references]
     width = max(len(name) for name, _ in rows)
-    lines = [f"on the test split ({v.n_test} images; {pct} bootstrap intervals), re-trained "
-             "with the study's settings:"]
+    lines = [f"on the test split ({v.n_test} images; {pct} bootstrap intervals), the heads "
+             "the trials trained:"]
     for name, r in rows:
         trial = f"trial {r.trial}" if r.trial is not None else ""
         val = f"val mAP {r.val_map:6.2f}" if r.val_map is not None else f"{'':14}"
         lines.append(f"  {name:<{width}}  {trial:<9} {val}   test mAP {r.test_map:6.2f} "
                      f"[{r.test_low:.2f}, {r.test_high:.2f}]")
+    if v.paper_why and (v.paper is None or pn != "paper values"):
+        lines.append(f"note: {v.paper_why}")
     if v.winner_is_paper:
-        lines.append("the paper values won on val: the search found nothing better on val")
+        lines.append(f"the {pn} won on val: the search found nothing better on val")
     elif v.paper is None:
-        lines.append("no paper point ran (--no-paper): nothing to compare the winner with")
+        if not v.paper_why:
+            lines.append("no paper point ran: nothing to compare the winner with")
     else:
         d = f"{v.diff:+.2f} [{v.diff_low:+.2f}, {v.diff_high:+.2f}]"
         if v.better_on_test:
-            lines.append(f"the val winner is better than the paper values on test: {d} "
+            lines.append(f"the val winner is better than the {pn} on test: {d} "
                          "mAP, paired over the same test images")
         elif v.diff_high is not None and v.diff_high < 0:
-            lines.append(f"the val winner is WORSE than the paper values on test: {d} mAP, "
+            lines.append(f"the val winner is WORSE than the {pn} on test: {d} mAP, "
                          "paired over the same test images; its val lead did not carry over "
                          "(a small val split over-fitted: docs/selection.md)")
         else:
-            lines.append(f"the val winner is NOT shown better than the paper values on test: "
+            lines.append(f"the val winner is NOT shown better than the {pn} on test: "
                          f"{d} mAP, paired over the same test images (the interval contains "
                          "0)")
+        if v.p_value is not None:
+            lines.append(f"  p = {_p_text(v.p_value)} (paired bootstrap, uncorrected)"
+                         + (f"; {disagreement_note(1 - v.level)}"
+                            if (v.p_value < 1 - v.level) != (v.diff_low > 0 or v.diff_high < 0)
+                            else ""))
     if v.commands:
         lines.append("settle it: 'spml study confirm' re-trains the top 3 over training seeds "
-                     "and single-positive draws; 'spml compare' tests the top 3 and the paper "
-                     "values on the same images:")
+                     "and single-positive draws; 'spml compare' tests the top 3 and the "
+                     f"{pn} on the same images:")
         lines += ["  " + c for c in v.commands]
     return lines

@@ -1,5 +1,6 @@
 """spml compare on the real yeast store: a planted difference is found, two runs of one
-configuration are not told apart, and heads of different stores / splits / draws are refused."""
+configuration are not told apart, heads of different stores / splits are refused, and heads of
+different draws are paired with a note."""
 
 from __future__ import annotations
 
@@ -65,7 +66,6 @@ def test_planted_difference_is_found(heads, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("key,value,words", [
-    ("observed_seed", 7, "different single-positive draw"),
     ("completed", "another build", "different store"),
     ("rows", {"train": 1, "val": 1, "test": 1}, "different split"),
 ])
@@ -78,6 +78,25 @@ def test_refuses_results_that_are_not_paired(heads, tmp_path, capsys, key, value
     assert main(["compare", str(heads), str(other)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and words in err and "HEADS" in err
+
+
+def test_heads_of_different_draws_are_paired_with_a_note(heads, tmp_path, capsys):
+    def edit(p):
+        p["data"]["observed_seed"] = 7
+        p["data"]["draw"] = {"kind": "bias", "bias": "size"}
+
+    other = _variant(heads, tmp_path / "other.pt", edit)
+    capsys.readouterr()
+    assert main(["compare", f"{heads}:0", f"{other}:1", "--json",
+                 str(tmp_path / "c.json")]) == 0
+    text = capsys.readouterr().out
+    assert "Differences (paired on the same images" in text
+    assert "note: the heads were trained on different draws" in text
+    assert "draw 7, label bias 'size'" in text
+    record = json.loads((tmp_path / "c.json").read_text())
+    assert len(record["pairs"]) == 1 and record["notes"]
+    assert main(["compare", f"{heads}:0", f"{heads}:1"]) == 0  # one draw: no note
+    assert "different draws" not in capsys.readouterr().out
 
 
 def test_a_single_head_is_refused(heads, capsys):

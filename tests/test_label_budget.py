@@ -117,7 +117,8 @@ def test_a_budget_draw_stored_in_the_store_is_one_observed_seed(tmp_path, capsys
     assert "--fraction" in capsys.readouterr().err
     assert open_store(path).observed_seeds() == [20, 1200]
     assert main(["info", str(path)]) == 0
-    assert "draw 20: k=2 on 50% of the images" in capsys.readouterr().out
+    assert ("draw 20: k=2 positives per image on 50% of the images (a label budget"
+            in capsys.readouterr().out)
 
 
 def torch_equal(tensor, array) -> bool:

@@ -404,8 +404,9 @@ def test_the_installed_example_plugin_is_listed_shown_and_trained_like_an(instal
 def test_the_installed_example_plugin_is_searched_by_worker_processes(installed, store,
                                                                       tmp_path):
     out = tmp_path / "study"
-    proc = _spml(["study", str(store), "--loss", "an_plugin", "--trials", "4", "--batch", "2",
-                  "--workers", "2", "--epochs", "2", "--batch-size", "16", "--lr", "0.01",
+    proc = _spml(["study", str(store), "--loss", "an_plugin", "--trials", "4",
+                  "--trials-at-once", "2", "--workers", "2", "--epochs", "2", "--batch-size",
+                  "16", "--lr", "0.01",
                   "--out", str(out), "--json", str(tmp_path / "s.json")], installed, tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = json.loads((tmp_path / "s.json").read_text())

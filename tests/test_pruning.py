@@ -11,7 +11,7 @@ import pytest
 from studies.pruning import BatchPruner, MedianRule
 
 RULES = [
-    MedianRule(n_startup_trials=4, n_warmup_steps=1),  # what `spml study --batch 8` uses
+    MedianRule(n_startup_trials=4, n_warmup_steps=1),  # what `spml study --trials-at-once 8` uses
     MedianRule(n_startup_trials=0, n_warmup_steps=0),
     MedianRule(n_startup_trials=2, n_warmup_steps=2, interval_steps=3, n_min_trials=3),
     MedianRule(n_startup_trials=1, percentile=25.0),

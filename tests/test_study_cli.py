@@ -125,6 +125,42 @@ def test_a_study_of_only_failed_trials_is_replaced_by_the_corrected_command(
     assert rows.filter(rows["study"] == "another").height == 1
 
 
+def test_a_failed_study_is_replaced_under_the_ask_lock(yeast_store, tmp_path, monkeypatch):
+    """Replacing happens while the ask lock is held (two machines starting the corrected
+    command at once replace it once), and its new identity is set before the lock is freed."""
+    import contextlib
+
+    import studies.study_create as sc
+
+    out = tmp_path / "pz"
+    _failed_start(yeast_store, out, fixed={"w_T": 3.0})
+    held, seen = [], []
+    real_lock, real_delete, real_label = sc.ask_lock, optuna.delete_study, sc._label_new
+
+    @contextlib.contextmanager
+    def lock(*a, **k):
+        with real_lock(*a, **k):
+            held.append(True)
+            try:
+                yield
+            finally:
+                held.pop()
+
+    def delete(*a, **k):
+        seen.append(("delete", bool(held)))
+        return real_delete(*a, **k)
+
+    def label(*a, **k):
+        seen.append(("label", bool(held)))
+        return real_label(*a, **k)
+
+    monkeypatch.setattr(sc, "ask_lock", lock)
+    monkeypatch.setattr(optuna, "delete_study", delete)
+    monkeypatch.setattr(sc, "_label_new", label)
+    assert main(_study(yeast_store, out)) == 0
+    assert seen == [("delete", True), ("label", True)]
+
+
 def test_a_study_with_measured_trials_is_never_replaced(yeast_store, tmp_path, capsys):
     out = tmp_path / "pz"
     assert main(_study(yeast_store, out)) == 0
@@ -144,7 +180,7 @@ def test_a_study_with_measured_trials_is_never_replaced(yeast_store, tmp_path, c
 @pytest.fixture(scope="module")
 def study_run(yeast_store, tmp_path_factory):
     out = tmp_path_factory.mktemp("study") / "pz"
-    argv = ["study", yeast_store, "--loss", "gr", "--trials", "4", "--batch", "2",
+    argv = ["study", yeast_store, "--loss", "gr", "--trials", "4", "--trials-at-once", "2",
             "--out", str(out), *FAST, "--set", "w_T=2", "--json", str(out.parent / "s.json")]
     with pytest.MonkeyPatch.context() as mp:
         import io
@@ -168,11 +204,13 @@ def test_set_on_a_searched_parameter_fixes_it_and_narrows_the_search(study_run):
         assert json.loads(row["params"]).get("w_T", 2) == 2
 
 
-def test_old_batch_option_still_works_and_warns(study_run):
-    out, _, err = study_run
-    assert "--batch is deprecated; use --trials-at-once" in err
-    assert optuna.load_study(study_name="yeast-gr", storage=_storage(out)).user_attrs[
-        "spml.settings"]["batch"] == 2
+def test_the_old_batch_option_is_gone(yeast_store, tmp_path, capsys):
+    out = tmp_path / "b"
+    with pytest.raises(SystemExit) as exc:  # argparse refuses an unknown option
+        main(["study", yeast_store, "--loss", "gr", "--batch", "2", "--out", str(out)])
+    assert exc.value.code == 2
+    assert "--batch" in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_summary_states_val_and_test_of_the_winner_and_the_paper_values(study_run):
@@ -208,6 +246,7 @@ def test_summary_states_val_and_test_of_the_winner_and_the_paper_values(study_ru
     assert tail[-1] == f"  spml compare {out}"
     record = json.loads((out.parent / "s.json").read_text())
     assert record["verdict"]["winner"]["trial"] == best.number
+    assert "fixed (--set): w_T=2" in text and "trained with: epochs 1, batch size 64" in text
 
 
 def test_every_printed_hint_runs_as_printed(study_run, capsys):

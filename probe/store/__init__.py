@@ -13,6 +13,7 @@ format.
   join one, or write in-memory features at once;
 * :mod:`probe.store.reading` -- open a finished store, read it, verify every chunk;
 * :mod:`probe.store.draws` -- add another draw of observed labels to a finished store;
+* :mod:`probe.store.records` -- what each draw is, and the root attributes changed under a lock;
 * :mod:`probe.store.chunks` -- per-chunk checksums, the fast feature read path, damage reports.
 """
 
@@ -30,7 +31,7 @@ _EXPORTS = {
     **dict.fromkeys(("BadFeatureRow", "StoreWriter", "create_store", "join_store", "resume_store",
                      "write_feature_store"), "probe.store.writing"),
     **dict.fromkeys(("Store", "open_store", "verify_store"), "probe.store.reading"),
-    "add_observed_seed": "probe.store.draws",
+    **dict.fromkeys(("add_draws", "add_observed_seed"), "probe.store.draws"),
     **dict.fromkeys(("StoreDamaged", "StoreError", "StoreNotFoundError"), "probe.store.errors"),
     "VerifyReport": "probe.store.chunks",
     **dict.fromkeys(("Prior", "PriorError"), "probe.store.priors"),

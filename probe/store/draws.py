@@ -1,17 +1,59 @@
-"""More draws of observed labels for a complete store: :func:`add_observed_seed` (the
-protocol's single positives, or a label budget), docs/protocol.md step 2."""
+"""More draws of observed labels for a complete store: :func:`add_draws` (several seeds of
+one kind, all checked first), :func:`add_observed_seed` (the protocol's single positives, or a
+label budget), docs/protocol.md step 2."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import zarr
 
 from probe.store.chunks import checksum_codecs
 from probe.store.errors import StoreError
-from probe.store.layout import _EVERY_CHUNK, _is_protocol, _phase_observed
+from probe.store.layout import _EVERY_CHUNK, _phase_observed
 from probe.store.reading import open_store
+from probe.store.records import check_draw, draw_record, update_root_attrs
+
+
+def add_draws(path: str | Path, seeds: Sequence[int], *, k: int = 1, fraction: float = 1.0,
+              bias: str | None = None, weights_by_class: Sequence[float] | None = None
+              ) -> list[int]:
+    """Add the draws ``seeds`` to a complete store, all of one kind: the protocol's single
+    positives, a label budget (``k``, ``fraction``; :func:`add_observed_seed`) or a label
+    ``bias`` (:func:`probe.store.biased_draws.add_biased_draw`). Every seed is checked before
+    the first is written: one taken by a draw of another kind refuses the whole call and
+    writes nothing. Seeds already holding this very draw are kept. Returns the seeds written."""
+    from probe.store.biased_draws import add_biased_draw, bias_draw_weights
+
+    store = open_store(path)
+    if bias is not None:
+        if (k, fraction) != (1, 1.0):
+            raise StoreError("--bias draws one positive per image: drop --k / --fraction")
+        record = {"kind": "bias", **bias_draw_weights(store, bias, weights_by_class)[0]}
+    else:
+        if weights_by_class is not None:
+            raise StoreError("--class-weights goes with --bias semantic")
+        _check_budget(k, fraction)
+        record = draw_record({"observed_budgets": {"0": {"k": k, "fraction": fraction}}}, 0)
+    fresh = [int(s) for s in dict.fromkeys(seeds)
+             if not check_draw(store.attrs, int(s), record, store.path)]
+    for seed in fresh:
+        if bias is None:
+            add_observed_seed(path, seed, k=k, fraction=fraction)
+        else:
+            add_biased_draw(path, seed, bias, weights_by_class)
+    return fresh
+
+
+def _check_budget(k: Any, fraction: Any) -> None:
+    if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
+        raise StoreError(f"--k (observed positives per image) must be an integer >= 1; got {k}")
+    if (isinstance(fraction, bool) or not isinstance(fraction, int | float)
+            or not 0.0 < float(fraction) <= 1.0):
+        raise StoreError(f"--fraction (of images labelled) must lie in (0, 1]; got {fraction}")
 
 
 def add_observed_seed(path: str | Path, seed: int, *, k: int = 1, fraction: float = 1.0) -> None:
@@ -24,28 +66,19 @@ def add_observed_seed(path: str | Path, seed: int, *, k: int = 1, fraction: floa
     takes ``--observed-seed`` then trains on it. A seed already present with the same budget is
     left alone; with another budget it is an error (a seed names one draw).
 
-    The array is written first and registered in ``observed_seeds`` last, so an interrupted
-    call leaves the store as it was. Not safe against another concurrent
-    ``add_observed_seed`` on the same store (readers are fine).
+    A seed holding a draw of another kind (a label bias, another budget) is refused by name
+    (:func:`probe.store.records.check_draw`). The array is written first and registered in
+    ``observed_seeds`` last, under the store's attribute lock
+    (:func:`probe.store.records.update_root_attrs`), so an interrupted call leaves the store as
+    it was and a prior or draw written at the same time is not lost.
     """
-    if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
-        raise StoreError(f"k (observed positives per image, --k) must be an integer >= 1; "
-                         f"got {k!r}")
-    if not isinstance(fraction, int | float) or not 0.0 < float(fraction) <= 1.0:
-        raise StoreError(f"fraction (of images labelled, --fraction) must lie in (0, 1]; got "
-                         f"{fraction!r}")
+    _check_budget(k, fraction)
     budget = {"k": int(k), "fraction": float(fraction)}
+    record = draw_record({"observed_budgets": {"0": budget}}, 0)
     store = open_store(path)
     seed = int(seed)
-    if seed in store.observed_seeds():
-        have = store.observed_budget(seed)
-        if have == budget:
-            return
-        raise StoreError(
-            f"{store.path} already holds draw {seed} with {_budget_text(have)}; a seed names one "
-            f"draw, so {_budget_text(budget)} needs another seed (e.g. --seeds "
-            f"{max(store.observed_seeds()) + 1})"
-        )
+    if check_draw(store.attrs, seed, record, store.path):
+        return
     group = zarr.open_group(store.path, mode="r+")
     labels = group["labels"][:]
     n_pool = int(group.attrs["n_pool"])
@@ -53,15 +86,12 @@ def add_observed_seed(path: str | Path, seed: int, *, k: int = 1, fraction: floa
         str(seed), data=_phase_observed(labels[:n_pool], labels[n_pool:], seed, budget),
         overwrite=True, compressors=checksum_codecs(compress=True), config=_EVERY_CHUNK,
     )
-    if not _is_protocol(budget):
-        group.attrs["observed_budgets"] = {**group.attrs.get("observed_budgets", {}),
-                                           str(seed): budget}
-    group.attrs["observed_seeds"] = sorted([*group.attrs["observed_seeds"], seed])
 
+    def register(attrs: dict) -> dict:
+        check_draw(attrs, seed, record, store.path)  # another process may have added it
+        new = {"observed_seeds": sorted({*map(int, attrs["observed_seeds"]), seed})}
+        if record["kind"] == "budget":
+            new["observed_budgets"] = {**attrs.get("observed_budgets", {}), str(seed): budget}
+        return new
 
-def _budget_text(budget: dict) -> str:
-    if _is_protocol(budget):
-        return "one positive per image (the protocol's draw)"
-    return (f"k={budget['k']} positives per image on {100 * float(budget['fraction']):g}% of "
-            "the images")
-
+    update_root_attrs(store.path, register)

@@ -19,6 +19,7 @@ from probe.errors import plain
 from probe.store.chunks import checksum_codecs
 from probe.store.priors import GROUP, PRIOR_PROVENANCE_KEYS, Prior, PriorError
 from probe.store.reading import open_store
+from probe.store.records import update_root_attrs
 
 __all__ = ["write_prior"]
 
@@ -163,6 +164,6 @@ def write_prior(
         "shape": list(shape),
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     }
-    group = zarr.open_group(store.path, mode="r+")  # re-read: the rename changed the tree
-    group.attrs["priors"] = {**dict(group.attrs.get("priors", {})), name: record}
+    update_root_attrs(store.path, lambda attrs: {  # re-read under the lock: draws may land too
+        "priors": {**dict(attrs.get("priors", {})), name: record}})
     return Prior(name, values["scores"], {k: v for k, v in values.items() if k != "scores"}, prov)

@@ -24,6 +24,7 @@ from probe.store.chunks import (
 from probe.store.errors import StoreDamaged, StoreError
 from probe.store.layout import _ARRAYS, PROTOCOL_BUDGET, SPLIT_CODES, _is_protocol, _open_group
 from probe.store.protocol import PROTOCOL_SEED
+from probe.store.records import draw_record
 
 
 def _row_indices(rows: Any, n_rows: int, what: str) -> np.ndarray | None:
@@ -294,6 +295,7 @@ class Store:
             "block_rows",
             "observed_seeds",
             "observed_budgets",
+            "observed_bias",
             "split_seed",
             "provenance",
             "complete",
@@ -317,6 +319,9 @@ class Store:
             "observed_seeds": self.observed_seeds(),
             "observed_budgets": {str(s): self.observed_budget(s) for s in self.observed_seeds()
                                  if not _is_protocol(self.observed_budget(s))},
+            # every draw that is not the protocol's, with its kind (probe.store.records)
+            "draws": {str(s): draw_record(self.attrs, s) for s in self.observed_seeds()
+                      if draw_record(self.attrs, s)["kind"] != "protocol"},
             "n_unlabeled": dict(self.attrs["n_unlabeled"]),
             "splits": splits,
             "disk_bytes": int(disk),

@@ -22,7 +22,9 @@ settings, seed and draw. Each head is scored on the test split of the store it w
 (or --store). A 1,000-
 resample paired bootstrap over the test images gives every mAP a 95% interval and every pair
 a difference with its interval and a p-value, Holm-corrected over the pairs. Heads from
-different stores, splits or single-positive draws are refused (their test mAPs are not paired).
+different stores or splits are refused (their test mAPs are not paired); heads trained on
+different draws of one store (--observed-seed, a label budget or bias) are compared on the same
+test images, with a note that the draws differ. Re-trained heads show a progress line each.
 """
 
 
@@ -35,7 +37,7 @@ def _compare(args: argparse.Namespace) -> int:
         raise SpmlError(f"--level: a coverage in [0.5, 1), e.g. 0.95; got {args.level}")
     cmp = compare_heads(args.heads, store=args.store, labels=args.label,
                         n_resamples=args.resamples, seed=args.seed, level=args.level,
-                        device=args.device, name=args.name)
+                        device=args.device, name=args.name, progress=True)
     print(format_comparison(cmp))
     if args.json:
         from probe.results import write_json_atomic

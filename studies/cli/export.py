@@ -13,9 +13,11 @@ examples:
 PATH may be a probe results JSON (spml probe --json), a study folder (spml study --out), its
 results/ folder or batch files, a confirm.parquet (or the folder holding it), or a table this
 command wrote. One row per trial (a confirmation: per re-run), one schema for all: params as one
-JSON column, mAP/AP in percent, epochs counted from 1, and the settings each trial trained with
-(lr, batch_size, epochs, optimizer, observed_seed, val_labels, store, ...). In Python:
-studies.export.collect(paths) returns the same table as a polars DataFrame.
+JSON column with one key scheme for every source (<loss>.<name> for a loss hyperparameter, e.g.
+gr.b_T, also for a probe run's; train.<name> for a training setting), mAP/AP in percent,
+epochs counted from 1, and the settings each trial trained with (lr, batch_size, epochs,
+optimizer, observed_seed, draw, prior, val_labels, store, backbone, loss_package, ...). In
+Python: studies.export.collect(paths) returns the same table as a polars DataFrame.
 """
 
 

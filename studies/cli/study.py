@@ -16,7 +16,6 @@ from probe.cliargs import (
     add_trials_at_once_argument,
 )
 from probe.errors import SpmlError
-from probe.store.protocol import PROTOCOL_SEED
 
 STUDY_EPILOG = """\
 examples:
@@ -121,7 +120,10 @@ def _study(args: argparse.Namespace) -> int:
             storage,
             "--as-worker",
         ]
-    summary = run_study(settings, worker_command=command, log=lambda m: print(m, file=sys.stderr))
+    summary = run_study(settings, worker_command=command, log=lambda m: print(m, file=sys.stderr),
+                        verdict=not args.as_worker)
+    if args.as_worker:  # one of several: the parent that started it prints the summary once
+        return 0
     print(
         f"study {summary.name} in {summary.storage}: {summary.n_complete} complete, "
         f"{summary.n_pruned} pruned, {summary.n_failed} failed"
@@ -131,26 +133,24 @@ def _study(args: argparse.Namespace) -> int:
               "parameters:")
         for k, v in summary.best_params.items():
             print(f"  {k} = {v:.6g}" if isinstance(v, float) else f"  {k} = {v}")
+    for line in summary.facts:  # epochs, batch size, lr, --set values, draw, prior
+        print(line)
     if summary.n_best_at_last:
         from probe.convergence import ADVICE
 
         print(f"warning: {summary.n_best_at_last} of {summary.n_complete} completed trials had "
               f"their best val mAP at their last epoch (not converged); {ADVICE}")
-    if args.as_worker:  # one of several: the command that started it sums the study up
-        return 0
     if settings.select == "val":
         _small_val_note(settings.store)
     q = shlex.quote
     print(f"results: {Path(summary.out) / 'results'}")
     storage = f" --storage {q(summary.storage)}" if settings.storage else ""  # else in out
-    name = f" --name {q(summary.name)}" if _several_studies(settings) else ""
+    name = f" --name {q(summary.name)}" if summary.several else ""
     print(f"next: spml report {q(summary.out)}{storage}{name} --store {q(settings.store)}")
-    verdict = None
-    if summary.best_value is not None:
-        try:
-            verdict = _verdict(settings, summary)
-        except SpmlError as err:  # e.g. the store moved since: the study itself is done
-            print(f"note: the winner was not tested against the paper values: {err}")
+    verdict = summary.verdict
+    if summary.verdict_error:  # e.g. the store moved since: the study itself is done
+        print(f"note: the winner was not tested against the paper values: "
+              f"{summary.verdict_error}")
     if verdict is not None:
         from studies.verdict import format_verdict
 
@@ -158,38 +158,8 @@ def _study(args: argparse.Namespace) -> int:
     if args.json:
         from probe.results import write_json_atomic
 
-        write_json_atomic(args.json, {**summary.to_dict(),
-                                      "verdict": verdict.to_dict() if verdict else None})
+        write_json_atomic(args.json, summary.to_dict())
     return 0
-
-
-def _several_studies(settings) -> bool:
-    """The study's storage holds other studies too (commands on it then need --name)."""
-    import optuna
-
-    from studies.storage import open_storage
-
-    return len(optuna.get_all_study_names(open_storage(settings.storage_spec()))) > 1
-
-
-def _verdict(settings, summary):
-    """The winner against the paper values on test (:func:`studies.verdict.study_verdict`),
-    with the confirm and compare commands that settle it."""
-    import optuna
-
-    from probe.data import resolve_device
-    from studies.storage import open_storage
-    from studies.verdict import settle_commands, study_verdict
-
-    spec = settings.storage_spec()
-    several = _several_studies(settings)
-    study = optuna.load_study(study_name=summary.name, storage=open_storage(spec))
-    in_out = spec.kind != "postgresql" and (
-        Path(spec.target).expanduser().resolve().parent == Path(summary.out).resolve())
-    commands = settle_commands(summary.out, summary.storage, settings.store,
-                               name=summary.name if several else None, storage_in_out=in_out)
-    return study_verdict(study, settings.store, device=str(resolve_device(settings.device)),
-                         commands=commands)
 
 
 def _confirm(args: argparse.Namespace) -> int:
@@ -202,7 +172,8 @@ def _confirm(args: argparse.Namespace) -> int:
         args.store,
         top_k=args.top_k,
         seeds=_ints(args.seeds, "--seeds"),
-        observed_seeds=_ints(args.observed_seeds, "--observed-seeds"),
+        observed_seeds=(None if args.observed_seeds is None
+                        else _ints(args.observed_seeds, "--observed-seeds")),
         out=out,
         device=args.device,
         log=lambda m: print(m, file=sys.stderr),
@@ -446,8 +417,8 @@ def confirm_parser() -> argparse.ArgumentParser:
     c.add_argument("--seeds", default="0,1,2", help="training seeds (default 0,1,2)")
     c.add_argument(
         "--observed-seeds",
-        default=str(PROTOCOL_SEED),
-        help=f"single-positive draws (default {PROTOCOL_SEED}; others are added to the store)",
+        help="draws to train on (default: the draw the study trained on, --observed-seed; "
+        "protocol draws not in the store are added)",
     )
     c.add_argument("--out", help="folder for confirm.parquet and best.json (default: beside the "
                    "study, the folder of the --storage file, where 'spml report' finds them; "

@@ -7,6 +7,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from probe.io import atomic_write_text
 
@@ -72,7 +73,21 @@ def build_report(
     st = _open(study_dir, storage, name)
     out_dir = Path(out) if out is not None else study_dir / "report"
     fig_dir = out_dir / "figures"
+    made = [d for d in (*reversed(out_dir.parents), out_dir, fig_dir) if not d.exists()]
     fig_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return _build(st, study_dir, name, store, out_dir, fig_dir, options, log)
+    except BaseException:  # refused or failed: the folders this call made go again if empty
+        for d in reversed(made):
+            try:
+                d.rmdir()
+            except OSError:  # not empty (something was written), or not ours to remove
+                break
+        raise
+
+
+def _build(st: Any, study_dir: Path, name: str | None, store: str | None, out_dir: Path,
+           fig_dir: Path, options: ReportOptions, log: Callable[[str], None]) -> ReportResult:
     commands = _commands(st, name, store, out_dir)
     log(f"study {st.study.study_name}: {len(st.trials)} trials; drawing figures")
     imp, imp_reason = _importances(st, options)

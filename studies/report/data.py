@@ -177,7 +177,8 @@ def study_command(settings: dict[str, Any]) -> list[str]:
               ("epochs", "--epochs"), ("batch_size", "--batch-size"), ("lr", "--lr"),
               ("val_labels", "--val-labels"), ("observed_seed", "--observed-seed"),
               ("device", "--device"), ("heartbeat_seconds", "--heartbeat"),
-              ("grace_seconds", "--grace"), ("workers", "--workers"))
+              ("grace_seconds", "--grace"), ("workers", "--workers"), ("priors", "--priors"),
+              ("select", "--select"))
     for key, flag in simple:
         v = s.get(key)
         if v is not None and v != defaults.get(key):

@@ -132,11 +132,12 @@ def train_report_runs(st: Any, store_arg: str | None, *, device: str = "auto",
     result = train_probe(data, cfg, "an", [{}], progress=progress)
     out = ReportRuns(store_path=store_path, data=data, an_config=cfg, an=result,
                      observed_seed=observed_seed)
-    _retrain_top(st, out, device, log)
+    _retrain_top(st, out, device, log, progress)
     return out, ""
 
 
-def _retrain_top(st: Any, ctx: ReportRuns, device: str, log: Callable[[str], None]) -> None:
+def _retrain_top(st: Any, ctx: ReportRuns, device: str, log: Callable[[str], None],
+                 progress: bool = False) -> None:
     """Re-train the best :data:`INTERVAL_TOP` trials and the paper point (their own settings,
     the study's training seed), then bootstrap their test mAP with the AN baseline's, paired
     over the test images (probe.intervals)."""
@@ -152,12 +153,20 @@ def _retrain_top(st: Any, ctx: ReportRuns, device: str, log: Callable[[str], Non
     paper = st.paper
     if paper is not None and paper.state == TrialState.COMPLETE and paper not in chosen:
         chosen.append(paper)
+    from probe.progress import Progress
+
     seed = int(st.settings.get("train_seed", 0))
-    for t in chosen:
-        hp, cfg = trial_setup(t.params, st.loss, trained_settings(st.study), seeds=(seed,),
-                              observed_seed=ctx.observed_seed, device=device)
-        log(f"re-training trial {t.number} for its test-mAP interval")
-        ctx.trials[t.number] = train_probe(ctx.data, cfg, st.loss, [hp], progress=False)
+    bar = Progress(len(chosen), "re-training for the intervals", "heads", enabled=progress)
+    with bar:
+        for t in chosen:
+            hp, cfg = trial_setup(t.params, st.loss, trained_settings(st.study), seeds=(seed,),
+                                  observed_seed=ctx.observed_seed, device=device)
+            if not progress:
+                log(f"re-training trial {t.number} for its test-mAP interval")
+            ctx.trials[t.number] = train_probe(ctx.data, cfg, st.loss, [hp], progress=False)
+            bar.update(1)
+            bar.write(f"  re-trained trial {t.number} for its test-mAP interval: "
+                      f"{bar.status()}")
     labels = [f"trial {n}" + (" (paper)" if paper is not None and n == paper.number else "")
               for n in ctx.trials] + ["AN baseline"]
     heads = [r.best_heads[0] for r in ctx.trials.values()] + [ctx.an.best_heads[0]]

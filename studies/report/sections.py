@@ -80,6 +80,27 @@ def _int(n: Any) -> str:
 
 
 
+def _draw_words(prov: dict) -> str:
+    from probe.store.records import draw_text
+
+    from ..results import draw_of
+
+    draw = draw_of(prov)
+    return f" ({draw_text(draw)})" if draw else ""
+
+
+def _prior_words(name: str, prov: dict) -> str:
+    """The store prior the study trained with, and where it came from."""
+    rec = prov.get("priors") or {}
+    p = rec.get("provenance") or {}
+    facts = [f"{k} {p[k]}" for k in ("model", "weights_sha256", "tiles", "temperature", "source")
+             if p.get(k) is not None]
+    extras = rec.get("extras")
+    if extras is not None:
+        facts.append(f"extras {', '.join(extras)}" if extras else "no extras")
+    return f"'{name}' (--priors {name})" + (f": {'; '.join(facts)}" if facts else "")
+
+
 def _summary(st: _Study, commands: list[str]) -> _Section:
     sec = _Section(*SECTIONS[0])
     s, ident, prov = st.settings, st.identity, study_provenance(st)
@@ -127,7 +148,9 @@ def _summary(st: _Study, commands: list[str]) -> _Section:
         training = "not recorded (the study was not made by 'spml study')"
     facts = [
         ("study", f"{st.study.study_name} in {st.storage}"),
-        ("loss", st.loss + (f" — {paper_doc}" if paper_doc else "")),
+        ("loss", st.loss + (f" — {paper_doc}" if paper_doc else "")
+         + (f" (from {pkg})" if (pkg := next((r.get("loss_package") for r in st.results.values()
+                                               if r.get("loss_package")), None)) else "")),
         ("dataset", str(ident.get("dataset", "?"))),
         ("store", str(prov.get("path") or s.get("store", "?"))),
         ("store contents", f"{_int(ident.get('rows', '?'))} rows{split}, "
@@ -140,8 +163,9 @@ def _summary(st: _Study, commands: list[str]) -> _Section:
                        or (inner.get("source") or {}).get("kind") or "?")),
         ("store created", str(ident.get("created") or "?")),
         ("training", training),
-        ("labels", f"single-positive draw {s.get('observed_seed', '?')}; val labels "
+        ("labels", f"draw {s.get('observed_seed', '?')}{_draw_words(prov)}; val labels "
                    f"{s.get('val_labels', '?')}"),
+        *([("prior", _prior_words(s.get("priors"), prov))] if s.get("priors") else []),
         ("search", f"{s.get('sampler', '?')} sampler (seed {s.get('seed', '?')}), "
                    f"{s.get('pruner', '?')} pruner, {s.get('batch', '?')} trials stacked per "
                    f"batch, {s.get('workers', 1)} worker(s)"),
