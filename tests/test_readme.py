@@ -21,13 +21,19 @@ def test_readme_has_python_blocks():
     assert any("train_probe" in b for b in blocks)
 
 
-def test_readme_python_blocks_run(tmp_path, monkeypatch, capsys):
+def test_readme_python_blocks_run_twice_in_one_folder(tmp_path, monkeypatch, capsys):
+    """Pasted twice into one notebook in one folder, the blocks run both times (the second run
+    reuses the store and the study); no example writes to a folder named like a package, which
+    would shadow it on the next import."""
     pytest.importorskip("river", reason="the README's example imports the yeast set (river)")
     monkeypatch.chdir(tmp_path)
-    namespace: dict = {"__name__": "__readme__"}
-    for i, block in enumerate(_blocks()):
-        exec(compile(block, f"README.md python block {i + 1}", "exec"), namespace)
-    out = capsys.readouterr().out
-    assert "test mAP" in out
-    assert (tmp_path / "studies" / "gr" / "report" / "report.html").exists()
-    assert namespace["summary"].n_complete >= 1
+    for run in (1, 2):
+        namespace: dict = {"__name__": "__readme__"}
+        for i, block in enumerate(_blocks()):
+            exec(compile(block, f"README.md python block {i + 1} (run {run})", "exec"), namespace)
+        out = capsys.readouterr().out
+        assert "test mAP" in out and "winner " in out
+        assert (tmp_path / "runs" / "gr-study" / "report" / "report.html").exists()
+        assert namespace["summary"].n_complete >= 1
+    packages = {"probe", "featurize", "studies", "tests", "examples"}
+    assert not packages & {p.name for p in tmp_path.iterdir()}
