@@ -281,3 +281,20 @@ def test_a_family_name_is_taken_once(newfam):
         register_family(TinyConvFamily())
     with pytest.raises(TypeError):
         register_family("newfam")
+
+
+def test_a_checkpoint_that_does_not_fit_is_named_plainly():
+    """Only the kinds of mismatch that occur, counted in the right number, the keys plainly."""
+    from types import SimpleNamespace
+
+    from featurize.backbones.base import WeightsError, check_fit
+
+    check_fit(SimpleNamespace(missing_keys=[], unexpected_keys=[]), "w.pt", "resnet50")
+    with pytest.raises(WeightsError) as err:
+        check_fit(SimpleNamespace(missing_keys=["fc.weight"], unexpected_keys=[]), "w.pt", "m")
+    msg = str(err.value)
+    assert "1 missing key (e.g. fc.weight)" in msg and "unexpected" not in msg
+    assert "[" not in msg and "--weights" in msg
+    with pytest.raises(WeightsError, match=r"80 missing keys .*; 2 unexpected keys \(e.g. a, b\)"):
+        check_fit(SimpleNamespace(missing_keys=[f"k{i}" for i in range(80)],
+                                  unexpected_keys=["a", "b"]), "w.pt", "m")

@@ -190,13 +190,18 @@ def load_into(model: nn.Module, state: dict, path: str | Path, name: str) -> Any
 
 
 def check_fit(result: Any, path: str | Path, name: str) -> None:
-    """Refuse a ``load_state_dict(strict=False)`` result with missing or unexpected keys."""
-    if result.missing_keys or result.unexpected_keys:
-        raise WeightsError(
-            f"weights file {path} does not fit backbone {name!r}: "
-            f"{len(result.missing_keys)} missing keys (e.g. {list(result.missing_keys)[:3]}), "
-            f"{len(result.unexpected_keys)} unexpected (e.g. {list(result.unexpected_keys)[:3]})"
-        )
+    """Refuse a ``load_state_dict(strict=False)`` result with missing or unexpected keys, naming
+    how many of each (only the kinds that occur) and the first few."""
+    from probe.progress import plural
+
+    parts = [f"{plural(len(keys), kind)} (e.g. {', '.join(map(str, keys[:3]))})"
+             for kind, keys in (("missing keys", list(getattr(result, "missing_keys", ()) or ())),
+                                ("unexpected keys",
+                                 list(getattr(result, "unexpected_keys", ()) or ())))
+             if keys]
+    if parts:
+        raise WeightsError(f"weights file {path} does not fit backbone {name!r}: "
+                           f"{'; '.join(parts)}; pass this model's own checkpoint as --weights")
 
 
 def input_check(features: nn.Module, size: int, name: str, hint: str = "") -> int:

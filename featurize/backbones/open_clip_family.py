@@ -27,6 +27,7 @@ from featurize.backbones.base import (
     WeightsError,
     WeightsInfo,
     WeightsNotFoundError,
+    check_fit,
     file_info,
     hf_offline,
     hub_file,
@@ -184,13 +185,7 @@ def _load_state(model: nn.Module, path: str, name: str) -> None:
         result = _open_clip().load_checkpoint(model, path, strict=False)
     except (RuntimeError, KeyError, ValueError) as err:
         raise WeightsError(f"weights file {path} does not fit backbone {name!r}: {err}") from None
-    missing = list(getattr(result, "missing_keys", []) or [])
-    unexpected = list(getattr(result, "unexpected_keys", []) or [])
-    if missing or unexpected:
-        raise WeightsError(
-            f"weights file {path} does not fit backbone {name!r}: {len(missing)} missing keys "
-            f"(e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]})"
-        )
+    check_fit(result, path, name)
 
 
 @dataclass
