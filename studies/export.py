@@ -147,9 +147,9 @@ def _read(path: Path) -> pl.DataFrame:
 
 def read_results_file(path: Path) -> pl.DataFrame:
     """One batch file of a study's results, upgraded to the tidy schema."""
-    from .results import _upgrade
+    from .results import upgrade_batch
 
-    return _upgrade(pl.read_parquet(path))
+    return upgrade_batch(pl.read_parquet(path))
 
 
 def _study(directory: Path) -> pl.DataFrame:

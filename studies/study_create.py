@@ -23,7 +23,7 @@ from .heartbeat import TrialStorage
 from .pruning import MedianRule
 from .space import SearchSpace
 from .storage import StudyError, ask_lock, open_storage
-from .study_settings import StudySettings, _space, preflight
+from .study_settings import StudySettings, preflight, study_search_space
 
 __all__ = ["TRAINING_KEYS", "JoinedStudy", "create_or_join", "training_identity"]
 
@@ -63,7 +63,7 @@ class _AskTellGridSampler(optuna.samplers.GridSampler):
         return None
 
 
-def _prune_rule(settings: StudySettings) -> MedianRule | None:
+def prune_rule(settings: StudySettings) -> MedianRule | None:
     """The pruning rule (None: never prune); decided in process by :class:`BatchPruner`."""
     if settings.pruner == "none" or Selection.parse(settings.select).replicates > 1:
         return None  # with replicates a trial's curve is known only after all of them
@@ -72,8 +72,8 @@ def _prune_rule(settings: StudySettings) -> MedianRule | None:
 
 
 def _pruner(settings: StudySettings) -> optuna.pruners.BasePruner:
-    """The Optuna pruner the study is created with: the same rule as :func:`_prune_rule`."""
-    rule = _prune_rule(settings)
+    """The Optuna pruner the study is created with: the same rule as :func:`prune_rule`."""
+    rule = prune_rule(settings)
     return optuna.pruners.NopPruner() if rule is None else rule.optuna()
 
 
@@ -134,7 +134,7 @@ def create_or_join(settings: StudySettings, store: Any) -> JoinedStudy:
             # a study made before the lr was searched by default: the same command continues
             # it with its fixed lr
             settings = dataclasses.replace(settings, search_lr=False)
-            space = dataclasses.replace(_space(settings, store.dataset), notes=(
+            space = dataclasses.replace(study_search_space(settings, store.dataset), notes=(
                 f"study '{name}' was made with a fixed lr: continued with it (not searched)",))
     identity = {
         "spml.loss": settings.loss,

@@ -139,7 +139,9 @@ class StudySettings:
         check_prior_request(get_loss_class(self.loss), self.priors)
 
 
-def _space(settings: StudySettings, dataset: str) -> SearchSpace:
+def study_search_space(settings: StudySettings, dataset: str) -> SearchSpace:
+    """The search space a study of ``settings`` on ``dataset`` samples (for the grid sampler:
+    the grid's values)."""
     if settings.sampler == "grid":
         from optuna.distributions import CategoricalDistribution
 
@@ -222,7 +224,7 @@ def preflight(settings: StudySettings, store: Any) -> SearchSpace:
             flag = "--devices" if settings.devices else "--device"
             raise StudyError(f"{flag} {device}: {err}") from None
     check_study_prior(settings, store, cls)
-    space = _space(settings, store.dataset)
+    space = study_search_space(settings, store.dataset)
     n_train = len(store.split("train"))
     training = resolve_training(cls, store.dataset, batch_size=settings.batch_size,
                                 lr=settings.lr, epochs=settings.epochs)

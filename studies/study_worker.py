@@ -32,7 +32,7 @@ from .pruning import BatchPruner
 from .results import probe_rows, write_batch, write_trial_heads
 from .space import SearchSpace
 from .storage import ask_lock
-from .study_create import _prune_rule, create_or_join
+from .study_create import create_or_join, prune_rule
 from .study_settings import StudySettings, open_study_store
 from .study_summary import StudySummary, summarize
 
@@ -69,7 +69,7 @@ def _train_group(settings, data, study, storage, space, trials, probe_config, lo
     lost: set[int] = set()  # trials another worker failed and retried meanwhile (not ours now)
     paper = [bool(t.user_attrs.get("spml:paper")) for t in trials]
 
-    pruner = BatchPruner(_prune_rule(settings), study)
+    pruner = BatchPruner(prune_rule(settings), study)
 
     def on_epoch(report: EpochReport) -> list[int]:
         stop, eligible = [], []
@@ -152,7 +152,7 @@ def _train_group(settings, data, study, storage, space, trials, probe_config, lo
 def _train_replicates(settings, data, probe_config, hparams, on_epoch, tick) -> Any:
     """The group trained stacked on each replicate in turn, then scored by the mean over them
     (:func:`probe.selection.mean_over_replicates`); the mean val curve goes to ``on_epoch``
-    epoch by epoch (Optuna's intermediate values; nothing is pruned: ``_prune_rule``)."""
+    epoch by epoch (Optuna's intermediate values; nothing is pruned: ``prune_rule``)."""
     from probe.results import EpochReport
     from probe.train import train_probe
 
