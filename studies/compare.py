@@ -190,6 +190,7 @@ def systems_of_study(study: Any, where: str, *, top: int = 3, device: str = "cpu
 
     from .confirm import trained_settings, trial_setup
     from .results import read_trial_heads
+    from .storage import ranked_trials
 
     study_dir = where
     loss = study.user_attrs.get("spml.loss")
@@ -197,8 +198,7 @@ def systems_of_study(study: Any, where: str, *, top: int = 3, device: str = "cpu
     where = store or settings.get("store")
     if loss is None or not where:
         raise CompareError(f"HEADS: {study_dir} holds a study not made by 'spml study'")
-    complete = sorted((t for t in study.get_trials(deepcopy=False)
-                       if t.state == TrialState.COMPLETE), key=lambda t: (-t.value, t.number))
+    complete = ranked_trials(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
     if not complete:
         raise CompareError(f"HEADS: the study in {study_dir} has no completed trial yet")
     chosen = complete[:top]

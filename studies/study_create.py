@@ -23,7 +23,7 @@ from .heartbeat import TrialStorage
 from .pruning import MedianRule
 from .space import SearchSpace
 from .storage import StudyError, ask_lock, open_storage
-from .study_settings import StudySettings, preflight, study_search_space
+from .study_settings import StudySettings, preflight, resolve_study_name, study_search_space
 
 __all__ = ["TRAINING_KEYS", "JoinedStudy", "create_or_join", "training_identity"]
 
@@ -120,13 +120,17 @@ def paper_point(space: SearchSpace, settings: StudySettings, store: Any) -> dict
     return point
 
 
-def create_or_join(settings: StudySettings, store: Any) -> JoinedStudy:
+def create_or_join(settings: StudySettings, store: Any,
+                   space: SearchSpace | None = None) -> JoinedStudy:
     """Create the study (enqueueing the paper point) or join an existing one with the same loss,
-    store and space; refuse, saying why, when they differ."""
-    space = preflight(settings, store)
+    store and space; refuse, saying why, when they differ. ``space``: what :func:`preflight`
+    returned for these settings and store when the caller has checked them (they are checked
+    once per study); without it they are checked here."""
+    if space is None:
+        space = preflight(settings, store)
     spec = settings.storage_spec()
     storage = open_storage(spec)
-    name = settings.name or f"{store.dataset}-{settings.loss}"
+    name = resolve_study_name(settings, store.dataset)
     if settings.search_lr is None and "train.lr" in space.distributions and \
             name in optuna.get_all_study_names(storage):
         made = optuna.load_study(study_name=name, storage=storage).user_attrs.get("spml.space")

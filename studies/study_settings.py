@@ -29,7 +29,9 @@ __all__ = [
     "lr_unknown",
     "open_study_store",
     "preflight",
+    "resolve_study_name",
     "searches_lr",
+    "study_search_space",
 ]
 
 SAMPLERS = ("tpe", "gp", "cmaes", "random", "grid")
@@ -283,6 +285,11 @@ def searches_lr(settings: StudySettings, dataset: str) -> bool:
         return settings.search_lr
     return (settings.lr is None and settings.sampler != "grid" and "lr" not in settings.fixed
             and lr_unknown(settings.loss, dataset))
+
+
+def resolve_study_name(settings: StudySettings, dataset: str) -> str:
+    """The study's name: ``--name``, else ``<dataset>-<loss>`` for the store's ``dataset``."""
+    return settings.name or f"{dataset}-{settings.loss}"
 
 
 def open_study_store(path: str) -> Any:

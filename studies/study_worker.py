@@ -31,7 +31,7 @@ from .heartbeat import (
 from .pruning import BatchPruner
 from .results import probe_rows, write_batch, write_trial_heads
 from .space import SearchSpace
-from .storage import ask_lock
+from .storage import ask_lock, best_trial
 from .study_create import create_or_join, prune_rule
 from .study_settings import StudySettings, open_study_store
 from .study_summary import StudySummary, summarize
@@ -191,9 +191,13 @@ def _result_rows(study: optuna.Study, trials: list, result: Any, states: list[st
 
 
 def run_worker(
-    settings: StudySettings, *, log: Callable[[str], None] | None = None
+    settings: StudySettings, *, log: Callable[[str], None] | None = None,
+    store: Any = None, space: SearchSpace | None = None,
 ) -> StudySummary:
     """Work on the study until ``n_trials`` trials have finished (completed or pruned).
+    ``store`` and ``space``: the study's store, opened, and what
+    :func:`studies.study_settings.preflight` returned for it, when the caller has checked the
+    settings (:func:`studies.study.run_study`); without them both happen here.
 
     Progress goes to stderr as one study-level display (:func:`_study_progress`), its first
     line before the features load; it also prints each finished trial's line (``log`` gets
@@ -202,8 +206,9 @@ def run_worker(
     from probe.selection import selection_data
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    store = open_study_store(settings.store)
-    study, space, storage = create_or_join(settings, store)
+    if store is None:
+        store = open_study_store(settings.store)
+    study, space, storage = create_or_join(settings, store, space)
     results_dir = Path(settings.out) / "results"
     fixed_dists = dict(space.distributions)
     with _study_progress(study, settings) as bar:
@@ -237,8 +242,7 @@ def _study_progress(study: optuna.Study, settings: StudySettings) -> Any:
 
 
 def _status(study: optuna.Study, counts: dict[TrialState, int]) -> str:
-    complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
-    best = max(complete, key=lambda t: (t.value, -t.number)) if complete else None
+    best = best_trial(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
     text = (f"{counts[TrialState.PRUNED]} pruned, {counts[TrialState.FAIL]} failed"
             + (f", {counts[TrialState.RUNNING]} running" if counts[TrialState.RUNNING] else ""))
     if best is not None:

@@ -26,7 +26,7 @@ from probe.errors import MissingPathError
 from ..confirm import load_study
 from ..plots import ParamAxis, TrialPoint
 from ..results import read_results
-from ..storage import find_storage, parse_storage
+from ..storage import find_storage, parse_storage, ranked_trials
 
 # --------------------------------------------------------------------------------------------
 # reading the study
@@ -54,7 +54,7 @@ class StudyView:
     @property
     def complete(self) -> list[FrozenTrial]:
         done = [t for t in self.trials if t.state == TrialState.COMPLETE]
-        return sorted(done, key=lambda t: (-t.value, t.number))
+        return ranked_trials(done)
 
     @property
     def paper(self) -> FrozenTrial | None:
