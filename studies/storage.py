@@ -26,11 +26,13 @@ import optuna
 from probe.errors import MissingPathError, SpmlError
 
 __all__ = [
+    "PAPER_ATTR",
     "StorageSpec",
     "StudyError",
     "ask_lock",
     "best_trial",
     "find_storage",
+    "is_paper_trial",
     "open_existing_storage",
     "open_storage",
     "parse_storage",
@@ -315,7 +317,16 @@ def find_storage(study_dir: str | os.PathLike) -> str:
     return str(found[0])
 
 
-# ----------------------------------------------------------------------------- ranking trials
+# ----------------------------------------------------------------------------- a study's trials
+
+#: the user attribute that marks the trial enqueued with the paper's (or the loss's default) values
+PAPER_ATTR = "spml:paper"
+
+
+def is_paper_trial(trial: Any) -> bool:
+    """Whether ``trial`` is the one enqueued with the paper's values (:data:`PAPER_ATTR`)."""
+    return bool(trial.user_attrs.get(PAPER_ATTR))
+
 
 _T = TypeVar("_T")  # an Optuna FrozenTrial or anything with its value and number
 

@@ -22,7 +22,7 @@ from probe.store.protocol import PROTOCOL_SEED
 from .heartbeat import TrialStorage
 from .pruning import MedianRule
 from .space import SearchSpace
-from .storage import StudyError, ask_lock, open_storage
+from .storage import PAPER_ATTR, StudyError, ask_lock, open_storage
 from .study_settings import StudySettings, preflight, resolve_study_name, study_search_space
 
 __all__ = ["TRAINING_KEYS", "JoinedStudy", "create_or_join", "training_identity"]
@@ -215,7 +215,7 @@ def _label_new(study: optuna.Study, identity: dict[str, Any], settings: StudySet
     )
     point = paper_point(space, settings, store)
     if settings.enqueue_paper and point and settings.sampler != "grid":
-        study.enqueue_trial(point, user_attrs={"spml:paper": True})
+        study.enqueue_trial(point, user_attrs={PAPER_ATTR: True})
 
 
 def _nothing_measured(study: optuna.Study) -> bool:

@@ -31,7 +31,7 @@ from .heartbeat import (
 from .pruning import BatchPruner
 from .results import probe_rows, write_batch, write_trial_heads
 from .space import SearchSpace
-from .storage import ask_lock, best_trial
+from .storage import ask_lock, best_trial, is_paper_trial
 from .study_create import create_or_join, prune_rule
 from .study_settings import StudySettings, open_study_store
 from .study_summary import StudySummary, summarize
@@ -67,7 +67,7 @@ def _train_group(settings, data, study, storage, space, trials, probe_config, lo
         hparams.append(hp)
     pruned: set[int] = set()
     lost: set[int] = set()  # trials another worker failed and retried meanwhile (not ours now)
-    paper = [bool(t.user_attrs.get("spml:paper")) for t in trials]
+    paper = [is_paper_trial(t) for t in trials]
 
     pruner = BatchPruner(prune_rule(settings), study)
 

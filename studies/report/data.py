@@ -26,7 +26,7 @@ from probe.errors import MissingPathError
 from ..confirm import load_study
 from ..plots import ParamAxis, TrialPoint
 from ..results import read_results
-from ..storage import find_storage, parse_storage, ranked_trials
+from ..storage import find_storage, is_paper_trial, parse_storage, ranked_trials
 
 # --------------------------------------------------------------------------------------------
 # reading the study
@@ -58,7 +58,7 @@ class StudyView:
 
     @property
     def paper(self) -> FrozenTrial | None:
-        return next((t for t in self.trials if t.user_attrs.get("spml:paper")), None)
+        return next((t for t in self.trials if is_paper_trial(t)), None)
 
 
 def open_study_view(study_dir: Path, storage: str | None, name: str | None) -> StudyView:
@@ -144,7 +144,7 @@ def trial_point(t: FrozenTrial) -> TrialPoint:
     else:
         value = None
     return TrialPoint(t.number, t.state.name, value, dict(t.params), curve,
-                      bool(t.user_attrs.get("spml:paper")))
+                      is_paper_trial(t))
 
 
 # --------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from optuna.trial import TrialState
 from probe.errors import SpmlError
 
 from .. import plots
+from ..storage import is_paper_trial
 from .data import StudyView, trial_point
 from .render import CodeBlock, Facts, Figure, Note, Paragraph, Section, Table
 from .runs import INTERVAL_TOP, ReportRuns, study_provenance, study_training
@@ -247,7 +248,7 @@ def leaderboard_section(st: StudyView, options: ReportOptions, ctx: ReportRuns |
         if epoch is None and curve:
             finite = [(v, -e) for e, v in enumerate(curve) if v is not None and math.isfinite(v)]
             epoch = 1 - max(finite)[1] if finite else None  # counted from 1
-        mark = " (paper)" if t.user_attrs.get("spml:paper") else ""
+        mark = " (paper)" if is_paper_trial(t) else ""
         row = [str(rank[t.number]), f"{t.number}{mark}",
                f"{t.value:.2f}", str(epoch) if epoch is not None else "–",
                _f2(res.get("test_map"))]
