@@ -89,3 +89,56 @@ def test_the_walker_finds_private_names_and_lets_private_modules_pass():
         "probe.store.layout._VERSIONED_PACKAGES (line 1)",
         "probe.losses.vlpl._check_scores (line 5)",
     ]
+
+
+# ----------------------------------------------------------------------------- one rule, one place
+
+
+def test_trials_rank_by_value_then_by_the_lowest_number():
+    from types import SimpleNamespace as T
+
+    from studies.storage import best_trial, ranked_trials
+
+    trials = [T(number=0, value=0.5), T(number=3, value=0.9), T(number=1, value=0.9),
+              T(number=2, value=0.1)]
+    assert [t.number for t in ranked_trials(trials)] == [1, 3, 0, 2]
+    assert best_trial(trials).number == 1
+    assert best_trial([]) is None
+
+
+def _studies_sources() -> dict[str, str]:
+    return {path.relative_to(ROOT).as_posix(): path.read_text()
+            for path in sorted((ROOT / "studies").rglob("*.py"))}
+
+
+def test_the_best_trial_rule_and_the_paper_mark_live_in_one_module():
+    import re
+
+    rank = re.compile(r"key=lambda \w+: \(-?\w+\.value, -?\w+\.number\)")
+    spelled = {rel: rank.findall(text) + re.findall(r'"spml:paper"', text)
+               for rel, text in _studies_sources().items()}
+    elsewhere = {rel: hits for rel, hits in spelled.items()
+                 if hits and rel != "studies/storage.py"}
+    assert not elsewhere, elsewhere
+    assert spelled["studies/storage.py"] == ['"spml:paper"']
+
+
+def test_a_study_checks_its_inputs_once(yeast_store, tmp_path, monkeypatch):
+    import studies.study as study_module
+    import studies.study_create as create_module
+    from studies.study_settings import StudySettings, preflight
+
+    calls = []
+
+    def counted(settings, store):
+        calls.append(settings.loss)
+        return preflight(settings, store)
+
+    monkeypatch.setattr(study_module, "preflight", counted)
+    monkeypatch.setattr(create_module, "preflight", counted)
+    settings = StudySettings(store=yeast_store, loss="an_ls", n_trials=1, batch=1,
+                             out=str(tmp_path), epochs=1, batch_size=32, lr=0.01,
+                             pruner="none")
+    summary = study_module.run_study(settings, verdict=False)
+    assert summary.n_complete == 1
+    assert calls == ["an_ls"]
