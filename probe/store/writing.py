@@ -122,7 +122,7 @@ def _write_row_arrays(
     for seed in seeds:
         if want(f"observed/{seed}"):
             put(observed, str(seed), phase_observed(labels_pool, labels_test, seed,
-                                                     (budgets or {}).get(str(seed))))
+                                                    (budgets or {}).get(str(seed))))
 
 
 def create_store(

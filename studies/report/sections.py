@@ -211,7 +211,7 @@ def summary_section(st: StudyView, commands: list[str]) -> Section:
             _fv(best.params.get(name, "–")) if best else "–",
         ])
     sec.blocks.append(Table(["parameter", "range", "scale", "paper value", "best trial"],
-                             space_rows, id="search-space", caption="Search space"))
+                            space_rows, id="search-space", caption="Search space"))
     sec.blocks.append(
         Paragraph("Reproduce: the study, its confirmation (when run) and this report."))
     sec.blocks.append(CodeBlock("\n".join(commands)))
@@ -365,7 +365,7 @@ def compute_importances(st: StudyView, options: ReportOptions
 
 
 def importance_section(st: StudyView, imp: dict[str, float] | None, reason: str, fig_dir: Path,
-                        options: ReportOptions) -> Section:
+                       options: ReportOptions) -> Section:
     """The parameter importances section from :func:`compute_importances`' result."""
     sec = Section(*SECTIONS[3])
     if imp is None:
@@ -380,7 +380,7 @@ def importance_section(st: StudyView, imp: dict[str, float] | None, reason: str,
         "completed trials that each parameter explains, from a random forest fitted to them. "
         "With few trials they are rough.")))
     sec.blocks.append(Table(["parameter", "importance"],
-                             [[k, f"{v:.3f}"] for k, v in imp.items()], id="importances"))
+                            [[k, f"{v:.3f}"] for k, v in imp.items()], id="importances"))
     return sec
 
 
@@ -402,12 +402,12 @@ def slices_section(st: StudyView, fig_dir: Path, options: ReportOptions) -> Sect
 
 
 def contours_section(st: StudyView, imp: dict[str, float] | None, fig_dir: Path,
-              options: ReportOptions) -> Section:
+                     options: ReportOptions) -> Section:
     """The contour plots of the most important parameter pairs."""
     sec = Section(*SECTIONS[5])
     if len(st.axes) < 2:
         sec.blocks.append(Note("Skipped: a contour plot needs two searched parameters; the "
-                                f"study searches {len(st.axes)}."))
+                               f"study searches {len(st.axes)}."))
         return sec
     if not st.complete:
         sec.blocks.append(Note("Skipped: no completed trial to interpolate."))
@@ -448,7 +448,7 @@ def curves_section(st: StudyView, fig_dir: Path, options: ReportOptions) -> Sect
 
 
 def baseline_section(st: StudyView, ctx: ReportRuns | None, why: str, fig_dir: Path, out: Path,
-              options: ReportOptions) -> tuple[Section, Path | None]:
+                     options: ReportOptions) -> tuple[Section, Path | None]:
     """Per-class test AP of the best trial (from the Parquet results) against an AN probe
     (Cole et al. 2021, Eq. 3) trained on the same store with the best trial's training
     settings, training seed and single-positive draw."""
@@ -503,13 +503,13 @@ def baseline_section(st: StudyView, ctx: ReportRuns | None, why: str, fig_dir: P
         half = options.max_classes // 2
         order = order[:half] + order[-half:]
     sec.blocks.append(Table(["class", f"trial {best.number} AP", "AN AP", "difference"],
-                             [[n, f"{a:.2f}", f"{b:.2f}", f"{a - b:+.2f}"] for n, a, b in order],
-                             id="class-ap"))
+                            [[n, f"{a:.2f}", f"{b:.2f}", f"{a - b:+.2f}"] for n, a, b in order],
+                            id="class-ap"))
     return sec, baseline_path
 
 
 def comparison_section(st: StudyView, ctx: ReportRuns | None, why: str, fig_dir: Path,
-                        options: ReportOptions) -> Section:
+                       options: ReportOptions) -> Section:
     """The re-trained top trials, the paper point and the AN baseline: test mAP with 95%
     intervals and every paired difference (studies.compare), as a table and a figure."""
     from ..compare import plot
@@ -541,16 +541,16 @@ def comparison_section(st: StudyView, ctx: ReportRuns | None, why: str, fig_dir:
         prow.append([f"{cmp.labels[a]} - {cmp.labels[b]}", f"{sign * p.diff.value:+.2f}",
                      f"[{lo:+.2f}, {hi:+.2f}]", f"{p.p_value:.3f}", f"{p.p_holm:.3f}", verdict])
     sec.blocks.append(Table(["pair", "difference", "95% interval", "p", "p (Holm)",
-                              "verdict"], prow, id="comparison"))
+                             "verdict"], prow, id="comparison"))
     drift = [(n, r.trials[0].best.get("test_map"), st.results.get(n, {}).get("test_map"))
              for n, r in ctx.trials.items()]
     drift = [(n, a, b) for n, a, b in drift
              if isinstance(a, float) and isinstance(b, float) and abs(a - b) > 0.01]
     if drift:
         sec.blocks.append(Note("Re-training did not reproduce the study's test mAP exactly "
-                                "for " + ", ".join(f"trial {n} ({a:.2f} vs {b:.2f})"
-                                                   for n, a, b in drift)
-                                + "; the table shows the re-trained heads.", kind="warn"))
+                               "for " + ", ".join(f"trial {n} ({a:.2f} vs {b:.2f})"
+                                                  for n, a, b in drift)
+                               + "; the table shows the re-trained heads.", kind="warn"))
     path = plot(cmp, fig_dir / "comparison.png")
     sec.blocks.append(Figure(path, (
         "Left: test mAP with its 95% bootstrap interval. Right: every pairwise difference "
