@@ -190,6 +190,7 @@ def systems_of_study(study: Any, where: str, *, top: int = 3, device: str = "cpu
 
     from .confirm import trained_settings, trial_setup
     from .results import read_trial_heads
+    from .storage import is_paper_trial, ranked_trials
 
     study_dir = where
     loss = study.user_attrs.get("spml.loss")
@@ -197,12 +198,11 @@ def systems_of_study(study: Any, where: str, *, top: int = 3, device: str = "cpu
     where = store or settings.get("store")
     if loss is None or not where:
         raise CompareError(f"HEADS: {study_dir} holds a study not made by 'spml study'")
-    complete = sorted((t for t in study.get_trials(deepcopy=False)
-                       if t.state == TrialState.COMPLETE), key=lambda t: (-t.value, t.number))
+    complete = ranked_trials(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
     if not complete:
         raise CompareError(f"HEADS: the study in {study_dir} has no completed trial yet")
     chosen = complete[:top]
-    chosen += [t for t in complete if t.user_attrs.get("spml:paper") and t not in chosen]
+    chosen += [t for t in complete if is_paper_trial(t) and t not in chosen]
     observed_seed = int(settings.get("observed_seed", 1200))
     seed = int(settings.get("train_seed", 0))
     kept = read_trial_heads(heads_dir) if heads_dir is not None else {}
@@ -217,7 +217,7 @@ def systems_of_study(study: Any, where: str, *, top: int = 3, device: str = "cpu
         for t in chosen:
             hp, cfg = trial_setup(t.params, loss, settings, seeds=(seed,),
                                   observed_seed=observed_seed, device=device)
-            paper = " paper" if t.user_attrs.get("spml:paper") else ""
+            paper = " paper" if is_paper_trial(t) else ""
             label = f"{study.study_name} trial {t.number}{paper}"
             if t.number in kept:
                 w, source = kept[t.number]

@@ -26,7 +26,7 @@ from probe.store.protocol import PROTOCOL_SEED
 
 from .results import store_fingerprint
 from .space import TRAIN_PREFIX
-from .storage import StudyError, open_existing_storage, parse_storage
+from .storage import StudyError, best_trial, open_existing_storage, parse_storage, ranked_trials
 
 __all__ = ["ConfirmRow", "confirm_study", "load_study", "refit_winner", "train_plus_val",
            "trained_settings", "trial_setup", "winner", "write_winner"]
@@ -151,7 +151,7 @@ def confirm_study(
     complete = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
     if not complete:
         raise StudyError(f"study '{study.study_name}' has no completed trial to confirm yet")
-    top = sorted(complete, key=lambda t: (-t.value, t.number))[:top_k]
+    top = ranked_trials(complete)[:top_k]
     store = open_store(store_path)
     for s in observed_seeds:
         if s not in store.observed_seeds():
@@ -342,7 +342,7 @@ def winner(study: optuna.Study, trial_number: int | None = None) -> dict[str, An
             raise StudyError(f"study '{study.study_name}' has no completed trial {trial_number}")
     if not complete:
         raise StudyError(f"study '{study.study_name}' has no completed trial yet")
-    best = max(complete, key=lambda t: (t.value, -t.number))
+    best = best_trial(complete)
     loss_hp, train_hp = _split(best.params, loss)
     probe_train = {k: settings.get(k) for k in ("batch_size", "epochs", "lr")
                    if settings.get(k) is not None}

@@ -45,6 +45,7 @@ from .results import (
     probe_rows,
     read_results,
     tidy_frame,
+    upgrade_batch,
 )
 
 __all__ = ["ExportError", "collect", "export"]
@@ -135,7 +136,7 @@ def _read(path: Path) -> pl.DataFrame:
         if "test_maps" in frame.columns and "rank" in frame.columns:
             return _confirm(path)
         if path.name.startswith("batch-"):
-            return _study_frame(read_results_file(path))
+            return _study_frame(upgrade_batch(frame))
         if "format" in frame.columns:
             return frame
     if suffix == ".csv":
@@ -143,13 +144,6 @@ def _read(path: Path) -> pl.DataFrame:
         if "format" in frame.columns and "trial" in frame.columns:
             return frame
     raise ExportError(f"PATH {path}: not a results file spml knows; expected {_WHAT}")
-
-
-def read_results_file(path: Path) -> pl.DataFrame:
-    """One batch file of a study's results, upgraded to the tidy schema."""
-    from .results import _upgrade
-
-    return _upgrade(pl.read_parquet(path))
 
 
 def _study(directory: Path) -> pl.DataFrame:

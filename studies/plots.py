@@ -26,6 +26,8 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator
 from probe.errors import SpmlError
 from probe.io import atomic_write
 
+from .storage import best_trial, ranked_trials
+
 __all__ = [
     "DPI",
     "ParamAxis",
@@ -124,7 +126,7 @@ def _valued(points: Sequence[TrialPoint], states: tuple[str, ...]) -> list[Trial
 
 def _best(points: Sequence[TrialPoint]) -> TrialPoint | None:
     done = _valued(points, ("COMPLETE",))
-    return max(done, key=lambda p: (p.value, -p.number)) if done else None
+    return best_trial(done)
 
 
 def plot_history(
@@ -336,7 +338,7 @@ def plot_learning_curves(
 ) -> Path:
     """Val mAP per epoch (counted from 1) of the ``top`` best completed trials in colour, with
     each one's best epoch marked; the paper point dashed; every other trial thin and grey."""
-    done = sorted(_valued(points, ("COMPLETE",)), key=lambda p: (-p.value, p.number))
+    done = ranked_trials(_valued(points, ("COMPLETE",)))
     shown = done[:top]
     paper = next((p for p in done if p.paper), None)
     if paper is not None and paper not in shown:

@@ -337,7 +337,7 @@ def read_trial_heads(directory: str | os.PathLike) -> dict[int, tuple[Any, dict[
     return out
 
 
-def _upgrade(frame: pl.DataFrame) -> pl.DataFrame:
+def upgrade_batch(frame: pl.DataFrame) -> pl.DataFrame:
     """A batch written before the tidy schema (spml-results/1: ``val_map`` a per-epoch list,
     ``best_epoch`` from 0, ``class_ap`` on 0–1, one ``param.<name>`` column per parameter) in
     today's shape."""
@@ -366,7 +366,7 @@ def read_results(directory: str | os.PathLike) -> pl.DataFrame:
     files = sorted(Path(directory).glob("batch-*.parquet"))
     if not files:
         return tidy_frame([])
-    frames = [_upgrade(pl.read_parquet(f)) for f in files]
+    frames = [upgrade_batch(pl.read_parquet(f)) for f in files]
     frame = pl.concat(frames, how="diagonal_relaxed")
     front = [c for c in COLUMNS if c in frame.columns]
     rest = [c for c in frame.columns if c not in COLUMNS]

@@ -14,11 +14,11 @@ from __future__ import annotations
 import os
 import socket
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import optuna
@@ -26,13 +26,17 @@ import optuna
 from probe.errors import MissingPathError, SpmlError
 
 __all__ = [
+    "PAPER_ATTR",
     "StorageSpec",
     "StudyError",
     "ask_lock",
+    "best_trial",
     "find_storage",
+    "is_paper_trial",
     "open_existing_storage",
     "open_storage",
     "parse_storage",
+    "ranked_trials",
 ]
 
 # PostgreSQL advisory-lock key under which workers create Optuna's tables one at a time
@@ -311,3 +315,34 @@ def find_storage(study_dir: str | os.PathLike) -> str:
             f"STUDY_DIR {d} holds both study.db and study.log; say which with --storage"
         )
     return str(found[0])
+
+
+# ----------------------------------------------------------------------------- a study's trials
+
+#: the user attribute that marks the trial enqueued with the paper's (or the loss's default) values
+PAPER_ATTR = "spml:paper"
+
+
+def is_paper_trial(trial: Any) -> bool:
+    """Whether ``trial`` is the one enqueued with the paper's values (:data:`PAPER_ATTR`)."""
+    return bool(trial.user_attrs.get(PAPER_ATTR))
+
+
+_T = TypeVar("_T")  # an Optuna FrozenTrial or anything with its value and number
+
+
+def _best_first(trial: Any) -> tuple[float, int]:
+    # the one rule by which every command ranks a study's trials: the highest value first,
+    # and among equal values the lowest trial number (the one that got there first)
+    return -trial.value, trial.number
+
+
+def ranked_trials(trials: Iterable[_T]) -> list[_T]:
+    """``trials`` (each with a value) best first: the highest value, and among equal values the
+    lowest trial number."""
+    return sorted(trials, key=_best_first)
+
+
+def best_trial(trials: Iterable[_T]) -> _T | None:
+    """The first of :func:`ranked_trials` (``trials`` each with a value); None when empty."""
+    return min(trials, key=_best_first, default=None)

@@ -37,6 +37,7 @@ from .study_settings import (
     check_writable,
     open_study_store,
     preflight,
+    resolve_study_name,
 )
 from .study_summary import StudySummary, summarize, with_verdict
 from .study_worker import run_worker
@@ -101,15 +102,15 @@ def run_study(
     finished (nothing is re-trained that the study measured)."""
     settings.validate()
     store = open_study_store(settings.store)
-    preflight(settings, store)  # every input checked before the storage is created
+    space = preflight(settings, store)  # every input checked before the storage is created
     check_writable(settings)
     if settings.workers == 1:
         with _write_errors(settings):
-            summary = run_worker(settings, log=log)
+            summary = run_worker(settings, log=log, store=store, space=space)
         return _finish(summary, settings) if verdict else summary
     if worker_command is None:
         raise StudyError("several workers need the command that starts one worker")
-    space = create_or_join(settings, store).space  # create once, before the workers race
+    space = create_or_join(settings, store, space).space  # create once, before the workers race
     for note in space.notes:
         if log is not None:
             log(note)
@@ -123,7 +124,8 @@ def run_study(
     procs = [subprocess.Popen([*worker_command, *extra], env=env) for extra in per_worker]
     codes = [p.wait() for p in procs]
     storage = open_storage(settings.storage_spec())
-    study = optuna.load_study(study_name=settings.name or _default_name(settings), storage=storage)
+    study = optuna.load_study(study_name=resolve_study_name(settings, store.dataset),
+                              storage=storage)
     summary = summarize(study, settings)
     if summary.n_complete + summary.n_pruned < settings.n_trials:
         raise StudyError(
@@ -165,9 +167,3 @@ def worker_env(workers: int, cores: int | None = None,
     n = worker_threads(workers, available_cores() if cores is None else cores)
     env.update(dict.fromkeys(THREAD_VARS, str(n)))
     return env
-
-
-def _default_name(settings: StudySettings) -> str:
-    from probe.store import open_store
-
-    return f"{open_store(settings.store).dataset}-{settings.loss}"

@@ -22,8 +22,8 @@ from probe.store.protocol import PROTOCOL_SEED
 from .heartbeat import TrialStorage
 from .pruning import MedianRule
 from .space import SearchSpace
-from .storage import StudyError, ask_lock, open_storage
-from .study_settings import StudySettings, _space, preflight
+from .storage import PAPER_ATTR, StudyError, ask_lock, open_storage
+from .study_settings import StudySettings, preflight, resolve_study_name, study_search_space
 
 __all__ = ["TRAINING_KEYS", "JoinedStudy", "create_or_join", "training_identity"]
 
@@ -63,7 +63,7 @@ class _AskTellGridSampler(optuna.samplers.GridSampler):
         return None
 
 
-def _prune_rule(settings: StudySettings) -> MedianRule | None:
+def prune_rule(settings: StudySettings) -> MedianRule | None:
     """The pruning rule (None: never prune); decided in process by :class:`BatchPruner`."""
     if settings.pruner == "none" or Selection.parse(settings.select).replicates > 1:
         return None  # with replicates a trial's curve is known only after all of them
@@ -72,8 +72,8 @@ def _prune_rule(settings: StudySettings) -> MedianRule | None:
 
 
 def _pruner(settings: StudySettings) -> optuna.pruners.BasePruner:
-    """The Optuna pruner the study is created with: the same rule as :func:`_prune_rule`."""
-    rule = _prune_rule(settings)
+    """The Optuna pruner the study is created with: the same rule as :func:`prune_rule`."""
+    rule = prune_rule(settings)
     return optuna.pruners.NopPruner() if rule is None else rule.optuna()
 
 
@@ -120,13 +120,17 @@ def paper_point(space: SearchSpace, settings: StudySettings, store: Any) -> dict
     return point
 
 
-def create_or_join(settings: StudySettings, store: Any) -> JoinedStudy:
+def create_or_join(settings: StudySettings, store: Any,
+                   space: SearchSpace | None = None) -> JoinedStudy:
     """Create the study (enqueueing the paper point) or join an existing one with the same loss,
-    store and space; refuse, saying why, when they differ."""
-    space = preflight(settings, store)
+    store and space; refuse, saying why, when they differ. ``space``: what :func:`preflight`
+    returned for these settings and store when the caller has checked them (they are checked
+    once per study); without it they are checked here."""
+    if space is None:
+        space = preflight(settings, store)
     spec = settings.storage_spec()
     storage = open_storage(spec)
-    name = settings.name or f"{store.dataset}-{settings.loss}"
+    name = resolve_study_name(settings, store.dataset)
     if settings.search_lr is None and "train.lr" in space.distributions and \
             name in optuna.get_all_study_names(storage):
         made = optuna.load_study(study_name=name, storage=storage).user_attrs.get("spml.space")
@@ -134,7 +138,7 @@ def create_or_join(settings: StudySettings, store: Any) -> JoinedStudy:
             # a study made before the lr was searched by default: the same command continues
             # it with its fixed lr
             settings = dataclasses.replace(settings, search_lr=False)
-            space = dataclasses.replace(_space(settings, store.dataset), notes=(
+            space = dataclasses.replace(study_search_space(settings, store.dataset), notes=(
                 f"study '{name}' was made with a fixed lr: continued with it (not searched)",))
     identity = {
         "spml.loss": settings.loss,
@@ -211,7 +215,7 @@ def _label_new(study: optuna.Study, identity: dict[str, Any], settings: StudySet
     )
     point = paper_point(space, settings, store)
     if settings.enqueue_paper and point and settings.sampler != "grid":
-        study.enqueue_trial(point, user_attrs={"spml:paper": True})
+        study.enqueue_trial(point, user_attrs={PAPER_ATTR: True})
 
 
 def _nothing_measured(study: optuna.Study) -> bool:

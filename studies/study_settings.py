@@ -29,7 +29,9 @@ __all__ = [
     "lr_unknown",
     "open_study_store",
     "preflight",
+    "resolve_study_name",
     "searches_lr",
+    "study_search_space",
 ]
 
 SAMPLERS = ("tpe", "gp", "cmaes", "random", "grid")
@@ -139,7 +141,9 @@ class StudySettings:
         check_prior_request(get_loss_class(self.loss), self.priors)
 
 
-def _space(settings: StudySettings, dataset: str) -> SearchSpace:
+def study_search_space(settings: StudySettings, dataset: str) -> SearchSpace:
+    """The search space a study of ``settings`` on ``dataset`` samples (for the grid sampler:
+    the grid's values)."""
     if settings.sampler == "grid":
         from optuna.distributions import CategoricalDistribution
 
@@ -222,7 +226,7 @@ def preflight(settings: StudySettings, store: Any) -> SearchSpace:
             flag = "--devices" if settings.devices else "--device"
             raise StudyError(f"{flag} {device}: {err}") from None
     check_study_prior(settings, store, cls)
-    space = _space(settings, store.dataset)
+    space = study_search_space(settings, store.dataset)
     n_train = len(store.split("train"))
     training = resolve_training(cls, store.dataset, batch_size=settings.batch_size,
                                 lr=settings.lr, epochs=settings.epochs)
@@ -281,6 +285,11 @@ def searches_lr(settings: StudySettings, dataset: str) -> bool:
         return settings.search_lr
     return (settings.lr is None and settings.sampler != "grid" and "lr" not in settings.fixed
             and lr_unknown(settings.loss, dataset))
+
+
+def resolve_study_name(settings: StudySettings, dataset: str) -> str:
+    """The study's name: ``--name``, else ``<dataset>-<loss>`` for the store's ``dataset``."""
+    return settings.name or f"{dataset}-{settings.loss}"
 
 
 def open_study_store(path: str) -> Any:

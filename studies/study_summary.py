@@ -12,6 +12,7 @@ from optuna.trial import TrialState
 
 from probe.convergence import count_best_is_last
 
+from .storage import best_trial, is_paper_trial
 from .study_settings import StudySettings
 
 __all__ = ["StudySummary", "summarize", "with_verdict"]
@@ -78,8 +79,8 @@ def with_verdict(summary: StudySummary, study: optuna.Study, settings: StudySett
 def summarize(study: optuna.Study, settings: StudySettings) -> StudySummary:
     trials = study.get_trials(deepcopy=False)
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
-    best = max(complete, key=lambda t: (t.value, -t.number)) if complete else None
-    paper = [t for t in complete if t.user_attrs.get("spml:paper")]
+    best = best_trial(complete)
+    paper = [t for t in complete if is_paper_trial(t)]
     return StudySummary(
         name=study.study_name,
         storage=settings.storage_spec().display,

@@ -31,8 +31,8 @@ from .heartbeat import (
 from .pruning import BatchPruner
 from .results import probe_rows, write_batch, write_trial_heads
 from .space import SearchSpace
-from .storage import ask_lock
-from .study_create import _prune_rule, create_or_join
+from .storage import ask_lock, best_trial, is_paper_trial
+from .study_create import create_or_join, prune_rule
 from .study_settings import StudySettings, open_study_store
 from .study_summary import StudySummary, summarize
 
@@ -67,9 +67,9 @@ def _train_group(settings, data, study, storage, space, trials, probe_config, lo
         hparams.append(hp)
     pruned: set[int] = set()
     lost: set[int] = set()  # trials another worker failed and retried meanwhile (not ours now)
-    paper = [bool(t.user_attrs.get("spml:paper")) for t in trials]
+    paper = [is_paper_trial(t) for t in trials]
 
-    pruner = BatchPruner(_prune_rule(settings), study)
+    pruner = BatchPruner(prune_rule(settings), study)
 
     def on_epoch(report: EpochReport) -> list[int]:
         stop, eligible = [], []
@@ -152,7 +152,7 @@ def _train_group(settings, data, study, storage, space, trials, probe_config, lo
 def _train_replicates(settings, data, probe_config, hparams, on_epoch, tick) -> Any:
     """The group trained stacked on each replicate in turn, then scored by the mean over them
     (:func:`probe.selection.mean_over_replicates`); the mean val curve goes to ``on_epoch``
-    epoch by epoch (Optuna's intermediate values; nothing is pruned: ``_prune_rule``)."""
+    epoch by epoch (Optuna's intermediate values; nothing is pruned: ``prune_rule``)."""
     from probe.results import EpochReport
     from probe.train import train_probe
 
@@ -191,9 +191,13 @@ def _result_rows(study: optuna.Study, trials: list, result: Any, states: list[st
 
 
 def run_worker(
-    settings: StudySettings, *, log: Callable[[str], None] | None = None
+    settings: StudySettings, *, log: Callable[[str], None] | None = None,
+    store: Any = None, space: SearchSpace | None = None,
 ) -> StudySummary:
     """Work on the study until ``n_trials`` trials have finished (completed or pruned).
+    ``store`` and ``space``: the study's store, opened, and what
+    :func:`studies.study_settings.preflight` returned for it, when the caller has checked the
+    settings (:func:`studies.study.run_study`); without them both happen here.
 
     Progress goes to stderr as one study-level display (:func:`_study_progress`), its first
     line before the features load; it also prints each finished trial's line (``log`` gets
@@ -202,8 +206,9 @@ def run_worker(
     from probe.selection import selection_data
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    store = open_study_store(settings.store)
-    study, space, storage = create_or_join(settings, store)
+    if store is None:
+        store = open_study_store(settings.store)
+    study, space, storage = create_or_join(settings, store, space)
     results_dir = Path(settings.out) / "results"
     fixed_dists = dict(space.distributions)
     with _study_progress(study, settings) as bar:
@@ -237,8 +242,7 @@ def _study_progress(study: optuna.Study, settings: StudySettings) -> Any:
 
 
 def _status(study: optuna.Study, counts: dict[TrialState, int]) -> str:
-    complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
-    best = max(complete, key=lambda t: (t.value, -t.number)) if complete else None
+    best = best_trial(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
     text = (f"{counts[TrialState.PRUNED]} pruned, {counts[TrialState.FAIL]} failed"
             + (f", {counts[TrialState.RUNNING]} running" if counts[TrialState.RUNNING] else ""))
     if best is not None:

@@ -76,6 +76,7 @@ def study_verdict(study: Any, store: str, *, device: str = "cpu",
     from optuna.trial import TrialState
 
     from .compare import compare_systems, systems_of_study
+    from .storage import is_paper_trial
 
     complete = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
     if not complete:
@@ -93,7 +94,7 @@ def study_verdict(study: Any, store: str, *, device: str = "cpu",
         return VerdictRow(s.label, trial, val, iv.value, iv.low, iv.high)
 
     winner = row(0, by_trial[systems[0].trial].value)
-    winner_is_paper = bool(by_trial[systems[0].trial].user_attrs.get("spml:paper"))
+    winner_is_paper = is_paper_trial(by_trial[systems[0].trial])
     paper = row(1, by_trial[systems[1].trial].value) if len(systems) > 1 else None
     if winner_is_paper:
         paper = winner

@@ -216,7 +216,7 @@ def test_store_written_before_checksums_still_opens(
     path = tmp_path / "old.zarr"
     with monkeypatch.context() as m:
         m.setattr(store_module, "checksum_codecs", lambda compress: "auto" if compress else None)
-        m.setattr(store_module, "_EVERY_CHUNK", None)
+        m.setattr(store_module, "EVERY_CHUNK", None)
         build(path, feats, feats + 3)
     group = zarr.open_group(path, mode="r")
     assert [type(c).__name__ for c in group["features"].metadata.codecs] == ["BytesCodec"]

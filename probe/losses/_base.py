@@ -30,10 +30,10 @@ from ._hparams import (
     LossContractError,
     LossInputError,
     LossOutput,
-    _suggest,  # one rule for "did you mean", names and hyperparameters
     check_hparam,
     check_hparams,
     check_inputs,
+    close_matches,  # one rule for "did you mean", names and hyperparameters
     hp,
     mean_bc,
     per_trial,
@@ -589,7 +589,7 @@ def get_loss_class(name: str) -> type[Loss]:
                 f"loss '{name}' is not available: {failure}; fix or uninstall the plugin"
             ) from None
     known = sorted(set(_REGISTRY) | set(points) - {f.entry_point for f in failures})
-    hint = _suggest(str(name), known, cutoff=0.4)
+    hint = close_matches(str(name), known, cutoff=0.4)
     broken = ("; plugins that failed to load: "
               + ", ".join(f"'{f.entry_point}' ({f.distribution})" for f in failures)
               + " ('spml losses list' shows why)") if failures else ""

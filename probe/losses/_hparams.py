@@ -313,7 +313,7 @@ def check_hparams(specs: tuple[HParam, ...], given: dict[str, Any], loss: str) -
     by_name = {s.name: s for s in specs}
     for name in given:
         if name not in by_name:
-            hint = _suggest(name, list(by_name), cutoff=0.6)
+            hint = close_matches(name, list(by_name), cutoff=0.6)
             raise LossInputError(
                 f"{loss}: unknown hyperparameter '{name}'"
                 + (f"; did you mean '{hint[0]}'?" if hint else "")
@@ -325,7 +325,7 @@ def check_hparams(specs: tuple[HParam, ...], given: dict[str, Any], loss: str) -
     return out
 
 
-def _suggest(name: str, known: list[str], cutoff: float) -> list[str]:
+def close_matches(name: str, known: list[str], cutoff: float) -> list[str]:
     """The closest known name, matching case-insensitively first (``GR`` → ``gr``); names are
     exact, so the user gets the suggestion rather than a silent guess."""
     folded = {k.lower(): k for k in known}

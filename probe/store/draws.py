@@ -13,7 +13,7 @@ import zarr
 
 from probe.store.chunks import checksum_codecs
 from probe.store.errors import StoreError
-from probe.store.layout import _EVERY_CHUNK, _phase_observed
+from probe.store.layout import EVERY_CHUNK, phase_observed
 from probe.store.reading import open_store
 from probe.store.records import check_draw, draw_record, update_root_attrs
 
@@ -83,8 +83,8 @@ def add_observed_seed(path: str | Path, seed: int, *, k: int = 1, fraction: floa
     labels = group["labels"][:]
     n_pool = int(group.attrs["n_pool"])
     group["observed"].create_array(
-        str(seed), data=_phase_observed(labels[:n_pool], labels[n_pool:], seed, budget),
-        overwrite=True, compressors=checksum_codecs(compress=True), config=_EVERY_CHUNK,
+        str(seed), data=phase_observed(labels[:n_pool], labels[n_pool:], seed, budget),
+        overwrite=True, compressors=checksum_codecs(compress=True), config=EVERY_CHUNK,
     )
 
     def register(attrs: dict) -> dict:

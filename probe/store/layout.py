@@ -51,8 +51,10 @@ RESUME_KEYS: tuple[str, ...] = (
 )
 REQUIRED_PROVENANCE: tuple[str, ...] = ("backbone", "weights", "transform")
 _VERSIONED_PACKAGES: tuple[str, ...] = ("torch", "torchvision", "numpy", "zarr")
-_ARRAYS: tuple[str, ...] = ("features", "labels", "split", "image_ids", "blocks_done")
-_ATTRS: tuple[str, ...] = (
+#: the arrays every store holds (a store missing one is refused on open)
+STORE_ARRAYS: tuple[str, ...] = ("features", "labels", "split", "image_ids", "blocks_done")
+#: the attributes every finished store carries (checked by :func:`open_store_group`)
+STORE_ATTRS: tuple[str, ...] = (
     "dataset", "class_names", "n_pool", "n_test", "n_unlabeled", "feature_dim", "has_flip",
     "dtype", "block_rows", "observed_seeds", "provenance",
 )  # fmt: skip
@@ -78,11 +80,12 @@ def file_sha256(path: str | Path, *, progress: bool = False, chunk_bytes: int = 
     return digest.hexdigest()
 
 
-def _now() -> str:
+def utc_now() -> str:
+    """The current UTC time as an ISO 8601 string to the second (provenance time stamps)."""
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
-def _package_versions() -> dict[str, str]:
+def package_versions() -> dict[str, str]:
     """Installed versions, read from package metadata (no heavy imports such as torch)."""
     out = {}
     for name in _VERSIONED_PACKAGES:
@@ -101,7 +104,9 @@ def is_store_dir(path: str | Path) -> bool:
 
 
 
-def _open_group(path: str | Path, mode: str) -> tuple[Path, zarr.Group]:
+def open_store_group(path: str | Path, mode: str) -> tuple[Path, zarr.Group]:
+    """Open ``path`` as a store group of this schema in ``mode``, refusing a missing, foreign,
+    unfinished or other-version store; returns the path and the group."""
     path = Path(path)
     if not path.exists():
         raise StoreNotFoundError(f"feature store {path} does not exist")
@@ -124,7 +129,7 @@ def _open_group(path: str | Path, mode: str) -> tuple[Path, zarr.Group]:
             f"{SCHEMA_VERSION}. Re-create the store with this version (featurize or import with "
             "--overwrite) or use the spml-probe version that wrote it"
         )
-    missing = [a for a in _ATTRS if a not in group.attrs]
+    missing = [a for a in STORE_ATTRS if a not in group.attrs]
     if missing:
         raise StoreError(f"{path} lacks store attributes {missing}; re-create it with --overwrite")
     return path, group
@@ -134,12 +139,12 @@ def _open_group(path: str | Path, mode: str) -> tuple[Path, zarr.Group]:
 # ----------------------------------------------------------------------------- draws
 
 
-def _phase_observed(labels_pool: np.ndarray, labels_test: np.ndarray, seed: int,
-                    budget: dict | None = None) -> np.ndarray:
+def phase_observed(labels_pool: np.ndarray, labels_test: np.ndarray, seed: int,
+                   budget: dict | None = None) -> np.ndarray:
     """``observed/<seed>``: single positives drawn per phase, each phase re-seeded; with a
     label ``budget`` (``{"k", "fraction"}``), ``k`` positives on a ``fraction`` of the images
     (:func:`probe.store.protocol.budget_positive`, the same walk)."""
-    if budget is not None and not _is_protocol(budget):
+    if budget is not None and not is_protocol_budget(budget):
         k, fraction = int(budget["k"]), float(budget["fraction"])
         return np.concatenate([budget_positive(labels_pool, seed, k=k, fraction=fraction),
                                budget_positive(labels_test, seed, k=k, fraction=fraction)])
@@ -149,12 +154,13 @@ def _phase_observed(labels_pool: np.ndarray, labels_test: np.ndarray, seed: int,
 PROTOCOL_BUDGET: dict = {"k": 1, "fraction": 1.0}  # one positive per image, every image
 
 
-def _is_protocol(budget: dict) -> bool:
+def is_protocol_budget(budget: dict) -> bool:
+    """Whether a label ``budget`` is the protocol's (one positive per image, every image)."""
     return int(budget["k"]) == 1 and float(budget["fraction"]) == 1.0
 
 
-# every chunk of a small array gets a file, even an all-zero one: a missing file is then damage
-_EVERY_CHUNK: dict = {"write_empty_chunks": True}
+#: every chunk of a small array gets a file, even an all-zero one: a missing file is then damage
+EVERY_CHUNK: dict = {"write_empty_chunks": True}
 # the arrays that follow from the DatasetIndex alone (rewritten when found damaged)
 ROW_ARRAYS: tuple[str, ...] = ("labels", "split", "image_ids")
 

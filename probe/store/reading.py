@@ -22,7 +22,13 @@ from probe.store.chunks import (
     repair_hint,
 )
 from probe.store.errors import StoreDamaged, StoreError
-from probe.store.layout import _ARRAYS, PROTOCOL_BUDGET, SPLIT_CODES, _is_protocol, _open_group
+from probe.store.layout import (
+    PROTOCOL_BUDGET,
+    SPLIT_CODES,
+    STORE_ARRAYS,
+    is_protocol_budget,
+    open_store_group,
+)
 from probe.store.protocol import PROTOCOL_SEED
 from probe.store.records import draw_record
 
@@ -105,9 +111,9 @@ def open_store(path: str | Path) -> Store:
     written, the arrays agree in N (and in C with ``class_names``), and the split puts the pool
     rows first. Each failure is a :class:`StoreError` saying what is wrong and what to do.
     """
-    path, group = _open_group(path, "r")
+    path, group = open_store_group(path, "r")
     attrs = dict(group.attrs)
-    missing = [a for a in _ARRAYS if a not in group]
+    missing = [a for a in STORE_ARRAYS if a not in group]
     if attrs.get("has_flip") and "features_flip" not in group:
         missing.append("features_flip")
     missing += [
@@ -318,7 +324,7 @@ class Store:
             "block_rows": int(self.attrs["block_rows"]),
             "observed_seeds": self.observed_seeds(),
             "observed_budgets": {str(s): self.observed_budget(s) for s in self.observed_seeds()
-                                 if not _is_protocol(self.observed_budget(s))},
+                                 if not is_protocol_budget(self.observed_budget(s))},
             # every draw that is not the protocol's, with its kind (probe.store.records)
             "draws": {str(s): draw_record(self.attrs, s) for s in self.observed_seeds()
                       if draw_record(self.attrs, s)["kind"] != "protocol"},
@@ -335,6 +341,6 @@ class Store:
 def verify_store(path: str | Path) -> VerifyReport:
     """Read every chunk of every array of a store (finished or not) and report the damaged
     ones; the store must at least open as a Zarr group with its schema attributes."""
-    path, group = _open_group(path, "r")
+    path, group = open_store_group(path, "r")
     arrays, damaged = group_damage(path, group)
     return VerifyReport(path, arrays, damaged)

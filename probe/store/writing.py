@@ -23,20 +23,20 @@ from probe.store.chunks import FEATURE_ARRAYS, checksum_codecs, group_damage
 from probe.store.errors import StoreError
 from probe.store.index import DatasetIndex
 from probe.store.layout import (
-    _ARRAYS,
-    _ATTRS,
-    _EVERY_CHUNK,
     DTYPES,
+    EVERY_CHUNK,
     REQUIRED_PROVENANCE,
     RESUME_KEYS,
     ROW_ARRAYS,
     SCHEMA_VERSION,
     SPLIT_CODES,
-    _now,
-    _open_group,
-    _package_versions,
-    _phase_observed,
+    STORE_ARRAYS,
+    STORE_ATTRS,
     is_store_dir,
+    open_store_group,
+    package_versions,
+    phase_observed,
+    utc_now,
 )
 from probe.store.protocol import PROTOCOL_SEED, split_pool
 from probe.store.reading import Store, open_store
@@ -72,8 +72,8 @@ def _check_provenance(provenance: dict, dtype: str) -> dict:
     prov.setdefault("source", None)
     prov.setdefault("source_sha256", None)
     prov["dtype"] = dtype
-    prov["versions"] = _package_versions()
-    prov["created"] = _now()
+    prov["versions"] = package_versions()
+    prov["created"] = utc_now()
     try:
         json.dumps(prov)
     except TypeError as err:
@@ -99,7 +99,7 @@ def _write_row_arrays(
 
     def put(parent: zarr.Group, name: str, data: np.ndarray) -> None:
         parent.create_array(name, data=data, compressors=checksum_codecs(compress=True),
-                            config=_EVERY_CHUNK, overwrite=True)
+                            config=EVERY_CHUNK, overwrite=True)
 
     if want("labels"):
         put(group, "labels", np.concatenate([labels_pool, labels_test]))
@@ -113,7 +113,7 @@ def _write_row_arrays(
         ids = np.asarray([*index.pool.image_ids, *index.test.image_ids], dtype=str)
         group.create_array(
             "image_ids", shape=(n_rows,), dtype=str, compressors=checksum_codecs(compress=True),
-            config=_EVERY_CHUNK, overwrite=True,
+            config=EVERY_CHUNK, overwrite=True,
         )[:] = ids
     if only is None:  # a dataset's boxes: the label-bias draws' weights (probe.store.bias)
         from probe.store.bias import write_bias_weights
@@ -121,8 +121,8 @@ def _write_row_arrays(
     observed = group.require_group("observed")
     for seed in seeds:
         if want(f"observed/{seed}"):
-            put(observed, str(seed), _phase_observed(labels_pool, labels_test, seed,
-                                                     (budgets or {}).get(str(seed))))
+            put(observed, str(seed), phase_observed(labels_pool, labels_test, seed,
+                                                    (budgets or {}).get(str(seed))))
 
 
 def create_store(
@@ -262,7 +262,7 @@ def _create_feature_arrays(group: zarr.Group, n_rows: int, feature_dim: int, blo
         dtype=bool,
         fill_value=False,
         compressors=checksum_codecs(compress=False),
-        config=_EVERY_CHUNK,
+        config=EVERY_CHUNK,
     )
 
 
@@ -417,7 +417,8 @@ class StoreWriter:
     def update_attrs(self, values: dict) -> None:
         """Add extra top-level attributes (e.g. rows that failed to decode) through the
         writer's own group, so that :meth:`finalize` keeps them; reserved keys are refused."""
-        clash = sorted(set(values) & (set(_ATTRS) | {"schema_version", "complete", "completed"}))
+        reserved = {*STORE_ATTRS, "schema_version", "complete", "completed"}
+        clash = sorted(set(values) & reserved)
         if clash:
             raise StoreError(f"update_attrs may not set reserved attributes {clash}")
         self._group.attrs.update(values)
@@ -436,7 +437,7 @@ class StoreWriter:
                 f"written yet (first: {pending[:5]})"
             )
         with _writing(self.path, "the completion mark"):
-            self._group.attrs.update({"complete": True, "completed": _now()})
+            self._group.attrs.update({"complete": True, "completed": utc_now()})
         return open_store(self.path)
 
 
@@ -450,8 +451,8 @@ def resume_store(path: str | Path, provenance: dict) -> StoreWriter:
     :meth:`StoreWriter.check_same_rows`. A complete store with no damage is refused ("already
     complete"); a complete one with damage becomes incomplete until the repair finishes.
     """
-    path, group = _open_group(path, "r+")
-    missing = [a for a in _ARRAYS if a not in group]
+    path, group = open_store_group(path, "r+")
+    missing = [a for a in STORE_ARRAYS if a not in group]
     if missing:
         raise StoreError(f"{path} lacks arrays {missing}; re-create it with --overwrite")
     stored = group.attrs["provenance"]
@@ -488,12 +489,12 @@ def resume_store(path: str | Path, provenance: dict) -> StoreWriter:
         group.attrs.update({
             "complete": False,
             "repaired": [*group.attrs.get("repaired", []), {
-                "at": _now(), "chunks": [[d.array, list(d.chunk), d.reason] for d in damage]}],
+                "at": utc_now(), "chunks": [[d.array, list(d.chunk), d.reason] for d in damage]}],
         })  # fmt: skip
         done = group["blocks_done"]
         for block in blocks:
             done[block] = False
-    group.attrs["resumed"] = [*group.attrs.get("resumed", []), _now()]
+    group.attrs["resumed"] = [*group.attrs.get("resumed", []), utc_now()]
     writer = StoreWriter(path, group)
     writer.rewrite_arrays = rows
     return writer
@@ -504,10 +505,10 @@ def join_store(path: str | Path) -> StoreWriter:
     (the other ranks of a distributed ``spml featurize``): it writes its own blocks only and
     changes no attribute, so ranks never rewrite the group's metadata at once. The process
     that created the store checked its provenance; this only checks that it is unfinished."""
-    path, group = _open_group(path, "r+")
+    path, group = open_store_group(path, "r+")
     if group.attrs.get("complete"):
         raise StoreError(f"{path} is already complete; no block left to write")
-    missing = [a for a in _ARRAYS if a not in group]
+    missing = [a for a in STORE_ARRAYS if a not in group]
     if missing:
         raise StoreError(f"{path} lacks arrays {missing}; re-create it with --overwrite")
     return StoreWriter(path, group)

@@ -11,21 +11,21 @@ from typing import Any
 
 from probe.io import atomic_write_text
 
-from .data import _commands, _open
-from .render import _Fig, _Note, _render_html, _render_md
+from .data import open_study_view, report_commands
+from .render import Figure, Note, render_html, render_markdown
 from .runs import train_report_runs
 from .sections import (
     ReportOptions,
-    _baseline,
-    _comparison_section,
-    _contours,
-    _curves,
-    _history,
-    _importance_section,
-    _importances,
-    _leaderboard,
-    _slices,
-    _summary,
+    baseline_section,
+    comparison_section,
+    compute_importances,
+    contours_section,
+    curves_section,
+    history_section,
+    importance_section,
+    leaderboard_section,
+    slices_section,
+    summary_section,
 )
 
 _FIGURE_NAMES = ("history", "importance", "slices", "contours", "learning_curves", "class_ap",
@@ -70,7 +70,7 @@ def build_report(
     options.validate()
     log = log or (lambda msg: None)
     study_dir = Path(study_dir)
-    st = _open(study_dir, storage, name)
+    st = open_study_view(study_dir, storage, name)
     out_dir = Path(out) if out is not None else study_dir / "report"
     fig_dir = out_dir / "figures"
     made = [d for d in (*reversed(out_dir.parents), out_dir, fig_dir) if not d.exists()]
@@ -88,36 +88,37 @@ def build_report(
 
 def _build(st: Any, study_dir: Path, name: str | None, store: str | None, out_dir: Path,
            fig_dir: Path, options: ReportOptions, log: Callable[[str], None]) -> ReportResult:
-    commands = _commands(st, name, store, out_dir)
+    commands = report_commands(st, name, store, out_dir)
     log(f"study {st.study.study_name}: {len(st.trials)} trials; drawing figures")
-    imp, imp_reason = _importances(st, options)
+    imp, imp_reason = compute_importances(st, options)
     ctx, why = train_report_runs(st, store, device=options.device, baseline=options.baseline,
                                  progress=options.progress, log=log)
     sections = [
-        _summary(st, commands),
-        _leaderboard(st, options, ctx),
-        _history(st, fig_dir, options),
-        _importance_section(st, imp, imp_reason, fig_dir, options),
-        _slices(st, fig_dir, options),
-        _contours(st, imp, fig_dir, options),
-        _curves(st, fig_dir, options),
+        summary_section(st, commands),
+        leaderboard_section(st, options, ctx),
+        history_section(st, fig_dir, options),
+        importance_section(st, imp, imp_reason, fig_dir, options),
+        slices_section(st, fig_dir, options),
+        contours_section(st, imp, fig_dir, options),
+        curves_section(st, fig_dir, options),
     ]
-    baseline_section, baseline_path = _baseline(st, ctx, why, fig_dir, out_dir, options)
-    sections.append(baseline_section)
-    sections.append(_comparison_section(st, ctx, why, fig_dir, options))
-    figures = [b.path for s in sections for b in s.blocks if isinstance(b, _Fig)]
+    baseline, baseline_path = baseline_section(st, ctx, why, fig_dir, out_dir, options)
+    sections.append(baseline)
+    sections.append(comparison_section(st, ctx, why, fig_dir, options))
+    figures = [b.path for s in sections for b in s.blocks if isinstance(b, Figure)]
     for stem in _FIGURE_NAMES:  # a figure of an earlier report that this one could not draw
         old = fig_dir / f"{stem}.png"
         if old.exists() and old not in figures:
             old.unlink()
     skipped = {s.title: b.text.removeprefix("Skipped: ").rstrip(".") for s in sections
-               for b in s.blocks if isinstance(b, _Note) and b.kind == "skip"}
+               for b in s.blocks if isinstance(b, Note) and b.kind == "skip"}
     title = f"Study report: {st.study.study_name}"
     subtitle = (f"loss {st.loss} on {st.identity.get('dataset', '?')}; {len(st.trials)} trials; "
                 f"{st.storage}")
-    page = _render_html(title, subtitle, sections, options.dpi)
+    page = render_html(title, subtitle, sections, options.dpi)
     html_path = _write_text(out_dir / "report.html", page)
-    md_path = _write_text(out_dir / "report.md", _render_md(title, subtitle, sections, out_dir))
+    md_path = _write_text(out_dir / "report.md",
+                          render_markdown(title, subtitle, sections, out_dir))
     return ReportResult(html_path=html_path, md_path=md_path, figures=figures,
                         sections=[s.title for s in sections], skipped=skipped,
                         baseline_path=baseline_path)

@@ -26,7 +26,7 @@ from probe.errors import MissingPathError
 from ..confirm import load_study
 from ..plots import ParamAxis, TrialPoint
 from ..results import read_results
-from ..storage import find_storage, parse_storage
+from ..storage import find_storage, is_paper_trial, parse_storage, ranked_trials
 
 # --------------------------------------------------------------------------------------------
 # reading the study
@@ -34,7 +34,8 @@ from ..storage import find_storage, parse_storage
 
 
 @dataclass
-class _Study:
+class StudyView:
+    """The study as a report reads it: storage, trials, space, results, confirmations, settings."""
     study: optuna.Study
     storage: str  # as given or found, for display and commands (a password is hidden)
     storage_given: bool  # --storage was given (not found in study_dir)
@@ -53,14 +54,15 @@ class _Study:
     @property
     def complete(self) -> list[FrozenTrial]:
         done = [t for t in self.trials if t.state == TrialState.COMPLETE]
-        return sorted(done, key=lambda t: (-t.value, t.number))
+        return ranked_trials(done)
 
     @property
     def paper(self) -> FrozenTrial | None:
-        return next((t for t in self.trials if t.user_attrs.get("spml:paper")), None)
+        return next((t for t in self.trials if is_paper_trial(t)), None)
 
 
-def _open(study_dir: Path, storage: str | None, name: str | None) -> _Study:
+def open_study_view(study_dir: Path, storage: str | None, name: str | None) -> StudyView:
+    """Open the study in ``study_dir`` (or ``storage``) as one read-only :class:`StudyView`."""
     if not study_dir.is_dir():
         raise MissingPathError(
             f"STUDY_DIR {study_dir} is not a folder; pass the folder given to 'spml study --out'"
@@ -75,10 +77,11 @@ def _open(study_dir: Path, storage: str | None, name: str | None) -> _Study:
     results = _read_results(study_dir / "results", study.study_name, notes)
     distributions = _distributions(attrs.get("spml.space"), trials)
     confirm = _read_confirm(study_dir / "confirm.parquet", trials, notes)
-    return _Study(
+    return StudyView(
         study=study, storage=spec.display, storage_given=given,
         study_dir=study_dir, trials=trials,
-        points=[_point(t) for t in trials], axes=[_axis(k, d) for k, d in distributions.items()],
+        points=[trial_point(t) for t in trials],
+        axes=[_axis(k, d) for k, d in distributions.items()],
         distributions=distributions, results=results, confirm=confirm,
         settings=attrs.get("spml.settings") or {}, loss=attrs.get("spml.loss") or "?",
         identity=attrs.get("spml.store") or {}, notes=notes,
@@ -128,7 +131,8 @@ def _axis(name: str, dist: BaseDistribution) -> ParamAxis:
     return ParamAxis(name, log=bool(getattr(dist, "log", False)))
 
 
-def _point(t: FrozenTrial) -> TrialPoint:
+def trial_point(t: FrozenTrial) -> TrialPoint:
+    """A trial as the plots draw it (params, value, state, learning curve)."""
     iv = t.intermediate_values
     # steps are epochs counted from 1 (studies made before that, from 0); the first epoch first
     curve = tuple(iv.get(e) for e in range(min(iv), max(iv) + 1)) if iv else ()
@@ -140,7 +144,7 @@ def _point(t: FrozenTrial) -> TrialPoint:
     else:
         value = None
     return TrialPoint(t.number, t.state.name, value, dict(t.params), curve,
-                      bool(t.user_attrs.get("spml:paper")))
+                      is_paper_trial(t))
 
 
 # --------------------------------------------------------------------------------------------
@@ -201,7 +205,8 @@ def study_command(settings: dict[str, Any]) -> list[str]:
     return [*argv, "--out", str(s["out"])]
 
 
-def _commands(st: _Study, name: str | None, store: str | None, out: Path) -> list[str]:
+def report_commands(st: StudyView, name: str | None, store: str | None, out: Path) -> list[str]:
+    """The commands that reproduce the study, its confirmation and this report (``out``)."""
     lines = []
     if st.settings.get("store") and st.settings.get("loss"):
         lines.append(shlex.join(study_command(st.settings)))

@@ -16,17 +16,20 @@ from typing import Any
 
 
 @dataclass
-class _Para:
+class Paragraph:
+    """A paragraph of text."""
     text: str
 
 
 @dataclass
-class _Facts:
+class Facts:
+    """A list of (label, value) facts."""
     items: list[tuple[str, str]]
 
 
 @dataclass
-class _Table:
+class Table:
+    """A table with a header, rows, an optional anchor id and caption."""
     header: list[str]
     rows: list[list[str]]
     id: str = ""
@@ -34,24 +37,28 @@ class _Table:
 
 
 @dataclass
-class _Fig:
+class Figure:
+    """A figure (a PNG file) with its caption."""
     path: Path
     caption: str
 
 
 @dataclass
-class _Code:
+class CodeBlock:
+    """A block of shell commands."""
     text: str
 
 
 @dataclass
-class _Note:
+class Note:
+    """A note: a skipped section (``skip``) or a warning about the inputs (``warn``)."""
     text: str
     kind: str = "skip"  # "skip": the section has no figure; "warn": something about the inputs
 
 
 @dataclass
-class _Section:
+class Section:
+    """A section: its anchor, heading and blocks, in order."""
     anchor: str
     title: str
     blocks: list[Any] = field(default_factory=list)
@@ -98,7 +105,8 @@ footer { margin-top: 40px; color: #8c959f; font-size: 12.5px; }
 """
 
 
-def _render_html(title: str, subtitle: str, sections: list[_Section], dpi: int) -> str:
+def render_html(title: str, subtitle: str, sections: list[Section], dpi: int) -> str:
+    """The report as one self-contained HTML page (figures embedded)."""
     e = html.escape
     out = ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
            '<meta name="viewport" content="width=device-width, initial-scale=1">',
@@ -111,16 +119,16 @@ def _render_html(title: str, subtitle: str, sections: list[_Section], dpi: int) 
         out.append(f'<section id="{s.anchor}">')
         out.append(f"<h2>{e(s.title)}</h2>")
         for b in s.blocks:
-            if isinstance(b, _Para):
+            if isinstance(b, Paragraph):
                 out.append(f"<p>{e(b.text)}</p>")
-            elif isinstance(b, _Note):
+            elif isinstance(b, Note):
                 out.append(f'<p class="note {b.kind}">{e(b.text)}</p>')
-            elif isinstance(b, _Code):
+            elif isinstance(b, CodeBlock):
                 out.append(f"<pre><code>{e(b.text)}</code></pre>")
-            elif isinstance(b, _Facts):
+            elif isinstance(b, Facts):
                 rows = "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in b.items)
                 out.append(f'<div class="scroll"><table class="facts">{rows}</table></div>')
-            elif isinstance(b, _Table):
+            elif isinstance(b, Table):
                 ident = f' id="{b.id}"' if b.id else ""
                 cap = f"<caption>{e(b.caption)}</caption>" if b.caption else ""
                 head = "".join(f"<th>{e(h)}</th>" for h in b.header)
@@ -128,7 +136,7 @@ def _render_html(title: str, subtitle: str, sections: list[_Section], dpi: int) 
                                for r in b.rows)
                 out.append(f'<div class="scroll"><table{ident}>{cap}<thead><tr>{head}</tr>'
                            f"</thead><tbody>{body}</tbody></table></div>")
-            elif isinstance(b, _Fig):
+            elif isinstance(b, Figure):
                 png = b.path.read_bytes()
                 data = base64.b64encode(png).decode("ascii")
                 # shown at print size (CSS px are 1/96 in), shrunk to the page when wider
@@ -146,21 +154,22 @@ def _md_cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _render_md(title: str, subtitle: str, sections: list[_Section], base: Path) -> str:
+def render_markdown(title: str, subtitle: str, sections: list[Section], base: Path) -> str:
+    """The report as Markdown, figures linked relative to ``base``."""
     out = [f"# {title}", "", f"_{subtitle}_", "", "**Contents:** "
            + " · ".join(f"[{s.title}](#{s.anchor})" for s in sections), ""]
     for s in sections:
         out += [f"## {s.title}", ""]
         for b in s.blocks:
-            if isinstance(b, _Para):
+            if isinstance(b, Paragraph):
                 out += [b.text, ""]
-            elif isinstance(b, _Note):
+            elif isinstance(b, Note):
                 out += [f"> **{'Note' if b.kind == 'warn' else 'Skipped'}:** {b.text}", ""]
-            elif isinstance(b, _Code):
+            elif isinstance(b, CodeBlock):
                 out += ["```sh", b.text, "```", ""]
-            elif isinstance(b, _Facts):
+            elif isinstance(b, Facts):
                 out += [f"- **{k}**: {v}" for k, v in b.items] + [""]
-            elif isinstance(b, _Table):
+            elif isinstance(b, Table):
                 if b.caption:
                     out += [f"**{b.caption}**", ""]
                 out.append("| " + " | ".join(_md_cell(h) for h in b.header) + " |")
@@ -168,7 +177,7 @@ def _render_md(title: str, subtitle: str, sections: list[_Section], base: Path) 
                                           for i in range(len(b.header))) + "|")
                 out += ["| " + " | ".join(_md_cell(c) for c in r) + " |" for r in b.rows]
                 out.append("")
-            elif isinstance(b, _Fig):
+            elif isinstance(b, Figure):
                 rel = os.path.relpath(b.path, base).replace(os.sep, "/")
                 out += [f"![{_md_cell(b.caption)}]({rel})", "", f"*{b.caption}*", ""]
     return "\n".join(out)

@@ -18,8 +18,9 @@ from optuna.trial import TrialState
 from probe.errors import SpmlError
 
 from .. import plots
-from .data import _point, _Study
-from .render import _Code, _Facts, _Fig, _Note, _Para, _Section, _Table
+from ..storage import is_paper_trial
+from .data import StudyView, trial_point
+from .render import CodeBlock, Facts, Figure, Note, Paragraph, Section, Table
 from .runs import INTERVAL_TOP, ReportRuns, study_provenance, study_training
 
 #: (anchor, heading) of every section, in order; anchors are the headings' GitHub slugs
@@ -101,8 +102,9 @@ def _prior_words(name: str, prov: dict) -> str:
     return f"'{name}' (--priors {name})" + (f": {'; '.join(facts)}" if facts else "")
 
 
-def _summary(st: _Study, commands: list[str]) -> _Section:
-    sec = _Section(*SECTIONS[0])
+def summary_section(st: StudyView, commands: list[str]) -> Section:
+    """The Summary section: the study, its store, draw, training, search space and commands."""
+    sec = Section(*SECTIONS[0])
     s, ident, prov = st.settings, st.identity, study_provenance(st)
     inner = prov.get("provenance") or {}
     counts = {state: sum(t.state == state for t in st.trials) for state in TrialState}
@@ -114,7 +116,7 @@ def _summary(st: _Study, commands: list[str]) -> _Section:
         paper_doc = get_loss_class(st.loss).paper
     except (KeyError, ValueError):
         pass
-    sec.blocks.append(_Para(
+    sec.blocks.append(Paragraph(
         f"Study '{st.study.study_name}': {len(st.distributions)} hyperparameter(s) of loss "
         f"'{st.loss}' searched with the {s.get('sampler', '?')} sampler and "
         f"{s.get('pruner', '?')} pruning on the '{ident.get('dataset', '?')}' features. "
@@ -122,14 +124,14 @@ def _summary(st: _Study, commands: list[str]) -> _Section:
         "reported at that epoch and never used to choose. Epochs are counted from 1."
     ))
     if not n_done:
-        sec.blocks.append(_Note(
+        sec.blocks.append(Note(
             f"This study has no completed trial yet ({len(st.trials)} trial(s): "
             f"{counts[TrialState.PRUNED]} pruned, {counts[TrialState.FAIL]} failed, "
             f"{counts[TrialState.RUNNING]} running, {counts[TrialState.WAITING]} waiting). "
             "Everything that needs a completed trial is left out below and says so; run the "
             "study further and report again.", "warn"))
     for note in st.notes:
-        sec.blocks.append(_Note(note, "warn"))
+        sec.blocks.append(Note(note, "warn"))
     rows = prov.get("rows") or {}
     split = (f" (train {_int(rows['train'])} / val {_int(rows['val'])} / test "
              f"{_int(rows['test'])})" if {"train", "val", "test"} <= set(rows) else "")
@@ -139,7 +141,7 @@ def _summary(st: _Study, commands: list[str]) -> _Section:
                     f"{train['batch_size']} ({train['batch_size_from']}), lr {train['lr']:g} "
                     f"({train['lr_from']}), train seed {s.get('train_seed', '?')}")
         if train["mixed"]:
-            sec.blocks.append(_Note(
+            sec.blocks.append(Note(
                 "The trials of this study were trained with different settings ("
                 + "; ".join(f"{k}: {', '.join(map(str, v))}" for k, v in train["mixed"].items())
                 + "), so they are not comparable with each other; the values shown are the best "
@@ -196,7 +198,7 @@ def _summary(st: _Study, commands: list[str]) -> _Section:
 
     facts.append(("generated", datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
                   + f" by spml-probe {__version__} (optuna {optuna.__version__})"))
-    sec.blocks.append(_Facts(facts))
+    sec.blocks.append(Facts(facts))
     space_rows = []
     for name, dist in st.distributions.items():
         if isinstance(dist, CategoricalDistribution):
@@ -208,19 +210,21 @@ def _summary(st: _Study, commands: list[str]) -> _Section:
             _fv(paper.params.get(name, "–")) if paper else "–",
             _fv(best.params.get(name, "–")) if best else "–",
         ])
-    sec.blocks.append(_Table(["parameter", "range", "scale", "paper value", "best trial"],
-                             space_rows, id="search-space", caption="Search space"))
-    sec.blocks.append(_Para("Reproduce: the study, its confirmation (when run) and this report."))
-    sec.blocks.append(_Code("\n".join(commands)))
+    sec.blocks.append(Table(["parameter", "range", "scale", "paper value", "best trial"],
+                            space_rows, id="search-space", caption="Search space"))
+    sec.blocks.append(
+        Paragraph("Reproduce: the study, its confirmation (when run) and this report."))
+    sec.blocks.append(CodeBlock("\n".join(commands)))
     return sec
 
 
-def _leaderboard(st: _Study, options: ReportOptions, ctx: ReportRuns | None = None
-                 ) -> _Section:
-    sec = _Section(*SECTIONS[1])
+def leaderboard_section(st: StudyView, options: ReportOptions, ctx: ReportRuns | None = None
+                 ) -> Section:
+    """The Leaderboard: the completed trials, best first, with test mAP and intervals when run."""
+    sec = Section(*SECTIONS[1])
     complete = st.complete
     if not complete:
-        sec.blocks.append(_Note("No completed trial yet: there is nothing to rank."))
+        sec.blocks.append(Note("No completed trial yet: there is nothing to rank."))
         return sec
     rank = {t.number: i for i, t in enumerate(complete, 1)}
     shown = complete[: options.top]
@@ -239,12 +243,12 @@ def _leaderboard(st: _Study, options: ReportOptions, ctx: ReportRuns | None = No
     rows = []
     for t in shown:
         res = st.results.get(t.number, {})
-        curve = _point(t).curve
+        curve = trial_point(t).curve
         epoch = res.get("best_epoch")
         if epoch is None and curve:
             finite = [(v, -e) for e, v in enumerate(curve) if v is not None and math.isfinite(v)]
             epoch = 1 - max(finite)[1] if finite else None  # counted from 1
-        mark = " (paper)" if t.user_attrs.get("spml:paper") else ""
+        mark = " (paper)" if is_paper_trial(t) else ""
         row = [str(rank[t.number]), f"{t.number}{mark}",
                f"{t.value:.2f}", str(epoch) if epoch is not None else "–",
                _f2(res.get("test_map"))]
@@ -257,7 +261,7 @@ def _leaderboard(st: _Study, options: ReportOptions, ctx: ReportRuns | None = No
                     if c else ["–", "–"])
         row += [_fv(t.params[n]) if n in t.params else "–" for n in names]
         rows.append(row)
-    sec.blocks.append(_Para(
+    sec.blocks.append(Paragraph(
         f"The {len(shown)} best of {len(complete)} completed trials by val mAP (the selection "
         "criterion), with test mAP at each trial's best val epoch"
         + (" and, where 'spml study confirm' re-ran a trial, its test mAP as mean ± std over "
@@ -266,12 +270,12 @@ def _leaderboard(st: _Study, options: ReportOptions, ctx: ReportRuns | None = No
            "paired bootstrap over the test images (section 'Intervals and comparison')."
            if intervals else "")
     ))
-    sec.blocks.append(_Table(header, rows, id="leaderboard"))
+    sec.blocks.append(Table(header, rows, id="leaderboard"))
     from probe.convergence import ADVICE, count_best_is_last
 
-    at_last = count_best_is_last([_point(t).curve for t in complete])
+    at_last = count_best_is_last([trial_point(t).curve for t in complete])
     if at_last:
-        sec.blocks.append(_Note(
+        sec.blocks.append(Note(
             f"Not converged? {at_last} of {len(complete)} completed trials had their best val "
             f"mAP at their last epoch; {ADVICE}.", kind="warn"))
     if st.confirm:
@@ -283,20 +287,20 @@ def _leaderboard(st: _Study, options: ReportOptions, ctx: ReportRuns | None = No
                          f"{r['val_mean']:.2f}",
                          f"{r['test_mean']:.2f} ± {r['test_std']:.2f}{_ci(r)}",
                          str(r["n_runs"]), seeds, draws])
-        sec.blocks.append(_Para(
+        sec.blocks.append(Paragraph(
             "Confirmation ('spml study confirm'): each trial re-trained with every training "
             "seed on every single-positive draw; ranked by mean val mAP (test is reported, "
             "never selected on). Standard deviations are sample standard deviations; brackets: "
             "the Student-t 95% interval of the mean over the runs."
         ))
-        sec.blocks.append(_Table(
+        sec.blocks.append(Table(
             ["rank", "trial", "search val mAP", "val mAP (mean)", "test mAP (mean ± std)",
              "runs", "seeds", "draws"], crow, id="confirmation"))
         win = st.confirm[0]
         if win.get("refit_epochs") is not None:
             refit_ci = _ci({"test_low": win.get("refit_test_low"),
                             "test_high": win.get("refit_test_high")})
-            sec.blocks.append(_Para(
+            sec.blocks.append(Paragraph(
                 f"Refit ('spml study confirm --refit'): trial {win['trial']} re-trained on "
                 f"train + val for {win['refit_epochs']} epochs (its median best val epoch), "
                 f"then tested: test mAP {_f2(win.get('refit_test_mean'))}"
@@ -315,14 +319,15 @@ def _ci(row: dict[str, Any]) -> str:
     return f" [{low:.2f}, {high:.2f}]"
 
 
-def _history(st: _Study, fig_dir: Path, options: ReportOptions) -> _Section:
-    sec = _Section(*SECTIONS[2])
+def history_section(st: StudyView, fig_dir: Path, options: ReportOptions) -> Section:
+    """The optimisation history: val mAP per trial with the best so far."""
+    sec = Section(*SECTIONS[2])
     if not any(p.value is not None or p.state == "FAIL" for p in st.points):
-        sec.blocks.append(_Note("No trial has reported a val mAP yet: nothing to plot."))
+        sec.blocks.append(Note("No trial has reported a val mAP yet: nothing to plot."))
         return sec
     path = plots.plot_history(st.points, fig_dir / "history.png",
                               title=f"Optimisation history: {st.study.study_name}", dpi=options.dpi)
-    sec.blocks.append(_Fig(path, (
+    sec.blocks.append(Figure(path, (
         "Val mAP of every trial in the order it was asked; the orange line is the best "
         "completed trial so far. Pruned trials are drawn at the best val mAP they reached "
         "before the pruner stopped them; failed trials are ticks on the x axis; the star and "
@@ -330,7 +335,9 @@ def _history(st: _Study, fig_dir: Path, options: ReportOptions) -> _Section:
     return sec
 
 
-def _importances(st: _Study, options: ReportOptions) -> tuple[dict[str, float] | None, str]:
+def compute_importances(st: StudyView, options: ReportOptions
+                        ) -> tuple[dict[str, float] | None, str]:
+    """fANOVA parameter importances of the completed trials, or None and the reason why not."""
     n, k = len(st.complete), len(st.distributions)
     if k < 2:
         which = f" ({next(iter(st.distributions))})" if k else ""
@@ -357,50 +364,53 @@ def _importances(st: _Study, options: ReportOptions) -> tuple[dict[str, float] |
     return dict(values), ""
 
 
-def _importance_section(st: _Study, imp: dict[str, float] | None, reason: str, fig_dir: Path,
-                        options: ReportOptions) -> _Section:
-    sec = _Section(*SECTIONS[3])
+def importance_section(st: StudyView, imp: dict[str, float] | None, reason: str, fig_dir: Path,
+                       options: ReportOptions) -> Section:
+    """The parameter importances section from :func:`compute_importances`' result."""
+    sec = Section(*SECTIONS[3])
     if imp is None:
-        sec.blocks.append(_Note(f"Skipped: {reason}."))
+        sec.blocks.append(Note(f"Skipped: {reason}."))
         return sec
     path = plots.plot_importances(imp, fig_dir / "importance.png", dpi=options.dpi,
                                   title=f"Parameter importance (fANOVA, {len(st.complete)} "
                                         "completed trials)")
-    sec.blocks.append(_Fig(path, (
+    sec.blocks.append(Figure(path, (
         "fANOVA importances (optuna.importance.get_param_importances with "
         "FanovaImportanceEvaluator, seed 0): the share of the variance of val mAP over the "
         "completed trials that each parameter explains, from a random forest fitted to them. "
         "With few trials they are rough.")))
-    sec.blocks.append(_Table(["parameter", "importance"],
-                             [[k, f"{v:.3f}"] for k, v in imp.items()], id="importances"))
+    sec.blocks.append(Table(["parameter", "importance"],
+                            [[k, f"{v:.3f}"] for k, v in imp.items()], id="importances"))
     return sec
 
 
-def _slices(st: _Study, fig_dir: Path, options: ReportOptions) -> _Section:
-    sec = _Section(*SECTIONS[4])
+def slices_section(st: StudyView, fig_dir: Path, options: ReportOptions) -> Section:
+    """The slice plots: val mAP against each parameter."""
+    sec = Section(*SECTIONS[4])
     if not st.complete:
-        sec.blocks.append(_Note("Skipped: no completed trial to place."))
+        sec.blocks.append(Note("Skipped: no completed trial to place."))
         return sec
     if not st.axes:
-        sec.blocks.append(_Note("Skipped: the study records no searched parameter."))
+        sec.blocks.append(Note("Skipped: the study records no searched parameter."))
         return sec
     path = plots.plot_slices(st.points, st.axes, fig_dir / "slices.png", dpi=options.dpi)
-    sec.blocks.append(_Fig(path, (
+    sec.blocks.append(Figure(path, (
         "Val mAP against each searched parameter (log-scale axes where the parameter is "
         "searched log-uniformly); colour is the trial number, so the drift of the sampler "
         "shows. Grey crosses: pruned trials at the best val mAP they reached.")))
     return sec
 
 
-def _contours(st: _Study, imp: dict[str, float] | None, fig_dir: Path,
-              options: ReportOptions) -> _Section:
-    sec = _Section(*SECTIONS[5])
+def contours_section(st: StudyView, imp: dict[str, float] | None, fig_dir: Path,
+                     options: ReportOptions) -> Section:
+    """The contour plots of the most important parameter pairs."""
+    sec = Section(*SECTIONS[5])
     if len(st.axes) < 2:
-        sec.blocks.append(_Note("Skipped: a contour plot needs two searched parameters; the "
-                                f"study searches {len(st.axes)}."))
+        sec.blocks.append(Note("Skipped: a contour plot needs two searched parameters; the "
+                               f"study searches {len(st.axes)}."))
         return sec
     if not st.complete:
-        sec.blocks.append(_Note("Skipped: no completed trial to interpolate."))
+        sec.blocks.append(Note("Skipped: no completed trial to interpolate."))
         return sec
     by_name = {a.name: a for a in st.axes}
     names = sorted(by_name, key=lambda n: -imp.get(n, 0.0)) if imp else list(by_name)
@@ -411,24 +421,25 @@ def _contours(st: _Study, imp: dict[str, float] | None, fig_dir: Path,
     path = plots.plot_contours(st.points, pairs, fig_dir / "contours.png", dpi=options.dpi)
     chosen = ("the most important parameters by fANOVA" if imp
               else "the first parameters of the space (no importances)")
-    sec.blocks.append(_Fig(path, (
+    sec.blocks.append(Figure(path, (
         f"Pairs of {chosen}: val mAP of the completed trials, interpolated linearly between "
         "them (Delaunay triangles, only inside their convex hull); dots are trials, the star "
         "is the best one. Sparse regions are guesses.")))
     return sec
 
 
-def _curves(st: _Study, fig_dir: Path, options: ReportOptions) -> _Section:
-    sec = _Section(*SECTIONS[6])
+def curves_section(st: StudyView, fig_dir: Path, options: ReportOptions) -> Section:
+    """The learning curves: val mAP per epoch of the top trials."""
+    sec = Section(*SECTIONS[6])
     if not st.complete:
-        sec.blocks.append(_Note("Skipped: no completed trial yet."))
+        sec.blocks.append(Note("Skipped: no completed trial yet."))
         return sec
     if not any(p.curve for p in st.points if p.state == "COMPLETE"):
-        sec.blocks.append(_Note("Skipped: no completed trial reported per-epoch val mAP."))
+        sec.blocks.append(Note("Skipped: no completed trial reported per-epoch val mAP."))
         return sec
     path = plots.plot_learning_curves(st.points, fig_dir / "learning_curves.png",
                                       top=options.curves, dpi=options.dpi)
-    sec.blocks.append(_Fig(path, (
+    sec.blocks.append(Figure(path, (
         f"Val mAP per epoch of the {min(options.curves, len(st.complete))} best completed "
         "trials (and the paper point, dashed), as reported to the pruner; the circle is each "
         "trial's best epoch, whose head gives its test mAP. Thin grey lines: the other trials, "
@@ -436,15 +447,15 @@ def _curves(st: _Study, fig_dir: Path, options: ReportOptions) -> _Section:
     return sec
 
 
-def _baseline(st: _Study, ctx: ReportRuns | None, why: str, fig_dir: Path, out: Path,
-              options: ReportOptions) -> tuple[_Section, Path | None]:
+def baseline_section(st: StudyView, ctx: ReportRuns | None, why: str, fig_dir: Path, out: Path,
+                     options: ReportOptions) -> tuple[Section, Path | None]:
     """Per-class test AP of the best trial (from the Parquet results) against an AN probe
     (Cole et al. 2021, Eq. 3) trained on the same store with the best trial's training
     settings, training seed and single-positive draw."""
-    sec = _Section(*SECTIONS[7])
+    sec = Section(*SECTIONS[7])
 
-    def skip(reason: str) -> tuple[_Section, None]:
-        sec.blocks.append(_Note(f"Skipped: {reason}."))
+    def skip(reason: str) -> tuple[Section, None]:
+        sec.blocks.append(Note(f"Skipped: {reason}."))
         return sec, None
 
     if ctx is None:
@@ -471,7 +482,7 @@ def _baseline(st: _Study, ctx: ReportRuns | None, why: str, fig_dir: Path, out: 
     gains = sum(a > b for _, a, b in diffs)
     mean_diff = sum(a - b for _, a, b in diffs) / len(diffs) if diffs else math.nan
     best_row = st.results.get(best.number, {})
-    sec.blocks.append(_Para(
+    sec.blocks.append(Paragraph(
         f"AN baseline ('an', assume negative, Cole et al. 2021 Eq. 3) trained on {store_path} "
         f"with the best trial's training settings: {cfg.epochs} epochs, batch size "
         f"{cfg.batch_size}, lr {cfg.lr:g}, Adam, train seed {cfg.seed}, single-positive draw "
@@ -484,31 +495,31 @@ def _baseline(st: _Study, ctx: ReportRuns | None, why: str, fig_dir: Path, out: 
         f"classes; mean per-class difference {mean_diff:+.2f} AP points. Full run: "
         f"{baseline_path.name}."
     ))
-    sec.blocks.append(_Fig(path, (
+    sec.blocks.append(Figure(path, (
         "Per-class test AP at each model's best val epoch, sorted by the difference (best trial "
         "minus AN, written on the right).")))
     order = sorted(diffs, key=lambda r: -(r[1] - r[2]))
     if len(order) > options.max_classes:
         half = options.max_classes // 2
         order = order[:half] + order[-half:]
-    sec.blocks.append(_Table(["class", f"trial {best.number} AP", "AN AP", "difference"],
-                             [[n, f"{a:.2f}", f"{b:.2f}", f"{a - b:+.2f}"] for n, a, b in order],
-                             id="class-ap"))
+    sec.blocks.append(Table(["class", f"trial {best.number} AP", "AN AP", "difference"],
+                            [[n, f"{a:.2f}", f"{b:.2f}", f"{a - b:+.2f}"] for n, a, b in order],
+                            id="class-ap"))
     return sec, baseline_path
 
 
-def _comparison_section(st: _Study, ctx: ReportRuns | None, why: str, fig_dir: Path,
-                        options: ReportOptions) -> _Section:
+def comparison_section(st: StudyView, ctx: ReportRuns | None, why: str, fig_dir: Path,
+                       options: ReportOptions) -> Section:
     """The re-trained top trials, the paper point and the AN baseline: test mAP with 95%
     intervals and every paired difference (studies.compare), as a table and a figure."""
     from ..compare import plot
 
-    sec = _Section(*SECTIONS[8])
+    sec = Section(*SECTIONS[8])
     if ctx is None or ctx.comparison is None:
-        sec.blocks.append(_Note(f"Skipped: {why or 'nothing was re-trained'}."))
+        sec.blocks.append(Note(f"Skipped: {why or 'nothing was re-trained'}."))
         return sec
     cmp = ctx.comparison
-    sec.blocks.append(_Para(
+    sec.blocks.append(Paragraph(
         f"The best {min(INTERVAL_TOP, len(st.complete))} trials by val mAP"
         + (", the paper's values" if st.paper is not None else "")
         + " and the AN baseline, re-trained on the study's store with their own settings "
@@ -521,7 +532,7 @@ def _comparison_section(st: _Study, ctx: ReportRuns | None, why: str, fig_dir: P
     rows = []
     for label, iv in zip(cmp.labels, cmp.intervals):
         rows.append([label, f"{iv.value:.2f}", f"[{iv.low:.2f}, {iv.high:.2f}]"])
-    sec.blocks.append(_Table(["system", "test mAP", "95% interval"], rows, id="intervals"))
+    sec.blocks.append(Table(["system", "test mAP", "95% interval"], rows, id="intervals"))
     prow = []
     for p in sorted(cmp.pairs, key=lambda p: p.p_holm):
         a, b, sign = (p.a, p.b, 1) if p.diff.value >= 0 else (p.b, p.a, -1)
@@ -529,19 +540,19 @@ def _comparison_section(st: _Study, ctx: ReportRuns | None, why: str, fig_dir: P
         verdict = f"{cmp.labels[a]} better" if p.significant else "no clear difference"
         prow.append([f"{cmp.labels[a]} - {cmp.labels[b]}", f"{sign * p.diff.value:+.2f}",
                      f"[{lo:+.2f}, {hi:+.2f}]", f"{p.p_value:.3f}", f"{p.p_holm:.3f}", verdict])
-    sec.blocks.append(_Table(["pair", "difference", "95% interval", "p", "p (Holm)",
-                              "verdict"], prow, id="comparison"))
+    sec.blocks.append(Table(["pair", "difference", "95% interval", "p", "p (Holm)",
+                             "verdict"], prow, id="comparison"))
     drift = [(n, r.trials[0].best.get("test_map"), st.results.get(n, {}).get("test_map"))
              for n, r in ctx.trials.items()]
     drift = [(n, a, b) for n, a, b in drift
              if isinstance(a, float) and isinstance(b, float) and abs(a - b) > 0.01]
     if drift:
-        sec.blocks.append(_Note("Re-training did not reproduce the study's test mAP exactly "
-                                "for " + ", ".join(f"trial {n} ({a:.2f} vs {b:.2f})"
-                                                   for n, a, b in drift)
-                                + "; the table shows the re-trained heads.", kind="warn"))
+        sec.blocks.append(Note("Re-training did not reproduce the study's test mAP exactly "
+                               "for " + ", ".join(f"trial {n} ({a:.2f} vs {b:.2f})"
+                                                  for n, a, b in drift)
+                               + "; the table shows the re-trained heads.", kind="warn"))
     path = plot(cmp, fig_dir / "comparison.png")
-    sec.blocks.append(_Fig(path, (
+    sec.blocks.append(Figure(path, (
         "Left: test mAP with its 95% bootstrap interval. Right: every pairwise difference "
         "(higher minus lower) with its paired interval; red where the Holm-corrected p < 0.05.")))
     return sec

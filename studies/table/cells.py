@@ -367,6 +367,7 @@ def _winner_method(study: Any, what: str, kind: str, config: TableConfig) -> Met
     from optuna.trial import TrialState
 
     from ..confirm import trained_settings, trial_setup
+    from ..storage import best_trial
 
     loss = study.user_attrs.get("spml.loss")
     if loss is None:
@@ -374,7 +375,7 @@ def _winner_method(study: Any, what: str, kind: str, config: TableConfig) -> Met
     complete = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
     if not complete:
         raise TableError(f"study '{study.study_name}' has no completed trial yet")
-    best = max(complete, key=lambda t: (t.value, -t.number))
+    best = best_trial(complete)
     settings = trained_settings(study)
     hp, cfg = trial_setup(best.params, loss, settings, seeds=(config.seed,),
                           observed_seed=int(settings.get("observed_seed", 1200)))

@@ -1,0 +1,144 @@
+"""Seams as interfaces: no module of ``probe``, ``featurize`` or ``studies`` imports another
+module's underscore-prefixed name (``from X import _name``). What a module needs from another is
+public where it lives, with a docstring, or lives in the module that uses it. Importing a private
+*module* (``from . import _plugins``) is allowed: its public names are the interface."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("probe", "featurize", "studies")
+
+# Pending: these files are being reworked on another branch; their private imports go when it
+# lands, and then this allowance is emptied.
+PENDING: frozenset[str] = frozenset({
+    "probe/losses/gpr.py",
+    "probe/losses/vlpl.py",
+    "probe/losses/online_estimation.py",
+    "probe/losses/assume_negative.py",
+    "probe/losses/gr_loss.py",
+    "probe/store/prior_writer.py",
+    "probe/store/priors.py",
+    "featurize/clip_priors.py",
+    "featurize/priors_cli.py",
+    "featurize/import_cli.py",
+    "featurize/cli.py",
+})
+
+
+def _is_module(dotted: str) -> bool:
+    path = ROOT.joinpath(*dotted.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def private_imports(source: str, module: str, is_package: bool = False) -> list[str]:
+    """``module.name`` of every ``from X import _name`` in ``source`` (the code of ``module``)
+    whose ``_name`` is not itself a module, at module level or inside functions."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.ImportFrom) or node.module == "__future__":
+            continue
+        if node.level:
+            base = module.split(".") if is_package else module.split(".")[:-1]
+            base = base[: len(base) - node.level + 1]
+            source_module = ".".join([*base, *([node.module] if node.module else [])])
+        else:
+            source_module = node.module or ""
+        for alias in node.names:
+            name = alias.name
+            if not name.startswith("_") or name.startswith("__"):
+                continue
+            if _is_module(f"{source_module}.{name}"):
+                continue
+            found.append(f"{source_module}.{name} (line {node.lineno})")
+    return found
+
+
+def test_no_module_imports_another_modules_private_name():
+    wrong = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel in PENDING:
+                continue
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            is_package = parts[-1] == "__init__"
+            module = ".".join(parts[:-1] if is_package else parts)
+            wrong += [f"{rel}: {hit}"
+                      for hit in private_imports(path.read_text(), module, is_package)]
+    assert not wrong, "private names imported across modules:\n" + "\n".join(wrong)
+
+
+def test_the_pending_files_exist():
+    # a pending file renamed or removed must leave the allowance too
+    missing = sorted(p for p in PENDING if not (ROOT / p).is_file())
+    assert not missing, missing
+
+
+def test_the_walker_finds_private_names_and_lets_private_modules_pass():
+    code = (
+        "from probe.store.layout import SCHEMA_VERSION, _VERSIONED_PACKAGES\n"
+        "from . import _plugins\n"
+        "from ._hparams import check_hparams\n"
+        "def f():\n"
+        "    from .vlpl import _check_scores\n"
+    )
+    assert private_imports(code, "probe.losses._base") == [
+        "probe.store.layout._VERSIONED_PACKAGES (line 1)",
+        "probe.losses.vlpl._check_scores (line 5)",
+    ]
+
+
+# ----------------------------------------------------------------------------- one rule, one place
+
+
+def test_trials_rank_by_value_then_by_the_lowest_number():
+    from types import SimpleNamespace as T
+
+    from studies.storage import best_trial, ranked_trials
+
+    trials = [T(number=0, value=0.5), T(number=3, value=0.9), T(number=1, value=0.9),
+              T(number=2, value=0.1)]
+    assert [t.number for t in ranked_trials(trials)] == [1, 3, 0, 2]
+    assert best_trial(trials).number == 1
+    assert best_trial([]) is None
+
+
+def _studies_sources() -> dict[str, str]:
+    return {path.relative_to(ROOT).as_posix(): path.read_text()
+            for path in sorted((ROOT / "studies").rglob("*.py"))}
+
+
+def test_the_best_trial_rule_and_the_paper_mark_live_in_one_module():
+    import re
+
+    rank = re.compile(r"key=lambda \w+: \(-?\w+\.value, -?\w+\.number\)")
+    spelled = {rel: rank.findall(text) + re.findall(r'"spml:paper"', text)
+               for rel, text in _studies_sources().items()}
+    elsewhere = {rel: hits for rel, hits in spelled.items()
+                 if hits and rel != "studies/storage.py"}
+    assert not elsewhere, elsewhere
+    assert spelled["studies/storage.py"] == ['"spml:paper"']
+
+
+def test_a_study_checks_its_inputs_once(yeast_store, tmp_path, monkeypatch):
+    import studies.study as study_module
+    import studies.study_create as create_module
+    from studies.study_settings import StudySettings, preflight
+
+    calls = []
+
+    def counted(settings, store):
+        calls.append(settings.loss)
+        return preflight(settings, store)
+
+    monkeypatch.setattr(study_module, "preflight", counted)
+    monkeypatch.setattr(create_module, "preflight", counted)
+    settings = StudySettings(store=yeast_store, loss="an_ls", n_trials=1, batch=1,
+                             out=str(tmp_path), epochs=1, batch_size=32, lr=0.01,
+                             pruner="none")
+    summary = study_module.run_study(settings, verdict=False)
+    assert summary.n_complete == 1
+    assert calls == ["an_ls"]
