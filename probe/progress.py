@@ -145,6 +145,23 @@ class Progress:
             if done or now - self._last_line >= self.interval:
                 self._status_line(now)
 
+    def step(self, message: str, n: int = 1) -> None:
+        """Count ``n`` done and say what was done, with the status, once: in a log one line
+        ``message (desc: k/N unit (p%), elapsed, ETA)``; on a terminal the message above the
+        bar; nothing when off. The per-unit line of work whose units each take seconds (a
+        re-trained head)."""
+        if self._bar is not None:
+            self._bar.write(message, file=self.file)
+            self.update(n)
+        elif self.mode == "lines":
+            self.n += n
+            with self._lock:
+                now = time.monotonic()
+                self._print(f"{message} ({self.status(now)})")
+                self._last_line, self._last_count = now, self.n
+        else:
+            self.n += n
+
     def refresh(self, force: bool = False) -> None:
         """Show the display as of now without counting: in a log, a status line when
         ``interval`` seconds have passed since the last (with ``force``: whenever the count

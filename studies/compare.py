@@ -234,8 +234,7 @@ def systems_of_study(study: Any, where: str, *, top: int = 3, device: str = "cpu
                 head, source, how = result.head(0), dict(result.source), "re-trained"
             systems.append(System(label=label, path=str(study_dir), trial=t.number, loss=loss,
                                   hparams=hp, data=dict(source), head=head))
-            bar.update(1)
-            bar.write(f"  {how} {label}: {bar.status()}")
+            bar.step(f"  {how} {label}")
     return systems
 
 

@@ -166,12 +166,12 @@ def confirm_study(
     runs: dict[int, list[tuple[float, float, int, int]]] = {t.number: [] for t in top}
     best_epochs: dict[int, list[int]] = {t.number: [] for t in top}
     ran: dict[int, Any] = {}  # the last ProbeResult of each trial: its resolved settings
-    from probe.progress import Progress
+    from probe.progress import Progress, plural
 
     bar = Progress(len(observed_seeds) * len(top), f"confirm {study.study_name}", "run",
                    enabled=progress)
-    bar.write(f"confirming the top {len(top)} trial(s) of '{study.study_name}': "
-              f"{len(seeds)} seed(s) x {len(observed_seeds)} draw(s) each")
+    bar.write(f"confirming the top {plural(len(top), 'trials')} of '{study.study_name}': "
+              f"{plural(len(seeds), 'seeds')} x {plural(len(observed_seeds), 'draws')} each")
     for obs_seed in observed_seeds:
         data = ProbeData.from_store(
             store, device=device if device != "auto" else "cpu", observed_seed=obs_seed,
@@ -193,10 +193,13 @@ def confirm_study(
                         obs_seed,
                     )
                 )
-            bar.update()
-            log(f"trial {trial.number} re-trained on draw {obs_seed} ({len(seeds)} seed"
-                f"{'s' if len(seeds) != 1 else ''}): test mAP {_fmt(runs[trial.number])}"
-                + (f"; {bar.status()}" if progress else ""))
+            done = (f"trial {trial.number} re-trained on draw {obs_seed} "
+                    f"({plural(len(seeds), 'seeds')}): test mAP {_fmt(runs[trial.number])}")
+            if bar.mode == "off":  # progress off: the line still goes to the log
+                bar.update()
+                log(done)
+            else:
+                bar.step(done)
     bar.close()
     from probe import __version__
 

@@ -39,6 +39,24 @@ def test_lines_in_a_log(monkeypatch):
     assert "ETA" in lines[2] and lines[2].endswith("1 pruned")
 
 
+def test_a_step_says_what_was_done_with_the_status_once(monkeypatch):
+    """step(): one line per unit in a log, the message and the status together, and no second
+    status line for the last unit when the bar closes; nothing at all when progress is off."""
+    monkeypatch.delenv("SPML_PROGRESS", raising=False)
+    log = _Log()
+    with Progress(2, "re-training", "heads", file=log, interval=3600) as bar:
+        bar.step("re-trained trial 3")
+        bar.step("re-trained trial 0")
+    lines = log.getvalue().splitlines()
+    assert len(lines) == 3 and lines[0] == "re-training: starting (2 heads)"
+    assert lines[1].startswith("re-trained trial 3 (re-training: 1/2 heads (50%), ")
+    assert "ETA" in lines[1] and lines[2].startswith("re-trained trial 0 (re-training: 2/2 heads")
+    quiet = _Log()
+    with Progress(1, "x", "heads", file=quiet, enabled=False) as bar:
+        bar.step("done")
+    assert quiet.getvalue() == "" and bar.n == 1
+
+
 def test_import_in_a_log_is_plain_lines(tmp_path):
     """'spml import yeast' without --quiet, stderr to a file."""
     import pytest

@@ -589,3 +589,17 @@ def test_training_settings_come_from_the_rows_and_mixed_ones_are_flagged(tmp_pat
     text = result.html_path.read_text()
     assert "trained with different settings (lr: 0.01, 0.1)" in text
     assert "lr 0.1 (recorded with the trials)" in text  # the best trial (5) trained at 0.1
+
+
+def test_the_summary_names_the_source_of_an_imported_and_of_a_featurized_store():
+    """An import records its source as a dict, a featurized store as fields (and, before them,
+    a sentence): each reads back as one line, never a crash on a string."""
+    from studies.report.sections import source_text
+
+    assert source_text({"source": {"kind": "arrays", "dataset": "yeast"}}) == "yeast"
+    assert source_text({"source": "images of dataset 'photos' under /data/photos"}) == \
+        "images of dataset 'photos' under /data/photos"
+    assert source_text({"source": "images of dataset 'photos' under /x", "dataset": "photos",
+                        "image_root": "/abs/photos", "adapter": "folder",
+                        "adapter_options": {}}) == "images of dataset 'photos' under /abs/photos"
+    assert source_text({}) == "?"

@@ -176,7 +176,7 @@ def test_the_report_names_what_the_study_used_and_its_reproduce_command_runs(
     study_out = study_out[0] if isinstance(study_out, tuple) else study_out
     rc, _, err = _run(["report", str(study_out), "--out", str(tmp_path / "r")])
     assert rc == 0, err
-    assert re.search(r"re-trained trial \d+ for its test-mAP interval: .*1/\d+ heads", err)
+    assert re.search(r"re-trained trial \d+ for its test-mAP interval \(.*: 1/\d+ heads", err)
     md = (tmp_path / "r" / "report.md").read_text()
     assert says in md
     assert "(from spml-probe " in md  # the package that provides the loss, and its version

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shlex
 import shutil
 from pathlib import Path
@@ -41,8 +42,8 @@ def _digest(path: Path) -> str:
 
 
 def _trained(err: str) -> int:
-    line = next(x for x in err.splitlines() if "cell(s) trained" in x)
-    return int(line.split()[0])
+    found = [m for x in err.splitlines() if (m := re.match(r"(\d+) cells? trained", x))]
+    return int(found[0][1])
 
 
 def test_table_rows_marks_outputs_and_resume(store, tmp_path, capsys):

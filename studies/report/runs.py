@@ -164,9 +164,7 @@ def _retrain_top(st: Any, ctx: ReportRuns, device: str, log: Callable[[str], Non
             if not progress:
                 log(f"re-training trial {t.number} for its test-mAP interval")
             ctx.trials[t.number] = train_probe(ctx.data, cfg, st.loss, [hp], progress=False)
-            bar.update(1)
-            bar.write(f"  re-trained trial {t.number} for its test-mAP interval: "
-                      f"{bar.status()}")
+            bar.step(f"  re-trained trial {t.number} for its test-mAP interval")
     labels = [f"trial {n}" + (" (paper)" if paper is not None and n == paper.number else "")
               for n in ctx.trials] + ["AN baseline"]
     heads = [r.best_heads[0] for r in ctx.trials.values()] + [ctx.an.best_heads[0]]

@@ -102,6 +102,20 @@ def _prior_words(name: str, prov: dict) -> str:
     return f"'{name}' (--priors {name})" + (f": {'; '.join(facts)}" if facts else "")
 
 
+def source_text(provenance: dict[str, Any]) -> str:
+    """Where a store's rows came from, from its provenance: an import's record (a dict: its
+    dataset or kind), or the images a featurized store read (dataset and absolute root)."""
+    source = provenance.get("source")
+    if isinstance(source, dict):
+        return str(source.get("dataset") or source.get("kind") or "?")
+    from featurize.datasets import image_source
+
+    images = image_source(provenance)
+    if images is not None:
+        return f"images of dataset '{images.dataset}' under {images.root}"
+    return str(source or "?")
+
+
 def summary_section(st: StudyView, commands: list[str]) -> Section:
     """The Summary section: the study, its store, draw, training, search space and commands."""
     sec = Section(*SECTIONS[0])
@@ -161,8 +175,7 @@ def summary_section(st: StudyView, commands: list[str]) -> Section:
                            f"{prov.get('store_dtype', '')} features".replace("  ", " ")),
         ("backbone", str(ident.get("backbone") or inner.get("backbone") or "?")),
         ("weights sha256", str(ident.get("weights_sha256") or "none")),
-        ("source", str((inner.get("source") or {}).get("dataset")
-                       or (inner.get("source") or {}).get("kind") or "?")),
+        ("source", source_text(inner)),
         ("store created", str(ident.get("created") or "?")),
         ("training", training),
         ("labels", f"draw {s.get('observed_seed', '?')}{_draw_words(prov)}; val labels "
