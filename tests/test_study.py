@@ -34,8 +34,14 @@ FAST = ["--epochs", "3", "--batch-size", "32", "--lr", "0.01"]
 
 
 @pytest.fixture(scope="module")
-def yeast(yeast_store) -> str:
-    return yeast_store
+def yeast(yeast_store, tmp_path_factory) -> str:
+    """A copy of the session's yeast store: a confirm here adds draw 7 to it, and the session's
+    store is read by other modules as it was imported."""
+    import shutil
+
+    path = tmp_path_factory.mktemp("study-yeast") / "yeast.zarr"
+    shutil.copytree(yeast_store, path)
+    return str(path)
 
 
 def journal_storage(out: Path):
