@@ -80,7 +80,7 @@ class Loss(nn.Module):
     :meth:`end_epoch` where the paper has a per-epoch pass. A loss that reads a prior
     (per-image class scores from a vision-language model, ``docs/priors.md``) names it in
     :attr:`prior` and receives the train rows' scores once in :meth:`set_prior`
-    (``probe.losses._prior.PriorMixin`` keeps them and gathers a batch's rows by ``index``).
+    (``probe.losses.PriorMixin`` keeps them and gathers a batch's rows by ``index``).
 
     Class attributes (the contract; :func:`register` checks them):
 
@@ -247,7 +247,7 @@ class Loss(nn.Module):
     def set_prior(self, scores: Tensor, extras: dict[str, Tensor] | None = None) -> None:
         """Receive the train split's prior once, after :meth:`setup`: ``scores`` ``(N_train,
         C)`` float32 in the train rows' order, ``extras`` further ``(N_train, C)`` arrays by
-        name. Losses with :attr:`prior` set override this (``probe.losses._prior``)."""
+        name. Losses with :attr:`prior` set override this (``probe.losses.PriorMixin``)."""
         raise LossInputError(
             f"{self.name}: this loss uses no prior (per-image class scores); drop --priors "
             "(ProbeConfig.priors) or choose a loss that uses one (vlpl, gpr)"
@@ -450,6 +450,9 @@ def register(cls: type[Loss]) -> type[Loss]:
     Checks the contract (:class:`Loss`) and refuses a name already taken, naming both classes
     (:class:`LossContractError`)."""
     _check_contract(cls)
+    from .prior import check_prior_contract  # the prior contract (docs/plugins.md)
+
+    check_prior_contract(cls)
     with _PLUGIN_LOCK:
         taken = _REGISTRY.get(cls.name)
         if taken is not None and taken is not cls:
