@@ -159,7 +159,8 @@ def format_summary(summary: dict) -> str:
         extras = f", extras {rec['extras']}" if rec["extras"] else ""
         lines.append(f"prior       {name}: model {prov.get('model')}, temperature "
                      f"{prov.get('temperature')}, tiles {prov.get('tiles')}{extras}; source "
-                     f"{prov.get('source')}")
+                     f"{prov.get('source')}"
+                     + (f"; WARNING: {rec['warning']}" if rec.get("warning") else ""))
     if s["other_attrs"]:
         lines += ["", "attributes"]
         lines += [f"  {k}: {_flat(v)}" for k, v in s["other_attrs"].items()]
