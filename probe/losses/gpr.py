@@ -249,7 +249,10 @@ tile extras the prior's scores are taken as DAMP's final s. Pseudo-negatives ran
 (g + tile_mean)/2 (the prior's scores without tile_mean). The paper's pseudo-negative term is on
 by default; the released train.py uses the pseudo-labels whose negatives are 0, so the term never
 runs there: pseudo_negatives=False reproduces that. The code's −log(x + 1e-7) is the exact log
-here; q1 = 0 (−log p on the observed positive) as in the code. Ties in top-k rank the lower class
+here; q1 = 0 (−log p on the observed positive) as in the code. released=True is the released
+code on every input: no pseudo-negative term, a pseudo-positive among the int(neg_ratio * C)
+lowest dropped, −log(x + 1e-7), train.py's schedules (docs/priors.md lists every difference).
+Presets: AEVLP's configs/*.json and config.py, field by field. Ties in top-k rank the lower class
 first. w, b, μ, σ follow GR's linear schedules (docs/losses.md "Generalized Robust Loss";
 coco β = [w_0, w_T, b_0, b_T] = [0, 10, −2, −8], α = [μ_0, σ_0, μ_T, σ_T] = [0.5, 2, 0.8, 0.5]);
 learn_kv is not supported. Reported (ResNet-50 fine-tuned): VOC 90.46, COCO 73.54, NUS 50.70,
