@@ -410,6 +410,8 @@ def test_stacked_trials_with_a_prior_equal_plain_loops(name, varied, fixed):
         torch.testing.assert_close(got.bias, ref.bias.detach(), atol=2e-5, rtol=1e-4)
         heads.append(got.weight)
     assert not torch.allclose(heads[0], heads[1])  # the varied parameter mattered
+    mode = "DAMP (tile_max, tile_min)" if name == "gpr" else "scores only"
+    assert f"{name} read prior 't': {mode}" in result.config["notes"]  # which mode ran
 
 
 def test_per_trial_seeds_and_trial_blocks_each_get_the_prior():
