@@ -94,9 +94,65 @@ def test_unknown_extras_are_refused_by_name():
     _, y, scores, extras = _setup()
     loss = create_loss("gpr", k=2.0)
     loss.setup(y, n_epochs=1)
-    with pytest.raises(LossInputError, match=r"global.*does not read.*tile_max, tile_min, tile_mean"):
+    with pytest.raises(LossInputError, match=r"global.*not read.*tile_max, tile_min, tile_mean"):
         loss.set_prior(scores, {"global": scores, **extras})
     v = create_loss("vlpl")
     v.setup(y, n_epochs=1)
     with pytest.raises(LossInputError, match=r"--priors.*tile_max.*extras it reads: none"):
         v.set_prior(scores, {"tile_max": extras["tile_max"]})
+
+
+@pytest.mark.parametrize("flags", [{}, {"use_k": False}, {"use_v": False}, {"robust": False},
+                                   {"q1": 0.3, "q3": 0.5}, {"q2": 0.0, "q3": 0.0}])
+def test_gpr_closed_form_gradient_equals_gr_autograd_without_pseudo_labels(flags):
+    """No pseudo-labels (θ = 1, neg_ratio 0) and reg 0: GPR is GR (autograd), so the two
+    gradients agree for every GR switch; stacked trials too."""
+    g, y, scores, extras = _setup(seed=4)
+    common = {"w_T": torch.tensor([2.0, 10.0]), "q1": 0.0, **flags}
+    gpr_loss = create_loss("gpr", threshold=1.0, neg_ratio=0.0, reg=0.0, k=2.0, **common)
+    gr_loss = create_loss("gr", **common)
+    for loss in (gpr_loss, gr_loss):
+        loss.setup(y, n_epochs=3, n_trials=2)
+        loss.start_epoch(1)
+    gpr_loss.set_prior(scores, extras)
+    index = torch.arange(5, 25)
+    z = torch.randn(2, len(index), 12, generator=g, dtype=torch.float64) * 3
+    z1, z2 = z.clone().requires_grad_(True), z.clone().requires_grad_(True)
+    a = gpr_loss(z1, y[index], index=index).loss
+    b = gr_loss(z2, y[index]).loss
+    (a * torch.tensor([1.0, -2.0], dtype=torch.float64)).sum().backward()
+    (b * torch.tensor([1.0, -2.0], dtype=torch.float64)).sum().backward()
+    torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(z1.grad, z2.grad, rtol=1e-9, atol=1e-14)
+
+
+def test_vlpl_closed_form_gradient_equals_autograd_with_warmup_and_eps():
+    g, y, scores, _ = _setup(seed=5)
+    for kw in ({"warmup_epochs": 2}, {"log_eps": 1e-5, "k_neg": 2.0, "beta_neg": 0.5}):
+        loss = create_loss("vlpl", threshold=0.1, **kw)
+        loss.setup(y, n_epochs=3)
+        loss.set_prior(scores)
+        loss.start_epoch(0)
+        index = torch.arange(0, 30, 2)
+        z = torch.randn(len(index), 12, generator=g, dtype=torch.float64) * 4
+        z1, z2 = z.clone().requires_grad_(True), z.clone().requires_grad_(True)
+        got = loss(z1, y[index], index=index).loss
+        got.backward()
+        if "warmup_epochs" in kw:
+            ref = create_loss("em", alpha=0.1)(z2, y[index]).loss  # warmup: plain EM
+        else:
+            ref = vlpl(z2, y[index], scores[index], threshold=0.1, **kw)
+        ref.backward()
+        torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(z1.grad, z2.grad, rtol=1e-9, atol=1e-14)
+
+
+def test_set_hparam_refreshes_the_cached_pseudo_labels():
+    _, y, scores, extras = _setup(seed=6)
+    loss = create_loss("gpr", k=2.0, top_k=1.0, threshold=0.0)
+    loss.setup(y, n_epochs=1)
+    loss.set_prior(scores, extras)
+    before = (loss.prior_code == 1).sum(1)
+    loss.set_hparam("top_k", 4.0)
+    after = (loss.prior_code == 1).sum(1)
+    assert (before <= 1).all() and (after > before).any()

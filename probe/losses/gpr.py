@@ -54,9 +54,9 @@ from ._base import (
     register,
 )
 from .assume_negative import _K, EXPECTED_POSITIVES
-from .gr_loss import _Q_NOT_ROBUST, GR, _gr_core
+from .gr_loss import _Q_NOT_ROBUST, _Q_TINY, GR, _gr_core
 from .gr_loss import _SPECS as _GR_SPECS
-from .prior import PriorMixin, check_scores, rank_desc, rank_dtype
+from .prior import PriorMixin, check_scores, rank_desc, rank_dtype, value_with_grad
 
 __all__ = ["damp_scores", "gpr", "gpr_pseudo_labels"]
 
@@ -150,12 +150,47 @@ def _gpr_entries(z: Tensor, y: Tensor, gr_parts: Any, use_k: bool, pos: Tensor,
         base = torch.where(y > 0, gr_parts.l1, gr_parts.v * rest)
     # 1 − v clipped to [λ2, λ1] in the released code's order (at most λ1, then at least λ2:
     # λ2 wins where λ2 > λ1)
-    weight = torch.where(1 - gr_parts.v > lam1, lam1, 1 - gr_parts.v)
-    weight = torch.where(weight < lam2, lam2, weight)
+    weight = torch.clamp(1 - gr_parts.v, max=lam1).clamp(min=lam2)
     out = torch.where(pos, weight * (rho * lp + (1 - rho) * ln), base)
     if neg is not None:
         out = torch.where(neg, gr_parts.v * ln, out)
     return out
+
+
+def _power(log_x: Tensor, x: Tensor, q) -> Tensor | float:
+    """x^q from log x (q a number or (T, 1, 1)); x^0 = 1."""
+    if isinstance(q, Tensor):
+        return torch.exp(q * log_x)
+    if q < _Q_TINY:
+        return 1.0
+    return x if q == 1.0 else torch.exp(q * log_x)
+
+
+def _gpr_grad(z: Tensor, y: Tensor, gr_parts: Any, use_k: bool, pos: Tensor, neg: Tensor | None,
+              qs: list, lam1, lam2, rho, k, reg, released: bool) -> Tensor:
+    """d loss / d z of :func:`_gpr_entries` + :func:`_expected_positives` in closed form (k̂ and
+    v are of sg(p), constants): dL1/dz = −p^q1·(1−p), dL2/dz = −p^q2·(1−p), dL3/dz =
+    p·(1−p)^q3, d(−log p)/dz = −(1−p), d(−log(1−p))/dz = p, the regulariser's
+    2·reg·(m − k)/C²·p(1−p)/B; the entries' part over B·C."""
+    p, q = torch.sigmoid(z), torch.sigmoid(-z)
+    log_p, log_q = F.logsigmoid(z), F.logsigmoid(-z)
+    pq = p * q
+    g2, g3 = -_power(log_p, p, qs[1]) * q, p * _power(log_q, q, qs[2])
+    rest = torch.lerp(g3, g2, gr_parts.k_hat) if use_k else g3
+    if released:  # −log(x + 1e-7)
+        dlp, dln = -pq / (p + RELEASED_LOG_EPS), pq / (q + RELEASED_LOG_EPS)
+        g1 = dlp
+    else:
+        dlp, dln = -q, p
+        g1 = -_power(log_p, p, qs[0]) * q
+    out = torch.where(y > 0, g1, gr_parts.v * rest)
+    weight = torch.clamp(1 - gr_parts.v, max=lam1).clamp(min=lam2)
+    out = torch.where(pos, weight * (rho * dlp + (1 - rho) * dln), out)
+    if neg is not None:
+        out = torch.where(neg, gr_parts.v * dln, out)
+    b, c = z.shape[-2:]
+    m = p.sum(-1, keepdim=True).mean(-2, keepdim=True)  # (…, 1, 1)
+    return out / (b * c) + (2.0 / (c * c * b)) * reg * (m - k) * pq
 
 
 def _expected_positives(z: Tensor, k, reg) -> Tensor:
@@ -291,12 +326,26 @@ CUB 24.89 mAP."""
         self.register_buffer("prior_rank_neg", rank_desc(-neg).to(dtype), persistent=False)
         self.prior_mode = ("DAMP (tile_max, tile_min)" if self.has_prior("tile_max")
                            else "scores as DAMP's s")
-        self._damp_cached = False
+        self._damp_cached = self._coded = False
         if self._fixed_damp():
             s = self._damp(g, self.observed_train, ("tile_max", "tile_min"), None)
             self.register_buffer("prior_damp", s.contiguous(), persistent=False)
             self.register_buffer("prior_rank_pos", rank_desc(s).to(dtype), persistent=False)
             self._damp_cached = True
+            fixed = [self.hparam(n) for n in ("top_k", "threshold", "neg_ratio")]
+            if not any(isinstance(v, Tensor) for v in fixed):
+                # every rule parameter fixed: each entry's pseudo-label as one int8 code
+                pos, neg = gpr_pseudo_labels(s, self.observed_train, *fixed[:2], None, fixed[2],
+                                             self.hparam("released"),
+                                             (self.prior_rank_pos, self.prior_rank_neg))
+                code = pos.to(torch.int8) + 2 * neg.to(torch.int8)
+                self.register_buffer("prior_code", code, persistent=False)
+                self._coded = True
+
+    def set_hparam(self, name: str, value: Any) -> None:
+        super().set_hparam(name, value)
+        if getattr(self, "prior_scores", None) is not None:
+            self.prior_ready()  # the caches follow the rule's parameters
 
     def _fixed_damp(self) -> bool:
         return not self.has_prior("tile_max") or not isinstance(self.hparam("eta"), Tensor)
@@ -311,29 +360,42 @@ CUB 24.89 mAP."""
             tmax, tmin = self.prior_rows(index, keys)
         return damp_scores(g, tmax, tmin, observed, self.hparam("eta"))
 
-    def forward(self, logits: Tensor, observed: Tensor, index: Tensor | None = None) -> LossOutput:
-        z = promote(logits)
+    def _pseudo_labels(self, observed: Tensor, index: Tensor | None, released: bool
+                       ) -> tuple[Tensor, Tensor]:
+        """DAMP's masks of the batch from the cached ranks (a per-trial top_k, θ or neg_ratio)
+        or, with a per-trial η, from DAMP's scores ranked per batch."""
         if getattr(self, "_damp_cached", False) and self._fixed_damp():
             s, rank_pos, rank_neg = self.prior_rows(index, ("damp", "rank_pos", "rank_neg"))
-        else:  # a per-trial η: DAMP's scores and their ranking per batch
+        else:
             g, rank_neg = self.prior_rows(index, ("scores", "rank_neg"))
             s, rank_pos = self._damp(g, observed, ("tile_max", "tile_min"), index), None
+        return gpr_pseudo_labels(s, observed, self.hparam("top_k"), self.hparam("threshold"),
+                                 None, self.hparam("neg_ratio"), released, (rank_pos, rank_neg))
+
+    def forward(self, logits: Tensor, observed: Tensor, index: Tensor | None = None) -> LossOutput:
+        z = promote(logits)
+        released = self.hparam("released")
+        if getattr(self, "_coded", False):  # the train rows' pseudo-labels, computed once
+            (code,) = self.prior_rows(index, ("code",))
+            pos, neg = code == 1, code == 2
+        else:
+            pos, neg = self._pseudo_labels(observed, index, released)
         w, b, mu, sigma = self._current(z)
         if self.hparam("robust"):
             qs = [hp(self.hparam(q), z) for q in ("q1", "q2", "q3")]
         else:
             qs = [_Q_NOT_ROBUST] * 3
         use_k = self.hparam("use_k")
-        parts = _gr_core(z, observed, w, b, mu, sigma, *qs, use_k, self.hparam("use_v"))
-        released = self.hparam("released")
-        pos, neg = gpr_pseudo_labels(s, observed, self.hparam("top_k"), self.hparam("threshold"),
-                                     None, self.hparam("neg_ratio"), released,
-                                     (rank_pos, rank_neg))
         if self.hparam("k") is None:
             raise LossInputError("gpr: hyperparameter 'k' (expected positives per image) is not "
                                  "set; pass k=… or let the trainer fill it from the dataset")
         h = {n: hp(self.hparam(n), z) for n in ("lam1", "lam2", "rho", "reg", "k")}
-        use_neg = self.hparam("pseudo_negatives") and not released
-        out = _gpr_entries(z, observed, parts, use_k, pos, neg if use_neg else None, h["lam1"],
-                           h["lam2"], h["rho"], released)
-        return LossOutput(mean_bc(out) + _expected_positives(z, h["k"], h["reg"]), {})
+        neg = neg if self.hparam("pseudo_negatives") and not released else None
+        with torch.no_grad():  # the value, and its gradient in closed form (value_with_grad)
+            parts = _gr_core(z, observed, w, b, mu, sigma, *qs, use_k, self.hparam("use_v"))
+            out = _gpr_entries(z, observed, parts, use_k, pos, neg, h["lam1"], h["lam2"],
+                               h["rho"], released)
+            value = mean_bc(out) + _expected_positives(z, h["k"], h["reg"])
+            grad = _gpr_grad(z, observed, parts, use_k, pos, neg, qs, h["lam1"], h["lam2"],
+                             h["rho"], h["k"], h["reg"], released)
+        return LossOutput(value_with_grad(z, value, grad), {})

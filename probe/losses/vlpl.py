@@ -25,6 +25,8 @@ The loss object ranks each train row's prior once, when the prior is set
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -39,7 +41,7 @@ from ._base import (
     promote,
     register,
 )
-from .prior import PriorMixin, check_scores, rank_desc, rank_dtype
+from .prior import PriorMixin, check_scores, rank_desc, rank_dtype, value_with_grad
 
 __all__ = ["vlpl", "vlpl_pseudo_labels"]
 
@@ -96,16 +98,13 @@ def _uses(k: float | Tensor) -> bool:
     return isinstance(k, Tensor) or k > 0
 
 
-def _neg_log(log_x: Tensor, x: Tensor, eps: float) -> Tensor:
-    """−log x exactly (from ``log_x``), or −log(x + eps) as the released code computes it."""
-    return -log_x if eps == 0 else -torch.log(x + eps)
-
-
 def _vlpl_entries(z: Tensor, y: Tensor, pos: Tensor | None, neg: Tensor | None, alpha, beta_pos,
                   beta_neg, eps: float) -> Tensor:
     p = torch.sigmoid(z)
-    lp = _neg_log(F.logsigmoid(z), p, eps)  # −log p
-    ln = _neg_log(F.logsigmoid(-z), 1 - p, eps)  # −log(1 − p)
+    if eps == 0:  # −log p, −log(1 − p) exactly, as EM's
+        lp, ln = F.softplus(-z), F.softplus(z)
+    else:
+        lp, ln = -torch.log(p + eps), -torch.log(1 - p + eps)
     entropy = p * lp + (1 - p) * ln
     out = torch.where(y == 1, lp, torch.where(y == 0, -alpha * entropy, ln))
     if pos is not None:
@@ -113,6 +112,37 @@ def _vlpl_entries(z: Tensor, y: Tensor, pos: Tensor | None, neg: Tensor | None, 
     if neg is not None:
         out = torch.where(neg, beta_neg * (0.1 * lp + 0.9 * ln), out)
     return out
+
+
+def _vlpl_grad(z: Tensor, y: Tensor, pos: Tensor | None, neg: Tensor | None, alpha, beta_pos,
+               beta_neg, eps: float) -> Tensor:
+    """d mean_bc(:func:`_vlpl_entries`) / d z in closed form: with lp = −log(p + ε), ln =
+    −log(1 − p + ε), dlp = −p(1−p)/(p + ε), dln = p(1−p)/(1 − p + ε) and H = p·lp + (1−p)·ln,
+    dH = p(1−p)(lp − ln) + p·dlp + (1−p)·dln (ε = 0: −(1−p), p, −z·p(1−p))."""
+    p, q = torch.sigmoid(z), torch.sigmoid(-z)
+    pq = p * q
+    if eps == 0:
+        lp, ln = F.softplus(-z), F.softplus(z)
+        dlp, dln = -q, p
+    else:
+        lp, ln = -torch.log(p + eps), -torch.log(q + eps)
+        dlp, dln = -pq / (p + eps), pq / (q + eps)
+    d_entropy = pq * (lp - ln) + p * dlp + q * dln
+    out = torch.where(y == 1, dlp, torch.where(y == 0, -alpha * d_entropy, dln))
+    if pos is not None:
+        out = torch.where(pos, beta_pos * (0.9 * dlp + 0.1 * dln), out)
+    if neg is not None:
+        out = torch.where(neg, beta_neg * (0.1 * dlp + 0.9 * dln), out)
+    return out / (z.shape[-1] * z.shape[-2])
+
+
+def _vlpl_value(z: Tensor, y: Tensor, pos: Tensor | None, neg: Tensor | None, alpha, beta_pos,
+                beta_neg, eps: float) -> Tensor:
+    """:func:`_vlpl_entries`' mean over B·C with its closed-form gradient (value_with_grad)."""
+    with torch.no_grad():
+        value = mean_bc(_vlpl_entries(z, y, pos, neg, alpha, beta_pos, beta_neg, eps))
+        grad = _vlpl_grad(z, y, pos, neg, alpha, beta_pos, beta_neg, eps)
+    return value_with_grad(z, value, grad)
 
 
 def vlpl(logits: Tensor, observed: Tensor, scores: Tensor, alpha: float | Tensor = 0.1,
@@ -171,23 +201,40 @@ with 1-indexed epochs). Reported (ResNet-50 fine-tuned): VOC 89.10, COCO 71.45, 
 CUB 24.02 mAP."""
 
     def prior_ready(self) -> None:
-        """Each train row's classes ranked by increasing score, once (the k_neg test)."""
+        """Once per train row: its classes ranked by increasing score (the k_neg test), and
+        with θ and k_neg fixed (numbers, not per trial) its pseudo-labels as one int8 code."""
         s = self.prior_scores
         self.register_buffer("prior_rank_asc", rank_desc(-s).to(rank_dtype(s.shape[-1])),
                              persistent=False)
+        threshold, k = self.hparam("threshold"), self.hparam("k_neg")
+        self._coded = not isinstance(threshold, Tensor) and not isinstance(k, Tensor)
+        if self._coded:
+            pos, neg = vlpl_pseudo_labels(s, self.observed_train, threshold, k,
+                                          self.hparam("released"), self.prior_rank_asc)
+            self.register_buffer("prior_code", pos.to(torch.int8) + 2 * neg.to(torch.int8),
+                                 persistent=False)
+
+    def set_hparam(self, name: str, value: Any) -> None:
+        super().set_hparam(name, value)
+        if getattr(self, "prior_scores", None) is not None:
+            self.prior_ready()  # the caches follow θ and k_neg
 
     def forward(self, logits: Tensor, observed: Tensor, index: Tensor | None = None) -> LossOutput:
         z = promote(logits)
         k = self.hparam("k_neg")
-        s, rank = (self.prior_rows(index, ("scores", "rank_asc")) if _uses(k)
-                   else [*self.prior_rows(index), None])
         h = {n: hp(self.hparam(n), z) for n in ("alpha", "beta_pos", "beta_neg")}
         released = self.hparam("released")
         eps = RELEASED_LOG_EPS if released else self.hparam("log_eps")
         if self.epoch < self.hparam("warmup_epochs"):
-            return LossOutput(mean_bc(_vlpl_entries(z, observed, None, None, h["alpha"], 0.0, 0.0,
-                                                    eps)), {})
-        pos, neg = vlpl_pseudo_labels(s, observed, self.hparam("threshold"), k, released, rank)
-        out = _vlpl_entries(z, observed, pos, neg if _uses(k) else None, h["alpha"], h["beta_pos"],
-                            h["beta_neg"], eps)
-        return LossOutput(mean_bc(out), {})
+            return LossOutput(_vlpl_value(z, observed, None, None, h["alpha"], 0.0, 0.0, eps),
+                              {})
+        if getattr(self, "_coded", False):  # the train rows' pseudo-labels, computed once
+            (code,) = self.prior_rows(index, ("code",))
+            pos, neg = code == 1, code == 2
+        else:
+            s, rank = (self.prior_rows(index, ("scores", "rank_asc")) if _uses(k)
+                       else [*self.prior_rows(index), None])
+            pos, neg = vlpl_pseudo_labels(s, observed, self.hparam("threshold"), k, released,
+                                          rank)
+        return LossOutput(_vlpl_value(z, observed, pos, neg if _uses(k) else None, h["alpha"],
+                                      h["beta_pos"], h["beta_neg"], eps), {})
