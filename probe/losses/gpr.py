@@ -54,7 +54,7 @@ from ._base import (
     register,
 )
 from .assume_negative import _K, EXPECTED_POSITIVES
-from .gr_loss import _Q_NOT_ROBUST, _Q_TINY, GR, _gr_core
+from .gr_loss import _Q_NOT_ROBUST, _Q_TINY, GR, _gauss_coef, _gr_core
 from .gr_loss import _SPECS as _GR_SPECS
 from .prior import PriorMixin, check_scores, rank_desc, rank_dtype, value_with_grad
 
@@ -157,40 +157,63 @@ def _gpr_entries(z: Tensor, y: Tensor, gr_parts: Any, use_k: bool, pos: Tensor,
     return out
 
 
-def _power(log_x: Tensor, x: Tensor, q) -> Tensor | float:
-    """x^q from log x (q a number or (T, 1, 1)); x^0 = 1."""
-    if isinstance(q, Tensor):
-        return torch.exp(q * log_x)
-    if q < _Q_TINY:
-        return 1.0
-    return x if q == 1.0 else torch.exp(q * log_x)
+def _robust_l(log_x: Tensor, x: Tensor, qv) -> tuple[Tensor, Tensor]:
+    """(1 − x^q)/q (GR's L, as −expm1(q·log x)/q; q = 0: −log x; q = 1: 1 − x) and x^q."""
+    if isinstance(qv, Tensor):
+        qv = qv.clamp_min(_Q_TINY)
+        m1 = torch.expm1(qv * log_x)
+        return m1 / -qv, m1 + 1
+    if qv < _Q_TINY:
+        return -log_x, 1.0
+    if qv == 1.0:
+        return 1 - x, x
+    m1 = torch.expm1(qv * log_x)
+    return m1 * (-1.0 / qv), m1 + 1
 
 
-def _gpr_grad(z: Tensor, y: Tensor, gr_parts: Any, use_k: bool, pos: Tensor, neg: Tensor | None,
-              qs: list, lam1, lam2, rho, k, reg, released: bool) -> Tensor:
-    """d loss / d z of :func:`_gpr_entries` + :func:`_expected_positives` in closed form (k̂ and
-    v are of sg(p), constants): dL1/dz = −p^q1·(1−p), dL2/dz = −p^q2·(1−p), dL3/dz =
-    p·(1−p)^q3, d(−log p)/dz = −(1−p), d(−log(1−p))/dz = p, the regulariser's
-    2·reg·(m − k)/C²·p(1−p)/B; the entries' part over B·C."""
+def _gpr_value_grad(z: Tensor, y: Tensor, pos: Tensor, neg: Tensor | None, sched: list, qs: list,
+                    use_k: bool, use_v: bool, h: dict, released: bool
+                    ) -> tuple[Tensor, Tensor]:
+    """GPR's loss and its gradient d loss / d z in one pass, without autograd: GR's k̂, v and
+    L1-L3 (:mod:`probe.losses.gr_loss`; k̂, v of sg(p), constants) with dL1/dz = −p^q1·(1−p),
+    dL2/dz = −p^q2·(1−p), dL3/dz = p·(1−p)^q3, d(−log p)/dz = −(1−p), d(−log(1−p))/dz = p and
+    the regulariser's 2·reg·(m − k)·p(1−p)/(C²·B). :func:`gpr` (autograd) is its reference."""
+    w, b, mu, sigma = sched
     p, q = torch.sigmoid(z), torch.sigmoid(-z)
     log_p, log_q = F.logsigmoid(z), F.logsigmoid(-z)
     pq = p * q
-    g2, g3 = -_power(log_p, p, qs[1]) * q, p * _power(log_q, q, qs[2])
-    rest = torch.lerp(g3, g2, gr_parts.k_hat) if use_k else g3
-    if released:  # −log(x + 1e-7)
+    if released:  # the code's −log(x + 1e-7) on the positives and the pseudo-positives
+        lp, ln = -torch.log(p + RELEASED_LOG_EPS), -torch.log(q + RELEASED_LOG_EPS)
         dlp, dln = -pq / (p + RELEASED_LOG_EPS), pq / (q + RELEASED_LOG_EPS)
-        g1 = dlp
+        l1, g1 = lp, dlp
     else:
-        dlp, dln = -q, p
-        g1 = -_power(log_p, p, qs[0]) * q
-    out = torch.where(y > 0, g1, gr_parts.v * rest)
-    weight = torch.clamp(1 - gr_parts.v, max=lam1).clamp(min=lam2)
-    out = torch.where(pos, weight * (rho * dlp + (1 - rho) * dln), out)
+        lp, ln, dlp, dln = -log_p, -log_q, -q, p
+        l1, x1 = _robust_l(log_p, p, qs[0])
+        g1 = -x1 * q
+    same = not isinstance(qs[0], Tensor) and not isinstance(qs[1], Tensor) and qs[0] == qs[1]
+    l2, x2 = (l1, x1) if same and not released else _robust_l(log_p, p, qs[1])
+    l3, x3 = _robust_l(log_q, q, qs[2])
+    g2, g3 = -x2 * q, p * x3
+    if use_k:
+        k_hat = torch.sigmoid(p * w + b)
+        rest, rest_g = torch.lerp(l3, l2, k_hat), torch.lerp(g3, g2, k_hat)
+    else:
+        rest, rest_g = l3, g3
+    v = torch.exp((p - mu).square() * _gauss_coef(sigma)) if use_v else torch.ones_like(p)
+    weight = torch.clamp(1 - v, max=h["lam1"]).clamp(min=h["lam2"])
+    rho = h["rho"]
+    out = torch.where(pos, weight * (rho * lp + (1 - rho) * ln), v * rest)
+    grad = torch.where(pos, weight * (rho * dlp + (1 - rho) * dln), v * rest_g)
     if neg is not None:
-        out = torch.where(neg, gr_parts.v * dln, out)
-    b, c = z.shape[-2:]
-    m = p.sum(-1, keepdim=True).mean(-2, keepdim=True)  # (…, 1, 1)
-    return out / (b * c) + (2.0 / (c * c * b)) * reg * (m - k) * pq
+        out, grad = torch.where(neg, v * ln, out), torch.where(neg, v * dln, grad)
+    positive, negative = y > 0, y < 0
+    out = torch.where(positive, l1, torch.where(negative, l3, out))
+    grad = torch.where(positive, g1, torch.where(negative, g3, grad))
+    bsz, c = z.shape[-2:]
+    count = p.sum(-1, keepdim=True).mean(-2, keepdim=True)  # (…, 1, 1): m
+    gap = count - h["k"]
+    value = mean_bc(out) + per_trial(h["reg"] * gap.square() / (c * c)).reshape(out.shape[:-2])
+    return value, grad / (bsz * c) + (2.0 / (c * c * bsz)) * h["reg"] * gap * pq
 
 
 def _expected_positives(z: Tensor, k, reg) -> Tensor:
@@ -392,10 +415,6 @@ CUB 24.89 mAP."""
         h = {n: hp(self.hparam(n), z) for n in ("lam1", "lam2", "rho", "reg", "k")}
         neg = neg if self.hparam("pseudo_negatives") and not released else None
         with torch.no_grad():  # the value, and its gradient in closed form (value_with_grad)
-            parts = _gr_core(z, observed, w, b, mu, sigma, *qs, use_k, self.hparam("use_v"))
-            out = _gpr_entries(z, observed, parts, use_k, pos, neg, h["lam1"], h["lam2"],
-                               h["rho"], released)
-            value = mean_bc(out) + _expected_positives(z, h["k"], h["reg"])
-            grad = _gpr_grad(z, observed, parts, use_k, pos, neg, qs, h["lam1"], h["lam2"],
-                             h["rho"], h["k"], h["reg"], released)
+            value, grad = _gpr_value_grad(z.detach(), observed, pos, neg, [w, b, mu, sigma], qs,
+                                          use_k, self.hparam("use_v"), h, released)
         return LossOutput(value_with_grad(z, value, grad), {})

@@ -33,7 +33,8 @@ def rank_desc(s: Tensor) -> Tensor:
     """Each entry's position in its row sorted by decreasing score, from 0 (ties: the lower
     class first); a top-k test is ``rank_desc(s) < k`` for any k, with no host sync."""
     order = torch.argsort(s, dim=-1, descending=True, stable=True)
-    return torch.argsort(order, dim=-1, stable=True)
+    positions = torch.arange(s.shape[-1], device=s.device).expand_as(order)
+    return torch.empty_like(order).scatter_(-1, order, positions)
 
 
 def rank_dtype(n_classes: int) -> torch.dtype:
