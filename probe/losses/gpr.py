@@ -179,28 +179,37 @@ def _gpr_value_grad(z: Tensor, y: Tensor, pos: Tensor, neg: Tensor | None, sched
     dL2/dz = −p^q2·(1−p), dL3/dz = p·(1−p)^q3, d(−log p)/dz = −(1−p), d(−log(1−p))/dz = p and
     the regulariser's 2·reg·(m − k)·p(1−p)/(C²·B). :func:`gpr` (autograd) is its reference."""
     w, b, mu, sigma = sched
-    p, q = torch.sigmoid(z), torch.sigmoid(-z)
-    log_p, log_q = F.logsigmoid(z), F.logsigmoid(-z)
+    nz = -z
+    p, q = torch.sigmoid(z), torch.sigmoid(nz)
+    log_p, log_q = F.logsigmoid(z), F.logsigmoid(nz)
     pq = p * q
+    lp, ln, dlp, dln = log_p.neg(), log_q.neg(), q.neg(), p
+    x1 = None
+    if not isinstance(qs[0], Tensor) and qs[0] < _Q_TINY:  # q1 = 0: L1 = −log p
+        l1, g1 = lp, dlp
+    else:
+        l1, x1 = _robust_l(log_p, p, qs[0])
+        g1 = -x1 * q
     if released:  # the code's −log(x + 1e-7) on the positives and the pseudo-positives
         lp, ln = -torch.log(p + RELEASED_LOG_EPS), -torch.log(q + RELEASED_LOG_EPS)
         dlp, dln = -pq / (p + RELEASED_LOG_EPS), pq / (q + RELEASED_LOG_EPS)
         l1, g1 = lp, dlp
-    else:
-        lp, ln, dlp, dln = -log_p, -log_q, -q, p
-        l1, x1 = _robust_l(log_p, p, qs[0])
-        g1 = -x1 * q
     same = not isinstance(qs[0], Tensor) and not isinstance(qs[1], Tensor) and qs[0] == qs[1]
-    l2, x2 = (l1, x1) if same and not released else _robust_l(log_p, p, qs[1])
+    l2, x2 = (l1, x1) if same and x1 is not None and not released else _robust_l(log_p, p,
+                                                                                   qs[1])
     l3, x3 = _robust_l(log_q, q, qs[2])
-    g2, g3 = -x2 * q, p * x3
+    g2, g3 = q * x2, p * x3
+    g2 = g2.neg_() if isinstance(x2, Tensor) else dlp if not released else -q
     if use_k:
-        k_hat = torch.sigmoid(p * w + b)
+        k_hat = torch.sigmoid_(p * w + b)
         rest, rest_g = torch.lerp(l3, l2, k_hat), torch.lerp(g3, g2, k_hat)
     else:
         rest, rest_g = l3, g3
-    v = torch.exp((p - mu).square() * _gauss_coef(sigma)) if use_v else torch.ones_like(p)
-    weight = torch.clamp(1 - v, max=h["lam1"]).clamp(min=h["lam2"])
+    if use_v:
+        v = (p - mu).square_().mul_(_gauss_coef(sigma)).exp_()
+    else:
+        v = torch.ones_like(p)
+    weight = torch.clamp(1 - v, max=h["lam1"]).clamp_(min=h["lam2"])
     rho = h["rho"]
     out = torch.where(pos, weight * (rho * lp + (1 - rho) * ln), v * rest)
     grad = torch.where(pos, weight * (rho * dlp + (1 - rho) * dln), v * rest_g)
