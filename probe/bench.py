@@ -559,7 +559,7 @@ def _set_threads(threads: int) -> None:
 
 def _bench_prior(cfg: BenchConfig, path: Path) -> str | None:
     """The synthetic prior the loss reads (None for a loss that reads none)."""
-    from .bench_store import synthetic_prior
+    from .bench_prior import synthetic_prior
     from .losses import get_loss_class
 
     cls = get_loss_class(cfg.loss)

@@ -156,3 +156,19 @@ def test_set_hparam_refreshes_the_cached_pseudo_labels():
     loss.set_hparam("top_k", 4.0)
     after = (loss.prior_code == 1).sum(1)
     assert (before <= 1).all() and (after > before).any()
+
+
+def test_register_checks_the_prior_contract():
+    from probe.losses import Loss, LossContractError, LossOutput, PriorMixin, register
+
+    def forward(self, logits, observed, index=None):
+        return LossOutput(logits.mean(), {})
+
+    base = {"paper": "p", "formula": "f", "forward": forward, "__module__": "user_code"}
+    with pytest.raises(LossContractError, match=r"does not derive from probe\.losses\.PriorMixin"):
+        register(type("NoMixin", (Loss,), {**base, "name": "no_mixin", "prior": "scores"}))
+    with pytest.raises(LossContractError, match="sets no prior"):
+        register(type("NoPrior", (PriorMixin,), {**base, "name": "no_prior"}))
+    with pytest.raises(LossContractError, match="distinct names"):
+        register(type("BadExtra", (PriorMixin,), {**base, "name": "bad_extra", "prior": "s",
+                                                  "prior_optional": ("scores",)}))

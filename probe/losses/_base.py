@@ -450,9 +450,25 @@ def register(cls: type[Loss]) -> type[Loss]:
     Checks the contract (:class:`Loss`) and refuses a name already taken, naming both classes
     (:class:`LossContractError`)."""
     _check_contract(cls)
-    from .prior import check_prior_contract  # the prior contract (docs/plugins.md)
-
-    check_prior_contract(cls)
+    # the prior contract (probe.losses.PriorMixin, docs/plugins.md "Reading a prior")
+    mixin = callable(getattr(cls, "prior_rows", None)) and callable(
+        getattr(cls, "prior_ready", None))
+    if cls.prior is not None and not mixin:
+        raise LossContractError(
+            f"register: loss '{cls.name}' sets prior = {cls.prior!r} but does not derive from "
+            "probe.losses.PriorMixin, which keeps the prior and gathers a batch's rows; declare "
+            f"class {cls.__name__}(PriorMixin)")
+    if mixin:
+        if not isinstance(cls.prior, str) or not cls.prior.strip():
+            raise LossContractError(
+                f"register: loss '{cls.name}' derives from PriorMixin but sets no prior; set "
+                "prior = 'what it reads' (e.g. 'class scores'), or derive from Loss")
+        extras = [*cls.prior_extras, *cls.prior_optional]
+        if len(set(extras)) != len(extras) or not all(
+                isinstance(k, str) and _NAME.fullmatch(k) and k != "scores" for k in extras):
+            raise LossContractError(
+                f"register: loss '{cls.name}': prior_extras and prior_optional must be distinct "
+                f"names of letters, digits and '_', other than 'scores'; got {extras}")
     with _PLUGIN_LOCK:
         taken = _REGISTRY.get(cls.name)
         if taken is not None and taken is not cls:

@@ -6,7 +6,7 @@ that reads per-image class scores from a vision-language model (``Loss.prior``).
 :meth:`~PriorMixin.set_prior` (validates the train rows' scores and extras and keeps them as
 buffers), :meth:`~PriorMixin.prior_ready` (the hook where a loss precomputes what depends only on
 the prior and the observed labels) and :meth:`~PriorMixin.prior_rows` (a batch's rows, gathered
-by ``index``). ``register`` checks it (:func:`check_prior_contract`).
+by ``index``). ``register`` checks it.
 
 The scores have no trial axis: stacked trials share one prior, so ``select_trials`` has nothing
 of it to keep, and a batch's rows are one ``index_select`` per array (no host sync).
@@ -14,20 +14,16 @@ of it to keep, and a batch's rows are one ``index_select`` per array (no host sy
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
-from ._base import Loss, LossContractError, LossInputError
+from ._base import Loss, LossInputError
 
-__all__ = ["PriorMixin", "check_prior_contract", "check_scores", "rank_desc", "rank_dtype",
+__all__ = ["PriorMixin", "check_scores", "rank_desc", "rank_dtype",
            "value_with_grad"]
-
-_EXTRA = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
-
 
 def rank_desc(s: Tensor) -> Tensor:
     """Each entry's position in its row sorted by decreasing score, from 0 (ties: the lower
@@ -129,35 +125,6 @@ class PriorMixin(Loss):
             raise LossInputError(f"{self.name}: forward needs index= (the batch's train rows) to "
                                  "gather the prior's rows")
         return [torch.index_select(getattr(self, f"prior_{k}"), 0, index) for k in keys]
-
-
-def check_prior_contract(cls: Any) -> None:
-    """Refuse a loss class that reads a prior without the contract (called by ``register``): a
-    loss with ``prior`` set derives from :class:`PriorMixin`, and a :class:`PriorMixin` sets
-    ``prior``; its extras are distinct names (letters, digits, '_'; not "scores")."""
-    name = getattr(cls, "name", "?")
-    mixin = isinstance(cls, type) and issubclass(cls, PriorMixin)
-    if cls.prior is not None and not mixin:
-        raise LossContractError(
-            f"register: loss '{name}' sets prior = {cls.prior!r} but does not derive from "
-            "probe.losses.PriorMixin, which keeps the prior and gathers a batch's rows; declare "
-            f"class {cls.__name__}(PriorMixin, ...)")
-    if not mixin:
-        return
-    if not isinstance(cls.prior, str) or not cls.prior.strip():
-        raise LossContractError(
-            f"register: loss '{name}' derives from PriorMixin but sets no prior; set prior = "
-            "'what it reads' (e.g. 'class scores'), or derive from Loss")
-    extras = (cls.prior_extras, cls.prior_optional)
-    if not all(isinstance(e, tuple) and all(isinstance(k, str) for k in e) for e in extras):
-        raise LossContractError(f"register: loss '{name}': prior_extras and prior_optional "
-                                "must be tuples of names")
-    names = [*cls.prior_extras, *cls.prior_optional]
-    bad = [k for k in names if not _EXTRA.fullmatch(k) or k == "scores"]
-    if bad or len(set(names)) != len(names):
-        raise LossContractError(
-            f"register: loss '{name}': prior extras must be distinct names of letters, digits "
-            f"and '_', other than 'scores'; got {', '.join(names)}")
 
 
 def check_scores(scores: Any, y: Tensor, loss: str) -> Tensor:
