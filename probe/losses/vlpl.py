@@ -114,35 +114,34 @@ def _vlpl_entries(z: Tensor, y: Tensor, pos: Tensor | None, neg: Tensor | None, 
     return out
 
 
-def _vlpl_grad(z: Tensor, y: Tensor, pos: Tensor | None, neg: Tensor | None, alpha, beta_pos,
-               beta_neg, eps: float) -> Tensor:
-    """d mean_bc(:func:`_vlpl_entries`) / d z in closed form: with lp = −log(p + ε), ln =
-    −log(1 − p + ε), dlp = −p(1−p)/(p + ε), dln = p(1−p)/(1 − p + ε) and H = p·lp + (1−p)·ln,
-    dH = p(1−p)(lp − ln) + p·dlp + (1−p)·dln (ε = 0: −(1−p), p, −z·p(1−p))."""
-    p, q = torch.sigmoid(z), torch.sigmoid(-z)
-    pq = p * q
-    if eps == 0:
-        lp, ln = F.softplus(-z), F.softplus(z)
-        dlp, dln = -q, p
-    else:
-        lp, ln = -torch.log(p + eps), -torch.log(q + eps)
-        dlp, dln = -pq / (p + eps), pq / (q + eps)
-    d_entropy = pq * (lp - ln) + p * dlp + q * dln
-    out = torch.where(y == 1, dlp, torch.where(y == 0, -alpha * d_entropy, dln))
-    if pos is not None:
-        out = torch.where(pos, beta_pos * (0.9 * dlp + 0.1 * dln), out)
-    if neg is not None:
-        out = torch.where(neg, beta_neg * (0.1 * dlp + 0.9 * dln), out)
-    return out / (z.shape[-1] * z.shape[-2])
-
-
 def _vlpl_value(z: Tensor, y: Tensor, pos: Tensor | None, neg: Tensor | None, alpha, beta_pos,
                 beta_neg, eps: float) -> Tensor:
-    """:func:`_vlpl_entries`' mean over B·C with its closed-form gradient (value_with_grad)."""
+    """:func:`_vlpl_entries`' mean over B·C and its gradient in one pass without autograd
+    (value_with_grad; the pure :func:`vlpl` is its reference): with lp = −log(p + ε), ln =
+    −log(1 − p + ε), dlp = −p(1−p)/(p + ε), dln = p(1−p)/(1 − p + ε) and H = p·lp + (1−p)·ln,
+    dH = p(1−p)(lp − ln) + p·dlp + (1−p)·dln (ε = 0: dlp = −(1−p), dln = p)."""
     with torch.no_grad():
-        value = mean_bc(_vlpl_entries(z, y, pos, neg, alpha, beta_pos, beta_neg, eps))
-        grad = _vlpl_grad(z, y, pos, neg, alpha, beta_pos, beta_neg, eps)
-    return value_with_grad(z, value, grad)
+        p, q = torch.sigmoid(z), torch.sigmoid(-z)
+        pq = p * q
+        if eps == 0:
+            lp, ln = F.softplus(-z), F.softplus(z)
+            dlp, dln = q.neg(), p
+        else:
+            lp, ln = -torch.log(p + eps), -torch.log(q + eps)
+            dlp, dln = -pq / (p + eps), pq / (q + eps)
+        entropy = p * lp + q * ln
+        d_entropy = pq * (lp - ln) + p * dlp + q * dln
+        observed, unknown = y == 1, y == 0
+        out = torch.where(observed, lp, torch.where(unknown, -alpha * entropy, ln))
+        grad = torch.where(observed, dlp, torch.where(unknown, -alpha * d_entropy, dln))
+        if pos is not None:
+            out = torch.where(pos, beta_pos * (0.9 * lp + 0.1 * ln), out)
+            grad = torch.where(pos, beta_pos * (0.9 * dlp + 0.1 * dln), grad)
+        if neg is not None:
+            out = torch.where(neg, beta_neg * (0.1 * lp + 0.9 * ln), out)
+            grad = torch.where(neg, beta_neg * (0.1 * dlp + 0.9 * dln), grad)
+        grad = grad / (z.shape[-1] * z.shape[-2])
+    return value_with_grad(z, mean_bc(out), grad)
 
 
 def vlpl(logits: Tensor, observed: Tensor, scores: Tensor, alpha: float | Tensor = 0.1,
