@@ -14,9 +14,13 @@ docs/backbones.md):
    per-class ``tile_max``, ``tile_min`` and ``tile_mean`` over the k² tiles are its extras.
 
 Rows are computed in blocks that are kept beside the store (``<store>.priors-<name>.partial``)
-until the prior is written, so an interrupted run resumes where it stopped; the prior itself is
-written by :func:`probe.store.write_prior` (validated, checksummed, all or nothing) and the
-scratch folder is then removed.
+until the prior is written, so an interrupted run resumes where it stopped; a block holds each
+image's reductions only (the whole image's scores and, with tiles, the tiles' max, min and
+mean: 4 × C numbers an image, not (1 + k²) × C). A run resumes only what the same store, image
+root, dataset adapter and options, model, weights, prompt, temperature and tiles computed; an
+unfinished run of other settings is refused by name (:func:`resume_fingerprint`). The prior
+itself is written by :func:`probe.store.write_prior` (validated, checksummed, all or nothing)
+and the scratch folder is then removed.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ import numpy as np
 from probe.errors import MissingPathError, SpmlError
 from probe.io import atomic_write, atomic_write_text
 
-__all__ = ["ClipPriorConfig", "ClipPriorResult", "compute_clip_prior", "image_paths_of_store"]
+__all__ = ["ClipPriorConfig", "ClipPriorResult", "compute_clip_prior", "image_paths_of_store",
+           "resume_fingerprint"]
 
 BLOCK_ROWS = 512  # rows per resumable block (a block's 17 views of ViT-B/16 take ~1 min on a CPU)
 
@@ -54,7 +59,7 @@ class ClipPriorConfig:
     temperature: float = 0.01  # VLPL's and AEVLP's softmax temperature
     tiles: int = 0  # k for a k×k grid of tiles (DAMP: 4; CUB 5); 0 = the whole image only
     batch_size: int = 32  # images per forward (each brings 1 + k² views)
-    device: str = "cpu"  # cpu or cuda[:N]
+    device: str = "auto"  # auto (CUDA when available), cpu or cuda[:N], as every command
     overwrite: bool = False  # replace an existing prior of that name
     progress: bool = True  # a progress bar with ETA on stderr
 
@@ -66,7 +71,7 @@ class ClipPriorConfig:
             raise bad("--model", "an OpenCLIP model open_clip:<arch>/<pretrained>, e.g. "
                       "open_clip:ViT-B-16/openai (the prior needs CLIP's text tower)", self.model)
         if not isinstance(self.prompt, str) or self.prompt.count("{}") != 1:
-            raise bad("--prompt", "a template with one {} for the class name, e.g. "
+            raise bad("--prompt-template", "a template with one {} for the class name, e.g. "
                       "'a photo of a {}.'", self.prompt)
         if not (isinstance(self.temperature, int | float) and 0 < self.temperature <= 100):
             raise bad("--temperature", "a number in (0, 100], e.g. 0.01", self.temperature)
@@ -79,6 +84,17 @@ class ClipPriorConfig:
         from probe.store.prior_writer import _check_name
 
         _check_name(self.name, "--name")
+        self.torch_device()
+
+    def torch_device(self) -> Any:
+        """``device`` resolved (``auto``: CUDA when available, else CPU); refused naming
+        ``--device`` before any image is read."""
+        from probe.data import resolve_device
+
+        try:
+            return resolve_device(self.device)
+        except SpmlError as err:
+            raise ClipPriorError(f"--device {self.device}: {err}") from None
 
     def fingerprint(self) -> dict[str, Any]:
         """What decides the numbers (a resumed run must match it)."""
@@ -202,6 +218,72 @@ def _scratch(store_path: Path, name: str) -> Path:
     return store_path.with_name(f"{store_path.name}.priors-{name}.partial")
 
 
+#: what each resume-fingerprint field is set by (named when a resume is refused)
+_FINGERPRINT_FLAGS = {
+    "model": "--model", "weights": "--weights", "weights_sha256": "--weights",
+    "name": "--name", "prompt": "--prompt-template", "temperature": "--temperature",
+    "tiles": "--tiles", "dataset": "--dataset", "options": "--option", "root": "--root",
+    "images_sha256": "--root/--dataset/--option", "rows": "STORE", "classes": "STORE",
+    "scratch_format": "the version of spml",
+}
+_SCRATCH_FORMAT = 2  # 2: blocks hold the reductions (global, tile max, min, mean) only
+
+
+def resume_fingerprint(config: ClipPriorConfig, store: Any, paths: list[Path],
+                       dataset_options: dict[str, Any] | None, adapter: str | None,
+                       weights_sha256: str | None) -> dict[str, Any]:
+    """What decides a block's numbers: the config's settings (not batch size, device,
+    overwrite, progress), the store's shape, the dataset adapter and its options, the image
+    root, and a digest of every row's image path -- a resumed run must match it all."""
+    import hashlib
+
+    digest = hashlib.sha256("\n".join(str(p.resolve()) for p in paths).encode()).hexdigest()
+    root = Path(os.path.commonpath([str(p.resolve()) for p in paths])) if paths else None
+    return {**config.fingerprint(), "rows": store.n_rows, "classes": store.n_classes,
+            "weights_sha256": weights_sha256, "dataset": adapter or store.dataset,
+            "options": {str(k): str(v) for k, v in sorted((dataset_options or {}).items())},
+            "root": str(root), "images_sha256": digest, "scratch_format": _SCRATCH_FORMAT}
+
+
+def _check_resume(scratch: Path, fingerprint: dict[str, Any]) -> None:
+    """Refuse to mix blocks of another run's settings into this one, naming what differs."""
+    meta = scratch / "meta.json"
+    try:
+        old = json.loads(meta.read_text()) if meta.is_file() else None
+    except ValueError:
+        old = None
+    if old == fingerprint:
+        return
+    if old is None:
+        differs = "its settings are unreadable"
+    else:
+        keys = sorted(k for k in set(old) | set(fingerprint) if old.get(k) != fingerprint.get(k))
+        differs = "; ".join(
+            f"{_FINGERPRINT_FLAGS.get(k, k)} ({k}): {_plain(old.get(k))} then, "
+            f"{_plain(fingerprint.get(k))} now" for k in keys)
+    raise ClipPriorError(
+        f"an unfinished spml priors run of other settings is in {scratch} ({differs}); rerun "
+        "with that run's settings to resume it, or remove that folder to start over"
+    )
+
+
+def _plain(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v}" for k, v in value.items()) or "none"
+    return str(value)
+
+
+def _reduce(views: np.ndarray, tiles: int) -> np.ndarray:
+    """``(B, 1 + k², C)`` view scores → ``(B, 4, C)`` (whole image, tile max, min, mean) with
+    tiles, ``(B, 1, C)`` without."""
+    if not tiles:
+        return views[:, :1]
+    t = views[:, 1:]
+    return np.stack([views[:, 0], t.max(axis=1), t.min(axis=1), t.mean(axis=1)], axis=1)
+
+
 def compute_clip_prior(store_path: str | Path, config: ClipPriorConfig,
                        root: str | Path | None = None,
                        dataset_options: dict[str, Any] | None = None,
@@ -219,7 +301,8 @@ def compute_clip_prior(store_path: str | Path, config: ClipPriorConfig,
     from probe.progress import Progress
     from probe.store import open_store, write_prior
 
-    config.validate()
+    config.validate()  # --device included: refused before any image is read
+    device = config.torch_device()
     store_path = Path(store_path)
     store = open_store(store_path)
     if config.name in store.prior_names() and not config.overwrite:
@@ -228,9 +311,6 @@ def compute_clip_prior(store_path: str | Path, config: ClipPriorConfig,
             "--overwrite to replace it, or choose another --name"
         )
     paths = image_paths_of_store(store, root, dataset_options, adapter)
-    device = torch.device(config.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ClipPriorError(f"--device {config.device}: CUDA is not available on this machine")
     clip = load_clip(config.model, config.weights)
     clip.model.to(device)
     with torch.inference_mode():
@@ -239,13 +319,11 @@ def compute_clip_prior(store_path: str | Path, config: ClipPriorConfig,
         text = text / text.norm(dim=-1, keepdim=True)
 
     scratch = _scratch(store_path, config.name)
-    fingerprint = {**config.fingerprint(), "rows": store.n_rows, "classes": store.n_classes,
-                   "weights_sha256": clip.weights.sha256}
+    fingerprint = resume_fingerprint(config, store, paths, dataset_options, adapter,
+                                     clip.weights.sha256)
     meta = scratch / "meta.json"
     if scratch.exists():
-        old = json.loads(meta.read_text()) if meta.is_file() else None
-        if old != fingerprint:  # another model, prompt or store: its blocks are of no use
-            shutil.rmtree(scratch)
+        _check_resume(scratch, fingerprint)
     scratch.mkdir(parents=True, exist_ok=True)
     atomic_write_text(meta, json.dumps(fingerprint, sort_keys=True))
 
@@ -264,19 +342,18 @@ def compute_clip_prior(store_path: str | Path, config: ClipPriorConfig,
             for start in range(rows.start, rows.stop, config.batch_size):
                 chunk = paths[start:min(start + config.batch_size, rows.stop)]
                 images = [Image.open(p).convert("RGB") for p in chunk]
-                parts.append(view_scores(clip, images, text, config.tiles, config.temperature,
-                                         device))
+                parts.append(_reduce(view_scores(clip, images, text, config.tiles,
+                                                 config.temperature, device), config.tiles))
                 bar.update(len(chunk))
             block = np.concatenate(parts).astype(np.float32)
             atomic_write(scratch / f"block-{b}.npy", lambda f, a=block: np.save(f, a))
 
-    views = np.concatenate([np.load(scratch / f"block-{b}.npy") for b in range(n_blocks)])
-    scores = views[:, 0, :]
+    reduced = np.concatenate([np.load(scratch / f"block-{b}.npy") for b in range(n_blocks)])
+    scores = reduced[:, 0, :]
     extras = None
     if config.tiles:
-        tiles = views[:, 1:, :]
-        extras = {"tile_max": tiles.max(axis=1), "tile_min": tiles.min(axis=1),
-                  "tile_mean": tiles.mean(axis=1)}
+        extras = {"tile_max": reduced[:, 1], "tile_min": reduced[:, 2],
+                  "tile_mean": reduced[:, 3]}
     provenance = {
         "model": config.model,
         "prompt_template": config.prompt,

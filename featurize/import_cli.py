@@ -240,18 +240,20 @@ def _key_file(text: str) -> tuple[str, str]:
     return key, path
 
 
-def _tiles(text: str) -> list[int]:
-    rows, sep, cols = text.lower().partition("x")
-    if not sep or not rows.isdigit() or not cols.isdigit() or int(rows) < 1 or int(cols) < 1:
-        raise argparse.ArgumentTypeError(f"expected ROWSxCOLS (e.g. 4x4); got {text!r}")
-    return [int(rows), int(cols)]
+def _tiles(text: str) -> tuple[int, int]:
+    from featurize.priors_import import parse_tiles  # the one form, shared with spml priors
+
+    try:
+        return parse_tiles(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix("--tiles: ")) from None
 
 
 def _cmd_import_priors(args: argparse.Namespace) -> int:
-    from featurize.priors_import import import_priors
+    from featurize.priors_import import import_priors, tiles_text
 
     provenance = {"model": args.model, "prompt_template": args.prompt_template,
-                  "temperature": args.temperature, "tiles": args.tiles}
+                  "temperature": args.temperature, "tiles": tiles_text(args.tiles)}
     prior = import_priors(args.store, args.name, args.from_path, extras=dict(args.extra or []),
                           provenance=provenance, class_names_path=args.class_names,
                           overwrite=args.overwrite)
@@ -295,9 +297,10 @@ def _register_import_priors(isub: argparse._SubParsersAction) -> None:
                    help="the .npy columns' class names, one per line (checked against the "
                    "store's order)")
     p.add_argument("--model", help="provenance: the model that scored the images")
-    p.add_argument("--prompt-template",
+    p.add_argument("--prompt-template", "--prompt", dest="prompt_template",
                    help="provenance: the text prompt, e.g. 'a photo of a {}.'")
     p.add_argument("--temperature", type=float, help="provenance: the softmax temperature")
-    p.add_argument("--tiles", type=_tiles, metavar="RxC", help="provenance: the tile grid (4x4)")
+    p.add_argument("--tiles", type=_tiles, metavar="K|RxC",
+                   help="provenance: the tile grid, 4 or 4x4 (as spml priors --tiles)")
     p.add_argument("--overwrite", action="store_true", help="replace a prior of the same name")
     p.set_defaults(func=_cmd_import_priors)

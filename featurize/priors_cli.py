@@ -10,18 +10,27 @@ import argparse
 import json
 import sys
 
-from probe.cliargs import wrap
+from featurize.priors_import import PROMPT_FLAGS
+from probe.cliargs import add_device_argument, wrap
 
 __all__ = ["register_cli"]
 
 
 def _cmd_priors(args: argparse.Namespace) -> int:
     from featurize.cli import _dataset_options
-    from featurize.clip_priors import ClipPriorConfig, compute_clip_prior
+    from featurize.clip_priors import ClipPriorConfig, ClipPriorError, compute_clip_prior
+    from featurize.priors_import import parse_tiles
 
+    try:
+        rows, cols = parse_tiles(args.tiles)
+    except ValueError as err:
+        raise ClipPriorError(str(err)) from None
+    if rows != cols:
+        raise ClipPriorError(f"--tiles: spml priors cuts a square grid, K or KxK (e.g. 4 or "
+                             f"4x4); got {args.tiles}")
     config = ClipPriorConfig(
         model=args.model, weights=args.weights, name=args.name, prompt=args.prompt,
-        temperature=args.temperature, tiles=args.tiles, batch_size=args.batch_size,
+        temperature=args.temperature, tiles=rows, batch_size=args.batch_size,
         device=args.device, overwrite=args.overwrite, progress=not args.quiet,
     )
     result = compute_clip_prior(args.store, config, root=args.root,
@@ -54,7 +63,8 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
             "from the dataset the store was featurized from (--root to point elsewhere). The "
             "prior is validated and written all or nothing (priors/NAME, spml info lists it); "
             "an interrupted run resumes from its last finished block of rows. For scores "
-            "computed elsewhere use 'spml import priors'. docs/priors.md explains the losses "
+            "computed elsewhere use 'spml import priors'. A resume needs the same settings: an "
+            "unfinished run of others is refused by name. docs/priors.md explains the losses "
             "that read it.",
         ),
         epilog="examples:\n"
@@ -71,13 +81,14 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
                    help="a local checkpoint (.pt/.pth/.safetensors) instead of the pretrained "
                    "tag's download; 'random' for a seeded random model (tests only)")
     p.add_argument("--name", default="clip", help="the prior's name in the store (default clip)")
-    p.add_argument("--prompt", default="a photo of a {}.",
-                   help="prompt template with {} for the class name (default 'a photo of a {}.')")
+    p.add_argument(*PROMPT_FLAGS, dest="prompt", default="a photo of a {}.",
+                   help="prompt template with {} for the class name (default 'a photo of a {}.'; "
+                   "the same flag as spml import priors)")
     p.add_argument("--temperature", type=float, default=0.01,
                    help="softmax temperature over the classes (default 0.01, both papers)")
-    p.add_argument("--tiles", type=int, default=0,
-                   help="k: also score a k x k grid of tiles per image (DAMP: 4, CUB 5; "
-                   "default 0 = the whole image only)")
+    p.add_argument("--tiles", default="0", metavar="K|KxK",
+                   help="also score a K x K grid of tiles per image, 4 or 4x4 (DAMP: 4, CUB 5; "
+                   "default 0 = the whole image only; the same form as spml import priors)")
     p.add_argument("--root", default=None,
                    help="where the store's images are now (default: the dataset root its "
                    "provenance records)")
@@ -88,7 +99,7 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
                    help="a dataset adapter option, as given to spml featurize (repeatable)")
     p.add_argument("--batch-size", type=int, default=32,
                    help="images per forward pass (each with 1 + k^2 views; default 32)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    add_device_argument(p)
     p.add_argument("--overwrite", action="store_true", help="replace an existing prior of NAME")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -24,7 +24,12 @@ import numpy as np
 from featurize.datasets.cole import load_npy
 from probe.errors import MissingPathError, SpmlError
 
-__all__ = ["PriorFileError", "import_priors", "read_score_table"]
+__all__ = ["PROMPT_FLAGS", "PriorFileError", "import_priors", "parse_tiles", "read_score_table",
+           "tiles_text"]
+
+#: the one spelling of the prompt option of ``spml priors`` and ``spml import priors`` (the
+#: second, ``--prompt``, is accepted too)
+PROMPT_FLAGS = ("--prompt-template", "--prompt")
 
 ID_COLUMN = "image_id"
 SUFFIXES = (".npy", ".csv", ".parquet")
@@ -32,6 +37,24 @@ SUFFIXES = (".npy", ".csv", ".parquet")
 
 class PriorFileError(SpmlError):
     """A scores file that cannot be read as a store's prior."""
+
+
+def parse_tiles(text: str) -> tuple[int, int]:
+    """``--tiles`` of ``spml priors`` and ``spml import priors``: ``K`` or ``RxC`` (``4`` is
+    ``4x4``; ``0`` no tiles); returns ``(rows, cols)``. Raises ``ValueError`` naming the flag
+    and the forms."""
+    rows, sep, cols = str(text).strip().lower().partition("x")
+    cols = cols if sep else rows
+    if not rows.isdigit() or not cols.isdigit() or (int(rows) == 0) != (int(cols) == 0):
+        raise ValueError(f"--tiles: expected K or RxC, e.g. 4 or 4x4 (0: no tiles); got {text}")
+    return int(rows), int(cols)
+
+
+def tiles_text(tiles: tuple[int, int] | None) -> str | None:
+    """The provenance's form of a tile grid: ``"4x4"`` (None without tiles)."""
+    if not tiles or tiles[0] == 0:
+        return None
+    return f"{tiles[0]}x{tiles[1]}"
 
 
 def _table_columns(path: Path) -> tuple[list[str], dict[str, list[Any]]]:

@@ -158,7 +158,9 @@ def format_summary(summary: dict) -> str:
         if rec["extras"]:
             fields.append(f"extras {', '.join(rec['extras'])}")
         source = f"; source {prov['source']}" if prov.get("source") else ""
-        lines.append(f"prior       {name}: {', '.join(fields) or 'no provenance given'}{source}")
+        warning = f"; WARNING: {rec['warning']}" if rec.get("warning") else ""
+        lines.append(f"prior       {name}: {', '.join(fields) or 'no provenance given'}{source}"
+                     f"{warning}")
     if s["other_attrs"]:
         lines += ["", "attributes"]
         lines += [f"  {k}: {_flat(v)}" for k, v in s["other_attrs"].items()]

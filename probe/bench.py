@@ -98,6 +98,8 @@ class BenchConfig:
     # that no row depends on what ran before it; False: all in this process (quicker to start)
     seed: int = 0  # init, batch order and the synthetic data
     cache_dir: str | None = None  # None: default_cache_dir()
+    loss: str = "gr"  # the engine rows' loss (--loss); one that reads a prior gets a synthetic
+    # one (probe.bench_store.synthetic_prior); the plain and papers-style loops time GR only
 
     def validate(self) -> None:
         for name, flag in (("n_train", "--rows"), ("dim", "--dim"), ("n_classes", "--classes"),
@@ -120,6 +122,11 @@ class BenchConfig:
             raise SpmlError(
                 "bench: compare_one_block (--compare-one-block) times the CPU's trial blocks; "
                 f"the bench runs on {resolve_device(self.device)} (pass --device cpu)")
+        from .losses import available
+
+        if self.loss not in available():
+            raise SpmlError(f"bench: --loss {self.loss} is not a registered loss; choose one of "
+                            f"'spml losses list' (e.g. gr, gpr, vlpl, em)")
         if not self.trials or any(t < 1 for t in self.trials):
             raise SpmlError(f"bench: --trials must be positive integers; got {plain(self.trials)}")
 
@@ -453,8 +460,9 @@ def run_bench(config: BenchConfig | None = None, *, progress: bool = True) -> di
     path = synthetic_store(cfg.n_train, cfg.dim, cfg.n_classes, seed=cfg.seed,
                            cache_dir=cfg.cache_dir, progress=progress)
     build_s = time.perf_counter() - t0
+    prior = _bench_prior(cfg, path)
     data = ProbeData.from_store(path, device="cpu")  # the shape of what the jobs load
-    store = {"path": str(path), "build_or_open_seconds": build_s,
+    store = {"path": str(path), "build_or_open_seconds": build_s, "prior": prior,
              "train_rows": data.n_train, "dim": data.feature_dim, "classes": data.n_classes,
              "flip": data.has_flip, "data_bytes_on_device": data.nbytes()}
     del data
@@ -462,20 +470,21 @@ def run_bench(config: BenchConfig | None = None, *, progress: bool = True) -> di
     equivalence = None
     machine = {"before": machine_info()}
     run = functools.partial(_run_job, isolate=cfg.isolate, threads=torch.get_num_threads())
-    for t in sorted(set(cfg.trials) | ({1} if cfg.plain else set())):
-        engine = run(_engine_job, cfg, str(path), t, "engine", progress)
+    plain, papers = cfg.plain and cfg.loss == "gr", cfg.papers and cfg.loss == "gr"
+    for t in sorted(set(cfg.trials) | ({1} if plain else set())):
+        engine = run(_engine_job, cfg, str(path), t, "engine", progress, prior)
         rows.append(engine["row"])
         for variant in _variants(cfg, engine["row"]):
-            other = run(_engine_job, cfg, str(path), t, variant, progress)
+            other = run(_engine_job, cfg, str(path), t, variant, progress, prior)
             against = "blocks" if variant == "engine_one_block" else "graph"
             other["row"][f"max_abs_diff_vs_{against}"] = float(
                 np.abs(other["heads"] - engine["heads"]).max())
             rows.append(other["row"])
-        if t == 1 and cfg.plain:
-            plain = run(_plain_job, cfg, str(path))
-            equivalence = float(np.abs(plain["heads"] - engine["heads"]).max())
-            rows.append(plain["row"])
-        if t == 1 and cfg.papers:
+        if t == 1 and plain:
+            plain_row = run(_plain_job, cfg, str(path))
+            equivalence = float(np.abs(plain_row["heads"] - engine["heads"]).max())
+            rows.append(plain_row["row"])
+        if t == 1 and papers:
             rows.append(run(_papers_job, cfg, str(path))["row"])
     machine["after"] = machine_info()
     return {
@@ -549,34 +558,63 @@ def _set_threads(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def _job_data(cfg: BenchConfig, path: str) -> tuple[ProbeData, torch.device]:
+def _bench_prior(cfg: BenchConfig, path: Path) -> str | None:
+    """The synthetic prior the loss reads (None for a loss that reads none)."""
+    from .bench_prior import synthetic_prior
+    from .losses import get_loss_class
+
+    cls = get_loss_class(cfg.loss)
+    if cls.prior is None:
+        return None
+    extras = (*getattr(cls, "prior_extras", ()), *getattr(cls, "prior_optional", ()))
+    return synthetic_prior(path, extras, seed=cfg.seed)
+
+
+def _job_data(cfg: BenchConfig, path: str, prior: str | None = None
+              ) -> tuple[ProbeData, torch.device]:
     device = resolve_device(cfg.device)
-    return ProbeData.from_store(path, device=device), device
+    return ProbeData.from_store(path, device=device, priors=prior), device
 
 
-def _engine_job(cfg: BenchConfig, path: str, t: int, method: str, progress: bool
-                ) -> dict[str, Any]:
+def _stacked_hparams(loss: str, t: int) -> list[dict[str, Any]]:
+    """T values of one hyperparameter (the kind of spread an Optuna study stacks): GR's final
+    w_T in [2, 10], else the loss's first searched stackable one over its search range."""
+    if t == 1:
+        return [{}]
+    from .losses import get_loss_class
+
+    specs = {s.name: s for s in get_loss_class(loss).hparam_specs if s.stackable and s.search}
+    if "w_T" in specs:
+        return [{"w_T": float(w)} for w in np.linspace(2.0, 10.0, t)]
+    if not specs:
+        raise SpmlError(f"bench: --loss {loss} has no searched hyperparameter to stack; "
+                        "use --trials 1")
+    spec = next(iter(specs.values()))
+    return [{spec.name: float(v)} for v in np.linspace(*spec.search, t)]
+
+
+def _engine_job(cfg: BenchConfig, path: str, t: int, method: str, progress: bool,
+                prior: str | None = None) -> dict[str, Any]:
     """(b) and (d) for T = ``t`` (``method`` "engine"), or the same run as one block
     ("engine_one_block") or with the eager step ("engine_eager"): its row and final heads."""
-    data, device = _job_data(cfg, path)
+    data, device = _job_data(cfg, path, prior)
     pc = ProbeConfig(batch_size=cfg.batch_size, lr=cfg.lr, epochs=cfg.epochs, eval_every=0,
                      seed=cfg.seed, device=str(device),
-                     cuda_graph=False if method == "engine_eager" else None)
+                     cuda_graph=False if method == "engine_eager" else None, priors=prior)
     speed = SpeedOptions(trial_block=0 if method == "engine_one_block" else None)
-    # T different final w_T (the kind of spread an Optuna study stacks), one shared seed
-    hparams = [{"w_T": float(w)} for w in np.linspace(2.0, 10.0, t)] if t > 1 else [{}]
+    hparams = _stacked_hparams(cfg.loss, t)  # one shared seed
     with _PeakMemory(device) as mem:
-        result = train_probe(data, pc, "gr", hparams, progress=progress, speed=speed)
+        result = train_probe(data, pc, cfg.loss, hparams, progress=progress, speed=speed)
     heads = result.final_heads.to(device)
     blocks = result.timing.get("trial_blocks", [t])
-    plural = "s" if t > 1 else ""
+    plural, name = "s" if t > 1 else "", cfg.loss.upper()
     if method == "engine_one_block":
-        row = _engine_row(result, mem, f"engine, {t} stacked GR trials in one block", method,
-                          t, eval_seconds_val=None, eval_seconds_test_once=None,
+        row = _engine_row(result, mem, f"engine, {t} stacked {name} trials in one block",
+                          method, t, eval_seconds_val=None, eval_seconds_test_once=None,
                           trial_blocks=blocks)
     elif method == "engine_eager":
-        row = _engine_row(result, mem, f"engine, eager step (no CUDA graph), {t} stacked GR "
-                          f"trial{plural}", method, t, eval_seconds_val=None,
+        row = _engine_row(result, mem, f"engine, eager step (no CUDA graph), {t} stacked "
+                          f"{name} trial{plural}", method, t, eval_seconds_val=None,
                           eval_seconds_test_once=None, trial_blocks=blocks)
     else:
         with torch.no_grad():  # what the engine evaluates: val every epoch, test once
@@ -588,7 +626,7 @@ def _engine_job(cfg: BenchConfig, path: str, t: int, method: str, progress: bool
             test_s = time.perf_counter() - t_eval
         kind = "engine (CUDA graphs)" if result.timing.get("cuda_graph") else "engine"
         in_blocks = f" in {len(blocks)} blocks" if len(blocks) > 1 else ""
-        row = _engine_row(result, mem, f"{kind}, {t} stacked GR trial{plural}{in_blocks}",
+        row = _engine_row(result, mem, f"{kind}, {t} stacked {name} trial{plural}{in_blocks}",
                           "engine", t, eval_seconds_val=val_s, eval_seconds_test_once=test_s,
                           step_threads=result.timing.get("step_threads"),
                           cuda_graph=result.timing.get("cuda_graph"), trial_blocks=blocks)
@@ -664,7 +702,11 @@ def format_report(report: dict[str, Any]) -> str:
         f"load average (1, 5, 15 min) before {before.get('load_avg_1_5_15')} after "
         f"{after.get('load_avg_1_5_15')}: figures move with the load",
         f"store: {store['train_rows']} train rows x {store['dim']}, {store['classes']} classes, "
-        f"flip={store['flip']}; batch {report['config']['batch_size']}, Adam, GR loss; "
+        f"flip={store['flip']}; batch {report['config']['batch_size']}, Adam, "
+        f"{report['config'].get('loss', 'gr')} loss"
+        + (f" (synthetic prior {store['prior']})" if store.get("prior") else "")
+        + ("; plain and papers loops: GR only" if report['config'].get('loss', 'gr') != "gr"
+           else "") + "; "
         f"median of {report['config']['epochs']} epochs; "
         + ("each row timed alone, in a fresh process" if report["config"].get("isolate", True)
            else "rows timed one after the other in one process (--in-process)"),

@@ -153,3 +153,4 @@ def format_store_report(r: dict[str, Any]) -> str:
         f"{r['zstd_size_ratio']:.0%} of that and decode at {r['zstd_read_mb_per_s']:.0f} MB/s "
         f"(measured on {r['zstd_sample_chunks']} chunks)",
     ])
+

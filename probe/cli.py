@@ -325,7 +325,7 @@ def _cmd_bench_probe(args: argparse.Namespace) -> int:
         epochs=args.epochs, trials=trials, plain=not args.no_plain, device=args.device,
         cache_dir=args.cache_dir, papers=not args.no_papers, papers_workers=args.papers_workers,
         compare_eager=args.compare_eager, compare_one_block=args.compare_one_block,
-        isolate=not args.in_process,
+        isolate=not args.in_process, loss=args.loss,
     )
     if args.threads is not None:
         import torch
@@ -475,6 +475,10 @@ def _register_bench_probe(bench: argparse._SubParsersAction) -> None:
                    help="measured epochs per configuration, median reported (default: 3)")
     b.add_argument("--trials", default="1,8,64",
                    help="stacked trial counts to time (default: 1,8,64)")
+    b.add_argument("--loss", default="gr",
+                   help="the loss the engine rows train (default: gr); a loss that reads a "
+                   "prior (vlpl, gpr) gets a synthetic one in the bench store; the plain and "
+                   "papers-style loops run for gr only")
     b.add_argument("--no-plain", action="store_true", help="skip the plain PyTorch loop")
     b.add_argument("--no-papers", action="store_true",
                    help="skip the papers-style loop (DataLoader workers, metrics every epoch)")

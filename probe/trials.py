@@ -201,6 +201,10 @@ def setup_loss_groups(plan: TrialPlan, train_y: Tensor, device: Any) -> list[Los
         obj.setup(train_y, n_epochs=plan.training.epochs, n_trials=k)
         if plan.prior is not None:  # the train rows' prior, shared by the stacked trials
             obj.set_prior(*_prior_tensors(plan.prior, device))
+            mode = getattr(obj, "prior_mode", None)  # which mode ran (GPR with/without DAMP)
+            note = f"{plan.cls.name} read prior {plan.prior.name!r}: {mode}"
+            if mode and note not in plan.notes:
+                plan.notes.append(note)
         obj.manual_seed(plan.seeds[span])
         extra = list(obj.extra_parameters())
         for p, _ in extra:

@@ -81,7 +81,7 @@ def test_prior_equals_openclip_zero_shot_and_trains(setup, capsys):
     expected, weights, store = setup
     assert main(["priors", str(store), "--model", "open_clip:spml-prior-vit", "--weights",
                  str(weights), "--tiles", "2", "--name", "clip", "--temperature", "0.05",
-                 "--quiet"]) == 0
+                 "--device", "auto", "--quiet"]) == 0
     assert "wrote prior 'clip'" in capsys.readouterr().out
     ref = _reference(weights, store, expected["root"], 2, "a photo of a {}.", 0.05)
     prior = open_store(store).prior("clip")
@@ -94,9 +94,13 @@ def test_prior_equals_openclip_zero_shot_and_trains(setup, capsys):
     assert prior.provenance["model"] == "open_clip:spml-prior-vit"
     assert prior.provenance["tiles"] == "2x2" and prior.provenance["temperature"] == 0.05
     assert not list(store.parent.glob("*.partial"))  # the scratch blocks are gone
-    for loss in ("vlpl", "gpr"):
-        assert main(["probe", str(store), "--loss", loss, "--priors", "clip", "--epochs", "2",
-                     "--batch-size", "4", "--intervals", "0", "--quiet"]) == 0, loss
+    assert main(["probe", str(store), "--loss", "gpr", "--priors", "clip", "--epochs", "2",
+                 "--batch-size", "4", "--intervals", "0", "--quiet"]) == 0
+    # vlpl reads no tile extras: a prior with them is refused by name, not silently read
+    assert main(["probe", str(store), "--loss", "vlpl", "--priors", "clip", "--epochs", "1",
+                 "--batch-size", "4", "--intervals", "0", "--quiet"]) == 2
+    assert "tile_max, tile_mean, tile_min, which this loss does not read" in (
+        capsys.readouterr().err)
     # an existing name is refused without --overwrite, before the model is loaded
     assert main(["priors", str(store), "--model", "open_clip:spml-prior-vit", "--weights",
                  str(weights), "--name", "clip", "--quiet"]) == 2
@@ -211,3 +215,81 @@ def test_an_older_stores_sentence_still_reads():
     assert old == ImageSource("voc", "/data/VOC2012", None, {})
     assert image_source({"source": "imported from Cole et al.'s arrays"}) is None
     assert image_source({}) is None
+
+
+def test_a_resume_needs_the_same_settings_and_the_scratch_holds_reductions(setup, monkeypatch):
+    """An interrupted --tiles 2 run keeps (rows, 4, C) blocks (whole image, tile max, min,
+    mean), not (rows, 1 + k², C); resuming it with other tiles, temperature or weights is
+    refused naming the flag, and the run of the same settings then resumes."""
+    expected, weights, store = setup
+    monkeypatch.setattr(cp, "BLOCK_ROWS", 4)
+    real, calls = cp.view_scores, []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cp, "view_scores", failing)
+    config = cp.ClipPriorConfig(model="open_clip:spml-prior-vit", weights=str(weights),
+                                name="tiled", tiles=2, batch_size=4, progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        cp.compute_clip_prior(store, config)
+    scratch = store.with_name(f"{store.name}.priors-tiled.partial")
+    block = np.load(scratch / "block-0.npy")
+    assert block.shape == (4, 4, open_store(store).n_classes)
+    monkeypatch.setattr(cp, "view_scores", real)
+    for change, flag in (({"tiles": 0}, "--tiles"), ({"temperature": 0.05}, "--temperature"),
+                         ({"prompt": "an image of {}"}, "--prompt-template")):
+        other = cp.ClipPriorConfig(**{**config.__dict__, **change})
+        with pytest.raises(cp.ClipPriorError, match=f"{flag} .*then.*now"):
+            cp.compute_clip_prior(store, other)
+        assert (scratch / "block-0.npy").is_file()  # the refused run left the blocks alone
+    result = cp.compute_clip_prior(store, config)
+    assert result.blocks_resumed == 1
+    ref = _reference(weights, store, expected["root"], 2, "a photo of a {}.", 0.01)
+    prior = open_store(store).prior("tiled")
+    np.testing.assert_allclose(prior.extras["tile_max"], ref[:, 1:].max(1), atol=2e-6)
+    np.testing.assert_allclose(prior.extras["tile_mean"], ref[:, 1:].mean(1), atol=2e-6)
+
+
+def test_device_is_checked_before_any_image_and_options_share_one_spelling(setup, tmp_path,
+                                                                           capsys):
+    _, weights, store = setup
+    if not torch.cuda.is_available():  # --device cuda here: refused before --root is read
+        assert main(["priors", str(store), "--model", "open_clip:spml-prior-vit", "--weights",
+                     str(weights), "--device", "cuda", "--root", str(tmp_path / "gone"),
+                     "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert "--device cuda" in err and "--root" not in err
+    assert main(["priors", str(store), "--model", "open_clip:spml-prior-vit", "--weights",
+                 str(weights), "--tiles", "3x2", "--quiet"]) == 2
+    assert "square grid" in capsys.readouterr().err
+    # spml priors' spelling: --prompt-template and --tiles KxK, as spml import priors takes them
+    assert main(["priors", str(store), "--model", "open_clip:spml-prior-vit", "--weights",
+                 str(weights), "--tiles", "1x1", "--prompt-template", "a photo of {}.",
+                 "--name", "spelled", "--quiet"]) == 0
+    prov = open_store(store).prior("spelled").provenance
+    assert prov["tiles"] == "1x1" and prov["prompt_template"] == "a photo of {}."
+    np.save(tmp_path / "s.npy", open_store(store).prior("spelled").scores)
+    assert main(["import", "priors", str(store), "--name", "imported", "--from",
+                 str(tmp_path / "s.npy"), "--tiles", "4", "--prompt", "a photo of {}."]) == 0
+    prov = open_store(store).prior("imported").provenance
+    assert prov["tiles"] == "4x4" and prov["prompt_template"] == "a photo of {}."
+
+
+def test_a_prior_of_random_weights_is_flagged(setup, capsys):
+    _, _, store = setup
+    assert main(["priors", str(store), "--model", "open_clip:spml-prior-vit", "--weights",
+                 "random", "--name", "rnd", "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["info", str(store)]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(
+        "prior       rnd"))
+    assert "WARNING: computed with a randomly initialised model" in line
+    with pytest.warns(UserWarning, match="prior 'rnd' was computed with a randomly"):
+        open_store(store).prior("rnd")
+    with pytest.warns(UserWarning, match="randomly initialised"):
+        assert main(["probe", str(store), "--loss", "vlpl", "--priors", "rnd", "--epochs", "1",
+                     "--batch-size", "4", "--intervals", "0", "--quiet"]) == 0

@@ -342,7 +342,9 @@ def test_a_prior_loss_without_its_prior_says_so():
 N_TRAIN, N_VAL, N_TEST, D, C = 40, 16, 16, 6, 5
 
 
-def _data_with_prior() -> ProbeData:
+def _data_with_prior(tiles: bool = True) -> ProbeData:
+    """Toy data with a prior "t"; ``tiles``: with DAMP's tile extras (gpr reads them, vlpl
+    refuses them by name)."""
     rng = np.random.default_rng(0)
     proto = rng.normal(size=(C, D))
     parts = {}
@@ -356,7 +358,7 @@ def _data_with_prior() -> ProbeData:
     noisy = parts["train"][1] * 0.5 + rng.random((N_TRAIN, C)) * 0.5  # a useful, noisy prior
     scores = (noisy / noisy.sum(1, keepdims=True)).astype(np.float32)
     extras = {"tile_max": scores + 0.1, "tile_min": scores * 0.3, "tile_mean": scores * 0.7}
-    return dataclasses.replace(data, train_prior=Prior("t", scores, extras))
+    return dataclasses.replace(data, train_prior=Prior("t", scores, extras if tiles else {}))
 
 
 def _plain_loop(data, name, hparams, seed, lr, epochs, batch) -> nn.Linear:
@@ -392,7 +394,7 @@ def _plain_loop(data, name, hparams, seed, lr, epochs, batch) -> nn.Linear:
     ("gpr", ("eta", [0.05, 0.3, 0.6]), {"k": 2.0, "top_k": 2, "threshold": 0.2}),
 ])
 def test_stacked_trials_with_a_prior_equal_plain_loops(name, varied, fixed):
-    data = _data_with_prior()
+    data = _data_with_prior(tiles=name == "gpr")
     key, values = varied
     trials = [{**fixed, key: v, "lr": lr} for v, lr in zip(values, (1e-2, 3e-3, 2e-2))]
     cfg = ProbeConfig(epochs=3, batch_size=8, seed=4, use_presets=False, priors="t")
@@ -408,6 +410,8 @@ def test_stacked_trials_with_a_prior_equal_plain_loops(name, varied, fixed):
         torch.testing.assert_close(got.bias, ref.bias.detach(), atol=2e-5, rtol=1e-4)
         heads.append(got.weight)
     assert not torch.allclose(heads[0], heads[1])  # the varied parameter mattered
+    mode = "DAMP (tile_max, tile_min)" if name == "gpr" else "scores only"
+    assert f"{name} read prior 't': {mode}" in result.config["notes"]  # which mode ran
 
 
 def test_per_trial_seeds_and_trial_blocks_each_get_the_prior():
@@ -424,6 +428,7 @@ def test_per_trial_seeds_and_trial_blocks_each_get_the_prior():
         torch.testing.assert_close(result.head(t, best=False).weight, ref.weight.detach(),
                                    atol=2e-5, rtol=1e-4)
     shared = dataclasses.replace(per_seed, seeds=None, seed=4)
+    data = _data_with_prior(tiles=False)
     one = train_probe(data, shared, "vlpl", [{"threshold": v} for v in (0.2, 0.3, 0.45)],
                       speed=SpeedOptions(trial_block=0))
     blocks = train_probe(data, shared, "vlpl", [{"threshold": v} for v in (0.2, 0.3, 0.45)],

@@ -79,7 +79,7 @@ class Loss(nn.Module):
     :meth:`end_epoch` where the paper has a per-epoch pass. A loss that reads a prior
     (per-image class scores from a vision-language model, ``docs/priors.md``) names it in
     :attr:`prior` and receives the train rows' scores once in :meth:`set_prior`
-    (``probe.losses._prior.PriorMixin`` keeps them and gathers a batch's rows by ``index``).
+    (``probe.losses.PriorMixin`` keeps them and gathers a batch's rows by ``index``).
 
     Class attributes (the contract; :func:`register` checks them):
 
@@ -259,7 +259,7 @@ class Loss(nn.Module):
     def set_prior(self, scores: Tensor, extras: dict[str, Tensor] | None = None) -> None:
         """Receive the train split's prior once, after :meth:`setup`: ``scores`` ``(N_train,
         C)`` float32 in the train rows' order, ``extras`` further ``(N_train, C)`` arrays by
-        name. Losses with :attr:`prior` set override this (``probe.losses._prior``)."""
+        name. Losses with :attr:`prior` set override this (``probe.losses.PriorMixin``)."""
         raise LossInputError(
             f"{self.name}: this loss uses no prior (per-image class scores); drop --priors "
             "or choose a loss that uses one (vlpl, gpr)"
@@ -463,6 +463,25 @@ def register(cls: type[Loss]) -> type[Loss]:
     Checks the contract (:class:`Loss`) and refuses a name already taken, naming both classes
     (:class:`LossContractError`)."""
     _check_contract(cls)
+    # the prior contract (probe.losses.PriorMixin, docs/plugins.md "Reading a prior")
+    mixin = callable(getattr(cls, "prior_rows", None)) and callable(
+        getattr(cls, "prior_ready", None))
+    if cls.prior is not None and not mixin:
+        raise LossContractError(
+            f"register: loss '{cls.name}' sets prior = {cls.prior!r} but does not derive from "
+            "probe.losses.PriorMixin, which keeps the prior and gathers a batch's rows; declare "
+            f"class {cls.__name__}(PriorMixin)")
+    if mixin:
+        if not isinstance(cls.prior, str) or not cls.prior.strip():
+            raise LossContractError(
+                f"register: loss '{cls.name}' derives from PriorMixin but sets no prior; set "
+                "prior = 'what it reads' (e.g. 'class scores'), or derive from Loss")
+        extras = [*cls.prior_extras, *cls.prior_optional]
+        if len(set(extras)) != len(extras) or not all(
+                isinstance(k, str) and _NAME.fullmatch(k) and k != "scores" for k in extras):
+            raise LossContractError(
+                f"register: loss '{cls.name}': prior_extras and prior_optional must be distinct "
+                f"names of letters, digits and '_', other than 'scores'; got {extras}")
     with _PLUGIN_LOCK:
         taken = _REGISTRY.get(cls.name)
         if taken is not None and taken is not cls:

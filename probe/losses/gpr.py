@@ -20,6 +20,16 @@ GPR (GR's k̂ = σ(w·sg(p) + b), v = exp(−(sg(p) − μ)²/2σ²) and L1-L3 w
 
 k is the expected number of positives per image (Cole et al.'s values; the val split's mean label
 count elsewhere), as EPR's.
+
+``released=True`` is the released code on every input (``get_pseudo_labels``' second value and
+``GPR_loss`` as ``train.py`` calls them): no pseudo-negative term; a DAMP pseudo-positive that
+also ranks among the ``int(neg_ratio * C)`` lowest of (g + tile mean)/2 (Python's float64
+product) is dropped; −log(x + 1e-7) on the observed positive and the pseudo-positives;
+``train.py``'s schedules (w, b at (e − 1)/E, μ, σ at e/E of the 1-indexed epoch e).
+
+The loss object computes DAMP's scores and both rankings once per train row when the prior is
+set (:meth:`GPR.prior_ready`; with a per-trial η the DAMP ranking stays per batch): a batch then
+only compares those ranks with top_k and ⌊neg_ratio·C⌋ and the scores with θ.
 """
 
 from __future__ import annotations
@@ -43,10 +53,10 @@ from ._base import (
     promote,
     register,
 )
-from ._prior import PriorMixin, rank_desc
 from .assume_negative import _K, EXPECTED_POSITIVES
-from .gr_loss import _Q_NOT_ROBUST, GR, _gr_core
+from .gr_loss import _Q_NOT_ROBUST, _Q_TINY, GR, _gauss_coef, _gr_core
 from .gr_loss import _SPECS as _GR_SPECS
+from .prior import PriorMixin, check_scores, rank_desc, rank_dtype, value_with_grad
 
 __all__ = ["damp_scores", "gpr", "gpr_pseudo_labels"]
 
@@ -73,10 +83,14 @@ _NEG_RATIO = HParam("neg_ratio", 0.3, "pseudo-negatives: the ⌊ratio·C⌋ lowe
 _PSEUDO_NEG = HParam("pseudo_negatives", True, "use the pseudo-negative term (the paper; False: "
                      "the released train.py, whose pseudo-negatives never reach the loss)",
                      kind="bool")
+_RELEASED = HParam("released", False, "the released get_pseudo_labels, GPR_loss and train.py "
+                   "schedules on every input (False: the paper's rule)", kind="bool")
+#: the released code's ε of −log(x + ε) (losses.py LOG_EPSILON)
+RELEASED_LOG_EPS = 1e-7
 _Q1_GPR = HParam("q1", 0.0, "robustness q1 of L1 on positives (0 = −log p, the released code)",
                  low=0.0)
 _SPECS = (*(_Q1_GPR if s.name == "q1" else s for s in _GR_SPECS), _LAM1, _LAM2, _RHO, _REG, _ETA,
-          _TOP_K, _THRESHOLD, _NEG_RATIO, _PSEUDO_NEG,
+          _TOP_K, _THRESHOLD, _NEG_RATIO, _PSEUDO_NEG, _RELEASED,
           replace(_K, doc="expected positives per image of the regulariser (VOC 1.5, COCO 2.9, "
                   "NUS 1.9, CUB 31.4; else the val split's mean label count)"))
 
@@ -97,37 +111,118 @@ def damp_scores(global_scores: Tensor, tile_max: Tensor, tile_min: Tensor, obser
 
 def gpr_pseudo_labels(scores: Tensor, observed: Tensor, top_k: float | Tensor = 3,
                       threshold: float | Tensor = 0.5, negative_scores: Tensor | None = None,
-                      neg_ratio: float | Tensor = 0.0) -> tuple[Tensor, Tensor]:
+                      neg_ratio: float | Tensor = 0.0, released: bool = False,
+                      ranks: tuple[Tensor | None, Tensor | None] = (None, None)
+                      ) -> tuple[Tensor, Tensor]:
     """DAMP's rule: ``(positive, negative)`` bool masks on the unobserved entries.
 
     ``positive``: among the ``top_k`` highest ``scores`` of the row (ties: the lower class index
     first) and ``scores ≥ threshold``. ``negative``: among the ⌊``neg_ratio``·C⌋ lowest
     ``negative_scores`` (default: ``scores``; ties: the lower class index first) and not
     positive. ``scores`` may carry a trial axis; ``threshold`` / ``neg_ratio`` may be ``(T,)``.
+    ``released``: the count is ``int(neg_ratio * C)`` in float64 (Python's), a positive among
+    the lowest is dropped, and ``negative`` is all of them (the released code does not use it).
+    ``ranks``: ``(rank_desc(scores), rank_desc(-negative_scores))`` when already known.
     """
     unknown = observed == 0
-    pos = (rank_desc(scores) < hp(top_k, scores)) & (scores >= hp(threshold, scores)) & unknown
+    rank_pos = rank_desc(scores) if ranks[0] is None else ranks[0]
+    pos = (rank_pos < hp(top_k, scores)) & (scores >= hp(threshold, scores)) & unknown
     neg_s = scores if negative_scores is None else negative_scores
-    n_neg = torch.floor(torch.as_tensor(hp(neg_ratio, neg_s), dtype=neg_s.dtype,
-                                        device=neg_s.device) * neg_s.shape[-1])
-    neg = (rank_desc(-neg_s) < n_neg) & unknown & ~pos
-    return pos, neg
+    rank_neg = rank_desc(-neg_s) if ranks[1] is None else ranks[1]
+    ratio = torch.as_tensor(hp(neg_ratio, neg_s), dtype=torch.float64 if released
+                            else neg_s.dtype, device=neg_s.device)
+    lowest = (rank_neg < torch.floor(ratio * neg_s.shape[-1])) & unknown
+    if released:
+        return pos & ~lowest, lowest
+    return pos, lowest & ~pos
 
 
 # ----------------------------------------------------------------------------- loss core
 def _gpr_entries(z: Tensor, y: Tensor, gr_parts: Any, use_k: bool, pos: Tensor,
-                 neg: Tensor | None, lam1, lam2, rho) -> Tensor:
+                 neg: Tensor | None, lam1, lam2, rho, released: bool = False) -> Tensor:
     rest = torch.lerp(gr_parts.l3, gr_parts.l2, gr_parts.k_hat) if use_k else gr_parts.l3
-    base = torch.where(y > 0, gr_parts.l1, gr_parts.v * rest)
-    lp, ln = F.softplus(-z), F.softplus(z)  # −log p, −log(1 − p)
+    if released:  # the code's neg_log: −log(x + 1e-7)
+        p = torch.sigmoid(z)
+        lp, ln = -torch.log(p + RELEASED_LOG_EPS), -torch.log(1 - p + RELEASED_LOG_EPS)
+        base = torch.where(y > 0, lp, gr_parts.v * rest)
+    else:
+        lp, ln = F.softplus(-z), F.softplus(z)  # −log p, −log(1 − p)
+        base = torch.where(y > 0, gr_parts.l1, gr_parts.v * rest)
     # 1 − v clipped to [λ2, λ1] in the released code's order (at most λ1, then at least λ2:
     # λ2 wins where λ2 > λ1)
-    weight = torch.where(1 - gr_parts.v > lam1, lam1, 1 - gr_parts.v)
-    weight = torch.where(weight < lam2, lam2, weight)
+    weight = torch.clamp(1 - gr_parts.v, max=lam1).clamp(min=lam2)
     out = torch.where(pos, weight * (rho * lp + (1 - rho) * ln), base)
     if neg is not None:
         out = torch.where(neg, gr_parts.v * ln, out)
     return out
+
+
+def _robust_l(log_x: Tensor, x: Tensor, qv) -> tuple[Tensor, Tensor]:
+    """(1 − x^q)/q (GR's L, as −expm1(q·log x)/q; q = 0: −log x; q = 1: 1 − x) and x^q."""
+    if isinstance(qv, Tensor):
+        qv = qv.clamp_min(_Q_TINY)
+        m1 = torch.expm1(qv * log_x)
+        return m1 / -qv, m1 + 1
+    if qv < _Q_TINY:
+        return -log_x, 1.0
+    if qv == 1.0:
+        return 1 - x, x
+    m1 = torch.expm1(qv * log_x)
+    return m1 * (-1.0 / qv), m1 + 1
+
+
+def _gpr_value_grad(z: Tensor, y: Tensor, pos: Tensor, neg: Tensor | None, sched: list, qs: list,
+                    use_k: bool, use_v: bool, h: dict, released: bool
+                    ) -> tuple[Tensor, Tensor]:
+    """GPR's loss and its gradient d loss / d z in one pass, without autograd: GR's k̂, v and
+    L1-L3 (:mod:`probe.losses.gr_loss`; k̂, v of sg(p), constants) with dL1/dz = −p^q1·(1−p),
+    dL2/dz = −p^q2·(1−p), dL3/dz = p·(1−p)^q3, d(−log p)/dz = −(1−p), d(−log(1−p))/dz = p and
+    the regulariser's 2·reg·(m − k)·p(1−p)/(C²·B). :func:`gpr` (autograd) is its reference."""
+    w, b, mu, sigma = sched
+    nz = -z
+    p, q = torch.sigmoid(z), torch.sigmoid(nz)
+    log_p, log_q = F.logsigmoid(z), F.logsigmoid(nz)
+    pq = p * q
+    lp, ln, dlp, dln = log_p.neg(), log_q.neg(), q.neg(), p
+    x1 = None
+    if not isinstance(qs[0], Tensor) and qs[0] < _Q_TINY:  # q1 = 0: L1 = −log p
+        l1, g1 = lp, dlp
+    else:
+        l1, x1 = _robust_l(log_p, p, qs[0])
+        g1 = -x1 * q
+    if released:  # the code's −log(x + 1e-7) on the positives and the pseudo-positives
+        lp, ln = -torch.log(p + RELEASED_LOG_EPS), -torch.log(q + RELEASED_LOG_EPS)
+        dlp, dln = -pq / (p + RELEASED_LOG_EPS), pq / (q + RELEASED_LOG_EPS)
+        l1, g1 = lp, dlp
+    same = not isinstance(qs[0], Tensor) and not isinstance(qs[1], Tensor) and qs[0] == qs[1]
+    l2, x2 = (l1, x1) if same and x1 is not None and not released else _robust_l(log_p, p,
+                                                                                   qs[1])
+    l3, x3 = _robust_l(log_q, q, qs[2])
+    g2, g3 = q * x2, p * x3
+    g2 = g2.neg_() if isinstance(x2, Tensor) else dlp if not released else -q
+    if use_k:
+        k_hat = torch.sigmoid_(p * w + b)
+        rest, rest_g = torch.lerp(l3, l2, k_hat), torch.lerp(g3, g2, k_hat)
+    else:
+        rest, rest_g = l3, g3
+    if use_v:
+        v = (p - mu).square_().mul_(_gauss_coef(sigma)).exp_()
+    else:
+        v = torch.ones_like(p)
+    weight = torch.clamp(1 - v, max=h["lam1"]).clamp_(min=h["lam2"])
+    rho = h["rho"]
+    out = torch.where(pos, weight * (rho * lp + (1 - rho) * ln), v * rest)
+    grad = torch.where(pos, weight * (rho * dlp + (1 - rho) * dln), v * rest_g)
+    if neg is not None:
+        out, grad = torch.where(neg, v * ln, out), torch.where(neg, v * dln, grad)
+    positive, negative = y > 0, y < 0
+    out = torch.where(positive, l1, torch.where(negative, l3, out))
+    grad = torch.where(positive, g1, torch.where(negative, g3, grad))
+    bsz, c = z.shape[-2:]
+    count = p.sum(-1, keepdim=True).mean(-2, keepdim=True)  # (…, 1, 1): m
+    gap = count - h["k"]
+    value = mean_bc(out) + per_trial(h["reg"] * gap.square() / (c * c)).reshape(out.shape[:-2])
+    return value, grad / (bsz * c) + (2.0 / (c * c * bsz)) * h["reg"] * gap * pq
 
 
 def _expected_positives(z: Tensor, k, reg) -> Tensor:
@@ -141,31 +236,44 @@ def gpr(logits: Tensor, observed: Tensor, scores: Tensor, *, w: float | Tensor =
         lam1: float | Tensor = 0.7, lam2: float | Tensor = 0.5, rho: float | Tensor = 0.9,
         reg: float | Tensor = 1e-3, k: float | Tensor = 2.9, top_k: float | Tensor = 3,
         threshold: float | Tensor = 0.5, negative_scores: Tensor | None = None,
-        neg_ratio: float | Tensor = 0.3, pseudo_negatives: bool = True) -> Tensor:
+        neg_ratio: float | Tensor = 0.3, pseudo_negatives: bool = True, released: bool = False
+        ) -> Tensor:
     """GPR (module docstring) at fixed GR parameters (w, b, μ, σ: the current schedule values)
     on a batch: ``scores`` the batch's DAMP scores (B, C) (:func:`damp_scores`),
-    ``negative_scores`` those ranking the pseudo-negatives (default ``scores``)."""
+    ``negative_scores`` those ranking the pseudo-negatives (default ``scores``).
+    ``released=True``: the released ``get_pseudo_labels`` and ``GPR_loss`` (module docstring;
+    ``pseudo_negatives`` is then False)."""
     specs = {s.name: s for s in _SPECS}
     given = {"w_T": w, "b_T": b, "mu_T": mu, "sigma_T": sigma, "q1": q1, "q2": q2, "q3": q3,
              "lam1": lam1, "lam2": lam2, "rho": rho, "reg": reg, "k": k, "top_k": top_k,
-             "threshold": threshold, "neg_ratio": neg_ratio, "pseudo_negatives": pseudo_negatives}
+             "threshold": threshold, "neg_ratio": neg_ratio, "pseudo_negatives": pseudo_negatives,
+             "released": released}
     values = {n: check_hparam(specs[n], v, "gpr") for n, v in given.items()}
     z, y = check_inputs(logits, observed, values, loss="gpr")
-    from .vlpl import _check_scores
-
-    s = _check_scores(scores, y, "gpr")
-    ns = s if negative_scores is None else _check_scores(negative_scores, y, "gpr")
+    s = check_scores(scores, y, "gpr")
+    ns = s if negative_scores is None else check_scores(negative_scores, y, "gpr")
     h = {n: hp(v, z) for n, v in values.items()}
     parts = _gr_core(z, y, h["w_T"], h["b_T"], h["mu_T"], h["sigma_T"], h["q1"], h["q2"], h["q3"],
                      True, True)
     pos, neg = gpr_pseudo_labels(s, y, values["top_k"], values["threshold"], ns,
-                                 values["neg_ratio"])
-    out = _gpr_entries(z, y, parts, True, pos, neg if pseudo_negatives else None, h["lam1"],
-                       h["lam2"], h["rho"])
+                                 values["neg_ratio"], released)
+    out = _gpr_entries(z, y, parts, True, pos, neg if pseudo_negatives and not released else None,
+                       h["lam1"], h["lam2"], h["rho"], released)
     return mean_bc(out) + _expected_positives(z, h["k"], h["reg"])
 
 
 # ----------------------------------------------------------------------------- registered object
+def _aevlp(beta: tuple, q2q3: tuple, lam: tuple, reg: float, eta: float, threshold: float,
+           negative_ratio: float, top_k: int, dataset: str) -> dict[str, float]:
+    """One AEVLP config as hyperparameters (alpha = [0.5, 2, 0.8, 0.5] and rho 0.9 in all
+    four files)."""
+    return {"w_0": float(beta[0]), "w_T": float(beta[1]), "b_0": float(beta[2]),
+            "b_T": float(beta[3]), "mu_0": 0.5, "sigma_0": 2.0, "mu_T": 0.8, "sigma_T": 0.5,
+            "q2": float(q2q3[0]), "q3": float(q2q3[1]), "lam1": lam[0], "lam2": lam[1],
+            "rho": 0.9, "reg": reg, "eta": eta, "threshold": threshold,
+            "neg_ratio": negative_ratio, "top_k": float(top_k), "k": EXPECTED_POSITIVES[dataset]}
+
+
 @register
 class GPR(PriorMixin, GR):
     """GPR loss (GR's schedules and terms on the unknowns) with DAMP pseudo-labels."""
@@ -182,18 +290,24 @@ class GPR(PriorMixin, GR):
     hparam_specs = _SPECS
     prior = "class scores (CLIP global; extras tile_max, tile_min, tile_mean for DAMP)"
     prior_optional = ("tile_max", "tile_min", "tile_mean")
-    trial_state = ()
-    stateful = True  # reads the train rows' prior: needs setup, set_prior and index=
-    _GR_COCO = {"w_T": 10.0, "b_T": -8.0, "mu_T": 0.8, "sigma_T": 0.5, "q2": 0.01, "q3": 1.0,
-                "lam1": 0.7, "lam2": 0.5, "rho": 0.9, "reg": 1e-3, "eta": 0.3, "threshold": 0.5,
-                "top_k": 3.0, "neg_ratio": 0.3}
+    trial_state = ()  # the prior's caches have no trial axis
+    # Fsoft-AIC/AEVLP configs/<dataset>.json field by field (beta = [w_0, w_T, b_0, b_T], alpha =
+    # [mu_0, sigma_0, mu_T, sigma_T], q2q3, lam = [lam1, lam2], rho, reg, eta, threshold,
+    # negative_ratio) and config.py's _LOOKUP (top_k, expected_num_pos); tests/test_prior_presets.py
     presets = {
-        "coco": {**_GR_COCO, "k": EXPECTED_POSITIVES["coco"]},
-        "voc": {**_GR_COCO, "w_T": 2.0, "b_T": -2.0, "reg": 0.05, "k": EXPECTED_POSITIVES["voc"]},
-        "nus": {**_GR_COCO, "threshold": 0.6, "k": EXPECTED_POSITIVES["nus"]},
-        "cub": {**_GR_COCO, "q3": 1.5, "top_k": 32.0, "k": EXPECTED_POSITIVES["cub"]},
+        "coco": _aevlp((0, 10, -2, -8), (0.01, 1), (0.7, 0.5), 0.001, 0.3, 0.5, 0.3, 3, "coco"),
+        "voc": _aevlp((0, 2, -2, -2), (0.01, 1), (0.7, 0.4), 0.05, 0.0, 0.5, 0.2, 3, "voc"),
+        "nus": _aevlp((0, 10, -2, -8), (0.01, 1), (0.7, 0.5), 0.001, 0.3, 0.6, 0.2, 3, "nus"),
+        "cub": _aevlp((0, 10, -2, -8), (0.01, 1.5), (0.8, 0.2), 0.01, 0.005, 0.005, 0.2, 32,
+                      "cub"),
     }
-    train_presets = GR.train_presets  # AEVLP's configs are GR's (lr_mult 10 on the head)
+    # the same files' bsize, lr, num_epochs, lr_mult (the linear head trains at lr × lr_mult)
+    train_presets = {
+        "coco": {"batch_size": 16, "lr": 1e-5, "epochs": 8, "head_lr_mult": 10},
+        "voc": {"batch_size": 8, "lr": 1e-5, "epochs": 8, "head_lr_mult": 10},
+        "nus": {"batch_size": 16, "lr": 1e-5, "epochs": 10, "head_lr_mult": 10},
+        "cub": {"batch_size": 8, "lr": 1e-5, "epochs": 10, "head_lr_mult": 10},
+    }
     notes = """\
 Needs a prior (spml probe --priors NAME). DAMP from raw CLIP scores: store the global scores as
 the prior's scores and the per-class max, min (and mean) over the tiles as extras tile_max,
@@ -202,7 +316,10 @@ tile extras the prior's scores are taken as DAMP's final s. Pseudo-negatives ran
 (g + tile_mean)/2 (the prior's scores without tile_mean). The paper's pseudo-negative term is on
 by default; the released train.py uses the pseudo-labels whose negatives are 0, so the term never
 runs there: pseudo_negatives=False reproduces that. The code's −log(x + 1e-7) is the exact log
-here; q1 = 0 (−log p on the observed positive) as in the code. Ties in top-k rank the lower class
+here; q1 = 0 (−log p on the observed positive) as in the code. released=True is the released
+code on every input: no pseudo-negative term, a pseudo-positive among the int(neg_ratio * C)
+lowest dropped, −log(x + 1e-7), train.py's schedules (docs/priors.md lists every difference).
+Presets: AEVLP's configs/*.json and config.py, field by field. Ties in top-k rank the lower class
 first. w, b, μ, σ follow GR's linear schedules (docs/losses.md "Generalized Robust Loss";
 coco β = [w_0, w_T, b_0, b_T] = [0, 10, −2, −8], α = [μ_0, σ_0, μ_T, σ_T] = [0.5, 2, 0.8, 0.5]);
 learn_kv is not supported. Reported (ResNet-50 fine-tuned): VOC 90.46, COCO 73.54, NUS 50.70,
@@ -214,39 +331,99 @@ CUB 24.89 mAP."""
             raise LossInputError("gpr: learn_kv=True is not supported (AEVLP schedules w, b, "
                                  "mu, sigma as GR does); drop it")
 
-    def setup(self, observed: Tensor, n_epochs: int, n_trials: int | None = None) -> None:
-        super().setup(observed, n_epochs, n_trials)
-        self.register_buffer("observed_train", observed.to(torch.int8), persistent=False)
+    def _refresh_schedule(self) -> None:
+        super()._refresh_schedule()
+        if not self.hparam("released"):
+            return
+        # train.py, 1-indexed epoch e of E: w, b at (e − 1)/E, μ, σ at e/E (never quite w_T, b_T)
+        e, n = self.epoch, self.n_epochs
+        for name, frac in (("w", e / n), ("b", e / n), ("mu", (e + 1) / n),
+                           ("sigma", (e + 1) / n)):
+            v0, vt = self.hparam(f"{name}_0"), self.hparam(f"{name}_T")
+            value = v0 + (vt - v0) * frac
+            if isinstance(value, Tensor):
+                getattr(self, f"now_{name}").copy_(value)
+            else:
+                self._now[name] = float(value)
 
     def prior_ready(self) -> None:
+        """Once per train row: DAMP's scores s (a fixed η) and its ranking, and the ranking of
+        the pseudo-negative scores -- what depends only on the prior and the observed labels."""
         if self.has_prior("tile_max") != self.has_prior("tile_min"):
             raise LossInputError("gpr: DAMP needs both extras tile_max and tile_min (or "
                                  "neither: the scores are then DAMP's final scores)")
         g = self.prior_scores
         neg = (g + self.prior_tile_mean) / 2 if self.has_prior("tile_mean") else g
-        self.register_buffer("prior_negative", neg.contiguous(), persistent=False)
+        dtype = rank_dtype(g.shape[-1])
+        self.register_buffer("prior_rank_neg", rank_desc(-neg).to(dtype), persistent=False)
+        self.prior_mode = ("DAMP (tile_max, tile_min)" if self.has_prior("tile_max")
+                           else "scores as DAMP's s")
+        self._damp_cached = self._coded = False
+        if self._fixed_damp():
+            s = self._damp(g, self.observed_train, ("tile_max", "tile_min"), None)
+            self.register_buffer("prior_damp", s.contiguous(), persistent=False)
+            self.register_buffer("prior_rank_pos", rank_desc(s).to(dtype), persistent=False)
+            self._damp_cached = True
+            fixed = [self.hparam(n) for n in ("top_k", "threshold", "neg_ratio")]
+            if not any(isinstance(v, Tensor) for v in fixed):
+                # every rule parameter fixed: each entry's pseudo-label as one int8 code
+                pos, neg = gpr_pseudo_labels(s, self.observed_train, *fixed[:2], None, fixed[2],
+                                             self.hparam("released"),
+                                             (self.prior_rank_pos, self.prior_rank_neg))
+                code = pos.to(torch.int8) + 2 * neg.to(torch.int8)
+                self.register_buffer("prior_code", code, persistent=False)
+                self._coded = True
+
+    def set_hparam(self, name: str, value: Any) -> None:
+        super().set_hparam(name, value)
+        if getattr(self, "prior_scores", None) is not None:
+            self.prior_ready()  # the caches follow the rule's parameters
+
+    def _fixed_damp(self) -> bool:
+        return not self.has_prior("tile_max") or not isinstance(self.hparam("eta"), Tensor)
+
+    def _damp(self, g: Tensor, observed: Tensor, keys: tuple[str, str], index: Tensor | None
+              ) -> Tensor:
+        if not self.has_prior("tile_max"):
+            return g
+        if index is None:
+            tmax, tmin = self.prior_tile_max, self.prior_tile_min
+        else:
+            tmax, tmin = self.prior_rows(index, keys)
+        return damp_scores(g, tmax, tmin, observed, self.hparam("eta"))
+
+    def _pseudo_labels(self, observed: Tensor, index: Tensor | None, released: bool
+                       ) -> tuple[Tensor, Tensor]:
+        """DAMP's masks of the batch from the cached ranks (a per-trial top_k, θ or neg_ratio)
+        or, with a per-trial η, from DAMP's scores ranked per batch."""
+        if getattr(self, "_damp_cached", False) and self._fixed_damp():
+            s, rank_pos, rank_neg = self.prior_rows(index, ("damp", "rank_pos", "rank_neg"))
+        else:
+            g, rank_neg = self.prior_rows(index, ("scores", "rank_neg"))
+            s, rank_pos = self._damp(g, observed, ("tile_max", "tile_min"), index), None
+        return gpr_pseudo_labels(s, observed, self.hparam("top_k"), self.hparam("threshold"),
+                                 None, self.hparam("neg_ratio"), released, (rank_pos, rank_neg))
 
     def forward(self, logits: Tensor, observed: Tensor, index: Tensor | None = None) -> LossOutput:
         z = promote(logits)
-        damp = self.has_prior("tile_max")
-        keys = ("scores", "negative", "tile_max", "tile_min") if damp else ("scores", "negative")
-        rows = self.prior_rows(index, keys)
-        s = damp_scores(rows[0], rows[2], rows[3], observed, self.hparam("eta")) if damp \
-            else rows[0]
+        released = self.hparam("released")
+        if getattr(self, "_coded", False):  # the train rows' pseudo-labels, computed once
+            (code,) = self.prior_rows(index, ("code",))
+            pos, neg = code == 1, code == 2
+        else:
+            pos, neg = self._pseudo_labels(observed, index, released)
         w, b, mu, sigma = self._current(z)
         if self.hparam("robust"):
             qs = [hp(self.hparam(q), z) for q in ("q1", "q2", "q3")]
         else:
             qs = [_Q_NOT_ROBUST] * 3
         use_k = self.hparam("use_k")
-        parts = _gr_core(z, observed, w, b, mu, sigma, *qs, use_k, self.hparam("use_v"))
-        pos, neg = gpr_pseudo_labels(s, observed, self.hparam("top_k"), self.hparam("threshold"),
-                                     rows[1], self.hparam("neg_ratio"))
         if self.hparam("k") is None:
             raise LossInputError("gpr: hyperparameter 'k' (expected positives per image) is not "
                                  "set; pass k=… or let the trainer fill it from the dataset")
         h = {n: hp(self.hparam(n), z) for n in ("lam1", "lam2", "rho", "reg", "k")}
-        out = _gpr_entries(z, observed, parts, use_k, pos,
-                           neg if self.hparam("pseudo_negatives") else None, h["lam1"], h["lam2"],
-                           h["rho"])
-        return LossOutput(mean_bc(out) + _expected_positives(z, h["k"], h["reg"]), {})
+        neg = neg if self.hparam("pseudo_negatives") and not released else None
+        with torch.no_grad():  # the value, and its gradient in closed form (value_with_grad)
+            value, grad = _gpr_value_grad(z.detach(), observed, pos, neg, [w, b, mu, sigma], qs,
+                                          use_k, self.hparam("use_v"), h, released)
+        return LossOutput(value_with_grad(z, value, grad), {})

@@ -86,14 +86,20 @@ def _stacked_hparams(name: str, seed: int = 0) -> dict[str, list[float]]:
 
 def give_prior(loss: Loss, observed: torch.Tensor) -> None:
     """A loss that reads a prior (:attr:`Loss.prior`) gets one after setup, as the trainer does:
-    softmax class scores over the train rows, with DAMP's tile extras; other losses nothing."""
-    if type(loss).prior is None:
+    softmax class scores over the train rows, and each extra the loss reads
+    (``prior_extras``, ``prior_optional``): DAMP's tile_max / tile_min / tile_mean as
+    max / min / mean-like arrays, any other name random scores; other losses nothing."""
+    cls = type(loss)
+    if cls.prior is None:
         return
     g = torch.Generator().manual_seed(5)
     scores = torch.softmax(torch.randn(observed.shape, generator=g) * 2, -1)
     spread = torch.rand(observed.shape, generator=g) * 0.2
-    loss.set_prior(scores, {"tile_max": scores + spread, "tile_min": scores * 0.5,
-                            "tile_mean": scores * 0.8})
+    tiles = {"tile_max": scores + spread, "tile_min": scores * 0.5, "tile_mean": scores * 0.8}
+    extras = {}
+    for key in (*getattr(cls, "prior_extras", ()), *getattr(cls, "prior_optional", ())):
+        extras[key] = tiles[key] if key in tiles else torch.rand(observed.shape, generator=g)
+    loss.set_prior(scores, extras)
 
 
 def drive(loss: Loss, logits_seq: Sequence[torch.Tensor], observed: torch.Tensor,

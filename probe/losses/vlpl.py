@@ -15,7 +15,12 @@ temperature 0.01. With p = σ(z), y ∈ {1, 0, −1}, on the unobserved entries 
     loss = mean over B·C;  plain EM (no P, no N) while the 0-indexed epoch < warmup_epochs.
 
 The logs are exact (softplus of the logits); ``log_eps = 1e-5`` gives the released code's
-−log(x + 1e-5) (its ``neg_log``) instead.
+−log(x + 1e-5) (its ``neg_log``) instead. ``released=True`` is the released ``loss_EM_PL`` on
+every input: −log(x + 1e-5), and a pseudo-negative also where the class is pseudo-positive (the
+released ``scatter_`` writes the negatives after the positives).
+
+The loss object ranks each train row's prior once, when the prior is set
+(:meth:`VLPL.prior_ready`); a batch then compares those ranks with k_neg.
 """
 
 from __future__ import annotations
@@ -28,8 +33,6 @@ from torch import Tensor
 
 from ._base import (
     HParam,
-    Loss,
-    LossInputError,
     LossOutput,
     check_hparam,
     check_inputs,
@@ -38,7 +41,7 @@ from ._base import (
     promote,
     register,
 )
-from ._prior import PriorMixin, rank_desc
+from .prior import PriorMixin, check_scores, rank_desc, rank_dtype, value_with_grad
 
 __all__ = ["vlpl", "vlpl_pseudo_labels"]
 
@@ -60,22 +63,33 @@ _WARMUP = HParam("warmup_epochs", 0, "epochs of plain EM before the pseudo-label
                  low=0.0)
 _LOG_EPS = HParam("log_eps", 0.0, "ε of −log(x + ε) (0: exact; 1e-5: the released code)",
                   kind="choice", choices=(0.0, 1e-5))
-_SPECS = (_ALPHA, _BETA_POS, _BETA_NEG, _THRESHOLD, _K_NEG, _WARMUP, _LOG_EPS)
+_RELEASED = HParam("released", False, "the released loss_EM_PL on every input: −log(x + 1e-5) "
+                   "and a pseudo-negative wins over a pseudo-positive (False: the paper's rule)",
+                   kind="bool")
+_SPECS = (_ALPHA, _BETA_POS, _BETA_NEG, _THRESHOLD, _K_NEG, _WARMUP, _LOG_EPS, _RELEASED)
+#: the released code's ε of −log(x + ε) (losses.py LOG_EPSILON)
+RELEASED_LOG_EPS = 1e-5
 
 
 def vlpl_pseudo_labels(scores: Tensor, observed: Tensor, threshold: float | Tensor = 0.3,
-                       k_neg: float | Tensor = 0) -> tuple[Tensor, Tensor]:
+                       k_neg: float | Tensor = 0, released: bool = False,
+                       rank_asc: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """VLPL's pseudo-labels on the unobserved entries: ``(positive, negative)`` bool masks.
 
     ``positive``: s > ``threshold`` (a number or ``(T,)`` tensor, then masks are ``(T, B, C)``);
     ``negative``: of the ``k_neg`` lowest-scoring classes of each row (ties: the lower class
     first; a fraction counts as the next whole number, per trial as ``(T,)``), those not
-    pseudo-positive. Both only where ``observed == 0``."""
+    pseudo-positive (``released``: all of them, and they are not positive). Both only where
+    ``observed == 0``. ``rank_asc``: ``rank_desc(-scores)`` when already known."""
     unknown = observed == 0
     pos = (scores > hp(threshold, scores)) & unknown
     if not _uses(k_neg):
         return pos, torch.zeros_like(pos)
-    return pos, (rank_desc(-scores) < hp(k_neg, scores)) & unknown & ~pos
+    rank = rank_desc(-scores) if rank_asc is None else rank_asc
+    lowest = (rank < hp(k_neg, scores)) & unknown
+    if released:
+        return pos & ~lowest, lowest
+    return pos, lowest & ~pos
 
 
 def _uses(k: float | Tensor) -> bool:
@@ -84,16 +98,13 @@ def _uses(k: float | Tensor) -> bool:
     return isinstance(k, Tensor) or k > 0
 
 
-def _neg_log(log_x: Tensor, x: Tensor, eps: float) -> Tensor:
-    """−log x exactly (from ``log_x``), or −log(x + eps) as the released code computes it."""
-    return -log_x if eps == 0 else -torch.log(x + eps)
-
-
 def _vlpl_entries(z: Tensor, y: Tensor, pos: Tensor | None, neg: Tensor | None, alpha, beta_pos,
                   beta_neg, eps: float) -> Tensor:
     p = torch.sigmoid(z)
-    lp = _neg_log(F.logsigmoid(z), p, eps)  # −log p
-    ln = _neg_log(F.logsigmoid(-z), 1 - p, eps)  # −log(1 − p)
+    if eps == 0:  # −log p, −log(1 − p) exactly, as EM's
+        lp, ln = F.softplus(-z), F.softplus(z)
+    else:
+        lp, ln = -torch.log(p + eps), -torch.log(1 - p + eps)
     entropy = p * lp + (1 - p) * ln
     out = torch.where(y == 1, lp, torch.where(y == 0, -alpha * entropy, ln))
     if pos is not None:
@@ -103,37 +114,57 @@ def _vlpl_entries(z: Tensor, y: Tensor, pos: Tensor | None, neg: Tensor | None, 
     return out
 
 
+def _vlpl_value(z: Tensor, y: Tensor, pos: Tensor | None, neg: Tensor | None, alpha, beta_pos,
+                beta_neg, eps: float) -> Tensor:
+    """:func:`_vlpl_entries`' mean over B·C and its gradient in one pass without autograd
+    (value_with_grad; the pure :func:`vlpl` is its reference): with lp = −log(p + ε), ln =
+    −log(1 − p + ε), dlp = −p(1−p)/(p + ε), dln = p(1−p)/(1 − p + ε) and H = p·lp + (1−p)·ln,
+    dH = p(1−p)(lp − ln) + p·dlp + (1−p)·dln (ε = 0: dlp = −(1−p), dln = p)."""
+    with torch.no_grad():
+        p, q = torch.sigmoid(z), torch.sigmoid(-z)
+        pq = p * q
+        if eps == 0:
+            lp, ln = F.softplus(-z), F.softplus(z)
+            dlp, dln = q.neg(), p
+        else:
+            lp, ln = -torch.log(p + eps), -torch.log(q + eps)
+            dlp, dln = -pq / (p + eps), pq / (q + eps)
+        entropy = p * lp + q * ln
+        d_entropy = pq * (lp - ln) + p * dlp + q * dln
+        observed, unknown = y == 1, y == 0
+        out = torch.where(observed, lp, torch.where(unknown, -alpha * entropy, ln))
+        grad = torch.where(observed, dlp, torch.where(unknown, -alpha * d_entropy, dln))
+        if pos is not None:
+            out = torch.where(pos, beta_pos * (0.9 * lp + 0.1 * ln), out)
+            grad = torch.where(pos, beta_pos * (0.9 * dlp + 0.1 * dln), grad)
+        if neg is not None:
+            out = torch.where(neg, beta_neg * (0.1 * lp + 0.9 * ln), out)
+            grad = torch.where(neg, beta_neg * (0.1 * dlp + 0.9 * dln), grad)
+        grad = grad / (z.shape[-1] * z.shape[-2])
+    return value_with_grad(z, mean_bc(out), grad)
+
+
 def vlpl(logits: Tensor, observed: Tensor, scores: Tensor, alpha: float | Tensor = 0.1,
          beta_pos: float | Tensor = 0.7, beta_neg: float | Tensor = 0.0,
-         threshold: float | Tensor = 0.3, k_neg: float | Tensor = 0, log_eps: float = 0.0
-         ) -> Tensor:
+         threshold: float | Tensor = 0.3, k_neg: float | Tensor = 0, log_eps: float = 0.0,
+         released: bool = False) -> Tensor:
     """VLPL's ``loss_EM_PL`` (module docstring) on a batch: ``scores`` (B, C) are the batch's
     rows of the prior (softmax of CLIP similarities); mean over B·C, ``(T,)`` with a trial
-    axis."""
+    axis. ``released=True``: the released code on every input (module docstring)."""
     values = {s.name: check_hparam(s, v, "vlpl") for s, v in (
         (_ALPHA, alpha), (_BETA_POS, beta_pos), (_BETA_NEG, beta_neg), (_THRESHOLD, threshold),
-        (_K_NEG, k_neg), (_LOG_EPS, log_eps))}
+        (_K_NEG, k_neg), (_LOG_EPS, log_eps), (_RELEASED, released))}
     z, y = check_inputs(logits, observed, values, loss="vlpl")
-    s = _check_scores(scores, y, "vlpl")
+    s = check_scores(scores, y, "vlpl")
     h = {k: hp(v, z) for k, v in values.items()}
-    pos, neg = vlpl_pseudo_labels(s, y, values["threshold"], values["k_neg"])
+    pos, neg = vlpl_pseudo_labels(s, y, values["threshold"], values["k_neg"], released)
+    eps = RELEASED_LOG_EPS if released else values["log_eps"]
     return mean_bc(_vlpl_entries(z, y, pos, neg if _uses(values["k_neg"]) else None, h["alpha"],
-                                 h["beta_pos"], h["beta_neg"], values["log_eps"]))
-
-
-def _check_scores(scores: Any, y: Tensor, loss: str) -> Tensor:
-    if not isinstance(scores, Tensor) or not scores.is_floating_point() or (
-            tuple(scores.shape) != tuple(y.shape[-2:])):
-        raise LossInputError(
-            f"{loss}: 'scores' must be a float tensor of the batch's (B, C) = "
-            f"{tuple(y.shape[-2:])} prior scores; got "
-            f"{tuple(scores.shape) if isinstance(scores, Tensor) else type(scores).__name__}"
-        )
-    return scores.to(y.device).float()
+                                 h["beta_pos"], h["beta_neg"], eps))
 
 
 @register
-class VLPL(PriorMixin, Loss):
+class VLPL(PriorMixin):
     """VLPL (EM + vision-language pseudo-labels from a prior)."""
 
     name = "vlpl"
@@ -147,11 +178,13 @@ class VLPL(PriorMixin, Loss):
     )
     hparam_specs = _SPECS
     prior = "class scores (softmax of CLIP image-text similarity, T = 0.01)"
-    trial_state = ()
-    stateful = True  # reads the train rows' prior: needs setup, set_prior and index=
-    presets = {"voc": {"alpha": 0.2}, "coco": {"alpha": 0.1}, "nus": {"alpha": 0.1},
-               "cub": {"alpha": 0.01}}
-    # main_clip.py: one Adam over the whole network at lr (no head multiplier), batch 8
+    # mvrl/VLPL main_clip.py, per dataset (P['alpha'], P['beta_pos'], P['beta_neg'],
+    # P['warmup_epoch']; the CLI defaults --threshold 0.3, --partial 0.0 -> no pseudo-negatives)
+    presets = {ds: {"alpha": alpha, "beta_pos": 0.7, "beta_neg": 0.0, "threshold": 0.3,
+                    "k_neg": 0.0, "warmup_epochs": 0}
+               for ds, alpha in (("voc", 0.2), ("coco", 0.1), ("nus", 0.1), ("cub", 0.01))}
+    # main_clip.py: P['bsize'] 8, P['lr'] 1e-5 (CUB 1e-4), P['num_epochs'] 10; one Adam over the
+    # whole network at lr (no head multiplier)
     train_presets = {ds: {"batch_size": 8, "lr": 1e-4 if ds == "cub" else 1e-5, "epochs": 10}
                      for ds in ("voc", "coco", "nus", "cub")}
     notes = """\
@@ -159,25 +192,48 @@ Needs a prior (spml probe --priors NAME): the per-image softmax over classes of 
 image-text similarities at temperature 0.01 (VLPL's models.py); any (N, C) score in [0, 1] works.
 Pseudo-labels only on unobserved entries; the observed positive keeps −log p. The released code
 computes −log(x + 1e-5) (log_eps=1e-5); the default is the exact log (softplus of the logits).
+released=True is the released code on every input (−log(x + 1e-5), and its scatter_ order: a
+class among the k_neg lowest is a pseudo-negative even where its score passes θ).
 Its pseudo-negative term is commented out (beta_neg = 0, k_neg = 0 by default); k_neg > 0 with
 beta_neg > 0 turns it on. warmup_epochs counts 0-indexed epochs (the code's epoch ≤ warmup_epoch
 with 1-indexed epochs). Reported (ResNet-50 fine-tuned): VOC 89.10, COCO 71.45, NUS 49.55,
 CUB 24.02 mAP."""
 
-    def setup(self, observed: Tensor, n_epochs: int, n_trials: int | None = None) -> None:
-        super().setup(observed, n_epochs, n_trials)
-        self.register_buffer("observed_train", observed.to(torch.int8), persistent=False)
+    def prior_ready(self) -> None:
+        """Once per train row: its classes ranked by increasing score (the k_neg test), and
+        with θ and k_neg fixed (numbers, not per trial) its pseudo-labels as one int8 code."""
+        s = self.prior_scores
+        self.register_buffer("prior_rank_asc", rank_desc(-s).to(rank_dtype(s.shape[-1])),
+                             persistent=False)
+        threshold, k = self.hparam("threshold"), self.hparam("k_neg")
+        self._coded = not isinstance(threshold, Tensor) and not isinstance(k, Tensor)
+        if self._coded:
+            pos, neg = vlpl_pseudo_labels(s, self.observed_train, threshold, k,
+                                          self.hparam("released"), self.prior_rank_asc)
+            self.register_buffer("prior_code", pos.to(torch.int8) + 2 * neg.to(torch.int8),
+                                 persistent=False)
+
+    def set_hparam(self, name: str, value: Any) -> None:
+        super().set_hparam(name, value)
+        if getattr(self, "prior_scores", None) is not None:
+            self.prior_ready()  # the caches follow θ and k_neg
 
     def forward(self, logits: Tensor, observed: Tensor, index: Tensor | None = None) -> LossOutput:
         z = promote(logits)
-        (s,) = self.prior_rows(index)
-        h = {n: hp(self.hparam(n), z) for n in ("alpha", "beta_pos", "beta_neg")}
-        eps = self.hparam("log_eps")
-        if self.epoch < self.hparam("warmup_epochs"):
-            return LossOutput(mean_bc(_vlpl_entries(z, observed, None, None, h["alpha"], 0.0, 0.0,
-                                                    eps)), {})
         k = self.hparam("k_neg")
-        pos, neg = vlpl_pseudo_labels(s, observed, self.hparam("threshold"), k)
-        out = _vlpl_entries(z, observed, pos, neg if _uses(k) else None, h["alpha"], h["beta_pos"],
-                            h["beta_neg"], eps)
-        return LossOutput(mean_bc(out), {})
+        h = {n: hp(self.hparam(n), z) for n in ("alpha", "beta_pos", "beta_neg")}
+        released = self.hparam("released")
+        eps = RELEASED_LOG_EPS if released else self.hparam("log_eps")
+        if self.epoch < self.hparam("warmup_epochs"):
+            return LossOutput(_vlpl_value(z, observed, None, None, h["alpha"], 0.0, 0.0, eps),
+                              {})
+        if getattr(self, "_coded", False):  # the train rows' pseudo-labels, computed once
+            (code,) = self.prior_rows(index, ("code",))
+            pos, neg = code == 1, code == 2
+        else:
+            s, rank = (self.prior_rows(index, ("scores", "rank_asc")) if _uses(k)
+                       else [*self.prior_rows(index), None])
+            pos, neg = vlpl_pseudo_labels(s, observed, self.hparam("threshold"), k, released,
+                                          rank)
+        return LossOutput(_vlpl_value(z, observed, pos, neg if _uses(k) else None, h["alpha"],
+                                      h["beta_pos"], h["beta_neg"], eps), {})

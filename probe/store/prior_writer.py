@@ -96,11 +96,11 @@ def write_prior(
 ) -> Prior:
     """Store per-image class ``scores`` ``(N, C)`` as prior ``name`` in a complete store.
 
-    ``extras``: further ``(N, C)`` arrays by name (DAMP's ``global``, ``tile_max``,
-    ``tile_min``). ``provenance``: model, prompt template, temperature, tiles, source
-    (:data:`PRIOR_PROVENANCE_KEYS`; missing ones are recorded as None). ``class_names``: the
-    class order the scores are in; when given it must be the store's. An existing prior of
-    that name is an error unless ``overwrite``.
+    ``extras``: further ``(N, C)`` arrays by name (DAMP's ``tile_max``, ``tile_min``,
+    ``tile_mean``; the global scores are ``scores``). ``provenance``: model, prompt template,
+    temperature, tiles, source (:data:`PRIOR_PROVENANCE_KEYS`; missing ones are recorded as
+    None). ``class_names``: the class order the scores are in; when given it must be the
+    store's. An existing prior of that name is an error unless ``overwrite``.
 
     Every check runs before anything is written: shape ``(N, C)`` against the store, finite
     float32 values, the class order, the names; a refused prior leaves the store untouched.

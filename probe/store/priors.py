@@ -9,7 +9,8 @@ Layout (inside the store)::
 
     priors/<name>/scores    (N, C) float32, one chunk per block_rows rows, CRC-32C per chunk
     priors/<name>/<extra>   (N, C) float32 extra per-image arrays a pseudo-labeller needs
-                            (DAMP: ``global``, ``tile_max``, ``tile_min``)
+                            (DAMP: ``tile_max``, ``tile_min``, ``tile_mean``; the global
+                            scores are ``scores``)
     attrs["priors"][name]   {"provenance": {...}, "extras": [...], "shape": [N, C],
                              "created": ...}
 
@@ -21,12 +22,15 @@ is written: a bad prior is refused by name and the store is untouched
 
 Provenance keys (each may be None): ``model`` (e.g. ``"openai/clip-vit-large-patch14-336"``),
 ``prompt_template`` (``"a photo of a {}."``), ``temperature`` (the softmax's, 0.01 for
-VLPL/AEVLP), ``tiles`` (``[4, 4]`` for DAMP's grid, None without tiles), ``source`` (the file
-or program the scores came from), plus anything else JSON can hold.
+VLPL/AEVLP), ``tiles`` (``"4x4"`` for DAMP's grid, None without tiles), ``source`` (the file
+or program the scores came from), plus anything else JSON can hold. ``weights_random: true``
+(``spml priors --weights random``) marks a prior of a random model: ``spml info`` flags it and
+reading it for training warns (:data:`RANDOM_WEIGHTS_WARNING`).
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,16 +40,20 @@ from probe.store.errors import StoreError
 
 __all__ = [
     "PRIOR_PROVENANCE_KEYS",
+    "RANDOM_WEIGHTS_WARNING",
     "Prior",
     "PriorError",
     "prior_names",
     "prior_summary",
+    "random_weights_note",
     "read_prior",
 ]
 
 PRIOR_PROVENANCE_KEYS: tuple[str, ...] = ("model", "prompt_template", "temperature", "tiles",
                                           "source")
 GROUP = "priors"  # the store's group of priors
+RANDOM_WEIGHTS_WARNING = ("computed with a randomly initialised model (spml priors --weights "
+                          "random, for tests): its scores carry no knowledge of the images")
 
 
 class PriorError(StoreError):
@@ -95,11 +103,22 @@ def read_prior(store: Any, name: str, rows: Any = None) -> Prior:
             )
         out[key] = store._read(full, rows)  # checksummed chunks, damage named
     scores = out.pop("scores")
+    note = random_weights_note(record["provenance"])
+    if note:
+        warnings.warn(f"{store.path}: prior {name!r} was {note}", UserWarning, stacklevel=2)
     return Prior(name, scores, out, dict(record["provenance"]))
 
 
+def random_weights_note(provenance: Any) -> str | None:
+    """:data:`RANDOM_WEIGHTS_WARNING` where the provenance records random weights, else None."""
+    random = isinstance(provenance, dict) and provenance.get("weights_random") is True
+    return RANDOM_WEIGHTS_WARNING if random else None
+
+
 def prior_summary(store: Any) -> dict[str, dict[str, Any]]:
-    """``{name: {"extras": [...], "provenance": {...}, "created": ...}}`` for ``spml info``."""
+    """``{name: {"extras": [...], "provenance": {...}, "created": ..., "warning": ...}}`` for
+    ``spml info`` (``warning``: :func:`random_weights_note`, or None)."""
     return {name: {"extras": list(rec.get("extras", [])), "created": rec.get("created"),
-                   "provenance": dict(rec.get("provenance", {}))}
+                   "provenance": dict(rec.get("provenance", {})),
+                   "warning": random_weights_note(rec.get("provenance"))}
             for name, rec in sorted(store.attrs.get("priors", {}).items())}
