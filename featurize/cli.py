@@ -121,7 +121,9 @@ def _option_value(text: str) -> Any:
     return value if isinstance(value, (int, float, bool)) or value is None else text
 
 
-def _dataset_options(pairs: list[str] | None) -> dict[str, Any]:
+def dataset_options_of(pairs: list[str] | None) -> dict[str, Any]:
+    """The dataset adapter's options from repeated ``--option KEY=VALUE`` (values parsed as
+    numbers, booleans or lists where they read as such)."""
     out: dict[str, Any] = {}
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
@@ -265,7 +267,7 @@ def _cmd_backbones(args: argparse.Namespace) -> int:
     return 0
 
 
-def _before_writing(args: argparse.Namespace) -> None:
+def check_before_writing(args: argparse.Namespace) -> None:
     """The checks a featurize/import makes before it writes anything: the draws' seeds parse
     and ``--out`` can be written (its real cause named: permission, a virtual file system)."""
     from probe.io import check_writable
@@ -277,7 +279,7 @@ def _before_writing(args: argparse.Namespace) -> None:
 def _cmd_featurize(args: argparse.Namespace) -> int:
     from featurize.runner import distributed_from_env, featurize_dataset
 
-    _before_writing(args)
+    check_before_writing(args)
 
     config = _config(
         args,
@@ -287,7 +289,7 @@ def _cmd_featurize(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         progress=not args.quiet,
     )
-    options = _dataset_options(args.dataset_options)
+    options = dataset_options_of(args.dataset_options)
     if args.skip_bad and args.dataset in ("folder", "coco", "cub"):
         options.setdefault("check_images", False)  # missing images become bad rows
     with distributed_from_env() as ranks:  # under torchrun: one rank of several

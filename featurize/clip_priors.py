@@ -81,9 +81,9 @@ class ClipPriorConfig:
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) \
                 or self.batch_size < 1:
             raise bad("--batch-size", "an integer >= 1", self.batch_size)
-        from probe.store.prior_writer import _check_name
+        from probe.store.prior_writer import check_prior_name
 
-        _check_name(self.name, "--name")
+        check_prior_name(self.name, "--name")
         self.torch_device()
 
     def torch_device(self) -> Any:

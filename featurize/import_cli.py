@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from featurize.cli import DTYPES, _before_writing, add_draws
+from featurize.cli import DTYPES, add_draws, check_before_writing
 from probe.cliargs import add_seeds_argument, wrap
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ def _report(store: Store, seeds_text: str) -> None:
 def _cmd_import_cole(args: argparse.Namespace) -> int:
     from featurize import imports
 
-    _before_writing(args)
+    check_before_writing(args)
 
     store = imports.import_cole(
         args.dir,
@@ -73,7 +73,7 @@ def _cmd_import_cole(args: argparse.Namespace) -> int:
 def _cmd_import_arrays(args: argparse.Namespace) -> int:
     from featurize import imports
 
-    _before_writing(args)
+    check_before_writing(args)
 
     store = imports.import_array_files(
         args.out,
@@ -95,7 +95,7 @@ def _cmd_import_arrays(args: argparse.Namespace) -> int:
 def _cmd_import_yeast(args: argparse.Namespace) -> int:
     from featurize import imports
 
-    _before_writing(args)
+    check_before_writing(args)
 
     store = imports.import_yeast(
         args.out,

@@ -17,7 +17,7 @@ __all__ = ["register_cli"]
 
 
 def _cmd_priors(args: argparse.Namespace) -> int:
-    from featurize.cli import _dataset_options
+    from featurize.cli import dataset_options_of
     from featurize.clip_priors import ClipPriorConfig, ClipPriorError, compute_clip_prior
     from featurize.priors_import import parse_tiles
 
@@ -34,7 +34,7 @@ def _cmd_priors(args: argparse.Namespace) -> int:
         device=args.device, overwrite=args.overwrite, progress=not args.quiet,
     )
     result = compute_clip_prior(args.store, config, root=args.root,
-                                dataset_options=_dataset_options(args.option),
+                                dataset_options=dataset_options_of(args.option),
                                 adapter=args.dataset)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))

@@ -11,21 +11,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("probe", "featurize", "studies")
 
-# Pending: these files are being reworked on another branch; their private imports go when it
-# lands, and then this allowance is emptied.
-PENDING: frozenset[str] = frozenset({
-    "probe/losses/gpr.py",
-    "probe/losses/vlpl.py",
-    "probe/losses/online_estimation.py",
-    "probe/losses/assume_negative.py",
-    "probe/losses/gr_loss.py",
-    "probe/store/prior_writer.py",
-    "probe/store/priors.py",
-    "featurize/clip_priors.py",
-    "featurize/priors_cli.py",
-    "featurize/import_cli.py",
-    "featurize/cli.py",
-})
 
 
 def _is_module(dotted: str) -> bool:
@@ -61,20 +46,12 @@ def test_no_module_imports_another_modules_private_name():
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
-            if rel in PENDING:
-                continue
             parts = path.relative_to(ROOT).with_suffix("").parts
             is_package = parts[-1] == "__init__"
             module = ".".join(parts[:-1] if is_package else parts)
             wrong += [f"{rel}: {hit}"
                       for hit in private_imports(path.read_text(), module, is_package)]
     assert not wrong, "private names imported across modules:\n" + "\n".join(wrong)
-
-
-def test_the_pending_files_exist():
-    # a pending file renamed or removed must leave the allowance too
-    missing = sorted(p for p in PENDING if not (ROOT / p).is_file())
-    assert not missing, missing
 
 
 def test_the_walker_finds_private_names_and_lets_private_modules_pass():

@@ -48,7 +48,8 @@ EXPECTED_POSITIVES = {"voc": 1.5, "coco": 2.9, "nus": 1.9, "cub": 31.4}
 _EPS = HParam(
     "eps", 0.1, "label-smoothing amount ε", low=0.0, high=0.5, high_open=True, search=(0.01, 0.4)
 )
-_K = HParam(
+#: EPR's k, the expected positives per image (also ROLE's and GPR's regulariser's)
+K_SPEC = HParam(
     "k",
     None,
     "expected positives per image (VOC 1.5, COCO 2.9, NUS 1.9, CUB 31.4; "
@@ -108,7 +109,7 @@ def wan(logits: Tensor, observed: Tensor) -> Tensor:
 def epr(logits: Tensor, observed: Tensor, k: float | Tensor) -> Tensor:
     """Expected positive regularisation (Cole et al. Eq. 6): positives only, plus
     (mean_n Σ_c p_nc − k)² / C²."""
-    k = check_hparam(replace(_K, optional=False, from_data=None), k, "epr")
+    k = check_hparam(replace(K_SPEC, optional=False, from_data=None), k, "epr")
     z, y = check_inputs(logits, observed, {"k": k}, loss="epr")
     data, reg = _epr_parts(z, y, hp(k, z))
     return data + reg
@@ -151,7 +152,7 @@ class EPR(Loss):
     name = "epr"
     paper = PAPER + ", Eq. 6 (EPR)"
     formula = "y=1: −log p;  y≤0: 0;  mean over B·C  +  (mean_n Σ_c p_nc − k)² / C²"
-    hparam_specs = (_K,)
+    hparam_specs = (K_SPEC,)
     presets = {ds: {"k": k} for ds, k in EXPECTED_POSITIVES.items()}
     trial_state = ()  # stateless
 

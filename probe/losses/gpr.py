@@ -53,9 +53,8 @@ from ._base import (
     promote,
     register,
 )
-from .assume_negative import _K, EXPECTED_POSITIVES
-from .gr_loss import _Q_NOT_ROBUST, _Q_TINY, GR, _gauss_coef, _gr_core
-from .gr_loss import _SPECS as _GR_SPECS
+from .assume_negative import EXPECTED_POSITIVES, K_SPEC
+from .gr_loss import GR, GR_SPECS, Q_NOT_ROBUST, Q_TINY, gauss_coef, gr_core
 from .prior import PriorMixin, check_scores, rank_desc, rank_dtype, value_with_grad
 
 __all__ = ["damp_scores", "gpr", "gpr_pseudo_labels"]
@@ -89,9 +88,9 @@ _RELEASED = HParam("released", False, "the released get_pseudo_labels, GPR_loss 
 RELEASED_LOG_EPS = 1e-7
 _Q1_GPR = HParam("q1", 0.0, "robustness q1 of L1 on positives (0 = −log p, the released code)",
                  low=0.0)
-_SPECS = (*(_Q1_GPR if s.name == "q1" else s for s in _GR_SPECS), _LAM1, _LAM2, _RHO, _REG, _ETA,
+_SPECS = (*(_Q1_GPR if s.name == "q1" else s for s in GR_SPECS), _LAM1, _LAM2, _RHO, _REG, _ETA,
           _TOP_K, _THRESHOLD, _NEG_RATIO, _PSEUDO_NEG, _RELEASED,
-          replace(_K, doc="expected positives per image of the regulariser (VOC 1.5, COCO 2.9, "
+          replace(K_SPEC, doc="expected positives per image of the regulariser (VOC 1.5, COCO 2.9, "
                   "NUS 1.9, CUB 31.4; else the val split's mean label count)"))
 
 
@@ -160,10 +159,10 @@ def _gpr_entries(z: Tensor, y: Tensor, gr_parts: Any, use_k: bool, pos: Tensor,
 def _robust_l(log_x: Tensor, x: Tensor, qv) -> tuple[Tensor, Tensor]:
     """(1 − x^q)/q (GR's L, as −expm1(q·log x)/q; q = 0: −log x; q = 1: 1 − x) and x^q."""
     if isinstance(qv, Tensor):
-        qv = qv.clamp_min(_Q_TINY)
+        qv = qv.clamp_min(Q_TINY)
         m1 = torch.expm1(qv * log_x)
         return m1 / -qv, m1 + 1
-    if qv < _Q_TINY:
+    if qv < Q_TINY:
         return -log_x, 1.0
     if qv == 1.0:
         return 1 - x, x
@@ -185,7 +184,7 @@ def _gpr_value_grad(z: Tensor, y: Tensor, pos: Tensor, neg: Tensor | None, sched
     pq = p * q
     lp, ln, dlp, dln = log_p.neg(), log_q.neg(), q.neg(), p
     x1 = None
-    if not isinstance(qs[0], Tensor) and qs[0] < _Q_TINY:  # q1 = 0: L1 = −log p
+    if not isinstance(qs[0], Tensor) and qs[0] < Q_TINY:  # q1 = 0: L1 = −log p
         l1, g1 = lp, dlp
     else:
         l1, x1 = _robust_l(log_p, p, qs[0])
@@ -206,7 +205,7 @@ def _gpr_value_grad(z: Tensor, y: Tensor, pos: Tensor, neg: Tensor | None, sched
     else:
         rest, rest_g = l3, g3
     if use_v:
-        v = (p - mu).square_().mul_(_gauss_coef(sigma)).exp_()
+        v = (p - mu).square_().mul_(gauss_coef(sigma)).exp_()
     else:
         v = torch.ones_like(p)
     weight = torch.clamp(1 - v, max=h["lam1"]).clamp_(min=h["lam2"])
@@ -253,7 +252,7 @@ def gpr(logits: Tensor, observed: Tensor, scores: Tensor, *, w: float | Tensor =
     s = check_scores(scores, y, "gpr")
     ns = s if negative_scores is None else check_scores(negative_scores, y, "gpr")
     h = {n: hp(v, z) for n, v in values.items()}
-    parts = _gr_core(z, y, h["w_T"], h["b_T"], h["mu_T"], h["sigma_T"], h["q1"], h["q2"], h["q3"],
+    parts = gr_core(z, y, h["w_T"], h["b_T"], h["mu_T"], h["sigma_T"], h["q1"], h["q2"], h["q3"],
                      True, True)
     pos, neg = gpr_pseudo_labels(s, y, values["top_k"], values["threshold"], ns,
                                  values["neg_ratio"], released)
@@ -416,7 +415,7 @@ CUB 24.89 mAP."""
         if self.hparam("robust"):
             qs = [hp(self.hparam(q), z) for q in ("q1", "q2", "q3")]
         else:
-            qs = [_Q_NOT_ROBUST] * 3
+            qs = [Q_NOT_ROBUST] * 3
         use_k = self.hparam("use_k")
         if self.hparam("k") is None:
             raise LossInputError("gpr: hyperparameter 'k' (expected positives per image) is not "

@@ -50,9 +50,9 @@ PAPER = (
 
 #: q below which the L's take their −log limit (Python numbers) or are clamped (tensors): there
 #: −expm1(q·x)/q and −x differ by a relative q·|x|/2 ≤ 5e-11 for |x| ≤ 100.
-_Q_TINY = 1e-12
+Q_TINY = 1e-12
 #: robust=False (paper Table 3, "×" in the L column): q1 = q2 = q3 = 0.01
-_Q_NOT_ROBUST = 0.01
+Q_NOT_ROBUST = 0.01
 _KV = ("w", "b", "mu", "sigma")
 
 # the current values, as taken by the pure function (defaults: COCO's final values, Table 6)
@@ -74,7 +74,8 @@ _ROBUST = HParam("robust", True, "use q1, q2, q3 (False: q1 = q2 = q3 = 0.01, Ta
 _LEARN_KV = HParam("learn_kv", False, "train (w, b, μ, σ) by gradient descent instead of the "
                    "schedule (Table 3, last row)", kind="bool")
 
-_SPECS = (
+#: GR's hyperparameters (the scheduled w, b, μ, σ, the q's and the switches), shared with GPR
+GR_SPECS = (
     replace(_W, name="w_0", default=0.0,
             doc="initial w (Assumption 1: k̂ constant early; released code 0)"),
     replace(_W, name="w_T", doc="final w (Table 6: VOC 2, COCO/NUS/CUB 10); τ = −b_T/w_T, best "
@@ -123,9 +124,9 @@ def _gce(log_x: Tensor, q) -> Tensor:
     a relative 1e-10 and the gradient −x^q stays finite.
     """
     if isinstance(q, Tensor):
-        q = q.clamp_min(_Q_TINY)
+        q = q.clamp_min(Q_TINY)
         return torch.expm1(q * log_x) / -q
-    if q < _Q_TINY:
+    if q < Q_TINY:
         return -log_x
     return torch.expm1(q * log_x) * (-1.0 / q)
 
@@ -140,14 +141,14 @@ def _gce_logits(z: Tensor, q, negative: bool) -> Tensor:
     return _gce(F.logsigmoid(-z if negative else z), q)
 
 
-def _gauss_coef(sigma):
+def gauss_coef(sigma):
     """−1/(2σ²), the exponent's factor in v (σ² clamped away from 0 for learned σ)."""
     if isinstance(sigma, Tensor):
         return -0.5 / sigma.square().clamp_min(1e-12)
     return -0.5 / (sigma * sigma)
 
 
-def _gr_core(
+def gr_core(
     z: Tensor, y: Tensor, w, b, mu, sigma, q1, q2, q3, use_k: bool, use_v: bool
 ) -> GRParts:
     """GR on promoted logits z (…, B, C) and observed y; hyperparameters already viewed by hp().
@@ -162,7 +163,7 @@ def _gr_core(
     else:
         k_hat = positive.to(z.dtype).expand_as(p)
     if use_v:
-        v = torch.where(unobs, torch.exp((p - mu).square() * _gauss_coef(sigma)), 1.0)
+        v = torch.where(unobs, torch.exp((p - mu).square() * gauss_coef(sigma)), 1.0)
     else:
         v = torch.ones_like(p)
     l1 = _gce_logits(z, q1, negative=False)
@@ -209,8 +210,8 @@ def gr(
         raise LossInputError(f"gr: 'return_parts' must be True or False; got {return_parts!r}")
     z, y = check_inputs(logits, observed, values, loss="gr")
     h = {k: hp(v, z) for k, v in values.items()}
-    qs = (h["q1"], h["q2"], h["q3"]) if robust else (_Q_NOT_ROBUST,) * 3
-    parts = _gr_core(z, y, h["w"], h["b"], h["mu"], h["sigma"], *qs, use_k, use_v)
+    qs = (h["q1"], h["q2"], h["q3"]) if robust else (Q_NOT_ROBUST,) * 3
+    parts = gr_core(z, y, h["w"], h["b"], h["mu"], h["sigma"], *qs, use_k, use_v)
     return parts if return_parts else parts.loss
 
 
@@ -281,7 +282,7 @@ class GR(Loss):
         "y=1: L1;  y=0: v·[k̂·L2 + (1−k̂)·L3];  y=−1: L3;  mean over B·C\n"
         "w, b, μ, σ: v_0 + (v_T − v_0)·e/(E−1) at 0-indexed epoch e of E"
     )
-    hparam_specs = _SPECS
+    hparam_specs = GR_SPECS
     trial_state = tuple(f"kv_{n}" for n in _KV)  # learn_kv's parameters (absent otherwise)
     # paper Table 6 (q1 = 0.01 throughout, Sec. 4.4)
     presets = {
@@ -410,8 +411,8 @@ parts: k_hat, v, l1, l2, l3 per entry (…, B, C), detached (see GRParts)."""
         if self.hparam("robust"):
             qs = [hp(self.hparam(q), z) for q in ("q1", "q2", "q3")]
         else:
-            qs = [_Q_NOT_ROBUST] * 3
-        out = _gr_core(z, observed, w, b, mu, sigma, *qs,
+            qs = [Q_NOT_ROBUST] * 3
+        out = gr_core(z, observed, w, b, mu, sigma, *qs,
                        self.hparam("use_k"), self.hparam("use_v"))
         parts = {k: getattr(out, k).detach() for k in ("k_hat", "v", "l1", "l2", "l3")}
         return LossOutput(out.loss, parts)

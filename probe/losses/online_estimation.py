@@ -45,7 +45,7 @@ from ._base import (
     promote,
     register,
 )
-from .assume_negative import _K, EXPECTED_POSITIVES
+from .assume_negative import EXPECTED_POSITIVES, K_SPEC
 
 __all__ = ["init_label_logits", "role"]
 
@@ -96,7 +96,7 @@ def role(logits: Tensor, observed: Tensor, label_logits: Tensor, k: float | Tens
     of the label-estimate matrix, Θ[index], of the logits' shape ((B, C) or (T, B, C)); the
     gradient flows into them (train them at ``lr_mult``=10 × the head's learning rate).
     ``k`` = expected positives per image (VOC 1.5, COCO 2.9, NUS 1.9, CUB 31.4)."""
-    k = check_hparam(replace(_K, optional=False, from_data=None), k, "role")
+    k = check_hparam(replace(K_SPEC, optional=False, from_data=None), k, "role")
     z, y = check_inputs(logits, observed, {"k": k}, loss="role")
     if not isinstance(label_logits, Tensor) or not label_logits.is_floating_point():
         got = getattr(label_logits, "dtype", type(label_logits).__name__)
@@ -123,7 +123,7 @@ class ROLE(Loss):
         "all entries: ½(−[sg(q)log p + (1−sg(q))log(1−p)] − [sg(p)log q + (1−sg(p))log(1−q)])\n"
         "mean over B·C  +  ½[(mean_n Σ_c p − k)² + (mean_n Σ_c q − k)²] / C²"
     )
-    hparam_specs = (_K, _LR_MULT)
+    hparam_specs = (K_SPEC, _LR_MULT)
     presets = {ds: {"k": k} for ds, k in EXPECTED_POSITIVES.items()}
     stateful = True
     trial_state = ("label_logits",)

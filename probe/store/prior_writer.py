@@ -27,7 +27,9 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 _STAGING = ".staging-"
 
 
-def _check_name(name: Any, what: str = "name") -> str:
+def check_prior_name(name: Any, what: str = "name") -> str:
+    """A prior's name as given, or refused naming ``what`` (the flag) and the rule: 1-64
+    letters, digits, '_' or '-', starting with a letter."""
     if not isinstance(name, str) or not _NAME.match(name):
         raise PriorError(
             f"prior {what} must be 1-64 letters, digits, '_' or '-' (starting with a letter or "
@@ -107,7 +109,7 @@ def write_prior(
     Returns the stored :class:`Prior`.
     """
     store = open_store(store_path)
-    name = _check_name(name)
+    name = check_prior_name(name)
     shape = (store.n_rows, store.n_classes)
     if class_names is not None:
         given = [str(c) for c in class_names]
@@ -126,7 +128,7 @@ def write_prior(
                              f"order ('spml info {store.path}'); got {detail}")
     values = {"scores": _check_matrix(scores, name, "scores", shape)}
     for key, arr in dict(extras or {}).items():
-        _check_name(key, "extra name")
+        check_prior_name(key, "extra name")
         if key == "scores":
             raise PriorError(f"prior {name!r}: an extra cannot be called 'scores' (the main "
                              "matrix); pick another name")
