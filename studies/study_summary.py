@@ -97,6 +97,27 @@ def summarize(study: optuna.Study, settings: StudySettings) -> StudySummary:
     )
 
 
+def param_lines(loss: str, params: dict[str, Any]) -> list[str]:
+    """The winner's parameters as the summary prints them, one ``  name = value`` a line; a
+    count searched as a number (``gpr.top_k``) also says what it acts as in training
+    (``gpr.top_k = 7.27868 (acts as 8)``)."""
+    from probe.losses import get_loss_class
+
+    try:
+        specs = {s.name: s for s in get_loss_class(loss).hparam_specs}
+    except Exception:  # a plugin gone since the study ran: the values as recorded
+        specs = {}
+    lines = []
+    for key, value in params.items():
+        text = f"{value:.6g}" if isinstance(value, float) else f"{value}"
+        owner, _, name = key.rpartition(".")
+        spec = specs.get(name) if owner == loss else None
+        if spec is not None and spec.effective(value) != value:
+            text += f" (acts as {spec.effective(value)})"
+        lines.append(f"  {key} = {text}")
+    return lines
+
+
 def settings_lines(study: optuna.Study, best: Any = None) -> list[str]:
     """What every trial trained with, as quotable lines: epochs, batch size and lr (the
     winner's where searched), the fixed --set values, the draw and the store prior."""

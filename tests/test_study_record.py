@@ -317,3 +317,17 @@ def test_a_refused_report_leaves_no_empty_folders(biased_study, tmp_path, monkey
     rc, _, _ = _run(["report", str(out), "--out", str(tmp_path / "mine")])
     assert rc == 2 and (tmp_path / "mine").is_dir()  # the user's folder stays, empty
     assert list((tmp_path / "mine").iterdir()) == []
+
+
+def test_a_searched_count_says_what_it_acts_as():
+    """GPR's top_k and VLPL's k_neg compare a 0-based rank with the value: 7.27868 acts as 8
+    classes, and the summary says so; other parameters print as they are."""
+    from probe.losses import get_loss_class
+    from studies.study_summary import param_lines
+
+    spec = {s.name: s for s in get_loss_class("gpr").hparam_specs}["top_k"]
+    assert spec.effective(7.27868) == 8 and spec.effective(3.0) == 3
+    lines = param_lines("gpr", {"gpr.top_k": 7.27868, "gpr.eta": 0.3, "train.lr": 1e-4})
+    assert lines == ["  gpr.top_k = 7.27868 (acts as 8)", "  gpr.eta = 0.3", "  train.lr = 0.0001"]
+    assert param_lines("vlpl", {"vlpl.k_neg": 2.0}) == ["  vlpl.k_neg = 2"]
+    assert param_lines("vlpl", {"vlpl.k_neg": 0.5}) == ["  vlpl.k_neg = 0.5 (acts as 1)"]

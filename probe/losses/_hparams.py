@@ -97,6 +97,15 @@ class HParam:
     optional: bool = False  # None is a valid value (filled in by the trainer with from_data)
     requires: str | None = None  # a bool switch this parameter only matters under (OPML options)
     from_data: str | None = None  # left None: filled with this DATA_QUANTITIES entry
+    count: bool = False  # a number of items compared with a 0-based rank: 7.3 acts as 8 items
+
+    def effective(self, value: Any) -> Any:
+        """What ``value`` acts as in training: a count (``count=True``) takes ``rank < value``,
+        so a fraction acts as the next whole number (``effective(7.27) == 8``); others as
+        given."""
+        if self.count and isinstance(value, int | float) and not isinstance(value, bool):
+            return max(0, math.ceil(value))
+        return value
 
     def __post_init__(self) -> None:
         if self.from_data is None:

@@ -74,7 +74,7 @@ _ETA = HParam("eta", 0.3, "DAMP's gate η: a tile's max counts where it beats mi
               "(0.3)", low=0.0, high=1.0, search=(0.05, 0.9))
 _TOP_K = HParam("top_k", 3.0, "DAMP pseudo-positives among the top k of each row (3; CUB 32; "
                 "a fraction counts as the next whole number)", low=0.0, low_open=True,
-                search=(1.0, 10.0))
+                search=(1.0, 10.0), count=True)
 _THRESHOLD = HParam("threshold", 0.5, "DAMP pseudo-positive where s ≥ θ (0.5; NUS 0.6)", low=0.0,
                     high=1.0, search=(0.1, 0.9))
 _NEG_RATIO = HParam("neg_ratio", 0.3, "pseudo-negatives: the ⌊ratio·C⌋ lowest classes of "

@@ -58,7 +58,7 @@ _THRESHOLD = HParam("threshold", 0.3, "pseudo-positive where the prior's score s
                     low=0.0, high=1.0, search=(0.05, 0.9))
 _K_NEG = HParam("k_neg", 0.0, "pseudo-negatives: the k lowest-scoring classes per image (0: "
                 "none, the released default; a fraction counts as the next whole number)",
-                low=0.0, search=(0.0, 10.0))
+                low=0.0, search=(0.0, 10.0), count=True)
 _WARMUP = HParam("warmup_epochs", 0, "epochs of plain EM before the pseudo-labels (0)", kind="int",
                  low=0.0)
 _LOG_EPS = HParam("log_eps", 0.0, "ε of −log(x + ε) (0: exact; 1e-5: the released code)",

@@ -131,8 +131,10 @@ def _study(args: argparse.Namespace) -> int:
     if summary.best_value is not None:
         print(f"best val mAP {summary.best_value:.2f} in trial {summary.best_trial}; its "
               "parameters:")
-        for k, v in summary.best_params.items():
-            print(f"  {k} = {v:.6g}" if isinstance(v, float) else f"  {k} = {v}")
+        from studies.study_summary import param_lines
+
+        for line in param_lines(settings.loss, summary.best_params):
+            print(line)
     for line in summary.facts:  # epochs, batch size, lr, --set values, draw, prior
         print(line)
     if summary.n_best_at_last:
