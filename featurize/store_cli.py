@@ -154,7 +154,8 @@ def format_summary(summary: dict) -> str:
         fields = [f"{key} {_flat(prov[key])}" for key in ("model", "temperature")
                   if prov.get(key) is not None]
         if prov.get("tiles"):
-            fields.append(f"tiles {'x'.join(map(str, prov['tiles']))}")
+            tiles = prov["tiles"]  # "4x4" (recorded so today) or [4, 4] (earlier stores)
+            fields.append(f"tiles {tiles if isinstance(tiles, str) else 'x'.join(map(str, tiles))}")
         if rec["extras"]:
             fields.append(f"extras {', '.join(rec['extras'])}")
         source = f"; source {prov['source']}" if prov.get("source") else ""

@@ -79,6 +79,9 @@ def env(tmp_path_factory, yeast_store) -> dict[str, str]:
     (imgs / "labels.csv").write_text("0.jpg,cat\n1.jpg,\n2.jpg,dog\n3.jpg,cat\n4.jpg,dog\n"
                                      "5.jpg,cat\n")
     (root / "afile.txt").write_text("not a folder\n")
+    import torch
+
+    torch.save({"bogus.weight": torch.zeros(2)}, root / "wrong.pt")  # fits no backbone
     (root / "emptydir").mkdir()
     assert main(["import", "priors", str(store), "--name", "p", "--from",
                  str(root / "ok.csv")]) == 0
@@ -170,7 +173,7 @@ CASES: list[tuple[str, tuple[str, ...]]] = [
     ("import priors {S} --name q --from {D}/inf.csv", ("value inf",)),
     ("import priors {S} --name q --from {S}", ("is a directory",)),
     ("import priors {S} --name p --from {D}/ok.csv", ("--overwrite",)),
-    ("import priors {S} --name q --from {D}/ok.csv --tiles 4", ("--tiles",)),
+    ("import priors {S} --name q --from {D}/ok.csv --tiles 4x", ("--tiles", "got 4x")),
     ("import priors {S} --name q --from {D}/ok.csv --overwrit", ("did you mean '--overwrite'",)),
     ("import arrays --features {S} --labels {D}/l.npy --name t --out {D}/t.zarr",
      ("--features", "is a directory")),
@@ -187,6 +190,8 @@ CASES: list[tuple[str, tuple[str, ...]]] = [
     ("featurize folder --root {D}/afile.txt --out {D}/f.zarr --backbone resnet18 --weights "
      "random", ("--root", "is a file")),
     ("featurize folder --root {D}/imgs --out {D}/f.zarr --option bad", ("--option",)),
+    ("featurize folder --root {D}/imgs --out {D}/f.zarr --backbone resnet18 --weights "
+     "{D}/wrong.pt --option empty=keep", ("does not fit", "102 missing keys", "1 unexpected key")),
     ("featurize folder --root {D}/imgs --out {D}/f.zarr --backbon resnet18",
      ("did you mean '--backbone'",)),
     # losses, bench, the command itself
