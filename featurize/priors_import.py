@@ -41,12 +41,12 @@ class PriorFileError(SpmlError):
 
 def parse_tiles(text: str) -> tuple[int, int]:
     """``--tiles`` of ``spml priors`` and ``spml import priors``: ``K`` or ``RxC`` (``4`` is
-    ``4x4``; ``0`` no tiles); returns ``(rows, cols)``. Raises ``ValueError`` naming the flag
-    and the forms."""
+    ``4x4``; ``0`` no tiles); returns ``(rows, cols)``. Raises an ``SpmlError`` (a
+    ``ValueError``, so argparse reports it) naming the flag and the forms."""
     rows, sep, cols = str(text).strip().lower().partition("x")
     cols = cols if sep else rows
     if not rows.isdigit() or not cols.isdigit() or (int(rows) == 0) != (int(cols) == 0):
-        raise ValueError(f"--tiles: expected K or RxC, e.g. 4 or 4x4 (0: no tiles); got {text}")
+        raise SpmlError(f"--tiles: expected K or RxC, e.g. 4 or 4x4 (0: no tiles); got {text}")
     return int(rows), int(cols)
 
 

@@ -112,8 +112,9 @@ def test_the_documented_prior_loss_trains_through_spml_probe(site, store, tmp_pa
 def test_the_documented_prior_loss_is_searched_by_two_workers(site, store, tmp_path):
     out = tmp_path / "study"
     proc = _spml(["study", str(store), "--loss", "prior_an", "--priors", "clip", "--trials",
-                  "4", "--batch", "2", "--workers", "2", "--epochs", "2", "--batch-size", "16",
-                  "--lr", "0.01", "--out", str(out), "--json", str(tmp_path / "s.json")],
+                  "4", "--trials-at-once", "2", "--workers", "2", "--epochs", "2",
+                  "--batch-size", "16", "--lr", "0.01", "--out", str(out),
+                  "--json", str(tmp_path / "s.json")],
                  site, tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = json.loads((tmp_path / "s.json").read_text())
