@@ -393,3 +393,33 @@ def toy_probe_arrays(seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
         out.append(((y @ rng.normal(size=(4, 6)) + rng.normal(size=(n, 6))).astype(np.float16),
                     y))
     return out
+
+
+def tree_digest(path: Path) -> str:
+    """Every file's name and bytes under ``path``: equal digests before and after a command
+    mean it left the folder byte for byte as it was."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted(p for p in Path(path).rglob("*") if p.is_file()):
+        h.update(str(f.relative_to(path)).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def small_coco_store(root: Path) -> tuple[Path, Any]:
+    """A COCO-layout dataset (30 train + 16 val images, instance boxes included) under
+    ``root/coco`` and its store of random 8-dim features at ``root/coco.zarr``: the store
+    keeps the boxes' size and location weights that label-bias draws read. Returns the store's
+    path and the dataset index."""
+    from featurize.datasets.coco import load_coco
+    from probe.store import write_feature_store
+
+    make_coco(root / "coco", n_train=30, n_val=16)
+    index = load_coco(root / "coco", check_images=False)
+    n = len(index.pool) + len(index.test)
+    x = np.random.default_rng(0).normal(size=(n, 8)).astype(np.float32)
+    path = root / "coco.zarr"
+    write_feature_store(path, index, x, None, provenance={
+        "backbone": "none", "weights": "none", "transform": "none"}, progress=False)
+    return path, index

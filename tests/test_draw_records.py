@@ -11,25 +11,16 @@ import multiprocessing as mp
 import numpy as np
 import pytest
 
-from probe.store import open_store, write_feature_store
+from probe.store import open_store
 from probe.store.records import draw_record
 from studies.cli import main
 
 
 @pytest.fixture
 def small_store(tmp_path):
-    from fixtures_datasets import make_coco
+    from fixtures_datasets import small_coco_store
 
-    from featurize.datasets.coco import load_coco
-
-    make_coco(tmp_path / "coco", n_train=30, n_val=16)
-    index = load_coco(tmp_path / "coco", check_images=False)
-    n = len(index.pool) + len(index.test)
-    x = np.random.default_rng(0).normal(size=(n, 8)).astype(np.float32)
-    path = tmp_path / "coco.zarr"
-    write_feature_store(path, index, x, None, provenance={
-        "backbone": "none", "weights": "none", "transform": "none"}, progress=False)
-    return path
+    return small_coco_store(tmp_path)[0]
 
 
 def _disk(path):

@@ -3,7 +3,6 @@ against the annotations, the draws stored like the others, refusals by name."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import shutil
@@ -11,10 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fixtures_datasets import make_coco
+from fixtures_datasets import small_coco_store, tree_digest
 
-from featurize.datasets.coco import load_coco
-from probe.store import add_biased_draw, open_store, write_feature_store
+from probe.store import add_biased_draw, open_store
 from probe.store.bias import biased_positive
 from probe.store.errors import StoreError
 from studies.cli import main
@@ -59,14 +57,7 @@ def _coco_weights_reference(root: Path, split: str, image_ids, n_classes: int):
 
 @pytest.fixture
 def coco_store(tmp_path):
-    make_coco(tmp_path / "coco", n_train=30, n_val=16)
-    index = load_coco(tmp_path / "coco", check_images=False)
-    n = len(index.pool) + len(index.test)
-    x = np.random.default_rng(0).normal(size=(n, 8)).astype(np.float32)
-    path = tmp_path / "coco.zarr"
-    write_feature_store(path, index, x, None, provenance={
-        "backbone": "none", "weights": "none", "transform": "none"}, progress=False)
-    return path, index
+    return small_coco_store(tmp_path)
 
 
 def test_coco_box_weights_match_the_annotations_and_are_stored(coco_store, tmp_path):
@@ -105,17 +96,11 @@ def test_a_box_biased_draw_is_stored_like_the_others(coco_store, bias):
     assert n_pool > 0
 
 
-def _digest(path: Path) -> str:
-    h = hashlib.sha256()
-    for f in sorted(p for p in path.rglob("*") if p.is_file()):
-        h.update(str(f.relative_to(path)).encode() + f.read_bytes())
-    return h.hexdigest()
-
 
 def test_cli_bias_draws_on_a_store_without_boxes(yeast_store, tmp_path, capsys):
     store = tmp_path / "y.zarr"
     shutil.copytree(yeast_store, store)
-    before = _digest(store)
+    before = tree_digest(store)
     assert main(["draw", str(store), "--seeds", "7", "--bias", "size"]) == 2
     assert "needs the dataset's object boxes" in capsys.readouterr().err
     assert main(["draw", str(store), "--seeds", "7", "--bias", "semantic"]) == 2
@@ -125,7 +110,7 @@ def test_cli_bias_draws_on_a_store_without_boxes(yeast_store, tmp_path, capsys):
     assert main(["draw", str(store), "--seeds", "7", "--bias", "semantic",
                  "--class-weights", str(weights)]) == 2
     assert "14 finite non-negative numbers" in capsys.readouterr().err
-    assert _digest(store) == before
+    assert tree_digest(store) == before
     names = open_store(store).class_names
     weights.write_text("".join(f"{n} {i + 1}\n" for i, n in enumerate(names)))
     assert main(["draw", str(store), "--seeds", "7", "--bias", "semantic",

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import hashlib
 import json
 import math
 import shutil
@@ -16,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from fixtures_datasets import tree_digest
 from torch import nn
 
 import probe.losses as L
@@ -45,14 +45,6 @@ def store(yeast_store, tmp_path) -> Path:
 def _scores(n: int, c: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).dirichlet(np.full(c, 0.3), n).astype(np.float32)
 
-
-def _digest(path: Path) -> str:
-    """Every file's name and bytes under ``path``."""
-    h = hashlib.sha256()
-    for f in sorted(p for p in path.rglob("*") if p.is_file()):
-        h.update(str(f.relative_to(path)).encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()
 
 
 def test_write_read_list_and_verify_a_prior(store):
@@ -94,16 +86,16 @@ def test_write_read_list_and_verify_a_prior(store):
 ])
 def test_a_bad_prior_is_refused_and_the_store_untouched(store, change, match):
     s = open_store(store)
-    before = _digest(store)
+    before = tree_digest(store)
     with pytest.raises(PriorError, match=match):
         write_prior(store, "clip", change(_scores(s.n_rows, s.n_classes)), {})
-    assert _digest(store) == before
+    assert tree_digest(store) == before
 
 
 def test_other_refusals_name_the_problem(store, tmp_path):
     s = open_store(store)
     scores = _scores(s.n_rows, s.n_classes)
-    before = _digest(store)
+    before = tree_digest(store)
     with pytest.raises(PriorError, match="another order"):
         write_prior(store, "clip", scores, {}, class_names=s.class_names[::-1])
     with pytest.raises(PriorError, match="other classes"):
@@ -114,14 +106,14 @@ def test_other_refusals_name_the_problem(store, tmp_path):
         write_prior(store, "clip", scores, {}, extras={"tile_max": scores[:5]})
     with pytest.raises(PriorError, match="JSON"):
         write_prior(store, "clip", scores, {"model": object()})
-    assert _digest(store) == before
+    assert tree_digest(store) == before
     with pytest.raises(SpmlError, match=r"not found|does not exist|no store"):
         write_prior(tmp_path / "nowhere.zarr", "clip", scores, {})
     write_prior(store, "clip", scores, {})
-    middle = _digest(store)
+    middle = tree_digest(store)
     with pytest.raises(PriorError, match=r"already holds prior 'clip'.*--overwrite"):
         write_prior(store, "clip", scores, {})
-    assert _digest(store) == middle
+    assert tree_digest(store) == middle
     with pytest.raises(PriorError, match=r"no prior 'clap' \(it holds clip\)"):
         open_store(store).prior("clap")
 
@@ -147,14 +139,14 @@ def test_import_from_csv_and_parquet_matches_the_npy(store, tmp_path):
     for name in "abc":
         np.testing.assert_array_equal(got.prior(name).scores, scores)
     assert got.prior("b").provenance["source_files"]["scores"]["sha256"]
-    before = _digest(store)
+    before = tree_digest(store)
     pl.DataFrame({k: v[:-1] for k, v in table.items()}).write_csv(tmp_path / "short.csv")
     with pytest.raises(SpmlError, match="every store image id once"):
         import_priors(store, "d", tmp_path / "short.csv")
     pl.DataFrame({k: v for k, v in table.items() if k != cols[0]}).write_csv(tmp_path / "m.csv")
     with pytest.raises(SpmlError, match=f"missing {cols[0]}$"):
         import_priors(store, "d", tmp_path / "m.csv")
-    assert _digest(store) == before
+    assert tree_digest(store) == before
 
 
 # ----------------------------------------------------------------------------- references

@@ -3,7 +3,6 @@ rows, the tuned rows, and that every cell's printed command reproduces its mAP."
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shlex
@@ -13,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+from fixtures_datasets import tree_digest
 
 from studies.cli import main
 
@@ -32,13 +32,6 @@ def store(yeast_store, tmp_path_factory) -> str:
         add_observed_seed(path, seed)
     return str(path)
 
-
-def _digest(path: Path) -> str:
-    h = hashlib.sha256()
-    for f in sorted(p for p in path.rglob("*") if p.is_file()):
-        h.update(str(f.relative_to(path)).encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()
 
 
 def _trained(err: str) -> int:
@@ -126,12 +119,12 @@ def test_a_refused_table_trains_and_writes_nothing(store, tmp_path, capsys, extr
     argv = ["table", store, *extra, *FAST]
     if flag != "--tune":
         argv += ["--out", str(out)]
-    before = _digest(Path(store))
+    before = tree_digest(Path(store))
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert flag in err and "error:" in err
     assert not out.exists()
-    assert _digest(Path(store)) == before
+    assert tree_digest(Path(store)) == before
 
 
 def test_two_stores_of_one_dataset_are_refused(store, tmp_path, capsys):
