@@ -11,6 +11,15 @@ stays cheap (torchvision is imported only with the backbones, zarr only with the
 
 The store itself is :mod:`probe.store`, the bottom layer, and its names are exported there only
 (``from probe.store import open_store, add_observed_seed, write_prior``).
+
+Modules: :mod:`featurize.datasets` (the official layouts, the generic folder, Cole et al.'s
+arrays; where a store's images came from), :mod:`featurize.backbones` (the ``Family`` protocol
+and its registry: torchvision, timm, OpenCLIP, Hugging Face, Lite0), :mod:`~featurize.images`
+(decode and the protocol's transform), :mod:`~featurize.pipeline`, :mod:`~featurize.writing`,
+:mod:`~featurize.ranks` and :mod:`~featurize.runner` (one process or ``torchrun``),
+:mod:`~featurize.imports` (features people already have), :mod:`~featurize.clip_priors` and
+:mod:`~featurize.priors_import` (priors into a store), :mod:`~featurize.bench`, and the
+commands in ``cli``, ``import_cli``, ``store_cli`` and ``priors_cli``.
 """
 
 from __future__ import annotations

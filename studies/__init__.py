@@ -9,6 +9,20 @@ import optuna or polars until a name needs them)::
     summary = run_study(StudySettings(store="yeast.zarr", loss="gr", n_trials=16, out="gr"))
     summary.best_value, summary.best_params
     build_report("gr")                           # gr/report.html, gr/report.md, PNG figures
+
+Modules (each reads only ``probe``, ``featurize`` and the modules above it here):
+
+* studies themselves -- :mod:`~studies.study_settings` (settings and the checks before any
+  write), :mod:`~studies.storage` (storages, the best-trial rule, the paper mark),
+  :mod:`~studies.study_create`, :mod:`~studies.study_worker`, :mod:`~studies.study`
+  (``run_study``), :mod:`~studies.study_summary` and :mod:`~studies.verdict` (what a study
+  prints), :mod:`~studies.space`, :mod:`~studies.pruning`, :mod:`~studies.heartbeat`;
+* results -- :mod:`~studies.results` (rows per trial), :mod:`~studies.export` (one tidy table);
+* after a study -- :mod:`~studies.confirm` (seeds and draws), :mod:`~studies.compare` (paired
+  tests of heads), :mod:`studies.report` (HTML/Markdown), :mod:`studies.table` (the paper's
+  table), :mod:`studies.analyses` (the GR paper's analyses), :mod:`~studies.plots`;
+* :mod:`~studies.finetune` (with ``finetune_config``, ``finetune_data``), :mod:`~studies.demo`,
+  :mod:`~studies.bench`, and :mod:`studies.cli` (every ``spml`` command).
 """
 
 from __future__ import annotations
@@ -31,6 +45,9 @@ _EXPORTS = {
     "confirm_study": "studies.confirm",
     "load_study": "studies.confirm",
     "winner": "studies.confirm",
+    # the paper's table: every method as a row, one column per store
+    "TableConfig": "studies.table",
+    "build_table": "studies.table",
     # reports
     "ReportOptions": "studies.report",
     "build_report": "studies.report",
