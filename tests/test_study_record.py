@@ -166,6 +166,29 @@ def _best_val(out, name):
     return study.best_value
 
 
+def test_a_report_of_a_study_without_kept_heads_retrains_them(biased_study, tmp_path):
+    """A study made before trials kept their heads: the report re-trains each, a line per head,
+    and its intervals table shows the same test mAPs as from the kept heads."""
+    out, _ = biased_study
+    rc, _, err = _run(["report", str(out), "--out", str(tmp_path / "kept")])
+    assert rc == 0, err
+    old = tmp_path / "old"
+    shutil.copytree(out, old)
+    for f in (old / "results").glob("heads-*.pt"):
+        f.unlink()
+    rc, _, err = _run(["report", str(old), "--out", str(tmp_path / "again")])
+    assert rc == 0, err
+    lines = re.findall(r"re-trained trial \d+ for its test-mAP interval \(.*: (\d+)/(\d+) heads",
+                       err)
+    assert lines and [int(k) for k, _ in lines] == list(range(1, len(lines) + 1))
+
+    def intervals(md: str) -> list[str]:
+        return re.findall(r"^\| trial \d+[^|]*\| ([\d.]+) \|", md, re.M)
+
+    kept = intervals((tmp_path / "kept" / "report.md").read_text())
+    assert kept and kept == intervals((tmp_path / "again" / "report.md").read_text())
+
+
 @pytest.mark.parametrize("which, says", [
     ("prior_study", "'teacher' (--priors teacher): model test-teacher"),
     ("biased_study", "draw 21 (label bias 'semantic'"),
@@ -176,8 +199,11 @@ def test_the_report_names_what_the_study_used_and_its_reproduce_command_runs(
     study_out = study_out[0] if isinstance(study_out, tuple) else study_out
     rc, _, err = _run(["report", str(study_out), "--out", str(tmp_path / "r")])
     assert rc == 0, err
-    assert re.search(r"re-trained trial \d+ for its test-mAP interval \(.*: 1/\d+ heads", err)
+    # the intervals score the heads the study kept; nothing is re-trained
+    assert re.search(r"the intervals' heads: \d+ kept by the study, 0 re-trained", err), err
+    assert "re-trained trial" not in err
     md = (tmp_path / "r" / "report.md").read_text()
+    assert "the trials' heads as the study kept them when they finished" in md
     assert says in md
     assert "(from spml-probe " in md  # the package that provides the loss, and its version
     cmd = next(ln.strip().strip("`") for ln in md.splitlines()

@@ -82,6 +82,7 @@ class ReportRuns:
     trials: dict[int, Any] = field(default_factory=dict)  # number -> ProbeResult (1 trial)
     comparison: Any = None  # studies.compare.Comparison over trials + AN
     intervals: dict[int, Any] = field(default_factory=dict)  # number -> Interval
+    kept: list[int] = field(default_factory=list)  # trials scored with the head the study kept
 
 
 def train_report_runs(st: Any, store_arg: str | None, *, device: str = "auto",
@@ -138,9 +139,10 @@ def train_report_runs(st: Any, store_arg: str | None, *, device: str = "auto",
 
 def _retrain_top(st: Any, ctx: ReportRuns, device: str, log: Callable[[str], None],
                  progress: bool = False) -> None:
-    """Re-train the best :data:`INTERVAL_TOP` trials and the paper point (their own settings,
-    the study's training seed), then bootstrap their test mAP with the AN baseline's, paired
-    over the test images (probe.intervals)."""
+    """The heads of the best :data:`INTERVAL_TOP` trials and the paper point -- those the study
+    kept when each trial finished (``results/heads-*.pt``), the others re-trained with their
+    own settings and the study's training seed -- then bootstrap their test mAP with the AN
+    baseline's, paired over the test images (probe.intervals)."""
     import torch
 
     from probe.evaluate import stacked_logits
@@ -155,25 +157,36 @@ def _retrain_top(st: Any, ctx: ReportRuns, device: str, log: Callable[[str], Non
         chosen.append(paper)
     from probe.progress import Progress
 
+    from ..results import read_trial_heads
+
     seed = int(st.settings.get("train_seed", 0))
-    bar = Progress(len(chosen), "re-training for the intervals", "heads", enabled=progress)
+    kept = read_trial_heads(st.study_dir / "results")  # the heads the study kept, if any
+    ctx.kept = [t.number for t in chosen if t.number in kept]
+    heads: dict[int, Any] = {n: kept[n][0] for n in ctx.kept}
+    retrain = [t for t in chosen if t.number not in kept]
+    if ctx.kept:
+        log(f"the intervals' heads: {len(ctx.kept)} kept by the study, {len(retrain)} re-trained")
+    bar = Progress(len(retrain), "re-training for the intervals", "heads",
+                   enabled=progress and bool(retrain))
     with bar:
-        for t in chosen:
+        for t in retrain:
             hp, cfg = trial_setup(t.params, st.loss, trained_settings(st.study), seeds=(seed,),
                                   observed_seed=ctx.observed_seed, device=device)
             if not progress:
                 log(f"re-training trial {t.number} for its test-mAP interval")
             ctx.trials[t.number] = train_probe(ctx.data, cfg, st.loss, [hp], progress=False)
+            heads[t.number] = ctx.trials[t.number].best_heads[0]
             bar.step(f"  re-trained trial {t.number} for its test-mAP interval")
+    numbers = [t.number for t in chosen]
     labels = [f"trial {n}" + (" (paper)" if paper is not None and n == paper.number else "")
-              for n in ctx.trials] + ["AN baseline"]
-    heads = [r.best_heads[0] for r in ctx.trials.values()] + [ctx.an.best_heads[0]]
-    w = torch.stack(heads).to(ctx.data.device)
+              for n in numbers] + ["AN baseline"]
+    w = torch.stack([heads[n].float().to(ctx.data.device) for n in numbers]
+                    + [ctx.an.best_heads[0].float().to(ctx.data.device)])
     scores = stacked_logits(ctx.data.test_x, w)
     cmp = compare_scores(labels, scores, ctx.data.test_labels.bool())
     cmp.dataset, cmp.store = st.identity.get("dataset", ""), ctx.store_path
     ctx.comparison = cmp
-    ctx.intervals = dict(zip(ctx.trials, cmp.intervals))
+    ctx.intervals = dict(zip(numbers, cmp.intervals))
 
 
 def find_store(st: Any, store_arg: str | None) -> tuple[str | None, str]:

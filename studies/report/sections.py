@@ -16,6 +16,7 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
 from probe.errors import SpmlError
+from probe.progress import plural
 
 from .. import plots
 from ..storage import is_paper_trial
@@ -521,9 +522,19 @@ def baseline_section(st: StudyView, ctx: ReportRuns | None, why: str, fig_dir: P
     return sec, baseline_path
 
 
+def _heads_how(kept: int, retrained: int) -> str:
+    """Where the comparison's trial heads came from: kept by the study, re-trained, or both."""
+    if not retrained:
+        return "the trials' heads as the study kept them when they finished"
+    if not kept:
+        return "re-trained on the study's store with their own settings"
+    return (f"{plural(kept, 'heads')} as the study kept them, {retrained} re-trained with "
+            "their own settings")
+
+
 def comparison_section(st: StudyView, ctx: ReportRuns | None, why: str, fig_dir: Path,
                        options: ReportOptions) -> Section:
-    """The re-trained top trials, the paper point and the AN baseline: test mAP with 95%
+    """The top trials, the paper point and the AN baseline: test mAP with 95%
     intervals and every paired difference (studies.compare), as a table and a figure."""
     from ..compare import plot
 
@@ -535,9 +546,9 @@ def comparison_section(st: StudyView, ctx: ReportRuns | None, why: str, fig_dir:
     sec.blocks.append(Paragraph(
         f"The best {min(INTERVAL_TOP, len(st.complete))} trials by val mAP"
         + (", the paper's values" if st.paper is not None else "")
-        + " and the AN baseline, re-trained on the study's store with their own settings "
-        f"(training seed {st.settings.get('train_seed', 0)}, single-positive draw "
-        f"{ctx.observed_seed}) and scored on the same {cmp.n_images} test images. Intervals: "
+        + f" and the AN baseline ({_heads_how(len(ctx.kept), len(ctx.trials))}; training "
+        f"seed {st.settings.get('train_seed', 0)}, single-positive draw {ctx.observed_seed}), "
+        f"scored on the same {cmp.n_images} test images. Intervals: "
         f"{cmp.n_resamples} paired bootstrap resamples of the test images (class-wise AP "
         "recomputed on each); differences are paired and their p-values Holm-corrected over "
         f"the {len(cmp.pairs)} pairs. They measure test-set variation only, not training "
