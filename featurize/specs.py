@@ -4,6 +4,7 @@ and the settings' valid values. :mod:`featurize.backbones` builds the models the
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,7 +90,7 @@ BACKBONES: dict[str, BackboneSpec] = {
 }
 
 
-class Family:
+class Family(ABC):
     """A backbone family: the interface every family implements -- torchvision, Lite0, timm,
     OpenCLIP, Hugging Face, or one of your own (docs/backbones.md "Adding a family").
 
@@ -135,18 +136,19 @@ class Family:
         except importlib.metadata.PackageNotFoundError:
             return None
 
+    @abstractmethod
     def get_spec(self, name: str) -> BackboneSpec:
         """The :class:`BackboneSpec` of backbone ``name``, checked cheaply (the library and the
         name; ``feature_dim`` may be 0 until :meth:`load` measures it)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def resolve(self, spec: BackboneSpec, weights: str | None, download: bool = False
                 ) -> Any:  # WeightsInfo
         """Find (or fetch into the library's cache) the weights file that ``weights`` names
         (None/"default": the model's own) without building the model; every problem is
         raised here, before any work (:class:`featurize.backbones.WeightsNotFoundError`)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def load(self, spec: BackboneSpec, info: Any, *, seed: int = 0,
              embed: str | None = None) -> Any:  # Backbone
         """Build the network (seeded with ``seed``), load ``info``'s weights (random ones where
@@ -154,7 +156,6 @@ class Family:
         ``features`` give ``(B, D)`` embeddings of the ``embed`` kind, its ``transform`` is the
         model's own preprocessing (None: the protocol's only), its ``details`` go into the
         store's provenance."""
-        raise NotImplementedError
 
     def check_size(self, spec: BackboneSpec, size: int) -> bool:
         """Check, before the weights are read, that the network takes ``size``×``size``
