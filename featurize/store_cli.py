@@ -108,6 +108,7 @@ def _flat(value: Any) -> str:
 
 def format_summary(summary: dict) -> str:
     """Human-readable ``spml info`` text for :meth:`probe.store.Store.summary`."""
+    from probe.store.priors import prior_facts
     from probe.store.records import draw_text
 
     s = summary
@@ -151,11 +152,7 @@ def format_summary(summary: dict) -> str:
             )
     for name, rec in s.get("priors", {}).items():  # probe.store.priors
         prov = rec["provenance"]
-        fields = [f"{key} {_flat(prov[key])}" for key in ("model", "temperature")
-                  if prov.get(key) is not None]
-        if prov.get("tiles"):
-            tiles = prov["tiles"]  # "4x4" (recorded so today) or [4, 4] (earlier stores)
-            fields.append(f"tiles {tiles if isinstance(tiles, str) else 'x'.join(map(str, tiles))}")
+        fields = prior_facts(prov)
         if rec["extras"]:
             fields.append(f"extras {', '.join(rec['extras'])}")
         source = f"; source {prov['source']}" if prov.get("source") else ""

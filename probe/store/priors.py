@@ -43,6 +43,7 @@ __all__ = [
     "RANDOM_WEIGHTS_WARNING",
     "Prior",
     "PriorError",
+    "prior_facts",
     "prior_names",
     "prior_summary",
     "random_weights_note",
@@ -107,6 +108,23 @@ def read_prior(store: Any, name: str, rows: Any = None) -> Prior:
     if note:
         warnings.warn(f"{store.path}: prior {name!r} was {note}", UserWarning, stacklevel=2)
     return Prior(name, scores, out, dict(record["provenance"]))
+
+
+def prior_facts(provenance: Any, keys: tuple[str, ...] = ("model", "temperature", "tiles")
+                ) -> list[str]:
+    """A prior's provenance as ``"key value"`` words, only the keys that are set, in ``keys``'
+    order: what ``spml info`` and a study's report say of it. Tiles read ``4x4`` whether
+    recorded so (today) or as a list (earlier stores)."""
+    prov = provenance if isinstance(provenance, dict) else {}
+    facts = []
+    for key in keys:
+        value = prov.get(key)
+        if value is None or value == "" or value == []:
+            continue
+        if key == "tiles" and not isinstance(value, str):
+            value = "x".join(map(str, value))
+        facts.append(f"{key} {value}")
+    return facts
 
 
 def random_weights_note(provenance: Any) -> str | None:

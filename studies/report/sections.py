@@ -17,6 +17,7 @@ from optuna.trial import TrialState
 
 from probe.errors import SpmlError
 from probe.progress import plural
+from probe.store.priors import prior_facts
 
 from .. import plots
 from ..storage import is_paper_trial
@@ -95,8 +96,7 @@ def _prior_words(name: str, prov: dict) -> str:
     """The store prior the study trained with, and where it came from."""
     rec = prov.get("priors") or {}
     p = rec.get("provenance") or {}
-    facts = [f"{k} {p[k]}" for k in ("model", "weights_sha256", "tiles", "temperature", "source")
-             if p.get(k) is not None]
+    facts = prior_facts(p, ("model", "weights_sha256", "tiles", "temperature", "source"))
     extras = rec.get("extras")
     if extras is not None:
         facts.append(f"extras {', '.join(extras)}" if extras else "no extras")
