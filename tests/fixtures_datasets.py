@@ -423,3 +423,17 @@ def small_coco_store(root: Path) -> tuple[Path, Any]:
     write_feature_store(path, index, x, None, provenance={
         "backbone": "none", "weights": "none", "transform": "none"}, progress=False)
     return path, index
+
+
+def interrupted_at(real: Any, call: int) -> Any:
+    """``real`` that raises KeyboardInterrupt (the user's Ctrl-C) on its ``call``-th call and
+    runs as itself on the others: patched in to stop a resumable run part-way."""
+    calls = []
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == call:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    return wrapper

@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fixtures_datasets import make_folder
+from fixtures_datasets import interrupted_at, make_folder
 
 import featurize.clip_priors as cp
 from probe.errors import SpmlError
@@ -110,15 +110,9 @@ def test_prior_equals_openclip_zero_shot_and_trains(setup, capsys):
 def test_an_interrupted_run_resumes_from_its_finished_blocks(setup, tmp_path, monkeypatch):
     expected, weights, store = setup
     monkeypatch.setattr(cp, "BLOCK_ROWS", 4)
-    real, calls = cp.view_scores, []
-
-    def failing(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt  # the user stops the run in its third block
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(cp, "view_scores", failing)
+    real = cp.view_scores
+    # the user stops the run in its third block
+    monkeypatch.setattr(cp, "view_scores", interrupted_at(real, 3))
     config = cp.ClipPriorConfig(model="open_clip:spml-prior-vit", weights=str(weights),
                                 name="resumed", batch_size=4, progress=False)
     with pytest.raises(KeyboardInterrupt):
@@ -223,15 +217,8 @@ def test_a_resume_needs_the_same_settings_and_the_scratch_holds_reductions(setup
     refused naming the flag, and the run of the same settings then resumes."""
     expected, weights, store = setup
     monkeypatch.setattr(cp, "BLOCK_ROWS", 4)
-    real, calls = cp.view_scores, []
-
-    def failing(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(cp, "view_scores", failing)
+    real = cp.view_scores
+    monkeypatch.setattr(cp, "view_scores", interrupted_at(real, 2))
     config = cp.ClipPriorConfig(model="open_clip:spml-prior-vit", weights=str(weights),
                                 name="tiled", tiles=2, batch_size=4, progress=False)
     with pytest.raises(KeyboardInterrupt):

@@ -23,7 +23,7 @@ from PIL import Image
 from torchvision import transforms
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fixtures_datasets import make_folder, write_jpeg
+from fixtures_datasets import interrupted_at, make_folder, write_jpeg
 
 from featurize.backbones import load_backbone
 from featurize.cli import register_cli as register_featurize_cli
@@ -323,15 +323,8 @@ def test_ctrl_c_keeps_finished_blocks(tmp_path, folder, resnet18, monkeypatch):
     import featurize.runner as runner
 
     _, index = folder
-    real, calls = runner.model_input, []
-
-    def interrupted(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(runner, "model_input", interrupted)
+    real = runner.model_input
+    monkeypatch.setattr(runner, "model_input", interrupted_at(real, 3))
     out = tmp_path / "s.zarr"
     with pytest.raises(KeyboardInterrupt):
         featurize(index, out, _cfg(), backbone=resnet18)
