@@ -1,40 +1,22 @@
 """``spml bench probe``: seconds per epoch of the probe engine against a plain PyTorch loop.
 
-docs/design.md "What fast means" (measured here, never by a timed unit test). On a COCO-shaped
-synthetic store -- 65,665 train rows × 2048 float16 features with flips, 80 classes, about 2.9
-positives per image -- built once and cached (:func:`synthetic_store`), one run measures:
+On a cached COCO-shaped synthetic store (:func:`synthetic_store`) one run measures (docs/design.md
+"What fast means", docs/performance.md):
 
-(a) one GR trial at batch size 16 with Adam: the engine against a plain loop over the same
-    arrays (``DataLoader`` + ``nn.Linear`` + ``torch.optim.Adam`` + the same loss object, the
-    same seed, batch order and flips: :func:`plain_loop`); the final heads of both are compared
-    in the same run, so the speed-up is between programs that compute the same thing;
+(a) one GR trial, batch 16, Adam: the engine against :func:`plain_loop` (the same arrays, seed,
+    batch order and flips), the final heads of both compared in the same run;
 (b) the engine with T = 1, 8, 64 stacked GR trials (different ``w_T`` per trial, shared seed);
-(c) peak memory of each run (CPU: peak resident set size, reset before each run through
-    ``/proc/self/clear_refs``; CUDA: ``torch.cuda.max_memory_allocated``);
-(d) evaluation as the engine does it: val of all T heads (every epoch) and test (once, on the
-    best heads), timed apart;
-(e) one GR trial the way the SPML papers' released code runs a linear probe, written fresh
-    here (:func:`papers_loop`): a ``DataLoader`` with worker processes over float32 feature
-    arrays, ``nn.Linear``, ``torch.optim.Adam``, and after every epoch mAP on train, val and
-    test (scikit-learn's ``average_precision_score`` per class, as their code computes it;
-    :mod:`probe.metrics` when scikit-learn is absent). Same data, seed, loss and batch size;
-    its own shuffling (a seeded ``DataLoader``), so it is a timing reference, not an
-    equivalence check (the plain loop (a) is that).
-(f) with ``compare_one_block`` (``--compare-one-block``, CPU) each configuration the engine
-    trains in trial blocks, and with ``compare_eager`` (``--compare-eager``, CUDA) each one,
-    also trained as one block / with the eager step, its heads compared with the engine's.
+(c) peak memory of each run (CPU: peak RSS reset through ``/proc/self/clear_refs``; CUDA:
+    ``torch.cuda.max_memory_allocated``);
+(d) evaluation as the engine does it: val of all T heads and test once, timed apart;
+(e) :func:`papers_loop`, one GR trial the way the SPML papers' released code runs a linear probe
+    (a timing reference, not an equivalence check);
+(f) with ``--compare-one-block`` (CPU) / ``--compare-eager`` (CUDA) each configuration also
+    trained as one block / with the eager step, its heads compared with the engine's.
 
-Each configuration is timed alone, in a fresh process of its own (``isolate``; ``--in-process``
-runs them all in this one): the rows do not disturb each other, so ``plain / engine`` in one
-run is the plain loop over the engine timed alone. The engine's step-thread choice is the one
-every run of that step shape gets on this machine (:mod:`probe.speed`).
-
-The report names the machine, the threads and the load average before and after: on a shared
-machine the figures move with the load, and a figure only counts next to its load.
-
-Times are medians over the measured epochs (each configuration runs ``epochs`` epochs); ratios
-come from the same run. Targets (docs/design.md): 2 CPU cores, one trial ≤ 2.5 s/epoch (plain loop
-~8 s); one H100, 64 stacked trials ≤ 1 s/epoch.
+Each configuration is timed alone in a fresh process (``isolate``; ``--in-process``: all in this
+one). Times are medians over the measured epochs; the report names the machine, the threads and
+the load average before and after, as the figures move with the load.
 """
 
 from __future__ import annotations
@@ -607,29 +589,26 @@ def _engine_job(cfg: BenchConfig, path: str, t: int, method: str, progress: bool
         result = train_probe(data, pc, cfg.loss, hparams, progress=progress, speed=speed)
     heads = result.final_heads.to(device)
     blocks = result.timing.get("trial_blocks", [t])
-    plural, name = "s" if t > 1 else "", cfg.loss.upper()
+    trials = f"{t} stacked {cfg.loss.upper()} trial{'s' if t > 1 else ''}"
+    extra: dict[str, Any] = {"eval_seconds_val": None, "eval_seconds_test_once": None}
     if method == "engine_one_block":
-        row = _engine_row(result, mem, f"engine, {t} stacked {name} trials in one block",
-                          method, t, eval_seconds_val=None, eval_seconds_test_once=None,
-                          trial_blocks=blocks)
+        name = f"engine, {trials} in one block"
     elif method == "engine_eager":
-        row = _engine_row(result, mem, f"engine, eager step (no CUDA graph), {t} stacked "
-                          f"{name} trial{plural}", method, t, eval_seconds_val=None,
-                          eval_seconds_test_once=None, trial_blocks=blocks)
+        name = f"engine, eager step (no CUDA graph), {trials}"
     else:
         with torch.no_grad():  # what the engine evaluates: val every epoch, test once
-            t_eval = time.perf_counter()
-            evaluate_heads(data.val_x, data.val_labels.bool(), heads, 0.5)
-            val_s = time.perf_counter() - t_eval
-            t_eval = time.perf_counter()
-            evaluate_heads(data.test_x, data.test_labels.bool(), heads, 0.5)
-            test_s = time.perf_counter() - t_eval
+            for key, x, y in (("eval_seconds_val", data.val_x, data.val_labels),
+                              ("eval_seconds_test_once", data.test_x, data.test_labels)):
+                t_eval = time.perf_counter()
+                evaluate_heads(x, y.bool(), heads, 0.5)
+                extra[key] = time.perf_counter() - t_eval
         kind = "engine (CUDA graphs)" if result.timing.get("cuda_graph") else "engine"
         in_blocks = f" in {len(blocks)} blocks" if len(blocks) > 1 else ""
-        row = _engine_row(result, mem, f"{kind}, {t} stacked {name} trial{plural}{in_blocks}",
-                          "engine", t, eval_seconds_val=val_s, eval_seconds_test_once=test_s,
-                          step_threads=result.timing.get("step_threads"),
-                          cuda_graph=result.timing.get("cuda_graph"), trial_blocks=blocks)
+        name = f"{kind}, {trials}{in_blocks}"
+        extra.update(step_threads=result.timing.get("step_threads"),
+                     cuda_graph=result.timing.get("cuda_graph"))
+    row = _row(name, method, t, result.timing["train_seconds"], mem,
+               result.timing["steps_per_epoch"], **extra, trial_blocks=blocks)
     return {"row": row, "heads": heads.cpu().numpy()}
 
 
@@ -637,20 +616,12 @@ def _plain_job(cfg: BenchConfig, path: str) -> dict[str, Any]:
     """(a): the plain loop's row and its head as a stacked (1, D+1, C) array."""
     data, device = _job_data(cfg, path)
     with _PeakMemory(device) as mem:
-        head, plain_secs = plain_loop(data, "gr", seed=cfg.seed, lr=cfg.lr,
-                                      epochs=cfg.epochs, batch_size=cfg.batch_size)
+        head, secs = plain_loop(data, "gr", seed=cfg.seed, lr=cfg.lr, epochs=cfg.epochs,
+                                batch_size=cfg.batch_size)
     w = torch.cat([head.weight.detach().T, head.bias.detach()[None]]).cpu()[None]
-    row = {
-        "name": "plain loop (DataLoader + nn.Linear + torch.optim.Adam), 1 GR trial",
-        "method": "plain", "trials": 1,
-        "sec_per_epoch_median": statistics.median(plain_secs),
-        "sec_per_epoch_per_trial": statistics.median(plain_secs),
-        "epoch_seconds": plain_secs, "eval_seconds_val": None,
-        "eval_seconds_test_once": None,
-        "steps_per_epoch": data.n_train // cfg.batch_size,
-        "peak_memory_bytes": mem.peak, "memory_at_start_bytes": mem.start,
-        "memory_kind": mem.kind,
-    }
+    row = _row("plain loop (DataLoader + nn.Linear + torch.optim.Adam), 1 GR trial", "plain", 1,
+               secs, mem, data.n_train // cfg.batch_size, eval_seconds_val=None,
+               eval_seconds_test_once=None)
     return {"row": row, "heads": w.numpy()}
 
 
@@ -660,32 +631,21 @@ def _papers_job(cfg: BenchConfig, path: str) -> dict[str, Any]:
     with _PeakMemory(device) as mem:
         pl = papers_loop(data, "gr", seed=cfg.seed, lr=cfg.lr, epochs=cfg.epochs,
                          batch_size=cfg.batch_size, workers=cfg.papers_workers)
-    return {"row": {
-        "name": (f"papers-style loop ({cfg.papers_workers} DataLoader workers, mAP of "
-                 "3 splits/epoch), 1 trial"),
-        "method": "papers", "trials": 1,
-        "sec_per_epoch_median": statistics.median(pl["train_seconds"]),
-        "sec_per_epoch_per_trial": statistics.median(pl["train_seconds"]),
-        "epoch_seconds": pl["train_seconds"],
-        "whole_epoch_seconds": pl["epoch_seconds"],
-        "eval_seconds_val": None, "eval_seconds_test_once": None,
-        "maps": pl["maps"],
-        "steps_per_epoch": data.n_train // cfg.batch_size,
-        "peak_memory_bytes": mem.peak, "memory_at_start_bytes": mem.start,
-        "memory_kind": mem.kind,
-    }}
+    name = (f"papers-style loop ({cfg.papers_workers} DataLoader workers, mAP of 3 splits/epoch), "
+            "1 trial")
+    return {"row": _row(name, "papers", 1, pl["train_seconds"], mem,
+                        data.n_train // cfg.batch_size, whole_epoch_seconds=pl["epoch_seconds"],
+                        eval_seconds_val=None, eval_seconds_test_once=None, maps=pl["maps"])}
 
 
-def _engine_row(result: Any, mem: _PeakMemory, name: str, method: str, t: int,
-                **extra: Any) -> dict[str, Any]:
-    """A report row of one engine run of T stacked trials (``extra``: its own fields)."""
-    secs = result.timing["train_seconds"]
+def _row(name: str, method: str, t: int, secs: list[float], mem: _PeakMemory, steps: int,
+         **extra: Any) -> dict[str, Any]:
+    """A report row of one run of ``t`` trials (``extra``: its own fields)."""
     return {
         "name": name, "method": method, "trials": t,
         "sec_per_epoch_median": statistics.median(secs),
         "sec_per_epoch_per_trial": statistics.median(secs) / t,
-        "epoch_seconds": secs, **extra,
-        "steps_per_epoch": result.timing["steps_per_epoch"],
+        "epoch_seconds": secs, **extra, "steps_per_epoch": steps,
         "peak_memory_bytes": mem.peak, "memory_at_start_bytes": mem.start,
         "memory_kind": mem.kind,
     }

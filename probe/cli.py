@@ -175,10 +175,11 @@ def _print_result(result, stacked_keys: list[str]) -> None:
     for tr in result.trials:
         settings = {**tr.hparams, "lr": tr.lr, "weight_decay": tr.weight_decay}
         b = tr.best
+        low, high = b.get("test_map_low"), b.get("test_map_high")
         rows.append([str(tr.trial), str(tr.seed), *[f"{settings.get(k)}" for k in stacked_keys],
                      "-" if tr.best_epoch is None else str(tr.best_epoch),
                      *(f"{b[k]:.2f}" if k in b else "-" for k in ("val_map", "test_map")),
-                     _interval_text(b),
+                     "-" if low is None or high is None else f"[{low:.2f}, {high:.2f}]",
                      *(f"{b[k]:.2f}" if k in b else "-" for k in ("test_OF1", "test_CF1"))])
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
     print("  ".join(c.rjust(w) for c, w in zip(cols, widths)))
@@ -195,14 +196,6 @@ def _print_result(result, stacked_keys: list[str]) -> None:
     if any(at_last):
         print(f"warning: {sum(at_last)} of {plural(len(at_last), 'trials')} had their best "
               f"epoch at the last one, so they may not have converged; {ADVICE}")
-
-
-def _interval_text(best: dict) -> str:
-    """``[low, high]`` of the test mAP's bootstrap interval, or ``-`` when none was computed."""
-    low, high = best.get("test_map_low"), best.get("test_map_high")
-    if low is None or high is None:
-        return "-"
-    return f"[{low:.2f}, {high:.2f}]"
 
 
 def _cmd_probe(args: argparse.Namespace) -> int:
@@ -493,15 +486,8 @@ def _register_bench_probe(bench: argparse._SubParsersAction) -> None:
     b.add_argument("--compare-one-block", action="store_true",
                    help="CPU: also time each configuration that trains in trial blocks (spml "
                    "probe --trial-block) as one block, its heads compared with the blocks'")
-    b.add_argument("--in-process", action="store_true",
-                   help="time every configuration in this process, one after the other "
-                   "(default: each alone in a fresh process, so the rows do not disturb each "
-                   "other)")
-    b.add_argument("--cache-dir",
-                   help="where the synthetic store is cached (default: $SPML_CACHE_DIR or "
-                   "~/.cache/spml-probe)")
     b.add_argument("--json", metavar="PATH", help="also write the JSON report to PATH")
-    b.add_argument("--quiet", action="store_true", help="no progress bars")
+    _add_bench_options(b)
     b.set_defaults(func=_cmd_bench_probe)
 
 
@@ -523,6 +509,12 @@ def _register_bench_store(bench: argparse._SubParsersAction) -> None:
     b.add_argument("--repeats", type=int, default=5, help="timed loads (default: 5)")
     b.add_argument("--zstd-chunks", type=int, default=8,
                    help="feature chunks compressed to measure zstd (default: 8)")
+    _add_bench_options(b)
+    b.set_defaults(func=_cmd_bench_store)
+
+
+def _add_bench_options(b: argparse.ArgumentParser) -> None:
+    """The options ``spml bench probe`` and ``spml bench store`` share."""
     b.add_argument("--in-process", action="store_true",
                    help="time every configuration in this process, one after the other "
                    "(default: each alone in a fresh process, so the rows do not disturb each "
@@ -531,4 +523,3 @@ def _register_bench_store(bench: argparse._SubParsersAction) -> None:
                    help="where the synthetic store is cached (default: $SPML_CACHE_DIR or "
                    "~/.cache/spml-probe)")
     b.add_argument("--quiet", action="store_true", help="no progress bars")
-    b.set_defaults(func=_cmd_bench_store)

@@ -179,29 +179,24 @@ def parse_assignments(items: list[str] | None, option: str = "--set") -> dict[st
 
 def parse_ints(text: str | None, flag: str) -> list[int] | None:
     """``"0,1,2"`` → ``[0, 1, 2]``; None stays None; errors name ``flag``."""
-    if text is None:
-        return None
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise SpmlError(f"{flag} must be a comma list of integers, e.g. 0,1,2; got {plain(text)}")\
-            from None
-    if not values:
-        raise SpmlError(f"{flag} needs at least one integer; got {plain(text)}")
-    return values
+    return _parse_list(text, flag, int, "integers", "0,1,2")
 
 
 def parse_floats(text: str | None, flag: str) -> list[float] | None:
     """``"0.2,0.5"`` → ``[0.2, 0.5]``; None stays None; errors name ``flag``."""
+    return _parse_list(text, flag, float, "numbers", "0.2,0.5,1")
+
+
+def _parse_list(text: str | None, flag: str, conv: type, what: str, example: str) -> list | None:
     if text is None:
         return None
     try:
-        values = [float(v) for v in text.split(",") if v.strip()]
+        values = [conv(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise SpmlError(f"{flag} must be a comma list of numbers, e.g. 0.2,0.5,1; got "
-                         f"{plain(text)}") from None
+        raise SpmlError(f"{flag} must be a comma list of {what}, e.g. {example}; got "
+                        f"{plain(text)}") from None
     if not values:
-        raise SpmlError(f"{flag} needs at least one number; got {plain(text)}")
+        raise SpmlError(f"{flag} needs at least one {what[:-1]}; got {plain(text)}")
     return values
 
 
