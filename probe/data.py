@@ -47,22 +47,15 @@ def resolve_device(device: str | torch.device) -> torch.device:
     try:
         dev = torch.device(name)
     except RuntimeError:
-        raise DataError(
-            f"--device must be auto, cpu, cuda or cuda:N; got {name}"
-        ) from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise DataError(
-                f"--device {name}: this machine has no usable CUDA GPU (torch sees none); use "
-                "--device cpu or --device auto"
-            )
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise DataError(
-                f"--device {name}: this machine has CUDA devices 0 to "
-                f"{torch.cuda.device_count() - 1} only"
-            )
-    elif dev.type != "cpu":
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
         raise DataError(f"--device must be auto, cpu, cuda or cuda:N; got {name}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise DataError(f"--device {name}: this machine has no usable CUDA GPU (torch sees none); "
+                        "use --device cpu or --device auto")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise DataError(f"--device {name}: this machine has CUDA devices 0 to "
+                        f"{torch.cuda.device_count() - 1} only")
     return dev
 
 
@@ -223,21 +216,26 @@ class ProbeData:
         if train_flip is not None:
             train_feats = torch.cat([train_feats, _with_bias_column(train_flip, train_feats.dtype)])
         c = classes["train"]
-        return cls(
-            train_x=train_feats.to(dev),
-            train_labels=torch.from_numpy(ys["train"]).to(dev),
-            train_observed=torch.from_numpy(obs["train"]).to(dev),
-            val_x=_with_bias_column(xs["val"], train_feats.dtype).to(dev),
-            val_labels=torch.from_numpy(ys["val"]).to(dev),
-            val_observed=torch.from_numpy(obs["val"]).to(dev),
-            test_x=_with_bias_column(xs["test"], train_feats.dtype).to(dev),
-            test_labels=torch.from_numpy(ys["test"]).to(dev),
-            n_train=int(xs["train"].shape[0]),
-            has_flip=train_flip is not None,
+        return cls._on(
+            dev, (train_feats, _with_bias_column(xs["val"], train_feats.dtype),
+                  _with_bias_column(xs["test"], train_feats.dtype)),
+            ys, obs, n_train=int(xs["train"].shape[0]), has_flip=train_flip is not None,
             class_names=list(class_names) if class_names else [f"class_{i}" for i in range(c)],
             dataset=dataset,
-            source=dict(source or {"kind": "arrays", "observed_seed": observed_seed}),
-        )
+            source=dict(source or {"kind": "arrays", "observed_seed": observed_seed}))
+
+    @classmethod
+    def _on(cls, dev: torch.device, xs: tuple[Tensor, Tensor, Tensor],
+            labels: dict[str, np.ndarray], observed: dict[str, np.ndarray],
+            **fields: Any) -> ProbeData:
+        """The splits' features (train, val, test), full labels and draws moved to ``dev``."""
+        def on(a: np.ndarray) -> Tensor:
+            return torch.from_numpy(a).to(dev)
+
+        return cls(train_x=xs[0].to(dev), train_labels=on(labels["train"]),
+                   train_observed=on(observed["train"]), val_x=xs[1].to(dev),
+                   val_labels=on(labels["val"]), val_observed=on(observed["val"]),
+                   test_x=xs[2].to(dev), test_labels=on(labels["test"]), **fields)
 
     @classmethod
     def from_store(
@@ -284,7 +282,6 @@ class ProbeData:
         if observed is None:
             observed = store.observed(observed_seed)
         with_flip = bool(flip and store.has_flip)
-        train_x, val_x, test_x = _store_splits_with_bias(store, rows, dtype, with_flip)
         source = {
             "kind": "store",
             "path": str(Path(store.path).resolve()),
@@ -309,22 +306,12 @@ class ProbeData:
             prior = store.prior(priors, rows=rows["train"])
             source["priors"] = {"name": priors, "provenance": prior.provenance,
                                 "extras": sorted(prior.extras)}  # the arrays a loss may read
-        return cls(
-            train_x=train_x.to(dev),
-            train_labels=torch.from_numpy(labels[rows["train"]]).to(dev),
-            train_observed=torch.from_numpy(observed[rows["train"]]).to(dev),
-            val_x=val_x.to(dev),
-            val_labels=torch.from_numpy(labels[rows["val"]]).to(dev),
-            val_observed=torch.from_numpy(observed[rows["val"]]).to(dev),
-            test_x=test_x.to(dev),
-            test_labels=torch.from_numpy(labels[rows["test"]]).to(dev),
-            n_train=len(rows["train"]),
-            has_flip=with_flip,
-            class_names=list(store.class_names),
-            dataset=store.dataset,
-            source=source,
-            train_prior=prior,
-        )
+        return cls._on(
+            dev, _store_splits_with_bias(store, rows, dtype, with_flip),
+            {name: labels[r] for name, r in rows.items()},
+            {name: observed[rows[name]] for name in ("train", "val")},
+            n_train=len(rows["train"]), has_flip=with_flip, class_names=list(store.class_names),
+            dataset=store.dataset, source=source, train_prior=prior)
 
 
 def load_store(
