@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import os
-import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -43,7 +42,7 @@ from .intervals import bootstrap_map
 from .loop import epoch_order, order_generator
 from .losses import create_loss
 from .results import environment_info
-from .speed import SpeedOptions, default_cache_dir
+from .speed import SpeedOptions, cpu_model, default_cache_dir
 from .train import train_probe
 
 __all__ = ["BenchConfig", "bench_bootstrap", "default_cache_dir", "format_report",
@@ -92,10 +91,8 @@ class BenchConfig:
         if self.n_train < 8:
             raise SpmlError(f"bench: --rows must be at least 8; got {self.n_train}")
         if self.batch_size > self.n_train:
-            raise SpmlError(
-                f"bench: --batch-size {self.batch_size} is larger than the train split "
-                f"(--rows {self.n_train})"
-            )
+            raise SpmlError(f"bench: --batch-size {self.batch_size} is larger than the train split "
+                            f"(--rows {self.n_train})")
         if self.compare_eager and resolve_device(self.device).type != "cuda":
             raise SpmlError(
                 f"bench: compare_eager (--compare-eager) needs a CUDA device; the bench runs on "
@@ -358,15 +355,6 @@ def _seed_worker(seed: int, worker: int) -> None:
 
 def machine_info() -> dict[str, Any]:
     """What the figures depend on: CPU model and count, torch threads, load average."""
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:
@@ -375,7 +363,7 @@ def machine_info() -> dict[str, Any]:
         load = [round(v, 2) for v in os.getloadavg()]
     except OSError:
         load = []
-    return {"cpu": model, "cpus": cpus, "torch_threads": torch.get_num_threads(),
+    return {"cpu": cpu_model(), "cpus": cpus, "torch_threads": torch.get_num_threads(),
             "load_avg_1_5_15": load}
 
 

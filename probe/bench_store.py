@@ -82,12 +82,7 @@ def run_store_bench(
 
     def timed(fn: Any) -> list[float]:
         fn()  # page cache, lazy imports
-        out = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t)
-        return out
+        return [_seconds(fn) for _ in range(repeats)]
 
     load = timed(lambda: ProbeData.from_store(path))
     via_zarr = timed(lambda: _load_via_zarr(path))
@@ -109,7 +104,6 @@ def run_store_bench(
     zstd_bytes = sum(len(Zstd(level=0).encode(np.ascontiguousarray(sample[r : r + block])))
                      for r in range(0, rows, block))
     zstd_read = timed(lambda: z[:])
-    sample_mb = sample.nbytes / 1e6
     return {
         "machine": {"platform": platform.platform(), "cpu": platform.processor()
                     or platform.machine(), "cpus": os.cpu_count(),
@@ -117,20 +111,20 @@ def run_store_bench(
         "store": {"path": str(path), "rows": store.n_rows, "dim": store.feature_dim,
                   "dtype": store.dtype, "flip": store.has_flip,
                   "checksummed": not report_v.unchecksummed},
-        "repeats": repeats,
-        "load_s": statistics.median(load),
-        "load_all_s": load,
-        "load_via_zarr_s": statistics.median(via_zarr),
-        "load_via_zarr_all_s": via_zarr,
-        "same_tensors": same,
-        "load_gb_per_s": raw_bytes / 1e9 / statistics.median(load),
-        "crc32c_s": statistics.median(crc),
-        "features_disk_bytes": feature_bytes,
-        "features_raw_bytes": raw_bytes,
-        "zstd_sample_chunks": zstd_chunks,
+        "repeats": repeats, "load_s": statistics.median(load), "load_all_s": load,
+        "load_via_zarr_s": statistics.median(via_zarr), "load_via_zarr_all_s": via_zarr,
+        "same_tensors": same, "load_gb_per_s": raw_bytes / 1e9 / statistics.median(load),
+        "crc32c_s": statistics.median(crc), "features_disk_bytes": feature_bytes,
+        "features_raw_bytes": raw_bytes, "zstd_sample_chunks": zstd_chunks,
         "zstd_size_ratio": zstd_bytes / sample.nbytes,
-        "zstd_read_mb_per_s": sample_mb / statistics.median(zstd_read),
+        "zstd_read_mb_per_s": sample.nbytes / 1e6 / statistics.median(zstd_read),
     }
+
+
+def _seconds(fn: Any) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
 
 
 def format_store_report(r: dict[str, Any]) -> str:

@@ -177,11 +177,8 @@ class TrainingSettings:
 
     def to_dict(self) -> dict[str, Any]:
         """``batch_size, lr, epochs`` and ``<key>_from`` (what the results files record)."""
-        out: dict[str, Any] = {"batch_size": self.batch_size, "lr": self.lr,
-                               "epochs": self.epochs}
-        out.update({f"{k}_from": v for k, v in self.sources.items()})
-        return out
-
+        return {"batch_size": self.batch_size, "lr": self.lr, "epochs": self.epochs,
+                **{f"{k}_from": v for k, v in self.sources.items()}}
 
 
 def resolve_training(

@@ -192,9 +192,7 @@ class ProbeData:
         dims = {n: x.shape[1] for n, x in xs.items()}
         classes = {n: y.shape[1] for n, y in ys.items()}
         if len(set(dims.values())) != 1 or len(set(classes.values())) != 1:
-            raise DataError(
-                f"splits disagree: feature dims {dims}, class counts {classes}"
-            )
+            raise DataError(f"splits disagree: feature dims {dims}, class counts {classes}")
         if train_flip is not None and tuple(np.shape(train_flip)) != tuple(xs["train"].shape):
             raise DataError(
                 f"train_flip must have the train features' shape {tuple(xs['train'].shape)}; "

@@ -78,7 +78,6 @@ def evaluate_head(data: ProbeData, head: nn.Linear, threshold: float = 0.5) -> d
     return out
 
 
-
 class Evaluator:
     """Evaluates the stacked heads on val after an epoch, keeps each trial's best epoch, and
     evaluates test once, at the end, on each trial's best head.
@@ -124,10 +123,8 @@ class Evaluator:
             r = evaluate_heads(x, y, heads, self.threshold,
                                on_test_logits if split == "test" else None)
             for k in ("map", "OF1", "CF1"):
-                full: list[float | None] = [None] * self.n_trials
-                for j, v in zip(idx, r[k].tolist()):
-                    full[j] = v
-                out[f"{split}_{k}"] = full
+                by_trial = dict(zip(idx, r[k].tolist()))
+                out[f"{split}_{k}"] = [by_trial.get(j) for j in range(self.n_trials)]
             aps[split] = r["ap"]
         return out, aps
 

@@ -23,8 +23,8 @@ probabilities give the same AP; AP ranks logits directly (a float32 sigmoid satu
 would create ties the model did not make). A column whose scores contain NaN gets AP = NaN
 (scikit-learn raises instead) so one diverged trial does not hide the other T - 1.
 
-Each metric is a plain function (validating its inputs, then calling an unchecked core) and the
-same cores back :class:`MetricAccumulator` (update per batch, compute once).
+Each metric validates its inputs, then calls an unchecked core that :class:`MetricAccumulator`
+shares.
 """
 
 from __future__ import annotations
@@ -48,7 +48,6 @@ __all__ = [
     "f1_scores",
     "mean_average_precision",
 ]
-
 
 
 class MetricInputError(SpmlError):
@@ -80,20 +79,7 @@ class F1Result(NamedTuple):
 
     def to_dict(self) -> dict[str, Tensor]:
         """The literature's names: ``OF1, CF1, OP, OR, CP, CR``."""
-        return {
-            "OF1": self.overall_f1,
-            "CF1": self.class_f1,
-            "OP": self.overall_precision,
-            "OR": self.overall_recall,
-            "CP": self.class_precision,
-            "CR": self.class_recall,
-        }
-
-
-
-# --------------------------------------------------------------------------------------------
-# input checks
-# --------------------------------------------------------------------------------------------
+        return dict(zip(("OF1", "CF1", "OP", "OR", "CP", "CR"), self))
 
 
 def _pick_scores(logits: Tensor | None, probs: Tensor | None) -> tuple[Tensor, str]:
@@ -153,12 +139,9 @@ def _check_values(targets: Tensor, scores: Tensor, name: str) -> Tensor:
         bad = (targets != 0) & (targets != 1)
         if bool(bad.any()):
             found = sorted(set(targets[bad].unique()[:5].tolist()))
-            hint = (
-                " -1 marks an observed negative in single-positive labels (observed/<seed>); "
-                "metrics need the full ground truth (the store's labels)."
-                if -1 in found
-                else ""
-            )
+            hint = (" -1 marks an observed negative in single-positive labels (observed/<seed>); "
+                    "metrics need the full ground truth (the store's labels)." if -1 in found
+                    else "")
             raise MetricInputError(f"targets must contain only 0 and 1; found {found}.{hint}")
         targets = targets.bool()
     if name == "probs":
@@ -188,11 +171,6 @@ def _checked(
     scores, name = _pick_scores(logits, probs)
     _check_target_meta(targets, scores, name)
     return _check_values(targets, scores, name), scores, name
-
-
-# --------------------------------------------------------------------------------------------
-# unchecked cores
-# --------------------------------------------------------------------------------------------
 
 
 def _map_from_ap(ap: Tensor, targets: Tensor) -> MAPResult:
@@ -226,11 +204,6 @@ def _f1_core(scores: Tensor, targets: Tensor, name: str, threshold: float) -> F1
     of1 = _safe_div(2 * op * orc, op + orc)
     cf1 = _safe_div(2 * cp * cr, cp + cr)
     return F1Result(*(100.0 * v.to(work) for v in (of1, cf1, op, orc, cp, cr)))
-
-
-# --------------------------------------------------------------------------------------------
-# public functions
-# --------------------------------------------------------------------------------------------
 
 
 @torch.no_grad()

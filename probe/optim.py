@@ -80,10 +80,8 @@ class TrialParam:
         n = self.param.shape[0] if self.param.ndim else 1
         out = []
         for name, value in (("lr", self.lr), ("weight_decay", self.weight_decay)):
-            if isinstance(value, int | float):
-                values = [float(value)] * n
-            else:
-                values = [float(v) for v in value]
+            values = ([float(value)] * n if isinstance(value, int | float)
+                      else [float(v) for v in value])
             if len(values) != n:
                 raise OptimizerConfigError(
                     f"{name}: one value per trial expected ({n} trials, the parameter's leading "
@@ -312,7 +310,7 @@ class StackedSGD(StackedOptimizer):
 
     def __init__(self, params: Sequence[TrialParam], momentum: float = 0.0) -> None:
         super().__init__(params)
-        if not (0.0 <= momentum < 1.0 or momentum == 1.0):
+        if not 0.0 <= momentum <= 1.0:
             raise OptimizerConfigError(f"momentum must lie in [0, 1]; got {momentum!r}")
         self.momentum = float(momentum)
         self.buffers = [torch.zeros_like(p.param) for p in self.params] if momentum else []

@@ -299,12 +299,8 @@ def load_head(path: str | Path, trial: int = 0) -> tuple[nn.Linear, dict[str, An
     if not 0 <= trial < weight.shape[0]:
         raise ProbeConfigError(f"{path} holds {plural(weight.shape[0], 'heads')} (trials 0 to "
                                f"{weight.shape[0] - 1}); trial {trial} asked for")
-    lin = nn.Linear(weight.shape[2], weight.shape[1])
-    with torch.no_grad():
-        lin.weight.copy_(weight[trial])
-        lin.bias.copy_(bias[trial])
     meta = {k: v for k, v in payload.items() if k not in ("weight", "bias")}
-    return lin, meta
+    return to_linear(torch.cat([weight[trial].T, bias[trial][None]])), meta
 
 
 def _file_kind(path: Path) -> str | None:

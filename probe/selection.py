@@ -132,21 +132,18 @@ def selection_data(
     selection = Selection.parse(select)
     if isinstance(store, str | Path):
         store = open_store(store)
+    common = {"device": device, "flip": flip, "dtype": dtype, "priors": priors}
     if selection.mode == "val":
-        return [ProbeData.from_store(store, device=device, observed_seed=observed_seed,
-                                     flip=flip, dtype=dtype, priors=priors)]
+        return [ProbeData.from_store(store, observed_seed=observed_seed, **common)]
     if selection.mode == "cv":
         observed = store.observed(observed_seed)
-        return [ProbeData.from_store(store, device=device, observed_seed=observed_seed,
-                                     flip=flip, dtype=dtype,
+        return [ProbeData.from_store(store, observed_seed=observed_seed,
                                      rows={"train": tr, "val": va}, observed=observed,
-                                     replicate={"select": str(selection), "index": j},
-                                     priors=priors)
+                                     replicate={"select": str(selection), "index": j}, **common)
                 for j, (tr, va) in enumerate(_pool_splits(store, selection.k))]
-    return [ProbeData.from_store(store, device=device, observed_seed=observed_seed + j,
-                                 flip=flip, dtype=dtype, observed=_draw(store, observed_seed + j),
-                                 replicate={"select": str(selection), "index": j},
-                                 priors=priors)
+    return [ProbeData.from_store(store, observed_seed=observed_seed + j,
+                                 observed=_draw(store, observed_seed + j),
+                                 replicate={"select": str(selection), "index": j}, **common)
             for j in range(selection.k)]
 
 
@@ -202,12 +199,9 @@ def mean_over_replicates(results: list[Any], select: str | Selection) -> Any:
         epochs = []
         for e in range(n_epochs):
             vals = [t.epochs[e].get("val_map") for t in runs]
-            epochs.append({
-                "epoch": base.epochs[e]["epoch"],
-                "train_loss": mean([t.epochs[e].get("train_loss") for t in runs]),
-                "val_map": mean(vals),
-                "replicate_val_map": vals,
-            })
+            epochs.append({"epoch": base.epochs[e]["epoch"],
+                           "train_loss": mean([t.epochs[e].get("train_loss") for t in runs]),
+                           "val_map": mean(vals), "replicate_val_map": vals})
         curve = [e["val_map"] for e in epochs]
         scored = [(v, -j) for j, v in enumerate(curve) if v is not None and math.isfinite(v)]
         best_epoch, best = None, {}

@@ -38,6 +38,7 @@ __all__ = [
     "SpeedOptions",
     "choose_threads",
     "clear_winner",
+    "cpu_model",
     "default_cache_dir",
     "remembered_threads",
     "resolve_speed",
@@ -152,20 +153,24 @@ def thread_cache_path() -> Path:
     return default_cache_dir() / THREAD_CACHE_FILE
 
 
+def cpu_model() -> str:
+    """The CPU's model name from ``/proc/cpuinfo``, else what :mod:`platform` says."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            return next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")),
+                        cpu)
+    except OSError:
+        return cpu
+
+
 @functools.cache
 def _machine() -> str:
     """What a thread choice depends on besides the step: host, CPU, cores, torch (read once
     per process)."""
     import torch
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")),
-                       cpu)
-    except OSError:
-        pass
-    return f"{platform.node()}|{cpu}|{os.cpu_count()}|torch {torch.__version__}"
+    return f"{platform.node()}|{cpu_model()}|{os.cpu_count()}|torch {torch.__version__}"
 
 
 _REMEMBERED: dict[str, int | None] = {}

@@ -177,10 +177,8 @@ def check_prior_request(cls: type[Loss], name: str | None) -> None:
     """Refuse a prior for a loss that uses none, and a loss that needs one without it."""
     if cls.prior is None:
         if name is not None:
-            raise ProbeConfigError(
-                f"{cls.name} uses no prior, but --priors {name} was given; "
-                "drop --priors, or choose a loss that uses one (vlpl, gpr)"
-            )
+            raise ProbeConfigError(f"{cls.name} uses no prior, but --priors {name} was given; "
+                                   "drop --priors, or choose a loss that uses one (vlpl, gpr)")
         return
     if name is None:
         raise ProbeConfigError(
