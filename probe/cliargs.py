@@ -171,8 +171,7 @@ def parse_assignments(items: list[str] | None, option: str = "--set") -> dict[st
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
             raise SpmlError(
-                f"{option} expects NAME=VALUE (e.g. {option} alpha=0.2); got {plain(item)}"
-            )
+                f"{option} expects NAME=VALUE (e.g. {option} alpha=0.2); got {plain(item)}")
         out[name.strip()] = parse_value(value)
     return out
 

@@ -235,8 +235,7 @@ def check_dataset_classes(dataset: str, n_classes: int, what: str) -> None:
         raise ProbeConfigError(
             f"the data says dataset '{dataset}' but has {n_classes} classes, while {what} for "
             f"'{dataset}' assume its {known} classes; fix the store's dataset name, or pass "
-            "--no-presets and set the values yourself"
-        )
+            "--no-presets and set the values yourself")
 
 
 def loss_hparams(
@@ -272,8 +271,7 @@ def loss_hparams(
             if spec.from_data is None:
                 raise ProbeConfigError(
                     f"{cls.name}: hyperparameter '{spec.name}' has no default and cannot be "
-                    f"derived from the data; set it (--set {spec.name}=VALUE)"
-                )
+                    f"derived from the data; set it (--set {spec.name}=VALUE)")
             values[spec.name], note = quantities.fill(spec)
             if note not in notes:
                 notes.append(note)
@@ -285,8 +283,7 @@ def loss_hparams(
             if isinstance(k, int | float) and k > n_classes:
                 raise ProbeConfigError(
                     f"{cls.name}: {spec.name}={k:g} expected positives per image, but the data "
-                    f"has only {n_classes} classes; {spec.name} must be at most the class count"
-                )
+                    f"has only {n_classes} classes; {spec.name} must be at most the class count")
     return merged, notes
 
 
@@ -334,8 +331,7 @@ class _DataQuantities:
             raise ProbeConfigError(
                 f"{self.loss}: needs {spec.name} (expected positives per image) and the val "
                 f"split has no positive label to estimate it from; set it "
-                f"(--set {spec.name}=VALUE)"
-            )
+                f"(--set {spec.name}=VALUE)")
         return value, "mean label cardinality of the val split"
 
     def _val_cardinality(self, spec: HParam) -> tuple[float, str]:

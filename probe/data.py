@@ -182,8 +182,7 @@ class ProbeData:
             if x.ndim != 2 or y.ndim != 2 or x.shape[0] != y.shape[0]:
                 raise DataError(
                     f"{name}: features must be (N, D) and labels (N, C) with the same N; got "
-                    f"features {tuple(x.shape)} and labels {tuple(y.shape)}"
-                )
+                    f"features {tuple(x.shape)} and labels {tuple(y.shape)}")
             if x.shape[0] == 0:
                 raise DataError(f"{name} split is empty: every split needs at least one row")
             if not np.isin(y, (0, 1)).all():
@@ -196,8 +195,7 @@ class ProbeData:
         if train_flip is not None and tuple(np.shape(train_flip)) != tuple(xs["train"].shape):
             raise DataError(
                 f"train_flip must have the train features' shape {tuple(xs['train'].shape)}; "
-                f"got {tuple(np.shape(train_flip))}"
-            )
+                f"got {tuple(np.shape(train_flip))}")
         obs = {}
         for name, given in (("train", train_observed), ("val", val_observed)):
             if given is None:
@@ -207,8 +205,7 @@ class ProbeData:
                 if o.shape != ys[name].shape or not np.isin(o, (-1, 0, 1)).all():
                     raise DataError(
                         f"{name}_observed must be (N, C) = {ys[name].shape} with values -1/0/1; "
-                        f"got shape {o.shape}"
-                    )
+                        f"got shape {o.shape}")
                 obs[name] = o.astype(np.int8)
         train_feats = _with_bias_column(xs["train"], dtype)
         if train_flip is not None:
@@ -274,8 +271,7 @@ class ProbeData:
             raise DataError(
                 f"store {store.path} has no {' / '.join(empty)} rows: the probe needs a train "
                 "split to fit, a val split to choose the epoch and a test split to report "
-                "(docs/protocol.md steps 3-5); re-create the store with a pool and a test phase"
-            )
+                "(docs/protocol.md steps 3-5); re-create the store with a pool and a test phase")
         labels = store.labels()
         if observed is None:
             observed = store.observed(observed_seed)

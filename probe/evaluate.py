@@ -65,8 +65,7 @@ def evaluate_head(data: ProbeData, head: nn.Linear, threshold: float = 0.5) -> d
     if head.in_features != data.feature_dim or head.out_features != data.n_classes:
         raise ProbeConfigError(
             f"the head maps {head.in_features} features to {head.out_features} classes, the "
-            f"data has {data.feature_dim} features and {data.n_classes} classes"
-        )
+            f"data has {data.feature_dim} features and {data.n_classes} classes")
     w = torch.cat([head.weight.detach().T, head.bias.detach()[None]]).to(data.device).float()
     out: dict[str, Any] = {}
     for split, x, y in (("val", data.val_x, data.val_labels), ("test", data.test_x,

@@ -59,16 +59,14 @@ def nearest_neighbours(train: Tensor, query: Tensor, k: int, backend: str = "aut
         raise ProbeConfigError(f"knn backend must be one of {list(BACKENDS)}; got {backend!r}")
     if not 1 <= k <= train.shape[0]:
         raise ProbeConfigError(
-            f"knn: k={k} neighbours asked for, but the train split has {train.shape[0]} rows"
-        )
+            f"knn: k={k} neighbours asked for, but the train split has {train.shape[0]} rows")
     train_n = F.normalize(train.float(), dim=1)
     query_n = F.normalize(query.float(), dim=1)
     faiss = _faiss() if backend in ("auto", "faiss") else None
     if backend == "faiss" and faiss is None:
         raise ProbeConfigError(
             "knn backend 'faiss' asked for, but faiss is not installed: pip install faiss-cpu "
-            "(or use backend 'torch' / 'auto', the same exact search in torch)"
-        )
+            "(or use backend 'torch' / 'auto', the same exact search in torch)")
     if faiss is not None:
         index = faiss.IndexFlatIP(train_n.shape[1])
         index.add(np.ascontiguousarray(train_n.cpu().numpy(), dtype=np.float32))

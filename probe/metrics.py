@@ -88,21 +88,18 @@ def _pick_scores(logits: Tensor | None, probs: Tensor | None) -> tuple[Tensor, s
         given = "both" if logits is not None else "neither"
         raise MetricInputError(
             f"pass exactly one of logits= or probs= (got {given}); use logits= for raw model "
-            "outputs and probs= for sigmoid probabilities"
-        )
+            "outputs and probs= for sigmoid probabilities")
     scores, name = (logits, "logits") if logits is not None else (probs, "probs")
     if not isinstance(scores, Tensor):
         raise MetricInputError(f"{name} must be a torch.Tensor; got {type(scores).__name__}")
     if not scores.is_floating_point():
         raise MetricInputError(
             f"{name} must be a floating tensor (float16/bfloat16/float32/float64); got "
-            f"{scores.dtype}; convert with .float()"
-        )
+            f"{scores.dtype}; convert with .float()")
     if scores.dim() not in (2, 3):
         raise MetricInputError(
             f"{name} must have shape (N, C) or (T, N, C) with T stacked trials; got "
-            f"{tuple(scores.shape)}"
-        )
+            f"{tuple(scores.shape)}")
     return scores.detach(), name
 
 
@@ -113,22 +110,18 @@ def _check_target_meta(targets: Tensor, scores: Tensor, name: str) -> None:
     if targets.is_floating_point() or targets.is_complex():
         raise MetricInputError(
             f"targets must be bool or integer 0/1 ground truth; got {targets.dtype}; convert "
-            "with targets.to(torch.uint8) if it holds exact 0.0/1.0"
-        )
+            "with targets.to(torch.uint8) if it holds exact 0.0/1.0")
     if targets.dim() != 2:
         raise MetricInputError(
             f"targets must have shape (N, C) (shared by all stacked trials); got "
-            f"{tuple(targets.shape)}"
-        )
+            f"{tuple(targets.shape)}")
     if targets.shape != scores.shape[-2:]:
         raise MetricInputError(
             f"targets shape {tuple(targets.shape)} does not match {name} shape "
-            f"{tuple(scores.shape)}: the last two dims of {name} must be (N, C) = targets.shape"
-        )
+            f"{tuple(scores.shape)}: the last two dims of {name} must be (N, C) = targets.shape")
     if targets.shape[0] == 0 or targets.shape[1] == 0:
         raise MetricInputError(
-            f"targets has shape {tuple(targets.shape)}; need at least one row and one class"
-        )
+            f"targets has shape {tuple(targets.shape)}; need at least one row and one class")
 
 
 def _check_values(targets: Tensor, scores: Tensor, name: str) -> Tensor:
@@ -149,8 +142,7 @@ def _check_values(targets: Tensor, scores: Tensor, name: str) -> Tensor:
         if bool(low < 0) or bool(high > 1):
             raise MetricInputError(
                 f"probs must lie in [0, 1]; got values in [{float(low):g}, {float(high):g}]; "
-                "pass raw model outputs as logits= instead"
-            )
+                "pass raw model outputs as logits= instead")
     return targets
 
 
@@ -160,8 +152,7 @@ def _check_threshold(threshold: float) -> float:
     if not 0.0 < float(threshold) < 1.0:
         raise MetricInputError(
             f"threshold is a probability and must lie strictly in (0, 1); got {threshold!r} "
-            "(0.5 is the protocol default)"
-        )
+            "(0.5 is the protocol default)")
     return float(threshold)
 
 
@@ -291,18 +282,15 @@ class MetricAccumulator:
             if name != self._kind:
                 raise MetricInputError(
                     f"this accumulator holds {self._kind}; got {name} in a later batch; "
-                    f"pass {self._kind}= for every batch (or use a new MetricAccumulator)"
-                )
+                    f"pass {self._kind}= for every batch (or use a new MetricAccumulator)")
             if scores.shape[:-2] != first.shape[:-2] or scores.shape[-1] != first.shape[-1]:
                 want = (*first.shape[:-2], "B", first.shape[-1])
                 raise MetricInputError(
                     f"{name} batch shape {tuple(scores.shape)} does not match earlier batches "
-                    f"{want} (same trial count T and class count C in every batch)"
-                )
+                    f"{want} (same trial count T and class count C in every batch)")
             if scores.device != first.device:
                 raise MetricInputError(
-                    f"{name} batch is on {scores.device}, earlier batches on {first.device}"
-                )
+                    f"{name} batch is on {scores.device}, earlier batches on {first.device}")
         self._kind = name
         self._scores.append(scores)
         self._targets.append(targets.to(scores.device))

@@ -72,8 +72,7 @@ class TrialParam:
         ids = list(range(n)) if self.trial_ids is None else [int(t) for t in self.trial_ids]
         if len(ids) != n:
             raise OptimizerConfigError(
-                f"trial_ids: one id per slice of the leading axis ({n}); got {len(ids)}"
-            )
+                f"trial_ids: one id per slice of the leading axis ({n}); got {len(ids)}")
         return ids
 
     def per_trial(self) -> tuple[list[float], list[float]]:
@@ -85,8 +84,7 @@ class TrialParam:
             if len(values) != n:
                 raise OptimizerConfigError(
                     f"{name}: one value per trial expected ({n} trials, the parameter's leading "
-                    f"axis of shape {tuple(self.param.shape)}); got {len(values)} values"
-                )
+                    f"axis of shape {tuple(self.param.shape)}); got {len(values)} values")
             for v in values:
                 if not math.isfinite(v) or v < 0:
                     raise OptimizerConfigError(f"{name} must be a finite number >= 0; got {v!r}")
@@ -107,13 +105,11 @@ class StackedOptimizer(ABC):
             if p.param.ndim == 0:
                 raise OptimizerConfigError(
                     "every parameter needs a leading trial axis; got a 0-d tensor (reshape it "
-                    "to (1,) for a single trial)"
-                )
+                    "to (1,) for a single trial)")
             if not p.param.is_contiguous():
                 raise OptimizerConfigError(
                     f"parameters must be contiguous (trial slices are updated in place); got "
-                    f"strides {p.param.stride()} for shape {tuple(p.param.shape)}"
-                )
+                    f"strides {p.param.stride()} for shape {tuple(p.param.shape)}")
             lr, wd = p.per_trial()
             self._lr.append(lr)
             self._wd.append(wd)
@@ -131,8 +127,7 @@ class StackedOptimizer(ABC):
             if int(t) not in known:
                 raise OptimizerConfigError(
                     f"stop_trials: trial {t} is not one of this optimizer's trials "
-                    f"({min(known)}..{max(known)})"
-                )
+                    f"({min(known)}..{max(known)})")
             self._stopped.add(int(t))
         self._groups = self._build_groups()
 
@@ -199,8 +194,7 @@ class StackedOptimizer(ABC):
     def _check_grads(self, grads: Sequence[Tensor | None]) -> None:
         if len(grads) != len(self.params):
             raise OptimizerConfigError(
-                f"step() needs one gradient per parameter ({len(self.params)}); got {len(grads)}"
-            )
+                f"step() needs one gradient per parameter ({len(self.params)}); got {len(grads)}")
 
     def _slices(self, key: tuple[int, int], tensors: Sequence[Tensor],
                 trials: list[int] | None) -> list[list[Tensor]]:
@@ -259,8 +253,7 @@ class StackedAdam(StackedOptimizer):
         if fused and not can_fuse:
             raise OptimizerConfigError(
                 "fused=True: PyTorch's fused Adam kernel is not available for these parameters "
-                f"(device {self.params[0].param.device}, dtype {self.params[0].param.dtype})"
-            )
+                f"(device {self.params[0].param.device}, dtype {self.params[0].param.dtype})")
         self.fused = can_fuse if fused is None else bool(fused)
 
     def _select_state(self, survivors: list[tuple[int, list[int]]]) -> None:

@@ -293,8 +293,7 @@ def load_head(path: str | Path, trial: int = 0) -> tuple[nn.Linear, dict[str, An
     if not isinstance(payload, dict) or payload.get("format") != _HEAD_FORMAT:
         raise ProbeConfigError(
             f"{path} is not an spml-probe head file (format {_HEAD_FORMAT!r}); save heads with "
-            "'spml probe … --save-head PATH'"
-        )
+            "'spml probe … --save-head PATH'")
     weight, bias = payload["weight"], payload["bias"]
     if not 0 <= trial < weight.shape[0]:
         raise ProbeConfigError(f"{path} holds {plural(weight.shape[0], 'heads')} (trials 0 to "

@@ -63,14 +63,12 @@ class Selection:
         if m is None:
             raise SelectionError(
                 f"--select must be 'val', 'cv:K' or 'draws:N' (K, N >= 2), e.g. --select cv:5; "
-                f"got {text!r}"
-            )
+                f"got {text!r}")
         k = int(m.group(2))
         if k < 2:
             raise SelectionError(
                 f"--select {value}: {m.group(1)} needs at least 2 replicates (1 is --select "
-                "val, the protocol's own split and draw)"
-            )
+                "val, the protocol's own split and draw)")
         return cls(m.group(1), k)
 
     def __str__(self) -> str:
@@ -183,8 +181,7 @@ def mean_over_replicates(results: list[Any], select: str | Selection) -> Any:
     if len(results) != selection.replicates or not results:
         raise SelectionError(
             f"mean_over_replicates: {selection} has {selection.replicates} replicates; got "
-            f"{len(results)} results"
-        )
+            f"{len(results)} results")
     first = results[0]
 
     def mean(values: list[Any]) -> float | None:
