@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from probe.errors import SpmlError, plain
+from probe.errors import SpmlError, is_int, plain
 
 from .config import ProbeConfig
 from .data import ProbeData, resolve_device
@@ -85,9 +85,9 @@ class BenchConfig:
     def validate(self) -> None:
         for name, flag in (("n_train", "--rows"), ("dim", "--dim"), ("n_classes", "--classes"),
                            ("batch_size", "--batch-size"), ("epochs", "--epochs")):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise SpmlError(f"bench: {flag} must be a positive integer; got {plain(v)}")
+            if not is_int(getattr(self, name), 1):
+                raise SpmlError(f"bench: {flag} must be a positive integer; got "
+                                f"{plain(getattr(self, name))}")
         if self.n_train < 8:
             raise SpmlError(f"bench: --rows must be at least 8; got {self.n_train}")
         if self.batch_size > self.n_train:
@@ -108,11 +108,6 @@ class BenchConfig:
                             f"'spml losses list' (e.g. gr, gpr, vlpl, em)")
         if not self.trials or any(t < 1 for t in self.trials):
             raise SpmlError(f"bench: --trials must be positive integers; got {plain(self.trials)}")
-
-
-# --------------------------------------------------------------------------------------------
-# the synthetic COCO-shaped store
-# --------------------------------------------------------------------------------------------
 
 
 def _pool_rows_for(n_train: int) -> int:
@@ -189,11 +184,6 @@ def synthetic_store(
     write_feature_store(path, index, feats, flips, provenance=provenance, dtype="float16",
                         overwrite=True, progress=progress)
     return path
-
-
-# --------------------------------------------------------------------------------------------
-# the plain PyTorch loop
-# --------------------------------------------------------------------------------------------
 
 
 class _Rows(torch.utils.data.Dataset):
@@ -367,11 +357,6 @@ def machine_info() -> dict[str, Any]:
             "load_avg_1_5_15": load}
 
 
-# --------------------------------------------------------------------------------------------
-# measuring
-# --------------------------------------------------------------------------------------------
-
-
 class _PeakMemory:
     """Peak memory of a block: CUDA allocator peak, or the process's peak RSS (VmHWM, reset
     through /proc/self/clear_refs; where that is not possible, the lifetime peak)."""
@@ -504,11 +489,6 @@ def _variants(cfg: BenchConfig, engine_row: dict[str, Any]) -> list[str]:
     if cfg.compare_eager:
         out.append("engine_eager")
     return out
-
-
-# --------------------------------------------------------------------------------------------
-# the timed jobs: each loads the store and times one configuration, alone in its process
-# --------------------------------------------------------------------------------------------
 
 
 def _run_job(job: Any, *args: Any, isolate: bool, threads: int) -> dict[str, Any]:

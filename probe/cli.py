@@ -126,11 +126,6 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
     _register_probe(sub, bench)
 
 
-# --------------------------------------------------------------------------------------------
-# spml probe / spml bench probe (thin layers over probe.train, probe.knn and probe.bench; those
-# modules are imported when a command runs)
-# --------------------------------------------------------------------------------------------
-
 _PROBE_EPILOG = """\
 examples:
   spml probe yeast.zarr --loss an

@@ -130,11 +130,6 @@ def wrap(*paragraphs: str) -> str:
     return "\n\n".join(textwrap.fill(p, width=88) for p in paragraphs)
 
 
-# --------------------------------------------------------------------------------------------
-# value parsers
-# --------------------------------------------------------------------------------------------
-
-
 def parse_value(text: str) -> object:
     """A command-line value: true/false → bool, none/null → None, then int, float, else str."""
     low = text.strip().lower()
@@ -219,11 +214,6 @@ def parse_seeds(text: str, flag: str = "--seeds") -> list[int]:
     if not seeds or any(s < 0 or s >= 2**32 for s in seeds):
         raise SpmlError(f"{flag} needs integers in [0, 2**32); got {plain(text)}")
     return seeds
-
-
-# --------------------------------------------------------------------------------------------
-# options many commands take
-# --------------------------------------------------------------------------------------------
 
 
 def add_device_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup,

@@ -1,12 +1,9 @@
 """Training settings: the one place that decides what a run trains with.
 
 :class:`ProbeConfig` holds a probe run's settings; :func:`resolve_training` turns "not given"
-into the value a run uses -- the loss's paper preset for the dataset (with the head-lr rule of
-the papers whose released code trains the head faster than the backbone), else the generic
-Cole et al. setting -- for the probe and for the end-to-end fine-tune alike; :func:`loss_hparams`
-resolves a trial's loss hyperparameters (defaults < paper preset < given, then the values the
-dataset decides, e.g. EPR/ROLE's k). The probe, studies, confirm, analyses, the report and the
-fine-tune all call these, so they never disagree about what a setting means.
+into the value a run uses (the loss's paper preset for the dataset, else the generic Cole et al.
+setting), for the probe and the fine-tune alike; :func:`loss_hparams` resolves a trial's loss
+hyperparameters (defaults < paper preset < given, then the values the dataset decides).
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from probe.errors import SpmlError, plain
+from probe.errors import SpmlError, is_int, plain
 
 from .losses._base import HParam, Loss, check_hparam, check_hparams
 from .losses.assume_negative import EXPECTED_POSITIVES
@@ -85,21 +82,17 @@ class ProbeConfig:
     betas: tuple[float, float] = (0.9, 0.999)  # torch.optim.Adam's defaults, used by the papers
     eps: float = 1e-8  # torch.optim.Adam's default
     seed: int = 0  # init + batch order of every trial when `seeds` is not given
-    seeds: tuple[int, ...] | None = None  # one seed per trial (trials with equal seeds share
-    # their batch order, which is the fast path)
+    seeds: tuple[int, ...] | None = None  # one seed per trial (equal seeds share batch order)
     flip: bool = True  # docs/protocol.md step 6: random horizontal flip, if the store has flips
     labels: str = "observed"  # train on the single positives; "full" = the full-label oracle
     val_labels: str = "clean"  # docs/protocol.md step 4: val is clean by default; or "observed"
     observed_seed: int = PROTOCOL_SEED  # docs/protocol.md step 2: the literature's draw
     device: str = "auto"  # CUDA when available, else CPU
     eval_every: int = 1  # evaluate every epoch (best-epoch selection); 0 = never (benchmarks)
-    test_curve: bool = False  # test is measured once, on each best-val head; True also
-    # measures it every evaluated epoch (the per-epoch test curve; same reported figures)
-    eval_init: bool = False  # also evaluate the untrained heads (TrialResult.init); off: it is
-    # a full val+test pass that nothing reports by default
+    test_curve: bool = False  # also measure test every evaluated epoch (same reported figures)
+    eval_init: bool = False  # also evaluate the untrained heads (TrialResult.init)
     test_intervals: int = 0  # bootstrap resamples for a 95% interval of each trial's test mAP
-    # (probe.intervals; seed 0), computed on the logits of the final test pass; 0 = none, as
-    # a study's trials need none (`spml probe` asks for 1000)
+    # (probe.intervals); 0 = none (`spml probe` asks for 1000)
     drop_last: bool = True  # Cole et al.'s train DataLoader drops the last partial batch
     use_presets: bool = True  # start from loss.presets[dataset] where the paper gives values
     f1_threshold: float = 0.5  # docs/protocol.md step 5: OF1/CF1 at probability 0.5
@@ -107,19 +100,17 @@ class ProbeConfig:
     cuda_graph: bool | None = None  # CUDA: replay the steps as captured CUDA graphs (one
     # launch per GRAPH_STEPS steps; same kernels, same heads bit for bit; 5-14x faster epochs on
     # an H100). None: wherever the step can be captured; True: required; False: never
-    priors: str | None = None  # the store prior (docs/priors.md) a loss with Loss.prior reads:
-    # the data must carry it (probe.load_store(..., priors=NAME)); refused for other losses
+    priors: str | None = None  # the store prior a loss with Loss.prior reads (docs/priors.md)
 
     def validate(self) -> None:
         """Raise :class:`ProbeConfigError` naming the first bad setting."""
         def bad(name: str, want: str) -> ProbeConfigError:
-            got = getattr(self, name)
             return ProbeConfigError(f"{CONFIG_FLAGS.get(name, name)} must be {want}; got "
-                                    f"{plain(got)}")
+                                    f"{plain(getattr(self, name))}")
 
         for name in ("batch_size", "epochs"):
             v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            if v is not None and not is_int(v, 1):
                 raise bad(name, "a positive integer (or left out for the loss's paper setting)")
         lr = self.lr
         if lr is not None and not (isinstance(lr, int | float) and 0 < lr < math.inf):
@@ -134,31 +125,23 @@ class ProbeConfig:
             raise bad("labels", "'observed' (single positives) or 'full' (oracle)")
         if self.val_labels not in ("clean", "observed"):
             raise bad("val_labels", "'clean' (full labels) or 'observed' (single positives)")
-        if isinstance(self.eval_every, bool) or not isinstance(self.eval_every, int) or (
-            self.eval_every < 0
-        ):
+        if not is_int(self.eval_every, 0):
             raise bad("eval_every", "an integer >= 0 (0 = never evaluate)")
         for name in ("test_curve", "eval_init"):
             if not isinstance(getattr(self, name), bool):
                 raise bad(name, "true or false")
-        ti = self.test_intervals
-        if isinstance(ti, bool) or not isinstance(ti, int) or ti < 0:
+        if not is_int(self.test_intervals, 0):
             raise bad("test_intervals", "an integer >= 0 (bootstrap resamples; 0 = none)")
         if self.cuda_graph is not None and not isinstance(self.cuda_graph, bool):
             raise bad("cuda_graph", "unset (wherever the step can be captured), true or false")
         if not 0 < self.f1_threshold < 1:
             raise bad("f1_threshold", "a probability in (0, 1)")
         for s in [self.seed, *(self.seeds or ())]:
-            if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2**32:
+            if not is_int(s, 0) or s >= 2**32:
                 raise ProbeConfigError(f"--seed and --trials-seeds must be integers in [0, 2**32); "
                                        f"got {plain(s)}")
         if self.seeds is not None and len(self.seeds) == 0:
             raise bad("seeds", "a non-empty comma list of integers")
-
-
-# --------------------------------------------------------------------------------------------
-# batch size, learning rate, epochs
-# --------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -221,11 +204,6 @@ def resolve_training(
         sources["lr"] += f" (head rate: {mult:g} × the backbone's {backbone:g})"
     return TrainingSettings(int(values["batch_size"]), float(values["lr"]),
                             int(values["epochs"]), mult if mode == "finetune" else 1.0, sources)
-
-
-# --------------------------------------------------------------------------------------------
-# loss hyperparameters
-# --------------------------------------------------------------------------------------------
 
 
 def check_dataset_classes(dataset: str, n_classes: int, what: str) -> None:

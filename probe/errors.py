@@ -12,7 +12,7 @@ Each package defines its own, more specific subclasses (``StoreError``, ``LossIn
 
 from __future__ import annotations
 
-__all__ = ["MissingPathError", "SpmlError", "plain"]
+__all__ = ["MissingPathError", "SpmlError", "is_int", "plain"]
 
 
 class SpmlError(ValueError):
@@ -22,6 +22,12 @@ class SpmlError(ValueError):
 
 class MissingPathError(SpmlError, FileNotFoundError):
     """A path the user named does not exist (also a :class:`FileNotFoundError`)."""
+
+
+def is_int(value: object, low: int) -> bool:
+    """Whether ``value`` is an integer (not a bool) of at least ``low``: the check of every
+    count setting (epochs, resamples, threads, ...)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
 
 def plain(value: object) -> str:
