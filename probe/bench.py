@@ -41,7 +41,7 @@ from .evaluate import evaluate_heads
 from .intervals import bootstrap_map
 from .loop import epoch_order, order_generator
 from .losses import create_loss
-from .results import environment_info
+from .results import environment_info, from_linear
 from .speed import SpeedOptions, cpu_model, default_cache_dir
 from .train import train_probe
 
@@ -586,7 +586,7 @@ def _plain_job(cfg: BenchConfig, path: str) -> dict[str, Any]:
     with _PeakMemory(device) as mem:
         head, secs = plain_loop(data, "gr", seed=cfg.seed, lr=cfg.lr, epochs=cfg.epochs,
                                 batch_size=cfg.batch_size)
-    w = torch.cat([head.weight.detach().T, head.bias.detach()[None]]).cpu()[None]
+    w = from_linear(head).cpu()[None]
     row = _row("plain loop (DataLoader + nn.Linear + torch.optim.Adam), 1 GR trial", "plain", 1,
                secs, mem, data.n_train // cfg.batch_size, eval_seconds_val=None,
                eval_seconds_test_once=None)

@@ -194,11 +194,17 @@ def _print_result(result, stacked_keys: list[str]) -> None:
 
 
 def _cmd_probe(args: argparse.Namespace) -> int:
-    from .config import ProbeConfig
+    from .config import TRAINER_KEYS, ProbeConfig
     from .data import ProbeData
     from .evaluate import evaluate_head
-    from .results import load_head, save_head
+    from .intervals import head_intervals, prefetch_bootstrap_counts
+    from .io import check_writable
+    from .knn import run_knn
+    from .losses import check_hparams, get_loss_class
+    from .results import from_linear, load_head, save_head, write_json_atomic
+    from .speed import SpeedOptions
     from .train import train_probe
+    from .trials import check_prior_request
 
     config = ProbeConfig(
         batch_size=args.batch_size, lr=args.lr, epochs=args.epochs,
@@ -209,15 +215,11 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         drop_last=not args.no_drop_last, use_presets=not args.no_presets,
         test_intervals=args.intervals, priors=args.priors,
     )
-    from .speed import SpeedOptions
-
     speed = SpeedOptions(step_threads=args.step_threads, trial_block=args.trial_block)
     speed.validate()
     if args.intervals < 0:
         raise SpmlError(f"--intervals must be >= 0 (bootstrap resamples; 0 = none); got "
                          f"{args.intervals}")
-    from .io import check_writable
-
     for flag, path in (("--json", args.json), ("--save-head", args.save_head)):
         if path:  # refused now, not after the training
             check_writable(path, flag)
@@ -229,12 +231,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         scores = evaluate_head(data, head.to(data.device))
         ci = ""
         if args.intervals > 0:
-            import torch
-
-            from .intervals import head_intervals
-
-            w = torch.cat([head.weight.detach().T, head.bias.detach()[None]])[None]
-            (iv,) = head_intervals(data.test_x, data.test_labels, w,
+            (iv,) = head_intervals(data.test_x, data.test_labels, from_linear(head)[None],
                                    n_resamples=args.intervals).intervals
             scores.update(test_map_low=iv.low, test_map_high=iv.high)
             ci = f" [{iv.low:.2f}, {iv.high:.2f}]"
@@ -243,15 +240,10 @@ def _cmd_probe(args: argparse.Namespace) -> int:
               f"{ci}, "
               f"test OF1 {scores['test_OF1']:.2f}, CF1 {scores['test_CF1']:.2f}")
         if args.json:
-            from .results import write_json_atomic
-
             write_json_atomic(args.json, {"head": str(args.eval_head), "meta": meta, **scores})
         return 0
     trials, seeds = _trials_from_args(args)
     if args.loss != "knn":  # name bad hyperparameters before a large store is loaded
-        from .config import TRAINER_KEYS
-        from .losses import check_hparams, get_loss_class
-
         cls = get_loss_class(args.loss)
         for t in trials:
             check_hparams(cls.hparam_specs, {k: v for k, v in t.items()
@@ -259,21 +251,16 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     if seeds is not None:
         config = dataclasses.replace(config, seeds=seeds)
         config.validate()
-        from .trials import check_prior_request  # a missing or unwanted --priors: before
-        check_prior_request(cls, args.priors)       # the store is loaded
+        check_prior_request(cls, args.priors)  # a missing or unwanted --priors: before loading
     data = ProbeData.from_store(args.store, device=args.device,
                                 observed_seed=args.observed_seed, flip=not args.no_flip,
                                 priors=args.priors)
     if args.loss == "knn":
-        from .knn import run_knn
-
         if args.save_head:
             raise SpmlError("--save-head: the kNN baseline has no trained head")
         result = run_knn(data, config, trials, backend=args.knn_backend)
     else:
         if args.intervals > 0:  # the resamples are drawn on a thread while training runs
-            from .intervals import prefetch_bootstrap_counts
-
             prefetch_bootstrap_counts(data.test_x.shape[0], args.intervals)
         result = train_probe(data, config, args.loss, trials, progress=not args.quiet,
                              speed=speed)

@@ -21,6 +21,7 @@ from .config import ProbeConfigError
 from .data import ProbeData
 from .logits import EVAL_BLOCK, stacked_logits
 from .metrics import f1_scores, mean_average_precision
+from .results import from_linear
 from .threads import step_threads
 
 __all__ = ["EVAL_BLOCK", "SMALL_EVAL", "Evaluator", "evaluate_head", "evaluate_heads",
@@ -66,7 +67,7 @@ def evaluate_head(data: ProbeData, head: nn.Linear, threshold: float = 0.5) -> d
         raise ProbeConfigError(
             f"the head maps {head.in_features} features to {head.out_features} classes, the "
             f"data has {data.feature_dim} features and {data.n_classes} classes")
-    w = torch.cat([head.weight.detach().T, head.bias.detach()[None]]).to(data.device).float()
+    w = from_linear(head).to(data.device).float()
     out: dict[str, Any] = {}
     for split, x, y in (("val", data.val_x, data.val_labels), ("test", data.test_x,
                                                                 data.test_labels)):

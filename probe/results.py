@@ -31,6 +31,7 @@ __all__ = [
     "ProbeResult",
     "TrialResult",
     "environment_info",
+    "from_linear",
     "load_head",
     "loss_package",
     "save_head",
@@ -204,6 +205,12 @@ def to_linear(w_aug: Tensor) -> nn.Linear:
         lin.weight.copy_(w_aug[:d].T)
         lin.bias.copy_(w_aug[d])
     return lin
+
+
+def from_linear(lin: nn.Linear) -> Tensor:
+    """An ``nn.Linear`` as a ``(D+1, C)`` head (bias in the last row): :func:`to_linear`'s
+    inverse."""
+    return torch.cat([lin.weight.detach().T, lin.bias.detach()[None]])
 
 
 def write_json_atomic(path: str | Path, payload: Any) -> Path:
