@@ -227,14 +227,11 @@ def loss_hparams(
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """Each trial's full loss hyperparameters and notes on what the dataset decided.
 
-    Per trial: the signature defaults < the paper preset ``preset`` (a dataset name, or None for
-    none) < the trial's own values, validated (unknown names, ranges). Then each value left
-    None whose :class:`~probe.losses.HParam` names a ``from_data`` quantity
-    (:data:`probe.losses.DATA_QUANTITIES`) is filled from the data: ``expected_positives``
-    (EPR/ROLE's ``k``) = Cole et al.'s expected positives per image for a benchmark dataset,
-    else ``val_cardinality()`` (the val split's mean label count); ``val_cardinality``;
-    ``n_classes``; ``positive_fraction`` = expected positives / classes. Errors for an
-    ``expected_positives`` parameter above the class count.
+    Per trial: the signature defaults < the paper preset ``preset`` (a dataset name, or None)
+    < the trial's own values, validated. Each value left None whose
+    :class:`~probe.losses.HParam` names a ``from_data`` quantity is filled from the data
+    (:class:`_DataQuantities`: EPR/ROLE's ``k`` = Cole et al.'s expected positives per image
+    for a benchmark dataset, else ``val_cardinality()``, the val split's mean label count).
     """
     base = dict(cls.presets.get(preset, {})) if preset is not None else {}
     merged = [check_hparams(cls.hparam_specs, {**base, **t}, cls.name) for t in trials]

@@ -4,13 +4,12 @@ docs/design.md "Probe training keeps everything on the device": features of trai
 flipped train features) and their labels are copied to the device when a :class:`ProbeData` is
 built; the trainer then forms every mini-batch by an index gather, never through a DataLoader.
 
-Layout choices (all documented because the trainer relies on them):
+Layout (the trainer relies on it):
 
-* Features keep the store's dtype (float16 by default: half the memory) and gain one trailing
-  column of ones, the bias input, so that a linear head is a single ``(T, D+1, C)`` tensor
-  (rows ``0..D-1`` = ``nn.Linear.weight.T``, row ``D`` = ``nn.Linear.bias``). Gathered rows are
-  converted to float32 before the matrix product, which is exact (float16 → float32 loses
-  nothing), so the result equals training on float32 copies of the same features.
+* Features keep the store's dtype (float16 by default) and gain one trailing column of ones, the
+  bias input, so that a linear head is a single ``(T, D+1, C)`` tensor (rows ``0..D-1`` =
+  ``nn.Linear.weight.T``, row ``D`` = ``nn.Linear.bias``); gathered rows are converted to float32
+  (exact) before the matrix product.
 * With flips, ``train_x`` holds ``2 N_train`` rows: the unflipped features, then the flipped
   ones; "flip sample i" is "read row ``i + N_train``" (docs/protocol.md step 6: for a frozen
   backbone a random horizontal flip is exactly picking the flipped or the unflipped feature vector).
@@ -249,16 +248,10 @@ class ProbeData:
         """Load a feature store (a path or an open :class:`probe.store.Store`).
 
         ``flip``: also load the flipped train features when the store has them. ``dtype``:
-        storage dtype on the device (default: the store's, float16 unless it was written as
-        float32). Errors (before anything is moved): a store lacking a train, val or test split,
-        an unknown observed-label seed, an unusable device.
-
-        For :mod:`probe.selection`'s replicates: ``rows`` replaces the store's ``train`` /
-        ``val`` rows (store row indices), ``observed`` the draw ``observed_seed`` (an
-        ``(n_rows, C)`` int8 array over every row), and ``replicate`` is recorded in ``source``.
-
-        ``priors``: also read the store's prior of that name at the train rows
-        (``train_prior``, for the losses that use one; docs/priors.md).
+        storage dtype on the device (default: the store's). ``priors``: also read the store's
+        prior of that name at the train rows (``train_prior``; docs/priors.md). For
+        :mod:`probe.selection`'s replicates: ``rows`` replaces the store's ``train`` / ``val``
+        rows, ``observed`` the draw (``(n_rows, C)`` int8), and ``replicate`` goes to ``source``.
         """
         from .store import open_store  # zarr loads only when a store is read
 

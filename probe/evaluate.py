@@ -82,13 +82,10 @@ class Evaluator:
     """Evaluates the stacked heads on val after an epoch, keeps each trial's best epoch, and
     evaluates test once, at the end, on each trial's best head.
 
-    Selection (docs/protocol.md step 5): a trial's best epoch is the one with the highest val
-    mAP (finite values only; the first of equals); its head (kept on the heads' device), its
-    val metrics and per-class val AP go into the trial's :class:`~probe.results.TrialResult`.
-    :meth:`finish` then measures test on those heads: the reported test figures are those of
-    the best epoch, as when test was evaluated every epoch, without paying for test each epoch.
-    With ``test_curve`` test is also measured every evaluated epoch (the per-epoch test curve
-    some analyses plot); the reported figures are the same either way (tests/test_train.py).
+    Selection (docs/protocol.md step 5): a trial's best epoch has the highest finite val mAP
+    (the first of equals); its head, val metrics and per-class val AP go into the trial's
+    :class:`~probe.results.TrialResult`, and :meth:`finish` measures test on those heads. With
+    ``test_curve`` test is also measured every evaluated epoch (the same reported figures).
     """
 
     def __init__(self, data: ProbeData, config: Any, results: list[Any], w: Tensor,

@@ -244,10 +244,8 @@ def f1_scores(
 class MetricAccumulator:
     """Collects evaluation batches on their device and computes the metrics once at the end.
 
-    ``update(targets, logits=...)`` (or ``probs=``, the same kind for every batch) checks shapes
-    only, so it never waits for the device; values are checked once, at the first compute.
-    Batches are concatenated along the row axis; scores may carry a trial axis ``(T, B, C)``
-    with targets ``(B, C)``. The compute methods mirror the plain functions and share their cores::
+    ``update`` checks shapes only (it never waits for the device); values are checked at the
+    first compute. Scores may carry a trial axis ``(T, B, C)`` with targets ``(B, C)``::
 
         acc = MetricAccumulator()
         for x, y in batches:

@@ -1,25 +1,12 @@
 """Adam and SGD for stacked trials: every parameter carries a leading trial axis ``T``.
 
-docs/design.md "Many trials at once": T hyperparameter configurations train as one stacked model,
-each with its own learning rate and weight decay. The update of trial ``t`` is exactly the update
-``torch.optim.Adam`` / ``torch.optim.SGD`` (default options: no AMSGrad, no Nesterov, dampening 0,
-L2 weight decay added to the gradient) would make on ``param[t]`` alone, so a stacked run equals T
-separate plain-PyTorch runs to float tolerance.
-
-How a step runs (no host synchronisation, no allocation on the hot path):
-
-* trials are grouped by their ``(lr, weight_decay)`` pair on the host (known up front); a group
-  that holds every trial updates the whole tensors in one call, otherwise one call per group on
-  the contiguous slices ``param[t]``;
-* Adam uses PyTorch's fused kernel (``torch._fused_adam_``, the kernel behind
-  ``torch.optim.Adam(fused=True)``) where this device and build have it, else the single-tensor
-  algorithm of ``torch.optim.Adam`` with preallocated buffers;
-* :meth:`StackedOptimizer.stop_trials` freezes trials (Optuna pruning): they leave every group,
-  so their weights and optimizer state stop changing and they cost nothing in the update.
-
-Gradients are passed to :meth:`step` explicitly (the trainer computes the head's gradient with one
-matrix product instead of autograd); a ``None`` gradient skips that parameter for the step, as
-``torch.optim`` skips parameters whose ``.grad`` is None.
+The update of trial ``t`` is exactly the one ``torch.optim.Adam`` / ``torch.optim.SGD`` (default
+options, L2 weight decay added to the gradient) would make on ``param[t]`` alone, with its own
+learning rate and weight decay. A step never synchronises with the host: trials are grouped by
+their ``(lr, weight_decay)`` pair (one call for a group of all trials, else one per group on the
+slices ``param[t]``); Adam uses PyTorch's fused kernel where this device has it;
+:meth:`StackedOptimizer.stop_trials` freezes trials (pruning). Gradients are passed to
+:meth:`step` explicitly (``None`` skips a parameter, as ``torch.optim`` skips a None ``.grad``).
 """
 
 from __future__ import annotations

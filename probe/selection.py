@@ -1,23 +1,14 @@
 """How a trial is scored for model selection (``spml study --select``; docs/selection.md).
 
-The protocol scores a trial by its val mAP on one train/val split of the pool under one
-single-positive draw. On a small validation set that one number is noisy, and a search that
-maximises it can pick values that do worse on test than the paper's. The other
-modes score a trial by the mean over several replicates of the training data:
-
 * ``val`` — the protocol: one split, one draw (one replicate).
-* ``cv:K`` — K train/val re-splits of the pool. Replicate 0 is the store's own split;
-  replicate ``k`` re-splits the pool with the protocol's generator
-  (:func:`probe.store.protocol.split_indices`, the same val size) seeded
-  ``PROTOCOL_SEED + k``. The single-positive draw stays the study's.
-* ``draws:N`` — N single-positive draws on the store's split. Replicate 0 is the study's draw
-  (``observed_seed``); replicate ``k`` is drawn by the protocol's generator
-  (:func:`probe.store.protocol.single_positive`, per phase) seeded ``observed_seed + k``.
+* ``cv:K`` — K train/val re-splits of the pool: the store's own, then the protocol's generator
+  (:func:`probe.store.protocol.split_indices`) seeded ``PROTOCOL_SEED + k``; the study's draw.
+* ``draws:N`` — N single-positive draws on the store's split: the study's (``observed_seed``),
+  then :func:`probe.store.protocol.single_positive` seeded ``observed_seed + k``.
 
-Every replicate is a :class:`probe.data.ProbeData`; a study trains a batch of trials stacked
-on each replicate in turn and scores each trial by its mean val mAP curve (best epoch of the
-mean). The replicates are fixed by the mode alone, so every trial and every worker sees the
-same ones, and results record them (:meth:`Selection.describe`).
+Each replicate is a :class:`probe.data.ProbeData`; a trial scores its mean val mAP curve over
+them (best epoch of the mean). The replicates depend on the mode alone, so every worker sees the
+same ones (:meth:`Selection.describe` records them).
 """
 
 from __future__ import annotations
@@ -167,11 +158,8 @@ def mean_over_replicates(results: list[Any], select: str | Selection) -> Any:
     replicates' results (the same trials, trained on each replicate of ``select``).
 
     Per epoch, ``val_map`` and ``train_loss`` are the replicates' means (each replicate's value
-    is kept in ``replicate_val_map``); the best epoch is the first maximum of the mean val
-    curve. ``best["test_map"]`` is the mean of each replicate's test mAP on its own best-val
-    head (the engine tests each head once), and so are the other test figures (per-class
-    ``test_ap``, ``test_OF1``, …). A study's figures for test come from ``study confirm``,
-    which retrains the winner on the protocol's split. No heads are kept."""
+    in ``replicate_val_map``); the best epoch is the first maximum of the mean val curve; the
+    test figures are the means of each replicate's on its own best-val head. No heads."""
     import dataclasses
     import math
 

@@ -78,34 +78,25 @@ def train_probe(
     then measure test once on its head.
 
     Args:
-        data: device-resident splits (:class:`ProbeData`); training runs on ``data.device``
-            unless ``config.device`` names another, to which the data is then moved.
+        data: device-resident splits (:class:`ProbeData`), moved to ``config.device`` if that
+            names another device.
         config: training settings (:class:`ProbeConfig`); None = defaults.
         loss: a registry name (``"gr"``) or a ready :class:`Loss` object (then ``hparams``
             must be None, and its own hyperparameters define the trials).
         hparams: one dict (one trial) or a list of dicts (T stacked trials) of the loss's
-            hyperparameters, plus optionally the per-trial trainer keys ``lr`` and
-            ``weight_decay``. Missing keys take the paper preset for the data's dataset (when
-            ``config.use_presets``), then the loss's defaults; EPR/ROLE's ``k`` comes from the
-            dataset (:func:`probe.config.loss_hparams`).
+            hyperparameters, plus optionally the per-trial ``lr`` and ``weight_decay``; missing
+            keys as :func:`probe.config.loss_hparams` resolves them.
         callback: called after each evaluated epoch with an :class:`EpochReport`; it returns
-            the trials to stop (their weights freeze, they leave the optimizer's update and the
-            later evaluations; their best epoch stays what it was). When every trial is
-            stopped, training ends.
-        progress: a progress display over epochs on stderr (a bar on a terminal, plain lines
-            in a log), one line per epoch with its val mAP and the best so far, labelled.
-        speed: how the run uses the CPU (:class:`probe.speed.SpeedOptions`: step threads,
-            trial blocks); None = the defaults. It changes no result and is not part of the
-            recorded config; ``result.timing`` says what was used.
+            the trials to stop (their weights freeze and their best epoch stays); training
+            ends when every trial is stopped.
+        progress: a display over epochs on stderr, one line per epoch with its val mAP and the
+            best so far.
+        speed: how the run uses the CPU (:class:`probe.speed.SpeedOptions`); changes no result
+            and is not recorded in the config (``result.timing`` says what was used).
 
-    Returns:
-        :class:`ProbeResult` (per-trial per-epoch metrics, best epoch and its per-class AP,
-        best and final heads, config, data provenance, environment, timing).
-
-    Raises :class:`ProbeConfigError` / :class:`~probe.losses.LossInputError` /
-    :class:`~probe.data.DataError` (all ``ValueError``) before training for bad settings: an
-    unknown hyperparameter or loss, a batch size larger than the train split, a GPU asked for
-    without one, a class count that contradicts the dataset's presets, …
+    Returns :class:`ProbeResult`. Raises an :class:`~probe.errors.SpmlError` subclass before
+    training for bad settings (an unknown hyperparameter or loss, a batch size larger than the
+    train split, a GPU asked for without one, ...).
     """
     t_start = time.perf_counter()
     config = config or ProbeConfig()
