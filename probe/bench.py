@@ -119,15 +119,9 @@ def _pool_rows_for(n_train: int) -> int:
     return n
 
 
-def synthetic_store(
-    n_train: int = COCO_TRAIN_ROWS,
-    dim: int = 2048,
-    n_classes: int = 80,
-    *,
-    seed: int = 0,
-    cache_dir: str | Path | None = None,
-    progress: bool = True,
-) -> Path:
+def synthetic_store(n_train: int = COCO_TRAIN_ROWS, dim: int = 2048, n_classes: int = 80, *,
+                    seed: int = 0, cache_dir: str | Path | None = None,
+                    progress: bool = True) -> Path:
     """Path of a cached COCO-shaped synthetic store, built on first use.
 
     Labels: class popularity follows a Zipf-like law, each image has 1 + Poisson(1.9)
@@ -203,17 +197,9 @@ class _Rows(torch.utils.data.Dataset):
         return x.float(), self.observed[i], i
 
 
-def plain_loop(
-    data: ProbeData,
-    loss_name: str = "gr",
-    hparams: dict[str, Any] | None = None,
-    *,
-    seed: int = 0,
-    lr: float = 1e-5,
-    epochs: int = 1,
-    batch_size: int = 16,
-    flip: bool = True,
-) -> tuple[nn.Linear, list[float]]:
+def plain_loop(data: ProbeData, loss_name: str = "gr", hparams: dict[str, Any] | None = None, *,
+               seed: int = 0, lr: float = 1e-5, epochs: int = 1, batch_size: int = 16,
+               flip: bool = True) -> tuple[nn.Linear, list[float]]:
     """The plain PyTorch program the engine must equal (probe.train's docstring): a
     ``DataLoader`` over the same arrays (sampler = the epoch's order, flips by row offset,
     ``drop_last``), ``nn.Linear`` seeded with ``torch.manual_seed(seed)``, ``torch.optim.Adam``,
@@ -284,16 +270,8 @@ def _papers_map(scores: np.ndarray, targets: np.ndarray) -> float:
     return 100.0 * float(np.mean(aps))
 
 
-def papers_loop(
-    data: ProbeData,
-    loss_name: str = "gr",
-    *,
-    seed: int = 0,
-    lr: float = 1e-5,
-    epochs: int = 1,
-    batch_size: int = 16,
-    workers: int = 2,
-) -> dict[str, Any]:
+def papers_loop(data: ProbeData, loss_name: str = "gr", *, seed: int = 0, lr: float = 1e-5,
+                epochs: int = 1, batch_size: int = 16, workers: int = 2) -> dict[str, Any]:
     """One trial trained and evaluated the way the SPML papers' code does it (module
     docstring (e)); returns per-epoch seconds of training and of the whole epoch, and mAPs."""
     n = data.n_train

@@ -54,10 +54,8 @@ def _load_via_zarr(path: Path) -> Any:
     return out, rows_of("features", store.split("val")), rows_of("features", store.split("test"))
 
 
-def run_store_bench(
-    *, repeats: int = 5, zstd_chunks: int = 8, cache_dir: str | Path | None = None,
-    progress: bool = True,
-) -> dict[str, Any]:
+def run_store_bench(*, repeats: int = 5, zstd_chunks: int = 8, cache_dir: str | Path | None = None,
+                    progress: bool = True) -> dict[str, Any]:
     """Measure what the module docstring lists; returns the report (also printed as JSON)."""
     import google_crc32c
     import torch

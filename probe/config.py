@@ -164,16 +164,9 @@ class TrainingSettings:
                 **{f"{k}_from": v for k, v in self.sources.items()}}
 
 
-def resolve_training(
-    cls: type[Loss] | None,
-    dataset: str,
-    *,
-    batch_size: int | None = None,
-    lr: float | None = None,
-    epochs: int | None = None,
-    use_presets: bool = True,
-    mode: str = "probe",
-) -> TrainingSettings:
+def resolve_training(cls: type[Loss] | None, dataset: str, *, batch_size: int | None = None,
+                     lr: float | None = None, epochs: int | None = None, use_presets: bool = True,
+                     mode: str = "probe") -> TrainingSettings:
     """Batch size, learning rate and epochs of a run: the given value, else the loss's paper
     preset for ``dataset`` (``cls.train_presets``), else the generic setting of ``mode``
     (:data:`GENERIC_TRAINING` for ``"probe"``, :data:`GENERIC_FINETUNE` for ``"finetune"``).
@@ -216,15 +209,9 @@ def check_dataset_classes(dataset: str, n_classes: int, what: str) -> None:
             "--no-presets and set the values yourself")
 
 
-def loss_hparams(
-    cls: type[Loss],
-    trials: Sequence[dict[str, Any]],
-    dataset: str,
-    n_classes: int,
-    val_cardinality: Callable[[], float],
-    *,
-    preset: str | None = None,
-) -> tuple[list[dict[str, Any]], list[str]]:
+def loss_hparams(cls: type[Loss], trials: Sequence[dict[str, Any]], dataset: str, n_classes: int,
+                 val_cardinality: Callable[[], float], *,
+                 preset: str | None = None) -> tuple[list[dict[str, Any]], list[str]]:
     """Each trial's full loss hyperparameters and notes on what the dataset decided.
 
     Per trial: the signature defaults < the paper preset ``preset`` (a dataset name, or None)

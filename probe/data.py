@@ -146,22 +146,12 @@ class ProbeData:
 
     # ------------------------------------------------------------------------ constructors
     @classmethod
-    def from_arrays(
-        cls,
-        train: tuple[Any, Any],
-        val: tuple[Any, Any],
-        test: tuple[Any, Any],
-        *,
-        train_flip: Any | None = None,
-        train_observed: Any | None = None,
-        val_observed: Any | None = None,
-        class_names: list[str] | None = None,
-        dataset: str = "arrays",
-        device: str | torch.device = "cpu",
-        dtype: torch.dtype | None = None,
-        source: dict[str, Any] | None = None,
-        observed_seed: int = PROTOCOL_SEED,
-    ) -> ProbeData:
+    def from_arrays(cls, train: tuple[Any, Any], val: tuple[Any, Any], test: tuple[Any, Any], *,
+                    train_flip: Any | None = None, train_observed: Any | None = None,
+                    val_observed: Any | None = None, class_names: list[str] | None = None,
+                    dataset: str = "arrays", device: str | torch.device = "cpu",
+                    dtype: torch.dtype | None = None, source: dict[str, Any] | None = None,
+                    observed_seed: int = PROTOCOL_SEED) -> ProbeData:
         """Probe data from in-memory ``(features (N, D), labels (N, C) 0/1)`` pairs per split.
 
         ``train_flip``: flipped train features (same shape) or None. ``train_observed`` /
@@ -232,19 +222,11 @@ class ProbeData:
                    test_x=xs[2].to(dev), test_labels=on(labels["test"]), **fields)
 
     @classmethod
-    def from_store(
-        cls,
-        store: Any,
-        *,
-        device: str | torch.device = "cpu",
-        observed_seed: int = PROTOCOL_SEED,
-        flip: bool = True,
-        dtype: torch.dtype | None = None,
-        rows: dict[str, np.ndarray] | None = None,
-        observed: np.ndarray | None = None,
-        replicate: dict[str, Any] | None = None,
-        priors: str | None = None,
-    ) -> ProbeData:
+    def from_store(cls, store: Any, *, device: str | torch.device = "cpu",
+                   observed_seed: int = PROTOCOL_SEED, flip: bool = True,
+                   dtype: torch.dtype | None = None, rows: dict[str, np.ndarray] | None = None,
+                   observed: np.ndarray | None = None, replicate: dict[str, Any] | None = None,
+                   priors: str | None = None) -> ProbeData:
         """Load a feature store (a path or an open :class:`probe.store.Store`).
 
         ``flip``: also load the flipped train features when the store has them. ``dtype``:
@@ -301,15 +283,9 @@ class ProbeData:
             dataset=store.dataset, source=source, train_prior=prior)
 
 
-def load_store(
-    store: Any,
-    *,
-    device: str | torch.device = "auto",
-    observed_seed: int = PROTOCOL_SEED,
-    flip: bool = True,
-    dtype: torch.dtype | None = None,
-    priors: str | None = None,
-) -> ProbeData:
+def load_store(store: Any, *, device: str | torch.device = "auto",
+               observed_seed: int = PROTOCOL_SEED, flip: bool = True,
+               dtype: torch.dtype | None = None, priors: str | None = None) -> ProbeData:
     """A feature store's train/val/test splits on ``device`` (``"auto"``: the GPU when there
     is one), ready for :func:`probe.train_probe`: :meth:`ProbeData.from_store` with the
     device chosen for you. ``observed_seed`` picks the single-positive draw (the literature's

@@ -344,17 +344,9 @@ def _check_level(level: float) -> float:
 
 
 @torch.no_grad()
-def bootstrap_map(
-    scores: Tensor,
-    targets: Tensor,
-    *,
-    n_resamples: int = 1000,
-    seed: int = 0,
-    level: float = 0.95,
-    progress: bool = False,
-    counts: Tensor | None = None,
-    observed_ap: Tensor | None = None,
-) -> BootstrapResult:
+def bootstrap_map(scores: Tensor, targets: Tensor, *, n_resamples: int = 1000, seed: int = 0,
+                  level: float = 0.95, progress: bool = False, counts: Tensor | None = None,
+                  observed_ap: Tensor | None = None) -> BootstrapResult:
     """Paired bootstrap of mAP over test images for S systems scored on the same images.
 
     ``scores`` ``(N, C)`` or ``(S, N, C)`` (logits or probabilities: AP is rank-based);

@@ -88,13 +88,9 @@ def knn_scores(sims: Tensor, ids: Tensor, train_targets: Tensor, k: int, tempera
     return torch.einsum("mk,mkc->mc", weights, labels).float()
 
 
-def run_knn(
-    data: ProbeData,
-    config: ProbeConfig | None = None,
-    hparams: dict[str, Any] | Sequence[dict[str, Any]] | None = None,
-    *,
-    backend: str = "auto",
-) -> ProbeResult:
+def run_knn(data: ProbeData, config: ProbeConfig | None = None,
+            hparams: dict[str, Any] | Sequence[dict[str, Any]] | None = None, *,
+            backend: str = "auto") -> ProbeResult:
     """Evaluate the kNN baseline for one or more ``{k, temperature}`` trials on val and test.
 
     Train neighbours carry the observed single positives (``config.labels == "full"``: the full

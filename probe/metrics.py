@@ -224,13 +224,8 @@ def mean_average_precision(
 
 
 @torch.no_grad()
-def f1_scores(
-    targets: Tensor,
-    *,
-    logits: Tensor | None = None,
-    probs: Tensor | None = None,
-    threshold: float = 0.5,
-) -> F1Result:
+def f1_scores(targets: Tensor, *, logits: Tensor | None = None, probs: Tensor | None = None,
+              threshold: float = 0.5) -> F1Result:
     """OF1, CF1, OP, OR, CP, CR (x100) at ``threshold`` in probability space (module doc).
 
     A label is predicted positive iff ``prob >= threshold`` (``sigmoid(logit) >= threshold``).

@@ -214,13 +214,8 @@ class StackedAdam(StackedOptimizer):
     False = the single-tensor algorithm.
     """
 
-    def __init__(
-        self,
-        params: Sequence[TrialParam],
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        fused: bool | None = None,
-    ) -> None:
+    def __init__(self, params: Sequence[TrialParam], betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, fused: bool | None = None) -> None:
         super().__init__(params)
         b1, b2 = map(float, betas)
         if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
@@ -349,14 +344,9 @@ _FUSED_CACHE: dict[tuple[str, torch.dtype], bool] = {}
 OPTIMIZERS = ("adam", "sgd")
 
 
-def make_optimizer(
-    name: str,
-    params: Sequence[TrialParam],
-    *,
-    momentum: float = 0.9,
-    betas: tuple[float, float] = (0.9, 0.999),
-    eps: float = 1e-8,
-) -> StackedOptimizer:
+def make_optimizer(name: str, params: Sequence[TrialParam], *, momentum: float = 0.9,
+                   betas: tuple[float, float] = (0.9, 0.999),
+                   eps: float = 1e-8) -> StackedOptimizer:
     """``"adam"`` → :class:`StackedAdam`, ``"sgd"`` → :class:`StackedSGD` (with ``momentum``)."""
     if name == "adam":
         return StackedAdam(params, betas=betas, eps=eps)

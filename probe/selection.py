@@ -102,16 +102,10 @@ def _draw(store: Any, seed: int) -> np.ndarray:
                            single_positive(labels[n_pool:], seed)])
 
 
-def selection_data(
-    store: Any,
-    select: str | Selection = "val",
-    *,
-    device: str | torch.device = "cpu",
-    observed_seed: int = PROTOCOL_SEED,
-    flip: bool = True,
-    dtype: torch.dtype | None = None,
-    priors: str | None = None,
-) -> list[ProbeData]:
+def selection_data(store: Any, select: str | Selection = "val", *,
+                   device: str | torch.device = "cpu", observed_seed: int = PROTOCOL_SEED,
+                   flip: bool = True, dtype: torch.dtype | None = None,
+                   priors: str | None = None) -> list[ProbeData]:
     """The replicates a ``select`` mode scores trials on, each a :class:`ProbeData` on
     ``device`` (``val``: one, :meth:`ProbeData.from_store`). They hold ``k`` copies of the
     train features: K × the memory of one. ``priors``: each replicate's train rows of that

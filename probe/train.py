@@ -64,16 +64,10 @@ __all__ = ["train_probe"]
 Trainer = StackedTrainer | BlockedTrainer  # make_trainer's choice
 
 
-def train_probe(
-    data: ProbeData,
-    config: ProbeConfig | None = None,
-    loss: Loss | str = "an",
-    hparams: dict[str, Any] | Sequence[dict[str, Any]] | None = None,
-    *,
-    callback: Callable[[EpochReport], Iterable[int] | None] | None = None,
-    progress: bool = False,
-    speed: SpeedOptions | None = None,
-) -> ProbeResult:
+def train_probe(data: ProbeData, config: ProbeConfig | None = None, loss: Loss | str = "an",
+                hparams: dict[str, Any] | Sequence[dict[str, Any]] | None = None, *,
+                callback: Callable[[EpochReport], Iterable[int] | None] | None = None,
+                progress: bool = False, speed: SpeedOptions | None = None) -> ProbeResult:
     """Train T linear heads at once with one SPML loss; select each trial's best epoch on val,
     then measure test once on its head.
 
