@@ -168,12 +168,8 @@ def synthetic_store(n_train: int = COCO_TRAIN_ROWS, dim: int = 2048, n_classes: 
         pool=Phase(tuple(ids[:n_pool]), tuple(Path(i) for i in ids[:n_pool]), labels[:n_pool]),
         test=Phase(tuple(ids[n_pool:]), tuple(Path(i) for i in ids[n_pool:]), labels[n_pool:]),
     )
-    provenance = {
-        "backbone": "none (synthetic features)",
-        "weights": "none",
-        "transform": "none",
-        "source": f"probe.bench.synthetic_store v{SYNTHETIC_VERSION} seed {seed}",
-    }
+    provenance = {"backbone": "none (synthetic features)", "weights": "none", "transform": "none",
+                  "source": f"probe.bench.synthetic_store v{SYNTHETIC_VERSION} seed {seed}"}
     root.mkdir(parents=True, exist_ok=True)
     write_feature_store(path, index, feats, flips, provenance=provenance, dtype="float16",
                         overwrite=True, progress=progress)

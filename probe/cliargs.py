@@ -15,23 +15,10 @@ from probe.errors import SpmlError, plain
 
 from .store.protocol import PROTOCOL_SEED
 
-__all__ = [
-    "DEVICE_HELP",
-    "Parser",
-    "add_device_argument",
-    "add_observed_seed_argument",
-    "add_priors_argument",
-    "add_seeds_argument",
-    "add_trials_at_once_argument",
-    "parse_assignments",
-    "parse_floats",
-    "parse_ints",
-    "parse_names",
-    "parse_seeds",
-    "parse_sets",
-    "parse_value",
-    "wrap",
-]
+__all__ = ["DEVICE_HELP", "Parser", "add_device_argument", "add_observed_seed_argument",
+           "add_priors_argument", "add_seeds_argument", "add_trials_at_once_argument",
+           "parse_assignments", "parse_floats", "parse_ints", "parse_names", "parse_seeds",
+           "parse_sets", "parse_value", "wrap"]
 
 DEVICE_HELP = "auto (default: CUDA when available, else CPU) | cpu | cuda | cuda:N"
 SEEDS_HELP = (

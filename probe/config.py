@@ -20,18 +20,9 @@ from .losses.assume_negative import EXPECTED_POSITIVES
 from .optim import OPTIMIZERS
 from .store.protocol import DATASET_CLASSES, PROTOCOL_SEED
 
-__all__ = [
-    "CONFIG_FLAGS",
-    "GENERIC_FINETUNE",
-    "GENERIC_TRAINING",
-    "TRAINER_KEYS",
-    "ProbeConfig",
-    "ProbeConfigError",
-    "TrainingSettings",
-    "check_dataset_classes",
-    "loss_hparams",
-    "resolve_training",
-]
+__all__ = ["CONFIG_FLAGS", "GENERIC_FINETUNE", "GENERIC_TRAINING", "TRAINER_KEYS", "ProbeConfig",
+           "ProbeConfigError", "TrainingSettings", "check_dataset_classes", "loss_hparams",
+           "resolve_training"]
 
 #: trial keys that belong to the trainer, not the loss (per-trial learning rate / weight decay)
 TRAINER_KEYS = ("lr", "weight_decay")

@@ -251,16 +251,11 @@ class ProbeData:
         if observed is None:
             observed = store.observed(observed_seed)
         with_flip = bool(flip and store.has_flip)
-        source = {
-            "kind": "store",
-            "path": str(Path(store.path).resolve()),
-            "dataset": store.dataset,
-            "observed_seed": int(observed_seed),
-            "rows": {name: len(r) for name, r in rows.items()},
-            "store_dtype": store.dtype,
-            "completed": store.attrs.get("completed"),
-            "provenance": store.provenance,
-        }
+        source = {"kind": "store", "path": str(Path(store.path).resolve()),
+                  "dataset": store.dataset, "observed_seed": int(observed_seed),
+                  "rows": {name: len(r) for name, r in rows.items()},
+                  "store_dtype": store.dtype, "completed": store.attrs.get("completed"),
+                  "provenance": store.provenance}
         # what the draw is: protocol, label budget or label bias (probe.store.records)
         from .store.records import draw_record
 

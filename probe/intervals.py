@@ -47,21 +47,10 @@ from .logits import stacked_logits
 from .ranking import argsort_rows, column_ap
 from .threads import step_threads
 
-__all__ = [
-    "BootstrapResult",
-    "Interval",
-    "PairedDifference",
-    "attach_test_intervals",
-    "bootstrap_counts",
-    "bootstrap_map",
-    "head_intervals",
-    "holm",
-    "mean_interval",
-    "paired_differences",
-    "prefetch_bootstrap_counts",
-    "record_test_intervals",
-    "weighted_column_ap",
-]
+__all__ = ["BootstrapResult", "Interval", "PairedDifference", "attach_test_intervals",
+           "bootstrap_counts", "bootstrap_map", "head_intervals", "holm", "mean_interval",
+           "paired_differences", "prefetch_bootstrap_counts", "record_test_intervals",
+           "weighted_column_ap"]
 
 
 @dataclass(frozen=True)

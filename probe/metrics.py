@@ -39,15 +39,8 @@ from probe.errors import SpmlError
 
 from .ranking import column_ap
 
-__all__ = [
-    "F1Result",
-    "MAPResult",
-    "MetricAccumulator",
-    "MetricInputError",
-    "average_precision",
-    "f1_scores",
-    "mean_average_precision",
-]
+__all__ = ["F1Result", "MAPResult", "MetricAccumulator", "MetricInputError", "average_precision",
+           "f1_scores", "mean_average_precision"]
 
 
 class MetricInputError(SpmlError):

@@ -23,14 +23,8 @@ from probe.errors import SpmlError
 
 from .losses._base import trial_rows
 
-__all__ = [
-    "OptimizerConfigError",
-    "StackedAdam",
-    "StackedOptimizer",
-    "StackedSGD",
-    "TrialParam",
-    "make_optimizer",
-]
+__all__ = ["OptimizerConfigError", "StackedAdam", "StackedOptimizer", "StackedSGD", "TrialParam",
+           "make_optimizer"]
 
 
 class OptimizerConfigError(SpmlError):

@@ -25,20 +25,9 @@ from .config import ProbeConfigError
 from .io import atomic_write, atomic_write_text
 from .progress import plural
 
-__all__ = [
-    "BestEpoch",
-    "EpochReport",
-    "ProbeResult",
-    "TrialResult",
-    "environment_info",
-    "from_linear",
-    "load_head",
-    "loss_package",
-    "save_head",
-    "to_linear",
-    "versioned",
-    "write_json_atomic",
-]
+__all__ = ["BestEpoch", "EpochReport", "ProbeResult", "TrialResult", "environment_info",
+           "from_linear", "load_head", "loss_package", "save_head", "to_linear", "versioned",
+           "write_json_atomic"]
 
 _HEAD_FORMAT = "spml-probe-head/1"
 _RESULT_FORMAT = "spml-probe-result/1"
@@ -139,21 +128,12 @@ class ProbeResult:
         return -max(scored)[1] if scored else None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "format": _RESULT_FORMAT,
-            "loss": self.loss,
-            "loss_package": loss_package(self.loss),
-            "config": self.config,
-            "dataset": self.dataset,
-            "data": self.source,
-            "environment": self.environment,
-            "n_trials": self.n_trials,
-            "shared_batch_order": self.shared_batch_order,
-            "best_trial": self.best_trial(),
-            "class_names": self.class_names,
-            "trials": [asdict(t) for t in self.trials],
-            "timing": self.timing,
-        }
+        return {"format": _RESULT_FORMAT, "loss": self.loss,
+                "loss_package": loss_package(self.loss), "config": self.config,
+                "dataset": self.dataset, "data": self.source, "environment": self.environment,
+                "n_trials": self.n_trials, "shared_batch_order": self.shared_batch_order,
+                "best_trial": self.best_trial(), "class_names": self.class_names,
+                "trials": [asdict(t) for t in self.trials], "timing": self.timing}
 
     def write_json(self, path: str | Path) -> Path:
         """Write :meth:`to_dict` atomically (temporary file in the same folder, then rename)."""
@@ -262,16 +242,11 @@ def save_head(path: str | Path, result: ProbeResult, trials: Sequence[int] | Non
         raise ProbeConfigError(f"the {result.loss} run has no trained head to save")
     idx = list(range(heads.shape[0])) if trials is None else [int(t) for t in trials]
     d = heads.shape[1] - 1
-    meta = versioned({
-        "trials": [asdict(result.trials[t]) for t in idx],
-        "which": "best" if best else "final",
-        "loss": result.loss,
-        "config": result.config,
-        "class_names": result.class_names,
-        "dataset": result.dataset,
-        "data": result.source,
-        "environment": result.environment,
-    })
+    meta = versioned({"trials": [asdict(result.trials[t]) for t in idx],
+                      "which": "best" if best else "final", "loss": result.loss,
+                      "config": result.config, "class_names": result.class_names,
+                      "dataset": result.dataset, "data": result.source,
+                      "environment": result.environment})
     payload = {
         "format": _HEAD_FORMAT,
         "weight": heads[idx, :d].transpose(1, 2).contiguous(),
@@ -336,13 +311,9 @@ def _file_kind(path: Path) -> str | None:
 
 
 def environment_info(device: torch.device) -> dict[str, Any]:
-    env = {
-        "torch": str(torch.__version__),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "device": str(device),
-        "threads": torch.get_num_threads(),
-    }
+    env = {"torch": str(torch.__version__), "python": platform.python_version(),
+           "platform": platform.platform(), "device": str(device),
+           "threads": torch.get_num_threads()}
     if device.type == "cuda":
         env["device_name"] = torch.cuda.get_device_name(device)
         env["cuda"] = torch.version.cuda

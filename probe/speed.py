@@ -27,18 +27,9 @@ from probe.errors import SpmlError, is_int, plain
 
 from .io import atomic_write_text
 
-__all__ = [
-    "SPEED_FIELDS",
-    "THREAD_MARGIN",
-    "SpeedOptions",
-    "choose_threads",
-    "clear_winner",
-    "cpu_model",
-    "default_cache_dir",
-    "remembered_threads",
-    "resolve_speed",
-    "thread_cache_path",
-]
+__all__ = ["SPEED_FIELDS", "THREAD_MARGIN", "SpeedOptions", "choose_threads", "clear_winner",
+           "cpu_model", "default_cache_dir", "remembered_threads", "resolve_speed",
+           "thread_cache_path"]
 
 #: torch's thread setting is used for a step only when its samples beat one thread's by this
 #: factor (best and median sample alike): it guards the one remembered measurement against a
