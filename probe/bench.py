@@ -75,12 +75,10 @@ class BenchConfig:
     compare_eager: bool = False  # CUDA: also time the eager step (the engine replays CUDA graphs)
     compare_one_block: bool = False  # CPU: also time the trials trained as one block
     # (trial_block=0; the engine trains many COCO-sized heads in blocks that stay in cache)
-    isolate: bool = True  # time each configuration alone, in a fresh process of its own, so
-    # that no row depends on what ran before it; False: all in this process (quicker to start)
+    isolate: bool = True  # time each configuration alone, in a fresh process; False: in this one
     seed: int = 0  # init, batch order and the synthetic data
     cache_dir: str | None = None  # None: default_cache_dir()
-    loss: str = "gr"  # the engine rows' loss (--loss); one that reads a prior gets a synthetic
-    # one (probe.bench_store.synthetic_prior); the plain and papers-style loops time GR only
+    loss: str = "gr"  # the engine rows' loss (a synthetic prior for one that reads a prior)
 
     def validate(self) -> None:
         for name, flag in (("n_train", "--rows"), ("dim", "--dim"), ("n_classes", "--classes"),
@@ -377,11 +375,8 @@ class _PeakMemory:
 
 
 def run_bench(config: BenchConfig | None = None, *, progress: bool = True) -> dict[str, Any]:
-    """Measure (a)-(f) of the module docstring; returns the report (also the JSON).
-
-    Each row is timed alone: with ``config.isolate`` (the default) every configuration runs in
-    a fresh process of its own, so no row's timing depends on what ran before it (thread pools,
-    caches, allocator state, worker processes); the heads come back and are compared here."""
+    """Measure (a)-(f) of the module docstring, each row alone in a fresh process with
+    ``config.isolate``; returns the report (also the JSON)."""
     cfg = config or BenchConfig()
     cfg.validate()
     device = resolve_device(cfg.device)
@@ -416,16 +411,9 @@ def run_bench(config: BenchConfig | None = None, *, progress: bool = True) -> di
         if t == 1 and papers:
             rows.append(run(_papers_job, cfg, str(path))["row"])
     machine["after"] = machine_info()
-    return {
-        "config": asdict(cfg),
-        "store": store,
-        "environment": environment_info(device),
-        "machine": machine,
-        "rows": rows,
-        "ratios": _ratios(rows, cfg),
-        "equivalence_max_abs_diff_engine_vs_plain": equivalence,
-        "targets": TARGETS,
-    }
+    return {"config": asdict(cfg), "store": store, "environment": environment_info(device),
+            "machine": machine, "rows": rows, "ratios": _ratios(rows, cfg),
+            "equivalence_max_abs_diff_engine_vs_plain": equivalence, "targets": TARGETS}
 
 
 def _ratios(rows: list[dict[str, Any]], cfg: BenchConfig) -> dict[str, float]:

@@ -393,17 +393,14 @@ def _register_probe(sub: argparse._SubParsersAction, bench: argparse._SubParsers
                    "can be captured; --cuda-graph: required (an error says why not); "
                    "--no-cuda-graph: the eager step")
     g.add_argument("--trial-block", type=int, default=None, metavar="N",
-                   help="CPU: train the stacked trials in blocks of N, one block after the "
-                   "other through each epoch, so that a block's heads and Adam state stay in "
-                   "cache (the same heads as one block). Default: sized to the cache (8 "
-                   "COCO-sized heads; all small ones); 0: one block")
+                   help="CPU: train the stacked trials in blocks of N, one after the other, so "
+                   "that a block's heads and Adam state stay in cache (the same heads). Default: "
+                   "sized to the cache; 0: one block")
     g.add_argument("--step-threads", type=int, default=None, metavar="N",
-                   help="CPU: threads of the training steps (a speed setting: the heads agree to "
-                   "float rounding on any number). "
-                   "Default: one thread, or torch's setting where a measurement made once per "
-                   "machine and step shape found it clearly faster (remembered in "
-                   "$SPML_CACHE_DIR or ~/.cache/spml-probe/step-threads.json; delete the file "
-                   "to measure again)")
+                   help="CPU: threads of the training steps (the heads agree to float rounding "
+                   "on any number). Default: one, or torch's setting where measured clearly "
+                   "faster once per machine and step shape (remembered in $SPML_CACHE_DIR or "
+                   "~/.cache/spml-probe/step-threads.json; delete it to measure again)")
     g.add_argument("--json", metavar="PATH",
                    help="write config, per-epoch metrics and the best epoch of every trial")
     g.add_argument("--save-head", metavar="PATH", help="save the best-epoch heads (torch file)")

@@ -21,22 +21,13 @@ __all__ = ["DEVICE_HELP", "Parser", "add_device_argument", "add_observed_seed_ar
            "parse_sets", "parse_value", "wrap"]
 
 DEVICE_HELP = "auto (default: CUDA when available, else CPU) | cpu | cuda | cuda:N"
-SEEDS_HELP = (
-    f"single-positive draws to store, comma list (default: {PROTOCOL_SEED}, the literature's; "
-    "docs/protocol.md step 2 re-run with each seed gives other draws for multi-seed "
-    "confirmation)"
-)
 
 
 class Parser(argparse.ArgumentParser):
-    """Every ``spml`` parser: an option is taken only as spelled, never by a prefix
-    (``allow_abbrev=False``: ``probe --batch`` is an error, not ``--batch-size``). Sub-parsers
-    made by ``add_subparsers().add_parser`` are of this class too (argparse makes them of the
-    parent's class).
-
-    A mistyped option is refused by the parser of the command it was given to (its usage, not
-    the top-level one), with the nearest spelling it takes (``did you mean '--epochs'?``); a
-    mistyped command gets the same suggestion among the commands.
+    """Every ``spml`` parser (sub-parsers too): an option is taken only as spelled, never by a
+    prefix (``probe --batch`` is an error, not ``--batch-size``). A mistyped option or command
+    is refused by the parser it was given to, with the nearest spelling it takes (``did you
+    mean '--epochs'?``).
     """
 
     def __init__(self, *args, **kwargs) -> None:
@@ -194,10 +185,8 @@ def parse_seeds(text: str, flag: str = "--seeds") -> list[int]:
     try:
         seeds = [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
-        raise SpmlError(
-            f"{flag} must be integers separated by commas, e.g. {PROTOCOL_SEED},1,2; "
-            f"got {plain(text)}"
-        ) from None
+        raise SpmlError(f"{flag} must be integers separated by commas, e.g. {PROTOCOL_SEED},1,2; "
+                        f"got {plain(text)}") from None
     if not seeds or any(s < 0 or s >= 2**32 for s in seeds):
         raise SpmlError(f"{flag} needs integers in [0, 2**32); got {plain(text)}")
     return seeds
@@ -236,8 +225,11 @@ def add_priors_argument(parser: argparse.ArgumentParser | argparse._ArgumentGrou
 
 def add_seeds_argument(parser: argparse.ArgumentParser) -> None:
     """``--seeds``: the single-positive draws a new store gets."""
-    parser.add_argument("--seeds", default=str(PROTOCOL_SEED), metavar="S1,S2,...",
-                        help=SEEDS_HELP)
+    parser.add_argument(
+        "--seeds", default=str(PROTOCOL_SEED), metavar="S1,S2,...",
+        help=f"single-positive draws to store, comma list (default: {PROTOCOL_SEED}, the "
+        "literature's; docs/protocol.md step 2 re-run with each seed gives other draws for "
+        "multi-seed confirmation)")
 
 
 def add_trials_at_once_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup,

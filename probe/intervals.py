@@ -298,15 +298,6 @@ def _weighted_ap_one_column(w_t: Tensor, total_w: Tensor, plan: _ColumnPlan) -> 
     return torch.where(p_w > 0, tot / p_w.clamp_min(1e-30), torch.zeros_like(tot))
 
 
-def _percentile(values: Tensor, level: float) -> tuple[Tensor, Tensor]:
-    """Percentile interval along the last axis (NaN replicates make the bound NaN)."""
-    alpha = (1.0 - level) / 2.0
-    v = values.to(torch.float64)
-    q = torch.tensor([alpha, 1.0 - alpha], dtype=torch.float64, device=v.device)
-    bounds = torch.quantile(v, q, dim=-1)
-    return bounds[0], bounds[1]
-
-
 def _bias_corrected(reps: Tensor, observed: float, level: float) -> Interval:
     """Efron's bias-corrected percentile interval (Efron 1981; Efron & Tibshirani 1993,
     sec. 14.3): percentiles ``Phi(2 z0 +- z)`` with ``z0 = Phi^-1(P*(rep < observed))``.
@@ -394,14 +385,15 @@ def paired_differences(boot: BootstrapResult,
     n_sys = boot.replicates.shape[0]
     if pairs is None:
         pairs = [(a, b) for a in range(n_sys) for b in range(a + 1, n_sys)]
+    alpha = (1.0 - boot.level) / 2.0
+    q = torch.tensor([alpha, 1.0 - alpha], dtype=torch.float64)
     rows = []
     for a, b in pairs:
         d = boot.replicates[a] - boot.replicates[b]
-        low, high = _percentile(d, boot.level)
+        low, high = torch.quantile(d.to(torch.float64), q.to(d.device)).tolist()  # NaN stays NaN
         observed = float(boot.map[a] - boot.map[b])
-        p = _wald_p(observed, float(d.std()))
-        diff = Interval(observed, float(low), float(high), boot.level)
-        rows.append((a, b, diff, p))
+        rows.append((a, b, Interval(observed, low, high, boot.level),
+                     _wald_p(observed, float(d.std()))))
     adjusted = holm([r[3] for r in rows])
     return [PairedDifference(a, b, diff, p, ph) for (a, b, diff, p), ph in zip(rows, adjusted)]
 

@@ -35,12 +35,10 @@ class OptimizerConfigError(SpmlError):
 class TrialParam:
     """A tensor trained with one value of ``lr`` and ``weight_decay`` per trial.
 
-    ``param`` has the trial axis first (``param.shape[0] == len(lr)``) and must be contiguous,
-    so that ``param[t]`` is a contiguous block; ``lr``/``weight_decay`` are per-trial lists (a
-    single number applies to every trial). ``trial_ids`` names the run's trial of each slice
-    (default ``0, 1, …``): a parameter that belongs to one trial of a larger run (a per-trial
-    loss object's state) gives its trial here, so that :meth:`StackedOptimizer.stop_trials`
-    freezes the right slices.
+    ``param`` has the trial axis first and is contiguous; ``lr``/``weight_decay`` are per-trial
+    lists (a single number applies to every trial). ``trial_ids`` names the run's trial of each
+    slice (default ``0, 1, …``), so that :meth:`StackedOptimizer.stop_trials` freezes the right
+    slices of a per-trial loss object's state.
     """
 
     param: Tensor

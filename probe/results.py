@@ -48,30 +48,27 @@ class EpochReport:
     heads: Tensor | None = None
 
 
+def _figure(key: str, doc: str) -> property:
+    return property(lambda self: self.get(key), doc=doc)
+
+
 class BestEpoch(dict):
-    """A trial's best epoch (selected on val): its figures, in percent like every figure a
-    result holds. Typed attribute access for the documented figures (``best.test_map``; None
-    where the run did not measure it, e.g. ``test_map_low`` without test intervals), and still
-    the dict it always was (``best["test_map"]``, ``best.get(...)``, ``**best``, JSON), so
-    code written against the dict keeps working."""
+    """A trial's best epoch (selected on val): its figures, in percent, as a dict
+    (``best["test_map"]``, JSON) with typed attribute access (``best.test_map``; None where the
+    run did not measure it, e.g. ``test_map_low`` without test intervals)."""
 
     __slots__ = ()
 
-    def _figure(self, key: str) -> Any:
-        return self.get(key)
-
-    val_map = property(lambda self: self._figure("val_map"), doc="val mAP (percent)")
-    test_map = property(lambda self: self._figure("test_map"), doc="test mAP (percent)")
-    test_map_low = property(lambda self: self._figure("test_map_low"),
-                            doc="the test mAP's 95% interval, low end (ProbeConfig.test_intervals)")
-    test_map_high = property(lambda self: self._figure("test_map_high"),
-                             doc="the test mAP's 95% interval, high end")
-    val_OF1 = property(lambda self: self._figure("val_OF1"), doc="val overall F1 (percent)")
-    val_CF1 = property(lambda self: self._figure("val_CF1"), doc="val per-class F1 (percent)")
-    test_OF1 = property(lambda self: self._figure("test_OF1"), doc="test overall F1 (percent)")
-    test_CF1 = property(lambda self: self._figure("test_CF1"), doc="test per-class F1 (percent)")
-    val_ap = property(lambda self: self._figure("val_ap"), doc="val AP per class (percent)")
-    test_ap = property(lambda self: self._figure("test_ap"), doc="test AP per class (percent)")
+    val_map = _figure("val_map", "val mAP (percent)")
+    test_map = _figure("test_map", "test mAP (percent)")
+    test_map_low = _figure("test_map_low", "the test mAP's 95% interval, low end")
+    test_map_high = _figure("test_map_high", "the test mAP's 95% interval, high end")
+    val_OF1 = _figure("val_OF1", "val overall F1 (percent)")
+    val_CF1 = _figure("val_CF1", "val per-class F1 (percent)")
+    test_OF1 = _figure("test_OF1", "test overall F1 (percent)")
+    test_CF1 = _figure("test_CF1", "test per-class F1 (percent)")
+    val_ap = _figure("val_ap", "val AP per class (percent)")
+    test_ap = _figure("test_ap", "test AP per class (percent)")
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self)
