@@ -40,7 +40,7 @@ from .data import ProbeData, resolve_device
 from .evaluate import evaluate_heads
 from .intervals import bootstrap_map
 from .loop import epoch_order, order_generator
-from .losses import create_loss
+from .losses import available, create_loss, get_loss_class
 from .results import environment_info, from_linear
 from .speed import SpeedOptions, cpu_model, default_cache_dir
 from .train import train_probe
@@ -99,8 +99,6 @@ class BenchConfig:
             raise SpmlError(
                 "bench: compare_one_block (--compare-one-block) times the CPU's trial blocks; "
                 f"the bench runs on {resolve_device(self.device)} (pass --device cpu)")
-        from .losses import available
-
         if self.loss not in available():
             raise SpmlError(f"bench: --loss {self.loss} is not a registered loss; choose one of "
                             f"'spml losses list' (e.g. gr, gpr, vlpl, em)")
@@ -462,19 +460,13 @@ def _run_job(job: Any, *args: Any, isolate: bool, threads: int) -> dict[str, Any
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_set_threads, initargs=(threads,)) as pool:
+                             initializer=torch.set_num_threads, initargs=(threads,)) as pool:
         return pool.submit(job, *args).result()
-
-
-def _set_threads(threads: int) -> None:
-    torch.set_num_threads(threads)
 
 
 def _bench_prior(cfg: BenchConfig, path: Path) -> str | None:
     """The synthetic prior the loss reads (None for a loss that reads none)."""
     from .bench_prior import synthetic_prior
-    from .losses import get_loss_class
-
     cls = get_loss_class(cfg.loss)
     if cls.prior is None:
         return None
@@ -493,8 +485,6 @@ def _stacked_hparams(loss: str, t: int) -> list[dict[str, Any]]:
     w_T in [2, 10], else the loss's first searched stackable one over its search range."""
     if t == 1:
         return [{}]
-    from .losses import get_loss_class
-
     specs = {s.name: s for s in get_loss_class(loss).hparam_specs if s.stackable and s.search}
     if "w_T" in specs:
         return [{"w_T": float(w)} for w in np.linspace(2.0, 10.0, t)]

@@ -292,7 +292,10 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_probe(args: argparse.Namespace) -> int:
+    import torch
+
     from .bench import BenchConfig, format_report, run_bench
+    from .results import versioned, write_json_atomic
 
     trials = tuple(parse_ints(args.trials, "--trials") or ())
     config = BenchConfig(
@@ -303,19 +306,13 @@ def _cmd_bench_probe(args: argparse.Namespace) -> int:
         isolate=not args.in_process, loss=args.loss,
     )
     if args.threads is not None:
-        import torch
-
         if args.threads < 1:
             raise SpmlError(f"--threads must be >= 1; got {args.threads}")
         torch.set_num_threads(args.threads)
     report = run_bench(config, progress=not args.quiet)
     print(format_report(report))
-    from .results import versioned
-
     print(json.dumps(versioned(report), indent=1))
     if args.json:
-        from .results import write_json_atomic
-
         write_json_atomic(args.json, report)
     return 0
 

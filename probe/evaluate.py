@@ -19,8 +19,10 @@ from torch import Tensor, nn
 
 from .config import ProbeConfigError
 from .data import ProbeData
+from .intervals import bootstrap_counts, bootstrap_map, head_intervals
 from .logits import EVAL_BLOCK, stacked_logits
 from .metrics import f1_scores, mean_average_precision
+from .progress import Progress
 from .results import from_linear
 from .threads import step_threads
 
@@ -160,9 +162,6 @@ class Evaluator:
         each one's test-mAP interval: the same resamples and figures as
         :func:`probe.intervals.attach_test_intervals` after the run, from the logits of this
         final pass instead of a second one."""
-        from .intervals import head_intervals
-        from .progress import Progress
-
         idx = [t for t, r in enumerate(self.results) if r.best_epoch is not None]
         if not idx:
             return
@@ -192,8 +191,6 @@ class Evaluator:
         """A hook for :func:`evaluate_heads` that bootstraps each block of test logits, with
         its per-class AP as the observed value, into ``boots`` (one draw of the resamples),
         then reports the block's heads to ``done``."""
-        from .intervals import bootstrap_counts, bootstrap_map
-
         x, y = self.splits["test"]
         with self._timing_intervals():
             counts = bootstrap_counts(x.shape[0], self.n_resamples, device=x.device)

@@ -37,6 +37,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from itertools import pairwise
+from statistics import NormalDist
 
 import torch
 from torch import Tensor
@@ -44,6 +45,7 @@ from torch import Tensor
 from probe.errors import SpmlError
 
 from .logits import stacked_logits
+from .progress import Progress
 from .ranking import argsort_rows, column_ap
 from .threads import step_threads
 
@@ -303,8 +305,6 @@ def _bias_corrected(reps: Tensor, observed: float, level: float) -> Interval:
     sec. 14.3): percentiles ``Phi(2 z0 +- z)`` with ``z0 = Phi^-1(P*(rep < observed))``.
     Resampled AP runs high (a duplicated positive ranks next to itself); the correction
     re-centres the interval (docs/protocol.md)."""
-    from statistics import NormalDist
-
     if not math.isfinite(observed) or not bool(torch.isfinite(reps).all()):
         return Interval(observed, math.nan, math.nan, level)
     normal = NormalDist()
@@ -337,8 +337,6 @@ def bootstrap_map(scores: Tensor, targets: Tensor, *, n_resamples: int = 1000, s
     ``observed_ap`` ``(S, C)`` (per-class AP already computed) spare callers that bootstrap in
     blocks the work; the result is the same as without them.
     """
-    from .progress import Progress
-
     level = _check_level(level)
     s3 = scores[None] if scores.dim() == 2 else scores
     if s3.dim() != 3 or s3.shape[-2:] != targets.shape:
@@ -405,8 +403,6 @@ def _wald_p(diff: float, se: float) -> float:
         return math.nan
     if se <= 0.0:
         return 1.0 if diff == 0.0 else 0.0
-    from statistics import NormalDist
-
     return min(1.0, 2.0 * NormalDist().cdf(-abs(diff) / se))
 
 

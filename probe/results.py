@@ -8,6 +8,7 @@ trained heads in ``nn.Linear`` layout with what is needed to use and reproduce t
 from __future__ import annotations
 
 import functools
+import importlib.metadata as md
 import json
 import math
 import platform
@@ -149,8 +150,6 @@ class ProbeResult:
 def loss_package(loss: str) -> dict[str, str] | None:
     """The distribution that provides loss ``loss`` and its version (``{"name", "version"}``):
     spml-probe for a built-in loss, the plugin's package for a plugin; None where unknown."""
-    import importlib.metadata as md
-
     try:
         from probe.losses import get_loss_class
 
@@ -169,8 +168,6 @@ def loss_package(loss: str) -> dict[str, str] | None:
 @functools.cache
 def _packages() -> dict[str, list[str]]:
     """Top-level module -> distributions (read once per process)."""
-    import importlib.metadata as md
-
     return dict(md.packages_distributions())
 
 

@@ -13,6 +13,8 @@ same ones (:meth:`Selection.describe` records them).
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +26,7 @@ import torch
 from probe.errors import SpmlError
 
 from .data import ProbeData
+from .results import ProbeResult
 from .store.protocol import PROTOCOL_SEED, single_positive, split_indices
 
 __all__ = ["MODES", "Selection", "SelectionError", "mean_over_replicates", "selection_data"]
@@ -154,11 +157,6 @@ def mean_over_replicates(results: list[Any], select: str | Selection) -> Any:
     Per epoch, ``val_map`` and ``train_loss`` are the replicates' means (each replicate's value
     in ``replicate_val_map``); the best epoch is the first maximum of the mean val curve; the
     test figures are the means of each replicate's on its own best-val head. No heads."""
-    import dataclasses
-    import math
-
-    from .results import ProbeResult
-
     selection = Selection.parse(select)
     if len(results) != selection.replicates or not results:
         raise SelectionError(

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from . import losses as _losses
@@ -211,8 +212,6 @@ def setup_loss_groups(plan: TrialPlan, train_y: Tensor, device: Any) -> list[Los
 
 def _prior_tensors(prior: Any, device: Any) -> tuple[Tensor, dict[str, Tensor]]:
     """A :class:`probe.store.priors.Prior`'s arrays as float32 tensors on ``device``."""
-    import torch
-
     def put(a: Any) -> Tensor:
         return torch.as_tensor(a, dtype=torch.float32).to(device)
 
@@ -258,8 +257,6 @@ def _normalise_trials(hparams: dict | Sequence[dict] | None, config: ProbeConfig
 def _build_loss(cls: type[Loss], merged: list[dict[str, Any]]) -> Loss:
     """One loss object for these trials: float hyperparameters that differ become ``(T,)``
     tensors; structural ones (bool/int/choice) must agree."""
-    import torch
-
     specs = {s.name: s for s in cls.hparam_specs}
     values: dict[str, Any] = {}
     for name in specs:
