@@ -1,21 +1,14 @@
 """``spml bench store``: how fast a COCO-sized feature store loads, and what its format costs.
 
-On the COCO-shaped synthetic store of ``spml bench probe`` (:func:`probe.bench.synthetic_store`:
-82,081 pool + 40,137 test rows × 2048 float16, with flips -- about 1 GB of features), after one
-untimed load that puts the files in the page cache, measures (medians over ``repeats``):
+On the COCO-shaped synthetic store of ``spml bench probe`` (about 1 GB of float16 features with
+flips), from the page cache, medians over ``repeats``:
 
-* ``load``: :meth:`probe.data.ProbeData.from_store` -- what ``spml probe`` and every study worker
-  do -- through the store's read path (probe.store.chunks: parallel chunk reads straight into the
-  (N, D+1) tensors, a CRC-32C check per chunk);
-* ``load_via_zarr``: the same tensors the way the store was read before (zarr decodes each chunk
-  into its own buffer and copies it out, then the train rows are gathered, then a bias column is
-  concatenated, then the flips are concatenated);
-* ``crc32c``: the checksum alone over all feature bytes, one thread (what the check costs);
-* the format's size: bytes on disk of the features, and zstd's ratio and decode speed measured on
-  ``zstd_chunks`` feature chunks (the trade docs/protocol.md "The feature store" states).
-
-The machine, thread count and load average are printed with the figures: on a shared machine the
-figures are noisy.
+* ``load``: :meth:`probe.data.ProbeData.from_store` through the store's read path (parallel chunk
+  reads straight into the tensors, a CRC-32C check per chunk);
+* ``load_via_zarr``: the same tensors through zarr's read path, gather and concatenation;
+* ``crc32c``: the checksum alone over all feature bytes, one thread;
+* the features' bytes on disk, and zstd's ratio and decode speed on ``zstd_chunks`` chunks (the
+  trade docs/protocol.md "The feature store" states).
 """
 
 from __future__ import annotations

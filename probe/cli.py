@@ -6,7 +6,6 @@ import argparse
 import dataclasses
 import json
 import sys
-import textwrap
 
 from probe.errors import SpmlError
 from probe.progress import plural
@@ -17,6 +16,7 @@ from .cliargs import (
     add_priors_argument,
     parse_ints,
     parse_sets,
+    wrap,
 )
 
 
@@ -331,12 +331,11 @@ def _register_probe(sub: argparse._SubParsersAction, bench: argparse._SubParsers
     p = sub.add_parser(
         "probe",
         help="train linear heads on a feature store with an SPML loss (many trials at once)",
-        description=textwrap.fill(
+        description=wrap(
             "Train T linear heads (trials) with one SPML loss on a feature store, all at once on "
             "the device, evaluating val mAP (and OF1/CF1) after every epoch; the best epoch of "
             "each trial is chosen on val and test is measured once on its head. Prints one line "
-            "per trial.", width=88
-        ),
+            "per trial."),
         epilog=_PROBE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -420,13 +419,11 @@ def _register_bench_probe(bench: argparse._SubParsersAction) -> None:
     b = bench.add_parser(
         "probe",
         help="seconds per epoch of the probe engine vs a plain PyTorch loop; T stacked trials",
-        description=textwrap.fill(
+        description=wrap(
             "On a COCO-shaped synthetic store (built once and cached) measure (a) one GR trial "
             "at batch size 16 with Adam, engine vs a plain DataLoader + nn.Linear + "
             "torch.optim.Adam loop with the same semantics, (b) T stacked trials, (c) peak "
-            "memory. Medians over the measured epochs; printed as a table, then as JSON.",
-            width=88,
-        ),
+            "memory. Medians over the measured epochs; printed as a table, then as JSON."),
         epilog=(
             "examples:\n  spml bench probe\n  spml bench probe --trials 1,8 --epochs 2 "
             "--threads 2\n  spml bench probe --rows 2000 --dim 256 --epochs 1 --json b.json\n\n"
@@ -471,13 +468,11 @@ def _register_bench_store(bench: argparse._SubParsersAction) -> None:
     b = bench.add_parser(
         "store",
         help="seconds to load a COCO-sized store from the page cache; what its format costs",
-        description=textwrap.fill(
+        description=wrap(
             "On the COCO-shaped synthetic store of 'spml bench probe' (built once and cached), "
             "time ProbeData.from_store (what spml probe and every study worker do) against the "
             "previous zarr read path, the CRC-32C check alone, and zstd's size and decode speed "
-            "on a few chunks. Medians; machine and load average printed; then JSON.",
-            width=88,
-        ),
+            "on a few chunks. Medians; machine and load average printed; then JSON."),
         epilog="examples:\n  spml bench store\n  spml bench store --repeats 9\n\n"
         "Target (docs/protocol.md \"The feature store\"): <= 1 s from the page cache.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
