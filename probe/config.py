@@ -26,10 +26,9 @@ __all__ = ["CONFIG_FLAGS", "GENERIC_FINETUNE", "GENERIC_TRAINING", "TRAINER_KEYS
 
 #: trial keys that belong to the trainer, not the loss (per-trial learning rate / weight decay)
 TRAINER_KEYS = ("lr", "weight_decay")
-#: Cole et al.'s ``linear_fixed_features`` setting (``train.py``/``config.py`` of
-#: elijahcole/single-positive-multi-label): Adam, 25 epochs; their search over bs {8, 16} ×
-#: lr {1e-2 … 1e-5} picked bs 8, lr 1e-4 for AN-LS on every dataset. Used by the probe when
-#: neither the run nor the loss's ``train_presets`` for the dataset give a value.
+#: Cole et al.'s ``linear_fixed_features`` setting (elijahcole/single-positive-multi-label):
+#: Adam, 25 epochs, bs 8, lr 1e-4 (their search's pick for AN-LS on every dataset); the probe's
+#: setting where neither the run nor the loss's ``train_presets`` give a value.
 GENERIC_TRAINING: dict[str, Any] = {"batch_size": 8, "lr": 1e-4, "epochs": 25}
 #: The fine-tune's setting for a (loss, dataset) pair without paper values in
 #: ``train_presets``: Cole et al.'s end-to-end runs are 10 epochs with Adam (their train.py),

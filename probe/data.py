@@ -144,7 +144,6 @@ class ProbeData:
         EPR / ROLE for datasets without a published value (docs/losses.md)."""
         return float(self.val_labels.float().sum(1).mean())
 
-    # ------------------------------------------------------------------------ constructors
     @classmethod
     def from_arrays(cls, train: tuple[Any, Any], val: tuple[Any, Any], test: tuple[Any, Any], *,
                     train_flip: Any | None = None, train_observed: Any | None = None,

@@ -29,10 +29,8 @@ from .threads import step_threads
 __all__ = ["EVAL_BLOCK", "SMALL_EVAL", "Evaluator", "evaluate_head", "evaluate_heads",
            "stacked_logits"]
 
-# logits elements (T·N·C) below which a CPU evaluation runs on one thread: its ops are tiny
-# and intra-op threads only add waiting, the more so on a busy machine (yeast's val at 16
-# trials is far below it; COCO's val at 8 trials, 10.5M elements, gains from two threads when
-# they are free)
+# logits elements (T·N·C) below which a CPU evaluation runs on one thread: intra-op threads only
+# add waiting to tiny ops (COCO's val at 8 trials, 10.5M elements, gains from two free threads)
 SMALL_EVAL = 1 << 20
 
 

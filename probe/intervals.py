@@ -151,15 +151,12 @@ def _draw_counts(n: int, n_resamples: int, seed: int) -> Tensor:
     return counts
 
 
-# bytes of one tile of counts (N rows x a range of resamples): every class's histogram pass
-# reads the tile from the cache instead of memory (on 2 EPYC cores with a 32 MiB L3 and
-# COCO's 40,137 test rows, tiles of 64 resamples (10 MB) beat 32, 128 or one pass over all
-# resamples per class; `spml bench intervals` times it)
+# bytes of one tile of counts (N rows x a range of resamples), read from the cache by every
+# class's histogram pass (on COCO's test set, tiles of 64 resamples beat 32, 128 or all at once;
+# `spml bench intervals` times it)
 TILE_BYTES = 8 << 20
 # tile widths are multiples of 64 resamples: torch sums a (P, width) block down its columns in
-# groups of vector lanes (32 float32 columns with AVX2, 64 with AVX-512), so a resample's sum
-# then falls in the same group as in one pass over all resamples, and rounds the same
-# (narrower tiles would also pay more per-op overhead than they save in memory traffic)
+# groups of vector lanes (up to 64 float32 columns), so a resample's sum rounds as in one pass
 TILE_STEP = 64
 
 

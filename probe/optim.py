@@ -97,7 +97,6 @@ class StackedOptimizer(ABC):
         self._stopped: set[int] = set()
         self._groups = self._build_groups()
 
-    # -- trial bookkeeping ----------------------------------------------------------------------
     def stop_trials(self, trials: Iterable[int]) -> None:
         """Freeze trials ``trials`` (trial ids) for the rest of the run: their slices of every
         parameter stop changing, and their optimizer state too."""

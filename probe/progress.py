@@ -129,7 +129,6 @@ class Progress:
                                                 daemon=True)
                 self._ticker.start()
 
-    # -- reporting ----------------------------------------------------------------------------
     def update(self, n: int = 1) -> None:
         self.n += n
         if self._bar is not None:
@@ -198,7 +197,6 @@ class Progress:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    # -- plain lines --------------------------------------------------------------------------
     _last_count = -1
 
     def status(self, now: float | None = None) -> str:

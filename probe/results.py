@@ -43,9 +43,8 @@ class EpochReport:
     val_map: list[float | None]
     test_map: list[float | None]
     active: list[bool]
-    # the active trials' current heads (n_active, D+1, C) in trial order (all T while none is
-    # stopped), bias in the last row, on the training device;
-    # read-only (analyses read the train logits through them; do not modify)
+    # the active trials' current heads (n_active, D+1, C) in trial order, bias in the last row,
+    # on the training device; read-only
     heads: Tensor | None = None
 
 
