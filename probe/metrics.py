@@ -15,13 +15,11 @@
   Every 0/0 is 0 (a class never predicted has precision 0, a class without positives recall 0).
   All six are reported x100.
 
-Conventions (team rule): every metric takes ``logits=`` or ``probs=`` explicitly, never guessing
-which. Scores are ``(N, C)`` or, with a leading trial axis, ``(T, N, C)`` (T stacked trials
-evaluated in one pass, no Python loop over classes or trials); ``targets`` are the full ground
-truth ``(N, C)`` as bool or integer 0/1, shared by all trials. AP is rank-based, so logits and
-probabilities give the same AP; AP ranks logits directly (a float32 sigmoid saturates to 1.0 and
-would create ties the model did not make). A column whose scores contain NaN gets AP = NaN
-(scikit-learn raises instead) so one diverged trial does not hide the other T - 1.
+Every metric takes ``logits=`` or ``probs=`` explicitly, never guessing which. Scores are
+``(N, C)`` or ``(T, N, C)`` (T stacked trials in one pass); ``targets`` are the full ground truth
+``(N, C)``, bool or integer 0/1, shared by all trials. AP ranks logits directly (a float32 sigmoid
+saturates to 1.0 and would create ties the model did not make). A column whose scores contain
+NaN gets AP = NaN (scikit-learn raises) so one diverged trial does not hide the other T - 1.
 
 Each metric validates its inputs, then calls an unchecked core that :class:`MetricAccumulator`
 shares.
