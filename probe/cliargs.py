@@ -182,8 +182,12 @@ def parse_names(text: str, flag: str = "--loss") -> list[str]:
 
 def parse_seeds(text: str, flag: str = "--seeds") -> list[int]:
     """Single-positive draw seeds: integers in [0, 2**32), e.g. ``"1200,1,2"``."""
-    seeds = _parse_list(text, flag, int, "integers", f"{PROTOCOL_SEED},1,2")
-    if any(s < 0 or s >= 2**32 for s in seeds):
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise SpmlError(f"{flag} must be integers separated by commas, e.g. {PROTOCOL_SEED},1,2; "
+                        f"got {plain(text)}") from None
+    if not seeds or any(s < 0 or s >= 2**32 for s in seeds):
         raise SpmlError(f"{flag} needs integers in [0, 2**32); got {plain(text)}")
     return seeds
 
