@@ -120,11 +120,9 @@ def synthetic_store(n_train: int = COCO_TRAIN_ROWS, dim: int = 2048, n_classes: 
                     progress: bool = True) -> Path:
     """Path of a cached COCO-shaped synthetic store, built on first use.
 
-    Labels: class popularity follows a Zipf-like law, each image has 1 + Poisson(1.9)
-    positives (about COCO's 2.9 per image). Features: non-negative like pooled ReLU features,
-    ``relu(0.5·y·P + 0.5·noise)`` with random class prototypes P; flipped features add small
-    noise. float16, with flips; pool sized so that the protocol's split gives ``n_train`` train
-    rows, test rows in COCO's proportion.
+    Zipf-like class popularity, 1 + Poisson(1.9) positives per image (COCO's ~2.9); float16
+    features ``relu(0.5·y·P + 0.5·noise)`` with random class prototypes P, flips with a little
+    more noise; the protocol's split gives ``n_train`` train rows, test rows in COCO's proportion.
     """
     from probe.store import StoreError, open_store, write_feature_store
     from probe.store.index import DatasetIndex, Phase

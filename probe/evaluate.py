@@ -155,11 +155,9 @@ class Evaluator:
                 result.best[f"{split}_ap"] = (100.0 * ap[j]).tolist()
 
     def finish(self) -> None:
-        """Test metrics of every trial's best head, once (skipped with ``test_curve``: the
-        best epoch's test figures were measured at that epoch), and with ``test_intervals``
-        each one's test-mAP interval: the same resamples and figures as
-        :func:`probe.intervals.attach_test_intervals` after the run, from the logits of this
-        final pass instead of a second one."""
+        """Test metrics of every trial's best head, once (with ``test_curve`` they were measured
+        at that epoch), and with ``test_intervals`` each one's test-mAP interval from the logits
+        of this pass (the figures of :func:`probe.intervals.attach_test_intervals`)."""
         idx = [t for t, r in enumerate(self.results) if r.best_epoch is not None]
         if not idx:
             return

@@ -114,12 +114,9 @@ class StackedOptimizer(ABC):
         return frozenset(self._stopped)
 
     def select_trials(self, keep: Iterable[int], params: Sequence[Tensor]) -> None:
-        """Keep only the trials ``keep`` (trial ids): a parameter without a kept trial leaves
-        the optimizer with its state; every other one keeps its kept trials' rows (in order),
-        its optimizer state too. ``params`` are the new, compacted tensors of the surviving
-        parameters, in order (the owner compacts them first: the head's rows, a loss's
-        :meth:`~probe.losses.Loss.select_trials`). Each kept trial then steps exactly as it
-        would have."""
+        """Keep only the trials ``keep`` (trial ids), each stepping exactly as it would have:
+        a parameter without a kept trial leaves with its state; ``params`` are the surviving
+        parameters' new tensors, in order, compacted by their owner to the kept rows."""
         kept = {int(t) for t in keep}
         survivors = [(i, [j for j, t in enumerate(ids) if t in kept])
                      for i, ids in enumerate(self._ids)]

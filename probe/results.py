@@ -155,12 +155,10 @@ def loss_package(loss: str) -> dict[str, str] | None:
         top = get_loss_class(loss).__module__.split(".")[0]
     except Exception:  # an unknown or broken loss: the record says nothing rather than fail
         return None
-    names = _packages().get(top) or []
-    if not names:
-        return None
     try:
-        return {"name": names[0], "version": md.version(names[0])}
-    except md.PackageNotFoundError:
+        name = _packages()[top][0]
+        return {"name": name, "version": md.version(name)}
+    except (KeyError, IndexError, md.PackageNotFoundError):
         return None
 
 

@@ -153,10 +153,8 @@ def plan_trials(data: ProbeData, config: ProbeConfig, loss: Loss | str,
 
 
 def train_prior(cls: type[Loss], config: ProbeConfig, data: ProbeData) -> Any:
-    """The train rows' prior for a loss that declares one (``Loss.prior``; docs/priors.md):
-    ``data.train_prior`` named ``config.priors``. Refused before training: a loss that needs a
-    prior without ``config.priors``, a prior for a loss that uses none, a name the data was not
-    loaded with."""
+    """``data.train_prior`` for a loss that declares one (``Loss.prior``; docs/priors.md), checked
+    against ``config.priors`` (:func:`check_prior_request`) and the prior the data carries."""
     name = getattr(config, "priors", None)
     check_prior_request(cls, name)
     if cls.prior is None:
