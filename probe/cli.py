@@ -248,10 +248,13 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         for t in trials:
             check_hparams(cls.hparam_specs, {k: v for k, v in t.items()
                                              if k not in TRAINER_KEYS}, cls.name)
+        check_prior_request(cls, args.priors)  # a missing or unwanted --priors: before loading
+    elif args.priors is not None:
+        raise SpmlError(f"the kNN baseline uses no prior, but --priors {args.priors} was given; "
+                        "drop --priors")
     if seeds is not None:
         config = dataclasses.replace(config, seeds=seeds)
         config.validate()
-        check_prior_request(cls, args.priors)  # a missing or unwanted --priors: before loading
     data = ProbeData.from_store(args.store, device=args.device,
                                 observed_seed=args.observed_seed, flip=not args.no_flip,
                                 priors=args.priors)
