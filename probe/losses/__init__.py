@@ -20,56 +20,12 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from ._base import (
-    DATA_QUANTITIES,
-    EntrywiseLoss,
-    HParam,
-    Loss,
-    LossContractError,
-    LossInputError,
-    LossOutput,
-    available,
-    check_hparam,
-    check_hparams,
-    check_inputs,
-    create_loss,
-    get_loss_class,
-    hp,
-    loss_origin,
-    mean_bc,
-    per_trial,
-    plugin_failures,
-    promote,
-    register,
-)
+from . import _base, _hparams
 
-__all__ = [
-    "DATA_QUANTITIES",
-    "EntrywiseLoss",
-    "HParam",
-    "Loss",
-    "LossContractError",
-    "LossInputError",
-    "LossOutput",
-    "available",
-    "check_hparam",
-    "check_hparams",
-    "check_inputs",
-    "create_loss",
-    "get_loss_class",
-    "hp",
-    "loss_origin",
-    "mean_bc",
-    "per_trial",
-    "plugin_failures",
-    "promote",
-    "register",
-]
-
-for _info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-    if _info.name.startswith("_") or _info.name == "testing":  # testing: for tests, on demand
-        continue
-    _module = importlib.import_module(f"{__name__}.{_info.name}")
-    for _name in getattr(_module, "__all__", ()):
+__all__: list[str] = []
+_public = (_info.name for _info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name)
+           if not _info.name.startswith("_") and _info.name != "testing")  # testing: on demand
+for _module in (_hparams, _base, *(importlib.import_module(f"{__name__}.{n}") for n in _public)):
+    for _name in _module.__all__:
         globals()[_name] = getattr(_module, _name)
         __all__.append(_name)

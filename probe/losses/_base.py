@@ -1,18 +1,7 @@
-"""The contract every SPML loss follows: input checks, hyperparameters, trial axis, registry.
-
-Conventions (``docs/losses.md``):
-
-* ``logits`` z is a float tensor ``(B, C)`` or, with a leading **trial axis**, ``(T, B, C)``.
-* ``observed`` y is an integer tensor ``(B, C)`` (or ``(T, B, C)``) with 1 = observed positive,
-  0 = unobserved, -1 = observed negative.
-* Hyperparameters are Python numbers or tensors of shape ``(T,)``; :func:`hp` views them as
-  ``(T, 1, 1)`` so that T configurations are evaluated in one call, returning ``(T,)`` losses.
-* float16 / bfloat16 logits are computed in float32 (a loss value in half precision loses the
-  digits that separate trials); float64 stays float64.
-
-Every loss exists as a pure function (validating its inputs, then calling an unchecked core) and
-as a registered :class:`Loss` object (validating once at construction / :meth:`Loss.setup`, then
-calling the same core in the training loop without host synchronisation).
+"""The contract every SPML loss follows (``docs/losses.md`` "Conventions"): the :class:`Loss`
+base class and the registry (built-ins and plugins). Every loss exists as a pure function
+(validating its inputs, then calling an unchecked core) and as a registered :class:`Loss`
+(validating once, before training, then calling the same core without host synchronisation).
 """
 
 from __future__ import annotations
@@ -40,32 +29,8 @@ from ._hparams import (
     promote,
 )
 
-__all__ = [
-    "DATA_QUANTITIES",
-    "EntrywiseLoss",
-    "HParam",
-    "Loss",
-    "LossContractError",
-    "LossInputError",
-    "LossOutput",
-    "available",
-    "check_hparam",
-    "check_inputs",
-    "create_loss",
-    "get_loss_class",
-    "hp",
-    "loss_origin",
-    "mean_bc",
-    "per_trial",
-    "plugin_failures",
-    "promote",
-    "register",
-]
-
-
-# --------------------------------------------------------------------------------------------
-# the registered loss object
-# --------------------------------------------------------------------------------------------
+__all__ = ["EntrywiseLoss", "Loss", "available", "create_loss", "get_loss_class", "loss_origin",
+           "plugin_failures", "register"]
 
 
 class Loss(nn.Module):
@@ -128,21 +93,7 @@ class Loss(nn.Module):
         needs a prior and gets none is refused before training (naming ``--priors``), and so is
         a prior given to a loss with ``prior = None``.
 
-    Hooks (the trainer's protocol, per run)::
-
-        loss = create_loss("gr", w_T=torch.tensor([2., 10.]))   # T = 2 stacked trials
-        loss.setup(observed_train, n_epochs=E, n_trials=T)        # once; validates labels
-        loss.set_prior(scores_train, extras)                       # once, if loss.prior is set
-        loss.manual_seed(seeds)                                    # one seed per trial
-        params = loss.extra_parameters()                           # trained with the head
-        for epoch in range(E):                                     # 0-indexed
-            loss.start_epoch(epoch)                                # schedules (GR, LL, SPLC)
-            for index in batches:                                  # rows of the train split
-                out = loss(logits[:, index-rows], observed_train[index], index=index)
-                out.loss.sum().backward()                          # (T,) -> one backward
-            if loss.needs_epoch_pass:
-                loss.end_epoch(epoch, train_logits)                # (T, N_train, C), no grad
-            loss.select_trials(keep)                               # when trials are pruned
+    Hooks, in the order the trainer calls them: ``docs/plugins.md`` "The contract".
 
     ``forward(logits, observed, index=None) -> LossOutput``: ``logits`` ``(T, B, C)`` (or
     ``(B, C)``), ``observed`` ``(B, C)`` int8 of -1/0/1, ``index`` the batch's rows of the
@@ -284,6 +235,20 @@ class Loss(nn.Module):
             )
         return value
 
+    def per_example(self, name: str, observed: Tensor, fill: Any, dtype: torch.dtype) -> None:
+        """Register state ``name`` ``(T, N_train, C)`` filled with ``fill``, in :meth:`setup`."""
+        self.register_buffer(name, torch.full((self.n_trials or 1, *observed.shape), fill,
+                                              dtype=dtype, device=observed.device))
+
+    def state_rows(self, name: str, index: Tensor | None, z: Tensor, why: str) -> Tensor:
+        """The batch's rows ``index`` of state ``name``: ``(T, B, C)`` for stacked logits ``z``,
+        else trial 0's ``(B, C)``; refused without ``index`` (``why``: what it looks up)."""
+        if index is None:
+            raise LossInputError(f"{self.name}: forward needs index= (the batch's row numbers in "
+                                 f"the train split) to {why}")
+        state = self.state(name)
+        return state[:, index] if z.ndim == 3 else state[0, index]
+
     def manual_seed(self, seeds: list[int]) -> None:
         """Seed the loss's own randomness, one seed per trial (vPU's MixUp draws λ).
 
@@ -377,10 +342,6 @@ class EntrywiseLoss(Loss):
         z = promote(logits)
         return LossOutput(mean_bc(self._entries(z, observed)), {})
 
-
-# --------------------------------------------------------------------------------------------
-# registry
-# --------------------------------------------------------------------------------------------
 
 _REGISTRY: dict[str, type[Loss]] = {}
 _ORIGINS: dict[str, str] = {}  # name -> "built-in", "plugin '…' of distribution '…'", "module …"
