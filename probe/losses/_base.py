@@ -14,18 +14,15 @@ import torch
 from torch import Tensor, nn
 
 from ._hparams import (
-    DATA_QUANTITIES,
     HParam,
     LossContractError,
     LossInputError,
     LossOutput,
     check_hparam,
     check_hparams,
-    check_inputs,
     close_matches,  # one rule for "did you mean", names and hyperparameters
     hp,
     mean_bc,
-    per_trial,
     promote,
 )
 

@@ -18,18 +18,8 @@ GPR (GR's k̂ = σ(w·sg(p) + b), v = exp(−(sg(p) − μ)²/2σ²) and L1-L3 w
         L3                                                 on y = −1 (GR)
     loss = mean over B·C + reg·(mean over the batch of Σ_c p − k)² / C²
 
-k is the expected number of positives per image (Cole et al.'s values; the val split's mean label
-count elsewhere), as EPR's.
-
-``released=True`` is the released code on every input (``get_pseudo_labels``' second value and
-``GPR_loss`` as ``train.py`` calls them): no pseudo-negative term; a DAMP pseudo-positive that
-also ranks among the ``int(neg_ratio * C)`` lowest of (g + tile mean)/2 (Python's float64
-product) is dropped; −log(x + 1e-7) on the observed positive and the pseudo-positives;
-``train.py``'s schedules (w, b at (e − 1)/E, μ, σ at e/E of the 1-indexed epoch e).
-
-The loss object computes DAMP's scores and both rankings once per train row when the prior is
-set (:meth:`GPR.prior_ready`; with a per-trial η the DAMP ranking stays per batch): a batch then
-only compares those ranks with top_k and ⌊neg_ratio·C⌋ and the scores with θ.
+with k EPR's expected positives per image. ``released=True`` is the released code on every
+input, and the loss object caches DAMP's scores and rankings per train row: docs/priors.md.
 """
 
 from __future__ import annotations
@@ -41,20 +31,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._base import (
+from ._base import register
+from ._hparams import (
     HParam,
     LossInputError,
     LossOutput,
-    check_hparam,
-    check_inputs,
+    check_call,
     hp,
     mean_bc,
     per_trial,
     promote,
-    register,
 )
-from .assume_negative import EXPECTED_POSITIVES, K_SPEC
-from .gr_loss import GR, GR_SPECS, Q_NOT_ROBUST, Q_TINY, gauss_coef, gr_core
+from .assume_negative import EXPECTED_POSITIVES, K_SPEC, expected_k
+from .gr_loss import GR, GR_SPECS, Q_TINY, gauss_coef, gr_core
 from .prior import PriorMixin, check_scores, rank_desc, rank_dtype, value_with_grad
 
 __all__ = ["damp_scores", "gpr", "gpr_pseudo_labels"]
@@ -94,7 +83,6 @@ _SPECS = (*(_Q1_GPR if s.name == "q1" else s for s in GR_SPECS), _LAM1, _LAM2, _
                   "NUS 1.9, CUB 31.4; else the val split's mean label count)"))
 
 
-# ----------------------------------------------------------------------------- pseudo-labels
 def damp_scores(global_scores: Tensor, tile_max: Tensor, tile_min: Tensor, observed: Tensor,
                 eta: float | Tensor = 0.3) -> Tensor:
     """DAMP's score per (image, class) from CLIP's global and tile scores (module docstring):
@@ -136,7 +124,6 @@ def gpr_pseudo_labels(scores: Tensor, observed: Tensor, top_k: float | Tensor = 
     return pos, lowest & ~pos
 
 
-# ----------------------------------------------------------------------------- loss core
 def _gpr_entries(z: Tensor, y: Tensor, gr_parts: Any, use_k: bool, pos: Tensor,
                  neg: Tensor | None, lam1, lam2, rho, released: bool = False) -> Tensor:
     rest = torch.lerp(gr_parts.l3, gr_parts.l2, gr_parts.k_hat) if use_k else gr_parts.l3
@@ -247,11 +234,9 @@ def gpr(logits: Tensor, observed: Tensor, scores: Tensor, *, w: float | Tensor =
              "lam1": lam1, "lam2": lam2, "rho": rho, "reg": reg, "k": k, "top_k": top_k,
              "threshold": threshold, "neg_ratio": neg_ratio, "pseudo_negatives": pseudo_negatives,
              "released": released}
-    values = {n: check_hparam(specs[n], v, "gpr") for n, v in given.items()}
-    z, y = check_inputs(logits, observed, values, loss="gpr")
+    z, y, values, h = check_call("gpr", logits, observed, {specs[n]: v for n, v in given.items()})
     s = check_scores(scores, y, "gpr")
     ns = s if negative_scores is None else check_scores(negative_scores, y, "gpr")
-    h = {n: hp(v, z) for n, v in values.items()}
     parts = gr_core(z, y, h["w_T"], h["b_T"], h["mu_T"], h["sigma_T"], h["q1"], h["q2"], h["q3"],
                      True, True)
     pos, neg = gpr_pseudo_labels(s, y, values["top_k"], values["threshold"], ns,
@@ -261,7 +246,6 @@ def gpr(logits: Tensor, observed: Tensor, scores: Tensor, *, w: float | Tensor =
     return mean_bc(out) + _expected_positives(z, h["k"], h["reg"])
 
 
-# ----------------------------------------------------------------------------- registered object
 def _aevlp(beta: tuple, q2q3: tuple, lam: tuple, reg: float, eta: float, threshold: float,
            negative_ratio: float, top_k: int, dataset: str) -> dict[str, float]:
     """One AEVLP config as hyperparameters (alpha = [0.5, 2, 0.8, 0.5] and rho 0.9 in all
@@ -373,11 +357,6 @@ CUB 24.89 mAP."""
                 self.register_buffer("prior_code", code, persistent=False)
                 self._coded = True
 
-    def set_hparam(self, name: str, value: Any) -> None:
-        super().set_hparam(name, value)
-        if getattr(self, "prior_scores", None) is not None:
-            self.prior_ready()  # the caches follow the rule's parameters
-
     def _fixed_damp(self) -> bool:
         return not self.has_prior("tile_max") or not isinstance(self.hparam("eta"), Tensor)
 
@@ -411,18 +390,11 @@ CUB 24.89 mAP."""
             pos, neg = code == 1, code == 2
         else:
             pos, neg = self._pseudo_labels(observed, index, released)
-        w, b, mu, sigma = self._current(z)
-        if self.hparam("robust"):
-            qs = [hp(self.hparam(q), z) for q in ("q1", "q2", "q3")]
-        else:
-            qs = [Q_NOT_ROBUST] * 3
-        use_k = self.hparam("use_k")
-        if self.hparam("k") is None:
-            raise LossInputError("gpr: hyperparameter 'k' (expected positives per image) is not "
-                                 "set; pass k=… or let the trainer fill it from the dataset")
+        expected_k(self)
         h = {n: hp(self.hparam(n), z) for n in ("lam1", "lam2", "rho", "reg", "k")}
         neg = neg if self.hparam("pseudo_negatives") and not released else None
         with torch.no_grad():  # the value, and its gradient in closed form (value_with_grad)
-            value, grad = _gpr_value_grad(z.detach(), observed, pos, neg, [w, b, mu, sigma], qs,
-                                          use_k, self.hparam("use_v"), h, released)
+            value, grad = _gpr_value_grad(z.detach(), observed, pos, neg, self._current(z),
+                                          self._qs(z), self.hparam("use_k"), self.hparam("use_v"),
+                                          h, released)
         return LossOutput(value_with_grad(z, value, grad), {})

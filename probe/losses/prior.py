@@ -103,6 +103,13 @@ class PriorMixin(Loss):
                            else "scores only")
         self.prior_ready()
 
+    def set_hparam(self, name: str, value: Any) -> None:
+        """:meth:`Loss.set_hparam`, then :meth:`prior_ready` again once the prior is set (the
+        caches follow the hyperparameters)."""
+        super().set_hparam(name, value)
+        if getattr(self, "prior_scores", None) is not None:
+            self.prior_ready()
+
     def prior_ready(self) -> None:
         """Called after :meth:`set_prior` stored the buffers: precompute here, once per train
         row, what depends only on the prior and ``observed_train`` (kept as buffers without a

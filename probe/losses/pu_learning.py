@@ -39,17 +39,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._base import (
+from ._base import Loss, register
+from ._hparams import (
     HParam,
-    Loss,
     LossInputError,
     LossOutput,
-    check_hparam,
-    check_inputs,
+    check_call,
     hp,
     per_trial,
     promote,
-    register,
 )
 
 __all__ = ["vpu"]
@@ -74,7 +72,6 @@ _TAU_MIN = 1e-3  # floor of the adaptive temperature (docs/losses.md); the refer
 _LAM_BLOCK = 256  # λ draws per trial moved to the device at once (one transfer per 256 steps)
 
 
-# ----------------------------------------------------------------------------- unchecked core
 def _log_sigmoid(x: Tensor) -> Tensor:
     """log σ(x) = −softplus(−x): the same stable value as ``F.logsigmoid``, whose CPU kernel
     opens a thread pool per call (milliseconds per call on a busy 2-core machine)."""
@@ -116,7 +113,6 @@ def _vpu_parts(z: Tensor, y: Tensor, gamma, temp_alpha, lam) -> tuple[Tensor, Te
     return var, reg
 
 
-# ----------------------------------------------------------------------------- pure function
 def vpu(
     logits: Tensor,
     observed: Tensor,
@@ -135,25 +131,19 @@ def vpu(
     generators instead (:meth:`VPU.manual_seed`). Returns the sum over classes: a scalar, or
     ``(T,)`` for ``(T, B, C)`` logits.
     """
-    values = {
-        "gamma": check_hparam(_GAMMA, gamma, "vpu"),
-        "temp_alpha": check_hparam(_TEMP_ALPHA, temp_alpha, "vpu"),
-        "mix_weight": check_hparam(_MIX_WEIGHT, mix_weight, "vpu"),
-        "mix_alpha": check_hparam(_MIX_ALPHA, mix_alpha, "vpu"),
-    }
+    given = {_GAMMA: gamma, _TEMP_ALPHA: temp_alpha, _MIX_WEIGHT: mix_weight, _MIX_ALPHA: mix_alpha}
     if lam is not None:
-        values["lam"] = check_hparam(replace(_LAM, optional=False), lam, "vpu")
-    z, y = check_inputs(logits, observed, values, loss="vpu")
+        given[replace(_LAM, optional=False)] = lam
+    z, y, values, h = check_call("vpu", logits, observed, given)
     if lam is None:
         a = values["mix_alpha"]
         a = a.double() if isinstance(a, Tensor) else torch.tensor(a, dtype=torch.float64)
         shape = (z.shape[0],) if z.ndim == 3 and a.ndim == 0 else ()  # one λ per trial
         lam = torch.distributions.Beta(a, a).sample(shape)
-    var, reg = _vpu_parts(z, y, hp(values["gamma"], z), hp(values["temp_alpha"], z), hp(lam, z))
-    return var + per_trial(hp(values["mix_weight"], z)) * reg
+    var, reg = _vpu_parts(z, y, h["gamma"], h["temp_alpha"], hp(lam, z))
+    return var + per_trial(h["mix_weight"]) * reg
 
 
-# ----------------------------------------------------------------------------- registered object
 @register
 class VPU(Loss):
     host_per_step = True  # λ drawn per step from numpy generators
