@@ -32,72 +32,42 @@ __all__ = ["EntrywiseLoss", "Loss", "available", "create_loss", "get_loss_class"
 
 class Loss(nn.Module):
     """Base class of a registered loss: the contract every loss -- built-in or plugin -- keeps
-    (``docs/plugins.md`` walks through writing one).
+    (``docs/plugins.md`` walks through writing one). A subclass sets the class attributes below,
+    implements :meth:`forward` and is registered with :func:`register`, which checks them.
 
-    A subclass sets the class attributes below, implements :meth:`forward`, and is registered
-    with :func:`register` (built-ins: a module of ``probe/losses/``; plugins: the entry-point
-    group ``spml_probe.losses``). Stateful losses also implement :meth:`setup` (allocate
-    per-example state as buffers/parameters of shape ``(T, N_train, C)``), and
-    :meth:`end_epoch` where the paper has a per-epoch pass. A loss that reads a prior
-    (per-image class scores from a vision-language model, ``docs/priors.md``) names it in
-    :attr:`prior` and receives the train rows' scores once in :meth:`set_prior`
-    (``probe.losses.PriorMixin`` keeps them and gathers a batch's rows by ``index``).
+    ``name``: the registry name (``--loss NAME``): letters, digits and ``_``; unique.
+    ``paper``: the paper and equation it implements, one line (``spml losses list``).
+    ``formula``: the per-entry terms and the reduction written out (``spml losses show``).
+    ``hparam_specs``: a tuple of :class:`HParam` (default, valid and search ranges, a doc line
+    naming the paper's value; ``from_data`` for one the trainer fills, :data:`DATA_QUANTITIES`).
+    ``presets``: the paper's hyperparameters per dataset, ``{"coco": {"w_T": 10.0}}`` (the
+    probe's for a store of that dataset, a study's first trial).
+    ``train_presets``: the paper's ``batch_size``, ``lr``, ``epochs``, ``head_lr_mult`` per
+    dataset (:func:`probe.config.resolve_training`).
+    ``stateful``: keeps per-example state over the train split, allocated as ``(T, N_train,
+    C)`` buffers/parameters in :meth:`setup`; needs ``forward(..., index=rows)``.
+    ``needs_epoch_pass``: :meth:`end_epoch` gets the whole train split's logits (a no-grad pass
+    after each epoch).
+    ``notes``: deviations from the paper, reconstructed parts (``spml losses show``).
+    ``trial_state``: the buffers/parameters with a leading trial axis, whose rows
+    :meth:`select_trials` keeps when a pruned trial leaves the stack; ``()`` (the default): none
+    is per trial; ``None``: a stopped trial stays in the stack, frozen. A loss with state
+    (``stateful``, ``needs_epoch_pass``, its own ``setup``/``end_epoch``/``manual_seed``/
+    ``extra_parameters``) must declare it (docs/plugins.md "Pruning").
+    ``host_per_step``: ``forward`` draws on the host or changes shapes between steps, so the
+    step is never captured as a CUDA graph.
+    ``prior``: None, or what it reads from a store's ``priors/<name>`` (e.g. "class scores"):
+    the trainer hands the train rows' prior to :meth:`set_prior` once, after :meth:`setup`
+    (:class:`~probe.losses.PriorMixin`); a missing or unexpected prior is refused before
+    training, naming ``--priors``.
 
-    Class attributes (the contract; :func:`register` checks them):
-
-    ``name``
-        The registry name (``--loss NAME``): lower case, letters, digits and ``_``; unique.
-    ``paper``
-        The paper and equation the loss implements (one line; shown by ``spml losses list``).
-    ``formula``
-        The loss written out (``spml losses show``): the per-entry terms and the reduction.
-    ``hparam_specs``
-        A tuple of :class:`HParam`: each hyperparameter's default, valid range, search range
-        (studies sample from it) and a doc line naming the paper's value; ``from_data`` for one
-        the trainer fills from the data (:data:`DATA_QUANTITIES`).
-    ``presets``
-        The paper's hyperparameter values per dataset, ``{"coco": {"w_T": 10.0}}`` (used by
-        the probe for a store of that dataset, and run first by a study).
-    ``train_presets``
-        The paper's training settings per dataset, ``{"coco": {"batch_size": 16, "lr": 1e-5,
-        "epochs": 8, "head_lr_mult": 10}}`` (:func:`probe.config.resolve_training`).
-    ``stateful``
-        True when the loss keeps per-example state over the train split: it needs
-        :meth:`setup` with the train labels and ``forward(..., index=rows)``.
-    ``needs_epoch_pass``
-        True when :meth:`end_epoch` needs the whole train split's logits (an extra no-grad
-        pass over the train features after each epoch).
-    ``notes``
-        Deviations from the paper, reconstructed parts (shown by ``spml losses show``).
-    ``trial_state``
-        The names of the buffers/parameters that hold per-trial state (leading trial axis T),
-        which :meth:`select_trials` keeps the rows of when a pruned trial leaves the stack.
-        ``()`` (the default) when no state is per trial. ``None`` opts out: the trainer then
-        keeps a stopped trial in the stack, frozen (its rows still compute, results are the
-        same, later epochs are slower). A loss with state -- ``stateful``,
-        ``needs_epoch_pass``, or its own ``setup``/``end_epoch``/``manual_seed``/
-        ``extra_parameters`` -- must declare it explicitly; :func:`register` refuses it
-        otherwise.
-    ``host_per_step``
-        True when ``forward`` draws on the host or changes tensor shapes between steps; the
-        trainer then never captures the step as a CUDA graph (which would replay one step's
-        draws).
-    ``prior``
-        The prior it needs (per-image class scores, a store's ``priors/<name>``;
-        ``docs/priors.md``): None = uses none; else what it reads, e.g. "class scores". The
-        trainer hands the train rows' prior to :meth:`set_prior` once, after :meth:`setup`; the
-        loss indexes it per batch with ``index`` (shared by the stacked trials). A loss that
-        needs a prior and gets none is refused before training (naming ``--priors``), and so is
-        a prior given to a loss with ``prior = None``.
-
-    Hooks, in the order the trainer calls them: ``docs/plugins.md`` "The contract".
-
-    ``forward(logits, observed, index=None) -> LossOutput``: ``logits`` ``(T, B, C)`` (or
-    ``(B, C)``), ``observed`` ``(B, C)`` int8 of -1/0/1, ``index`` the batch's rows of the
-    train split; returns the ``(T,)`` (or scalar) loss and its named parts. It must not
-    synchronise with the host (no ``.item()``, ``bool(tensor)``, ``nonzero``): the inputs were
-    validated once, before training. Hyperparameters are read with :meth:`hparam` and viewed
-    for broadcasting with :func:`hp`; half-precision logits are promoted (:func:`promote`).
+    The hooks, in the trainer's order: ``docs/plugins.md`` "The contract". ``forward(logits,
+    observed, index=None) -> LossOutput`` takes ``(T, B, C)`` (or ``(B, C)``) logits, ``(B, C)``
+    int8 labels of -1/0/1 and the batch's train rows; it returns the ``(T,)`` (or scalar) loss
+    and its named parts, without synchronising with the host (no ``.item()``, ``bool(tensor)``,
+    ``nonzero``): the inputs were validated before training. Hyperparameters are read with
+    :meth:`hparam` and viewed with :func:`hp`; half-precision logits are promoted
+    (:func:`promote`).
     """
 
     name: ClassVar[str] = ""
@@ -123,14 +93,10 @@ class Loss(nn.Module):
                 f"lengths {sorted(t_sizes)}"
             )
         self.n_trials: int | None = t_sizes.pop() if t_sizes else None
-        self._hp_names = []
-        self._static: dict[str, Any] = {}
+        self._hp_names: list[str] = []  # those held as (T,) or 0-d tensor buffers hp_<name>
+        self._static: dict[str, Any] = {}  # the others, as Python values
         for name, value in values.items():
-            if isinstance(value, Tensor):
-                self.register_buffer(f"hp_{name}", value.clone())
-                self._hp_names.append(name)
-            else:
-                self._static[name] = value
+            self._keep(name, value)
         self.epoch = 0
         self.n_epochs = 1
 
@@ -147,7 +113,6 @@ class Loss(nn.Module):
             parts.append(f"preset={preset!r}")
         return f"{type(self).__name__}({', '.join(parts)})"
 
-    # -- hyperparameters ----------------------------------------------------------------------
     def hparam(self, name: str) -> Any:
         """The hyperparameter's value: a number, or a ``(T,)`` tensor buffer."""
         if name in self._static:
@@ -160,12 +125,16 @@ class Loss(nn.Module):
         if spec is None:
             check_hparams(self.hparam_specs, {name: value}, self.name)  # raises with a hint
         value = check_hparam(spec, value, self.name)
+        if isinstance(value, Tensor) and value.ndim == 1 and self.n_trials not in (
+                None, value.shape[0]):
+            raise LossInputError(f"{self.name}: hyperparameter '{name}' must have shape "
+                                 f"({self.n_trials},); got {tuple(value.shape)}")
+        self._keep(name, value)
+
+    def _keep(self, name: str, value: Any) -> None:
+        """Hold a checked value: a tensor as the buffer ``hp_<name>`` (updated in place), a
+        number in ``_static``."""
         if isinstance(value, Tensor):
-            if self.n_trials is not None and value.ndim == 1 and value.shape[0] != self.n_trials:
-                raise LossInputError(
-                    f"{self.name}: hyperparameter '{name}' must have shape ({self.n_trials},); got "
-                    f"{tuple(value.shape)}"
-                )
             self._static.pop(name, None)
             if name in self._hp_names:
                 getattr(self, f"hp_{name}").copy_(value)
@@ -182,17 +151,11 @@ class Loss(nn.Module):
 
     def hparams_dict(self) -> dict[str, Any]:
         """All hyperparameters as plain Python values (tensors as lists), e.g. for results JSON."""
-        out = dict(self._static)
-        for name in self._hp_names:
-            out[name] = getattr(self, f"hp_{name}").tolist()
-        return out
+        return {**self._static, **{n: getattr(self, f"hp_{n}").tolist() for n in self._hp_names}}
 
-    # -- the training protocol ----------------------------------------------------------------
     def setup(self, observed: Tensor, n_epochs: int, n_trials: int | None = None) -> None:
-        """Called once before training with the train split's observed labels ``(N, C)``.
-
-        Stateless losses only record ``n_epochs``; stateful ones allocate their state here.
-        """
+        """Called once before training with the train split's observed labels ``(N, C)``:
+        stateless losses only record ``n_epochs``; stateful ones allocate their state here."""
         if n_trials is not None and self.n_trials is not None and n_trials != self.n_trials:
             raise LossInputError(
                 f"{self.name}: the hyperparameters describe {self.n_trials} trials but the "
@@ -287,9 +250,6 @@ class Loss(nn.Module):
                 setattr(self, name, trial_rows(value, keep))
         self.n_trials = len(keep)
 
-    # subclasses define: forward(self, logits, observed, index=None) -> LossOutput
-
-    # -- documentation ------------------------------------------------------------------------
     @classmethod
     def describe(cls) -> str:
         """A human-readable card: paper, formula, defaults, searchable ranges, presets, notes."""

@@ -13,20 +13,14 @@ All entries of a column form the unlabeled set (positives included); per class c
     L_reg = Σ_c mean_b (log t̃ − log σ(z̃))²                             vPU MixUp regulariser
     loss  = L_var + mix_weight · L_reg                                   (Eq. 8, weight 1)
 
-* std is the population standard deviation over the batch (÷B, as the reference); the 1e-3 floor
-  is ours (the reference divides by a zero std for a constant column).
+* std is the population std over the batch (÷B, as the reference); the 1e-3 floor is ours.
 * **No positive in a column** (of this batch): that class's second term is 0 (the reference
   zeroes 1/|P|), its unlabeled term stays.
 * log(mean_b s) = logsumexp_b(log s) − log B, exact from logits even when every s underflows.
-* MixUp: the first ⌊B/2⌋ rows are mixed with the last ⌊B/2⌋ rows (the middle row of an odd batch
-  is left out, as in the reference; a batch of 1 has no pair and L_reg = 0) with one
-  λ ~ Beta(mix_alpha, mix_alpha) per step and trial: targets t = 1 on observed positives and
-  σ(z) elsewhere, t̃ = λ t₁ + (1−λ) t₂, z̃ = λ z₁ + (1−λ) z₂. Mixing the logits is **exact** for
-  a linear head: W(λx₁ + (1−λ)x₂) + b = λ(Wx₁ + b) + (1−λ)(Wx₂ + b). The MixUp uses the raw
-  logits (no temperature) and, as the reference, keeps the gradient through the σ(z) targets.
-  The reference also shuffles the first half before pairing; our batches come in random order,
-  so we pair row i with row i + ⌈B/2⌉ (the same distribution of pairs).
-* Reduction: **sum over classes** of per-class batch means (the paper's Σ_c), not the B·C mean.
+* MixUp (pairs, λ draws and why mixing logits is exact: :class:`VPU`'s notes): t = 1 on
+  observed positives, σ(z) elsewhere; t̃ = λ t₁ + (1−λ) t₂, z̃ = λ z₁ + (1−λ) z₂ on the raw
+  logits, the gradient flowing through the σ(z) targets as in the reference; a batch of 1 has
+  no pair (L_reg = 0).
 """
 
 from __future__ import annotations
