@@ -314,20 +314,13 @@ CUB 24.89 mAP."""
             raise LossInputError("gpr: learn_kv=True is not supported (AEVLP schedules w, b, "
                                  "mu, sigma as GR does); drop it")
 
-    def _refresh_schedule(self) -> None:
-        super()._refresh_schedule()
+    def _fractions(self) -> dict[str, float]:
+        """released: train.py's, at 1-indexed epoch e of E: w, b at (e − 1)/E, μ, σ at e/E (never
+        quite w_T, b_T); else GR's."""
         if not self.hparam("released"):
-            return
-        # train.py, 1-indexed epoch e of E: w, b at (e − 1)/E, μ, σ at e/E (never quite w_T, b_T)
+            return super()._fractions()
         e, n = self.epoch, self.n_epochs
-        for name, frac in (("w", e / n), ("b", e / n), ("mu", (e + 1) / n),
-                           ("sigma", (e + 1) / n)):
-            v0, vt = self.hparam(f"{name}_0"), self.hparam(f"{name}_T")
-            value = v0 + (vt - v0) * frac
-            if isinstance(value, Tensor):
-                getattr(self, f"now_{name}").copy_(value)
-            else:
-                self._now[name] = float(value)
+        return {"w": e / n, "b": e / n, "mu": (e + 1) / n, "sigma": (e + 1) / n}
 
     def prior_ready(self) -> None:
         """Once per train row: DAMP's scores s (a fixed η) and its ranking, and the ranking of

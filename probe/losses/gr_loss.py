@@ -302,15 +302,14 @@ parts: k_hat, v, l1, l2, l3 per entry (…, B, C), detached (see GRParts)."""
         self._now: dict[str, float] = {}
         self._refresh_schedule()
 
-    def _fraction(self) -> float:
-        if self.n_epochs <= 1:
-            return 1.0
-        return min(max(self.epoch / (self.n_epochs - 1), 0.0), 1.0)
+    def _fractions(self) -> dict[str, float]:
+        """How far each of w, b, μ, σ has moved from v_0 to v_T: e/(E−1) of the 0-indexed epoch."""
+        frac = 1.0 if self.n_epochs <= 1 else min(max(self.epoch / (self.n_epochs - 1), 0.0), 1.0)
+        return dict.fromkeys(_KV, frac)
 
     def _refresh_schedule(self) -> None:
         """Set the current (w, b, μ, σ): Python floats, or (T,) non-persistent buffers."""
-        frac = self._fraction()
-        for n in _KV:
+        for n, frac in self._fractions().items():
             v0, vt = self.hparam(f"{n}_0"), self.hparam(f"{n}_T")
             value = v0 + (vt - v0) * frac
             buf = f"now_{n}"
