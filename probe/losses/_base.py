@@ -322,12 +322,6 @@ def trial_rows(value: Tensor, keep: list[int]) -> Tensor:
     return value[torch.tensor(keep, device=value.device)].contiguous()
 
 
-def _declares(cls: type, attr: str) -> bool:
-    """Whether ``cls`` itself (or a class between it and the library's bases) sets ``attr``."""
-    return any(attr in vars(k) for k in cls.__mro__ if k not in (Loss, EntrywiseLoss)
-               and issubclass(k, Loss))
-
-
 def _check_contract(cls: Any) -> None:
     """Refuse a class that breaks the :class:`Loss` contract, naming what to declare."""
     what = getattr(cls, "__qualname__", repr(cls))
@@ -364,7 +358,9 @@ def _check_contract(cls: Any) -> None:
                                 f"buffer/parameter names, () or None; got {ts!r}")
     hooks = [h for h in _STATE_HOOKS if getattr(cls, h) is not getattr(Loss, h)]
     flags = [f for f in ("stateful", "needs_epoch_pass") if getattr(cls, f)]
-    if (hooks or flags) and not _declares(cls, "trial_state"):
+    declares = any("trial_state" in vars(k) for k in cls.__mro__  # not only the library's bases
+                   if k not in (Loss, EntrywiseLoss) and issubclass(k, Loss))
+    if (hooks or flags) and not declares:
         why = ", ".join([f"{f}=True" for f in flags] + [f"defines {h}()" for h in hooks])
         raise LossContractError(
             f"register: loss '{name}' ({what}) may keep state over training ({why}) but "

@@ -108,23 +108,18 @@ class GRParts(NamedTuple):
     l3: Tensor
 
 
-def _gce(log_x: Tensor, q) -> Tensor:
-    """(1 − x^q)/q from log x (Eq. 14) as −expm1(q·log x)/q, stable for all q ≥ 0; q = 0 gives
-    −log x exactly (a per-trial q is clamped at :data:`Q_TINY`, the gradient −x^q stays finite)."""
+def _gce_logits(z: Tensor, q, negative: bool) -> Tensor:
+    """(1 − x^q)/q (Eq. 14) for x = σ(z), or x = σ(−z) = 1 − σ(z) (``negative``), as
+    −expm1(q·log x)/q from log x = logsigmoid(±z): stable for all q ≥ 0, q = 0 gives −log x
+    exactly (a per-trial q is clamped at :data:`Q_TINY`, the gradient −x^q stays finite). A
+    number q = 1 (L3's paper value) is 1 − x, computed directly as a sigmoid."""
+    if not isinstance(q, Tensor) and q == 1.0:
+        return torch.sigmoid(z if negative else -z)
+    log_x = F.logsigmoid(-z if negative else z)
     if isinstance(q, Tensor):
         q = q.clamp_min(Q_TINY)
         return torch.expm1(q * log_x) / -q
-    if q < Q_TINY:
-        return -log_x
-    return torch.expm1(q * log_x) * (-1.0 / q)
-
-
-def _gce_logits(z: Tensor, q, negative: bool) -> Tensor:
-    """(1 − x^q)/q for x = σ(z), or x = σ(−z) = 1 − σ(z) (``negative``); a number q = 1 (L3's
-    paper value) is 1 − x, computed directly as a sigmoid."""
-    if not isinstance(q, Tensor) and q == 1.0:
-        return torch.sigmoid(z if negative else -z)
-    return _gce(F.logsigmoid(-z if negative else z), q)
+    return -log_x if q < Q_TINY else torch.expm1(q * log_x) * (-1.0 / q)
 
 
 def gauss_coef(sigma):

@@ -24,7 +24,6 @@ then batch order (row, class); the released code changes every entry tied at the
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -139,7 +138,9 @@ def _ll_core(
     return mean_bc(torch.where(changed, replacement, entries)), changed
 
 
-def _check_epoch(epoch: Any, loss: str) -> int:
+def _checked(logits, observed, delta_rel, epoch, loss):
+    """The LL pure functions' checks: Δ, the inputs, then the 1-indexed ``epoch``."""
+    z, y, values, _ = check_call(loss, logits, observed, {_DELTA: delta_rel})
     if epoch is None:
         raise LossInputError(
             f"{loss}: 'epoch' is required: the 1-indexed epoch number (epoch 1 changes nothing, "
@@ -150,12 +151,7 @@ def _check_epoch(epoch: Any, loss: str) -> int:
             f"{loss}: 'epoch' must be the 1-indexed epoch number (an int >= 1, as in the paper; "
             f"epoch 1 changes nothing); got {epoch!r}"
         )
-    return epoch
-
-
-def _checked(logits, observed, delta_rel, epoch, loss):
-    z, y, values, _ = check_call(loss, logits, observed, {_DELTA: delta_rel})
-    return z, y, values["delta_rel"], _check_epoch(epoch, loss)
+    return z, y, values["delta_rel"], epoch
 
 
 def ll_r(

@@ -284,17 +284,6 @@ def opml_correct_labels(
     return out[0] if squeeze else out
 
 
-def _check_observed_train(observed: Tensor, loss: str) -> Tensor:
-    """The train split's labels ``(N, C)`` of −1/0/1 as int8, on their own device."""
-    if not isinstance(observed, Tensor) or observed.ndim != 2:
-        raise LossInputError(
-            f"{loss}: 'observed' must be the train split's labels, a (N, C) tensor of -1/0/1; got "
-            f"{tuple(observed.shape) if isinstance(observed, Tensor) else type(observed).__name__}"
-        )
-    _, y = check_inputs(torch.zeros(observed.shape, device=observed.device), observed, loss=loss)
-    return y.to(torch.int8)
-
-
 @register
 class ZLPR(Loss):
     name = "zlpr"
@@ -362,8 +351,13 @@ class OPML(Loss):
         super().setup(observed, n_epochs, n_trials)
         if not self.needs_epoch_pass:
             return
-        observed = _check_observed_train(observed, "opml.setup")
-        self.register_buffer("observed_train", observed, persistent=False)
+        if not isinstance(observed, Tensor) or observed.ndim != 2:
+            got = tuple(observed.shape) if isinstance(observed, Tensor) else type(observed).__name__
+            raise LossInputError("opml.setup: 'observed' must be the train split's labels, a "
+                                 f"(N, C) tensor of -1/0/1; got {got}")
+        _, y = check_inputs(torch.zeros(observed.shape, device=observed.device), observed,
+                            loss="opml.setup")
+        self.register_buffer("observed_train", y.to(torch.int8), persistent=False)
         self.register_buffer("ap", torch.full((self.n_trials or 1, observed.shape[1]), math.nan,
                                               device=observed.device))
         if self.hparam("correct"):

@@ -81,23 +81,16 @@ def _focal_entries(z: Tensor, y: Tensor, gamma) -> Tensor:
     return torch.where(y > 0, pos, neg)
 
 
-def _log_clip(clip) -> float | Tensor:
-    """log c, with log 0 = −inf (a tensor c may hold zeros)."""
-    if isinstance(clip, Tensor):
-        return torch.log(clip)
-    return math.log(clip) if clip > 0 else -math.inf
-
-
 def _asl_entries(z: Tensor, y: Tensor, gamma_pos, gamma_neg, clip) -> Tensor:
     log_p, log_1mp = F.logsigmoid(z), F.logsigmoid(-z)
     # log(1 − p_m) = log((1 − p) + min(c, p)) = logaddexp(log(1−p), min(log c, log p)): exact for
     # every c in [0, 1), finite with a finite gradient even where 1 − p underflows.
-    if not isinstance(clip, Tensor) and clip == 0:
+    if isinstance(clip, Tensor):  # log 0 = −inf where a per-trial c is 0
+        log_1mpm = torch.logaddexp(log_1mp, log_p.minimum(torch.log(clip)))
+    elif clip == 0:
         log_1mpm = log_1mp
     else:
-        log_c = _log_clip(clip)
-        capped = log_p.clamp_max(log_c) if isinstance(log_c, float) else log_p.minimum(log_c)
-        log_1mpm = torch.logaddexp(log_1mp, capped)
+        log_1mpm = torch.logaddexp(log_1mp, log_p.clamp_max(math.log(clip)))
     with torch.no_grad():  # asymmetric focusing weights under stop-gradient (docs/losses.md)
         w_pos = _pow_exp(gamma_pos, log_1mp)
         p_m = (torch.sigmoid(z) - clip).clamp_min(0.0)
