@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from . import _plugins
 from ._hparams import (
     HParam,
     LossContractError,
@@ -418,13 +419,11 @@ def _load_plugin(ep: Any) -> None:
     "module:Class"``, the entry point's name being the loss's name), once per process. A plugin
     that raises anything while it loads (``SystemExit`` included; not ``KeyboardInterrupt``) or
     breaks the rule leaves no loss behind and is recorded (:func:`plugin_failures`)."""
-    from ._plugins import PluginFailure, distribution_text, error_line
-
     with _PLUGIN_LOCK:
         if ep.name in _PLUGINS["tried"]:
             return
         _PLUGINS["tried"].add(ep.name)
-        dist = distribution_text(ep)
+        dist = _plugins.distribution_text(ep)
         before = dict(_REGISTRY)
         origin = _PLUGINS["loading"] = f"plugin '{ep.name}' of {dist}"
         try:
@@ -454,8 +453,8 @@ def _load_plugin(ep: Any) -> None:
             for name in set(_REGISTRY) - set(before):
                 del _REGISTRY[name]
                 _ORIGINS.pop(name, None)
-            _PLUGINS["failures"].append(PluginFailure(
-                ep.name, ep.value, dist, error_line(err)))
+            _PLUGINS["failures"].append(_plugins.PluginFailure(
+                ep.name, ep.value, dist, _plugins.error_line(err)))
         finally:
             _PLUGINS["loading"] = None
 
@@ -463,10 +462,8 @@ def _load_plugin(ep: Any) -> None:
 def _plugin_points() -> dict[str, Any]:
     """The installed entry points of ``spml_probe.losses`` by name (read from the
     distributions' metadata; nothing is imported). The first of two with one name wins."""
-    from ._plugins import entry_points
-
     points: dict[str, Any] = {}
-    for ep in entry_points():
+    for ep in _plugins.entry_points():
         points.setdefault(ep.name, ep)
     return points
 

@@ -124,9 +124,11 @@ def gpr_pseudo_labels(scores: Tensor, observed: Tensor, top_k: float | Tensor = 
     return pos, lowest & ~pos
 
 
-def _gpr_entries(z: Tensor, y: Tensor, gr_parts: Any, use_k: bool, pos: Tensor,
-                 neg: Tensor | None, lam1, lam2, rho, released: bool = False) -> Tensor:
-    rest = torch.lerp(gr_parts.l3, gr_parts.l2, gr_parts.k_hat) if use_k else gr_parts.l3
+def _gpr_entries(z: Tensor, y: Tensor, gr_parts: Any, pos: Tensor, neg: Tensor | None, lam1,
+                 lam2, rho, released: bool = False) -> Tensor:
+    """GPR's per-entry terms with autograd (:func:`gpr`, the reference of the registered loss's
+    closed form, :func:`_gpr_value_grad`)."""
+    rest = torch.lerp(gr_parts.l3, gr_parts.l2, gr_parts.k_hat)
     if released:  # the code's neg_log: −log(x + 1e-7)
         p = torch.sigmoid(z)
         lp, ln = -torch.log(p + RELEASED_LOG_EPS), -torch.log(1 - p + RELEASED_LOG_EPS)
@@ -241,7 +243,7 @@ def gpr(logits: Tensor, observed: Tensor, scores: Tensor, *, w: float | Tensor =
                      True, True)
     pos, neg = gpr_pseudo_labels(s, y, values["top_k"], values["threshold"], ns,
                                  values["neg_ratio"], released)
-    out = _gpr_entries(z, y, parts, True, pos, neg if pseudo_negatives and not released else None,
+    out = _gpr_entries(z, y, parts, pos, neg if pseudo_negatives and not released else None,
                        h["lam1"], h["lam2"], h["rho"], released)
     return mean_bc(out) + _expected_positives(z, h["k"], h["reg"])
 
@@ -336,7 +338,7 @@ CUB 24.89 mAP."""
                            else "scores as DAMP's s")
         self._damp_cached = self._coded = False
         if self._fixed_damp():
-            s = self._damp(g, self.observed_train, ("tile_max", "tile_min"), None)
+            s = self._damp(g, self.observed_train, None)
             self.register_buffer("prior_damp", s.contiguous(), persistent=False)
             self.register_buffer("prior_rank_pos", rank_desc(s).to(dtype), persistent=False)
             self._damp_cached = True
@@ -353,14 +355,12 @@ CUB 24.89 mAP."""
     def _fixed_damp(self) -> bool:
         return not self.has_prior("tile_max") or not isinstance(self.hparam("eta"), Tensor)
 
-    def _damp(self, g: Tensor, observed: Tensor, keys: tuple[str, str], index: Tensor | None
-              ) -> Tensor:
+    def _damp(self, g: Tensor, observed: Tensor, index: Tensor | None) -> Tensor:
+        """DAMP's s of the train rows (``index`` None) or a batch's; ``g`` without tile extras."""
         if not self.has_prior("tile_max"):
             return g
-        if index is None:
-            tmax, tmin = self.prior_tile_max, self.prior_tile_min
-        else:
-            tmax, tmin = self.prior_rows(index, keys)
+        tmax, tmin = ((self.prior_tile_max, self.prior_tile_min) if index is None
+                      else self.prior_rows(index, ("tile_max", "tile_min")))
         return damp_scores(g, tmax, tmin, observed, self.hparam("eta"))
 
     def _pseudo_labels(self, observed: Tensor, index: Tensor | None, released: bool
@@ -371,7 +371,7 @@ CUB 24.89 mAP."""
             s, rank_pos, rank_neg = self.prior_rows(index, ("damp", "rank_pos", "rank_neg"))
         else:
             g, rank_neg = self.prior_rows(index, ("scores", "rank_neg"))
-            s, rank_pos = self._damp(g, observed, ("tile_max", "tile_min"), index), None
+            s, rank_pos = self._damp(g, observed, index), None
         return gpr_pseudo_labels(s, observed, self.hparam("top_k"), self.hparam("threshold"),
                                  None, self.hparam("neg_ratio"), released, (rank_pos, rank_neg))
 

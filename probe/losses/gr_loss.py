@@ -9,9 +9,8 @@ With z the logits, p = σ(z), sg = stop-gradient and y ∈ {1, 0, −1}:
     L1 = (1 − p^q1)/q1,  L2 = (1 − p^q2)/q2,  L3 = (1 − (1−p)^q3)/q3            Eq. 14
     ℓ   = L1 on y=1;  v·[k̂·L2 + (1−k̂)·L3] on y=0;  L3 on y=−1;   loss = mean over B·C   Eqs. 4-5
 
-Every L is computed as −expm1(q·log x)/q from log x = logsigmoid(±z): no cancellation for small q,
-and q = 0 is the exact limit −log x. An observed negative (y=−1, partial/full labels) is a known
-negative: k̂ = 0, v = 1 there (the paper's SPML setting has none; the released code gives it 0).
+Every L is computed from logits (:func:`_gce_logits`); an observed negative (y=−1) is a known
+negative, k̂ = 0 and v = 1 there.
 
 Schedule (Eqs. 9, 10, 12, 13): w, b, μ, σ move linearly from (w_0, b_0, μ_0, σ_0) to
 (w_T, b_T, μ_T, σ_T); at 0-indexed epoch e of E the value is v_0 + (v_T − v_0)·e/(E−1) (E = 1: the
