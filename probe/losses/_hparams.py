@@ -124,40 +124,32 @@ class HParam:
 def check_hparam(spec: HParam, value: Any, loss: str = "") -> Any:
     """Validate one hyperparameter value (number or ``(T,)`` tensor) against its spec; returns
     it normalised (floats for numbers, float tensors for tensors)."""
-    where = f"{loss}: " if loss else ""
+    def refused(text: str) -> LossInputError:
+        where = f"{loss}: " if loss else ""
+        return LossInputError(f"{where}hyperparameter '{spec.name}' {text}")
+
     if value is None:
         if spec.optional:
             return None
-        raise LossInputError(
-            f"{where}hyperparameter '{spec.name}' is required ({spec.doc}); set it with "
-            f"--set {spec.name}=VALUE"
-        )
+        raise refused(f"is required ({spec.doc}); set it with --set {spec.name}=VALUE")
     if spec.kind == "bool":
         if not isinstance(value, bool):
-            raise LossInputError(
-                f"{where}hyperparameter '{spec.name}' must be true or false; got {plain(value)}"
-            )
+            raise refused(f"must be true or false; got {plain(value)}")
         return value
     if spec.kind == "choice":
         if value not in (spec.choices or ()):
-            raise LossInputError(
-                f"{where}hyperparameter '{spec.name}' must be one of "
-                f"{', '.join(map(str, spec.choices or ()))}; got {plain(value)}"
-            )
+            raise refused(f"must be one of {', '.join(map(str, spec.choices or ()))}; got "
+                          f"{plain(value)}")
         return value
     if spec.kind == "int":
         if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
-            raise LossInputError(
-                f"{where}hyperparameter '{spec.name}' must be an integer; got {plain(value)}"
-            )
+            raise refused(f"must be an integer; got {plain(value)}")
         value = int(value)
         vals = [float(value)]
     elif isinstance(value, Tensor):
         if value.ndim > 1 or not (value.is_floating_point() or value.dtype in _INT_DTYPES):
-            raise LossInputError(
-                f"{where}hyperparameter '{spec.name}' as a tensor must be a float tensor of shape "
-                f"(T,) (one value per trial); got dtype {value.dtype}, shape {tuple(value.shape)}"
-            )
+            raise refused(f"as a tensor must be a float tensor of shape (T,) (one value per "
+                          f"trial); got dtype {value.dtype}, shape {tuple(value.shape)}")
         value = value.detach().to(torch.float64 if value.dtype == torch.float64 else torch.float32)
         vals = value.flatten().tolist()
     elif isinstance(value, int | float) and not isinstance(value, bool):
@@ -165,11 +157,9 @@ def check_hparam(spec: HParam, value: Any, loss: str = "") -> Any:
         vals = [value]
     else:
         several = isinstance(value, str) and "," in value
-        raise LossInputError(
-            f"{where}hyperparameter '{spec.name}' must be a number; got {plain(value)}"
-            + (" (one value here: a comma list is a grid of trials for 'spml probe --set', "
-               "and 'spml study --grid' searches among values)" if several else "")
-        )
+        raise refused(f"must be a number; got {plain(value)}" + (
+            " (one value here: a comma list is a grid of trials for 'spml probe --set', and "
+            "'spml study --grid' searches among values)" if several else ""))
     for v in vals:
         bad = not math.isfinite(v)
         if spec.low is not None:
@@ -177,10 +167,7 @@ def check_hparam(spec: HParam, value: Any, loss: str = "") -> Any:
         if spec.high is not None:
             bad |= v > spec.high or (spec.high_open and v == spec.high)
         if bad:
-            raise LossInputError(
-                f"{where}hyperparameter '{spec.name}' must lie in {spec.range_text()} "
-                f"({spec.doc}); got {v:g}"
-            )
+            raise refused(f"must lie in {spec.range_text()} ({spec.doc}); got {v:g}")
     return value
 
 
