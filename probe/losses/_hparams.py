@@ -264,8 +264,7 @@ def check_inputs(
                         f"{where}hyperparameter '{name}' must have shape ({t},) to match the "
                         f"trial axis of 'logits' {tuple(logits.shape)}; got {tuple(value.shape)}"
                     )
-    logits = promote(logits)
-    return logits, observed.to(logits.device)
+    return promote(logits), observed.to(logits.device)
 
 
 def check_state_arg(loss: str, arg: str, value: Any, z: Tensor, kind: str, holds: str,
