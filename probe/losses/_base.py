@@ -426,6 +426,7 @@ def _load_plugin(ep: Any) -> None:
         dist = _plugins.distribution_text(ep)
         before = dict(_REGISTRY)
         origin = _PLUGINS["loading"] = f"plugin '{ep.name}' of {dist}"
+        loaded: set[str] = set()
         try:
             if ":" not in ep.value:
                 raise LossContractError(
@@ -442,21 +443,19 @@ def _load_plugin(ep: Any) -> None:
                     f"{obj.__qualname__}.name is {getattr(obj, 'name', None)!r}")
             register(obj)  # refuses a name taken by another class (a built-in keeps it)
             _ORIGINS[ep.name] = origin
-            # another loss its module registered on import: its own entry point names it (and
-            # is loaded), or it is not a plugin's loss
-            for name in set(_REGISTRY) - set(before) - {ep.name}:
-                del _REGISTRY[name]
-                _ORIGINS.pop(name, None)
+            loaded.add(ep.name)
         except KeyboardInterrupt:
             raise
         except BaseException as err:  # SystemExit too: a plugin never takes a command down
-            for name in set(_REGISTRY) - set(before):
-                del _REGISTRY[name]
-                _ORIGINS.pop(name, None)
             _PLUGINS["failures"].append(_plugins.PluginFailure(
                 ep.name, ep.value, dist, _plugins.error_line(err)))
         finally:
             _PLUGINS["loading"] = None
+            # any other loss its module registered on import: its own entry point names it (and
+            # is loaded), or it is not a plugin's loss; a failed plugin leaves none
+            for name in set(_REGISTRY) - set(before) - loaded:
+                del _REGISTRY[name]
+                _ORIGINS.pop(name, None)
 
 
 def _plugin_points() -> dict[str, Any]:
