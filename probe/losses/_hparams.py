@@ -191,7 +191,8 @@ def per_trial(value: float | Tensor) -> float | Tensor:
 
 
 def promote(logits: Tensor) -> Tensor:
-    """float16/bfloat16 logits are computed in float32; other dtypes pass through."""
+    """float16/bfloat16 logits are computed in float32 (a half-precision loss loses the digits
+    that separate trials); other dtypes pass through."""
     return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
 
 

@@ -183,11 +183,8 @@ def check_select_trials(name: str, keep: Sequence[int] = (0, 2)) -> None:
     logits_seq = [torch.randn(T, B, C, generator=g, dtype=torch.float64) * 3 for _ in range(6)]
     seeds = [21, 22, 23]
 
-    def build() -> Loss:
-        return make_loss(name, **per_trial)
-
     if get_loss_class(name).trial_state is None:
-        loss = build()
+        loss = make_loss(name, **per_trial)
         loss.setup(observed, n_epochs=2, n_trials=T)
         give_prior(loss, observed)
         assert not loss.can_select_trials, f"{name}: trial_state None but can_select_trials"
@@ -196,9 +193,10 @@ def check_select_trials(name: str, keep: Sequence[int] = (0, 2)) -> None:
         except LossInputError:
             return
         raise AssertionError(f"{name}: trial_state is None but select_trials did not refuse")
-    vals, grads = drive(build(), logits_seq, observed, n_epochs=3, seeds=seeds)
-    cut_vals, cut_grads = drive(build(), logits_seq, observed, n_epochs=3, seeds=seeds,
-                                select=(0, keep))
+    vals, grads = drive(make_loss(name, **per_trial), logits_seq, observed, n_epochs=3,
+                        seeds=seeds)
+    cut_vals, cut_grads = drive(make_loss(name, **per_trial), logits_seq, observed, n_epochs=3,
+                                seeds=seeds, select=(0, keep))
     for step in range(2, len(vals)):  # the steps after the selection (epoch 0 has two)
         torch.testing.assert_close(cut_vals[step], vals[step][keep],
                                    msg=f"{name}: step {step} value after select_trials({keep})")
