@@ -205,8 +205,8 @@ class Loss(nn.Module):
         """The batch's rows ``index`` of state ``name``: ``(T, B, C)`` for stacked logits ``z``,
         else trial 0's ``(B, C)``; refused without ``index`` (``why``: what it looks up)."""
         if index is None:
-            raise LossInputError(f"{self.name}: forward needs index= (the batch's row numbers in "
-                                 f"the train split) to {why}")
+            raise LossInputError(f"{self.name}: pass index= (the batch's row numbers in the "
+                                 f"train split) to forward to {why}")
         state = self.state(name)
         return state[:, index] if z.ndim == 3 else state[0, index]
 

@@ -380,12 +380,8 @@ class OPML(Loss):
                 ap = self.ap if z.ndim == 3 else self.ap[0]
                 weight = _soft_weight(ap, hp(self.hparam("soft_power"), z), z)
             if self.hparam("correct"):
-                if index is None:
-                    raise LossInputError(
-                        "opml: correct=True keeps per-example label flips; pass index= (the "
-                        "batch's row numbers in the train split) to forward"
-                    )
-                flips = self.flipped[:, index] if z.ndim == 3 else self.flipped[0, index]
+                flips = self.state_rows("flipped", index, z,
+                                        "look up its label flips (correct=True keeps them)")
                 y = torch.where(flips, torch.ones_like(y), y)
         hr = self.hparam("high_rank")
         parts = _opml_parts(
