@@ -363,22 +363,15 @@ class OPML(Loss):
         if self.hparam("correct"):
             self.per_example("flipped", observed, False, torch.bool)
 
-    def _need_setup(self) -> None:
-        if not hasattr(self, "ap"):
-            raise LossInputError(
-                "opml: with soft=True or correct=True call setup(observed_train, n_epochs) before "
-                "the first forward (the loss keeps the train split's AP and label flips)"
-            )
-
     def forward(self, logits: Tensor, observed: Tensor, index: Tensor | None = None) -> LossOutput:
         z = promote(logits)
         y = observed
         weight = None
         if self.needs_epoch_pass:
-            self._need_setup()
+            ap = self.state("ap")  # soft, correct: set up with the train split
             if self.hparam("soft"):
-                ap = self.ap if z.ndim == 3 else self.ap[0]
-                weight = _soft_weight(ap, hp(self.hparam("soft_power"), z), z)
+                weight = _soft_weight(ap if z.ndim == 3 else ap[0],
+                                      hp(self.hparam("soft_power"), z), z)
             if self.hparam("correct"):
                 flips = self.state_rows("flipped", index, z,
                                         "look up its label flips (correct=True keeps them)")
@@ -398,8 +391,7 @@ class OPML(Loss):
         super().end_epoch(epoch, logits)
         if not self.needs_epoch_pass:
             return
-        self._need_setup()
-        want = (self.ap.shape[0], *self.observed_train.shape)
+        want = (self.state("ap").shape[0], *self.observed_train.shape)
         if logits is None or tuple(logits.shape) != want:
             raise LossInputError(
                 f"opml.end_epoch: 'logits' must be the train split's logits of shape {want}; "
