@@ -186,6 +186,14 @@ class Loss(nn.Module):
         :attr:`needs_epoch_pass` (the unflipped train features through the current head, no
         grad), with T = 1 for an unstacked loss."""
 
+    def epoch_logits(self, logits: Tensor | None, shape: tuple[int, ...]) -> Tensor:
+        """:meth:`end_epoch`'s ``logits``, refused unless of the train split's ``shape``."""
+        if logits is None or tuple(logits.shape) != tuple(shape):
+            raise LossInputError(
+                f"{self.name}: end_epoch needs the train split's logits of shape {tuple(shape)} "
+                f"(T, N_train, C); got {None if logits is None else tuple(logits.shape)}")
+        return logits
+
     def state(self, name: str) -> Tensor:
         """Per-example state ``name`` allocated by :meth:`setup`; a clear error before setup."""
         value = getattr(self, name, None)

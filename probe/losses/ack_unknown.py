@@ -214,10 +214,6 @@ class EMAPL(Loss):
         if epoch + 1 < self.hparam("warmup"):
             return
         soft = self.state("soft_targets")
-        if logits is None or logits.ndim != 3 or logits.shape != soft.shape:
-            raise LossInputError(
-                f"em_apl: end_epoch needs the train split's logits of shape {tuple(soft.shape)} "
-                f"(T, N_train, C); got {None if logits is None else tuple(logits.shape)}"
-            )
+        logits = self.epoch_logits(logits, soft.shape)
         with torch.no_grad():
             soft.copy_(_apl_select(logits.detach(), self.unobserved, soft, self.counts()))

@@ -392,12 +392,7 @@ class OPML(Loss):
         if not self.needs_epoch_pass:
             return
         want = (self.state("ap").shape[0], *self.observed_train.shape)
-        if logits is None or tuple(logits.shape) != want:
-            raise LossInputError(
-                f"opml.end_epoch: 'logits' must be the train split's logits of shape {want}; "
-                f"got {None if logits is None else tuple(logits.shape)}"
-            )
-        z = promote(logits)
+        z = promote(self.epoch_logits(logits, want))
         y = self.observed_train.to(z.device)
         ap = column_ap(z, y == 1)
         self.ap.copy_(ap)
