@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from probe.store.chunks import checksum_codecs
+from probe.store.chunks import small_array
 from probe.store.errors import StoreError
 
 __all__ = ["BIASES", "BOX_BIASES", "biased_positive", "class_weights", "write_bias_weights"]
@@ -69,10 +69,8 @@ def write_bias_weights(group: zarr.Group, pool: Any, test: Any) -> None:
         return
     parent = group.require_group(GROUP)
     for kind in kinds:
-        data = np.concatenate([pool.bias_weights[kind], test.bias_weights[kind]]).astype(
-            np.float32)
-        parent.create_array(kind, data=data, compressors=checksum_codecs(compress=True),
-                            config={"write_empty_chunks": True}, overwrite=True)
+        small_array(parent, kind, np.concatenate([pool.bias_weights[kind],
+                                                  test.bias_weights[kind]]).astype(np.float32))
 
 
 def class_weights(values: Any, n_classes: int) -> np.ndarray:

@@ -57,6 +57,13 @@ def checksum_codecs(compress: bool) -> list[Any]:
     return [ZstdCodec(level=0), Crc32cCodec()] if compress else [Crc32cCodec()]
 
 
+def small_array(parent: Any, name: str, data: np.ndarray, **kwargs: Any) -> Any:
+    """Write ``data`` as array ``name`` of ``parent`` (replacing one there): zstd + CRC-32C,
+    a file for every chunk, even an all-zero one (a missing file is then damage)."""
+    return parent.create_array(name, data=data, compressors=checksum_codecs(compress=True),
+                               config={"write_empty_chunks": True}, overwrite=True, **kwargs)
+
+
 def has_checksum(array: Any) -> bool:
     return any(type(c).__name__ == "Crc32cCodec" for c in array.metadata.codecs)
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
 import re
@@ -16,7 +15,8 @@ import numpy as np
 import zarr
 
 from probe.errors import plain
-from probe.store.chunks import checksum_codecs
+from probe.store.chunks import small_array
+from probe.store.layout import utc_now
 from probe.store.priors import GROUP, PRIOR_PROVENANCE_KEYS, Prior, PriorError
 from probe.store.reading import open_store
 from probe.store.records import update_root_attrs
@@ -150,9 +150,7 @@ def write_prior(
     try:
         staged = parent.create_group(staging_key, overwrite=True)
         for key, arr in values.items():
-            staged.create_array(key, data=arr, chunks=(block_rows, shape[1]),
-                                compressors=checksum_codecs(compress=True),
-                                config={"write_empty_chunks": True}, overwrite=True)
+            small_array(staged, key, arr, chunks=(block_rows, shape[1]))
         final_dir = store.path / GROUP / name
         if final_dir.exists():
             shutil.rmtree(final_dir)
@@ -164,7 +162,7 @@ def write_prior(
         "provenance": prov,
         "extras": sorted(k for k in values if k != "scores"),
         "shape": list(shape),
-        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "created": utc_now(),
     }
     update_root_attrs(store.path, lambda attrs: {  # re-read under the lock: draws may land too
         "priors": {**dict(attrs.get("priors", {})), name: record}})

@@ -51,9 +51,6 @@ class BadFeatureRow(StoreError):
         self.reason = reason
 
 
-# ----------------------------------------------------------------------------- writing
-
-
 def _check_provenance(provenance: dict, dtype: str) -> dict:
     if not isinstance(provenance, dict):
         raise StoreError(f"provenance must be a dict, got {type(provenance).__name__}")
@@ -67,20 +64,13 @@ def _check_provenance(provenance: dict, dtype: str) -> dict:
         raise StoreError(
             f"provenance says dtype {provenance['dtype']!r} but the store dtype is {dtype!r}"
         )
-    prov = dict(provenance)
-    prov.setdefault("weights_sha256", None)
-    prov.setdefault("source", None)
-    prov.setdefault("source_sha256", None)
-    prov["dtype"] = dtype
-    prov["versions"] = package_versions()
-    prov["created"] = utc_now()
+    prov = {"weights_sha256": None, "source": None, "source_sha256": None, **provenance,
+            "dtype": dtype, "versions": package_versions(), "created": utc_now()}
     try:
         json.dumps(prov)
     except TypeError as err:
         raise StoreError(f"provenance must be JSON-serialisable: {err}") from None
     return prov
-
-
 
 
 def _write_row_arrays(
@@ -153,11 +143,8 @@ def create_store(
     prov = _check_create_args(index, feature_dim, dtype, block_rows, seeds, provenance,
                               extra_attrs)
     _clear_output(path, overwrite)
-    # the store is created under a hidden name and renamed into place once its arrays and
-    # attributes are written: a creation that fails (disk full, file-size limit) or is killed
-    # never leaves anything at `path`. (After a failed write zarr's other writes of the same
-    # call may still land for a moment, so the staging folder, not `path`, takes them; it is
-    # removed now and again by the next creation.)
+    # created under a hidden name, renamed into place once written: a creation that fails or
+    # is killed leaves nothing at `path` (late zarr writes land in the staging folder instead)
     staging = path.with_name(f"{_STAGING_PREFIX}{path.name}.{os.getpid()}")
     for stale in path.parent.glob(f"{_STAGING_PREFIX}{path.name}.*"):
         shutil.rmtree(stale, ignore_errors=True)
@@ -243,27 +230,15 @@ def _create_feature_arrays(group: zarr.Group, n_rows: int, feature_dim: int, blo
     """The feature arrays (NaN until written) and ``blocks_done``, one chunk per block."""
     for name in FEATURE_ARRAYS if with_flip else FEATURE_ARRAYS[:1]:
         group.create_array(
-            name,
-            shape=(n_rows, feature_dim),
-            chunks=(block_rows, feature_dim),
-            dtype=dtype,
+            name, shape=(n_rows, feature_dim), chunks=(block_rows, feature_dim), dtype=dtype,
             fill_value=np.nan,  # a never-written row reads as NaN, not as plausible zeros
-            # uncompressed + a CRC-32C per chunk: zstd saved ~20% disk on float16
-            # features but made reads ~6x and writes ~6x slower (measured; every probe
-            # process reads the whole array); the checksum costs 4 bytes a chunk
-            # (docs/protocol.md "The feature store")
+            # uncompressed + CRC-32C: zstd made reads and writes ~6x slower (docs/protocol.md)
             compressors=checksum_codecs(compress=False),
         )
     # one chunk per block: concurrent writers of different blocks never collide
-    group.create_array(
-        "blocks_done",
-        shape=(math.ceil(n_rows / block_rows),),
-        chunks=(1,),
-        dtype=bool,
-        fill_value=False,
-        compressors=checksum_codecs(compress=False),
-        config=EVERY_CHUNK,
-    )
+    group.create_array("blocks_done", shape=(math.ceil(n_rows / block_rows),), chunks=(1,),
+                       dtype=bool, fill_value=False, compressors=checksum_codecs(compress=False),
+                       config=EVERY_CHUNK)
 
 
 def _store_attrs(index: DatasetIndex, feature_dim: int, with_flip: bool, dtype: str,
@@ -393,11 +368,8 @@ class StoreWriter:
                 f"write_block({block}): this store was created without flipped features "
                 "(with_flip=False) but features_flip was given"
             )
-        flip = (
-            None
-            if features_flip is None
-            else self._checked("features_flip", block, sl, features_flip)
-        )
+        flip = None if features_flip is None else self._checked("features_flip", block, sl,
+                                                                 features_flip)
         with _writing(self.path, f"block {block} (rows {sl.start}:{sl.stop})"):
             self._group["features"][sl] = feats
             if flip is not None:
@@ -406,8 +378,30 @@ class StoreWriter:
 
     def check_same_rows(self, index: DatasetIndex, feature_dim: int, with_flip: bool) -> None:
         """Before resuming: StoreError unless the store was started for the same rows, labels,
-        classes, feature dim and flip setting as ``index``."""
-        _check_same_rows(self.path, self, index, feature_dim, with_flip)
+        classes, feature dim and flip setting as ``index`` (damaged row arrays are rewritten
+        from ``index`` first)."""
+        group, attrs = self._group, self._group.attrs
+        if self.rewrite_arrays:
+            _write_row_arrays(group, index, attrs["observed_seeds"], only=self.rewrite_arrays,
+                              budgets=attrs.get("observed_budgets"))
+            self.rewrite_arrays = []
+        same = (
+            attrs["n_pool"] == len(index.pool)
+            and attrs["n_test"] == len(index.test)
+            and attrs["feature_dim"] == feature_dim
+            and attrs["has_flip"] == with_flip
+            and list(attrs["class_names"]) == list(index.class_names)
+            and [str(s) for s in group["image_ids"][:]]
+            == [*index.pool.image_ids, *index.test.image_ids]
+            and np.array_equal(
+                group["labels"][:], np.concatenate([index.pool.labels, index.test.labels])
+            )
+        )
+        if not same:
+            raise StoreError(
+                f"cannot resume {self.path}: it was started for other rows, labels, classes or "
+                "feature shape than this input; pass --overwrite to start again"
+            )
 
     @property
     def attrs(self) -> dict:
@@ -451,10 +445,7 @@ def resume_store(path: str | Path, provenance: dict) -> StoreWriter:
     :meth:`StoreWriter.check_same_rows`. A complete store with no damage is refused ("already
     complete"); a complete one with damage becomes incomplete until the repair finishes.
     """
-    path, group = open_store_group(path, "r+")
-    missing = [a for a in STORE_ARRAYS if a not in group]
-    if missing:
-        raise StoreError(f"{path} lacks arrays {missing}; re-create it with --overwrite")
+    path, group = _writable_group(path)
     stored = group.attrs["provenance"]
     given = json.loads(json.dumps(provenance, default=str))  # compare as stored (JSON)
     for key in RESUME_KEYS:
@@ -505,13 +496,18 @@ def join_store(path: str | Path) -> StoreWriter:
     (the other ranks of a distributed ``spml featurize``): it writes its own blocks only and
     changes no attribute, so ranks never rewrite the group's metadata at once. The process
     that created the store checked its provenance; this only checks that it is unfinished."""
-    path, group = open_store_group(path, "r+")
+    path, group = _writable_group(path)
     if group.attrs.get("complete"):
         raise StoreError(f"{path} is already complete; no block left to write")
+    return StoreWriter(path, group)
+
+
+def _writable_group(path: str | Path) -> tuple[Path, zarr.Group]:
+    path, group = open_store_group(path, "r+")
     missing = [a for a in STORE_ARRAYS if a not in group]
     if missing:
         raise StoreError(f"{path} lacks arrays {missing}; re-create it with --overwrite")
-    return StoreWriter(path, group)
+    return path, group
 
 
 def write_feature_store(
@@ -543,11 +539,8 @@ def write_feature_store(
 
     n_pool, n_test = len(index.pool), len(index.test)
     parts = _feature_parts("features", features, n_pool, n_test)
-    flip_parts = (
-        None
-        if features_flip is None
-        else _feature_parts("features_flip", features_flip, n_pool, n_test)
-    )
+    flip_parts = (None if features_flip is None
+                  else _feature_parts("features_flip", features_flip, n_pool, n_test))
     dim = parts[0].shape[1]
     if flip_parts is not None and flip_parts[0].shape[1] != dim:
         raise StoreError(
@@ -558,18 +551,9 @@ def write_feature_store(
         writer = resume_store(path, {**provenance, "dtype": dtype})
         writer.check_same_rows(index, dim, flip_parts is not None)
     else:
-        writer = create_store(
-            path,
-            index,
-            feature_dim=dim,
-            with_flip=flip_parts is not None,
-            provenance=provenance,
-            dtype=dtype,
-            block_rows=block_rows,
-            seeds=seeds,
-            overwrite=overwrite,
-            extra_attrs=extra_attrs,
-        )
+        writer = create_store(path, index, feature_dim=dim, with_flip=flip_parts is not None,
+                              provenance=provenance, dtype=dtype, block_rows=block_rows,
+                              seeds=seeds, overwrite=overwrite, extra_attrs=extra_attrs)
     pending = writer.pending_blocks()
     for block in track(pending, len(pending), f"writing {path.name}", "block", enabled=progress):
         sl = writer.block_slice(block)
@@ -628,33 +612,4 @@ def _locate(parts: list[Any], row: int) -> tuple[int, int]:
             return i, row
         row -= part.shape[0]
     raise IndexError(row)
-
-
-def _check_same_rows(
-    path: Path, writer: StoreWriter, index: DatasetIndex, dim: int, with_flip: bool
-) -> None:
-    """A resumed store must hold the same rows, labels and feature shape as the new input."""
-    group = writer._group
-    attrs = group.attrs
-    if writer.rewrite_arrays:
-        _write_row_arrays(group, index, attrs["observed_seeds"], only=writer.rewrite_arrays,
-                          budgets=attrs.get("observed_budgets"))
-        writer.rewrite_arrays = []
-    same = (
-        attrs["n_pool"] == len(index.pool)
-        and attrs["n_test"] == len(index.test)
-        and attrs["feature_dim"] == dim
-        and attrs["has_flip"] == with_flip
-        and list(attrs["class_names"]) == list(index.class_names)
-        and [str(s) for s in group["image_ids"][:]]
-        == [*index.pool.image_ids, *index.test.image_ids]
-        and np.array_equal(
-            group["labels"][:], np.concatenate([index.pool.labels, index.test.labels])
-        )
-    )
-    if not same:
-        raise StoreError(
-            f"cannot resume {path}: it was started for other rows, labels, classes or feature "
-            "shape than this input; pass --overwrite to start again"
-        )
 
