@@ -26,6 +26,7 @@ A finished store is only read; any number of processes may open it at once.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import importlib.metadata
@@ -41,14 +42,8 @@ SCHEMA_VERSION: int = 1
 SPLIT_CODES: dict[str, int] = {"train": 0, "val": 1, "test": 2}
 DTYPES: tuple[str, ...] = ("float16", "float32")
 # provenance fields that must agree before an interrupted store may be resumed
-RESUME_KEYS: tuple[str, ...] = (
-    "backbone",
-    "weights",
-    "weights_sha256",
-    "transform",
-    "dtype",
-    "source_sha256",
-)
+RESUME_KEYS: tuple[str, ...] = ("backbone", "weights", "weights_sha256", "transform", "dtype",
+                                "source_sha256")
 REQUIRED_PROVENANCE: tuple[str, ...] = ("backbone", "weights", "transform")
 _VERSIONED_PACKAGES: tuple[str, ...] = ("torch", "torchvision", "numpy", "zarr")
 #: the arrays every store holds (a store missing one is refused on open)
@@ -58,9 +53,6 @@ STORE_ATTRS: tuple[str, ...] = (
     "dataset", "class_names", "n_pool", "n_test", "n_unlabeled", "feature_dim", "has_flip",
     "dtype", "block_rows", "observed_seeds", "provenance",
 )  # fmt: skip
-
-
-# ----------------------------------------------------------------------------- helpers
 
 
 def file_sha256(path: str | Path, *, progress: bool = False, chunk_bytes: int = 8 << 20) -> str:
@@ -87,12 +79,10 @@ def utc_now() -> str:
 
 def package_versions() -> dict[str, str]:
     """Installed versions, read from package metadata (no heavy imports such as torch)."""
-    out = {}
+    out = dict.fromkeys(_VERSIONED_PACKAGES, "not installed")
     for name in _VERSIONED_PACKAGES:
-        try:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = "not installed"
     return out
 
 
@@ -101,7 +91,6 @@ def is_store_dir(path: str | Path) -> bool:
     to replace with ``overwrite``, never a user's other directory."""
     path = Path(path)
     return path.is_dir() and (path / "zarr.json").is_file()
-
 
 
 def open_store_group(path: str | Path, mode: str) -> tuple[Path, zarr.Group]:
@@ -135,10 +124,6 @@ def open_store_group(path: str | Path, mode: str) -> tuple[Path, zarr.Group]:
     return path, group
 
 
-
-# ----------------------------------------------------------------------------- draws
-
-
 def phase_observed(labels_pool: np.ndarray, labels_test: np.ndarray, seed: int,
                    budget: dict | None = None) -> np.ndarray:
     """``observed/<seed>``: single positives drawn per phase, each phase re-seeded; with a
@@ -163,4 +148,3 @@ def is_protocol_budget(budget: dict) -> bool:
 EVERY_CHUNK: dict = {"write_empty_chunks": True}
 # the arrays that follow from the DatasetIndex alone (rewritten when found damaged)
 ROW_ARRAYS: tuple[str, ...] = ("labels", "split", "image_ids")
-

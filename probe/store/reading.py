@@ -26,6 +26,7 @@ from probe.store.layout import (
     PROTOCOL_BUDGET,
     SPLIT_CODES,
     STORE_ARRAYS,
+    STORE_ATTRS,
     is_protocol_budget,
     open_store_group,
 )
@@ -61,11 +62,8 @@ def _row_indices(rows: Any, n_rows: int, what: str) -> np.ndarray | None:
 
 
 def _read_rows(array: Any, rows: Any, n_rows: int, what: str) -> np.ndarray:
-    """Rows of a zarr array in the order asked for (``rows`` as in :func:`_row_indices`).
-
-    Dense index sets read their covering range in one go; sparse ones use zarr's orthogonal
-    selection on the unique sorted rows.
-    """
+    """Rows of a zarr array in the order asked for (``rows`` as in :func:`_row_indices`): a
+    dense index set reads its covering range at once, a sparse one the unique sorted rows."""
     if isinstance(rows, slice):
         return array[rows]
     idx = _row_indices(rows, n_rows, what)
@@ -99,9 +97,6 @@ def _guarded(path: Path, group: zarr.Group, name: str, read: Any) -> Any:
             f"{path}: reading array {name!r} failed ({type(err).__name__}: {err}); "
             f"{repair_hint(path)}"
         ) from None
-
-
-# ----------------------------------------------------------------------------- reading
 
 
 def open_store(path: str | Path) -> Store:
@@ -224,10 +219,6 @@ class Store:
         from probe.store.priors import read_prior
         return read_prior(self, name, rows)
 
-    def _prior_summary(self) -> dict:
-        from probe.store.priors import prior_summary
-        return prior_summary(self)
-
     def _read(self, name: str, rows: Any) -> np.ndarray:
         array = self._group[name]
         return _guarded(
@@ -287,28 +278,10 @@ class Store:
                 "classes_without_positive": int(empty.size),
                 "classes_without_positive_names": [self.class_names[c] for c in empty],
             }
-        known = {
-            "schema_version",
-            "dataset",
-            "class_names",
-            "n_pool",
-            "n_test",
-            "n_unlabeled",
-            "n_classes",
-            "feature_dim",
-            "has_flip",
-            "dtype",
-            "block_rows",
-            "observed_seeds",
-            "observed_budgets",
-            "observed_bias",
-            "split_seed",
-            "provenance",
-            "complete",
-            "completed",
-            "resumed",
-            "priors",
-        }
+        from probe.store.priors import prior_summary
+
+        known = {*STORE_ATTRS, "schema_version", "n_classes", "observed_budgets", "observed_bias",
+                 "split_seed", "complete", "completed", "resumed", "priors"}
         disk = sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file())
         return {
             "path": str(self.path),
@@ -332,7 +305,7 @@ class Store:
             "splits": splits,
             "disk_bytes": int(disk),
             "class_names": self.class_names,
-            "priors": self._prior_summary(),
+            "priors": prior_summary(self),
             "other_attrs": {k: v for k, v in self.attrs.items() if k not in known},
             "provenance": self.provenance,
         }
