@@ -130,13 +130,11 @@ def create_store(
 ) -> StoreWriter:
     """Create an empty store for ``index`` and return its writer (docs/protocol.md feature store).
 
-    Labels, the protocol split and the single-positive draws for ``seeds`` are written now;
-    the features are written block by block through the returned :class:`StoreWriter`.
-    ``provenance`` needs ``backbone``, ``weights`` and ``transform`` (plus, where known,
-    ``weights_sha256``, ``source`` and ``source_sha256``); versions, dtype and the creation time
-    are added here. ``extra_attrs`` are stored as top-level attributes (e.g. how an import split
-    its test rows). An existing path is an error unless ``overwrite`` (which only ever deletes
-    a Zarr store or an empty directory).
+    Labels, the protocol split and the draws for ``seeds`` are written now, the features block
+    by block through the :class:`StoreWriter`. ``provenance`` needs ``backbone``, ``weights``
+    and ``transform`` (where known ``weights_sha256``, ``source``, ``source_sha256``); versions,
+    dtype and the creation time are added. ``extra_attrs``: more top-level attributes. An
+    existing path is an error unless ``overwrite`` (:func:`_clear_output`).
     """
     path = Path(path)
     seeds = [int(s) for s in seeds]
@@ -174,8 +172,7 @@ _STAGING_PREFIX = ".creating-"  # create_store's hidden folder beside the store 
 
 def _check_create_args(index: DatasetIndex, feature_dim: int, dtype: str, block_rows: int,
                        seeds: list[int], provenance: dict, extra_attrs: dict | None) -> dict:
-    """Refuse what :func:`create_store` cannot write, before anything is written; returns the
-    checked provenance."""
+    """Refuse what :func:`create_store` cannot write; returns the checked provenance."""
     if dtype not in DTYPES:
         raise StoreError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     if int(feature_dim) < 1:
@@ -245,37 +242,22 @@ def _store_attrs(index: DatasetIndex, feature_dim: int, with_flip: bool, dtype: 
                  block_rows: int, seeds: list[int], prov: dict, extra: dict) -> dict:
     """The group's attributes; ``schema_version`` is written with them, after every array: a
     store without it was interrupted while being created."""
-    labels_pool = np.asarray(index.pool.labels, dtype=np.uint8)
-    labels_test = np.asarray(index.test.labels, dtype=np.uint8)
+    unlabeled = {name: int((np.asarray(phase.labels, dtype=np.uint8).sum(1) == 0).sum())
+                 for name, phase in (("pool", index.pool), ("test", index.test))}
     return {
-        **extra,
-        "dataset": index.name,
-        "class_names": list(index.class_names),
-        "n_pool": len(index.pool),
-        "n_test": len(index.test),
-        "n_unlabeled": {
-            "pool": int((labels_pool.sum(1) == 0).sum()),
-            "test": int((labels_test.sum(1) == 0).sum()),
-        },
-        "n_classes": labels_pool.shape[1],
-        "feature_dim": int(feature_dim),
-        "has_flip": bool(with_flip),
-        "dtype": dtype,
-        "block_rows": int(block_rows),
-        "observed_seeds": sorted(seeds),
-        "split_seed": PROTOCOL_SEED,
-        "provenance": prov,
-        "complete": False,
-        "schema_version": SCHEMA_VERSION,
+        **extra, "dataset": index.name, "class_names": list(index.class_names),
+        "n_pool": len(index.pool), "n_test": len(index.test), "n_unlabeled": unlabeled,
+        "n_classes": index.pool.labels.shape[1], "feature_dim": int(feature_dim),
+        "has_flip": bool(with_flip), "dtype": dtype, "block_rows": int(block_rows),
+        "observed_seeds": sorted(seeds), "split_seed": PROTOCOL_SEED, "provenance": prov,
+        "complete": False, "schema_version": SCHEMA_VERSION,
     }
 
 
 @contextlib.contextmanager
 def _writing(path: Path, what: str) -> Iterator[None]:
-    """An OSError while writing (disk full, file-size limit, I/O error) as a StoreError naming
-    the store and what was being written. zarr writes each chunk to a temporary file renamed
-    into place, so a failed write leaves the chunks already written intact and the block
-    unmarked: the same command resumes once there is room."""
+    """An OSError while writing (disk full, I/O error) as a StoreError naming the store and
+    ``what``; zarr's chunk writes are atomic, so the same command resumes once there is room."""
     try:
         yield
     except OSError as err:
