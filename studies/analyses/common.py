@@ -34,9 +34,31 @@ class AnalyzeError(SpmlError):
     """Bad input to an analysis: the message names the argument, what was expected and got."""
 
 
-# --------------------------------------------------------------------------------------------
-# numbers: Wasserstein-1, confidence buckets, the k̂ and Eq. 6 curves
-# --------------------------------------------------------------------------------------------
+def check_int(value: Any, flag: str, low: int, high: int | None = None) -> int:
+    """``value`` when it is an integer in [low, high] (no upper bound when None), else an
+    :class:`AnalyzeError` naming ``flag``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not (
+            low <= value and (high is None or value <= high)):
+        want = (f"an integer in [{low}, {high}]" if high is not None else
+                "a positive integer" if low == 1 else f"an integer >= {low}")
+        raise AnalyzeError(f"{flag} must be {want}; got {value!r}")
+    return value
+
+
+def check_losses(losses: Sequence[str], hparams: dict[str, Any] | None, why_not_knn: str
+                 ) -> dict[str, Any]:
+    """``--loss`` (at least one, not knn) and ``--set`` given only for those losses; returns
+    the hyperparameters (``{}`` for None)."""
+    if not losses:
+        raise AnalyzeError("--loss: give at least one loss")
+    hparams = hparams or {}
+    unknown = set(hparams) - set(losses)
+    if unknown:
+        raise AnalyzeError(f"--set: hyperparameters given for {', '.join(sorted(unknown))}, "
+                           f"which are not among the losses {', '.join(losses)}")
+    if "knn" in losses:
+        raise AnalyzeError(f"--loss knn: the kNN baseline {why_not_knn}")
+    return hparams
 
 
 def wasserstein_1d(u: Tensor | np.ndarray | Sequence[float],
@@ -86,8 +108,7 @@ def bucket_rates(p: Tensor | np.ndarray, truth: Tensor | np.ndarray,
     """Bucket confidences ``p`` ∈ [0, 1] into ``n_buckets`` equal intervals ([i/n, (i+1)/n),
     the last one closed) and count the entries and the true positives (``truth`` 1/True) in
     each (Fig. 5: FN/(FN+TN) per bucket when the entries are the unannotated ones)."""
-    if isinstance(n_buckets, bool) or not isinstance(n_buckets, int) or n_buckets < 1:
-        raise AnalyzeError(f"n_buckets must be a positive integer; got {n_buckets!r}")
+    check_int(n_buckets, "n_buckets", 1)
     pt = torch.as_tensor(p).detach().to(torch.float64).flatten().cpu()
     yt = torch.as_tensor(truth).detach().flatten().cpu().to(torch.float64)
     if pt.shape != yt.shape:
@@ -160,11 +181,6 @@ def unannotated_truth(data: ProbeData, split: str = "train") -> tuple[Tensor, Te
     return x, mask, truth
 
 
-# --------------------------------------------------------------------------------------------
-# shared helpers: seeds, mean ± std, tables, hyperparameters, training settings
-# --------------------------------------------------------------------------------------------
-
-
 def config_seeds(config: ProbeConfig) -> tuple[int, ...]:
     """The run's seeds: ``config.seeds`` when set, else the one ``config.seed``."""
     return tuple(config.seeds) if config.seeds is not None else (config.seed,)
@@ -192,8 +208,7 @@ def format_pm(mean: float, std: float, n: int) -> str:
 
 def json_floats(values: Any) -> list:
     """NumPy / tensor values as JSON-safe lists (NaN → None)."""
-    arr = np.asarray(values.cpu() if isinstance(values, Tensor) else values)
-    out = arr.tolist()
+    out = np.asarray(values.cpu() if isinstance(values, Tensor) else values).tolist()
 
     def clean(v: Any) -> Any:
         if isinstance(v, list):
@@ -321,15 +336,23 @@ def _test_interval(result: ProbeResult, trials: Sequence[int], tests: list[float
     return (_finite_or_nan(best.get("test_map_low")), _finite_or_nan(best.get("test_map_high")))
 
 
-def interval_caption(n_seeds: int) -> str:
-    """What a table's interval column means: over seeds (several) or test images (one)."""
-    return ("95% interval of the mean over the seeds (Student t)" if n_seeds > 1 else
-            "95% interval over the test images (paired bootstrap, 1,000 resamples)")
+def scores_caption(n_seeds: int) -> str:
+    """The caption of a table of :func:`score_cells`: where mAP is read, and what its spread
+    and its interval (over seeds when several, else over the test images) mean."""
+    return ("mAP (%) at the best val epoch"
+            + (f", mean ± std over {n_seeds} seeds" if n_seeds > 1 else "")
+            + "; test mAP's " + ("95% interval of the mean over the seeds (Student t)"
+                                 if n_seeds > 1 else "95% interval over the test images "
+                                 "(paired bootstrap, 1,000 resamples)"))
 
 
-def format_interval(low: float, high: float) -> str:
-    """A 95% interval as ``[low, high]`` with two decimals."""
-    return f"[{low:.2f}, {high:.2f}]" if math.isfinite(low) and math.isfinite(high) else "-"
+def score_cells(scores: dict[str, Any], n_seeds: int) -> list[str]:
+    """Val mAP, test mAP (``mean ± std``) and the test mAP's 95% interval ``[low, high]`` of
+    :func:`trial_scores`, as table cells."""
+    low, high = scores["test_low"], scores["test_high"]
+    return [format_pm(scores["val_mean"], scores["val_std"], n_seeds),
+            format_pm(scores["test_mean"], scores["test_std"], n_seeds),
+            f"[{low:.2f}, {high:.2f}]" if math.isfinite(low) and math.isfinite(high) else "-"]
 
 
 def train_runs(data: ProbeData, config: ProbeConfig, loss: str, hparams: Sequence[dict],
@@ -342,11 +365,6 @@ def train_runs(data: ProbeData, config: ProbeConfig, loss: str, hparams: Sequenc
     if len(seeds) == 1:
         attach_test_intervals(result, data)
     return result
-
-
-# --------------------------------------------------------------------------------------------
-# result objects: tables, JSON, Markdown, figures
-# --------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -391,7 +409,6 @@ class AnalysisResult(ABC):
         return "\n".join(lines)
 
 
-
 _ROW_BLOCK = 8192  # rows per product: the float32 copy of a block stays small (COCO: 67 MB)
 
 
@@ -404,11 +421,6 @@ def masked_probs(x: Tensor, head: Tensor, mask: Tensor) -> Tensor:
     return torch.cat(parts)
 
 
-
 def seeded_heads(seeds: Sequence[int], d: int, c: int) -> Tensor:
     """(T, D+1, C): the untrained heads exactly as the engine draws them (probe.train.init_head)."""
-    out = []
-    for s in seeds:
-        weight, bias = init_head(s, d, c)
-        out.append(torch.cat([weight.T, bias[None]]))
-    return torch.stack(out)
+    return torch.stack([torch.cat([w.T, b[None]]) for w, b in (init_head(s, d, c) for s in seeds)])

@@ -16,11 +16,7 @@ from probe.losses import LossInputError, create_loss, get_loss_class
 from probe.losses._base import HParam, check_hparams
 from probe.trials import expand_grid
 
-from .common import AnalysisResult, AnalyzeError
-
-# --------------------------------------------------------------------------------------------
-# loss and gradient curves (paper Fig. 1)
-# --------------------------------------------------------------------------------------------
+from .common import AnalysisResult, AnalyzeError, check_int, check_losses
 
 
 @dataclass
@@ -118,29 +114,18 @@ def loss_curves(
     stateful losses and ones that depend on the batch or the sample's other classes (EPR, ROLE,
     vPU, ZLPR/OPML, LL after its first epoch, …) raise :class:`AnalyzeError` naming the reason.
     """
-    if not losses:
-        raise AnalyzeError("--loss: give at least one loss")
-    if isinstance(n_epochs, bool) or not isinstance(n_epochs, int) or n_epochs < 1:
-        raise AnalyzeError(f"--epochs must be a positive integer; got {n_epochs!r}")
-    if isinstance(points, bool) or not isinstance(points, int) or not 3 <= points <= 100_000:
-        raise AnalyzeError(f"--points must be an integer in [3, 100000]; got {points!r}")
-    if isinstance(classes, bool) or not isinstance(classes, int) or classes < 1:
-        raise AnalyzeError(f"--classes must be a positive integer; got {classes!r}")
+    hparams = check_losses(losses, hparams, "is not a loss")
+    check_int(n_epochs, "--epochs", 1)
+    check_int(points, "--points", 3, 100000)
+    check_int(classes, "--classes", 1)
     at = list(at) if at is not None else sorted({1, n_epochs})
     for e in at:
         if isinstance(e, bool) or not isinstance(e, int) or not 1 <= e <= n_epochs:
             raise AnalyzeError(f"--at: epochs are counted from 1 to --epochs {n_epochs}; got {e!r}")
-    hparams = hparams or {}
-    unknown = set(hparams) - set(losses)
-    if unknown:
-        raise AnalyzeError(f"--set: hyperparameters given for {', '.join(sorted(unknown))}, "
-                           f"which are not among the losses {', '.join(losses)}")
     p = torch.linspace(0.002, 0.998, points, dtype=torch.float64)
     z = torch.logit(p)
     curves: list[dict[str, Any]] = []
     for name in losses:
-        if name == "knn":
-            raise AnalyzeError("--loss knn: the kNN baseline is not a loss")
         cls = get_loss_class(name)
         if cls.stateful:
             raise AnalyzeError(

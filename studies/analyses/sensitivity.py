@@ -16,18 +16,13 @@ from .common import (
     AnalyzeError,
     check_fixed,
     config_seeds,
-    format_interval,
-    format_pm,
-    interval_caption,
     pin_training,
     run_settings,
+    score_cells,
+    scores_caption,
     train_runs,
     trial_scores,
 )
-
-# --------------------------------------------------------------------------------------------
-# sensitivity (paper Fig. 2)
-# --------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -133,22 +128,11 @@ class SensitivityResult(AnalysisResult):
         n = len(self.settings["seeds"])
         extra = ["w_T"] if self.param == "tau" else []
         header = [sw.series, sw.x, *extra, "val mAP", "test mAP", "95% interval"]
-        rows = []
-        for p in self.points:
-            rows.append([f"{p['series']:g}", f"{p['x']:g}",
-                         *[f"{p['hparams'][k]:.4g}" for k in extra],
-                         format_pm(p["val_mean"], p["val_std"], n),
-                         format_pm(p["test_mean"], p["test_std"], n),
-                         format_interval(p["test_low"], p["test_high"])])
+        rows = [[f"{p['series']:g}", f"{p['x']:g}", *[f"{p['hparams'][k]:.4g}" for k in extra],
+                 *score_cells(p, n)] for p in self.points]
         if self.baseline is not None:
-            b = self.baseline
-            rows.append(["AN baseline", "", *[""] * len(extra),
-                         format_pm(b["val_mean"], b["val_std"], n),
-                         format_pm(b["test_mean"], b["test_std"], n),
-                         format_interval(b["test_low"], b["test_high"])])
-        cap = ("mAP (%) at the best val epoch" + (f", mean ± std over {n} seeds" if n > 1 else "")
-               + f"; test mAP's {interval_caption(n)}"
-               + f"; all {len(self.points)} points trained stacked in one run")
+            rows.append(["AN baseline", "", *[""] * len(extra), *score_cells(self.baseline, n)])
+        cap = scores_caption(n) + f"; all {len(self.points)} points trained stacked in one run"
         return [(cap, header, rows)]
 
     def to_dict(self) -> dict[str, Any]:
@@ -206,9 +190,7 @@ def run_sensitivity(
         an = train_runs(data, pin_training(config, result), "an",
                     [{k: v for k, v in hp.items() if k in TRAINER_KEYS}], seeds, progress)
         base = trial_scores(an, range(len(seeds)))
-    out = []
-    for i, p in enumerate(points):
-        trials = range(i * len(seeds), (i + 1) * len(seeds))
-        out.append({**p, **trial_scores(result, trials)})
+    n = len(seeds)
+    out = [{**p, **trial_scores(result, range(i * n, (i + 1) * n))} for i, p in enumerate(points)]
     return SensitivityResult(param, out, base, run_settings(data, result, seeds), hp,
                              list(result.config.get("notes", [])))
