@@ -3,6 +3,7 @@ confirmations) as one read-only view, and the commands that reproduce the study.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shlex
@@ -27,10 +28,6 @@ from ..confirm import load_study
 from ..plots import ParamAxis, TrialPoint
 from ..results import read_results
 from ..storage import find_storage, is_paper_trial, parse_storage, ranked_trials
-
-# --------------------------------------------------------------------------------------------
-# reading the study
-# --------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -59,6 +56,15 @@ class StudyView:
     @property
     def paper(self) -> FrozenTrial | None:
         return next((t for t in self.trials if is_paper_trial(t)), None)
+
+    @property
+    def loss_class(self) -> Any:
+        """The study's loss class, or None when no registered loss has its name."""
+        from probe.losses import get_loss_class
+
+        with contextlib.suppress(KeyError, ValueError):
+            return get_loss_class(self.loss)
+        return None
 
 
 def open_study_view(study_dir: Path, storage: str | None, name: str | None) -> StudyView:
@@ -145,11 +151,6 @@ def trial_point(t: FrozenTrial) -> TrialPoint:
         value = None
     return TrialPoint(t.number, t.state.name, value, dict(t.params), curve,
                       is_paper_trial(t))
-
-
-# --------------------------------------------------------------------------------------------
-# the commands that reproduce the study
-# --------------------------------------------------------------------------------------------
 
 
 def _num(v: Any) -> str:

@@ -33,14 +33,9 @@ def study_training(st: Any) -> dict[str, Any]:
     Values that differ between the rows (a study from before settings were part of its
     identity) are listed in ``mixed``."""
     from probe.config import resolve_training
-    from probe.losses import get_loss_class
 
     s = st.settings
-    try:
-        cls = get_loss_class(st.loss)
-    except (KeyError, ValueError):
-        cls = None
-    settings = resolve_training(cls, st.identity.get("dataset", ""),
+    settings = resolve_training(st.loss_class, st.identity.get("dataset", ""),
                                 batch_size=s.get("batch_size"), lr=s.get("lr"),
                                 epochs=s.get("epochs")).to_dict()
     rows = [r for r in st.results.values() if r.get("lr") is not None]
