@@ -16,12 +16,9 @@ Layout (rows are the pool -- the official train split -- first, then the test ph
     attrs           schema_version, dataset, class_names, n_pool, n_test, n_unlabeled,
                     block_rows, observed_seeds, provenance, complete (set last, by finalize)
 
-Crash safety: features are written in blocks aligned with the chunks; a block is marked in
-``blocks_done`` only after its data is written, and ``complete`` is set only by
-:meth:`StoreWriter.finalize` once every block is marked. zarr's local store writes every file
-atomically (temporary file + rename), so a killed writer leaves a store that :func:`resume_store`
-continues and :func:`open_store` refuses -- never one that opens as complete with missing rows.
-A finished store is only read; any number of processes may open it at once.
+Crash safety: a block is marked in ``blocks_done`` only after its data is written (each file
+atomically), ``complete`` only by :meth:`StoreWriter.finalize` once every block is marked: a
+killed writer leaves a store :func:`resume_store` continues and :func:`open_store` refuses.
 """
 
 from __future__ import annotations

@@ -225,13 +225,10 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[str]],
     """A text table: space-aligned columns for the terminal, or a GitHub Markdown table
     (first column left-aligned, the others right-aligned)."""
     if markdown:
-        def cell(s: str) -> str:
-            return str(s).replace("|", "\\|").replace("\n", " ")
+        from ..report.render import markdown_table
 
-        lines = ["| " + " | ".join(cell(h) for h in header) + " |",
-                 "|" + "|".join(":--" if i == 0 else "--:" for i in range(len(header))) + "|"]
-        lines += ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
-        return "\n".join(lines)
+        return "\n".join(markdown_table(list(header), [list(r) for r in rows]))
+
     def width(s: str) -> int:  # combining marks (the hat of k̂) take no column
         return sum(not unicodedata.combining(ch) for ch in s)
 

@@ -24,16 +24,8 @@ from .curves import CurvesResult
 from .distinguish import DistinguishResult
 from .sensitivity import SWEEPS, SensitivityResult
 
-__all__ = [
-    "figures",
-    "plot_ablation",
-    "plot_calibration",
-    "plot_curves",
-    "plot_distinguish",
-    "plot_histograms",
-    "plot_sensitivity",
-    "write_outputs",
-]
+__all__ = ["figures", "plot_ablation", "plot_calibration", "plot_curves", "plot_distinguish",
+           "plot_histograms", "plot_sensitivity", "write_outputs"]
 
 
 def figures(result: Any, out: Path, dpi: int = DPI) -> list[Path]:
@@ -63,7 +55,6 @@ def write_outputs(result: Any, out: str | os.PathLike, dpi: int = DPI) -> list[P
     md_path = out / f"{result.kind}.md"
     atomic_write_text(md_path, result.markdown(paths, base=out) + "\n")
     return [json_path, md_path, *paths]
-
 
 
 _TAB = mpl.colormaps["tab10"].colors

@@ -1,12 +1,8 @@
-"""``spml analyze label-budget``: how each loss degrades as labels get scarcer.
-
-For every budget -- ``k`` observed positives per image (k = 1 is the protocol) on a
-``fraction`` of the images (:func:`probe.store.protocol.budget_positive`, seeded like the
-protocol and nested: a larger budget keeps every label of a smaller one) -- each loss trains a
-probe on the store's train split with those observed labels (val stays clean: the epoch is
-chosen as in the protocol), and its test mAP is reported with a 95% paired-bootstrap interval
-over the test images (:mod:`probe.intervals`). The draws are made in memory from the store's
-full labels; nothing is written to the store.
+"""``spml analyze label-budget``: how each loss degrades as labels get scarcer
+(docs/protocol.md "Label budgets"): per budget -- ``k`` observed positives per image on a
+``fraction`` of the images, drawn in memory from the store's full labels
+(:func:`probe.store.protocol.budget_positive`) -- each loss's test mAP at the best val epoch with
+a 95% paired-bootstrap interval over the test images; nothing is written to the store.
 """
 
 from __future__ import annotations

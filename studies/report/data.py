@@ -22,7 +22,7 @@ from optuna.distributions import (
 )
 from optuna.trial import FrozenTrial, TrialState
 
-from probe.errors import MissingPathError
+from probe.errors import MissingPathError, plain
 
 from ..confirm import load_study
 from ..plots import ParamAxis, TrialPoint
@@ -153,17 +153,11 @@ def trial_point(t: FrozenTrial) -> TrialPoint:
                       is_paper_trial(t))
 
 
-def _num(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return repr(v) if isinstance(v, float) else str(v)
-
-
 def _range(dist: BaseDistribution) -> str:
     if isinstance(dist, CategoricalDistribution):
-        return ",".join(_num(c) for c in dist.choices)
+        return ",".join(plain(c) for c in dist.choices)
     assert isinstance(dist, FloatDistribution | IntDistribution)
-    return f"{_num(dist.low)}:{_num(dist.high)}" + (":log" if dist.log else "")
+    return f"{plain(dist.low)}:{plain(dist.high)}" + (":log" if dist.log else "")
 
 
 def study_command(settings: dict[str, Any]) -> list[str]:
@@ -177,25 +171,20 @@ def study_command(settings: dict[str, Any]) -> list[str]:
     s = settings
     argv = ["spml", "study", str(s["store"]), "--loss", str(s["loss"]),
             "--trials", str(s["n_trials"]), "--trials-at-once", str(s["batch"])]
-    simple = (("sampler", "--sampler"), ("pruner", "--pruner"), ("storage", "--storage"),
-              ("name", "--name"), ("seed", "--seed"), ("train_seed", "--train-seed"),
-              ("epochs", "--epochs"), ("batch_size", "--batch-size"), ("lr", "--lr"),
-              ("val_labels", "--val-labels"), ("observed_seed", "--observed-seed"),
-              ("device", "--device"), ("heartbeat_seconds", "--heartbeat"),
-              ("grace_seconds", "--grace"), ("workers", "--workers"), ("priors", "--priors"),
-              ("select", "--select"))
-    for key, flag in simple:
+    for key in ("sampler", "pruner", "storage", "name", "seed", "train_seed", "epochs",
+                "batch_size", "lr", "val_labels", "observed_seed", "device", "heartbeat_seconds",
+                "grace_seconds", "workers", "priors", "select"):
         v = s.get(key)
         if v is not None and v != defaults.get(key):
-            argv += [flag, _num(v)]
+            argv += ["--" + key.removesuffix("_seconds").replace("_", "-"), plain(v)]
     for k, v in (s.get("fixed") or {}).items():
-        argv += ["--set", f"{k}={_num(v)}"]
+        argv += ["--set", f"{k}={plain(v)}"]
     for k, v in (s.get("space") or {}).items():
         argv += ["--space", f"{k}={_range(json_to_distribution(json.dumps(v)))}"]
     if s.get("params"):
         argv += ["--params", ",".join(s["params"])]
     for k, values in (s.get("grid") or {}).items():
-        argv += ["--grid", f"{k}={','.join(_num(v) for v in values)}"]
+        argv += ["--grid", f"{k}={','.join(plain(v) for v in values)}"]
     if s.get("search_lr"):
         argv.append("--search-lr")
     for key, flag in (("batch_sizes", "--batch-sizes"), ("epochs_choices", "--epochs-choices")):

@@ -12,12 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from probe.errors import SpmlError
+from probe.errors import SpmlError, plain
 
 __all__ = ["Cell", "Column", "Method", "TableConfig", "TableError", "build_table", "plan_table"]
 
@@ -97,7 +98,7 @@ class Method:
         ``observed_seed`` (the same settings, hence the same test mAP)."""
         if self.loss is None:
             return ""
-        parts = ["spml probe", _quote(store), "--loss", self.loss]
+        parts = ["spml probe", shlex.quote(store), "--loss", self.loss]
         if self.labels == "full":
             parts += ["--labels", "full"]
         if self.priors:
@@ -105,9 +106,9 @@ class Method:
         for flag, v in (("--batch-size", self.batch_size), ("--lr", self.lr),
                         ("--epochs", self.epochs)):
             if v is not None:
-                parts += [flag, _value_text(v)]
+                parts += [flag, plain(v)]
         for k in sorted(self.hparams):
-            parts += ["--set", f"{k}={_value_text(self.hparams[k])}"]
+            parts += ["--set", f"{k}={plain(self.hparams[k])}"]
         parts += ["--observed-seed", str(observed_seed), "--seed", str(config.seed)]
         if config.device != "auto":
             parts += ["--device", config.device]
@@ -162,31 +163,12 @@ class Plan:
         return self.per_column.get((i, j), self.methods[j])
 
 
-def _value_text(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if v is None:
-        return "none"
-    if isinstance(v, float):
-        return repr(v)
-    return str(v)
-
-
-def _quote(text: str) -> str:
-    import shlex
-
-    return shlex.quote(text)
-
-
 def cell_key(settings: dict[str, Any]) -> str:
     """A cell's key: the hash of its resolved settings (a changed setting is a new cell)."""
     text = json.dumps(settings, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
-# --------------------------------------------------------------------------------------------
-# the checks (nothing trains or is written before they pass)
-# --------------------------------------------------------------------------------------------
 
 
 def _loss_names(config: TableConfig) -> tuple[list[str], list[str]]:
@@ -383,9 +365,6 @@ def _winner_method(study: Any, what: str, kind: str, config: TableConfig) -> Met
                   lr=cfg.lr, epochs=cfg.epochs, priors=cfg.priors)
 
 
-# --------------------------------------------------------------------------------------------
-# tuning and training
-# --------------------------------------------------------------------------------------------
 
 
 def run_tuning(plan: Plan, log: Callable[[str], None]) -> None:
