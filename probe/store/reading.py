@@ -13,6 +13,7 @@ import numpy as np
 import zarr
 
 from probe.store.chunks import (
+    FEATURE_ARRAYS,
     RowChunks,
     VerifyReport,
     chunk_label,
@@ -108,12 +109,9 @@ def open_store(path: str | Path) -> Store:
     """
     path, group = open_store_group(path, "r")
     attrs = dict(group.attrs)
-    missing = [a for a in STORE_ARRAYS if a not in group]
-    if attrs.get("has_flip") and "features_flip" not in group:
-        missing.append("features_flip")
-    missing += [
-        f"observed/{s}" for s in attrs.get("observed_seeds", []) if f"observed/{s}" not in group
-    ]
+    features = FEATURE_ARRAYS if attrs.get("has_flip") else FEATURE_ARRAYS[:1]
+    draws = [f"observed/{s}" for s in attrs.get("observed_seeds", [])]
+    missing = [a for a in (*STORE_ARRAYS, *features[1:], *draws) if a not in group]
     if missing:
         raise StoreError(f"{path} lacks arrays {missing}; re-create it with --overwrite")
     n_rows = int(attrs["n_pool"]) + int(attrs["n_test"])
@@ -127,16 +125,11 @@ def open_store(path: str | Path) -> Store:
             "same command to resume it, or pass --overwrite to start again"
         )
     n_classes = len(attrs["class_names"])
-    shapes = {
-        "features": (n_rows, int(attrs["feature_dim"])),
-        "labels": (n_rows, n_classes),
-        "split": (n_rows,),
-        "image_ids": (n_rows,),
-        "blocks_done": (n_blocks,),
-        **({"features_flip": (n_rows, int(attrs["feature_dim"]))} if attrs["has_flip"] else {}),
-        **{f"observed/{s}": (n_rows, n_classes) for s in attrs["observed_seeds"]},
-    }
-    for name in ("features", "features_flip") if attrs["has_flip"] else ("features",):
+    per_row = (n_rows, int(attrs["feature_dim"]))
+    shapes = {"features": per_row, "labels": (n_rows, n_classes), "split": (n_rows,),
+              "image_ids": (n_rows,), "blocks_done": (n_blocks,),
+              **dict.fromkeys(features[1:], per_row), **dict.fromkeys(draws, (n_rows, n_classes))}
+    for name in features:
         if str(group[name].dtype) != attrs["dtype"]:
             raise StoreError(
                 f"{path}: array {name!r} is {group[name].dtype} but the store says "

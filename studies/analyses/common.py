@@ -287,18 +287,13 @@ def run_settings(data: ProbeData, result: ProbeResult, seeds: Sequence[int]) -> 
     result's ``settings``."""
     cfg = result.config
     return {
-        "store": data.source.get("path", "(arrays)"),
-        "dataset": data.dataset,
-        "n_train": data.n_train,
-        "n_classes": data.n_classes,
+        "store": data.source.get("path", "(arrays)"), "dataset": data.dataset,
+        "n_train": data.n_train, "n_classes": data.n_classes,
         "batch_size": cfg["batch_size"], "batch_size_from": cfg.get("batch_size_from"),
         "lr": cfg["lr"], "lr_from": cfg.get("lr_from"),
         "epochs": cfg["epochs"], "epochs_from": cfg.get("epochs_from"),
-        "optimizer": cfg["optimizer"],
-        "seeds": list(seeds),
-        "observed_seed": cfg["observed_seed"],
-        "flip_used": cfg.get("flip_used"),
-        "device": cfg.get("device"),
+        "optimizer": cfg["optimizer"], "seeds": list(seeds), "observed_seed": cfg["observed_seed"],
+        "flip_used": cfg.get("flip_used"), "device": cfg.get("device"),
         "use_presets": cfg.get("use_presets"),
     }
 
@@ -311,26 +306,21 @@ def _settings_line(s: dict[str, Any]) -> str:
 
 def trial_scores(result: ProbeResult, trials: Sequence[int]) -> dict[str, Any]:
     """Val / test mAP of one point's trials (its seeds): mean, std, and the test mAP's 95%
-    interval (:func:`_test_interval`)."""
+    interval: of the mean over the seeds (Student t) when there are several, else over the test
+    images (paired bootstrap, attached by :func:`train_runs`)."""
     vals = [_finite_or_nan(result.trials[t].best.get("val_map")) for t in trials]
     tests = [_finite_or_nan(result.trials[t].best.get("test_map")) for t in trials]
     vm, vs = _mean_std(vals)
     tm, ts = _mean_std(tests)
-    low, high = _test_interval(result, trials, tests)
+    if len(tests) > 1:
+        iv = mean_interval(tests)
+        low, high = iv.low, iv.high
+    else:
+        best = result.trials[trials[0]].best
+        low, high = (_finite_or_nan(best.get(k)) for k in ("test_map_low", "test_map_high"))
     return {"val_mean": vm, "val_std": vs, "test_mean": tm, "test_std": ts,
             "test_low": low, "test_high": high, "val_maps": vals, "test_maps": tests,
             "best_epochs": [result.trials[t].best_epoch for t in trials]}
-
-
-def _test_interval(result: ProbeResult, trials: Sequence[int], tests: list[float]
-                   ) -> tuple[float, float]:
-    """95% interval of a point's test mAP: of the mean over its seeds (Student t) when it has
-    several, else over the test images (paired bootstrap, attached by :func:`train_runs`)."""
-    if len(tests) > 1:
-        iv = mean_interval(tests)
-        return iv.low, iv.high
-    best = result.trials[trials[0]].best
-    return (_finite_or_nan(best.get("test_map_low")), _finite_or_nan(best.get("test_map_high")))
 
 
 def scores_caption(n_seeds: int) -> str:

@@ -75,7 +75,7 @@ def plot_ablation(rows: Sequence[dict[str, Any]], path: str | os.PathLike, *, n_
             means = np.array([r[f"{key}_mean"] for r in rows], dtype=float)
             stds = np.array([r[f"{key}_std"] for r in rows], dtype=float)
             err = stds if n_seeds > 1 else None
-            if key == "test":  # the test mAP's 95% interval (analyses.common._test_interval)
+            if key == "test":  # the test mAP's 95% interval (analyses.common.trial_scores)
                 err = _interval_errors(rows, means)
             ax.barh(pos + off, means, height=h, color=color, label=label, xerr=err, capsize=3)
             for y, m in zip(pos + off, means):

@@ -54,15 +54,19 @@ SWEEPS: dict[str, Sweep] = {
 }
 
 
+def _sweep(param: str) -> Sweep:
+    if param not in SWEEPS:
+        raise AnalyzeError(f"--param must be one of {', '.join(SWEEPS)}; got {param!r}")
+    return SWEEPS[param]
+
+
 def sweep_points(param: str, values: Sequence[float] | None = None,
                  series: Sequence[float] | None = None) -> list[dict[str, float]]:
     """The GR hyperparameters of every point of a sweep (series-major: for each series value
     all swept values). ``tau``: ``{"w_T": −b_T/τ, "b_T": b_T}`` (Eq. 8, τ > 0, b_T < 0);
     ``mu``: ``{"mu_T", "sigma_T"}`` (μ_T ∈ [0, 1], σ_T > 0); ``q2q3``: ``{"q2", "q3"}``
     (q ≥ 0). Each point also carries the plotted pair ``x`` / ``series``."""
-    if param not in SWEEPS:
-        raise AnalyzeError(f"--param must be one of {', '.join(SWEEPS)}; got {param!r}")
-    sw = SWEEPS[param]
+    sw = _sweep(param)
     xs = tuple(sw.x_default if values is None else values)
     ss = tuple(sw.series_default if series is None else series)
     for name, vals in ((sw.x, xs), (sw.series, ss)):
@@ -146,9 +150,7 @@ class SensitivityResult(AnalysisResult):
 def sweep_hparams(param: str, hparams: dict[str, Any] | None) -> dict[str, Any]:
     """Validate the GR hyperparameters held fixed in a sweep: single values, not the swept
     ones, and no switch that would make the swept ones unused (e.g. use_k=False for τ)."""
-    if param not in SWEEPS:
-        raise AnalyzeError(f"--param must be one of {', '.join(SWEEPS)}; got {param!r}")
-    sw = SWEEPS[param]
+    sw = _sweep(param)
     hp = check_fixed("gr", hparams, sw.sets,
                      f"the {param} sweep sets {' and '.join(sw.sets)} itself")
     for key, want in sw.needs.items():

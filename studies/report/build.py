@@ -42,7 +42,6 @@ class ReportResult:
     baseline_path: Path | None = None  # an_baseline.json, when the baseline was trained
 
 
-
 def _write_text(path: Path, text: str) -> Path:
     return atomic_write_text(path, text)
 

@@ -169,8 +169,6 @@ def cell_key(settings: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
-
-
 def _loss_names(config: TableConfig) -> tuple[list[str], list[str]]:
     from probe import losses as _losses
 
@@ -363,8 +361,6 @@ def _winner_method(study: Any, what: str, kind: str, config: TableConfig) -> Met
                           observed_seed=int(settings.get("observed_seed", 1200)))
     return Method(f"{loss}, {what}", kind, loss, hparams=dict(hp), batch_size=cfg.batch_size,
                   lr=cfg.lr, epochs=cfg.epochs, priors=cfg.priors)
-
-
 
 
 def run_tuning(plan: Plan, log: Callable[[str], None]) -> None:
