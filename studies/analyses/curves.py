@@ -174,20 +174,13 @@ def loss_curves(
                 previous = {"loss": name, "hparams": dict(variant), "epochs": [e],
                             "data": entry, "base": label}
                 curves.append(previous)
-    for c in curves:
-        data = c.pop("data")
-        base = c.pop("base")
-        ep = c["epochs"]
-        c["label"] = f"{base} @ epoch {','.join(map(str, ep))}" if _epoch_dependent(
-            curves, c) else base
+    for c in curves:  # epochs are named where another curve has the same loss and values
+        data, base = c.pop("data"), c.pop("base")
+        same = any(o is not c and o["loss"] == c["loss"] and o["hparams"] == c["hparams"]
+                   for o in curves)
+        c["label"] = f"{base} @ epoch {','.join(map(str, c['epochs']))}" if same else base
         c.update(data)
     return CurvesResult(p.tolist(), curves, n_epochs, classes)
-
-
-def _epoch_dependent(curves: list[dict[str, Any]], c: dict[str, Any]) -> bool:
-    """True when another curve has the same loss and hyperparameters (so epochs must be named)."""
-    return any(o is not c and o["loss"] == c["loss"] and o["hparams"] == c["hparams"]
-               for o in curves)
 
 
 def _fill_optional(loss: str, specs: dict[str, HParam], variant: dict[str, Any]) -> None:

@@ -141,19 +141,17 @@ def _retrain_top(st: Any, ctx: ReportRuns, device: str, log: Callable[[str], Non
     import torch
 
     from probe.evaluate import stacked_logits
+    from probe.progress import Progress
     from probe.train import train_probe
 
     from ..compare import compare_scores
     from ..confirm import trained_settings, trial_setup
+    from ..results import read_trial_heads
 
     chosen = list(st.complete[:INTERVAL_TOP])
     paper = st.paper
     if paper is not None and paper.state == TrialState.COMPLETE and paper not in chosen:
         chosen.append(paper)
-    from probe.progress import Progress
-
-    from ..results import read_trial_heads
-
     seed = int(st.settings.get("train_seed", 0))
     kept = read_trial_heads(st.study_dir / "results")  # the heads the study kept, if any
     ctx.kept = [t.number for t in chosen if t.number in kept]

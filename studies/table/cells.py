@@ -276,7 +276,7 @@ def plan_table(paths: Sequence[str], config: TableConfig) -> Plan:
         prior = config.priors if _losses.get_loss_class(n).prior is not None else None
         methods.append(Method(n, "preset", n, priors=prior, **given))
     for folder in config.from_studies:
-        methods.append(_study_method(folder, columns, config))
+        methods.append(_study_method(folder, config))
     study_settings = []
     if config.tune:
         for i, col in enumerate(columns):
@@ -330,7 +330,7 @@ def _note_generic(notes: list[str], loss: str, dataset: str, setting: str) -> No
     notes.append(head + loss)
 
 
-def _study_method(folder: str, columns: list[Column], config: TableConfig) -> Method:
+def _study_method(folder: str, config: TableConfig) -> Method:
     """``--from STUDY_DIR``: the study's winner as a row on its store's column."""
     from ..compare import split_study_spec
     from ..confirm import load_study
