@@ -55,18 +55,13 @@ def _check_budget(k: Any, fraction: Any) -> None:
 
 
 def add_observed_seed(path: str | Path, seed: int, *, k: int = 1, fraction: float = 1.0) -> None:
-    """Add another draw of observed labels ``observed/<seed>`` to a complete store.
+    """Add the draw ``observed/<seed>`` to a complete store, each phase re-seeded with ``seed``
+    (docs/protocol.md step 2); every command with ``--observed-seed`` can then train on it.
 
-    Each phase is re-seeded with ``seed`` (docs/protocol.md step 2). ``k`` / ``fraction``: a
-    label budget (``k`` positives per image on a ``fraction`` of the images,
-    :func:`probe.store.protocol.budget_positive`; k = 1 on every image is the protocol's
-    single-positive draw), recorded in the ``observed_budgets`` attribute. Every command that
-    takes ``--observed-seed`` then trains on it. A seed already present with the same budget is
-    left alone; with another budget it is an error (a seed names one draw).
-
-    A seed holding a draw of another kind (a label bias, another budget) is refused by name
-    (:func:`probe.store.records.check_draw`); the draw is written and registered by
-    :func:`probe.store.records.write_draw`.
+    ``k`` / ``fraction``: a label budget (:func:`probe.store.protocol.budget_positive`; k = 1 on
+    every image is the protocol's draw), recorded in ``observed_budgets``. A seed that holds
+    this draw is left alone, one that holds another is refused by name
+    (:func:`probe.store.records.check_draw`); :func:`probe.store.records.write_draw` writes.
     """
     _check_budget(k, fraction)
     budget = {"k": int(k), "fraction": float(fraction)}

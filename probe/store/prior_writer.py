@@ -99,14 +99,10 @@ def write_prior(
     """Store per-image class ``scores`` ``(N, C)`` as prior ``name`` in a complete store.
 
     ``extras``: further ``(N, C)`` arrays by name (DAMP's ``tile_max``, ``tile_min``,
-    ``tile_mean``; the global scores are ``scores``). ``provenance``: model, prompt template,
-    temperature, tiles, source (:data:`PRIOR_PROVENANCE_KEYS`; missing ones are recorded as
-    None). ``class_names``: the class order the scores are in; when given it must be the
-    store's. An existing prior of that name is an error unless ``overwrite``.
-
-    Every check runs before anything is written: shape ``(N, C)`` against the store, finite
-    float32 values, the class order, the names; a refused prior leaves the store untouched.
-    Returns the stored :class:`Prior`.
+    ``tile_mean``). ``provenance``: :data:`PRIOR_PROVENANCE_KEYS` (missing ones recorded as
+    None) and any other JSON. ``class_names``: the scores' class order, which must be the
+    store's. An existing prior of that name is an error unless ``overwrite``. Every check runs
+    before anything is written (docs/priors.md). Returns the stored :class:`Prior`.
     """
     store = open_store(store_path)
     name = check_prior_name(name)

@@ -74,11 +74,8 @@ def split_indices(
 
 
 def split_pool(n: int, seed: int = PROTOCOL_SEED) -> tuple[np.ndarray, np.ndarray]:
-    """Train/val split of the pool (docs/protocol.md step 3): 20% of the rows are validation.
-
-    Returns ``(train, val)`` sorted int64 indices into the pool; e.g. COCO's 82,081 pool rows
-    give 65,665 / 16,416.
-    """
+    """Train/val split of the pool (docs/protocol.md step 3): ``(train, val)`` sorted int64
+    indices, 20% of the rows validation (COCO's 82,081 pool rows give 65,665 / 16,416)."""
     return split_indices(n, VAL_FRACTION, seed)
 
 

@@ -240,24 +240,20 @@ def plot_calibration(result: CalibrationResult, path: str | os.PathLike, *,
     with mpl.rc_context(STYLE):
         fig = new_figure(11, 4.6)
         axes = fig.subplots(1, 2, squeeze=False, sharey=True)[0]
-        for ax, stats, when in ((axes[0], result.before, "before training"),
-                                (axes[1], result.after, "after the last epoch")):
+        for ax, stats, when, which, k in (
+                (axes[0], result.before, "before training", "start", result.k_start),
+                (axes[1], result.after, "after the last epoch", "final", result.k_final)):
             ok = stats.counts > 0
             size = 12 + 90 * np.sqrt(stats.counts[ok] / max(stats.counts.max(), 1))
             ax.scatter(stats.mean_p[ok], stats.rate[ok], s=size, color=GREY, edgecolor="black",
                        lw=0.4, zorder=3, label="observed FN/(FN+TN)")
-            if when.startswith("before"):
+            if which == "start":
                 ax.axhline(result.fn_rate, color=GREY, ls="--", lw=1,
                            label=f"#FN/#unannotated = {result.fn_rate:.3f}")
-                if result.k_start is not None:
-                    w, b = result.k_start
-                    ax.plot(grid_p, k_hat_curve(grid_p, w, b), color=BLUE, lw=2,
-                            label=f"k̂ start {_k_text(w, b)}")
-            else:
-                if result.k_final is not None:
-                    w, b = result.k_final
-                    ax.plot(grid_p, k_hat_curve(grid_p, w, b), color=BLUE, lw=2,
-                            label=f"k̂ final {_k_text(w, b)}")
+            if k is not None:
+                ax.plot(grid_p, k_hat_curve(grid_p, *k), color=BLUE, lw=2,
+                        label=f"k̂ {which} {_k_text(*k)}")
+            if which == "final":
                 ax.plot(grid_p, scar_curve(grid_p, result.a), color=ORANGE, lw=2, ls="--",
                         label=f"Eq. 6, a = {result.a:.3f}")
             ax.set_xlim(0, 1)

@@ -102,17 +102,13 @@ def format_budget(rows: list[dict[str, Any]]) -> str:
     losses = list(dict.fromkeys(r["loss"] for r in rows))
     by = {(r["loss"], r["k"], r["fraction"]): r for r in rows}
     heads = [f"k={k}, {100 * f:g}% imgs" for k, f in budgets]
-    cells = {(loss, b): by[(loss, *b)] for loss in losses for b in budgets if (loss, *b) in by}
     width = max(len(h) for h in [*heads, "00.00 [00.00, 00.00]"])
     lines = ["Test mAP [95% interval over test images] by label budget: k observed positives "
              "per image on a fraction of the images (k=1, 100% is the protocol).",
              f"{'loss':<8}  " + "  ".join(h.rjust(width) for h in heads)]
     for loss in losses:
-        out = []
-        for b in budgets:
-            r = cells.get((loss, b))
-            out.append("-" if r is None else f"{r['test_map']:.2f} [{r['test_map_low']:.2f}, "
-                       f"{r['test_map_high']:.2f}]")
+        out = ["-" if (r := by.get((loss, *b))) is None else f"{r['test_map']:.2f} "
+               f"[{r['test_map_low']:.2f}, {r['test_map_high']:.2f}]" for b in budgets]
         lines.append(f"{loss:<8}  " + "  ".join(c.rjust(width) for c in out))
     return "\n".join(lines)
 

@@ -54,12 +54,11 @@ def build_report(
 ) -> ReportResult:
     """Write ``report.html``, ``report.md`` and ``figures/*.png`` for the study in ``study_dir``.
 
-    ``storage``: the study's storage when it is not ``study_dir/study.log`` or ``study.db``
-    (e.g. PostgreSQL); ``name``: the study, when the storage holds several; ``store``: the
-    feature store for the AN baseline (default: the path the study recorded); ``out``: where
-    to write (default ``study_dir/report``). Raises FileNotFoundError / :class:`StudyError`
-    (ValueErrors) when ``study_dir`` holds no study or the storage has no such study. A study
-    with no completed trial still gets a report, which says so.
+    ``storage``: the study's storage when not ``study_dir/study.log`` or ``study.db``;
+    ``name``: the study, when the storage holds several; ``store``: the feature store for the
+    AN baseline (default: the one the study recorded); ``out``: default ``study_dir/report``.
+    Raises FileNotFoundError / :class:`StudyError` when there is no such study. A study with
+    no completed trial still gets a report, which says so.
     """
     options = options or ReportOptions()
     options.validate()

@@ -477,13 +477,15 @@ def train_cells(plan: Plan, cells: list[Cell], *, progress: bool = True,
 
     from probe.metrics import mean_average_precision
     from probe.progress import Progress, plural
+    from probe.store import open_store
     from probe.train import train_probe
 
     config = plan.config
     todo = []
     for c in cells:
         if c.method.loss is None:
-            labels = _test_labels(c.column)
+            store = open_store(c.column.path)
+            labels = torch.from_numpy(store.labels(store.split("test"))).bool()
             scores = torch.as_tensor(c.column.prior_test_scores, dtype=torch.float32)
             c.test_map = float(mean_average_precision(labels, logits=scores).map)
         elif not _read_cell(c, config.out):
@@ -506,15 +508,6 @@ def train_cells(plan: Plan, cells: list[Cell], *, progress: bool = True,
                     _fill(c, result.to_dict(), result.head(0))
                     c.trained = True
                     bar.update()
-
-
-def _test_labels(col: Column) -> Any:
-    from probe.store import open_store
-
-    store = open_store(col.path)
-    import torch
-
-    return torch.from_numpy(store.labels()[store.split("test")]).bool()
 
 
 def build_table(paths: Sequence[str], config: TableConfig | None = None, *,
