@@ -187,9 +187,9 @@ def study_command(settings: dict[str, Any]) -> list[str]:
         argv += ["--grid", f"{k}={','.join(plain(v) for v in values)}"]
     if s.get("search_lr"):
         argv.append("--search-lr")
-    for key, flag in (("batch_sizes", "--batch-sizes"), ("epochs_choices", "--epochs-choices")):
+    for key in ("batch_sizes", "epochs_choices"):
         if s.get(key):
-            argv += [flag, ",".join(str(v) for v in s[key])]
+            argv += ["--" + key.replace("_", "-"), ",".join(str(v) for v in s[key])]
     if s.get("enqueue_paper") is False:
         argv.append("--no-paper")
     return [*argv, "--out", str(s["out"])]

@@ -527,9 +527,8 @@ def comparison_section(st: StudyView, ctx: ReportRuns | None, why: str, fig_dir:
         "recomputed on each); differences are paired and their p-values Holm-corrected over "
         f"the {len(cmp.pairs)} pairs. They measure test-set variation only, not training "
         "seeds or draws ('spml study confirm')."))
-    rows = []
-    for label, iv in zip(cmp.labels, cmp.intervals):
-        rows.append([label, f"{iv.value:.2f}", f"[{iv.low:.2f}, {iv.high:.2f}]"])
+    rows = [[label, f"{iv.value:.2f}", f"[{iv.low:.2f}, {iv.high:.2f}]"]
+            for label, iv in zip(cmp.labels, cmp.intervals)]
     sec.blocks.append(Table(["system", "test mAP", "95% interval"], rows, id="intervals"))
     prow = []
     for p in sorted(cmp.pairs, key=lambda p: p.p_holm):
