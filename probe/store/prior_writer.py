@@ -70,15 +70,13 @@ def _check_matrix(values: Any, name: str, what: str, shape: tuple[int, int]) -> 
 
 
 def _check_provenance(provenance: Any, name: str) -> dict[str, Any]:
-    if provenance is None:
-        provenance = {}
+    provenance = {} if provenance is None else provenance
     if not isinstance(provenance, Mapping):
         raise PriorError(
             f"prior {name!r}: provenance must be a dict (keys {list(PRIOR_PROVENANCE_KEYS)}); got "
             f"{type(provenance).__name__}"
         )
-    prov = {k: None for k in PRIOR_PROVENANCE_KEYS}
-    prov.update(dict(provenance))
+    prov = {**dict.fromkeys(PRIOR_PROVENANCE_KEYS), **provenance}
     try:
         json.dumps(prov)
     except TypeError as err:

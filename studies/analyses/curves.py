@@ -31,8 +31,7 @@ class CurvesResult(AnalysisResult):
     notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.kind = "curves"
-        self.title = "Loss and gradient curves (paper Fig. 1)"
+        self.kind, self.title = "curves", "Loss and gradient curves (paper Fig. 1)"
 
     def subtitle(self) -> str:
         return (f"per-entry loss ℓ(p) and ∂ℓ/∂z (autograd, z = logit p) over {len(self.p)} "

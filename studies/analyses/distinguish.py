@@ -78,8 +78,8 @@ class DistinguishResult(AnalysisResult):
     notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.kind = "distinguish"
-        self.title = "Distinguishability of unannotated labels (paper Fig. 3)"
+        self.kind, self.title = ("distinguish",
+                                 "Distinguishability of unannotated labels (paper Fig. 3)")
 
     def tables(self):
         n = len(self.settings["seeds"])

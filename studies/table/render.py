@@ -60,7 +60,6 @@ class Table:
         """Cells trained by this run (0 when every cell was kept in ``--out``)."""
         return sum(c.trained for c in self.cells)
 
-    # ----------------------------------------------------------------------------- scoring
     def _score_column(self, i: int) -> None:
         import torch
 
@@ -120,7 +119,6 @@ class Table:
             e.not_worse = math.isfinite(e.mean) and not diff.significant
         self.entries.update({(j, i): e for j, e in entries.items()})
 
-    # ----------------------------------------------------------------------------- outputs
     def _cell_text(self, e: Entry, bold: tuple[str, str], mark: str, iv: str) -> str:
         if not math.isfinite(e.mean):
             return "n/a"
