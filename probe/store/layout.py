@@ -27,7 +27,9 @@ import contextlib
 import datetime as _dt
 import hashlib
 import importlib.metadata
+import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import zarr
@@ -67,6 +69,16 @@ def file_sha256(path: str | Path, *, progress: bool = False, chunk_bytes: int = 
             digest.update(chunk)
             bar.update(len(chunk))
     return digest.hexdigest()
+
+
+def check_json(value: Any, what: str, error: type[StoreError] = StoreError) -> Any:
+    """``value`` when JSON can hold it (an attribute of the store), else ``error`` naming
+    ``what``."""
+    try:
+        json.dumps(value)
+    except TypeError as err:
+        raise error(f"{what} must be JSON-serialisable: {err}") from None
+    return value
 
 
 def utc_now() -> str:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -16,7 +15,7 @@ import zarr
 
 from probe.errors import plain
 from probe.store.chunks import small_array
-from probe.store.layout import utc_now
+from probe.store.layout import check_json, utc_now
 from probe.store.priors import GROUP, PRIOR_PROVENANCE_KEYS, Prior, PriorError
 from probe.store.reading import open_store
 from probe.store.records import update_root_attrs
@@ -76,12 +75,8 @@ def _check_provenance(provenance: Any, name: str) -> dict[str, Any]:
             f"prior {name!r}: provenance must be a dict (keys {list(PRIOR_PROVENANCE_KEYS)}); got "
             f"{type(provenance).__name__}"
         )
-    prov = {**dict.fromkeys(PRIOR_PROVENANCE_KEYS), **provenance}
-    try:
-        json.dumps(prov)
-    except TypeError as err:
-        raise PriorError(f"prior {name!r}: provenance must be JSON-serialisable: {err}") from None
-    return prov
+    return check_json({**dict.fromkeys(PRIOR_PROVENANCE_KEYS), **provenance},
+                      f"prior {name!r}: provenance", PriorError)
 
 
 def write_prior(

@@ -32,6 +32,7 @@ from probe.store.layout import (
     SPLIT_CODES,
     STORE_ARRAYS,
     STORE_ATTRS,
+    check_json,
     is_store_dir,
     open_store_group,
     package_versions,
@@ -64,13 +65,9 @@ def _check_provenance(provenance: dict, dtype: str) -> dict:
         raise StoreError(
             f"provenance says dtype {provenance['dtype']!r} but the store dtype is {dtype!r}"
         )
-    prov = {"weights_sha256": None, "source": None, "source_sha256": None, **provenance,
-            "dtype": dtype, "versions": package_versions(), "created": utc_now()}
-    try:
-        json.dumps(prov)
-    except TypeError as err:
-        raise StoreError(f"provenance must be JSON-serialisable: {err}") from None
-    return prov
+    return check_json({"weights_sha256": None, "source": None, "source_sha256": None,
+                       **provenance, "dtype": dtype, "versions": package_versions(),
+                       "created": utc_now()}, "provenance")
 
 
 def _write_row_arrays(
