@@ -85,14 +85,9 @@ class RowChunks:
         """The reader, or None when ``array`` is not laid out for it (then zarr reads it)."""
         codecs = array.metadata.codecs
         names = [type(c).__name__ for c in codecs]
-        if names not in (["BytesCodec"], ["BytesCodec", "Crc32cCodec"]):
-            return None
-        endian = getattr(codecs[0], "endian", None)
-        if array.ndim != 2 or array.chunks[1] != array.shape[1] or (
-            endian is not None and endian.value != "little"
-        ):
-            return None
-        if type(array.store).__name__ != "LocalStore":
+        if (names not in (["BytesCodec"], ["BytesCodec", "Crc32cCodec"]) or array.ndim != 2
+                or array.chunks[1] != array.shape[1] or type(array.store).__name__ != "LocalStore"
+                or getattr(getattr(codecs[0], "endian", None), "value", "little") != "little"):
             return None
         return cls(Path(store), name, array, int(array.shape[0]), int(array.shape[1]),
                    int(array.chunks[0]), np.dtype(array.dtype), len(names) == 2)
@@ -198,8 +193,7 @@ class RowChunks:
                 one(item)
         else:
             with ThreadPoolExecutor(min(READ_THREADS, len(wants))) as pool:
-                for _ in pool.map(one, wants):  # re-raises the first worker error
-                    pass
+                list(pool.map(one, wants))  # re-raises the first worker error
         return outs
 
 
