@@ -277,27 +277,19 @@ class Store:
                  "split_seed", "complete", "completed", "resumed", "priors"}
         disk = sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file())
         return {
-            "path": str(self.path),
-            "dataset": self.dataset,
+            "path": str(self.path), "dataset": self.dataset,
             "schema_version": self.attrs["schema_version"],
-            "complete": bool(self.attrs["complete"]),
-            "completed": self.attrs.get("completed"),
-            "rows": self.n_rows,
-            "classes": self.n_classes,
-            "feature_dim": self.feature_dim,
-            "dtype": self.dtype,
-            "has_flip": self.has_flip,
-            "block_rows": int(self.attrs["block_rows"]),
-            "observed_seeds": self.observed_seeds(),
+            "complete": bool(self.attrs["complete"]), "completed": self.attrs.get("completed"),
+            "rows": self.n_rows, "classes": self.n_classes, "feature_dim": self.feature_dim,
+            "dtype": self.dtype, "has_flip": self.has_flip,
+            "block_rows": int(self.attrs["block_rows"]), "observed_seeds": self.observed_seeds(),
             "observed_budgets": {str(s): self.observed_budget(s) for s in self.observed_seeds()
                                  if not is_protocol_budget(self.observed_budget(s))},
             # every draw that is not the protocol's, with its kind (probe.store.records)
             "draws": {str(s): draw_record(self.attrs, s) for s in self.observed_seeds()
                       if draw_record(self.attrs, s)["kind"] != "protocol"},
-            "n_unlabeled": dict(self.attrs["n_unlabeled"]),
-            "splits": splits,
-            "disk_bytes": int(disk),
-            "class_names": self.class_names,
+            "n_unlabeled": dict(self.attrs["n_unlabeled"]), "splits": splits,
+            "disk_bytes": int(disk), "class_names": self.class_names,
             "priors": prior_summary(self),
             "other_attrs": {k: v for k, v in self.attrs.items() if k not in known},
             "provenance": self.provenance,

@@ -73,10 +73,9 @@ def plot_ablation(rows: Sequence[dict[str, Any]], path: str | os.PathLike, *, n_
         for off, key, color, label in ((h / 2, "val", GREY, "val mAP"),
                                        (-h / 2, "test", BLUE, "test mAP")):
             means = np.array([r[f"{key}_mean"] for r in rows], dtype=float)
-            stds = np.array([r[f"{key}_std"] for r in rows], dtype=float)
-            err = stds if n_seeds > 1 else None
-            if key == "test":  # the test mAP's 95% interval (analyses.common.trial_scores)
-                err = _interval_errors(rows, means)
+            # val: std over seeds; test: its 95% interval (analyses.common.trial_scores)
+            err = (_interval_errors(rows, means) if key == "test" else
+                   np.array([r["val_std"] for r in rows], dtype=float) if n_seeds > 1 else None)
             ax.barh(pos + off, means, height=h, color=color, label=label, xerr=err, capsize=3)
             for y, m in zip(pos + off, means):
                 if math.isfinite(m):
