@@ -542,7 +542,8 @@ def write_feature_store(
         except BadFeatureRow as err:
             if sources is None:
                 raise
-            part, row = _locate(parts, err.row)
+            part = int(len(parts) == 2 and err.row >= n_pool)  # (all) or (pool, test)
+            row = err.row - part * n_pool
             name = sources[part] if part < len(sources) else f"part {part}"
             raise StoreError(f"{name} row {row}: {err.reason}") from None
     return writer.finalize()
@@ -550,15 +551,12 @@ def write_feature_store(
 
 def _feature_parts(name: str, features: Any, n_pool: int, n_test: int) -> list[Any]:
     """Normalise ``features`` to a list of 2-D arrays whose rows concatenate to pool + test."""
-    if isinstance(features, (tuple, list)):
-        if len(features) != 2:
-            raise StoreError(f"{name}: pass one (N, D) array or a (pool, test) pair of arrays")
-        parts = list(features)
-        want = [n_pool, n_test]
-    else:
-        parts = [features]
-        want = [n_pool + n_test]
-    for part, n, label in zip(parts, want, ("pool", "test") if len(parts) == 2 else ("all",)):
+    pair = isinstance(features, (tuple, list))
+    if pair and len(features) != 2:
+        raise StoreError(f"{name}: pass one (N, D) array or a (pool, test) pair of arrays")
+    parts, want, labels = (([*features], [n_pool, n_test], ("pool", "test")) if pair
+                           else ([features], [n_pool + n_test], ("all",)))
+    for part, n, label in zip(parts, want, labels):
         shape = getattr(part, "shape", None)
         if shape is None or len(shape) != 2:
             raise StoreError(f"{name} ({label} rows) must be a 2-D (N, D) array, got shape {shape}")
@@ -582,13 +580,4 @@ def _gather(parts: list[Any], sl: slice) -> np.ndarray:
             pieces.append(np.asarray(part[lo - offset : hi - offset]))
         offset += n
     return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
-
-
-def _locate(parts: list[Any], row: int) -> tuple[int, int]:
-    """(part, row within the part) of a row of the concatenation of ``parts``."""
-    for i, part in enumerate(parts):
-        if row < part.shape[0]:
-            return i, row
-        row -= part.shape[0]
-    raise IndexError(row)
 
