@@ -98,11 +98,8 @@ def synthetic_photos(folder: Path, n: int, width: int, height: int, seed: int = 
 def _index(paths: list[Path], n: int, tag: str) -> DatasetIndex:
     """``n`` rows cycling through ``paths``, all in the pool (one dummy class)."""
     rows = [paths[i % len(paths)] for i in range(n)]
-    pool = Phase(
-        image_ids=tuple(f"{tag}{i:06d}" for i in range(n)),
-        paths=tuple(rows),
-        labels=np.ones((n, 1), dtype=np.uint8),
-    )
+    pool = Phase(image_ids=tuple(f"{tag}{i:06d}" for i in range(n)), paths=tuple(rows),
+                 labels=np.ones((n, 1), dtype=np.uint8))
     empty = Phase(image_ids=(), paths=(), labels=np.zeros((0, 1), dtype=np.uint8))
     return DatasetIndex(name=f"bench-{tag}", class_names=("photo",), pool=pool, test=empty)
 
@@ -172,23 +169,14 @@ def bench_featurize(config: BenchConfig | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="spml-bench-") as tmp:
         tmp_path = Path(tmp)
         t0 = time.perf_counter()
-        photos = synthetic_photos(
-            tmp_path / "images",
-            min(n, config.unique_images),
-            config.width,
-            config.height,
-            config.seed,
-        )
+        photos = synthetic_photos(tmp_path / "images", min(n, config.unique_images), config.width,
+                                  config.height, config.seed)
         write_s = time.perf_counter() - t0
         cfg = dataclasses.replace(fc, overwrite=True)
         # CUDA: whole batches (cuDNN autotunes per shape); CPU: one image (start-up only)
         warm = max(1, config.warmup_batches) * rt.batch_size if rt.cuda else 1
-        featurize(
-            _index(photos, warm, "warmup"),
-            tmp_path / "warmup.zarr",
-            dataclasses.replace(cfg, progress=False),
-            backbone=backbone,
-        )
+        featurize(_index(photos, warm, "warmup"), tmp_path / "warmup.zarr",
+                  dataclasses.replace(cfg, progress=False), backbone=backbone)
         result = featurize(
             _index(photos, n, "timed"), tmp_path / "timed.zarr", cfg, backbone=backbone
         )

@@ -145,10 +145,8 @@ def _add_run_options(p: argparse.ArgumentParser, default_weights: str | None) ->
         "open_clip:<arch>/<pretrained>, hf:<repo id> (--list-backbones)",
     )
     model.add_argument(
-        "--list-backbones",
-        action=_ListBackbones,
-        help="say which backbone families are installed and how to add the others, and exit",
-    )
+        "--list-backbones", action=_ListBackbones,
+        help="say which backbone families are installed and how to add the others, and exit")
     model.add_argument(
         "--embed",
         choices=EMBED_CHOICES,
@@ -199,12 +197,8 @@ def _add_run_options(p: argparse.ArgumentParser, default_weights: str | None) ->
     )
     compute = p.add_argument_group("compute")
     add_device_argument(compute)
-    compute.add_argument(
-        "--batch-size",
-        type=int,
-        default=None,
-        help="images per forward (default: 256 on CUDA, 16 on CPU)",
-    )
+    compute.add_argument("--batch-size", type=int, default=None,
+                         help="images per forward (default: 256 on CUDA, 16 on CPU)")
     compute.add_argument(
         "--precision",
         choices=PRECISION_CHOICES,
@@ -212,39 +206,20 @@ def _add_run_options(p: argparse.ArgumentParser, default_weights: str | None) ->
         help="auto (default): fp32; bf16 = autocast + channels_last on CUDA (the fast path; "
         "features within cosine 0.999 of fp32's)",
     )
-    compute.add_argument(
-        "--workers",
-        type=int,
-        default=None,
-        help="image reader threads (default: min(16, CPU count))",
-    )
-    compute.add_argument(
-        "--no-flip",
-        dest="with_flip",
-        action="store_false",
-        help="skip the flipped-image features (half the compute)",
-    )
+    compute.add_argument("--workers", type=int, default=None,
+                         help="image reader threads (default: min(16, CPU count))")
+    compute.add_argument("--no-flip", dest="with_flip", action="store_false",
+                         help="skip the flipped-image features (half the compute)")
 
 
 def _config(args: argparse.Namespace, **extra: Any) -> Any:
     from featurize.runner import FeaturizeConfig
 
-    return FeaturizeConfig(
-        backbone=args.backbone,
-        weights=args.weights,
-        weights_seed=args.weights_seed,
-        download=args.download,
-        size=args.size,
-        transform=args.transform,
-        embed=args.embed,
-        device=args.device,
-        batch_size=args.batch_size,
-        decode=args.decode,
-        precision=args.precision,
-        with_flip=args.with_flip,
-        workers=args.workers,
-        **extra,
-    )
+    return FeaturizeConfig(backbone=args.backbone, weights=args.weights,
+                           weights_seed=args.weights_seed, download=args.download, size=args.size,
+                           transform=args.transform, embed=args.embed, device=args.device,
+                           batch_size=args.batch_size, decode=args.decode, precision=args.precision,
+                           with_flip=args.with_flip, workers=args.workers, **extra)
 
 
 class _ListBackbones(argparse.Action):
@@ -281,14 +256,8 @@ def _cmd_featurize(args: argparse.Namespace) -> int:
 
     check_before_writing(args)
 
-    config = _config(
-        args,
-        dtype=args.dtype,
-        block_rows=args.block_rows,
-        skip_bad=args.skip_bad,
-        overwrite=args.overwrite,
-        progress=not args.quiet,
-    )
+    config = _config(args, dtype=args.dtype, block_rows=args.block_rows, skip_bad=args.skip_bad,
+                     overwrite=args.overwrite, progress=not args.quiet)
     options = dataset_options_of(args.dataset_options)
     if args.skip_bad and args.dataset in ("folder", "coco", "cub"):
         options.setdefault("check_images", False)  # missing images become bad rows
@@ -339,12 +308,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         raise SpmlError(
             f"--image-size expects WIDTHxHEIGHT, e.g. 500x375; got {args.image_size!r}"
         ) from None
-    config = BenchConfig(
-        featurize=_config(args, progress=not args.quiet and not args.json),
-        n_images=args.images,
-        width=width,
-        height=height,
-    )
+    config = BenchConfig(featurize=_config(args, progress=not args.quiet and not args.json),
+                         n_images=args.images, width=width, height=height)
     result = bench_featurize(config)
     if not args.json:
         width_key = max(len(k) for k in result)
@@ -382,29 +347,18 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
     )
     _add_run_options(p, default_weights=None)
     store = p.add_argument_group("store")
-    store.add_argument(
-        "--dtype",
-        choices=DTYPES,
-        default="float16",
-        help="feature storage type (default: float16)",
-    )
-    store.add_argument(
-        "--block-rows",
-        type=int,
-        default=1024,
-        help="rows per chunk, the unit of resume (default: 1024)",
-    )
+    store.add_argument("--dtype", choices=DTYPES, default="float16",
+                       help="feature storage type (default: float16)")
+    store.add_argument("--block-rows", type=int, default=1024,
+                       help="rows per chunk, the unit of resume (default: 1024)")
     store.add_argument(
         "--skip-bad",
         action="store_true",
         help="store zero features for unreadable images and list them in the "
         "store's bad_rows, instead of stopping",
     )
-    store.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace an existing store at --out instead of resuming it",
-    )
+    store.add_argument("--overwrite", action="store_true",
+                       help="replace an existing store at --out instead of resuming it")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_seeds_argument(p)
     p.add_argument("--json", action="store_true", help="print the run summary as JSON")
@@ -429,18 +383,10 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
         epilog=_BENCH_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    b.add_argument(
-        "--images",
-        type=int,
-        default=None,
-        help="images to featurize (default: 4096 on CUDA, 24 on CPU)",
-    )
-    b.add_argument(
-        "--image-size",
-        default="640x480",
-        metavar="WxH",
-        help="synthetic JPEG size (default: 640x480, a typical COCO photo)",
-    )
+    b.add_argument("--images", type=int, default=None,
+                   help="images to featurize (default: 4096 on CUDA, 24 on CPU)")
+    b.add_argument("--image-size", default="640x480", metavar="WxH",
+                   help="synthetic JPEG size (default: 640x480, a typical COCO photo)")
     _add_run_options(b, default_weights=RANDOM)
     b.add_argument("--quiet", action="store_true", help="no progress bar")
     b.add_argument("--json", action="store_true", help="print only the JSON line")

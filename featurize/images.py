@@ -145,12 +145,8 @@ class ImageTransform:
                     else "(resized - crop) // 2"
                 ),
             )
-        out.update(
-            exif_orientation="ignored",
-            to_tensor="uint8 / 255",
-            mean=list(self.mean),
-            std=list(self.std),
-        )
+        out.update(exif_orientation="ignored", to_tensor="uint8 / 255", mean=list(self.mean),
+                   std=list(self.std))
         return out
 
 
@@ -323,9 +319,7 @@ def batch_decode(
     return out
 
 
-def resize_batch(
-    images: Sequence[torch.Tensor], size: int | ImageTransform
-) -> torch.Tensor:
+def resize_batch(images: Sequence[torch.Tensor], size: int | ImageTransform) -> torch.Tensor:
     """Resize ``(3, H, W)`` uint8 images to a ``(B, 3, S, S)`` uint8 batch with antialias
     (PyTorch's port of PIL's filters): an int ``size`` is the protocol's S×S bilinear resize
     (aspect not kept); an :class:`ImageTransform` is applied with its resize, interpolation
@@ -353,13 +347,8 @@ def resize_batch(
                 x = F.interpolate(x, size=(rh, rw), mode="bilinear", antialias=True)
             else:
                 x = (
-                    F.interpolate(
-                        x.float(),
-                        size=(rh, rw),
-                        mode=mode,
-                        antialias=True,
-                        align_corners=False,
-                    )
+                    F.interpolate(x.float(), size=(rh, rw), mode=mode, antialias=True,
+                                  align_corners=False)
                     .round_()
                     .clamp_(0, 255)
                     .to(torch.uint8)

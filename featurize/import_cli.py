@@ -56,16 +56,9 @@ def _cmd_import_cole(args: argparse.Namespace) -> int:
 
     check_before_writing(args)
 
-    store = imports.import_cole(
-        args.dir,
-        args.dataset,
-        args.out,
-        dtype=args.dtype,
-        class_names_file=args.class_names,
-        overwrite=args.overwrite,
-        block_rows=args.block_rows,
-        progress=not args.quiet,
-    )
+    store = imports.import_cole(args.dir, args.dataset, args.out, dtype=args.dtype,
+                                class_names_file=args.class_names, overwrite=args.overwrite,
+                                block_rows=args.block_rows, progress=not args.quiet)
     _report(store, args.seeds)
     return 0
 
@@ -75,19 +68,12 @@ def _cmd_import_arrays(args: argparse.Namespace) -> int:
 
     check_before_writing(args)
 
-    store = imports.import_array_files(
-        args.out,
-        args.features,
-        args.labels,
-        name=args.name,
-        test_features_path=args.test_features,
-        test_labels_path=args.test_labels,
-        test_fraction=args.test_fraction,
-        class_names_path=args.class_names,
-        dtype=args.dtype,
-        overwrite=args.overwrite,
-        progress=not args.quiet,
-    )
+    store = imports.import_array_files(args.out, args.features, args.labels, name=args.name,
+                                       test_features_path=args.test_features,
+                                       test_labels_path=args.test_labels,
+                                       test_fraction=args.test_fraction,
+                                       class_names_path=args.class_names, dtype=args.dtype,
+                                       overwrite=args.overwrite, progress=not args.quiet)
     _report(store, args.seeds)
     return 0
 
@@ -97,13 +83,8 @@ def _cmd_import_yeast(args: argparse.Namespace) -> int:
 
     check_before_writing(args)
 
-    store = imports.import_yeast(
-        args.out,
-        dtype=args.dtype,
-        test_fraction=args.test_fraction,
-        overwrite=args.overwrite,
-        progress=not args.quiet,
-    )
+    store = imports.import_yeast(args.out, dtype=args.dtype, test_fraction=args.test_fraction,
+                                 overwrite=args.overwrite, progress=not args.quiet)
     _report(store, args.seeds)
     return 0
 
@@ -154,17 +135,10 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
         help="which dataset the files are (sets the class names and image folder; Cole et "
         "al.'s 'pascal' is voc, 'nuswide' is nus)",
     )
-    p.add_argument(
-        "--class-names",
-        metavar="FILE",
-        help="class names, one per line, overriding the defaults above",
-    )
-    p.add_argument(
-        "--block-rows",
-        type=int,
-        default=1024,
-        help="rows per store chunk / write block (default: 1024)",
-    )
+    p.add_argument("--class-names", metavar="FILE",
+                   help="class names, one per line, overriding the defaults above")
+    p.add_argument("--block-rows", type=int, default=1024,
+                   help="rows per store chunk / write block (default: 1024)")
     _common(p)
     p.set_defaults(func=_cmd_import_cole)
 
@@ -190,10 +164,8 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
     p.add_argument("--test-features", metavar="F2.npy", help="(M, D) test features")
     p.add_argument("--test-labels", metavar="L2.npy", help="(M, C) 0/1 test labels")
     p.add_argument(
-        "--test-fraction",
-        type=_fraction,
-        help="hold out this fraction of the rows as the test set (default 0.2 without test files)",
-    )
+        "--test-fraction", type=_fraction,
+        help="hold out this fraction of the rows as the test set (default 0.2 without test files)")
     p.add_argument(
         "--class-names", metavar="FILE", help="C class names, one per line (default class_0 …)"
     )
@@ -217,12 +189,8 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
         "  spml info stores/yeast.zarr",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
-        "--test-fraction",
-        type=_fraction,
-        default=TEST_FRACTION,
-        help="fraction of rows held out as the test set (default: 0.2)",
-    )
+    p.add_argument("--test-fraction", type=_fraction, default=TEST_FRACTION,
+                   help="fraction of rows held out as the test set (default: 0.2)")
     _common(p)
     p.set_defaults(func=_cmd_import_yeast)
 

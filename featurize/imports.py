@@ -142,25 +142,13 @@ def import_cole(
         backbone="resnet50 (features released by Cole et al. 2021; not run here)",
         weights="ImageNet-pretrained ResNet-50 (torchvision pretrained=True), as released",
         transform="Cole et al.: Resize((448, 448)), ToTensor, ImageNet mean/std; no flip",
-        files={p.name: p for p in paths.values()},
-        progress=progress,
-        kind="cole",
-        dataset_dir=str(root.resolve()),
-        class_names=names_source,
-        reference_check=_reference_check(root, index),
-    )
-    return write_feature_store(
-        out,
-        index,
-        (features["pool"], features["test"]),
-        provenance=provenance,
-        dtype=dtype,
-        block_rows=block_rows,
-        overwrite=overwrite,
-        resume=True,
-        progress=progress,
-        sources=[str(paths["features_pool"]), str(paths["features_test"])],
-    )
+        files={p.name: p for p in paths.values()}, progress=progress, kind="cole",
+        dataset_dir=str(root.resolve()), class_names=names_source,
+        reference_check=_reference_check(root, index))
+    return write_feature_store(out, index, (features["pool"], features["test"]),
+                               provenance=provenance, dtype=dtype, block_rows=block_rows,
+                               overwrite=overwrite, resume=True, progress=progress,
+                               sources=[str(paths["features_pool"]), str(paths["features_test"])])
 
 
 def _reference_check(root: Path, index: DatasetIndex) -> dict[str, str]:
@@ -263,12 +251,9 @@ def import_arrays(
     )
     if len(names) != n_classes:
         raise DatasetFormatError(f"{len(names)} class names given but the labels have {n_classes}")
-    index = DatasetIndex(
-        name=name,
-        class_names=names,
-        pool=Phase(tuple(pool_ids), tuple(Path(i) for i in pool_ids), y),
-        test=Phase(tuple(test_ids), tuple(Path(i) for i in test_ids), test_y),
-    )
+    index = DatasetIndex(name=name, class_names=names,
+                         pool=Phase(tuple(pool_ids), tuple(Path(i) for i in pool_ids), y),
+                         test=Phase(tuple(test_ids), tuple(Path(i) for i in test_ids), test_y))
     prov = provenance or {
         "backbone": NO_BACKBONE,
         "weights": "none",
@@ -276,17 +261,9 @@ def import_arrays(
         "backbone_run": False,
         "source": "in-memory arrays",
     }
-    return write_feature_store(
-        out,
-        index,
-        (feats, test_feats),
-        provenance=prov,
-        dtype=dtype,
-        overwrite=overwrite,
-        resume=True,
-        extra_attrs=attrs,
-        progress=progress,
-    )
+    return write_feature_store(out, index, (feats, test_feats), provenance=prov, dtype=dtype,
+                               overwrite=overwrite, resume=True, extra_attrs=attrs,
+                               progress=progress)
 
 
 def import_array_files(
@@ -329,30 +306,16 @@ def import_array_files(
     if class_names_path is not None:
         names = read_class_names(Path(class_names_path), loaded["labels"].shape[1])
         files["class_names"] = Path(class_names_path)
-    provenance = _provenance(
-        backbone=NO_BACKBONE,
-        weights="none",
-        transform="none (features stored as given)",
-        files=files,
-        progress=progress,
-        kind="arrays",
-    )
+    provenance = _provenance(backbone=NO_BACKBONE, weights="none",
+                             transform="none (features stored as given)", files=files,
+                             progress=progress, kind="arrays")
     return import_arrays(
-        out,
-        loaded["features"],
-        loaded["labels"],
-        name=name,
-        test_features=loaded.get("test_features"),
-        test_labels=loaded.get("test_labels"),
-        test_fraction=test_fraction,
-        class_names=names,
-        provenance=provenance,
-        dtype=dtype,
-        overwrite=overwrite,
-        progress=progress,
+        out, loaded["features"], loaded["labels"], name=name,
+        test_features=loaded.get("test_features"), test_labels=loaded.get("test_labels"),
+        test_fraction=test_fraction, class_names=names, provenance=provenance, dtype=dtype,
+        overwrite=overwrite, progress=progress,
         sources=(str(files["features"]), str(files.get("test_features", "test features"))),
-        label_sources=(str(files["labels"]), str(files.get("test_labels", "test labels"))),
-    )
+        label_sources=(str(files["labels"]), str(files.get("test_labels", "test labels"))))
 
 
 # ----------------------------------------------------------------------------- yeast
@@ -416,24 +379,11 @@ def import_yeast(
     path = yeast_csv_path()
     features, labels, names = load_yeast_csv(path)
     provenance = _provenance(
-        backbone=NO_BACKBONE,
-        weights="none",
-        transform="none (MULAN yeast attributes stored as given)",
-        files={"yeast.csv.gz": path},
+        backbone=NO_BACKBONE, weights="none",
+        transform="none (MULAN yeast attributes stored as given)", files={"yeast.csv.gz": path},
         kind="yeast",
-        dataset="MULAN yeast (Elisseeff & Weston 2001), copy shipped in the river package",
-    )
-    return import_arrays(
-        out,
-        features,
-        labels,
-        name="yeast",
-        test_fraction=test_fraction,
-        class_names=names,
-        provenance=provenance,
-        dtype=dtype,
-        overwrite=overwrite,
-        progress=progress,
-        sources=(str(path), str(path)),
-        label_sources=(str(path), str(path)),
-    )
+        dataset="MULAN yeast (Elisseeff & Weston 2001), copy shipped in the river package")
+    return import_arrays(out, features, labels, name="yeast", test_fraction=test_fraction,
+                         class_names=names, provenance=provenance, dtype=dtype, overwrite=overwrite,
+                         progress=progress, sources=(str(path), str(path)),
+                         label_sources=(str(path), str(path)))

@@ -31,8 +31,7 @@ def _cmd_priors(args: argparse.Namespace) -> int:
     config = ClipPriorConfig(
         model=args.model, weights=args.weights, name=args.name, prompt=args.prompt,
         temperature=args.temperature, tiles=rows, batch_size=args.batch_size,
-        device=args.device, overwrite=args.overwrite, progress=not args.quiet,
-    )
+        device=args.device, overwrite=args.overwrite, progress=not args.quiet)
     result = compute_clip_prior(args.store, config, root=args.root,
                                 dataset_options=dataset_options_of(args.option),
                                 adapter=args.dataset)

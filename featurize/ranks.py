@@ -68,11 +68,8 @@ def current_ranks() -> Ranks:
 
     if not (dist.is_available() and dist.is_initialized()):
         return Ranks()
-    return Ranks(
-        rank=dist.get_rank(),
-        world=dist.get_world_size(),
-        local_rank=int(os.environ.get("LOCAL_RANK", dist.get_rank())),
-    )
+    return Ranks(rank=dist.get_rank(), world=dist.get_world_size(),
+                 local_rank=int(os.environ.get("LOCAL_RANK", dist.get_rank())))
 
 
 @contextlib.contextmanager

@@ -136,9 +136,7 @@ def resolve_runtime(config: FeaturizeConfig) -> Runtime:
     if config.decode not in DECODE_CHOICES:
         raise SpmlError(f"--decode must be one of {DECODE_CHOICES}, got {config.decode!r}")
     if config.precision not in PRECISION_CHOICES:
-        raise SpmlError(
-            f"--precision must be one of {PRECISION_CHOICES}, got {config.precision!r}"
-        )
+        raise SpmlError(f"--precision must be one of {PRECISION_CHOICES}, got {config.precision!r}")
     name = config.device
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
@@ -196,14 +194,10 @@ def transform_mode(config: FeaturizeConfig) -> str:
 def load_configured(config: FeaturizeConfig) -> Backbone:
     """The backbone ``config`` names, checked against the input size it will get."""
     protocol = transform_mode(config) == "protocol"
-    return load_backbone(
-        config.backbone,
-        config.weights,
-        seed=config.weights_seed,
-        download=config.download,
-        size=(config.size or PROTOCOL_SIZE) if protocol else None,
-        embed=config.embed,
-    )
+    return load_backbone(config.backbone, config.weights, seed=config.weights_seed,
+                         download=config.download,
+                         size=(config.size or PROTOCOL_SIZE) if protocol else None,
+                         embed=config.embed)
 
 
 def backbone_transform(
@@ -275,9 +269,7 @@ def featurize(
     if backbone is None:
         backbone = load_configured(config)
     elif backbone.name != config.backbone:
-        raise SpmlError(
-            f"backbone {backbone.name!r} given but the config says {config.backbone!r}"
-        )
+        raise SpmlError(f"backbone {backbone.name!r} given but the config says {config.backbone!r}")
     transform = backbone_transform(backbone, config.size, mode)
     paths = [Path(p) for p in (*index.pool.paths, *index.test.paths)]
     ids = [*index.pool.image_ids, *index.test.image_ids]
@@ -327,31 +319,16 @@ def featurize(
     bad_rows = stored_bad_rows(writer)
     backbone.to(rt.device, channels_last=channels_last(rt))
     where = f"{rt.device}, rank {ranks.rank}/{ranks.world}" if ranks.distributed else rt.device
-    bar = Progress(
-        rows_todo,
-        f"featurize {index.name} ({backbone.name}, {where})",
-        "img",
-        enabled=config.progress,
-    )
+    bar = Progress(rows_todo, f"featurize {index.name} ({backbone.name}, {where})", "img",
+                   enabled=config.progress)
     block_writer = BlockWriter(writer, bad_rows, per_block=ranks.distributed)
     t0 = time.perf_counter()
     error = None
     try:
         with device_mode(rt), ThreadPoolExecutor(rt.workers, "spml-reader") as pool:
             try:
-                _run_batches(
-                    batches,
-                    paths,
-                    ids,
-                    rt,
-                    transform,
-                    backbone,
-                    writer,
-                    block_writer,
-                    config,
-                    pool,
-                    bar,
-                )
+                _run_batches(batches, paths, ids, rt, transform, backbone, writer, block_writer,
+                             config, pool, bar)
             finally:
                 pool.shutdown(wait=False, cancel_futures=True)
     except Exception as err:  # told to the other ranks first (Ctrl-C / kill: torchrun's job)
@@ -383,23 +360,12 @@ def featurize(
 
         bad_rows = {int(b["row"]): dict(b) for b in open_store(out).attrs.get("bad_rows", [])}
     bad = [bad_rows[r] for r in sorted(bad_rows)]
-    return FeaturizeResult(
-        store_path=out,
-        n_rows=writer.n_rows,
-        rows_done=int(rows_all),
-        blocks_done=int(blocks_all),
-        blocks_resumed=blocks_resumed,
-        bad_rows=bad,
-        seconds=seconds,
-        images_per_s=rows_all / seconds if seconds > 0 else 0.0,
-        device=str(rt.device),
-        decode=rt.decode,
-        precision=rt.precision,
-        batch_size=rt.batch_size,
-        backbone=backbone.name,
-        weights=backbone.weights.id,
-        world_size=ranks.world,
-    )
+    return FeaturizeResult(store_path=out, n_rows=writer.n_rows, rows_done=int(rows_all),
+                           blocks_done=int(blocks_all), blocks_resumed=blocks_resumed, bad_rows=bad,
+                           seconds=seconds, images_per_s=rows_all / seconds if seconds > 0 else 0.0,
+                           device=str(rt.device), decode=rt.decode, precision=rt.precision,
+                           batch_size=rt.batch_size, backbone=backbone.name,
+                           weights=backbone.weights.id, world_size=ranks.world)
 
 
 def _unreadable(bad: dict[int, str], start: int, stop: int,

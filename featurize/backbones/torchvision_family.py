@@ -203,9 +203,7 @@ def check_size(spec: BackboneSpec, size: int) -> bool:
     except NotImplementedError:  # an op or builder without meta support: nothing learned
         return True
     except (RuntimeError, AssertionError, ValueError) as err:
-        raise SpmlError(
-            f"backbone {spec.name!r} cannot take {size}x{size} images: {err}"
-        ) from None
+        raise SpmlError(f"backbone {spec.name!r} cannot take {size}x{size} images: {err}") from None
     if tuple(out.shape) != (1, spec.feature_dim):
         raise SpmlError(
             f"backbone {spec.name!r}: pooled features have shape {tuple(out.shape)[1:]}, "

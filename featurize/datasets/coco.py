@@ -123,10 +123,8 @@ def load_coco(root: str | Path, *, check_images: bool = True) -> DatasetIndex:
     categories: dict[str, tuple[list[str], dict[int, int]]] = {}
     for split in ("train", "val"):  # one JSON in memory at a time (train2014's is 330 MB)
         path = files[split] = require_file(
-            root / "annotations" / f"instances_{split}2014.json",
-            f"COCO {split} annotations",
-            "unzip annotations_trainval2014.zip into the dataset root",
-        )
+            root / "annotations" / f"instances_{split}2014.json", f"COCO {split} annotations",
+            "unzip annotations_trainval2014.zip into the dataset root")
         data = _load_json(path)
         categories[split] = _categories(data, path)
         if categories[split] != categories["train"]:
@@ -141,10 +139,5 @@ def load_coco(root: str | Path, *, check_images: bool = True) -> DatasetIndex:
     )
     if check_images:
         require_images(*((phases[s].paths, files[s], None) for s in files))
-    return DatasetIndex(
-        name="coco",
-        class_names=tuple(categories["train"][0]),
-        pool=phases["train"],
-        test=phases["val"],
-        root=root,
-    )
+    return DatasetIndex(name="coco", class_names=tuple(categories["train"][0]),
+                        pool=phases["train"], test=phases["val"], root=root)

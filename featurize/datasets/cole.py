@@ -249,19 +249,10 @@ def load_cole_formatted(
                 f"{len(names)} classes"
             )
         ids = tuple(str(s.decode() if isinstance(s, bytes) else s) for s in images.tolist())
-        phases[phase] = Phase(
-            image_ids=ids,
-            paths=tuple(image_dir / s for s in ids),
-            labels=labels,
-            n_unlabeled=int((labels.sum(1) == 0).sum()),
-        )
-    return DatasetIndex(
-        name=dataset,
-        class_names=tuple(names),
-        pool=phases["pool"],
-        test=phases["test"],
-        root=root,
-    )
+        phases[phase] = Phase(image_ids=ids, paths=tuple(image_dir / s for s in ids), labels=labels,
+                              n_unlabeled=int((labels.sum(1) == 0).sum()))
+    return DatasetIndex(name=dataset, class_names=tuple(names), pool=phases["pool"],
+                        test=phases["test"], root=root)
 
 
 def reference_observed(root: Path, phase: str) -> tuple[Path, np.ndarray] | None:

@@ -30,14 +30,7 @@ import numpy as np
 from probe.errors import MissingPathError
 from probe.store.index import DatasetIndex, Phase
 
-from ._parse import (
-    DatasetFormatError,
-    at,
-    find_file,
-    read_fields,
-    require_file,
-    require_images,
-)
+from ._parse import DatasetFormatError, at, find_file, read_fields, require_file, require_images
 
 __all__ = ["find_cub", "load_cub"]
 
@@ -75,8 +68,7 @@ def _attribute_names(ds: Path) -> tuple[str, ...]:
     path = find_file(
         [ds / "attributes.txt", ds.parent / "attributes.txt", ds / "attributes" / "attributes.txt"],
         "CUB attribute names (attributes.txt)",
-        "CUB_200_2011.tgz has it next to the CUB_200_2011 folder",
-    )
+        "CUB_200_2011.tgz has it next to the CUB_200_2011 folder")
     names = []
     for k, (line, attr_id, name) in enumerate(_id_table(path, "<attribute_id> <name>"), 1):
         if attr_id != k:
@@ -202,12 +194,8 @@ def load_cub(root: str | Path, *, check_images: bool = True) -> DatasetIndex:
         paths = tuple(ds / "images" / name_ for name_ in ids)
         groups.append((paths, images_path, [images[r][0] for r in rows]))
         phase_labels = labels[rows]
-        phases[name] = Phase(
-            image_ids=ids,
-            paths=paths,
-            labels=phase_labels,
-            n_unlabeled=int((~phase_labels.any(axis=1)).sum()),
-        )
+        phases[name] = Phase(image_ids=ids, paths=paths, labels=phase_labels,
+                             n_unlabeled=int((~phase_labels.any(axis=1)).sum()))
     if check_images:
         require_images(*groups)
     return DatasetIndex(

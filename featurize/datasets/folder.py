@@ -202,11 +202,8 @@ def load_folder(
                         f"{plain(test_fraction)}")
     known, source = _class_list(classes) if classes is not None else ((), "")
     if annotations is None:
-        ann = find_file(
-            [root / "labels.csv", root / "labels.jsonl"],
-            "annotation file",
-            "pass --option annotations=PATH to name a CSV or JSON-lines file",
-        )
+        ann = find_file([root / "labels.csv", root / "labels.jsonl"], "annotation file",
+                        "pass --option annotations=PATH to name a CSV or JSON-lines file")
         if ann.suffix == ".csv" and (root / "labels.jsonl").is_file():
             raise SpmlError(
                 f"annotations: both {ann} and {root / 'labels.jsonl'} exist; pass "
@@ -299,16 +296,8 @@ def load_folder(
         groups.append((paths, ann, [r.line for r in phase_rows]))
         phases[split] = Phase(
             image_ids=tuple(Path(os.path.normpath(r.path)).as_posix() for r in phase_rows),
-            paths=paths,
-            labels=labels,
-            n_unlabeled=sum(not r.labels for r in phase_rows),
-        )
+            paths=paths, labels=labels, n_unlabeled=sum(not r.labels for r in phase_rows))
     if check_images:
         require_images(*groups)
-    return DatasetIndex(
-        name=name or root.resolve().name or "folder",
-        class_names=class_names,
-        pool=phases["train"],
-        test=phases["test"],
-        root=root,
-    )
+    return DatasetIndex(name=name or root.resolve().name or "folder", class_names=class_names,
+                        pool=phases["train"], test=phases["test"], root=root)

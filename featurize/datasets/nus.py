@@ -73,11 +73,8 @@ def _image_paths(root: Path, rels: list[str]) -> tuple[Path, ...]:
 
 
 def _concepts(root: Path) -> tuple[str, ...]:
-    path = find_file(
-        [root / "Concepts81.txt", root / "ConceptsList" / "Concepts81.txt"],
-        "NUS-WIDE concept list",
-        "it comes with the NUS-WIDE ground-truth downloads",
-    )
+    path = find_file([root / "Concepts81.txt", root / "ConceptsList" / "Concepts81.txt"],
+                     "NUS-WIDE concept list", "it comes with the NUS-WIDE ground-truth downloads")
     first_line: dict[str, int] = {}
     for line, text in read_lines(path):
         if len(text.split()) != 1:
@@ -108,11 +105,9 @@ def load_nus(root: str | Path, *, check_images: bool = True) -> DatasetIndex:
     phases, groups = {}, []
     listed: dict[str, str] = {}  # image -> where it is first listed (ids are dataset-unique)
     for phase_name, split in _SPLITS.items():
-        list_path = require_file(
-            root / "ImageList" / f"{split}Imagelist.txt",
-            f"NUS-WIDE {split.lower()} image list",
-            "unzip the NUS-WIDE ImageList download into the dataset root",
-        )
+        list_path = require_file(root / "ImageList" / f"{split}Imagelist.txt",
+                                 f"NUS-WIDE {split.lower()} image list",
+                                 "unzip the NUS-WIDE ImageList download into the dataset root")
         entries = read_lines(list_path)
         ids: list[str] = []
         for line, text in entries:
@@ -130,8 +125,7 @@ def load_nus(root: str | Path, *, check_images: bool = True) -> DatasetIndex:
             label_path = require_file(
                 gt / f"Labels_{concept}_{split}.txt",
                 f"NUS-WIDE {split.lower()} labels of concept '{concept}'",
-                "unzip the NUS-WIDE Groundtruth download into the dataset root",
-            )
+                "unzip the NUS-WIDE Groundtruth download into the dataset root")
             labels[:, c] = read_binary_column(label_path, len(ids), list_path)
         paths = _image_paths(root, ids)
         groups.append((paths, list_path, [line for line, _ in entries]))

@@ -74,11 +74,8 @@ def _read_phase(main: Path, split: str) -> tuple[Path, list[int], list[str], np.
     """One official split: the first class file, the line of each image in it, the image ids in
     that file's order and their (N, 20) labels. Every class file must list the same images."""
     files = [
-        require_file(
-            main / f"{name}_{split}.txt",
-            f"VOC class file for '{name}' ({split})",
-            "every one of the 20 classes needs its ImageSets/Main file",
-        )
+        require_file(main / f"{name}_{split}.txt", f"VOC class file for '{name}' ({split})",
+                     "every one of the 20 classes needs its ImageSets/Main file")
         for name in VOC_CLASSES
     ]
     ref = _read_class_file(files[0])
