@@ -5,8 +5,11 @@ network takes an input size (docs/backbones.md)."""
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 import importlib.metadata
 import os
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,11 +47,9 @@ class WeightsInfo:
 
 @dataclass
 class Backbone:
-    """A loaded, frozen backbone: ``features(x) -> (B, D)`` embeddings; for the torchvision
-    families also the removed ImageNet classifier ``head`` (to check pretrained weights by
-    classifying). ``transform`` is the model's own preprocessing (None: the protocol's only),
-    ``embed`` which embedding ``features`` returns, ``details`` the family's provenance
-    (library and version, model id, ...)."""
+    """A loaded, frozen backbone: ``features(x) -> (B, D)`` embeddings; ``head`` the removed
+    ImageNet classifier (torchvision families), ``transform`` the model's own preprocessing
+    (None: the protocol's only), ``details`` the family's provenance (library, model id, ...)."""
 
     spec: BackboneSpec
     features: nn.Module
@@ -77,14 +78,12 @@ class Backbone:
         """ImageNet logits from pooled features (the classifier the features feed)."""
         if self.head is None:
             raise SpmlError(f"backbone {self.name!r} keeps no ImageNet classifier to classify with")
-        head = self.head
-        param = next(head.parameters())
+        param = next(self.head.parameters())
         with torch.inference_mode():
-            return head(features.to(device=param.device, dtype=param.dtype))
+            return self.head(features.to(device=param.device, dtype=param.dtype))
 
     def provenance(self) -> dict:
-        """The backbone/weights part of the store's provenance (docs/protocol.md store attrs;
-        docs/backbones.md for the library-qualified families)."""
+        """The backbone/weights part of the store's provenance (docs/backbones.md)."""
         out = {
             "backbone": self.name,
             "backbone_family": self.spec.family,
@@ -112,9 +111,28 @@ def package_version(name: str) -> str:
 
 
 def random_info(seed: int) -> WeightsInfo:
-    return WeightsInfo(
-        id=f"random(seed={int(seed)})", sha256=None, path=None, random=True, seed=int(seed)
-    )
+    return WeightsInfo(id=f"random(seed={int(seed)})", sha256=None, path=None, random=True,
+                       seed=int(seed))
+
+
+def seeded(seed: int, build: Callable[..., Any], *args: Any) -> Any:
+    """``build(*args)`` with torch's RNG seeded by ``seed`` (a network's default initialisation
+    is then reproducible); the global RNG state is restored after."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        return build(*args)
+
+
+def did_you_mean(name: str, names: Iterable[str]) -> str:
+    """`` Did you mean a, b?`` naming the known names closest to ``name`` (or "")."""
+    close = difflib.get_close_matches(name, list(names), n=3)
+    return f" Did you mean {', '.join(close)}?" if close else ""
+
+
+def pooled_only(embed: str | None, gives: str) -> None:
+    """Refuse an ``--embed`` other than the pooled one of a family that ``gives`` only that."""
+    if embed not in (None, "auto", "pooled"):
+        raise SpmlError(f"--embed {embed!r}: {gives}")
 
 
 def file_info(path: Path, wid: str, url: str | None = None) -> WeightsInfo:
@@ -144,10 +162,8 @@ def local_weights(name: str, weights: str | None, default: str, suffixes: str
         return None
     path = as_weights_path(str(weights))
     if path is None:
-        raise WeightsError(
-            f"--weights {weights!r} for {name}: expected default ({default}), a checkpoint "
-            f"file ({suffixes}) or random"
-        )
+        raise WeightsError(f"--weights {weights!r} for {name}: expected default ({default}), "
+                           f"a checkpoint file ({suffixes}) or random")
     return file_info(path, f"file:{path.name}")
 
 
@@ -163,10 +179,8 @@ def read_state(path: str | Path) -> dict[str, torch.Tensor]:
         else:
             state = torch.load(path, map_location="cpu", weights_only=True)
     except ImportError:
-        raise WeightsError(
-            f"weights file {path} is a safetensors file: pip install safetensors "
-            "(or pip install -e '.[hf]')"
-        ) from None
+        raise WeightsError(f"weights file {path} is a safetensors file: pip install safetensors "
+                           "(or pip install -e '.[hf]')") from None
     except Exception as err:  # unpickling errors come in many types
         raise WeightsError(f"cannot read weights file {path}: {err}") from None
     for key in ("state_dict", "model"):
@@ -184,9 +198,8 @@ def load_into(model: nn.Module, state: dict, path: str | Path, name: str) -> Any
         return model.load_state_dict(state, strict=False)
     except RuntimeError as err:  # size mismatches
         first = str(err).split("\n\t")[1:2] or [str(err)]
-        raise WeightsError(
-            f"weights file {path} does not fit backbone {name!r}: {first[0]}"
-        ) from None
+        raise WeightsError(f"weights file {path} does not fit backbone {name!r}: {first[0]}"
+                           ) from None
 
 
 def check_fit(result: Any, path: str | Path, name: str) -> None:
@@ -212,13 +225,11 @@ def input_check(features: nn.Module, size: int, name: str, hint: str = "") -> in
         with torch.no_grad():
             out = features.eval()(torch.zeros(1, 3, int(size), int(size)))
     except (RuntimeError, AssertionError, ValueError, IndexError) as err:
-        raise SpmlError(
-            f"backbone {name!r} cannot take {size}x{size} images: {err}{hint}"
-        ) from None
+        raise SpmlError(f"backbone {name!r} cannot take {size}x{size} images: {err}{hint}"
+                        ) from None
     if out.ndim != 2 or out.shape[0] != 1:
-        raise SpmlError(
-            f"backbone {name!r}: its embedding has shape {tuple(out.shape)}, expected (1, D)"
-        )
+        raise SpmlError(f"backbone {name!r}: its embedding has shape {tuple(out.shape)}, "
+                        "expected (1, D)")
     return int(out.shape[1])
 
 
@@ -230,10 +241,8 @@ _TRUE = ("1", "true", "yes", "on")
 def hf_offline() -> bool:
     """Offline as the Hugging Face libraries understand it (``HF_HUB_OFFLINE=1`` or
     ``TRANSFORMERS_OFFLINE=1``), read now (the libraries read it once, at import)."""
-    return any(
-        os.environ.get(k, "").strip().lower() in _TRUE
-        for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-    )
+    return any(os.environ.get(k, "").strip().lower() in _TRUE
+               for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
 def hf_cache_dir() -> Path:
@@ -242,8 +251,7 @@ def hf_cache_dir() -> Path:
     if os.environ.get("HF_HUB_CACHE"):
         return Path(os.environ["HF_HUB_CACHE"]).expanduser()
     home = os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
-    )
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface")
     return Path(home).expanduser() / "hub"
 
 
@@ -294,25 +302,36 @@ def unreachable(url: str) -> str | None:
     return f"spml checked the connection to {via} and it failed ({error})"
 
 
-def quiet_hub_logs() -> Any:
+def fetch_once(url: str, path: Path, what: str, cache: str, fix: str,
+               download: Callable[[], Any]) -> Path:
+    """``path``, a file of ``cache`` (its description), fetched from ``url`` by ``download()``
+    when it is not there yet; offline, or when the download fails, a
+    :class:`WeightsNotFoundError` naming the file, the cache and ``fix``."""
+    if path.is_file():
+        return path
+    offline = "HF_HUB_OFFLINE is set" if hf_offline() else unreachable(url)
+    if offline is not None:
+        raise WeightsNotFoundError(
+            f"{what} needs {path.name} in {cache}, and {offline}: fetch {url} on a connected "
+            f"machine and copy it there, or {fix}")
+    try:
+        return Path(download() or path)
+    except Exception as err:
+        raise WeightsNotFoundError(f"{what} needs {path} ({cache}); downloading {url} failed "
+                                   f"({err}); copy the file there, or {fix}") from None
+
+
+@contextlib.contextmanager
+def quiet_hub_logs() -> Iterator[None]:
     """A context in which huggingface_hub logs errors only (no retry lines), restored after."""
-    import contextlib
+    from huggingface_hub.utils import logging as hub_logging
 
-    @contextlib.contextmanager
-    def quiet() -> Any:
-        try:
-            from huggingface_hub.utils import logging as hub_logging
-        except ImportError:
-            yield
-            return
-        before = hub_logging.get_verbosity()
-        hub_logging.set_verbosity_error()
-        try:
-            yield
-        finally:
-            hub_logging.set_verbosity(before)
-
-    return quiet()
+    before = hub_logging.get_verbosity()
+    hub_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hub_logging.set_verbosity(before)
 
 
 def hub_file(repo: str, filenames: tuple[str, ...], what: str, fix: str) -> Path:
@@ -322,31 +341,21 @@ def hub_file(repo: str, filenames: tuple[str, ...], what: str, fix: str) -> Path
     try:
         from huggingface_hub import hf_hub_download, try_to_load_from_cache
     except ImportError:
-        raise WeightsError(
-            f"{what} comes from the Hugging Face hub: pip install huggingface_hub"
-        ) from None
+        raise WeightsError(f"{what} comes from the Hugging Face hub: pip install huggingface_hub"
+                           ) from None
     cache = hf_cache_dir()
     for filename in filenames:
         found = try_to_load_from_cache(repo, filename, cache_dir=str(cache))
         if isinstance(found, str) and os.path.isfile(found):
             return Path(found)
-    files = " or ".join(filenames)
-    missing = (
-        f"{what} needs the file {files} of the Hugging Face repo {repo}, which is not in the "
-        f"cache {cache} (set HF_HOME or HF_HUB_CACHE to use another)"
-    )
-    if hf_offline():
-        raise WeightsNotFoundError(
-            f"{missing}, and HF_HUB_OFFLINE is set. Run the same command once on a connected "
-            f"machine (it downloads into that cache) and copy the cache here, or {fix}"
-        )
-    offline = unreachable(hf_endpoint())
+    missing = (f"{what} needs the file {' or '.join(filenames)} of the Hugging Face repo {repo}, "
+               f"which is not in the cache {cache} (set HF_HOME or HF_HUB_CACHE to use another)")
+    offline = "HF_HUB_OFFLINE is set" if hf_offline() else unreachable(hf_endpoint())
     if offline is not None:
+        offline += "" if hf_offline() else ": this machine looks offline"
         raise WeightsNotFoundError(
-            f"{missing}, and {offline}: this machine looks offline. Run the same command once "
-            f"on a connected machine (it downloads into that cache) and copy the cache here, or "
-            f"{fix}"
-        )
+            f"{missing}, and {offline}. Run the same command once on a connected machine (it "
+            f"downloads into that cache) and copy the cache here, or {fix}")
     errors = []
     for filename in filenames:
         try:
@@ -354,7 +363,6 @@ def hub_file(repo: str, filenames: tuple[str, ...], what: str, fix: str) -> Path
                 return Path(hf_hub_download(repo, filename, cache_dir=str(cache)))
         except Exception as err:  # not in the repo, no network, gated, ...: try the next name
             errors.append(f"{filename}: {type(err).__name__}: {str(err).splitlines()[0][:200]}")
-    raise WeightsNotFoundError(
-        f"{missing}, and downloading it failed ({'; '.join(errors)}). Connect this machine or "
-        f"copy the cache from one that has it, or {fix}"
-    )
+    raise WeightsNotFoundError(f"{missing}, and downloading it failed ({'; '.join(errors)}). "
+                               f"Connect this machine or copy the cache from one that has it, or "
+                               f"{fix}")

@@ -29,6 +29,7 @@ from featurize.backbones.base import (
     input_check,
     local_weights,
     package_version,
+    seeded,
 )
 from featurize.images import ImageTransform
 from featurize.specs import DEFAULT, BackboneSpec
@@ -266,9 +267,7 @@ _EMBEDDING = {
 def load(spec: BackboneSpec, info: WeightsInfo, seed: int = 0, embed: str | None = None
          ) -> Backbone:
     repo = _repo(spec)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(seed))
-        model, config = build(repo, None if info.random else info.path)
+    model, config = seeded(seed, build, repo, None if info.random else info.path)
     chosen = _embed_choice(model, config, embed, spec.name)
     features = HFEmbedding(model, chosen).eval().requires_grad_(False)
     transform = processor_transform(repo)

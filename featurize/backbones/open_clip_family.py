@@ -14,7 +14,6 @@ the same name and weights: the entry point for anything that needs CLIP's text t
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,16 +25,16 @@ from featurize.backbones.base import (
     Backbone,
     WeightsError,
     WeightsInfo,
-    WeightsNotFoundError,
     check_fit,
+    did_you_mean,
+    fetch_once,
     file_info,
-    hf_offline,
     hub_file,
     input_check,
     local_weights,
     package_version,
     random_info,
-    unreachable,
+    seeded,
 )
 from featurize.images import ImageTransform
 from featurize.specs import DEFAULT, RANDOM, BackboneSpec
@@ -67,8 +66,7 @@ def get_spec(name: str) -> BackboneSpec:
     open_clip = _open_clip()
     arch, tag = parse(name)
     if arch not in open_clip.list_models():
-        close = difflib.get_close_matches(arch, open_clip.list_models(), n=3)
-        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        hint = did_you_mean(arch, open_clip.list_models())
         raise SpmlError(
             f"--backbone {name!r}: OpenCLIP has no architecture {arch!r}.{hint} "
             "open_clip.list_pretrained() lists (arch, pretrained) pairs, e.g. "
@@ -114,26 +112,8 @@ def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> 
     if not url:
         raise WeightsError(f"{what} names no source for its weights; {fix}")
     cache = Path.home() / ".cache" / "clip"
-    path = cache / url.rsplit("/", 1)[-1]
-    if not path.is_file():
-        if hf_offline():
-            raise WeightsNotFoundError(
-                f"{what} needs {path.name} in OpenCLIP's cache {cache}, and HF_HUB_OFFLINE is "
-                f"set: fetch {url} on a connected machine and copy it there, or {fix}"
-            )
-        offline = unreachable(url)
-        if offline is not None:
-            raise WeightsNotFoundError(
-                f"{what} needs {path.name} in OpenCLIP's cache {cache}, and {offline}: fetch "
-                f"{url} on a connected machine and copy it there, or {fix}"
-            )
-        try:
-            path = Path(open_clip.download_pretrained_from_url(url, cache_dir=str(cache)))
-        except Exception as err:
-            raise WeightsNotFoundError(
-                f"{what} needs {path} (OpenCLIP's cache); downloading {url} failed ({err}); "
-                f"copy the file there, or {fix}"
-            ) from None
+    path = fetch_once(url, cache / url.rsplit("/", 1)[-1], what, f"OpenCLIP's cache {cache}", fix,
+                      lambda: open_clip.download_pretrained_from_url(url, cache_dir=str(cache)))
     return file_info(path, f"open_clip:{arch}/{tag}", url=url)
 
 
@@ -219,9 +199,7 @@ def load_clip(name: str, weights: str | None = None, *, seed: int = 0) -> ClipMo
     info = random_info(seed) if weights == RANDOM else resolve(spec, weights)
     arch, tag = parse(name)
     open_clip = _open_clip()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(seed))
-        model = build(arch, tag)
+    model = seeded(seed, build, arch, tag)
     if not info.random:
         _load_state(model, info.path, name)
     model.eval().requires_grad_(False)
@@ -245,9 +223,7 @@ def load(spec: BackboneSpec, info: WeightsInfo, seed: int = 0, embed: str | None
     embed = "projected" if embed in (None, "auto") else embed
     if embed not in _EMBEDDING:
         raise SpmlError(f"--embed {embed!r}: an OpenCLIP backbone gives projected or pooled")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(seed))
-        model = build(arch, tag)
+    model = seeded(seed, build, arch, tag)
     if not info.random:
         _load_state(model, info.path, spec.name)
     visual = model.visual

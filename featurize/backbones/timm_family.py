@@ -11,7 +11,6 @@ there on first use) or, for the few tags timm still fetches from a URL, the torc
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 from pathlib import Path
 
@@ -22,15 +21,18 @@ from featurize.backbones.base import (
     Backbone,
     WeightsError,
     WeightsInfo,
-    WeightsNotFoundError,
     check_fit,
+    did_you_mean,
+    fetch_once,
     file_info,
     hub_file,
     input_check,
     load_into,
     local_weights,
     package_version,
+    pooled_only,
     read_state,
+    seeded,
 )
 from featurize.images import ImageTransform
 from featurize.specs import DEFAULT, BackboneSpec
@@ -57,8 +59,7 @@ def get_spec(name: str) -> BackboneSpec:
     model = name[len(PREFIX) :]
     arch, _, tag = model.partition(".")
     if not timm.is_model(arch):
-        close = difflib.get_close_matches(arch, timm.list_models(), n=3)
-        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        hint = did_you_mean(arch, timm.list_models())
         raise SpmlError(
             f"--backbone {name!r}: timm has no model {arch!r}.{hint} timm.list_models() lists "
             "them (e.g. timm:resnet50.a1_in1k, timm:convnext_large.fb_in22k)"
@@ -101,30 +102,13 @@ def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> 
         return file_info(path, f"timm:{tagged}", url=f"hf-hub:{cfg.hf_hub_id}")
     if cfg.url:
         path = Path(torch.hub.get_dir()) / "checkpoints" / cfg.url.rsplit("/", 1)[-1]
-        if not path.is_file():
-            from featurize.backbones.base import hf_offline, unreachable
 
-            if hf_offline():
-                raise WeightsNotFoundError(
-                    f"timm model {tagged} needs {path.name} in the torch hub cache {path.parent} "
-                    f"(TORCH_HOME moves it), and HF_HUB_OFFLINE is set: fetch {cfg.url} on a "
-                    f"connected machine and copy it there, or {fix}"
-                )
-            offline = unreachable(cfg.url)
-            if offline is not None:
-                raise WeightsNotFoundError(
-                    f"timm model {tagged} needs {path.name} in the torch hub cache {path.parent} "
-                    f"(TORCH_HOME moves it), and {offline}: fetch {cfg.url} on a connected "
-                    f"machine and copy it there, or {fix}"
-                )
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                torch.hub.download_url_to_file(cfg.url, str(path))
-            except Exception as err:
-                raise WeightsNotFoundError(
-                    f"timm model {tagged} needs {path} (torch hub cache); downloading {cfg.url} "
-                    f"failed ({err}); copy the file there, or {fix}"
-                ) from None
+        def download() -> None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.hub.download_url_to_file(cfg.url, str(path))
+
+        cache = f"the torch hub cache {path.parent} (TORCH_HOME moves it)"
+        fetch_once(cfg.url, path, f"timm model {tagged}", cache, fix, download)
         return file_info(path, f"timm:{tagged}", url=cfg.url)
     raise WeightsError(f"timm model {tagged} names no source for its weights; {fix}")
 
@@ -192,14 +176,9 @@ def load(spec: BackboneSpec, info: WeightsInfo, seed: int = 0, embed: str | None
          ) -> Backbone:
     """Build ``spec``'s model without its classifier, load ``info``'s weights, measure the
     embedding width on one image of the model's input size."""
-    if embed not in (None, "auto", "pooled"):
-        raise SpmlError(
-            f"--embed {embed!r}: a timm backbone gives 'pooled' (its classifier's input)"
-        )
+    pooled_only(embed, "a timm backbone gives 'pooled' (its classifier's input)")
     model_name = spec.name[len(PREFIX) :]
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(seed))
-        model = build(model_name)
+    model = seeded(seed, build, model_name)
     if not info.random:
         _load_state(model, info.path, spec.name)
     model.eval().requires_grad_(False)

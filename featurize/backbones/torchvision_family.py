@@ -31,8 +31,11 @@ from featurize.backbones.base import (
     WeightsNotFoundError,
     as_weights_path,
     check_fit,
+    did_you_mean,
     load_into,
+    pooled_only,
     read_state,
+    seeded,
 )
 from featurize.specs import (  # the registry itself needs no torch (spml --help stays fast)
     BACKBONES,
@@ -70,10 +73,7 @@ def get_spec(name: str) -> BackboneSpec:
             model = torchvision.models.get_model(name, weights=None)
         _, head = _strip_head(model, name)
         return tv_spec(name, int(head.in_features), "torchvision classifier, head removed")
-    import difflib
-
-    close = difflib.get_close_matches(name, [*BACKBONES, *tv_names], n=3)
-    hint = f" Did you mean {', '.join(close)}?" if close else ""
+    hint = did_you_mean(name, [*BACKBONES, *tv_names])
     raise SpmlError(
         f"unknown backbone {name!r}.{hint} Known: {', '.join(BACKBONES)}, or any torchvision "
         "classification model name (torchvision.models.list_models())"
@@ -216,13 +216,8 @@ def load(spec: BackboneSpec, info: WeightsInfo, *, seed: int = 0, embed: str | N
          ) -> Backbone:
     """Build ``spec``'s network (seeded), load ``info``'s weights, remove the classifier (kept
     as ``head``, to classify with), frozen in eval mode: pooled features."""
-    if embed not in (None, "auto", "pooled"):
-        raise SpmlError(
-            f"--embed {embed!r}: backbone {spec.name!r} gives 'pooled' (global average pool)"
-        )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(seed))
-        model = _architecture(spec)
+    pooled_only(embed, f"backbone {spec.name!r} gives 'pooled' (global average pool)")
+    model = seeded(seed, _architecture, spec)
     if not info.random:
         load_state(model, info, spec.name)
     features, head = _strip_head(model, spec.name)
