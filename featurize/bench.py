@@ -56,8 +56,7 @@ class BenchConfig:
 
     # random weights: speed does not depend on the weight values
     featurize: FeaturizeConfig = field(
-        default_factory=lambda: FeaturizeConfig(weights=RANDOM, progress=False)
-    )
+        default_factory=lambda: FeaturizeConfig(weights=RANDOM, progress=False))
     n_images: int | None = None  # None: 4096 on CUDA (a few seconds at target speed), 24 on CPU
     width: int = 640  # COCO's typical photo (640×480, quality 90)
     height: int = 480
@@ -81,8 +80,7 @@ def synthetic_photos(folder: Path, n: int, width: int, height: int, seed: int = 
             base[0, 0] * ((1 - fx) * (1 - fy))[..., None]
             + base[0, 1] * (fx * (1 - fy))[..., None]
             + base[1, 0] * ((1 - fx) * fy)[..., None]
-            + base[1, 1] * (fx * fy)[..., None]
-        )
+            + base[1, 1] * (fx * fy)[..., None])
         for _ in range(4):
             cx, cy = rng.uniform(0, width), rng.uniform(0, height)
             r = rng.uniform(0.05, 0.3) * min(width, height)
@@ -178,8 +176,7 @@ def bench_featurize(config: BenchConfig | None = None) -> dict:
         featurize(_index(photos, warm, "warmup"), tmp_path / "warmup.zarr",
                   dataclasses.replace(cfg, progress=False), backbone=backbone)
         result = featurize(
-            _index(photos, n, "timed"), tmp_path / "timed.zarr", cfg, backbone=backbone
-        )
+            _index(photos, n, "timed"), tmp_path / "timed.zarr", cfg, backbone=backbone)
         transform = backbone_transform(backbone, fc.size, transform_mode(fc))
         decode = _decode_only(photos, rt, transform, n, fc.prefetch_batches)
     iters = config.forward_iters or (5 if rt.cuda else 1)

@@ -32,8 +32,7 @@ BAD_SHOWN = 20  # unreadable images listed after a run (the rest are counted)
 _FAMILY_LINES = "".join(
     f"    {f.prefix + ':' + f.syntax:<36} e.g. {f.example}\n"
     f"    {'':<36} ({f.install})\n"
-    for f in FAMILIES.values() if f.qualified
-)
+    for f in FAMILIES.values() if f.qualified)
 _FEATURIZE_EPILOG = f"""\
 what it does (docs/protocol.md steps 6-7):
   every image of the dataset (official train split = pool rows, then the test split) is resized
@@ -129,8 +128,7 @@ def dataset_options_of(pairs: list[str] | None) -> dict[str, Any]:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
             raise SpmlError(
-                f"--option expects KEY=VALUE (e.g. annotations=labels.csv), got {pair!r}"
-            )
+                f"--option expects KEY=VALUE (e.g. annotations=labels.csv), got {pair!r}")
         out[key.strip().replace("-", "_")] = _option_value(value)
     return out
 
@@ -164,8 +162,7 @@ def _add_run_options(p: argparse.ArgumentParser, default_weights: str | None) ->
         + ")",
     )
     model.add_argument(
-        "--weights-seed", type=int, default=0, help="seed of --weights random (default: 0)"
-    )
+        "--weights-seed", type=int, default=0, help="seed of --weights random (default: 0)")
     model.add_argument(
         "--download",
         action="store_true",
@@ -281,8 +278,7 @@ def _cmd_featurize(args: argparse.Namespace) -> int:
         print(
             f"wrote {result.store_path}: {result.n_rows} images ({result.rows_done} featurized "
             f"now{resumed}) with {result.backbone} [{result.weights}] on {result.device}, "
-            f"{result.images_per_s:.1f} images/s. 'spml info {result.store_path}' shows more."
-        )
+            f"{result.images_per_s:.1f} images/s. 'spml info {result.store_path}' shows more.")
         if result.bad_rows:
             print(f"{len(result.bad_rows)} unreadable images got zero features (store "
                   "attribute bad_rows):")
@@ -294,8 +290,7 @@ def _cmd_featurize(args: argparse.Namespace) -> int:
     if args.weights == RANDOM:
         print(
             f"WARNING: random weights (seed {args.weights_seed}) -- these features are NOT "
-            "pretrained; use them for tests and speed measurements only"
-        )
+            "pretrained; use them for tests and speed measurements only")
     return 0
 
 
@@ -306,8 +301,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         width, height = (int(v) for v in args.image_size.lower().split("x"))
     except ValueError:
         raise SpmlError(
-            f"--image-size expects WIDTHxHEIGHT, e.g. 500x375; got {args.image_size!r}"
-        ) from None
+            f"--image-size expects WIDTHxHEIGHT, e.g. 500x375; got {args.image_size!r}") from None
     config = BenchConfig(featurize=_config(args, progress=not args.quiet and not args.json),
                          n_images=args.images, width=width, height=height)
     result = bench_featurize(config)
@@ -333,8 +327,7 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "dataset", metavar="DATASET", help="dataset adapter: voc, coco, nus, cub, folder, cole"
-    )
+        "dataset", metavar="DATASET", help="dataset adapter: voc, coco, nus, cub, folder, cole")
     p.add_argument("--root", required=True, help="the dataset's folder as distributed")
     p.add_argument("--out", required=True, metavar="STORE", help="output store directory")
     p.add_argument(

@@ -145,8 +145,7 @@ def image_paths_of_store(store: Any, root: str | Path | None = None,
                 f"store {store.path} holds imported features (source: "
                 f"{json.dumps(sentence)[:200]}), so spml priors cannot find its images: pass "
                 f"--root DIR with the images of dataset '{store.dataset}', or compute the scores "
-                "elsewhere and bring them with 'spml import priors'"
-            )
+                "elsewhere and bring them with 'spml import priors'")
         root = source.root
     name = source.dataset if source else store.dataset
     if source is not None and source.adapter is not None and adapter in (None, source.adapter):
@@ -163,8 +162,7 @@ def image_paths_of_store(store: Any, root: str | Path | None = None,
     if not root.is_dir():
         raise MissingPathError(
             f"--root: the images of store {store.path} (dataset '{name}') are not reachable: "
-            f"{root} is not a directory; pass --root DIR where the dataset now lives"
-        )
+            f"{root} is not a directory; pass --root DIR where the dataset now lives")
     index = load_dataset(adapter, root, **dict(dataset_options or {}))
     by_id: dict[str, Path] = {}
     for phase in (index.pool, index.test):
@@ -174,16 +172,14 @@ def image_paths_of_store(store: Any, root: str | Path | None = None,
         raise ClipPriorError(
             f"--root {root}: {len(absent)} of the store's {store.n_rows} image ids are not in "
             f"dataset '{name}' there, e.g. {', '.join(absent[:5])}; is it the dataset this store "
-            "was featurized from?"
-        )
+            "was featurized from?")
     paths = [Path(by_id[i]) for i in store.image_ids]
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         more = f" and {len(missing) - 20} more" if len(missing) > 20 else ""
         raise MissingPathError(
             f"--root {root}: {len(missing)} image files of the store's rows are missing: "
-            f"{', '.join(missing[:20])}{more}"
-        )
+            f"{', '.join(missing[:20])}{more}")
     return paths
 
 
@@ -263,8 +259,7 @@ def _check_resume(scratch: Path, fingerprint: dict[str, Any]) -> None:
             f"{_plain(fingerprint.get(k))} now" for k in keys)
     raise ClipPriorError(
         f"an unfinished spml priors run of other settings is in {scratch} ({differs}); rerun "
-        "with that run's settings to resume it, or remove that folder to start over"
-    )
+        "with that run's settings to resume it, or remove that folder to start over")
 
 
 def _plain(value: Any) -> str:
@@ -308,8 +303,7 @@ def compute_clip_prior(store_path: str | Path, config: ClipPriorConfig,
     if config.name in store.prior_names() and not config.overwrite:
         raise ClipPriorError(
             f"--name: store {store_path} already holds a prior '{config.name}'; pass "
-            "--overwrite to replace it, or choose another --name"
-        )
+            "--overwrite to replace it, or choose another --name")
     paths = image_paths_of_store(store, root, dataset_options, adapter)
     clip = load_clip(config.model, config.weights)
     clip.model.to(device)

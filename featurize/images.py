@@ -94,13 +94,11 @@ class ImageTransform:
             if getattr(self, name) not in choices:
                 raise SpmlError(
                     f"image transform: {name} must be one of {', '.join(choices)}; "
-                    f"got {getattr(self, name)!r}"
-                )
+                    f"got {getattr(self, name)!r}")
         if self.crop is not None and not 1 <= int(self.crop) <= int(self.size):
             raise SpmlError(
                 f"image transform: crop must be between 1 and the resize size {self.size}; "
-                f"got {self.crop}"
-            )
+                f"got {self.crop}")
 
     @property
     def out_size(self) -> int:
@@ -135,15 +133,13 @@ class ImageTransform:
                 resize=(
                     f"shorter side to {self.size}"
                     if self.resize == "shortest"
-                    else [self.size, self.size]
-                ),
+                    else [self.size, self.size]),
                 keep_aspect=self.resize == "shortest",
                 crop=None if self.crop is None else [self.out_size, self.out_size],
                 crop_offset=(
                     "round((resized - crop) / 2)"
                     if self.crop_rounding == "round"
-                    else "(resized - crop) // 2"
-                ),
+                    else "(resized - crop) // 2"),
             )
         out.update(exif_orientation="ignored", to_tensor="uint8 / 255", mean=list(self.mean),
                    std=list(self.std))
@@ -269,8 +265,7 @@ def _quiet_torchvision_io() -> None:
     # call (cheap; an identical filter replaces itself) because test runners and
     # warnings.catch_warnings() restore the filter list.
     warnings.filterwarnings(
-        "ignore", message=r"The image decoding and encoding capabilities of TorchVision"
-    )
+        "ignore", message=r"The image decoding and encoding capabilities of TorchVision")
 
 
 def cpu_decode(data: bytearray, name: str | Path) -> torch.Tensor:
@@ -351,8 +346,7 @@ def resize_batch(images: Sequence[torch.Tensor], size: int | ImageTransform) -> 
                                   align_corners=False)
                     .round_()
                     .clamp_(0, 255)
-                    .to(torch.uint8)
-                )
+                    .to(torch.uint8))
         if transform.crop is not None:
             top, left = transform.crop_box(rh, rw)
             c = transform.out_size

@@ -21,8 +21,7 @@ _STORE_LAYOUT = (
     "The store is a Zarr v3 directory: features (N, D), labels (N, C), single positives "
     "observed/1200 (Cole et al.'s seed, drawn per phase), split (train/val: 80/20 of the pool with "
     "seed 1200; test), image ids and provenance. An interrupted import is resumed by running the "
-    "same command again."
-)
+    "same command again.")
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -35,8 +34,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "full precision)",
     )
     parser.add_argument(
-        "--overwrite", action="store_true", help="replace an existing store at --out"
-    )
+        "--overwrite", action="store_true", help="replace an existing store at --out")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_seeds_argument(parser)
 
@@ -47,8 +45,7 @@ def _report(store: Store, seeds_text: str) -> None:
     print(
         f"wrote {store.path}: {store.dataset}, {store.n_rows} rows ({sizes}), "
         f"{store.n_classes} classes, {store.feature_dim}-dim {store.dtype} features. "
-        f"'spml info {store.path}' shows more."
-    )
+        f"'spml info {store.path}' shows more.")
 
 
 def _cmd_import_cole(args: argparse.Namespace) -> int:
@@ -167,8 +164,7 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
         "--test-fraction", type=_fraction,
         help="hold out this fraction of the rows as the test set (default 0.2 without test files)")
     p.add_argument(
-        "--class-names", metavar="FILE", help="C class names, one per line (default class_0 …)"
-    )
+        "--class-names", metavar="FILE", help="C class names, one per line (default class_0 …)")
     p.add_argument("--name", required=True, help="dataset name recorded in the store")
     _common(p)
     p.set_defaults(func=_cmd_import_arrays)
@@ -244,8 +240,7 @@ def _register_import_priors(isub: argparse._SubParsersAction) -> None:
             "optionally an image_id column matching the store's image ids. The scores must "
             "cover every store row (train, val and test), be finite, and (with --class-names) "
             "be in the store's class order; a refused prior leaves the store untouched. The "
-            "prior is checksummed like the features and listed by 'spml info'."
-        ),
+            "prior is checksummed like the features and listed by 'spml info'."),
         epilog="examples:\n"
         "  spml import priors stores/coco.zarr --name clip --from clip_scores.npy \\\n"
         "      --model openai/clip-vit-large-patch14-336 --temperature 0.01\n"

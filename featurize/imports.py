@@ -70,8 +70,7 @@ def _float_features(values: np.ndarray, source: Path | str) -> np.ndarray:
     """Numeric (N, D) features; integer/bool ones become float32, others are refused."""
     if values.ndim != 2:
         raise DatasetFormatError(
-            f"{source}: features must be a 2-D (N, D) matrix, got {values.shape}"
-        )
+            f"{source}: features must be a 2-D (N, D) matrix, got {values.shape}")
     if np.issubdtype(values.dtype, np.floating):
         return values
     if np.issubdtype(values.dtype, np.integer) or values.dtype == bool:
@@ -91,8 +90,7 @@ def _check_values(features: np.ndarray, source: str, dtype: str) -> None:
         row = int(np.nonzero(big)[0][0])
         raise DatasetFormatError(
             f"{source}: row {row} has a value of magnitude {np.abs(features[row]).max():.4g}, "
-            f"beyond {dtype}'s range; store as float32 (--dtype float32)"
-        )
+            f"beyond {dtype}'s range; store as float32 (--dtype float32)")
 
 
 # ----------------------------------------------------------------------------- Cole et al.
@@ -119,8 +117,7 @@ def import_cole(
     dataset = canonical_dataset(dataset)
     index = load_cole_formatted(root, dataset, class_names_file)
     _, names_source = cole_class_names(
-        root, dataset, None if class_names_file is None else Path(class_names_file)
-    )
+        root, dataset, None if class_names_file is None else Path(class_names_file))
     paths = cole_paths(root, features=True)
     features = {}
     for phase in PHASES:
@@ -130,14 +127,12 @@ def import_cole(
         if feats.shape[0] != n:
             raise DatasetFormatError(
                 f"{path} has {feats.shape[0]} feature rows but "
-                f"{paths[f'images_{phase}'].name} lists {n} images"
-            )
+                f"{paths[f'images_{phase}'].name} lists {n} images")
         features[phase] = feats
     if features["pool"].shape[1] != features["test"].shape[1]:
         raise DatasetFormatError(
             f"{paths['features_pool'].name} has {features['pool'].shape[1]} columns but "
-            f"{paths['features_test'].name} has {features['test'].shape[1]}"
-        )
+            f"{paths['features_test'].name} has {features['test'].shape[1]}")
     provenance = _provenance(
         backbone="resnet50 (features released by Cole et al. 2021; not run here)",
         weights="ImageNet-pretrained ResNet-50 (torchvision pretrained=True), as released",
@@ -204,8 +199,7 @@ def import_arrays(
     y = binary_labels(labels, label_sources[0])
     if feats.shape[0] != y.shape[0]:
         raise DatasetFormatError(
-            f"{sources[0]} has {feats.shape[0]} rows but {label_sources[0]} has {y.shape[0]}"
-        )
+            f"{sources[0]} has {feats.shape[0]} rows but {label_sources[0]} has {y.shape[0]}")
     attrs = dict(extra_attrs or {})
     if (test_features is None) != (test_labels is None):
         raise SpmlError("give both test features and test labels, or neither")
@@ -218,13 +212,11 @@ def import_arrays(
         if test_feats.shape[0] != test_y.shape[0]:
             raise DatasetFormatError(
                 f"{sources[1]} has {test_feats.shape[0]} rows but {label_sources[1]} has "
-                f"{test_y.shape[0]}"
-            )
+                f"{test_y.shape[0]}")
         if test_feats.shape[1] != feats.shape[1] or test_y.shape[1] != y.shape[1]:
             raise DatasetFormatError(
                 f"test features/labels have {test_feats.shape[1]}/{test_y.shape[1]} columns but "
-                f"the training ones have {feats.shape[1]}/{y.shape[1]}"
-            )
+                f"the training ones have {feats.shape[1]}/{y.shape[1]}")
         pool_ids = [f"train{i}" for i in range(feats.shape[0])]
         test_ids = [f"test{i}" for i in range(test_feats.shape[0])]
         attrs.setdefault("test_split", {"method": "given"})
@@ -247,8 +239,7 @@ def import_arrays(
     names = (
         tuple(class_names)
         if class_names is not None
-        else tuple(f"class_{c}" for c in range(n_classes))
-    )
+        else tuple(f"class_{c}" for c in range(n_classes)))
     if len(names) != n_classes:
         raise DatasetFormatError(f"{len(names)} class names given but the labels have {n_classes}")
     index = DatasetIndex(name=name, class_names=names,
@@ -300,8 +291,7 @@ def import_array_files(
             raise DatasetFormatError(
                 f"{files[feat_key]} has {loaded[feat_key].shape[0]} rows but {files[lab_key]} "
                 f"has {loaded[lab_key].shape[0]}: features and labels must have one row per "
-                "sample, in the same order"
-            )
+                "sample, in the same order")
     names = None
     if class_names_path is not None:
         names = read_class_names(Path(class_names_path), loaded["labels"].shape[1])
@@ -331,16 +321,14 @@ def yeast_csv_path() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise MissingExtraError(
             "the yeast data set ships inside the 'river' package, which is not installed: "
-            "pip install 'spml-probe[yeast]'"
-        )
+            "pip install 'spml-probe[yeast]'")
     for location in spec.submodule_search_locations:
         path = Path(location) / "datasets" / "yeast.csv.gz"
         if path.is_file():
             return path
     raise MissingPathError(
         f"river is installed but has no datasets/yeast.csv.gz under "
-        f"{list(spec.submodule_search_locations)}; reinstall it: pip install 'spml-probe[yeast]'"
-    )
+        f"{list(spec.submodule_search_locations)}; reinstall it: pip install 'spml-probe[yeast]'")
 
 
 def load_yeast_csv(path: Path) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
@@ -350,16 +338,14 @@ def load_yeast_csv(path: Path) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]
         if len(header) != YEAST_FEATURES + YEAST_LABELS:
             raise DatasetFormatError(
                 f"{path} line 1: expected {YEAST_FEATURES + YEAST_LABELS} columns "
-                f"(103 attributes, 14 labels), got {len(header)}"
-            )
+                f"(103 attributes, 14 labels), got {len(header)}")
         try:
             table = np.loadtxt(fh, delimiter=",", dtype=np.float64, ndmin=2)
         except ValueError as err:
             raise DatasetFormatError(f"{path}: cannot parse the numeric table ({err})") from None
     if table.shape[1] != len(header):
         raise DatasetFormatError(
-            f"{path}: rows have {table.shape[1]} columns, header {len(header)}"
-        )
+            f"{path}: rows have {table.shape[1]} columns, header {len(header)}")
     labels = binary_labels(table[:, YEAST_FEATURES:], path)
     return table[:, :YEAST_FEATURES], labels, tuple(header[YEAST_FEATURES:])
 

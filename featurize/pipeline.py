@@ -84,8 +84,7 @@ def prefetch(
                 (
                     batch,
                     [pool.submit(load_item, paths[r], rt, transform) for r in range(start, stop)],
-                )
-            )
+                ))
 
     for _ in range(max(1, depth)):
         submit()

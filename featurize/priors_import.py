@@ -108,8 +108,7 @@ def read_score_table(path: str | Path, class_names: Sequence[str],
                                      ("repeated", twice)) if names]
         raise PriorFileError(
             f"--from {path}: the columns must be the store's {len(class_names)} class names "
-            f"(plus optionally '{ID_COLUMN}'); {'; '.join(found)}"
-        )
+            f"(plus optionally '{ID_COLUMN}'); {'; '.join(found)}")
     values = np.empty((len(next(iter(columns.values()), [])), len(class_names)))
     for j, name in enumerate(class_names):
         for i, cell in enumerate(columns[name]):
@@ -139,8 +138,7 @@ def read_score_table(path: str | Path, class_names: Sequence[str],
         raise PriorFileError(
             f"--from {path}: the {ID_COLUMN} column must hold every store image id once "
             f"({len(image_ids)} rows); {len(absent)} store ids are absent{eg}, "
-            f"the file has {len(ids)} rows"
-        )
+            f"the file has {len(ids)} rows")
     return values[[position[i] for i in image_ids]]
 
 

@@ -144,8 +144,7 @@ def resolve_runtime(config: FeaturizeConfig) -> Runtime:
         device = torch.device(name)
     except RuntimeError:
         raise SpmlError(
-            f"--device: {config.device!r} is not a device (auto, cpu, cuda, cuda:1)"
-        ) from None
+            f"--device: {config.device!r} is not a device (auto, cpu, cuda, cuda:1)") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SpmlError(f"--device {config.device}: CUDA is not available on this machine")
     if device.type not in ("cpu", "cuda"):
@@ -169,8 +168,7 @@ def transform_mode(config: FeaturizeConfig) -> str:
     protocol's for the registry (torchvision) names, whose meaning it keeps."""
     if config.transform not in TRANSFORM_CHOICES:
         raise SpmlError(
-            f"--transform must be one of {', '.join(TRANSFORM_CHOICES)}; got {config.transform!r}"
-        )
+            f"--transform must be one of {', '.join(TRANSFORM_CHOICES)}; got {config.transform!r}")
     if config.embed not in EMBED_CHOICES:
         raise SpmlError(f"--embed must be one of {', '.join(EMBED_CHOICES)}; got {config.embed!r}")
     mode = config.transform
@@ -181,13 +179,11 @@ def transform_mode(config: FeaturizeConfig) -> str:
             raise SpmlError(
                 f"--transform model: backbone {config.backbone!r} has the protocol's "
                 "preprocessing only (its mean/std at --size); use a timm:, open_clip: or hf: "
-                "backbone, or --transform protocol"
-            )
+                "backbone, or --transform protocol")
         if config.size is not None:
             raise SpmlError(
                 f"--size {config.size}: the model's own preprocessing fixes its input size; "
-                "drop --size, or pass --transform protocol for the S×S protocol resize"
-            )
+                "drop --size, or pass --transform protocol for the S×S protocol resize")
     return mode
 
 
@@ -209,12 +205,10 @@ def backbone_transform(
         if backbone.transform is None:
             raise SpmlError(
                 f"backbone {backbone.name!r} brings no preprocessing of its own (no image "
-                "processor); pass --transform protocol"
-            )
+                "processor); pass --transform protocol")
         return backbone.transform
     return ImageTransform(
-        size=size or PROTOCOL_SIZE, mean=backbone.spec.mean, std=backbone.spec.std
-    )
+        size=size or PROTOCOL_SIZE, mean=backbone.spec.mean, std=backbone.spec.std)
 
 
 def describe_transform(transform: ImageTransform, rt: Runtime, with_flip: bool) -> dict:
@@ -229,9 +223,7 @@ def describe_transform(transform: ImageTransform, rt: Runtime, with_flip: bool) 
         else (
             f"torchvision nvJPEG batched + CPU fallback; torch antialiased {how} resize{crop}"
             if rt.cuda
-            else f"torchvision libjpeg-turbo/libpng; torch antialiased {how} resize{crop}"
-        )
-    )
+            else f"torchvision libjpeg-turbo/libpng; torch antialiased {how} resize{crop}"))
     out["compute"] = "bf16 autocast, channels_last" if rt.precision == "bf16" else "float32"
     out["flip"] = "torch.flip(x, dims=[-1]) of the model input" if with_flip else None
     return out
@@ -281,8 +273,7 @@ def featurize(
             raise MissingPathError(
                 f"{len(missing)} of {len(paths)} image files of dataset '{index.name}' are "
                 "missing; restore them, or pass --skip-bad to store zero features for them "
-                f"(listed in the store's bad_rows):{shown}"
-            )
+                f"(listed in the store's bad_rows):{shown}")
     run = {"device": str(rt.device), "batch_size": rt.batch_size, "tool": "spml featurize"}
     if ranks.distributed:
         run["world_size"] = ranks.world
@@ -387,8 +378,7 @@ def _unreadable(bad: dict[int, str], start: int, stop: int,
         f"run (the {len(later)} images still to do were checked by their header only):{listed}"
         f"{more}\nfix or remove the files, or pass --skip-bad to store zero features for every "
         "unreadable image (all listed at the end of the run and in the store's bad_rows). "
-        "Blocks finished so far are kept: re-running the same command resumes"
-    )
+        "Blocks finished so far are kept: re-running the same command resumes")
 
 
 def _run_batches(
@@ -470,8 +460,7 @@ def _to_host(
         return None, feats.float(), None if flips is None else flips.float()
     host = [
         torch.empty(t.shape, dtype=torch.float32, pin_memory=True).copy_(
-            t.float(), non_blocking=True
-        )
+            t.float(), non_blocking=True)
         for t in (feats, flips)
         if t is not None
     ]

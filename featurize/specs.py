@@ -289,8 +289,7 @@ def family_for(name: str) -> Family:
             raise SpmlError(
                 f"--backbone {name!r}: unknown library {prefix!r}; the families are "
                 f"{', '.join(f.name + ':' for f in FAMILIES.values() if f.qualified)} or a "
-                "registry/torchvision name ('spml backbones' lists them)"
-            )
+                "registry/torchvision name ('spml backbones' lists them)")
         return family
     for family in reversed(list(FAMILIES.values())):
         if not family.qualified and family.claims(name):

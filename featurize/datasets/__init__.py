@@ -124,8 +124,7 @@ def load_dataset(name: str, root: str | Path, **options: Any) -> DatasetIndex:
     if unknown and all(p.kind is not inspect.Parameter.VAR_KEYWORD for p in params):
         raise SpmlError(
             f"dataset '{entry.name}' does not take option(s) {', '.join(unknown)}; it accepts: "
-            f"{', '.join(names) or 'none'}"
-        )
+            f"{', '.join(names) or 'none'}")
     needed = [p.name for p in params if p.default is inspect.Parameter.empty and p.name in names]
     missing = [n for n in needed if n not in options]
     if missing:

@@ -80,8 +80,7 @@ def read_fields(
         if len(fields) < n_min or (n_max is not None and len(fields) > n_max):
             raise DatasetFormatError(
                 f"{at(path, line)}: expected '{layout}' but found {plural(len(fields), 'fields')}: "
-                f"{text[:80]!r}"
-            )
+                f"{text[:80]!r}")
         rows.append((line, fields))
     return rows
 
@@ -105,8 +104,7 @@ def read_binary_column(path: Path, n_expected: int, count_source: Path) -> np.nd
         raise DatasetFormatError(
             f"{path}: has {plural(len(lines), 'label lines')} but {count_source} lists "
             f"{plural(n_expected, 'images')}; each label file must have exactly one 0/1 line "
-            "per listed image, in the same order"
-        )
+            "per listed image, in the same order")
     return np.frombuffer(b"".join(lines), dtype=np.uint8) == ord("1")
 
 
@@ -119,8 +117,7 @@ def require_disjoint(
         raise DatasetFormatError(
             f"{plural(len(both), 'images')} {'is' if len(both) == 1 else 'are'} listed in both "
             f"{pool_src} and {test_src}, e.g. "
-            f"{min(both)}; the train and test splits must not share images"
-        )
+            f"{min(both)}; the train and test splits must not share images")
 
 
 #: Images of one annotation file: their paths, the file, and the line listing each (or None).
@@ -146,5 +143,4 @@ def require_images(*groups: ImageGroup) -> None:
         f"{'is' if len(missing) == 1 else 'are'} missing. Check the dataset root and that "
         "the images were extracted there; or featurize the others with --skip-bad (the missing "
         "ones get zero features and are listed in the store's bad_rows), or index the labels "
-        f"alone with --option check_images=false:{shown}{more}"
-    )
+        f"alone with --option check_images=false:{shown}{more}")

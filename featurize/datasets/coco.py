@@ -32,8 +32,7 @@ def _load_json(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict) or not all(k in data for k in ("categories", "annotations")):
         raise DatasetFormatError(
             f"{path}: expected a COCO instances file, a JSON object with 'categories' and "
-            f"'annotations' lists"
-        )
+            f"'annotations' lists")
     return data
 
 
@@ -42,8 +41,7 @@ def _categories(data: dict[str, Any], path: Path) -> tuple[list[str], dict[int, 
     for i, cat in enumerate(data["categories"]):
         if not isinstance(cat, dict) or "id" not in cat or "name" not in cat:
             raise DatasetFormatError(
-                f"{path}: categories[{i}] must be an object with 'id' and 'name', found {cat!r}"
-            )
+                f"{path}: categories[{i}] must be an object with 'id' and 'name', found {cat!r}")
         if int(cat["id"]) in index:
             raise DatasetFormatError(f"{path}: categories[{i}] repeats category id {cat['id']}")
         names.append(str(cat["name"]))
@@ -63,13 +61,11 @@ def _phase(root: Path, split: str, data: dict, path: Path, cat_index: dict[int, 
         except (KeyError, TypeError, ValueError):
             raise DatasetFormatError(
                 f"{path}: annotations[{k}] needs integer 'image_id' and 'category_id', found "
-                f"{str(ann)[:120]}"
-            ) from None
+                f"{str(ann)[:120]}") from None
         if cat_id not in cat_index:
             raise DatasetFormatError(
                 f"{path}: annotations[{k}] (image {image_of[k]}) has category_id {cat_id}, "
-                f"which is not in the file's 'categories'"
-            )
+                f"which is not in the file's 'categories'")
         class_of[k] = cat_index[cat_id]
     ids = sorted({str(i) for i in image_of.tolist()})  # string order, as the reference
     row_of = {int(s): r for r, s in enumerate(ids)}
@@ -130,13 +126,11 @@ def load_coco(root: str | Path, *, check_images: bool = True) -> DatasetIndex:
         if categories[split] != categories["train"]:
             raise DatasetFormatError(
                 f"{path}: its 'categories' (names, ids or order) differ from those of "
-                f"instances_train2014.json; both files must come from the same COCO 2014 release"
-            )
+                f"instances_train2014.json; both files must come from the same COCO 2014 release")
         phases[split] = _phase(root, split, data, path, categories[split][1])
         del data
     require_disjoint(
-        phases["train"].image_ids, phases["val"].image_ids, files["train"], files["val"]
-    )
+        phases["train"].image_ids, phases["val"].image_ids, files["train"], files["val"])
     if check_images:
         require_images(*((phases[s].paths, files[s], None) for s in files))
     return DatasetIndex(name="coco", class_names=tuple(categories["train"][0]),

@@ -72,8 +72,7 @@ def canonical_dataset(dataset: str) -> str:
     if name not in COLE_DATASETS:
         raise SpmlError(
             f"unknown dataset {dataset!r} for Cole et al.'s formatted files; expected one of "
-            f"{list(COLE_DATASETS)}"
-        )
+            f"{list(COLE_DATASETS)}")
     return name
 
 
@@ -113,16 +112,14 @@ def binary_labels(values: np.ndarray, source: Path | str) -> np.ndarray:
     y = np.asarray(values)
     if y.ndim != 2:
         raise DatasetFormatError(
-            f"{source}: labels must be a 2-D (N, C) matrix, got shape {y.shape}"
-        )
+            f"{source}: labels must be a 2-D (N, C) matrix, got shape {y.shape}")
     if not (np.issubdtype(y.dtype, np.number) or y.dtype == bool):
         raise DatasetFormatError(f"{source}: labels must be numeric 0/1, got dtype {y.dtype}")
     bad = ~np.isin(y, (0, 1))
     if bad.any():
         r, c = (int(v[0]) for v in np.nonzero(bad))
         raise DatasetFormatError(
-            f"{source}: labels must be 0/1 but row {r}, column {c} is {y[r, c].item()!r}"
-        )
+            f"{source}: labels must be 0/1 but row {r}, column {c} is {y[r, c].item()!r}")
     return y.astype(np.uint8)
 
 
@@ -148,13 +145,11 @@ def read_class_names(path: Path, n_expected: int | None = None) -> tuple[str, ..
     for i, name in enumerate(names, 1):
         if name in seen:
             raise DatasetFormatError(
-                f"{path} line {i}: class name {name!r} repeats line {seen[name]}"
-            )
+                f"{path} line {i}: class name {name!r} repeats line {seen[name]}")
         seen[name] = i
     if n_expected is not None and len(names) != n_expected:
         raise DatasetFormatError(
-            f"{path} has {len(names)} class names but the labels have {n_expected} columns"
-        )
+            f"{path} has {len(names)} class names but the labels have {n_expected} columns")
     return tuple(names)
 
 
@@ -186,8 +181,7 @@ def cole_class_names(
         return NUS_CLASSES, "NUS-WIDE Concepts81 alphabetical order (no Concepts81.txt found)"
     raise MissingPathError(
         f"CUB attribute names: none of {candidates} exists under {root}; put CUB's "
-        "attributes.txt there or pass --class-names FILE (312 names, one per line)"
-    )
+        "attributes.txt there or pass --class-names FILE (312 names, one per line)")
 
 
 def cole_paths(root: Path, *, features: bool) -> dict[str, Path]:
@@ -205,8 +199,7 @@ def cole_paths(root: Path, *, features: bool) -> dict[str, Path]:
             f"{root} lacks Cole et al.'s files {missing}; it should hold "
             f"formatted_{{train,val}}_{{labels,images}}.npy"
             + (" and {train,val}_features_imagenet_resnet50.npy" if features else "")
-            + " (from https://caltech.box.com/v/single-positive-multi-label)"
-        )
+            + " (from https://caltech.box.com/v/single-positive-multi-label)")
     return paths
 
 
@@ -224,8 +217,7 @@ def load_cole_formatted(
         raise MissingPathError(f"Cole et al. dataset directory {root} not found")
     dataset = canonical_dataset(dataset)
     names, _ = cole_class_names(
-        root, dataset, None if class_names_file is None else Path(class_names_file)
-    )
+        root, dataset, None if class_names_file is None else Path(class_names_file))
     paths = cole_paths(root, features=False)
     image_dir = root / _IMAGE_DIRS[dataset]
     phases = {}
@@ -236,18 +228,15 @@ def load_cole_formatted(
         if images.ndim != 1 or images.dtype.kind not in "US":
             raise DatasetFormatError(
                 f"{images_path} must be a 1-D array of image paths (strings), got dtype "
-                f"{images.dtype} and shape {images.shape}"
-            )
+                f"{images.dtype} and shape {images.shape}")
         if images.shape[0] != labels.shape[0]:
             raise DatasetFormatError(
                 f"{images_path} lists {images.shape[0]} images but {labels_path} has "
-                f"{labels.shape[0]} label rows"
-            )
+                f"{labels.shape[0]} label rows")
         if labels.shape[1] != len(names):
             raise DatasetFormatError(
                 f"{labels_path} has {labels.shape[1]} label columns but {dataset} has "
-                f"{len(names)} classes"
-            )
+                f"{len(names)} classes")
         ids = tuple(str(s.decode() if isinstance(s, bytes) else s) for s in images.tolist())
         phases[phase] = Phase(image_ids=ids, paths=tuple(image_dir / s for s in ids), labels=labels,
                               n_unlabeled=int((labels.sum(1) == 0).sum()))

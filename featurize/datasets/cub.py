@@ -43,8 +43,7 @@ def find_cub(root: str | Path) -> Path:
             return cand
     raise MissingPathError(
         f"no CUB-200-2011 layout under {root}: expected {root}/images.txt or "
-        f"{root}/CUB_200_2011/images.txt; extract CUB_200_2011.tgz there"
-    )
+        f"{root}/CUB_200_2011/images.txt; extract CUB_200_2011.tgz there")
 
 
 def _id_table(path: Path, layout: str) -> list[tuple[int, int, str]]:
@@ -74,8 +73,7 @@ def _attribute_names(ds: Path) -> tuple[str, ...]:
         if attr_id != k:
             raise DatasetFormatError(
                 f"{at(path, line)}: expected attribute id {k} (ids must run 1, 2, … in order), "
-                f"found {attr_id}"
-            )
+                f"found {attr_id}")
         names.append(name)
     return tuple(names)
 
@@ -113,8 +111,7 @@ def _attribute_labels(
         line, text = _first_bad_line(path)
         found = f"found {text!r}" if line else f"numpy said: {e}"
         raise DatasetFormatError(
-            f"{at(path, line or None)}: expected '{layout}' (integers) but {found}"
-        ) from None
+            f"{at(path, line or None)}: expected '{layout}' (integers) but {found}") from None
     image_ids, attr_ids, present = table.T
     known = np.full(max(row_of) + 1, -1, dtype=np.int64)  # image id -> row, -1 = unknown
     known[list(row_of)] = list(row_of.values())
@@ -140,16 +137,14 @@ def _attribute_labels(
         k = int(np.argmax(repeated))
         raise DatasetFormatError(
             f"{at(path, _line_of_row(path, k))}: image {image_ids[k]}, attribute {attr_ids[k]} "
-            f"is given again; each (image, attribute) pair must appear once"
-        )
+            f"is given again; each (image, attribute) pair must appear once")
     if (counts == 0).any():
         r, a = divmod(int(np.argmin(counts)), n_attrs)
         image_id = next(i for i, row in row_of.items() if row == r)
         raise DatasetFormatError(
             f"{path}: has no line for image {image_id}, attribute {a + 1}; expected one line "
             f"for every image of {ids_path} and every attribute ({len(row_of) * n_attrs} lines), "
-            f"found {len(flat)}"
-        )
+            f"found {len(flat)}")
     labels = np.zeros((len(row_of), n_attrs), dtype=np.uint8)
     labels[rows, attr_ids - 1] = present
     return labels
@@ -170,22 +165,18 @@ def load_cub(root: str | Path, *, check_images: bool = True) -> DatasetIndex:
     for line, image_id, flag in _id_table(split_path, "<image_id> <is_training_image>"):
         if image_id not in row_of:
             raise DatasetFormatError(
-                f"{at(split_path, line)}: image id {image_id} is not in {images_path}"
-            )
+                f"{at(split_path, line)}: image id {image_id} is not in {images_path}")
         if flag not in ("0", "1"):
             raise DatasetFormatError(
-                f"{at(split_path, line)}: is_training_image {flag!r} is not 0 or 1"
-            )
+                f"{at(split_path, line)}: is_training_image {flag!r} is not 0 or 1")
         is_train[row_of[image_id]] = int(flag)
     if (is_train < 0).any():
         line, image_id, _ = images[int(np.argmax(is_train < 0))]
         raise DatasetFormatError(
-            f"{split_path}: has no line for image {image_id} ({at(images_path, line)})"
-        )
+            f"{split_path}: has no line for image {image_id} ({at(images_path, line)})")
     class_names = _attribute_names(ds)
     labels_path = require_file(
-        ds / "attributes" / "image_attribute_labels.txt", "CUB image attribute labels"
-    )
+        ds / "attributes" / "image_attribute_labels.txt", "CUB image attribute labels")
     labels = _attribute_labels(labels_path, row_of, len(class_names), images_path)
     phases, groups = {}, []
     for name, flag in (("pool", 1), ("test", 0)):
@@ -199,5 +190,4 @@ def load_cub(root: str | Path, *, check_images: bool = True) -> DatasetIndex:
     if check_images:
         require_images(*groups)
     return DatasetIndex(
-        name="cub", class_names=class_names, pool=phases["pool"], test=phases["test"], root=ds
-    )
+        name="cub", class_names=class_names, pool=phases["pool"], test=phases["test"], root=ds)

@@ -73,11 +73,9 @@ def _split_value(value: object, where: str) -> str | None:
         extra = (
             " (validation rows are drawn from 'train' by the protocol)"
             if text in ("val", "valid", "validation")
-            else ""
-        )
+            else "")
         raise DatasetFormatError(
-            f"{where}: split '{value}' is not one of {', '.join(SPLIT_VALUES)}{extra}"
-        )
+            f"{where}: split '{value}' is not one of {', '.join(SPLIT_VALUES)}{extra}")
     return text
 
 
@@ -86,8 +84,7 @@ def _read_csv(path: Path) -> list[_Row]:
         text = path.read_bytes().decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise DatasetFormatError(
-            f"{path}: not UTF-8 text (byte {e.start}); save it as UTF-8"
-        ) from None
+            f"{path}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
     reader = csv.reader(io.StringIO(text, newline=""))
     rows: list[_Row] = []
     header: list[str] | None = None
@@ -101,20 +98,17 @@ def _read_csv(path: Path) -> list[_Row]:
                 if "labels" not in names or any(names.count(n) > 1 for n in _COLUMNS):
                     raise DatasetFormatError(
                         f"{where}: the header must name the columns 'path' and 'labels' once "
-                        f"each (and optionally 'split'), found {','.join(cells)}"
-                    )
+                        f"each (and optionally 'split'), found {','.join(cells)}")
                 header = names
                 continue
             if header is None and len(cells) not in (2, 3):
                 raise DatasetFormatError(
                     f"{where}: expected 'path,labels' or 'path,labels,split' (labels joined by "
                     f"';'), found {len(cells)} {'cell' if len(cells) == 1 else 'cells'}: "
-                    f"{','.join(cells)}"
-                )
+                    f"{','.join(cells)}")
             if header is not None and len(cells) != len(header):
                 raise DatasetFormatError(
-                    f"{where}: expected {len(header)} cells as in the header, found {len(cells)}"
-                )
+                    f"{where}: expected {len(header)} cells as in the header, found {len(cells)}")
             cell = dict(zip(header or _COLUMNS, cells))
             labels = tuple(s for x in cell["labels"].split(";") if (s := x.strip()))
             split = _split_value(cell.get("split"), where)
@@ -141,8 +135,7 @@ def _read_jsonl(path: Path) -> list[_Row]:
         ):
             raise DatasetFormatError(
                 f'{where}: expected an object like {{"path": "img/1.jpg", "labels": '
-                f'["cat", "dog"]}} (labels a list of strings), found {text[:100]}'
-            )
+                f'["cat", "dog"]}} (labels a list of strings), found {text[:100]}')
         names = tuple(s for x in labels if (s := x.strip()))
         rows.append(_Row(line, obj["path"].strip(), names, _split_value(obj.get("split"), where)))
     return rows
@@ -157,8 +150,7 @@ def _class_list(classes: str | Path | Sequence[str]) -> tuple[tuple[str, ...], s
             if name in first:
                 raise DatasetFormatError(
                     f"{at(path, line)}: class {name!r} is listed again (first on line "
-                    f"{first[name]})"
-                )
+                    f"{first[name]})")
             first[name] = line
         names, source = tuple(first), str(path)
     else:
@@ -207,8 +199,7 @@ def load_folder(
         if ann.suffix == ".csv" and (root / "labels.jsonl").is_file():
             raise SpmlError(
                 f"annotations: both {ann} and {root / 'labels.jsonl'} exist; pass "
-                f"--option annotations=PATH to choose one"
-            )
+                f"--option annotations=PATH to choose one")
     else:
         ann = require_file(Path(annotations), "annotation file")
     if ann.suffix.lower() == ".csv":
@@ -218,8 +209,7 @@ def load_folder(
     else:
         raise SpmlError(
             f"annotations: cannot tell the format of {ann} from its suffix; name it .csv "
-            f"(path,labels[,split]) or .jsonl (one JSON object a line)"
-        )
+            f"(path,labels[,split]) or .jsonl (one JSON object a line)")
     if not rows:
         raise DatasetFormatError(f"{ann}: has no annotation rows")
 
@@ -235,20 +225,17 @@ def load_folder(
                 close = difflib.get_close_matches(label, known, n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
                 raise DatasetFormatError(
-                    f"{where}: unknown class {label!r} (not in {source}){hint}"
-                )
+                    f"{where}: unknown class {label!r} (not in {source}){hint}")
         key = os.path.normpath(root / row.path)
         if key in first_line:
             raise DatasetFormatError(
-                f"{where}: image {row.path} is listed again (first on line {first_line[key]})"
-            )
+                f"{where}: image {row.path} is listed again (first on line {first_line[key]})")
         first_line[key] = row.line
         if not row.labels:
             if empty == "error":
                 raise DatasetFormatError(
                     f"{where}: image {row.path} has no label; pass --option empty=keep to keep "
-                    f"such rows (counted as unlabeled) or --option empty=drop to drop them"
-                )
+                    f"such rows (counted as unlabeled) or --option empty=drop to drop them")
             if empty == "drop":
                 continue
         kept.append(row)
@@ -261,8 +248,7 @@ def load_folder(
         raise DatasetFormatError(
             f"{at(ann, missing.line)}: no split given, but other rows have one (e.g. line "
             f"{with_split[0].line}); give train or test on every row, or on none for a seeded "
-            f"{test_fraction:.0%} test split"
-        )
+            f"{test_fraction:.0%} test split")
     n = len(kept)
     if with_split:
         members = {
@@ -274,8 +260,7 @@ def load_folder(
         if not 0 < n_test < n:
             raise DatasetFormatError(
                 f"{ann}: {n} {'row is' if n == 1 else 'rows are'} too few for a "
-                f"{test_fraction:.0%} test split; add rows or give a split column"
-            )
+                f"{test_fraction:.0%} test split; add rows or give a split column")
         perm = np.random.RandomState(split_seed).permutation(n)
         members = {"train": np.sort(perm[: n - n_test]), "test": np.sort(perm[-n_test:])}
     for split, idx in members.items():

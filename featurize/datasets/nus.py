@@ -79,13 +79,11 @@ def _concepts(root: Path) -> tuple[str, ...]:
     for line, text in read_lines(path):
         if len(text.split()) != 1:
             raise DatasetFormatError(
-                f"{at(path, line)}: expected one concept name per line, found {text!r}"
-            )
+                f"{at(path, line)}: expected one concept name per line, found {text!r}")
         if text in first_line:
             raise DatasetFormatError(
                 f"{at(path, line)}: concept {text!r} is listed again (first on line "
-                f"{first_line[text]})"
-            )
+                f"{first_line[text]})")
         first_line[text] = line
     if not first_line:
         raise DatasetFormatError(f"{path}: lists no concept")
@@ -116,8 +114,7 @@ def load_nus(root: str | Path, *, check_images: bool = True) -> DatasetIndex:
                 raise DatasetFormatError(f"{at(list_path, line)}: {text!r} names no image file")
             if rel in listed:
                 raise DatasetFormatError(
-                    f"{at(list_path, line)}: image {rel} is listed again (first in {listed[rel]})"
-                )
+                    f"{at(list_path, line)}: image {rel} is listed again (first in {listed[rel]})")
             listed[rel] = at(list_path, line)
             ids.append(rel)
         labels = np.zeros((len(ids), len(concepts)), dtype=np.uint8)
@@ -131,10 +128,8 @@ def load_nus(root: str | Path, *, check_images: bool = True) -> DatasetIndex:
         groups.append((paths, list_path, [line for line, _ in entries]))
         n_unlabeled = int((~labels.any(axis=1)).sum())
         phases[phase_name] = Phase(
-            image_ids=tuple(ids), paths=paths, labels=labels, n_unlabeled=n_unlabeled
-        )
+            image_ids=tuple(ids), paths=paths, labels=labels, n_unlabeled=n_unlabeled)
     if check_images:
         require_images(*groups)
     return DatasetIndex(
-        name="nus", class_names=concepts, pool=phases["pool"], test=phases["test"], root=root
-    )
+        name="nus", class_names=concepts, pool=phases["pool"], test=phases["test"], root=root)

@@ -47,8 +47,7 @@ def find_voc2012(root: str | Path) -> Path:
     raise MissingPathError(
         f"no VOC 2012 layout under {root}: expected {root}/VOCdevkit/VOC2012/ImageSets/Main/ "
         f"(root may also be the VOCdevkit or VOC2012 folder itself); extract "
-        f"VOCtrainval_11-May-2012.tar there"
-    )
+        f"VOCtrainval_11-May-2012.tar there")
 
 
 def _read_class_file(path: Path) -> list[tuple[int, str, int]]:
@@ -58,13 +57,11 @@ def _read_class_file(path: Path) -> list[tuple[int, str, int]]:
         if value not in _VALUES:
             raise DatasetFormatError(
                 f"{at(path, line)}: label {value!r} for image {image_id} is not one of -1, 0, 1 "
-                f"(1 = present, 0 = difficult, -1 = absent)"
-            )
+                f"(1 = present, 0 = difficult, -1 = absent)")
         if image_id in first_line:
             raise DatasetFormatError(
                 f"{at(path, line)}: image {image_id} is listed again (first on line "
-                f"{first_line[image_id]})"
-            )
+                f"{first_line[image_id]})")
         first_line[image_id] = line
         entries.append((line, image_id, _VALUES[value]))
     return entries
@@ -87,13 +84,11 @@ def _read_phase(main: Path, split: str) -> tuple[Path, list[int], list[str], np.
         entries = ref if c == 0 else _read_class_file(path)
         if len(entries) != len(ids):
             raise DatasetFormatError(
-                f"{path}: lists {len(entries)} images but {files[0]} lists {len(ids)}; {same}"
-            )
+                f"{path}: lists {len(entries)} images but {files[0]} lists {len(ids)}; {same}")
         for line, image_id, value in entries:
             if image_id not in row:
                 raise DatasetFormatError(
-                    f"{at(path, line)}: image {image_id} is not listed in {files[0]}; {same}"
-                )
+                    f"{at(path, line)}: image {image_id} is not listed in {files[0]}; {same}")
             labels[row[image_id], c] = value
     return files[0], [line for line, _, _ in ref], ids, labels
 
@@ -121,5 +116,4 @@ def load_voc(root: str | Path, *, check_images: bool = True) -> DatasetIndex:
     if check_images:
         require_images(*groups)
     return DatasetIndex(
-        name="voc", class_names=VOC_CLASSES, pool=phases["train"], test=phases["val"], root=voc
-    )
+        name="voc", class_names=VOC_CLASSES, pool=phases["train"], test=phases["val"], root=voc)
