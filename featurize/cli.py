@@ -249,7 +249,8 @@ def check_before_writing(args: argparse.Namespace) -> None:
 
 
 def _cmd_featurize(args: argparse.Namespace) -> int:
-    from featurize.runner import distributed_from_env, featurize_dataset
+    from featurize.ranks import distributed_from_env
+    from featurize.runner import featurize_dataset
 
     check_before_writing(args)
 

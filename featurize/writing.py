@@ -16,8 +16,6 @@ from featurize.backbones import Backbone
 from probe.io import atomic_write_text
 from probe.store.index import DatasetIndex
 
-# ----------------------------------------------------------------------------- writing
-
 
 class BlockWriter:
     """Writer thread: takes finished blocks from a queue and writes them through the store's
@@ -26,9 +24,8 @@ class BlockWriter:
     ranks of a distributed run, which must not rewrite the shared attributes at once) in a
     small JSON file per block that rank 0 merges into the attributes at the end."""
 
-    def __init__(
-        self, writer: Any, bad_rows: dict[int, dict], maxsize: int = 4, per_block: bool = False
-    ) -> None:
+    def __init__(self, writer: Any, bad_rows: dict[int, dict], maxsize: int = 4,
+                 per_block: bool = False) -> None:
         self.writer = writer
         self.bad_rows = bad_rows
         self.per_block = per_block
@@ -50,10 +47,8 @@ class BlockWriter:
                 if bad:
                     self.bad_rows.update({b["row"]: b for b in bad})
                     if self.per_block:
-                        atomic_write_text(
-                            bad_rows_dir(self.writer) / f"block-{block:08d}.json",
-                            json.dumps(bad),
-                        )
+                        atomic_write_text(bad_rows_dir(self.writer) / f"block-{block:08d}.json",
+                                          json.dumps(bad))
                     else:
                         record_bad_rows(self.writer, self.bad_rows)
                 self.writer.write_block(block, feats, flips)
@@ -80,21 +75,14 @@ class BlockWriter:
 
 
 def record_bad_rows(writer: Any, bad_rows: dict[int, dict]) -> None:
-    """Record the unreadable rows (``{row: record}``) in the store's attributes."""
-    # The store writer's own zarr group, so finalize() (which rewrites the attributes from
-    # the same in-memory group) keeps them.
+    """Record the unreadable rows (``{row: record}``) in the store's attributes (the writer's
+    own group, so that finalize(), which rewrites them from it, keeps them)."""
     rows = [bad_rows[r] for r in sorted(bad_rows)]
     writer.update_attrs({"bad_rows": rows, "n_bad_rows": len(rows)})
 
 
-def open_writer(
-    out: Path,
-    index: DatasetIndex,
-    backbone: Backbone,
-    provenance: dict,
-    config: Any,  # featurize.runner.FeaturizeConfig
-    extra_attrs: dict,
-) -> Any:
+def open_writer(out: Path, index: DatasetIndex, backbone: Backbone, provenance: dict,
+                config: Any, extra_attrs: dict) -> Any:  # config: runner.FeaturizeConfig
     """A fresh store, or the interrupted one at ``out`` when it was started the same way."""
     from probe.store import StoreError, create_store, is_store_dir, resume_store
 
@@ -113,9 +101,8 @@ def open_writer(
                         overwrite=config.overwrite, extra_attrs=extra_attrs)
 
 
-def _explain_transform_change(
-    out: Path, backbone: str, transform: dict, embed: str | None = None
-) -> None:
+def _explain_transform_change(out: Path, backbone: str, transform: dict,
+                              embed: str | None = None) -> None:
     """Name the transform entries that differ (decode path, precision, size, …) or another
     embedding (``--embed``) before the store's generic refusal, with the options that select
     them."""
@@ -141,12 +128,10 @@ def _explain_transform_change(
         "pass --overwrite to start again, or choose another --out")
 
 
-_BAD_ROWS_DIR = "spml-bad-rows"  # per-block records of a distributed run, merged at the end
-
-
 def bad_rows_dir(writer: Any) -> Path:
-    """Where the ranks of a distributed run keep their per-block bad-row records."""
-    return Path(writer.path) / _BAD_ROWS_DIR
+    """Where the ranks of a distributed run keep their per-block bad-row records (merged into
+    the attributes at the end)."""
+    return Path(writer.path) / "spml-bad-rows"
 
 
 def collect_block_bad_rows(writer: Any) -> dict[int, dict]:
@@ -161,7 +146,7 @@ def collect_block_bad_rows(writer: Any) -> dict[int, dict]:
 def stored_bad_rows(writer: Any) -> dict[int, dict]:
     """Bad rows of the blocks written so far: the store's attribute plus, for an interrupted
     distributed run, the per-block records of its ranks."""
-    stored = {int(b["row"]): dict(b) for b in writer.attrs.get("bad_rows", [])}
-    return {**stored, **collect_block_bad_rows(writer)}
+    return {**{int(b["row"]): dict(b) for b in writer.attrs.get("bad_rows", [])},
+            **collect_block_bad_rows(writer)}
 
 
