@@ -136,22 +136,16 @@ def dataset_options_of(pairs: list[str] | None) -> dict[str, Any]:
 def _add_run_options(p: argparse.ArgumentParser, default_weights: str | None) -> None:
     """Options shared by featurize and its benchmark (model, images, compute)."""
     model = p.add_argument_group("model")
-    model.add_argument(
-        "--backbone",
-        default=DEFAULT_BACKBONE,
-        help=f"backbone name (default: {DEFAULT_BACKBONE}), or timm:<model>, "
-        "open_clip:<arch>/<pretrained>, hf:<repo id> (--list-backbones)",
-    )
+    model.add_argument("--backbone", default=DEFAULT_BACKBONE,
+                       help=f"backbone name (default: {DEFAULT_BACKBONE}), or timm:<model>, "
+                       "open_clip:<arch>/<pretrained>, hf:<repo id> (--list-backbones)")
     model.add_argument(
         "--list-backbones", action=_ListBackbones,
         help="say which backbone families are installed and how to add the others, and exit")
     model.add_argument(
-        "--embed",
-        choices=EMBED_CHOICES,
-        default="auto",
+        "--embed", choices=EMBED_CHOICES, default="auto",
         help="which embedding: auto (default) = the family's (CLIP: projected, others: pooled); "
-        "pooled, projected (CLIP's image embedding), mean (of the patch tokens, hf:)",
-    )
+        "pooled, projected (CLIP's image embedding), mean (of the patch tokens, hf:)")
     model.add_argument(
         "--weights",
         default=default_weights,
@@ -163,46 +157,31 @@ def _add_run_options(p: argparse.ArgumentParser, default_weights: str | None) ->
     )
     model.add_argument(
         "--weights-seed", type=int, default=0, help="seed of --weights random (default: 0)")
-    model.add_argument(
-        "--download",
-        action="store_true",
-        help="fetch missing torchvision weights into the torch hub cache (needs "
-        "internet; off by default)",
-    )
+    model.add_argument("--download", action="store_true",
+                       help="fetch missing torchvision weights into the torch hub cache (needs "
+                       "internet; off by default)")
     images = p.add_argument_group("images")
     images.add_argument(
-        "--transform",
-        choices=TRANSFORM_CHOICES,
-        default="auto",
+        "--transform", choices=TRANSFORM_CHOICES, default="auto",
         help="auto (default): the model's own preprocessing for timm:/open_clip:/hf: "
-        "backbones, the protocol's for the others; model; protocol = SIZExSIZE resize, no crop",
-    )
+        "backbones, the protocol's for the others; model; protocol = SIZExSIZE resize, no crop")
     images.add_argument(
-        "--size",
-        type=int,
-        default=None,
+        "--size", type=int, default=None,
         help="square input size of --transform protocol in pixels (default: 448, the "
-        "protocol's)",
-    )
+        "protocol's)")
     images.add_argument(
-        "--decode",
-        choices=DECODE_CHOICES,
-        default="auto",
+        "--decode", choices=DECODE_CHOICES, default="auto",
         help="auto (default): pil; pil = the reference preprocessing exactly; torchvision = "
         "torchvision decode (nvJPEG on CUDA) + torch resize: the fast path, 6.6x the reference's "
-        "images/s on an H100",
-    )
+        "images/s on an H100")
     compute = p.add_argument_group("compute")
     add_device_argument(compute)
     compute.add_argument("--batch-size", type=int, default=None,
                          help="images per forward (default: 256 on CUDA, 16 on CPU)")
     compute.add_argument(
-        "--precision",
-        choices=PRECISION_CHOICES,
-        default="auto",
+        "--precision", choices=PRECISION_CHOICES, default="auto",
         help="auto (default): fp32; bf16 = autocast + channels_last on CUDA (the fast path; "
-        "features within cosine 0.999 of fp32's)",
-    )
+        "features within cosine 0.999 of fp32's)")
     compute.add_argument("--workers", type=int, default=None,
                          help="image reader threads (default: min(16, CPU count))")
     compute.add_argument("--no-flip", dest="with_flip", action="store_false",
@@ -319,38 +298,27 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction) -> None:
     """Add ``spml featurize``, ``spml backbones`` and ``spml bench featurize``."""
     p = sub.add_parser(
-        "featurize",
-        help="run a frozen backbone over a dataset once, into a feature store",
+        "featurize", help="run a frozen backbone over a dataset once, into a feature store",
         description="Featurize a dataset with a frozen backbone (default: torchvision ResNet-50, "
         "IMAGENET1K_V1, 448x448, 2048-d pooled features + flipped-image features) into a Zarr "
         "feature store with labels, the SPML protocol's single positives and splits.",
-        epilog=_FEATURIZE_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        epilog=_FEATURIZE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
         "dataset", metavar="DATASET", help="dataset adapter: voc, coco, nus, cub, folder, cole")
     p.add_argument("--root", required=True, help="the dataset's folder as distributed")
     p.add_argument("--out", required=True, metavar="STORE", help="output store directory")
-    p.add_argument(
-        "--option",
-        action="append",
-        dest="dataset_options",
-        metavar="KEY=VALUE",
-        help="adapter option, repeatable (e.g. annotations=labels.csv for folder, "
-        "dataset=coco for cole)",
-    )
+    p.add_argument("--option", action="append", dest="dataset_options", metavar="KEY=VALUE",
+                   help="adapter option, repeatable (e.g. annotations=labels.csv for folder, "
+                   "dataset=coco for cole)")
     _add_run_options(p, default_weights=None)
     store = p.add_argument_group("store")
     store.add_argument("--dtype", choices=DTYPES, default="float16",
                        help="feature storage type (default: float16)")
     store.add_argument("--block-rows", type=int, default=1024,
                        help="rows per chunk, the unit of resume (default: 1024)")
-    store.add_argument(
-        "--skip-bad",
-        action="store_true",
-        help="store zero features for unreadable images and list them in the "
-        "store's bad_rows, instead of stopping",
-    )
+    store.add_argument("--skip-bad", action="store_true",
+                       help="store zero features for unreadable images and list them in the "
+                       "store's bad_rows, instead of stopping")
     store.add_argument("--overwrite", action="store_true",
                        help="replace an existing store at --out instead of resuming it")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -364,19 +332,14 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
         description="List the backbone families of 'spml featurize --backbone', whether each "
         "is installed (and how to add it: pip install -e '.[timm]', '.[clip]', '.[hf]'), and "
         "the registry names. The same as 'spml featurize --list-backbones'. docs/backbones.md "
-        "describes the preprocessing, the embeddings and what a store records.",
-    )
+        "describes the preprocessing, the embeddings and what a store records.")
     p.add_argument("--json", action="store_true", help="print the families as JSON")
     p.set_defaults(func=_cmd_backbones)
 
     b = bench.add_parser(
-        "featurize",
-        help="images/s of the featurize pipeline on synthetic JPEGs",
+        "featurize", help="images/s of the featurize pipeline on synthetic JPEGs",
         description="Measure featurize throughput (images/s) for a device, batch size and "
-        "decode path.",
-        epilog=_BENCH_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        "decode path.", epilog=_BENCH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     b.add_argument("--images", type=int, default=None,
                    help="images to featurize (default: 4096 on CUDA, 24 on CPU)")
     b.add_argument("--image-size", default="640x480", metavar="WxH",

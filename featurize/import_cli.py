@@ -5,13 +5,9 @@ elsewhere, or add a prior scored elsewhere to one; thin layers over :mod:`featur
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
 
 from featurize.cli import DTYPES, add_draws, check_before_writing
 from probe.cliargs import add_seeds_argument, wrap
-
-if TYPE_CHECKING:
-    from probe.store import Store
 
 __all__ = ["register_cli"]
 
@@ -27,62 +23,37 @@ _STORE_LAYOUT = (
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, metavar="STORE", help="output store directory")
     parser.add_argument(
-        "--dtype",
-        choices=DTYPES,
-        default="float16",
+        "--dtype", choices=DTYPES, default="float16",
         help="feature storage type (default: float16, half the disk and memory; float32 keeps "
-        "full precision)",
-    )
+        "full precision)")
     parser.add_argument(
         "--overwrite", action="store_true", help="replace an existing store at --out")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_seeds_argument(parser)
 
 
-def _report(store: Store, seeds_text: str) -> None:
-    add_draws(str(store.path), seeds_text)
+def _cmd_import(args: argparse.Namespace) -> int:
+    """``spml import cole|arrays|yeast``: check before writing, import, add the draws, report."""
+    from featurize import imports
+
+    check_before_writing(args)
+    common = {"dtype": args.dtype, "overwrite": args.overwrite, "progress": not args.quiet}
+    if args.import_source == "cole":
+        store = imports.import_cole(args.dir, args.dataset, args.out, block_rows=args.block_rows,
+                                    class_names_file=args.class_names, **common)
+    elif args.import_source == "arrays":
+        store = imports.import_array_files(args.out, args.features, args.labels, name=args.name,
+                                           test_features_path=args.test_features,
+                                           test_labels_path=args.test_labels,
+                                           test_fraction=args.test_fraction,
+                                           class_names_path=args.class_names, **common)
+    else:
+        store = imports.import_yeast(args.out, test_fraction=args.test_fraction, **common)
+    add_draws(str(store.path), args.seeds)
     sizes = " / ".join(f"{name} {len(store.split(name))}" for name in ("train", "val", "test"))
-    print(
-        f"wrote {store.path}: {store.dataset}, {store.n_rows} rows ({sizes}), "
-        f"{store.n_classes} classes, {store.feature_dim}-dim {store.dtype} features. "
-        f"'spml info {store.path}' shows more.")
-
-
-def _cmd_import_cole(args: argparse.Namespace) -> int:
-    from featurize import imports
-
-    check_before_writing(args)
-
-    store = imports.import_cole(args.dir, args.dataset, args.out, dtype=args.dtype,
-                                class_names_file=args.class_names, overwrite=args.overwrite,
-                                block_rows=args.block_rows, progress=not args.quiet)
-    _report(store, args.seeds)
-    return 0
-
-
-def _cmd_import_arrays(args: argparse.Namespace) -> int:
-    from featurize import imports
-
-    check_before_writing(args)
-
-    store = imports.import_array_files(args.out, args.features, args.labels, name=args.name,
-                                       test_features_path=args.test_features,
-                                       test_labels_path=args.test_labels,
-                                       test_fraction=args.test_fraction,
-                                       class_names_path=args.class_names, dtype=args.dtype,
-                                       overwrite=args.overwrite, progress=not args.quiet)
-    _report(store, args.seeds)
-    return 0
-
-
-def _cmd_import_yeast(args: argparse.Namespace) -> int:
-    from featurize import imports
-
-    check_before_writing(args)
-
-    store = imports.import_yeast(args.out, dtype=args.dtype, test_fraction=args.test_fraction,
-                                 overwrite=args.overwrite, progress=not args.quiet)
-    _report(store, args.seeds)
+    print(f"wrote {store.path}: {store.dataset}, {store.n_rows} rows ({sizes}), "
+          f"{store.n_classes} classes, {store.feature_dim}-dim {store.dtype} features. "
+          f"'spml info {store.path}' shows more.")
     return 0
 
 
@@ -96,15 +67,13 @@ def _fraction(text: str) -> float:
 def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction) -> None:
     """Add ``spml import`` and its sources ``cole``, ``arrays``, ``yeast`` and ``priors``."""
     imp = sub.add_parser(
-        "import",
-        help="build a feature store from precomputed features (no backbone run)",
+        "import", help="build a feature store from precomputed features (no backbone run)",
         description=wrap("Build a feature store from features computed elsewhere.", _STORE_LAYOUT),
         epilog="examples:\n"
         "  spml import cole data/coco --dataset coco --out stores/coco-cole.zarr\n"
         "  spml import arrays --features X.npy --labels Y.npy --name mydata --out my.zarr\n"
         "  spml import yeast --out stores/yeast.zarr",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     isub = imp.add_subparsers(dest="import_source", metavar="SOURCE", required=True)
 
     p = isub.add_parser(
@@ -126,18 +95,15 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
     )
     p.add_argument("dir", metavar="DIR", help="directory holding Cole et al.'s .npy files")
     p.add_argument(
-        "--dataset",
-        required=True,
-        choices=("voc", "coco", "nus", "cub"),
+        "--dataset", required=True, choices=("voc", "coco", "nus", "cub"),
         help="which dataset the files are (sets the class names and image folder; Cole et "
-        "al.'s 'pascal' is voc, 'nuswide' is nus)",
-    )
+        "al.'s 'pascal' is voc, 'nuswide' is nus)")
     p.add_argument("--class-names", metavar="FILE",
                    help="class names, one per line, overriding the defaults above")
     p.add_argument("--block-rows", type=int, default=1024,
                    help="rows per store chunk / write block (default: 1024)")
     _common(p)
-    p.set_defaults(func=_cmd_import_cole)
+    p.set_defaults(func=_cmd_import)
 
     p = isub.add_parser(
         "arrays",
@@ -167,7 +133,7 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
         "--class-names", metavar="FILE", help="C class names, one per line (default class_0 …)")
     p.add_argument("--name", required=True, help="dataset name recorded in the store")
     _common(p)
-    p.set_defaults(func=_cmd_import_arrays)
+    p.set_defaults(func=_cmd_import)
 
     p = isub.add_parser(
         "yeast",
@@ -188,7 +154,7 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
     p.add_argument("--test-fraction", type=_fraction, default=TEST_FRACTION,
                    help="fraction of rows held out as the test set (default: 0.2)")
     _common(p)
-    p.set_defaults(func=_cmd_import_yeast)
+    p.set_defaults(func=_cmd_import)
 
     _register_import_priors(isub)
 

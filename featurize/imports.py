@@ -1,15 +1,9 @@
-"""Feature stores built without running a backbone (docs/protocol.md "Precomputed features").
-
-* :func:`import_cole` -- Cole et al. (2021)'s released ImageNet ResNet-50 features with their
-  formatted labels and image lists (``featurize.datasets.cole``).
-* :func:`import_arrays` / :func:`import_array_files` -- any ``(N, D)`` features with an ``(N, C)``
-  0/1 label matrix (e.g. a tabular multi-label set).
-* :func:`import_yeast` -- the real MULAN *yeast* set (2,417 x 103, 14 labels) that ships inside
-  the ``river`` package.
-
-All write through the crash-safe writer (:func:`probe.store.write_feature_store`): an
-interrupted import is resumed by running the same command again. The provenance records the
-source files with their sha256 and that no backbone was run.
+"""Feature stores built without running a backbone (docs/protocol.md "Precomputed features"):
+:func:`import_cole` (Cole et al. 2021's released ResNet-50 features), :func:`import_arrays` /
+:func:`import_array_files` (any ``(N, D)`` features with an ``(N, C)`` 0/1 label matrix) and
+:func:`import_yeast` (MULAN *yeast*, shipped inside ``river``). All write through the crash-safe
+:func:`probe.store.write_feature_store` (an interrupted import resumes) and record the source
+files with their sha256.
 """
 
 from __future__ import annotations
@@ -44,26 +38,15 @@ YEAST_LABELS: int = 14  # ... and 14 labels (Elisseeff & Weston 2001)
 NO_BACKBONE = "none (imported features; no backbone was run)"
 
 
-def _provenance(
-    *,
-    backbone: str,
-    weights: str,
-    transform: str,
-    files: dict[str, Path],
-    progress: bool = False,
-    **extra: object,
-) -> dict:
+def _provenance(*, backbone: str, weights: str, transform: str, files: dict[str, Path],
+                progress: bool = False, **extra: object) -> dict:
     """Provenance of an import: source files and their sha256 (also what a resume must match)."""
-    sha = {name: file_sha256(path, progress=progress) for name, path in files.items()}
-    return {
-        "backbone": backbone,
-        "weights": weights,
-        "weights_sha256": None,
-        "transform": transform,
-        "backbone_run": False,
-        "source": {"files": {name: str(Path(p).resolve()) for name, p in files.items()}, **extra},
-        "source_sha256": sha,
-    }
+    return {"backbone": backbone, "weights": weights, "weights_sha256": None,
+            "transform": transform, "backbone_run": False,
+            "source": {"files": {name: str(Path(p).resolve()) for name, p in files.items()},
+                       **extra},
+            "source_sha256": {name: file_sha256(path, progress=progress)
+                              for name, path in files.items()}}
 
 
 def _float_features(values: np.ndarray, source: Path | str) -> np.ndarray:
@@ -78,8 +61,11 @@ def _float_features(values: np.ndarray, source: Path | str) -> np.ndarray:
     raise DatasetFormatError(f"{source}: features must be numeric, got dtype {values.dtype}")
 
 
-def _check_values(features: np.ndarray, source: str, dtype: str) -> None:
-    """In-memory features must be finite and fit the store dtype (error names source and row)."""
+def _checked_rows(features: np.ndarray, labels: np.ndarray, source: str, label_source: str,
+                  dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """Float (N, D) features, finite and within the store dtype's range, and their (N, C) 0/1
+    labels, one row per sample (errors name the source and row)."""
+    features = _float_features(np.asarray(features), source)
     finite = np.isfinite(features).all(axis=1)
     if not finite.all():
         row = int(np.nonzero(~finite)[0][0])
@@ -91,22 +77,17 @@ def _check_values(features: np.ndarray, source: str, dtype: str) -> None:
         raise DatasetFormatError(
             f"{source}: row {row} has a value of magnitude {np.abs(features[row]).max():.4g}, "
             f"beyond {dtype}'s range; store as float32 (--dtype float32)")
+    labels = binary_labels(labels, label_source)
+    if features.shape[0] != labels.shape[0]:
+        raise DatasetFormatError(
+            f"{source} has {features.shape[0]} rows but {label_source} has {labels.shape[0]}: "
+            "features and labels must have one row per sample, in the same order")
+    return features, labels
 
 
-# ----------------------------------------------------------------------------- Cole et al.
-
-
-def import_cole(
-    root: str | Path,
-    dataset: str,
-    out: str | Path,
-    *,
-    dtype: str = "float16",
-    class_names_file: str | Path | None = None,
-    overwrite: bool = False,
-    block_rows: int = 1024,
-    progress: bool = True,
-) -> Store:
+def import_cole(root: str | Path, dataset: str, out: str | Path, *, dtype: str = "float16",
+                class_names_file: str | Path | None = None, overwrite: bool = False,
+                block_rows: int = 1024, progress: bool = True) -> Store:
     """Store Cole et al.'s released features: their ``train`` files are the pool, ``val`` test.
 
     The features file rows follow the formatted image order; there are no flipped features.
@@ -165,9 +146,6 @@ def _reference_check(root: Path, index: DatasetIndex) -> dict[str, str]:
     return result
 
 
-# ----------------------------------------------------------------------------- any arrays
-
-
 def import_arrays(
     out: str | Path,
     features: np.ndarray,
@@ -194,25 +172,15 @@ def import_arrays(
     the test rows are held out, ``train<i>`` / ``test<i>`` otherwise. Class names default to
     ``class_0`` ... ``class_<C-1>``. ``sources`` / ``label_sources`` name the inputs in errors.
     """
-    feats = _float_features(np.asarray(features), sources[0])
-    _check_values(feats, sources[0], dtype)
-    y = binary_labels(labels, label_sources[0])
-    if feats.shape[0] != y.shape[0]:
-        raise DatasetFormatError(
-            f"{sources[0]} has {feats.shape[0]} rows but {label_sources[0]} has {y.shape[0]}")
+    feats, y = _checked_rows(features, labels, sources[0], label_sources[0], dtype)
     attrs = dict(extra_attrs or {})
     if (test_features is None) != (test_labels is None):
         raise SpmlError("give both test features and test labels, or neither")
     if test_features is not None:
         if test_fraction is not None:
             raise SpmlError("give either test features/labels or a test fraction, not both")
-        test_feats = _float_features(np.asarray(test_features), sources[1])
-        _check_values(test_feats, sources[1], dtype)
-        test_y = binary_labels(test_labels, label_sources[1])
-        if test_feats.shape[0] != test_y.shape[0]:
-            raise DatasetFormatError(
-                f"{sources[1]} has {test_feats.shape[0]} rows but {label_sources[1]} has "
-                f"{test_y.shape[0]}")
+        test_feats, test_y = _checked_rows(test_features, test_labels, sources[1],
+                                           label_sources[1], dtype)
         if test_feats.shape[1] != feats.shape[1] or test_y.shape[1] != y.shape[1]:
             raise DatasetFormatError(
                 f"test features/labels have {test_feats.shape[1]}/{test_y.shape[1]} columns but "
@@ -227,74 +195,41 @@ def import_arrays(
         y, test_y = y[pool_rows], y[test_rows]
         pool_ids = [f"row{i}" for i in pool_rows]
         test_ids = [f"row{i}" for i in test_rows]
-        attrs.setdefault(
-            "test_split",
-            {
-                "method": "random (probe.store.protocol.split_indices)",
-                "fraction": fraction,
-                "seed": PROTOCOL_SEED,
-            },
-        )
+        attrs.setdefault("test_split", {"method": "random (probe.store.protocol.split_indices)",
+                                        "fraction": fraction, "seed": PROTOCOL_SEED})
     n_classes = y.shape[1]
-    names = (
-        tuple(class_names)
-        if class_names is not None
-        else tuple(f"class_{c}" for c in range(n_classes)))
+    names = tuple(class_names if class_names is not None
+                  else (f"class_{c}" for c in range(n_classes)))
     if len(names) != n_classes:
         raise DatasetFormatError(f"{len(names)} class names given but the labels have {n_classes}")
     index = DatasetIndex(name=name, class_names=names,
                          pool=Phase(tuple(pool_ids), tuple(Path(i) for i in pool_ids), y),
                          test=Phase(tuple(test_ids), tuple(Path(i) for i in test_ids), test_y))
-    prov = provenance or {
-        "backbone": NO_BACKBONE,
-        "weights": "none",
-        "transform": "none (features stored as given)",
-        "backbone_run": False,
-        "source": "in-memory arrays",
-    }
+    prov = provenance or {"backbone": NO_BACKBONE, "weights": "none", "backbone_run": False,
+                          "transform": "none (features stored as given)",
+                          "source": "in-memory arrays"}
     return write_feature_store(out, index, (feats, test_feats), provenance=prov, dtype=dtype,
                                overwrite=overwrite, resume=True, extra_attrs=attrs,
                                progress=progress)
 
 
-def import_array_files(
-    out: str | Path,
-    features_path: str | Path,
-    labels_path: str | Path,
-    *,
-    name: str,
-    test_features_path: str | Path | None = None,
-    test_labels_path: str | Path | None = None,
-    test_fraction: float | None = None,
-    class_names_path: str | Path | None = None,
-    dtype: str = "float16",
-    overwrite: bool = False,
-    progress: bool = True,
-) -> Store:
+def import_array_files(out: str | Path, features_path: str | Path, labels_path: str | Path, *,
+                       name: str, test_features_path: str | Path | None = None,
+                       test_labels_path: str | Path | None = None,
+                       test_fraction: float | None = None,
+                       class_names_path: str | Path | None = None, dtype: str = "float16",
+                       overwrite: bool = False, progress: bool = True) -> Store:
     """:func:`import_arrays` from ``.npy`` files (``spml import arrays``)."""
     if (test_features_path is None) != (test_labels_path is None):
         raise SpmlError("--test-features and --test-labels go together: give both or neither")
     files = {"features": Path(features_path), "labels": Path(labels_path)}
     if test_features_path is not None:
-        files["test_features"] = Path(test_features_path)
-        files["test_labels"] = Path(test_labels_path)
-    loaded = {}
-    for key, path in files.items():
-        arr = load_npy(path, "--" + key.replace("_", "-"))
-        if "labels" in key:
-            arr = binary_labels(arr, path)
-        else:
-            arr = _float_features(arr, path)
-        loaded[key] = arr
-    for feat_key, lab_key in (("features", "labels"), ("test_features", "test_labels")):
-        if feat_key in loaded and loaded[feat_key].shape[0] != loaded[lab_key].shape[0]:
-            raise DatasetFormatError(
-                f"{files[feat_key]} has {loaded[feat_key].shape[0]} rows but {files[lab_key]} "
-                f"has {loaded[lab_key].shape[0]}: features and labels must have one row per "
-                "sample, in the same order")
+        files |= {"test_features": Path(test_features_path), "test_labels": Path(test_labels_path)}
+    loaded = {key: load_npy(path, "--" + key.replace("_", "-")) for key, path in files.items()}
     names = None
     if class_names_path is not None:
-        names = read_class_names(Path(class_names_path), loaded["labels"].shape[1])
+        n_classes = binary_labels(loaded["labels"], files["labels"]).shape[1]
+        names = read_class_names(Path(class_names_path), n_classes)
         files["class_names"] = Path(class_names_path)
     provenance = _provenance(backbone=NO_BACKBONE, weights="none",
                              transform="none (features stored as given)", files=files,
@@ -306,9 +241,6 @@ def import_array_files(
         overwrite=overwrite, progress=progress,
         sources=(str(files["features"]), str(files.get("test_features", "test features"))),
         label_sources=(str(files["labels"]), str(files.get("test_labels", "test labels"))))
-
-
-# ----------------------------------------------------------------------------- yeast
 
 
 class MissingExtraError(SpmlError):
@@ -350,14 +282,9 @@ def load_yeast_csv(path: Path) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]
     return table[:, :YEAST_FEATURES], labels, tuple(header[YEAST_FEATURES:])
 
 
-def import_yeast(
-    out: str | Path,
-    *,
-    dtype: str = "float16",
-    test_fraction: float = DEFAULT_TEST_FRACTION,
-    overwrite: bool = False,
-    progress: bool = True,
-) -> Store:
+def import_yeast(out: str | Path, *, dtype: str = "float16",
+                 test_fraction: float = DEFAULT_TEST_FRACTION, overwrite: bool = False,
+                 progress: bool = True) -> Store:
     """Store MULAN *yeast* from river's copy. The csv has no official test split, so
     ``test_fraction`` (0.2) of the rows are held out with the seeded split of
     :func:`probe.store.protocol.split_indices` (seed 1200); the pool is then split 80/20 into

@@ -1,16 +1,9 @@
-"""Cole et al. (2021)'s formatted SPML files ("Multi-Label Learning from Single Positive Labels",
-CVPR; repository ``elijahcole/single-positive-multi-label``); docs/protocol.md
-"Precomputed features".
-
-A dataset directory holds ``formatted_{train,val}_labels.npy`` ((N, C) float 0/1, written by
-their ``preproc/format_*.py``), ``formatted_{train,val}_images.npy`` ((N,) unicode paths relative
-to the dataset's image folder, in the same order) and, for the released features,
-``{train,val}_features_imagenet_resnet50.npy`` ((N, 2048), same order; no flipped features).
-Their ``train`` is our pool and their ``val`` our test phase. The files carry no class names:
-VOC and COCO use the standard orders their formatters use; NUS-WIDE reads ``Concepts81.txt`` when
-present (else the official alphabetical 81-concept order); CUB reads ``attributes.txt``.
-
-The small ``.npy`` helpers here are shared with :mod:`featurize.imports`.
+"""Cole et al. (2021)'s formatted SPML files (CVPR, "Multi-Label Learning from Single Positive
+Labels"; docs/protocol.md "Precomputed features"): ``formatted_{train,val}_labels.npy`` ((N, C)
+0/1), ``formatted_{train,val}_images.npy`` (paths under the image folder, same order) and the
+released ``{train,val}_features_imagenet_resnet50.npy``. Their ``train`` is our pool, their ``val``
+our test phase. Class names: VOC's and COCO's standard orders, NUS-WIDE's ``Concepts81.txt`` (else
+the alphabetical 81), CUB's ``attributes.txt``. The ``.npy`` helpers serve :mod:`featurize.imports`.
 """
 
 from __future__ import annotations
@@ -54,12 +47,8 @@ COLE_DATASETS: tuple[str, ...] = ("voc", "coco", "nus", "cub")
 _ALIASES = {"pascal": "voc", "nuswide": "nus"}  # the names Cole et al.'s code uses
 _N_CLASSES = {"voc": 20, "coco": 80, "nus": 81, "cub": 312}
 # image folder relative to the dataset directory (``get_metadata`` in their datasets.py)
-_IMAGE_DIRS = {
-    "voc": "VOCdevkit/VOC2012/JPEGImages",
-    "coco": ".",
-    "nus": "Flickr",
-    "cub": "CUB_200_2011/CUB_200_2011/images",
-}
+_IMAGE_DIRS = {"voc": "VOCdevkit/VOC2012/JPEGImages", "coco": ".", "nus": "Flickr",
+               "cub": "CUB_200_2011/CUB_200_2011/images"}
 PHASES = {"pool": "train", "test": "val"}  # our phase -> their file prefix
 LABELS_FILE = "formatted_{}_labels.npy"
 IMAGES_FILE = "formatted_{}_images.npy"
@@ -124,17 +113,12 @@ def binary_labels(values: np.ndarray, source: Path | str) -> np.ndarray:
 
 
 def read_class_names(path: Path, n_expected: int | None = None) -> tuple[str, ...]:
-    """Class names, one per line (blank trailing lines ignored); checked against the label count.
-
-    Also reads ``<index> <name>`` lines (CUB's ``attributes.txt``) when every line has that form.
-    """
+    """Class names, one per line, or ``<index> <name>`` lines (CUB's ``attributes.txt``);
+    checked against the label count."""
     path = Path(path)
     if not path.is_file():
         raise MissingPathError(f"class-names file {path} not found")
-    lines = path.read_text(encoding="utf-8").splitlines()
-    while lines and not lines[-1].strip():
-        lines.pop()
-    names = [line.strip() for line in lines]
+    names = [line.strip() for line in path.read_text(encoding="utf-8").rstrip().splitlines()]
     for i, name in enumerate(names, 1):
         if not name:
             raise DatasetFormatError(f"{path} line {i}: empty class name")
@@ -143,19 +127,16 @@ def read_class_names(path: Path, n_expected: int | None = None) -> tuple[str, ..
         names = [p[1] for p in split]
     seen: dict[str, int] = {}
     for i, name in enumerate(names, 1):
-        if name in seen:
-            raise DatasetFormatError(
-                f"{path} line {i}: class name {name!r} repeats line {seen[name]}")
-        seen[name] = i
+        if (first := seen.setdefault(name, i)) != i:
+            raise DatasetFormatError(f"{path} line {i}: class name {name!r} repeats line {first}")
     if n_expected is not None and len(names) != n_expected:
         raise DatasetFormatError(
             f"{path} has {len(names)} class names but the labels have {n_expected} columns")
     return tuple(names)
 
 
-def cole_class_names(
-    root: Path, dataset: str, class_names_file: Path | None = None
-) -> tuple[tuple[str, ...], str]:
+def cole_class_names(root: Path, dataset: str, class_names_file: Path | None = None
+                     ) -> tuple[tuple[str, ...], str]:
     """``(class names, where they came from)`` for one of Cole et al.'s datasets."""
     dataset = canonical_dataset(dataset)
     n = _N_CLASSES[dataset]
@@ -167,12 +148,8 @@ def cole_class_names(
         return COCO_CLASSES, "COCO 2014 categories order (Cole et al.'s format_coco.py)"
     candidates = {
         "nus": ["Concepts81.txt", "NUS-WIDE/Concepts81.txt", "ConceptsList/Concepts81.txt"],
-        "cub": [
-            "attributes.txt",
-            "CUB_200_2011/attributes.txt",
-            "CUB_200_2011/CUB_200_2011/attributes.txt",
-            "../attributes.txt",
-        ],
+        "cub": ["attributes.txt", "CUB_200_2011/attributes.txt",
+                "CUB_200_2011/CUB_200_2011/attributes.txt", "../attributes.txt"],
     }[dataset]
     for rel in candidates:
         if (root / rel).is_file():
@@ -203,15 +180,10 @@ def cole_paths(root: Path, *, features: bool) -> dict[str, Path]:
     return paths
 
 
-def load_cole_formatted(
-    root: str | Path, dataset: str, class_names_file: str | Path | None = None
-) -> DatasetIndex:
-    """The pool (their ``train``) and test (their ``val``) phases from the formatted files.
-
-    Rows keep the files' order (the order their features and observed labels use); image ids
-    are the formatted image strings, paths resolve them under the dataset's image folder (the
-    images need not exist). Rows without a positive are kept and counted in ``n_unlabeled``.
-    """
+def load_cole_formatted(root: str | Path, dataset: str,
+                        class_names_file: str | Path | None = None) -> DatasetIndex:
+    """The pool (their ``train``) and test (their ``val``) phases, rows in the files' order;
+    image ids are the formatted image strings, under the image folder (need not exist)."""
     root = Path(root)
     if not root.is_dir():
         raise MissingPathError(f"Cole et al. dataset directory {root} not found")
@@ -248,10 +220,7 @@ def reference_observed(root: Path, phase: str) -> tuple[Path, np.ndarray] | None
     """Cole et al.'s own single positives for ``phase`` (``formatted_<p>_labels_obs.npy`` or the
     ``_uniform_`` variant, -1/0/+1), if the directory holds them; used to check our draw."""
     prefix = PHASES[phase]
-    for name in (
-        f"formatted_{prefix}_labels_obs.npy",
-        f"formatted_{prefix}_uniform_labels_obs.npy",
-    ):
+    for name in (f"formatted_{prefix}_{kind}labels_obs.npy" for kind in ("", "uniform_")):
         if (root / name).is_file():
             return root / name, load_npy(root / name, "reference observed labels")
     return None
