@@ -1,11 +1,8 @@
-"""MS-COCO 2014 from its official layout (docs/protocol.md "Official dataset layouts": COCO 2014).
-
-Follows Cole et al.'s ``preproc/format_coco.py`` exactly: class index = position in the JSON
-``categories`` list (checked identical for train and val); images = those with at least one
-annotation (crowd annotations included); image ids sorted **as strings** (``"100" < "25"``;
-the reference does this "for backwards compatibility"); a class is positive iff an annotation of
-that category exists. Pool = ``train2014`` (82,081 annotated images), test = ``val2014``
-(40,137). Paths ``{train,val}2014/COCO_{train,val}2014_%012d.jpg``; image ids are the decimal ids.
+"""MS-COCO 2014 from its official layout (docs/protocol.md "Official dataset layouts"), read as
+Cole et al.'s ``preproc/format_coco.py`` does: class index = position in ``categories`` (the same
+for train and val); images with at least one annotation (crowd included), ids sorted **as
+strings**; a class is positive iff it has an annotation. Pool = ``train2014`` (82,081), test =
+``val2014`` (40,137); paths ``{train,val}2014/COCO_{train,val}2014_%012d.jpg``.
 """
 
 from __future__ import annotations
@@ -72,9 +69,7 @@ def _phase(root: Path, split: str, data: dict, path: Path, cat_index: dict[int, 
     rows = np.fromiter((row_of[i] for i in image_of.tolist()), dtype=np.int64, count=len(anns))
     labels = np.zeros((len(ids), len(cat_index)), dtype=np.uint8)
     labels[rows, class_of] = 1
-    folder = f"{split}2014"
-    base = root / folder
-    paths = tuple(base / f"COCO_{folder}_{int(s):012d}.jpg" for s in ids)
+    paths = tuple(root / f"{split}2014" / f"COCO_{split}2014_{int(s):012d}.jpg" for s in ids)
     return Phase(image_ids=tuple(ids), paths=paths, labels=labels,
                  bias_weights=_bias_weights(data, anns, rows, class_of, labels.shape))
 
@@ -107,12 +102,8 @@ def _bias_weights(data: dict, anns: list, rows: np.ndarray, class_of: np.ndarray
 
 
 def load_coco(root: str | Path, *, check_images: bool = True) -> DatasetIndex:
-    """MS-COCO 2014 (80 classes) as the SPML protocol uses it (docs/protocol.md "Pools").
-
-    ``root``: the folder holding ``annotations/instances_{train,val}2014.json`` and the image
-    folders ``train2014/``, ``val2014/``. ``check_images``: verify every image exists (False
-    indexes the labels alone).
-    """
+    """MS-COCO 2014 (80 classes) from ``root``, the folder holding ``annotations/`` and
+    ``{train,val}2014/``; ``check_images``: every image must exist."""
     root = Path(root)
     phases: dict[str, Phase] = {}
     files: dict[str, Path] = {}
@@ -129,8 +120,8 @@ def load_coco(root: str | Path, *, check_images: bool = True) -> DatasetIndex:
                 f"instances_train2014.json; both files must come from the same COCO 2014 release")
         phases[split] = _phase(root, split, data, path, categories[split][1])
         del data
-    require_disjoint(
-        phases["train"].image_ids, phases["val"].image_ids, files["train"], files["val"])
+    require_disjoint(phases["train"].image_ids, phases["val"].image_ids, files["train"],
+                     files["val"])
     if check_images:
         require_images(*((phases[s].paths, files[s], None) for s in files))
     return DatasetIndex(name="coco", class_names=tuple(categories["train"][0]),

@@ -1,30 +1,16 @@
-"""Users' own multi-label image data: an image folder plus an annotation file
-(docs/protocol.md "Official dataset layouts": generic folder).
+"""Users' own multi-label image data: an image folder plus an annotation file (``labels.csv`` or
+``labels.jsonl`` in ``root`` unless ``annotations`` names one); image paths relative to ``root``
+or absolute; every error names the annotation file and line.
 
-Annotation formats (image paths are relative to the image folder ``root``, or absolute):
+* **CSV**: ``path,labels[,split]``, a row's labels joined by ``;`` (``img/001.jpg,cat;dog,train``);
+  an optional header row (a cell ``path``) names the columns in any order, others are ignored.
+* **JSON lines** (``.jsonl``, ``.ndjson``, ``.json``): ``{"path": …, "labels": […], "split": …}``.
 
-* **CSV** (``.csv``): ``path,labels[,split]`` with the labels of a row joined by ``;``
-  (``img/001.jpg,cat;dog,train``). A header row is optional; when present (a first row with a
-  cell ``path``) it names the columns ``path``, ``labels`` and optionally ``split`` in any
-  order, and other columns are ignored.
-* **JSON lines** (``.jsonl``, ``.ndjson`` or ``.json``): one object a line,
-  ``{"path": "img/001.jpg", "labels": ["cat", "dog"], "split": "train"}``; other keys are
-  ignored.
-
-Without ``annotations`` the file ``labels.csv`` or ``labels.jsonl`` in ``root`` is used.
-
-Classes: the given class list (names, or a text file with one name a line) in its order, and a
-label outside it is an error; otherwise the sorted union of all labels.
-
-Splits: ``split`` is ``train`` (the pool the protocol splits into train/val) or ``test``; it
-must then be given on every row. Without it, a seeded test split mirroring docs/protocol.md step 3:
-``rng = np.random.RandomState(split_seed)``, ``n_test = int(round(test_fraction * N))``,
-``perm = rng.permutation(N)``, test = ``sort(perm[-n_test:])``, pool = ``sort(perm[:N-n_test])``
-(defaults 1200 and 0.2). Rows keep the annotation file's order within each phase.
-
-Rows with an empty label list follow ``empty``: ``"error"`` (default: usually a mistake),
-``"keep"`` (kept and counted in ``Phase.n_unlabeled``, as NUS-WIDE does) or ``"drop"`` (as
-VOC and COCO do). Every error names the annotation file and line.
+Classes: the given list (names, or a file of one name a line), else the sorted union of the
+labels. ``split`` is ``train`` (the pool) or ``test``, on every row or on none; without it a
+seeded test split like docs/protocol.md step 3 (``RandomState(split_seed).permutation(N)``, the
+last ``round(test_fraction * N)`` are test). Rows without labels: ``empty`` = ``error``
+(default), ``keep`` (counted in ``Phase.n_unlabeled``) or ``drop``.
 """
 
 from __future__ import annotations
@@ -70,10 +56,8 @@ def _split_value(value: object, where: str) -> str | None:
         return None
     text = str(value).strip().lower()
     if text not in SPLIT_VALUES:
-        extra = (
-            " (validation rows are drawn from 'train' by the protocol)"
-            if text in ("val", "valid", "validation")
-            else "")
+        extra = (" (validation rows are drawn from 'train' by the protocol)"
+                 if text in ("val", "valid", "validation") else "")
         raise DatasetFormatError(
             f"{where}: split '{value}' is not one of {', '.join(SPLIT_VALUES)}{extra}")
     return text
@@ -127,12 +111,8 @@ def _read_jsonl(path: Path) -> list[_Row]:
         except json.JSONDecodeError as e:
             raise DatasetFormatError(f"{where}: not a JSON object ({e.msg})") from None
         labels = obj.get("labels") if isinstance(obj, dict) else None
-        if not (
-            isinstance(obj, dict)
-            and isinstance(obj.get("path"), str)
-            and isinstance(labels, list)
-            and all(isinstance(x, str) for x in labels)
-        ):
+        if not (isinstance(obj, dict) and isinstance(obj.get("path"), str)
+                and isinstance(labels, list) and all(isinstance(x, str) for x in labels)):
             raise DatasetFormatError(
                 f'{where}: expected an object like {{"path": "img/1.jpg", "labels": '
                 f'["cat", "dog"]}} (labels a list of strings), found {text[:100]}')
@@ -147,11 +127,9 @@ def _class_list(classes: str | Path | Sequence[str]) -> tuple[tuple[str, ...], s
         path = require_file(Path(classes), "class list")
         first: dict[str, int] = {}
         for line, name in read_lines(path):
-            if name in first:
-                raise DatasetFormatError(
-                    f"{at(path, line)}: class {name!r} is listed again (first on line "
-                    f"{first[name]})")
-            first[name] = line
+            if (seen := first.setdefault(name, line)) != line:
+                raise DatasetFormatError(f"{at(path, line)}: class {name!r} is listed again "
+                                         f"(first on line {seen})")
         names, source = tuple(first), str(path)
     else:
         names, source = tuple(str(c).strip() for c in classes), "the classes argument"
@@ -163,25 +141,12 @@ def _class_list(classes: str | Path | Sequence[str]) -> tuple[tuple[str, ...], s
     return names, source
 
 
-def load_folder(
-    root: str | Path,
-    *,
-    annotations: str | Path | None = None,
-    classes: str | Path | Sequence[str] | None = None,
-    name: str | None = None,
-    empty: Literal["error", "keep", "drop"] = "error",
-    test_fraction: float = 0.2,
-    split_seed: int = PROTOCOL_SEED,
-    check_images: bool = True,
-) -> DatasetIndex:
-    """An image folder with a CSV or JSON-lines annotation file (formats: module docstring).
-
-    ``root``: the image folder. ``annotations``: the annotation file (default ``labels.csv`` or
-    ``labels.jsonl`` in ``root``). ``classes``: class names or a file of them (default: sorted
-    union). ``name``: the dataset name (default: the folder's name). ``empty``: policy for rows
-    without labels. ``test_fraction``, ``split_seed``: the seeded test split used when no row
-    has a ``split``. ``check_images``: every listed image must exist.
-    """
+def load_folder(root: str | Path, *, annotations: str | Path | None = None,
+                classes: str | Path | Sequence[str] | None = None, name: str | None = None,
+                empty: Literal["error", "keep", "drop"] = "error", test_fraction: float = 0.2,
+                split_seed: int = PROTOCOL_SEED, check_images: bool = True) -> DatasetIndex:
+    """The image folder ``root`` with its annotation file (module docstring); ``name`` defaults
+    to the folder's name; ``check_images``: every listed image must exist."""
     root = Path(root)
     if not root.is_dir():
         if root.exists():
@@ -212,7 +177,6 @@ def load_folder(
             f"(path,labels[,split]) or .jsonl (one JSON object a line)")
     if not rows:
         raise DatasetFormatError(f"{ann}: has no annotation rows")
-
     known_set = set(known)
     kept: list[_Row] = []
     first_line: dict[str, int] = {}
@@ -241,7 +205,6 @@ def load_folder(
         kept.append(row)
     if not kept:
         raise DatasetFormatError(f"{ann}: no row has a label (every row was dropped)")
-
     with_split = [r for r in kept if r.split is not None]
     if with_split and len(with_split) != len(kept):
         missing = next(r for r in kept if r.split is None)
@@ -251,10 +214,8 @@ def load_folder(
             f"{test_fraction:.0%} test split")
     n = len(kept)
     if with_split:
-        members = {
-            s: np.array([i for i, r in enumerate(kept) if r.split == s], dtype=np.int64)
-            for s in SPLIT_VALUES
-        }
+        members = {s: np.array([i for i, r in enumerate(kept) if r.split == s], dtype=np.int64)
+                   for s in SPLIT_VALUES}
     else:
         n_test = round(test_fraction * n)
         if not 0 < n_test < n:
@@ -266,7 +227,6 @@ def load_folder(
     for split, idx in members.items():
         if len(idx) == 0:
             raise DatasetFormatError(f"{ann}: no row has split '{split}'; both phases need rows")
-
     class_names = known or tuple(sorted({label for r in kept for label in r.labels}))
     if not class_names:
         raise DatasetFormatError(f"{ann}: no row has a label, so there are no classes")

@@ -1,28 +1,12 @@
-"""NUS-WIDE from the official release (docs/protocol.md "Official dataset layouts": NUS-WIDE).
-
-Files read under the dataset root:
-
-* ``ImageList/TrainImagelist.txt``, ``ImageList/TestImagelist.txt``: one image per line, as
-  written by the NUS team on Windows (``actor\\0001_2124494179.jpg``; a full
-  ``C:\\ImageData\\Flickr\\actor\\…`` form is accepted too: everything up to the last
-  ``Flickr`` folder is dropped). Backslashes become path separators.
-* ``Concepts81.txt`` (in the root or in ``ConceptsList/``): the 81 concept names, one a line;
-  their order is the column order.
-* ``Groundtruth/TrainTestLabels/Labels_<concept>_{Train,Test}.txt``: one ``0``/``1`` per line in
-  the order of the image list.
-
-Pool = official Train list, test = official Test list, in list order. Rows with no positive are
-**kept** and counted in ``Phase.n_unlabeled`` (docs/protocol.md "Pools": about 22% of NUS rows).
-Image ids are the list entries as paths relative to the ``Flickr`` folder
-(``actor/0001_2124494179.jpg``), which is how Cole et al.'s code resolves its NUS image names.
-
-Images are expected in one of these layouts, the first that holds the first listed image:
-
-1. ``<root>/Flickr/<concept>/<file>`` (the official ``Flickr.zip`` extracted in the root),
-2. ``<root>/images/<concept>/<file>``,
-3. ``<root>/images/<file>`` (flat copies, as some re-crawls store them);
-
-layout 1 when none does. With ``check_images`` (default) every image must then exist.
+"""NUS-WIDE from the official release (docs/protocol.md "Official dataset layouts"):
+``ImageList/{Train,Test}Imagelist.txt`` (Windows paths such as ``actor\\0001_2124494179.jpg``,
+everything up to the last ``Flickr`` folder dropped), ``Concepts81.txt`` (in the root or in
+``ConceptsList/``; the column order) and ``Groundtruth/TrainTestLabels/Labels_<concept>_{Train,
+Test}.txt`` (one 0/1 a line, in list order). Pool = Train, test = Test, in list order; rows without
+a positive are kept (``Phase.n_unlabeled``). Image ids are the entries relative to ``Flickr``
+(``actor/0001_2124494179.jpg``), as Cole et al.'s code names them. Images: the first layout that
+holds the first listed one of ``<root>/Flickr/<concept>/<file>`` (the official ``Flickr.zip``),
+``<root>/images/<concept>/<file>`` and ``<root>/images/<file>``, else the first.
 """
 
 from __future__ import annotations
@@ -80,23 +64,17 @@ def _concepts(root: Path) -> tuple[str, ...]:
         if len(text.split()) != 1:
             raise DatasetFormatError(
                 f"{at(path, line)}: expected one concept name per line, found {text!r}")
-        if text in first_line:
-            raise DatasetFormatError(
-                f"{at(path, line)}: concept {text!r} is listed again (first on line "
-                f"{first_line[text]})")
-        first_line[text] = line
+        if (first := first_line.setdefault(text, line)) != line:
+            raise DatasetFormatError(f"{at(path, line)}: concept {text!r} is listed again (first "
+                                     f"on line {first})")
     if not first_line:
         raise DatasetFormatError(f"{path}: lists no concept")
     return tuple(first_line)
 
 
 def load_nus(root: str | Path, *, check_images: bool = True) -> DatasetIndex:
-    """NUS-WIDE (81 concepts) from the official release, as the SPML protocol uses it.
-
-    ``root``: the folder holding ``ImageList/``, ``Groundtruth/`` and ``Concepts81.txt`` (see the
-    module docstring for every accepted place). ``check_images``: verify every image exists
-    (False indexes the labels alone, e.g. to import Cole et al.'s released features).
-    """
+    """NUS-WIDE (81 concepts) from ``root``, the folder holding ``ImageList/``, ``Groundtruth/``
+    and ``Concepts81.txt``; ``check_images``: every image must exist."""
     root = Path(root)
     concepts = _concepts(root)
     gt = root / "Groundtruth" / "TrainTestLabels"
@@ -126,9 +104,8 @@ def load_nus(root: str | Path, *, check_images: bool = True) -> DatasetIndex:
             labels[:, c] = read_binary_column(label_path, len(ids), list_path)
         paths = _image_paths(root, ids)
         groups.append((paths, list_path, [line for line, _ in entries]))
-        n_unlabeled = int((~labels.any(axis=1)).sum())
-        phases[phase_name] = Phase(
-            image_ids=tuple(ids), paths=paths, labels=labels, n_unlabeled=n_unlabeled)
+        phases[phase_name] = Phase(image_ids=tuple(ids), paths=paths, labels=labels,
+                                   n_unlabeled=int((~labels.any(axis=1)).sum()))
     if check_images:
         require_images(*groups)
     return DatasetIndex(

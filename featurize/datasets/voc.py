@@ -1,10 +1,7 @@
-"""PASCAL VOC 2012 from its official layout (docs/protocol.md "Official dataset layouts": VOC 2012).
-
-Reads ``VOCdevkit/VOC2012/ImageSets/Main/{class}_{train,val}.txt`` (lines ``<id> <-1|0|1>``),
-exactly like Cole et al.'s ``preproc/format_pascal.py``: a label is positive iff it is ``1``
-(``0`` = "difficult" counts as negative), images with no positive are dropped, the rest are
-sorted by file name ``<id>.jpg``. Pool = official ``train`` (5,717 images), test = official
-``val`` (5,823). Images are ``VOC2012/JPEGImages/<id>.jpg``; image ids are the ``<id>`` stems.
+"""PASCAL VOC 2012 from its official layout (docs/protocol.md "Official dataset layouts"), read as
+Cole et al.'s ``preproc/format_pascal.py`` does: ``ImageSets/Main/{class}_{train,val}.txt`` (lines
+``<id> <-1|0|1>``), positive iff ``1`` (``0``, "difficult", is negative), images without a
+positive dropped, the rest sorted by ``<id>.jpg``. Pool = ``train`` (5,717), test = ``val`` (5,823).
 """
 
 from __future__ import annotations
@@ -58,11 +55,9 @@ def _read_class_file(path: Path) -> list[tuple[int, str, int]]:
             raise DatasetFormatError(
                 f"{at(path, line)}: label {value!r} for image {image_id} is not one of -1, 0, 1 "
                 f"(1 = present, 0 = difficult, -1 = absent)")
-        if image_id in first_line:
-            raise DatasetFormatError(
-                f"{at(path, line)}: image {image_id} is listed again (first on line "
-                f"{first_line[image_id]})")
-        first_line[image_id] = line
+        if (first := first_line.setdefault(image_id, line)) != line:
+            raise DatasetFormatError(f"{at(path, line)}: image {image_id} is listed again (first "
+                                     f"on line {first})")
         entries.append((line, image_id, _VALUES[value]))
     return entries
 
@@ -70,11 +65,9 @@ def _read_class_file(path: Path) -> list[tuple[int, str, int]]:
 def _read_phase(main: Path, split: str) -> tuple[Path, list[int], list[str], np.ndarray]:
     """One official split: the first class file, the line of each image in it, the image ids in
     that file's order and their (N, 20) labels. Every class file must list the same images."""
-    files = [
-        require_file(main / f"{name}_{split}.txt", f"VOC class file for '{name}' ({split})",
-                     "every one of the 20 classes needs its ImageSets/Main file")
-        for name in VOC_CLASSES
-    ]
+    files = [require_file(main / f"{name}_{split}.txt", f"VOC class file for '{name}' ({split})",
+                          "every one of the 20 classes needs its ImageSets/Main file")
+             for name in VOC_CLASSES]
     ref = _read_class_file(files[0])
     ids = [image_id for _, image_id, _ in ref]
     row = {image_id: r for r, image_id in enumerate(ids)}
@@ -94,12 +87,8 @@ def _read_phase(main: Path, split: str) -> tuple[Path, list[int], list[str], np.
 
 
 def load_voc(root: str | Path, *, check_images: bool = True) -> DatasetIndex:
-    """PASCAL VOC 2012 (20 classes) as the SPML protocol uses it (docs/protocol.md "Pools").
-
-    ``root``: the folder holding ``VOCdevkit``, or ``VOCdevkit``, or ``VOC2012``.
-    ``check_images``: verify every kept image exists under ``JPEGImages`` (False indexes the
-    labels alone, e.g. to inspect class counts or import released features).
-    """
+    """PASCAL VOC 2012 (20 classes) from ``root`` (the folder holding ``VOCdevkit``, or
+    ``VOCdevkit``, or ``VOC2012``); ``check_images``: every kept image must exist."""
     voc = find_voc2012(root)
     main = voc / "ImageSets" / "Main"
     phases, groups = {}, []
