@@ -1,26 +1,15 @@
-"""``spml priors``: CLIP zero-shot class scores of a store's images, stored as a prior.
+"""``spml priors``: CLIP zero-shot class scores of a store's images, stored as a prior (the one
+VLPL and GPR read, docs/priors.md), with an OpenCLIP model's two towers (docs/backbones.md):
 
-The prior the VLPL and GPR losses read (docs/priors.md), computed from the store's own images
-with an OpenCLIP model's image and text towers (the ``open_clip`` backbone family,
-docs/backbones.md):
+1. **text**: ``prompt.format(class name)`` (``_`` as a space) per class, L2-normalised: ``t_c``;
+2. **views**: each image whole and, with ``tiles = k``, its k×k grid of tiles (AEVLP's DAMP: 4×4,
+   5×5 on CUB), through the model's preprocessing and image tower, L2-normalised: ``v``;
+3. **scores**: ``softmax_c(v · t_c / T)`` per view (T = 0.01 in both papers): the whole image's
+   are the prior's ``scores``; the per-class ``tile_max``, ``tile_min``, ``tile_mean`` its extras.
 
-1. **text**: one prompt per class, ``prompt.format(class name)`` (``_`` read as a space),
-   through the text tower, L2-normalised: ``t_c``.
-2. **views**: each image whole, and with ``tiles = k`` also cut into a k×k grid of tiles
-   (AEVLP's DAMP: 4×4, 5×5 on CUB), each view through the model's own preprocessing and the
-   image tower, L2-normalised: ``v``.
-3. **scores**: per view, ``softmax_c(v · t_c / T)`` over the classes at temperature ``T``
-   (0.01 in both papers). The whole image's scores are the prior's ``scores``; with tiles the
-   per-class ``tile_max``, ``tile_min`` and ``tile_mean`` over the k² tiles are its extras.
-
-Rows are computed in blocks that are kept beside the store (``<store>.priors-<name>.partial``)
-until the prior is written, so an interrupted run resumes where it stopped; a block holds each
-image's reductions only (the whole image's scores and, with tiles, the tiles' max, min and
-mean: 4 × C numbers an image, not (1 + k²) × C). A run resumes only what the same store, image
-root, dataset adapter and options, model, weights, prompt, temperature and tiles computed; an
-unfinished run of other settings is refused by name (:func:`resume_fingerprint`). The prior
-itself is written by :func:`probe.store.write_prior` (validated, checksummed, all or nothing)
-and the scratch folder is then removed.
+Blocks of rows are kept beside the store (``<store>.priors-<name>.partial``, 4 × C numbers an
+image) until the prior is written (:func:`probe.store.write_prior`), so an interrupted run resumes;
+only a run of the same settings (:func:`resume_fingerprint`) is resumed, another is refused.
 """
 
 from __future__ import annotations

@@ -8,27 +8,10 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = [
-    "BACKBONES",
-    "DECODE_CHOICES",
-    "DEFAULT",
-    "DEFAULT_BACKBONE",
-    "EMBED_CHOICES",
-    "FAMILIES",
-    "IMAGENET_MEAN",
-    "IMAGENET_STD",
-    "PRECISION_CHOICES",
-    "RANDOM",
-    "TRANSFORM_CHOICES",
-    "BackboneSpec",
-    "Family",
-    "ModuleFamily",
-    "family_for",
-    "family_of",
-    "list_families",
-    "register_family",
-    "tv_spec",
-]
+__all__ = ["BACKBONES", "DECODE_CHOICES", "DEFAULT", "DEFAULT_BACKBONE", "EMBED_CHOICES",
+           "FAMILIES", "IMAGENET_MEAN", "IMAGENET_STD", "PRECISION_CHOICES", "RANDOM",
+           "TRANSFORM_CHOICES", "BackboneSpec", "Family", "ModuleFamily", "family_for", "family_of",
+           "list_families", "register_family", "tv_spec"]
 
 #: ImageNet's per-channel statistics (torchvision's models, docs/protocol.md step 6)
 IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)

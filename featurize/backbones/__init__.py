@@ -46,30 +46,11 @@ from featurize.specs import (
 )
 from probe.errors import SpmlError
 
-__all__ = [
-    "BACKBONES",
-    "DEFAULT",
-    "DEFAULT_BACKBONE",
-    "FAMILIES",
-    "RANDOM",
-    "Backbone",
-    "BackboneSpec",
-    "Family",
-    "WeightsError",
-    "WeightsInfo",
-    "WeightsNotFoundError",
-    "describe_families",
-    "family_for",
-    "family_status",
-    "get_spec",
-    "hub_weights_path",
-    "list_backbones",
-    "list_families",
-    "load_backbone",
-    "load_clip",
-    "register_family",
-    "resolve_weights",
-]
+__all__ = ["BACKBONES", "DEFAULT", "DEFAULT_BACKBONE", "FAMILIES", "RANDOM", "Backbone",
+           "BackboneSpec", "Family", "WeightsError", "WeightsInfo", "WeightsNotFoundError",
+           "describe_families", "family_for", "family_status", "get_spec", "hub_weights_path",
+           "list_backbones", "list_families", "load_backbone", "load_clip", "register_family",
+           "resolve_weights"]
 
 
 def get_spec(name: str) -> BackboneSpec:

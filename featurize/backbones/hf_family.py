@@ -1,12 +1,9 @@
 """``--backbone hf:<repo id or local folder>``: a Hugging Face transformers vision encoder (CLIP's
 vision tower, SigLIP's, DINOv2, ViT, ...), its image processor's size/crop/mean/std as the
-preprocessing, and a chosen embedding (docs/backbones.md).
-
-The repo's ``config.json`` builds the network; its weights are the repo's ``model.safetensors``
-(or ``pytorch_model.bin``) from the Hugging Face hub cache (downloaded there on first use), or
-``--weights PATH``, loaded by transformers' own ``from_pretrained``. A checkpoint of the whole
-model (a CLIP model's text tower, a classifier's head) loads into the vision encoder; every key
-of the encoder must be in it.
+preprocessing, and a chosen embedding (docs/backbones.md). The repo's ``config.json`` builds the
+network; its weights (``model.safetensors`` or ``pytorch_model.bin`` from the hub cache, or
+``--weights PATH``) are loaded by transformers' ``from_pretrained``; a whole-model checkpoint
+loads into the vision encoder, every key of which must be in it.
 """
 
 from __future__ import annotations
@@ -100,15 +97,9 @@ def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> 
 def _model_class(config: Any) -> Any:
     """The vision encoder class for ``config``: CLIP's vision tower with its projection, SigLIP's
     vision tower, else the model type's base model (``AutoModel``)."""
-    transformers = _transformers()
-    kind = config.model_type
-    if kind == "clip":
-        return transformers.CLIPVisionModelWithProjection
-    if kind == "clip_vision_model":
-        return transformers.CLIPVisionModel
-    if kind == "siglip":
-        return transformers.SiglipVisionModel
-    return transformers.AutoModel
+    name = {"clip": "CLIPVisionModelWithProjection", "clip_vision_model": "CLIPVisionModel",
+            "siglip": "SiglipVisionModel"}.get(config.model_type, "AutoModel")
+    return getattr(_transformers(), name)
 
 
 def _config(repo: str) -> Any:
@@ -117,10 +108,9 @@ def _config(repo: str) -> Any:
 
 
 def build(repo: str, weights_file: str | None = None) -> tuple[nn.Module, Any]:
-    """The vision encoder that ``repo``'s config.json describes and that config: with
-    ``weights_file`` loaded by transformers' own ``from_pretrained`` (its key conversions, a
-    whole-model checkpoint's other parts left out), refused if any encoder key is missing or
-    of another shape; without, default initialisation from the current RNG state."""
+    """The vision encoder that ``repo``'s config.json describes, and that config: with
+    ``weights_file`` loaded by transformers' ``from_pretrained`` (refused if any encoder key is
+    missing or of another shape), else default initialisation from the current RNG state."""
     config = _config(repo)
     cls = _model_class(config)
     vision = None  # the vision tower's config, for the towers of a two-tower model
@@ -163,10 +153,9 @@ def build(repo: str, weights_file: str | None = None) -> tuple[nn.Module, Any]:
 
 
 def processor_transform(repo: str) -> ImageTransform | None:
-    """The repo's image processor (``preprocessor_config.json``) as an :class:`ImageTransform`:
-    resize (``shortest_edge``: the shorter side; ``height``/``width``: both), its resample,
-    the centre crop (offset ``(resized - crop) // 2``, as the processors compute it), mean and
-    std. None when the repo has no processor file."""
+    """The repo's image processor (``preprocessor_config.json``) as an :class:`ImageTransform`
+    (resize to ``shortest_edge`` or ``height``/``width``, resample, centre crop at offset
+    ``(resized - crop) // 2``, mean, std); None without a processor file."""
     path = repo_file(repo, ("preprocessor_config.json",), "", required=False)
     if path is None:
         return None
@@ -209,10 +198,8 @@ def processor_transform(repo: str) -> ImageTransform | None:
         std = tuple(float(v) for v in cfg.get("image_std", (0.5, 0.5, 0.5)))
     else:
         mean, std = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)
-    return ImageTransform(
-        size=side, crop=crop, mean=mean, std=std, interpolation=resample, resize=mode,
-        crop_rounding="floor",
-    )
+    return ImageTransform(size=side, crop=crop, mean=mean, std=std, interpolation=resample,
+                          resize=mode, crop_rounding="floor")
 
 
 class HFEmbedding(nn.Module):
@@ -272,11 +259,7 @@ def load(spec: BackboneSpec, info: WeightsInfo, seed: int = 0, embed: str | None
     spec = dataclasses.replace(spec, feature_dim=dim)
     if transform is not None:
         spec = dataclasses.replace(spec, mean=transform.mean, std=transform.std)
-    details = {
-        "embedding": _EMBEDDING[chosen],
-        "library": package_version("transformers"),
-        "model_id": repo,
-        "model_class": type(model).__name__,
-        "model_type": config.model_type,
-    }
+    details = {"embedding": _EMBEDDING[chosen], "library": package_version("transformers"),
+               "model_id": repo, "model_class": type(model).__name__,
+               "model_type": config.model_type}
     return Backbone(spec, features, None, info, transform=transform, embed=chosen, details=details)

@@ -1,14 +1,9 @@
-"""``--backbone open_clip:<arch>/<pretrained>``: the image tower of an OpenCLIP model, its own
-preprocessing (the model's ``preprocess_cfg``: OpenCLIP's eval transform) and CLIP's projected
-image embedding (``--embed projected``, the default) or the ViT's pooled output before the
-projection (``--embed pooled``) (docs/backbones.md).
-
-Weights: the tag's file from the Hugging Face hub cache (OpenCLIP's own source for it, fetched
-there on first use), or ``--weights PATH`` (a whole CLIP checkpoint, torch or safetensors), with
-``open_clip:<arch>`` or ``open_clip:<arch>/<tag>``; or ``random``.
-
-:func:`load_clip` gives the whole model (both towers), its tokenizer and its preprocessing from
-the same name and weights: the entry point for anything that needs CLIP's text tower too.
+"""``--backbone open_clip:<arch>/<pretrained>``: an OpenCLIP model's image tower with its own
+eval preprocessing and CLIP's projected image embedding (``--embed projected``, the default) or
+the ViT's pooled output before the projection (``--embed pooled``) (docs/backbones.md). Weights:
+the tag's file from the Hugging Face hub cache (fetched there on first use), a whole CLIP
+checkpoint (``--weights PATH``) or ``random``. :func:`load_clip` gives the whole model (both
+towers), its tokenizer and preprocessing, for what needs the text tower too.
 """
 
 from __future__ import annotations
@@ -117,10 +112,8 @@ _PREPROCESS_KEYS = ("mean", "std", "interpolation", "resize_mode")
 
 
 def build(arch: str, tag: str | None = None) -> nn.Module:
-    """The whole CLIP model ``arch`` (default initialisation from the current RNG state), with
-    QuickGELU where the pretrained tag was trained with it (OpenAI's weights) and the tag's
-    preprocessing (mean, std, interpolation, resize mode) in ``visual.preprocess_cfg``, as
-    OpenCLIP's ``create_model(arch, pretrained=tag)`` sets them."""
+    """The whole CLIP model ``arch`` (default initialisation) with the tag's QuickGELU and
+    preprocessing (``visual.preprocess_cfg``), as ``create_model(arch, pretrained=tag)`` sets."""
     open_clip = _open_clip()
     cfg = open_clip.get_pretrained_cfg(arch, tag) if tag else {}
     return open_clip.create_model(
@@ -137,9 +130,8 @@ def model_transform(model: nn.Module) -> ImageTransform:
     size = (size, size) if isinstance(size, int) else tuple(size)
     mode = cfg.get("resize_mode", "shortest")
     interpolation = cfg.get("interpolation", "bicubic")
-    if size[0] != size[1] or mode not in ("shortest", "squash") or interpolation not in (
-        "bicubic", "bilinear"
-    ):
+    if (size[0] != size[1] or mode not in ("shortest", "squash")
+            or interpolation not in ("bicubic", "bilinear")):
         raise SpmlError(
             f"OpenCLIP's preprocessing of this model (size {size}, {mode}, {interpolation}) is "
             "not one the featurizer reproduces; pass --transform protocol")
@@ -162,9 +154,8 @@ def _load_state(model: nn.Module, path: str, name: str) -> None:
 
 @dataclass
 class ClipModel:
-    """A whole OpenCLIP model (image and text towers, eval mode, frozen), its tokenizer,
-    OpenCLIP's own eval preprocessing (PIL image → tensor), the same as an
-    :class:`ImageTransform` (what the featurizer runs), and the weights it carries."""
+    """A whole OpenCLIP model (both towers, eval mode, frozen), its tokenizer, its eval
+    preprocessing (PIL image → tensor) and the same as an :class:`ImageTransform`."""
 
     name: str  # "open_clip:<arch>[/<pretrained>]"
     model: nn.Module
@@ -175,14 +166,10 @@ class ClipModel:
 
     def provenance(self) -> dict:
         arch, tag = parse(self.name)
-        return {
-            "library": package_version("open_clip_torch"),
-            "model_id": f"{arch}/{tag}" if tag else arch,
-            "weights": self.weights.id,
-            "weights_sha256": self.weights.sha256,
-            "weights_file": self.weights.path,
-            "weights_random": self.weights.random,
-        }
+        return {"library": package_version("open_clip_torch"),
+                "model_id": f"{arch}/{tag}" if tag else arch, "weights": self.weights.id,
+                "weights_sha256": self.weights.sha256, "weights_file": self.weights.path,
+                "weights_random": self.weights.random}
 
 
 def load_clip(name: str, weights: str | None = None, *, seed: int = 0) -> ClipModel:
@@ -232,9 +219,6 @@ def load(spec: BackboneSpec, info: WeightsInfo, seed: int = 0, embed: str | None
     transform = model_transform(model)
     dim = input_check(visual, transform.out_size, spec.name)
     spec = dataclasses.replace(spec, feature_dim=dim, mean=transform.mean, std=transform.std)
-    details = {
-        "embedding": _EMBEDDING[embed],
-        "library": package_version("open_clip_torch"),
-        "model_id": f"{arch}/{tag}" if tag else arch,
-    }
+    details = {"embedding": _EMBEDDING[embed], "library": package_version("open_clip_torch"),
+               "model_id": f"{arch}/{tag}" if tag else arch}
     return Backbone(spec, visual, None, info, transform=transform, embed=embed, details=details)

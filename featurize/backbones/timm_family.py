@@ -1,11 +1,8 @@
-"""``--backbone timm:<model>[.<tag>]``: any timm model, its pretrained tag's weights and its own
-preprocessing (timm's resolved data config), the classifier's input as the embedding
+"""``--backbone timm:<model>[.<tag>]``: any timm model, its pretrained tag's weights (from the
+Hugging Face hub cache, or the torch hub cache for the tags timm fetches from a URL; or
+``--weights PATH``, with or without the classifier, every key fitting; or ``random``), its own
+preprocessing (timm's resolved data config) and the classifier's input as the embedding
 (docs/backbones.md).
-
-Weights: the tag's file from the Hugging Face hub cache (``timm/<model>.<tag>``, downloaded
-there on first use) or, for the few tags timm still fetches from a URL, the torch hub cache;
-``--weights PATH`` a local checkpoint (torch or safetensors, with or without the classifier);
-``random``. The checkpoint is loaded into the classifier-less model and every key must fit.
 """
 
 from __future__ import annotations
@@ -181,11 +178,9 @@ def load(spec: BackboneSpec, info: WeightsInfo, seed: int = 0, embed: str | None
     dim = input_check(model, transform.out_size, spec.name)
     spec = dataclasses.replace(spec, feature_dim=dim, mean=transform.mean, std=transform.std)
     cfg = model.pretrained_cfg
-    details = {
-        "embedding": "timm forward_head(pre_logits=True): the classifier's input",
-        "library": package_version("timm"),
-        "model_id": f"{cfg.get('architecture', model_name)}"
-        + (f".{cfg['tag']}" if cfg.get("tag") else ""),
-        "hf_hub_id": cfg.get("hf_hub_id"),
-    }
+    tag = f".{cfg['tag']}" if cfg.get("tag") else ""
+    details = {"embedding": "timm forward_head(pre_logits=True): the classifier's input",
+               "library": package_version("timm"),
+               "model_id": f"{cfg.get('architecture', model_name)}{tag}",
+               "hf_hub_id": cfg.get("hf_hub_id")}
     return Backbone(spec, model, None, info, transform=transform, embed="pooled", details=details)

@@ -1,19 +1,12 @@
-"""The torchvision family: the registry names, honest weights, pooled
-features (docs/protocol.md step 7: torchvision ResNet-50, ``IMAGENET1K_V1``, global average
-pool → 2048-d).
+"""The torchvision family: the registry names and any torchvision classifier, pooled features
+(docs/protocol.md step 7: ResNet-50, ``IMAGENET1K_V1``, global average pool → 2048-d), with the
+protocol's preprocessing and the backbone's mean/std.
 
-Weights are never fetched behind the user's back:
-
-* ``imagenet1k_v1`` (and the other torchvision weight names) load torchvision's file from the
-  torch hub cache, ``torch.hub.get_dir()/checkpoints/<file>`` -- for ResNet-50
-  ``resnet50-0676ba61.pth`` -- checking the sha256 prefix torchvision puts in the file name.
-  Without the file it is an error *before any work*, saying which file to put where and the URL
-  to fetch it from on a connected machine (or pass ``download=True`` / ``--download``).
-* a path: that file (a ``state_dict`` for the same architecture).
-* ``random``: seeded default initialisation, for tests and benchmarks only; recorded as such.
-* ``efficientnet_lite0`` is its own family (:mod:`featurize.backbones.lite0_family`).
-
-Each backbone's own preprocessing (its mean/std) goes into the store's provenance.
+Weights are never fetched behind the user's back: a torchvision weights name (``imagenet1k_v1``
+…) loads torchvision's file from the torch hub cache (``torch.hub.get_dir()/checkpoints/``),
+checking the sha256 prefix in its name, and without it fails before any work, naming the file,
+the place and the URL (``--download`` fetches it); a path loads that ``state_dict``; ``random``
+is seeded default initialisation (tests and benchmarks only, recorded as such).
 """
 
 from __future__ import annotations
@@ -55,9 +48,8 @@ def list_backbones() -> list[str]:
 
 
 def get_spec(name: str) -> BackboneSpec:
-    """The registry entry for ``name``; other torchvision classifiers get an entry built from
-    the model (feature width = its classifier's input width). Unknown names: a ValueError with
-    the closest known names."""
+    """The registry entry for ``name``, or one built from another torchvision classifier (width
+    = its classifier's input); an unknown name is refused with the closest known names."""
     if name in BACKBONES:
         return BACKBONES[name]
     import torchvision
@@ -83,12 +75,9 @@ def get_spec(name: str) -> BackboneSpec:
 
 
 def _strip_head(model: nn.Module, name: str) -> tuple[nn.Module, nn.Linear]:
-    """Replace the final classifier Linear with Identity; return (model, removed Linear).
-
-    Covers torchvision's conventions: ``fc`` (ResNet, RegNet, GoogLeNet, …), ``classifier``
-    (a Linear, or a Sequential ending in one: ConvNeXt, EfficientNet, MobileNet, DenseNet, VGG),
-    ``heads.head`` (ViT) and ``head`` (Swin, MaxViT).
-    """
+    """Replace the final classifier Linear with Identity; return (model, removed Linear): ``fc``
+    (ResNet, RegNet, …), ``classifier`` (a Linear, or a Sequential ending in one: ConvNeXt,
+    EfficientNet, MobileNet, DenseNet, VGG), ``heads.head`` (ViT) or ``head`` (Swin, MaxViT)."""
     for attr in ("fc", "classifier", "heads", "head"):
         part = getattr(model, attr, None)
         if isinstance(part, nn.Linear):
@@ -97,9 +86,7 @@ def _strip_head(model: nn.Module, name: str) -> tuple[nn.Module, nn.Linear]:
         if isinstance(part, nn.Sequential):
             linears = [i for i, m in enumerate(part) if isinstance(m, nn.Linear)]
             if linears:
-                i = linears[-1]
-                head = part[i]
-                part[i] = nn.Identity()
+                head, part[linears[-1]] = part[linears[-1]], nn.Identity()
                 return model, head
     raise SpmlError(
         f"backbone {name!r}: cannot find its classifier layer to take pooled features from "
@@ -162,9 +149,8 @@ def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> 
 
 def hub_convention_info(path: Path, wid: str, url: str | None) -> WeightsInfo:
     """The :class:`WeightsInfo` of a weights file, its sha256 taken now and checked against the
-    prefix torch.hub's naming convention (``name-<sha256 prefix>.pth``) puts in the name of
-    torchvision's files and of the Lite0 package's file (a user's own file name promises
-    nothing: ``file:`` ids are not checked)."""
+    prefix in torch.hub's file names (``name-<sha256 prefix>.pth``: torchvision's and the Lite0
+    package's; a user's own ``file:`` is not checked)."""
     from probe.store import file_sha256
 
     sha = file_sha256(path)
@@ -184,10 +170,9 @@ def load_state(model: nn.Module, info: WeightsInfo, name: str) -> None:
 
 
 def check_size(spec: BackboneSpec, size: int) -> bool:
-    """Build the architecture on the meta device and run a (1, 3, size, size) input through it:
-    no memory, no compute, but it catches a backbone that cannot take this input size (e.g. ViT
-    at 448) or a wrong feature width before any real work. The registry's names take any size
-    (nothing to check)."""
+    """Run a (1, 3, size, size) input through the architecture on the meta device (no memory, no
+    compute): a backbone that cannot take this size (ViT at 448) or a wrong feature width is
+    refused before any work. The registry's names take any size."""
     if spec.name in BACKBONES:
         return True
     try:

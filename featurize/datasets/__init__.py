@@ -26,20 +26,9 @@ from probe.store.index import DatasetIndex, Phase
 
 from ._parse import DatasetFormatError
 
-__all__ = [
-    "ALIASES",
-    "DATASETS",
-    "DatasetEntry",
-    "DatasetFormatError",
-    "DatasetIndex",
-    "ImageSource",
-    "Phase",
-    "UnknownDatasetError",
-    "image_source",
-    "list_datasets",
-    "load_dataset",
-    "resolve_name",
-]
+__all__ = ["ALIASES", "DATASETS", "DatasetEntry", "DatasetFormatError", "DatasetIndex",
+           "ImageSource", "Phase", "UnknownDatasetError", "image_source", "list_datasets",
+           "load_dataset", "resolve_name"]
 
 
 class UnknownDatasetError(SpmlError):
