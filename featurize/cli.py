@@ -188,6 +188,12 @@ def _add_run_options(p: argparse.ArgumentParser, default_weights: str | None) ->
                          help="skip the flipped-image features (half the compute)")
 
 
+def add_command(sub: argparse._SubParsersAction, name: str, **kwargs: Any
+                ) -> argparse.ArgumentParser:
+    """A subcommand whose description and epilog keep their line breaks."""
+    return sub.add_parser(name, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
+
+
 def _config(args: argparse.Namespace, **extra: Any) -> Any:
     from featurize.runner import FeaturizeConfig
 
@@ -297,12 +303,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction) -> None:
     """Add ``spml featurize``, ``spml backbones`` and ``spml bench featurize``."""
-    p = sub.add_parser(
-        "featurize", help="run a frozen backbone over a dataset once, into a feature store",
+    p = add_command(
+        sub, "featurize", help="run a frozen backbone over a dataset once, into a feature store",
         description="Featurize a dataset with a frozen backbone (default: torchvision ResNet-50, "
         "IMAGENET1K_V1, 448x448, 2048-d pooled features + flipped-image features) into a Zarr "
         "feature store with labels, the SPML protocol's single positives and splits.",
-        epilog=_FEATURIZE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=_FEATURIZE_EPILOG)
     p.add_argument(
         "dataset", metavar="DATASET", help="dataset adapter: voc, coco, nus, cub, folder, cole")
     p.add_argument("--root", required=True, help="the dataset's folder as distributed")
@@ -336,10 +342,10 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
     p.add_argument("--json", action="store_true", help="print the families as JSON")
     p.set_defaults(func=_cmd_backbones)
 
-    b = bench.add_parser(
-        "featurize", help="images/s of the featurize pipeline on synthetic JPEGs",
+    b = add_command(
+        bench, "featurize", help="images/s of the featurize pipeline on synthetic JPEGs",
         description="Measure featurize throughput (images/s) for a device, batch size and "
-        "decode path.", epilog=_BENCH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "decode path.", epilog=_BENCH_EPILOG)
     b.add_argument("--images", type=int, default=None,
                    help="images to featurize (default: 4096 on CUDA, 24 on CPU)")
     b.add_argument("--image-size", default="640x480", metavar="WxH",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from featurize.cli import DTYPES, add_draws, check_before_writing
+from featurize.cli import DTYPES, add_command, add_draws, check_before_writing
 from probe.cliargs import add_seeds_argument, wrap
 
 __all__ = ["register_cli"]
@@ -66,18 +66,17 @@ def _fraction(text: str) -> float:
 
 def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction) -> None:
     """Add ``spml import`` and its sources ``cole``, ``arrays``, ``yeast`` and ``priors``."""
-    imp = sub.add_parser(
-        "import", help="build a feature store from precomputed features (no backbone run)",
+    imp = add_command(
+        sub, "import", help="build a feature store from precomputed features (no backbone run)",
         description=wrap("Build a feature store from features computed elsewhere.", _STORE_LAYOUT),
         epilog="examples:\n"
         "  spml import cole data/coco --dataset coco --out stores/coco-cole.zarr\n"
         "  spml import arrays --features X.npy --labels Y.npy --name mydata --out my.zarr\n"
-        "  spml import yeast --out stores/yeast.zarr",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        "  spml import yeast --out stores/yeast.zarr")
     isub = imp.add_subparsers(dest="import_source", metavar="SOURCE", required=True)
 
-    p = isub.add_parser(
-        "cole",
+    p = add_command(
+        isub, "cole",
         help="Cole et al. (2021)'s released ResNet-50 features and formatted labels",
         description=wrap(
             "Import Cole et al.'s released files from one dataset directory: "
@@ -88,11 +87,8 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
             "81 concepts); CUB from attributes.txt (or --class-names). If the directory holds "
             "their formatted_*_labels_obs.npy, our seed-1200 draw is compared with it and the "
             "result recorded in the provenance.",
-            _STORE_LAYOUT,
-        ),
-        epilog="example:\n  spml import cole data/pascal --dataset voc --out stores/voc-cole.zarr",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+            _STORE_LAYOUT),
+        epilog="example:\n  spml import cole data/pascal --dataset voc --out stores/voc-cole.zarr")
     p.add_argument("dir", metavar="DIR", help="directory holding Cole et al.'s .npy files")
     p.add_argument(
         "--dataset", required=True, choices=("voc", "coco", "nus", "cub"),
@@ -105,8 +101,8 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
     _common(p)
     p.set_defaults(func=_cmd_import)
 
-    p = isub.add_parser(
-        "arrays",
+    p = add_command(
+        isub, "arrays",
         help="any (N, D) feature matrix with an (N, C) 0/1 label matrix (.npy files)",
         description=wrap(
             "Import any features with a multi-label 0/1 matrix, one row per sample, as .npy "
@@ -114,14 +110,11 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
             "rows with --test-fraction (default 0.2 when no test files are given; Cole et al.'s "
             "seeded split, seed 1200). Image ids are 'row<i>' (input row i) for held-out splits "
             "and 'train<i>'/'test<i>' otherwise.",
-            _STORE_LAYOUT,
-        ),
+            _STORE_LAYOUT),
         epilog="examples:\n"
         "  spml import arrays --features X.npy --labels Y.npy --name mydata --out my.zarr\n"
         "  spml import arrays --features Xtr.npy --labels Ytr.npy --test-features Xte.npy \\\n"
-        "      --test-labels Yte.npy --class-names classes.txt --name mydata --out my.zarr",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        "      --test-labels Yte.npy --class-names classes.txt --name mydata --out my.zarr")
     p.add_argument("--features", required=True, metavar="F.npy", help="(N, D) features")
     p.add_argument("--labels", required=True, metavar="L.npy", help="(N, C) 0/1 labels")
     p.add_argument("--test-features", metavar="F2.npy", help="(M, D) test features")
@@ -135,8 +128,8 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
     _common(p)
     p.set_defaults(func=_cmd_import)
 
-    p = isub.add_parser(
-        "yeast",
+    p = add_command(
+        isub, "yeast",
         help="the MULAN yeast set shipped inside the river package (2,417 x 103, 14 labels)",
         description=wrap(
             "Import the real multi-label yeast set (Elisseeff & Weston 2001; 2,417 genes x 103 "
@@ -145,12 +138,9 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
             "The csv has no official test split: --test-fraction of the rows (default 0.2) are "
             "held out with a seeded random split (seed 1200), recorded in the store's "
             "'test_split' attribute; the remaining pool is split 80/20 into train/val.",
-            _STORE_LAYOUT,
-        ),
+            _STORE_LAYOUT),
         epilog="example:\n  spml import yeast --out stores/yeast.zarr\n"
-        "  spml info stores/yeast.zarr",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        "  spml info stores/yeast.zarr")
     p.add_argument("--test-fraction", type=_fraction, default=TEST_FRACTION,
                    help="fraction of rows held out as the test set (default: 0.2)")
     _common(p)
@@ -195,8 +185,8 @@ def _cmd_import_priors(args: argparse.Namespace) -> int:
 
 
 def _register_import_priors(isub: argparse._SubParsersAction) -> None:
-    p = isub.add_parser(
-        "priors",
+    p = add_command(
+        isub, "priors",
         help="per-image class scores (CLIP, a teacher) into a store's priors/<name>",
         description=wrap(
             "Store per-image class scores computed elsewhere as a named prior of a complete "
@@ -211,9 +201,7 @@ def _register_import_priors(isub: argparse._SubParsersAction) -> None:
         "  spml import priors stores/coco.zarr --name clip --from clip_scores.npy \\\n"
         "      --model openai/clip-vit-large-patch14-336 --temperature 0.01\n"
         "  spml import priors stores/coco.zarr --name damp --from global.npy \\\n"
-        "      --extra tile_max=tmax.npy --extra tile_min=tmin.npy --tiles 4x4",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        "      --extra tile_max=tmax.npy --extra tile_min=tmin.npy --tiles 4x4")
     p.add_argument("store", metavar="STORE", help="a complete feature store")
     p.add_argument("--name", required=True, help="the prior's name (e.g. clip)")
     p.add_argument("--from", dest="from_path", required=True, metavar="FILE",

@@ -7,6 +7,7 @@ import argparse
 import json
 from typing import Any
 
+from featurize.cli import add_command
 from probe.cliargs import parse_seeds, wrap
 from probe.errors import SpmlError
 
@@ -166,37 +167,33 @@ def format_summary(summary: dict) -> str:
 
 def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction) -> None:
     """Add ``spml info``, ``spml verify`` and ``spml draw``."""
-    p = sub.add_parser(
-        "info",
+    p = add_command(
+        sub, "info",
         help="show what a feature store holds (sizes, splits, labels, provenance)",
         description=wrap(
             "Validate a feature store and print its dataset, shapes, per-split sizes, label "
             "cardinality, classes with no positive per split (their AP is 0), rows without a "
             "positive, single-positive seeds, disk size and provenance."),
         epilog="examples:\n  spml info stores/voc.zarr\n"
-        "  spml info stores/voc.zarr --json | jq .splits",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        "  spml info stores/voc.zarr --json | jq .splits")
     p.add_argument("store", metavar="STORE", help="feature store directory")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=_cmd_info)
 
-    p = sub.add_parser(
-        "verify",
+    p = add_command(
+        sub, "verify",
         help="read every chunk of a feature store and report damaged ones",
         description=wrap(
             "Read every chunk of every array of a feature store (finished or not), check its "
             "length and CRC-32C checksum, and list the damaged chunks by array and index. Exit "
             "status 0: no damage; 1: damage found (re-run the featurize/import that wrote the "
             "store: it rewrites only the damaged blocks); 2: not a readable store."),
-        epilog="examples:\n  spml verify stores/voc.zarr",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        epilog="examples:\n  spml verify stores/voc.zarr")
     p.add_argument("store", metavar="STORE", help="feature store directory")
     p.set_defaults(func=_cmd_verify)
 
-    p = sub.add_parser(
-        "draw",
+    p = add_command(
+        sub, "draw",
         help="add single-positive draws (other seeds of the protocol) or label-budget draws "
         "to a store",
         description=wrap(
@@ -209,9 +206,7 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
             "as they are; a seed names one draw."),
         epilog="examples:\n  spml draw stores/coco.zarr --seeds 1,2,3\n"
         "  spml draw stores/coco.zarr --seeds 20 --k 2 --fraction 0.5   # then --observed-seed 20\n"
-        "  spml draw stores/coco.zarr --seeds 21 --bias size            # label bias (COCO boxes)",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        "  spml draw stores/coco.zarr --seeds 21 --bias size            # label bias (COCO boxes)")
     p.add_argument("store", metavar="STORE", help="feature store directory")
     p.add_argument("--seeds", required=True, metavar="S1,S2,...", help="seeds to add")
     p.add_argument("--k", type=int, default=1,

@@ -1,7 +1,7 @@
-"""What every backbone family shares: the loaded :class:`Backbone`, its :class:`WeightsInfo`,
-the weights errors, reading a checkpoint file (torch or safetensors), the Hugging Face hub cache
-(timm, OpenCLIP and transformers all fetch their weights through it) and the check that a
-network takes an input size (docs/backbones.md)."""
+"""What every backbone family shares (docs/backbones.md): the loaded :class:`Backbone`, its
+:class:`WeightsInfo` and errors, reading a checkpoint, the Hugging Face hub cache (timm, OpenCLIP
+and transformers fetch their weights through it) and the input-size check.
+"""
 
 from __future__ import annotations
 
@@ -39,8 +39,8 @@ class WeightsInfo:
 
     id: str  # "imagenet1k_v1", "imagenet" (lite0 package), "file:<name>", "random(seed=N)", a tag
     sha256: str | None  # of the weights file; None for random weights
-    path: str | None  # the file that was loaded
-    random: bool  # True: seeded random initialisation, NOT pretrained
+    path: str | None
+    random: bool  # seeded random initialisation, NOT pretrained
     seed: int | None = None
     url: str | None = None  # where the file comes from (torchvision's URL, a hub repo)
 
@@ -155,9 +155,8 @@ def as_weights_path(weights: str) -> Path | None:
 
 def local_weights(name: str, weights: str | None, default: str, suffixes: str
                   ) -> WeightsInfo | None:
-    """``--weights`` as a local checkpoint of backbone ``name`` (its sha256 taken now), or None
-    when it asks for the default weights (None or "default", which the family then resolves);
-    anything else is an error saying what ``default`` means and which ``suffixes`` it takes."""
+    """``--weights`` as a local checkpoint of backbone ``name``, or None for the default weights
+    (None or "default"); anything else is refused, naming ``default`` and the ``suffixes``."""
     if weights in (None, DEFAULT):
         return None
     path = as_weights_path(str(weights))
@@ -168,8 +167,8 @@ def local_weights(name: str, weights: str | None, default: str, suffixes: str
 
 
 def read_state(path: str | Path) -> dict[str, torch.Tensor]:
-    """The ``state_dict`` in a checkpoint: a ``.safetensors`` file, or a torch file holding a
-    state dict (or ``{"state_dict": ...}`` / ``{"model": ...}``), read without unpickling code."""
+    """The ``state_dict`` of a ``.safetensors`` file or of a torch file (also under ``state_dict``
+    or ``model``), read without unpickling code."""
     path = Path(path)
     try:
         if path.suffix == ".safetensors":
@@ -218,9 +217,8 @@ def check_fit(result: Any, path: str | Path, name: str) -> None:
 
 
 def input_check(features: nn.Module, size: int, name: str, hint: str = "") -> int:
-    """Run one black ``size``×``size`` image through ``features`` (CPU, float32, no grad) and
-    return the embedding width: a network that cannot take this input size (a ViT's fixed
-    position embeddings) is refused before any work, and the width is measured, not assumed."""
+    """The embedding width of ``features``, measured on one black ``size``×``size`` image (CPU,
+    no grad): a network that cannot take this size (a ViT's fixed positions) is refused."""
     try:
         with torch.no_grad():
             out = features.eval()(torch.zeros(1, 3, int(size), int(size)))
@@ -246,8 +244,8 @@ def hf_offline() -> bool:
 
 
 def hf_cache_dir() -> Path:
-    """The Hugging Face hub cache, read from the environment now: ``$HF_HUB_CACHE``, else
-    ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``."""
+    """The Hugging Face hub cache: ``$HF_HUB_CACHE``, ``$HF_HOME/hub`` or
+    ``~/.cache/huggingface/hub``, read from the environment now."""
     if os.environ.get("HF_HUB_CACHE"):
         return Path(os.environ["HF_HUB_CACHE"]).expanduser()
     home = os.environ.get("HF_HOME") or os.path.join(
@@ -255,9 +253,7 @@ def hf_cache_dir() -> Path:
     return Path(home).expanduser() / "hub"
 
 
-#: seconds the one connectivity check waits for the server (or the proxy) before the weights'
-#: download is refused (offline, a library's retries would take a minute)
-CONNECT_TIMEOUT = 3.0
+CONNECT_TIMEOUT = 3.0  # seconds before a download is refused as offline (not a minute of retries)
 _REACHED: dict[tuple[str, int], str | None] = {}  # (host, port) -> None (reached) or the error
 
 
@@ -267,10 +263,9 @@ def hf_endpoint() -> str:
 
 
 def unreachable(url: str) -> str | None:
-    """One quick connectivity check before a download from ``url``: a TCP connection to its
-    host (or to the HTTPS proxy the environment names), waited for at most
-    :data:`CONNECT_TIMEOUT` seconds, once per process and host. None when it connects, else a
-    sentence saying what was checked and what happened."""
+    """None when a TCP connection to ``url``'s host (or the HTTPS proxy) opens within
+    :data:`CONNECT_TIMEOUT` seconds (checked once per process and host), else a sentence saying
+    what was checked and what happened."""
     import socket
     import threading
     from urllib.parse import urlsplit
@@ -335,9 +330,8 @@ def quiet_hub_logs() -> Iterator[None]:
 
 
 def hub_file(repo: str, filenames: tuple[str, ...], what: str, fix: str) -> Path:
-    """The first of ``filenames`` of hub repo ``repo`` found in the cache, else downloaded
-    into it (the library's own cache, so the library finds it again); offline, or when the
-    download fails, a :class:`WeightsNotFoundError` naming the file, the cache and ``fix``."""
+    """The first of ``filenames`` of hub repo ``repo`` in the cache, else downloaded into it;
+    offline, or when that fails, a :class:`WeightsNotFoundError` naming file, cache and ``fix``."""
     try:
         from huggingface_hub import hf_hub_download, try_to_load_from_cache
     except ImportError:
