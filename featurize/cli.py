@@ -3,7 +3,7 @@
 loads neither torch nor zarr). The other featurize commands: ``spml import …`` in
 :mod:`featurize.import_cli`, ``spml info`` / ``verify`` / ``draw`` in :mod:`featurize.store_cli`,
 ``spml priors`` in :mod:`featurize.priors_cli`; they share the helpers here (``--option`` values,
-the checks before writing, adding draws)."""
+the checks before writing)."""
 
 from __future__ import annotations
 
@@ -236,6 +236,7 @@ def check_before_writing(args: argparse.Namespace) -> None:
 def _cmd_featurize(args: argparse.Namespace) -> int:
     from featurize.ranks import distributed_from_env
     from featurize.runner import featurize_dataset
+    from probe.store import add_draws
 
     check_before_writing(args)
 
@@ -248,7 +249,7 @@ def _cmd_featurize(args: argparse.Namespace) -> int:
         result = featurize_dataset(args.dataset, args.root, args.out, config, **options)
     if ranks.rank != 0:
         return 0  # rank 0 reports for the whole run
-    add_draws(str(result.store_path), args.seeds)
+    add_draws(result.store_path, parse_seeds(args.seeds))
     summary = {
         **{k: v for k, v in dataclasses.asdict(result).items() if k != "bad_rows"},
         "store_path": str(result.store_path),
@@ -355,13 +356,3 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
     b.add_argument("--json", action="store_true", help="print only the JSON line")
     b.set_defaults(func=_cmd_bench)
 
-
-def add_draws(path: str, seeds_text: str, *, k: int = 1, fraction: float = 1.0) -> list[int]:
-    """Add the draws ``seeds_text`` names (``"1200,1,2"``) to a complete store: single
-    positives (the protocol), or ``k`` positives on a ``fraction`` of the images (a label
-    budget); draws already there are kept. Returns the store's seeds."""
-    from probe.store import add_observed_seed, open_store
-
-    for seed in parse_seeds(seeds_text):
-        add_observed_seed(path, seed, k=k, fraction=fraction)
-    return open_store(path).observed_seeds()

@@ -112,13 +112,11 @@ class ClipPriorResult:
 def image_paths_of_store(store: Any, root: str | Path | None = None,
                          dataset_options: dict[str, Any] | None = None,
                          adapter: str | None = None) -> list[Path]:
-    """The image file of every store row, in row order: the store's dataset read again from
-    ``root`` (default: the absolute root its provenance records, :func:`featurize.image_source`)
-    with ``adapter`` and ``dataset_options`` (default: those the provenance records; for an
-    older store, the registered adapter of its dataset name, else ``folder``, which names a
-    dataset after its folder) and matched by image id. Refused by name where the store holds
-    imported features with no images, where the dataset cannot be read, or where any row's
-    image is missing (the first 20 named, then a count)."""
+    """The image file of every store row, in row order, matched by image id: the store's dataset
+    read again from ``root`` with ``adapter`` and ``dataset_options`` (defaults: those its
+    provenance records, :func:`featurize.image_source`; for an older store the adapter of its
+    dataset name, else ``folder``). Refused by name for imported features (no images), an
+    unreadable dataset or missing images (the first 20 named)."""
     from featurize.datasets import DATASETS, image_source, load_dataset, resolve_name
 
     source = image_source(store.provenance)
@@ -153,9 +151,8 @@ def image_paths_of_store(store: Any, root: str | Path | None = None,
             f"--root: the images of store {store.path} (dataset '{name}') are not reachable: "
             f"{root} is not a directory; pass --root DIR where the dataset now lives")
     index = load_dataset(adapter, root, **dict(dataset_options or {}))
-    by_id: dict[str, Path] = {}
-    for phase in (index.pool, index.test):
-        by_id.update(zip(phase.image_ids, phase.paths))
+    by_id = dict(zip((*index.pool.image_ids, *index.test.image_ids),
+                     (*index.pool.paths, *index.test.paths)))
     absent = [i for i in store.image_ids if i not in by_id]
     if absent:
         raise ClipPriorError(
@@ -186,8 +183,7 @@ def _tiles(image: Any, k: int) -> list[Any]:
 
 def view_scores(clip: Any, images: list[Any], text: Any, tiles: int, temperature: float,
                 device: Any) -> np.ndarray:
-    """``(B, 1 + k², C)`` softmax class scores of each image's views (the whole image first,
-    then its tiles row by row)."""
+    """``(B, 1 + k², C)`` softmax class scores of each image's views (whole, then its tiles)."""
     import torch
 
     views = [v for img in images for v in [img, *(_tiles(img, tiles) if tiles else [])]]
@@ -217,9 +213,8 @@ _SCRATCH_FORMAT = 2  # 2: blocks hold the reductions (global, tile max, min, mea
 def resume_fingerprint(config: ClipPriorConfig, store: Any, paths: list[Path],
                        dataset_options: dict[str, Any] | None, adapter: str | None,
                        weights_sha256: str | None) -> dict[str, Any]:
-    """What decides a block's numbers: the config's settings (not batch size, device,
-    overwrite, progress), the store's shape, the dataset adapter and its options, the image
-    root, and a digest of every row's image path -- a resumed run must match it all."""
+    """What decides a block's numbers (a resumed run must match it all): the config's settings,
+    the store's shape, the dataset adapter and options, the image root and every image path."""
     import hashlib
 
     digest = hashlib.sha256("\n".join(str(p.resolve()) for p in paths).encode()).hexdigest()
@@ -252,11 +247,9 @@ def _check_resume(scratch: Path, fingerprint: dict[str, Any]) -> None:
 
 
 def _plain(value: Any) -> str:
-    if value is None:
-        return "none"
     if isinstance(value, dict):
         return ",".join(f"{k}={v}" for k, v in value.items()) or "none"
-    return str(value)
+    return "none" if value is None else str(value)
 
 
 def _reduce(views: np.ndarray, tiles: int) -> np.ndarray:
@@ -272,12 +265,9 @@ def compute_clip_prior(store_path: str | Path, config: ClipPriorConfig,
                        root: str | Path | None = None,
                        dataset_options: dict[str, Any] | None = None,
                        adapter: str | None = None) -> ClipPriorResult:
-    """Compute the CLIP prior of every row of the store at ``store_path`` and store it.
-
-    Every input is checked before the model is loaded or anything is written: the options,
-    the store, the prior's name (an existing one only with ``overwrite``), every row's image
-    file. Missing weights offline are refused by name (the open_clip family's loader) and leave
-    nothing behind."""
+    """Compute the CLIP prior of every row of the store at ``store_path`` and store it; the
+    options, the store, the name (an existing one only with ``overwrite``), every image file and
+    the weights are checked before anything is written."""
     import torch
     from PIL import Image
 
@@ -332,21 +322,15 @@ def compute_clip_prior(store_path: str | Path, config: ClipPriorConfig,
             atomic_write(scratch / f"block-{b}.npy", lambda f, a=block: np.save(f, a))
 
     reduced = np.concatenate([np.load(scratch / f"block-{b}.npy") for b in range(n_blocks)])
-    scores = reduced[:, 0, :]
-    extras = None
-    if config.tiles:
-        extras = {"tile_max": reduced[:, 1], "tile_min": reduced[:, 2],
-                  "tile_mean": reduced[:, 3]}
-    provenance = {
-        "model": config.model,
-        "prompt_template": config.prompt,
-        "temperature": config.temperature,
-        "tiles": f"{config.tiles}x{config.tiles}" if config.tiles else None,
-        "source": f"spml priors: OpenCLIP zero-shot softmax over the store's {store.n_classes} "
-                  f"classes, {1 + k2} views per image",
-        **clip.provenance(),
-    }
-    write_prior(store_path, config.name, scores, provenance, extras=extras,
+    extras = ({k: reduced[:, i] for i, k in enumerate(("tile_max", "tile_min", "tile_mean"), 1)}
+              if config.tiles else None)
+    provenance = {"model": config.model, "prompt_template": config.prompt,
+                  "temperature": config.temperature,
+                  "tiles": f"{config.tiles}x{config.tiles}" if config.tiles else None,
+                  "source": f"spml priors: OpenCLIP zero-shot softmax over the store's "
+                            f"{store.n_classes} classes, {1 + k2} views per image",
+                  **clip.provenance()}
+    write_prior(store_path, config.name, reduced[:, 0, :], provenance, extras=extras,
                 overwrite=config.overwrite, class_names=store.class_names)
     shutil.rmtree(scratch, ignore_errors=True)
     return ClipPriorResult(store_path, config.name, store.n_rows, store.n_classes, 1 + k2,

@@ -42,16 +42,11 @@ _PIL_FILTERS = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}
 
 @dataclass(frozen=True)
 class ImageTransform:
-    """The image → model-input transform, recorded in the store.
-
-    The protocol's (docs/protocol.md step 6) is the default: ``resize="square"``, an S×S resize
-    (aspect not kept, no crop). A backbone's own preprocessing (timm's data config, OpenCLIP's
-    transform, a Hugging Face image processor; docs/backbones.md) is ``resize="shortest"``: the
-    shorter side to ``size`` (the longer one ``int(size · long / short)``, torchvision's rule),
-    then a centred ``crop``×``crop`` window, whose offset is ``round((size - crop) / 2)``
-    (torchvision's ``CenterCrop``) or with ``crop_rounding="floor"`` ``(size - crop) // 2``
-    (the Hugging Face image processors); or ``resize="squash"``: S×S, then the centred crop.
-    """
+    """The image → model-input transform, recorded in the store: the protocol's S×S resize
+    (``resize="square"``, the default), or a backbone's own (docs/backbones.md): the shorter side
+    to ``size`` (``"shortest"``; the longer ``int(size · long / short)``, torchvision's rule) or
+    S×S (``"squash"``), then a centred ``crop`` at offset ``round((size - crop) / 2)``
+    (torchvision) or, with ``crop_rounding="floor"``, ``(size - crop) // 2`` (Hugging Face)."""
 
     size: int = 448  # the protocol's 448×448 (square, aspect not kept)
     mean: tuple[float, float, float] = IMAGENET_MEAN  # ImageNet statistics (ResNet-50 V1)
@@ -126,9 +121,8 @@ class ImageTransform:
 
 
 def header_error(path: str | Path) -> str | None:
-    """Why an image file cannot even be opened -- missing, empty, or a header PIL does not
-    recognise or verify -- else None. A cheap check (no pixel decoding): a file that passes it
-    may still fail to decode when featurized (e.g. a truncated JPEG)."""
+    """Why an image file cannot even be opened (missing, empty, a header PIL does not verify),
+    else None; no pixels are decoded, so a truncated JPEG passes."""
     try:
         with Image.open(path) as image:
             image.verify()

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import argparse
 
-from featurize.cli import DTYPES, add_command, add_draws, check_before_writing
-from probe.cliargs import add_seeds_argument, wrap
+from featurize.cli import DTYPES, add_command, check_before_writing
+from probe.cliargs import add_seeds_argument, parse_seeds, wrap
 
 __all__ = ["register_cli"]
 
@@ -35,6 +35,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 def _cmd_import(args: argparse.Namespace) -> int:
     """``spml import cole|arrays|yeast``: check before writing, import, add the draws, report."""
     from featurize import imports
+    from probe.store import add_draws
 
     check_before_writing(args)
     common = {"dtype": args.dtype, "overwrite": args.overwrite, "progress": not args.quiet}
@@ -49,7 +50,7 @@ def _cmd_import(args: argparse.Namespace) -> int:
                                            class_names_path=args.class_names, **common)
     else:
         store = imports.import_yeast(args.out, test_fraction=args.test_fraction, **common)
-    add_draws(str(store.path), args.seeds)
+    add_draws(store.path, parse_seeds(args.seeds))
     sizes = " / ".join(f"{name} {len(store.split(name))}" for name in ("train", "val", "test"))
     print(f"wrote {store.path}: {store.dataset}, {store.n_rows} rows ({sizes}), "
           f"{store.n_classes} classes, {store.feature_dim}-dim {store.dtype} features. "

@@ -80,10 +80,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     for d in report.damaged:
         print(f"DAMAGED {d.array} chunk {chunk_label(d.chunk)}: {d.reason}")
     if report.unchecksummed:
-        print(
-            f"note: arrays {report.unchecksummed} carry no checksums (written before spml-probe "
-            "stored them): a chunk damaged without changing its length cannot be detected there; "
-            "re-create the store (featurize/import with --overwrite) to add them")
+        print(f"note: arrays {report.unchecksummed} carry no checksums (written before "
+              "spml-probe stored them): a chunk damaged without changing its length cannot be "
+              "detected there; re-create the store (featurize/import with --overwrite) to add them")
     if report.damaged:
         print(f"{report.path}: {len(report.damaged)} of {n_chunks} chunks damaged; "
               f"{repair_hint(report.path)}")
@@ -115,17 +114,12 @@ def format_summary(summary: dict) -> str:
     flip = "with flipped features" if s["has_flip"] else "no flipped features"
     lines = []
     if s["provenance"].get("weights_random"):
-        lines += [
-            "WARNING: RANDOM WEIGHTS — these features come from a randomly initialised backbone "
-            f"({s['provenance'].get('weights')}); for tests and benchmarks only, not results.",
-            "",
-        ]
+        lines += ["WARNING: RANDOM WEIGHTS — these features come from a randomly initialised "
+                  f"backbone ({s['provenance'].get('weights')}); for tests and benchmarks only, "
+                  "not results.", ""]
     if s["other_attrs"].get("n_bad_rows"):
-        lines += [
-            f"WARNING: {s['other_attrs']['n_bad_rows']} images could not be read (--skip-bad); "
-            "their features are zero (attribute bad_rows lists them).",
-            "",
-        ]
+        lines += [f"WARNING: {s['other_attrs']['n_bad_rows']} images could not be read "
+                  "(--skip-bad); their features are zero (attribute bad_rows lists them).", ""]
     lines += [
         f"store       {s['path']} (schema {s['schema_version']}, completed {s['completed']})",
         f"dataset     {s['dataset']}: {s['rows']} rows, {s['classes']} classes, "

@@ -203,9 +203,7 @@ def processor_transform(repo: str) -> ImageTransform | None:
 
 
 class HFEmbedding(nn.Module):
-    """A transformers vision encoder returning one ``(B, D)`` embedding: ``pooled``
-    (``pooler_output``), ``projected`` (CLIP's ``image_embeds``) or ``mean`` (the mean of the
-    tokens after the first of ``last_hidden_state``)."""
+    """A transformers vision encoder returning one ``(B, D)`` embedding (``_EMBEDDING``)."""
 
     def __init__(self, model: nn.Module, embed: str) -> None:
         super().__init__()
@@ -227,10 +225,8 @@ def _embed_choice(model: nn.Module, config: Any, embed: str | None, name: str) -
     can = ["mean"]
     if hasattr(model, "visual_projection"):
         can.insert(0, "projected")
-    pooled = getattr(model, "pooler", True) is not None and getattr(
-        getattr(model, "config", None), "model_type", ""
-    ) not in ("vit_mae",)
-    if pooled:
+    if (getattr(model, "pooler", True) is not None
+            and getattr(getattr(model, "config", None), "model_type", "") != "vit_mae"):
         can.insert(1 if "projected" in can else 0, "pooled")
     if embed in (None, "auto"):
         return can[0]
