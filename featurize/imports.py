@@ -135,14 +135,13 @@ def _reference_check(root: Path, index: DatasetIndex) -> dict[str, str]:
         if ref is None:
             result[phase] = "no reference file"
             continue
-        path, obs = ref
-        labels = getattr(index, phase).labels
+        (path, obs), labels = ref, getattr(index, phase).labels
         if obs.shape != labels.shape:
             result[phase] = f"{path.name}: shape {obs.shape} differs from labels {labels.shape}"
-            continue
-        ours = single_positive(labels, PROTOCOL_SEED)
-        same = np.array_equal(ours == 1, np.asarray(obs) == 1)
-        result[phase] = f"{path.name}: {'identical' if same else 'DIFFERENT'} positives"
+        else:
+            ours = single_positive(labels, PROTOCOL_SEED)
+            same = np.array_equal(ours == 1, np.asarray(obs) == 1)
+            result[phase] = f"{path.name}: {'identical' if same else 'DIFFERENT'} positives"
     return result
 
 

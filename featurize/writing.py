@@ -6,6 +6,7 @@ resumed when it was started the same way.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import threading
@@ -57,14 +58,11 @@ class BlockWriter:
                 self.error = err
 
     def put(self, item: tuple) -> None:
-        while True:
-            if self.error is not None:
-                raise self.error
-            try:
+        while self.error is None:
+            with contextlib.suppress(queue.Full):
                 self._queue.put(item, timeout=0.2)
                 return
-            except queue.Full:
-                continue
+        raise self.error
 
     def close(self) -> None:
         """Write every queued block, stop the thread; re-raise a write error."""

@@ -84,17 +84,11 @@ class Backbone:
 
     def provenance(self) -> dict:
         """The backbone/weights part of the store's provenance (docs/backbones.md)."""
-        out = {
-            "backbone": self.name,
-            "backbone_family": self.spec.family,
-            "feature_dim": self.feature_dim,
-            "pooling": "global average pool",
-            "weights": self.weights.id,
-            "weights_sha256": self.weights.sha256,
-            "weights_file": self.weights.path,
-            "weights_url": self.weights.url,
-            "weights_random": self.weights.random,
-        }
+        w = self.weights
+        out = {"backbone": self.name, "backbone_family": self.spec.family,
+               "feature_dim": self.feature_dim, "pooling": "global average pool",
+               "weights": w.id, "weights_sha256": w.sha256, "weights_file": w.path,
+               "weights_url": w.url, "weights_random": w.random}
         if self.details:
             out["pooling"] = self.details.get("embedding", out["pooling"])
             out["embed"] = self.embed

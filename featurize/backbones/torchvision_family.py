@@ -56,12 +56,10 @@ def get_spec(name: str) -> BackboneSpec:
 
     tv_names = torchvision.models.list_models(module=torchvision.models)
     if name in tv_names:
-        with torch.device("meta"):
-            try:
+        try:
+            with torch.device("meta"):
                 model = torchvision.models.get_model(name, weights=None)
-            except NotImplementedError:  # a builder that computes on tensors while building
-                model = None
-        if model is None:
+        except NotImplementedError:  # a builder that computes on tensors while building
             model = torchvision.models.get_model(name, weights=None)
         _, head = _strip_head(model, name)
         return tv_spec(name, int(head.in_features), "torchvision classifier, head removed")
@@ -69,9 +67,6 @@ def get_spec(name: str) -> BackboneSpec:
     raise SpmlError(
         f"unknown backbone {name!r}.{hint} Known: {', '.join(BACKBONES)}, or any torchvision "
         "classification model name (torchvision.models.list_models())")
-
-
-# ----------------------------------------------------------------------------- building
 
 
 def _strip_head(model: nn.Module, name: str) -> tuple[nn.Module, nn.Linear]:
