@@ -102,16 +102,12 @@ def _model_class(config: Any) -> Any:
     return getattr(_transformers(), name)
 
 
-def _config(repo: str) -> Any:
-    config_file = repo_file(repo, ("config.json",), "name a folder holding config.json")
-    return _transformers().AutoConfig.from_pretrained(str(config_file.parent))
-
-
 def build(repo: str, weights_file: str | None = None) -> tuple[nn.Module, Any]:
     """The vision encoder that ``repo``'s config.json describes, and that config: with
     ``weights_file`` loaded by transformers' ``from_pretrained`` (refused if any encoder key is
     missing or of another shape), else default initialisation from the current RNG state."""
-    config = _config(repo)
+    config_file = repo_file(repo, ("config.json",), "name a folder holding config.json")
+    config = _transformers().AutoConfig.from_pretrained(str(config_file.parent))
     cls = _model_class(config)
     vision = None  # the vision tower's config, for the towers of a two-tower model
     if cls is not _transformers().AutoModel:
@@ -122,7 +118,6 @@ def build(repo: str, weights_file: str | None = None) -> tuple[nn.Module, Any]:
         return (cls.from_config(config) if vision is None else cls(vision)), config
     import tempfile
 
-    config_file = repo_file(repo, ("config.json",), "name a folder holding config.json")
     weights = Path(weights_file)
     target = "model.safetensors" if weights.suffix == ".safetensors" else "pytorch_model.bin"
     from transformers.utils import logging as hf_logging

@@ -7,8 +7,10 @@ preprocessing (timm's resolved data config) and the classifier's input as the em
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import sys
 from pathlib import Path
 
 import torch
@@ -106,34 +108,21 @@ def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> 
     raise WeightsError(f"timm model {tagged} names no source for its weights; {fix}")
 
 
-def _classifier_keys(model: nn.Module) -> list[str]:
-    names = model.pretrained_cfg.get("classifier") or ()
-    names = (names,) if isinstance(names, str) else tuple(names)
-    return [f"{n}.{p}" for n in names for p in ("weight", "bias")]
-
-
 def _load_state(model: nn.Module, path: str, name: str) -> None:
-    state = read_state(path)
-    for key in _classifier_keys(model):
-        state.pop(key, None)
+    """Load a checkpoint without the classifier, in timm's layout or (converted by the model's
+    ``checkpoint_filter_fn``) the original one; every key must fit."""
+    names = model.pretrained_cfg.get("classifier") or ()
+    drop = {f"{n}.{p}" for n in ((names,) if isinstance(names, str) else names)
+            for p in ("weight", "bias")}
+    state = {k: v for k, v in read_state(path).items() if k not in drop}
     try:
         result = model.load_state_dict(state, strict=False)
     except RuntimeError:  # tensors of other shapes: maybe the original layout, tried below
         result = None
     if result is None or result.missing_keys or result.unexpected_keys:
-        # a checkpoint in the model's original (pre-timm) layout: timm's own converter
-        import sys
-
         convert = getattr(sys.modules[type(model).__module__], "checkpoint_filter_fn", None)
-        if convert is not None:
-            try:
-                converted = convert(state, model)
-            except Exception:  # not that layout either: report the first mismatch
-                converted = None
-            if converted is not None:
-                for key in _classifier_keys(model):
-                    converted.pop(key, None)
-                state = converted
+        with contextlib.suppress(Exception):  # no converter, or not that layout: report below
+            state = {k: v for k, v in convert(state, model).items() if k not in drop}
         result = load_into(model, state, path, name)
     check_fit(result, path, name)
 
