@@ -239,7 +239,6 @@ def _cmd_featurize(args: argparse.Namespace) -> int:
     from probe.store import add_draws
 
     check_before_writing(args)
-
     config = _config(args, dtype=args.dtype, block_rows=args.block_rows, skip_bad=args.skip_bad,
                      overwrite=args.overwrite, progress=not args.quiet)
     options = dataset_options_of(args.dataset_options)
@@ -250,12 +249,9 @@ def _cmd_featurize(args: argparse.Namespace) -> int:
     if ranks.rank != 0:
         return 0  # rank 0 reports for the whole run
     add_draws(result.store_path, parse_seeds(args.seeds))
-    summary = {
-        **{k: v for k, v in dataclasses.asdict(result).items() if k != "bad_rows"},
-        "store_path": str(result.store_path),
-        "n_bad_rows": len(result.bad_rows),
-        "bad_rows": result.bad_rows[:BAD_SHOWN],
-    }
+    summary = {**{k: v for k, v in dataclasses.asdict(result).items() if k != "bad_rows"},
+               "store_path": str(result.store_path), "n_bad_rows": len(result.bad_rows),
+               "bad_rows": result.bad_rows[:BAD_SHOWN]}
     if args.json:
         from probe.results import versioned
 

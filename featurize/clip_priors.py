@@ -169,10 +169,6 @@ def image_paths_of_store(store: Any, root: str | Path | None = None,
     return paths
 
 
-def _class_prompts(class_names: list[str], template: str) -> list[str]:
-    return [template.format(c.replace("_", " ")) for c in class_names]
-
-
 def _tiles(image: Any, k: int) -> list[Any]:
     """The k×k grid of an image (PIL), row by row; edges from integer division of the size."""
     w, h = image.size
@@ -193,10 +189,6 @@ def view_scores(clip: Any, images: list[Any], text: Any, tiles: int, temperature
         feats = feats / feats.norm(dim=-1, keepdim=True)
         scores = torch.softmax(feats.float() @ text.T / temperature, dim=-1)
     return scores.view(len(images), 1 + tiles * tiles, -1).cpu().numpy()
-
-
-def _scratch(store_path: Path, name: str) -> Path:
-    return store_path.with_name(f"{store_path.name}.priors-{name}.partial")
 
 
 #: what each resume-fingerprint field is set by (named when a resume is refused)
@@ -287,18 +279,18 @@ def compute_clip_prior(store_path: str | Path, config: ClipPriorConfig,
     clip = load_clip(config.model, config.weights)
     clip.model.to(device)
     with torch.inference_mode():
-        tokens = clip.tokenizer(_class_prompts(store.class_names, config.prompt)).to(device)
+        prompts = [config.prompt.format(c.replace("_", " ")) for c in store.class_names]
+        tokens = clip.tokenizer(prompts).to(device)
         text = clip.model.encode_text(tokens).float()
         text = text / text.norm(dim=-1, keepdim=True)
 
-    scratch = _scratch(store_path, config.name)
+    scratch = store_path.with_name(f"{store_path.name}.priors-{config.name}.partial")
     fingerprint = resume_fingerprint(config, store, paths, dataset_options, adapter,
                                      clip.weights.sha256)
-    meta = scratch / "meta.json"
     if scratch.exists():
         _check_resume(scratch, fingerprint)
     scratch.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(meta, json.dumps(fingerprint, sort_keys=True))
+    atomic_write_text(scratch / "meta.json", json.dumps(fingerprint, sort_keys=True))
 
     k2 = config.tiles * config.tiles
     n_blocks = -(-store.n_rows // BLOCK_ROWS)
@@ -307,9 +299,7 @@ def compute_clip_prior(store_path: str | Path, config: ClipPriorConfig,
     bar = Progress(todo, f"priors {config.name} ({config.model}, {1 + k2} views, {device})",
                    "img", enabled=config.progress)
     with bar:
-        for b in range(n_blocks):
-            if b in done:
-                continue
+        for b in sorted(set(range(n_blocks)) - done):
             rows = range(b * BLOCK_ROWS, min((b + 1) * BLOCK_ROWS, store.n_rows))
             parts = []
             for start in range(rows.start, rows.stop, config.batch_size):

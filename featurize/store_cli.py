@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 from featurize.cli import add_command
@@ -17,8 +18,6 @@ __all__ = ["format_summary", "register_cli"]
 def _read_class_weights(path: str, class_names: list[str]) -> list[float]:
     """``--class-weights``: C numbers, one per line in the store's class order, or
     ``name weight`` lines naming every class once."""
-    from pathlib import Path
-
     lines = [ln.split() for ln in Path(path).read_text(encoding="utf-8").splitlines()
              if ln.strip()]
     try:
@@ -37,8 +36,6 @@ def _read_class_weights(path: str, class_names: list[str]) -> list[float]:
 
 
 def _cmd_draw(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from probe.errors import MissingPathError
     from probe.store import add_draws, open_store
     from probe.store.records import draw_record, draw_text
@@ -55,10 +52,9 @@ def _cmd_draw(args: argparse.Namespace) -> int:
     written = add_draws(args.store, seeds, k=args.k, fraction=args.fraction, bias=args.bias,
                         weights_by_class=weights)
     attrs = open_store(args.store).attrs
-    kept = [s for s in seeds if s not in written]
     for seed in seeds:
         print(f"{args.store}: draw {seed}: {draw_text(draw_record(attrs, seed))}"
-              + (" (already there)" if seed in kept else "")
+              + (" (already there)" if seed not in written else "")
               + f"; train on it with --observed-seed {seed}")
     return 0
 

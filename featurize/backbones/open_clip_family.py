@@ -137,11 +137,9 @@ def model_transform(model: nn.Module) -> ImageTransform:
             "not one the featurizer reproduces; pass --transform protocol")
     mean = tuple(float(v) for v in cfg.get("mean", (0.48145466, 0.4578275, 0.40821073)))
     std = tuple(float(v) for v in cfg.get("std", (0.26862954, 0.26130258, 0.27577711)))
-    s = int(size[0])
-    if mode == "shortest":
-        return ImageTransform(size=s, crop=s, mean=mean, std=std, interpolation=interpolation,
-                              resize="shortest")
-    return ImageTransform(size=s, mean=mean, std=std, interpolation=interpolation)
+    side, shortest = int(size[0]), mode == "shortest"
+    return ImageTransform(size=side, crop=side if shortest else None, mean=mean, std=std,
+                          interpolation=interpolation, resize="shortest" if shortest else "square")
 
 
 def _load_state(model: nn.Module, path: str, name: str) -> None:

@@ -110,8 +110,8 @@ def load_dataset(name: str, root: str | Path, **options: Any) -> DatasetIndex:
         raise SpmlError(
             f"dataset '{entry.name}' does not take option(s) {', '.join(unknown)}; it accepts: "
             f"{', '.join(names) or 'none'}")
-    needed = [p.name for p in params if p.default is inspect.Parameter.empty and p.name in names]
-    missing = [n for n in needed if n not in options]
+    missing = [p.name for p in params if p.default is inspect.Parameter.empty
+               and p.name in names and p.name not in options]
     if missing:
         raise SpmlError(f"dataset '{entry.name}' needs the option(s): {', '.join(missing)}")
     return loader(root, **options)
