@@ -177,18 +177,11 @@ def bench_featurize(config: BenchConfig | None = None) -> dict:
             "device": str(rt.device), "device_name": device_name, "decode": rt.decode,
             "precision": rt.precision, "batch_size": rt.batch_size, "workers": rt.workers,
             "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "torchvision": _version("torchvision"),
+            "torchvision": importlib.metadata.version("torchvision"),
             "cuda": torch.version.cuda if rt.cuda else None,
             "driver": _nvidia_driver() if rt.cuda else None,
             "load_avg_1m": round(os.getloadavg()[0], 2),  # timings on a busy machine are noisy
             "cpu_count": os.cpu_count(), "synthetic_write_s": round(write_s, 2)}
-
-
-def _version(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def _nvidia_driver() -> str | None:

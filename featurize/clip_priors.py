@@ -87,10 +87,8 @@ class ClipPriorConfig:
 
     def fingerprint(self) -> dict[str, Any]:
         """What decides the numbers (a resumed run must match it)."""
-        out = dataclasses.asdict(self)
-        for key in ("batch_size", "device", "overwrite", "progress"):
-            out.pop(key)
-        return out
+        return {k: v for k, v in dataclasses.asdict(self).items()
+                if k not in ("batch_size", "device", "overwrite", "progress")}
 
 
 @dataclass(frozen=True)
@@ -104,9 +102,7 @@ class ClipPriorResult:
     provenance: dict[str, Any]
 
     def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["store"] = str(self.store)
-        return out
+        return {**dataclasses.asdict(self), "store": str(self.store)}
 
 
 def image_paths_of_store(store: Any, root: str | Path | None = None,

@@ -193,11 +193,6 @@ def _open_rgb(source: str | Path | bytes | bytearray, name: str | Path) -> Image
         raise BadImageError(f"cannot decode image {name}: {err}") from None
 
 
-def pil_rgb(source: str | Path | bytes | bytearray, name: str | Path) -> np.ndarray:
-    """Decode with PIL and convert to RGB: a ``(H, W, 3)`` uint8 array (no resize)."""
-    return np.asarray(_open_rgb(source, name))
-
-
 def pil_resized(path: str | Path, size: int) -> np.ndarray:
     """The reference pipeline up to the resize: open → RGB → resize((S, S), BILINEAR), uint8."""
     return np.asarray(_open_rgb(path, path).resize((size, size), Image.BILINEAR))
@@ -235,7 +230,7 @@ def cpu_decode(data: bytearray, name: str | Path) -> torch.Tensor:
     try:
         return decode_image(torch.frombuffer(data, dtype=torch.uint8), mode=ImageReadMode.RGB)
     except RuntimeError:
-        return torch.from_numpy(pil_rgb(data, name).copy()).permute(2, 0, 1)
+        return torch.from_numpy(np.array(_open_rgb(data, name))).permute(2, 0, 1)
 
 
 # ----------------------------------------------------------------------------- on the device

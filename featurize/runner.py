@@ -49,6 +49,7 @@ from featurize.writing import (
 )
 from probe.errors import MissingPathError, SpmlError
 from probe.progress import Progress
+from probe.store import join_store, open_store
 from probe.store.index import DatasetIndex
 
 PROTOCOL_SIZE = 448  # docs/protocol.md step 6: 448×448
@@ -257,8 +258,6 @@ def featurize(
     # blocks (read before anyone writes: a list read later would miss rank 0's new blocks)
     pending = ranks.agree(error, pending)
     if writer is None:
-        from probe.store import join_store
-
         writer = join_store(out)
     blocks_resumed = writer.n_blocks - len(pending)
     mine = pending[ranks.rank :: ranks.world]
@@ -306,8 +305,6 @@ def featurize(
             error = err
     ranks.agree(error)  # every rank returns once the store is complete
     if ranks.rank != 0:  # rank 0 merged every rank's bad rows into the store's attributes
-        from probe.store import open_store
-
         bad_rows = {int(b["row"]): dict(b) for b in open_store(out).attrs.get("bad_rows", [])}
     bad = [bad_rows[r] for r in sorted(bad_rows)]
     return FeaturizeResult(store_path=out, n_rows=writer.n_rows, rows_done=int(rows_all),

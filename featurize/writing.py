@@ -134,11 +134,8 @@ def bad_rows_dir(writer: Any) -> Path:
 
 def collect_block_bad_rows(writer: Any) -> dict[int, dict]:
     """The bad rows that the ranks of a distributed run recorded per block (``{row: record}``)."""
-    out: dict[int, dict] = {}
-    folder = bad_rows_dir(writer)
-    for path in sorted(folder.glob("block-*.json")) if folder.is_dir() else ():
-        out.update({int(b["row"]): dict(b) for b in json.loads(path.read_text())})
-    return out
+    return {int(b["row"]): dict(b) for path in sorted(bad_rows_dir(writer).glob("block-*.json"))
+            for b in json.loads(path.read_text())}
 
 
 def stored_bad_rows(writer: Any) -> dict[int, dict]:

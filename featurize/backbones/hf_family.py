@@ -87,8 +87,8 @@ def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> 
     repo = _repo(spec)
     fix = "pass --weights PATH to a checkpoint and name a folder holding config.json"
     repo_file(repo, ("config.json",), fix)
-    local = local_weights(spec.name, weights, "the repo's weights", ".safetensors, .bin, .pth, .pt")
-    if local is not None:
+    if local := local_weights(spec.name, weights, "the repo's weights",
+                              ".safetensors, .bin, .pth, .pt"):
         return local
     path = repo_file(repo, _WEIGHT_FILES, "pass --weights PATH to a checkpoint")
     return file_info(path, f"hf:{repo}", url=None if Path(repo).is_dir() else f"hf-hub:{repo}")

@@ -79,9 +79,8 @@ def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> 
     Hugging Face hub cache or fetched into it now."""
     open_clip = _open_clip()
     arch, tag = parse(spec.name)
-    local = local_weights(spec.name, weights, "the pretrained tag's weights",
-                          ".pt, .pth, .bin, .safetensors")
-    if local is not None:
+    if local := local_weights(spec.name, weights, "the pretrained tag's weights",
+                              ".pt, .pth, .bin, .safetensors"):
         return local
     fix = f"pass --weights PATH to a {arch} checkpoint"
     if tag is None:

@@ -84,9 +84,8 @@ def _pretrained_cfg(model: str):
 def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> WeightsInfo:
     """The weights file for ``weights`` (None/"default": the tag's), found or fetched now."""
     model = spec.name[len(PREFIX) :]
-    local = local_weights(spec.name, weights, "the pretrained tag's weights",
-                          ".pth, .pt, .safetensors")
-    if local is not None:
+    if local := local_weights(spec.name, weights, "the pretrained tag's weights",
+                              ".pth, .pt, .safetensors"):
         return local
     cfg = _pretrained_cfg(model)
     tagged = f"{cfg.architecture}.{cfg.tag}" if cfg.tag else model
