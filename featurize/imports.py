@@ -88,12 +88,9 @@ def _checked_rows(features: np.ndarray, labels: np.ndarray, source: str, label_s
 def import_cole(root: str | Path, dataset: str, out: str | Path, *, dtype: str = "float16",
                 class_names_file: str | Path | None = None, overwrite: bool = False,
                 block_rows: int = 1024, progress: bool = True) -> Store:
-    """Store Cole et al.'s released features: their ``train`` files are the pool, ``val`` test.
-
-    The features file rows follow the formatted image order; there are no flipped features.
-    When the directory also holds their ``formatted_*_labels_obs.npy``, the store's seed-1200
-    draw is compared with it and the result recorded in the provenance (``reference_check``).
-    """
+    """Store Cole et al.'s released features (their ``train`` files the pool, ``val`` the test
+    rows; no flipped features); their ``formatted_*_labels_obs.npy``, where present, is compared
+    with the store's seed-1200 draw (the provenance's ``reference_check``)."""
     root = Path(root)
     dataset = canonical_dataset(dataset)
     index = load_cole_formatted(root, dataset, class_names_file)
@@ -145,32 +142,18 @@ def _reference_check(root: Path, index: DatasetIndex) -> dict[str, str]:
     return result
 
 
-def import_arrays(
-    out: str | Path,
-    features: np.ndarray,
-    labels: np.ndarray,
-    *,
-    name: str,
-    test_features: np.ndarray | None = None,
-    test_labels: np.ndarray | None = None,
-    test_fraction: float | None = None,
-    class_names: Sequence[str] | None = None,
-    provenance: dict | None = None,
-    extra_attrs: dict | None = None,
-    dtype: str = "float16",
-    overwrite: bool = False,
-    progress: bool = True,
-    sources: Sequence[str] = ("features", "test features"),
-    label_sources: Sequence[str] = ("labels", "test labels"),
-) -> Store:
-    """Store any ``(N, D)`` features with an ``(N, C)`` 0/1 label matrix.
-
-    Test rows are either given (``test_features`` + ``test_labels``) or held out from the rows:
-    ``test_fraction`` (default 0.2) with Cole et al.'s seeded split (seed 1200; see
-    :func:`probe.store.protocol.split_indices`). Image ids are ``row<i>`` (the input row) when
-    the test rows are held out, ``train<i>`` / ``test<i>`` otherwise. Class names default to
-    ``class_0`` ... ``class_<C-1>``. ``sources`` / ``label_sources`` name the inputs in errors.
-    """
+def import_arrays(out: str | Path, features: np.ndarray, labels: np.ndarray, *, name: str,
+                  test_features: np.ndarray | None = None, test_labels: np.ndarray | None = None,
+                  test_fraction: float | None = None, class_names: Sequence[str] | None = None,
+                  provenance: dict | None = None, extra_attrs: dict | None = None,
+                  dtype: str = "float16", overwrite: bool = False, progress: bool = True,
+                  sources: Sequence[str] = ("features", "test features"),
+                  label_sources: Sequence[str] = ("labels", "test labels")) -> Store:
+    """Store any ``(N, D)`` features with an ``(N, C)`` 0/1 label matrix. Test rows are given
+    (``test_features`` + ``test_labels``; ids ``train<i>`` / ``test<i>``) or held out
+    (``test_fraction``, default 0.2, by :func:`probe.store.protocol.split_indices` with seed
+    1200; ids ``row<i>``). Class names default to ``class_<c>``; ``sources`` /
+    ``label_sources`` name the inputs in errors."""
     feats, y = _checked_rows(features, labels, sources[0], label_sources[0], dtype)
     attrs = dict(extra_attrs or {})
     if (test_features is None) != (test_labels is None):
@@ -284,10 +267,8 @@ def load_yeast_csv(path: Path) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]
 def import_yeast(out: str | Path, *, dtype: str = "float16",
                  test_fraction: float = DEFAULT_TEST_FRACTION, overwrite: bool = False,
                  progress: bool = True) -> Store:
-    """Store MULAN *yeast* from river's copy. The csv has no official test split, so
-    ``test_fraction`` (0.2) of the rows are held out with the seeded split of
-    :func:`probe.store.protocol.split_indices` (seed 1200); the pool is then split 80/20 into
-    train/val as for every store. The split is recorded in the ``test_split`` attribute."""
+    """Store MULAN *yeast* from river's copy, ``test_fraction`` of its rows held out (it has no
+    official test split; seed 1200, recorded in the ``test_split`` attribute)."""
     path = yeast_csv_path()
     features, labels, names = load_yeast_csv(path)
     provenance = _provenance(

@@ -24,6 +24,7 @@ from featurize.backbones.base import (
     file_info,
     hub_file,
     input_check,
+    library,
     local_weights,
     package_version,
     seeded,
@@ -37,15 +38,9 @@ _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 _RESAMPLE = {2: "bilinear", 3: "bicubic"}  # PIL's codes in preprocessor_config.json
 
 
-def _transformers():
-    try:
-        import safetensors  # noqa: F401  (the hub's weight format)
-        import transformers
-    except ImportError:
-        raise SpmlError(
-            "backbone 'hf:...' needs transformers and safetensors: pip install -e '.[hf]'"
-        ) from None
-    return transformers
+def _transformers():  # safetensors: the hub's weight format
+    return library("safetensors", "transformers", missing="backbone 'hf:...' needs transformers "
+                   "and safetensors: pip install -e '.[hf]'")
 
 
 def get_spec(name: str) -> BackboneSpec:

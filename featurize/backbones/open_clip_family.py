@@ -26,6 +26,7 @@ from featurize.backbones.base import (
     file_info,
     hub_file,
     input_check,
+    library,
     local_weights,
     package_version,
     random_info,
@@ -40,13 +41,8 @@ _HUB_FILES = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
 
 
 def _open_clip():
-    try:
-        import open_clip
-    except ImportError:
-        raise SpmlError(
-            "backbone 'open_clip:...' needs the open_clip_torch package: pip install -e "
-            "'.[clip]' (or pip install open_clip_torch)") from None
-    return open_clip
+    return library("open_clip", missing="backbone 'open_clip:...' needs the open_clip_torch "
+                   "package: pip install -e '.[clip]' (or pip install open_clip_torch)")
 
 
 def parse(name: str) -> tuple[str, str | None]:

@@ -26,6 +26,7 @@ from featurize.backbones.base import (
     file_info,
     hub_file,
     input_check,
+    library,
     load_into,
     local_weights,
     package_version,
@@ -42,13 +43,8 @@ _HUB_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
 def _timm():
-    try:
-        import timm
-    except ImportError:
-        raise SpmlError(
-            "backbone 'timm:...' needs the timm package: pip install -e '.[timm]' "
-            "(or pip install timm)") from None
-    return timm
+    return library("timm", missing="backbone 'timm:...' needs the timm package: pip install -e "
+                   "'.[timm]' (or pip install timm)")
 
 
 def get_spec(name: str) -> BackboneSpec:
