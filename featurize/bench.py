@@ -1,20 +1,9 @@
 """``spml bench featurize``: images/s of the featurize pipeline on this machine (docs/design.md
-"What fast means"; the target: ≥ 2,500 images/s end to end with flips at 448² on one
-H100 with bf16, channels_last and GPU JPEG decode; figures in docs/performance.md).
-
-Synthetic photo-like JPEGs (default 640×480, COCO's typical size: smooth colour fields, edges
-and sensor noise, quality 90) are written to a temporary folder. Three figures, each after an
-untimed warm-up (cuDNN autotuning, allocator, nvJPEG start-up):
-
-* ``decode_images_per_s`` -- reading, decoding, resizing and normalising alone: the run's reader
-  threads and decode path (PIL, or torchvision/nvJPEG on the device), batch by batch, the device
-  synchronised at the end;
-* ``forward_images_per_s`` -- the forward passes alone (image + flipped image when flips are
-  kept) on an already-normalised batch of the run's batch size;
-* ``images_per_s`` -- end to end: the real pipeline (reader threads, decode, resize, forward +
-  flipped forward, store writer) into a temporary store.
-
-Random weights are used by default: speed does not depend on the weight values.
+"What fast means"; figures in docs/performance.md), on synthetic photo-like JPEGs written to a
+temporary folder, each figure after an untimed warm-up: ``decode_images_per_s`` (the reader
+threads and decode path alone), ``forward_images_per_s`` (the forward passes alone, with the
+flipped image) and ``images_per_s`` (end to end into a temporary store). Random weights by
+default: speed does not depend on the weight values.
 """
 
 from __future__ import annotations
@@ -56,8 +45,7 @@ class BenchConfig:
 
     # random weights: speed does not depend on the weight values
     featurize: FeaturizeConfig = field(
-        default_factory=lambda: FeaturizeConfig(weights=RANDOM, progress=False)
-    )
+        default_factory=lambda: FeaturizeConfig(weights=RANDOM, progress=False))
     n_images: int | None = None  # None: 4096 on CUDA (a few seconds at target speed), 24 on CPU
     width: int = 640  # COCO's typical photo (640×480, quality 90)
     height: int = 480
@@ -81,8 +69,7 @@ def synthetic_photos(folder: Path, n: int, width: int, height: int, seed: int = 
             base[0, 0] * ((1 - fx) * (1 - fy))[..., None]
             + base[0, 1] * (fx * (1 - fy))[..., None]
             + base[1, 0] * ((1 - fx) * fy)[..., None]
-            + base[1, 1] * (fx * fy)[..., None]
-        )
+            + base[1, 1] * (fx * fy)[..., None])
         for _ in range(4):
             cx, cy = rng.uniform(0, width), rng.uniform(0, height)
             r = rng.uniform(0.05, 0.3) * min(width, height)
@@ -98,11 +85,8 @@ def synthetic_photos(folder: Path, n: int, width: int, height: int, seed: int = 
 def _index(paths: list[Path], n: int, tag: str) -> DatasetIndex:
     """``n`` rows cycling through ``paths``, all in the pool (one dummy class)."""
     rows = [paths[i % len(paths)] for i in range(n)]
-    pool = Phase(
-        image_ids=tuple(f"{tag}{i:06d}" for i in range(n)),
-        paths=tuple(rows),
-        labels=np.ones((n, 1), dtype=np.uint8),
-    )
+    pool = Phase(image_ids=tuple(f"{tag}{i:06d}" for i in range(n)), paths=tuple(rows),
+                 labels=np.ones((n, 1), dtype=np.uint8))
     empty = Phase(image_ids=(), paths=(), labels=np.zeros((0, 1), dtype=np.uint8))
     return DatasetIndex(name=f"bench-{tag}", class_names=("photo",), pool=pool, test=empty)
 
@@ -112,9 +96,8 @@ def _sync(rt: Runtime) -> None:
         torch.cuda.synchronize(rt.device)
 
 
-def _forward_only(
-    backbone: Backbone, rt: Runtime, size: int, with_flip: bool, batch: int, iters: int
-) -> float:
+def _forward_only(backbone: Backbone, rt: Runtime, size: int, with_flip: bool, batch: int,
+                  iters: int) -> float:
     """images/s of the forward passes alone (normalised input already on the device)."""
     x = torch.randn(batch, 3, size, size, device=rt.device)
     if channels_last(rt):
@@ -137,15 +120,13 @@ def _forward_only(
         return iters * batch / (time.perf_counter() - t0)
 
 
-def _decode_only(
-    paths: list[Path], rt: Runtime, transform: ImageTransform, n: int, depth: int
-) -> float:
+def _decode_only(paths: list[Path], rt: Runtime, transform: ImageTransform, n: int, depth: int
+                 ) -> float:
     """images/s of reading + decoding + resizing + normalising ``n`` rows (cycling ``paths``)
     through the run's reader threads and decode path, batch by batch (the first batch untimed)."""
     rows = [paths[i % len(paths)] for i in range(n + rt.batch_size)]
-    batches = [
-        (0, a, min(a + rt.batch_size, len(rows))) for a in range(0, len(rows), rt.batch_size)
-    ]
+    batches = [(0, a, min(a + rt.batch_size, len(rows)))
+               for a in range(0, len(rows), rt.batch_size)]
     with ThreadPoolExecutor(rt.workers, "spml-bench-reader") as pool, device_mode(rt):
         t0, done = None, 0
         for (_, start, stop), items in prefetch(pool, batches, rows, rt, transform, depth):
@@ -172,75 +153,42 @@ def bench_featurize(config: BenchConfig | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="spml-bench-") as tmp:
         tmp_path = Path(tmp)
         t0 = time.perf_counter()
-        photos = synthetic_photos(
-            tmp_path / "images",
-            min(n, config.unique_images),
-            config.width,
-            config.height,
-            config.seed,
-        )
+        photos = synthetic_photos(tmp_path / "images", min(n, config.unique_images), config.width,
+                                  config.height, config.seed)
         write_s = time.perf_counter() - t0
         cfg = dataclasses.replace(fc, overwrite=True)
         # CUDA: whole batches (cuDNN autotunes per shape); CPU: one image (start-up only)
         warm = max(1, config.warmup_batches) * rt.batch_size if rt.cuda else 1
-        featurize(
-            _index(photos, warm, "warmup"),
-            tmp_path / "warmup.zarr",
-            dataclasses.replace(cfg, progress=False),
-            backbone=backbone,
-        )
+        featurize(_index(photos, warm, "warmup"), tmp_path / "warmup.zarr",
+                  dataclasses.replace(cfg, progress=False), backbone=backbone)
         result = featurize(
-            _index(photos, n, "timed"), tmp_path / "timed.zarr", cfg, backbone=backbone
-        )
+            _index(photos, n, "timed"), tmp_path / "timed.zarr", cfg, backbone=backbone)
         transform = backbone_transform(backbone, fc.size, transform_mode(fc))
         decode = _decode_only(photos, rt, transform, n, fc.prefetch_batches)
     iters = config.forward_iters or (5 if rt.cuda else 1)
     forward = _forward_only(backbone, rt, transform.out_size, fc.with_flip, rt.batch_size, iters)
-    return {
-        "images": n,
-        "unique_files": len(photos),
-        "image_size": f"{config.width}x{config.height}",
-        "input_size": transform.out_size,
-        "seconds": round(result.seconds, 3),
-        "images_per_s": round(result.images_per_s, 1),
-        "decode_images_per_s": round(decode, 1),
-        "forward_images_per_s": round(forward, 1),
-        "with_flip": fc.with_flip,
-        "backbone": backbone.name,
-        "weights": backbone.weights.id,
-        "device": str(rt.device),
-        "device_name": torch.cuda.get_device_name(rt.device)
-        if rt.cuda
-        else platform.processor() or platform.machine(),
-        "decode": rt.decode,
-        "precision": rt.precision,
-        "batch_size": rt.batch_size,
-        "workers": rt.workers,
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "torchvision": _version("torchvision"),
-        "cuda": torch.version.cuda if rt.cuda else None,
-        "driver": _nvidia_driver() if rt.cuda else None,
-        "load_avg_1m": round(os.getloadavg()[0], 2),  # timings on a busy machine are noisy
-        "cpu_count": os.cpu_count(),
-        "synthetic_write_s": round(write_s, 2),
-    }
-
-
-def _version(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    device_name = (torch.cuda.get_device_name(rt.device) if rt.cuda
+                   else platform.processor() or platform.machine())
+    return {"images": n, "unique_files": len(photos),
+            "image_size": f"{config.width}x{config.height}", "input_size": transform.out_size,
+            "seconds": round(result.seconds, 3), "images_per_s": round(result.images_per_s, 1),
+            "decode_images_per_s": round(decode, 1), "forward_images_per_s": round(forward, 1),
+            "with_flip": fc.with_flip, "backbone": backbone.name, "weights": backbone.weights.id,
+            "device": str(rt.device), "device_name": device_name, "decode": rt.decode,
+            "precision": rt.precision, "batch_size": rt.batch_size, "workers": rt.workers,
+            "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+            "torchvision": importlib.metadata.version("torchvision"),
+            "cuda": torch.version.cuda if rt.cuda else None,
+            "driver": _nvidia_driver() if rt.cuda else None,
+            "load_avg_1m": round(os.getloadavg()[0], 2),  # timings on a busy machine are noisy
+            "cpu_count": os.cpu_count(), "synthetic_write_s": round(write_s, 2)}
 
 
 def _nvidia_driver() -> str | None:
     """The NVIDIA driver version (nvidia-smi), for the README's record of a GPU figure."""
     try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20, check=True,
-        )  # fmt: skip
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20, check=True)
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip().splitlines()[0] if out.stdout.strip() else None

@@ -3,7 +3,7 @@
 loads neither torch nor zarr). The other featurize commands: ``spml import …`` in
 :mod:`featurize.import_cli`, ``spml info`` / ``verify`` / ``draw`` in :mod:`featurize.store_cli`,
 ``spml priors`` in :mod:`featurize.priors_cli`; they share the helpers here (``--option`` values,
-the checks before writing, adding draws)."""
+the checks before writing)."""
 
 from __future__ import annotations
 
@@ -32,8 +32,7 @@ BAD_SHOWN = 20  # unreadable images listed after a run (the rest are counted)
 _FAMILY_LINES = "".join(
     f"    {f.prefix + ':' + f.syntax:<36} e.g. {f.example}\n"
     f"    {'':<36} ({f.install})\n"
-    for f in FAMILIES.values() if f.qualified
-)
+    for f in FAMILIES.values() if f.qualified)
 _FEATURIZE_EPILOG = f"""\
 what it does (docs/protocol.md steps 6-7):
   every image of the dataset (official train split = pool rows, then the test split) is resized
@@ -129,8 +128,7 @@ def dataset_options_of(pairs: list[str] | None) -> dict[str, Any]:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
             raise SpmlError(
-                f"--option expects KEY=VALUE (e.g. annotations=labels.csv), got {pair!r}"
-            )
+                f"--option expects KEY=VALUE (e.g. annotations=labels.csv), got {pair!r}")
         out[key.strip().replace("-", "_")] = _option_value(value)
     return out
 
@@ -138,24 +136,16 @@ def dataset_options_of(pairs: list[str] | None) -> dict[str, Any]:
 def _add_run_options(p: argparse.ArgumentParser, default_weights: str | None) -> None:
     """Options shared by featurize and its benchmark (model, images, compute)."""
     model = p.add_argument_group("model")
+    model.add_argument("--backbone", default=DEFAULT_BACKBONE,
+                       help=f"backbone name (default: {DEFAULT_BACKBONE}), or timm:<model>, "
+                       "open_clip:<arch>/<pretrained>, hf:<repo id> (--list-backbones)")
     model.add_argument(
-        "--backbone",
-        default=DEFAULT_BACKBONE,
-        help=f"backbone name (default: {DEFAULT_BACKBONE}), or timm:<model>, "
-        "open_clip:<arch>/<pretrained>, hf:<repo id> (--list-backbones)",
-    )
+        "--list-backbones", action=_ListBackbones,
+        help="say which backbone families are installed and how to add the others, and exit")
     model.add_argument(
-        "--list-backbones",
-        action=_ListBackbones,
-        help="say which backbone families are installed and how to add the others, and exit",
-    )
-    model.add_argument(
-        "--embed",
-        choices=EMBED_CHOICES,
-        default="auto",
+        "--embed", choices=EMBED_CHOICES, default="auto",
         help="which embedding: auto (default) = the family's (CLIP: projected, others: pooled); "
-        "pooled, projected (CLIP's image embedding), mean (of the patch tokens, hf:)",
-    )
+        "pooled, projected (CLIP's image embedding), mean (of the patch tokens, hf:)")
     model.add_argument(
         "--weights",
         default=default_weights,
@@ -166,85 +156,52 @@ def _add_run_options(p: argparse.ArgumentParser, default_weights: str | None) ->
         + ")",
     )
     model.add_argument(
-        "--weights-seed", type=int, default=0, help="seed of --weights random (default: 0)"
-    )
-    model.add_argument(
-        "--download",
-        action="store_true",
-        help="fetch missing torchvision weights into the torch hub cache (needs "
-        "internet; off by default)",
-    )
+        "--weights-seed", type=int, default=0, help="seed of --weights random (default: 0)")
+    model.add_argument("--download", action="store_true",
+                       help="fetch missing torchvision weights into the torch hub cache (needs "
+                       "internet; off by default)")
     images = p.add_argument_group("images")
     images.add_argument(
-        "--transform",
-        choices=TRANSFORM_CHOICES,
-        default="auto",
+        "--transform", choices=TRANSFORM_CHOICES, default="auto",
         help="auto (default): the model's own preprocessing for timm:/open_clip:/hf: "
-        "backbones, the protocol's for the others; model; protocol = SIZExSIZE resize, no crop",
-    )
+        "backbones, the protocol's for the others; model; protocol = SIZExSIZE resize, no crop")
     images.add_argument(
-        "--size",
-        type=int,
-        default=None,
+        "--size", type=int, default=None,
         help="square input size of --transform protocol in pixels (default: 448, the "
-        "protocol's)",
-    )
+        "protocol's)")
     images.add_argument(
-        "--decode",
-        choices=DECODE_CHOICES,
-        default="auto",
+        "--decode", choices=DECODE_CHOICES, default="auto",
         help="auto (default): pil; pil = the reference preprocessing exactly; torchvision = "
         "torchvision decode (nvJPEG on CUDA) + torch resize: the fast path, 6.6x the reference's "
-        "images/s on an H100",
-    )
+        "images/s on an H100")
     compute = p.add_argument_group("compute")
     add_device_argument(compute)
+    compute.add_argument("--batch-size", type=int, default=None,
+                         help="images per forward (default: 256 on CUDA, 16 on CPU)")
     compute.add_argument(
-        "--batch-size",
-        type=int,
-        default=None,
-        help="images per forward (default: 256 on CUDA, 16 on CPU)",
-    )
-    compute.add_argument(
-        "--precision",
-        choices=PRECISION_CHOICES,
-        default="auto",
+        "--precision", choices=PRECISION_CHOICES, default="auto",
         help="auto (default): fp32; bf16 = autocast + channels_last on CUDA (the fast path; "
-        "features within cosine 0.999 of fp32's)",
-    )
-    compute.add_argument(
-        "--workers",
-        type=int,
-        default=None,
-        help="image reader threads (default: min(16, CPU count))",
-    )
-    compute.add_argument(
-        "--no-flip",
-        dest="with_flip",
-        action="store_false",
-        help="skip the flipped-image features (half the compute)",
-    )
+        "features within cosine 0.999 of fp32's)")
+    compute.add_argument("--workers", type=int, default=None,
+                         help="image reader threads (default: min(16, CPU count))")
+    compute.add_argument("--no-flip", dest="with_flip", action="store_false",
+                         help="skip the flipped-image features (half the compute)")
+
+
+def add_command(sub: argparse._SubParsersAction, name: str, **kwargs: Any
+                ) -> argparse.ArgumentParser:
+    """A subcommand whose description and epilog keep their line breaks."""
+    return sub.add_parser(name, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
 
 
 def _config(args: argparse.Namespace, **extra: Any) -> Any:
     from featurize.runner import FeaturizeConfig
 
-    return FeaturizeConfig(
-        backbone=args.backbone,
-        weights=args.weights,
-        weights_seed=args.weights_seed,
-        download=args.download,
-        size=args.size,
-        transform=args.transform,
-        embed=args.embed,
-        device=args.device,
-        batch_size=args.batch_size,
-        decode=args.decode,
-        precision=args.precision,
-        with_flip=args.with_flip,
-        workers=args.workers,
-        **extra,
-    )
+    return FeaturizeConfig(backbone=args.backbone, weights=args.weights,
+                           weights_seed=args.weights_seed, download=args.download, size=args.size,
+                           transform=args.transform, embed=args.embed, device=args.device,
+                           batch_size=args.batch_size, decode=args.decode, precision=args.precision,
+                           with_flip=args.with_flip, workers=args.workers, **extra)
 
 
 class _ListBackbones(argparse.Action):
@@ -277,18 +234,13 @@ def check_before_writing(args: argparse.Namespace) -> None:
 
 
 def _cmd_featurize(args: argparse.Namespace) -> int:
-    from featurize.runner import distributed_from_env, featurize_dataset
+    from featurize.ranks import distributed_from_env
+    from featurize.runner import featurize_dataset
+    from probe.store import add_draws
 
     check_before_writing(args)
-
-    config = _config(
-        args,
-        dtype=args.dtype,
-        block_rows=args.block_rows,
-        skip_bad=args.skip_bad,
-        overwrite=args.overwrite,
-        progress=not args.quiet,
-    )
+    config = _config(args, dtype=args.dtype, block_rows=args.block_rows, skip_bad=args.skip_bad,
+                     overwrite=args.overwrite, progress=not args.quiet)
     options = dataset_options_of(args.dataset_options)
     if args.skip_bad and args.dataset in ("folder", "coco", "cub"):
         options.setdefault("check_images", False)  # missing images become bad rows
@@ -296,13 +248,10 @@ def _cmd_featurize(args: argparse.Namespace) -> int:
         result = featurize_dataset(args.dataset, args.root, args.out, config, **options)
     if ranks.rank != 0:
         return 0  # rank 0 reports for the whole run
-    add_draws(str(result.store_path), args.seeds)
-    summary = {
-        **{k: v for k, v in dataclasses.asdict(result).items() if k != "bad_rows"},
-        "store_path": str(result.store_path),
-        "n_bad_rows": len(result.bad_rows),
-        "bad_rows": result.bad_rows[:BAD_SHOWN],
-    }
+    add_draws(result.store_path, parse_seeds(args.seeds))
+    summary = {**{k: v for k, v in dataclasses.asdict(result).items() if k != "bad_rows"},
+               "store_path": str(result.store_path), "n_bad_rows": len(result.bad_rows),
+               "bad_rows": result.bad_rows[:BAD_SHOWN]}
     if args.json:
         from probe.results import versioned
 
@@ -312,8 +261,7 @@ def _cmd_featurize(args: argparse.Namespace) -> int:
         print(
             f"wrote {result.store_path}: {result.n_rows} images ({result.rows_done} featurized "
             f"now{resumed}) with {result.backbone} [{result.weights}] on {result.device}, "
-            f"{result.images_per_s:.1f} images/s. 'spml info {result.store_path}' shows more."
-        )
+            f"{result.images_per_s:.1f} images/s. 'spml info {result.store_path}' shows more.")
         if result.bad_rows:
             print(f"{len(result.bad_rows)} unreadable images got zero features (store "
                   "attribute bad_rows):")
@@ -325,8 +273,7 @@ def _cmd_featurize(args: argparse.Namespace) -> int:
     if args.weights == RANDOM:
         print(
             f"WARNING: random weights (seed {args.weights_seed}) -- these features are NOT "
-            "pretrained; use them for tests and speed measurements only"
-        )
+            "pretrained; use them for tests and speed measurements only")
     return 0
 
 
@@ -337,14 +284,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         width, height = (int(v) for v in args.image_size.lower().split("x"))
     except ValueError:
         raise SpmlError(
-            f"--image-size expects WIDTHxHEIGHT, e.g. 500x375; got {args.image_size!r}"
-        ) from None
-    config = BenchConfig(
-        featurize=_config(args, progress=not args.quiet and not args.json),
-        n_images=args.images,
-        width=width,
-        height=height,
-    )
+            f"--image-size expects WIDTHxHEIGHT, e.g. 500x375; got {args.image_size!r}") from None
+    config = BenchConfig(featurize=_config(args, progress=not args.quiet and not args.json),
+                         n_images=args.images, width=width, height=height)
     result = bench_featurize(config)
     if not args.json:
         width_key = max(len(k) for k in result)
@@ -358,53 +300,30 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction) -> None:
     """Add ``spml featurize``, ``spml backbones`` and ``spml bench featurize``."""
-    p = sub.add_parser(
-        "featurize",
-        help="run a frozen backbone over a dataset once, into a feature store",
+    p = add_command(
+        sub, "featurize", help="run a frozen backbone over a dataset once, into a feature store",
         description="Featurize a dataset with a frozen backbone (default: torchvision ResNet-50, "
         "IMAGENET1K_V1, 448x448, 2048-d pooled features + flipped-image features) into a Zarr "
         "feature store with labels, the SPML protocol's single positives and splits.",
-        epilog=_FEATURIZE_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        epilog=_FEATURIZE_EPILOG)
     p.add_argument(
-        "dataset", metavar="DATASET", help="dataset adapter: voc, coco, nus, cub, folder, cole"
-    )
+        "dataset", metavar="DATASET", help="dataset adapter: voc, coco, nus, cub, folder, cole")
     p.add_argument("--root", required=True, help="the dataset's folder as distributed")
     p.add_argument("--out", required=True, metavar="STORE", help="output store directory")
-    p.add_argument(
-        "--option",
-        action="append",
-        dest="dataset_options",
-        metavar="KEY=VALUE",
-        help="adapter option, repeatable (e.g. annotations=labels.csv for folder, "
-        "dataset=coco for cole)",
-    )
+    p.add_argument("--option", action="append", dest="dataset_options", metavar="KEY=VALUE",
+                   help="adapter option, repeatable (e.g. annotations=labels.csv for folder, "
+                   "dataset=coco for cole)")
     _add_run_options(p, default_weights=None)
     store = p.add_argument_group("store")
-    store.add_argument(
-        "--dtype",
-        choices=DTYPES,
-        default="float16",
-        help="feature storage type (default: float16)",
-    )
-    store.add_argument(
-        "--block-rows",
-        type=int,
-        default=1024,
-        help="rows per chunk, the unit of resume (default: 1024)",
-    )
-    store.add_argument(
-        "--skip-bad",
-        action="store_true",
-        help="store zero features for unreadable images and list them in the "
-        "store's bad_rows, instead of stopping",
-    )
-    store.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace an existing store at --out instead of resuming it",
-    )
+    store.add_argument("--dtype", choices=DTYPES, default="float16",
+                       help="feature storage type (default: float16)")
+    store.add_argument("--block-rows", type=int, default=1024,
+                       help="rows per chunk, the unit of resume (default: 1024)")
+    store.add_argument("--skip-bad", action="store_true",
+                       help="store zero features for unreadable images and list them in the "
+                       "store's bad_rows, instead of stopping")
+    store.add_argument("--overwrite", action="store_true",
+                       help="replace an existing store at --out instead of resuming it")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_seeds_argument(p)
     p.add_argument("--json", action="store_true", help="print the run summary as JSON")
@@ -416,43 +335,20 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
         description="List the backbone families of 'spml featurize --backbone', whether each "
         "is installed (and how to add it: pip install -e '.[timm]', '.[clip]', '.[hf]'), and "
         "the registry names. The same as 'spml featurize --list-backbones'. docs/backbones.md "
-        "describes the preprocessing, the embeddings and what a store records.",
-    )
+        "describes the preprocessing, the embeddings and what a store records.")
     p.add_argument("--json", action="store_true", help="print the families as JSON")
     p.set_defaults(func=_cmd_backbones)
 
-    b = bench.add_parser(
-        "featurize",
-        help="images/s of the featurize pipeline on synthetic JPEGs",
+    b = add_command(
+        bench, "featurize", help="images/s of the featurize pipeline on synthetic JPEGs",
         description="Measure featurize throughput (images/s) for a device, batch size and "
-        "decode path.",
-        epilog=_BENCH_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    b.add_argument(
-        "--images",
-        type=int,
-        default=None,
-        help="images to featurize (default: 4096 on CUDA, 24 on CPU)",
-    )
-    b.add_argument(
-        "--image-size",
-        default="640x480",
-        metavar="WxH",
-        help="synthetic JPEG size (default: 640x480, a typical COCO photo)",
-    )
+        "decode path.", epilog=_BENCH_EPILOG)
+    b.add_argument("--images", type=int, default=None,
+                   help="images to featurize (default: 4096 on CUDA, 24 on CPU)")
+    b.add_argument("--image-size", default="640x480", metavar="WxH",
+                   help="synthetic JPEG size (default: 640x480, a typical COCO photo)")
     _add_run_options(b, default_weights=RANDOM)
     b.add_argument("--quiet", action="store_true", help="no progress bar")
     b.add_argument("--json", action="store_true", help="print only the JSON line")
     b.set_defaults(func=_cmd_bench)
 
-
-def add_draws(path: str, seeds_text: str, *, k: int = 1, fraction: float = 1.0) -> list[int]:
-    """Add the draws ``seeds_text`` names (``"1200,1,2"``) to a complete store: single
-    positives (the protocol), or ``k`` positives on a ``fraction`` of the images (a label
-    budget); draws already there are kept. Returns the store's seeds."""
-    from probe.store import add_observed_seed, open_store
-
-    for seed in parse_seeds(seeds_text):
-        add_observed_seed(path, seed, k=k, fraction=fraction)
-    return open_store(path).observed_seeds()

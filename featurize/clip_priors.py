@@ -1,26 +1,15 @@
-"""``spml priors``: CLIP zero-shot class scores of a store's images, stored as a prior.
+"""``spml priors``: CLIP zero-shot class scores of a store's images, stored as a prior (the one
+VLPL and GPR read, docs/priors.md), with an OpenCLIP model's two towers (docs/backbones.md):
 
-The prior the VLPL and GPR losses read (docs/priors.md), computed from the store's own images
-with an OpenCLIP model's image and text towers (the ``open_clip`` backbone family,
-docs/backbones.md):
+1. **text**: ``prompt.format(class name)`` (``_`` as a space) per class, L2-normalised: ``t_c``;
+2. **views**: each image whole and, with ``tiles = k``, its k×k grid of tiles (AEVLP's DAMP: 4×4,
+   5×5 on CUB), through the model's preprocessing and image tower, L2-normalised: ``v``;
+3. **scores**: ``softmax_c(v · t_c / T)`` per view (T = 0.01 in both papers): the whole image's
+   are the prior's ``scores``; the per-class ``tile_max``, ``tile_min``, ``tile_mean`` its extras.
 
-1. **text**: one prompt per class, ``prompt.format(class name)`` (``_`` read as a space),
-   through the text tower, L2-normalised: ``t_c``.
-2. **views**: each image whole, and with ``tiles = k`` also cut into a k×k grid of tiles
-   (AEVLP's DAMP: 4×4, 5×5 on CUB), each view through the model's own preprocessing and the
-   image tower, L2-normalised: ``v``.
-3. **scores**: per view, ``softmax_c(v · t_c / T)`` over the classes at temperature ``T``
-   (0.01 in both papers). The whole image's scores are the prior's ``scores``; with tiles the
-   per-class ``tile_max``, ``tile_min`` and ``tile_mean`` over the k² tiles are its extras.
-
-Rows are computed in blocks that are kept beside the store (``<store>.priors-<name>.partial``)
-until the prior is written, so an interrupted run resumes where it stopped; a block holds each
-image's reductions only (the whole image's scores and, with tiles, the tiles' max, min and
-mean: 4 × C numbers an image, not (1 + k²) × C). A run resumes only what the same store, image
-root, dataset adapter and options, model, weights, prompt, temperature and tiles computed; an
-unfinished run of other settings is refused by name (:func:`resume_fingerprint`). The prior
-itself is written by :func:`probe.store.write_prior` (validated, checksummed, all or nothing)
-and the scratch folder is then removed.
+Blocks of rows are kept beside the store (``<store>.priors-<name>.partial``, 4 × C numbers an
+image) until the prior is written (:func:`probe.store.write_prior`), so an interrupted run resumes;
+only a run of the same settings (:func:`resume_fingerprint`) is resumed, another is refused.
 """
 
 from __future__ import annotations
@@ -98,10 +87,8 @@ class ClipPriorConfig:
 
     def fingerprint(self) -> dict[str, Any]:
         """What decides the numbers (a resumed run must match it)."""
-        out = dataclasses.asdict(self)
-        for key in ("batch_size", "device", "overwrite", "progress"):
-            out.pop(key)
-        return out
+        return {k: v for k, v in dataclasses.asdict(self).items()
+                if k not in ("batch_size", "device", "overwrite", "progress")}
 
 
 @dataclass(frozen=True)
@@ -115,21 +102,17 @@ class ClipPriorResult:
     provenance: dict[str, Any]
 
     def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["store"] = str(self.store)
-        return out
+        return {**dataclasses.asdict(self), "store": str(self.store)}
 
 
 def image_paths_of_store(store: Any, root: str | Path | None = None,
                          dataset_options: dict[str, Any] | None = None,
                          adapter: str | None = None) -> list[Path]:
-    """The image file of every store row, in row order: the store's dataset read again from
-    ``root`` (default: the absolute root its provenance records, :func:`featurize.image_source`)
-    with ``adapter`` and ``dataset_options`` (default: those the provenance records; for an
-    older store, the registered adapter of its dataset name, else ``folder``, which names a
-    dataset after its folder) and matched by image id. Refused by name where the store holds
-    imported features with no images, where the dataset cannot be read, or where any row's
-    image is missing (the first 20 named, then a count)."""
+    """The image file of every store row, in row order, matched by image id: the store's dataset
+    read again from ``root`` with ``adapter`` and ``dataset_options`` (defaults: those its
+    provenance records, :func:`featurize.image_source`; for an older store the adapter of its
+    dataset name, else ``folder``). Refused by name for imported features (no images), an
+    unreadable dataset or missing images (the first 20 named)."""
     from featurize.datasets import DATASETS, image_source, load_dataset, resolve_name
 
     source = image_source(store.provenance)
@@ -145,8 +128,7 @@ def image_paths_of_store(store: Any, root: str | Path | None = None,
                 f"store {store.path} holds imported features (source: "
                 f"{json.dumps(sentence)[:200]}), so spml priors cannot find its images: pass "
                 f"--root DIR with the images of dataset '{store.dataset}', or compute the scores "
-                "elsewhere and bring them with 'spml import priors'"
-            )
+                "elsewhere and bring them with 'spml import priors'")
         root = source.root
     name = source.dataset if source else store.dataset
     if source is not None and source.adapter is not None and adapter in (None, source.adapter):
@@ -163,32 +145,24 @@ def image_paths_of_store(store: Any, root: str | Path | None = None,
     if not root.is_dir():
         raise MissingPathError(
             f"--root: the images of store {store.path} (dataset '{name}') are not reachable: "
-            f"{root} is not a directory; pass --root DIR where the dataset now lives"
-        )
+            f"{root} is not a directory; pass --root DIR where the dataset now lives")
     index = load_dataset(adapter, root, **dict(dataset_options or {}))
-    by_id: dict[str, Path] = {}
-    for phase in (index.pool, index.test):
-        by_id.update(zip(phase.image_ids, phase.paths))
+    by_id = dict(zip((*index.pool.image_ids, *index.test.image_ids),
+                     (*index.pool.paths, *index.test.paths)))
     absent = [i for i in store.image_ids if i not in by_id]
     if absent:
         raise ClipPriorError(
             f"--root {root}: {len(absent)} of the store's {store.n_rows} image ids are not in "
             f"dataset '{name}' there, e.g. {', '.join(absent[:5])}; is it the dataset this store "
-            "was featurized from?"
-        )
+            "was featurized from?")
     paths = [Path(by_id[i]) for i in store.image_ids]
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         more = f" and {len(missing) - 20} more" if len(missing) > 20 else ""
         raise MissingPathError(
             f"--root {root}: {len(missing)} image files of the store's rows are missing: "
-            f"{', '.join(missing[:20])}{more}"
-        )
+            f"{', '.join(missing[:20])}{more}")
     return paths
-
-
-def _class_prompts(class_names: list[str], template: str) -> list[str]:
-    return [template.format(c.replace("_", " ")) for c in class_names]
 
 
 def _tiles(image: Any, k: int) -> list[Any]:
@@ -201,8 +175,7 @@ def _tiles(image: Any, k: int) -> list[Any]:
 
 def view_scores(clip: Any, images: list[Any], text: Any, tiles: int, temperature: float,
                 device: Any) -> np.ndarray:
-    """``(B, 1 + k², C)`` softmax class scores of each image's views (the whole image first,
-    then its tiles row by row)."""
+    """``(B, 1 + k², C)`` softmax class scores of each image's views (whole, then its tiles)."""
     import torch
 
     views = [v for img in images for v in [img, *(_tiles(img, tiles) if tiles else [])]]
@@ -212,10 +185,6 @@ def view_scores(clip: Any, images: list[Any], text: Any, tiles: int, temperature
         feats = feats / feats.norm(dim=-1, keepdim=True)
         scores = torch.softmax(feats.float() @ text.T / temperature, dim=-1)
     return scores.view(len(images), 1 + tiles * tiles, -1).cpu().numpy()
-
-
-def _scratch(store_path: Path, name: str) -> Path:
-    return store_path.with_name(f"{store_path.name}.priors-{name}.partial")
 
 
 #: what each resume-fingerprint field is set by (named when a resume is refused)
@@ -232,9 +201,8 @@ _SCRATCH_FORMAT = 2  # 2: blocks hold the reductions (global, tile max, min, mea
 def resume_fingerprint(config: ClipPriorConfig, store: Any, paths: list[Path],
                        dataset_options: dict[str, Any] | None, adapter: str | None,
                        weights_sha256: str | None) -> dict[str, Any]:
-    """What decides a block's numbers: the config's settings (not batch size, device,
-    overwrite, progress), the store's shape, the dataset adapter and its options, the image
-    root, and a digest of every row's image path -- a resumed run must match it all."""
+    """What decides a block's numbers (a resumed run must match it all): the config's settings,
+    the store's shape, the dataset adapter and options, the image root and every image path."""
     import hashlib
 
     digest = hashlib.sha256("\n".join(str(p.resolve()) for p in paths).encode()).hexdigest()
@@ -263,16 +231,13 @@ def _check_resume(scratch: Path, fingerprint: dict[str, Any]) -> None:
             f"{_plain(fingerprint.get(k))} now" for k in keys)
     raise ClipPriorError(
         f"an unfinished spml priors run of other settings is in {scratch} ({differs}); rerun "
-        "with that run's settings to resume it, or remove that folder to start over"
-    )
+        "with that run's settings to resume it, or remove that folder to start over")
 
 
 def _plain(value: Any) -> str:
-    if value is None:
-        return "none"
     if isinstance(value, dict):
         return ",".join(f"{k}={v}" for k, v in value.items()) or "none"
-    return str(value)
+    return "none" if value is None else str(value)
 
 
 def _reduce(views: np.ndarray, tiles: int) -> np.ndarray:
@@ -288,12 +253,9 @@ def compute_clip_prior(store_path: str | Path, config: ClipPriorConfig,
                        root: str | Path | None = None,
                        dataset_options: dict[str, Any] | None = None,
                        adapter: str | None = None) -> ClipPriorResult:
-    """Compute the CLIP prior of every row of the store at ``store_path`` and store it.
-
-    Every input is checked before the model is loaded or anything is written: the options,
-    the store, the prior's name (an existing one only with ``overwrite``), every row's image
-    file. Missing weights offline are refused by name (the open_clip family's loader) and leave
-    nothing behind."""
+    """Compute the CLIP prior of every row of the store at ``store_path`` and store it; the
+    options, the store, the name (an existing one only with ``overwrite``), every image file and
+    the weights are checked before anything is written."""
     import torch
     from PIL import Image
 
@@ -308,24 +270,23 @@ def compute_clip_prior(store_path: str | Path, config: ClipPriorConfig,
     if config.name in store.prior_names() and not config.overwrite:
         raise ClipPriorError(
             f"--name: store {store_path} already holds a prior '{config.name}'; pass "
-            "--overwrite to replace it, or choose another --name"
-        )
+            "--overwrite to replace it, or choose another --name")
     paths = image_paths_of_store(store, root, dataset_options, adapter)
     clip = load_clip(config.model, config.weights)
     clip.model.to(device)
     with torch.inference_mode():
-        tokens = clip.tokenizer(_class_prompts(store.class_names, config.prompt)).to(device)
+        prompts = [config.prompt.format(c.replace("_", " ")) for c in store.class_names]
+        tokens = clip.tokenizer(prompts).to(device)
         text = clip.model.encode_text(tokens).float()
         text = text / text.norm(dim=-1, keepdim=True)
 
-    scratch = _scratch(store_path, config.name)
+    scratch = store_path.with_name(f"{store_path.name}.priors-{config.name}.partial")
     fingerprint = resume_fingerprint(config, store, paths, dataset_options, adapter,
                                      clip.weights.sha256)
-    meta = scratch / "meta.json"
     if scratch.exists():
         _check_resume(scratch, fingerprint)
     scratch.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(meta, json.dumps(fingerprint, sort_keys=True))
+    atomic_write_text(scratch / "meta.json", json.dumps(fingerprint, sort_keys=True))
 
     k2 = config.tiles * config.tiles
     n_blocks = -(-store.n_rows // BLOCK_ROWS)
@@ -334,9 +295,7 @@ def compute_clip_prior(store_path: str | Path, config: ClipPriorConfig,
     bar = Progress(todo, f"priors {config.name} ({config.model}, {1 + k2} views, {device})",
                    "img", enabled=config.progress)
     with bar:
-        for b in range(n_blocks):
-            if b in done:
-                continue
+        for b in sorted(set(range(n_blocks)) - done):
             rows = range(b * BLOCK_ROWS, min((b + 1) * BLOCK_ROWS, store.n_rows))
             parts = []
             for start in range(rows.start, rows.stop, config.batch_size):
@@ -349,21 +308,15 @@ def compute_clip_prior(store_path: str | Path, config: ClipPriorConfig,
             atomic_write(scratch / f"block-{b}.npy", lambda f, a=block: np.save(f, a))
 
     reduced = np.concatenate([np.load(scratch / f"block-{b}.npy") for b in range(n_blocks)])
-    scores = reduced[:, 0, :]
-    extras = None
-    if config.tiles:
-        extras = {"tile_max": reduced[:, 1], "tile_min": reduced[:, 2],
-                  "tile_mean": reduced[:, 3]}
-    provenance = {
-        "model": config.model,
-        "prompt_template": config.prompt,
-        "temperature": config.temperature,
-        "tiles": f"{config.tiles}x{config.tiles}" if config.tiles else None,
-        "source": f"spml priors: OpenCLIP zero-shot softmax over the store's {store.n_classes} "
-                  f"classes, {1 + k2} views per image",
-        **clip.provenance(),
-    }
-    write_prior(store_path, config.name, scores, provenance, extras=extras,
+    extras = ({k: reduced[:, i] for i, k in enumerate(("tile_max", "tile_min", "tile_mean"), 1)}
+              if config.tiles else None)
+    provenance = {"model": config.model, "prompt_template": config.prompt,
+                  "temperature": config.temperature,
+                  "tiles": f"{config.tiles}x{config.tiles}" if config.tiles else None,
+                  "source": f"spml priors: OpenCLIP zero-shot softmax over the store's "
+                            f"{store.n_classes} classes, {1 + k2} views per image",
+                  **clip.provenance()}
+    write_prior(store_path, config.name, reduced[:, 0, :], provenance, extras=extras,
                 overwrite=config.overwrite, class_names=store.class_names)
     shutil.rmtree(scratch, ignore_errors=True)
     return ClipPriorResult(store_path, config.name, store.n_rows, store.n_classes, 1 + k2,

@@ -1,23 +1,10 @@
 """Image decoding, resizing and normalisation for the featurizer (docs/protocol.md step 6).
 
-The protocol's preprocessing is the reference pipeline of Cole et al. (2021):
-``PIL.Image.open → convert("RGB") → resize((448, 448), BILINEAR) → ToTensor → Normalize(mean,
-std)`` -- aspect ratio not kept, no crop, PIL's antialiased bilinear filter, ImageNet mean/std.
-EXIF orientation is *not* applied (the reference does not apply it either).
-
-Two decode paths produce the model input:
-
-* ``pil`` -- exactly the reference: reader threads decode and resize with PIL into uint8
-  ``(S, S, 3)`` arrays; the device does ``/255`` and the normalisation (the same float32
-  arithmetic as ``ToTensor`` + ``Normalize``). Bit-for-bit the reference input.
-* ``torchvision`` -- reader threads read the file bytes; on CUDA, 3-component baseline or
-  progressive JPEGs are decoded in one batched ``torchvision.io.decode_jpeg(..., device="cuda")``
-  call (nvJPEG) and resized on the GPU with antialiased bilinear interpolation; everything else
-  (grayscale, CMYK, PNG, arithmetic-coded JPEG, a batch nvJPEG rejects) falls back to a decode
-  on the CPU, image by image. On CPU the same path uses libjpeg-turbo through
-  ``torchvision.io.decode_image``. Pixels differ from the PIL path by at most one grey level
-  after the resize (nvJPEG's IDCT and PyTorch's resize are not PIL's), so features differ at
-  the float16 storage level only; the store records which path made them.
+The protocol's preprocessing is Cole et al. (2021)'s: ``PIL open → convert("RGB") → resize((448,
+448), BILINEAR) → ToTensor → Normalize`` (no crop, EXIF orientation not applied). Two decode paths:
+``pil`` is exactly that (bit for bit); ``torchvision`` decodes JPEGs in one batched nvJPEG call on
+CUDA (libjpeg-turbo on a CPU; other formats one by one on the CPU) and resizes with torch: pixels
+within one grey level of PIL's (docs/design.md, docs/performance.md).
 """
 
 from __future__ import annotations
@@ -37,8 +24,6 @@ from PIL import Image
 from featurize.specs import IMAGENET_MEAN, IMAGENET_STD
 from probe.errors import SpmlError
 
-DECODE_PATHS: tuple[str, ...] = ("pil", "torchvision")
-
 # JPEG start-of-frame markers nvJPEG decodes: baseline, extended sequential, progressive
 # (Huffman-coded). Arithmetic-coded and lossless frames go to the CPU fallback.
 _NVJPEG_SOF = frozenset((0xC0, 0xC1, 0xC2))
@@ -57,16 +42,11 @@ _PIL_FILTERS = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}
 
 @dataclass(frozen=True)
 class ImageTransform:
-    """The image → model-input transform, recorded in the store.
-
-    The protocol's (docs/protocol.md step 6) is the default: ``resize="square"``, an S×S resize
-    (aspect not kept, no crop). A backbone's own preprocessing (timm's data config, OpenCLIP's
-    transform, a Hugging Face image processor; docs/backbones.md) is ``resize="shortest"``: the
-    shorter side to ``size`` (the longer one ``int(size · long / short)``, torchvision's rule),
-    then a centred ``crop``×``crop`` window, whose offset is ``round((size - crop) / 2)``
-    (torchvision's ``CenterCrop``) or with ``crop_rounding="floor"`` ``(size - crop) // 2``
-    (the Hugging Face image processors); or ``resize="squash"``: S×S, then the centred crop.
-    """
+    """The image → model-input transform, recorded in the store: the protocol's S×S resize
+    (``resize="square"``, the default), or a backbone's own (docs/backbones.md): the shorter side
+    to ``size`` (``"shortest"``; the longer ``int(size · long / short)``, torchvision's rule) or
+    S×S (``"squash"``), then a centred ``crop`` at offset ``round((size - crop) / 2)``
+    (torchvision) or, with ``crop_rounding="floor"``, ``(size - crop) // 2`` (Hugging Face)."""
 
     size: int = 448  # the protocol's 448×448 (square, aspect not kept)
     mean: tuple[float, float, float] = IMAGENET_MEAN  # ImageNet statistics (ResNet-50 V1)
@@ -86,21 +66,16 @@ class ImageTransform:
                 raise SpmlError(f"{name} needs 3 values (R, G, B), got {value!r}")
         if min(self.std) <= 0:
             raise SpmlError(f"std values must be positive, got {self.std!r}")
-        for name, choices in (
-            ("interpolation", INTERPOLATIONS),
-            ("resize", RESIZE_MODES),
-            ("crop_rounding", CROP_ROUNDINGS),
-        ):
+        for name, choices in (("interpolation", INTERPOLATIONS), ("resize", RESIZE_MODES),
+                              ("crop_rounding", CROP_ROUNDINGS)):
             if getattr(self, name) not in choices:
                 raise SpmlError(
                     f"image transform: {name} must be one of {', '.join(choices)}; "
-                    f"got {getattr(self, name)!r}"
-                )
+                    f"got {getattr(self, name)!r}")
         if self.crop is not None and not 1 <= int(self.crop) <= int(self.size):
             raise SpmlError(
                 f"image transform: crop must be between 1 and the resize size {self.size}; "
-                f"got {self.crop}"
-            )
+                f"got {self.crop}")
 
     @property
     def out_size(self) -> int:
@@ -131,26 +106,14 @@ class ImageTransform:
         if self.resize == "square" and self.crop is None:  # the protocol's, as always recorded
             out.update(resize=[self.size, self.size], keep_aspect=False, crop=None)
         else:
-            out.update(
-                resize=(
-                    f"shorter side to {self.size}"
-                    if self.resize == "shortest"
-                    else [self.size, self.size]
-                ),
-                keep_aspect=self.resize == "shortest",
-                crop=None if self.crop is None else [self.out_size, self.out_size],
-                crop_offset=(
-                    "round((resized - crop) / 2)"
-                    if self.crop_rounding == "round"
-                    else "(resized - crop) // 2"
-                ),
-            )
-        out.update(
-            exif_orientation="ignored",
-            to_tensor="uint8 / 255",
-            mean=list(self.mean),
-            std=list(self.std),
-        )
+            shortest = self.resize == "shortest"
+            out.update(resize=f"shorter side to {self.size}" if shortest else [self.size] * 2,
+                       keep_aspect=shortest,
+                       crop=None if self.crop is None else [self.out_size] * 2,
+                       crop_offset="round((resized - crop) / 2)" if self.crop_rounding == "round"
+                       else "(resized - crop) // 2")
+        out.update(exif_orientation="ignored", to_tensor="uint8 / 255", mean=list(self.mean),
+                   std=list(self.std))
         return out
 
 
@@ -158,9 +121,8 @@ class ImageTransform:
 
 
 def header_error(path: str | Path) -> str | None:
-    """Why an image file cannot even be opened -- missing, empty, or a header PIL does not
-    recognise or verify -- else None. A cheap check (no pixel decoding): a file that passes it
-    may still fail to decode when featurized (e.g. a truncated JPEG)."""
+    """Why an image file cannot even be opened (missing, empty, a header PIL does not verify),
+    else None; no pixels are decoded, so a truncated JPEG passes."""
     try:
         with Image.open(path) as image:
             image.verify()
@@ -186,12 +148,8 @@ def read_bytes(path: str | Path) -> bytearray:
 
 
 def jpeg_frame(data: bytes | bytearray) -> tuple[int, int] | None:
-    """``(SOF marker, number of components)`` of a JPEG stream, or None if it is not a JPEG.
-
-    Walks the marker segments up to the first start-of-frame header (a few hundred bytes into
-    the file); a truncated or malformed header also gives None (the CPU path will then report
-    the decode error).
-    """
+    """``(SOF marker, number of components)`` of a JPEG stream's first start-of-frame header;
+    None if it is not a JPEG or the header is truncated or malformed (the CPU path reports it)."""
     n = len(data)
     if n < 4 or data[0] != 0xFF or data[1] != 0xD8:
         return None
@@ -218,11 +176,8 @@ def jpeg_frame(data: bytes | bytearray) -> tuple[int, int] | None:
 
 
 def nvjpeg_decodable(data: bytes | bytearray) -> bool:
-    """True for the JPEGs the batched GPU decode handles: Huffman-coded YCbCr (3 components).
-
-    Grayscale (1 component) and CMYK/YCCK (4 components) JPEGs, other formats and
-    arithmetic-coded JPEGs take the per-image CPU fallback instead.
-    """
+    """True for the JPEGs the batched GPU decode handles: Huffman-coded, 3 components (YCbCr);
+    grayscale, CMYK, arithmetic-coded JPEGs and other formats take the CPU fallback."""
     frame = jpeg_frame(data)
     return frame is not None and frame[0] in _NVJPEG_SOF and frame[1] == 3
 
@@ -238,18 +193,9 @@ def _open_rgb(source: str | Path | bytes | bytearray, name: str | Path) -> Image
         raise BadImageError(f"cannot decode image {name}: {err}") from None
 
 
-def pil_rgb(source: str | Path | bytes | bytearray, name: str | Path) -> np.ndarray:
-    """Decode with PIL and convert to RGB: a ``(H, W, 3)`` uint8 array (no resize)."""
-    return np.asarray(_open_rgb(source, name))
-
-
 def pil_resized(path: str | Path, size: int) -> np.ndarray:
-    """The reference pipeline up to the resize: open → RGB → resize((S, S), BILINEAR).
-
-    Returns ``(S, S, 3)`` uint8, which ``ToTensor`` would divide by 255.
-    """
-    img = _open_rgb(path, path)
-    return np.asarray(img.resize((size, size), Image.BILINEAR))
+    """The reference pipeline up to the resize: open → RGB → resize((S, S), BILINEAR), uint8."""
+    return np.asarray(_open_rgb(path, path).resize((size, size), Image.BILINEAR))
 
 
 def pil_transformed(path: str | Path, transform: ImageTransform) -> np.ndarray:
@@ -268,13 +214,10 @@ def pil_transformed(path: str | Path, transform: ImageTransform) -> np.ndarray:
 
 
 def _quiet_torchvision_io() -> None:
-    # torchvision 0.29 marks its image codecs deprecated in favour of TorchCodec and warns;
-    # the codecs are what the issue asks for, so that notice is silenced. Re-applied on every
-    # call (cheap; an identical filter replaces itself) because test runners and
-    # warnings.catch_warnings() restore the filter list.
+    # torchvision 0.29 warns that its codecs are deprecated (for TorchCodec); re-applied on every
+    # call because test runners and warnings.catch_warnings() restore the filter list
     warnings.filterwarnings(
-        "ignore", message=r"The image decoding and encoding capabilities of TorchVision"
-    )
+        "ignore", message=r"The image decoding and encoding capabilities of TorchVision")
 
 
 def cpu_decode(data: bytearray, name: str | Path) -> torch.Tensor:
@@ -287,22 +230,17 @@ def cpu_decode(data: bytearray, name: str | Path) -> torch.Tensor:
     try:
         return decode_image(torch.frombuffer(data, dtype=torch.uint8), mode=ImageReadMode.RGB)
     except RuntimeError:
-        return torch.from_numpy(pil_rgb(data, name).copy()).permute(2, 0, 1)
+        return torch.from_numpy(np.array(_open_rgb(data, name))).permute(2, 0, 1)
 
 
 # ----------------------------------------------------------------------------- on the device
 
 
-def batch_decode(
-    datas: Sequence[bytearray], names: Sequence[str | Path], device: torch.device
-) -> list[torch.Tensor | BadImageError]:
-    """Batched ``torchvision.io.decode_jpeg`` (nvJPEG on CUDA) of JPEGs that passed
-    :func:`nvjpeg_decodable`, on ``device``; RGB ``(3, H, W)`` uint8 tensors.
-
-    One batched call; if the decoder rejects the batch (it returns no partial results) each
-    image is retried alone, and one that still fails is decoded on the CPU (and uploaded). An
-    image no decoder reads comes back as a :class:`BadImageError` in its place.
-    """
+def batch_decode(datas: Sequence[bytearray], names: Sequence[str | Path], device: torch.device
+                 ) -> list[torch.Tensor | BadImageError]:
+    """RGB ``(3, H, W)`` uint8 tensors on ``device`` of :func:`nvjpeg_decodable` JPEGs, in one
+    batched ``decode_jpeg`` call (nvJPEG on CUDA); if it rejects the batch, image by image, then
+    on the CPU; an image no decoder reads comes back as a :class:`BadImageError` in its place."""
     from torchvision.io import ImageReadMode, decode_jpeg
 
     _quiet_torchvision_io()
@@ -323,19 +261,11 @@ def batch_decode(
     return out
 
 
-def resize_batch(
-    images: Sequence[torch.Tensor], size: int | ImageTransform
-) -> torch.Tensor:
-    """Resize ``(3, H, W)`` uint8 images to a ``(B, 3, S, S)`` uint8 batch with antialias
-    (PyTorch's port of PIL's filters): an int ``size`` is the protocol's S×S bilinear resize
-    (aspect not kept); an :class:`ImageTransform` is applied with its resize, interpolation
-    and centre crop (``S = transform.out_size``).
-
-    Images of equal shape are resized together (one kernel per shape, not per image). On the
-    CPU the uint8 bilinear kernel is used (it matches PIL to within one grey level, almost
-    everywhere exactly); on CUDA, and for bicubic, the float kernel, rounded back to uint8 like
-    PIL's output. Nothing here waits for the device (no host→device copies of indices).
-    """
+def resize_batch(images: Sequence[torch.Tensor], size: int | ImageTransform) -> torch.Tensor:
+    """Resize ``(3, H, W)`` uint8 images to a ``(B, 3, S, S)`` uint8 batch, antialiased: an int
+    ``size`` is the protocol's S×S bilinear resize; an :class:`ImageTransform` brings its resize,
+    interpolation and centre crop. Images of one shape are resized together; on the CPU with the
+    uint8 bilinear kernel (PIL's pixels within one grey level), else the float one, rounded."""
     if not images:
         raise SpmlError("resize_batch needs at least one image")
     transform = size if isinstance(size, ImageTransform) else ImageTransform(size=int(size))
@@ -344,7 +274,7 @@ def resize_batch(
     groups: dict[tuple[int, int], list[int]] = {}
     for i, img in enumerate(images):
         groups.setdefault(tuple(img.shape[-2:]), []).append(i)
-    out: list[torch.Tensor | None] = [None] * len(images)
+    out: dict[int, torch.Tensor] = {}
     for (h, w), idx in groups.items():
         x = torch.stack([images[i] for i in idx])
         rh, rw = transform.resized_shape(h, w)
@@ -352,38 +282,23 @@ def resize_batch(
             if cpu and mode == "bilinear":
                 x = F.interpolate(x, size=(rh, rw), mode="bilinear", antialias=True)
             else:
-                x = (
-                    F.interpolate(
-                        x.float(),
-                        size=(rh, rw),
-                        mode=mode,
-                        antialias=True,
-                        align_corners=False,
-                    )
-                    .round_()
-                    .clamp_(0, 255)
-                    .to(torch.uint8)
-                )
+                x = F.interpolate(x.float(), size=(rh, rw), mode=mode, antialias=True,
+                                  align_corners=False).round_().clamp_(0, 255).to(torch.uint8)
         if transform.crop is not None:
             top, left = transform.crop_box(rh, rw)
             c = transform.out_size
             x = x[:, :, top : top + c, left : left + c]
-        for j, i in enumerate(idx):
-            out[i] = x[j]
-    return torch.stack(out)
+        out.update(zip(idx, x))
+    return torch.stack([out[i] for i in range(len(images))])
 
 
 @functools.lru_cache(maxsize=16)
-def _stats(
-    mean: tuple[float, ...], std: tuple[float, ...], device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _stats(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device
+           ) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean/std as (1, 3, 1, 1) float32 tensors on ``device``, made once (not per batch: each
     host→device copy from pageable memory would wait for the device)."""
-
-    def as_tensor(v: tuple[float, ...]) -> torch.Tensor:
-        return torch.tensor(v, dtype=torch.float32).view(1, 3, 1, 1).to(device)
-
-    return as_tensor(mean), as_tensor(std)
+    return tuple(torch.tensor(v, dtype=torch.float32).view(1, 3, 1, 1).to(device)
+                 for v in (mean, std))
 
 
 def normalize(batch: torch.Tensor, transform: ImageTransform) -> torch.Tensor:

@@ -5,13 +5,9 @@ elsewhere, or add a prior scored elsewhere to one; thin layers over :mod:`featur
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
 
-from featurize.cli import DTYPES, add_draws, check_before_writing
-from probe.cliargs import add_seeds_argument, wrap
-
-if TYPE_CHECKING:
-    from probe.store import Store
+from featurize.cli import DTYPES, add_command, check_before_writing
+from probe.cliargs import add_seeds_argument, parse_seeds, wrap
 
 __all__ = ["register_cli"]
 
@@ -21,90 +17,44 @@ _STORE_LAYOUT = (
     "The store is a Zarr v3 directory: features (N, D), labels (N, C), single positives "
     "observed/1200 (Cole et al.'s seed, drawn per phase), split (train/val: 80/20 of the pool with "
     "seed 1200; test), image ids and provenance. An interrupted import is resumed by running the "
-    "same command again."
-)
+    "same command again.")
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, metavar="STORE", help="output store directory")
     parser.add_argument(
-        "--dtype",
-        choices=DTYPES,
-        default="float16",
+        "--dtype", choices=DTYPES, default="float16",
         help="feature storage type (default: float16, half the disk and memory; float32 keeps "
-        "full precision)",
-    )
+        "full precision)")
     parser.add_argument(
-        "--overwrite", action="store_true", help="replace an existing store at --out"
-    )
+        "--overwrite", action="store_true", help="replace an existing store at --out")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_seeds_argument(parser)
 
 
-def _report(store: Store, seeds_text: str) -> None:
-    add_draws(str(store.path), seeds_text)
+def _cmd_import(args: argparse.Namespace) -> int:
+    """``spml import cole|arrays|yeast``: check before writing, import, add the draws, report."""
+    from featurize import imports
+    from probe.store import add_draws
+
+    check_before_writing(args)
+    common = {"dtype": args.dtype, "overwrite": args.overwrite, "progress": not args.quiet}
+    if args.import_source == "cole":
+        store = imports.import_cole(args.dir, args.dataset, args.out, block_rows=args.block_rows,
+                                    class_names_file=args.class_names, **common)
+    elif args.import_source == "arrays":
+        store = imports.import_array_files(args.out, args.features, args.labels, name=args.name,
+                                           test_features_path=args.test_features,
+                                           test_labels_path=args.test_labels,
+                                           test_fraction=args.test_fraction,
+                                           class_names_path=args.class_names, **common)
+    else:
+        store = imports.import_yeast(args.out, test_fraction=args.test_fraction, **common)
+    add_draws(store.path, parse_seeds(args.seeds))
     sizes = " / ".join(f"{name} {len(store.split(name))}" for name in ("train", "val", "test"))
-    print(
-        f"wrote {store.path}: {store.dataset}, {store.n_rows} rows ({sizes}), "
-        f"{store.n_classes} classes, {store.feature_dim}-dim {store.dtype} features. "
-        f"'spml info {store.path}' shows more."
-    )
-
-
-def _cmd_import_cole(args: argparse.Namespace) -> int:
-    from featurize import imports
-
-    check_before_writing(args)
-
-    store = imports.import_cole(
-        args.dir,
-        args.dataset,
-        args.out,
-        dtype=args.dtype,
-        class_names_file=args.class_names,
-        overwrite=args.overwrite,
-        block_rows=args.block_rows,
-        progress=not args.quiet,
-    )
-    _report(store, args.seeds)
-    return 0
-
-
-def _cmd_import_arrays(args: argparse.Namespace) -> int:
-    from featurize import imports
-
-    check_before_writing(args)
-
-    store = imports.import_array_files(
-        args.out,
-        args.features,
-        args.labels,
-        name=args.name,
-        test_features_path=args.test_features,
-        test_labels_path=args.test_labels,
-        test_fraction=args.test_fraction,
-        class_names_path=args.class_names,
-        dtype=args.dtype,
-        overwrite=args.overwrite,
-        progress=not args.quiet,
-    )
-    _report(store, args.seeds)
-    return 0
-
-
-def _cmd_import_yeast(args: argparse.Namespace) -> int:
-    from featurize import imports
-
-    check_before_writing(args)
-
-    store = imports.import_yeast(
-        args.out,
-        dtype=args.dtype,
-        test_fraction=args.test_fraction,
-        overwrite=args.overwrite,
-        progress=not args.quiet,
-    )
-    _report(store, args.seeds)
+    print(f"wrote {store.path}: {store.dataset}, {store.n_rows} rows ({sizes}), "
+          f"{store.n_classes} classes, {store.feature_dim}-dim {store.dtype} features. "
+          f"'spml info {store.path}' shows more.")
     return 0
 
 
@@ -117,20 +67,17 @@ def _fraction(text: str) -> float:
 
 def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction) -> None:
     """Add ``spml import`` and its sources ``cole``, ``arrays``, ``yeast`` and ``priors``."""
-    imp = sub.add_parser(
-        "import",
-        help="build a feature store from precomputed features (no backbone run)",
+    imp = add_command(
+        sub, "import", help="build a feature store from precomputed features (no backbone run)",
         description=wrap("Build a feature store from features computed elsewhere.", _STORE_LAYOUT),
         epilog="examples:\n"
         "  spml import cole data/coco --dataset coco --out stores/coco-cole.zarr\n"
         "  spml import arrays --features X.npy --labels Y.npy --name mydata --out my.zarr\n"
-        "  spml import yeast --out stores/yeast.zarr",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        "  spml import yeast --out stores/yeast.zarr")
     isub = imp.add_subparsers(dest="import_source", metavar="SOURCE", required=True)
 
-    p = isub.add_parser(
-        "cole",
+    p = add_command(
+        isub, "cole",
         help="Cole et al. (2021)'s released ResNet-50 features and formatted labels",
         description=wrap(
             "Import Cole et al.'s released files from one dataset directory: "
@@ -141,35 +88,22 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
             "81 concepts); CUB from attributes.txt (or --class-names). If the directory holds "
             "their formatted_*_labels_obs.npy, our seed-1200 draw is compared with it and the "
             "result recorded in the provenance.",
-            _STORE_LAYOUT,
-        ),
-        epilog="example:\n  spml import cole data/pascal --dataset voc --out stores/voc-cole.zarr",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+            _STORE_LAYOUT),
+        epilog="example:\n  spml import cole data/pascal --dataset voc --out stores/voc-cole.zarr")
     p.add_argument("dir", metavar="DIR", help="directory holding Cole et al.'s .npy files")
     p.add_argument(
-        "--dataset",
-        required=True,
-        choices=("voc", "coco", "nus", "cub"),
+        "--dataset", required=True, choices=("voc", "coco", "nus", "cub"),
         help="which dataset the files are (sets the class names and image folder; Cole et "
-        "al.'s 'pascal' is voc, 'nuswide' is nus)",
-    )
-    p.add_argument(
-        "--class-names",
-        metavar="FILE",
-        help="class names, one per line, overriding the defaults above",
-    )
-    p.add_argument(
-        "--block-rows",
-        type=int,
-        default=1024,
-        help="rows per store chunk / write block (default: 1024)",
-    )
+        "al.'s 'pascal' is voc, 'nuswide' is nus)")
+    p.add_argument("--class-names", metavar="FILE",
+                   help="class names, one per line, overriding the defaults above")
+    p.add_argument("--block-rows", type=int, default=1024,
+                   help="rows per store chunk / write block (default: 1024)")
     _common(p)
-    p.set_defaults(func=_cmd_import_cole)
+    p.set_defaults(func=_cmd_import)
 
-    p = isub.add_parser(
-        "arrays",
+    p = add_command(
+        isub, "arrays",
         help="any (N, D) feature matrix with an (N, C) 0/1 label matrix (.npy files)",
         description=wrap(
             "Import any features with a multi-label 0/1 matrix, one row per sample, as .npy "
@@ -177,32 +111,26 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
             "rows with --test-fraction (default 0.2 when no test files are given; Cole et al.'s "
             "seeded split, seed 1200). Image ids are 'row<i>' (input row i) for held-out splits "
             "and 'train<i>'/'test<i>' otherwise.",
-            _STORE_LAYOUT,
-        ),
+            _STORE_LAYOUT),
         epilog="examples:\n"
         "  spml import arrays --features X.npy --labels Y.npy --name mydata --out my.zarr\n"
         "  spml import arrays --features Xtr.npy --labels Ytr.npy --test-features Xte.npy \\\n"
-        "      --test-labels Yte.npy --class-names classes.txt --name mydata --out my.zarr",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        "      --test-labels Yte.npy --class-names classes.txt --name mydata --out my.zarr")
     p.add_argument("--features", required=True, metavar="F.npy", help="(N, D) features")
     p.add_argument("--labels", required=True, metavar="L.npy", help="(N, C) 0/1 labels")
     p.add_argument("--test-features", metavar="F2.npy", help="(M, D) test features")
     p.add_argument("--test-labels", metavar="L2.npy", help="(M, C) 0/1 test labels")
     p.add_argument(
-        "--test-fraction",
-        type=_fraction,
-        help="hold out this fraction of the rows as the test set (default 0.2 without test files)",
-    )
+        "--test-fraction", type=_fraction,
+        help="hold out this fraction of the rows as the test set (default 0.2 without test files)")
     p.add_argument(
-        "--class-names", metavar="FILE", help="C class names, one per line (default class_0 …)"
-    )
+        "--class-names", metavar="FILE", help="C class names, one per line (default class_0 …)")
     p.add_argument("--name", required=True, help="dataset name recorded in the store")
     _common(p)
-    p.set_defaults(func=_cmd_import_arrays)
+    p.set_defaults(func=_cmd_import)
 
-    p = isub.add_parser(
-        "yeast",
+    p = add_command(
+        isub, "yeast",
         help="the MULAN yeast set shipped inside the river package (2,417 x 103, 14 labels)",
         description=wrap(
             "Import the real multi-label yeast set (Elisseeff & Weston 2001; 2,417 genes x 103 "
@@ -211,20 +139,13 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
             "The csv has no official test split: --test-fraction of the rows (default 0.2) are "
             "held out with a seeded random split (seed 1200), recorded in the store's "
             "'test_split' attribute; the remaining pool is split 80/20 into train/val.",
-            _STORE_LAYOUT,
-        ),
+            _STORE_LAYOUT),
         epilog="example:\n  spml import yeast --out stores/yeast.zarr\n"
-        "  spml info stores/yeast.zarr",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "--test-fraction",
-        type=_fraction,
-        default=TEST_FRACTION,
-        help="fraction of rows held out as the test set (default: 0.2)",
-    )
+        "  spml info stores/yeast.zarr")
+    p.add_argument("--test-fraction", type=_fraction, default=TEST_FRACTION,
+                   help="fraction of rows held out as the test set (default: 0.2)")
     _common(p)
-    p.set_defaults(func=_cmd_import_yeast)
+    p.set_defaults(func=_cmd_import)
 
     _register_import_priors(isub)
 
@@ -265,8 +186,8 @@ def _cmd_import_priors(args: argparse.Namespace) -> int:
 
 
 def _register_import_priors(isub: argparse._SubParsersAction) -> None:
-    p = isub.add_parser(
-        "priors",
+    p = add_command(
+        isub, "priors",
         help="per-image class scores (CLIP, a teacher) into a store's priors/<name>",
         description=wrap(
             "Store per-image class scores computed elsewhere as a named prior of a complete "
@@ -276,15 +197,12 @@ def _register_import_priors(isub: argparse._SubParsersAction) -> None:
             "optionally an image_id column matching the store's image ids. The scores must "
             "cover every store row (train, val and test), be finite, and (with --class-names) "
             "be in the store's class order; a refused prior leaves the store untouched. The "
-            "prior is checksummed like the features and listed by 'spml info'."
-        ),
+            "prior is checksummed like the features and listed by 'spml info'."),
         epilog="examples:\n"
         "  spml import priors stores/coco.zarr --name clip --from clip_scores.npy \\\n"
         "      --model openai/clip-vit-large-patch14-336 --temperature 0.01\n"
         "  spml import priors stores/coco.zarr --name damp --from global.npy \\\n"
-        "      --extra tile_max=tmax.npy --extra tile_min=tmin.npy --tiles 4x4",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        "      --extra tile_max=tmax.npy --extra tile_min=tmin.npy --tiles 4x4")
     p.add_argument("store", metavar="STORE", help="a complete feature store")
     p.add_argument("--name", required=True, help="the prior's name (e.g. clip)")
     p.add_argument("--from", dest="from_path", required=True, metavar="FILE",

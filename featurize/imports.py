@@ -1,15 +1,9 @@
-"""Feature stores built without running a backbone (docs/protocol.md "Precomputed features").
-
-* :func:`import_cole` -- Cole et al. (2021)'s released ImageNet ResNet-50 features with their
-  formatted labels and image lists (``featurize.datasets.cole``).
-* :func:`import_arrays` / :func:`import_array_files` -- any ``(N, D)`` features with an ``(N, C)``
-  0/1 label matrix (e.g. a tabular multi-label set).
-* :func:`import_yeast` -- the real MULAN *yeast* set (2,417 x 103, 14 labels) that ships inside
-  the ``river`` package.
-
-All write through the crash-safe writer (:func:`probe.store.write_feature_store`): an
-interrupted import is resumed by running the same command again. The provenance records the
-source files with their sha256 and that no backbone was run.
+"""Feature stores built without running a backbone (docs/protocol.md "Precomputed features"):
+:func:`import_cole` (Cole et al. 2021's released ResNet-50 features), :func:`import_arrays` /
+:func:`import_array_files` (any ``(N, D)`` features with an ``(N, C)`` 0/1 label matrix) and
+:func:`import_yeast` (MULAN *yeast*, shipped inside ``river``). All write through the crash-safe
+:func:`probe.store.write_feature_store` (an interrupted import resumes) and record the source
+files with their sha256.
 """
 
 from __future__ import annotations
@@ -44,34 +38,22 @@ YEAST_LABELS: int = 14  # ... and 14 labels (Elisseeff & Weston 2001)
 NO_BACKBONE = "none (imported features; no backbone was run)"
 
 
-def _provenance(
-    *,
-    backbone: str,
-    weights: str,
-    transform: str,
-    files: dict[str, Path],
-    progress: bool = False,
-    **extra: object,
-) -> dict:
+def _provenance(*, backbone: str, weights: str, transform: str, files: dict[str, Path],
+                progress: bool = False, **extra: object) -> dict:
     """Provenance of an import: source files and their sha256 (also what a resume must match)."""
-    sha = {name: file_sha256(path, progress=progress) for name, path in files.items()}
-    return {
-        "backbone": backbone,
-        "weights": weights,
-        "weights_sha256": None,
-        "transform": transform,
-        "backbone_run": False,
-        "source": {"files": {name: str(Path(p).resolve()) for name, p in files.items()}, **extra},
-        "source_sha256": sha,
-    }
+    return {"backbone": backbone, "weights": weights, "weights_sha256": None,
+            "transform": transform, "backbone_run": False,
+            "source": {"files": {name: str(Path(p).resolve()) for name, p in files.items()},
+                       **extra},
+            "source_sha256": {name: file_sha256(path, progress=progress)
+                              for name, path in files.items()}}
 
 
 def _float_features(values: np.ndarray, source: Path | str) -> np.ndarray:
     """Numeric (N, D) features; integer/bool ones become float32, others are refused."""
     if values.ndim != 2:
         raise DatasetFormatError(
-            f"{source}: features must be a 2-D (N, D) matrix, got {values.shape}"
-        )
+            f"{source}: features must be a 2-D (N, D) matrix, got {values.shape}")
     if np.issubdtype(values.dtype, np.floating):
         return values
     if np.issubdtype(values.dtype, np.integer) or values.dtype == bool:
@@ -79,8 +61,11 @@ def _float_features(values: np.ndarray, source: Path | str) -> np.ndarray:
     raise DatasetFormatError(f"{source}: features must be numeric, got dtype {values.dtype}")
 
 
-def _check_values(features: np.ndarray, source: str, dtype: str) -> None:
-    """In-memory features must be finite and fit the store dtype (error names source and row)."""
+def _checked_rows(features: np.ndarray, labels: np.ndarray, source: str, label_source: str,
+                  dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """Float (N, D) features, finite and within the store dtype's range, and their (N, C) 0/1
+    labels, one row per sample (errors name the source and row)."""
+    features = _float_features(np.asarray(features), source)
     finite = np.isfinite(features).all(axis=1)
     if not finite.all():
         row = int(np.nonzero(~finite)[0][0])
@@ -91,36 +76,26 @@ def _check_values(features: np.ndarray, source: str, dtype: str) -> None:
         row = int(np.nonzero(big)[0][0])
         raise DatasetFormatError(
             f"{source}: row {row} has a value of magnitude {np.abs(features[row]).max():.4g}, "
-            f"beyond {dtype}'s range; store as float32 (--dtype float32)"
-        )
+            f"beyond {dtype}'s range; store as float32 (--dtype float32)")
+    labels = binary_labels(labels, label_source)
+    if features.shape[0] != labels.shape[0]:
+        raise DatasetFormatError(
+            f"{source} has {features.shape[0]} rows but {label_source} has {labels.shape[0]}: "
+            "features and labels must have one row per sample, in the same order")
+    return features, labels
 
 
-# ----------------------------------------------------------------------------- Cole et al.
-
-
-def import_cole(
-    root: str | Path,
-    dataset: str,
-    out: str | Path,
-    *,
-    dtype: str = "float16",
-    class_names_file: str | Path | None = None,
-    overwrite: bool = False,
-    block_rows: int = 1024,
-    progress: bool = True,
-) -> Store:
-    """Store Cole et al.'s released features: their ``train`` files are the pool, ``val`` test.
-
-    The features file rows follow the formatted image order; there are no flipped features.
-    When the directory also holds their ``formatted_*_labels_obs.npy``, the store's seed-1200
-    draw is compared with it and the result recorded in the provenance (``reference_check``).
-    """
+def import_cole(root: str | Path, dataset: str, out: str | Path, *, dtype: str = "float16",
+                class_names_file: str | Path | None = None, overwrite: bool = False,
+                block_rows: int = 1024, progress: bool = True) -> Store:
+    """Store Cole et al.'s released features (their ``train`` files the pool, ``val`` the test
+    rows; no flipped features); their ``formatted_*_labels_obs.npy``, where present, is compared
+    with the store's seed-1200 draw (the provenance's ``reference_check``)."""
     root = Path(root)
     dataset = canonical_dataset(dataset)
     index = load_cole_formatted(root, dataset, class_names_file)
     _, names_source = cole_class_names(
-        root, dataset, None if class_names_file is None else Path(class_names_file)
-    )
+        root, dataset, None if class_names_file is None else Path(class_names_file))
     paths = cole_paths(root, features=True)
     features = {}
     for phase in PHASES:
@@ -130,37 +105,23 @@ def import_cole(
         if feats.shape[0] != n:
             raise DatasetFormatError(
                 f"{path} has {feats.shape[0]} feature rows but "
-                f"{paths[f'images_{phase}'].name} lists {n} images"
-            )
+                f"{paths[f'images_{phase}'].name} lists {n} images")
         features[phase] = feats
     if features["pool"].shape[1] != features["test"].shape[1]:
         raise DatasetFormatError(
             f"{paths['features_pool'].name} has {features['pool'].shape[1]} columns but "
-            f"{paths['features_test'].name} has {features['test'].shape[1]}"
-        )
+            f"{paths['features_test'].name} has {features['test'].shape[1]}")
     provenance = _provenance(
         backbone="resnet50 (features released by Cole et al. 2021; not run here)",
         weights="ImageNet-pretrained ResNet-50 (torchvision pretrained=True), as released",
         transform="Cole et al.: Resize((448, 448)), ToTensor, ImageNet mean/std; no flip",
-        files={p.name: p for p in paths.values()},
-        progress=progress,
-        kind="cole",
-        dataset_dir=str(root.resolve()),
-        class_names=names_source,
-        reference_check=_reference_check(root, index),
-    )
-    return write_feature_store(
-        out,
-        index,
-        (features["pool"], features["test"]),
-        provenance=provenance,
-        dtype=dtype,
-        block_rows=block_rows,
-        overwrite=overwrite,
-        resume=True,
-        progress=progress,
-        sources=[str(paths["features_pool"]), str(paths["features_test"])],
-    )
+        files={p.name: p for p in paths.values()}, progress=progress, kind="cole",
+        dataset_dir=str(root.resolve()), class_names=names_source,
+        reference_check=_reference_check(root, index))
+    return write_feature_store(out, index, (features["pool"], features["test"]),
+                               provenance=provenance, dtype=dtype, block_rows=block_rows,
+                               overwrite=overwrite, resume=True, progress=progress,
+                               sources=[str(paths["features_pool"]), str(paths["features_test"])])
 
 
 def _reference_check(root: Path, index: DatasetIndex) -> dict[str, str]:
@@ -171,72 +132,41 @@ def _reference_check(root: Path, index: DatasetIndex) -> dict[str, str]:
         if ref is None:
             result[phase] = "no reference file"
             continue
-        path, obs = ref
-        labels = getattr(index, phase).labels
+        (path, obs), labels = ref, getattr(index, phase).labels
         if obs.shape != labels.shape:
             result[phase] = f"{path.name}: shape {obs.shape} differs from labels {labels.shape}"
-            continue
-        ours = single_positive(labels, PROTOCOL_SEED)
-        same = np.array_equal(ours == 1, np.asarray(obs) == 1)
-        result[phase] = f"{path.name}: {'identical' if same else 'DIFFERENT'} positives"
+        else:
+            ours = single_positive(labels, PROTOCOL_SEED)
+            same = np.array_equal(ours == 1, np.asarray(obs) == 1)
+            result[phase] = f"{path.name}: {'identical' if same else 'DIFFERENT'} positives"
     return result
 
 
-# ----------------------------------------------------------------------------- any arrays
-
-
-def import_arrays(
-    out: str | Path,
-    features: np.ndarray,
-    labels: np.ndarray,
-    *,
-    name: str,
-    test_features: np.ndarray | None = None,
-    test_labels: np.ndarray | None = None,
-    test_fraction: float | None = None,
-    class_names: Sequence[str] | None = None,
-    provenance: dict | None = None,
-    extra_attrs: dict | None = None,
-    dtype: str = "float16",
-    overwrite: bool = False,
-    progress: bool = True,
-    sources: Sequence[str] = ("features", "test features"),
-    label_sources: Sequence[str] = ("labels", "test labels"),
-) -> Store:
-    """Store any ``(N, D)`` features with an ``(N, C)`` 0/1 label matrix.
-
-    Test rows are either given (``test_features`` + ``test_labels``) or held out from the rows:
-    ``test_fraction`` (default 0.2) with Cole et al.'s seeded split (seed 1200; see
-    :func:`probe.store.protocol.split_indices`). Image ids are ``row<i>`` (the input row) when
-    the test rows are held out, ``train<i>`` / ``test<i>`` otherwise. Class names default to
-    ``class_0`` ... ``class_<C-1>``. ``sources`` / ``label_sources`` name the inputs in errors.
-    """
-    feats = _float_features(np.asarray(features), sources[0])
-    _check_values(feats, sources[0], dtype)
-    y = binary_labels(labels, label_sources[0])
-    if feats.shape[0] != y.shape[0]:
-        raise DatasetFormatError(
-            f"{sources[0]} has {feats.shape[0]} rows but {label_sources[0]} has {y.shape[0]}"
-        )
+def import_arrays(out: str | Path, features: np.ndarray, labels: np.ndarray, *, name: str,
+                  test_features: np.ndarray | None = None, test_labels: np.ndarray | None = None,
+                  test_fraction: float | None = None, class_names: Sequence[str] | None = None,
+                  provenance: dict | None = None, extra_attrs: dict | None = None,
+                  dtype: str = "float16", overwrite: bool = False, progress: bool = True,
+                  sources: Sequence[str] = ("features", "test features"),
+                  label_sources: Sequence[str] = ("labels", "test labels")) -> Store:
+    """Store any ``(N, D)`` features with an ``(N, C)`` 0/1 label matrix. Test rows are given
+    (``test_features`` + ``test_labels``; ids ``train<i>`` / ``test<i>``) or held out
+    (``test_fraction``, default 0.2, by :func:`probe.store.protocol.split_indices` with seed
+    1200; ids ``row<i>``). Class names default to ``class_<c>``; ``sources`` /
+    ``label_sources`` name the inputs in errors."""
+    feats, y = _checked_rows(features, labels, sources[0], label_sources[0], dtype)
     attrs = dict(extra_attrs or {})
     if (test_features is None) != (test_labels is None):
         raise SpmlError("give both test features and test labels, or neither")
     if test_features is not None:
         if test_fraction is not None:
             raise SpmlError("give either test features/labels or a test fraction, not both")
-        test_feats = _float_features(np.asarray(test_features), sources[1])
-        _check_values(test_feats, sources[1], dtype)
-        test_y = binary_labels(test_labels, label_sources[1])
-        if test_feats.shape[0] != test_y.shape[0]:
-            raise DatasetFormatError(
-                f"{sources[1]} has {test_feats.shape[0]} rows but {label_sources[1]} has "
-                f"{test_y.shape[0]}"
-            )
+        test_feats, test_y = _checked_rows(test_features, test_labels, sources[1],
+                                           label_sources[1], dtype)
         if test_feats.shape[1] != feats.shape[1] or test_y.shape[1] != y.shape[1]:
             raise DatasetFormatError(
                 f"test features/labels have {test_feats.shape[1]}/{test_y.shape[1]} columns but "
-                f"the training ones have {feats.shape[1]}/{y.shape[1]}"
-            )
+                f"the training ones have {feats.shape[1]}/{y.shape[1]}")
         pool_ids = [f"train{i}" for i in range(feats.shape[0])]
         test_ids = [f"test{i}" for i in range(test_feats.shape[0])]
         attrs.setdefault("test_split", {"method": "given"})
@@ -247,115 +177,52 @@ def import_arrays(
         y, test_y = y[pool_rows], y[test_rows]
         pool_ids = [f"row{i}" for i in pool_rows]
         test_ids = [f"row{i}" for i in test_rows]
-        attrs.setdefault(
-            "test_split",
-            {
-                "method": "random (probe.store.protocol.split_indices)",
-                "fraction": fraction,
-                "seed": PROTOCOL_SEED,
-            },
-        )
+        attrs.setdefault("test_split", {"method": "random (probe.store.protocol.split_indices)",
+                                        "fraction": fraction, "seed": PROTOCOL_SEED})
     n_classes = y.shape[1]
-    names = (
-        tuple(class_names)
-        if class_names is not None
-        else tuple(f"class_{c}" for c in range(n_classes))
-    )
+    names = tuple(class_names if class_names is not None
+                  else (f"class_{c}" for c in range(n_classes)))
     if len(names) != n_classes:
         raise DatasetFormatError(f"{len(names)} class names given but the labels have {n_classes}")
-    index = DatasetIndex(
-        name=name,
-        class_names=names,
-        pool=Phase(tuple(pool_ids), tuple(Path(i) for i in pool_ids), y),
-        test=Phase(tuple(test_ids), tuple(Path(i) for i in test_ids), test_y),
-    )
-    prov = provenance or {
-        "backbone": NO_BACKBONE,
-        "weights": "none",
-        "transform": "none (features stored as given)",
-        "backbone_run": False,
-        "source": "in-memory arrays",
-    }
-    return write_feature_store(
-        out,
-        index,
-        (feats, test_feats),
-        provenance=prov,
-        dtype=dtype,
-        overwrite=overwrite,
-        resume=True,
-        extra_attrs=attrs,
-        progress=progress,
-    )
+    index = DatasetIndex(name=name, class_names=names,
+                         pool=Phase(tuple(pool_ids), tuple(Path(i) for i in pool_ids), y),
+                         test=Phase(tuple(test_ids), tuple(Path(i) for i in test_ids), test_y))
+    prov = provenance or {"backbone": NO_BACKBONE, "weights": "none", "backbone_run": False,
+                          "transform": "none (features stored as given)",
+                          "source": "in-memory arrays"}
+    return write_feature_store(out, index, (feats, test_feats), provenance=prov, dtype=dtype,
+                               overwrite=overwrite, resume=True, extra_attrs=attrs,
+                               progress=progress)
 
 
-def import_array_files(
-    out: str | Path,
-    features_path: str | Path,
-    labels_path: str | Path,
-    *,
-    name: str,
-    test_features_path: str | Path | None = None,
-    test_labels_path: str | Path | None = None,
-    test_fraction: float | None = None,
-    class_names_path: str | Path | None = None,
-    dtype: str = "float16",
-    overwrite: bool = False,
-    progress: bool = True,
-) -> Store:
+def import_array_files(out: str | Path, features_path: str | Path, labels_path: str | Path, *,
+                       name: str, test_features_path: str | Path | None = None,
+                       test_labels_path: str | Path | None = None,
+                       test_fraction: float | None = None,
+                       class_names_path: str | Path | None = None, dtype: str = "float16",
+                       overwrite: bool = False, progress: bool = True) -> Store:
     """:func:`import_arrays` from ``.npy`` files (``spml import arrays``)."""
     if (test_features_path is None) != (test_labels_path is None):
         raise SpmlError("--test-features and --test-labels go together: give both or neither")
     files = {"features": Path(features_path), "labels": Path(labels_path)}
     if test_features_path is not None:
-        files["test_features"] = Path(test_features_path)
-        files["test_labels"] = Path(test_labels_path)
-    loaded = {}
-    for key, path in files.items():
-        arr = load_npy(path, "--" + key.replace("_", "-"))
-        if "labels" in key:
-            arr = binary_labels(arr, path)
-        else:
-            arr = _float_features(arr, path)
-        loaded[key] = arr
-    for feat_key, lab_key in (("features", "labels"), ("test_features", "test_labels")):
-        if feat_key in loaded and loaded[feat_key].shape[0] != loaded[lab_key].shape[0]:
-            raise DatasetFormatError(
-                f"{files[feat_key]} has {loaded[feat_key].shape[0]} rows but {files[lab_key]} "
-                f"has {loaded[lab_key].shape[0]}: features and labels must have one row per "
-                "sample, in the same order"
-            )
+        files |= {"test_features": Path(test_features_path), "test_labels": Path(test_labels_path)}
+    loaded = {key: load_npy(path, "--" + key.replace("_", "-")) for key, path in files.items()}
     names = None
     if class_names_path is not None:
-        names = read_class_names(Path(class_names_path), loaded["labels"].shape[1])
+        n_classes = binary_labels(loaded["labels"], files["labels"]).shape[1]
+        names = read_class_names(Path(class_names_path), n_classes)
         files["class_names"] = Path(class_names_path)
-    provenance = _provenance(
-        backbone=NO_BACKBONE,
-        weights="none",
-        transform="none (features stored as given)",
-        files=files,
-        progress=progress,
-        kind="arrays",
-    )
+    provenance = _provenance(backbone=NO_BACKBONE, weights="none",
+                             transform="none (features stored as given)", files=files,
+                             progress=progress, kind="arrays")
     return import_arrays(
-        out,
-        loaded["features"],
-        loaded["labels"],
-        name=name,
-        test_features=loaded.get("test_features"),
-        test_labels=loaded.get("test_labels"),
-        test_fraction=test_fraction,
-        class_names=names,
-        provenance=provenance,
-        dtype=dtype,
-        overwrite=overwrite,
-        progress=progress,
+        out, loaded["features"], loaded["labels"], name=name,
+        test_features=loaded.get("test_features"), test_labels=loaded.get("test_labels"),
+        test_fraction=test_fraction, class_names=names, provenance=provenance, dtype=dtype,
+        overwrite=overwrite, progress=progress,
         sources=(str(files["features"]), str(files.get("test_features", "test features"))),
-        label_sources=(str(files["labels"]), str(files.get("test_labels", "test labels"))),
-    )
-
-
-# ----------------------------------------------------------------------------- yeast
+        label_sources=(str(files["labels"]), str(files.get("test_labels", "test labels"))))
 
 
 class MissingExtraError(SpmlError):
@@ -368,16 +235,14 @@ def yeast_csv_path() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise MissingExtraError(
             "the yeast data set ships inside the 'river' package, which is not installed: "
-            "pip install 'spml-probe[yeast]'"
-        )
+            "pip install 'spml-probe[yeast]'")
     for location in spec.submodule_search_locations:
         path = Path(location) / "datasets" / "yeast.csv.gz"
         if path.is_file():
             return path
     raise MissingPathError(
         f"river is installed but has no datasets/yeast.csv.gz under "
-        f"{list(spec.submodule_search_locations)}; reinstall it: pip install 'spml-probe[yeast]'"
-    )
+        f"{list(spec.submodule_search_locations)}; reinstall it: pip install 'spml-probe[yeast]'")
 
 
 def load_yeast_csv(path: Path) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
@@ -387,53 +252,31 @@ def load_yeast_csv(path: Path) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]
         if len(header) != YEAST_FEATURES + YEAST_LABELS:
             raise DatasetFormatError(
                 f"{path} line 1: expected {YEAST_FEATURES + YEAST_LABELS} columns "
-                f"(103 attributes, 14 labels), got {len(header)}"
-            )
+                f"(103 attributes, 14 labels), got {len(header)}")
         try:
             table = np.loadtxt(fh, delimiter=",", dtype=np.float64, ndmin=2)
         except ValueError as err:
             raise DatasetFormatError(f"{path}: cannot parse the numeric table ({err})") from None
     if table.shape[1] != len(header):
         raise DatasetFormatError(
-            f"{path}: rows have {table.shape[1]} columns, header {len(header)}"
-        )
+            f"{path}: rows have {table.shape[1]} columns, header {len(header)}")
     labels = binary_labels(table[:, YEAST_FEATURES:], path)
     return table[:, :YEAST_FEATURES], labels, tuple(header[YEAST_FEATURES:])
 
 
-def import_yeast(
-    out: str | Path,
-    *,
-    dtype: str = "float16",
-    test_fraction: float = DEFAULT_TEST_FRACTION,
-    overwrite: bool = False,
-    progress: bool = True,
-) -> Store:
-    """Store MULAN *yeast* from river's copy. The csv has no official test split, so
-    ``test_fraction`` (0.2) of the rows are held out with the seeded split of
-    :func:`probe.store.protocol.split_indices` (seed 1200); the pool is then split 80/20 into
-    train/val as for every store. The split is recorded in the ``test_split`` attribute."""
+def import_yeast(out: str | Path, *, dtype: str = "float16",
+                 test_fraction: float = DEFAULT_TEST_FRACTION, overwrite: bool = False,
+                 progress: bool = True) -> Store:
+    """Store MULAN *yeast* from river's copy, ``test_fraction`` of its rows held out (it has no
+    official test split; seed 1200, recorded in the ``test_split`` attribute)."""
     path = yeast_csv_path()
     features, labels, names = load_yeast_csv(path)
     provenance = _provenance(
-        backbone=NO_BACKBONE,
-        weights="none",
-        transform="none (MULAN yeast attributes stored as given)",
-        files={"yeast.csv.gz": path},
+        backbone=NO_BACKBONE, weights="none",
+        transform="none (MULAN yeast attributes stored as given)", files={"yeast.csv.gz": path},
         kind="yeast",
-        dataset="MULAN yeast (Elisseeff & Weston 2001), copy shipped in the river package",
-    )
-    return import_arrays(
-        out,
-        features,
-        labels,
-        name="yeast",
-        test_fraction=test_fraction,
-        class_names=names,
-        provenance=provenance,
-        dtype=dtype,
-        overwrite=overwrite,
-        progress=progress,
-        sources=(str(path), str(path)),
-        label_sources=(str(path), str(path)),
-    )
+        dataset="MULAN yeast (Elisseeff & Weston 2001), copy shipped in the river package")
+    return import_arrays(out, features, labels, name="yeast", test_fraction=test_fraction,
+                         class_names=names, provenance=provenance, dtype=dtype, overwrite=overwrite,
+                         progress=progress, sources=(str(path), str(path)),
+                         label_sources=(str(path), str(path)))

@@ -43,9 +43,6 @@ class Runtime:
         return self.device.type == "cuda"
 
 
-# ----------------------------------------------------------------------------- reading
-
-
 def load_item(path: Path, rt: Runtime, transform: ImageTransform) -> tuple[str, Any]:
     """Reader-thread work for one image: ``("pixels", (S,S,3) uint8)`` on the PIL path,
     ``("jpeg", bytes)`` for the GPU batch decode, ``("image", (3,H,W) uint8 tensor)`` for a CPU
@@ -64,14 +61,9 @@ def load_item(path: Path, rt: Runtime, transform: ImageTransform) -> tuple[str, 
         return "bad", str(err)
 
 
-def prefetch(
-    pool: ThreadPoolExecutor,
-    batches: Sequence[tuple[int, int, int]],
-    paths: Sequence[Path],
-    rt: Runtime,
-    transform: ImageTransform,
-    depth: int,
-) -> Iterator[tuple[tuple[int, int, int], list[tuple[str, Any]]]]:
+def prefetch(pool: ThreadPoolExecutor, batches: Sequence[tuple[int, int, int]],
+             paths: Sequence[Path], rt: Runtime, transform: ImageTransform, depth: int
+             ) -> Iterator[tuple[tuple[int, int, int], list[tuple[str, Any]]]]:
     """Yield ``(batch, items)`` in order while the reader threads work ``depth`` batches ahead."""
     ahead: deque[tuple[tuple[int, int, int], list[Future]]] = deque()
     todo = iter(batches)
@@ -80,12 +72,8 @@ def prefetch(
         batch = next(todo, None)
         if batch is not None:
             _, start, stop = batch
-            ahead.append(
-                (
-                    batch,
-                    [pool.submit(load_item, paths[r], rt, transform) for r in range(start, stop)],
-                )
-            )
+            ahead.append((batch, [pool.submit(load_item, paths[r], rt, transform)
+                                  for r in range(start, stop)]))
 
     for _ in range(max(1, depth)):
         submit()
@@ -95,12 +83,8 @@ def prefetch(
         yield batch, [f.result() for f in futures]
 
 
-# ----------------------------------------------------------------------------- the device
-
-
-def model_input(
-    items: list[tuple[str, Any]], paths: Sequence[Path], rt: Runtime, transform: ImageTransform
-) -> tuple[torch.Tensor, dict[int, str]]:
+def model_input(items: list[tuple[str, Any]], paths: Sequence[Path], rt: Runtime,
+                transform: ImageTransform) -> tuple[torch.Tensor, dict[int, str]]:
     """Normalised ``(B, 3, S, S)`` float32 input on the device, and ``{batch index: error}``
     of the images that could not be read or decoded (their pixels are zero)."""
     size, dev = transform.out_size, rt.device
@@ -144,23 +128,15 @@ def device_mode(rt: Runtime):
     if not rt.cuda:
         yield
         return
-    saved = (
-        torch.backends.cudnn.benchmark,
-        torch.backends.cudnn.allow_tf32,
-        torch.backends.cuda.matmul.allow_tf32,
-    )
-    torch.backends.cudnn.benchmark = True
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    saved = (cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32)
+    cudnn.benchmark = True
     if rt.precision == "fp32":
-        torch.backends.cudnn.allow_tf32 = False
-        torch.backends.cuda.matmul.allow_tf32 = False
+        cudnn.allow_tf32 = matmul.allow_tf32 = False
     try:
         with torch.cuda.device(rt.device):
             yield
     finally:
-        (
-            torch.backends.cudnn.benchmark,
-            torch.backends.cudnn.allow_tf32,
-            torch.backends.cuda.matmul.allow_tf32,
-        ) = saved
+        cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32 = saved
 
 

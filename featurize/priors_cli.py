@@ -1,15 +1,12 @@
-"""``spml priors``: compute a store's CLIP prior from its images (:mod:`featurize.clip_priors`).
-
-``spml import priors`` (scores computed elsewhere) lives with the other imports in
-:mod:`featurize.import_cli`.
-"""
+"""``spml priors``: compute a store's CLIP prior from its images (:mod:`featurize.clip_priors`);
+``spml import priors`` (scores computed elsewhere) is in :mod:`featurize.import_cli`."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 
+from featurize.cli import add_command, dataset_options_of
 from featurize.priors_import import PROMPT_FLAGS
 from probe.cliargs import add_device_argument, wrap
 
@@ -17,7 +14,6 @@ __all__ = ["register_cli"]
 
 
 def _cmd_priors(args: argparse.Namespace) -> int:
-    from featurize.cli import dataset_options_of
     from featurize.clip_priors import ClipPriorConfig, ClipPriorError, compute_clip_prior
     from featurize.priors_import import parse_tiles
 
@@ -31,8 +27,7 @@ def _cmd_priors(args: argparse.Namespace) -> int:
     config = ClipPriorConfig(
         model=args.model, weights=args.weights, name=args.name, prompt=args.prompt,
         temperature=args.temperature, tiles=rows, batch_size=args.batch_size,
-        device=args.device, overwrite=args.overwrite, progress=not args.quiet,
-    )
+        device=args.device, overwrite=args.overwrite, progress=not args.quiet)
     result = compute_clip_prior(args.store, config, root=args.root,
                                 dataset_options=dataset_options_of(args.option),
                                 adapter=args.dataset)
@@ -40,19 +35,16 @@ def _cmd_priors(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_dict(), indent=2))
         return 0
     resumed = f", {result.blocks_resumed} blocks resumed" if result.blocks_resumed else ""
-    print(
-        f"wrote prior '{result.name}' to {result.store}: {result.rows} images x {result.classes} "
-        f"classes, {result.views_per_image} views each{resumed}. Train with it: spml probe "
-        f"{result.store} --loss vlpl --priors {result.name}",
-        file=sys.stdout,
-    )
+    print(f"wrote prior '{result.name}' to {result.store}: {result.rows} images x "
+          f"{result.classes} classes, {result.views_per_image} views each{resumed}. Train with "
+          f"it: spml probe {result.store} --loss vlpl --priors {result.name}")
     return 0
 
 
 def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction) -> None:
     """Add ``spml priors``."""
-    p = sub.add_parser(
-        "priors",
+    p = add_command(
+        sub, "priors",
         help="compute CLIP zero-shot class scores of a store's images as a prior (VLPL, GPR)",
         description=wrap(
             "Compute a vision-language prior for every row of a feature store: an OpenCLIP "
@@ -65,14 +57,11 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
             "an interrupted run resumes from its last finished block of rows. For scores "
             "computed elsewhere use 'spml import priors'. A resume needs the same settings: an "
             "unfinished run of others is refused by name. docs/priors.md explains the losses "
-            "that read it.",
-        ),
+            "that read it."),
         epilog="examples:\n"
         "  spml priors stores/voc.zarr --model open_clip:ViT-L-14-336/openai --name vlpl\n"
         "  spml priors stores/coco.zarr --model open_clip:ViT-B-16/openai --tiles 4 --name damp\n"
-        "  spml priors s.zarr --model open_clip:ViT-B-16 --weights clip.safetensors --device cpu",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        "  spml priors s.zarr --model open_clip:ViT-B-16 --weights clip.safetensors --device cpu")
     p.add_argument("store", metavar="STORE", help="the feature store (.zarr) to add the prior to")
     p.add_argument("--model", required=True,
                    help="OpenCLIP model open_clip:<arch>/<pretrained> (VLPL: "

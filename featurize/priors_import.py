@@ -1,15 +1,8 @@
-"""``spml import priors``: per-image class scores computed elsewhere (a CLIP run, a teacher
-model, the released code's pseudo-label scores) into a store's ``priors/<name>``
-(:func:`probe.store.write_prior`, docs/priors.md).
-
-Formats, by the file's suffix:
-
-* ``.npy``: an ``(N, C)`` matrix in the store's row order (train, val and test rows as
-  ``spml info`` counts them) and class order (``class_names`` checks the order when given);
-* ``.csv`` / ``.parquet``: a table with one column per class, named by the store's class
-  names (any column order; they are put in the store's), and optionally an ``image_id`` column:
-  then the rows are matched to the store's image ids (any row order, every store row once);
-  without it the rows are in the store's order.
+"""``spml import priors``: per-image class scores computed elsewhere (a CLIP run, a teacher) into
+a store's ``priors/<name>`` (:func:`probe.store.write_prior`, docs/priors.md). By suffix:
+``.npy``, an ``(N, C)`` matrix in the store's row and class order; ``.csv`` / ``.parquet``, one
+column per class name (any order) and optionally an ``image_id`` column matching the store's ids
+(then any row order, every store row once; else the store's order).
 """
 
 from __future__ import annotations
@@ -52,9 +45,7 @@ def parse_tiles(text: str) -> tuple[int, int]:
 
 def tiles_text(tiles: tuple[int, int] | None) -> str | None:
     """The provenance's form of a tile grid: ``"4x4"`` (None without tiles)."""
-    if not tiles or tiles[0] == 0:
-        return None
-    return f"{tiles[0]}x{tiles[1]}"
+    return f"{tiles[0]}x{tiles[1]}" if tiles and tiles[0] else None
 
 
 def _table_columns(path: Path) -> tuple[list[str], dict[str, list[Any]]]:
@@ -72,8 +63,7 @@ def _table_columns(path: Path) -> tuple[list[str], dict[str, list[Any]]]:
     if not rows:
         raise PriorFileError(f"--from {path}: the csv file is empty; it needs a header row of "
                              "class names (and optionally image_id)")
-    header = [h.strip() for h in rows[0]]
-    body = rows[1:]
+    header, body = [h.strip() for h in rows[0]], rows[1:]
     for i, row in enumerate(body):
         if len(row) != len(header):
             raise PriorFileError(f"--from {path}: line {i + 2} has {len(row)} fields, the header "
@@ -108,8 +98,7 @@ def read_score_table(path: str | Path, class_names: Sequence[str],
                                      ("repeated", twice)) if names]
         raise PriorFileError(
             f"--from {path}: the columns must be the store's {len(class_names)} class names "
-            f"(plus optionally '{ID_COLUMN}'); {'; '.join(found)}"
-        )
+            f"(plus optionally '{ID_COLUMN}'); {'; '.join(found)}")
     values = np.empty((len(next(iter(columns.values()), [])), len(class_names)))
     for j, name in enumerate(class_names):
         for i, cell in enumerate(columns[name]):
@@ -118,8 +107,7 @@ def read_score_table(path: str | Path, class_names: Sequence[str],
             except (TypeError, ValueError):
                 where = (f"line {i + 2}, column {header.index(name) + 1} ('{name}')"
                          if path.suffix == ".csv" else f"row {i + 1}, column '{name}'")
-                got = "an empty cell" if cell is None or not str(cell).strip() else \
-                    f"'{cell}'"
+                got = f"'{cell}'" if cell is not None and str(cell).strip() else "an empty cell"
                 raise PriorFileError(f"--from {path}: {where} holds {got}; every class column "
                                      "must hold a number for every image") from None
     if ID_COLUMN not in columns:
@@ -139,21 +127,14 @@ def read_score_table(path: str | Path, class_names: Sequence[str],
         raise PriorFileError(
             f"--from {path}: the {ID_COLUMN} column must hold every store image id once "
             f"({len(image_ids)} rows); {len(absent)} store ids are absent{eg}, "
-            f"the file has {len(ids)} rows"
-        )
+            f"the file has {len(ids)} rows")
     return values[[position[i] for i in image_ids]]
 
 
-def import_priors(
-    store_path: str | Path,
-    name: str,
-    from_path: str | Path,
-    *,
-    extras: Mapping[str, str | Path] | None = None,
-    provenance: Mapping[str, Any] | None = None,
-    class_names_path: str | Path | None = None,
-    overwrite: bool = False,
-) -> Any:
+def import_priors(store_path: str | Path, name: str, from_path: str | Path, *,
+                  extras: Mapping[str, str | Path] | None = None,
+                  provenance: Mapping[str, Any] | None = None,
+                  class_names_path: str | Path | None = None, overwrite: bool = False) -> Any:
     """Read a scores file (and ``extras`` files, the same format) and store them as prior
     ``name`` (:func:`probe.store.write_prior`); the file's path and sha256 go into the
     provenance's ``source``. ``class_names_path``: the ``.npy`` columns' class names, one per
@@ -165,13 +146,11 @@ def import_priors(
     files = {"scores": Path(from_path), **{k: Path(v) for k, v in (extras or {}).items()}}
     values = {key: read_score_table(p, store.class_names, store.image_ids)
               for key, p in files.items()}
-    names = None
-    if class_names_path is not None:
-        names = read_class_names(Path(class_names_path), store.n_classes)
+    names = (None if class_names_path is None
+             else read_class_names(Path(class_names_path), store.n_classes))
     prov = dict(provenance or {})
     prov.setdefault("source", str(files["scores"].resolve()))
     prov["source_files"] = {k: {"path": str(p.resolve()), "sha256": file_sha256(p)}
                             for k, p in files.items()}
-    scores = values.pop("scores")
-    return write_prior(store.path, name, scores, prov, extras=values, overwrite=overwrite,
-                       class_names=names)
+    return write_prior(store.path, name, values.pop("scores"), prov, extras=values,
+                       overwrite=overwrite, class_names=names)

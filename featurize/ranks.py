@@ -20,13 +20,9 @@ class RankFailed(SpmlError):
 
 @dataclass(frozen=True)
 class Ranks:
-    """This process's place in a ``torch.distributed`` featurize run (``torchrun``).
-
-    Every rank runs the same command; rank 0 creates (or resumes) the store, then rank ``r`` of
-    ``world`` featurizes the pending blocks ``r, r + world, …`` (disjoint row blocks of one
-    store) and rank 0 marks the store complete once every rank is done. The store is shared
-    through the file system (one machine, or a network file system across machines).
-    """
+    """This process's place in a ``torchrun`` featurize run: rank 0 creates (or resumes) the
+    store, rank ``r`` of ``world`` featurizes the pending blocks ``r, r + world, …``, and rank 0
+    marks the store complete once all are done (a store every machine's file system sees)."""
 
     rank: int = 0
     world: int = 1
@@ -68,11 +64,8 @@ def current_ranks() -> Ranks:
 
     if not (dist.is_available() and dist.is_initialized()):
         return Ranks()
-    return Ranks(
-        rank=dist.get_rank(),
-        world=dist.get_world_size(),
-        local_rank=int(os.environ.get("LOCAL_RANK", dist.get_rank())),
-    )
+    return Ranks(rank=dist.get_rank(), world=dist.get_world_size(),
+                 local_rank=int(os.environ.get("LOCAL_RANK", dist.get_rank())))
 
 
 @contextlib.contextmanager

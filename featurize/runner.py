@@ -1,26 +1,15 @@
 """The featurize pipeline: run a frozen backbone once over a dataset into a feature store
-(docs/protocol.md steps 6-7 and "The feature store").
+(docs/protocol.md steps 6-7; docs/design.md "The flow").
 
-Per image: decode → resize to S×S (bilinear, antialias, aspect not kept, no crop) → ``/255`` →
-normalise → backbone → pooled features; plus the features of the horizontally flipped input
-(``torch.flip(x, dims=[-1])`` on the device, one extra forward), which is exactly the
-training-time random flip for a frozen backbone.
+Per image: decode → resize → ``/255`` → normalise → backbone → pooled features, plus those of the
+horizontally flipped input (``torch.flip(x, dims=[-1])`` on the device). Reader threads decode
+(:mod:`featurize.pipeline`) batches ahead; the main thread runs the model with at most two batches
+in flight on CUDA; a writer thread stores finished blocks (:mod:`featurize.writing`).
 
-Pipeline (the same code on CPU and CUDA)::
-
-    reader threads ──(file bytes / decoded pixels, prefetched N batches ahead)──▶ main thread:
-    [GPU: batched nvJPEG decode, resize] → normalise → forward (+ flipped) ─(async D2H copy,
-    CUDA events)─▶ block buffers ──(queue)──▶ writer thread: StoreWriter.write_block
-
-On CUDA the forward runs under ``torch.inference_mode`` with bf16 autocast and channels_last;
-the host never waits for the batch it just launched (it waits on the event of the batch two
-back), and writing to disk happens on its own thread. On CPU the same loop runs in float32.
-
-Resume: blocks (``block_rows`` rows, the store's chunk rows) are written whole and marked done;
-re-running the same command continues with the pending blocks. A different backbone, weights or
-transform for an existing store is refused. Unreadable images stop the run with an error naming
-the file, unless ``skip_bad``: then their features are zero and the store's ``bad_rows``
-attribute lists them (``{"row", "image_id", "path", "error"}``; ``n_bad_rows`` counts them).
+Resume: blocks of ``block_rows`` rows are written whole and marked done; the same command
+continues with the pending ones (a different backbone, weights or transform is refused).
+Unreadable images stop the run naming the file, unless ``skip_bad``: then their features are
+zero and the store's ``bad_rows`` attribute lists them (``{"row", "image_id", "path", "error"}``).
 """
 
 from __future__ import annotations
@@ -41,20 +30,8 @@ import torch
 from featurize.backbones import DEFAULT_BACKBONE, Backbone, load_backbone
 from featurize.datasets import ImageSource
 from featurize.images import BadImageError, ImageTransform
-from featurize.pipeline import (  # noqa: F401  (load_item: re-exported for the benchmark)
-    Runtime,
-    channels_last,
-    device_mode,
-    load_item,
-    model_input,
-    prefetch,
-)
-from featurize.ranks import (  # noqa: F401  (re-exported: the run's public names)
-    RankFailed,
-    Ranks,
-    current_ranks,
-    distributed_from_env,
-)
+from featurize.pipeline import Runtime, channels_last, device_mode, model_input, prefetch
+from featurize.ranks import Ranks, current_ranks
 from featurize.specs import (
     DECODE_CHOICES,
     EMBED_CHOICES,
@@ -72,16 +49,14 @@ from featurize.writing import (
 )
 from probe.errors import MissingPathError, SpmlError
 from probe.progress import Progress
+from probe.store import join_store, open_store
 from probe.store.index import DatasetIndex
 
 PROTOCOL_SIZE = 448  # docs/protocol.md step 6: 448×448
 
-# The GPU fast path (batched nvJPEG decode on the device, bf16 autocast, channels_last) is
-# several times faster than the reference path on an H100, its features within cosine 0.999 of
-# the reference (docs/performance.md). The ``auto`` settings still choose the reference
-# path (PIL decode, fp32) on CUDA: whether a probe trained on bf16 features lands within 0.1 mAP
-# of the reference needs a real dataset and pretrained weights, and has not been run. The fast
-# path is selected with ``--decode torchvision --precision bf16``; set True once that is checked.
+# The GPU fast path (nvJPEG, bf16, channels_last; docs/performance.md) is chosen by ``auto`` once
+# a probe on its features is shown within 0.1 mAP of the reference's (not run yet); until then it
+# takes ``--decode torchvision --precision bf16``.
 GPU_FAST_PATH_MEASURED: bool = False
 
 
@@ -136,9 +111,7 @@ def resolve_runtime(config: FeaturizeConfig) -> Runtime:
     if config.decode not in DECODE_CHOICES:
         raise SpmlError(f"--decode must be one of {DECODE_CHOICES}, got {config.decode!r}")
     if config.precision not in PRECISION_CHOICES:
-        raise SpmlError(
-            f"--precision must be one of {PRECISION_CHOICES}, got {config.precision!r}"
-        )
+        raise SpmlError(f"--precision must be one of {PRECISION_CHOICES}, got {config.precision!r}")
     name = config.device
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
@@ -146,8 +119,7 @@ def resolve_runtime(config: FeaturizeConfig) -> Runtime:
         device = torch.device(name)
     except RuntimeError:
         raise SpmlError(
-            f"--device: {config.device!r} is not a device (auto, cpu, cuda, cuda:1)"
-        ) from None
+            f"--device: {config.device!r} is not a device (auto, cpu, cuda, cuda:1)") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SpmlError(f"--device {config.device}: CUDA is not available on this machine")
     if device.type not in ("cpu", "cuda"):
@@ -171,8 +143,7 @@ def transform_mode(config: FeaturizeConfig) -> str:
     protocol's for the registry (torchvision) names, whose meaning it keeps."""
     if config.transform not in TRANSFORM_CHOICES:
         raise SpmlError(
-            f"--transform must be one of {', '.join(TRANSFORM_CHOICES)}; got {config.transform!r}"
-        )
+            f"--transform must be one of {', '.join(TRANSFORM_CHOICES)}; got {config.transform!r}")
     if config.embed not in EMBED_CHOICES:
         raise SpmlError(f"--embed must be one of {', '.join(EMBED_CHOICES)}; got {config.embed!r}")
     mode = config.transform
@@ -183,27 +154,21 @@ def transform_mode(config: FeaturizeConfig) -> str:
             raise SpmlError(
                 f"--transform model: backbone {config.backbone!r} has the protocol's "
                 "preprocessing only (its mean/std at --size); use a timm:, open_clip: or hf: "
-                "backbone, or --transform protocol"
-            )
+                "backbone, or --transform protocol")
         if config.size is not None:
             raise SpmlError(
                 f"--size {config.size}: the model's own preprocessing fixes its input size; "
-                "drop --size, or pass --transform protocol for the S×S protocol resize"
-            )
+                "drop --size, or pass --transform protocol for the S×S protocol resize")
     return mode
 
 
 def load_configured(config: FeaturizeConfig) -> Backbone:
     """The backbone ``config`` names, checked against the input size it will get."""
     protocol = transform_mode(config) == "protocol"
-    return load_backbone(
-        config.backbone,
-        config.weights,
-        seed=config.weights_seed,
-        download=config.download,
-        size=(config.size or PROTOCOL_SIZE) if protocol else None,
-        embed=config.embed,
-    )
+    return load_backbone(config.backbone, config.weights, seed=config.weights_seed,
+                         download=config.download,
+                         size=(config.size or PROTOCOL_SIZE) if protocol else None,
+                         embed=config.embed)
 
 
 def backbone_transform(
@@ -211,16 +176,13 @@ def backbone_transform(
 ) -> ImageTransform:
     """The image transform for ``backbone``: ``protocol``, S×S (default 448) with the weights'
     own mean/std; ``model``, the backbone's own preprocessing."""
-    if mode == "model":
-        if backbone.transform is None:
-            raise SpmlError(
-                f"backbone {backbone.name!r} brings no preprocessing of its own (no image "
-                "processor); pass --transform protocol"
-            )
-        return backbone.transform
-    return ImageTransform(
-        size=size or PROTOCOL_SIZE, mean=backbone.spec.mean, std=backbone.spec.std
-    )
+    if mode == "protocol":
+        return ImageTransform(size=size or PROTOCOL_SIZE, mean=backbone.spec.mean,
+                              std=backbone.spec.std)
+    if backbone.transform is None:
+        raise SpmlError(f"backbone {backbone.name!r} brings no preprocessing of its own (no image "
+                        "processor); pass --transform protocol")
+    return backbone.transform
 
 
 def describe_transform(transform: ImageTransform, rt: Runtime, with_flip: bool) -> dict:
@@ -229,21 +191,13 @@ def describe_transform(transform: ImageTransform, rt: Runtime, with_flip: bool) 
     out = transform.describe()
     how = transform.interpolation
     crop = "" if transform.crop is None else ", centre crop"
-    out["decode"] = (
-        f"PIL (reference: open, convert RGB, resize {how.upper()}{crop})"
-        if rt.decode == "pil"
-        else (
-            f"torchvision nvJPEG batched + CPU fallback; torch antialiased {how} resize{crop}"
-            if rt.cuda
-            else f"torchvision libjpeg-turbo/libpng; torch antialiased {how} resize{crop}"
-        )
-    )
+    codec = "nvJPEG batched + CPU fallback" if rt.cuda else "libjpeg-turbo/libpng"
+    out["decode"] = (f"PIL (reference: open, convert RGB, resize {how.upper()}{crop})"
+                     if rt.decode == "pil"
+                     else f"torchvision {codec}; torch antialiased {how} resize{crop}")
     out["compute"] = "bf16 autocast, channels_last" if rt.precision == "bf16" else "float32"
     out["flip"] = "torch.flip(x, dims=[-1]) of the model input" if with_flip else None
     return out
-
-
-# ----------------------------------------------------------------------------- the run
 
 
 def featurize(
@@ -257,14 +211,12 @@ def featurize(
 ) -> FeaturizeResult:
     """Featurize every image of ``index`` (pool rows, then test rows) into the store ``out``.
 
-    Weights are resolved before anything is written (a missing file is an error naming where to
-    put it). An existing incomplete store made the same way is resumed; a complete one, or one
-    made differently, is an error suggesting ``overwrite``. ``backbone`` reuses a loaded
-    backbone (it must match ``config.backbone``). ``ranks`` (default: the initialised
-    ``torch.distributed`` group, if any) splits the blocks between processes (:class:`Ranks`);
-    the result then counts the rows and blocks of all ranks. ``source``: where the images come
-    from, recorded in the provenance (default: the index's name and root, adapter unknown).
-    """
+    Weights are resolved before anything is written. An incomplete store made the same way is
+    resumed; a complete one, or one made differently, is refused (``overwrite``). ``backbone``:
+    a loaded one (it must match ``config.backbone``). ``ranks`` (default: the initialised
+    ``torch.distributed`` group, if any) splits the blocks between processes; the result counts
+    all ranks'. ``source``: where the images come from, for the provenance (default: the
+    index's name and root)."""
     config = config or FeaturizeConfig()
     ranks = ranks or current_ranks()
     if ranks.distributed and config.device in ("auto", "cuda") and torch.cuda.is_available():
@@ -275,9 +227,7 @@ def featurize(
     if backbone is None:
         backbone = load_configured(config)
     elif backbone.name != config.backbone:
-        raise SpmlError(
-            f"backbone {backbone.name!r} given but the config says {config.backbone!r}"
-        )
+        raise SpmlError(f"backbone {backbone.name!r} given but the config says {config.backbone!r}")
     transform = backbone_transform(backbone, config.size, mode)
     paths = [Path(p) for p in (*index.pool.paths, *index.test.paths)]
     ids = [*index.pool.image_ids, *index.test.image_ids]
@@ -289,17 +239,13 @@ def featurize(
             raise MissingPathError(
                 f"{len(missing)} of {len(paths)} image files of dataset '{index.name}' are "
                 "missing; restore them, or pass --skip-bad to store zero features for them "
-                f"(listed in the store's bad_rows):{shown}"
-            )
+                f"(listed in the store's bad_rows):{shown}")
     run = {"device": str(rt.device), "batch_size": rt.batch_size, "tool": "spml featurize"}
     if ranks.distributed:
         run["world_size"] = ranks.world
-    provenance = {
-        **backbone.provenance(),
-        "transform": describe_transform(transform, rt, config.with_flip),
-        **_source_fields(index, source),
-        "run": run,
-    }
+    provenance = {**backbone.provenance(),
+                  "transform": describe_transform(transform, rt, config.with_flip),
+                  **_source_fields(index, source), "run": run}
     extra = {"weights_random": True} if backbone.weights.random else {}
     writer, error, pending = None, None, None
     if ranks.rank == 0:
@@ -312,46 +258,26 @@ def featurize(
     # blocks (read before anyone writes: a list read later would miss rank 0's new blocks)
     pending = ranks.agree(error, pending)
     if writer is None:
-        from probe.store import join_store
-
         writer = join_store(out)
     blocks_resumed = writer.n_blocks - len(pending)
     mine = pending[ranks.rank :: ranks.world]
-    batches = [
-        (b, start, min(start + rt.batch_size, sl.stop))
-        for b in mine
-        for sl in [writer.block_slice(b)]
-        for start in range(sl.start, sl.stop, rt.batch_size)
-    ]
+    batches = [(b, start, min(start + rt.batch_size, sl.stop)) for b in mine
+               for sl in [writer.block_slice(b)]
+               for start in range(sl.start, sl.stop, rt.batch_size)]
     rows_todo = sum(stop - start for _, start, stop in batches)
     bad_rows = stored_bad_rows(writer)
     backbone.to(rt.device, channels_last=channels_last(rt))
     where = f"{rt.device}, rank {ranks.rank}/{ranks.world}" if ranks.distributed else rt.device
-    bar = Progress(
-        rows_todo,
-        f"featurize {index.name} ({backbone.name}, {where})",
-        "img",
-        enabled=config.progress,
-    )
+    bar = Progress(rows_todo, f"featurize {index.name} ({backbone.name}, {where})", "img",
+                   enabled=config.progress)
     block_writer = BlockWriter(writer, bad_rows, per_block=ranks.distributed)
     t0 = time.perf_counter()
     error = None
     try:
         with device_mode(rt), ThreadPoolExecutor(rt.workers, "spml-reader") as pool:
             try:
-                _run_batches(
-                    batches,
-                    paths,
-                    ids,
-                    rt,
-                    transform,
-                    backbone,
-                    writer,
-                    block_writer,
-                    config,
-                    pool,
-                    bar,
-                )
+                _run_batches(batches, paths, ids, rt, transform, backbone, writer, block_writer,
+                             config, pool, bar)
             finally:
                 pool.shutdown(wait=False, cancel_futures=True)
     except Exception as err:  # told to the other ranks first (Ctrl-C / kill: torchrun's job)
@@ -379,27 +305,14 @@ def featurize(
             error = err
     ranks.agree(error)  # every rank returns once the store is complete
     if ranks.rank != 0:  # rank 0 merged every rank's bad rows into the store's attributes
-        from probe.store import open_store
-
         bad_rows = {int(b["row"]): dict(b) for b in open_store(out).attrs.get("bad_rows", [])}
     bad = [bad_rows[r] for r in sorted(bad_rows)]
-    return FeaturizeResult(
-        store_path=out,
-        n_rows=writer.n_rows,
-        rows_done=int(rows_all),
-        blocks_done=int(blocks_all),
-        blocks_resumed=blocks_resumed,
-        bad_rows=bad,
-        seconds=seconds,
-        images_per_s=rows_all / seconds if seconds > 0 else 0.0,
-        device=str(rt.device),
-        decode=rt.decode,
-        precision=rt.precision,
-        batch_size=rt.batch_size,
-        backbone=backbone.name,
-        weights=backbone.weights.id,
-        world_size=ranks.world,
-    )
+    return FeaturizeResult(store_path=out, n_rows=writer.n_rows, rows_done=int(rows_all),
+                           blocks_done=int(blocks_all), blocks_resumed=blocks_resumed, bad_rows=bad,
+                           seconds=seconds, images_per_s=rows_all / seconds if seconds > 0 else 0.0,
+                           device=str(rt.device), decode=rt.decode, precision=rt.precision,
+                           batch_size=rt.batch_size, backbone=backbone.name,
+                           weights=backbone.weights.id, world_size=ranks.world)
 
 
 def _unreadable(bad: dict[int, str], start: int, stop: int,
@@ -421,23 +334,13 @@ def _unreadable(bad: dict[int, str], start: int, stop: int,
         f"run (the {len(later)} images still to do were checked by their header only):{listed}"
         f"{more}\nfix or remove the files, or pass --skip-bad to store zero features for every "
         "unreadable image (all listed at the end of the run and in the store's bad_rows). "
-        "Blocks finished so far are kept: re-running the same command resumes"
-    )
+        "Blocks finished so far are kept: re-running the same command resumes")
 
 
-def _run_batches(
-    batches: list[tuple[int, int, int]],
-    paths: list[Path],
-    ids: list[str],
-    rt: Runtime,
-    transform: ImageTransform,
-    backbone: Backbone,
-    writer: Any,
-    block_writer: BlockWriter,
-    config: FeaturizeConfig,
-    pool: ThreadPoolExecutor,
-    bar: Any,
-) -> None:
+def _run_batches(batches: list[tuple[int, int, int]], paths: list[Path], ids: list[str],
+                 rt: Runtime, transform: ImageTransform, backbone: Backbone, writer: Any,
+                 block_writer: BlockWriter, config: FeaturizeConfig, pool: ThreadPoolExecutor,
+                 bar: Any) -> None:
     """The device loop: at most two batches in flight, results gathered into blocks."""
     dim = backbone.feature_dim
     blocks: dict[int, dict] = {}  # block -> {"feats", "flips", "missing", "bad", "start"}
@@ -464,27 +367,21 @@ def _run_batches(
             block_writer.put((block, done["feats"], done["flips"], done["bad"]))
 
     with torch.inference_mode():
-        for (block, start, stop), items in prefetch(
-            pool, batches, paths, rt, transform, config.prefetch_batches
-        ):
+        for (block, start, stop), items in prefetch(pool, batches, paths, rt, transform,
+                                                    config.prefetch_batches):
             if block not in blocks:
                 sl = writer.block_slice(block)
                 n = sl.stop - sl.start
-                blocks[block] = {
-                    "start": sl.start,
-                    "missing": n,
-                    "bad": [],
-                    "feats": np.empty((n, dim), dtype=np.float32),
-                    "flips": np.empty((n, dim), dtype=np.float32) if config.with_flip else None,
-                }
+                blocks[block] = {"start": sl.start, "missing": n, "bad": [],
+                                 "feats": np.empty((n, dim), dtype=np.float32),
+                                 "flips": np.empty((n, dim), dtype=np.float32)
+                                 if config.with_flip else None}
             x, bad = model_input(items, paths[start:stop], rt, transform)
             if bad and not config.skip_bad:
                 raise _unreadable(bad, start, stop, batches, paths, ids)
-            for i, error in bad.items():
-                row = start + i
-                blocks[block]["bad"].append(
-                    {"row": row, "image_id": ids[row], "path": str(paths[row]), "error": error}
-                )
+            blocks[block]["bad"] += [{"row": start + i, "image_id": ids[start + i],
+                                      "path": str(paths[start + i]), "error": error}
+                                     for i, error in bad.items()]
             with autocast:
                 feats = backbone.features(x)
                 flips = backbone.features(torch.flip(x, dims=[-1])) if config.with_flip else None
@@ -495,20 +392,15 @@ def _run_batches(
             land(in_flight.popleft())
 
 
-def _to_host(
-    feats: torch.Tensor, flips: torch.Tensor | None, rt: Runtime
-) -> tuple[Any, torch.Tensor, torch.Tensor | None]:
+def _to_host(feats: torch.Tensor, flips: torch.Tensor | None, rt: Runtime
+             ) -> tuple[Any, torch.Tensor, torch.Tensor | None]:
     """Start the copy of a batch's features to (pinned) host memory; on CUDA return the event
     to wait on later instead of waiting now."""
     if not rt.cuda:
         return None, feats.float(), None if flips is None else flips.float()
-    host = [
-        torch.empty(t.shape, dtype=torch.float32, pin_memory=True).copy_(
-            t.float(), non_blocking=True
-        )
-        for t in (feats, flips)
-        if t is not None
-    ]
+    host = [torch.empty(t.shape, dtype=torch.float32, pin_memory=True).copy_(t.float(),
+                                                                                non_blocking=True)
+            for t in (feats, flips) if t is not None]
     event = torch.cuda.Event()
     event.record()
     return event, host[0], host[1] if flips is not None else None
@@ -528,11 +420,8 @@ def featurize_dataset(
     config: FeaturizeConfig | None = None,
     **dataset_options: Any,
 ) -> FeaturizeResult:
-    """Load dataset ``name`` from ``root`` with the registered adapter, then :func:`featurize`.
-
-    The backbone (and its weights file) is resolved first, so a missing weights file is
-    reported before the dataset is even parsed.
-    """
+    """Load dataset ``name`` from ``root`` with the registered adapter, then :func:`featurize`
+    (the backbone and its weights first: a missing weights file is reported before parsing)."""
     from featurize.datasets import load_dataset, resolve_name
 
     config = config or FeaturizeConfig()

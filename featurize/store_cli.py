@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
+from featurize.cli import add_command
 from probe.cliargs import parse_seeds, wrap
 from probe.errors import SpmlError
 
@@ -16,8 +18,6 @@ __all__ = ["format_summary", "register_cli"]
 def _read_class_weights(path: str, class_names: list[str]) -> list[float]:
     """``--class-weights``: C numbers, one per line in the store's class order, or
     ``name weight`` lines naming every class once."""
-    from pathlib import Path
-
     lines = [ln.split() for ln in Path(path).read_text(encoding="utf-8").splitlines()
              if ln.strip()]
     try:
@@ -36,8 +36,6 @@ def _read_class_weights(path: str, class_names: list[str]) -> list[float]:
 
 
 def _cmd_draw(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from probe.errors import MissingPathError
     from probe.store import add_draws, open_store
     from probe.store.records import draw_record, draw_text
@@ -54,10 +52,9 @@ def _cmd_draw(args: argparse.Namespace) -> int:
     written = add_draws(args.store, seeds, k=args.k, fraction=args.fraction, bias=args.bias,
                         weights_by_class=weights)
     attrs = open_store(args.store).attrs
-    kept = [s for s in seeds if s not in written]
     for seed in seeds:
         print(f"{args.store}: draw {seed}: {draw_text(draw_record(attrs, seed))}"
-              + (" (already there)" if seed in kept else "")
+              + (" (already there)" if seed not in written else "")
               + f"; train on it with --observed-seed {seed}")
     return 0
 
@@ -79,11 +76,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     for d in report.damaged:
         print(f"DAMAGED {d.array} chunk {chunk_label(d.chunk)}: {d.reason}")
     if report.unchecksummed:
-        print(
-            f"note: arrays {report.unchecksummed} carry no checksums (written before spml-probe "
-            "stored them): a chunk damaged without changing its length cannot be detected there; "
-            "re-create the store (featurize/import with --overwrite) to add them"
-        )
+        print(f"note: arrays {report.unchecksummed} carry no checksums (written before "
+              "spml-probe stored them): a chunk damaged without changing its length cannot be "
+              "detected there; re-create the store (featurize/import with --overwrite) to add them")
     if report.damaged:
         print(f"{report.path}: {len(report.damaged)} of {n_chunks} chunks damaged; "
               f"{repair_hint(report.path)}")
@@ -115,17 +110,12 @@ def format_summary(summary: dict) -> str:
     flip = "with flipped features" if s["has_flip"] else "no flipped features"
     lines = []
     if s["provenance"].get("weights_random"):
-        lines += [
-            "WARNING: RANDOM WEIGHTS — these features come from a randomly initialised backbone "
-            f"({s['provenance'].get('weights')}); for tests and benchmarks only, not results.",
-            "",
-        ]
+        lines += ["WARNING: RANDOM WEIGHTS — these features come from a randomly initialised "
+                  f"backbone ({s['provenance'].get('weights')}); for tests and benchmarks only, "
+                  "not results.", ""]
     if s["other_attrs"].get("n_bad_rows"):
-        lines += [
-            f"WARNING: {s['other_attrs']['n_bad_rows']} images could not be read (--skip-bad); "
-            "their features are zero (attribute bad_rows lists them).",
-            "",
-        ]
+        lines += [f"WARNING: {s['other_attrs']['n_bad_rows']} images could not be read "
+                  "(--skip-bad); their features are zero (attribute bad_rows lists them).", ""]
     lines += [
         f"store       {s['path']} (schema {s['schema_version']}, completed {s['completed']})",
         f"dataset     {s['dataset']}: {s['rows']} rows, {s['classes']} classes, "
@@ -142,14 +132,12 @@ def format_summary(summary: dict) -> str:
     for name, sp in s["splits"].items():
         lines.append(
             f"{name:<6} {sp['rows']:>8} {sp['label_cardinality']:>11.3f} "
-            f"{sp['rows_without_positive']:>13} {sp['classes_without_positive']:>16}"
-        )
+            f"{sp['rows_without_positive']:>13} {sp['classes_without_positive']:>16}")
     for name, sp in s["splits"].items():
         if sp["classes_without_positive"]:
             lines.append(
                 f"  {name}: no positive for {_names(sp['classes_without_positive_names'])} "
-                "(AP counts as 0 for them)"
-            )
+                "(AP counts as 0 for them)")
     for name, rec in s.get("priors", {}).items():  # probe.store.priors
         prov = rec["provenance"]
         fields = prior_facts(prov)
@@ -169,39 +157,33 @@ def format_summary(summary: dict) -> str:
 
 def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction) -> None:
     """Add ``spml info``, ``spml verify`` and ``spml draw``."""
-    p = sub.add_parser(
-        "info",
+    p = add_command(
+        sub, "info",
         help="show what a feature store holds (sizes, splits, labels, provenance)",
         description=wrap(
             "Validate a feature store and print its dataset, shapes, per-split sizes, label "
             "cardinality, classes with no positive per split (their AP is 0), rows without a "
-            "positive, single-positive seeds, disk size and provenance."
-        ),
+            "positive, single-positive seeds, disk size and provenance."),
         epilog="examples:\n  spml info stores/voc.zarr\n"
-        "  spml info stores/voc.zarr --json | jq .splits",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        "  spml info stores/voc.zarr --json | jq .splits")
     p.add_argument("store", metavar="STORE", help="feature store directory")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=_cmd_info)
 
-    p = sub.add_parser(
-        "verify",
+    p = add_command(
+        sub, "verify",
         help="read every chunk of a feature store and report damaged ones",
         description=wrap(
             "Read every chunk of every array of a feature store (finished or not), check its "
             "length and CRC-32C checksum, and list the damaged chunks by array and index. Exit "
             "status 0: no damage; 1: damage found (re-run the featurize/import that wrote the "
-            "store: it rewrites only the damaged blocks); 2: not a readable store."
-        ),
-        epilog="examples:\n  spml verify stores/voc.zarr",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+            "store: it rewrites only the damaged blocks); 2: not a readable store."),
+        epilog="examples:\n  spml verify stores/voc.zarr")
     p.add_argument("store", metavar="STORE", help="feature store directory")
     p.set_defaults(func=_cmd_verify)
 
-    p = sub.add_parser(
-        "draw",
+    p = add_command(
+        sub, "draw",
         help="add single-positive draws (other seeds of the protocol) or label-budget draws "
         "to a store",
         description=wrap(
@@ -211,13 +193,10 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
             "and --fraction a draw keeps k positives per image on a fraction of the images "
             "(a label budget, the same seeded walk); every command that takes --observed-seed "
             "then trains on it, and 'spml info' lists it. Draws already in the store are kept "
-            "as they are; a seed names one draw."
-        ),
+            "as they are; a seed names one draw."),
         epilog="examples:\n  spml draw stores/coco.zarr --seeds 1,2,3\n"
         "  spml draw stores/coco.zarr --seeds 20 --k 2 --fraction 0.5   # then --observed-seed 20\n"
-        "  spml draw stores/coco.zarr --seeds 21 --bias size            # label bias (COCO boxes)",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        "  spml draw stores/coco.zarr --seeds 21 --bias size            # label bias (COCO boxes)")
     p.add_argument("store", metavar="STORE", help="feature store directory")
     p.add_argument("--seeds", required=True, metavar="S1,S2,...", help="seeds to add")
     p.add_argument("--k", type=int, default=1,

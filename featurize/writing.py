@@ -6,6 +6,7 @@ resumed when it was started the same way.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import threading
@@ -16,8 +17,6 @@ from featurize.backbones import Backbone
 from probe.io import atomic_write_text
 from probe.store.index import DatasetIndex
 
-# ----------------------------------------------------------------------------- writing
-
 
 class BlockWriter:
     """Writer thread: takes finished blocks from a queue and writes them through the store's
@@ -26,9 +25,8 @@ class BlockWriter:
     ranks of a distributed run, which must not rewrite the shared attributes at once) in a
     small JSON file per block that rank 0 merges into the attributes at the end."""
 
-    def __init__(
-        self, writer: Any, bad_rows: dict[int, dict], maxsize: int = 4, per_block: bool = False
-    ) -> None:
+    def __init__(self, writer: Any, bad_rows: dict[int, dict], maxsize: int = 4,
+                 per_block: bool = False) -> None:
         self.writer = writer
         self.bad_rows = bad_rows
         self.per_block = per_block
@@ -50,10 +48,8 @@ class BlockWriter:
                 if bad:
                     self.bad_rows.update({b["row"]: b for b in bad})
                     if self.per_block:
-                        atomic_write_text(
-                            bad_rows_dir(self.writer) / f"block-{block:08d}.json",
-                            json.dumps(bad),
-                        )
+                        atomic_write_text(bad_rows_dir(self.writer) / f"block-{block:08d}.json",
+                                          json.dumps(bad))
                     else:
                         record_bad_rows(self.writer, self.bad_rows)
                 self.writer.write_block(block, feats, flips)
@@ -62,14 +58,11 @@ class BlockWriter:
                 self.error = err
 
     def put(self, item: tuple) -> None:
-        while True:
-            if self.error is not None:
-                raise self.error
-            try:
+        while self.error is None:
+            with contextlib.suppress(queue.Full):
                 self._queue.put(item, timeout=0.2)
                 return
-            except queue.Full:
-                continue
+        raise self.error
 
     def close(self) -> None:
         """Write every queued block, stop the thread; re-raise a write error."""
@@ -80,57 +73,34 @@ class BlockWriter:
 
 
 def record_bad_rows(writer: Any, bad_rows: dict[int, dict]) -> None:
-    """Record the unreadable rows (``{row: record}``) in the store's attributes."""
-    # The store writer's own zarr group, so finalize() (which rewrites the attributes from
-    # the same in-memory group) keeps them.
+    """Record the unreadable rows (``{row: record}``) in the store's attributes (the writer's
+    own group, so that finalize(), which rewrites them from it, keeps them)."""
     rows = [bad_rows[r] for r in sorted(bad_rows)]
     writer.update_attrs({"bad_rows": rows, "n_bad_rows": len(rows)})
 
 
-def open_writer(
-    out: Path,
-    index: DatasetIndex,
-    backbone: Backbone,
-    provenance: dict,
-    config: Any,  # featurize.runner.FeaturizeConfig
-    extra_attrs: dict,
-) -> Any:
+def open_writer(out: Path, index: DatasetIndex, backbone: Backbone, provenance: dict,
+                config: Any, extra_attrs: dict) -> Any:  # config: runner.FeaturizeConfig
     """A fresh store, or the interrupted one at ``out`` when it was started the same way."""
-    from probe.store import (
-        StoreError,
-        create_store,
-        is_store_dir,
-        resume_store,
-    )
+    from probe.store import StoreError, create_store, is_store_dir, resume_store
 
     if out.exists() and not config.overwrite and is_store_dir(out):
         _explain_transform_change(
-            out, backbone.name, provenance["transform"], provenance.get("embed")
-        )
+            out, backbone.name, provenance["transform"], provenance.get("embed"))
         writer = resume_store(out, provenance)
         if writer.dtype != config.dtype:
             raise StoreError(
                 f"cannot resume {out}: it stores {writer.dtype} features, this run asks for "
-                f"{config.dtype}; use the same --dtype or pass --overwrite"
-            )
+                f"{config.dtype}; use the same --dtype or pass --overwrite")
         writer.check_same_rows(index, backbone.feature_dim, config.with_flip)
         return writer
-    return create_store(
-        out,
-        index,
-        feature_dim=backbone.feature_dim,
-        with_flip=config.with_flip,
-        provenance=provenance,
-        dtype=config.dtype,
-        block_rows=config.block_rows,
-        overwrite=config.overwrite,
-        extra_attrs=extra_attrs,
-    )
+    return create_store(out, index, feature_dim=backbone.feature_dim, with_flip=config.with_flip,
+                        provenance=provenance, dtype=config.dtype, block_rows=config.block_rows,
+                        overwrite=config.overwrite, extra_attrs=extra_attrs)
 
 
-def _explain_transform_change(
-    out: Path, backbone: str, transform: dict, embed: str | None = None
-) -> None:
+def _explain_transform_change(out: Path, backbone: str, transform: dict,
+                              embed: str | None = None) -> None:
     """Name the transform entries that differ (decode path, precision, size, …) or another
     embedding (``--embed``) before the store's generic refusal, with the options that select
     them."""
@@ -143,8 +113,7 @@ def _explain_transform_change(
         raise StoreError(
             f"cannot resume {out}: it holds the {provenance.get('embed')!r} embedding of "
             f"{backbone}, this run asks for {embed!r}; pass the same --embed, or --overwrite to "
-            "start again, or choose another --out"
-        )
+            "start again, or choose another --out")
     stored = provenance.get("transform")
     now = json.loads(json.dumps(transform))
     if provenance.get("backbone") != backbone or not isinstance(stored, dict) or stored == now:
@@ -154,31 +123,25 @@ def _explain_transform_change(
     raise StoreError(
         f"cannot resume {out}: it was featurized with another transform ({diffs}). Re-run with "
         "the options that made it (--size, --decode, --precision, --no-flip, --backbone), or "
-        "pass --overwrite to start again, or choose another --out"
-    )
-
-
-_BAD_ROWS_DIR = "spml-bad-rows"  # per-block records of a distributed run, merged at the end
+        "pass --overwrite to start again, or choose another --out")
 
 
 def bad_rows_dir(writer: Any) -> Path:
-    """Where the ranks of a distributed run keep their per-block bad-row records."""
-    return Path(writer.path) / _BAD_ROWS_DIR
+    """Where the ranks of a distributed run keep their per-block bad-row records (merged into
+    the attributes at the end)."""
+    return Path(writer.path) / "spml-bad-rows"
 
 
 def collect_block_bad_rows(writer: Any) -> dict[int, dict]:
     """The bad rows that the ranks of a distributed run recorded per block (``{row: record}``)."""
-    out: dict[int, dict] = {}
-    folder = bad_rows_dir(writer)
-    for path in sorted(folder.glob("block-*.json")) if folder.is_dir() else ():
-        out.update({int(b["row"]): dict(b) for b in json.loads(path.read_text())})
-    return out
+    return {int(b["row"]): dict(b) for path in sorted(bad_rows_dir(writer).glob("block-*.json"))
+            for b in json.loads(path.read_text())}
 
 
 def stored_bad_rows(writer: Any) -> dict[int, dict]:
     """Bad rows of the blocks written so far: the store's attribute plus, for an interrupted
     distributed run, the per-block records of its ranks."""
-    stored = {int(b["row"]): dict(b) for b in writer.attrs.get("bad_rows", [])}
-    return {**stored, **collect_block_bad_rows(writer)}
+    return {**{int(b["row"]): dict(b) for b in writer.attrs.get("bad_rows", [])},
+            **collect_block_bad_rows(writer)}
 
 

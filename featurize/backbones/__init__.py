@@ -1,24 +1,13 @@
 """Frozen backbones for the featurizer: one registry of names, honest weights, one embedding per
 image (docs/backbones.md; docs/protocol.md step 7 for the protocol's ResNet-50).
 
-Every family implements one interface, :class:`Family` (name, spec parsing, weights
-resolution, loading with its preprocessing and embedding, its distribution and version), and
-sits in one registry (:func:`register_family`, :func:`list_families`; :func:`family_for` routes
-a name). The built-in families:
-
-* ``torchvision``: the registry's and torchvision's names (``resnet50``, any torchvision
-  classifier), :mod:`featurize.backbones.torchvision_family`, the protocol's preprocessing;
-* ``lite0``: ``efficientnet_lite0``, :mod:`featurize.backbones.lite0_family` (weights in a
-  package: works offline);
-* ``timm:<model>[.<tag>]``: :mod:`featurize.backbones.timm_family`;
-* ``open_clip:<arch>/<pretrained>``: :mod:`featurize.backbones.open_clip_family` (the image
-  tower; :func:`load_clip` gives the whole model, tokenizer and preprocessing);
-* ``hf:<repo id or folder>``: :mod:`featurize.backbones.hf_family`.
-
-Weights are real or refused: the library's own cache (downloaded there on first use, except
-torchvision's, which only ``--download`` fetches), a local checkpoint (``--weights PATH``), or
-``random`` (marked in the store). A missing file offline is an error before any work, naming the
-file and the cache it belongs in.
+Every family implements :class:`Family` and sits in one registry (:func:`register_family`,
+:func:`list_families`, :func:`family_for`): ``torchvision`` (the registry's names and any
+torchvision classifier), ``lite0`` (``efficientnet_lite0``, weights in a package: works offline),
+``timm:<model>[.<tag>]``, ``open_clip:<arch>/<pretrained>`` (:func:`load_clip` gives the whole
+model) and ``hf:<repo id or folder>``, each in ``featurize.backbones.<name>_family``. Weights are
+real or refused: the library's cache (torchvision's fetched only with ``--download``), a local
+checkpoint, or ``random`` (marked in the store); a missing file is an error before any work.
 """
 
 from __future__ import annotations
@@ -46,30 +35,11 @@ from featurize.specs import (
 )
 from probe.errors import SpmlError
 
-__all__ = [
-    "BACKBONES",
-    "DEFAULT",
-    "DEFAULT_BACKBONE",
-    "FAMILIES",
-    "RANDOM",
-    "Backbone",
-    "BackboneSpec",
-    "Family",
-    "WeightsError",
-    "WeightsInfo",
-    "WeightsNotFoundError",
-    "describe_families",
-    "family_for",
-    "family_status",
-    "get_spec",
-    "hub_weights_path",
-    "list_backbones",
-    "list_families",
-    "load_backbone",
-    "load_clip",
-    "register_family",
-    "resolve_weights",
-]
+__all__ = ["BACKBONES", "DEFAULT", "DEFAULT_BACKBONE", "FAMILIES", "RANDOM", "Backbone",
+           "BackboneSpec", "Family", "WeightsError", "WeightsInfo", "WeightsNotFoundError",
+           "describe_families", "family_for", "family_status", "get_spec", "hub_weights_path",
+           "list_backbones", "list_families", "load_backbone", "load_clip", "register_family",
+           "resolve_weights"]
 
 
 def get_spec(name: str) -> BackboneSpec:
@@ -84,15 +54,9 @@ def resolve_weights(spec: BackboneSpec, weights: str | None, download: bool = Fa
     return family_for(spec.name).resolve(spec, weights, download)
 
 
-def load_backbone(
-    name: str = DEFAULT_BACKBONE,
-    weights: str | None = None,
-    *,
-    seed: int = 0,
-    download: bool = False,
-    size: int | None = None,
-    embed: str | None = None,
-) -> Backbone:
+def load_backbone(name: str = DEFAULT_BACKBONE, weights: str | None = None, *, seed: int = 0,
+                  download: bool = False, size: int | None = None, embed: str | None = None
+                  ) -> Backbone:
     """Build backbone ``name`` with ``weights`` (None/"default": its standard pretrained
     weights; a torchvision weights name; a file path; or "random" with ``seed``), in eval mode
     with frozen parameters, returning one embedding per image (``embed``: the family's choice;
@@ -106,9 +70,8 @@ def load_backbone(
     if not isinstance(backbone, Backbone):
         raise SpmlError(f"backbone family {family.name!r}: load() returned "
                         f"{type(backbone).__name__}, not a featurize.backbones.Backbone")
-    if size is not None and not checked and (
-        backbone.transform is None or backbone.transform.out_size != size
-    ):
+    if (size is not None and not checked
+            and (backbone.transform is None or backbone.transform.out_size != size)):
         input_check(backbone.features, int(size), name, hint="; use --transform model")
     return backbone
 
@@ -128,16 +91,10 @@ def family_status() -> list[dict]:
     out = []
     for f in list_families():
         ok = f.installed()
-        out.append({
-            "family": f.name,
-            "installed": ok,
-            "version": f.version() if ok else None,
-            "install": f.install,
-            "syntax": f"{f.name}:{f.syntax}" if f.qualified else f.syntax,
-            "example": f.example,
-            "embeds": list(f.embeds),
-            "note": f.note,
-        })
+        out.append({"family": f.name, "installed": ok, "version": f.version() if ok else None,
+                    "install": f.install,
+                    "syntax": f"{f.name}:{f.syntax}" if f.qualified else f.syntax,
+                    "example": f.example, "embeds": list(f.embeds), "note": f.note})
     return out
 
 

@@ -1,12 +1,16 @@
-"""What every backbone family shares: the loaded :class:`Backbone`, its :class:`WeightsInfo`,
-the weights errors, reading a checkpoint file (torch or safetensors), the Hugging Face hub cache
-(timm, OpenCLIP and transformers all fetch their weights through it) and the check that a
-network takes an input size (docs/backbones.md)."""
+"""What every backbone family shares (docs/backbones.md): the loaded :class:`Backbone`, its
+:class:`WeightsInfo` and errors, reading a checkpoint, the Hugging Face hub cache (timm, OpenCLIP
+and transformers fetch their weights through it) and the input-size check.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import difflib
+import importlib
 import importlib.metadata
 import os
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,19 +40,17 @@ class WeightsInfo:
 
     id: str  # "imagenet1k_v1", "imagenet" (lite0 package), "file:<name>", "random(seed=N)", a tag
     sha256: str | None  # of the weights file; None for random weights
-    path: str | None  # the file that was loaded
-    random: bool  # True: seeded random initialisation, NOT pretrained
+    path: str | None
+    random: bool  # seeded random initialisation, NOT pretrained
     seed: int | None = None
     url: str | None = None  # where the file comes from (torchvision's URL, a hub repo)
 
 
 @dataclass
 class Backbone:
-    """A loaded, frozen backbone: ``features(x) -> (B, D)`` embeddings; for the torchvision
-    families also the removed ImageNet classifier ``head`` (to check pretrained weights by
-    classifying). ``transform`` is the model's own preprocessing (None: the protocol's only),
-    ``embed`` which embedding ``features`` returns, ``details`` the family's provenance
-    (library and version, model id, ...)."""
+    """A loaded, frozen backbone: ``features(x) -> (B, D)`` embeddings; ``head`` the removed
+    ImageNet classifier (torchvision families), ``transform`` the model's own preprocessing
+    (None: the protocol's only), ``details`` the family's provenance (library, model id, ...)."""
 
     spec: BackboneSpec
     features: nn.Module
@@ -77,30 +79,31 @@ class Backbone:
         """ImageNet logits from pooled features (the classifier the features feed)."""
         if self.head is None:
             raise SpmlError(f"backbone {self.name!r} keeps no ImageNet classifier to classify with")
-        head = self.head
-        param = next(head.parameters())
+        param = next(self.head.parameters())
         with torch.inference_mode():
-            return head(features.to(device=param.device, dtype=param.dtype))
+            return self.head(features.to(device=param.device, dtype=param.dtype))
 
     def provenance(self) -> dict:
-        """The backbone/weights part of the store's provenance (docs/protocol.md store attrs;
-        docs/backbones.md for the library-qualified families)."""
-        out = {
-            "backbone": self.name,
-            "backbone_family": self.spec.family,
-            "feature_dim": self.feature_dim,
-            "pooling": "global average pool",
-            "weights": self.weights.id,
-            "weights_sha256": self.weights.sha256,
-            "weights_file": self.weights.path,
-            "weights_url": self.weights.url,
-            "weights_random": self.weights.random,
-        }
+        """The backbone/weights part of the store's provenance (docs/backbones.md)."""
+        w = self.weights
+        out = {"backbone": self.name, "backbone_family": self.spec.family,
+               "feature_dim": self.feature_dim, "pooling": "global average pool",
+               "weights": w.id, "weights_sha256": w.sha256, "weights_file": w.path,
+               "weights_url": w.url, "weights_random": w.random}
         if self.details:
             out["pooling"] = self.details.get("embedding", out["pooling"])
             out["embed"] = self.embed
             out.update({k: v for k, v in self.details.items() if k != "embedding"})
         return out
+
+
+def library(*modules: str, missing: str) -> Any:
+    """The last of ``modules``, each imported; one not installed is refused with ``missing``
+    (what needs it and how to install it)."""
+    try:
+        return [importlib.import_module(m) for m in modules][-1]
+    except ImportError:
+        raise SpmlError(missing) from None
 
 
 def package_version(name: str) -> str:
@@ -112,9 +115,28 @@ def package_version(name: str) -> str:
 
 
 def random_info(seed: int) -> WeightsInfo:
-    return WeightsInfo(
-        id=f"random(seed={int(seed)})", sha256=None, path=None, random=True, seed=int(seed)
-    )
+    return WeightsInfo(id=f"random(seed={int(seed)})", sha256=None, path=None, random=True,
+                       seed=int(seed))
+
+
+def seeded(seed: int, build: Callable[..., Any], *args: Any) -> Any:
+    """``build(*args)`` with torch's RNG seeded by ``seed`` (a network's default initialisation
+    is then reproducible); the global RNG state is restored after."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        return build(*args)
+
+
+def did_you_mean(name: str, names: Iterable[str]) -> str:
+    """`` Did you mean a, b?`` naming the known names closest to ``name`` (or "")."""
+    close = difflib.get_close_matches(name, list(names), n=3)
+    return f" Did you mean {', '.join(close)}?" if close else ""
+
+
+def pooled_only(embed: str | None, gives: str) -> None:
+    """Refuse an ``--embed`` other than the pooled one of a family that ``gives`` only that."""
+    if embed not in (None, "auto", "pooled"):
+        raise SpmlError(f"--embed {embed!r}: {gives}")
 
 
 def file_info(path: Path, wid: str, url: str | None = None) -> WeightsInfo:
@@ -137,23 +159,20 @@ def as_weights_path(weights: str) -> Path | None:
 
 def local_weights(name: str, weights: str | None, default: str, suffixes: str
                   ) -> WeightsInfo | None:
-    """``--weights`` as a local checkpoint of backbone ``name`` (its sha256 taken now), or None
-    when it asks for the default weights (None or "default", which the family then resolves);
-    anything else is an error saying what ``default`` means and which ``suffixes`` it takes."""
+    """``--weights`` as a local checkpoint of backbone ``name``, or None for the default weights
+    (None or "default"); anything else is refused, naming ``default`` and the ``suffixes``."""
     if weights in (None, DEFAULT):
         return None
     path = as_weights_path(str(weights))
     if path is None:
-        raise WeightsError(
-            f"--weights {weights!r} for {name}: expected default ({default}), a checkpoint "
-            f"file ({suffixes}) or random"
-        )
+        raise WeightsError(f"--weights {weights!r} for {name}: expected default ({default}), "
+                           f"a checkpoint file ({suffixes}) or random")
     return file_info(path, f"file:{path.name}")
 
 
 def read_state(path: str | Path) -> dict[str, torch.Tensor]:
-    """The ``state_dict`` in a checkpoint: a ``.safetensors`` file, or a torch file holding a
-    state dict (or ``{"state_dict": ...}`` / ``{"model": ...}``), read without unpickling code."""
+    """The ``state_dict`` of a ``.safetensors`` file or of a torch file (also under ``state_dict``
+    or ``model``), read without unpickling code."""
     path = Path(path)
     try:
         if path.suffix == ".safetensors":
@@ -163,10 +182,8 @@ def read_state(path: str | Path) -> dict[str, torch.Tensor]:
         else:
             state = torch.load(path, map_location="cpu", weights_only=True)
     except ImportError:
-        raise WeightsError(
-            f"weights file {path} is a safetensors file: pip install safetensors "
-            "(or pip install -e '.[hf]')"
-        ) from None
+        raise WeightsError(f"weights file {path} is a safetensors file: pip install safetensors "
+                           "(or pip install -e '.[hf]')") from None
     except Exception as err:  # unpickling errors come in many types
         raise WeightsError(f"cannot read weights file {path}: {err}") from None
     for key in ("state_dict", "model"):
@@ -184,9 +201,8 @@ def load_into(model: nn.Module, state: dict, path: str | Path, name: str) -> Any
         return model.load_state_dict(state, strict=False)
     except RuntimeError as err:  # size mismatches
         first = str(err).split("\n\t")[1:2] or [str(err)]
-        raise WeightsError(
-            f"weights file {path} does not fit backbone {name!r}: {first[0]}"
-        ) from None
+        raise WeightsError(f"weights file {path} does not fit backbone {name!r}: {first[0]}"
+                           ) from None
 
 
 def check_fit(result: Any, path: str | Path, name: str) -> None:
@@ -205,20 +221,17 @@ def check_fit(result: Any, path: str | Path, name: str) -> None:
 
 
 def input_check(features: nn.Module, size: int, name: str, hint: str = "") -> int:
-    """Run one black ``size``×``size`` image through ``features`` (CPU, float32, no grad) and
-    return the embedding width: a network that cannot take this input size (a ViT's fixed
-    position embeddings) is refused before any work, and the width is measured, not assumed."""
+    """The embedding width of ``features``, measured on one black ``size``×``size`` image (CPU,
+    no grad): a network that cannot take this size (a ViT's fixed positions) is refused."""
     try:
         with torch.no_grad():
             out = features.eval()(torch.zeros(1, 3, int(size), int(size)))
     except (RuntimeError, AssertionError, ValueError, IndexError) as err:
-        raise SpmlError(
-            f"backbone {name!r} cannot take {size}x{size} images: {err}{hint}"
-        ) from None
+        raise SpmlError(f"backbone {name!r} cannot take {size}x{size} images: {err}{hint}"
+                        ) from None
     if out.ndim != 2 or out.shape[0] != 1:
-        raise SpmlError(
-            f"backbone {name!r}: its embedding has shape {tuple(out.shape)}, expected (1, D)"
-        )
+        raise SpmlError(f"backbone {name!r}: its embedding has shape {tuple(out.shape)}, "
+                        "expected (1, D)")
     return int(out.shape[1])
 
 
@@ -230,26 +243,21 @@ _TRUE = ("1", "true", "yes", "on")
 def hf_offline() -> bool:
     """Offline as the Hugging Face libraries understand it (``HF_HUB_OFFLINE=1`` or
     ``TRANSFORMERS_OFFLINE=1``), read now (the libraries read it once, at import)."""
-    return any(
-        os.environ.get(k, "").strip().lower() in _TRUE
-        for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-    )
+    return any(os.environ.get(k, "").strip().lower() in _TRUE
+               for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
 def hf_cache_dir() -> Path:
-    """The Hugging Face hub cache, read from the environment now: ``$HF_HUB_CACHE``, else
-    ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``."""
+    """The Hugging Face hub cache: ``$HF_HUB_CACHE``, ``$HF_HOME/hub`` or
+    ``~/.cache/huggingface/hub``, read from the environment now."""
     if os.environ.get("HF_HUB_CACHE"):
         return Path(os.environ["HF_HUB_CACHE"]).expanduser()
     home = os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
-    )
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface")
     return Path(home).expanduser() / "hub"
 
 
-#: seconds the one connectivity check waits for the server (or the proxy) before the weights'
-#: download is refused (offline, a library's retries would take a minute)
-CONNECT_TIMEOUT = 3.0
+CONNECT_TIMEOUT = 3.0  # seconds before a download is refused as offline (not a minute of retries)
 _REACHED: dict[tuple[str, int], str | None] = {}  # (host, port) -> None (reached) or the error
 
 
@@ -259,10 +267,9 @@ def hf_endpoint() -> str:
 
 
 def unreachable(url: str) -> str | None:
-    """One quick connectivity check before a download from ``url``: a TCP connection to its
-    host (or to the HTTPS proxy the environment names), waited for at most
-    :data:`CONNECT_TIMEOUT` seconds, once per process and host. None when it connects, else a
-    sentence saying what was checked and what happened."""
+    """None when a TCP connection to ``url``'s host (or the HTTPS proxy) opens within
+    :data:`CONNECT_TIMEOUT` seconds (checked once per process and host), else a sentence saying
+    what was checked and what happened."""
     import socket
     import threading
     from urllib.parse import urlsplit
@@ -294,59 +301,59 @@ def unreachable(url: str) -> str | None:
     return f"spml checked the connection to {via} and it failed ({error})"
 
 
-def quiet_hub_logs() -> Any:
+def fetch_once(url: str, path: Path, what: str, cache: str, fix: str,
+               download: Callable[[], Any]) -> Path:
+    """``path``, a file of ``cache`` (its description), fetched from ``url`` by ``download()``
+    when it is not there yet; offline, or when the download fails, a
+    :class:`WeightsNotFoundError` naming the file, the cache and ``fix``."""
+    if path.is_file():
+        return path
+    offline = "HF_HUB_OFFLINE is set" if hf_offline() else unreachable(url)
+    if offline is not None:
+        raise WeightsNotFoundError(
+            f"{what} needs {path.name} in {cache}, and {offline}: fetch {url} on a connected "
+            f"machine and copy it there, or {fix}")
+    try:
+        return Path(download() or path)
+    except Exception as err:
+        raise WeightsNotFoundError(f"{what} needs {path} ({cache}); downloading {url} failed "
+                                   f"({err}); copy the file there, or {fix}") from None
+
+
+@contextlib.contextmanager
+def quiet_hub_logs() -> Iterator[None]:
     """A context in which huggingface_hub logs errors only (no retry lines), restored after."""
-    import contextlib
+    from huggingface_hub.utils import logging as hub_logging
 
-    @contextlib.contextmanager
-    def quiet() -> Any:
-        try:
-            from huggingface_hub.utils import logging as hub_logging
-        except ImportError:
-            yield
-            return
-        before = hub_logging.get_verbosity()
-        hub_logging.set_verbosity_error()
-        try:
-            yield
-        finally:
-            hub_logging.set_verbosity(before)
-
-    return quiet()
+    before = hub_logging.get_verbosity()
+    hub_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hub_logging.set_verbosity(before)
 
 
 def hub_file(repo: str, filenames: tuple[str, ...], what: str, fix: str) -> Path:
-    """The first of ``filenames`` of hub repo ``repo`` found in the cache, else downloaded
-    into it (the library's own cache, so the library finds it again); offline, or when the
-    download fails, a :class:`WeightsNotFoundError` naming the file, the cache and ``fix``."""
+    """The first of ``filenames`` of hub repo ``repo`` in the cache, else downloaded into it;
+    offline, or when that fails, a :class:`WeightsNotFoundError` naming file, cache and ``fix``."""
     try:
         from huggingface_hub import hf_hub_download, try_to_load_from_cache
     except ImportError:
-        raise WeightsError(
-            f"{what} comes from the Hugging Face hub: pip install huggingface_hub"
-        ) from None
+        raise WeightsError(f"{what} comes from the Hugging Face hub: pip install huggingface_hub"
+                           ) from None
     cache = hf_cache_dir()
     for filename in filenames:
         found = try_to_load_from_cache(repo, filename, cache_dir=str(cache))
         if isinstance(found, str) and os.path.isfile(found):
             return Path(found)
-    files = " or ".join(filenames)
-    missing = (
-        f"{what} needs the file {files} of the Hugging Face repo {repo}, which is not in the "
-        f"cache {cache} (set HF_HOME or HF_HUB_CACHE to use another)"
-    )
-    if hf_offline():
-        raise WeightsNotFoundError(
-            f"{missing}, and HF_HUB_OFFLINE is set. Run the same command once on a connected "
-            f"machine (it downloads into that cache) and copy the cache here, or {fix}"
-        )
-    offline = unreachable(hf_endpoint())
+    missing = (f"{what} needs the file {' or '.join(filenames)} of the Hugging Face repo {repo}, "
+               f"which is not in the cache {cache} (set HF_HOME or HF_HUB_CACHE to use another)")
+    offline = "HF_HUB_OFFLINE is set" if hf_offline() else unreachable(hf_endpoint())
     if offline is not None:
+        offline += "" if hf_offline() else ": this machine looks offline"
         raise WeightsNotFoundError(
-            f"{missing}, and {offline}: this machine looks offline. Run the same command once "
-            f"on a connected machine (it downloads into that cache) and copy the cache here, or "
-            f"{fix}"
-        )
+            f"{missing}, and {offline}. Run the same command once on a connected machine (it "
+            f"downloads into that cache) and copy the cache here, or {fix}")
     errors = []
     for filename in filenames:
         try:
@@ -354,7 +361,6 @@ def hub_file(repo: str, filenames: tuple[str, ...], what: str, fix: str) -> Path
                 return Path(hf_hub_download(repo, filename, cache_dir=str(cache)))
         except Exception as err:  # not in the repo, no network, gated, ...: try the next name
             errors.append(f"{filename}: {type(err).__name__}: {str(err).splitlines()[0][:200]}")
-    raise WeightsNotFoundError(
-        f"{missing}, and downloading it failed ({'; '.join(errors)}). Connect this machine or "
-        f"copy the cache from one that has it, or {fix}"
-    )
+    raise WeightsNotFoundError(f"{missing}, and downloading it failed ({'; '.join(errors)}). "
+                               f"Connect this machine or copy the cache from one that has it, or "
+                               f"{fix}")

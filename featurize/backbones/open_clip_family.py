@@ -1,20 +1,14 @@
-"""``--backbone open_clip:<arch>/<pretrained>``: the image tower of an OpenCLIP model, its own
-preprocessing (the model's ``preprocess_cfg``: OpenCLIP's eval transform) and CLIP's projected
-image embedding (``--embed projected``, the default) or the ViT's pooled output before the
-projection (``--embed pooled``) (docs/backbones.md).
-
-Weights: the tag's file from the Hugging Face hub cache (OpenCLIP's own source for it, fetched
-there on first use), or ``--weights PATH`` (a whole CLIP checkpoint, torch or safetensors), with
-``open_clip:<arch>`` or ``open_clip:<arch>/<tag>``; or ``random``.
-
-:func:`load_clip` gives the whole model (both towers), its tokenizer and its preprocessing from
-the same name and weights: the entry point for anything that needs CLIP's text tower too.
+"""``--backbone open_clip:<arch>/<pretrained>``: an OpenCLIP model's image tower with its own
+eval preprocessing and CLIP's projected image embedding (``--embed projected``, the default) or
+the ViT's pooled output before the projection (``--embed pooled``) (docs/backbones.md). Weights:
+the tag's file from the Hugging Face hub cache (fetched there on first use), a whole CLIP
+checkpoint (``--weights PATH``) or ``random``. :func:`load_clip` gives the whole model (both
+towers), its tokenizer and preprocessing, for what needs the text tower too.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,16 +20,17 @@ from featurize.backbones.base import (
     Backbone,
     WeightsError,
     WeightsInfo,
-    WeightsNotFoundError,
     check_fit,
+    did_you_mean,
+    fetch_once,
     file_info,
-    hf_offline,
     hub_file,
     input_check,
+    library,
     local_weights,
     package_version,
     random_info,
-    unreachable,
+    seeded,
 )
 from featurize.images import ImageTransform
 from featurize.specs import DEFAULT, RANDOM, BackboneSpec
@@ -46,14 +41,8 @@ _HUB_FILES = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
 
 
 def _open_clip():
-    try:
-        import open_clip
-    except ImportError:
-        raise SpmlError(
-            "backbone 'open_clip:...' needs the open_clip_torch package: pip install -e "
-            "'.[clip]' (or pip install open_clip_torch)"
-        ) from None
-    return open_clip
+    return library("open_clip", missing="backbone 'open_clip:...' needs the open_clip_torch "
+                   "package: pip install -e '.[clip]' (or pip install open_clip_torch)")
 
 
 def parse(name: str) -> tuple[str, str | None]:
@@ -67,20 +56,17 @@ def get_spec(name: str) -> BackboneSpec:
     open_clip = _open_clip()
     arch, tag = parse(name)
     if arch not in open_clip.list_models():
-        close = difflib.get_close_matches(arch, open_clip.list_models(), n=3)
-        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        hint = did_you_mean(arch, open_clip.list_models())
         raise SpmlError(
             f"--backbone {name!r}: OpenCLIP has no architecture {arch!r}.{hint} "
             "open_clip.list_pretrained() lists (arch, pretrained) pairs, e.g. "
-            "open_clip:ViT-B-16/openai"
-        )
+            "open_clip:ViT-B-16/openai")
     if tag is not None:
         tags = open_clip.list_pretrained_tags_by_model(arch)
         if tag not in tags:
             raise SpmlError(
                 f"--backbone {name!r}: OpenCLIP's {arch} has no pretrained tag {tag!r}; its "
-                f"tags: {', '.join(tags) or 'none'}"
-            )
+                f"tags: {', '.join(tags) or 'none'}")
     return BackboneSpec(name, "open_clip", 0, default_weights=DEFAULT, note="OpenCLIP image tower")
 
 
@@ -89,17 +75,15 @@ def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> 
     Hugging Face hub cache or fetched into it now."""
     open_clip = _open_clip()
     arch, tag = parse(spec.name)
-    local = local_weights(spec.name, weights, "the pretrained tag's weights",
-                          ".pt, .pth, .bin, .safetensors")
-    if local is not None:
+    if local := local_weights(spec.name, weights, "the pretrained tag's weights",
+                              ".pt, .pth, .bin, .safetensors"):
         return local
     fix = f"pass --weights PATH to a {arch} checkpoint"
     if tag is None:
         raise WeightsError(
             f"--backbone {spec.name}: name the pretrained weights (open_clip:{arch}/<tag>; "
             f"tags: {', '.join(open_clip.list_pretrained_tags_by_model(arch)) or 'none'}), or "
-            "pass --weights PATH or --weights random"
-        )
+            "pass --weights PATH or --weights random")
     cfg = open_clip.get_pretrained_cfg(arch, tag)
     hub = (cfg.get("hf_hub") or "").strip("/")
     what = f"OpenCLIP {arch}/{tag}"
@@ -114,26 +98,8 @@ def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> 
     if not url:
         raise WeightsError(f"{what} names no source for its weights; {fix}")
     cache = Path.home() / ".cache" / "clip"
-    path = cache / url.rsplit("/", 1)[-1]
-    if not path.is_file():
-        if hf_offline():
-            raise WeightsNotFoundError(
-                f"{what} needs {path.name} in OpenCLIP's cache {cache}, and HF_HUB_OFFLINE is "
-                f"set: fetch {url} on a connected machine and copy it there, or {fix}"
-            )
-        offline = unreachable(url)
-        if offline is not None:
-            raise WeightsNotFoundError(
-                f"{what} needs {path.name} in OpenCLIP's cache {cache}, and {offline}: fetch "
-                f"{url} on a connected machine and copy it there, or {fix}"
-            )
-        try:
-            path = Path(open_clip.download_pretrained_from_url(url, cache_dir=str(cache)))
-        except Exception as err:
-            raise WeightsNotFoundError(
-                f"{what} needs {path} (OpenCLIP's cache); downloading {url} failed ({err}); "
-                f"copy the file there, or {fix}"
-            ) from None
+    path = fetch_once(url, cache / url.rsplit("/", 1)[-1], what, f"OpenCLIP's cache {cache}", fix,
+                      lambda: open_clip.download_pretrained_from_url(url, cache_dir=str(cache)))
     return file_info(path, f"open_clip:{arch}/{tag}", url=url)
 
 
@@ -141,18 +107,13 @@ _PREPROCESS_KEYS = ("mean", "std", "interpolation", "resize_mode")
 
 
 def build(arch: str, tag: str | None = None) -> nn.Module:
-    """The whole CLIP model ``arch`` (default initialisation from the current RNG state), with
-    QuickGELU where the pretrained tag was trained with it (OpenAI's weights) and the tag's
-    preprocessing (mean, std, interpolation, resize mode) in ``visual.preprocess_cfg``, as
-    OpenCLIP's ``create_model(arch, pretrained=tag)`` sets them."""
+    """The whole CLIP model ``arch`` (default initialisation) with the tag's QuickGELU and
+    preprocessing (``visual.preprocess_cfg``), as ``create_model(arch, pretrained=tag)`` sets."""
     open_clip = _open_clip()
     cfg = open_clip.get_pretrained_cfg(arch, tag) if tag else {}
     return open_clip.create_model(
-        arch,
-        pretrained=None,
-        force_quick_gelu=bool(cfg.get("quick_gelu", False)),
-        force_preprocess_cfg={k: cfg[k] for k in _PREPROCESS_KEYS if k in cfg},
-    )
+        arch, pretrained=None, force_quick_gelu=bool(cfg.get("quick_gelu", False)),
+        force_preprocess_cfg={k: cfg[k] for k in _PREPROCESS_KEYS if k in cfg})
 
 
 def model_transform(model: nn.Module) -> ImageTransform:
@@ -164,20 +125,16 @@ def model_transform(model: nn.Module) -> ImageTransform:
     size = (size, size) if isinstance(size, int) else tuple(size)
     mode = cfg.get("resize_mode", "shortest")
     interpolation = cfg.get("interpolation", "bicubic")
-    if size[0] != size[1] or mode not in ("shortest", "squash") or interpolation not in (
-        "bicubic", "bilinear"
-    ):
+    if (size[0] != size[1] or mode not in ("shortest", "squash")
+            or interpolation not in ("bicubic", "bilinear")):
         raise SpmlError(
             f"OpenCLIP's preprocessing of this model (size {size}, {mode}, {interpolation}) is "
-            "not one the featurizer reproduces; pass --transform protocol"
-        )
+            "not one the featurizer reproduces; pass --transform protocol")
     mean = tuple(float(v) for v in cfg.get("mean", (0.48145466, 0.4578275, 0.40821073)))
     std = tuple(float(v) for v in cfg.get("std", (0.26862954, 0.26130258, 0.27577711)))
-    s = int(size[0])
-    if mode == "shortest":
-        return ImageTransform(size=s, crop=s, mean=mean, std=std, interpolation=interpolation,
-                              resize="shortest")
-    return ImageTransform(size=s, mean=mean, std=std, interpolation=interpolation)
+    side, shortest = int(size[0]), mode == "shortest"
+    return ImageTransform(size=side, crop=side if shortest else None, mean=mean, std=std,
+                          interpolation=interpolation, resize="shortest" if shortest else "square")
 
 
 def _load_state(model: nn.Module, path: str, name: str) -> None:
@@ -190,9 +147,8 @@ def _load_state(model: nn.Module, path: str, name: str) -> None:
 
 @dataclass
 class ClipModel:
-    """A whole OpenCLIP model (image and text towers, eval mode, frozen), its tokenizer,
-    OpenCLIP's own eval preprocessing (PIL image → tensor), the same as an
-    :class:`ImageTransform` (what the featurizer runs), and the weights it carries."""
+    """A whole OpenCLIP model (both towers, eval mode, frozen), its tokenizer, its eval
+    preprocessing (PIL image → tensor) and the same as an :class:`ImageTransform`."""
 
     name: str  # "open_clip:<arch>[/<pretrained>]"
     model: nn.Module
@@ -203,14 +159,10 @@ class ClipModel:
 
     def provenance(self) -> dict:
         arch, tag = parse(self.name)
-        return {
-            "library": package_version("open_clip_torch"),
-            "model_id": f"{arch}/{tag}" if tag else arch,
-            "weights": self.weights.id,
-            "weights_sha256": self.weights.sha256,
-            "weights_file": self.weights.path,
-            "weights_random": self.weights.random,
-        }
+        return {"library": package_version("open_clip_torch"),
+                "model_id": f"{arch}/{tag}" if tag else arch, "weights": self.weights.id,
+                "weights_sha256": self.weights.sha256, "weights_file": self.weights.path,
+                "weights_random": self.weights.random}
 
 
 def load_clip(name: str, weights: str | None = None, *, seed: int = 0) -> ClipModel:
@@ -222,9 +174,7 @@ def load_clip(name: str, weights: str | None = None, *, seed: int = 0) -> ClipMo
     info = random_info(seed) if weights == RANDOM else resolve(spec, weights)
     arch, tag = parse(name)
     open_clip = _open_clip()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(seed))
-        model = build(arch, tag)
+    model = seeded(seed, build, arch, tag)
     if not info.random:
         _load_state(model, info.path, name)
     model.eval().requires_grad_(False)
@@ -248,9 +198,7 @@ def load(spec: BackboneSpec, info: WeightsInfo, seed: int = 0, embed: str | None
     embed = "projected" if embed in (None, "auto") else embed
     if embed not in _EMBEDDING:
         raise SpmlError(f"--embed {embed!r}: an OpenCLIP backbone gives projected or pooled")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(seed))
-        model = build(arch, tag)
+    model = seeded(seed, build, arch, tag)
     if not info.random:
         _load_state(model, info.path, spec.name)
     visual = model.visual
@@ -258,16 +206,12 @@ def load(spec: BackboneSpec, info: WeightsInfo, seed: int = 0, embed: str | None
         if not isinstance(getattr(visual, "proj", None), torch.Tensor):
             raise SpmlError(
                 f"--embed pooled: {arch}'s image tower has no separate final projection "
-                "(only OpenCLIP's ViTs do); use --embed projected"
-            )
+                "(only OpenCLIP's ViTs do); use --embed projected")
         visual.proj = None  # this model's own tower: the pooled output is returned
     visual.eval().requires_grad_(False)
     transform = model_transform(model)
     dim = input_check(visual, transform.out_size, spec.name)
     spec = dataclasses.replace(spec, feature_dim=dim, mean=transform.mean, std=transform.std)
-    details = {
-        "embedding": _EMBEDDING[embed],
-        "library": package_version("open_clip_torch"),
-        "model_id": f"{arch}/{tag}" if tag else arch,
-    }
+    details = {"embedding": _EMBEDDING[embed], "library": package_version("open_clip_torch"),
+               "model_id": f"{arch}/{tag}" if tag else arch}
     return Backbone(spec, visual, None, info, transform=transform, embed=embed, details=details)

@@ -1,18 +1,16 @@
-"""``--backbone timm:<model>[.<tag>]``: any timm model, its pretrained tag's weights and its own
-preprocessing (timm's resolved data config), the classifier's input as the embedding
+"""``--backbone timm:<model>[.<tag>]``: any timm model, its pretrained tag's weights (from the
+Hugging Face hub cache, or the torch hub cache for the tags timm fetches from a URL; or
+``--weights PATH``, with or without the classifier, every key fitting; or ``random``), its own
+preprocessing (timm's resolved data config) and the classifier's input as the embedding
 (docs/backbones.md).
-
-Weights: the tag's file from the Hugging Face hub cache (``timm/<model>.<tag>``, downloaded
-there on first use) or, for the few tags timm still fetches from a URL, the torch hub cache;
-``--weights PATH`` a local checkpoint (torch or safetensors, with or without the classifier);
-``random``. The checkpoint is loaded into the classifier-less model and every key must fit.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import difflib
 import math
+import sys
 from pathlib import Path
 
 import torch
@@ -22,15 +20,19 @@ from featurize.backbones.base import (
     Backbone,
     WeightsError,
     WeightsInfo,
-    WeightsNotFoundError,
     check_fit,
+    did_you_mean,
+    fetch_once,
     file_info,
     hub_file,
     input_check,
+    library,
     load_into,
     local_weights,
     package_version,
+    pooled_only,
     read_state,
+    seeded,
 )
 from featurize.images import ImageTransform
 from featurize.specs import DEFAULT, BackboneSpec
@@ -41,14 +43,8 @@ _HUB_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
 def _timm():
-    try:
-        import timm
-    except ImportError:
-        raise SpmlError(
-            "backbone 'timm:...' needs the timm package: pip install -e '.[timm]' "
-            "(or pip install timm)"
-        ) from None
-    return timm
+    return library("timm", missing="backbone 'timm:...' needs the timm package: pip install -e "
+                   "'.[timm]' (or pip install timm)")
 
 
 def get_spec(name: str) -> BackboneSpec:
@@ -57,19 +53,16 @@ def get_spec(name: str) -> BackboneSpec:
     model = name[len(PREFIX) :]
     arch, _, tag = model.partition(".")
     if not timm.is_model(arch):
-        close = difflib.get_close_matches(arch, timm.list_models(), n=3)
-        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        hint = did_you_mean(arch, timm.list_models())
         raise SpmlError(
             f"--backbone {name!r}: timm has no model {arch!r}.{hint} timm.list_models() lists "
-            "them (e.g. timm:resnet50.a1_in1k, timm:convnext_large.fb_in22k)"
-        )
+            "them (e.g. timm:resnet50.a1_in1k, timm:convnext_large.fb_in22k)")
     if tag:
         tags = [n.partition(".")[2] for n in timm.list_pretrained(f"{arch}.*")]
         if tag not in tags:
             raise SpmlError(
                 f"--backbone {name!r}: timm's {arch} has no pretrained tag {tag!r}; its tags: "
-                f"{', '.join(tags) or 'none'}"
-            )
+                f"{', '.join(tags) or 'none'}")
     return BackboneSpec(name, "timm", 0, default_weights=DEFAULT, note="timm model")
 
 
@@ -80,17 +73,15 @@ def _pretrained_cfg(model: str):
     if cfg is None:
         raise WeightsError(
             f"timm model {model!r} has no pretrained weights; pass --weights PATH or "
-            "--weights random"
-        )
+            "--weights random")
     return cfg
 
 
 def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> WeightsInfo:
     """The weights file for ``weights`` (None/"default": the tag's), found or fetched now."""
     model = spec.name[len(PREFIX) :]
-    local = local_weights(spec.name, weights, "the pretrained tag's weights",
-                          ".pth, .pt, .safetensors")
-    if local is not None:
+    if local := local_weights(spec.name, weights, "the pretrained tag's weights",
+                              ".pth, .pt, .safetensors"):
         return local
     cfg = _pretrained_cfg(model)
     tagged = f"{cfg.architecture}.{cfg.tag}" if cfg.tag else model
@@ -101,62 +92,32 @@ def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> 
         return file_info(path, f"timm:{tagged}", url=f"hf-hub:{cfg.hf_hub_id}")
     if cfg.url:
         path = Path(torch.hub.get_dir()) / "checkpoints" / cfg.url.rsplit("/", 1)[-1]
-        if not path.is_file():
-            from featurize.backbones.base import hf_offline, unreachable
 
-            if hf_offline():
-                raise WeightsNotFoundError(
-                    f"timm model {tagged} needs {path.name} in the torch hub cache {path.parent} "
-                    f"(TORCH_HOME moves it), and HF_HUB_OFFLINE is set: fetch {cfg.url} on a "
-                    f"connected machine and copy it there, or {fix}"
-                )
-            offline = unreachable(cfg.url)
-            if offline is not None:
-                raise WeightsNotFoundError(
-                    f"timm model {tagged} needs {path.name} in the torch hub cache {path.parent} "
-                    f"(TORCH_HOME moves it), and {offline}: fetch {cfg.url} on a connected "
-                    f"machine and copy it there, or {fix}"
-                )
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                torch.hub.download_url_to_file(cfg.url, str(path))
-            except Exception as err:
-                raise WeightsNotFoundError(
-                    f"timm model {tagged} needs {path} (torch hub cache); downloading {cfg.url} "
-                    f"failed ({err}); copy the file there, or {fix}"
-                ) from None
+        def download() -> None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.hub.download_url_to_file(cfg.url, str(path))
+
+        cache = f"the torch hub cache {path.parent} (TORCH_HOME moves it)"
+        fetch_once(cfg.url, path, f"timm model {tagged}", cache, fix, download)
         return file_info(path, f"timm:{tagged}", url=cfg.url)
     raise WeightsError(f"timm model {tagged} names no source for its weights; {fix}")
 
 
-def _classifier_keys(model: nn.Module) -> list[str]:
-    names = model.pretrained_cfg.get("classifier") or ()
-    names = (names,) if isinstance(names, str) else tuple(names)
-    return [f"{n}.{p}" for n in names for p in ("weight", "bias")]
-
-
 def _load_state(model: nn.Module, path: str, name: str) -> None:
-    state = read_state(path)
-    for key in _classifier_keys(model):
-        state.pop(key, None)
+    """Load a checkpoint without the classifier, in timm's layout or (converted by the model's
+    ``checkpoint_filter_fn``) the original one; every key must fit."""
+    names = model.pretrained_cfg.get("classifier") or ()
+    drop = {f"{n}.{p}" for n in ((names,) if isinstance(names, str) else names)
+            for p in ("weight", "bias")}
+    state = {k: v for k, v in read_state(path).items() if k not in drop}
     try:
         result = model.load_state_dict(state, strict=False)
     except RuntimeError:  # tensors of other shapes: maybe the original layout, tried below
         result = None
     if result is None or result.missing_keys or result.unexpected_keys:
-        # a checkpoint in the model's original (pre-timm) layout: timm's own converter
-        import sys
-
         convert = getattr(sys.modules[type(model).__module__], "checkpoint_filter_fn", None)
-        if convert is not None:
-            try:
-                converted = convert(state, model)
-            except Exception:  # not that layout either: report the first mismatch
-                converted = None
-            if converted is not None:
-                for key in _classifier_keys(model):
-                    converted.pop(key, None)
-                state = converted
+        with contextlib.suppress(Exception):  # no converter, or not that layout: report below
+            state = {k: v for k, v in convert(state, model).items() if k not in drop}
         result = load_into(model, state, path, name)
     check_fit(result, path, name)
 
@@ -174,17 +135,12 @@ def data_transform(model: nn.Module, name: str) -> ImageTransform:
     if h != w or mode not in ("center", "squash") or interpolation not in ("bilinear", "bicubic"):
         raise SpmlError(
             f"backbone {name!r}: timm's preprocessing (input {h}x{w}, crop_mode {mode}, "
-            f"{interpolation}) is not one the featurizer reproduces; pass --transform protocol"
-        )
+            f"{interpolation}) is not one the featurizer reproduces; pass --transform protocol")
     crop_pct = cfg.get("crop_pct") or 1.0
-    return ImageTransform(
-        size=math.floor(h / crop_pct),
-        crop=h,
-        mean=tuple(float(v) for v in cfg["mean"]),
-        std=tuple(float(v) for v in cfg["std"]),
-        interpolation=interpolation,
-        resize="shortest" if mode == "center" else "squash",
-    )
+    return ImageTransform(size=math.floor(h / crop_pct), crop=h,
+                          mean=tuple(float(v) for v in cfg["mean"]),
+                          std=tuple(float(v) for v in cfg["std"]), interpolation=interpolation,
+                          resize="shortest" if mode == "center" else "squash")
 
 
 def build(model: str, num_classes: int = 0) -> nn.Module:
@@ -196,14 +152,9 @@ def load(spec: BackboneSpec, info: WeightsInfo, seed: int = 0, embed: str | None
          ) -> Backbone:
     """Build ``spec``'s model without its classifier, load ``info``'s weights, measure the
     embedding width on one image of the model's input size."""
-    if embed not in (None, "auto", "pooled"):
-        raise SpmlError(
-            f"--embed {embed!r}: a timm backbone gives 'pooled' (its classifier's input)"
-        )
+    pooled_only(embed, "a timm backbone gives 'pooled' (its classifier's input)")
     model_name = spec.name[len(PREFIX) :]
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(seed))
-        model = build(model_name)
+    model = seeded(seed, build, model_name)
     if not info.random:
         _load_state(model, info.path, spec.name)
     model.eval().requires_grad_(False)
@@ -211,11 +162,9 @@ def load(spec: BackboneSpec, info: WeightsInfo, seed: int = 0, embed: str | None
     dim = input_check(model, transform.out_size, spec.name)
     spec = dataclasses.replace(spec, feature_dim=dim, mean=transform.mean, std=transform.std)
     cfg = model.pretrained_cfg
-    details = {
-        "embedding": "timm forward_head(pre_logits=True): the classifier's input",
-        "library": package_version("timm"),
-        "model_id": f"{cfg.get('architecture', model_name)}"
-        + (f".{cfg['tag']}" if cfg.get("tag") else ""),
-        "hf_hub_id": cfg.get("hf_hub_id"),
-    }
+    tag = f".{cfg['tag']}" if cfg.get("tag") else ""
+    details = {"embedding": "timm forward_head(pre_logits=True): the classifier's input",
+               "library": package_version("timm"),
+               "model_id": f"{cfg.get('architecture', model_name)}{tag}",
+               "hf_hub_id": cfg.get("hf_hub_id")}
     return Backbone(spec, model, None, info, transform=transform, embed="pooled", details=details)

@@ -1,19 +1,12 @@
-"""The torchvision family: the registry names, honest weights, pooled
-features (docs/protocol.md step 7: torchvision ResNet-50, ``IMAGENET1K_V1``, global average
-pool → 2048-d).
+"""The torchvision family: the registry names and any torchvision classifier, pooled features
+(docs/protocol.md step 7: ResNet-50, ``IMAGENET1K_V1``, global average pool → 2048-d), with the
+protocol's preprocessing and the backbone's mean/std.
 
-Weights are never fetched behind the user's back:
-
-* ``imagenet1k_v1`` (and the other torchvision weight names) load torchvision's file from the
-  torch hub cache, ``torch.hub.get_dir()/checkpoints/<file>`` -- for ResNet-50
-  ``resnet50-0676ba61.pth`` -- checking the sha256 prefix torchvision puts in the file name.
-  Without the file it is an error *before any work*, saying which file to put where and the URL
-  to fetch it from on a connected machine (or pass ``download=True`` / ``--download``).
-* a path: that file (a ``state_dict`` for the same architecture).
-* ``random``: seeded default initialisation, for tests and benchmarks only; recorded as such.
-* ``efficientnet_lite0`` is its own family (:mod:`featurize.backbones.lite0_family`).
-
-Each backbone's own preprocessing (its mean/std) goes into the store's provenance.
+Weights are never fetched behind the user's back: a torchvision weights name (``imagenet1k_v1``
+…) loads torchvision's file from the torch hub cache (``torch.hub.get_dir()/checkpoints/``),
+checking the sha256 prefix in its name, and without it fails before any work, naming the file,
+the place and the URL (``--download`` fetches it); a path loads that ``state_dict``; ``random``
+is seeded default initialisation (tests and benchmarks only, recorded as such).
 """
 
 from __future__ import annotations
@@ -31,8 +24,11 @@ from featurize.backbones.base import (
     WeightsNotFoundError,
     as_weights_path,
     check_fit,
+    did_you_mean,
     load_into,
+    pooled_only,
     read_state,
+    seeded,
 )
 from featurize.specs import (  # the registry itself needs no torch (spml --help stays fast)
     BACKBONES,
@@ -52,44 +48,31 @@ def list_backbones() -> list[str]:
 
 
 def get_spec(name: str) -> BackboneSpec:
-    """The registry entry for ``name``; other torchvision classifiers get an entry built from
-    the model (feature width = its classifier's input width). Unknown names: a ValueError with
-    the closest known names."""
+    """The registry entry for ``name``, or one built from another torchvision classifier (width
+    = its classifier's input); an unknown name is refused with the closest known names."""
     if name in BACKBONES:
         return BACKBONES[name]
     import torchvision
 
     tv_names = torchvision.models.list_models(module=torchvision.models)
     if name in tv_names:
-        with torch.device("meta"):
-            try:
+        try:
+            with torch.device("meta"):
                 model = torchvision.models.get_model(name, weights=None)
-            except NotImplementedError:  # a builder that computes on tensors while building
-                model = None
-        if model is None:
+        except NotImplementedError:  # a builder that computes on tensors while building
             model = torchvision.models.get_model(name, weights=None)
         _, head = _strip_head(model, name)
         return tv_spec(name, int(head.in_features), "torchvision classifier, head removed")
-    import difflib
-
-    close = difflib.get_close_matches(name, [*BACKBONES, *tv_names], n=3)
-    hint = f" Did you mean {', '.join(close)}?" if close else ""
+    hint = did_you_mean(name, [*BACKBONES, *tv_names])
     raise SpmlError(
         f"unknown backbone {name!r}.{hint} Known: {', '.join(BACKBONES)}, or any torchvision "
-        "classification model name (torchvision.models.list_models())"
-    )
-
-
-# ----------------------------------------------------------------------------- building
+        "classification model name (torchvision.models.list_models())")
 
 
 def _strip_head(model: nn.Module, name: str) -> tuple[nn.Module, nn.Linear]:
-    """Replace the final classifier Linear with Identity; return (model, removed Linear).
-
-    Covers torchvision's conventions: ``fc`` (ResNet, RegNet, GoogLeNet, …), ``classifier``
-    (a Linear, or a Sequential ending in one: ConvNeXt, EfficientNet, MobileNet, DenseNet, VGG),
-    ``heads.head`` (ViT) and ``head`` (Swin, MaxViT).
-    """
+    """Replace the final classifier Linear with Identity; return (model, removed Linear): ``fc``
+    (ResNet, RegNet, …), ``classifier`` (a Linear, or a Sequential ending in one: ConvNeXt,
+    EfficientNet, MobileNet, DenseNet, VGG), ``heads.head`` (ViT) or ``head`` (Swin, MaxViT)."""
     for attr in ("fc", "classifier", "heads", "head"):
         part = getattr(model, attr, None)
         if isinstance(part, nn.Linear):
@@ -98,14 +81,11 @@ def _strip_head(model: nn.Module, name: str) -> tuple[nn.Module, nn.Linear]:
         if isinstance(part, nn.Sequential):
             linears = [i for i, m in enumerate(part) if isinstance(m, nn.Linear)]
             if linears:
-                i = linears[-1]
-                head = part[i]
-                part[i] = nn.Identity()
+                head, part[linears[-1]] = part[linears[-1]], nn.Identity()
                 return model, head
     raise SpmlError(
         f"backbone {name!r}: cannot find its classifier layer to take pooled features from "
-        "(no Linear 'fc', 'classifier', 'heads' or 'head'); use a registry backbone"
-    )
+        "(no Linear 'fc', 'classifier', 'heads' or 'head'); use a registry backbone")
 
 
 def _architecture(spec: BackboneSpec) -> nn.Module:
@@ -126,8 +106,7 @@ def hub_weights_path(name: str, weights: str) -> tuple[Path, str]:
     if key not in enum.__members__:
         raise WeightsError(
             f"backbone {name!r} has no torchvision weights {weights!r}; available: "
-            f"{', '.join(m.lower() for m in enum.__members__)}, 'random', or a file path"
-        )
+            f"{', '.join(m.lower() for m in enum.__members__)}, 'random', or a file path")
     url = enum[key].url
     return Path(torch.hub.get_dir()) / "checkpoints" / url.rsplit("/", 1)[-1], url
 
@@ -158,17 +137,15 @@ def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> 
                     f"{path} (torch.hub cache; set TORCH_HOME to move it). Fetch {url} on a "
                     f"connected machine and copy it there (e.g. curl -L -o {path.name} {url}), "
                     "or re-run with --download where there is internet, or pass "
-                    "--weights PATH_TO_FILE"
-                )
+                    "--weights PATH_TO_FILE")
             _download(url, path)
     return hub_convention_info(path, wid, url)
 
 
 def hub_convention_info(path: Path, wid: str, url: str | None) -> WeightsInfo:
     """The :class:`WeightsInfo` of a weights file, its sha256 taken now and checked against the
-    prefix torch.hub's naming convention (``name-<sha256 prefix>.pth``) puts in the name of
-    torchvision's files and of the Lite0 package's file (a user's own file name promises
-    nothing: ``file:`` ids are not checked)."""
+    prefix in torch.hub's file names (``name-<sha256 prefix>.pth``: torchvision's and the Lite0
+    package's; a user's own ``file:`` is not checked)."""
     from probe.store import file_sha256
 
     sha = file_sha256(path)
@@ -177,8 +154,7 @@ def hub_convention_info(path: Path, wid: str, url: str | None) -> WeightsInfo:
         fix = f"delete it and fetch {url} again" if url else "reinstall the package"
         raise WeightsError(
             f"weights file {path} is corrupt or incomplete: its sha256 {sha[:12]}… does not "
-            f"start with {match.group(1)} as its name says; {fix}"
-        )
+            f"start with {match.group(1)} as its name says; {fix}")
     return WeightsInfo(id=wid, sha256=sha, path=str(path), random=False, url=url)
 
 
@@ -189,10 +165,9 @@ def load_state(model: nn.Module, info: WeightsInfo, name: str) -> None:
 
 
 def check_size(spec: BackboneSpec, size: int) -> bool:
-    """Build the architecture on the meta device and run a (1, 3, size, size) input through it:
-    no memory, no compute, but it catches a backbone that cannot take this input size (e.g. ViT
-    at 448) or a wrong feature width before any real work. The registry's names take any size
-    (nothing to check)."""
+    """Run a (1, 3, size, size) input through the architecture on the meta device (no memory, no
+    compute): a backbone that cannot take this size (ViT at 448) or a wrong feature width is
+    refused before any work. The registry's names take any size."""
     if spec.name in BACKBONES:
         return True
     try:
@@ -203,14 +178,11 @@ def check_size(spec: BackboneSpec, size: int) -> bool:
     except NotImplementedError:  # an op or builder without meta support: nothing learned
         return True
     except (RuntimeError, AssertionError, ValueError) as err:
-        raise SpmlError(
-            f"backbone {spec.name!r} cannot take {size}x{size} images: {err}"
-        ) from None
+        raise SpmlError(f"backbone {spec.name!r} cannot take {size}x{size} images: {err}") from None
     if tuple(out.shape) != (1, spec.feature_dim):
         raise SpmlError(
             f"backbone {spec.name!r}: pooled features have shape {tuple(out.shape)[1:]}, "
-            f"expected ({spec.feature_dim},)"
-        )
+            f"expected ({spec.feature_dim},)")
     return True
 
 
@@ -218,13 +190,8 @@ def load(spec: BackboneSpec, info: WeightsInfo, *, seed: int = 0, embed: str | N
          ) -> Backbone:
     """Build ``spec``'s network (seeded), load ``info``'s weights, remove the classifier (kept
     as ``head``, to classify with), frozen in eval mode: pooled features."""
-    if embed not in (None, "auto", "pooled"):
-        raise SpmlError(
-            f"--embed {embed!r}: backbone {spec.name!r} gives 'pooled' (global average pool)"
-        )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(seed))
-        model = _architecture(spec)
+    pooled_only(embed, f"backbone {spec.name!r} gives 'pooled' (global average pool)")
+    model = seeded(seed, _architecture, spec)
     if not info.random:
         load_state(model, info, spec.name)
     features, head = _strip_head(model, spec.name)
@@ -238,8 +205,7 @@ def frozen_backbone(spec: BackboneSpec, features: nn.Module, head: nn.Linear,
     if int(head.in_features) != spec.feature_dim:
         raise SpmlError(
             f"backbone {spec.name!r}: its classifier takes {head.in_features} features, the "
-            f"registry says {spec.feature_dim}"
-        )
+            f"registry says {spec.feature_dim}")
     features.eval().requires_grad_(False)
     head.eval().requires_grad_(False)
     return Backbone(spec=spec, features=features, head=head, weights=info,

@@ -26,20 +26,9 @@ from probe.store.index import DatasetIndex, Phase
 
 from ._parse import DatasetFormatError
 
-__all__ = [
-    "ALIASES",
-    "DATASETS",
-    "DatasetEntry",
-    "DatasetFormatError",
-    "DatasetIndex",
-    "ImageSource",
-    "Phase",
-    "UnknownDatasetError",
-    "image_source",
-    "list_datasets",
-    "load_dataset",
-    "resolve_name",
-]
+__all__ = ["ALIASES", "DATASETS", "DatasetEntry", "DatasetFormatError", "DatasetIndex",
+           "ImageSource", "Phase", "UnknownDatasetError", "image_source", "list_datasets",
+           "load_dataset", "resolve_name"]
 
 
 class UnknownDatasetError(SpmlError):
@@ -58,48 +47,30 @@ class DatasetEntry:
         """The adapter function (imports its module now)."""
         module_name, func_name = self.target.split(":")
         try:
-            module = importlib.import_module(module_name)
+            return getattr(importlib.import_module(module_name), func_name)
         except ModuleNotFoundError as e:
-            raise ImportError(
-                f"dataset '{self.name}' needs the module {module_name}, which could not be "
-                f"imported ({e})"
-            ) from e
-        return getattr(module, func_name)
+            raise ImportError(f"dataset '{self.name}' needs the module {module_name}, which could "
+                              f"not be imported ({e})") from e
 
 
 DATASETS: dict[str, DatasetEntry] = {
     e.name: e
     for e in (
+        DatasetEntry("voc", "featurize.datasets.voc:load_voc",
+                     "PASCAL VOC 2012: VOCdevkit/VOC2012/ImageSets/Main/{class}_{train,val}.txt"),
+        DatasetEntry("coco", "featurize.datasets.coco:load_coco",
+                     "MS-COCO 2014: annotations/instances_{train,val}2014.json + {train,val}2014/"),
         DatasetEntry(
-            "voc",
-            "featurize.datasets.voc:load_voc",
-            "PASCAL VOC 2012: VOCdevkit/VOC2012/ImageSets/Main/{class}_{train,val}.txt",
-        ),
+            "nus", "featurize.datasets.nus:load_nus",
+            "NUS-WIDE official release: ImageList/, Groundtruth/TrainTestLabels/, Concepts81.txt"),
+        DatasetEntry("cub", "featurize.datasets.cub:load_cub",
+                     "CUB-200-2011 attributes: images.txt, train_test_split.txt, attributes/"),
         DatasetEntry(
-            "coco",
-            "featurize.datasets.coco:load_coco",
-            "MS-COCO 2014: annotations/instances_{train,val}2014.json + {train,val}2014/",
-        ),
+            "folder", "featurize.datasets.folder:load_folder",
+            "your images + a CSV (path,label1;label2[,split]) or JSON-lines annotation file"),
         DatasetEntry(
-            "nus",
-            "featurize.datasets.nus:load_nus",
-            "NUS-WIDE official release: ImageList/, Groundtruth/TrainTestLabels/, Concepts81.txt",
-        ),
-        DatasetEntry(
-            "cub",
-            "featurize.datasets.cub:load_cub",
-            "CUB-200-2011 attributes: images.txt, train_test_split.txt, attributes/",
-        ),
-        DatasetEntry(
-            "folder",
-            "featurize.datasets.folder:load_folder",
-            "your images + a CSV (path,label1;label2[,split]) or JSON-lines annotation file",
-        ),
-        DatasetEntry(
-            "cole",
-            "featurize.datasets.cole:load_cole_formatted",
-            "Cole et al.'s formatted_{train,val}_{labels,images}.npy (option dataset=voc|coco|…)",
-        ),
+            "cole", "featurize.datasets.cole:load_cole_formatted",
+            "Cole et al.'s formatted_{train,val}_{labels,images}.npy (option dataset=voc|coco|…)"),
     )
 }
 
@@ -125,9 +96,8 @@ def resolve_name(name: str) -> str:
 
 
 def load_dataset(name: str, root: str | Path, **options: Any) -> DatasetIndex:
-    """Read dataset ``name`` from ``root`` with the adapter's keyword ``options``
-    (e.g. ``check_images=False``; ``annotations=...`` for ``folder``; ``dataset=...`` for
-    ``cole``). Unknown options are an error listing the accepted ones."""
+    """Read dataset ``name`` from ``root`` with the adapter's keyword ``options`` (e.g.
+    ``check_images=False``); unknown options are refused, listing the accepted ones."""
     entry = DATASETS[resolve_name(name)]
     root = Path(root).expanduser()
     if not root.exists():
@@ -139,18 +109,13 @@ def load_dataset(name: str, root: str | Path, **options: Any) -> DatasetIndex:
     if unknown and all(p.kind is not inspect.Parameter.VAR_KEYWORD for p in params):
         raise SpmlError(
             f"dataset '{entry.name}' does not take option(s) {', '.join(unknown)}; it accepts: "
-            f"{', '.join(names) or 'none'}"
-        )
-    needed = [p.name for p in params if p.default is inspect.Parameter.empty and p.name in names]
-    missing = [n for n in needed if n not in options]
+            f"{', '.join(names) or 'none'}")
+    missing = [p.name for p in params if p.default is inspect.Parameter.empty
+               and p.name in names and p.name not in options]
     if missing:
         raise SpmlError(f"dataset '{entry.name}' needs the option(s): {', '.join(missing)}")
     return loader(root, **options)
 
-
-# --------------------------------------------------------------------------------------------
-# where a store's images came from (its provenance)
-# --------------------------------------------------------------------------------------------
 
 #: the sentence older stores record instead of the fields (read for them only)
 _SOURCE_SENTENCE = re.compile(r"^images of dataset '(?P<name>[^']*)' under (?P<root>.+)$")
@@ -165,10 +130,9 @@ def _path_options(adapter: str | None) -> set[str]:
 
 
 def _recorded(value: Any, is_path: bool) -> Any:
-    """An option as the provenance records it: where it may name a file and a string or path
-    names an existing one (from this directory), absolute and resolved, so that it reads the
-    same from any directory (a list -- of class names -- as it is); other values as they are
-    (JSON-able: str() otherwise)."""
+    """An option as the provenance records it: a path option naming an existing file absolute
+    and resolved (it reads the same from any directory); lists item by item; JSON values as
+    they are, anything else as str()."""
     if is_path and isinstance(value, str | Path) and str(value) and os.path.exists(value):
         return str(Path(value).expanduser().resolve())
     if isinstance(value, list | tuple):
@@ -181,8 +145,7 @@ def _recorded(value: Any, is_path: bool) -> Any:
 @dataclass(frozen=True)
 class ImageSource:
     """Where a feature store's images came from, as its provenance records it: the dataset's
-    name, the image root (absolute, resolved), the adapter that read it (``None`` for a store
-    made before the adapter was recorded) and the adapter's options (paths absolute)."""
+    name, the image root (absolute), the adapter (``None`` for older stores) and its options."""
 
     dataset: str
     root: str
@@ -206,10 +169,8 @@ class ImageSource:
 
 
 def image_source(provenance: Mapping[str, Any]) -> ImageSource | None:
-    """The :class:`ImageSource` a store's provenance records (``store.provenance``): its fields,
-    or, for a store written before they existed, the sentence "images of dataset '…' under …"
-    (root as written then, adapter unknown, no options). ``None`` for a store that holds
-    imported features (no images)."""
+    """The :class:`ImageSource` a store's provenance records: its fields, or for an older store
+    the sentence "images of dataset '…' under …"; ``None`` for imported features (no images)."""
     root = provenance.get("image_root")
     if isinstance(root, str) and root:
         options = provenance.get("adapter_options")

@@ -12,16 +12,8 @@ import numpy as np
 from probe.errors import MissingPathError, SpmlError
 from probe.progress import plural
 
-__all__ = [
-    "DatasetFormatError",
-    "find_file",
-    "read_binary_column",
-    "read_fields",
-    "read_lines",
-    "require_disjoint",
-    "require_file",
-    "require_images",
-]
+__all__ = ["DatasetFormatError", "find_file", "read_binary_column", "read_fields", "read_lines",
+           "require_disjoint", "require_file", "require_images"]
 
 
 class DatasetFormatError(SpmlError):
@@ -69,9 +61,8 @@ def read_lines(path: Path) -> list[tuple[int, str]]:
     return [(i, s) for i, raw in enumerate(_decode(path).splitlines(), 1) if (s := raw.strip())]
 
 
-def read_fields(
-    path: Path, n_min: int, n_max: int | None, layout: str
-) -> list[tuple[int, list[str]]]:
+def read_fields(path: Path, n_min: int, n_max: int | None, layout: str
+                ) -> list[tuple[int, list[str]]]:
     """Whitespace-separated fields of every non-blank line; a line with fewer than ``n_min`` or
     more than ``n_max`` fields is an error naming ``layout`` (e.g. ``"<image_id> <name>"``)."""
     rows = []
@@ -80,21 +71,15 @@ def read_fields(
         if len(fields) < n_min or (n_max is not None and len(fields) > n_max):
             raise DatasetFormatError(
                 f"{at(path, line)}: expected '{layout}' but found {plural(len(fields), 'fields')}: "
-                f"{text[:80]!r}"
-            )
+                f"{text[:80]!r}")
         rows.append((line, fields))
     return rows
 
 
 def read_binary_column(path: Path, n_expected: int, count_source: Path) -> np.ndarray:
-    """A file of one ``0``/``1`` per line (NUS-WIDE ``Labels_*.txt``) as a bool vector.
-
-    ``count_source`` is the file whose row count ``n_expected`` comes from, named in the error
-    when the counts differ. Vectorised: no Python loop over the lines unless one is malformed.
-    """
-    lines = path.read_bytes().splitlines()
-    while lines and not lines[-1].strip():
-        lines.pop()
+    """A file of one ``0``/``1`` per line (NUS-WIDE ``Labels_*.txt``) as a bool vector, vectorised;
+    ``count_source``, the file ``n_expected`` comes from, is named when the counts differ."""
+    lines = path.read_bytes().rstrip().splitlines()
     if not set(lines) <= {b"0", b"1"}:
         lines = [s.strip() for s in lines]
         for i, s in enumerate(lines, 1):
@@ -105,22 +90,19 @@ def read_binary_column(path: Path, n_expected: int, count_source: Path) -> np.nd
         raise DatasetFormatError(
             f"{path}: has {plural(len(lines), 'label lines')} but {count_source} lists "
             f"{plural(n_expected, 'images')}; each label file must have exactly one 0/1 line "
-            "per listed image, in the same order"
-        )
+            "per listed image, in the same order")
     return np.frombuffer(b"".join(lines), dtype=np.uint8) == ord("1")
 
 
-def require_disjoint(
-    pool: Sequence[str], test: Sequence[str], pool_src: Path, test_src: Path
-) -> None:
+def require_disjoint(pool: Sequence[str], test: Sequence[str], pool_src: Path, test_src: Path
+                     ) -> None:
     """Image ids must be unique within a dataset: an id in both phases is an error."""
     both = set(pool).intersection(test)
     if both:
         raise DatasetFormatError(
             f"{plural(len(both), 'images')} {'is' if len(both) == 1 else 'are'} listed in both "
-            f"{pool_src} and {test_src}, e.g. "
-            f"{min(both)}; the train and test splits must not share images"
-        )
+            f"{pool_src} and {test_src}, e.g. {min(both)}; the train and test splits must not "
+            "share images")
 
 
 #: Images of one annotation file: their paths, the file, and the line listing each (or None).
@@ -130,12 +112,9 @@ ImageGroup = tuple[Sequence[Path], Path, Sequence[int] | None]
 def require_images(*groups: ImageGroup) -> None:
     """Raise :class:`FileNotFoundError` when images are missing, with a count and the first few,
     each with the annotation file (and line) that lists it."""
-    missing = [
-        (path, at(source, None if lines is None else lines[i]))
-        for paths, source, lines in groups
-        for i, path in enumerate(paths)
-        if not os.path.isfile(path)  # os.path: much faster than pathlib for 100k+ files
-    ]
+    missing = [(path, at(source, None if lines is None else lines[i]))
+               for paths, source, lines in groups for i, path in enumerate(paths)
+               if not os.path.isfile(path)]  # os.path: much faster than pathlib for 100k+ files
     if not missing:
         return
     total = sum(len(paths) for paths, _, _ in groups)
@@ -146,5 +125,4 @@ def require_images(*groups: ImageGroup) -> None:
         f"{'is' if len(missing) == 1 else 'are'} missing. Check the dataset root and that "
         "the images were extracted there; or featurize the others with --skip-bad (the missing "
         "ones get zero features and are listed in the store's bad_rows), or index the labels "
-        f"alone with --option check_images=false:{shown}{more}"
-    )
+        f"alone with --option check_images=false:{shown}{more}")

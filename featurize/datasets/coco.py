@@ -1,11 +1,8 @@
-"""MS-COCO 2014 from its official layout (docs/protocol.md "Official dataset layouts": COCO 2014).
-
-Follows Cole et al.'s ``preproc/format_coco.py`` exactly: class index = position in the JSON
-``categories`` list (checked identical for train and val); images = those with at least one
-annotation (crowd annotations included); image ids sorted **as strings** (``"100" < "25"``;
-the reference does this "for backwards compatibility"); a class is positive iff an annotation of
-that category exists. Pool = ``train2014`` (82,081 annotated images), test = ``val2014``
-(40,137). Paths ``{train,val}2014/COCO_{train,val}2014_%012d.jpg``; image ids are the decimal ids.
+"""MS-COCO 2014 from its official layout (docs/protocol.md "Official dataset layouts"), read as
+Cole et al.'s ``preproc/format_coco.py`` does: class index = position in ``categories`` (the same
+for train and val); images with at least one annotation (crowd included), ids sorted **as
+strings**; a class is positive iff it has an annotation. Pool = ``train2014`` (82,081), test =
+``val2014`` (40,137); paths ``{train,val}2014/COCO_{train,val}2014_%012d.jpg``.
 """
 
 from __future__ import annotations
@@ -32,8 +29,7 @@ def _load_json(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict) or not all(k in data for k in ("categories", "annotations")):
         raise DatasetFormatError(
             f"{path}: expected a COCO instances file, a JSON object with 'categories' and "
-            f"'annotations' lists"
-        )
+            f"'annotations' lists")
     return data
 
 
@@ -42,8 +38,7 @@ def _categories(data: dict[str, Any], path: Path) -> tuple[list[str], dict[int, 
     for i, cat in enumerate(data["categories"]):
         if not isinstance(cat, dict) or "id" not in cat or "name" not in cat:
             raise DatasetFormatError(
-                f"{path}: categories[{i}] must be an object with 'id' and 'name', found {cat!r}"
-            )
+                f"{path}: categories[{i}] must be an object with 'id' and 'name', found {cat!r}")
         if int(cat["id"]) in index:
             raise DatasetFormatError(f"{path}: categories[{i}] repeats category id {cat['id']}")
         names.append(str(cat["name"]))
@@ -63,22 +58,18 @@ def _phase(root: Path, split: str, data: dict, path: Path, cat_index: dict[int, 
         except (KeyError, TypeError, ValueError):
             raise DatasetFormatError(
                 f"{path}: annotations[{k}] needs integer 'image_id' and 'category_id', found "
-                f"{str(ann)[:120]}"
-            ) from None
+                f"{str(ann)[:120]}") from None
         if cat_id not in cat_index:
             raise DatasetFormatError(
                 f"{path}: annotations[{k}] (image {image_of[k]}) has category_id {cat_id}, "
-                f"which is not in the file's 'categories'"
-            )
+                f"which is not in the file's 'categories'")
         class_of[k] = cat_index[cat_id]
     ids = sorted({str(i) for i in image_of.tolist()})  # string order, as the reference
     row_of = {int(s): r for r, s in enumerate(ids)}
     rows = np.fromiter((row_of[i] for i in image_of.tolist()), dtype=np.int64, count=len(anns))
     labels = np.zeros((len(ids), len(cat_index)), dtype=np.uint8)
     labels[rows, class_of] = 1
-    folder = f"{split}2014"
-    base = root / folder
-    paths = tuple(base / f"COCO_{folder}_{int(s):012d}.jpg" for s in ids)
+    paths = tuple(root / f"{split}2014" / f"COCO_{split}2014_{int(s):012d}.jpg" for s in ids)
     return Phase(image_ids=tuple(ids), paths=paths, labels=labels,
                  bias_weights=_bias_weights(data, anns, rows, class_of, labels.shape))
 
@@ -111,40 +102,27 @@ def _bias_weights(data: dict, anns: list, rows: np.ndarray, class_of: np.ndarray
 
 
 def load_coco(root: str | Path, *, check_images: bool = True) -> DatasetIndex:
-    """MS-COCO 2014 (80 classes) as the SPML protocol uses it (docs/protocol.md "Pools").
-
-    ``root``: the folder holding ``annotations/instances_{train,val}2014.json`` and the image
-    folders ``train2014/``, ``val2014/``. ``check_images``: verify every image exists (False
-    indexes the labels alone).
-    """
+    """MS-COCO 2014 (80 classes) from ``root``, the folder holding ``annotations/`` and
+    ``{train,val}2014/``; ``check_images``: every image must exist."""
     root = Path(root)
     phases: dict[str, Phase] = {}
     files: dict[str, Path] = {}
     categories: dict[str, tuple[list[str], dict[int, int]]] = {}
     for split in ("train", "val"):  # one JSON in memory at a time (train2014's is 330 MB)
         path = files[split] = require_file(
-            root / "annotations" / f"instances_{split}2014.json",
-            f"COCO {split} annotations",
-            "unzip annotations_trainval2014.zip into the dataset root",
-        )
+            root / "annotations" / f"instances_{split}2014.json", f"COCO {split} annotations",
+            "unzip annotations_trainval2014.zip into the dataset root")
         data = _load_json(path)
         categories[split] = _categories(data, path)
         if categories[split] != categories["train"]:
             raise DatasetFormatError(
                 f"{path}: its 'categories' (names, ids or order) differ from those of "
-                f"instances_train2014.json; both files must come from the same COCO 2014 release"
-            )
+                f"instances_train2014.json; both files must come from the same COCO 2014 release")
         phases[split] = _phase(root, split, data, path, categories[split][1])
         del data
-    require_disjoint(
-        phases["train"].image_ids, phases["val"].image_ids, files["train"], files["val"]
-    )
+    require_disjoint(phases["train"].image_ids, phases["val"].image_ids, files["train"],
+                     files["val"])
     if check_images:
         require_images(*((phases[s].paths, files[s], None) for s in files))
-    return DatasetIndex(
-        name="coco",
-        class_names=tuple(categories["train"][0]),
-        pool=phases["train"],
-        test=phases["val"],
-        root=root,
-    )
+    return DatasetIndex(name="coco", class_names=tuple(categories["train"][0]),
+                        pool=phases["train"], test=phases["val"], root=root)

@@ -1,16 +1,9 @@
-"""Cole et al. (2021)'s formatted SPML files ("Multi-Label Learning from Single Positive Labels",
-CVPR; repository ``elijahcole/single-positive-multi-label``); docs/protocol.md
-"Precomputed features".
-
-A dataset directory holds ``formatted_{train,val}_labels.npy`` ((N, C) float 0/1, written by
-their ``preproc/format_*.py``), ``formatted_{train,val}_images.npy`` ((N,) unicode paths relative
-to the dataset's image folder, in the same order) and, for the released features,
-``{train,val}_features_imagenet_resnet50.npy`` ((N, 2048), same order; no flipped features).
-Their ``train`` is our pool and their ``val`` our test phase. The files carry no class names:
-VOC and COCO use the standard orders their formatters use; NUS-WIDE reads ``Concepts81.txt`` when
-present (else the official alphabetical 81-concept order); CUB reads ``attributes.txt``.
-
-The small ``.npy`` helpers here are shared with :mod:`featurize.imports`.
+"""Cole et al. (2021)'s formatted SPML files (CVPR, "Multi-Label Learning from Single Positive
+Labels"; docs/protocol.md "Precomputed features"): ``formatted_{train,val}_labels.npy`` ((N, C)
+0/1), ``formatted_{train,val}_images.npy`` (paths under the image folder, same order) and the
+released ``{train,val}_features_imagenet_resnet50.npy``. Their ``train`` is our pool, their ``val``
+our test phase. Class names: VOC's and COCO's standard orders, NUS-WIDE's ``Concepts81.txt`` (else
+the alphabetical 81), CUB's ``attributes.txt``. The ``.npy`` helpers serve :mod:`featurize.imports`.
 """
 
 from __future__ import annotations
@@ -54,12 +47,8 @@ COLE_DATASETS: tuple[str, ...] = ("voc", "coco", "nus", "cub")
 _ALIASES = {"pascal": "voc", "nuswide": "nus"}  # the names Cole et al.'s code uses
 _N_CLASSES = {"voc": 20, "coco": 80, "nus": 81, "cub": 312}
 # image folder relative to the dataset directory (``get_metadata`` in their datasets.py)
-_IMAGE_DIRS = {
-    "voc": "VOCdevkit/VOC2012/JPEGImages",
-    "coco": ".",
-    "nus": "Flickr",
-    "cub": "CUB_200_2011/CUB_200_2011/images",
-}
+_IMAGE_DIRS = {"voc": "VOCdevkit/VOC2012/JPEGImages", "coco": ".", "nus": "Flickr",
+               "cub": "CUB_200_2011/CUB_200_2011/images"}
 PHASES = {"pool": "train", "test": "val"}  # our phase -> their file prefix
 LABELS_FILE = "formatted_{}_labels.npy"
 IMAGES_FILE = "formatted_{}_images.npy"
@@ -72,8 +61,7 @@ def canonical_dataset(dataset: str) -> str:
     if name not in COLE_DATASETS:
         raise SpmlError(
             f"unknown dataset {dataset!r} for Cole et al.'s formatted files; expected one of "
-            f"{list(COLE_DATASETS)}"
-        )
+            f"{list(COLE_DATASETS)}")
     return name
 
 
@@ -113,31 +101,24 @@ def binary_labels(values: np.ndarray, source: Path | str) -> np.ndarray:
     y = np.asarray(values)
     if y.ndim != 2:
         raise DatasetFormatError(
-            f"{source}: labels must be a 2-D (N, C) matrix, got shape {y.shape}"
-        )
+            f"{source}: labels must be a 2-D (N, C) matrix, got shape {y.shape}")
     if not (np.issubdtype(y.dtype, np.number) or y.dtype == bool):
         raise DatasetFormatError(f"{source}: labels must be numeric 0/1, got dtype {y.dtype}")
     bad = ~np.isin(y, (0, 1))
     if bad.any():
         r, c = (int(v[0]) for v in np.nonzero(bad))
         raise DatasetFormatError(
-            f"{source}: labels must be 0/1 but row {r}, column {c} is {y[r, c].item()!r}"
-        )
+            f"{source}: labels must be 0/1 but row {r}, column {c} is {y[r, c].item()!r}")
     return y.astype(np.uint8)
 
 
 def read_class_names(path: Path, n_expected: int | None = None) -> tuple[str, ...]:
-    """Class names, one per line (blank trailing lines ignored); checked against the label count.
-
-    Also reads ``<index> <name>`` lines (CUB's ``attributes.txt``) when every line has that form.
-    """
+    """Class names, one per line, or ``<index> <name>`` lines (CUB's ``attributes.txt``);
+    checked against the label count."""
     path = Path(path)
     if not path.is_file():
         raise MissingPathError(f"class-names file {path} not found")
-    lines = path.read_text(encoding="utf-8").splitlines()
-    while lines and not lines[-1].strip():
-        lines.pop()
-    names = [line.strip() for line in lines]
+    names = [line.strip() for line in path.read_text(encoding="utf-8").rstrip().splitlines()]
     for i, name in enumerate(names, 1):
         if not name:
             raise DatasetFormatError(f"{path} line {i}: empty class name")
@@ -146,21 +127,16 @@ def read_class_names(path: Path, n_expected: int | None = None) -> tuple[str, ..
         names = [p[1] for p in split]
     seen: dict[str, int] = {}
     for i, name in enumerate(names, 1):
-        if name in seen:
-            raise DatasetFormatError(
-                f"{path} line {i}: class name {name!r} repeats line {seen[name]}"
-            )
-        seen[name] = i
+        if (first := seen.setdefault(name, i)) != i:
+            raise DatasetFormatError(f"{path} line {i}: class name {name!r} repeats line {first}")
     if n_expected is not None and len(names) != n_expected:
         raise DatasetFormatError(
-            f"{path} has {len(names)} class names but the labels have {n_expected} columns"
-        )
+            f"{path} has {len(names)} class names but the labels have {n_expected} columns")
     return tuple(names)
 
 
-def cole_class_names(
-    root: Path, dataset: str, class_names_file: Path | None = None
-) -> tuple[tuple[str, ...], str]:
+def cole_class_names(root: Path, dataset: str, class_names_file: Path | None = None
+                     ) -> tuple[tuple[str, ...], str]:
     """``(class names, where they came from)`` for one of Cole et al.'s datasets."""
     dataset = canonical_dataset(dataset)
     n = _N_CLASSES[dataset]
@@ -172,12 +148,8 @@ def cole_class_names(
         return COCO_CLASSES, "COCO 2014 categories order (Cole et al.'s format_coco.py)"
     candidates = {
         "nus": ["Concepts81.txt", "NUS-WIDE/Concepts81.txt", "ConceptsList/Concepts81.txt"],
-        "cub": [
-            "attributes.txt",
-            "CUB_200_2011/attributes.txt",
-            "CUB_200_2011/CUB_200_2011/attributes.txt",
-            "../attributes.txt",
-        ],
+        "cub": ["attributes.txt", "CUB_200_2011/attributes.txt",
+                "CUB_200_2011/CUB_200_2011/attributes.txt", "../attributes.txt"],
     }[dataset]
     for rel in candidates:
         if (root / rel).is_file():
@@ -186,8 +158,7 @@ def cole_class_names(
         return NUS_CLASSES, "NUS-WIDE Concepts81 alphabetical order (no Concepts81.txt found)"
     raise MissingPathError(
         f"CUB attribute names: none of {candidates} exists under {root}; put CUB's "
-        "attributes.txt there or pass --class-names FILE (312 names, one per line)"
-    )
+        "attributes.txt there or pass --class-names FILE (312 names, one per line)")
 
 
 def cole_paths(root: Path, *, features: bool) -> dict[str, Path]:
@@ -205,27 +176,20 @@ def cole_paths(root: Path, *, features: bool) -> dict[str, Path]:
             f"{root} lacks Cole et al.'s files {missing}; it should hold "
             f"formatted_{{train,val}}_{{labels,images}}.npy"
             + (" and {train,val}_features_imagenet_resnet50.npy" if features else "")
-            + " (from https://caltech.box.com/v/single-positive-multi-label)"
-        )
+            + " (from https://caltech.box.com/v/single-positive-multi-label)")
     return paths
 
 
-def load_cole_formatted(
-    root: str | Path, dataset: str, class_names_file: str | Path | None = None
-) -> DatasetIndex:
-    """The pool (their ``train``) and test (their ``val``) phases from the formatted files.
-
-    Rows keep the files' order (the order their features and observed labels use); image ids
-    are the formatted image strings, paths resolve them under the dataset's image folder (the
-    images need not exist). Rows without a positive are kept and counted in ``n_unlabeled``.
-    """
+def load_cole_formatted(root: str | Path, dataset: str,
+                        class_names_file: str | Path | None = None) -> DatasetIndex:
+    """The pool (their ``train``) and test (their ``val``) phases, rows in the files' order;
+    image ids are the formatted image strings, under the image folder (need not exist)."""
     root = Path(root)
     if not root.is_dir():
         raise MissingPathError(f"Cole et al. dataset directory {root} not found")
     dataset = canonical_dataset(dataset)
     names, _ = cole_class_names(
-        root, dataset, None if class_names_file is None else Path(class_names_file)
-    )
+        root, dataset, None if class_names_file is None else Path(class_names_file))
     paths = cole_paths(root, features=False)
     image_dir = root / _IMAGE_DIRS[dataset]
     phases = {}
@@ -236,42 +200,27 @@ def load_cole_formatted(
         if images.ndim != 1 or images.dtype.kind not in "US":
             raise DatasetFormatError(
                 f"{images_path} must be a 1-D array of image paths (strings), got dtype "
-                f"{images.dtype} and shape {images.shape}"
-            )
+                f"{images.dtype} and shape {images.shape}")
         if images.shape[0] != labels.shape[0]:
             raise DatasetFormatError(
                 f"{images_path} lists {images.shape[0]} images but {labels_path} has "
-                f"{labels.shape[0]} label rows"
-            )
+                f"{labels.shape[0]} label rows")
         if labels.shape[1] != len(names):
             raise DatasetFormatError(
                 f"{labels_path} has {labels.shape[1]} label columns but {dataset} has "
-                f"{len(names)} classes"
-            )
+                f"{len(names)} classes")
         ids = tuple(str(s.decode() if isinstance(s, bytes) else s) for s in images.tolist())
-        phases[phase] = Phase(
-            image_ids=ids,
-            paths=tuple(image_dir / s for s in ids),
-            labels=labels,
-            n_unlabeled=int((labels.sum(1) == 0).sum()),
-        )
-    return DatasetIndex(
-        name=dataset,
-        class_names=tuple(names),
-        pool=phases["pool"],
-        test=phases["test"],
-        root=root,
-    )
+        phases[phase] = Phase(image_ids=ids, paths=tuple(image_dir / s for s in ids), labels=labels,
+                              n_unlabeled=int((labels.sum(1) == 0).sum()))
+    return DatasetIndex(name=dataset, class_names=tuple(names), pool=phases["pool"],
+                        test=phases["test"], root=root)
 
 
 def reference_observed(root: Path, phase: str) -> tuple[Path, np.ndarray] | None:
     """Cole et al.'s own single positives for ``phase`` (``formatted_<p>_labels_obs.npy`` or the
     ``_uniform_`` variant, -1/0/+1), if the directory holds them; used to check our draw."""
     prefix = PHASES[phase]
-    for name in (
-        f"formatted_{prefix}_labels_obs.npy",
-        f"formatted_{prefix}_uniform_labels_obs.npy",
-    ):
+    for name in (f"formatted_{prefix}_{kind}labels_obs.npy" for kind in ("", "uniform_")):
         if (root / name).is_file():
             return root / name, load_npy(root / name, "reference observed labels")
     return None

@@ -1,24 +1,13 @@
-"""CUB-200-2011 attributes from the official layout (docs/protocol.md "Official dataset
-layouts": CUB).
+"""CUB-200-2011 attributes from the official layout (docs/protocol.md "Official dataset layouts"),
+read as Cole et al.'s ``preproc/format_cub.py`` does: the 312 attributes of ``attributes.txt`` are
+the classes; an image's label is ``is_present`` of ``attributes/image_attribute_labels.txt`` (the
+first three fields of a line, as the reference; every (image, attribute) pair exactly once);
+every image is kept, in ``images.txt`` order (those without a positive counted in
+``Phase.n_unlabeled``). Pool = ``is_training_image == 1`` (5,994), test = the rest (5,794).
 
-Follows Cole et al.'s ``preproc/format_cub.py``: the 312 binary attributes are the classes, in
-the order of ``attributes.txt``; an image's label is ``is_present`` of
-``attributes/image_attribute_labels.txt`` (``<image_id> <attribute_id> <is_present>
-<certainty_id> <time>``; certainty and time are ignored); every image is kept, **including**
-images without any present attribute (counted in ``Phase.n_unlabeled``); images stay in
-``images.txt`` order. Pool = ``is_training_image == 1`` of ``train_test_split.txt`` (5,994),
-test = the rest (5,794). Image ids are the ``images.txt`` names
-(``001.Black_footed_Albatross/Black_Footed_Albatross_0001_796111.jpg``), paths
-``images/<name>``.
-
-The official label file has a few lines with more than five fields; as in the reference (which
-reads columns 2 and 3 only) the first three fields of such a line are used and the rest ignored.
-Every (image, attribute) pair must appear exactly once.
-
-The dataset folder is the one holding ``images.txt``: ``root`` itself, ``root/CUB_200_2011``
-(the official ``CUB_200_2011.tgz`` extracted in ``root``), or ``root/CUB_200_2011/CUB_200_2011``
-(Cole et al.'s ``data/cub``). ``attributes.txt`` is looked for in that folder, its parent (where
-the official archive puts it) and its ``attributes/`` folder.
+The dataset folder holds ``images.txt``: ``root``, ``root/CUB_200_2011`` (the official archive)
+or ``root/CUB_200_2011/CUB_200_2011`` (Cole et al.'s ``data/cub``); ``attributes.txt`` is looked
+for there, in its parent and in its ``attributes/`` folder.
 """
 
 from __future__ import annotations
@@ -30,14 +19,7 @@ import numpy as np
 from probe.errors import MissingPathError
 from probe.store.index import DatasetIndex, Phase
 
-from ._parse import (
-    DatasetFormatError,
-    at,
-    find_file,
-    read_fields,
-    require_file,
-    require_images,
-)
+from ._parse import DatasetFormatError, at, find_file, read_fields, require_file, require_images
 
 __all__ = ["find_cub", "load_cub"]
 
@@ -50,8 +32,7 @@ def find_cub(root: str | Path) -> Path:
             return cand
     raise MissingPathError(
         f"no CUB-200-2011 layout under {root}: expected {root}/images.txt or "
-        f"{root}/CUB_200_2011/images.txt; extract CUB_200_2011.tgz there"
-    )
+        f"{root}/CUB_200_2011/images.txt; extract CUB_200_2011.tgz there")
 
 
 def _id_table(path: Path, layout: str) -> list[tuple[int, int, str]]:
@@ -60,11 +41,9 @@ def _id_table(path: Path, layout: str) -> list[tuple[int, int, str]]:
     for line, (key, value) in read_fields(path, 2, 2, layout):
         if not key.isdigit():
             raise DatasetFormatError(f"{at(path, line)}: id {key!r} is not a positive integer")
-        if int(key) in first_line:
-            raise DatasetFormatError(
-                f"{at(path, line)}: id {key} is listed again (first on line {first_line[int(key)]})"
-            )
-        first_line[int(key)] = line
+        if (first := first_line.setdefault(int(key), line)) != line:
+            raise DatasetFormatError(f"{at(path, line)}: id {key} is listed again (first on line "
+                                     f"{first})")
         rows.append((line, int(key), value))
     if not rows:
         raise DatasetFormatError(f"{path}: is empty; expected lines '{layout}'")
@@ -72,18 +51,15 @@ def _id_table(path: Path, layout: str) -> list[tuple[int, int, str]]:
 
 
 def _attribute_names(ds: Path) -> tuple[str, ...]:
-    path = find_file(
-        [ds / "attributes.txt", ds.parent / "attributes.txt", ds / "attributes" / "attributes.txt"],
-        "CUB attribute names (attributes.txt)",
-        "CUB_200_2011.tgz has it next to the CUB_200_2011 folder",
-    )
+    path = find_file([ds / "attributes.txt", ds.parent / "attributes.txt",
+                      ds / "attributes" / "attributes.txt"], "CUB attribute names (attributes.txt)",
+                     "CUB_200_2011.tgz has it next to the CUB_200_2011 folder")
     names = []
     for k, (line, attr_id, name) in enumerate(_id_table(path, "<attribute_id> <name>"), 1):
         if attr_id != k:
             raise DatasetFormatError(
                 f"{at(path, line)}: expected attribute id {k} (ids must run 1, 2, … in order), "
-                f"found {attr_id}"
-            )
+                f"found {attr_id}")
         names.append(name)
     return tuple(names)
 
@@ -110,9 +86,8 @@ def _first_bad_line(path: Path) -> tuple[int, str]:
     return 0, ""
 
 
-def _attribute_labels(
-    path: Path, row_of: dict[int, int], n_attrs: int, ids_path: Path
-) -> np.ndarray:
+def _attribute_labels(path: Path, row_of: dict[int, int], n_attrs: int, ids_path: Path
+                      ) -> np.ndarray:
     """The (N, A) ``is_present`` matrix; vectorised (the official file has 3.7M lines)."""
     layout = "<image_id> <attribute_id> <is_present> <certainty_id> <time>"
     try:
@@ -121,21 +96,16 @@ def _attribute_labels(
         line, text = _first_bad_line(path)
         found = f"found {text!r}" if line else f"numpy said: {e}"
         raise DatasetFormatError(
-            f"{at(path, line or None)}: expected '{layout}' (integers) but {found}"
-        ) from None
+            f"{at(path, line or None)}: expected '{layout}' (integers) but {found}") from None
     image_ids, attr_ids, present = table.T
     known = np.full(max(row_of) + 1, -1, dtype=np.int64)  # image id -> row, -1 = unknown
     known[list(row_of)] = list(row_of.values())
     in_range = (image_ids >= 0) & (image_ids < len(known))
     rows = np.where(in_range, known[np.where(in_range, image_ids, 0)], -1)
-    checks = (
-        (rows < 0, lambda k: f"image id {image_ids[k]} is not in {ids_path}"),
-        (
-            (attr_ids < 1) | (attr_ids > n_attrs),
-            lambda k: f"attribute id {attr_ids[k]} is outside 1..{n_attrs} (attributes.txt)",
-        ),
-        ((present != 0) & (present != 1), lambda k: f"is_present {present[k]} is not 0 or 1"),
-    )
+    checks = ((rows < 0, lambda k: f"image id {image_ids[k]} is not in {ids_path}"),
+              ((attr_ids < 1) | (attr_ids > n_attrs),
+               lambda k: f"attribute id {attr_ids[k]} is outside 1..{n_attrs} (attributes.txt)"),
+              ((present != 0) & (present != 1), lambda k: f"is_present {present[k]} is not 0 or 1"))
     for bad, message in checks:
         if bad.any():
             k = int(np.argmax(bad))
@@ -148,27 +118,22 @@ def _attribute_labels(
         k = int(np.argmax(repeated))
         raise DatasetFormatError(
             f"{at(path, _line_of_row(path, k))}: image {image_ids[k]}, attribute {attr_ids[k]} "
-            f"is given again; each (image, attribute) pair must appear once"
-        )
+            f"is given again; each (image, attribute) pair must appear once")
     if (counts == 0).any():
         r, a = divmod(int(np.argmin(counts)), n_attrs)
         image_id = next(i for i, row in row_of.items() if row == r)
         raise DatasetFormatError(
             f"{path}: has no line for image {image_id}, attribute {a + 1}; expected one line "
             f"for every image of {ids_path} and every attribute ({len(row_of) * n_attrs} lines), "
-            f"found {len(flat)}"
-        )
+            f"found {len(flat)}")
     labels = np.zeros((len(row_of), n_attrs), dtype=np.uint8)
     labels[rows, attr_ids - 1] = present
     return labels
 
 
 def load_cub(root: str | Path, *, check_images: bool = True) -> DatasetIndex:
-    """CUB-200-2011 with its 312 attributes as classes, as the SPML protocol uses it.
-
-    ``root``: see the module docstring. ``check_images``: verify every image exists under
-    ``images/`` (False indexes the labels alone).
-    """
+    """CUB-200-2011 with its 312 attributes as classes (``root``: module docstring);
+    ``check_images``: every image must exist under ``images/``."""
     ds = find_cub(root)
     images_path = ds / "images.txt"
     images = _id_table(images_path, "<image_id> <image_name>")
@@ -178,22 +143,18 @@ def load_cub(root: str | Path, *, check_images: bool = True) -> DatasetIndex:
     for line, image_id, flag in _id_table(split_path, "<image_id> <is_training_image>"):
         if image_id not in row_of:
             raise DatasetFormatError(
-                f"{at(split_path, line)}: image id {image_id} is not in {images_path}"
-            )
+                f"{at(split_path, line)}: image id {image_id} is not in {images_path}")
         if flag not in ("0", "1"):
             raise DatasetFormatError(
-                f"{at(split_path, line)}: is_training_image {flag!r} is not 0 or 1"
-            )
+                f"{at(split_path, line)}: is_training_image {flag!r} is not 0 or 1")
         is_train[row_of[image_id]] = int(flag)
     if (is_train < 0).any():
         line, image_id, _ = images[int(np.argmax(is_train < 0))]
         raise DatasetFormatError(
-            f"{split_path}: has no line for image {image_id} ({at(images_path, line)})"
-        )
+            f"{split_path}: has no line for image {image_id} ({at(images_path, line)})")
     class_names = _attribute_names(ds)
-    labels_path = require_file(
-        ds / "attributes" / "image_attribute_labels.txt", "CUB image attribute labels"
-    )
+    labels_path = require_file(ds / "attributes" / "image_attribute_labels.txt",
+                               "CUB image attribute labels")
     labels = _attribute_labels(labels_path, row_of, len(class_names), images_path)
     phases, groups = {}, []
     for name, flag in (("pool", 1), ("test", 0)):
@@ -201,15 +162,9 @@ def load_cub(root: str | Path, *, check_images: bool = True) -> DatasetIndex:
         ids = tuple(images[r][2] for r in rows)
         paths = tuple(ds / "images" / name_ for name_ in ids)
         groups.append((paths, images_path, [images[r][0] for r in rows]))
-        phase_labels = labels[rows]
-        phases[name] = Phase(
-            image_ids=ids,
-            paths=paths,
-            labels=phase_labels,
-            n_unlabeled=int((~phase_labels.any(axis=1)).sum()),
-        )
+        phases[name] = Phase(image_ids=ids, paths=paths, labels=labels[rows],
+                             n_unlabeled=int((~labels[rows].any(axis=1)).sum()))
     if check_images:
         require_images(*groups)
     return DatasetIndex(
-        name="cub", class_names=class_names, pool=phases["pool"], test=phases["test"], root=ds
-    )
+        name="cub", class_names=class_names, pool=phases["pool"], test=phases["test"], root=ds)

@@ -1,30 +1,16 @@
-"""Users' own multi-label image data: an image folder plus an annotation file
-(docs/protocol.md "Official dataset layouts": generic folder).
+"""Users' own multi-label image data: an image folder plus an annotation file (``labels.csv`` or
+``labels.jsonl`` in ``root`` unless ``annotations`` names one); image paths relative to ``root``
+or absolute; every error names the annotation file and line.
 
-Annotation formats (image paths are relative to the image folder ``root``, or absolute):
+* **CSV**: ``path,labels[,split]``, a row's labels joined by ``;`` (``img/001.jpg,cat;dog,train``);
+  an optional header row (a cell ``path``) names the columns in any order, others are ignored.
+* **JSON lines** (``.jsonl``, ``.ndjson``, ``.json``): ``{"path": …, "labels": […], "split": …}``.
 
-* **CSV** (``.csv``): ``path,labels[,split]`` with the labels of a row joined by ``;``
-  (``img/001.jpg,cat;dog,train``). A header row is optional; when present (a first row with a
-  cell ``path``) it names the columns ``path``, ``labels`` and optionally ``split`` in any
-  order, and other columns are ignored.
-* **JSON lines** (``.jsonl``, ``.ndjson`` or ``.json``): one object a line,
-  ``{"path": "img/001.jpg", "labels": ["cat", "dog"], "split": "train"}``; other keys are
-  ignored.
-
-Without ``annotations`` the file ``labels.csv`` or ``labels.jsonl`` in ``root`` is used.
-
-Classes: the given class list (names, or a text file with one name a line) in its order, and a
-label outside it is an error; otherwise the sorted union of all labels.
-
-Splits: ``split`` is ``train`` (the pool the protocol splits into train/val) or ``test``; it
-must then be given on every row. Without it, a seeded test split mirroring docs/protocol.md step 3:
-``rng = np.random.RandomState(split_seed)``, ``n_test = int(round(test_fraction * N))``,
-``perm = rng.permutation(N)``, test = ``sort(perm[-n_test:])``, pool = ``sort(perm[:N-n_test])``
-(defaults 1200 and 0.2). Rows keep the annotation file's order within each phase.
-
-Rows with an empty label list follow ``empty``: ``"error"`` (default: usually a mistake),
-``"keep"`` (kept and counted in ``Phase.n_unlabeled``, as NUS-WIDE does) or ``"drop"`` (as
-VOC and COCO do). Every error names the annotation file and line.
+Classes: the given list (names, or a file of one name a line), else the sorted union of the
+labels. ``split`` is ``train`` (the pool) or ``test``, on every row or on none; without it a
+seeded test split like docs/protocol.md step 3 (``RandomState(split_seed).permutation(N)``, the
+last ``round(test_fraction * N)`` are test). Rows without labels: ``empty`` = ``error``
+(default), ``keep`` (counted in ``Phase.n_unlabeled``) or ``drop``.
 """
 
 from __future__ import annotations
@@ -70,14 +56,10 @@ def _split_value(value: object, where: str) -> str | None:
         return None
     text = str(value).strip().lower()
     if text not in SPLIT_VALUES:
-        extra = (
-            " (validation rows are drawn from 'train' by the protocol)"
-            if text in ("val", "valid", "validation")
-            else ""
-        )
+        extra = (" (validation rows are drawn from 'train' by the protocol)"
+                 if text in ("val", "valid", "validation") else "")
         raise DatasetFormatError(
-            f"{where}: split '{value}' is not one of {', '.join(SPLIT_VALUES)}{extra}"
-        )
+            f"{where}: split '{value}' is not one of {', '.join(SPLIT_VALUES)}{extra}")
     return text
 
 
@@ -86,8 +68,7 @@ def _read_csv(path: Path) -> list[_Row]:
         text = path.read_bytes().decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise DatasetFormatError(
-            f"{path}: not UTF-8 text (byte {e.start}); save it as UTF-8"
-        ) from None
+            f"{path}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
     reader = csv.reader(io.StringIO(text, newline=""))
     rows: list[_Row] = []
     header: list[str] | None = None
@@ -101,20 +82,17 @@ def _read_csv(path: Path) -> list[_Row]:
                 if "labels" not in names or any(names.count(n) > 1 for n in _COLUMNS):
                     raise DatasetFormatError(
                         f"{where}: the header must name the columns 'path' and 'labels' once "
-                        f"each (and optionally 'split'), found {','.join(cells)}"
-                    )
+                        f"each (and optionally 'split'), found {','.join(cells)}")
                 header = names
                 continue
             if header is None and len(cells) not in (2, 3):
                 raise DatasetFormatError(
                     f"{where}: expected 'path,labels' or 'path,labels,split' (labels joined by "
                     f"';'), found {len(cells)} {'cell' if len(cells) == 1 else 'cells'}: "
-                    f"{','.join(cells)}"
-                )
+                    f"{','.join(cells)}")
             if header is not None and len(cells) != len(header):
                 raise DatasetFormatError(
-                    f"{where}: expected {len(header)} cells as in the header, found {len(cells)}"
-                )
+                    f"{where}: expected {len(header)} cells as in the header, found {len(cells)}")
             cell = dict(zip(header or _COLUMNS, cells))
             labels = tuple(s for x in cell["labels"].split(";") if (s := x.strip()))
             split = _split_value(cell.get("split"), where)
@@ -133,16 +111,11 @@ def _read_jsonl(path: Path) -> list[_Row]:
         except json.JSONDecodeError as e:
             raise DatasetFormatError(f"{where}: not a JSON object ({e.msg})") from None
         labels = obj.get("labels") if isinstance(obj, dict) else None
-        if not (
-            isinstance(obj, dict)
-            and isinstance(obj.get("path"), str)
-            and isinstance(labels, list)
-            and all(isinstance(x, str) for x in labels)
-        ):
+        if not (isinstance(obj, dict) and isinstance(obj.get("path"), str)
+                and isinstance(labels, list) and all(isinstance(x, str) for x in labels)):
             raise DatasetFormatError(
                 f'{where}: expected an object like {{"path": "img/1.jpg", "labels": '
-                f'["cat", "dog"]}} (labels a list of strings), found {text[:100]}'
-            )
+                f'["cat", "dog"]}} (labels a list of strings), found {text[:100]}')
         names = tuple(s for x in labels if (s := x.strip()))
         rows.append(_Row(line, obj["path"].strip(), names, _split_value(obj.get("split"), where)))
     return rows
@@ -154,12 +127,9 @@ def _class_list(classes: str | Path | Sequence[str]) -> tuple[tuple[str, ...], s
         path = require_file(Path(classes), "class list")
         first: dict[str, int] = {}
         for line, name in read_lines(path):
-            if name in first:
-                raise DatasetFormatError(
-                    f"{at(path, line)}: class {name!r} is listed again (first on line "
-                    f"{first[name]})"
-                )
-            first[name] = line
+            if (seen := first.setdefault(name, line)) != line:
+                raise DatasetFormatError(f"{at(path, line)}: class {name!r} is listed again "
+                                         f"(first on line {seen})")
         names, source = tuple(first), str(path)
     else:
         names, source = tuple(str(c).strip() for c in classes), "the classes argument"
@@ -171,25 +141,12 @@ def _class_list(classes: str | Path | Sequence[str]) -> tuple[tuple[str, ...], s
     return names, source
 
 
-def load_folder(
-    root: str | Path,
-    *,
-    annotations: str | Path | None = None,
-    classes: str | Path | Sequence[str] | None = None,
-    name: str | None = None,
-    empty: Literal["error", "keep", "drop"] = "error",
-    test_fraction: float = 0.2,
-    split_seed: int = PROTOCOL_SEED,
-    check_images: bool = True,
-) -> DatasetIndex:
-    """An image folder with a CSV or JSON-lines annotation file (formats: module docstring).
-
-    ``root``: the image folder. ``annotations``: the annotation file (default ``labels.csv`` or
-    ``labels.jsonl`` in ``root``). ``classes``: class names or a file of them (default: sorted
-    union). ``name``: the dataset name (default: the folder's name). ``empty``: policy for rows
-    without labels. ``test_fraction``, ``split_seed``: the seeded test split used when no row
-    has a ``split``. ``check_images``: every listed image must exist.
-    """
+def load_folder(root: str | Path, *, annotations: str | Path | None = None,
+                classes: str | Path | Sequence[str] | None = None, name: str | None = None,
+                empty: Literal["error", "keep", "drop"] = "error", test_fraction: float = 0.2,
+                split_seed: int = PROTOCOL_SEED, check_images: bool = True) -> DatasetIndex:
+    """The image folder ``root`` with its annotation file (module docstring); ``name`` defaults
+    to the folder's name; ``check_images``: every listed image must exist."""
     root = Path(root)
     if not root.is_dir():
         if root.exists():
@@ -202,16 +159,12 @@ def load_folder(
                         f"{plain(test_fraction)}")
     known, source = _class_list(classes) if classes is not None else ((), "")
     if annotations is None:
-        ann = find_file(
-            [root / "labels.csv", root / "labels.jsonl"],
-            "annotation file",
-            "pass --option annotations=PATH to name a CSV or JSON-lines file",
-        )
+        ann = find_file([root / "labels.csv", root / "labels.jsonl"], "annotation file",
+                        "pass --option annotations=PATH to name a CSV or JSON-lines file")
         if ann.suffix == ".csv" and (root / "labels.jsonl").is_file():
             raise SpmlError(
                 f"annotations: both {ann} and {root / 'labels.jsonl'} exist; pass "
-                f"--option annotations=PATH to choose one"
-            )
+                f"--option annotations=PATH to choose one")
     else:
         ann = require_file(Path(annotations), "annotation file")
     if ann.suffix.lower() == ".csv":
@@ -221,11 +174,9 @@ def load_folder(
     else:
         raise SpmlError(
             f"annotations: cannot tell the format of {ann} from its suffix; name it .csv "
-            f"(path,labels[,split]) or .jsonl (one JSON object a line)"
-        )
+            f"(path,labels[,split]) or .jsonl (one JSON object a line)")
     if not rows:
         raise DatasetFormatError(f"{ann}: has no annotation rows")
-
     known_set = set(known)
     kept: list[_Row] = []
     first_line: dict[str, int] = {}
@@ -238,53 +189,44 @@ def load_folder(
                 close = difflib.get_close_matches(label, known, n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
                 raise DatasetFormatError(
-                    f"{where}: unknown class {label!r} (not in {source}){hint}"
-                )
+                    f"{where}: unknown class {label!r} (not in {source}){hint}")
         key = os.path.normpath(root / row.path)
         if key in first_line:
             raise DatasetFormatError(
-                f"{where}: image {row.path} is listed again (first on line {first_line[key]})"
-            )
+                f"{where}: image {row.path} is listed again (first on line {first_line[key]})")
         first_line[key] = row.line
         if not row.labels:
             if empty == "error":
                 raise DatasetFormatError(
                     f"{where}: image {row.path} has no label; pass --option empty=keep to keep "
-                    f"such rows (counted as unlabeled) or --option empty=drop to drop them"
-                )
+                    f"such rows (counted as unlabeled) or --option empty=drop to drop them")
             if empty == "drop":
                 continue
         kept.append(row)
     if not kept:
         raise DatasetFormatError(f"{ann}: no row has a label (every row was dropped)")
-
     with_split = [r for r in kept if r.split is not None]
     if with_split and len(with_split) != len(kept):
         missing = next(r for r in kept if r.split is None)
         raise DatasetFormatError(
             f"{at(ann, missing.line)}: no split given, but other rows have one (e.g. line "
             f"{with_split[0].line}); give train or test on every row, or on none for a seeded "
-            f"{test_fraction:.0%} test split"
-        )
+            f"{test_fraction:.0%} test split")
     n = len(kept)
     if with_split:
-        members = {
-            s: np.array([i for i, r in enumerate(kept) if r.split == s], dtype=np.int64)
-            for s in SPLIT_VALUES
-        }
+        members = {s: np.array([i for i, r in enumerate(kept) if r.split == s], dtype=np.int64)
+                   for s in SPLIT_VALUES}
     else:
         n_test = round(test_fraction * n)
         if not 0 < n_test < n:
             raise DatasetFormatError(
                 f"{ann}: {n} {'row is' if n == 1 else 'rows are'} too few for a "
-                f"{test_fraction:.0%} test split; add rows or give a split column"
-            )
+                f"{test_fraction:.0%} test split; add rows or give a split column")
         perm = np.random.RandomState(split_seed).permutation(n)
         members = {"train": np.sort(perm[: n - n_test]), "test": np.sort(perm[-n_test:])}
     for split, idx in members.items():
         if len(idx) == 0:
             raise DatasetFormatError(f"{ann}: no row has split '{split}'; both phases need rows")
-
     class_names = known or tuple(sorted({label for r in kept for label in r.labels}))
     if not class_names:
         raise DatasetFormatError(f"{ann}: no row has a label, so there are no classes")
@@ -299,16 +241,8 @@ def load_folder(
         groups.append((paths, ann, [r.line for r in phase_rows]))
         phases[split] = Phase(
             image_ids=tuple(Path(os.path.normpath(r.path)).as_posix() for r in phase_rows),
-            paths=paths,
-            labels=labels,
-            n_unlabeled=sum(not r.labels for r in phase_rows),
-        )
+            paths=paths, labels=labels, n_unlabeled=sum(not r.labels for r in phase_rows))
     if check_images:
         require_images(*groups)
-    return DatasetIndex(
-        name=name or root.resolve().name or "folder",
-        class_names=class_names,
-        pool=phases["train"],
-        test=phases["test"],
-        root=root,
-    )
+    return DatasetIndex(name=name or root.resolve().name or "folder", class_names=class_names,
+                        pool=phases["train"], test=phases["test"], root=root)

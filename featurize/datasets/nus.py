@@ -1,28 +1,12 @@
-"""NUS-WIDE from the official release (docs/protocol.md "Official dataset layouts": NUS-WIDE).
-
-Files read under the dataset root:
-
-* ``ImageList/TrainImagelist.txt``, ``ImageList/TestImagelist.txt``: one image per line, as
-  written by the NUS team on Windows (``actor\\0001_2124494179.jpg``; a full
-  ``C:\\ImageData\\Flickr\\actor\\…`` form is accepted too: everything up to the last
-  ``Flickr`` folder is dropped). Backslashes become path separators.
-* ``Concepts81.txt`` (in the root or in ``ConceptsList/``): the 81 concept names, one a line;
-  their order is the column order.
-* ``Groundtruth/TrainTestLabels/Labels_<concept>_{Train,Test}.txt``: one ``0``/``1`` per line in
-  the order of the image list.
-
-Pool = official Train list, test = official Test list, in list order. Rows with no positive are
-**kept** and counted in ``Phase.n_unlabeled`` (docs/protocol.md "Pools": about 22% of NUS rows).
-Image ids are the list entries as paths relative to the ``Flickr`` folder
-(``actor/0001_2124494179.jpg``), which is how Cole et al.'s code resolves its NUS image names.
-
-Images are expected in one of these layouts, the first that holds the first listed image:
-
-1. ``<root>/Flickr/<concept>/<file>`` (the official ``Flickr.zip`` extracted in the root),
-2. ``<root>/images/<concept>/<file>``,
-3. ``<root>/images/<file>`` (flat copies, as some re-crawls store them);
-
-layout 1 when none does. With ``check_images`` (default) every image must then exist.
+"""NUS-WIDE from the official release (docs/protocol.md "Official dataset layouts"):
+``ImageList/{Train,Test}Imagelist.txt`` (Windows paths such as ``actor\\0001_2124494179.jpg``,
+everything up to the last ``Flickr`` folder dropped), ``Concepts81.txt`` (in the root or in
+``ConceptsList/``; the column order) and ``Groundtruth/TrainTestLabels/Labels_<concept>_{Train,
+Test}.txt`` (one 0/1 a line, in list order). Pool = Train, test = Test, in list order; rows without
+a positive are kept (``Phase.n_unlabeled``). Image ids are the entries relative to ``Flickr``
+(``actor/0001_2124494179.jpg``), as Cole et al.'s code names them. Images: the first layout that
+holds the first listed one of ``<root>/Flickr/<concept>/<file>`` (the official ``Flickr.zip``),
+``<root>/images/<concept>/<file>`` and ``<root>/images/<file>``, else the first.
 """
 
 from __future__ import annotations
@@ -73,46 +57,33 @@ def _image_paths(root: Path, rels: list[str]) -> tuple[Path, ...]:
 
 
 def _concepts(root: Path) -> tuple[str, ...]:
-    path = find_file(
-        [root / "Concepts81.txt", root / "ConceptsList" / "Concepts81.txt"],
-        "NUS-WIDE concept list",
-        "it comes with the NUS-WIDE ground-truth downloads",
-    )
+    path = find_file([root / "Concepts81.txt", root / "ConceptsList" / "Concepts81.txt"],
+                     "NUS-WIDE concept list", "it comes with the NUS-WIDE ground-truth downloads")
     first_line: dict[str, int] = {}
     for line, text in read_lines(path):
         if len(text.split()) != 1:
             raise DatasetFormatError(
-                f"{at(path, line)}: expected one concept name per line, found {text!r}"
-            )
-        if text in first_line:
-            raise DatasetFormatError(
-                f"{at(path, line)}: concept {text!r} is listed again (first on line "
-                f"{first_line[text]})"
-            )
-        first_line[text] = line
+                f"{at(path, line)}: expected one concept name per line, found {text!r}")
+        if (first := first_line.setdefault(text, line)) != line:
+            raise DatasetFormatError(f"{at(path, line)}: concept {text!r} is listed again (first "
+                                     f"on line {first})")
     if not first_line:
         raise DatasetFormatError(f"{path}: lists no concept")
     return tuple(first_line)
 
 
 def load_nus(root: str | Path, *, check_images: bool = True) -> DatasetIndex:
-    """NUS-WIDE (81 concepts) from the official release, as the SPML protocol uses it.
-
-    ``root``: the folder holding ``ImageList/``, ``Groundtruth/`` and ``Concepts81.txt`` (see the
-    module docstring for every accepted place). ``check_images``: verify every image exists
-    (False indexes the labels alone, e.g. to import Cole et al.'s released features).
-    """
+    """NUS-WIDE (81 concepts) from ``root``, the folder holding ``ImageList/``, ``Groundtruth/``
+    and ``Concepts81.txt``; ``check_images``: every image must exist."""
     root = Path(root)
     concepts = _concepts(root)
     gt = root / "Groundtruth" / "TrainTestLabels"
     phases, groups = {}, []
     listed: dict[str, str] = {}  # image -> where it is first listed (ids are dataset-unique)
     for phase_name, split in _SPLITS.items():
-        list_path = require_file(
-            root / "ImageList" / f"{split}Imagelist.txt",
-            f"NUS-WIDE {split.lower()} image list",
-            "unzip the NUS-WIDE ImageList download into the dataset root",
-        )
+        list_path = require_file(root / "ImageList" / f"{split}Imagelist.txt",
+                                 f"NUS-WIDE {split.lower()} image list",
+                                 "unzip the NUS-WIDE ImageList download into the dataset root")
         entries = read_lines(list_path)
         ids: list[str] = []
         for line, text in entries:
@@ -121,8 +92,7 @@ def load_nus(root: str | Path, *, check_images: bool = True) -> DatasetIndex:
                 raise DatasetFormatError(f"{at(list_path, line)}: {text!r} names no image file")
             if rel in listed:
                 raise DatasetFormatError(
-                    f"{at(list_path, line)}: image {rel} is listed again (first in {listed[rel]})"
-                )
+                    f"{at(list_path, line)}: image {rel} is listed again (first in {listed[rel]})")
             listed[rel] = at(list_path, line)
             ids.append(rel)
         labels = np.zeros((len(ids), len(concepts)), dtype=np.uint8)
@@ -130,17 +100,13 @@ def load_nus(root: str | Path, *, check_images: bool = True) -> DatasetIndex:
             label_path = require_file(
                 gt / f"Labels_{concept}_{split}.txt",
                 f"NUS-WIDE {split.lower()} labels of concept '{concept}'",
-                "unzip the NUS-WIDE Groundtruth download into the dataset root",
-            )
+                "unzip the NUS-WIDE Groundtruth download into the dataset root")
             labels[:, c] = read_binary_column(label_path, len(ids), list_path)
         paths = _image_paths(root, ids)
         groups.append((paths, list_path, [line for line, _ in entries]))
-        n_unlabeled = int((~labels.any(axis=1)).sum())
-        phases[phase_name] = Phase(
-            image_ids=tuple(ids), paths=paths, labels=labels, n_unlabeled=n_unlabeled
-        )
+        phases[phase_name] = Phase(image_ids=tuple(ids), paths=paths, labels=labels,
+                                   n_unlabeled=int((~labels.any(axis=1)).sum()))
     if check_images:
         require_images(*groups)
     return DatasetIndex(
-        name="nus", class_names=concepts, pool=phases["pool"], test=phases["test"], root=root
-    )
+        name="nus", class_names=concepts, pool=phases["pool"], test=phases["test"], root=root)

@@ -1,10 +1,7 @@
-"""PASCAL VOC 2012 from its official layout (docs/protocol.md "Official dataset layouts": VOC 2012).
-
-Reads ``VOCdevkit/VOC2012/ImageSets/Main/{class}_{train,val}.txt`` (lines ``<id> <-1|0|1>``),
-exactly like Cole et al.'s ``preproc/format_pascal.py``: a label is positive iff it is ``1``
-(``0`` = "difficult" counts as negative), images with no positive are dropped, the rest are
-sorted by file name ``<id>.jpg``. Pool = official ``train`` (5,717 images), test = official
-``val`` (5,823). Images are ``VOC2012/JPEGImages/<id>.jpg``; image ids are the ``<id>`` stems.
+"""PASCAL VOC 2012 from its official layout (docs/protocol.md "Official dataset layouts"), read as
+Cole et al.'s ``preproc/format_pascal.py`` does: ``ImageSets/Main/{class}_{train,val}.txt`` (lines
+``<id> <-1|0|1>``), positive iff ``1`` (``0``, "difficult", is negative), images without a
+positive dropped, the rest sorted by ``<id>.jpg``. Pool = ``train`` (5,717), test = ``val`` (5,823).
 """
 
 from __future__ import annotations
@@ -47,8 +44,7 @@ def find_voc2012(root: str | Path) -> Path:
     raise MissingPathError(
         f"no VOC 2012 layout under {root}: expected {root}/VOCdevkit/VOC2012/ImageSets/Main/ "
         f"(root may also be the VOCdevkit or VOC2012 folder itself); extract "
-        f"VOCtrainval_11-May-2012.tar there"
-    )
+        f"VOCtrainval_11-May-2012.tar there")
 
 
 def _read_class_file(path: Path) -> list[tuple[int, str, int]]:
@@ -58,14 +54,10 @@ def _read_class_file(path: Path) -> list[tuple[int, str, int]]:
         if value not in _VALUES:
             raise DatasetFormatError(
                 f"{at(path, line)}: label {value!r} for image {image_id} is not one of -1, 0, 1 "
-                f"(1 = present, 0 = difficult, -1 = absent)"
-            )
-        if image_id in first_line:
-            raise DatasetFormatError(
-                f"{at(path, line)}: image {image_id} is listed again (first on line "
-                f"{first_line[image_id]})"
-            )
-        first_line[image_id] = line
+                f"(1 = present, 0 = difficult, -1 = absent)")
+        if (first := first_line.setdefault(image_id, line)) != line:
+            raise DatasetFormatError(f"{at(path, line)}: image {image_id} is listed again (first "
+                                     f"on line {first})")
         entries.append((line, image_id, _VALUES[value]))
     return entries
 
@@ -73,14 +65,9 @@ def _read_class_file(path: Path) -> list[tuple[int, str, int]]:
 def _read_phase(main: Path, split: str) -> tuple[Path, list[int], list[str], np.ndarray]:
     """One official split: the first class file, the line of each image in it, the image ids in
     that file's order and their (N, 20) labels. Every class file must list the same images."""
-    files = [
-        require_file(
-            main / f"{name}_{split}.txt",
-            f"VOC class file for '{name}' ({split})",
-            "every one of the 20 classes needs its ImageSets/Main file",
-        )
-        for name in VOC_CLASSES
-    ]
+    files = [require_file(main / f"{name}_{split}.txt", f"VOC class file for '{name}' ({split})",
+                          "every one of the 20 classes needs its ImageSets/Main file")
+             for name in VOC_CLASSES]
     ref = _read_class_file(files[0])
     ids = [image_id for _, image_id, _ in ref]
     row = {image_id: r for r, image_id in enumerate(ids)}
@@ -90,24 +77,18 @@ def _read_phase(main: Path, split: str) -> tuple[Path, list[int], list[str], np.
         entries = ref if c == 0 else _read_class_file(path)
         if len(entries) != len(ids):
             raise DatasetFormatError(
-                f"{path}: lists {len(entries)} images but {files[0]} lists {len(ids)}; {same}"
-            )
+                f"{path}: lists {len(entries)} images but {files[0]} lists {len(ids)}; {same}")
         for line, image_id, value in entries:
             if image_id not in row:
                 raise DatasetFormatError(
-                    f"{at(path, line)}: image {image_id} is not listed in {files[0]}; {same}"
-                )
+                    f"{at(path, line)}: image {image_id} is not listed in {files[0]}; {same}")
             labels[row[image_id], c] = value
     return files[0], [line for line, _, _ in ref], ids, labels
 
 
 def load_voc(root: str | Path, *, check_images: bool = True) -> DatasetIndex:
-    """PASCAL VOC 2012 (20 classes) as the SPML protocol uses it (docs/protocol.md "Pools").
-
-    ``root``: the folder holding ``VOCdevkit``, or ``VOCdevkit``, or ``VOC2012``.
-    ``check_images``: verify every kept image exists under ``JPEGImages`` (False indexes the
-    labels alone, e.g. to inspect class counts or import released features).
-    """
+    """PASCAL VOC 2012 (20 classes) from ``root`` (the folder holding ``VOCdevkit``, or
+    ``VOCdevkit``, or ``VOC2012``); ``check_images``: every kept image must exist."""
     voc = find_voc2012(root)
     main = voc / "ImageSets" / "Main"
     phases, groups = {}, []
@@ -124,5 +105,4 @@ def load_voc(root: str | Path, *, check_images: bool = True) -> DatasetIndex:
     if check_images:
         require_images(*groups)
     return DatasetIndex(
-        name="voc", class_names=VOC_CLASSES, pool=phases["train"], test=phases["val"], root=voc
-    )
+        name="voc", class_names=VOC_CLASSES, pool=phases["train"], test=phases["val"], root=voc)
