@@ -218,6 +218,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         seed=args.seed, flip=not args.no_flip, labels=args.labels, val_labels=args.val_labels,
         observed_seed=args.observed_seed, device=args.device, eval_every=args.eval_every,
         test_curve=args.test_curve, eval_init=args.eval_init, cuda_graph=args.cuda_graph,
+        compile=args.compile,
         drop_last=not args.no_drop_last, use_presets=not args.no_presets,
         test_intervals=args.intervals, priors=args.priors,
     )
@@ -417,6 +418,9 @@ def _register_probe(sub: argparse._SubParsersAction, bench: argparse._SubParsers
                    "bit for bit; 5-14x faster epochs on an H100). Default: wherever the step "
                    "can be captured; --cuda-graph: required (an error says why not); "
                    "--no-cuda-graph: the eager step")
+    g.add_argument("--compile", action="store_true",
+                   help="run the training step through torch.compile (fused kernels; equal to "
+                   "the eager step to float rounding; the eager step where it cannot apply)")
     g.add_argument("--trial-block", type=int, default=None, metavar="N",
                    help="CPU: train the stacked trials in blocks of N, one block after the "
                    "other through each epoch, so that a block's heads and Adam state stay in "

@@ -18,8 +18,12 @@ before the next, so that its state stays in cache; :func:`make_trainer` picks.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import math
+import os
+import shutil
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -134,7 +138,7 @@ def _set_deterministic(mode: bool, warn_only: bool) -> None:
     """``torch.use_deterministic_algorithms`` without its import of ``torch._inductor.config``
     (which imports all of TorchDynamo: about half of a whole ``spml probe`` process on a GPU
     machine, as ``python -X importtime`` shows); the inductor flag it also sets only matters to
-    ``torch.compile``, which the engine does not use."""
+    ``torch.compile`` (``--compile``: the compiled step gathers and reduces alike every run)."""
     setter = getattr(torch._C, "_set_deterministic_algorithms", None)
     if setter is None:  # a torch without the private setter: the public call
         torch.use_deterministic_algorithms(mode, warn_only=warn_only)
@@ -310,6 +314,23 @@ class StackedTrainer:
         # the run's trial id of each row of self.w (stopped trials leave: see stop())
         self.live: list[int] = list(range(plan.n))
         self._removed: dict[int, Tensor] = {}  # final heads of the trials that left, on CPU
+        self.compile_skipped = self.compile_unavailable() if config.compile else "off"
+        if config.compile and self.compile_skipped:
+            warnings.warn(f"--compile: the eager step runs instead ({self.compile_skipped})",
+                          RuntimeWarning, stacklevel=2)
+        self.compiled = self.compile_skipped is None
+        if self.compiled:
+            self._adam_hparams()
+            self._count = torch.zeros((), dtype=torch.float32, device=self.device)
+            for g in self.groups if not plan.given else ():
+                # numbers as (T,) tensors: a schedule (GR's) then moves buffers in place each
+                # epoch instead of baking new constants into a recompiled step
+                for spec in g.loss.hparam_specs:
+                    v = g.loss.hparam(spec.name)
+                    if spec.stackable and isinstance(v, float):
+                        t = len(range(plan.n)[g.trials])
+                        g.loss.set_hparam(spec.name, torch.full((t,), v, device=self.device))
+            self._compiled_step = torch.compile(self._fused_step, dynamic=False)
 
     @property
     def needs_epoch_pass(self) -> bool:
@@ -390,6 +411,8 @@ class StackedTrainer:
         self.extra_params = [p for g in self.groups for p, _ in g.extra]
         self.opt.select_trials(self.live, [self.w, *(p.data for p in self.extra_params)])
         self.loss_sum = torch.zeros(len(keep), dtype=torch.float32, device=self.device)
+        if self.compiled:
+            self._adam_hparams()
         # the thread setting stays the run's: a matrix product's rounding can depend on it
 
     @property
@@ -467,6 +490,10 @@ class StackedTrainer:
     def _step(self, perm: Tensor, rows: Tensor, step: int) -> None:
         """One optimizer step of every trial on batch ``step``."""
         sl = slice(step * self.batch, (step + 1) * self.batch)
+        if self.compiled:
+            # contiguous: the warm-up steps then match the captured graph's static buffers,
+            # so the compiled step is never re-specialised inside a CUDA graph capture
+            return self._compiled_step(perm[:, sl].contiguous(), rows[:, sl].contiguous())
         x, z, idx = self._forward(perm[:, sl], rows[:, sl])
         per_trial, grads = self._loss_grads(z, idx)
         # dL/dW = Xᵀ dL/dZ per trial: one matrix product instead of autograd
@@ -494,17 +521,71 @@ class StackedTrainer:
         parameters (autograd sees the loss only, not the head)."""
         z.requires_grad_(True)
         with torch.enable_grad():
-            if self.plan.shared:
-                per_trial = self.groups[0].loss(z, self.train_y[idx], index=idx).loss
-            else:
-                per_trial = torch.cat([
-                    g.loss(z[g.trials], self.train_y[idx[g.trials.start]],
-                           index=idx[g.trials.start]).loss.reshape(1)
-                    for g in self.groups
-                ])
+            per_trial = self._losses(z, idx)
             grads = torch.autograd.grad(per_trial.sum(), [z, *self.extra_params],
                                         allow_unused=True)
         return per_trial, grads
+
+    def _losses(self, z: Tensor, idx: Tensor) -> Tensor:
+        """Per-trial losses (T,) of the logits ``z`` of the batch rows ``idx``."""
+        if self.plan.shared:
+            return self.groups[0].loss(z, self.train_y[idx], index=idx).loss
+        return torch.cat([g.loss(z[g.trials], self.train_y[idx[g.trials.start]],
+                                 index=idx[g.trials.start]).loss.reshape(1)
+                          for g in self.groups])
+
+    # -- the step through torch.compile (ProbeConfig.compile; off by default) --------------------
+    def compile_unavailable(self) -> str | None:
+        """Why the step cannot run through ``torch.compile`` here (None: it can)."""
+        cxx = os.environ.get("CXX", "g++")
+        if not hasattr(torch, "compile"):
+            return "this torch has no torch.compile"
+        if self.device.type == "cuda" and importlib.util.find_spec("triton") is None:
+            return "inductor needs Triton on CUDA, and it is not installed"
+        if self.device.type == "cpu" and shutil.which(cxx) is None:
+            return f"inductor needs a C++ compiler on the CPU ({cxx}, or $CXX), none found"
+        if self.device.type not in ("cpu", "cuda"):
+            return f"inductor does not compile for {self.device}"
+        if not isinstance(self.opt, StackedAdam):
+            return "only the Adam update is compiled"
+        odd = [g.loss.name for g in self.groups
+               if g.extra or g.loss.stateful or g.loss.host_per_step]
+        if odd or not self.can_remove:
+            return (f"the {(odd or [self.groups[0].loss.name])[0]} loss keeps state across "
+                    "steps (per-example state, its own parameters, host draws or frozen trials)")
+        return None
+
+    def _adam_hparams(self) -> None:
+        """The live trials' Adam lr and weight decay as (T, 1, 1) tensors for the fused step."""
+        def column(values: list[float]) -> Tensor:
+            live = torch.tensor([values[t] for t in self.live], dtype=torch.float32)
+            return live.view(-1, 1, 1).to(self.device)
+        self._lr, self._wd = column(self.plan.lr), column(self.plan.weight_decay)
+
+    def _fused_step(self, perm: Tensor, rows: Tensor) -> None:
+        """The eager step's arithmetic as one traced function, for inductor to fuse: the loss's
+        gradient w.r.t. the logits by ``torch.func.grad`` (autograd's engine is not traced),
+        ``dW = Xᵀ·dZ``, and Adam written out over the whole stacked head with per-trial lr and
+        weight decay and the step count on the device (``torch.optim.Adam(capturable=True)``'s
+        arithmetic): equal to the eager step to float rounding (tests/test_compiled_step.py).
+        On CUDA it is compiled without inductor's own CUDA graphs (mode "default") and captured
+        inside :meth:`_graph_epoch`'s graph: one graph machinery, whose warm-up steps compile."""
+        x, z, idx = self._forward(perm, rows)
+
+        def total(z: Tensor) -> tuple[Tensor, Tensor]:
+            per_trial = self._losses(z, idx)
+            return per_trial.sum(), per_trial
+
+        dz, per_trial = torch.func.grad(total, has_aux=True)(z)
+        g = torch.matmul(x.T, dz) if self.plan.shared else torch.bmm(x.transpose(1, 2), dz)
+        g = g + self._wd * self.w
+        (b1, b2), m, v = self.opt.betas, self.opt.exp_avg[0], self.opt.exp_avg_sq[0]
+        self._count.add_(1.0)
+        m.lerp_(g, 1.0 - b1)
+        v.mul_(b2).addcmul_(g, g, value=1.0 - b2)
+        denom = (v.sqrt() / (1.0 - b2 ** self._count).sqrt()).add_(self.opt.eps)
+        self.w.sub_(self._lr / (1.0 - b1 ** self._count) * m / denom)
+        self.loss_sum += per_trial.detach().reshape(len(self.live))
 
 
 # --------------------------------------------------------------------------------------------
@@ -537,6 +618,7 @@ class BlockedTrainer:
                        for r in blocks]
         first = self.blocks[0][1]
         self.n_steps, self.flip, self.cuda_graph = first.n_steps, first.flip, False
+        self.compiled, self.compile_skipped = first.compiled, first.compile_skipped
 
     @property
     def block_sizes(self) -> list[int]:

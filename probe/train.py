@@ -142,6 +142,7 @@ def train_probe(
     timing["steps_per_epoch"] = trainer.n_steps
     timing["step_threads"] = trainer.threads  # None: torch's setting
     timing["cuda_graph"] = trainer.cuda_graph  # the steps were replayed as CUDA graphs
+    timing["compiled"] = trainer.compiled  # the step ran through torch.compile
     timing["trial_blocks"] = trainer.block_sizes  # trials per block (SpeedOptions.trial_block)
     return _result(plan, trainer, data, config, results, evaluator, timing)
 
