@@ -326,6 +326,7 @@ def _cmd_bench_probe(args: argparse.Namespace) -> int:
         epochs=args.epochs, trials=trials, plain=not args.no_plain, device=args.device,
         cache_dir=args.cache_dir, papers=not args.no_papers, papers_workers=args.papers_workers,
         compare_eager=args.compare_eager, compare_one_block=args.compare_one_block,
+        compare_compiled=args.compare_compiled,
         isolate=not args.in_process, loss=args.loss,
     )
     if args.threads is not None:
@@ -494,6 +495,9 @@ def _register_bench_probe(bench: argparse._SubParsersAction) -> None:
                    help="CUDA: also time each stacked configuration with the eager step "
                    "(spml probe --no-cuda-graph; the engine rows replay CUDA graphs), its heads "
                    "compared with the graph run's")
+    b.add_argument("--compare-compiled", action="store_true",
+                   help="also time each stacked configuration with the step through "
+                   "torch.compile (spml probe --compile), its heads compared with the engine's")
     b.add_argument("--compare-one-block", action="store_true",
                    help="CPU: also time each configuration that trains in trial blocks (spml "
                    "probe --trial-block) as one block, its heads compared with the blocks'")
