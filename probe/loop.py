@@ -8,7 +8,8 @@ PyTorch program's random draws exactly.
 
 The hot path, :meth:`StackedTrainer._step`, is four named steps: gather the batch and form the
 logits; let autograd differentiate the loss w.r.t. the logits only; ``dW = Xᵀ·dZ`` as one matrix
-product; one fused optimizer update. Nothing in an epoch waits for the device.
+product; one fused optimizer update. Nothing in an epoch waits for the device. With
+``--compile`` the same arithmetic runs as one ``torch.compile``-d function (``_fused_step``).
 
 On the CPU, many COCO-sized heads train in blocks (:class:`BlockedTrainer`, one
 :class:`StackedTrainer` per block of :func:`trial_blocks`), each block through the whole epoch
@@ -39,19 +40,9 @@ from .speed import SpeedOptions, choose_threads, clear_winner, remembered_thread
 from .threads import step_threads
 from .trials import LossGroup, TrialPlan, setup_loss_groups
 
-__all__ = [
-    "ORDER_STREAM_OFFSET",
-    "TRIAL_BLOCK_BYTES",
-    "BlockedTrainer",
-    "StackedTrainer",
-    "deterministic",
-    "epoch_order",
-    "init_head",
-    "make_trainer",
-    "order_generator",
-    "sync",
-    "trial_blocks",
-]
+__all__ = ["ORDER_STREAM_OFFSET", "TRIAL_BLOCK_BYTES", "BlockedTrainer", "StackedTrainer",
+           "deterministic", "epoch_order", "init_head", "make_trainer", "order_generator", "sync",
+           "trial_blocks"]
 
 #: the batch-order stream of seed s is seeded with s + 2**32 (init uses s itself)
 ORDER_STREAM_OFFSET = 2**32
@@ -160,18 +151,11 @@ def resolve_threads(step_threads: int | None, device: torch.device, shape: tuple
 def measured_threads(shape: tuple[int, int, int], batch: int, shared: bool, *,
                      disk: bool = True) -> int | None:
     """1 or None (torch's setting) for a CPU step of heads ``shape`` (T, D+1, C) with
-    ``batch`` rows: decided once per machine, step shape and torch thread setting, and
-    remembered in the process and (``disk``) in the cache file, so that every later run of
-    this shape gets the same setting whatever ran before it (:mod:`probe.speed`).
-
-    Whether intra-op threads pay depends on the step's size and on the machine and its load
-    (on a 2-core machine one thread is clearly faster at T=1, two threads at T=64 when the
-    cores are free, and slower when other processes hold them), so the decision is measured,
-    not a size threshold: both settings run the step's ops (batch gather, forward product,
-    weight-gradient product, fused Adam) alternately on scratch tensors, a few rounds, and
-    torch's setting is taken only where it is clearly faster (:func:`probe.speed.
-    choose_threads`); otherwise one thread. The training itself never runs during the
-    measurement."""
+    ``batch`` rows, decided once per machine, step shape and torch thread setting and
+    remembered in the process and (``disk``) the cache file (:mod:`probe.speed`). Measured,
+    not a size threshold (on 2 cores one thread wins at T=1, two at T=64 unless other processes
+    hold the cores): both settings run the step's ops on scratch tensors, alternately, and
+    torch's is taken only where clearly faster (:func:`probe.speed.choose_threads`)."""
     default = torch.get_num_threads()
     if default <= 1:
         return None
@@ -322,14 +306,12 @@ class StackedTrainer:
         if self.compiled:
             self._adam_hparams()
             self._count = torch.zeros((), dtype=torch.float32, device=self.device)
-            for g in self.groups if not plan.given else ():
-                # numbers as (T,) tensors: a schedule (GR's) then moves buffers in place each
-                # epoch instead of baking new constants into a recompiled step
-                for spec in g.loss.hparam_specs:
-                    v = g.loss.hparam(spec.name)
-                    if spec.stackable and isinstance(v, float):
-                        t = len(range(plan.n)[g.trials])
-                        g.loss.set_hparam(spec.name, torch.full((t,), v, device=self.device))
+            # numbers as (T,) tensors: a schedule (GR's) then moves buffers in place each epoch
+            # instead of baking new constants into a recompiled step
+            for g, spec in [(grp, s) for grp in self.groups for s in grp.loss.hparam_specs]:
+                v, t = g.loss.hparam(spec.name), len(range(plan.n)[g.trials])
+                if spec.stackable and isinstance(v, float) and not plan.given:
+                    g.loss.set_hparam(spec.name, torch.full((t,), v, device=self.device))
             self._compiled_step = torch.compile(self._fused_step, dynamic=False)
 
     @property
@@ -380,11 +362,10 @@ class StackedTrainer:
         compute only the others, which continue exactly as before. Where a loss cannot drop
         trials (:attr:`can_remove`), their heads and optimizer state are frozen instead.
 
-        "Exactly": on CPU the survivors are bit for bit those of a run without stopping when
-        the per-trial block B·C of the loss's elementwise kernels is a multiple of the vector
-        width (COCO: 16·80) and, with several step threads, while two or more trials remain
-        (a vectorised kernel treats a tensor's last elements apart, and a one-matrix product
-        splits across threads differently); otherwise they agree to float rounding."""
+        "Exactly": on CPU bit for bit when the per-trial block B·C of the loss's elementwise
+        kernels is a multiple of the vector width (COCO: 16·80) and, with several step threads,
+        while two or more trials remain (vectorised tails, a one-matrix product's threads);
+        otherwise to float rounding."""
         stop = {int(t) for t in trials}
         if not self.can_remove:
             self.opt.stop_trials(stop)
@@ -446,12 +427,11 @@ class StackedTrainer:
 
     def _graph_epoch(self, perm: Tensor, rows: Tensor) -> None:
         """One epoch: a few eager warm-up steps on a side stream, then ``GRAPH_STEPS`` steps
-        captured once (capture records without running) and replayed for each run of that many
-        full batches, the batch indices copied into static buffers before each replay; the steps
-        left over (and a last partial batch) run eagerly. Captured afresh every epoch, since a
-        loss may read its epoch as a host number (schedules, warm-ups). The captured steps are
-        the eager step's kernels in the same order: the heads are the eager run's bit for bit
-        (tests/test_train.py and tests/test_gpu.py, marked gpu)."""
+        captured once and replayed for each run of that many full batches, the batch indices
+        copied into static buffers before each replay; the steps left over run eagerly.
+        Captured afresh every epoch (a loss may read its epoch as a host number). The captured
+        kernels are the eager step's in the same order: the heads are the eager run's bit for
+        bit (tests/test_train.py and tests/test_gpu.py, marked gpu)."""
         b, n_full = self.batch, self.n // self.batch
         warm = min(3, self.n_steps)
         side = torch.cuda.Stream(self.device)
@@ -538,8 +518,6 @@ class StackedTrainer:
     def compile_unavailable(self) -> str | None:
         """Why the step cannot run through ``torch.compile`` here (None: it can)."""
         cxx = os.environ.get("CXX", "g++")
-        if not hasattr(torch, "compile"):
-            return "this torch has no torch.compile"
         if self.device.type == "cuda" and importlib.util.find_spec("triton") is None:
             return "inductor needs Triton on CUDA, and it is not installed"
         if self.device.type == "cpu" and shutil.which(cxx) is None:
@@ -557,10 +535,9 @@ class StackedTrainer:
 
     def _adam_hparams(self) -> None:
         """The live trials' Adam lr and weight decay as (T, 1, 1) tensors for the fused step."""
-        def column(values: list[float]) -> Tensor:
-            live = torch.tensor([values[t] for t in self.live], dtype=torch.float32)
-            return live.view(-1, 1, 1).to(self.device)
-        self._lr, self._wd = column(self.plan.lr), column(self.plan.weight_decay)
+        self._lr, self._wd = (torch.tensor([v[t] for t in self.live], dtype=torch.float32)
+                              .view(-1, 1, 1).to(self.device)
+                              for v in (self.plan.lr, self.plan.weight_decay))
 
     def _fused_step(self, perm: Tensor, rows: Tensor) -> None:
         """The eager step's arithmetic as one traced function, for inductor to fuse: the loss's
@@ -597,12 +574,10 @@ class BlockedTrainer:
     """The stacked trials as blocks (:func:`trial_blocks`), one :class:`StackedTrainer` each,
     every block trained through the whole epoch before the next: a block's heads and Adam state
     stay in cache for its 4,000 steps, where T = 64 COCO heads (168 MB) stream from memory at
-    every step. Same interface as :class:`StackedTrainer`, over the run's trial ids.
-
-    A trial computes the same in any block: its own init, batch order, loss hyperparameters
-    and per-trial loss state (probe.train's docstring), and on the CPU the same bits as in one
-    block under the conditions :meth:`StackedTrainer.stop` names (tests/test_train.py). The
-    step threads are chosen once, for the largest block, and shared by all blocks."""
+    every step. Same interface as :class:`StackedTrainer`, over the run's trial ids. A trial
+    computes the same in any block (on the CPU the same bits under the conditions of
+    :meth:`StackedTrainer.stop`; tests/test_train.py). The step threads are chosen once, for
+    the largest block, and shared by all blocks."""
 
     def __init__(self, data: ProbeData, config: ProbeConfig, plan: TrialPlan,
                  blocks: list[range], speed: SpeedOptions | None = None) -> None:
@@ -632,10 +607,7 @@ class BlockedTrainer:
     def w(self) -> Tensor:
         """(live trials, D+1, C): the heads of the trials still training, in trial order."""
         live = [b.w for _, b in self.blocks if b.live]
-        if not live:
-            _, b = self.blocks[0]
-            return b.w[:0]
-        return live[0] if len(live) == 1 else torch.cat(live)
+        return torch.cat(live) if len(live) > 1 else live[0] if live else self.blocks[0][1].w[:0]
 
     @property
     def needs_epoch_pass(self) -> bool:
