@@ -12,6 +12,7 @@ steps at lr 1e-2 they agree within ``atol=2e-5, rtol=1e-4`` (measured on this CP
 
 from __future__ import annotations
 
+import json
 import warnings
 from dataclasses import replace
 
@@ -105,6 +106,27 @@ def test_the_eager_step_runs_where_the_step_cannot_be_compiled():
         assert train_probe(data, replace(cfg, compile=False), "an").timing["compiled"] is False
     with pytest.raises(ProbeConfigError, match="--compile must be true or false; got yes"):
         ProbeConfig(compile="yes").validate()
+
+
+@pytest.mark.slow
+def test_spml_probe_compile_flag(tmp_path):
+    """``spml probe --compile`` trains through the compiled step, its --json says so, and the
+    best val mAP is the eager run's to float rounding."""
+    from fixtures_datasets import toy_feature_store
+
+    from studies.cli import main
+
+    store = toy_feature_store(tmp_path / "toy.zarr")
+    runs = {}
+    for flag in ("--compile", "--no-cuda-graph"):
+        out = tmp_path / f"{flag}.json"
+        assert main(["probe", str(store), "--loss", "an", "--epochs", "2", "--batch-size", "8",
+                     "--device", "cpu", "--json", str(out), "--quiet", flag]) == 0
+        runs[flag] = json.loads(out.read_text())
+    assert runs["--compile"]["timing"]["compiled"] is True
+    assert runs["--no-cuda-graph"]["timing"]["compiled"] is False
+    a, b = (runs[f]["trials"][0]["best"]["val_map"] for f in ("--compile", "--no-cuda-graph"))
+    assert a == pytest.approx(b, abs=1e-3)
 
 
 @pytest.mark.gpu
