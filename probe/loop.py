@@ -50,12 +50,10 @@ ORDER_STREAM_OFFSET = 2**32
 #: 1: on an H100 the GPU's own kernels bound the replayed step, not the host's launches, so
 #: more steps per graph gain nothing, while each step captured holds its own temporaries
 GRAPH_STEPS = 1
-#: CPU: the training state (head, its gradient, the optimizer's state) one block of stacked
-#: trials may hold; a block is trained through the whole epoch before the next starts, so its
-#: state stays in the last-level cache instead of streaming from memory every step. 24 MiB:
-#: 9 COCO-sized heads (2049 x 80). On a 2-core EPYC (32 MiB L3), GR at batch 16, the step
-#: costs least per trial at 6-10 trials per block; `spml bench probe --trials 64
-#: --compare-one-block` compares blocks with one block on any machine (docs/performance.md)
+#: CPU: the training state (head, gradient, optimizer state) one block of stacked trials may
+#: hold; a block trains through the whole epoch before the next, its state in the last-level
+#: cache. 24 MiB: 9 COCO-sized heads; on a 2-core EPYC (32 MiB L3) the step costs least per
+#: trial at 6-10 trials per block (`spml bench probe --trials 64 --compare-one-block`)
 TRIAL_BLOCK_BYTES = 24 << 20
 
 
@@ -127,9 +125,8 @@ def deterministic(device: torch.device, enabled: bool) -> Iterator[None]:
 
 def _set_deterministic(mode: bool, warn_only: bool) -> None:
     """``torch.use_deterministic_algorithms`` without its import of ``torch._inductor.config``
-    (which imports all of TorchDynamo: about half of a whole ``spml probe`` process on a GPU
-    machine, as ``python -X importtime`` shows); the inductor flag it also sets only matters to
-    ``torch.compile`` (``--compile``: the compiled step gathers and reduces alike every run)."""
+    (all of TorchDynamo: half of a ``spml probe`` process on a GPU machine, ``python -X
+    importtime``); its inductor flag matters to ``--compile`` only."""
     setter = getattr(torch._C, "_set_deterministic_algorithms", None)
     if setter is None:  # a torch without the private setter: the public call
         torch.use_deterministic_algorithms(mode, warn_only=warn_only)
@@ -268,10 +265,8 @@ class StackedTrainer:
         self.n_steps = n // batch if config.drop_last else -(-n // batch)
         self.flip = bool(config.flip and data.has_flip)
         # train targets: single positives, or the full labels as {1, -1} (the oracle)
-        if config.labels == "full":
-            self.train_y = torch.where(data.train_labels == 1, 1, -1).to(torch.int8)
-        else:
-            self.train_y = data.train_observed
+        self.train_y = (torch.where(data.train_labels == 1, 1, -1).to(torch.int8)
+                        if config.labels == "full" else data.train_observed)
         self.groups: list[LossGroup] = setup_loss_groups(plan, self.train_y, self.device)
         d1, c = data.train_x.shape[1], data.n_classes
         self.w = stacked_init(plan.seeds, d1, c).to(self.device)
@@ -298,13 +293,12 @@ class StackedTrainer:
         # the run's trial id of each row of self.w (stopped trials leave: see stop())
         self.live: list[int] = list(range(plan.n))
         self._removed: dict[int, Tensor] = {}  # final heads of the trials that left, on CPU
-        self.compile_skipped = self.compile_unavailable() if config.compile else "off"
-        if config.compile and self.compile_skipped:
-            warnings.warn(f"--compile: the eager step runs instead ({self.compile_skipped})",
-                          RuntimeWarning, stacklevel=2)
-        self.compiled = self.compile_skipped is None
+        self.compiled, self.compile_skipped = config.compile, None if config.compile else "off"
+        if self.compiled and (why := self.compile_unavailable()):
+            self._skip_compile(why)
         if self.compiled:
             self._adam_hparams()
+            self._traced = False
             self._count = torch.zeros((), dtype=torch.float32, device=self.device)
             # numbers as (T,) tensors: a schedule (GR's) then moves buffers in place each epoch
             # instead of baking new constants into a recompiled step
@@ -373,9 +367,8 @@ class StackedTrainer:
         keep = [j for j, t in enumerate(self.live) if t not in stop]
         if len(keep) == len(self.live):
             return
-        for j, t in enumerate(self.live):
-            if t in stop:
-                self._removed[t] = self.w[j].detach().cpu().clone()
+        self._removed.update({t: self.w[j].detach().cpu().clone()
+                              for j, t in enumerate(self.live) if t in stop})
         self.live = [self.live[j] for j in keep]
         if not keep:
             return  # nothing left to train; final_heads() has every head
@@ -471,9 +464,15 @@ class StackedTrainer:
         """One optimizer step of every trial on batch ``step``."""
         sl = slice(step * self.batch, (step + 1) * self.batch)
         if self.compiled:
-            # contiguous: the warm-up steps then match the captured graph's static buffers,
-            # so the compiled step is never re-specialised inside a CUDA graph capture
-            return self._compiled_step(perm[:, sl].contiguous(), rows[:, sl].contiguous())
+            # contiguous: as the CUDA graph's static buffers (no recompile inside a capture)
+            try:
+                return self._compiled_step(perm[:, sl].contiguous(), rows[:, sl].contiguous())
+            except Exception as e:  # dynamo cannot trace the loss: eager from the first step
+                if self._traced or not type(e).__module__.startswith("torch._"):
+                    raise
+                self._skip_compile(f"torch.compile failed: {str(e).splitlines()[0]}")
+            finally:
+                self._traced = True
         x, z, idx = self._forward(perm[:, sl], rows[:, sl])
         per_trial, grads = self._loss_grads(z, idx)
         # dL/dW = Xᵀ dL/dZ per trial: one matrix product instead of autograd
@@ -533,6 +532,11 @@ class StackedTrainer:
                     "steps (per-example state, its own parameters, host draws or frozen trials)")
         return None
 
+    def _skip_compile(self, reason: str) -> None:
+        self.compiled, self.compile_skipped = False, reason
+        warnings.warn(f"--compile: the eager step runs instead ({reason})", RuntimeWarning,
+                      stacklevel=3)
+
     def _adam_hparams(self) -> None:
         """The live trials' Adam lr and weight decay as (T, 1, 1) tensors for the fused step."""
         self._lr, self._wd = (torch.tensor([v[t] for t in self.live], dtype=torch.float32)
@@ -540,13 +544,12 @@ class StackedTrainer:
                               for v in (self.plan.lr, self.plan.weight_decay))
 
     def _fused_step(self, perm: Tensor, rows: Tensor) -> None:
-        """The eager step's arithmetic as one traced function, for inductor to fuse: the loss's
-        gradient w.r.t. the logits by ``torch.func.grad`` (autograd's engine is not traced),
-        ``dW = Xᵀ·dZ``, and Adam written out over the whole stacked head with per-trial lr and
-        weight decay and the step count on the device (``torch.optim.Adam(capturable=True)``'s
-        arithmetic): equal to the eager step to float rounding (tests/test_compiled_step.py).
-        On CUDA it is compiled without inductor's own CUDA graphs (mode "default") and captured
-        inside :meth:`_graph_epoch`'s graph: one graph machinery, whose warm-up steps compile."""
+        """The eager step as one traced function for inductor to fuse: the loss's gradient by
+        ``torch.func.grad`` (dynamo does not trace autograd's engine), ``dW = Xᵀ·dZ``, and Adam
+        over the whole stacked head (per-trial lr and weight decay, the step count on the
+        device); equal to the eager step to float rounding (tests/test_compiled_step.py). On
+        CUDA, mode "default" (no inductor CUDA graphs): :meth:`_graph_epoch` captures it in
+        its own graph, after warm-up steps that compile it -- one graph machinery, not two."""
         x, z, idx = self._forward(perm, rows)
 
         def total(z: Tensor) -> tuple[Tensor, Tensor]:

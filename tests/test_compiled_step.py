@@ -108,6 +108,26 @@ def test_the_eager_step_runs_where_the_step_cannot_be_compiled():
         ProbeConfig(compile="yes").validate()
 
 
+def test_the_eager_step_takes_over_when_the_compiler_fails_on_the_first_step(monkeypatch):
+    """A failure inside torch.compile (tracing, inductor, the C++ compiler) at the first step:
+    a warning, and the run trains eagerly from that step on -- the eager run's heads exactly."""
+    from probe import loop
+
+    def failing(fn, **kwargs):
+        def call(*args):
+            raise torch._dynamo.exc.InternalTorchDynamoError("boom\nthe rest")
+        return call
+
+    monkeypatch.setattr(loop.torch, "compile", failing)
+    data = _data()
+    cfg = ProbeConfig(epochs=2, batch_size=8, lr=1e-2, eval_every=0, device="cpu")
+    with pytest.warns(RuntimeWarning, match=r"--compile: the eager step runs instead "
+                      r"\(torch.compile failed: boom\)"):
+        failed = train_probe(data, replace(cfg, compile=True), "an")
+    assert failed.timing["compiled"] is False
+    assert torch.equal(failed.final_heads, train_probe(data, cfg, "an").final_heads)
+
+
 @pytest.mark.slow
 def test_spml_probe_compile_flag(tmp_path):
     """``spml probe --compile`` trains through the compiled step, its --json says so, and the
