@@ -167,7 +167,7 @@ def merge(outdir: str, mode: str) -> dict:
             compiled_ran=compiled_row.get("compiled"),
             compiled_max_abs_diff=compiled_row.get("max_abs_diff_vs_graph"),
             command="spml bench probe --device cuda --trials 1,64 --epochs 3 --no-plain "
-                    "--no-papers --compare-eager --compare-compiled")
+                    "--no-papers --compare-eager --compare-compiled --in-process")
     study = _load(out / "study.json")
     tpm = study and study.get("trials_per_minute")
     figures["study_ten_epoch_trials_per_hour"] = _figure(

@@ -150,7 +150,7 @@ def test_spml_probe_compile_flag(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("loss,trials", CASES)
+@pytest.mark.parametrize("loss,trials", [CASES[0], CASES[3]])  # a compile each: two cases
 def test_compiled_step_equals_the_eager_step_on_cuda(loss, trials):
     """On CUDA the compiled step is captured in the step's CUDA graph (the default there):
     compiled + graph against the eager step without graphs."""
