@@ -3,7 +3,7 @@ memory, and the merge of every step's JSON into OUTDIR/gpu.json, each figure bes
 
     python .ci/gpu_figures.py digits DIR N
     python .ci/gpu_figures.py finetune OUT.json -- finetune ARGS...   (spml finetune, in-process)
-    python .ci/gpu_figures.py merge OUTDIR MODE
+    python .ci/gpu_figures.py merge WORKDIR MODE [GPU_JSON]
 """
 
 from __future__ import annotations
@@ -134,7 +134,8 @@ def _probe_rows(report: dict | None) -> dict:
     return {(r["method"], r["trials"]): r for r in (report or {}).get("rows", [])}
 
 
-def merge(outdir: str, mode: str) -> dict:
+def merge(outdir: str, mode: str, dest: str | None = None) -> dict:
+    """gpu.json (at ``dest``, default OUTDIR/gpu.json) from the steps' files in OUTDIR."""
     out, gpu = Path(outdir), mode == "gpu"
     steps = {}
     for line in (_text(out / "steps.tsv") or "").splitlines():
@@ -200,7 +201,7 @@ def merge(outdir: str, mode: str) -> dict:
     result = {"command": f".ci/gpu{' --cpu-smoke' if mode == 'cpu-smoke' else ''} OUTDIR",
               "mode": mode, "environment": _environment(), "figures": figures,
               "steps": steps, "missing": missing}
-    (out / "gpu.json").write_text(json.dumps(result, indent=1))
+    Path(dest or out / "gpu.json").write_text(json.dumps(result, indent=1))
     print(json.dumps({k: f.get("value") for k, f in figures.items()}, indent=1))
     print(f"missing: {missing}" if missing else "every figure measured")
     return result

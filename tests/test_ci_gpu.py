@@ -10,6 +10,7 @@ import math
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -78,10 +79,13 @@ def test_ci_gpu_runs_end_to_end_on_the_cpu(tmp_path):
     """Every step of .ci/gpu at tiny shapes on the CPU (1.5-2.5 min on 2 busy cores): each
     exits 0 and gpu.json holds a number for every figure."""
     env = {**os.environ, "PYTHON": sys.executable, "SPML_CACHE_DIR": str(tmp_path / "cache"),
-           "PYTHONPATH": str(ROOT)}
+           "PYTHONPATH": str(ROOT), "GPU_WORKDIR": str(tmp_path / "work")}
     run = subprocess.run(["bash", str(ROOT / ".ci" / "gpu"), "--cpu-smoke", str(tmp_path / "o")],
                          env=env, capture_output=True, text=True, timeout=420)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["gpu.json", "logs.tar.gz"]
+    with tarfile.open(tmp_path / "o" / "logs.tar.gz") as tar:
+        assert {"./probe.json", "./study.log", "./steps.tsv"} <= set(tar.getnames())
     out = json.loads((tmp_path / "o" / "gpu.json").read_text())
     assert out["mode"] == "cpu-smoke" and out["missing"] == [], out["missing"]
     assert {name: s["rc"] for name, s in out["steps"].items() if s["rc"] != 0} == {}

@@ -91,6 +91,25 @@ def test_compiled_step_with_several_seeds_and_a_partial_last_batch():
     _check(_data(), cfg, "an", None)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("seeds", [None, [0, 1, 2]])
+def test_compiled_step_with_a_trial_stopped_after_the_first_epoch(seeds):
+    """A pruned trial leaves the stack (its head, Adam state, per-trial lr and the loss's rows):
+    the others go on through a recompiled step as in the eager run with the same stop."""
+    cfg = ProbeConfig(epochs=3, batch_size=8, lr=1e-2, device="cpu", seeds=seeds)
+    trials = [{"w_T": 2.0}, {"w_T": 6.0, "lr": 3e-2}, {"w_T": 10.0}]
+
+    def stop(report):
+        return [1] if report.epoch == 1 else []
+
+    eager = train_probe(_data(), cfg, "gr", trials, callback=stop)
+    compiled = train_probe(_data(), replace(cfg, compile=True), "gr", trials, callback=stop)
+    assert compiled.timing["compiled"]
+    assert [t.stopped_at for t in compiled.trials] == [t.stopped_at for t in eager.trials]
+    assert [t.stopped_at for t in eager.trials] == [None, 1, None]
+    torch.testing.assert_close(compiled.final_heads, eager.final_heads, **TOL)
+
+
 def test_the_eager_step_runs_where_the_step_cannot_be_compiled():
     data = _data()
     cfg = ProbeConfig(epochs=1, batch_size=8, eval_every=0, device="cpu", compile=True)
