@@ -9,11 +9,9 @@ The public API, importable from here (names load on first use, so ``import probe
     result = train_probe(data, ProbeConfig(epochs=10), "gr", [{"w_T": 2.0}, {"w_T": 10.0}])
     result.trials[1].best["test_map"]
 
-Layers (each reads only those below it; docs/design.md "Layers"): :mod:`probe.store` (the
-store and the protocol, no torch) ← :mod:`probe.ranking`, :mod:`probe.losses` and
-:mod:`probe.metrics` ← the engine (:mod:`probe.config`, :mod:`probe.data`, :mod:`probe.trials`,
-:mod:`probe.loop`, :mod:`probe.evaluate`, :mod:`probe.results`, :mod:`probe.train`) ←
-:mod:`studies`.
+Layers (docs/design.md "Layers"): :mod:`probe.store` ← :mod:`probe.losses`, :mod:`probe.metrics`
+← the engine (:mod:`probe.config`, :mod:`probe.data`, :mod:`probe.trials`, :mod:`probe.loop`,
+:mod:`probe.evaluate`, :mod:`probe.results`, :mod:`probe.train`).
 """
 
 from __future__ import annotations

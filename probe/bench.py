@@ -1,47 +1,28 @@
 """``spml bench probe``: seconds per epoch of the probe engine against a plain PyTorch loop.
 
-docs/design.md "What fast means" (measured here, never by a timed unit test). On a COCO-shaped
-synthetic store -- 65,665 train rows × 2048 float16 features with flips, 80 classes, about 2.9
-positives per image -- built once and cached (:func:`synthetic_store`), one run measures:
+On a cached COCO-shaped synthetic store (:func:`synthetic_store`) one run measures (docs/design.md
+"What fast means", docs/performance.md):
 
-(a) one GR trial at batch size 16 with Adam: the engine against a plain loop over the same
-    arrays (``DataLoader`` + ``nn.Linear`` + ``torch.optim.Adam`` + the same loss object, the
-    same seed, batch order and flips: :func:`plain_loop`); the final heads of both are compared
-    in the same run, so the speed-up is between programs that compute the same thing;
+(a) one GR trial, batch 16, Adam: the engine against :func:`plain_loop` (the same arrays, seed,
+    batch order and flips), the final heads of both compared in the same run;
 (b) the engine with T = 1, 8, 64 stacked GR trials (different ``w_T`` per trial, shared seed);
-(c) peak memory of each run (CPU: peak resident set size, reset before each run through
-    ``/proc/self/clear_refs``; CUDA: ``torch.cuda.max_memory_allocated``);
-(d) evaluation as the engine does it: val of all T heads (every epoch) and test (once, on the
-    best heads), timed apart;
-(e) one GR trial the way the SPML papers' released code runs a linear probe, written fresh
-    here (:func:`papers_loop`): a ``DataLoader`` with worker processes over float32 feature
-    arrays, ``nn.Linear``, ``torch.optim.Adam``, and after every epoch mAP on train, val and
-    test (scikit-learn's ``average_precision_score`` per class, as their code computes it;
-    :mod:`probe.metrics` when scikit-learn is absent). Same data, seed, loss and batch size;
-    its own shuffling (a seeded ``DataLoader``), so it is a timing reference, not an
-    equivalence check (the plain loop (a) is that).
-(f) with ``compare_one_block`` (``--compare-one-block``, CPU) each configuration the engine
-    trains in trial blocks, and with ``compare_eager`` (``--compare-eager``, CUDA) each one,
-    also trained as one block / with the eager step, its heads compared with the engine's.
+(c) peak memory of each run (CPU: peak RSS reset through ``/proc/self/clear_refs``; CUDA:
+    ``torch.cuda.max_memory_allocated``);
+(d) evaluation as the engine does it: val of all T heads and test once, timed apart;
+(e) :func:`papers_loop`, one GR trial the way the SPML papers' released code runs a linear probe
+    (a timing reference, not an equivalence check);
+(f) with ``--compare-one-block`` (CPU) / ``--compare-eager`` (CUDA) each configuration also
+    trained as one block / with the eager step, its heads compared with the engine's.
 
-Each configuration is timed alone, in a fresh process of its own (``isolate``; ``--in-process``
-runs them all in this one): the rows do not disturb each other, so ``plain / engine`` in one
-run is the plain loop over the engine timed alone. The engine's step-thread choice is the one
-every run of that step shape gets on this machine (:mod:`probe.speed`).
-
-The report names the machine, the threads and the load average before and after: on a shared
-machine the figures move with the load, and a figure only counts next to its load.
-
-Times are medians over the measured epochs (each configuration runs ``epochs`` epochs); ratios
-come from the same run. Targets (docs/design.md): 2 CPU cores, one trial ≤ 2.5 s/epoch (plain loop
-~8 s); one H100, 64 stacked trials ≤ 1 s/epoch.
+Each configuration is timed alone in a fresh process (``isolate``; ``--in-process``: all in this
+one). Times are medians over the measured epochs; the report names the machine, the threads and
+the load average before and after, as the figures move with the load.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -52,16 +33,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from probe.errors import SpmlError, plain
+from probe.errors import SpmlError, is_int, plain
 
 from .config import ProbeConfig
 from .data import ProbeData, resolve_device
 from .evaluate import evaluate_heads
 from .intervals import bootstrap_map
 from .loop import epoch_order, order_generator
-from .losses import create_loss
-from .results import environment_info
-from .speed import SpeedOptions, default_cache_dir
+from .losses import available, create_loss, get_loss_class
+from .results import environment_info, from_linear
+from .speed import SpeedOptions, cpu_model, default_cache_dir
 from .train import train_probe
 
 __all__ = ["BenchConfig", "bench_bootstrap", "default_cache_dir", "format_report",
@@ -95,26 +76,22 @@ class BenchConfig:
     compare_compiled: bool = False  # also time the step through torch.compile (--compile)
     compare_one_block: bool = False  # CPU: also time the trials trained as one block
     # (trial_block=0; the engine trains many COCO-sized heads in blocks that stay in cache)
-    isolate: bool = True  # time each configuration alone, in a fresh process of its own, so
-    # that no row depends on what ran before it; False: all in this process (quicker to start)
+    isolate: bool = True  # time each configuration alone, in a fresh process; False: in this one
     seed: int = 0  # init, batch order and the synthetic data
     cache_dir: str | None = None  # None: default_cache_dir()
-    loss: str = "gr"  # the engine rows' loss (--loss); one that reads a prior gets a synthetic
-    # one (probe.bench_store.synthetic_prior); the plain and papers-style loops time GR only
+    loss: str = "gr"  # the engine rows' loss (a synthetic prior for one that reads a prior)
 
     def validate(self) -> None:
         for name, flag in (("n_train", "--rows"), ("dim", "--dim"), ("n_classes", "--classes"),
                            ("batch_size", "--batch-size"), ("epochs", "--epochs")):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise SpmlError(f"bench: {flag} must be a positive integer; got {plain(v)}")
+            if not is_int(getattr(self, name), 1):
+                raise SpmlError(f"bench: {flag} must be a positive integer; got "
+                                f"{plain(getattr(self, name))}")
         if self.n_train < 8:
             raise SpmlError(f"bench: --rows must be at least 8; got {self.n_train}")
         if self.batch_size > self.n_train:
-            raise SpmlError(
-                f"bench: --batch-size {self.batch_size} is larger than the train split "
-                f"(--rows {self.n_train})"
-            )
+            raise SpmlError(f"bench: --batch-size {self.batch_size} is larger than the train split "
+                            f"(--rows {self.n_train})")
         if self.compare_eager and resolve_device(self.device).type != "cuda":
             raise SpmlError(
                 f"bench: compare_eager (--compare-eager) needs a CUDA device; the bench runs on "
@@ -123,18 +100,11 @@ class BenchConfig:
             raise SpmlError(
                 "bench: compare_one_block (--compare-one-block) times the CPU's trial blocks; "
                 f"the bench runs on {resolve_device(self.device)} (pass --device cpu)")
-        from .losses import available
-
         if self.loss not in available():
             raise SpmlError(f"bench: --loss {self.loss} is not a registered loss; choose one of "
                             f"'spml losses list' (e.g. gr, gpr, vlpl, em)")
         if not self.trials or any(t < 1 for t in self.trials):
             raise SpmlError(f"bench: --trials must be positive integers; got {plain(self.trials)}")
-
-
-# --------------------------------------------------------------------------------------------
-# the synthetic COCO-shaped store
-# --------------------------------------------------------------------------------------------
 
 
 def _pool_rows_for(n_train: int) -> int:
@@ -146,22 +116,14 @@ def _pool_rows_for(n_train: int) -> int:
     return n
 
 
-def synthetic_store(
-    n_train: int = COCO_TRAIN_ROWS,
-    dim: int = 2048,
-    n_classes: int = 80,
-    *,
-    seed: int = 0,
-    cache_dir: str | Path | None = None,
-    progress: bool = True,
-) -> Path:
+def synthetic_store(n_train: int = COCO_TRAIN_ROWS, dim: int = 2048, n_classes: int = 80, *,
+                    seed: int = 0, cache_dir: str | Path | None = None,
+                    progress: bool = True) -> Path:
     """Path of a cached COCO-shaped synthetic store, built on first use.
 
-    Labels: class popularity follows a Zipf-like law, each image has 1 + Poisson(1.9)
-    positives (about COCO's 2.9 per image). Features: non-negative like pooled ReLU features,
-    ``relu(0.5·y·P + 0.5·noise)`` with random class prototypes P; flipped features add small
-    noise. float16, with flips; pool sized so that the protocol's split gives ``n_train`` train
-    rows, test rows in COCO's proportion.
+    Zipf-like class popularity, 1 + Poisson(1.9) positives per image (COCO's ~2.9); float16
+    features ``relu(0.5·y·P + 0.5·noise)`` with random class prototypes P, flips with a little
+    more noise; the protocol's split gives ``n_train`` train rows, test rows in COCO's proportion.
     """
     from probe.store import StoreError, open_store, write_feature_store
     from probe.store.index import DatasetIndex, Phase
@@ -201,21 +163,12 @@ def synthetic_store(
         pool=Phase(tuple(ids[:n_pool]), tuple(Path(i) for i in ids[:n_pool]), labels[:n_pool]),
         test=Phase(tuple(ids[n_pool:]), tuple(Path(i) for i in ids[n_pool:]), labels[n_pool:]),
     )
-    provenance = {
-        "backbone": "none (synthetic features)",
-        "weights": "none",
-        "transform": "none",
-        "source": f"probe.bench.synthetic_store v{SYNTHETIC_VERSION} seed {seed}",
-    }
+    provenance = {"backbone": "none (synthetic features)", "weights": "none", "transform": "none",
+                  "source": f"probe.bench.synthetic_store v{SYNTHETIC_VERSION} seed {seed}"}
     root.mkdir(parents=True, exist_ok=True)
     write_feature_store(path, index, feats, flips, provenance=provenance, dtype="float16",
                         overwrite=True, progress=progress)
     return path
-
-
-# --------------------------------------------------------------------------------------------
-# the plain PyTorch loop
-# --------------------------------------------------------------------------------------------
 
 
 class _Rows(torch.utils.data.Dataset):
@@ -235,17 +188,9 @@ class _Rows(torch.utils.data.Dataset):
         return x.float(), self.observed[i], i
 
 
-def plain_loop(
-    data: ProbeData,
-    loss_name: str = "gr",
-    hparams: dict[str, Any] | None = None,
-    *,
-    seed: int = 0,
-    lr: float = 1e-5,
-    epochs: int = 1,
-    batch_size: int = 16,
-    flip: bool = True,
-) -> tuple[nn.Linear, list[float]]:
+def plain_loop(data: ProbeData, loss_name: str = "gr", hparams: dict[str, Any] | None = None, *,
+               seed: int = 0, lr: float = 1e-5, epochs: int = 1, batch_size: int = 16,
+               flip: bool = True) -> tuple[nn.Linear, list[float]]:
     """The plain PyTorch program the engine must equal (probe.train's docstring): a
     ``DataLoader`` over the same arrays (sampler = the epoch's order, flips by row offset,
     ``drop_last``), ``nn.Linear`` seeded with ``torch.manual_seed(seed)``, ``torch.optim.Adam``,
@@ -316,16 +261,8 @@ def _papers_map(scores: np.ndarray, targets: np.ndarray) -> float:
     return 100.0 * float(np.mean(aps))
 
 
-def papers_loop(
-    data: ProbeData,
-    loss_name: str = "gr",
-    *,
-    seed: int = 0,
-    lr: float = 1e-5,
-    epochs: int = 1,
-    batch_size: int = 16,
-    workers: int = 2,
-) -> dict[str, Any]:
+def papers_loop(data: ProbeData, loss_name: str = "gr", *, seed: int = 0, lr: float = 1e-5,
+                epochs: int = 1, batch_size: int = 16, workers: int = 2) -> dict[str, Any]:
     """One trial trained and evaluated the way the SPML papers' code does it (module
     docstring (e)); returns per-epoch seconds of training and of the whole epoch, and mAPs."""
     n = data.n_train
@@ -377,15 +314,6 @@ def _seed_worker(seed: int, worker: int) -> None:
 
 def machine_info() -> dict[str, Any]:
     """What the figures depend on: CPU model and count, torch threads, load average."""
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:
@@ -394,13 +322,8 @@ def machine_info() -> dict[str, Any]:
         load = [round(v, 2) for v in os.getloadavg()]
     except OSError:
         load = []
-    return {"cpu": model, "cpus": cpus, "torch_threads": torch.get_num_threads(),
+    return {"cpu": cpu_model(), "cpus": cpus, "torch_threads": torch.get_num_threads(),
             "load_avg_1_5_15": load}
-
-
-# --------------------------------------------------------------------------------------------
-# measuring
-# --------------------------------------------------------------------------------------------
 
 
 class _PeakMemory:
@@ -449,11 +372,8 @@ class _PeakMemory:
 
 
 def run_bench(config: BenchConfig | None = None, *, progress: bool = True) -> dict[str, Any]:
-    """Measure (a)-(f) of the module docstring; returns the report (also the JSON).
-
-    Each row is timed alone: with ``config.isolate`` (the default) every configuration runs in
-    a fresh process of its own, so no row's timing depends on what ran before it (thread pools,
-    caches, allocator state, worker processes); the heads come back and are compared here."""
+    """Measure (a)-(f) of the module docstring, each row alone in a fresh process with
+    ``config.isolate``; returns the report (also the JSON)."""
     cfg = config or BenchConfig()
     cfg.validate()
     device = resolve_device(cfg.device)
@@ -488,16 +408,9 @@ def run_bench(config: BenchConfig | None = None, *, progress: bool = True) -> di
         if t == 1 and papers:
             rows.append(run(_papers_job, cfg, str(path))["row"])
     machine["after"] = machine_info()
-    return {
-        "config": asdict(cfg),
-        "store": store,
-        "environment": environment_info(device),
-        "machine": machine,
-        "rows": rows,
-        "ratios": _ratios(rows, cfg),
-        "equivalence_max_abs_diff_engine_vs_plain": equivalence,
-        "targets": TARGETS,
-    }
+    return {"config": asdict(cfg), "store": store, "environment": environment_info(device),
+            "machine": machine, "rows": rows, "ratios": _ratios(rows, cfg),
+            "equivalence_max_abs_diff_engine_vs_plain": equivalence, "targets": TARGETS}
 
 
 def _ratios(rows: list[dict[str, Any]], cfg: BenchConfig) -> dict[str, float]:
@@ -540,11 +453,6 @@ def _variants(cfg: BenchConfig, engine_row: dict[str, Any]) -> list[str]:
     return out + ["engine_compiled"] * cfg.compare_compiled
 
 
-# --------------------------------------------------------------------------------------------
-# the timed jobs: each loads the store and times one configuration, alone in its process
-# --------------------------------------------------------------------------------------------
-
-
 def _run_job(job: Any, *args: Any, isolate: bool, threads: int) -> dict[str, Any]:
     """``job(*args)`` in a fresh spawned process (``isolate``) with this process's torch
     thread count, or here."""
@@ -554,19 +462,13 @@ def _run_job(job: Any, *args: Any, isolate: bool, threads: int) -> dict[str, Any
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_set_threads, initargs=(threads,)) as pool:
+                             initializer=torch.set_num_threads, initargs=(threads,)) as pool:
         return pool.submit(job, *args).result()
-
-
-def _set_threads(threads: int) -> None:
-    torch.set_num_threads(threads)
 
 
 def _bench_prior(cfg: BenchConfig, path: Path) -> str | None:
     """The synthetic prior the loss reads (None for a loss that reads none)."""
     from .bench_prior import synthetic_prior
-    from .losses import get_loss_class
-
     cls = get_loss_class(cfg.loss)
     if cls.prior is None:
         return None
@@ -585,8 +487,6 @@ def _stacked_hparams(loss: str, t: int) -> list[dict[str, Any]]:
     w_T in [2, 10], else the loss's first searched stackable one over its search range."""
     if t == 1:
         return [{}]
-    from .losses import get_loss_class
-
     specs = {s.name: s for s in get_loss_class(loss).hparam_specs if s.stackable and s.search}
     if "w_T" in specs:
         return [{"w_T": float(w)} for w in np.linspace(2.0, 10.0, t)]
@@ -612,32 +512,29 @@ def _engine_job(cfg: BenchConfig, path: str, t: int, method: str, progress: bool
         result = train_probe(data, pc, cfg.loss, hparams, progress=progress, speed=speed)
     heads = result.final_heads.to(device)
     blocks = result.timing.get("trial_blocks", [t])
-    plural, name = "s" if t > 1 else "", cfg.loss.upper()
+    trials = f"{t} stacked {cfg.loss.upper()} trial{'s' if t > 1 else ''}"
+    extra: dict[str, Any] = {"eval_seconds_val": None, "eval_seconds_test_once": None}
     if method == "engine_one_block":
-        row = _engine_row(result, mem, f"engine, {t} stacked {name} trials in one block",
-                          method, t, eval_seconds_val=None, eval_seconds_test_once=None,
-                          trial_blocks=blocks)
+        name = f"engine, {trials} in one block"
     elif method in ("engine_eager", "engine_compiled"):
         step = ("eager step (no CUDA graph)" if method == "engine_eager" else "compiled step "
-                f"({'torch.compile' if result.timing['compiled'] else 'not compiled: eager'})")
-        row = _engine_row(result, mem, f"engine, {step}, {t} stacked {name} trial{plural}",
-                          method, t, eval_seconds_val=None, eval_seconds_test_once=None,
-                          trial_blocks=blocks, compiled=result.timing["compiled"],
-                          cuda_graph=result.timing.get("cuda_graph"))
+                + ("(torch.compile)" if result.timing["compiled"] else "(not compiled: eager)"))
+        name = f"engine, {step}, {trials}"
+        extra.update(compiled=result.timing["compiled"], cuda_graph=result.timing["cuda_graph"])
     else:
         with torch.no_grad():  # what the engine evaluates: val every epoch, test once
-            t_eval = time.perf_counter()
-            evaluate_heads(data.val_x, data.val_labels.bool(), heads, 0.5)
-            val_s = time.perf_counter() - t_eval
-            t_eval = time.perf_counter()
-            evaluate_heads(data.test_x, data.test_labels.bool(), heads, 0.5)
-            test_s = time.perf_counter() - t_eval
+            for key, x, y in (("eval_seconds_val", data.val_x, data.val_labels),
+                              ("eval_seconds_test_once", data.test_x, data.test_labels)):
+                t_eval = time.perf_counter()
+                evaluate_heads(x, y.bool(), heads, 0.5)
+                extra[key] = time.perf_counter() - t_eval
         kind = "engine (CUDA graphs)" if result.timing.get("cuda_graph") else "engine"
         in_blocks = f" in {len(blocks)} blocks" if len(blocks) > 1 else ""
-        row = _engine_row(result, mem, f"{kind}, {t} stacked {name} trial{plural}{in_blocks}",
-                          "engine", t, eval_seconds_val=val_s, eval_seconds_test_once=test_s,
-                          step_threads=result.timing.get("step_threads"),
-                          cuda_graph=result.timing.get("cuda_graph"), trial_blocks=blocks)
+        name = f"{kind}, {trials}{in_blocks}"
+        extra.update(step_threads=result.timing.get("step_threads"),
+                     cuda_graph=result.timing.get("cuda_graph"))
+    row = _row(name, method, t, result.timing["train_seconds"], mem,
+               result.timing["steps_per_epoch"], **extra, trial_blocks=blocks)
     return {"row": row, "heads": heads.cpu().numpy()}
 
 
@@ -645,20 +542,12 @@ def _plain_job(cfg: BenchConfig, path: str) -> dict[str, Any]:
     """(a): the plain loop's row and its head as a stacked (1, D+1, C) array."""
     data, device = _job_data(cfg, path)
     with _PeakMemory(device) as mem:
-        head, plain_secs = plain_loop(data, "gr", seed=cfg.seed, lr=cfg.lr,
-                                      epochs=cfg.epochs, batch_size=cfg.batch_size)
-    w = torch.cat([head.weight.detach().T, head.bias.detach()[None]]).cpu()[None]
-    row = {
-        "name": "plain loop (DataLoader + nn.Linear + torch.optim.Adam), 1 GR trial",
-        "method": "plain", "trials": 1,
-        "sec_per_epoch_median": statistics.median(plain_secs),
-        "sec_per_epoch_per_trial": statistics.median(plain_secs),
-        "epoch_seconds": plain_secs, "eval_seconds_val": None,
-        "eval_seconds_test_once": None,
-        "steps_per_epoch": data.n_train // cfg.batch_size,
-        "peak_memory_bytes": mem.peak, "memory_at_start_bytes": mem.start,
-        "memory_kind": mem.kind,
-    }
+        head, secs = plain_loop(data, "gr", seed=cfg.seed, lr=cfg.lr, epochs=cfg.epochs,
+                                batch_size=cfg.batch_size)
+    w = from_linear(head).cpu()[None]
+    row = _row("plain loop (DataLoader + nn.Linear + torch.optim.Adam), 1 GR trial", "plain", 1,
+               secs, mem, data.n_train // cfg.batch_size, eval_seconds_val=None,
+               eval_seconds_test_once=None)
     return {"row": row, "heads": w.numpy()}
 
 
@@ -668,32 +557,21 @@ def _papers_job(cfg: BenchConfig, path: str) -> dict[str, Any]:
     with _PeakMemory(device) as mem:
         pl = papers_loop(data, "gr", seed=cfg.seed, lr=cfg.lr, epochs=cfg.epochs,
                          batch_size=cfg.batch_size, workers=cfg.papers_workers)
-    return {"row": {
-        "name": (f"papers-style loop ({cfg.papers_workers} DataLoader workers, mAP of "
-                 "3 splits/epoch), 1 trial"),
-        "method": "papers", "trials": 1,
-        "sec_per_epoch_median": statistics.median(pl["train_seconds"]),
-        "sec_per_epoch_per_trial": statistics.median(pl["train_seconds"]),
-        "epoch_seconds": pl["train_seconds"],
-        "whole_epoch_seconds": pl["epoch_seconds"],
-        "eval_seconds_val": None, "eval_seconds_test_once": None,
-        "maps": pl["maps"],
-        "steps_per_epoch": data.n_train // cfg.batch_size,
-        "peak_memory_bytes": mem.peak, "memory_at_start_bytes": mem.start,
-        "memory_kind": mem.kind,
-    }}
+    name = (f"papers-style loop ({cfg.papers_workers} DataLoader workers, mAP of 3 splits/epoch), "
+            "1 trial")
+    return {"row": _row(name, "papers", 1, pl["train_seconds"], mem,
+                        data.n_train // cfg.batch_size, whole_epoch_seconds=pl["epoch_seconds"],
+                        eval_seconds_val=None, eval_seconds_test_once=None, maps=pl["maps"])}
 
 
-def _engine_row(result: Any, mem: _PeakMemory, name: str, method: str, t: int,
-                **extra: Any) -> dict[str, Any]:
-    """A report row of one engine run of T stacked trials (``extra``: its own fields)."""
-    secs = result.timing["train_seconds"]
+def _row(name: str, method: str, t: int, secs: list[float], mem: _PeakMemory, steps: int,
+         **extra: Any) -> dict[str, Any]:
+    """A report row of one run of ``t`` trials (``extra``: its own fields)."""
     return {
         "name": name, "method": method, "trials": t,
         "sec_per_epoch_median": statistics.median(secs),
         "sec_per_epoch_per_trial": statistics.median(secs) / t,
-        "epoch_seconds": secs, **extra,
-        "steps_per_epoch": result.timing["steps_per_epoch"],
+        "epoch_seconds": secs, **extra, "steps_per_epoch": steps,
         "peak_memory_bytes": mem.peak, "memory_at_start_bytes": mem.start,
         "memory_kind": mem.kind,
     }

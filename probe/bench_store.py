@@ -1,21 +1,14 @@
 """``spml bench store``: how fast a COCO-sized feature store loads, and what its format costs.
 
-On the COCO-shaped synthetic store of ``spml bench probe`` (:func:`probe.bench.synthetic_store`:
-82,081 pool + 40,137 test rows × 2048 float16, with flips -- about 1 GB of features), after one
-untimed load that puts the files in the page cache, measures (medians over ``repeats``):
+On the COCO-shaped synthetic store of ``spml bench probe`` (about 1 GB of float16 features with
+flips), from the page cache, medians over ``repeats``:
 
-* ``load``: :meth:`probe.data.ProbeData.from_store` -- what ``spml probe`` and every study worker
-  do -- through the store's read path (probe.store.chunks: parallel chunk reads straight into the
-  (N, D+1) tensors, a CRC-32C check per chunk);
-* ``load_via_zarr``: the same tensors the way the store was read before (zarr decodes each chunk
-  into its own buffer and copies it out, then the train rows are gathered, then a bias column is
-  concatenated, then the flips are concatenated);
-* ``crc32c``: the checksum alone over all feature bytes, one thread (what the check costs);
-* the format's size: bytes on disk of the features, and zstd's ratio and decode speed measured on
-  ``zstd_chunks`` feature chunks (the trade docs/protocol.md "The feature store" states).
-
-The machine, thread count and load average are printed with the figures: on a shared machine the
-figures are noisy.
+* ``load``: :meth:`probe.data.ProbeData.from_store` through the store's read path (parallel chunk
+  reads straight into the tensors, a CRC-32C check per chunk);
+* ``load_via_zarr``: the same tensors through zarr's read path, gather and concatenation;
+* ``crc32c``: the checksum alone over all feature bytes, one thread;
+* the features' bytes on disk, and zstd's ratio and decode speed on ``zstd_chunks`` chunks (the
+  trade docs/protocol.md "The feature store" states).
 """
 
 from __future__ import annotations
@@ -54,10 +47,8 @@ def _load_via_zarr(path: Path) -> Any:
     return out, rows_of("features", store.split("val")), rows_of("features", store.split("test"))
 
 
-def run_store_bench(
-    *, repeats: int = 5, zstd_chunks: int = 8, cache_dir: str | Path | None = None,
-    progress: bool = True,
-) -> dict[str, Any]:
+def run_store_bench(*, repeats: int = 5, zstd_chunks: int = 8, cache_dir: str | Path | None = None,
+                    progress: bool = True) -> dict[str, Any]:
     """Measure what the module docstring lists; returns the report (also printed as JSON)."""
     import google_crc32c
     import torch
@@ -82,12 +73,7 @@ def run_store_bench(
 
     def timed(fn: Any) -> list[float]:
         fn()  # page cache, lazy imports
-        out = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t)
-        return out
+        return [_seconds(fn) for _ in range(repeats)]
 
     load = timed(lambda: ProbeData.from_store(path))
     via_zarr = timed(lambda: _load_via_zarr(path))
@@ -109,7 +95,6 @@ def run_store_bench(
     zstd_bytes = sum(len(Zstd(level=0).encode(np.ascontiguousarray(sample[r : r + block])))
                      for r in range(0, rows, block))
     zstd_read = timed(lambda: z[:])
-    sample_mb = sample.nbytes / 1e6
     return {
         "machine": {"platform": platform.platform(), "cpu": platform.processor()
                     or platform.machine(), "cpus": os.cpu_count(),
@@ -117,20 +102,20 @@ def run_store_bench(
         "store": {"path": str(path), "rows": store.n_rows, "dim": store.feature_dim,
                   "dtype": store.dtype, "flip": store.has_flip,
                   "checksummed": not report_v.unchecksummed},
-        "repeats": repeats,
-        "load_s": statistics.median(load),
-        "load_all_s": load,
-        "load_via_zarr_s": statistics.median(via_zarr),
-        "load_via_zarr_all_s": via_zarr,
-        "same_tensors": same,
-        "load_gb_per_s": raw_bytes / 1e9 / statistics.median(load),
-        "crc32c_s": statistics.median(crc),
-        "features_disk_bytes": feature_bytes,
-        "features_raw_bytes": raw_bytes,
-        "zstd_sample_chunks": zstd_chunks,
+        "repeats": repeats, "load_s": statistics.median(load), "load_all_s": load,
+        "load_via_zarr_s": statistics.median(via_zarr), "load_via_zarr_all_s": via_zarr,
+        "same_tensors": same, "load_gb_per_s": raw_bytes / 1e9 / statistics.median(load),
+        "crc32c_s": statistics.median(crc), "features_disk_bytes": feature_bytes,
+        "features_raw_bytes": raw_bytes, "zstd_sample_chunks": zstd_chunks,
         "zstd_size_ratio": zstd_bytes / sample.nbytes,
-        "zstd_read_mb_per_s": sample_mb / statistics.median(zstd_read),
+        "zstd_read_mb_per_s": sample.nbytes / 1e6 / statistics.median(zstd_read),
     }
+
+
+def _seconds(fn: Any) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
 
 
 def format_store_report(r: dict[str, Any]) -> str:

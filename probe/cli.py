@@ -6,7 +6,6 @@ import argparse
 import dataclasses
 import json
 import sys
-import textwrap
 
 from probe.errors import SpmlError
 from probe.progress import plural
@@ -17,6 +16,7 @@ from .cliargs import (
     add_priors_argument,
     parse_ints,
     parse_sets,
+    wrap,
 )
 
 
@@ -126,11 +126,6 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
     _register_probe(sub, bench)
 
 
-# --------------------------------------------------------------------------------------------
-# spml probe / spml bench probe (thin layers over probe.train, probe.knn and probe.bench; those
-# modules are imported when a command runs)
-# --------------------------------------------------------------------------------------------
-
 _PROBE_EPILOG = """\
 examples:
   spml probe yeast.zarr --loss an
@@ -175,10 +170,11 @@ def _print_result(result, stacked_keys: list[str]) -> None:
     for tr in result.trials:
         settings = {**tr.hparams, "lr": tr.lr, "weight_decay": tr.weight_decay}
         b = tr.best
+        low, high = b.get("test_map_low"), b.get("test_map_high")
         rows.append([str(tr.trial), str(tr.seed), *[f"{settings.get(k)}" for k in stacked_keys],
                      "-" if tr.best_epoch is None else str(tr.best_epoch),
                      *(f"{b[k]:.2f}" if k in b else "-" for k in ("val_map", "test_map")),
-                     _interval_text(b),
+                     "-" if low is None or high is None else f"[{low:.2f}, {high:.2f}]",
                      *(f"{b[k]:.2f}" if k in b else "-" for k in ("test_OF1", "test_CF1"))])
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
     print("  ".join(c.rjust(w) for c, w in zip(cols, widths)))
@@ -197,20 +193,18 @@ def _print_result(result, stacked_keys: list[str]) -> None:
               f"epoch at the last one, so they may not have converged; {ADVICE}")
 
 
-def _interval_text(best: dict) -> str:
-    """``[low, high]`` of the test mAP's bootstrap interval, or ``-`` when none was computed."""
-    low, high = best.get("test_map_low"), best.get("test_map_high")
-    if low is None or high is None:
-        return "-"
-    return f"[{low:.2f}, {high:.2f}]"
-
-
 def _cmd_probe(args: argparse.Namespace) -> int:
-    from .config import ProbeConfig
+    from .config import TRAINER_KEYS, ProbeConfig
     from .data import ProbeData
     from .evaluate import evaluate_head
-    from .results import load_head, save_head
+    from .intervals import head_intervals, prefetch_bootstrap_counts
+    from .io import check_writable
+    from .knn import run_knn
+    from .losses import check_hparams, get_loss_class
+    from .results import from_linear, load_head, save_head, write_json_atomic
+    from .speed import SpeedOptions
     from .train import train_probe
+    from .trials import check_prior_request
 
     config = ProbeConfig(
         batch_size=args.batch_size, lr=args.lr, epochs=args.epochs,
@@ -222,15 +216,11 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         drop_last=not args.no_drop_last, use_presets=not args.no_presets,
         test_intervals=args.intervals, priors=args.priors,
     )
-    from .speed import SpeedOptions
-
     speed = SpeedOptions(step_threads=args.step_threads, trial_block=args.trial_block)
     speed.validate()
     if args.intervals < 0:
         raise SpmlError(f"--intervals must be >= 0 (bootstrap resamples; 0 = none); got "
                          f"{args.intervals}")
-    from .io import check_writable
-
     for flag, path in (("--json", args.json), ("--save-head", args.save_head)):
         if path:  # refused now, not after the training
             check_writable(path, flag)
@@ -242,12 +232,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         scores = evaluate_head(data, head.to(data.device))
         ci = ""
         if args.intervals > 0:
-            import torch
-
-            from .intervals import head_intervals
-
-            w = torch.cat([head.weight.detach().T, head.bias.detach()[None]])[None]
-            (iv,) = head_intervals(data.test_x, data.test_labels, w,
+            (iv,) = head_intervals(data.test_x, data.test_labels, from_linear(head)[None],
                                    n_resamples=args.intervals).intervals
             scores.update(test_map_low=iv.low, test_map_high=iv.high)
             ci = f" [{iv.low:.2f}, {iv.high:.2f}]"
@@ -256,37 +241,30 @@ def _cmd_probe(args: argparse.Namespace) -> int:
               f"{ci}, "
               f"test OF1 {scores['test_OF1']:.2f}, CF1 {scores['test_CF1']:.2f}")
         if args.json:
-            from .results import write_json_atomic
-
             write_json_atomic(args.json, {"head": str(args.eval_head), "meta": meta, **scores})
         return 0
     trials, seeds = _trials_from_args(args)
     if args.loss != "knn":  # name bad hyperparameters before a large store is loaded
-        from .config import TRAINER_KEYS
-        from .losses import check_hparams, get_loss_class
-
         cls = get_loss_class(args.loss)
         for t in trials:
             check_hparams(cls.hparam_specs, {k: v for k, v in t.items()
                                              if k not in TRAINER_KEYS}, cls.name)
+        check_prior_request(cls, args.priors)  # a missing or unwanted --priors: before loading
+    elif args.priors is not None:
+        raise SpmlError(f"the kNN baseline uses no prior, but --priors {args.priors} was given; "
+                        "drop --priors")
     if seeds is not None:
         config = dataclasses.replace(config, seeds=seeds)
         config.validate()
-        from .trials import check_prior_request  # a missing or unwanted --priors: before
-        check_prior_request(cls, args.priors)       # the store is loaded
     data = ProbeData.from_store(args.store, device=args.device,
                                 observed_seed=args.observed_seed, flip=not args.no_flip,
                                 priors=args.priors)
     if args.loss == "knn":
-        from .knn import run_knn
-
         if args.save_head:
             raise SpmlError("--save-head: the kNN baseline has no trained head")
         result = run_knn(data, config, trials, backend=args.knn_backend)
     else:
         if args.intervals > 0:  # the resamples are drawn on a thread while training runs
-            from .intervals import prefetch_bootstrap_counts
-
             prefetch_bootstrap_counts(data.test_x.shape[0], args.intervals)
         result = train_probe(data, config, args.loss, trials, progress=not args.quiet,
                              speed=speed)
@@ -318,7 +296,10 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_probe(args: argparse.Namespace) -> int:
+    import torch
+
     from .bench import BenchConfig, format_report, run_bench
+    from .results import versioned, write_json_atomic
 
     trials = tuple(parse_ints(args.trials, "--trials") or ())
     config = BenchConfig(
@@ -330,19 +311,13 @@ def _cmd_bench_probe(args: argparse.Namespace) -> int:
         isolate=not args.in_process, loss=args.loss,
     )
     if args.threads is not None:
-        import torch
-
         if args.threads < 1:
             raise SpmlError(f"--threads must be >= 1; got {args.threads}")
         torch.set_num_threads(args.threads)
     report = run_bench(config, progress=not args.quiet)
     print(format_report(report))
-    from .results import versioned
-
     print(json.dumps(versioned(report), indent=1))
     if args.json:
-        from .results import write_json_atomic
-
         write_json_atomic(args.json, report)
     return 0
 
@@ -361,12 +336,11 @@ def _register_probe(sub: argparse._SubParsersAction, bench: argparse._SubParsers
     p = sub.add_parser(
         "probe",
         help="train linear heads on a feature store with an SPML loss (many trials at once)",
-        description=textwrap.fill(
+        description=wrap(
             "Train T linear heads (trials) with one SPML loss on a feature store, all at once on "
             "the device, evaluating val mAP (and OF1/CF1) after every epoch; the best epoch of "
             "each trial is chosen on val and test is measured once on its head. Prints one line "
-            "per trial.", width=88
-        ),
+            "per trial."),
         epilog=_PROBE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -423,17 +397,14 @@ def _register_probe(sub: argparse._SubParsersAction, bench: argparse._SubParsers
                    help="run the training step through torch.compile (fused kernels; equal to "
                    "the eager step to float rounding; the eager step where it cannot apply)")
     g.add_argument("--trial-block", type=int, default=None, metavar="N",
-                   help="CPU: train the stacked trials in blocks of N, one block after the "
-                   "other through each epoch, so that a block's heads and Adam state stay in "
-                   "cache (the same heads as one block). Default: sized to the cache (8 "
-                   "COCO-sized heads; all small ones); 0: one block")
+                   help="CPU: train the stacked trials in blocks of N, one after the other, so "
+                   "that a block's heads and Adam state stay in cache (the same heads). Default: "
+                   "sized to the cache; 0: one block")
     g.add_argument("--step-threads", type=int, default=None, metavar="N",
-                   help="CPU: threads of the training steps (a speed setting: the heads agree to "
-                   "float rounding on any number). "
-                   "Default: one thread, or torch's setting where a measurement made once per "
-                   "machine and step shape found it clearly faster (remembered in "
-                   "$SPML_CACHE_DIR or ~/.cache/spml-probe/step-threads.json; delete the file "
-                   "to measure again)")
+                   help="CPU: threads of the training steps (the heads agree to float rounding "
+                   "on any number). Default: one, or torch's setting where measured clearly "
+                   "faster once per machine and step shape (remembered in $SPML_CACHE_DIR or "
+                   "~/.cache/spml-probe/step-threads.json; delete it to measure again)")
     g.add_argument("--json", metavar="PATH",
                    help="write config, per-epoch metrics and the best epoch of every trial")
     g.add_argument("--save-head", metavar="PATH", help="save the best-epoch heads (torch file)")
@@ -456,13 +427,11 @@ def _register_bench_probe(bench: argparse._SubParsersAction) -> None:
     b = bench.add_parser(
         "probe",
         help="seconds per epoch of the probe engine vs a plain PyTorch loop; T stacked trials",
-        description=textwrap.fill(
+        description=wrap(
             "On a COCO-shaped synthetic store (built once and cached) measure (a) one GR trial "
             "at batch size 16 with Adam, engine vs a plain DataLoader + nn.Linear + "
             "torch.optim.Adam loop with the same semantics, (b) T stacked trials, (c) peak "
-            "memory. Medians over the measured epochs; printed as a table, then as JSON.",
-            width=88,
-        ),
+            "memory. Medians over the measured epochs; printed as a table, then as JSON."),
         epilog=(
             "examples:\n  spml bench probe\n  spml bench probe --trials 1,8 --epochs 2 "
             "--threads 2\n  spml bench probe --rows 2000 --dim 256 --epochs 1 --json b.json\n\n"
@@ -501,15 +470,8 @@ def _register_bench_probe(bench: argparse._SubParsersAction) -> None:
     b.add_argument("--compare-one-block", action="store_true",
                    help="CPU: also time each configuration that trains in trial blocks (spml "
                    "probe --trial-block) as one block, its heads compared with the blocks'")
-    b.add_argument("--in-process", action="store_true",
-                   help="time every configuration in this process, one after the other "
-                   "(default: each alone in a fresh process, so the rows do not disturb each "
-                   "other)")
-    b.add_argument("--cache-dir",
-                   help="where the synthetic store is cached (default: $SPML_CACHE_DIR or "
-                   "~/.cache/spml-probe)")
     b.add_argument("--json", metavar="PATH", help="also write the JSON report to PATH")
-    b.add_argument("--quiet", action="store_true", help="no progress bars")
+    _add_bench_options(b)
     b.set_defaults(func=_cmd_bench_probe)
 
 
@@ -517,13 +479,11 @@ def _register_bench_store(bench: argparse._SubParsersAction) -> None:
     b = bench.add_parser(
         "store",
         help="seconds to load a COCO-sized store from the page cache; what its format costs",
-        description=textwrap.fill(
+        description=wrap(
             "On the COCO-shaped synthetic store of 'spml bench probe' (built once and cached), "
             "time ProbeData.from_store (what spml probe and every study worker do) against the "
             "previous zarr read path, the CRC-32C check alone, and zstd's size and decode speed "
-            "on a few chunks. Medians; machine and load average printed; then JSON.",
-            width=88,
-        ),
+            "on a few chunks. Medians; machine and load average printed; then JSON."),
         epilog="examples:\n  spml bench store\n  spml bench store --repeats 9\n\n"
         "Target (docs/protocol.md \"The feature store\"): <= 1 s from the page cache.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -531,6 +491,12 @@ def _register_bench_store(bench: argparse._SubParsersAction) -> None:
     b.add_argument("--repeats", type=int, default=5, help="timed loads (default: 5)")
     b.add_argument("--zstd-chunks", type=int, default=8,
                    help="feature chunks compressed to measure zstd (default: 8)")
+    _add_bench_options(b)
+    b.set_defaults(func=_cmd_bench_store)
+
+
+def _add_bench_options(b: argparse.ArgumentParser) -> None:
+    """The options ``spml bench probe`` and ``spml bench store`` share."""
     b.add_argument("--in-process", action="store_true",
                    help="time every configuration in this process, one after the other "
                    "(default: each alone in a fresh process, so the rows do not disturb each "
@@ -539,4 +505,3 @@ def _register_bench_store(bench: argparse._SubParsersAction) -> None:
                    help="where the synthetic store is cached (default: $SPML_CACHE_DIR or "
                    "~/.cache/spml-probe)")
     b.add_argument("--quiet", action="store_true", help="no progress bars")
-    b.set_defaults(func=_cmd_bench_store)

@@ -15,41 +15,19 @@ from probe.errors import SpmlError, plain
 
 from .store.protocol import PROTOCOL_SEED
 
-__all__ = [
-    "DEVICE_HELP",
-    "Parser",
-    "add_device_argument",
-    "add_observed_seed_argument",
-    "add_priors_argument",
-    "add_seeds_argument",
-    "add_trials_at_once_argument",
-    "parse_assignments",
-    "parse_floats",
-    "parse_ints",
-    "parse_names",
-    "parse_seeds",
-    "parse_sets",
-    "parse_value",
-    "wrap",
-]
+__all__ = ["DEVICE_HELP", "Parser", "add_device_argument", "add_observed_seed_argument",
+           "add_priors_argument", "add_seeds_argument", "add_trials_at_once_argument",
+           "parse_assignments", "parse_floats", "parse_ints", "parse_names", "parse_seeds",
+           "parse_sets", "parse_value", "wrap"]
 
 DEVICE_HELP = "auto (default: CUDA when available, else CPU) | cpu | cuda | cuda:N"
-SEEDS_HELP = (
-    f"single-positive draws to store, comma list (default: {PROTOCOL_SEED}, the literature's; "
-    "docs/protocol.md step 2 re-run with each seed gives other draws for multi-seed "
-    "confirmation)"
-)
 
 
 class Parser(argparse.ArgumentParser):
-    """Every ``spml`` parser: an option is taken only as spelled, never by a prefix
-    (``allow_abbrev=False``: ``probe --batch`` is an error, not ``--batch-size``). Sub-parsers
-    made by ``add_subparsers().add_parser`` are of this class too (argparse makes them of the
-    parent's class).
-
-    A mistyped option is refused by the parser of the command it was given to (its usage, not
-    the top-level one), with the nearest spelling it takes (``did you mean '--epochs'?``); a
-    mistyped command gets the same suggestion among the commands.
+    """Every ``spml`` parser (sub-parsers too): an option is taken only as spelled, never by a
+    prefix (``probe --batch`` is an error, not ``--batch-size``). A mistyped option or command
+    is refused by the parser it was given to, with the nearest spelling it takes (``did you
+    mean '--epochs'?``).
     """
 
     def __init__(self, *args, **kwargs) -> None:
@@ -130,11 +108,6 @@ def wrap(*paragraphs: str) -> str:
     return "\n\n".join(textwrap.fill(p, width=88) for p in paragraphs)
 
 
-# --------------------------------------------------------------------------------------------
-# value parsers
-# --------------------------------------------------------------------------------------------
-
-
 def parse_value(text: str) -> object:
     """A command-line value: true/false → bool, none/null → None, then int, float, else str."""
     low = text.strip().lower()
@@ -171,37 +144,31 @@ def parse_assignments(items: list[str] | None, option: str = "--set") -> dict[st
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
             raise SpmlError(
-                f"{option} expects NAME=VALUE (e.g. {option} alpha=0.2); got {plain(item)}"
-            )
+                f"{option} expects NAME=VALUE (e.g. {option} alpha=0.2); got {plain(item)}")
         out[name.strip()] = parse_value(value)
     return out
 
 
 def parse_ints(text: str | None, flag: str) -> list[int] | None:
     """``"0,1,2"`` → ``[0, 1, 2]``; None stays None; errors name ``flag``."""
-    if text is None:
-        return None
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise SpmlError(f"{flag} must be a comma list of integers, e.g. 0,1,2; got {plain(text)}")\
-            from None
-    if not values:
-        raise SpmlError(f"{flag} needs at least one integer; got {plain(text)}")
-    return values
+    return _parse_list(text, flag, int, "integers", "0,1,2")
 
 
 def parse_floats(text: str | None, flag: str) -> list[float] | None:
     """``"0.2,0.5"`` → ``[0.2, 0.5]``; None stays None; errors name ``flag``."""
+    return _parse_list(text, flag, float, "numbers", "0.2,0.5,1")
+
+
+def _parse_list(text: str | None, flag: str, conv: type, what: str, example: str) -> list | None:
     if text is None:
         return None
     try:
-        values = [float(v) for v in text.split(",") if v.strip()]
+        values = [conv(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise SpmlError(f"{flag} must be a comma list of numbers, e.g. 0.2,0.5,1; got "
-                         f"{plain(text)}") from None
+        raise SpmlError(f"{flag} must be a comma list of {what}, e.g. {example}; got "
+                        f"{plain(text)}") from None
     if not values:
-        raise SpmlError(f"{flag} needs at least one number; got {plain(text)}")
+        raise SpmlError(f"{flag} needs at least one {what[:-1]}; got {plain(text)}")
     return values
 
 
@@ -218,18 +185,11 @@ def parse_seeds(text: str, flag: str = "--seeds") -> list[int]:
     try:
         seeds = [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
-        raise SpmlError(
-            f"{flag} must be integers separated by commas, e.g. {PROTOCOL_SEED},1,2; "
-            f"got {plain(text)}"
-        ) from None
+        raise SpmlError(f"{flag} must be integers separated by commas, e.g. {PROTOCOL_SEED},1,2; "
+                        f"got {plain(text)}") from None
     if not seeds or any(s < 0 or s >= 2**32 for s in seeds):
         raise SpmlError(f"{flag} needs integers in [0, 2**32); got {plain(text)}")
     return seeds
-
-
-# --------------------------------------------------------------------------------------------
-# options many commands take
-# --------------------------------------------------------------------------------------------
 
 
 def add_device_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
@@ -265,8 +225,11 @@ def add_priors_argument(parser: argparse.ArgumentParser | argparse._ArgumentGrou
 
 def add_seeds_argument(parser: argparse.ArgumentParser) -> None:
     """``--seeds``: the single-positive draws a new store gets."""
-    parser.add_argument("--seeds", default=str(PROTOCOL_SEED), metavar="S1,S2,...",
-                        help=SEEDS_HELP)
+    parser.add_argument(
+        "--seeds", default=str(PROTOCOL_SEED), metavar="S1,S2,...",
+        help=f"single-positive draws to store, comma list (default: {PROTOCOL_SEED}, the "
+        "literature's; docs/protocol.md step 2 re-run with each seed gives other draws for "
+        "multi-seed confirmation)")
 
 
 def add_trials_at_once_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup,

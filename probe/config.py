@@ -1,12 +1,9 @@
 """Training settings: the one place that decides what a run trains with.
 
 :class:`ProbeConfig` holds a probe run's settings; :func:`resolve_training` turns "not given"
-into the value a run uses -- the loss's paper preset for the dataset (with the head-lr rule of
-the papers whose released code trains the head faster than the backbone), else the generic
-Cole et al. setting -- for the probe and for the end-to-end fine-tune alike; :func:`loss_hparams`
-resolves a trial's loss hyperparameters (defaults < paper preset < given, then the values the
-dataset decides, e.g. EPR/ROLE's k). The probe, studies, confirm, analyses, the report and the
-fine-tune all call these, so they never disagree about what a setting means.
+into the value a run uses (the loss's paper preset for the dataset, else the generic Cole et al.
+setting), for the probe and the fine-tune alike; :func:`loss_hparams` resolves a trial's loss
+hyperparameters (defaults < paper preset < given, then the values the dataset decides).
 """
 
 from __future__ import annotations
@@ -16,32 +13,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from probe.errors import SpmlError, plain
+from probe.errors import SpmlError, is_int, plain
 
 from .losses._base import HParam, Loss, check_hparam, check_hparams
 from .losses.assume_negative import EXPECTED_POSITIVES
 from .optim import OPTIMIZERS
 from .store.protocol import DATASET_CLASSES, PROTOCOL_SEED
 
-__all__ = [
-    "CONFIG_FLAGS",
-    "GENERIC_FINETUNE",
-    "GENERIC_TRAINING",
-    "TRAINER_KEYS",
-    "ProbeConfig",
-    "ProbeConfigError",
-    "TrainingSettings",
-    "check_dataset_classes",
-    "loss_hparams",
-    "resolve_training",
-]
+__all__ = ["CONFIG_FLAGS", "GENERIC_FINETUNE", "GENERIC_TRAINING", "TRAINER_KEYS", "ProbeConfig",
+           "ProbeConfigError", "TrainingSettings", "check_dataset_classes", "loss_hparams",
+           "resolve_training"]
 
 #: trial keys that belong to the trainer, not the loss (per-trial learning rate / weight decay)
 TRAINER_KEYS = ("lr", "weight_decay")
-#: Cole et al.'s ``linear_fixed_features`` setting (``train.py``/``config.py`` of
-#: elijahcole/single-positive-multi-label): Adam, 25 epochs; their search over bs {8, 16} ×
-#: lr {1e-2 … 1e-5} picked bs 8, lr 1e-4 for AN-LS on every dataset. Used by the probe when
-#: neither the run nor the loss's ``train_presets`` for the dataset give a value.
+#: Cole et al.'s ``linear_fixed_features`` setting (elijahcole/single-positive-multi-label):
+#: Adam, 25 epochs, bs 8, lr 1e-4 (their search's pick for AN-LS on every dataset); the probe's
+#: setting where neither the run nor the loss's ``train_presets`` give a value.
 GENERIC_TRAINING: dict[str, Any] = {"batch_size": 8, "lr": 1e-4, "epochs": 25}
 #: The fine-tune's setting for a (loss, dataset) pair without paper values in
 #: ``train_presets``: Cole et al.'s end-to-end runs are 10 epochs with Adam (their train.py),
@@ -86,21 +73,17 @@ class ProbeConfig:
     betas: tuple[float, float] = (0.9, 0.999)  # torch.optim.Adam's defaults, used by the papers
     eps: float = 1e-8  # torch.optim.Adam's default
     seed: int = 0  # init + batch order of every trial when `seeds` is not given
-    seeds: tuple[int, ...] | None = None  # one seed per trial (trials with equal seeds share
-    # their batch order, which is the fast path)
+    seeds: tuple[int, ...] | None = None  # one seed per trial (equal seeds share batch order)
     flip: bool = True  # docs/protocol.md step 6: random horizontal flip, if the store has flips
     labels: str = "observed"  # train on the single positives; "full" = the full-label oracle
     val_labels: str = "clean"  # docs/protocol.md step 4: val is clean by default; or "observed"
     observed_seed: int = PROTOCOL_SEED  # docs/protocol.md step 2: the literature's draw
     device: str = "auto"  # CUDA when available, else CPU
     eval_every: int = 1  # evaluate every epoch (best-epoch selection); 0 = never (benchmarks)
-    test_curve: bool = False  # test is measured once, on each best-val head; True also
-    # measures it every evaluated epoch (the per-epoch test curve; same reported figures)
-    eval_init: bool = False  # also evaluate the untrained heads (TrialResult.init); off: it is
-    # a full val+test pass that nothing reports by default
+    test_curve: bool = False  # also measure test every evaluated epoch (same reported figures)
+    eval_init: bool = False  # also evaluate the untrained heads (TrialResult.init)
     test_intervals: int = 0  # bootstrap resamples for a 95% interval of each trial's test mAP
-    # (probe.intervals; seed 0), computed on the logits of the final test pass; 0 = none, as
-    # a study's trials need none (`spml probe` asks for 1000)
+    # (probe.intervals); 0 = none (`spml probe` asks for 1000)
     drop_last: bool = True  # Cole et al.'s train DataLoader drops the last partial batch
     use_presets: bool = True  # start from loss.presets[dataset] where the paper gives values
     f1_threshold: float = 0.5  # docs/protocol.md step 5: OF1/CF1 at probability 0.5
@@ -110,19 +93,17 @@ class ProbeConfig:
     # an H100). None: wherever the step can be captured; True: required; False: never
     compile: bool = False  # run the step through torch.compile (inductor) where it can
     # (StackedTrainer.compile_unavailable says why not, and the eager step runs)
-    priors: str | None = None  # the store prior (docs/priors.md) a loss with Loss.prior reads:
-    # the data must carry it (probe.load_store(..., priors=NAME)); refused for other losses
+    priors: str | None = None  # the store prior a loss with Loss.prior reads (docs/priors.md)
 
     def validate(self) -> None:
         """Raise :class:`ProbeConfigError` naming the first bad setting."""
         def bad(name: str, want: str) -> ProbeConfigError:
-            got = getattr(self, name)
             return ProbeConfigError(f"{CONFIG_FLAGS.get(name, name)} must be {want}; got "
-                                    f"{plain(got)}")
+                                    f"{plain(getattr(self, name))}")
 
         for name in ("batch_size", "epochs"):
             v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            if v is not None and not is_int(v, 1):
                 raise bad(name, "a positive integer (or left out for the loss's paper setting)")
         lr = self.lr
         if lr is not None and not (isinstance(lr, int | float) and 0 < lr < math.inf):
@@ -137,15 +118,12 @@ class ProbeConfig:
             raise bad("labels", "'observed' (single positives) or 'full' (oracle)")
         if self.val_labels not in ("clean", "observed"):
             raise bad("val_labels", "'clean' (full labels) or 'observed' (single positives)")
-        if isinstance(self.eval_every, bool) or not isinstance(self.eval_every, int) or (
-            self.eval_every < 0
-        ):
+        if not is_int(self.eval_every, 0):
             raise bad("eval_every", "an integer >= 0 (0 = never evaluate)")
         for name in ("test_curve", "eval_init"):
             if not isinstance(getattr(self, name), bool):
                 raise bad(name, "true or false")
-        ti = self.test_intervals
-        if isinstance(ti, bool) or not isinstance(ti, int) or ti < 0:
+        if not is_int(self.test_intervals, 0):
             raise bad("test_intervals", "an integer >= 0 (bootstrap resamples; 0 = none)")
         if self.cuda_graph is not None and not isinstance(self.cuda_graph, bool):
             raise bad("cuda_graph", "unset (wherever the step can be captured), true or false")
@@ -154,16 +132,11 @@ class ProbeConfig:
         if not 0 < self.f1_threshold < 1:
             raise bad("f1_threshold", "a probability in (0, 1)")
         for s in [self.seed, *(self.seeds or ())]:
-            if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2**32:
+            if not is_int(s, 0) or s >= 2**32:
                 raise ProbeConfigError(f"--seed and --trials-seeds must be integers in [0, 2**32); "
                                        f"got {plain(s)}")
         if self.seeds is not None and len(self.seeds) == 0:
             raise bad("seeds", "a non-empty comma list of integers")
-
-
-# --------------------------------------------------------------------------------------------
-# batch size, learning rate, epochs
-# --------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -182,23 +155,13 @@ class TrainingSettings:
 
     def to_dict(self) -> dict[str, Any]:
         """``batch_size, lr, epochs`` and ``<key>_from`` (what the results files record)."""
-        out: dict[str, Any] = {"batch_size": self.batch_size, "lr": self.lr,
-                               "epochs": self.epochs}
-        out.update({f"{k}_from": v for k, v in self.sources.items()})
-        return out
+        return {"batch_size": self.batch_size, "lr": self.lr, "epochs": self.epochs,
+                **{f"{k}_from": v for k, v in self.sources.items()}}
 
 
-
-def resolve_training(
-    cls: type[Loss] | None,
-    dataset: str,
-    *,
-    batch_size: int | None = None,
-    lr: float | None = None,
-    epochs: int | None = None,
-    use_presets: bool = True,
-    mode: str = "probe",
-) -> TrainingSettings:
+def resolve_training(cls: type[Loss] | None, dataset: str, *, batch_size: int | None = None,
+                     lr: float | None = None, epochs: int | None = None, use_presets: bool = True,
+                     mode: str = "probe") -> TrainingSettings:
     """Batch size, learning rate and epochs of a run: the given value, else the loss's paper
     preset for ``dataset`` (``cls.train_presets``), else the generic setting of ``mode``
     (:data:`GENERIC_TRAINING` for ``"probe"``, :data:`GENERIC_FINETUNE` for ``"finetune"``).
@@ -231,11 +194,6 @@ def resolve_training(
                             int(values["epochs"]), mult if mode == "finetune" else 1.0, sources)
 
 
-# --------------------------------------------------------------------------------------------
-# loss hyperparameters
-# --------------------------------------------------------------------------------------------
-
-
 def check_dataset_classes(dataset: str, n_classes: int, what: str) -> None:
     """A store that names a benchmark dataset must have its class count (presets assume it)."""
     known = DATASET_CLASSES.get(dataset)
@@ -243,29 +201,19 @@ def check_dataset_classes(dataset: str, n_classes: int, what: str) -> None:
         raise ProbeConfigError(
             f"the data says dataset '{dataset}' but has {n_classes} classes, while {what} for "
             f"'{dataset}' assume its {known} classes; fix the store's dataset name, or pass "
-            "--no-presets and set the values yourself"
-        )
+            "--no-presets and set the values yourself")
 
 
-def loss_hparams(
-    cls: type[Loss],
-    trials: Sequence[dict[str, Any]],
-    dataset: str,
-    n_classes: int,
-    val_cardinality: Callable[[], float],
-    *,
-    preset: str | None = None,
-) -> tuple[list[dict[str, Any]], list[str]]:
+def loss_hparams(cls: type[Loss], trials: Sequence[dict[str, Any]], dataset: str, n_classes: int,
+                 val_cardinality: Callable[[], float], *,
+                 preset: str | None = None) -> tuple[list[dict[str, Any]], list[str]]:
     """Each trial's full loss hyperparameters and notes on what the dataset decided.
 
-    Per trial: the signature defaults < the paper preset ``preset`` (a dataset name, or None for
-    none) < the trial's own values, validated (unknown names, ranges). Then each value left
-    None whose :class:`~probe.losses.HParam` names a ``from_data`` quantity
-    (:data:`probe.losses.DATA_QUANTITIES`) is filled from the data: ``expected_positives``
-    (EPR/ROLE's ``k``) = Cole et al.'s expected positives per image for a benchmark dataset,
-    else ``val_cardinality()`` (the val split's mean label count); ``val_cardinality``;
-    ``n_classes``; ``positive_fraction`` = expected positives / classes. Errors for an
-    ``expected_positives`` parameter above the class count.
+    Per trial: the signature defaults < the paper preset ``preset`` (a dataset name, or None)
+    < the trial's own values, validated. Each value left None whose
+    :class:`~probe.losses.HParam` names a ``from_data`` quantity is filled from the data
+    (:class:`_DataQuantities`: EPR/ROLE's ``k`` = Cole et al.'s expected positives per image
+    for a benchmark dataset, else ``val_cardinality()``, the val split's mean label count).
     """
     base = dict(cls.presets.get(preset, {})) if preset is not None else {}
     merged = [check_hparams(cls.hparam_specs, {**base, **t}, cls.name) for t in trials]
@@ -280,8 +228,7 @@ def loss_hparams(
             if spec.from_data is None:
                 raise ProbeConfigError(
                     f"{cls.name}: hyperparameter '{spec.name}' has no default and cannot be "
-                    f"derived from the data; set it (--set {spec.name}=VALUE)"
-                )
+                    f"derived from the data; set it (--set {spec.name}=VALUE)")
             values[spec.name], note = quantities.fill(spec)
             if note not in notes:
                 notes.append(note)
@@ -293,8 +240,7 @@ def loss_hparams(
             if isinstance(k, int | float) and k > n_classes:
                 raise ProbeConfigError(
                     f"{cls.name}: {spec.name}={k:g} expected positives per image, but the data "
-                    f"has only {n_classes} classes; {spec.name} must be at most the class count"
-                )
+                    f"has only {n_classes} classes; {spec.name} must be at most the class count")
     return merged, notes
 
 
@@ -342,8 +288,7 @@ class _DataQuantities:
             raise ProbeConfigError(
                 f"{self.loss}: needs {spec.name} (expected positives per image) and the val "
                 f"split has no positive label to estimate it from; set it "
-                f"(--set {spec.name}=VALUE)"
-            )
+                f"(--set {spec.name}=VALUE)")
         return value, "mean label cardinality of the val split"
 
     def _val_cardinality(self, spec: HParam) -> tuple[float, str]:

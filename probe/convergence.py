@@ -1,10 +1,8 @@
 """Did a trial converge? A best epoch that is the last one evaluated says it may not have.
 
-Model selection keeps the epoch with the best val mAP (docs/protocol.md step 5). When that is
-the *last* epoch evaluated, val mAP was still rising when training stopped: the reported test
-mAP is of a head that has not converged, and comparisons between losses then measure speed of
-learning as much as the losses. :func:`best_is_last` tells it from a val-mAP curve;
-:data:`ADVICE` is what the commands suggest.
+When the best val-mAP epoch (docs/protocol.md step 5) is the last one evaluated, val mAP was
+still rising: comparisons between losses then measure speed of learning as much as the losses.
+:func:`best_is_last` tells it from a val-mAP curve; :data:`ADVICE` is what the commands suggest.
 """
 
 from __future__ import annotations

@@ -4,13 +4,12 @@ docs/design.md "Probe training keeps everything on the device": features of trai
 flipped train features) and their labels are copied to the device when a :class:`ProbeData` is
 built; the trainer then forms every mini-batch by an index gather, never through a DataLoader.
 
-Layout choices (all documented because the trainer relies on them):
+Layout (the trainer relies on it):
 
-* Features keep the store's dtype (float16 by default: half the memory) and gain one trailing
-  column of ones, the bias input, so that a linear head is a single ``(T, D+1, C)`` tensor
-  (rows ``0..D-1`` = ``nn.Linear.weight.T``, row ``D`` = ``nn.Linear.bias``). Gathered rows are
-  converted to float32 before the matrix product, which is exact (float16 → float32 loses
-  nothing), so the result equals training on float32 copies of the same features.
+* Features keep the store's dtype (float16 by default) and gain one trailing column of ones, the
+  bias input, so that a linear head is a single ``(T, D+1, C)`` tensor (rows ``0..D-1`` =
+  ``nn.Linear.weight.T``, row ``D`` = ``nn.Linear.bias``); gathered rows are converted to float32
+  (exact) before the matrix product.
 * With flips, ``train_x`` holds ``2 N_train`` rows: the unflipped features, then the flipped
   ones; "flip sample i" is "read row ``i + N_train``" (docs/protocol.md step 6: for a frozen
   backbone a random horizontal flip is exactly picking the flipped or the unflipped feature vector).
@@ -47,22 +46,15 @@ def resolve_device(device: str | torch.device) -> torch.device:
     try:
         dev = torch.device(name)
     except RuntimeError:
-        raise DataError(
-            f"--device must be auto, cpu, cuda or cuda:N; got {name}"
-        ) from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise DataError(
-                f"--device {name}: this machine has no usable CUDA GPU (torch sees none); use "
-                "--device cpu or --device auto"
-            )
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise DataError(
-                f"--device {name}: this machine has CUDA devices 0 to "
-                f"{torch.cuda.device_count() - 1} only"
-            )
-    elif dev.type != "cpu":
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
         raise DataError(f"--device must be auto, cpu, cuda or cuda:N; got {name}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise DataError(f"--device {name}: this machine has no usable CUDA GPU (torch sees none); "
+                        "use --device cpu or --device auto")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise DataError(f"--device {name}: this machine has CUDA devices 0 to "
+                        f"{torch.cuda.device_count() - 1} only")
     return dev
 
 
@@ -152,24 +144,13 @@ class ProbeData:
         EPR / ROLE for datasets without a published value (docs/losses.md)."""
         return float(self.val_labels.float().sum(1).mean())
 
-    # ------------------------------------------------------------------------ constructors
     @classmethod
-    def from_arrays(
-        cls,
-        train: tuple[Any, Any],
-        val: tuple[Any, Any],
-        test: tuple[Any, Any],
-        *,
-        train_flip: Any | None = None,
-        train_observed: Any | None = None,
-        val_observed: Any | None = None,
-        class_names: list[str] | None = None,
-        dataset: str = "arrays",
-        device: str | torch.device = "cpu",
-        dtype: torch.dtype | None = None,
-        source: dict[str, Any] | None = None,
-        observed_seed: int = PROTOCOL_SEED,
-    ) -> ProbeData:
+    def from_arrays(cls, train: tuple[Any, Any], val: tuple[Any, Any], test: tuple[Any, Any], *,
+                    train_flip: Any | None = None, train_observed: Any | None = None,
+                    val_observed: Any | None = None, class_names: list[str] | None = None,
+                    dataset: str = "arrays", device: str | torch.device = "cpu",
+                    dtype: torch.dtype | None = None, source: dict[str, Any] | None = None,
+                    observed_seed: int = PROTOCOL_SEED) -> ProbeData:
         """Probe data from in-memory ``(features (N, D), labels (N, C) 0/1)`` pairs per split.
 
         ``train_flip``: flipped train features (same shape) or None. ``train_observed`` /
@@ -189,8 +170,7 @@ class ProbeData:
             if x.ndim != 2 or y.ndim != 2 or x.shape[0] != y.shape[0]:
                 raise DataError(
                     f"{name}: features must be (N, D) and labels (N, C) with the same N; got "
-                    f"features {tuple(x.shape)} and labels {tuple(y.shape)}"
-                )
+                    f"features {tuple(x.shape)} and labels {tuple(y.shape)}")
             if x.shape[0] == 0:
                 raise DataError(f"{name} split is empty: every split needs at least one row")
             if not np.isin(y, (0, 1)).all():
@@ -199,14 +179,11 @@ class ProbeData:
         dims = {n: x.shape[1] for n, x in xs.items()}
         classes = {n: y.shape[1] for n, y in ys.items()}
         if len(set(dims.values())) != 1 or len(set(classes.values())) != 1:
-            raise DataError(
-                f"splits disagree: feature dims {dims}, class counts {classes}"
-            )
+            raise DataError(f"splits disagree: feature dims {dims}, class counts {classes}")
         if train_flip is not None and tuple(np.shape(train_flip)) != tuple(xs["train"].shape):
             raise DataError(
                 f"train_flip must have the train features' shape {tuple(xs['train'].shape)}; "
-                f"got {tuple(np.shape(train_flip))}"
-            )
+                f"got {tuple(np.shape(train_flip))}")
         obs = {}
         for name, given in (("train", train_observed), ("val", val_observed)):
             if given is None:
@@ -216,56 +193,46 @@ class ProbeData:
                 if o.shape != ys[name].shape or not np.isin(o, (-1, 0, 1)).all():
                     raise DataError(
                         f"{name}_observed must be (N, C) = {ys[name].shape} with values -1/0/1; "
-                        f"got shape {o.shape}"
-                    )
+                        f"got shape {o.shape}")
                 obs[name] = o.astype(np.int8)
         train_feats = _with_bias_column(xs["train"], dtype)
         if train_flip is not None:
             train_feats = torch.cat([train_feats, _with_bias_column(train_flip, train_feats.dtype)])
         c = classes["train"]
-        return cls(
-            train_x=train_feats.to(dev),
-            train_labels=torch.from_numpy(ys["train"]).to(dev),
-            train_observed=torch.from_numpy(obs["train"]).to(dev),
-            val_x=_with_bias_column(xs["val"], train_feats.dtype).to(dev),
-            val_labels=torch.from_numpy(ys["val"]).to(dev),
-            val_observed=torch.from_numpy(obs["val"]).to(dev),
-            test_x=_with_bias_column(xs["test"], train_feats.dtype).to(dev),
-            test_labels=torch.from_numpy(ys["test"]).to(dev),
-            n_train=int(xs["train"].shape[0]),
-            has_flip=train_flip is not None,
+        return cls._on(
+            dev, (train_feats, _with_bias_column(xs["val"], train_feats.dtype),
+                  _with_bias_column(xs["test"], train_feats.dtype)),
+            ys, obs, n_train=int(xs["train"].shape[0]), has_flip=train_flip is not None,
             class_names=list(class_names) if class_names else [f"class_{i}" for i in range(c)],
             dataset=dataset,
-            source=dict(source or {"kind": "arrays", "observed_seed": observed_seed}),
-        )
+            source=dict(source or {"kind": "arrays", "observed_seed": observed_seed}))
 
     @classmethod
-    def from_store(
-        cls,
-        store: Any,
-        *,
-        device: str | torch.device = "cpu",
-        observed_seed: int = PROTOCOL_SEED,
-        flip: bool = True,
-        dtype: torch.dtype | None = None,
-        rows: dict[str, np.ndarray] | None = None,
-        observed: np.ndarray | None = None,
-        replicate: dict[str, Any] | None = None,
-        priors: str | None = None,
-    ) -> ProbeData:
+    def _on(cls, dev: torch.device, xs: tuple[Tensor, Tensor, Tensor],
+            labels: dict[str, np.ndarray], observed: dict[str, np.ndarray],
+            **fields: Any) -> ProbeData:
+        """The splits' features (train, val, test), full labels and draws moved to ``dev``."""
+        def on(a: np.ndarray) -> Tensor:
+            return torch.from_numpy(a).to(dev)
+
+        return cls(train_x=xs[0].to(dev), train_labels=on(labels["train"]),
+                   train_observed=on(observed["train"]), val_x=xs[1].to(dev),
+                   val_labels=on(labels["val"]), val_observed=on(observed["val"]),
+                   test_x=xs[2].to(dev), test_labels=on(labels["test"]), **fields)
+
+    @classmethod
+    def from_store(cls, store: Any, *, device: str | torch.device = "cpu",
+                   observed_seed: int = PROTOCOL_SEED, flip: bool = True,
+                   dtype: torch.dtype | None = None, rows: dict[str, np.ndarray] | None = None,
+                   observed: np.ndarray | None = None, replicate: dict[str, Any] | None = None,
+                   priors: str | None = None) -> ProbeData:
         """Load a feature store (a path or an open :class:`probe.store.Store`).
 
         ``flip``: also load the flipped train features when the store has them. ``dtype``:
-        storage dtype on the device (default: the store's, float16 unless it was written as
-        float32). Errors (before anything is moved): a store lacking a train, val or test split,
-        an unknown observed-label seed, an unusable device.
-
-        For :mod:`probe.selection`'s replicates: ``rows`` replaces the store's ``train`` /
-        ``val`` rows (store row indices), ``observed`` the draw ``observed_seed`` (an
-        ``(n_rows, C)`` int8 array over every row), and ``replicate`` is recorded in ``source``.
-
-        ``priors``: also read the store's prior of that name at the train rows
-        (``train_prior``, for the losses that use one; docs/priors.md).
+        storage dtype on the device (default: the store's). ``priors``: also read the store's
+        prior of that name at the train rows (``train_prior``; docs/priors.md). For
+        :mod:`probe.selection`'s replicates: ``rows`` replaces the store's ``train`` / ``val``
+        rows, ``observed`` the draw (``(n_rows, C)`` int8), and ``replicate`` goes to ``source``.
         """
         from .store import open_store  # zarr loads only when a store is read
 
@@ -278,23 +245,16 @@ class ProbeData:
             raise DataError(
                 f"store {store.path} has no {' / '.join(empty)} rows: the probe needs a train "
                 "split to fit, a val split to choose the epoch and a test split to report "
-                "(docs/protocol.md steps 3-5); re-create the store with a pool and a test phase"
-            )
+                "(docs/protocol.md steps 3-5); re-create the store with a pool and a test phase")
         labels = store.labels()
         if observed is None:
             observed = store.observed(observed_seed)
         with_flip = bool(flip and store.has_flip)
-        train_x, val_x, test_x = _store_splits_with_bias(store, rows, dtype, with_flip)
-        source = {
-            "kind": "store",
-            "path": str(Path(store.path).resolve()),
-            "dataset": store.dataset,
-            "observed_seed": int(observed_seed),
-            "rows": {name: len(r) for name, r in rows.items()},
-            "store_dtype": store.dtype,
-            "completed": store.attrs.get("completed"),
-            "provenance": store.provenance,
-        }
+        source = {"kind": "store", "path": str(Path(store.path).resolve()),
+                  "dataset": store.dataset, "observed_seed": int(observed_seed),
+                  "rows": {name: len(r) for name, r in rows.items()},
+                  "store_dtype": store.dtype, "completed": store.attrs.get("completed"),
+                  "provenance": store.provenance}
         # what the draw is: protocol, label budget or label bias (probe.store.records)
         from .store.records import draw_record
 
@@ -309,33 +269,17 @@ class ProbeData:
             prior = store.prior(priors, rows=rows["train"])
             source["priors"] = {"name": priors, "provenance": prior.provenance,
                                 "extras": sorted(prior.extras)}  # the arrays a loss may read
-        return cls(
-            train_x=train_x.to(dev),
-            train_labels=torch.from_numpy(labels[rows["train"]]).to(dev),
-            train_observed=torch.from_numpy(observed[rows["train"]]).to(dev),
-            val_x=val_x.to(dev),
-            val_labels=torch.from_numpy(labels[rows["val"]]).to(dev),
-            val_observed=torch.from_numpy(observed[rows["val"]]).to(dev),
-            test_x=test_x.to(dev),
-            test_labels=torch.from_numpy(labels[rows["test"]]).to(dev),
-            n_train=len(rows["train"]),
-            has_flip=with_flip,
-            class_names=list(store.class_names),
-            dataset=store.dataset,
-            source=source,
-            train_prior=prior,
-        )
+        return cls._on(
+            dev, _store_splits_with_bias(store, rows, dtype, with_flip),
+            {name: labels[r] for name, r in rows.items()},
+            {name: observed[rows[name]] for name in ("train", "val")},
+            n_train=len(rows["train"]), has_flip=with_flip, class_names=list(store.class_names),
+            dataset=store.dataset, source=source, train_prior=prior)
 
 
-def load_store(
-    store: Any,
-    *,
-    device: str | torch.device = "auto",
-    observed_seed: int = PROTOCOL_SEED,
-    flip: bool = True,
-    dtype: torch.dtype | None = None,
-    priors: str | None = None,
-) -> ProbeData:
+def load_store(store: Any, *, device: str | torch.device = "auto",
+               observed_seed: int = PROTOCOL_SEED, flip: bool = True,
+               dtype: torch.dtype | None = None, priors: str | None = None) -> ProbeData:
     """A feature store's train/val/test splits on ``device`` (``"auto"``: the GPU when there
     is one), ready for :func:`probe.train_probe`: :meth:`ProbeData.from_store` with the
     device chosen for you. ``observed_seed`` picks the single-positive draw (the literature's

@@ -1,18 +1,14 @@
 """The one exception base of spml-probe.
 
-Every error a user can cause -- a bad argument, a missing or malformed file, a store that does
-not match the request -- is an :class:`SpmlError`. It subclasses :class:`ValueError`, so code
-that already catches ``ValueError`` keeps working. The ``spml`` command prints an
-``SpmlError`` as one line and exits with status 2; any other exception is a bug in spml-probe
-and is printed with its traceback.
-
-Each package defines its own, more specific subclasses (``StoreError``, ``LossInputError``,
-``StudyError``, …); catch :class:`SpmlError` to handle them all.
+Every error a user can cause (a bad argument, a missing or malformed file, a store that does not
+match the request) is an :class:`SpmlError`, a :class:`ValueError`; packages subclass it
+(``StoreError``, ``LossInputError``, ``StudyError``, …). ``spml`` prints it as one line and exits
+with status 2; any other exception is a bug and is printed with its traceback.
 """
 
 from __future__ import annotations
 
-__all__ = ["MissingPathError", "SpmlError", "plain"]
+__all__ = ["MissingPathError", "SpmlError", "is_int", "plain"]
 
 
 class SpmlError(ValueError):
@@ -22,6 +18,12 @@ class SpmlError(ValueError):
 
 class MissingPathError(SpmlError, FileNotFoundError):
     """A path the user named does not exist (also a :class:`FileNotFoundError`)."""
+
+
+def is_int(value: object, low: int) -> bool:
+    """Whether ``value`` is an integer (not a bool) of at least ``low``: the check of every
+    count setting (epochs, resamples, threads, ...)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
 
 def plain(value: object) -> str:

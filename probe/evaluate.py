@@ -19,17 +19,18 @@ from torch import Tensor, nn
 
 from .config import ProbeConfigError
 from .data import ProbeData
+from .intervals import bootstrap_counts, bootstrap_map, head_intervals
 from .logits import EVAL_BLOCK, stacked_logits
 from .metrics import f1_scores, mean_average_precision
+from .progress import Progress
+from .results import from_linear
 from .threads import step_threads
 
 __all__ = ["EVAL_BLOCK", "SMALL_EVAL", "Evaluator", "evaluate_head", "evaluate_heads",
            "stacked_logits"]
 
-# logits elements (T·N·C) below which a CPU evaluation runs on one thread: its ops are tiny
-# and intra-op threads only add waiting, the more so on a busy machine (yeast's val at 16
-# trials is far below it; COCO's val at 8 trials, 10.5M elements, gains from two threads when
-# they are free)
+# logits elements (T·N·C) below which a CPU evaluation runs on one thread: intra-op threads only
+# add waiting to tiny ops (COCO's val at 8 trials, 10.5M elements, gains from two free threads)
 SMALL_EVAL = 1 << 20
 
 
@@ -65,9 +66,8 @@ def evaluate_head(data: ProbeData, head: nn.Linear, threshold: float = 0.5) -> d
     if head.in_features != data.feature_dim or head.out_features != data.n_classes:
         raise ProbeConfigError(
             f"the head maps {head.in_features} features to {head.out_features} classes, the "
-            f"data has {data.feature_dim} features and {data.n_classes} classes"
-        )
-    w = torch.cat([head.weight.detach().T, head.bias.detach()[None]]).to(data.device).float()
+            f"data has {data.feature_dim} features and {data.n_classes} classes")
+    w = from_linear(head).to(data.device).float()
     out: dict[str, Any] = {}
     for split, x, y in (("val", data.val_x, data.val_labels), ("test", data.test_x,
                                                                 data.test_labels)):
@@ -78,18 +78,14 @@ def evaluate_head(data: ProbeData, head: nn.Linear, threshold: float = 0.5) -> d
     return out
 
 
-
 class Evaluator:
     """Evaluates the stacked heads on val after an epoch, keeps each trial's best epoch, and
     evaluates test once, at the end, on each trial's best head.
 
-    Selection (docs/protocol.md step 5): a trial's best epoch is the one with the highest val
-    mAP (finite values only; the first of equals); its head (kept on the heads' device), its
-    val metrics and per-class val AP go into the trial's :class:`~probe.results.TrialResult`.
-    :meth:`finish` then measures test on those heads: the reported test figures are those of
-    the best epoch, as when test was evaluated every epoch, without paying for test each epoch.
-    With ``test_curve`` test is also measured every evaluated epoch (the per-epoch test curve
-    some analyses plot); the reported figures are the same either way (tests/test_train.py).
+    Selection (docs/protocol.md step 5): a trial's best epoch has the highest finite val mAP
+    (the first of equals); its head, val metrics and per-class val AP go into the trial's
+    :class:`~probe.results.TrialResult`, and :meth:`finish` measures test on those heads. With
+    ``test_curve`` test is also measured every evaluated epoch (the same reported figures).
     """
 
     def __init__(self, data: ProbeData, config: Any, results: list[Any], w: Tensor,
@@ -124,10 +120,8 @@ class Evaluator:
             r = evaluate_heads(x, y, heads, self.threshold,
                                on_test_logits if split == "test" else None)
             for k in ("map", "OF1", "CF1"):
-                full: list[float | None] = [None] * self.n_trials
-                for j, v in zip(idx, r[k].tolist()):
-                    full[j] = v
-                out[f"{split}_{k}"] = full
+                by_trial = dict(zip(idx, r[k].tolist()))
+                out[f"{split}_{k}"] = [by_trial.get(j) for j in range(self.n_trials)]
             aps[split] = r["ap"]
         return out, aps
 
@@ -161,14 +155,9 @@ class Evaluator:
                 result.best[f"{split}_ap"] = (100.0 * ap[j]).tolist()
 
     def finish(self) -> None:
-        """Test metrics of every trial's best head, once (skipped with ``test_curve``: the
-        best epoch's test figures were measured at that epoch), and with ``test_intervals``
-        each one's test-mAP interval: the same resamples and figures as
-        :func:`probe.intervals.attach_test_intervals` after the run, from the logits of this
-        final pass instead of a second one."""
-        from .intervals import head_intervals
-        from .progress import Progress
-
+        """Test metrics of every trial's best head, once (with ``test_curve`` they were measured
+        at that epoch), and with ``test_intervals`` each one's test-mAP interval from the logits
+        of this pass (the figures of :func:`probe.intervals.attach_test_intervals`)."""
         idx = [t for t, r in enumerate(self.results) if r.best_epoch is not None]
         if not idx:
             return
@@ -198,8 +187,6 @@ class Evaluator:
         """A hook for :func:`evaluate_heads` that bootstraps each block of test logits, with
         its per-class AP as the observed value, into ``boots`` (one draw of the resamples),
         then reports the block's heads to ``done``."""
-        from .intervals import bootstrap_counts, bootstrap_map
-
         x, y = self.splits["test"]
         with self._timing_intervals():
             counts = bootstrap_counts(x.shape[0], self.n_resamples, device=x.device)

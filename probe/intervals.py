@@ -23,8 +23,7 @@ sorted counts) and ``TP_w(>= s)`` the drawn positives among them (a prefix sum o
 column's positives only). Per column this is one histogram pass over the counts (stored
 ``(N, B)`` and read in cache-sized tiles of resamples, :func:`weighted_column_ap`), then work
 on the positives only: 1,000 resamples of COCO's test set (40,137 x 80) are ~3.2e9
-additions. :func:`naive_bootstrap_ap` (resample, then :func:`probe.ranking.column_ap`) is the
-reference the tests check it against.
+additions. The tests check it against resampling, then :func:`probe.ranking.column_ap`.
 
 **Over runs** (training seeds, single-positive draws): :func:`mean_interval` is the Student-t
 interval of the mean of the runs' mAPs.
@@ -38,6 +37,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from itertools import pairwise
+from statistics import NormalDist
 
 import torch
 from torch import Tensor
@@ -45,25 +45,15 @@ from torch import Tensor
 from probe.errors import SpmlError
 
 from .logits import stacked_logits
+from .progress import Progress
 from .ranking import argsort_rows, column_ap
 from .threads import step_threads
 
-__all__ = [
-    "BootstrapResult",
-    "Interval",
-    "PairedDifference",
-    "attach_test_intervals",
-    "bootstrap_counts",
-    "bootstrap_map",
-    "head_intervals",
-    "holm",
-    "mean_interval",
-    "naive_bootstrap_ap",
-    "paired_differences",
-    "prefetch_bootstrap_counts",
-    "record_test_intervals",
-    "weighted_column_ap",
-]
+__all__ = ["BootstrapResult", "Interval", "PairedDifference", "attach_test_intervals",
+           "bootstrap_counts", "bootstrap_map", "head_intervals", "holm", "mean_interval",
+           "paired_differences", "prefetch_bootstrap_counts", "record_test_intervals",
+           "weighted_column_ap"]
+
 
 @dataclass(frozen=True)
 class Interval:
@@ -79,8 +69,7 @@ class Interval:
 
     def to_dict(self, prefix: str = "") -> dict[str, float]:
         """``{prefix: value, prefix_low: low, prefix_high: high}``."""
-        return {f"{prefix}": self.value, f"{prefix}_low": self.low, f"{prefix}_high": self.high}
-
+        return {prefix: self.value, f"{prefix}_low": self.low, f"{prefix}_high": self.high}
 
 
 @dataclass(frozen=True)
@@ -118,12 +107,9 @@ class PairedDifference:
 def bootstrap_counts(n: int, n_resamples: int, seed: int = 0,
                      device: str | torch.device = "cpu") -> Tensor:
     """``(B, n)`` float32 counts: row b says how often each of the n images is drawn in the
-    b-th resample of n images with replacement. Seeded (CPU generator), so every system,
-    device and run sees the same resamples for the same seed. Stored resample-minor (an
-    ``(n, B)`` block seen transposed), the layout :func:`weighted_column_ap` reads.
-
-    Counts that :func:`prefetch_bootstrap_counts` started for the same arguments are taken
-    from it (waiting for them if need be) instead of being drawn again."""
+    b-th resample of n images with replacement. Seeded (CPU generator): every system, device
+    and run sees the same resamples for the same seed. Stored resample-minor (an ``(n, B)``
+    block seen transposed); taken from :func:`prefetch_bootstrap_counts` when it started them."""
     _check_counts_args(n, n_resamples)
     pending = _PREFETCHED.pop((int(n), int(n_resamples), int(seed)), None)
     counts = pending.result() if pending is not None else _draw_counts(n, n_resamples, seed)
@@ -132,9 +118,8 @@ def bootstrap_counts(n: int, n_resamples: int, seed: int = 0,
 
 def prefetch_bootstrap_counts(n: int, n_resamples: int, seed: int = 0) -> None:
     """Start drawing :func:`bootstrap_counts` ``(n, n_resamples, seed)`` on a background
-    thread, for the next call with those arguments to take: ``spml probe`` starts it before
-    training, so the draw (~0.3 s on one core for COCO's test set; its ops release the
-    interpreter lock) overlaps the epochs. The same values as drawing them then."""
+    thread for the next call with those arguments: ``spml probe`` overlaps the draw (~0.3 s for
+    COCO's test set) with the epochs. The same values as drawing them then."""
     _check_counts_args(n, n_resamples)
     key = (int(n), int(n_resamples), int(seed))
     if key not in _PREFETCHED:
@@ -166,15 +151,12 @@ def _draw_counts(n: int, n_resamples: int, seed: int) -> Tensor:
     return counts
 
 
-# bytes of one tile of counts (N rows x a range of resamples): every class's histogram pass
-# reads the tile from the cache instead of memory (on 2 EPYC cores with a 32 MiB L3 and
-# COCO's 40,137 test rows, tiles of 64 resamples (10 MB) beat 32, 128 or one pass over all
-# resamples per class; `spml bench intervals` times it)
+# bytes of one tile of counts (N rows x a range of resamples), read from the cache by every
+# class's histogram pass (on COCO's test set, tiles of 64 resamples beat 32, 128 or all at once;
+# `spml bench intervals` times it)
 TILE_BYTES = 8 << 20
 # tile widths are multiples of 64 resamples: torch sums a (P, width) block down its columns in
-# groups of vector lanes (32 float32 columns with AVX2, 64 with AVX-512), so a resample's sum
-# then falls in the same group as in one pass over all resamples, and rounds the same
-# (narrower tiles would also pay more per-op overhead than they save in memory traffic)
+# groups of vector lanes (up to 64 float32 columns), so a resample's sum rounds as in one pass
 TILE_STEP = 64
 
 
@@ -186,16 +168,11 @@ def weighted_column_ap(scores: Tensor, targets: Tensor, counts: Tensor,
     ``on_system`` is called after each system (a progress display's update).
 
     Equals :func:`probe.ranking.column_ap` on the resampled rows (duplicates tie); AP = 0 for a
-    column without drawn positives, NaN for a column holding a NaN score (drawn or not: a
-    diverged system gets no interval). Per system: the columns are sorted, each column's
-    positives mapped to their tie groups (:func:`_column_plan`), then the resamples are taken in
-    tiles of :func:`_tile_width` and every column's histogram pass reads the tile from the
-    cache (:func:`_weighted_ap_one_column`). On the CPU the columns of a tile are shared among
-    threads, one intra-op thread each (:func:`_column_workers`). The counts and histograms are
-    whole numbers, exact in any order, and each resample's final sum runs over the same
-    positives in the same order (by score, tied positives by row) and vector lane on any
-    tiling (:data:`TILE_STEP`), thread count or sort (NumPy's or torch's, whose ties come in no
-    defined order): the replicates are the same bits either way (tests/test_intervals.py).
+    column without drawn positives, NaN for a column holding a NaN score (a diverged system gets
+    no interval). Per system: each column's positives mapped to their tie groups
+    (:func:`_column_plan`), then a histogram pass per column and tile of resamples
+    (:func:`_weighted_ap_one_column`), columns shared among CPU threads. The replicates are the
+    same bits on any tiling, thread count or sort (docs/design.md "Semantics guarantees").
     """
     squeeze = scores.dim() == 2
     s3 = scores[None] if squeeze else scores
@@ -261,8 +238,7 @@ def _tiles(n_res: int, width: int) -> list[tuple[int, int]]:
     edges = list(range(0, n_res, width))[1:]
     if edges and n_res - edges[-1] < width:
         edges.pop()
-    bounds = [0, *edges, n_res]
-    return list(pairwise(bounds))
+    return list(pairwise([0, *edges, n_res]))
 
 
 @dataclass(frozen=True)
@@ -283,8 +259,8 @@ def _column_plan(ranked_all: Tensor, order_all: Tensor, targets_all: Tensor, j: 
     """The plan of column ``j`` from the columns' ascending sort (values ``ranked_all`` and
     row indices ``order_all``, both (C, N)) and the bool targets (N, C); None when the column
     has no positive (AP 0 in every resample: the protocol's empty-class rule)."""
-    ranked, order, targets = ranked_all[j], order_all[j], targets_all[:, j]
-    pos = targets[order].nonzero().squeeze(1)  # sorted positions of the positives
+    ranked, order = ranked_all[j], order_all[j]
+    pos = targets_all[:, j][order].nonzero().squeeze(1)  # sorted positions of the positives
     if pos.numel() == 0:
         return None
     start = torch.searchsorted(ranked, ranked[pos])  # first position of each one's tie group
@@ -321,41 +297,11 @@ def _weighted_ap_one_column(w_t: Tensor, total_w: Tensor, plan: _ColumnPlan) -> 
     return torch.where(p_w > 0, tot / p_w.clamp_min(1e-30), torch.zeros_like(tot))
 
 
-@torch.no_grad()
-def naive_bootstrap_ap(scores: Tensor, targets: Tensor, counts: Tensor) -> Tensor:
-    """Reference for :func:`weighted_column_ap`: materialise each resample's rows and rank them
-    with :func:`probe.ranking.column_ap`. Slow (one full AP per resample); for tests."""
-    squeeze = scores.dim() == 2
-    s3 = scores[None] if squeeze else scores
-    out = []
-    for b in range(counts.shape[0]):
-        idx = torch.repeat_interleave(torch.arange(counts.shape[1], device=counts.device),
-                                      counts[b].long())
-        idx = idx.to(scores.device)
-        out.append(column_ap(s3[:, idx], targets.bool()[idx]))
-    res = torch.stack(out, 1)  # (S, B, C)
-    return res[0] if squeeze else res
-
-
-def _percentile(values: Tensor, level: float) -> tuple[Tensor, Tensor]:
-    """Percentile interval along the last axis (NaN replicates make the bound NaN)."""
-    alpha = (1.0 - level) / 2.0
-    v = values.to(torch.float64)
-    q = torch.tensor([alpha, 1.0 - alpha], dtype=torch.float64, device=v.device)
-    bounds = torch.quantile(v, q, dim=-1)
-    return bounds[0], bounds[1]
-
-
 def _bias_corrected(reps: Tensor, observed: float, level: float) -> Interval:
     """Efron's bias-corrected percentile interval (Efron 1981; Efron & Tibshirani 1993,
     sec. 14.3): percentiles ``Phi(2 z0 +- z)`` with ``z0 = Phi^-1(P*(rep < observed))``.
-
-    A resample duplicates images, and a duplicated positive ranks next to itself, so resampled
-    AP runs high (yeast: the median replicate ~0.7 points above the observed mAP); the plain
-    percentile interval then sits above the estimate. The correction re-centres it (coverage of
-    the population mAP in docs/protocol.md)."""
-    from statistics import NormalDist
-
+    Resampled AP runs high (a duplicated positive ranks next to itself); the correction
+    re-centres the interval (docs/protocol.md)."""
     if not math.isfinite(observed) or not bool(torch.isfinite(reps).all()):
         return Interval(observed, math.nan, math.nan, level)
     normal = NormalDist()
@@ -375,33 +321,19 @@ def _check_level(level: float) -> float:
 
 
 @torch.no_grad()
-def bootstrap_map(
-    scores: Tensor,
-    targets: Tensor,
-    *,
-    n_resamples: int = 1000,
-    seed: int = 0,
-    level: float = 0.95,
-    progress: bool = False,
-    counts: Tensor | None = None,
-    observed_ap: Tensor | None = None,
-) -> BootstrapResult:
+def bootstrap_map(scores: Tensor, targets: Tensor, *, n_resamples: int = 1000, seed: int = 0,
+                  level: float = 0.95, progress: bool = False, counts: Tensor | None = None,
+                  observed_ap: Tensor | None = None) -> BootstrapResult:
     """Paired bootstrap of mAP over test images for S systems scored on the same images.
 
     ``scores`` ``(N, C)`` or ``(S, N, C)`` (logits or probabilities: AP is rank-based);
     ``targets`` ``(N, C)`` bool / 0-1 full ground truth. Returns the observed mAP ``(S,)``, the
     replicates ``(S, B)`` (the same resamples for every system, so differences are paired) and
     bias-corrected percentile intervals at ``level``. ``progress``: a display over the systems
-    on stderr (:mod:`probe.progress`; each system's resamples take about a second on a
-    COCO-sized test set on 2 CPU cores).
-
-    For callers that bootstrap systems in blocks (:class:`probe.evaluate.Evaluator`):
-    ``counts``, the ``bootstrap_counts(N, n_resamples, seed)`` they drew once, and
-    ``observed_ap`` ``(S, C)``, the per-class AP they already computed on these scores
-    (:func:`probe.ranking.column_ap`); the result is the same as without them.
+    on stderr. ``counts`` (``bootstrap_counts(N, n_resamples, seed)`` drawn once) and
+    ``observed_ap`` ``(S, C)`` (per-class AP already computed) spare callers that bootstrap in
+    blocks the work; the result is the same as without them.
     """
-    from .progress import Progress
-
     level = _check_level(level)
     s3 = scores[None] if scores.dim() == 2 else scores
     if s3.dim() != 3 or s3.shape[-2:] != targets.shape:
@@ -432,11 +364,9 @@ def bootstrap_map(
 
 def holm(p_values: Sequence[float]) -> list[float]:
     """Holm's step-down adjusted p-values (Holm 1979), in the input order; each <= 1."""
-    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
     m = len(p_values)
-    adjusted = [0.0] * m
-    running = 0.0
-    for rank, i in enumerate(order):
+    adjusted, running = [0.0] * m, 0.0
+    for rank, i in enumerate(sorted(range(m), key=lambda i: p_values[i])):
         running = max(running, min(1.0, (m - rank) * p_values[i]))
         adjusted[i] = running
     return adjusted
@@ -450,28 +380,26 @@ def paired_differences(boot: BootstrapResult,
     n_sys = boot.replicates.shape[0]
     if pairs is None:
         pairs = [(a, b) for a in range(n_sys) for b in range(a + 1, n_sys)]
+    alpha = (1.0 - boot.level) / 2.0
+    q = torch.tensor([alpha, 1.0 - alpha], dtype=torch.float64)
     rows = []
     for a, b in pairs:
         d = boot.replicates[a] - boot.replicates[b]
-        low, high = _percentile(d, boot.level)
+        low, high = torch.quantile(d.to(torch.float64), q.to(d.device)).tolist()  # NaN stays NaN
         observed = float(boot.map[a] - boot.map[b])
-        p = _wald_p(observed, float(d.std()))
-        diff = Interval(observed, float(low), float(high), boot.level)
-        rows.append((a, b, diff, p))
+        rows.append((a, b, Interval(observed, low, high, boot.level),
+                     _wald_p(observed, float(d.std()))))
     adjusted = holm([r[3] for r in rows])
     return [PairedDifference(a, b, diff, p, ph) for (a, b, diff, p), ph in zip(rows, adjusted)]
 
 
 def _wald_p(diff: float, se: float) -> float:
     """Two-sided p of ``diff`` against 0 with its bootstrap standard error (normal
-    approximation). Not the tail count of the replicates: with B resamples that cannot go below
-    ~2/B, and Holm over m pairs would then never reach 0.05 once m > B/40."""
+    approximation; a tail count of B replicates cannot go below ~2/B, module doc)."""
     if not (math.isfinite(diff) and math.isfinite(se)):
         return math.nan
     if se <= 0.0:
         return 1.0 if diff == 0.0 else 0.0
-    from statistics import NormalDist
-
     return min(1.0, 2.0 * NormalDist().cdf(-abs(diff) / se))
 
 
@@ -507,9 +435,8 @@ def head_intervals(test_x: Tensor, test_labels: Tensor, heads: Tensor, *,
 def attach_test_intervals(result, data, *, n_resamples: int = 1000, seed: int = 0,
                           level: float = 0.95, progress: bool = False) -> BootstrapResult | None:
     """Add ``test_map_low`` / ``test_map_high`` to every evaluated trial's ``best`` record of a
-    :class:`probe.results.ProbeResult` (and the bootstrap's settings to its ``config``);
-    returns the bootstrap, or None when the run has no heads. (Training with
-    ``ProbeConfig.test_intervals`` gives the same figures without a second test pass.)"""
+    :class:`probe.results.ProbeResult` (:func:`record_test_intervals`); returns the bootstrap,
+    or None when the run has no heads."""
     if result.best_heads is None or n_resamples <= 0:
         return None
     boot = head_intervals(data.test_x, data.test_labels, result.best_heads,

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+from probe.errors import SpmlError
+
 __all__ = ["atomic_write", "atomic_write_text", "check_writable", "current_umask"]
 
 
@@ -67,8 +69,6 @@ def check_writable(path: str | os.PathLike, flag: str) -> None:
     rewritten) whose nearest existing folder cannot take it: a file where a folder must be,
     no write permission, a virtual file system. The :class:`probe.errors.SpmlError` names
     ``flag``, the path and the real cause, never a full disk."""
-    from probe.errors import SpmlError
-
     target = Path(path).expanduser()
     folder = target if target.is_dir() else target.parent
     while not folder.exists() and folder != folder.parent:

@@ -59,30 +59,24 @@ def nearest_neighbours(train: Tensor, query: Tensor, k: int, backend: str = "aut
         raise ProbeConfigError(f"knn backend must be one of {list(BACKENDS)}; got {backend!r}")
     if not 1 <= k <= train.shape[0]:
         raise ProbeConfigError(
-            f"knn: k={k} neighbours asked for, but the train split has {train.shape[0]} rows"
-        )
+            f"knn: k={k} neighbours asked for, but the train split has {train.shape[0]} rows")
     train_n = F.normalize(train.float(), dim=1)
     query_n = F.normalize(query.float(), dim=1)
     faiss = _faiss() if backend in ("auto", "faiss") else None
     if backend == "faiss" and faiss is None:
         raise ProbeConfigError(
             "knn backend 'faiss' asked for, but faiss is not installed: pip install faiss-cpu "
-            "(or use backend 'torch' / 'auto', the same exact search in torch)"
-        )
+            "(or use backend 'torch' / 'auto', the same exact search in torch)")
     if faiss is not None:
         index = faiss.IndexFlatIP(train_n.shape[1])
         index.add(np.ascontiguousarray(train_n.cpu().numpy(), dtype=np.float32))
         sims, ids = index.search(np.ascontiguousarray(query_n.cpu().numpy(), dtype=np.float32), k)
         return (torch.from_numpy(sims).to(query.device),
                 torch.from_numpy(ids).to(torch.int64).to(query.device))
-    sims_out, ids_out = [], []
     step = max(1, _SEARCH_BLOCK // max(1, train_n.shape[0]))
-    for r0 in range(0, query_n.shape[0], step):
-        sims = query_n[r0 : r0 + step] @ train_n.T
-        top = sims.topk(k, dim=1)
-        sims_out.append(top.values)
-        ids_out.append(top.indices)
-    return torch.cat(sims_out), torch.cat(ids_out)
+    tops = [(query_n[r0 : r0 + step] @ train_n.T).topk(k, dim=1)
+            for r0 in range(0, query_n.shape[0], step)]
+    return torch.cat([t.values for t in tops]), torch.cat([t.indices for t in tops])
 
 
 def knn_scores(sims: Tensor, ids: Tensor, train_targets: Tensor, k: int, temperature: float
@@ -94,13 +88,9 @@ def knn_scores(sims: Tensor, ids: Tensor, train_targets: Tensor, k: int, tempera
     return torch.einsum("mk,mkc->mc", weights, labels).float()
 
 
-def run_knn(
-    data: ProbeData,
-    config: ProbeConfig | None = None,
-    hparams: dict[str, Any] | Sequence[dict[str, Any]] | None = None,
-    *,
-    backend: str = "auto",
-) -> ProbeResult:
+def run_knn(data: ProbeData, config: ProbeConfig | None = None,
+            hparams: dict[str, Any] | Sequence[dict[str, Any]] | None = None, *,
+            backend: str = "auto") -> ProbeResult:
     """Evaluate the kNN baseline for one or more ``{k, temperature}`` trials on val and test.
 
     Train neighbours carry the observed single positives (``config.labels == "full"``: the full
@@ -117,10 +107,7 @@ def run_knn(
     n = data.n_train
     k_max = max(v["k"] for v in values)
     train = data.train_x[:n, :-1]  # unflipped train features, without the bias column
-    if config.labels == "full":
-        targets = data.train_labels == 1
-    else:
-        targets = data.train_observed == 1
+    targets = (data.train_labels if config.labels == "full" else data.train_observed) == 1
     val_targets = (data.val_labels.bool() if config.val_labels == "clean"
                    else data.val_observed == 1)
     splits = {"val": (data.val_x[:, :-1], val_targets),
@@ -137,9 +124,8 @@ def run_knn(
             scores = knn_scores(sims, ids, targets, v["k"], v["temperature"])
             m = mean_average_precision(y, probs=scores)
             f = f1_scores(y, probs=scores, threshold=config.f1_threshold)
-            row[f"{name}_map"] = float(m.map)
-            row[f"{name}_OF1"] = float(f.overall_f1)
-            row[f"{name}_CF1"] = float(f.class_f1)
+            row.update({f"{name}_map": float(m.map), f"{name}_OF1": float(f.overall_f1),
+                        f"{name}_CF1": float(f.class_f1)})
             aps[name] = (100.0 * m.ap).tolist()  # percent, the scale of mAP
         tr = TrialResult(trial=t, seed=config.seed, hparams=dict(v), lr=math.nan,
                          weight_decay=math.nan, epochs=[row], best_epoch=0,
@@ -152,11 +138,6 @@ def run_knn(
         config={"labels": config.labels, "val_labels": config.val_labels,
                 "f1_threshold": config.f1_threshold, "backend": used,
                 "device": str(data.device)},
-        trials=results,
-        class_names=list(data.class_names),
-        dataset=data.dataset,
-        source=dict(data.source),
-        environment=environment_info(data.device),
-        timing={"total_seconds": time.perf_counter() - t_start},
-        shared_batch_order=True,
-    )
+        trials=results, class_names=list(data.class_names), dataset=data.dataset,
+        source=dict(data.source), environment=environment_info(data.device),
+        timing={"total_seconds": time.perf_counter() - t_start}, shared_batch_order=True)

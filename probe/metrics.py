@@ -15,16 +15,14 @@
   Every 0/0 is 0 (a class never predicted has precision 0, a class without positives recall 0).
   All six are reported x100.
 
-Conventions (team rule): every metric takes ``logits=`` or ``probs=`` explicitly, never guessing
-which. Scores are ``(N, C)`` or, with a leading trial axis, ``(T, N, C)`` (T stacked trials
-evaluated in one pass, no Python loop over classes or trials); ``targets`` are the full ground
-truth ``(N, C)`` as bool or integer 0/1, shared by all trials. AP is rank-based, so logits and
-probabilities give the same AP; AP ranks logits directly (a float32 sigmoid saturates to 1.0 and
-would create ties the model did not make). A column whose scores contain NaN gets AP = NaN
-(scikit-learn raises instead) so one diverged trial does not hide the other T - 1.
+Every metric takes ``logits=`` or ``probs=`` explicitly, never guessing which. Scores are
+``(N, C)`` or ``(T, N, C)`` (T stacked trials in one pass); ``targets`` are the full ground truth
+``(N, C)``, bool or integer 0/1, shared by all trials. AP ranks logits directly (a float32 sigmoid
+saturates to 1.0 and would create ties the model did not make). A column whose scores contain
+NaN gets AP = NaN (scikit-learn raises) so one diverged trial does not hide the other T - 1.
 
-Each metric is a plain function (validating its inputs, then calling an unchecked core) and the
-same cores back :class:`MetricAccumulator` (update per batch, compute once).
+Each metric validates its inputs, then calls an unchecked core that :class:`MetricAccumulator`
+shares.
 """
 
 from __future__ import annotations
@@ -39,16 +37,8 @@ from probe.errors import SpmlError
 
 from .ranking import column_ap
 
-__all__ = [
-    "F1Result",
-    "MAPResult",
-    "MetricAccumulator",
-    "MetricInputError",
-    "average_precision",
-    "f1_scores",
-    "mean_average_precision",
-]
-
+__all__ = ["F1Result", "MAPResult", "MetricAccumulator", "MetricInputError", "average_precision",
+           "f1_scores", "mean_average_precision"]
 
 
 class MetricInputError(SpmlError):
@@ -80,20 +70,7 @@ class F1Result(NamedTuple):
 
     def to_dict(self) -> dict[str, Tensor]:
         """The literature's names: ``OF1, CF1, OP, OR, CP, CR``."""
-        return {
-            "OF1": self.overall_f1,
-            "CF1": self.class_f1,
-            "OP": self.overall_precision,
-            "OR": self.overall_recall,
-            "CP": self.class_precision,
-            "CR": self.class_recall,
-        }
-
-
-
-# --------------------------------------------------------------------------------------------
-# input checks
-# --------------------------------------------------------------------------------------------
+        return dict(zip(("OF1", "CF1", "OP", "OR", "CP", "CR"), self))
 
 
 def _pick_scores(logits: Tensor | None, probs: Tensor | None) -> tuple[Tensor, str]:
@@ -102,21 +79,18 @@ def _pick_scores(logits: Tensor | None, probs: Tensor | None) -> tuple[Tensor, s
         given = "both" if logits is not None else "neither"
         raise MetricInputError(
             f"pass exactly one of logits= or probs= (got {given}); use logits= for raw model "
-            "outputs and probs= for sigmoid probabilities"
-        )
+            "outputs and probs= for sigmoid probabilities")
     scores, name = (logits, "logits") if logits is not None else (probs, "probs")
     if not isinstance(scores, Tensor):
         raise MetricInputError(f"{name} must be a torch.Tensor; got {type(scores).__name__}")
     if not scores.is_floating_point():
         raise MetricInputError(
             f"{name} must be a floating tensor (float16/bfloat16/float32/float64); got "
-            f"{scores.dtype}; convert with .float()"
-        )
+            f"{scores.dtype}; convert with .float()")
     if scores.dim() not in (2, 3):
         raise MetricInputError(
             f"{name} must have shape (N, C) or (T, N, C) with T stacked trials; got "
-            f"{tuple(scores.shape)}"
-        )
+            f"{tuple(scores.shape)}")
     return scores.detach(), name
 
 
@@ -127,22 +101,18 @@ def _check_target_meta(targets: Tensor, scores: Tensor, name: str) -> None:
     if targets.is_floating_point() or targets.is_complex():
         raise MetricInputError(
             f"targets must be bool or integer 0/1 ground truth; got {targets.dtype}; convert "
-            "with targets.to(torch.uint8) if it holds exact 0.0/1.0"
-        )
+            "with targets.to(torch.uint8) if it holds exact 0.0/1.0")
     if targets.dim() != 2:
         raise MetricInputError(
             f"targets must have shape (N, C) (shared by all stacked trials); got "
-            f"{tuple(targets.shape)}"
-        )
+            f"{tuple(targets.shape)}")
     if targets.shape != scores.shape[-2:]:
         raise MetricInputError(
             f"targets shape {tuple(targets.shape)} does not match {name} shape "
-            f"{tuple(scores.shape)}: the last two dims of {name} must be (N, C) = targets.shape"
-        )
+            f"{tuple(scores.shape)}: the last two dims of {name} must be (N, C) = targets.shape")
     if targets.shape[0] == 0 or targets.shape[1] == 0:
         raise MetricInputError(
-            f"targets has shape {tuple(targets.shape)}; need at least one row and one class"
-        )
+            f"targets has shape {tuple(targets.shape)}; need at least one row and one class")
 
 
 def _check_values(targets: Tensor, scores: Tensor, name: str) -> Tensor:
@@ -153,12 +123,9 @@ def _check_values(targets: Tensor, scores: Tensor, name: str) -> Tensor:
         bad = (targets != 0) & (targets != 1)
         if bool(bad.any()):
             found = sorted(set(targets[bad].unique()[:5].tolist()))
-            hint = (
-                " -1 marks an observed negative in single-positive labels (observed/<seed>); "
-                "metrics need the full ground truth (the store's labels)."
-                if -1 in found
-                else ""
-            )
+            hint = (" -1 marks an observed negative in single-positive labels (observed/<seed>); "
+                    "metrics need the full ground truth (the store's labels)." if -1 in found
+                    else "")
             raise MetricInputError(f"targets must contain only 0 and 1; found {found}.{hint}")
         targets = targets.bool()
     if name == "probs":
@@ -166,8 +133,7 @@ def _check_values(targets: Tensor, scores: Tensor, name: str) -> Tensor:
         if bool(low < 0) or bool(high > 1):
             raise MetricInputError(
                 f"probs must lie in [0, 1]; got values in [{float(low):g}, {float(high):g}]; "
-                "pass raw model outputs as logits= instead"
-            )
+                "pass raw model outputs as logits= instead")
     return targets
 
 
@@ -177,8 +143,7 @@ def _check_threshold(threshold: float) -> float:
     if not 0.0 < float(threshold) < 1.0:
         raise MetricInputError(
             f"threshold is a probability and must lie strictly in (0, 1); got {threshold!r} "
-            "(0.5 is the protocol default)"
-        )
+            "(0.5 is the protocol default)")
     return float(threshold)
 
 
@@ -188,11 +153,6 @@ def _checked(
     scores, name = _pick_scores(logits, probs)
     _check_target_meta(targets, scores, name)
     return _check_values(targets, scores, name), scores, name
-
-
-# --------------------------------------------------------------------------------------------
-# unchecked cores
-# --------------------------------------------------------------------------------------------
 
 
 def _map_from_ap(ap: Tensor, targets: Tensor) -> MAPResult:
@@ -228,11 +188,6 @@ def _f1_core(scores: Tensor, targets: Tensor, name: str, threshold: float) -> F1
     return F1Result(*(100.0 * v.to(work) for v in (of1, cf1, op, orc, cp, cr)))
 
 
-# --------------------------------------------------------------------------------------------
-# public functions
-# --------------------------------------------------------------------------------------------
-
-
 @torch.no_grad()
 def average_precision(
     targets: Tensor, *, logits: Tensor | None = None, probs: Tensor | None = None
@@ -260,13 +215,8 @@ def mean_average_precision(
 
 
 @torch.no_grad()
-def f1_scores(
-    targets: Tensor,
-    *,
-    logits: Tensor | None = None,
-    probs: Tensor | None = None,
-    threshold: float = 0.5,
-) -> F1Result:
+def f1_scores(targets: Tensor, *, logits: Tensor | None = None, probs: Tensor | None = None,
+              threshold: float = 0.5) -> F1Result:
     """OF1, CF1, OP, OR, CP, CR (x100) at ``threshold`` in probability space (module doc).
 
     A label is predicted positive iff ``prob >= threshold`` (``sigmoid(logit) >= threshold``).
@@ -280,10 +230,8 @@ def f1_scores(
 class MetricAccumulator:
     """Collects evaluation batches on their device and computes the metrics once at the end.
 
-    ``update(targets, logits=...)`` (or ``probs=``, the same kind for every batch) checks shapes
-    only, so it never waits for the device; values are checked once, at the first compute.
-    Batches are concatenated along the row axis; scores may carry a trial axis ``(T, B, C)``
-    with targets ``(B, C)``. The compute methods mirror the plain functions and share their cores::
+    ``update`` checks shapes only (it never waits for the device); values are checked at the
+    first compute. Scores may carry a trial axis ``(T, B, C)`` with targets ``(B, C)``::
 
         acc = MetricAccumulator()
         for x, y in batches:
@@ -318,18 +266,15 @@ class MetricAccumulator:
             if name != self._kind:
                 raise MetricInputError(
                     f"this accumulator holds {self._kind}; got {name} in a later batch; "
-                    f"pass {self._kind}= for every batch (or use a new MetricAccumulator)"
-                )
+                    f"pass {self._kind}= for every batch (or use a new MetricAccumulator)")
             if scores.shape[:-2] != first.shape[:-2] or scores.shape[-1] != first.shape[-1]:
                 want = (*first.shape[:-2], "B", first.shape[-1])
                 raise MetricInputError(
                     f"{name} batch shape {tuple(scores.shape)} does not match earlier batches "
-                    f"{want} (same trial count T and class count C in every batch)"
-                )
+                    f"{want} (same trial count T and class count C in every batch)")
             if scores.device != first.device:
                 raise MetricInputError(
-                    f"{name} batch is on {scores.device}, earlier batches on {first.device}"
-                )
+                    f"{name} batch is on {scores.device}, earlier batches on {first.device}")
         self._kind = name
         self._scores.append(scores)
         self._targets.append(targets.to(scores.device))

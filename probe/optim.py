@@ -1,25 +1,12 @@
 """Adam and SGD for stacked trials: every parameter carries a leading trial axis ``T``.
 
-docs/design.md "Many trials at once": T hyperparameter configurations train as one stacked model,
-each with its own learning rate and weight decay. The update of trial ``t`` is exactly the update
-``torch.optim.Adam`` / ``torch.optim.SGD`` (default options: no AMSGrad, no Nesterov, dampening 0,
-L2 weight decay added to the gradient) would make on ``param[t]`` alone, so a stacked run equals T
-separate plain-PyTorch runs to float tolerance.
-
-How a step runs (no host synchronisation, no allocation on the hot path):
-
-* trials are grouped by their ``(lr, weight_decay)`` pair on the host (known up front); a group
-  that holds every trial updates the whole tensors in one call, otherwise one call per group on
-  the contiguous slices ``param[t]``;
-* Adam uses PyTorch's fused kernel (``torch._fused_adam_``, the kernel behind
-  ``torch.optim.Adam(fused=True)``) where this device and build have it, else the single-tensor
-  algorithm of ``torch.optim.Adam`` with preallocated buffers;
-* :meth:`StackedOptimizer.stop_trials` freezes trials (Optuna pruning): they leave every group,
-  so their weights and optimizer state stop changing and they cost nothing in the update.
-
-Gradients are passed to :meth:`step` explicitly (the trainer computes the head's gradient with one
-matrix product instead of autograd); a ``None`` gradient skips that parameter for the step, as
-``torch.optim`` skips parameters whose ``.grad`` is None.
+The update of trial ``t`` is exactly the one ``torch.optim.Adam`` / ``torch.optim.SGD`` (default
+options, L2 weight decay added to the gradient) would make on ``param[t]`` alone, with its own
+learning rate and weight decay. A step never synchronises with the host: trials are grouped by
+their ``(lr, weight_decay)`` pair (one call for a group of all trials, else one per group on the
+slices ``param[t]``); Adam uses PyTorch's fused kernel where this device has it;
+:meth:`StackedOptimizer.stop_trials` freezes trials (pruning). Gradients are passed to
+:meth:`step` explicitly (``None`` skips a parameter, as ``torch.optim`` skips a None ``.grad``).
 """
 
 from __future__ import annotations
@@ -36,14 +23,8 @@ from probe.errors import SpmlError
 
 from .losses._base import trial_rows
 
-__all__ = [
-    "OptimizerConfigError",
-    "StackedAdam",
-    "StackedOptimizer",
-    "StackedSGD",
-    "TrialParam",
-    "make_optimizer",
-]
+__all__ = ["OptimizerConfigError", "StackedAdam", "StackedOptimizer", "StackedSGD", "TrialParam",
+           "make_optimizer"]
 
 
 class OptimizerConfigError(SpmlError):
@@ -54,12 +35,10 @@ class OptimizerConfigError(SpmlError):
 class TrialParam:
     """A tensor trained with one value of ``lr`` and ``weight_decay`` per trial.
 
-    ``param`` has the trial axis first (``param.shape[0] == len(lr)``) and must be contiguous,
-    so that ``param[t]`` is a contiguous block; ``lr``/``weight_decay`` are per-trial lists (a
-    single number applies to every trial). ``trial_ids`` names the run's trial of each slice
-    (default ``0, 1, …``): a parameter that belongs to one trial of a larger run (a per-trial
-    loss object's state) gives its trial here, so that :meth:`StackedOptimizer.stop_trials`
-    freezes the right slices.
+    ``param`` has the trial axis first and is contiguous; ``lr``/``weight_decay`` are per-trial
+    lists (a single number applies to every trial). ``trial_ids`` names the run's trial of each
+    slice (default ``0, 1, …``), so that :meth:`StackedOptimizer.stop_trials` freezes the right
+    slices of a per-trial loss object's state.
     """
 
     param: Tensor
@@ -72,23 +51,19 @@ class TrialParam:
         ids = list(range(n)) if self.trial_ids is None else [int(t) for t in self.trial_ids]
         if len(ids) != n:
             raise OptimizerConfigError(
-                f"trial_ids: one id per slice of the leading axis ({n}); got {len(ids)}"
-            )
+                f"trial_ids: one id per slice of the leading axis ({n}); got {len(ids)}")
         return ids
 
     def per_trial(self) -> tuple[list[float], list[float]]:
         n = self.param.shape[0] if self.param.ndim else 1
         out = []
         for name, value in (("lr", self.lr), ("weight_decay", self.weight_decay)):
-            if isinstance(value, int | float):
-                values = [float(value)] * n
-            else:
-                values = [float(v) for v in value]
+            values = ([float(value)] * n if isinstance(value, int | float)
+                      else [float(v) for v in value])
             if len(values) != n:
                 raise OptimizerConfigError(
                     f"{name}: one value per trial expected ({n} trials, the parameter's leading "
-                    f"axis of shape {tuple(self.param.shape)}); got {len(values)} values"
-                )
+                    f"axis of shape {tuple(self.param.shape)}); got {len(values)} values")
             for v in values:
                 if not math.isfinite(v) or v < 0:
                     raise OptimizerConfigError(f"{name} must be a finite number >= 0; got {v!r}")
@@ -109,13 +84,11 @@ class StackedOptimizer(ABC):
             if p.param.ndim == 0:
                 raise OptimizerConfigError(
                     "every parameter needs a leading trial axis; got a 0-d tensor (reshape it "
-                    "to (1,) for a single trial)"
-                )
+                    "to (1,) for a single trial)")
             if not p.param.is_contiguous():
                 raise OptimizerConfigError(
                     f"parameters must be contiguous (trial slices are updated in place); got "
-                    f"strides {p.param.stride()} for shape {tuple(p.param.shape)}"
-                )
+                    f"strides {p.param.stride()} for shape {tuple(p.param.shape)}")
             lr, wd = p.per_trial()
             self._lr.append(lr)
             self._wd.append(wd)
@@ -124,7 +97,6 @@ class StackedOptimizer(ABC):
         self._stopped: set[int] = set()
         self._groups = self._build_groups()
 
-    # -- trial bookkeeping ----------------------------------------------------------------------
     def stop_trials(self, trials: Iterable[int]) -> None:
         """Freeze trials ``trials`` (trial ids) for the rest of the run: their slices of every
         parameter stop changing, and their optimizer state too."""
@@ -133,8 +105,7 @@ class StackedOptimizer(ABC):
             if int(t) not in known:
                 raise OptimizerConfigError(
                     f"stop_trials: trial {t} is not one of this optimizer's trials "
-                    f"({min(known)}..{max(known)})"
-                )
+                    f"({min(known)}..{max(known)})")
             self._stopped.add(int(t))
         self._groups = self._build_groups()
 
@@ -143,12 +114,9 @@ class StackedOptimizer(ABC):
         return frozenset(self._stopped)
 
     def select_trials(self, keep: Iterable[int], params: Sequence[Tensor]) -> None:
-        """Keep only the trials ``keep`` (trial ids): a parameter without a kept trial leaves
-        the optimizer with its state; every other one keeps its kept trials' rows (in order),
-        its optimizer state too. ``params`` are the new, compacted tensors of the surviving
-        parameters, in order (the owner compacts them first: the head's rows, a loss's
-        :meth:`~probe.losses.Loss.select_trials`). Each kept trial then steps exactly as it
-        would have."""
+        """Keep only the trials ``keep`` (trial ids), each stepping exactly as it would have:
+        a parameter without a kept trial leaves with its state; ``params`` are the surviving
+        parameters' new tensors, in order, compacted by their owner to the kept rows."""
         kept = {int(t) for t in keep}
         survivors = [(i, [j for j, t in enumerate(ids) if t in kept])
                      for i, ids in enumerate(self._ids)]
@@ -201,8 +169,7 @@ class StackedOptimizer(ABC):
     def _check_grads(self, grads: Sequence[Tensor | None]) -> None:
         if len(grads) != len(self.params):
             raise OptimizerConfigError(
-                f"step() needs one gradient per parameter ({len(self.params)}); got {len(grads)}"
-            )
+                f"step() needs one gradient per parameter ({len(self.params)}); got {len(grads)}")
 
     def _slices(self, key: tuple[int, int], tensors: Sequence[Tensor],
                 trials: list[int] | None) -> list[list[Tensor]]:
@@ -235,13 +202,8 @@ class StackedAdam(StackedOptimizer):
     False = the single-tensor algorithm.
     """
 
-    def __init__(
-        self,
-        params: Sequence[TrialParam],
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        fused: bool | None = None,
-    ) -> None:
+    def __init__(self, params: Sequence[TrialParam], betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, fused: bool | None = None) -> None:
         super().__init__(params)
         b1, b2 = map(float, betas)
         if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
@@ -261,8 +223,7 @@ class StackedAdam(StackedOptimizer):
         if fused and not can_fuse:
             raise OptimizerConfigError(
                 "fused=True: PyTorch's fused Adam kernel is not available for these parameters "
-                f"(device {self.params[0].param.device}, dtype {self.params[0].param.dtype})"
-            )
+                f"(device {self.params[0].param.device}, dtype {self.params[0].param.dtype})")
         self.fused = can_fuse if fused is None else bool(fused)
 
     def _select_state(self, survivors: list[tuple[int, list[int]]]) -> None:
@@ -312,7 +273,7 @@ class StackedSGD(StackedOptimizer):
 
     def __init__(self, params: Sequence[TrialParam], momentum: float = 0.0) -> None:
         super().__init__(params)
-        if not (0.0 <= momentum < 1.0 or momentum == 1.0):
+        if not 0.0 <= momentum <= 1.0:
             raise OptimizerConfigError(f"momentum must lie in [0, 1]; got {momentum!r}")
         self.momentum = float(momentum)
         self.buffers = [torch.zeros_like(p.param) for p in self.params] if momentum else []
@@ -371,14 +332,9 @@ _FUSED_CACHE: dict[tuple[str, torch.dtype], bool] = {}
 OPTIMIZERS = ("adam", "sgd")
 
 
-def make_optimizer(
-    name: str,
-    params: Sequence[TrialParam],
-    *,
-    momentum: float = 0.9,
-    betas: tuple[float, float] = (0.9, 0.999),
-    eps: float = 1e-8,
-) -> StackedOptimizer:
+def make_optimizer(name: str, params: Sequence[TrialParam], *, momentum: float = 0.9,
+                   betas: tuple[float, float] = (0.9, 0.999),
+                   eps: float = 1e-8) -> StackedOptimizer:
     """``"adam"`` → :class:`StackedAdam`, ``"sgd"`` → :class:`StackedSGD` (with ``momentum``)."""
     if name == "adam":
         return StackedAdam(params, betas=betas, eps=eps)

@@ -92,15 +92,10 @@ def format_seconds(seconds: float) -> str:
 
 
 class Progress:
-    """One progress display over ``total`` units (see the module docstring).
+    """One progress display over ``total`` units (module docstring), also a context manager.
 
-    ``update(n)`` counts finished work, ``set_postfix(text)`` sets a short status shown with the
-    count (the best value so far, pruned trials, …), ``write(line)`` prints a line that does not
-    disturb the bar, ``close()`` ends it (also as a context manager).
-
-    ``heartbeat``: in a log, a status line also comes from a background thread whenever
-    ``interval`` seconds pass without one, for work whose units take longer than that (a study's
-    batch of trials that trains for minutes).
+    ``heartbeat``: in a log, a background thread also writes a status line whenever ``interval``
+    seconds pass without one (for units of work that take minutes).
     """
 
     def __init__(self, total: int | None, desc: str, unit: str = "it", *, enabled: bool = True,
@@ -134,7 +129,6 @@ class Progress:
                                                 daemon=True)
                 self._ticker.start()
 
-    # -- reporting ----------------------------------------------------------------------------
     def update(self, n: int = 1) -> None:
         self.n += n
         if self._bar is not None:
@@ -203,7 +197,6 @@ class Progress:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    # -- plain lines --------------------------------------------------------------------------
     _last_count = -1
 
     def status(self, now: float | None = None) -> str:

@@ -20,10 +20,7 @@ from torch import Tensor
 
 __all__ = ["ap_block", "argsort_rows", "column_ap"]
 
-# Largest number of score elements (rows x columns) ranked in one block. Ranking needs about
-# 20 bytes per element (the columns, sorted in place, and the zero-padded precisions), so a
-# block peaks near 400 MB; COCO test (40,137 x 80) x 64 stacked trials is ~13 blocks of whole
-# trials.
+# score elements ranked in one block: ~20 bytes each, so a block peaks near 400 MB
 _CHUNK_ELEMENTS = 1 << 24
 # sort CPU columns with NumPy (False: torch.sort, as on CUDA; the sorted values are the same,
 # tests/test_metrics.py checks both)
@@ -44,15 +41,11 @@ def ap_block(scores: Tensor, targets: Tensor) -> Tensor:
     with k positives adds ``k/P`` times the precision of the whole group -- exactly sklearn's
     step-wise sum over distinct thresholds.
 
-    How: every column's scores are sorted as values only, no indices (on the CPU by NumPy's
-    SIMD sort, in place, rows shared among the intra-op threads; several times faster than
-    ``torch.sort``'s values and indices). Then per class -- whose positives are the same rows
-    in every trial -- the positives' scores of all L trials at once are sorted (a few % of N), and a
-    binary search of each into its sorted column gives ``start``; its tie group ends k rows
-    later unless a negative ties it (then a second search). In the canonical order the group's
-    positives take its last k positions; their precisions go there in a zero vector of length
-    N per column, summed, so the AP is bit for bit the sum over every sorted row
-    (tests/test_metrics.py checks it against that all-rows form, with ties, NaN and float64).
+    How: the columns are sorted as values only (:func:`_sort_rows`); per class the positives'
+    scores of all L trials are sorted and binary-searched into their columns for ``start``
+    (:func:`_class_precisions`). The group's positives take its last k positions in the
+    canonical order; their precisions are scattered into a zero vector of length N per column
+    and summed, so the AP is bit for bit the sum over every sorted row (tests/test_metrics.py).
     """
     lead, n, c = scores.shape[:-2], scores.shape[-2], scores.shape[-1]
     rows = math.prod(lead)
@@ -116,10 +109,9 @@ def _sort_rows(rows: Tensor) -> None:
 
 
 def argsort_rows(rows: Tensor) -> tuple[Tensor, Tensor]:
-    """Every row of the 2-D ``rows`` sorted ascending (NaN last): ``(values, indices)``. On the
-    CPU NumPy's argsort with the rows shared among the intra-op threads (several times faster than
-    torch's sort with indices), else torch's sort. Ties come in no defined order: a
-    caller that needs one imposes it (:func:`probe.intervals._column_plan` does)."""
+    """Every row of the 2-D ``rows`` sorted ascending (NaN last): ``(values, indices)``, by
+    NumPy's argsort on the CPU (rows shared among the intra-op threads), else torch's sort.
+    Ties come in no defined order: a caller that needs one imposes it."""
     if rows.device.type != "cpu" or not _NUMPY_SORT:
         return rows.sort(dim=-1)
     a = rows.contiguous().numpy()

@@ -8,6 +8,7 @@ trained heads in ``nn.Linear`` layout with what is needed to use and reproduce t
 from __future__ import annotations
 
 import functools
+import importlib.metadata as md
 import json
 import math
 import platform
@@ -25,19 +26,9 @@ from .config import ProbeConfigError
 from .io import atomic_write, atomic_write_text
 from .progress import plural
 
-__all__ = [
-    "BestEpoch",
-    "EpochReport",
-    "ProbeResult",
-    "TrialResult",
-    "environment_info",
-    "load_head",
-    "loss_package",
-    "save_head",
-    "to_linear",
-    "versioned",
-    "write_json_atomic",
-]
+__all__ = ["BestEpoch", "EpochReport", "ProbeResult", "TrialResult", "environment_info",
+           "from_linear", "load_head", "loss_package", "save_head", "to_linear", "versioned",
+           "write_json_atomic"]
 
 _HEAD_FORMAT = "spml-probe-head/1"
 _RESULT_FORMAT = "spml-probe-result/1"
@@ -52,36 +43,32 @@ class EpochReport:
     val_map: list[float | None]
     test_map: list[float | None]
     active: list[bool]
-    # the active trials' current heads (n_active, D+1, C) in trial order (all T while none is
-    # stopped), bias in the last row, on the training device;
-    # read-only (analyses read the train logits through them; do not modify)
+    # the active trials' current heads (n_active, D+1, C) in trial order, bias in the last row,
+    # on the training device; read-only
     heads: Tensor | None = None
 
 
+def _figure(key: str, doc: str) -> property:
+    return property(lambda self: self.get(key), doc=doc)
+
+
 class BestEpoch(dict):
-    """A trial's best epoch (selected on val): its figures, in percent like every figure a
-    result holds. Typed attribute access for the documented figures (``best.test_map``; None
-    where the run did not measure it, e.g. ``test_map_low`` without test intervals), and still
-    the dict it always was (``best["test_map"]``, ``best.get(...)``, ``**best``, JSON), so
-    code written against the dict keeps working."""
+    """A trial's best epoch (selected on val): its figures, in percent, as a dict
+    (``best["test_map"]``, JSON) with typed attribute access (``best.test_map``; None where the
+    run did not measure it, e.g. ``test_map_low`` without test intervals)."""
 
     __slots__ = ()
 
-    def _figure(self, key: str) -> Any:
-        return self.get(key)
-
-    val_map = property(lambda self: self._figure("val_map"), doc="val mAP (percent)")
-    test_map = property(lambda self: self._figure("test_map"), doc="test mAP (percent)")
-    test_map_low = property(lambda self: self._figure("test_map_low"),
-                            doc="the test mAP's 95% interval, low end (ProbeConfig.test_intervals)")
-    test_map_high = property(lambda self: self._figure("test_map_high"),
-                             doc="the test mAP's 95% interval, high end")
-    val_OF1 = property(lambda self: self._figure("val_OF1"), doc="val overall F1 (percent)")
-    val_CF1 = property(lambda self: self._figure("val_CF1"), doc="val per-class F1 (percent)")
-    test_OF1 = property(lambda self: self._figure("test_OF1"), doc="test overall F1 (percent)")
-    test_CF1 = property(lambda self: self._figure("test_CF1"), doc="test per-class F1 (percent)")
-    val_ap = property(lambda self: self._figure("val_ap"), doc="val AP per class (percent)")
-    test_ap = property(lambda self: self._figure("test_ap"), doc="test AP per class (percent)")
+    val_map = _figure("val_map", "val mAP (percent)")
+    test_map = _figure("test_map", "test mAP (percent)")
+    test_map_low = _figure("test_map_low", "the test mAP's 95% interval, low end")
+    test_map_high = _figure("test_map_high", "the test mAP's 95% interval, high end")
+    val_OF1 = _figure("val_OF1", "val overall F1 (percent)")
+    val_CF1 = _figure("val_CF1", "val per-class F1 (percent)")
+    test_OF1 = _figure("test_OF1", "test overall F1 (percent)")
+    test_CF1 = _figure("test_CF1", "test per-class F1 (percent)")
+    val_ap = _figure("val_ap", "val AP per class (percent)")
+    test_ap = _figure("test_ap", "test AP per class (percent)")
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self)
@@ -138,21 +125,12 @@ class ProbeResult:
         return -max(scored)[1] if scored else None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "format": _RESULT_FORMAT,
-            "loss": self.loss,
-            "loss_package": loss_package(self.loss),
-            "config": self.config,
-            "dataset": self.dataset,
-            "data": self.source,
-            "environment": self.environment,
-            "n_trials": self.n_trials,
-            "shared_batch_order": self.shared_batch_order,
-            "best_trial": self.best_trial(),
-            "class_names": self.class_names,
-            "trials": [asdict(t) for t in self.trials],
-            "timing": self.timing,
-        }
+        return {"format": _RESULT_FORMAT, "loss": self.loss,
+                "loss_package": loss_package(self.loss), "config": self.config,
+                "dataset": self.dataset, "data": self.source, "environment": self.environment,
+                "n_trials": self.n_trials, "shared_batch_order": self.shared_batch_order,
+                "best_trial": self.best_trial(), "class_names": self.class_names,
+                "trials": [asdict(t) for t in self.trials], "timing": self.timing}
 
     def write_json(self, path: str | Path) -> Path:
         """Write :meth:`to_dict` atomically (temporary file in the same folder, then rename)."""
@@ -171,28 +149,22 @@ class ProbeResult:
 def loss_package(loss: str) -> dict[str, str] | None:
     """The distribution that provides loss ``loss`` and its version (``{"name", "version"}``):
     spml-probe for a built-in loss, the plugin's package for a plugin; None where unknown."""
-    import importlib.metadata as md
-
     try:
         from probe.losses import get_loss_class
 
         top = get_loss_class(loss).__module__.split(".")[0]
     except Exception:  # an unknown or broken loss: the record says nothing rather than fail
         return None
-    names = _packages().get(top) or []
-    if not names:
-        return None
     try:
-        return {"name": names[0], "version": md.version(names[0])}
-    except md.PackageNotFoundError:
+        name = _packages()[top][0]
+        return {"name": name, "version": md.version(name)}
+    except (KeyError, IndexError, md.PackageNotFoundError):
         return None
 
 
 @functools.cache
 def _packages() -> dict[str, list[str]]:
     """Top-level module -> distributions (read once per process)."""
-    import importlib.metadata as md
-
     return dict(md.packages_distributions())
 
 
@@ -204,6 +176,12 @@ def to_linear(w_aug: Tensor) -> nn.Linear:
         lin.weight.copy_(w_aug[:d].T)
         lin.bias.copy_(w_aug[d])
     return lin
+
+
+def from_linear(lin: nn.Linear) -> Tensor:
+    """An ``nn.Linear`` as a ``(D+1, C)`` head (bias in the last row): :func:`to_linear`'s
+    inverse."""
+    return torch.cat([lin.weight.detach().T, lin.bias.detach()[None]])
 
 
 def write_json_atomic(path: str | Path, payload: Any) -> Path:
@@ -255,16 +233,11 @@ def save_head(path: str | Path, result: ProbeResult, trials: Sequence[int] | Non
         raise ProbeConfigError(f"the {result.loss} run has no trained head to save")
     idx = list(range(heads.shape[0])) if trials is None else [int(t) for t in trials]
     d = heads.shape[1] - 1
-    meta = versioned({
-        "trials": [asdict(result.trials[t]) for t in idx],
-        "which": "best" if best else "final",
-        "loss": result.loss,
-        "config": result.config,
-        "class_names": result.class_names,
-        "dataset": result.dataset,
-        "data": result.source,
-        "environment": result.environment,
-    })
+    meta = versioned({"trials": [asdict(result.trials[t]) for t in idx],
+                      "which": "best" if best else "final", "loss": result.loss,
+                      "config": result.config, "class_names": result.class_names,
+                      "dataset": result.dataset, "data": result.source,
+                      "environment": result.environment})
     payload = {
         "format": _HEAD_FORMAT,
         "weight": heads[idx, :d].transpose(1, 2).contiguous(),
@@ -293,18 +266,13 @@ def load_head(path: str | Path, trial: int = 0) -> tuple[nn.Linear, dict[str, An
     if not isinstance(payload, dict) or payload.get("format") != _HEAD_FORMAT:
         raise ProbeConfigError(
             f"{path} is not an spml-probe head file (format {_HEAD_FORMAT!r}); save heads with "
-            "'spml probe … --save-head PATH'"
-        )
+            "'spml probe … --save-head PATH'")
     weight, bias = payload["weight"], payload["bias"]
     if not 0 <= trial < weight.shape[0]:
         raise ProbeConfigError(f"{path} holds {plural(weight.shape[0], 'heads')} (trials 0 to "
                                f"{weight.shape[0] - 1}); trial {trial} asked for")
-    lin = nn.Linear(weight.shape[2], weight.shape[1])
-    with torch.no_grad():
-        lin.weight.copy_(weight[trial])
-        lin.bias.copy_(bias[trial])
     meta = {k: v for k, v in payload.items() if k not in ("weight", "bias")}
-    return lin, meta
+    return to_linear(torch.cat([weight[trial].T, bias[trial][None]])), meta
 
 
 def _file_kind(path: Path) -> str | None:
@@ -334,13 +302,9 @@ def _file_kind(path: Path) -> str | None:
 
 
 def environment_info(device: torch.device) -> dict[str, Any]:
-    env = {
-        "torch": str(torch.__version__),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "device": str(device),
-        "threads": torch.get_num_threads(),
-    }
+    env = {"torch": str(torch.__version__), "python": platform.python_version(),
+           "platform": platform.platform(), "device": str(device),
+           "threads": torch.get_num_threads()}
     if device.type == "cuda":
         env["device_name"] = torch.cuda.get_device_name(device)
         env["cuda"] = torch.version.cuda

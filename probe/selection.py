@@ -1,27 +1,20 @@
 """How a trial is scored for model selection (``spml study --select``; docs/selection.md).
 
-The protocol scores a trial by its val mAP on one train/val split of the pool under one
-single-positive draw. On a small validation set that one number is noisy, and a search that
-maximises it can pick values that do worse on test than the paper's. The other
-modes score a trial by the mean over several replicates of the training data:
-
 * ``val`` — the protocol: one split, one draw (one replicate).
-* ``cv:K`` — K train/val re-splits of the pool. Replicate 0 is the store's own split;
-  replicate ``k`` re-splits the pool with the protocol's generator
-  (:func:`probe.store.protocol.split_indices`, the same val size) seeded
-  ``PROTOCOL_SEED + k``. The single-positive draw stays the study's.
-* ``draws:N`` — N single-positive draws on the store's split. Replicate 0 is the study's draw
-  (``observed_seed``); replicate ``k`` is drawn by the protocol's generator
-  (:func:`probe.store.protocol.single_positive`, per phase) seeded ``observed_seed + k``.
+* ``cv:K`` — K train/val re-splits of the pool: the store's own, then the protocol's generator
+  (:func:`probe.store.protocol.split_indices`) seeded ``PROTOCOL_SEED + k``; the study's draw.
+* ``draws:N`` — N single-positive draws on the store's split: the study's (``observed_seed``),
+  then :func:`probe.store.protocol.single_positive` seeded ``observed_seed + k``.
 
-Every replicate is a :class:`probe.data.ProbeData`; a study trains a batch of trials stacked
-on each replicate in turn and scores each trial by its mean val mAP curve (best epoch of the
-mean). The replicates are fixed by the mode alone, so every trial and every worker sees the
-same ones, and results record them (:meth:`Selection.describe`).
+Each replicate is a :class:`probe.data.ProbeData`; a trial scores its mean val mAP curve over
+them (best epoch of the mean). The replicates depend on the mode alone, so every worker sees the
+same ones (:meth:`Selection.describe` records them).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +26,7 @@ import torch
 from probe.errors import SpmlError
 
 from .data import ProbeData
+from .results import ProbeResult
 from .store.protocol import PROTOCOL_SEED, single_positive, split_indices
 
 __all__ = ["MODES", "Selection", "SelectionError", "mean_over_replicates", "selection_data"]
@@ -63,14 +57,12 @@ class Selection:
         if m is None:
             raise SelectionError(
                 f"--select must be 'val', 'cv:K' or 'draws:N' (K, N >= 2), e.g. --select cv:5; "
-                f"got {text!r}"
-            )
+                f"got {text!r}")
         k = int(m.group(2))
         if k < 2:
             raise SelectionError(
                 f"--select {value}: {m.group(1)} needs at least 2 replicates (1 is --select "
-                "val, the protocol's own split and draw)"
-            )
+                "val, the protocol's own split and draw)")
         return cls(m.group(1), k)
 
     def __str__(self) -> str:
@@ -113,16 +105,10 @@ def _draw(store: Any, seed: int) -> np.ndarray:
                            single_positive(labels[n_pool:], seed)])
 
 
-def selection_data(
-    store: Any,
-    select: str | Selection = "val",
-    *,
-    device: str | torch.device = "cpu",
-    observed_seed: int = PROTOCOL_SEED,
-    flip: bool = True,
-    dtype: torch.dtype | None = None,
-    priors: str | None = None,
-) -> list[ProbeData]:
+def selection_data(store: Any, select: str | Selection = "val", *,
+                   device: str | torch.device = "cpu", observed_seed: int = PROTOCOL_SEED,
+                   flip: bool = True, dtype: torch.dtype | None = None,
+                   priors: str | None = None) -> list[ProbeData]:
     """The replicates a ``select`` mode scores trials on, each a :class:`ProbeData` on
     ``device`` (``val``: one, :meth:`ProbeData.from_store`). They hold ``k`` copies of the
     train features: K × the memory of one. ``priors``: each replicate's train rows of that
@@ -132,21 +118,18 @@ def selection_data(
     selection = Selection.parse(select)
     if isinstance(store, str | Path):
         store = open_store(store)
+    common = {"device": device, "flip": flip, "dtype": dtype, "priors": priors}
     if selection.mode == "val":
-        return [ProbeData.from_store(store, device=device, observed_seed=observed_seed,
-                                     flip=flip, dtype=dtype, priors=priors)]
+        return [ProbeData.from_store(store, observed_seed=observed_seed, **common)]
     if selection.mode == "cv":
         observed = store.observed(observed_seed)
-        return [ProbeData.from_store(store, device=device, observed_seed=observed_seed,
-                                     flip=flip, dtype=dtype,
+        return [ProbeData.from_store(store, observed_seed=observed_seed,
                                      rows={"train": tr, "val": va}, observed=observed,
-                                     replicate={"select": str(selection), "index": j},
-                                     priors=priors)
+                                     replicate={"select": str(selection), "index": j}, **common)
                 for j, (tr, va) in enumerate(_pool_splits(store, selection.k))]
-    return [ProbeData.from_store(store, device=device, observed_seed=observed_seed + j,
-                                 flip=flip, dtype=dtype, observed=_draw(store, observed_seed + j),
-                                 replicate={"select": str(selection), "index": j},
-                                 priors=priors)
+    return [ProbeData.from_store(store, observed_seed=observed_seed + j,
+                                 observed=_draw(store, observed_seed + j),
+                                 replicate={"select": str(selection), "index": j}, **common)
             for j in range(selection.k)]
 
 
@@ -172,22 +155,13 @@ def mean_over_replicates(results: list[Any], select: str | Selection) -> Any:
     replicates' results (the same trials, trained on each replicate of ``select``).
 
     Per epoch, ``val_map`` and ``train_loss`` are the replicates' means (each replicate's value
-    is kept in ``replicate_val_map``); the best epoch is the first maximum of the mean val
-    curve. ``best["test_map"]`` is the mean of each replicate's test mAP on its own best-val
-    head (the engine tests each head once), and so are the other test figures (per-class
-    ``test_ap``, ``test_OF1``, …). A study's figures for test come from ``study confirm``,
-    which retrains the winner on the protocol's split. No heads are kept."""
-    import dataclasses
-    import math
-
-    from .results import ProbeResult
-
+    in ``replicate_val_map``); the best epoch is the first maximum of the mean val curve; the
+    test figures are the means of each replicate's on its own best-val head. No heads."""
     selection = Selection.parse(select)
     if len(results) != selection.replicates or not results:
         raise SelectionError(
             f"mean_over_replicates: {selection} has {selection.replicates} replicates; got "
-            f"{len(results)} results"
-        )
+            f"{len(results)} results")
     first = results[0]
 
     def mean(values: list[Any]) -> float | None:
@@ -202,12 +176,9 @@ def mean_over_replicates(results: list[Any], select: str | Selection) -> Any:
         epochs = []
         for e in range(n_epochs):
             vals = [t.epochs[e].get("val_map") for t in runs]
-            epochs.append({
-                "epoch": base.epochs[e]["epoch"],
-                "train_loss": mean([t.epochs[e].get("train_loss") for t in runs]),
-                "val_map": mean(vals),
-                "replicate_val_map": vals,
-            })
+            epochs.append({"epoch": base.epochs[e]["epoch"],
+                           "train_loss": mean([t.epochs[e].get("train_loss") for t in runs]),
+                           "val_map": mean(vals), "replicate_val_map": vals})
         curve = [e["val_map"] for e in epochs]
         scored = [(v, -j) for j, v in enumerate(curve) if v is not None and math.isfinite(v)]
         best_epoch, best = None, {}

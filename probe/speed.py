@@ -5,15 +5,10 @@ heads: the step loop's thread count and the trial blocks. They are passed to
 :func:`probe.train.train_probe` beside the experiment's :class:`probe.config.ProbeConfig`, and
 they are not part of the recorded experiment (the run's ``timing`` says what was used).
 
-**The step-thread choice is stable.** With ``step_threads=None`` the engine runs the training
-steps on one thread or on torch's setting. The choice is decided once per machine and step
-shape from a short measurement (:func:`probe.loop.measured_threads`), with a margin:
-torch's setting is taken only where it is clearly faster than one thread
-(:func:`choose_threads`); otherwise one thread, which is the setting that does not depend on
-what else holds the cores. The decision is remembered in the process and, by default, in a
-small JSON file under the user cache dir (:func:`thread_cache_path`), so the same step shape
-gets the same setting in every later process on this machine, whatever ran before it. Delete
-that file (or pass ``thread_cache=False``) to measure again, e.g. after the machine changed.
+**The step-thread choice is stable**: with ``step_threads=None`` one thread, or torch's setting
+where a short measurement (:func:`probe.loop.measured_threads`) found it clearly faster
+(:func:`choose_threads`), decided once per machine and step shape and remembered in the process
+and in a JSON file under the cache dir (:func:`thread_cache_path`; delete it to measure again).
 """
 
 from __future__ import annotations
@@ -28,26 +23,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from probe.errors import SpmlError, plain
+from probe.errors import SpmlError, is_int, plain
 
 from .io import atomic_write_text
 
-__all__ = [
-    "SPEED_FIELDS",
-    "THREAD_MARGIN",
-    "SpeedOptions",
-    "choose_threads",
-    "clear_winner",
-    "default_cache_dir",
-    "remembered_threads",
-    "resolve_speed",
-    "thread_cache_path",
-]
+__all__ = ["SPEED_FIELDS", "THREAD_MARGIN", "SpeedOptions", "choose_threads", "clear_winner",
+           "cpu_model", "default_cache_dir", "remembered_threads", "resolve_speed",
+           "thread_cache_path"]
 
 #: torch's thread setting is used for a step only when its samples beat one thread's by this
-#: factor (best and median sample alike); closer than that, one thread is kept. The choice is
-#: made once per machine and step shape and remembered, so the margin guards that one
-#: measurement against a lucky sample; it also bounds what the choice can lose (10%)
+#: factor (best and median sample alike): it guards the one remembered measurement against a
+#: lucky sample and bounds what the choice can lose (10%)
 THREAD_MARGIN = 1.1
 #: SpeedOptions' fields: how a run uses the CPU, never recorded with the experiment
 SPEED_FIELDS = ("step_threads", "trial_block")
@@ -60,16 +46,11 @@ THREAD_CACHE_FORMAT = 1
 class SpeedOptions:
     """How a probe run uses the CPU; none of these change a trial's result.
 
-    ``step_threads``: CPU threads of the training steps. None (the default): one thread, or
-    torch's setting where a measurement made once per machine and step shape found it clearly
-    faster (module docstring); a number fixes it.
-    ``trial_block``: stacked trials trained together on the CPU, one block after the other
-    through each epoch, so that a block's heads and optimizer state stay in cache. None (the
-    default): as many as fit :data:`probe.loop.TRIAL_BLOCK_BYTES` (8 COCO-sized heads; all
-    small ones); 0: all trials in one block. A trial computes the same in any block.
-    ``thread_cache``: remember measured thread choices on disk under the cache dir
-    (:func:`thread_cache_path`) so that later processes reuse them (default True); False:
-    measure once per process and shape.
+    ``step_threads``: CPU threads of the training steps; None: one thread or torch's setting
+    (module docstring). ``trial_block``: stacked trials trained together on the CPU, one block
+    after the other through each epoch, so that a block's heads and optimizer state stay in
+    cache; None: as many as fit :data:`probe.loop.TRIAL_BLOCK_BYTES`; 0: one block.
+    ``thread_cache``: remember measured thread choices on disk (False: once per process).
     """
 
     step_threads: int | None = None
@@ -78,16 +59,14 @@ class SpeedOptions:
 
     def validate(self) -> None:
         """Raise :class:`SpmlError` naming the first bad option."""
-        st = self.step_threads
-        if st is not None and (isinstance(st, bool) or not isinstance(st, int) or st < 1):
+        if self.step_threads is not None and not is_int(self.step_threads, 1):
             raise SpmlError(f"--step-threads must be left out (one thread, or torch's "
                             f"setting where clearly faster) or a positive integer; got "
-                            f"{plain(st)}")
-        tb = self.trial_block
-        if tb is not None and (isinstance(tb, bool) or not isinstance(tb, int) or tb < 0):
+                            f"{plain(self.step_threads)}")
+        if self.trial_block is not None and not is_int(self.trial_block, 0):
             raise SpmlError(f"--trial-block must be left out (sized to the cache), 0 "
                             f"(one block) or a positive integer (trials per block); got "
-                            f"{plain(tb)}")
+                            f"{plain(self.trial_block)}")
         if not isinstance(self.thread_cache, bool):
             raise SpmlError(f"thread_cache must be true or false; got "
                             f"{plain(self.thread_cache)}")
@@ -101,11 +80,6 @@ def resolve_speed(speed: SpeedOptions | None) -> SpeedOptions:
     speed = speed if speed is not None else SpeedOptions()
     speed.validate()
     return speed
-
-
-# --------------------------------------------------------------------------------------------
-# the thread decision, on given samples
-# --------------------------------------------------------------------------------------------
 
 
 def clear_winner(one: Sequence[float], many: Sequence[float], margin: float = 1.5
@@ -136,11 +110,6 @@ def choose_threads(one: Sequence[float], many: Sequence[float],
     return None if clearly else 1
 
 
-# --------------------------------------------------------------------------------------------
-# remembering the decision: in the process and on disk
-# --------------------------------------------------------------------------------------------
-
-
 def default_cache_dir() -> Path:
     """``$SPML_CACHE_DIR`` if set, else ``~/.cache/spml-probe`` (the bench's synthetic stores
     and the remembered thread choices)."""
@@ -152,20 +121,24 @@ def thread_cache_path() -> Path:
     return default_cache_dir() / THREAD_CACHE_FILE
 
 
+def cpu_model() -> str:
+    """The CPU's model name from ``/proc/cpuinfo``, else what :mod:`platform` says."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            return next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")),
+                        cpu)
+    except OSError:
+        return cpu
+
+
 @functools.cache
 def _machine() -> str:
     """What a thread choice depends on besides the step: host, CPU, cores, torch (read once
     per process)."""
     import torch
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")),
-                       cpu)
-    except OSError:
-        pass
-    return f"{platform.node()}|{cpu}|{os.cpu_count()}|torch {torch.__version__}"
+    return f"{platform.node()}|{cpu_model()}|{os.cpu_count()}|torch {torch.__version__}"
 
 
 _REMEMBERED: dict[str, int | None] = {}

@@ -1,9 +1,8 @@
 """The probe engine: many linear heads trained at once on device-resident features.
 
-docs/design.md "What fast means" / "Many trials at once" / "Semantics are not traded for speed".
-One call, :func:`train_probe`, trains T configurations ("trials") of one SPML loss as one
-stacked model, evaluates all T×C columns on val after every epoch (``eval_every``), and test
-once at the end on each trial's best-val head (``test_curve``: test every epoch too).
+:func:`train_probe` trains T configurations ("trials") of one SPML loss as one stacked model,
+evaluates all T×C columns on val after every epoch (``eval_every``), and test once at the end on
+each trial's best-val head (``test_curve``: test every epoch too).
 
 Exact semantics (what a trial *is*)
 -----------------------------------
@@ -32,16 +31,12 @@ per-trial hyperparameters as ``(T,)`` tensors -- the loss contract. Trials with 
 gather their own batches ``(T, B, D+1)`` (one ``bmm``) and each trial gets its own loss object
 (the contract's ``index`` is one row list per call).
 
-Speed (no semantics traded): the head's gradient skips autograd -- autograd differentiates the
-loss w.r.t. the logits only, then ``dW = Xᵀ·dZ`` is one matrix product; the bias is a trailing
-ones column of the features (:mod:`probe.data`), so the head is one tensor and Adam is one fused
-update; every batch of an epoch is drawn up front and moved to the device once; nothing in an
-epoch waits for the device (losses follow the no-host-sync contract, the optimizer's bias
-corrections are host arithmetic); on CPU the step loop runs on one thread or on torch's setting,
-as decided once per machine and step shape (:class:`probe.speed.SpeedOptions`:
-intra-op threading of ~10 tiny ops per step costs more than it gains for small heads, and pays
-for large stacks on free cores). ``torch.compile`` is not used: on the GR loss it saved ~13%
-of a CPU step for ~30 s of compilation (break-even after ~100 COCO epochs).
+Speed (no semantics traded; docs/design.md "The trainer, step by step"): the head's gradient
+skips autograd (``dW = Xᵀ·dZ``), the bias is a trailing ones column of the features
+(:mod:`probe.data`), every batch of an epoch is drawn up front, nothing in an epoch waits for the
+device, and on CPU the step threads are decided once per machine and step shape
+(:class:`probe.speed.SpeedOptions`). ``torch.compile`` only with ``--compile`` (off by default:
+on the GR loss it once saved ~13% of a CPU step for ~30 s of compilation; docs/performance.md).
 """
 
 from __future__ import annotations
@@ -69,48 +64,33 @@ __all__ = ["train_probe"]
 Trainer = StackedTrainer | BlockedTrainer  # make_trainer's choice
 
 
-def train_probe(
-    data: ProbeData,
-    config: ProbeConfig | None = None,
-    loss: Loss | str = "an",
-    hparams: dict[str, Any] | Sequence[dict[str, Any]] | None = None,
-    *,
-    callback: Callable[[EpochReport], Iterable[int] | None] | None = None,
-    progress: bool = False,
-    speed: SpeedOptions | None = None,
-) -> ProbeResult:
+def train_probe(data: ProbeData, config: ProbeConfig | None = None, loss: Loss | str = "an",
+                hparams: dict[str, Any] | Sequence[dict[str, Any]] | None = None, *,
+                callback: Callable[[EpochReport], Iterable[int] | None] | None = None,
+                progress: bool = False, speed: SpeedOptions | None = None) -> ProbeResult:
     """Train T linear heads at once with one SPML loss; select each trial's best epoch on val,
     then measure test once on its head.
 
     Args:
-        data: device-resident splits (:class:`ProbeData`); training runs on ``data.device``
-            unless ``config.device`` names another, to which the data is then moved.
+        data: device-resident splits (:class:`ProbeData`), moved to ``config.device`` if that
+            names another device.
         config: training settings (:class:`ProbeConfig`); None = defaults.
         loss: a registry name (``"gr"``) or a ready :class:`Loss` object (then ``hparams``
             must be None, and its own hyperparameters define the trials).
         hparams: one dict (one trial) or a list of dicts (T stacked trials) of the loss's
-            hyperparameters, plus optionally the per-trial trainer keys ``lr`` and
-            ``weight_decay``. Missing keys take the paper preset for the data's dataset (when
-            ``config.use_presets``), then the loss's defaults; EPR/ROLE's ``k`` comes from the
-            dataset (:func:`probe.config.loss_hparams`).
+            hyperparameters, plus optionally the per-trial ``lr`` and ``weight_decay``; missing
+            keys as :func:`probe.config.loss_hparams` resolves them.
         callback: called after each evaluated epoch with an :class:`EpochReport`; it returns
-            the trials to stop (their weights freeze, they leave the optimizer's update and the
-            later evaluations; their best epoch stays what it was). When every trial is
-            stopped, training ends.
-        progress: a progress display over epochs on stderr (a bar on a terminal, plain lines
-            in a log), one line per epoch with its val mAP and the best so far, labelled.
-        speed: how the run uses the CPU (:class:`probe.speed.SpeedOptions`: step threads,
-            trial blocks); None = the defaults. It changes no result and is not part of the
-            recorded config; ``result.timing`` says what was used.
+            the trials to stop (their weights freeze and their best epoch stays); training
+            ends when every trial is stopped.
+        progress: a display over epochs on stderr, one line per epoch with its val mAP and the
+            best so far.
+        speed: how the run uses the CPU (:class:`probe.speed.SpeedOptions`); changes no result
+            and is not recorded in the config (``result.timing`` says what was used).
 
-    Returns:
-        :class:`ProbeResult` (per-trial per-epoch metrics, best epoch and its per-class AP,
-        best and final heads, config, data provenance, environment, timing).
-
-    Raises :class:`ProbeConfigError` / :class:`~probe.losses.LossInputError` /
-    :class:`~probe.data.DataError` (all ``ValueError``) before training for bad settings: an
-    unknown hyperparameter or loss, a batch size larger than the train split, a GPU asked for
-    without one, a class count that contradicts the dataset's presets, …
+    Returns :class:`ProbeResult`. Raises an :class:`~probe.errors.SpmlError` subclass before
+    training for bad settings (an unknown hyperparameter or loss, a batch size larger than the
+    train split, a GPU asked for without one, ...).
     """
     t_start = time.perf_counter()
     config = config or ProbeConfig()
@@ -137,13 +117,12 @@ def train_probe(
         timing["test_seconds"] = time.perf_counter() - t0
         # of which the test intervals (ProbeConfig.test_intervals)
         timing["test_interval_seconds"] = evaluator.interval_seconds if evaluator else 0.0
-    timing["total_seconds"] = time.perf_counter() - t_start
-    timing["epochs_run"] = len(timing["train_seconds"])
-    timing["steps_per_epoch"] = trainer.n_steps
-    timing["step_threads"] = trainer.threads  # None: torch's setting
-    timing["cuda_graph"] = trainer.cuda_graph  # the steps were replayed as CUDA graphs
-    timing["compiled"] = trainer.compiled  # the step ran through torch.compile
-    timing["trial_blocks"] = trainer.block_sizes  # trials per block (SpeedOptions.trial_block)
+    timing.update(total_seconds=time.perf_counter() - t_start,
+                  epochs_run=len(timing["train_seconds"]), steps_per_epoch=trainer.n_steps,
+                  step_threads=trainer.threads,  # None: torch's setting
+                  cuda_graph=trainer.cuda_graph,  # the steps were replayed as CUDA graphs
+                  compiled=trainer.compiled,  # the step ran through torch.compile
+                  trial_blocks=trainer.block_sizes)  # trials per block (SpeedOptions.trial_block)
     return _result(plan, trainer, data, config, results, evaluator, timing)
 
 
@@ -170,9 +149,7 @@ def _epochs(trainer: Trainer, evaluator: Evaluator | None, results: list[TrialRe
             if record:  # the epoch's line first, then the count that includes it
                 bar.write(_best_line(results, evaluator, active, number, epochs))
             bar.update()
-            if not record:
-                continue
-            if callback is None:
+            if not record or callback is None:
                 continue
             stop = callback(EpochReport(
                 epoch=number, train_loss=[v if a else None for v, a in zip(train_loss, active)],
@@ -249,18 +226,11 @@ def _result(plan: TrialPlan, trainer: Trainer, data: ProbeData, config: ProbeCon
     resolved = {**experiment, **plan.training.to_dict(), "device": str(trainer.device),
                 "flip_used": trainer.flip, "notes": notes}
     result = ProbeResult(
-        loss=plan.cls.name,
-        config=resolved,
-        trials=results,
-        class_names=list(data.class_names),
-        dataset=data.dataset,
-        source=dict(data.source),
-        environment=environment_info(trainer.device),
-        timing=timing,
-        shared_batch_order=plan.shared,
+        loss=plan.cls.name, config=resolved, trials=results, class_names=list(data.class_names),
+        dataset=data.dataset, source=dict(data.source), timing=timing,
+        environment=environment_info(trainer.device), shared_batch_order=plan.shared,
         best_heads=evaluator.best_heads() if evaluator is not None else None,
-        final_heads=trainer.final_heads(),
-    )
+        final_heads=trainer.final_heads())
     if evaluator is not None and config.test_intervals:
         from .intervals import record_test_intervals
 

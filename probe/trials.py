@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from . import losses as _losses
@@ -112,8 +113,7 @@ def plan_trials(data: ProbeData, config: ProbeConfig, loss: Loss | str,
         if hparams is not None:
             raise ProbeConfigError(
                 "hparams must be None when a Loss object is passed (its hyperparameters are "
-                "already set); pass the loss by name to give hyperparameters"
-            )
+                "already set); pass the loss by name to give hyperparameters")
         given, cls = loss, type(loss)
         hparams = [{} for _ in range(loss.n_trials or 1)]
     elif isinstance(loss, str):
@@ -133,8 +133,7 @@ def plan_trials(data: ProbeData, config: ProbeConfig, loss: Loss | str,
     if given is not None:
         if not shared:
             raise ProbeConfigError(
-                "per-trial seeds need one loss object per trial; pass the loss by name"
-            )
+                "per-trial seeds need one loss object per trial; pass the loss by name")
         values = given.hparams_dict()  # stacked hyperparameters come back as per-trial lists
         merged = [{k: (v[t] if isinstance(v, list) else v) for k, v in values.items()}
                   for t in range(len(seeds))]
@@ -148,17 +147,14 @@ def plan_trials(data: ProbeData, config: ProbeConfig, loss: Loss | str,
         raise ProbeConfigError(
             f"batch size {training.batch_size} ({training.sources['batch_size']}) is larger "
             f"than the train split ({data.n_train} rows); use a batch size of at most "
-            f"{data.n_train}"
-        )
+            f"{data.n_train}")
     return TrialPlan(cls, seeds, lrs, wds, merged, objects, training, notes, given is not None,
                      prior=train_prior(cls, config, data))
 
 
 def train_prior(cls: type[Loss], config: ProbeConfig, data: ProbeData) -> Any:
-    """The train rows' prior for a loss that declares one (``Loss.prior``; docs/priors.md):
-    ``data.train_prior`` named ``config.priors``. Refused before training: a loss that needs a
-    prior without ``config.priors``, a prior for a loss that uses none, a name the data was not
-    loaded with."""
+    """``data.train_prior`` for a loss that declares one (``Loss.prior``; docs/priors.md), checked
+    against ``config.priors`` (:func:`check_prior_request`) and the prior the data carries."""
     name = getattr(config, "priors", None)
     check_prior_request(cls, name)
     if cls.prior is None:
@@ -168,8 +164,7 @@ def train_prior(cls: type[Loss], config: ProbeConfig, data: ProbeData) -> Any:
         have = "none" if prior is None else f"'{prior.name}'"
         raise ProbeConfigError(
             f"{cls.name}: --priors is '{name}' but the data carries prior {have}; "
-            f"load it with probe.load_store(store, priors='{name}')"
-        )
+            f"load it with probe.load_store(store, priors='{name}')")
     return prior
 
 
@@ -177,17 +172,14 @@ def check_prior_request(cls: type[Loss], name: str | None) -> None:
     """Refuse a prior for a loss that uses none, and a loss that needs one without it."""
     if cls.prior is None:
         if name is not None:
-            raise ProbeConfigError(
-                f"{cls.name} uses no prior, but --priors {name} was given; "
-                "drop --priors, or choose a loss that uses one (vlpl, gpr)"
-            )
+            raise ProbeConfigError(f"{cls.name} uses no prior, but --priors {name} was given; "
+                                   "drop --priors, or choose a loss that uses one (vlpl, gpr)")
         return
     if name is None:
         raise ProbeConfigError(
             f"{cls.name} needs a prior ({cls.prior}): pass --priors NAME "
             "naming one of the store's priors ('spml info STORE' lists them; 'spml import "
-            "priors' adds one)"
-        )
+            "priors' adds one)")
 
 
 def setup_loss_groups(plan: TrialPlan, train_y: Tensor, device: Any) -> list[LossGroup]:
@@ -211,16 +203,13 @@ def setup_loss_groups(plan: TrialPlan, train_y: Tensor, device: Any) -> list[Los
             if p.ndim == 0 or p.shape[0] != k or not p.is_contiguous():
                 raise ProbeConfigError(
                     f"{plan.cls.name}: extra_parameters() must return contiguous tensors with a "
-                    f"leading trial axis of {k}; got shape {tuple(p.shape)}"
-                )
+                    f"leading trial axis of {k}; got shape {tuple(p.shape)}")
         groups.append(LossGroup(obj, span, extra))
     return groups
 
 
 def _prior_tensors(prior: Any, device: Any) -> tuple[Tensor, dict[str, Tensor]]:
     """A :class:`probe.store.priors.Prior`'s arrays as float32 tensors on ``device``."""
-    import torch
-
     def put(a: Any) -> Tensor:
         return torch.as_tensor(a, dtype=torch.float32).to(device)
 
@@ -247,8 +236,7 @@ def _normalise_trials(hparams: dict | Sequence[dict] | None, config: ProbeConfig
     elif len(seeds) != len(trials):
         raise ProbeConfigError(
             f"{len(trials)} hyperparameter trials but {len(seeds)} seeds: give one seed per "
-            "trial, a single seed, or a single trial"
-        )
+            "trial, a single seed, or a single trial")
     lrs, wds = [], []
     for t in trials:
         t_lr = t.pop("lr", lr)
@@ -267,8 +255,6 @@ def _normalise_trials(hparams: dict | Sequence[dict] | None, config: ProbeConfig
 def _build_loss(cls: type[Loss], merged: list[dict[str, Any]]) -> Loss:
     """One loss object for these trials: float hyperparameters that differ become ``(T,)``
     tensors; structural ones (bool/int/choice) must agree."""
-    import torch
-
     specs = {s.name: s for s in cls.hparam_specs}
     values: dict[str, Any] = {}
     for name in specs:
@@ -280,6 +266,5 @@ def _build_loss(cls: type[Loss], merged: list[dict[str, Any]]) -> Loss:
         else:
             raise ProbeConfigError(
                 f"{cls.name}: '{name}' is a structural ({specs[name].kind}) hyperparameter and "
-                f"must be the same for every stacked trial; got {vals}. Run one probe per value"
-            )
+                f"must be the same for every stacked trial; got {vals}. Run one probe per value")
     return cls(**values)

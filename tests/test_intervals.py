@@ -7,19 +7,35 @@ import math
 
 import pytest
 import torch
+from torch import Tensor
 
 from probe.intervals import (
     bootstrap_counts,
     bootstrap_map,
     holm,
     mean_interval,
-    naive_bootstrap_ap,
     paired_differences,
     weighted_column_ap,
 )
 from probe.ranking import column_ap
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@torch.no_grad()
+def naive_bootstrap_ap(scores: Tensor, targets: Tensor, counts: Tensor) -> Tensor:
+    """Reference for weighted_column_ap: materialise each resample's rows and rank them with
+    column_ap. Slow (one full AP per resample)."""
+    squeeze = scores.dim() == 2
+    s3 = scores[None] if squeeze else scores
+    out = []
+    for b in range(counts.shape[0]):
+        idx = torch.repeat_interleave(torch.arange(counts.shape[1], device=counts.device),
+                                      counts[b].long())
+        idx = idx.to(scores.device)
+        out.append(column_ap(s3[:, idx], targets.bool()[idx]))
+    res = torch.stack(out, 1)  # (S, B, C)
+    return res[0] if squeeze else res
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

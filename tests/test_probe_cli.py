@@ -66,6 +66,10 @@ def test_probe_zip_seeds_and_knn(store, tmp_path, capsys):
                  "--knn-backend", "torch"]) == 0
     text = capsys.readouterr().out
     assert "knn baseline" in text and text.count("\n") >= 4
+    # seeds with the kNN baseline (which has no hyperparameter check) train, not crash
+    assert main(["probe", str(store), "--loss", "knn", "--trials-seeds", "0,1",
+                 "--knn-backend", "torch"]) == 0
+    assert "knn baseline" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -75,6 +79,8 @@ def test_probe_zip_seeds_and_knn(store, tmp_path, capsys):
     (["--observed-seed", "5"], "no single-positive draw for seed 5"),
     (["--trials-seeds", "a,b"], "--trials-seeds must be a comma list"),
     (["--loss", "knn", "--save-head", "x.pt"], "no trained head"),
+    (["--loss", "knn", "--priors", "clip"], "the kNN baseline uses no prior"),
+    (["--loss", "an", "--priors", "clip"], "an uses no prior, but --priors clip was given"),
     (["--intervals", "-1"], "--intervals must be >= 0"),
 ])
 def test_errors_are_one_line(store, capsys, argv, message):

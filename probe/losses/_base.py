@@ -1,18 +1,7 @@
-"""The contract every SPML loss follows: input checks, hyperparameters, trial axis, registry.
-
-Conventions (``docs/losses.md``):
-
-* ``logits`` z is a float tensor ``(B, C)`` or, with a leading **trial axis**, ``(T, B, C)``.
-* ``observed`` y is an integer tensor ``(B, C)`` (or ``(T, B, C)``) with 1 = observed positive,
-  0 = unobserved, -1 = observed negative.
-* Hyperparameters are Python numbers or tensors of shape ``(T,)``; :func:`hp` views them as
-  ``(T, 1, 1)`` so that T configurations are evaluated in one call, returning ``(T,)`` losses.
-* float16 / bfloat16 logits are computed in float32 (a loss value in half precision loses the
-  digits that separate trials); float64 stays float64.
-
-Every loss exists as a pure function (validating its inputs, then calling an unchecked core) and
-as a registered :class:`Loss` object (validating once at construction / :meth:`Loss.setup`, then
-calling the same core in the training loop without host synchronisation).
+"""The contract every SPML loss follows (``docs/losses.md`` "Conventions"): the :class:`Loss`
+base class and the registry (built-ins and plugins). Every loss exists as a pure function
+(validating its inputs, then calling an unchecked core) and as a registered :class:`Loss`
+(validating once, before training, then calling the same core without host synchronisation).
 """
 
 from __future__ import annotations
@@ -24,132 +13,62 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from . import _plugins
 from ._hparams import (
-    DATA_QUANTITIES,
     HParam,
     LossContractError,
     LossInputError,
     LossOutput,
     check_hparam,
     check_hparams,
-    check_inputs,
     close_matches,  # one rule for "did you mean", names and hyperparameters
     hp,
     mean_bc,
-    per_trial,
     promote,
 )
 
-__all__ = [
-    "DATA_QUANTITIES",
-    "EntrywiseLoss",
-    "HParam",
-    "Loss",
-    "LossContractError",
-    "LossInputError",
-    "LossOutput",
-    "available",
-    "check_hparam",
-    "check_inputs",
-    "create_loss",
-    "get_loss_class",
-    "hp",
-    "loss_origin",
-    "mean_bc",
-    "per_trial",
-    "plugin_failures",
-    "promote",
-    "register",
-]
-
-
-# --------------------------------------------------------------------------------------------
-# the registered loss object
-# --------------------------------------------------------------------------------------------
+__all__ = ["EntrywiseLoss", "Loss", "available", "create_loss", "get_loss_class", "loss_origin",
+           "plugin_failures", "register"]
 
 
 class Loss(nn.Module):
     """Base class of a registered loss: the contract every loss -- built-in or plugin -- keeps
-    (``docs/plugins.md`` walks through writing one).
+    (``docs/plugins.md`` walks through writing one). A subclass sets the class attributes below,
+    implements :meth:`forward` and is registered with :func:`register`, which checks them.
 
-    A subclass sets the class attributes below, implements :meth:`forward`, and is registered
-    with :func:`register` (built-ins: a module of ``probe/losses/``; plugins: the entry-point
-    group ``spml_probe.losses``). Stateful losses also implement :meth:`setup` (allocate
-    per-example state as buffers/parameters of shape ``(T, N_train, C)``), and
-    :meth:`end_epoch` where the paper has a per-epoch pass. A loss that reads a prior
-    (per-image class scores from a vision-language model, ``docs/priors.md``) names it in
-    :attr:`prior` and receives the train rows' scores once in :meth:`set_prior`
-    (``probe.losses.PriorMixin`` keeps them and gathers a batch's rows by ``index``).
+    ``name``: the registry name (``--loss NAME``): letters, digits and ``_``; unique.
+    ``paper``: the paper and equation it implements, one line (``spml losses list``).
+    ``formula``: the per-entry terms and the reduction written out (``spml losses show``).
+    ``hparam_specs``: a tuple of :class:`HParam` (default, valid and search ranges, a doc line
+    naming the paper's value; ``from_data`` for one the trainer fills, :data:`DATA_QUANTITIES`).
+    ``presets``: the paper's hyperparameters per dataset, ``{"coco": {"w_T": 10.0}}`` (the
+    probe's for a store of that dataset, a study's first trial).
+    ``train_presets``: the paper's ``batch_size``, ``lr``, ``epochs``, ``head_lr_mult`` per
+    dataset (:func:`probe.config.resolve_training`).
+    ``stateful``: keeps per-example state over the train split, allocated as ``(T, N_train,
+    C)`` buffers/parameters in :meth:`setup`; needs ``forward(..., index=rows)``.
+    ``needs_epoch_pass``: :meth:`end_epoch` gets the whole train split's logits (a no-grad pass
+    after each epoch).
+    ``notes``: deviations from the paper, reconstructed parts (``spml losses show``).
+    ``trial_state``: the buffers/parameters with a leading trial axis, whose rows
+    :meth:`select_trials` keeps when a pruned trial leaves the stack; ``()`` (the default): none
+    is per trial; ``None``: a stopped trial stays in the stack, frozen. A loss with state
+    (``stateful``, ``needs_epoch_pass``, its own ``setup``/``end_epoch``/``manual_seed``/
+    ``extra_parameters``) must declare it (docs/plugins.md "Pruning").
+    ``host_per_step``: ``forward`` draws on the host or changes shapes between steps, so the
+    step is never captured as a CUDA graph.
+    ``prior``: None, or what it reads from a store's ``priors/<name>`` (e.g. "class scores"):
+    the trainer hands the train rows' prior to :meth:`set_prior` once, after :meth:`setup`
+    (:class:`~probe.losses.PriorMixin`); a missing or unexpected prior is refused before
+    training, naming ``--priors``.
 
-    Class attributes (the contract; :func:`register` checks them):
-
-    ``name``
-        The registry name (``--loss NAME``): lower case, letters, digits and ``_``; unique.
-    ``paper``
-        The paper and equation the loss implements (one line; shown by ``spml losses list``).
-    ``formula``
-        The loss written out (``spml losses show``): the per-entry terms and the reduction.
-    ``hparam_specs``
-        A tuple of :class:`HParam`: each hyperparameter's default, valid range, search range
-        (studies sample from it) and a doc line naming the paper's value; ``from_data`` for one
-        the trainer fills from the data (:data:`DATA_QUANTITIES`).
-    ``presets``
-        The paper's hyperparameter values per dataset, ``{"coco": {"w_T": 10.0}}`` (used by
-        the probe for a store of that dataset, and run first by a study).
-    ``train_presets``
-        The paper's training settings per dataset, ``{"coco": {"batch_size": 16, "lr": 1e-5,
-        "epochs": 8, "head_lr_mult": 10}}`` (:func:`probe.config.resolve_training`).
-    ``stateful``
-        True when the loss keeps per-example state over the train split: it needs
-        :meth:`setup` with the train labels and ``forward(..., index=rows)``.
-    ``needs_epoch_pass``
-        True when :meth:`end_epoch` needs the whole train split's logits (an extra no-grad
-        pass over the train features after each epoch).
-    ``notes``
-        Deviations from the paper, reconstructed parts (shown by ``spml losses show``).
-    ``trial_state``
-        The names of the buffers/parameters that hold per-trial state (leading trial axis T),
-        which :meth:`select_trials` keeps the rows of when a pruned trial leaves the stack.
-        ``()`` (the default) when no state is per trial. ``None`` opts out: the trainer then
-        keeps a stopped trial in the stack, frozen (its rows still compute, results are the
-        same, later epochs are slower). A loss with state -- ``stateful``,
-        ``needs_epoch_pass``, or its own ``setup``/``end_epoch``/``manual_seed``/
-        ``extra_parameters`` -- must declare it explicitly; :func:`register` refuses it
-        otherwise.
-    ``host_per_step``
-        True when ``forward`` draws on the host or changes tensor shapes between steps; the
-        trainer then never captures the step as a CUDA graph (which would replay one step's
-        draws).
-    ``prior``
-        The prior it needs (per-image class scores, a store's ``priors/<name>``;
-        ``docs/priors.md``): None = uses none; else what it reads, e.g. "class scores". The
-        trainer hands the train rows' prior to :meth:`set_prior` once, after :meth:`setup`; the
-        loss indexes it per batch with ``index`` (shared by the stacked trials). A loss that
-        needs a prior and gets none is refused before training (naming ``--priors``), and so is
-        a prior given to a loss with ``prior = None``.
-
-    Hooks (the trainer's protocol, per run)::
-
-        loss = create_loss("gr", w_T=torch.tensor([2., 10.]))   # T = 2 stacked trials
-        loss.setup(observed_train, n_epochs=E, n_trials=T)        # once; validates labels
-        loss.set_prior(scores_train, extras)                       # once, if loss.prior is set
-        loss.manual_seed(seeds)                                    # one seed per trial
-        params = loss.extra_parameters()                           # trained with the head
-        for epoch in range(E):                                     # 0-indexed
-            loss.start_epoch(epoch)                                # schedules (GR, LL, SPLC)
-            for index in batches:                                  # rows of the train split
-                out = loss(logits[:, index-rows], observed_train[index], index=index)
-                out.loss.sum().backward()                          # (T,) -> one backward
-            if loss.needs_epoch_pass:
-                loss.end_epoch(epoch, train_logits)                # (T, N_train, C), no grad
-            loss.select_trials(keep)                               # when trials are pruned
-
-    ``forward(logits, observed, index=None) -> LossOutput``: ``logits`` ``(T, B, C)`` (or
-    ``(B, C)``), ``observed`` ``(B, C)`` int8 of -1/0/1, ``index`` the batch's rows of the
-    train split; returns the ``(T,)`` (or scalar) loss and its named parts. It must not
-    synchronise with the host (no ``.item()``, ``bool(tensor)``, ``nonzero``): the inputs were
-    validated once, before training. Hyperparameters are read with :meth:`hparam` and viewed
-    for broadcasting with :func:`hp`; half-precision logits are promoted (:func:`promote`).
+    The hooks, in the trainer's order: ``docs/plugins.md`` "The contract". ``forward(logits,
+    observed, index=None) -> LossOutput`` takes ``(T, B, C)`` (or ``(B, C)``) logits, ``(B, C)``
+    int8 labels of -1/0/1 and the batch's train rows; it returns the ``(T,)`` (or scalar) loss
+    and its named parts, without synchronising with the host (no ``.item()``, ``bool(tensor)``,
+    ``nonzero``): the inputs were validated before training. Hyperparameters are read with
+    :meth:`hparam` and viewed with :func:`hp`; half-precision logits are promoted
+    (:func:`promote`).
     """
 
     name: ClassVar[str] = ""
@@ -175,14 +94,10 @@ class Loss(nn.Module):
                 f"lengths {sorted(t_sizes)}"
             )
         self.n_trials: int | None = t_sizes.pop() if t_sizes else None
-        self._hp_names = []
-        self._static: dict[str, Any] = {}
+        self._hp_names: list[str] = []  # those held as (T,) or 0-d tensor buffers hp_<name>
+        self._static: dict[str, Any] = {}  # the others, as Python values
         for name, value in values.items():
-            if isinstance(value, Tensor):
-                self.register_buffer(f"hp_{name}", value.clone())
-                self._hp_names.append(name)
-            else:
-                self._static[name] = value
+            self._keep(name, value)
         self.epoch = 0
         self.n_epochs = 1
 
@@ -199,7 +114,6 @@ class Loss(nn.Module):
             parts.append(f"preset={preset!r}")
         return f"{type(self).__name__}({', '.join(parts)})"
 
-    # -- hyperparameters ----------------------------------------------------------------------
     def hparam(self, name: str) -> Any:
         """The hyperparameter's value: a number, or a ``(T,)`` tensor buffer."""
         if name in self._static:
@@ -212,12 +126,16 @@ class Loss(nn.Module):
         if spec is None:
             check_hparams(self.hparam_specs, {name: value}, self.name)  # raises with a hint
         value = check_hparam(spec, value, self.name)
+        if isinstance(value, Tensor) and value.ndim == 1 and self.n_trials not in (
+                None, value.shape[0]):
+            raise LossInputError(f"{self.name}: hyperparameter '{name}' must have shape "
+                                 f"({self.n_trials},); got {tuple(value.shape)}")
+        self._keep(name, value)
+
+    def _keep(self, name: str, value: Any) -> None:
+        """Hold a checked value: a tensor as the buffer ``hp_<name>`` (updated in place), a
+        number in ``_static``."""
         if isinstance(value, Tensor):
-            if self.n_trials is not None and value.ndim == 1 and value.shape[0] != self.n_trials:
-                raise LossInputError(
-                    f"{self.name}: hyperparameter '{name}' must have shape ({self.n_trials},); got "
-                    f"{tuple(value.shape)}"
-                )
             self._static.pop(name, None)
             if name in self._hp_names:
                 getattr(self, f"hp_{name}").copy_(value)
@@ -234,17 +152,11 @@ class Loss(nn.Module):
 
     def hparams_dict(self) -> dict[str, Any]:
         """All hyperparameters as plain Python values (tensors as lists), e.g. for results JSON."""
-        out = dict(self._static)
-        for name in self._hp_names:
-            out[name] = getattr(self, f"hp_{name}").tolist()
-        return out
+        return {**self._static, **{n: getattr(self, f"hp_{n}").tolist() for n in self._hp_names}}
 
-    # -- the training protocol ----------------------------------------------------------------
     def setup(self, observed: Tensor, n_epochs: int, n_trials: int | None = None) -> None:
-        """Called once before training with the train split's observed labels ``(N, C)``.
-
-        Stateless losses only record ``n_epochs``; stateful ones allocate their state here.
-        """
+        """Called once before training with the train split's observed labels ``(N, C)``:
+        stateless losses only record ``n_epochs``; stateful ones allocate their state here."""
         if n_trials is not None and self.n_trials is not None and n_trials != self.n_trials:
             raise LossInputError(
                 f"{self.name}: the hyperparameters describe {self.n_trials} trials but the "
@@ -274,6 +186,14 @@ class Loss(nn.Module):
         :attr:`needs_epoch_pass` (the unflipped train features through the current head, no
         grad), with T = 1 for an unstacked loss."""
 
+    def epoch_logits(self, logits: Tensor | None, shape: tuple[int, ...]) -> Tensor:
+        """:meth:`end_epoch`'s ``logits``, refused unless of the train split's ``shape``."""
+        if logits is None or tuple(logits.shape) != tuple(shape):
+            raise LossInputError(
+                f"{self.name}: end_epoch needs the train split's logits of shape {tuple(shape)} "
+                f"(T, N_train, C); got {None if logits is None else tuple(logits.shape)}")
+        return logits
+
     def state(self, name: str) -> Tensor:
         """Per-example state ``name`` allocated by :meth:`setup`; a clear error before setup."""
         value = getattr(self, name, None)
@@ -283,6 +203,20 @@ class Loss(nn.Module):
                 f"(the loss keeps per-example state '{name}' over the train split)"
             )
         return value
+
+    def per_example(self, name: str, observed: Tensor, fill: Any, dtype: torch.dtype) -> None:
+        """Register state ``name`` ``(T, N_train, C)`` filled with ``fill``, in :meth:`setup`."""
+        self.register_buffer(name, torch.full((self.n_trials or 1, *observed.shape), fill,
+                                              dtype=dtype, device=observed.device))
+
+    def state_rows(self, name: str, index: Tensor | None, z: Tensor, why: str) -> Tensor:
+        """The batch's rows ``index`` of state ``name``: ``(T, B, C)`` for stacked logits ``z``,
+        else trial 0's ``(B, C)``; refused without ``index`` (``why``: what it looks up)."""
+        if index is None:
+            raise LossInputError(f"{self.name}: pass index= (the batch's row numbers in the "
+                                 f"train split) to forward to {why}")
+        state = self.state(name)
+        return state[:, index] if z.ndim == 3 else state[0, index]
 
     def manual_seed(self, seeds: list[int]) -> None:
         """Seed the loss's own randomness, one seed per trial (vPU's MixUp draws λ).
@@ -325,9 +259,6 @@ class Loss(nn.Module):
                 setattr(self, name, trial_rows(value, keep))
         self.n_trials = len(keep)
 
-    # subclasses define: forward(self, logits, observed, index=None) -> LossOutput
-
-    # -- documentation ------------------------------------------------------------------------
     @classmethod
     def describe(cls) -> str:
         """A human-readable card: paper, formula, defaults, searchable ranges, presets, notes."""
@@ -378,10 +309,6 @@ class EntrywiseLoss(Loss):
         return LossOutput(mean_bc(self._entries(z, observed)), {})
 
 
-# --------------------------------------------------------------------------------------------
-# registry
-# --------------------------------------------------------------------------------------------
-
 _REGISTRY: dict[str, type[Loss]] = {}
 _ORIGINS: dict[str, str] = {}  # name -> "built-in", "plugin '…' of distribution '…'", "module …"
 # tried: the entry points (by name) whose import was attempted, each once per process (a plugin
@@ -402,12 +329,6 @@ def trial_rows(value: Tensor, keep: list[int]) -> Tensor:
     if len(keep) == value.shape[0]:
         return value
     return value[torch.tensor(keep, device=value.device)].contiguous()
-
-
-def _declares(cls: type, attr: str) -> bool:
-    """Whether ``cls`` itself (or a class between it and the library's bases) sets ``attr``."""
-    return any(attr in vars(k) for k in cls.__mro__ if k not in (Loss, EntrywiseLoss)
-               and issubclass(k, Loss))
 
 
 def _check_contract(cls: Any) -> None:
@@ -446,7 +367,9 @@ def _check_contract(cls: Any) -> None:
                                 f"buffer/parameter names, () or None; got {ts!r}")
     hooks = [h for h in _STATE_HOOKS if getattr(cls, h) is not getattr(Loss, h)]
     flags = [f for f in ("stateful", "needs_epoch_pass") if getattr(cls, f)]
-    if (hooks or flags) and not _declares(cls, "trial_state"):
+    declares = any("trial_state" in vars(k) for k in cls.__mro__  # not only the library's bases
+                   if k not in (Loss, EntrywiseLoss) and issubclass(k, Loss))
+    if (hooks or flags) and not declares:
         why = ", ".join([f"{f}=True" for f in flags] + [f"defines {h}()" for h in hooks])
         raise LossContractError(
             f"register: loss '{name}' ({what}) may keep state over training ({why}) but "
@@ -504,15 +427,14 @@ def _load_plugin(ep: Any) -> None:
     "module:Class"``, the entry point's name being the loss's name), once per process. A plugin
     that raises anything while it loads (``SystemExit`` included; not ``KeyboardInterrupt``) or
     breaks the rule leaves no loss behind and is recorded (:func:`plugin_failures`)."""
-    from ._plugins import PluginFailure, distribution_text, error_line
-
     with _PLUGIN_LOCK:
         if ep.name in _PLUGINS["tried"]:
             return
         _PLUGINS["tried"].add(ep.name)
-        dist = distribution_text(ep)
+        dist = _plugins.distribution_text(ep)
         before = dict(_REGISTRY)
         origin = _PLUGINS["loading"] = f"plugin '{ep.name}' of {dist}"
+        loaded: set[str] = set()
         try:
             if ":" not in ep.value:
                 raise LossContractError(
@@ -529,30 +451,26 @@ def _load_plugin(ep: Any) -> None:
                     f"{obj.__qualname__}.name is {getattr(obj, 'name', None)!r}")
             register(obj)  # refuses a name taken by another class (a built-in keeps it)
             _ORIGINS[ep.name] = origin
-            # another loss its module registered on import: its own entry point names it (and
-            # is loaded), or it is not a plugin's loss
-            for name in set(_REGISTRY) - set(before) - {ep.name}:
-                del _REGISTRY[name]
-                _ORIGINS.pop(name, None)
+            loaded.add(ep.name)
         except KeyboardInterrupt:
             raise
         except BaseException as err:  # SystemExit too: a plugin never takes a command down
-            for name in set(_REGISTRY) - set(before):
-                del _REGISTRY[name]
-                _ORIGINS.pop(name, None)
-            _PLUGINS["failures"].append(PluginFailure(
-                ep.name, ep.value, dist, error_line(err)))
+            _PLUGINS["failures"].append(_plugins.PluginFailure(
+                ep.name, ep.value, dist, _plugins.error_line(err)))
         finally:
             _PLUGINS["loading"] = None
+            # any other loss its module registered on import: its own entry point names it (and
+            # is loaded), or it is not a plugin's loss; a failed plugin leaves none
+            for name in set(_REGISTRY) - set(before) - loaded:
+                del _REGISTRY[name]
+                _ORIGINS.pop(name, None)
 
 
 def _plugin_points() -> dict[str, Any]:
     """The installed entry points of ``spml_probe.losses`` by name (read from the
     distributions' metadata; nothing is imported). The first of two with one name wins."""
-    from ._plugins import entry_points
-
     points: dict[str, Any] = {}
-    for ep in entry_points():
+    for ep in _plugins.entry_points():
         points.setdefault(ep.name, ep)
     return points
 

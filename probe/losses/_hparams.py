@@ -14,20 +14,8 @@ from torch import Tensor
 
 from probe.errors import SpmlError, plain
 
-__all__ = [
-    "DATA_QUANTITIES",
-    "HParam",
-    "LossContractError",
-    "LossInputError",
-    "LossOutput",
-    "check_hparam",
-    "check_hparams",
-    "check_inputs",
-    "hp",
-    "mean_bc",
-    "per_trial",
-    "promote",
-]
+__all__ = ["DATA_QUANTITIES", "HParam", "LossContractError", "LossInputError", "LossOutput",
+           "check_hparam", "check_hparams", "check_inputs", "hp", "mean_bc", "per_trial", "promote"]
 
 
 class LossInputError(SpmlError):
@@ -44,11 +32,6 @@ class LossOutput(NamedTuple):
 
     loss: Tensor
     parts: dict[str, Tensor]
-
-
-# --------------------------------------------------------------------------------------------
-# hyperparameters
-# --------------------------------------------------------------------------------------------
 
 
 #: The quantities of the data a hyperparameter can be filled with when it is left None
@@ -139,44 +122,34 @@ class HParam:
 
 
 def check_hparam(spec: HParam, value: Any, loss: str = "") -> Any:
-    """Validate one hyperparameter value (number or ``(T,)`` tensor) against its spec.
+    """Validate one hyperparameter value (number or ``(T,)`` tensor) against its spec; returns
+    it normalised (floats for numbers, float tensors for tensors)."""
+    def refused(text: str) -> LossInputError:
+        where = f"{loss}: " if loss else ""
+        return LossInputError(f"{where}hyperparameter '{spec.name}' {text}")
 
-    Returns the value normalised (floats for numbers, float tensors for tensors).
-    """
-    where = f"{loss}: " if loss else ""
     if value is None:
         if spec.optional:
             return None
-        raise LossInputError(
-            f"{where}hyperparameter '{spec.name}' is required ({spec.doc}); set it with "
-            f"--set {spec.name}=VALUE"
-        )
+        raise refused(f"is required ({spec.doc}); set it with --set {spec.name}=VALUE")
     if spec.kind == "bool":
         if not isinstance(value, bool):
-            raise LossInputError(
-                f"{where}hyperparameter '{spec.name}' must be true or false; got {plain(value)}"
-            )
+            raise refused(f"must be true or false; got {plain(value)}")
         return value
     if spec.kind == "choice":
         if value not in (spec.choices or ()):
-            raise LossInputError(
-                f"{where}hyperparameter '{spec.name}' must be one of "
-                f"{', '.join(map(str, spec.choices or ()))}; got {plain(value)}"
-            )
+            raise refused(f"must be one of {', '.join(map(str, spec.choices or ()))}; got "
+                          f"{plain(value)}")
         return value
     if spec.kind == "int":
         if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
-            raise LossInputError(
-                f"{where}hyperparameter '{spec.name}' must be an integer; got {plain(value)}"
-            )
+            raise refused(f"must be an integer; got {plain(value)}")
         value = int(value)
         vals = [float(value)]
     elif isinstance(value, Tensor):
         if value.ndim > 1 or not (value.is_floating_point() or value.dtype in _INT_DTYPES):
-            raise LossInputError(
-                f"{where}hyperparameter '{spec.name}' as a tensor must be a float tensor of shape "
-                f"(T,) (one value per trial); got dtype {value.dtype}, shape {tuple(value.shape)}"
-            )
+            raise refused(f"as a tensor must be a float tensor of shape (T,) (one value per "
+                          f"trial); got dtype {value.dtype}, shape {tuple(value.shape)}")
         value = value.detach().to(torch.float64 if value.dtype == torch.float64 else torch.float32)
         vals = value.flatten().tolist()
     elif isinstance(value, int | float) and not isinstance(value, bool):
@@ -184,11 +157,9 @@ def check_hparam(spec: HParam, value: Any, loss: str = "") -> Any:
         vals = [value]
     else:
         several = isinstance(value, str) and "," in value
-        raise LossInputError(
-            f"{where}hyperparameter '{spec.name}' must be a number; got {plain(value)}"
-            + (" (one value here: a comma list is a grid of trials for 'spml probe --set', "
-               "and 'spml study --grid' searches among values)" if several else "")
-        )
+        raise refused(f"must be a number; got {plain(value)}" + (
+            " (one value here: a comma list is a grid of trials for 'spml probe --set', and "
+            "'spml study --grid' searches among values)" if several else ""))
     for v in vals:
         bad = not math.isfinite(v)
         if spec.low is not None:
@@ -196,10 +167,7 @@ def check_hparam(spec: HParam, value: Any, loss: str = "") -> Any:
         if spec.high is not None:
             bad |= v > spec.high or (spec.high_open and v == spec.high)
         if bad:
-            raise LossInputError(
-                f"{where}hyperparameter '{spec.name}' must lie in {spec.range_text()} "
-                f"({spec.doc}); got {v:g}"
-            )
+            raise refused(f"must lie in {spec.range_text()} ({spec.doc}); got {v:g}")
     return value
 
 
@@ -207,42 +175,30 @@ _INT_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
 
 
 def hp(value: float | Tensor, logits: Tensor) -> float | Tensor:
-    """View a hyperparameter for broadcasting against ``logits`` ``(B, C)`` or ``(T, B, C)``.
-
-    Numbers stay numbers; a 0-d tensor stays 0-d; a ``(T,)`` tensor becomes ``(T, 1, 1)`` (on
-    the logits' device and dtype). Does not validate (see :func:`check_hparam`).
-    """
+    """View a hyperparameter for broadcasting against ``logits`` ``(B, C)`` or ``(T, B, C)``:
+    numbers and 0-d tensors stay so; a ``(T,)`` tensor becomes ``(T, 1, 1)`` on the logits'
+    device and dtype. Does not validate (see :func:`check_hparam`)."""
     if not isinstance(value, Tensor):
         return value
     value = value.to(device=logits.device, dtype=logits.dtype)
-    if value.ndim == 0:
-        return value
-    return value.view(-1, 1, 1)
+    return value if value.ndim == 0 else value.view(-1, 1, 1)
 
 
 def per_trial(value: float | Tensor) -> float | Tensor:
     """The inverse view of :func:`hp` for per-trial reductions: ``(T, 1, 1)`` → ``(T,)``;
     numbers and 0-d tensors unchanged."""
-    if isinstance(value, Tensor) and value.ndim == 3:
-        return value.reshape(-1)
-    return value
+    return value.reshape(-1) if isinstance(value, Tensor) and value.ndim == 3 else value
 
 
 def promote(logits: Tensor) -> Tensor:
-    """float16/bfloat16 logits are computed in float32; other dtypes pass through."""
-    if logits.dtype in (torch.float16, torch.bfloat16):
-        return logits.float()
-    return logits
+    """float16/bfloat16 logits are computed in float32 (a half-precision loss loses the digits
+    that separate trials); other dtypes pass through."""
+    return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
 
 
 def mean_bc(entries: Tensor) -> Tensor:
     """The Cole et al. reduction: mean over the last two (B, C) axes; keeps the trial axis."""
     return entries.mean(dim=(-2, -1))
-
-
-# --------------------------------------------------------------------------------------------
-# input checks
-# --------------------------------------------------------------------------------------------
 
 
 def check_inputs(
@@ -252,13 +208,9 @@ def check_inputs(
     loss: str = "",
     allow_soft: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """Validate ``logits``/``observed`` (and the T of any ``(T,)`` hyperparameters).
-
-    Returns ``(logits, observed)`` with half-precision logits promoted to float32 and
-    ``observed`` on the logits' device. Raises :class:`LossInputError` naming the argument.
-    This synchronises with the device (it inspects values); the training loop validates once
-    up front and calls the unchecked cores instead.
-    """
+    """Validate ``logits``/``observed`` (and the T of any ``(T,)`` hyperparameters); returns
+    them with half-precision logits promoted to float32 and ``observed`` on the logits' device.
+    Synchronises with the device: the training loop validates once and calls unchecked cores."""
     where = f"{loss}: " if loss else ""
     if not isinstance(logits, Tensor):
         raise LossInputError(f"{where}'logits' must be a torch.Tensor; got {type(logits).__name__}")
@@ -313,8 +265,25 @@ def check_inputs(
                         f"{where}hyperparameter '{name}' must have shape ({t},) to match the "
                         f"trial axis of 'logits' {tuple(logits.shape)}; got {tuple(value.shape)}"
                     )
-    logits = promote(logits)
-    return logits, observed.to(logits.device)
+    return promote(logits), observed.to(logits.device)
+
+
+def check_state_arg(loss: str, arg: str, value: Any, z: Tensor, kind: str, holds: str,
+                    start: str, exact: bool = False) -> Tensor:
+    """A pure function's per-example state ``arg``: a ``kind`` ("float" or "bool") tensor shaped
+    like the batch ``(B, C)`` or the logits (``exact``: the logits only), on ``z``'s device;
+    else an error naming what it ``holds`` and how to ``start`` it."""
+    if not isinstance(value, Tensor) or (
+            value.dtype != torch.bool if kind == "bool" else not value.is_floating_point()):
+        got = getattr(value, "dtype", type(value).__name__)
+        raise LossInputError(f"{loss}: '{arg}' must be a {kind} tensor ({holds}); got {got} "
+                             f"(start from {start})")
+    want = [tuple(z.shape)] if exact else [tuple(z.shape[-2:]), tuple(z.shape)]
+    if tuple(value.shape) not in want:
+        shape = "the logits' shape" if exact else "shape"
+        raise LossInputError(f"{loss}: '{arg}' must have {shape} "
+                             f"{' or '.join(map(str, want))}; got {tuple(value.shape)}")
+    return value.to(z.device)
 
 
 def check_hparams(specs: tuple[HParam, ...], given: dict[str, Any], loss: str) -> dict[str, Any]:
@@ -328,10 +297,17 @@ def check_hparams(specs: tuple[HParam, ...], given: dict[str, Any], loss: str) -
                 + (f"; did you mean '{hint[0]}'?" if hint else "")
                 + f" (known: {', '.join(by_name) or 'none'})"
             )
-    out = {}
-    for spec in specs:
-        out[spec.name] = check_hparam(spec, given.get(spec.name, spec.default), loss)
-    return out
+    return {s.name: check_hparam(s, given.get(s.name, s.default), loss) for s in specs}
+
+
+def check_call(loss: str, logits: Tensor, observed: Tensor, given: dict[HParam, Any]
+               ) -> tuple[Tensor, Tensor, dict[str, Any], dict[str, Any]]:
+    """A pure function's checks: each given hyperparameter against its spec, then the inputs.
+    Returns the promoted logits, the observed labels, the values by name and their :func:`hp`
+    views."""
+    values = {s.name: check_hparam(s, v, loss) for s, v in given.items()}
+    z, y = check_inputs(logits, observed, values, loss=loss)
+    return z, y, values, {k: hp(v, z) for k, v in values.items()}
 
 
 def close_matches(name: str, known: list[str], cutoff: float) -> list[str]:

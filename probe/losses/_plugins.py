@@ -1,18 +1,6 @@
-"""Loss plugins: the entry points of the group ``spml_probe.losses`` (docs/plugins.md).
-
-One entry point is one loss: its name is the loss's name, its value the class, in the
-distribution's ``pyproject.toml``::
-
-    [project.entry-points."spml_probe.losses"]
-    my_loss = "my_package.losses:MyLoss"      # MyLoss.name == "my_loss"
-
-The registry (:func:`probe.losses.get_loss_class`) resolves a built-in loss without reading
-any plugin and imports a plugin on the first use of its name; :func:`probe.losses.available`
-(``spml losses list``) imports them all. ``spml``, its ``--workers`` subprocesses and
-PostgreSQL workers on other machines all see the same losses. A plugin that fails to load
-(whatever it raises, ``SystemExit`` included) is recorded as a :class:`PluginFailure` and the
-other losses stay available. This module only reads the entry points; the registry in
-:mod:`probe.losses._base` loads them.
+"""Loss plugins: the entry points of the group ``spml_probe.losses``, one per loss, named like
+the loss, its value ``"module:Class"`` (docs/plugins.md "How plugins are found"). This module
+only reads them; the registry in :mod:`probe.losses._base` loads them.
 """
 
 from __future__ import annotations

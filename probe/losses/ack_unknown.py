@@ -25,17 +25,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._base import (
+from ._base import Loss, register
+from ._hparams import (
     HParam,
-    Loss,
     LossInputError,
     LossOutput,
-    check_hparam,
-    check_inputs,
+    check_call,
+    check_state_arg,
     hp,
     mean_bc,
     promote,
-    register,
 )
 from .large_loss import rank_select, selection_count
 
@@ -73,7 +72,6 @@ _NOTES_COMMON = (
 )
 
 
-# ----------------------------------------------------------------------------- unchecked cores
 def _em_entries(z: Tensor, y: Tensor, alpha) -> Tensor:
     pos, neg = F.softplus(-z), F.softplus(z)  # −log p, −log(1−p)
     p = torch.sigmoid(z)
@@ -89,28 +87,21 @@ def _em_apl_entries(z: Tensor, y: Tensor, soft: Tensor, alpha, beta) -> Tensor:
     return torch.where(labelled, pseudo, _em_entries(z, y, alpha))
 
 
-def _apl_select(
-    logits: Tensor, unobserved: Tensor, soft: Tensor, counts: Tensor
-) -> Tensor:
-    """One APL step (Zhou et al. Alg. 1 line 3, Eq. 6): new soft targets ``(T, N, C)``.
-
-    ``logits`` (T, N, C); ``unobserved`` (N, C) bool; ``soft`` (T, N, C) with NaN = free;
-    ``counts`` (T, 1, C) = m_i per trial and class. Per (trial, class), the ``counts`` free
-    unobserved entries with the lowest p (ranked by logit; ties: lower row first) get t ← p.
-    """
+def _apl_select(logits: Tensor, unobserved: Tensor, soft: Tensor, counts: Tensor) -> Tensor:
+    """One APL step (Zhou et al. Alg. 1 line 3, Eq. 6) on ``logits`` ``(T, N, C)``: per (trial,
+    class) the ``counts`` ``(T, 1, C)`` free (NaN) unobserved entries of ``soft`` with the lowest
+    p (by logit; ties: lower row first) get t ← p; returns the new ``soft``."""
     z = promote(logits)
     candidates = unobserved.unsqueeze(0) & torch.isnan(soft)
     chosen = rank_select(z, candidates, counts, dim=-2, largest=False)
     return torch.where(chosen, torch.sigmoid(z).to(soft.dtype), soft)
 
 
-# ----------------------------------------------------------------------------- pure functions
 def em(logits: Tensor, observed: Tensor, alpha: float | Tensor = 0.1) -> Tensor:
     """EM loss (Zhou et al. ECCV 2022, Eq. 3): −log p on observed positives, −α·H(p) on
     unobserved labels (−log(1−p) on observed negatives). The total is negative by design."""
-    alpha = check_hparam(_ALPHA, alpha, "em")
-    z, y = check_inputs(logits, observed, {"alpha": alpha}, loss="em")
-    return mean_bc(_em_entries(z, y, hp(alpha, z)))
+    z, y, _, h = check_call("em", logits, observed, {_ALPHA: alpha})
+    return mean_bc(_em_entries(z, y, h["alpha"]))
 
 
 def em_apl(
@@ -124,22 +115,10 @@ def em_apl(
     rows of the APL state, a float tensor ``(B, C)`` or ``(T, B, C)`` holding the frozen soft
     pseudo-negative target t ∈ [0, 1] of a pseudo-labelled unobserved entry and NaN elsewhere.
     Pseudo-labelled entries get β·[−t log p − (1−t) log(1−p)]; the rest is :func:`em`."""
-    alpha = check_hparam(_ALPHA, alpha, "em_apl")
-    beta = check_hparam(_BETA, beta, "em_apl")
-    z, y = check_inputs(logits, observed, {"alpha": alpha, "beta": beta}, loss="em_apl")
-    if not isinstance(soft_targets, Tensor) or not soft_targets.is_floating_point():
-        got = getattr(soft_targets, "dtype", type(soft_targets).__name__)
-        raise LossInputError(
-            "em_apl: 'soft_targets' must be a float tensor (t in [0, 1] for pseudo-labelled "
-            f"entries, NaN elsewhere); got {got} (start from "
-            "torch.full(observed.shape, float('nan')))"
-        )
-    if soft_targets.shape not in (z.shape, z.shape[-2:]):
-        raise LossInputError(
-            f"em_apl: 'soft_targets' must have shape {tuple(z.shape[-2:])} or {tuple(z.shape)}; "
-            f"got {tuple(soft_targets.shape)}"
-        )
-    soft = soft_targets.to(z.device)
+    z, y, _, h = check_call("em_apl", logits, observed, {_ALPHA: alpha, _BETA: beta})
+    soft = check_state_arg("em_apl", "soft_targets", soft_targets, z, "float",
+                           "t in [0, 1] for pseudo-labelled entries, NaN elsewhere",
+                           "torch.full(observed.shape, float('nan'))")
     given = ~torch.isnan(soft)
     if bool((given & ((soft < 0) | (soft > 1))).any()):
         raise LossInputError(
@@ -151,10 +130,9 @@ def em_apl(
             "em_apl: 'soft_targets' may only be set (non-NaN) on unobserved entries "
             "(observed == 0); set it to NaN where observed is 1 or -1"
         )
-    return mean_bc(_em_apl_entries(z, y, soft, hp(alpha, z), hp(beta, z)))
+    return mean_bc(_em_apl_entries(z, y, soft, h["alpha"], h["beta"]))
 
 
-# ----------------------------------------------------------------------------- registered objects
 @register
 class EM(Loss):
     name = "em"
@@ -208,25 +186,14 @@ class EMAPL(Loss):
 
     def setup(self, observed: Tensor, n_epochs: int, n_trials: int | None = None) -> None:
         super().setup(observed, n_epochs, n_trials)
-        t = self.n_trials or 1
-        n, c = observed.shape
         unobserved = observed == 0
         self.register_buffer("unobserved", unobserved, persistent=False)
         self.register_buffer("n_unobserved", unobserved.sum(0).to(torch.int64), persistent=False)
-        self.register_buffer(
-            "soft_targets",
-            torch.full((t, n, c), float("nan"), dtype=torch.float32, device=observed.device),
-        )
+        self.per_example("soft_targets", observed, float("nan"), torch.float32)
 
     def forward(self, logits: Tensor, observed: Tensor, index: Tensor | None = None) -> LossOutput:
-        if index is None:
-            raise LossInputError(
-                "em_apl: forward needs index= (the batch's row numbers in the train split) to "
-                "look up its pseudo-labels"
-            )
-        soft = self.state("soft_targets")
         z = promote(logits)
-        rows = soft[:, index] if z.ndim == 3 else soft[0, index]
+        rows = self.state_rows("soft_targets", index, z, "look up its pseudo-labels")
         alpha, beta = hp(self.hparam("alpha"), z), hp(self.hparam("beta"), z)
         return LossOutput(mean_bc(_em_apl_entries(z, observed, rows, alpha, beta)), {})
 
@@ -247,11 +214,6 @@ class EMAPL(Loss):
         if epoch + 1 < self.hparam("warmup"):
             return
         soft = self.state("soft_targets")
-        if logits is None or logits.ndim != 3 or logits.shape != soft.shape:
-            raise LossInputError(
-                f"em_apl: end_epoch needs the train split's logits of shape {tuple(soft.shape)} "
-                f"(T, N_train, C); got "
-                f"{None if logits is None else tuple(logits.shape)}"
-            )
+        logits = self.epoch_logits(logits, soft.shape)
         with torch.no_grad():
             soft.copy_(_apl_select(logits.detach(), self.unobserved, soft, self.counts()))

@@ -21,20 +21,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from probe.errors import SpmlError
-
-from ._base import (
-    EntrywiseLoss,
+from ._base import EntrywiseLoss, Loss, register
+from ._hparams import (
     HParam,
-    Loss,
+    LossInputError,
     LossOutput,
-    check_hparam,
+    check_call,
     check_inputs,
     hp,
     mean_bc,
     per_trial,
     promote,
-    register,
 )
 
 __all__ = ["EXPECTED_POSITIVES", "an", "an_ls", "epr", "wan"]
@@ -45,24 +42,26 @@ PAPER = "Cole et al., Multi-Label Learning from Single Positive Labels, CVPR 202
 #: cardinality of their val split.
 EXPECTED_POSITIVES = {"voc": 1.5, "coco": 2.9, "nus": 1.9, "cub": 31.4}
 
-_EPS = HParam(
-    "eps", 0.1, "label-smoothing amount ε", low=0.0, high=0.5, high_open=True, search=(0.01, 0.4)
-)
+_EPS = HParam("eps", 0.1, "label-smoothing amount ε", low=0.0, high=0.5, high_open=True,
+              search=(0.01, 0.4))
 #: EPR's k, the expected positives per image (also ROLE's and GPR's regulariser's)
-K_SPEC = HParam(
-    "k",
-    None,
-    "expected positives per image (VOC 1.5, COCO 2.9, NUS 1.9, CUB 31.4; "
-    "else the val split's mean label cardinality)",
-    low=0.0,
-    low_open=True,
-    search=(0.5, 10.0),
-    log=True,
-    from_data="expected_positives",
-)
+K_SPEC = HParam("k", None, "expected positives per image (VOC 1.5, COCO 2.9, NUS 1.9, CUB 31.4; "
+                "else the val split's mean label cardinality)", low=0.0, low_open=True,
+                search=(0.5, 10.0), log=True, from_data="expected_positives")
+#: k as the pure functions take it: required
+K_REQUIRED = replace(K_SPEC, optional=False, from_data=None)
 
 
-# ----------------------------------------------------------------------------- unchecked cores
+def expected_k(loss: Loss) -> float | Tensor:
+    """The registered loss's k (EPR, ROLE, GPR), refused while unset."""
+    k = loss.hparam("k")
+    if k is None:
+        raise LossInputError(
+            f"{loss.name}: hyperparameter 'k' (expected positives per image) is not set; pass "
+            "k=… or let the trainer fill it from the dataset")
+    return k
+
+
 def _an_entries(z: Tensor, y: Tensor) -> Tensor:
     return torch.where(y == 1, F.softplus(-z), F.softplus(z))
 
@@ -81,12 +80,9 @@ def _epr_parts(z: Tensor, y: Tensor, k) -> tuple[Tensor, Tensor]:
     c = z.shape[-1]
     data = mean_bc(torch.where(y == 1, F.softplus(-z), torch.zeros_like(z)))
     expected = torch.sigmoid(z).sum(-1).mean(-1)  # mean_n Σ_c p_nc, per trial
-    k = per_trial(k)
-    reg = (expected - k) ** 2 / c**2
-    return data, reg
+    return data, (expected - per_trial(k)) ** 2 / c**2
 
 
-# ----------------------------------------------------------------------------- pure functions
 def an(logits: Tensor, observed: Tensor) -> Tensor:
     """Assume negative: BCE with every unobserved label taken as negative (Cole et al. Eq. 3)."""
     z, y = check_inputs(logits, observed, loss="an")
@@ -95,9 +91,8 @@ def an(logits: Tensor, observed: Tensor) -> Tensor:
 
 def an_ls(logits: Tensor, observed: Tensor, eps: float | Tensor = 0.1) -> Tensor:
     """AN with label smoothing ε (Cole et al. Sec. 3): targets 1−ε / ε instead of 1 / 0."""
-    eps = check_hparam(_EPS, eps, "an_ls")
-    z, y = check_inputs(logits, observed, {"eps": eps}, loss="an_ls")
-    return mean_bc(_an_ls_entries(z, y, hp(eps, z)))
+    z, y, _, h = check_call("an_ls", logits, observed, {_EPS: eps})
+    return mean_bc(_an_ls_entries(z, y, h["eps"]))
 
 
 def wan(logits: Tensor, observed: Tensor) -> Tensor:
@@ -109,13 +104,10 @@ def wan(logits: Tensor, observed: Tensor) -> Tensor:
 def epr(logits: Tensor, observed: Tensor, k: float | Tensor) -> Tensor:
     """Expected positive regularisation (Cole et al. Eq. 6): positives only, plus
     (mean_n Σ_c p_nc − k)² / C²."""
-    k = check_hparam(replace(K_SPEC, optional=False, from_data=None), k, "epr")
-    z, y = check_inputs(logits, observed, {"k": k}, loss="epr")
-    data, reg = _epr_parts(z, y, hp(k, z))
-    return data + reg
+    z, y, _, h = check_call("epr", logits, observed, {K_REQUIRED: k})
+    return sum(_epr_parts(z, y, h["k"]))
 
 
-# ----------------------------------------------------------------------------- registered objects
 @register
 class AN(EntrywiseLoss):
     name = "an"
@@ -157,12 +149,6 @@ class EPR(Loss):
     trial_state = ()  # stateless
 
     def forward(self, logits: Tensor, observed: Tensor, index: Tensor | None = None) -> LossOutput:
-        k = self.hparam("k")
-        if k is None:
-            raise SpmlError(
-                "epr: hyperparameter 'k' (expected positives per image) is not set; pass k=… or "
-                "let the trainer fill it from the dataset"
-            )
         z = promote(logits)
-        data, reg = _epr_parts(z, observed, hp(k, z))
+        data, reg = _epr_parts(z, observed, hp(expected_k(self), z))
         return LossOutput(data + reg, {"data": data, "reg": reg})

@@ -18,18 +18,8 @@ GPR (GR's k̂ = σ(w·sg(p) + b), v = exp(−(sg(p) − μ)²/2σ²) and L1-L3 w
         L3                                                 on y = −1 (GR)
     loss = mean over B·C + reg·(mean over the batch of Σ_c p − k)² / C²
 
-k is the expected number of positives per image (Cole et al.'s values; the val split's mean label
-count elsewhere), as EPR's.
-
-``released=True`` is the released code on every input (``get_pseudo_labels``' second value and
-``GPR_loss`` as ``train.py`` calls them): no pseudo-negative term; a DAMP pseudo-positive that
-also ranks among the ``int(neg_ratio * C)`` lowest of (g + tile mean)/2 (Python's float64
-product) is dropped; −log(x + 1e-7) on the observed positive and the pseudo-positives;
-``train.py``'s schedules (w, b at (e − 1)/E, μ, σ at e/E of the 1-indexed epoch e).
-
-The loss object computes DAMP's scores and both rankings once per train row when the prior is
-set (:meth:`GPR.prior_ready`; with a per-trial η the DAMP ranking stays per batch): a batch then
-only compares those ranks with top_k and ⌊neg_ratio·C⌋ and the scores with θ.
+with k EPR's expected positives per image. ``released=True`` is the released code on every
+input, and the loss object caches DAMP's scores and rankings per train row: docs/priors.md.
 """
 
 from __future__ import annotations
@@ -41,20 +31,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._base import (
+from ._base import register
+from ._hparams import (
     HParam,
     LossInputError,
     LossOutput,
-    check_hparam,
-    check_inputs,
+    check_call,
     hp,
     mean_bc,
     per_trial,
     promote,
-    register,
 )
-from .assume_negative import EXPECTED_POSITIVES, K_SPEC
-from .gr_loss import GR, GR_SPECS, Q_NOT_ROBUST, Q_TINY, gauss_coef, gr_core
+from .assume_negative import EXPECTED_POSITIVES, K_SPEC, expected_k
+from .gr_loss import GR, GR_SPECS, Q_TINY, gauss_coef, gr_core
 from .prior import PriorMixin, check_scores, rank_desc, rank_dtype, value_with_grad
 
 __all__ = ["damp_scores", "gpr", "gpr_pseudo_labels"]
@@ -94,7 +83,6 @@ _SPECS = (*(_Q1_GPR if s.name == "q1" else s for s in GR_SPECS), _LAM1, _LAM2, _
                   "NUS 1.9, CUB 31.4; else the val split's mean label count)"))
 
 
-# ----------------------------------------------------------------------------- pseudo-labels
 def damp_scores(global_scores: Tensor, tile_max: Tensor, tile_min: Tensor, observed: Tensor,
                 eta: float | Tensor = 0.3) -> Tensor:
     """DAMP's score per (image, class) from CLIP's global and tile scores (module docstring):
@@ -136,10 +124,11 @@ def gpr_pseudo_labels(scores: Tensor, observed: Tensor, top_k: float | Tensor = 
     return pos, lowest & ~pos
 
 
-# ----------------------------------------------------------------------------- loss core
-def _gpr_entries(z: Tensor, y: Tensor, gr_parts: Any, use_k: bool, pos: Tensor,
-                 neg: Tensor | None, lam1, lam2, rho, released: bool = False) -> Tensor:
-    rest = torch.lerp(gr_parts.l3, gr_parts.l2, gr_parts.k_hat) if use_k else gr_parts.l3
+def _gpr_entries(z: Tensor, y: Tensor, gr_parts: Any, pos: Tensor, neg: Tensor | None, lam1,
+                 lam2, rho, released: bool = False) -> Tensor:
+    """GPR's per-entry terms with autograd (:func:`gpr`, the reference of the registered loss's
+    closed form, :func:`_gpr_value_grad`)."""
+    rest = torch.lerp(gr_parts.l3, gr_parts.l2, gr_parts.k_hat)
     if released:  # the code's neg_log: −log(x + 1e-7)
         p = torch.sigmoid(z)
         lp, ln = -torch.log(p + RELEASED_LOG_EPS), -torch.log(1 - p + RELEASED_LOG_EPS)
@@ -247,21 +236,18 @@ def gpr(logits: Tensor, observed: Tensor, scores: Tensor, *, w: float | Tensor =
              "lam1": lam1, "lam2": lam2, "rho": rho, "reg": reg, "k": k, "top_k": top_k,
              "threshold": threshold, "neg_ratio": neg_ratio, "pseudo_negatives": pseudo_negatives,
              "released": released}
-    values = {n: check_hparam(specs[n], v, "gpr") for n, v in given.items()}
-    z, y = check_inputs(logits, observed, values, loss="gpr")
+    z, y, values, h = check_call("gpr", logits, observed, {specs[n]: v for n, v in given.items()})
     s = check_scores(scores, y, "gpr")
     ns = s if negative_scores is None else check_scores(negative_scores, y, "gpr")
-    h = {n: hp(v, z) for n, v in values.items()}
     parts = gr_core(z, y, h["w_T"], h["b_T"], h["mu_T"], h["sigma_T"], h["q1"], h["q2"], h["q3"],
                      True, True)
     pos, neg = gpr_pseudo_labels(s, y, values["top_k"], values["threshold"], ns,
                                  values["neg_ratio"], released)
-    out = _gpr_entries(z, y, parts, True, pos, neg if pseudo_negatives and not released else None,
+    out = _gpr_entries(z, y, parts, pos, neg if pseudo_negatives and not released else None,
                        h["lam1"], h["lam2"], h["rho"], released)
     return mean_bc(out) + _expected_positives(z, h["k"], h["reg"])
 
 
-# ----------------------------------------------------------------------------- registered object
 def _aevlp(beta: tuple, q2q3: tuple, lam: tuple, reg: float, eta: float, threshold: float,
            negative_ratio: float, top_k: int, dataset: str) -> dict[str, float]:
     """One AEVLP config as hyperparameters (alpha = [0.5, 2, 0.8, 0.5] and rho 0.9 in all
@@ -330,20 +316,13 @@ CUB 24.89 mAP."""
             raise LossInputError("gpr: learn_kv=True is not supported (AEVLP schedules w, b, "
                                  "mu, sigma as GR does); drop it")
 
-    def _refresh_schedule(self) -> None:
-        super()._refresh_schedule()
+    def _fractions(self) -> dict[str, float]:
+        """released: train.py's, at 1-indexed epoch e of E: w, b at (e − 1)/E, μ, σ at e/E (never
+        quite w_T, b_T); else GR's."""
         if not self.hparam("released"):
-            return
-        # train.py, 1-indexed epoch e of E: w, b at (e − 1)/E, μ, σ at e/E (never quite w_T, b_T)
+            return super()._fractions()
         e, n = self.epoch, self.n_epochs
-        for name, frac in (("w", e / n), ("b", e / n), ("mu", (e + 1) / n),
-                           ("sigma", (e + 1) / n)):
-            v0, vt = self.hparam(f"{name}_0"), self.hparam(f"{name}_T")
-            value = v0 + (vt - v0) * frac
-            if isinstance(value, Tensor):
-                getattr(self, f"now_{name}").copy_(value)
-            else:
-                self._now[name] = float(value)
+        return {"w": e / n, "b": e / n, "mu": (e + 1) / n, "sigma": (e + 1) / n}
 
     def prior_ready(self) -> None:
         """Once per train row: DAMP's scores s (a fixed η) and its ranking, and the ranking of
@@ -359,7 +338,7 @@ CUB 24.89 mAP."""
                            else "scores as DAMP's s")
         self._damp_cached = self._coded = False
         if self._fixed_damp():
-            s = self._damp(g, self.observed_train, ("tile_max", "tile_min"), None)
+            s = self._damp(g, self.observed_train, None)
             self.register_buffer("prior_damp", s.contiguous(), persistent=False)
             self.register_buffer("prior_rank_pos", rank_desc(s).to(dtype), persistent=False)
             self._damp_cached = True
@@ -373,22 +352,15 @@ CUB 24.89 mAP."""
                 self.register_buffer("prior_code", code, persistent=False)
                 self._coded = True
 
-    def set_hparam(self, name: str, value: Any) -> None:
-        super().set_hparam(name, value)
-        if getattr(self, "prior_scores", None) is not None:
-            self.prior_ready()  # the caches follow the rule's parameters
-
     def _fixed_damp(self) -> bool:
         return not self.has_prior("tile_max") or not isinstance(self.hparam("eta"), Tensor)
 
-    def _damp(self, g: Tensor, observed: Tensor, keys: tuple[str, str], index: Tensor | None
-              ) -> Tensor:
+    def _damp(self, g: Tensor, observed: Tensor, index: Tensor | None) -> Tensor:
+        """DAMP's s of the train rows (``index`` None) or a batch's; ``g`` without tile extras."""
         if not self.has_prior("tile_max"):
             return g
-        if index is None:
-            tmax, tmin = self.prior_tile_max, self.prior_tile_min
-        else:
-            tmax, tmin = self.prior_rows(index, keys)
+        tmax, tmin = ((self.prior_tile_max, self.prior_tile_min) if index is None
+                      else self.prior_rows(index, ("tile_max", "tile_min")))
         return damp_scores(g, tmax, tmin, observed, self.hparam("eta"))
 
     def _pseudo_labels(self, observed: Tensor, index: Tensor | None, released: bool
@@ -399,7 +371,7 @@ CUB 24.89 mAP."""
             s, rank_pos, rank_neg = self.prior_rows(index, ("damp", "rank_pos", "rank_neg"))
         else:
             g, rank_neg = self.prior_rows(index, ("scores", "rank_neg"))
-            s, rank_pos = self._damp(g, observed, ("tile_max", "tile_min"), index), None
+            s, rank_pos = self._damp(g, observed, index), None
         return gpr_pseudo_labels(s, observed, self.hparam("top_k"), self.hparam("threshold"),
                                  None, self.hparam("neg_ratio"), released, (rank_pos, rank_neg))
 
@@ -411,18 +383,11 @@ CUB 24.89 mAP."""
             pos, neg = code == 1, code == 2
         else:
             pos, neg = self._pseudo_labels(observed, index, released)
-        w, b, mu, sigma = self._current(z)
-        if self.hparam("robust"):
-            qs = [hp(self.hparam(q), z) for q in ("q1", "q2", "q3")]
-        else:
-            qs = [Q_NOT_ROBUST] * 3
-        use_k = self.hparam("use_k")
-        if self.hparam("k") is None:
-            raise LossInputError("gpr: hyperparameter 'k' (expected positives per image) is not "
-                                 "set; pass k=… or let the trainer fill it from the dataset")
+        expected_k(self)
         h = {n: hp(self.hparam(n), z) for n in ("lam1", "lam2", "rho", "reg", "k")}
         neg = neg if self.hparam("pseudo_negatives") and not released else None
         with torch.no_grad():  # the value, and its gradient in closed form (value_with_grad)
-            value, grad = _gpr_value_grad(z.detach(), observed, pos, neg, [w, b, mu, sigma], qs,
-                                          use_k, self.hparam("use_v"), h, released)
+            value, grad = _gpr_value_grad(z.detach(), observed, pos, neg, self._current(z),
+                                          self._qs(z), self.hparam("use_k"), self.hparam("use_v"),
+                                          h, released)
         return LossOutput(value_with_grad(z, value, grad), {})

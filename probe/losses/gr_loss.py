@@ -9,9 +9,8 @@ With z the logits, p = σ(z), sg = stop-gradient and y ∈ {1, 0, −1}:
     L1 = (1 − p^q1)/q1,  L2 = (1 − p^q2)/q2,  L3 = (1 − (1−p)^q3)/q3            Eq. 14
     ℓ   = L1 on y=1;  v·[k̂·L2 + (1−k̂)·L3] on y=0;  L3 on y=−1;   loss = mean over B·C   Eqs. 4-5
 
-Every L is computed as −expm1(q·log x)/q from log x = logsigmoid(±z): no cancellation for small q,
-and q = 0 is the exact limit −log x. An observed negative (y=−1, partial/full labels) is a known
-negative: k̂ = 0, v = 1 there (the paper's SPML setting has none; the released code gives it 0).
+Every L is computed from logits (:func:`_gce_logits`); an observed negative (y=−1) is a known
+negative, k̂ = 0 and v = 1 there.
 
 Schedule (Eqs. 9, 10, 12, 13): w, b, μ, σ move linearly from (w_0, b_0, μ_0, σ_0) to
 (w_T, b_T, μ_T, σ_T); at 0-indexed epoch e of E the value is v_0 + (v_T − v_0)·e/(E−1) (E = 1: the
@@ -28,17 +27,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._base import (
+from ._base import Loss, register
+from ._hparams import (
     HParam,
-    Loss,
     LossInputError,
     LossOutput,
-    check_hparam,
+    check_call,
     check_inputs,
     hp,
     mean_bc,
     promote,
-    register,
 )
 
 __all__ = ["GRParts", "gr", "gr_framework"]
@@ -89,13 +87,7 @@ GR_SPECS = (
     replace(_SIGMA, name="sigma_0", default=2.0, doc="initial σ (released code 2)"),
     replace(_SIGMA, name="sigma_T", doc="final σ (Table 6: 0.5; Fig. 2b: 0.1, 0.5, 1)",
             search=(0.1, 1.0), log=True),
-    _Q1,
-    _Q2,
-    _Q3,
-    _USE_K,
-    _USE_V,
-    _ROBUST,
-    _LEARN_KV,
+    _Q1, _Q2, _Q3, _USE_K, _USE_V, _ROBUST, _LEARN_KV,
 )
 
 
@@ -115,30 +107,18 @@ class GRParts(NamedTuple):
     l3: Tensor
 
 
-# ----------------------------------------------------------------------------- unchecked core
-def _gce(log_x: Tensor, q) -> Tensor:
-    """(1 − x^q)/q from log x (Eq. 14), as −expm1(q·log x)/q; q = 0 gives −log x exactly.
-
-    expm1 keeps full relative precision for small q·log x, so the formula is stable for all
-    q ≥ 0; tensors (per-trial q) are clamped at 1e-12, where the value equals −log x to within
-    a relative 1e-10 and the gradient −x^q stays finite.
-    """
+def _gce_logits(z: Tensor, q, negative: bool) -> Tensor:
+    """(1 − x^q)/q (Eq. 14) for x = σ(z), or x = σ(−z) = 1 − σ(z) (``negative``), as
+    −expm1(q·log x)/q from log x = logsigmoid(±z): stable for all q ≥ 0, q = 0 gives −log x
+    exactly (a per-trial q is clamped at :data:`Q_TINY`, the gradient −x^q stays finite). A
+    number q = 1 (L3's paper value) is 1 − x, computed directly as a sigmoid."""
+    if not isinstance(q, Tensor) and q == 1.0:
+        return torch.sigmoid(z if negative else -z)
+    log_x = F.logsigmoid(-z if negative else z)
     if isinstance(q, Tensor):
         q = q.clamp_min(Q_TINY)
         return torch.expm1(q * log_x) / -q
-    if q < Q_TINY:
-        return -log_x
-    return torch.expm1(q * log_x) * (-1.0 / q)
-
-
-def _gce_logits(z: Tensor, q, negative: bool) -> Tensor:
-    """(1 − x^q)/q for x = σ(z) (``negative=False``) or x = 1 − σ(z) = σ(−z) (``negative=True``).
-
-    q = 1 (a Python number: L3's paper value) is 1 − x, computed directly as a sigmoid.
-    """
-    if not isinstance(q, Tensor) and q == 1.0:
-        return torch.sigmoid(z if negative else -z)
-    return _gce(F.logsigmoid(-z if negative else z), q)
+    return -log_x if q < Q_TINY else torch.expm1(q * log_x) * (-1.0 / q)
 
 
 def gauss_coef(sigma):
@@ -152,10 +132,8 @@ def gr_core(
     z: Tensor, y: Tensor, w, b, mu, sigma, q1, q2, q3, use_k: bool, use_v: bool
 ) -> GRParts:
     """GR on promoted logits z (…, B, C) and observed y; hyperparameters already viewed by hp().
-
     k̂ and v are masked once (k̂ = 0, v = 1 on y=−1; k̂ = 1 on y=1), so one ``where`` picks L1
-    on y=1 and v·lerp(L3, L2, k̂) = v·[k̂·L2 + (1−k̂)·L3] everywhere else.
-    """
+    on y=1 and v·lerp(L3, L2, k̂) = v·[k̂·L2 + (1−k̂)·L3] everywhere else."""
     p = torch.sigmoid(z.detach())  # sg(p): k̂ and v calibrate the output, no gradient through p
     unobs, positive = y == 0, y > 0
     if use_k:
@@ -177,7 +155,6 @@ def gr_core(
     return GRParts(mean_bc(entries), k_hat, v, l1, l2, l3)
 
 
-# ----------------------------------------------------------------------------- pure functions
 def gr(
     logits: Tensor,
     observed: Tensor,
@@ -201,15 +178,11 @@ def gr(
     by 0.01 (Table 3's ablation). With ``return_parts`` returns :class:`GRParts`
     ``(loss, k_hat, v, l1, l2, l3)``.
     """
-    values = {
-        s.name: check_hparam(s, val, "gr")
-        for s, val in ((_W, w), (_B, b), (_MU, mu), (_SIGMA, sigma), (_Q1, q1), (_Q2, q2),
-                       (_Q3, q3), (_USE_K, use_k), (_USE_V, use_v), (_ROBUST, robust))
-    }
     if not isinstance(return_parts, bool):
         raise LossInputError(f"gr: 'return_parts' must be True or False; got {return_parts!r}")
-    z, y = check_inputs(logits, observed, values, loss="gr")
-    h = {k: hp(v, z) for k, v in values.items()}
+    z, y, _, h = check_call("gr", logits, observed, {
+        _W: w, _B: b, _MU: mu, _SIGMA: sigma, _Q1: q1, _Q2: q2, _Q3: q3, _USE_K: use_k,
+        _USE_V: use_v, _ROBUST: robust})
     qs = (h["q1"], h["q2"], h["q3"]) if robust else (Q_NOT_ROBUST,) * 3
     parts = gr_core(z, y, h["w"], h["b"], h["mu"], h["sigma"], *qs, use_k, use_v)
     return parts if return_parts else parts.loss
@@ -269,7 +242,6 @@ def gr_framework(
     return loss
 
 
-# ----------------------------------------------------------------------------- registered object
 @register
 class GR(Loss):
     """GR loss with its linear schedule of (w, b, μ, σ) and the paper's ablation switches."""
@@ -324,16 +296,14 @@ parts: k_hat, v, l1, l2, l3 per entry (…, B, C), detached (see GRParts)."""
         self._now: dict[str, float] = {}
         self._refresh_schedule()
 
-    # -- schedule ---------------------------------------------------------------------------
-    def _fraction(self) -> float:
-        if self.n_epochs <= 1:
-            return 1.0
-        return min(max(self.epoch / (self.n_epochs - 1), 0.0), 1.0)
+    def _fractions(self) -> dict[str, float]:
+        """How far each of w, b, μ, σ has moved from v_0 to v_T: e/(E−1) of the 0-indexed epoch."""
+        frac = 1.0 if self.n_epochs <= 1 else min(max(self.epoch / (self.n_epochs - 1), 0.0), 1.0)
+        return dict.fromkeys(_KV, frac)
 
     def _refresh_schedule(self) -> None:
         """Set the current (w, b, μ, σ): Python floats, or (T,) non-persistent buffers."""
-        frac = self._fraction()
-        for n in _KV:
+        for n, frac in self._fractions().items():
             v0, vt = self.hparam(f"{n}_0"), self.hparam(f"{n}_T")
             value = v0 + (vt - v0) * frac
             buf = f"now_{n}"
@@ -386,7 +356,6 @@ parts: k_hat, v, l1, l2, l3 per entry (…, B, C), detached (see GRParts)."""
             return []
         return [(self._parameters[f"kv_{n}"], 1.0) for n in _KV]
 
-    # -- forward ----------------------------------------------------------------------------
     def _current(self, z: Tensor) -> list:
         if not self.hparam("learn_kv"):
             return [hp(v, z) for v in self.schedule_values().values()]
@@ -405,14 +374,16 @@ parts: k_hat, v, l1, l2, l3 per entry (…, B, C), detached (see GRParts)."""
             return [prm.to(z.dtype).reshape(()) for prm in params]
         return [hp(prm, z) for prm in params]
 
+    def _qs(self, z: Tensor) -> list:
+        """q1, q2, q3 viewed for ``z`` (0.01 each with robust=False)."""
+        if not self.hparam("robust"):
+            return [Q_NOT_ROBUST] * 3
+        return [hp(self.hparam(q), z) for q in ("q1", "q2", "q3")]
+
     def forward(self, logits: Tensor, observed: Tensor, index: Tensor | None = None) -> LossOutput:
         z = promote(logits)
         w, b, mu, sigma = self._current(z)
-        if self.hparam("robust"):
-            qs = [hp(self.hparam(q), z) for q in ("q1", "q2", "q3")]
-        else:
-            qs = [Q_NOT_ROBUST] * 3
-        out = gr_core(z, observed, w, b, mu, sigma, *qs,
+        out = gr_core(z, observed, w, b, mu, sigma, *self._qs(z),
                        self.hparam("use_k"), self.hparam("use_v"))
         parts = {k: getattr(out, k).detach() for k in ("k_hat", "v", "l1", "l2", "l3")}
         return LossOutput(out.loss, parts)

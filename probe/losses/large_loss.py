@@ -17,33 +17,27 @@ and among the **unobserved** (y = 0) entries of the batch the k = ⌈B·C·r_e�
 
 reduced by the mean over all B·C entries. With a trial axis, Δ may differ per trial, so k is a
 (T,) count and the selection is done for all trials at once by ranks (no host sync).
-
-Ties: the ranking is by the logit z, which orders the unobserved entries exactly as their loss
-−log(1−p) = softplus(z) does but without the float rounding that makes distinct losses equal;
-entries with equal z are taken in batch order (earlier row, then earlier class, first). The
-released code instead thresholds at the k-th largest loss and changes every entry ≥ it, so ties
-at the threshold can change more than k entries.
+Ties: ranked by the logit z (the order of −log(1−p) = softplus(z) without its float rounding),
+then batch order (row, class); the released code changes every entry tied at the k-th loss.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._base import (
+from ._base import Loss, register
+from ._hparams import (
     HParam,
-    Loss,
     LossInputError,
     LossOutput,
-    check_hparam,
-    check_inputs,
+    check_call,
+    check_state_arg,
     mean_bc,
     promote,
-    register,
 )
 
 __all__ = ["ll_cp", "ll_ct", "ll_r"]
@@ -59,9 +53,7 @@ _DELTA = HParam(
     low=0.0, high=1.0, search=(0.001, 0.005),
 )
 
-#: the released code's defaults (config.py), used for every dataset; end-to-end, the head is
-#: trained at lr_mult=10 × lr, i.e. 1e-4 (see the classes' notes)
-# lr is the backbone's; the released train.py trains the linear head at lr_mult (10) × lr
+#: the released config.py for every dataset; lr is the backbone's, the head trains at 10 × lr
 _TRAIN = {
     ds: {"batch_size": 16, "lr": 1e-5, "epochs": 10, "head_lr_mult": 10}
     for ds in ("voc", "coco", "nus", "cub")
@@ -82,25 +74,18 @@ _NOTES_COMMON = (
 )
 
 
-# ----------------------------------------------------------------------------- shared helpers
 def rank_select(
     key: Tensor, candidates: Tensor, count: int | Tensor, dim: int, largest: bool
 ) -> Tensor:
-    """Boolean mask of the ``count`` candidates with the largest (``largest=True``) or smallest
-    ``key`` along ``dim`` — all candidates where fewer exist.
-
-    ``count`` is an int or a tensor broadcastable against ``key`` with size 1 along ``dim``
-    (e.g. ``(T, 1)`` per-trial counts), so T different counts are served by one stable sort
-    (equal keys: lower index first). No host synchronisation. Shared by LL (this file) and APL
-    (``ack_unknown.py``).
-    """
+    """Boolean mask of the ``count`` candidates with the largest (``largest``) or smallest ``key``
+    along ``dim`` (all where fewer exist). ``count``: an int or a tensor with size 1 along ``dim``
+    (e.g. ``(T, 1)`` per trial), served by one stable sort (ties: lower index first), no sync."""
     fill = float("-inf") if largest else float("inf")
     key = torch.where(candidates, key, torch.full_like(key, fill))
     order = torch.sort(key, dim=dim, descending=largest, stable=True).indices
-    n = key.shape[dim]
     shape = [1] * key.ndim
-    shape[dim] = n
-    position = torch.arange(n, device=key.device).view(shape)
+    shape[dim] = key.shape[dim]
+    position = torch.arange(key.shape[dim], device=key.device).view(shape)
     chosen = torch.broadcast_to(position < count, order.shape)
     mask = torch.zeros(order.shape, dtype=torch.bool, device=key.device)
     return mask.scatter_(dim, order, chosen) & candidates
@@ -124,9 +109,7 @@ def _rate(delta: float | Tensor, epoch: int, permanent: bool) -> float | Tensor:
     """r_e for 1-indexed epoch e: (e−1)·Δ (LL-R, LL-Ct) or Δ from epoch 2 (LL-Cp); float64."""
     if isinstance(delta, Tensor):
         delta = delta.to(torch.float64)
-    if permanent:
-        return delta * (1 if epoch >= 2 else 0)
-    return delta * (epoch - 1)
+    return delta * ((1 if epoch >= 2 else 0) if permanent else epoch - 1)
 
 
 def _count(rate: float | Tensor, b: int, c: int, z: Tensor) -> int | Tensor:
@@ -141,9 +124,9 @@ def _ll_core(
     z: Tensor, y: Tensor, delta: float | Tensor, epoch: int, mode: str
 ) -> tuple[Tensor, Tensor]:
     """Per-trial mean loss and the changed-entry mask (same shape as z). Unchecked."""
-    b, c = z.shape[-2], z.shape[-1]
-    pos, neg = F.softplus(-z), F.softplus(z)  # −log p, −log(1−p)
-    entries = torch.where(y == 1, pos, neg)
+    b, c = z.shape[-2:]
+    pos = F.softplus(-z)  # −log p
+    entries = torch.where(y == 1, pos, F.softplus(z))
     k = _count(_rate(delta, epoch, mode == "ll_cp"), b, c, z)
     unobserved = torch.broadcast_to(y == 0, z.shape)
     if isinstance(k, int) and k == 0:
@@ -155,8 +138,9 @@ def _ll_core(
     return mean_bc(torch.where(changed, replacement, entries)), changed
 
 
-# ----------------------------------------------------------------------------- pure functions
-def _check_epoch(epoch: Any, loss: str) -> int:
+def _checked(logits, observed, delta_rel, epoch, loss):
+    """The LL pure functions' checks: Δ, the inputs, then the 1-indexed ``epoch``."""
+    z, y, values, _ = check_call(loss, logits, observed, {_DELTA: delta_rel})
     if epoch is None:
         raise LossInputError(
             f"{loss}: 'epoch' is required: the 1-indexed epoch number (epoch 1 changes nothing, "
@@ -167,13 +151,7 @@ def _check_epoch(epoch: Any, loss: str) -> int:
             f"{loss}: 'epoch' must be the 1-indexed epoch number (an int >= 1, as in the paper; "
             f"epoch 1 changes nothing); got {epoch!r}"
         )
-    return epoch
-
-
-def _checked(logits, observed, delta_rel, epoch, loss):
-    delta = check_hparam(_DELTA, delta_rel, loss)
-    z, y = check_inputs(logits, observed, {"delta_rel": delta}, loss=loss)
-    return z, y, delta, _check_epoch(epoch, loss)
+    return z, y, values["delta_rel"], epoch
 
 
 def ll_r(
@@ -202,37 +180,20 @@ def ll_cp(
     delta_rel: float | Tensor = 0.003,
     epoch: int | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """LL-Cp (Kim et al. CVPR 2022, Sec. 3.2, permanent correction). Stateful.
-
-    ``flipped`` is the state for the batch's rows: a bool tensor ``(B, C)`` or ``(T, B, C)``,
-    True where an unobserved entry was already flipped to observed positive in an earlier
-    batch (all False at the start of training). From epoch 2 (``epoch``, required, is
-    1-indexed), the ⌈B·C·Δ⌉ largest-loss entries among those still unobserved get −log p and
-    are flipped.
-
-    Returns ``(loss, flipped_after)``: the loss (scalar, or ``(T,)``) and the updated state for
-    the batch, to be written back to the rows of the training set
-    (``state[..., index, :] = flipped_after``).
-    """
+    """LL-Cp (Kim et al. CVPR 2022, Sec. 3.2, permanent correction). Stateful: ``flipped``, the
+    batch's rows of the state (bool ``(B, C)`` or ``(T, B, C)``, all False at the start), is True
+    where an entry was flipped to observed positive earlier. From epoch 2 (``epoch``, required,
+    1-indexed) the ⌈B·C·Δ⌉ largest-loss still-unobserved entries get −log p and are flipped.
+    Returns ``(loss, flipped_after)``: write the latter back (``state[..., index, :] = …``)."""
     z, y, delta, epoch = _checked(logits, observed, delta_rel, epoch, "ll_cp")
-    if not isinstance(flipped, Tensor) or flipped.dtype != torch.bool:
-        got = getattr(flipped, "dtype", type(flipped).__name__)
-        raise LossInputError(
-            f"ll_cp: 'flipped' must be a bool tensor (True = flipped to positive earlier); got "
-            f"{got} (start from torch.zeros_like(observed, dtype=torch.bool))"
-        )
-    if flipped.shape not in (z.shape, z.shape[-2:]):
-        raise LossInputError(
-            f"ll_cp: 'flipped' must have shape {tuple(z.shape[-2:])} or {tuple(z.shape)}; got "
-            f"{tuple(flipped.shape)}"
-        )
-    flipped = flipped.to(z.device)
+    flipped = check_state_arg("ll_cp", "flipped", flipped, z, "bool",
+                              "True = flipped to positive earlier",
+                              "torch.zeros_like(observed, dtype=torch.bool)")
     y_eff = torch.where(flipped, torch.ones_like(y), y)
     loss, changed = _ll_core(z, y_eff, delta, epoch, "ll_cp")
     return loss, torch.broadcast_to(flipped, z.shape) | changed
 
 
-# ----------------------------------------------------------------------------- registered objects
 class _LargeLoss(Loss):
     hparam_specs = (_DELTA,)
     trial_state: tuple[str, ...] = ()  # LL-R, LL-Ct: stateless; LL-Cp: its flips
@@ -302,20 +263,10 @@ class LLCp(_LargeLoss):
 
     def setup(self, observed: Tensor, n_epochs: int, n_trials: int | None = None) -> None:
         super().setup(observed, n_epochs, n_trials)
-        t = self.n_trials or 1
-        n, c = observed.shape
-        self.register_buffer(
-            "flipped", torch.zeros(t, n, c, dtype=torch.bool, device=observed.device)
-        )
+        self.per_example("flipped", observed, False, torch.bool)
 
     def _y(self, observed: Tensor, index: Tensor | None, z: Tensor) -> Tensor:
-        if index is None:
-            raise LossInputError(
-                "ll_cp: forward needs index= (the batch's row numbers in the train split) to "
-                "look up its permanent flips"
-            )
-        state = self.state("flipped")
-        rows = state[:, index] if z.ndim == 3 else state[0, index]
+        rows = self.state_rows("flipped", index, z, "look up its permanent flips")
         return torch.where(rows, torch.ones_like(observed), observed)
 
     def _after(self, changed: Tensor, index: Tensor | None, z: Tensor) -> None:

@@ -14,38 +14,31 @@ q = σ(Θ[index]) are the estimated labels of the batch. With p = σ(z) and sg =
 Uniform(−logit(0.6), logit(0.6)) elsewhere, and trains with the same optimizer at
 ``lr_mult`` × the head's learning rate (:meth:`ROLE.extra_parameters`).
 
-Checked against the released code (elijahcole/single-positive-multi-label, ``losses.py``
-``loss_role``, ``models.py`` ``LabelEstimator``, ``train.py``): same terms, same reduction
-(the loss matrix divided by B·C and summed, plus the two expected-positive regularisers halved),
-same initialisation (``q·(2·rand − 1)`` with q = logit(0.6)), Adam with the Θ group at
-``lr_mult=10``. Differences: logs are exact (from logits) where the released code uses
-−log(x + 1e-5); Θ's uniform draw comes from a generator seeded per trial (:meth:`manual_seed`)
-instead of the global RNG.
+Checked against the released code (elijahcole/single-positive-multi-label ``loss_role``,
+``LabelEstimator``): same terms, reduction and initialisation; the differences are in the notes.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._base import (
+from ._base import Loss, register
+from ._hparams import (
     HParam,
-    Loss,
     LossInputError,
     LossOutput,
-    check_hparam,
-    check_inputs,
+    check_call,
+    check_state_arg,
     hp,
     mean_bc,
     per_trial,
     promote,
-    register,
 )
-from .assume_negative import EXPECTED_POSITIVES, K_SPEC
+from .assume_negative import EXPECTED_POSITIVES, K_REQUIRED, K_SPEC, expected_k
 
 __all__ = ["init_label_logits", "role"]
 
@@ -70,16 +63,14 @@ def init_label_logits(observed: Tensor, seed: int = 0) -> Tensor:
     return torch.where(observed == -1, torch.full_like(theta, _LOGIT_NEG), theta)
 
 
-# ----------------------------------------------------------------------------- unchecked core
 def _role_parts(z: Tensor, y: Tensor, theta: Tensor, k) -> tuple[Tensor, Tensor]:
     """(data, reg) per trial: mean_bc(ℓ) and the halved expected-positive regularisers."""
     c = z.shape[-1]
     theta = theta.to(z.dtype)
     p, q = torch.sigmoid(z), torch.sigmoid(theta)
     zero = torch.zeros((), dtype=z.dtype, device=z.device)
-    pos = y == 1
-    pos_f = torch.where(pos, F.softplus(-z), zero)
-    pos_g = torch.where(pos, F.softplus(-theta), zero)
+    pos_f = torch.where(y == 1, F.softplus(-z), zero)
+    pos_g = torch.where(y == 1, F.softplus(-theta), zero)
     q_sg, p_sg = q.detach(), p.detach()
     cross_f = q_sg * F.softplus(-z) + (1 - q_sg) * F.softplus(z)
     cross_g = p_sg * F.softplus(-theta) + (1 - p_sg) * F.softplus(theta)
@@ -90,30 +81,18 @@ def _role_parts(z: Tensor, y: Tensor, theta: Tensor, k) -> tuple[Tensor, Tensor]
     return data, 0.5 * (reg_f + reg_g)
 
 
-# ----------------------------------------------------------------------------- pure function
 def role(logits: Tensor, observed: Tensor, label_logits: Tensor, k: float | Tensor) -> Tensor:
     """ROLE loss (Cole et al. CVPR 2021, Eq. 7). Stateful: ``label_logits`` are the batch's rows
     of the label-estimate matrix, Θ[index], of the logits' shape ((B, C) or (T, B, C)); the
     gradient flows into them (train them at ``lr_mult``=10 × the head's learning rate).
     ``k`` = expected positives per image (VOC 1.5, COCO 2.9, NUS 1.9, CUB 31.4)."""
-    k = check_hparam(replace(K_SPEC, optional=False, from_data=None), k, "role")
-    z, y = check_inputs(logits, observed, {"k": k}, loss="role")
-    if not isinstance(label_logits, Tensor) or not label_logits.is_floating_point():
-        got = getattr(label_logits, "dtype", type(label_logits).__name__)
-        raise LossInputError(
-            "role: 'label_logits' must be a float tensor Θ[index] (the label estimates' logits); "
-            f"got {got} (start from init_label_logits(observed_train)[index])"
-        )
-    if label_logits.shape != logits.shape:
-        raise LossInputError(
-            f"role: 'label_logits' must have the logits' shape {tuple(logits.shape)}; got "
-            f"{tuple(label_logits.shape)}"
-        )
-    data, reg = _role_parts(z, y, label_logits.to(z.device), hp(k, z))
-    return data + reg
+    z, y, _, h = check_call("role", logits, observed, {K_REQUIRED: k})
+    theta = check_state_arg("role", "label_logits", label_logits, z, "float",
+                            "Θ[index], the label estimates' logits",
+                            "init_label_logits(observed_train)[index]", exact=True)
+    return sum(_role_parts(z, y, theta, h["k"]))
 
 
-# ----------------------------------------------------------------------------- registered object
 @register
 class ROLE(Loss):
     name = "role"
@@ -164,18 +143,13 @@ class ROLE(Loss):
 
     def manual_seed(self, seeds: list[int]) -> None:
         """Seed Θ's initial draw, one seed per trial; re-draws Θ in place if set up already."""
-        seeds = [int(s) for s in seeds]
         theta = getattr(self, "label_logits", None)
+        if theta is not None and len(seeds) != theta.shape[0]:
+            raise LossInputError(
+                f"role: manual_seed needs one seed per trial ({theta.shape[0]}); got {len(seeds)}")
+        self._seeds = [int(s) for s in seeds]
         if theta is not None:
-            if len(seeds) != theta.shape[0]:
-                raise LossInputError(
-                    f"role: manual_seed needs one seed per trial ({theta.shape[0]}); got "
-                    f"{len(seeds)}"
-                )
-            self._seeds = seeds
             self._init_theta()
-        else:
-            self._seeds = seeds
 
     def select_trials(self, keep: list[int]) -> None:
         super().select_trials(keep)
@@ -187,19 +161,8 @@ class ROLE(Loss):
         return [(self.state("label_logits"), float(self.hparam("lr_mult")))]
 
     def forward(self, logits: Tensor, observed: Tensor, index: Tensor | None = None) -> LossOutput:
-        k = self.hparam("k")
-        if k is None:
-            raise LossInputError(
-                "role: hyperparameter 'k' (expected positives per image) is not set; pass k=… "
-                "or let the trainer fill it from the dataset"
-            )
-        if index is None:
-            raise LossInputError(
-                "role: forward needs index= (the batch's row numbers in the train split) to "
-                "gather the label estimates Θ[index]"
-            )
-        theta = self.state("label_logits")
+        k = expected_k(self)
         z = promote(logits)
-        rows = theta[:, index] if z.ndim == 3 else theta[0, index]
+        rows = self.state_rows("label_logits", index, z, "gather the label estimates Θ[index]")
         data, reg = _role_parts(z, observed, rows, hp(k, z))
         return LossOutput(data + reg, {"data": data, "reg": reg})

@@ -8,34 +8,16 @@ unobserved y = 0 and observed negatives y = −1)::
     zlpr   log(1 + Σ_{j∈Ω−} e^{z_j}) + log(1 + Σ_{i∈Ω+} e^{−z_i})
     opml   log(α + Σ_{j∈Ω−} e^{z_j}) + log(β + Σ_{i∈Ω+} e^{−z_i})        α, β > 0
 
-reduced by the **mean over the batch** (one value per sample, not per entry). Both terms are
-computed as ``logsumexp`` over ``[log α, z_j …]`` / ``[log β, −z_i …]``, so a row without positives
-(or without negatives) is exact and its gradient finite. α = β = 1 is ZLPR.
+reduced by the **mean over the batch** (one value per sample). Each term is a ``logsumexp`` over
+``[log α, z_j …]`` / ``[log β, −z_i …]``: exact, with a finite gradient, for a row without
+positives (or negatives). α = β = 1 is ZLPR.
 
-OPML options — all three **(reconstructed)**: the paper's formulas and hyperparameter values
-are not available in the text this library was built from, so these options are implemented from
-its prose description (docs/losses.md):
-
-* ``high_rank`` (``hr_lambda`` λ, ``hr_delta`` δ, paper Eq. 10): add
-  λ·(−(1/C)·Σ_i log(σ_i(P)² + δ)) with P = σ(Z) the batch's B×C prediction matrix and σ_i its
-  min(B, C) singular values. Computed without an SVD, by the identity
-  Σ_i log(σ_i² + δ) = log det(G + δI) with G the smaller Gram matrix (PPᵀ if B ≤ C, else PᵀP),
-  in float64 via ``torch.linalg.cholesky_ex`` batched over the trial axis. Why not
-  ``torch.linalg.svdvals``: on CUDA it reads the solver's convergence flag on the host (a device
-  sync every step) and an SVD can fail to converge. The log-det has none of the
-  1/(σ_i² − σ_j²) terms of SVD backward, so repeated or zero singular values are safe; its
-  gradient 2(PPᵀ + δI)⁻¹P is bounded for δ > 0; δ ≥ 1e-8 keeps the float64 Cholesky
-  well-conditioned (cond ≤ B·C/δ).
-* ``soft`` (``soft_power`` g, paper Eq. 11): unobserved targets become ε_nc = sg(p_nc)·AP_c^g,
-  with AP_c the average precision of class c's **originally observed** positives over the train
-  split, from the train logits of the last finished epoch (``end_epoch``); the soft form is
-  log(α + Σ_j (1−y_j)e^{z_j}) + log(β + Σ_j y_j e^{−z_j}) with y = 1 on Ω+, ε on unobserved
-  entries, 0 on observed negatives. Before the first epoch has ended there is no AP: ε = 0.
-* ``correct`` (``correct_ratio`` r, Sec. III-E algorithm): after every epoch, for each class c
-  flip the k_c = round(r·N_c·(1 − AP_c)) highest-scoring still-unobserved train entries to
-  observed positive (N_c = originally observed positives of c; ``torch.round`` rounds half to
-  even; ties in score go to the lower row index; fewer eligible entries than k_c → all of them).
-  Flips are permanent and kept in a ``(T, N, C)`` bool buffer.
+OPML's options are all **(reconstructed)** from the paper's prose (docs/losses.md):
+``high_rank`` (``hr_lambda`` λ, ``hr_delta`` δ, Eq. 10; :func:`_high_rank`), ``soft``
+(``soft_power`` g, Eq. 11: unobserved targets ε = sg(p)·AP_c^g, with AP_c that of class c's
+originally observed positives on the train split at the last finished epoch, ε = 0 before it;
+observed negatives keep target 0) and ``correct`` (``correct_ratio`` r, Sec. III-E:
+:func:`opml_correct_labels` after every epoch, the flips kept in a ``(T, N, C)`` bool buffer).
 """
 
 from __future__ import annotations
@@ -47,17 +29,17 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..ranking import column_ap
-from ._base import (
+from ._base import Loss, register
+from ._hparams import (
     HParam,
-    Loss,
     LossInputError,
     LossOutput,
+    check_call,
     check_hparam,
     check_inputs,
     hp,
     per_trial,
     promote,
-    register,
 )
 
 __all__ = ["opml", "opml_correct_labels", "zlpr"]
@@ -94,7 +76,6 @@ _CORRECT_RATIO = HParam("correct_ratio", 0.1, "ratio r in k_c = round(r·N_c·(1
 _NEG_INF = -math.inf
 
 
-# ----------------------------------------------------------------------------- unchecked cores
 def _log_const(value: float | Tensor, z: Tensor) -> Tensor:
     """log of α or β as a ``(..., B, 1)`` column to concatenate in front of the logits."""
     shape = (*z.shape[:-1], 1)
@@ -137,10 +118,12 @@ def _pair_terms(z: Tensor, y: Tensor, alpha, beta, soft_weight: Tensor | None = 
 
 
 def _high_rank(z: Tensor, delta: float | Tensor) -> Tensor:
-    """−(1/C)·Σ_i log(σ_i(σ(Z))² + δ) per trial, ``(T,)`` or a scalar (module doc: a float64
-    log-det of the smaller Gram matrix + δI, by Cholesky without a host sync).
-
-    ``delta``: a number or the raw ``(T,)`` hyperparameter (converted here to float64)."""
+    """−(1/C)·Σ_i log(σ_i(σ(Z))² + δ) per trial, ``(T,)`` or a scalar, without an SVD:
+    Σ_i log(σ_i² + δ) = log det(G + δI), G the smaller Gram matrix (PPᵀ if B ≤ C, else PᵀP), by
+    a float64 Cholesky batched over the trials (``svdvals`` reads its convergence flag on the
+    host, a sync per step, and may not converge). The gradient 2(PPᵀ + δI)⁻¹P is bounded for
+    δ > 0, with no 1/(σ_i² − σ_j²) terms (repeated singular values are safe); δ ≥ 1e-8 keeps
+    cond ≤ B·C/δ. ``delta``: a number or the raw ``(T,)`` hyperparameter."""
     p = torch.sigmoid(z).to(torch.float64)
     gram = p @ p.mT if p.shape[-2] <= p.shape[-1] else p.mT @ p  # (..., k, k), k = min(B, C)
     if isinstance(delta, Tensor):
@@ -172,13 +155,10 @@ def _soft_weight(ap: Tensor, power, z: Tensor) -> Tensor:
 
 
 def _correct_core(logits: Tensor, observed: Tensor, flipped: Tensor, ratio, ap: Tensor) -> Tensor:
-    """One correction step (module doc): returns the new ``(T, N, C)`` flip mask (old | new).
-
-    Per (trial, class) the k-th largest eligible score s_k is found with one ``topk`` of the
-    largest k over all columns; entries scoring above s_k flip, and of those tied at s_k the
-    lowest row indices fill the remaining places (a cumulative count), so no full sort is needed.
-    Reads the largest k on the host once (end of epoch, not the training step).
-    """
+    """One correction step (:func:`opml_correct_labels`): the new ``(T, N, C)`` flip mask. Per
+    (trial, class) the k-th largest eligible score s_k comes from one ``topk``; entries above s_k
+    flip, and the lowest rows of those tied at s_k fill the places left (no full sort). Reads
+    the largest k on the host once (end of epoch, not the training step)."""
     t, n, c = logits.shape
     eligible = (observed == 0) & ~flipped  # (T, N, C)
     n_pos = (observed == 1).sum(0).to(torch.float64)  # (C,)
@@ -200,13 +180,9 @@ def _correct_core(logits: Tensor, observed: Tensor, flipped: Tensor, ratio, ap: 
     return flipped | (new & eligible & (k > 0).unsqueeze(1))
 
 
-# ----------------------------------------------------------------------------- pure functions
 def zlpr(logits: Tensor, observed: Tensor) -> Tensor:
-    """ZLPR (Su et al. 2022): log(1 + Σ_{Ω−} e^{z}) + log(1 + Σ_{Ω+} e^{−z}); mean over the batch.
-
-    Ω+ = observed positives, Ω− = all other labels. Scalar for ``(B, C)`` logits, ``(T,)`` for
-    ``(T, B, C)``.
-    """
+    """ZLPR (Su et al. 2022): log(1 + Σ_{Ω−} e^{z}) + log(1 + Σ_{Ω+} e^{−z}), Ω+ = observed
+    positives, Ω− = all other labels; mean over the batch."""
     z, y = check_inputs(logits, observed, loss="zlpr")
     return _pair_terms(z, y, 1.0, 1.0).mean(-1)
 
@@ -234,24 +210,17 @@ def opml(
     labels as ``observed`` (``(B, C)`` or per trial ``(T, B, C)``), see
     :func:`opml_correct_labels`. The options are **(reconstructed)** (module doc).
     """
-    alpha = check_hparam(_ALPHA, alpha, "opml")
-    beta = check_hparam(_BETA, beta, "opml")
+    given = {_ALPHA: alpha, _BETA: beta}
     check_hparam(_HIGH_RANK, high_rank, "opml")
     check_hparam(_SOFT, soft, "opml")
-    named = {"alpha": alpha, "beta": beta}
     if high_rank:
-        named["hr_lambda"] = hr_lambda = check_hparam(_HR_LAMBDA, hr_lambda, "opml")
-        named["hr_delta"] = hr_delta = check_hparam(_HR_DELTA, hr_delta, "opml")
+        given |= {_HR_LAMBDA: hr_lambda, _HR_DELTA: hr_delta}
     if soft:
-        named["soft_power"] = soft_power = check_hparam(_SOFT_POWER, soft_power, "opml")
-    z, y = check_inputs(logits, observed, named, loss="opml")
-    weight = None
-    if soft:
-        weight = _soft_weight(_check_ap(ap, z), hp(soft_power, z), z)
-    parts = _opml_parts(
-        z, y, hp(alpha, z), hp(beta, z),
-        hp(hr_lambda, z) if high_rank else None, hr_delta if high_rank else None, weight,
-    )
+        given[_SOFT_POWER] = soft_power
+    z, y, values, h = check_call("opml", logits, observed, given)
+    weight = _soft_weight(_check_ap(ap, z), h["soft_power"], z) if soft else None
+    parts = _opml_parts(z, y, h["alpha"], h["beta"], h.get("hr_lambda"),
+                        values.get("hr_delta"), weight)
     return sum(parts.values())
 
 
@@ -286,12 +255,13 @@ def opml_correct_labels(
     ``train_logits`` ``(N, C)`` or ``(T, N, C)``: the whole train split; ``observed`` ``(N, C)``
     the original labels; ``flipped``: the bool flip mask so far (same shape as the logits, default
     none). For each class c the k_c = round(r·N_c·(1 − AP_c)) highest-scoring entries that are
-    unobserved and not yet flipped are flipped (ties → lower row index). ``ap`` defaults to the
-    AP of the observed positives under ``train_logits``. Returns the new mask (old | new).
+    unobserved and not yet flipped are flipped (N_c: c's observed positives; ``torch.round``
+    rounds half to even; ties → lower row index; fewer eligible entries than k_c → all of them).
+    ``ap`` defaults to the AP of the observed positives under ``train_logits``. Returns the new
+    mask (old | new).
     """
-    correct_ratio = check_hparam(_CORRECT_RATIO, correct_ratio, "opml_correct_labels")
-    z, y = check_inputs(train_logits, observed, {"correct_ratio": correct_ratio},
-                        loss="opml_correct_labels")
+    z, y, values, _ = check_call("opml_correct_labels", train_logits, observed,
+                                 {_CORRECT_RATIO: correct_ratio})
     squeeze = z.ndim == 2
     z = z.unsqueeze(0) if squeeze else z
     if flipped is None:
@@ -310,22 +280,10 @@ def opml_correct_labels(
         ap = column_ap(z, y == 1)
     else:
         ap = _check_ap(ap, z).to(z.device).expand(z.shape[0], z.shape[-1])
-    out = _correct_core(z, y, flipped, correct_ratio, ap)
+    out = _correct_core(z, y, flipped, values["correct_ratio"], ap)
     return out[0] if squeeze else out
 
 
-def _check_observed_train(observed: Tensor, loss: str) -> Tensor:
-    """The train split's labels ``(N, C)`` of −1/0/1 as int8, on their own device."""
-    if not isinstance(observed, Tensor) or observed.ndim != 2:
-        raise LossInputError(
-            f"{loss}: 'observed' must be the train split's labels, a (N, C) tensor of -1/0/1; got "
-            f"{tuple(observed.shape) if isinstance(observed, Tensor) else type(observed).__name__}"
-        )
-    _, y = check_inputs(torch.zeros(observed.shape, device=observed.device), observed, loss=loss)
-    return y.to(torch.int8)
-
-
-# ----------------------------------------------------------------------------- registered objects
 @register
 class ZLPR(Loss):
     name = "zlpr"
@@ -393,38 +351,30 @@ class OPML(Loss):
         super().setup(observed, n_epochs, n_trials)
         if not self.needs_epoch_pass:
             return
-        observed = _check_observed_train(observed, "opml.setup")
-        t = self.n_trials or 1
-        n, c = observed.shape[-2:]
-        self.register_buffer("observed_train", observed.to(torch.int8), persistent=False)
-        dev = observed.device
-        self.register_buffer("ap", torch.full((t, c), math.nan, device=dev))
+        if not isinstance(observed, Tensor) or observed.ndim != 2:
+            got = tuple(observed.shape) if isinstance(observed, Tensor) else type(observed).__name__
+            raise LossInputError("opml.setup: 'observed' must be the train split's labels, a "
+                                 f"(N, C) tensor of -1/0/1; got {got}")
+        _, y = check_inputs(torch.zeros(observed.shape, device=observed.device), observed,
+                            loss="opml.setup")
+        self.register_buffer("observed_train", y.to(torch.int8), persistent=False)
+        self.register_buffer("ap", torch.full((self.n_trials or 1, observed.shape[1]), math.nan,
+                                              device=observed.device))
         if self.hparam("correct"):
-            self.register_buffer("flipped", torch.zeros(t, n, c, dtype=torch.bool, device=dev))
-
-    def _need_setup(self) -> None:
-        if not hasattr(self, "ap"):
-            raise LossInputError(
-                "opml: with soft=True or correct=True call setup(observed_train, n_epochs) before "
-                "the first forward (the loss keeps the train split's AP and label flips)"
-            )
+            self.per_example("flipped", observed, False, torch.bool)
 
     def forward(self, logits: Tensor, observed: Tensor, index: Tensor | None = None) -> LossOutput:
         z = promote(logits)
         y = observed
         weight = None
         if self.needs_epoch_pass:
-            self._need_setup()
+            ap = self.state("ap")  # soft, correct: set up with the train split
             if self.hparam("soft"):
-                ap = self.ap if z.ndim == 3 else self.ap[0]
-                weight = _soft_weight(ap, hp(self.hparam("soft_power"), z), z)
+                weight = _soft_weight(ap if z.ndim == 3 else ap[0],
+                                      hp(self.hparam("soft_power"), z), z)
             if self.hparam("correct"):
-                if index is None:
-                    raise LossInputError(
-                        "opml: correct=True keeps per-example label flips; pass index= (the "
-                        "batch's row numbers in the train split) to forward"
-                    )
-                flips = self.flipped[:, index] if z.ndim == 3 else self.flipped[0, index]
+                flips = self.state_rows("flipped", index, z,
+                                        "look up its label flips (correct=True keeps them)")
                 y = torch.where(flips, torch.ones_like(y), y)
         hr = self.hparam("high_rank")
         parts = _opml_parts(
@@ -441,14 +391,8 @@ class OPML(Loss):
         super().end_epoch(epoch, logits)
         if not self.needs_epoch_pass:
             return
-        self._need_setup()
-        want = (self.ap.shape[0], *self.observed_train.shape)
-        if logits is None or tuple(logits.shape) != want:
-            raise LossInputError(
-                f"opml.end_epoch: 'logits' must be the train split's logits of shape {want}; "
-                f"got {None if logits is None else tuple(logits.shape)}"
-            )
-        z = promote(logits)
+        want = (self.state("ap").shape[0], *self.observed_train.shape)
+        z = promote(self.epoch_logits(logits, want))
         y = self.observed_train.to(z.device)
         ap = column_ap(z, y == 1)
         self.ap.copy_(ap)

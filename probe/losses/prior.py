@@ -1,15 +1,7 @@
-"""The prior contract (docs/plugins.md "Reading a prior", docs/priors.md): the base of every loss
-that reads per-image class scores from a vision-language model (``Loss.prior``).
-
-:class:`PriorMixin` carries everything such a loss needs -- its own :meth:`~PriorMixin.setup`
-(which keeps the train split's observed labels), ``stateful = True``, ``trial_state = ()``,
-:meth:`~PriorMixin.set_prior` (validates the train rows' scores and extras and keeps them as
-buffers), :meth:`~PriorMixin.prior_ready` (the hook where a loss precomputes what depends only on
-the prior and the observed labels) and :meth:`~PriorMixin.prior_rows` (a batch's rows, gathered
-by ``index``). ``register`` checks it.
-
-The scores have no trial axis: stacked trials share one prior, so ``select_trials`` has nothing
-of it to keep, and a batch's rows are one ``index_select`` per array (no host sync).
+"""The prior contract (docs/plugins.md "Reading a prior", docs/priors.md): :class:`PriorMixin`,
+the base of every loss that reads per-image class scores from a vision-language model
+(``Loss.prior``), and the helpers such losses share. The scores have no trial axis: stacked
+trials share one prior, and a batch's rows are one ``index_select`` per array (no host sync).
 """
 
 from __future__ import annotations
@@ -22,8 +14,8 @@ from torch import Tensor
 
 from ._base import Loss, LossInputError
 
-__all__ = ["PriorMixin", "check_scores", "rank_desc", "rank_dtype",
-           "value_with_grad"]
+__all__ = ["PriorMixin", "check_scores", "rank_desc", "rank_dtype", "value_with_grad"]
+
 
 def rank_desc(s: Tensor) -> Tensor:
     """Each entry's position in its row sorted by decreasing score, from 0 (ties: the lower
@@ -102,6 +94,13 @@ class PriorMixin(Loss):
         self.prior_mode = ("scores and " + ", ".join(self._prior_keys) if self._prior_keys
                            else "scores only")
         self.prior_ready()
+
+    def set_hparam(self, name: str, value: Any) -> None:
+        """:meth:`Loss.set_hparam`, then :meth:`prior_ready` again once the prior is set (the
+        caches follow the hyperparameters)."""
+        super().set_hparam(name, value)
+        if getattr(self, "prior_scores", None) is not None:
+            self.prior_ready()
 
     def prior_ready(self) -> None:
         """Called after :meth:`set_prior` stored the buffers: precompute here, once per train

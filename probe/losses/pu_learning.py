@@ -13,20 +13,14 @@ All entries of a column form the unlabeled set (positives included); per class c
     L_reg = Σ_c mean_b (log t̃ − log σ(z̃))²                             vPU MixUp regulariser
     loss  = L_var + mix_weight · L_reg                                   (Eq. 8, weight 1)
 
-* std is the population standard deviation over the batch (÷B, as the reference); the 1e-3 floor
-  is ours (the reference divides by a zero std for a constant column).
+* std is the population std over the batch (÷B, as the reference); the 1e-3 floor is ours.
 * **No positive in a column** (of this batch): that class's second term is 0 (the reference
   zeroes 1/|P|), its unlabeled term stays.
 * log(mean_b s) = logsumexp_b(log s) − log B, exact from logits even when every s underflows.
-* MixUp: the first ⌊B/2⌋ rows are mixed with the last ⌊B/2⌋ rows (the middle row of an odd batch
-  is left out, as in the reference; a batch of 1 has no pair and L_reg = 0) with one
-  λ ~ Beta(mix_alpha, mix_alpha) per step and trial: targets t = 1 on observed positives and
-  σ(z) elsewhere, t̃ = λ t₁ + (1−λ) t₂, z̃ = λ z₁ + (1−λ) z₂. Mixing the logits is **exact** for
-  a linear head: W(λx₁ + (1−λ)x₂) + b = λ(Wx₁ + b) + (1−λ)(Wx₂ + b). The MixUp uses the raw
-  logits (no temperature) and, as the reference, keeps the gradient through the σ(z) targets.
-  The reference also shuffles the first half before pairing; our batches come in random order,
-  so we pair row i with row i + ⌈B/2⌉ (the same distribution of pairs).
-* Reduction: **sum over classes** of per-class batch means (the paper's Σ_c), not the B·C mean.
+* MixUp (pairs, λ draws and why mixing logits is exact: :class:`VPU`'s notes): t = 1 on
+  observed positives, σ(z) elsewhere; t̃ = λ t₁ + (1−λ) t₂, z̃ = λ z₁ + (1−λ) z₂ on the raw
+  logits, the gradient flowing through the σ(z) targets as in the reference; a batch of 1 has
+  no pair (L_reg = 0).
 """
 
 from __future__ import annotations
@@ -39,17 +33,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._base import (
+from ._base import Loss, register
+from ._hparams import (
     HParam,
-    Loss,
     LossInputError,
     LossOutput,
-    check_hparam,
-    check_inputs,
+    check_call,
     hp,
     per_trial,
     promote,
-    register,
 )
 
 __all__ = ["vpu"]
@@ -74,7 +66,6 @@ _TAU_MIN = 1e-3  # floor of the adaptive temperature (docs/losses.md); the refer
 _LAM_BLOCK = 256  # λ draws per trial moved to the device at once (one transfer per 256 steps)
 
 
-# ----------------------------------------------------------------------------- unchecked core
 def _log_sigmoid(x: Tensor) -> Tensor:
     """log σ(x) = −softplus(−x): the same stable value as ``F.logsigmoid``, whose CPU kernel
     opens a thread pool per call (milliseconds per call on a busy 2-core machine)."""
@@ -116,7 +107,6 @@ def _vpu_parts(z: Tensor, y: Tensor, gamma, temp_alpha, lam) -> tuple[Tensor, Te
     return var, reg
 
 
-# ----------------------------------------------------------------------------- pure function
 def vpu(
     logits: Tensor,
     observed: Tensor,
@@ -135,25 +125,19 @@ def vpu(
     generators instead (:meth:`VPU.manual_seed`). Returns the sum over classes: a scalar, or
     ``(T,)`` for ``(T, B, C)`` logits.
     """
-    values = {
-        "gamma": check_hparam(_GAMMA, gamma, "vpu"),
-        "temp_alpha": check_hparam(_TEMP_ALPHA, temp_alpha, "vpu"),
-        "mix_weight": check_hparam(_MIX_WEIGHT, mix_weight, "vpu"),
-        "mix_alpha": check_hparam(_MIX_ALPHA, mix_alpha, "vpu"),
-    }
+    given = {_GAMMA: gamma, _TEMP_ALPHA: temp_alpha, _MIX_WEIGHT: mix_weight, _MIX_ALPHA: mix_alpha}
     if lam is not None:
-        values["lam"] = check_hparam(replace(_LAM, optional=False), lam, "vpu")
-    z, y = check_inputs(logits, observed, values, loss="vpu")
+        given[replace(_LAM, optional=False)] = lam
+    z, y, values, h = check_call("vpu", logits, observed, given)
     if lam is None:
         a = values["mix_alpha"]
         a = a.double() if isinstance(a, Tensor) else torch.tensor(a, dtype=torch.float64)
         shape = (z.shape[0],) if z.ndim == 3 and a.ndim == 0 else ()  # one λ per trial
         lam = torch.distributions.Beta(a, a).sample(shape)
-    var, reg = _vpu_parts(z, y, hp(values["gamma"], z), hp(values["temp_alpha"], z), hp(lam, z))
-    return var + per_trial(hp(values["mix_weight"], z)) * reg
+    var, reg = _vpu_parts(z, y, h["gamma"], h["temp_alpha"], hp(lam, z))
+    return var + per_trial(h["mix_weight"]) * reg
 
 
-# ----------------------------------------------------------------------------- registered object
 @register
 class VPU(Loss):
     host_per_step = True  # λ drawn per step from numpy generators

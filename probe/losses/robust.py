@@ -24,18 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._base import (
-    EntrywiseLoss,
-    HParam,
-    LossInputError,
-    LossOutput,
-    check_hparam,
-    check_inputs,
-    hp,
-    mean_bc,
-    promote,
-    register,
-)
+from ._base import EntrywiseLoss, register
+from ._hparams import HParam, LossInputError, LossOutput, check_call, check_hparam, mean_bc, promote
 
 __all__ = ["asl", "focal", "hill", "splc"]
 
@@ -68,7 +58,6 @@ _CHANGE_EPOCH = HParam("change_epoch", 1, "first 0-indexed epoch with SPLC's lab
                        kind="int", low=0.0)
 
 
-# ----------------------------------------------------------------------------- unchecked cores
 def _pow_exp(gamma, log_x: Tensor) -> Tensor:
     """x^γ as exp(γ·log x): finite value and gradient at x → 0 for every γ ≥ 0 (0^0 = 1)."""
     return torch.exp(gamma * log_x)
@@ -92,26 +81,16 @@ def _focal_entries(z: Tensor, y: Tensor, gamma) -> Tensor:
     return torch.where(y > 0, pos, neg)
 
 
-def _log_clip(clip) -> float | Tensor:
-    """log c, with log 0 = −inf (a tensor c may hold zeros)."""
-    if isinstance(clip, Tensor):
-        return torch.log(clip)
-    return math.log(clip) if clip > 0 else -math.inf
-
-
 def _asl_entries(z: Tensor, y: Tensor, gamma_pos, gamma_neg, clip) -> Tensor:
     log_p, log_1mp = F.logsigmoid(z), F.logsigmoid(-z)
     # log(1 − p_m) = log((1 − p) + min(c, p)) = logaddexp(log(1−p), min(log c, log p)): exact for
     # every c in [0, 1), finite with a finite gradient even where 1 − p underflows.
-    if not isinstance(clip, Tensor) and clip == 0:
+    if isinstance(clip, Tensor):  # log 0 = −inf where a per-trial c is 0
+        log_1mpm = torch.logaddexp(log_1mp, log_p.minimum(torch.log(clip)))
+    elif clip == 0:
         log_1mpm = log_1mp
     else:
-        log_c = _log_clip(clip)
-        if isinstance(log_c, Tensor):
-            capped = torch.minimum(log_p, log_c)
-        else:
-            capped = log_p.clamp_max(log_c)
-        log_1mpm = torch.logaddexp(log_1mp, capped)
+        log_1mpm = torch.logaddexp(log_1mp, log_p.clamp_max(math.log(clip)))
     with torch.no_grad():  # asymmetric focusing weights under stop-gradient (docs/losses.md)
         w_pos = _pow_exp(gamma_pos, log_1mp)
         p_m = (torch.sigmoid(z) - clip).clamp_min(0.0)
@@ -126,27 +105,16 @@ def _hill_entries(z: Tensor, y: Tensor, lam, margin, gamma) -> Tensor:
 
 def _splc_entries(z: Tensor, y: Tensor, correct: bool, tau, margin, gamma) -> tuple[Tensor, Tensor]:
     """Per-entry SPLC loss and the mask of unobserved entries corrected to positive."""
-    if correct:
-        corrected = (y == 0) & (torch.sigmoid(z.detach()) > tau)
-        positive = (y > 0) | corrected
-    else:
-        positive = y > 0
-        corrected = torch.zeros_like(positive)
+    corrected = (y == 0) & (torch.sigmoid(z.detach()) > tau) if correct else torch.zeros_like(y > 0)
+    positive = (y > 0) | corrected
     entries = torch.where(positive, _focal_margin_pos(z, margin, gamma), _focal_neg(z, gamma))
     return entries, corrected
-
-
-# ----------------------------------------------------------------------------- pure functions
-def _checked(logits, observed, specs_values: dict, loss: str):
-    values = {s.name: check_hparam(s, v, loss) for s, v in specs_values.items()}
-    z, y = check_inputs(logits, observed, values, loss=loss)
-    return z, y, {k: hp(v, z) for k, v in values.items()}
 
 
 def focal(logits: Tensor, observed: Tensor, gamma: float | Tensor = 2.0) -> Tensor:
     """Focal loss (Lin et al. 2017, Eq. 4, no α): −(1−p)^γ log p on y=1, −p^γ log(1−p) on
     y≤0; mean over B·C (the paper sums). The focusing weight carries its gradient."""
-    z, y, h = _checked(logits, observed, {_GAMMA: gamma}, "focal")
+    z, y, _, h = check_call("focal", logits, observed, {_GAMMA: gamma})
     return mean_bc(_focal_entries(z, y, h["gamma"]))
 
 
@@ -160,9 +128,8 @@ def asl(
     """Asymmetric loss (Ridnik et al. 2021, Sec. 3): −(1−p)^γ+ log p on y=1 and
     −p_m^γ− log(1−p_m), p_m = max(p − clip, 0), on y≤0, with the focusing weights under
     stop-gradient; mean over B·C (the paper sums)."""
-    z, y, h = _checked(
-        logits, observed, {_GAMMA_POS: gamma_pos, _GAMMA_NEG: gamma_neg, _CLIP: clip}, "asl"
-    )
+    z, y, _, h = check_call("asl", logits, observed,
+                            {_GAMMA_POS: gamma_pos, _GAMMA_NEG: gamma_neg, _CLIP: clip})
     return mean_bc(_asl_entries(z, y, h["gamma_pos"], h["gamma_neg"], h["clip"]))
 
 
@@ -176,7 +143,7 @@ def hill(
     """Hill loss (Zhang et al. 2021): focal margin −(1−p_m)^γ log p_m, p_m = σ(z − margin), on
     y=1; (λ − p)·p² on y≤0 (with λ = 1.5 its gradient w.r.t. z is 3p²(1−p)², GR paper Eq. 33);
     mean over B·C (the paper sums)."""
-    z, y, h = _checked(logits, observed, {_LAM: lam, _MARGIN: margin, _GAMMA: gamma}, "hill")
+    z, y, _, h = check_call("hill", logits, observed, {_LAM: lam, _MARGIN: margin, _GAMMA: gamma})
     return mean_bc(_hill_entries(z, y, h["lam"], h["margin"], h["gamma"]))
 
 
@@ -201,13 +168,12 @@ def splc(
             f"splc: 'epoch' must be a 0-indexed integer >= 0 or None; got {epoch!r}"
         )
     change_epoch = check_hparam(_CHANGE_EPOCH, change_epoch, "splc")
-    z, y, h = _checked(logits, observed, {_TAU: tau, _MARGIN: margin, _GAMMA: gamma}, "splc")
+    z, y, _, h = check_call("splc", logits, observed, {_TAU: tau, _MARGIN: margin, _GAMMA: gamma})
     correct = epoch is None or epoch >= change_epoch
     entries, _ = _splc_entries(z, y, correct, h["tau"], h["margin"], h["gamma"])
     return mean_bc(entries)
 
 
-# ----------------------------------------------------------------------------- registered objects
 @register
 class Focal(EntrywiseLoss):
     name = "focal"

@@ -26,24 +26,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._base import Loss, LossInputError, create_loss, get_loss_class
 
-__all__ = [
-    "N_TRAIN",
-    "B",
-    "C",
-    "T",
-    "check_documented",
-    "check_finite",
-    "check_loss",
-    "check_no_host_sync",
-    "check_select_trials",
-    "check_state_dict",
-    "check_trial_axis",
-    "drive",
-    "give_prior",
-    "make_loss",
-    "observed_labels",
-    "trial_values",
-]
+__all__ = ["N_TRAIN", "B", "C", "T", "check_documented", "check_finite", "check_loss",
+           "check_no_host_sync", "check_select_trials", "check_state_dict", "check_trial_axis",
+           "drive", "give_prior", "make_loss", "observed_labels", "trial_values"]
 
 N_TRAIN, C, B, T = 24, 6, 8, 3
 
@@ -79,9 +64,11 @@ def make_loss(name: str, **hparams: Any) -> Loss:
     return loss
 
 
-def _stacked_hparams(name: str, seed: int = 0) -> dict[str, list[float]]:
+def _stacked_hparams(name: str, seed: int = 0) -> dict[str, torch.Tensor]:
+    """T float64 values per stackable, searched hyperparameter of loss ``name``."""
     stackable = [s for s in get_loss_class(name).hparam_specs if s.stackable and s.search]
-    return {s.name: trial_values(s, T, seed=seed + i) for i, s in enumerate(stackable)}
+    return {s.name: torch.tensor(trial_values(s, T, seed=seed + i), dtype=torch.float64)
+            for i, s in enumerate(stackable)}
 
 
 def give_prior(loss: Loss, observed: torch.Tensor) -> None:
@@ -175,11 +162,9 @@ def check_trial_axis(name: str) -> None:
     observed = observed_labels()
     logits_seq = [torch.randn(T, B, C, generator=g, dtype=torch.float64) * 3 for _ in range(4)]
     seeds = [11, 12, 13]
-    stacked = make_loss(name, **{k: torch.tensor(v, dtype=torch.float64)
-                                 for k, v in per_trial.items()})
-    vals, grads = drive(stacked, logits_seq, observed, seeds=seeds)
+    vals, grads = drive(make_loss(name, **per_trial), logits_seq, observed, seeds=seeds)
     for t in range(T):
-        single = make_loss(name, **{k: v[t] for k, v in per_trial.items()})
+        single = make_loss(name, **{k: v[t].item() for k, v in per_trial.items()})
         vals_t, grads_t = drive(single, [z[t] for z in logits_seq], observed, seeds=[seeds[t]])
         for step, (a, b) in enumerate(zip(vals, vals_t)):
             torch.testing.assert_close(a[t], b, msg=f"{name}: trial {t} step {step} value")
@@ -198,12 +183,8 @@ def check_select_trials(name: str, keep: Sequence[int] = (0, 2)) -> None:
     logits_seq = [torch.randn(T, B, C, generator=g, dtype=torch.float64) * 3 for _ in range(6)]
     seeds = [21, 22, 23]
 
-    def build() -> Loss:
-        return make_loss(name, **{k: torch.tensor(v, dtype=torch.float64)
-                                  for k, v in per_trial.items()})
-
     if get_loss_class(name).trial_state is None:
-        loss = build()
+        loss = make_loss(name, **per_trial)
         loss.setup(observed, n_epochs=2, n_trials=T)
         give_prior(loss, observed)
         assert not loss.can_select_trials, f"{name}: trial_state None but can_select_trials"
@@ -212,9 +193,10 @@ def check_select_trials(name: str, keep: Sequence[int] = (0, 2)) -> None:
         except LossInputError:
             return
         raise AssertionError(f"{name}: trial_state is None but select_trials did not refuse")
-    vals, grads = drive(build(), logits_seq, observed, n_epochs=3, seeds=seeds)
-    cut_vals, cut_grads = drive(build(), logits_seq, observed, n_epochs=3, seeds=seeds,
-                                select=(0, keep))
+    vals, grads = drive(make_loss(name, **per_trial), logits_seq, observed, n_epochs=3,
+                        seeds=seeds)
+    cut_vals, cut_grads = drive(make_loss(name, **per_trial), logits_seq, observed, n_epochs=3,
+                                seeds=seeds, select=(0, keep))
     for step in range(2, len(vals)):  # the steps after the selection (epoch 0 has two)
         torch.testing.assert_close(cut_vals[step], vals[step][keep],
                                    msg=f"{name}: step {step} value after select_trials({keep})")
@@ -225,12 +207,10 @@ def check_select_trials(name: str, keep: Sequence[int] = (0, 2)) -> None:
 def check_state_dict(name: str) -> None:
     """Per-example state lives in buffers/parameters, so it is saved with the rest."""
     observed = observed_labels()
-    loss = make_loss(name)
-    loss.setup(observed, n_epochs=2)
-    give_prior(loss, observed)
-    clone = make_loss(name)
-    clone.setup(observed, n_epochs=2)
-    give_prior(clone, observed)
+    loss, clone = make_loss(name), make_loss(name)
+    for each in (loss, clone):
+        each.setup(observed, n_epochs=2)
+        give_prior(each, observed)
     clone.load_state_dict(loss.state_dict())
     for (k, a), (_, b) in zip(loss.state_dict().items(), clone.state_dict().items()):
         torch.testing.assert_close(a, b, equal_nan=True, msg=f"{name}: {k}")
@@ -255,9 +235,7 @@ def check_no_host_sync(name: str) -> None:
     """The forward and backward, stacked, mid-run (schedules and state active), make no
     device-to-host read (docs/design.md: no host synchronisation inside an epoch)."""
     observed = observed_labels()
-    stackable = [s for s in get_loss_class(name).hparam_specs if s.stackable and s.search]
-    loss = make_loss(name, **{s.name: torch.tensor(trial_values(s, T, seed=0))
-                              for s in stackable})
+    loss = make_loss(name, **{k: v.float() for k, v in _stacked_hparams(name).items()})
     loss.setup(observed, n_epochs=3, n_trials=T)
     give_prior(loss, observed)
     loss.manual_seed([1, 2, 3])

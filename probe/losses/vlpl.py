@@ -15,32 +15,18 @@ temperature 0.01. With p = σ(z), y ∈ {1, 0, −1}, on the unobserved entries 
     loss = mean over B·C;  plain EM (no P, no N) while the 0-indexed epoch < warmup_epochs.
 
 The logs are exact (softplus of the logits); ``log_eps = 1e-5`` gives the released code's
-−log(x + 1e-5) (its ``neg_log``) instead. ``released=True`` is the released ``loss_EM_PL`` on
-every input: −log(x + 1e-5), and a pseudo-negative also where the class is pseudo-positive (the
-released ``scatter_`` writes the negatives after the positives).
-
-The loss object ranks each train row's prior once, when the prior is set
-(:meth:`VLPL.prior_ready`); a batch then compares those ranks with k_neg.
+−log(x + 1e-5). ``released=True`` is the released ``loss_EM_PL`` on every input, and the loss
+object ranks each train row's prior once (:meth:`VLPL.prior_ready`): docs/priors.md.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._base import (
-    HParam,
-    LossOutput,
-    check_hparam,
-    check_inputs,
-    hp,
-    mean_bc,
-    promote,
-    register,
-)
+from ._base import register
+from ._hparams import HParam, LossOutput, check_call, hp, mean_bc, promote
 from .prior import PriorMixin, check_scores, rank_desc, rank_dtype, value_with_grad
 
 __all__ = ["vlpl", "vlpl_pseudo_labels"]
@@ -151,12 +137,10 @@ def vlpl(logits: Tensor, observed: Tensor, scores: Tensor, alpha: float | Tensor
     """VLPL's ``loss_EM_PL`` (module docstring) on a batch: ``scores`` (B, C) are the batch's
     rows of the prior (softmax of CLIP similarities); mean over B·C, ``(T,)`` with a trial
     axis. ``released=True``: the released code on every input (module docstring)."""
-    values = {s.name: check_hparam(s, v, "vlpl") for s, v in (
-        (_ALPHA, alpha), (_BETA_POS, beta_pos), (_BETA_NEG, beta_neg), (_THRESHOLD, threshold),
-        (_K_NEG, k_neg), (_LOG_EPS, log_eps), (_RELEASED, released))}
-    z, y = check_inputs(logits, observed, values, loss="vlpl")
+    z, y, values, h = check_call("vlpl", logits, observed, {
+        _ALPHA: alpha, _BETA_POS: beta_pos, _BETA_NEG: beta_neg, _THRESHOLD: threshold,
+        _K_NEG: k_neg, _LOG_EPS: log_eps, _RELEASED: released})
     s = check_scores(scores, y, "vlpl")
-    h = {k: hp(v, z) for k, v in values.items()}
     pos, neg = vlpl_pseudo_labels(s, y, values["threshold"], values["k_neg"], released)
     eps = RELEASED_LOG_EPS if released else values["log_eps"]
     return mean_bc(_vlpl_entries(z, y, pos, neg if _uses(values["k_neg"]) else None, h["alpha"],
@@ -212,11 +196,6 @@ CUB 24.02 mAP."""
                                           self.hparam("released"), self.prior_rank_asc)
             self.register_buffer("prior_code", pos.to(torch.int8) + 2 * neg.to(torch.int8),
                                  persistent=False)
-
-    def set_hparam(self, name: str, value: Any) -> None:
-        super().set_hparam(name, value)
-        if getattr(self, "prior_scores", None) is not None:
-            self.prior_ready()  # the caches follow θ and k_neg
 
     def forward(self, logits: Tensor, observed: Tensor, index: Tensor | None = None) -> LossOutput:
         z = promote(logits)

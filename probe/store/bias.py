@@ -1,19 +1,8 @@
-"""Label-bias draws (Cole et al.'s ``spml-bias`` branch, "Understanding Label Bias in Single
-Positive Multi-Label Learning"; docs/priors.md "Label-bias draws"): the single observed positive
-drawn with a bias instead of uniformly, a robustness axis for any loss.
-
-* ``size``: probability proportional to the class's total object area in the image;
-* ``location``: proportional to Σ 1/d over the class's objects, d the distance of a box centre
-  from the image centre;
-* ``semantic``: fixed per-class weights (the user's; Cole et al. derived theirs from
-  crowd-sourced clicks).
-
-``size`` and ``location`` need the dataset's boxes, stored at featurize time as
-``bias/size`` and ``bias/location`` (N, C) float32 (COCO: :mod:`featurize.datasets.coco`); a
-store without them is refused by name. A draw is stored like the others, ``observed/<seed>``
-(every command with ``--observed-seed`` trains on it), and recorded in the ``observed_bias``
-attribute (:func:`probe.store.biased_draws.add_biased_draw`; this module holds the draw and the
-weights, and is what the store's writer reads).
+"""Label-bias draws (Cole et al.'s ``spml-bias`` branch; docs/priors.md "Label-bias draws"):
+the single observed positive drawn with probability by the class's object ``size`` or box
+``location`` (from the dataset's boxes, stored at featurize time as ``bias/<kind>`` (N, C)
+float32) or fixed ``semantic`` class weights. This module holds the draw and the weights (read
+by the store's writer); :func:`probe.store.biased_draws.add_biased_draw` adds a draw.
 """
 
 from __future__ import annotations
@@ -23,7 +12,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from probe.store.chunks import checksum_codecs
+from probe.store.chunks import small_array
 from probe.store.errors import StoreError
 
 __all__ = ["BIASES", "BOX_BIASES", "biased_positive", "class_weights", "write_bias_weights"]
@@ -69,10 +58,8 @@ def write_bias_weights(group: zarr.Group, pool: Any, test: Any) -> None:
         return
     parent = group.require_group(GROUP)
     for kind in kinds:
-        data = np.concatenate([pool.bias_weights[kind], test.bias_weights[kind]]).astype(
-            np.float32)
-        parent.create_array(kind, data=data, compressors=checksum_codecs(compress=True),
-                            config={"write_empty_chunks": True}, overwrite=True)
+        small_array(parent, kind, np.concatenate([pool.bias_weights[kind],
+                                                  test.bias_weights[kind]]).astype(np.float32))
 
 
 def class_weights(values: Any, n_classes: int) -> np.ndarray:

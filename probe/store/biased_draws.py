@@ -8,13 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import zarr
 
 from probe.store.bias import BIASES, GROUP, biased_positive, class_weights
-from probe.store.chunks import checksum_codecs
 from probe.store.errors import StoreError
 from probe.store.reading import open_store
-from probe.store.records import check_draw, update_root_attrs
+from probe.store.records import check_draw, write_draw
 
 __all__ = ["add_biased_draw", "bias_draw_weights"]
 
@@ -49,8 +47,8 @@ def add_biased_draw(path: str | Path, seed: int, bias: str,
     """Add ``observed/<seed>``: single positives drawn with ``bias`` (module docstring), each
     phase re-seeded. ``weights_by_class``: the ``semantic`` bias's C weights. A seed already
     holding the same draw is left alone; a draw of another kind under that seed is refused by
-    name (:func:`probe.store.records.check_draw`). The array is written first and registered in
-    ``observed_seeds`` last, under the store's attribute lock. Returns the draw's record."""
+    name (:func:`probe.store.records.check_draw`); written and registered by
+    :func:`probe.store.records.write_draw`. Returns the draw's record."""
     store = open_store(path)
     seed = int(seed)
     record, weights = bias_draw_weights(store, bias, weights_by_class)
@@ -60,15 +58,5 @@ def add_biased_draw(path: str | Path, seed: int, bias: str,
     n_pool = int(store.attrs["n_pool"])
     observed = np.concatenate([biased_positive(labels[:n_pool], weights[:n_pool], seed),
                                biased_positive(labels[n_pool:], weights[n_pool:], seed)])
-    group = zarr.open_group(store.path, mode="r+")
-    group["observed"].create_array(str(seed), data=observed, overwrite=True,
-                                   compressors=checksum_codecs(compress=True),
-                                   config={"write_empty_chunks": True})
-
-    def register(attrs: dict) -> dict:
-        check_draw(attrs, seed, {"kind": "bias", **record}, store.path)
-        return {"observed_bias": {**attrs.get("observed_bias", {}), str(seed): record},
-                "observed_seeds": sorted({*map(int, attrs["observed_seeds"]), seed})}
-
-    update_root_attrs(store.path, register)
+    write_draw(store, seed, {"kind": "bias", **record}, observed, "observed_bias", record)
     return record

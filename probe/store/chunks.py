@@ -1,21 +1,13 @@
 """Chunk-level access to a store's arrays: checksums, the fast feature read path, damage reports.
 
-Every array of a store written by this version carries a CRC-32C checksum per chunk (Zarr v3's
-``crc32c`` codec, appended to the chunk's bytes). Stores written before checksums were added
-(uncompressed feature chunks without the trailing 4 bytes) still open and read; only damage that
-keeps a chunk's length goes unnoticed in them (:func:`verify_store` says so).
-
-The feature arrays (N, D), chunked by whole rows and stored uncompressed, are read here rather
-than through zarr: each chunk file is read by one ``readinto`` straight into the caller's array
-(or into a per-thread chunk buffer when only some of its rows are wanted, then gathered), several
-chunks at once on a thread pool (file reads and the CRC release the GIL), the checksum checked on
-the bytes as they lie in memory. zarr's path decodes into a fresh chunk buffer, then copies into
-the output, then :func:`probe.store.reading._read_rows` gathered once more (docs/protocol.md
-"The feature store": size vs load speed).
-
-Any read error is a :class:`StoreDamaged` that names the store, the array and the chunk, and says
-how to repair: re-running the featurize/import that wrote the store rewrites only the damaged
-blocks (:func:`probe.store.writing.resume_store`).
+Every array carries a CRC-32C per chunk (Zarr v3's ``crc32c`` codec); stores written without
+(uncompressed feature chunks without the trailing 4 bytes) still read, only damage that keeps a
+chunk's length goes unnoticed there (:func:`verify_store` says so). The feature arrays (N, D),
+chunked by whole rows and uncompressed, are read here rather than through zarr: one ``readinto``
+per chunk file straight into the caller's array (or a per-thread buffer, then gathered), chunks
+in parallel on a thread pool, the checksum checked in memory (docs/protocol.md "The feature
+store"). A read error is a :class:`StoreDamaged` naming the store, the array and the chunk and
+how to repair (re-run the command that wrote it: :func:`probe.store.writing.resume_store`).
 """
 
 from __future__ import annotations
@@ -57,6 +49,13 @@ def checksum_codecs(compress: bool) -> list[Any]:
     return [ZstdCodec(level=0), Crc32cCodec()] if compress else [Crc32cCodec()]
 
 
+def small_array(parent: Any, name: str, data: np.ndarray, **kwargs: Any) -> Any:
+    """Write ``data`` as array ``name`` of ``parent`` (replacing one there): zstd + CRC-32C,
+    a file for every chunk, even an all-zero one (a missing file is then damage)."""
+    return parent.create_array(name, data=data, compressors=checksum_codecs(compress=True),
+                               config={"write_empty_chunks": True}, overwrite=True, **kwargs)
+
+
 def has_checksum(array: Any) -> bool:
     return any(type(c).__name__ == "Crc32cCodec" for c in array.metadata.codecs)
 
@@ -86,14 +85,9 @@ class RowChunks:
         """The reader, or None when ``array`` is not laid out for it (then zarr reads it)."""
         codecs = array.metadata.codecs
         names = [type(c).__name__ for c in codecs]
-        if names not in (["BytesCodec"], ["BytesCodec", "Crc32cCodec"]):
-            return None
-        endian = getattr(codecs[0], "endian", None)
-        if array.ndim != 2 or array.chunks[1] != array.shape[1] or (
-            endian is not None and endian.value != "little"
-        ):
-            return None
-        if type(array.store).__name__ != "LocalStore":
+        if (names not in (["BytesCodec"], ["BytesCodec", "Crc32cCodec"]) or array.ndim != 2
+                or array.chunks[1] != array.shape[1] or type(array.store).__name__ != "LocalStore"
+                or getattr(getattr(codecs[0], "endian", None), "value", "little") != "little"):
             return None
         return cls(Path(store), name, array, int(array.shape[0]), int(array.shape[1]),
                    int(array.chunks[0]), np.dtype(array.dtype), len(names) == 2)
@@ -144,17 +138,14 @@ class RowChunks:
         if self.checksum and _crc32c(view) != stored:
             raise self._damaged(chunk, "checksum mismatch")
 
-    def read_rows(self, idx: np.ndarray | None, out: np.ndarray | None = None) -> np.ndarray:
-        """Rows ``idx`` (sorted or not, repeats allowed; None: all) into ``out`` (allocated
-        when None; it may be a strided view such as ``x[:, :D]`` of a wider array)."""
-        return self.read_many([(idx, out)])[0]
-
     def read_many(
         self, targets: list[tuple[np.ndarray | None, np.ndarray | None]]
     ) -> list[np.ndarray]:
-        """Several ``(rows, out)`` reads at once (as :meth:`read_rows`), each chunk read once
-        however many of the targets want rows of it (e.g. the train and val rows of the pool)."""
-        outs, wants = [], []  # per target: out; per chunk: [(target, positions, chunk rows)]
+        """Several ``(rows, out)`` reads at once, each chunk read once however many targets want
+        rows of it (e.g. the train and val rows of the pool). ``rows``: int indices, sorted or
+        not, repeats allowed (None: all); ``out``: allocated when None, else filled (it may be a
+        strided view such as ``x[:, :D]`` of a wider array)."""
+        outs = []  # per target: out; per chunk: [(target, positions, chunk rows)]
         per_chunk: dict[int, list[tuple[int, np.ndarray, np.ndarray]]] = {}
         for t, (idx, out) in enumerate(targets):
             n = self.n_rows if idx is None else len(idx)
@@ -202,8 +193,7 @@ class RowChunks:
                 one(item)
         else:
             with ThreadPoolExecutor(min(READ_THREADS, len(wants))) as pool:
-                for _ in pool.map(one, wants):  # re-raises the first worker error
-                    pass
+                list(pool.map(one, wants))  # re-raises the first worker error
         return outs
 
 
@@ -236,11 +226,7 @@ class VerifyReport:
 
 def array_names(group: Any) -> list[str]:
     """Every array of a store group, nested ones (observed/<seed>) as ``parent/name``."""
-    names = []
-    for key, node in sorted(group.members(max_depth=None)):
-        if hasattr(node, "shape"):
-            names.append(key)
-    return names
+    return [key for key, node in sorted(group.members(max_depth=None)) if hasattr(node, "shape")]
 
 
 def damaged_chunks(store: Path, name: str, array: Any, expect_all: bool = True) -> list[Damage]:

@@ -9,13 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import zarr
 
-from probe.store.chunks import checksum_codecs
 from probe.store.errors import StoreError
-from probe.store.layout import EVERY_CHUNK, phase_observed
+from probe.store.layout import phase_observed
 from probe.store.reading import open_store
-from probe.store.records import check_draw, draw_record, update_root_attrs
+from probe.store.records import check_draw, draw_record, write_draw
 
 
 def add_draws(path: str | Path, seeds: Sequence[int], *, k: int = 1, fraction: float = 1.0,
@@ -57,20 +55,13 @@ def _check_budget(k: Any, fraction: Any) -> None:
 
 
 def add_observed_seed(path: str | Path, seed: int, *, k: int = 1, fraction: float = 1.0) -> None:
-    """Add another draw of observed labels ``observed/<seed>`` to a complete store.
+    """Add the draw ``observed/<seed>`` to a complete store, each phase re-seeded with ``seed``
+    (docs/protocol.md step 2); every command with ``--observed-seed`` can then train on it.
 
-    Each phase is re-seeded with ``seed`` (docs/protocol.md step 2). ``k`` / ``fraction``: a
-    label budget (``k`` positives per image on a ``fraction`` of the images,
-    :func:`probe.store.protocol.budget_positive`; k = 1 on every image is the protocol's
-    single-positive draw), recorded in the ``observed_budgets`` attribute. Every command that
-    takes ``--observed-seed`` then trains on it. A seed already present with the same budget is
-    left alone; with another budget it is an error (a seed names one draw).
-
-    A seed holding a draw of another kind (a label bias, another budget) is refused by name
-    (:func:`probe.store.records.check_draw`). The array is written first and registered in
-    ``observed_seeds`` last, under the store's attribute lock
-    (:func:`probe.store.records.update_root_attrs`), so an interrupted call leaves the store as
-    it was and a prior or draw written at the same time is not lost.
+    ``k`` / ``fraction``: a label budget (:func:`probe.store.protocol.budget_positive`; k = 1 on
+    every image is the protocol's draw), recorded in ``observed_budgets``. A seed that holds
+    this draw is left alone, one that holds another is refused by name
+    (:func:`probe.store.records.check_draw`); :func:`probe.store.records.write_draw` writes.
     """
     _check_budget(k, fraction)
     budget = {"k": int(k), "fraction": float(fraction)}
@@ -79,19 +70,8 @@ def add_observed_seed(path: str | Path, seed: int, *, k: int = 1, fraction: floa
     seed = int(seed)
     if check_draw(store.attrs, seed, record, store.path):
         return
-    group = zarr.open_group(store.path, mode="r+")
-    labels = group["labels"][:]
-    n_pool = int(group.attrs["n_pool"])
-    group["observed"].create_array(
-        str(seed), data=phase_observed(labels[:n_pool], labels[n_pool:], seed, budget),
-        overwrite=True, compressors=checksum_codecs(compress=True), config=EVERY_CHUNK,
-    )
-
-    def register(attrs: dict) -> dict:
-        check_draw(attrs, seed, record, store.path)  # another process may have added it
-        new = {"observed_seeds": sorted({*map(int, attrs["observed_seeds"]), seed})}
-        if record["kind"] == "budget":
-            new["observed_budgets"] = {**attrs.get("observed_budgets", {}), str(seed): budget}
-        return new
-
-    update_root_attrs(store.path, register)
+    labels = store.labels()
+    n_pool = int(store.attrs["n_pool"])
+    observed = phase_observed(labels[:n_pool], labels[n_pool:], seed, budget)
+    write_draw(store, seed, record, observed,
+               "observed_budgets" if record["kind"] == "budget" else None, budget)

@@ -16,20 +16,20 @@ Layout (rows are the pool -- the official train split -- first, then the test ph
     attrs           schema_version, dataset, class_names, n_pool, n_test, n_unlabeled,
                     block_rows, observed_seeds, provenance, complete (set last, by finalize)
 
-Crash safety: features are written in blocks aligned with the chunks; a block is marked in
-``blocks_done`` only after its data is written, and ``complete`` is set only by
-:meth:`StoreWriter.finalize` once every block is marked. zarr's local store writes every file
-atomically (temporary file + rename), so a killed writer leaves a store that :func:`resume_store`
-continues and :func:`open_store` refuses -- never one that opens as complete with missing rows.
-A finished store is only read; any number of processes may open it at once.
+Crash safety: a block is marked in ``blocks_done`` only after its data is written (each file
+atomically), ``complete`` only by :meth:`StoreWriter.finalize` once every block is marked: a
+killed writer leaves a store :func:`resume_store` continues and :func:`open_store` refuses.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import importlib.metadata
+import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import zarr
@@ -41,14 +41,8 @@ SCHEMA_VERSION: int = 1
 SPLIT_CODES: dict[str, int] = {"train": 0, "val": 1, "test": 2}
 DTYPES: tuple[str, ...] = ("float16", "float32")
 # provenance fields that must agree before an interrupted store may be resumed
-RESUME_KEYS: tuple[str, ...] = (
-    "backbone",
-    "weights",
-    "weights_sha256",
-    "transform",
-    "dtype",
-    "source_sha256",
-)
+RESUME_KEYS: tuple[str, ...] = ("backbone", "weights", "weights_sha256", "transform", "dtype",
+                                "source_sha256")
 REQUIRED_PROVENANCE: tuple[str, ...] = ("backbone", "weights", "transform")
 _VERSIONED_PACKAGES: tuple[str, ...] = ("torch", "torchvision", "numpy", "zarr")
 #: the arrays every store holds (a store missing one is refused on open)
@@ -58,9 +52,6 @@ STORE_ATTRS: tuple[str, ...] = (
     "dataset", "class_names", "n_pool", "n_test", "n_unlabeled", "feature_dim", "has_flip",
     "dtype", "block_rows", "observed_seeds", "provenance",
 )  # fmt: skip
-
-
-# ----------------------------------------------------------------------------- helpers
 
 
 def file_sha256(path: str | Path, *, progress: bool = False, chunk_bytes: int = 8 << 20) -> str:
@@ -80,6 +71,16 @@ def file_sha256(path: str | Path, *, progress: bool = False, chunk_bytes: int = 
     return digest.hexdigest()
 
 
+def check_json(value: Any, what: str, error: type[StoreError] = StoreError) -> Any:
+    """``value`` when JSON can hold it (an attribute of the store), else ``error`` naming
+    ``what``."""
+    try:
+        json.dumps(value)
+    except TypeError as err:
+        raise error(f"{what} must be JSON-serialisable: {err}") from None
+    return value
+
+
 def utc_now() -> str:
     """The current UTC time as an ISO 8601 string to the second (provenance time stamps)."""
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
@@ -87,12 +88,10 @@ def utc_now() -> str:
 
 def package_versions() -> dict[str, str]:
     """Installed versions, read from package metadata (no heavy imports such as torch)."""
-    out = {}
+    out = dict.fromkeys(_VERSIONED_PACKAGES, "not installed")
     for name in _VERSIONED_PACKAGES:
-        try:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = "not installed"
     return out
 
 
@@ -101,7 +100,6 @@ def is_store_dir(path: str | Path) -> bool:
     to replace with ``overwrite``, never a user's other directory."""
     path = Path(path)
     return path.is_dir() and (path / "zarr.json").is_file()
-
 
 
 def open_store_group(path: str | Path, mode: str) -> tuple[Path, zarr.Group]:
@@ -135,10 +133,6 @@ def open_store_group(path: str | Path, mode: str) -> tuple[Path, zarr.Group]:
     return path, group
 
 
-
-# ----------------------------------------------------------------------------- draws
-
-
 def phase_observed(labels_pool: np.ndarray, labels_test: np.ndarray, seed: int,
                    budget: dict | None = None) -> np.ndarray:
     """``observed/<seed>``: single positives drawn per phase, each phase re-seeded; with a
@@ -163,4 +157,3 @@ def is_protocol_budget(budget: dict) -> bool:
 EVERY_CHUNK: dict = {"write_empty_chunks": True}
 # the arrays that follow from the DatasetIndex alone (rewritten when found damaged)
 ROW_ARRAYS: tuple[str, ...] = ("labels", "split", "image_ids")
-

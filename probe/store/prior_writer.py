@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import datetime as _dt
-import json
 import os
 import re
 import shutil
@@ -16,7 +14,8 @@ import numpy as np
 import zarr
 
 from probe.errors import plain
-from probe.store.chunks import checksum_codecs
+from probe.store.chunks import small_array
+from probe.store.layout import check_json, utc_now
 from probe.store.priors import GROUP, PRIOR_PROVENANCE_KEYS, Prior, PriorError
 from probe.store.reading import open_store
 from probe.store.records import update_root_attrs
@@ -70,20 +69,14 @@ def _check_matrix(values: Any, name: str, what: str, shape: tuple[int, int]) -> 
 
 
 def _check_provenance(provenance: Any, name: str) -> dict[str, Any]:
-    if provenance is None:
-        provenance = {}
+    provenance = {} if provenance is None else provenance
     if not isinstance(provenance, Mapping):
         raise PriorError(
             f"prior {name!r}: provenance must be a dict (keys {list(PRIOR_PROVENANCE_KEYS)}); got "
             f"{type(provenance).__name__}"
         )
-    prov = {k: None for k in PRIOR_PROVENANCE_KEYS}
-    prov.update(dict(provenance))
-    try:
-        json.dumps(prov)
-    except TypeError as err:
-        raise PriorError(f"prior {name!r}: provenance must be JSON-serialisable: {err}") from None
-    return prov
+    return check_json({**dict.fromkeys(PRIOR_PROVENANCE_KEYS), **provenance},
+                      f"prior {name!r}: provenance", PriorError)
 
 
 def write_prior(
@@ -99,14 +92,10 @@ def write_prior(
     """Store per-image class ``scores`` ``(N, C)`` as prior ``name`` in a complete store.
 
     ``extras``: further ``(N, C)`` arrays by name (DAMP's ``tile_max``, ``tile_min``,
-    ``tile_mean``; the global scores are ``scores``). ``provenance``: model, prompt template,
-    temperature, tiles, source (:data:`PRIOR_PROVENANCE_KEYS`; missing ones are recorded as
-    None). ``class_names``: the class order the scores are in; when given it must be the
-    store's. An existing prior of that name is an error unless ``overwrite``.
-
-    Every check runs before anything is written: shape ``(N, C)`` against the store, finite
-    float32 values, the class order, the names; a refused prior leaves the store untouched.
-    Returns the stored :class:`Prior`.
+    ``tile_mean``). ``provenance``: :data:`PRIOR_PROVENANCE_KEYS` (missing ones recorded as
+    None) and any other JSON. ``class_names``: the scores' class order, which must be the
+    store's. An existing prior of that name is an error unless ``overwrite``. Every check runs
+    before anything is written (docs/priors.md). Returns the stored :class:`Prior`.
     """
     store = open_store(store_path)
     name = check_prior_name(name)
@@ -150,9 +139,7 @@ def write_prior(
     try:
         staged = parent.create_group(staging_key, overwrite=True)
         for key, arr in values.items():
-            staged.create_array(key, data=arr, chunks=(block_rows, shape[1]),
-                                compressors=checksum_codecs(compress=True),
-                                config={"write_empty_chunks": True}, overwrite=True)
+            small_array(staged, key, arr, chunks=(block_rows, shape[1]))
         final_dir = store.path / GROUP / name
         if final_dir.exists():
             shutil.rmtree(final_dir)
@@ -164,7 +151,7 @@ def write_prior(
         "provenance": prov,
         "extras": sorted(k for k in values if k != "scores"),
         "shape": list(shape),
-        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "created": utc_now(),
     }
     update_root_attrs(store.path, lambda attrs: {  # re-read under the lock: draws may land too
         "priors": {**dict(attrs.get("priors", {})), name: record}})

@@ -1,31 +1,10 @@
-"""Priors in the store: per-image class scores from another model (docs/priors.md).
-
-A *prior* is what a vision-language model (CLIP) or any other teacher thinks of every image of
-the store: an ``(N, C)`` float32 matrix of class scores over all the store's rows, in the store's
-row and class order. The losses that use one (VLPL, GPR; ``Loss.prior``) read the train rows'
-scores once and index them per batch.
-
-Layout (inside the store)::
-
-    priors/<name>/scores    (N, C) float32, one chunk per block_rows rows, CRC-32C per chunk
-    priors/<name>/<extra>   (N, C) float32 extra per-image arrays a pseudo-labeller needs
-                            (DAMP: ``tile_max``, ``tile_min``, ``tile_mean``; the global
-                            scores are ``scores``)
-    attrs["priors"][name]   {"provenance": {...}, "extras": [...], "shape": [N, C],
-                             "created": ...}
-
-The arrays are written into a hidden staging group (``priors/.staging-<name>``) and renamed
-into place; the prior is registered in the store's ``priors`` attribute last, so an
-interrupted write leaves the store as it was. Everything is validated before the first byte
-is written: a bad prior is refused by name and the store is untouched
-(:func:`probe.store.prior_writer.write_prior`; this module reads).
-
-Provenance keys (each may be None): ``model`` (e.g. ``"openai/clip-vit-large-patch14-336"``),
-``prompt_template`` (``"a photo of a {}."``), ``temperature`` (the softmax's, 0.01 for
-VLPL/AEVLP), ``tiles`` (``"4x4"`` for DAMP's grid, None without tiles), ``source`` (the file
-or program the scores came from), plus anything else JSON can hold. ``weights_random: true``
-(``spml priors --weights random``) marks a prior of a random model: ``spml info`` flags it and
-reading it for training warns (:data:`RANDOM_WEIGHTS_WARNING`).
+"""Priors in the store: per-image class scores from another model (CLIP or any teacher), an
+``(N, C)`` float32 matrix over all the store's rows in its row and class order, read by the
+losses with a ``Loss.prior`` (VLPL, GPR). Layout, validation and provenance keys:
+docs/priors.md; :func:`probe.store.prior_writer.write_prior` writes (into a hidden staging
+group renamed into place, registered in ``attrs["priors"]`` last), this module reads.
+``weights_random: true`` in a prior's provenance marks a random model's scores
+(:data:`RANDOM_WEIGHTS_WARNING`).
 """
 
 from __future__ import annotations

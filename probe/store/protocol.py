@@ -28,25 +28,25 @@ def single_positive(labels: np.ndarray, seed: int = PROTOCOL_SEED) -> np.ndarray
     Everything else is ``0`` (unknown). Rows without a positive stay all ``0``.
 
     Call it once per phase (pool, test): each call is re-seeded, as in the reference.
-
-    Args:
-        labels: ``(N, C)`` full ground truth with values in {0, 1}.
-        seed: RNG seed; 1200 is the literature's draw, other seeds give other draws.
-
-    Returns:
-        ``(N, C)`` int8 matrix with exactly one ``1`` per row that has a positive.
+    ``labels``: ``(N, C)`` full ground truth in {0, 1}; ``seed``: 1200 is the literature's
+    draw. Returns an ``(N, C)`` int8 matrix with one ``1`` per row that has a positive.
     """
     y = np.asarray(labels)
     if y.ndim != 2:
         raise SpmlError(
             f"single_positive: labels must be a 2-D (N, C) matrix, got shape {y.shape}"
         )
+    return _walk(y, seed, 1)
+
+
+def _walk(y: np.ndarray, seed: int, k: int) -> np.ndarray:
+    """The reference's walk over the rows: keep ``k`` of the shuffled positives of each row."""
     rng = np.random.RandomState(seed)
     observed = np.zeros(y.shape, dtype=np.int8)
     for i in range(y.shape[0]):
         pos = np.nonzero(y[i] == 1)[0]
         rng.shuffle(pos)
-        observed[i, pos[:1]] = 1
+        observed[i, pos[:k]] = 1
         neg = np.nonzero(y[i] == 0)[0]
         rng.shuffle(neg)  # keeps neg[:0]: nothing, but the draw must be consumed
     return observed
@@ -74,11 +74,8 @@ def split_indices(
 
 
 def split_pool(n: int, seed: int = PROTOCOL_SEED) -> tuple[np.ndarray, np.ndarray]:
-    """Train/val split of the pool (docs/protocol.md step 3): 20% of the rows are validation.
-
-    Returns ``(train, val)`` sorted int64 indices into the pool; e.g. COCO's 82,081 pool rows
-    give 65,665 / 16,416.
-    """
+    """Train/val split of the pool (docs/protocol.md step 3): ``(train, val)`` sorted int64
+    indices, 20% of the rows validation (COCO's 82,081 pool rows give 65,665 / 16,416)."""
     return split_indices(n, VAL_FRACTION, seed)
 
 
@@ -103,17 +100,8 @@ def budget_positive(labels: np.ndarray, seed: int = PROTOCOL_SEED, *, k: int = 1
     y = np.asarray(labels)
     if y.ndim != 2:
         raise SpmlError(f"budget_positive: labels must be a 2-D (N, C) matrix, got {y.shape}")
-    rng = np.random.RandomState(seed)
-    observed = np.zeros(y.shape, dtype=np.int8)
-    for i in range(y.shape[0]):
-        pos = np.nonzero(y[i] == 1)[0]
-        rng.shuffle(pos)
-        observed[i, pos[:k]] = 1
-        neg = np.nonzero(y[i] == 0)[0]
-        rng.shuffle(neg)
+    observed = _walk(y, seed, k)
     if fraction < 1.0:
         keep = np.random.RandomState(seed).permutation(y.shape[0])[: round(fraction * y.shape[0])]
-        mask = np.zeros(y.shape[0], dtype=bool)
-        mask[keep] = True
-        observed[~mask] = 0
+        observed[np.setdiff1d(np.arange(y.shape[0]), keep)] = 0
     return observed

@@ -13,6 +13,7 @@ import numpy as np
 import zarr
 
 from probe.store.chunks import (
+    FEATURE_ARRAYS,
     RowChunks,
     VerifyReport,
     chunk_label,
@@ -26,6 +27,7 @@ from probe.store.layout import (
     PROTOCOL_BUDGET,
     SPLIT_CODES,
     STORE_ARRAYS,
+    STORE_ATTRS,
     is_protocol_budget,
     open_store_group,
 )
@@ -61,11 +63,8 @@ def _row_indices(rows: Any, n_rows: int, what: str) -> np.ndarray | None:
 
 
 def _read_rows(array: Any, rows: Any, n_rows: int, what: str) -> np.ndarray:
-    """Rows of a zarr array in the order asked for (``rows`` as in :func:`_row_indices`).
-
-    Dense index sets read their covering range in one go; sparse ones use zarr's orthogonal
-    selection on the unique sorted rows.
-    """
+    """Rows of a zarr array in the order asked for (``rows`` as in :func:`_row_indices`): a
+    dense index set reads its covering range at once, a sparse one the unique sorted rows."""
     if isinstance(rows, slice):
         return array[rows]
     idx = _row_indices(rows, n_rows, what)
@@ -101,9 +100,6 @@ def _guarded(path: Path, group: zarr.Group, name: str, read: Any) -> Any:
         ) from None
 
 
-# ----------------------------------------------------------------------------- reading
-
-
 def open_store(path: str | Path) -> Store:
     """Open a finished store read-only, after validating it.
 
@@ -113,12 +109,9 @@ def open_store(path: str | Path) -> Store:
     """
     path, group = open_store_group(path, "r")
     attrs = dict(group.attrs)
-    missing = [a for a in STORE_ARRAYS if a not in group]
-    if attrs.get("has_flip") and "features_flip" not in group:
-        missing.append("features_flip")
-    missing += [
-        f"observed/{s}" for s in attrs.get("observed_seeds", []) if f"observed/{s}" not in group
-    ]
+    features = FEATURE_ARRAYS if attrs.get("has_flip") else FEATURE_ARRAYS[:1]
+    draws = [f"observed/{s}" for s in attrs.get("observed_seeds", [])]
+    missing = [a for a in (*STORE_ARRAYS, *features[1:], *draws) if a not in group]
     if missing:
         raise StoreError(f"{path} lacks arrays {missing}; re-create it with --overwrite")
     n_rows = int(attrs["n_pool"]) + int(attrs["n_test"])
@@ -132,16 +125,11 @@ def open_store(path: str | Path) -> Store:
             "same command to resume it, or pass --overwrite to start again"
         )
     n_classes = len(attrs["class_names"])
-    shapes = {
-        "features": (n_rows, int(attrs["feature_dim"])),
-        "labels": (n_rows, n_classes),
-        "split": (n_rows,),
-        "image_ids": (n_rows,),
-        "blocks_done": (n_blocks,),
-        **({"features_flip": (n_rows, int(attrs["feature_dim"]))} if attrs["has_flip"] else {}),
-        **{f"observed/{s}": (n_rows, n_classes) for s in attrs["observed_seeds"]},
-    }
-    for name in ("features", "features_flip") if attrs["has_flip"] else ("features",):
+    per_row = (n_rows, int(attrs["feature_dim"]))
+    shapes = {"features": per_row, "labels": (n_rows, n_classes), "split": (n_rows,),
+              "image_ids": (n_rows,), "blocks_done": (n_blocks,),
+              **dict.fromkeys(features[1:], per_row), **dict.fromkeys(draws, (n_rows, n_classes))}
+    for name in features:
         if str(group[name].dtype) != attrs["dtype"]:
             raise StoreError(
                 f"{path}: array {name!r} is {group[name].dtype} but the store says "
@@ -224,10 +212,6 @@ class Store:
         from probe.store.priors import read_prior
         return read_prior(self, name, rows)
 
-    def _prior_summary(self) -> dict:
-        from probe.store.priors import prior_summary
-        return prior_summary(self)
-
     def _read(self, name: str, rows: Any) -> np.ndarray:
         array = self._group[name]
         return _guarded(
@@ -287,52 +271,26 @@ class Store:
                 "classes_without_positive": int(empty.size),
                 "classes_without_positive_names": [self.class_names[c] for c in empty],
             }
-        known = {
-            "schema_version",
-            "dataset",
-            "class_names",
-            "n_pool",
-            "n_test",
-            "n_unlabeled",
-            "n_classes",
-            "feature_dim",
-            "has_flip",
-            "dtype",
-            "block_rows",
-            "observed_seeds",
-            "observed_budgets",
-            "observed_bias",
-            "split_seed",
-            "provenance",
-            "complete",
-            "completed",
-            "resumed",
-            "priors",
-        }
+        from probe.store.priors import prior_summary
+
+        known = {*STORE_ATTRS, "schema_version", "n_classes", "observed_budgets", "observed_bias",
+                 "split_seed", "complete", "completed", "resumed", "priors"}
         disk = sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file())
         return {
-            "path": str(self.path),
-            "dataset": self.dataset,
+            "path": str(self.path), "dataset": self.dataset,
             "schema_version": self.attrs["schema_version"],
-            "complete": bool(self.attrs["complete"]),
-            "completed": self.attrs.get("completed"),
-            "rows": self.n_rows,
-            "classes": self.n_classes,
-            "feature_dim": self.feature_dim,
-            "dtype": self.dtype,
-            "has_flip": self.has_flip,
-            "block_rows": int(self.attrs["block_rows"]),
-            "observed_seeds": self.observed_seeds(),
+            "complete": bool(self.attrs["complete"]), "completed": self.attrs.get("completed"),
+            "rows": self.n_rows, "classes": self.n_classes, "feature_dim": self.feature_dim,
+            "dtype": self.dtype, "has_flip": self.has_flip,
+            "block_rows": int(self.attrs["block_rows"]), "observed_seeds": self.observed_seeds(),
             "observed_budgets": {str(s): self.observed_budget(s) for s in self.observed_seeds()
                                  if not is_protocol_budget(self.observed_budget(s))},
             # every draw that is not the protocol's, with its kind (probe.store.records)
             "draws": {str(s): draw_record(self.attrs, s) for s in self.observed_seeds()
                       if draw_record(self.attrs, s)["kind"] != "protocol"},
-            "n_unlabeled": dict(self.attrs["n_unlabeled"]),
-            "splits": splits,
-            "disk_bytes": int(disk),
-            "class_names": self.class_names,
-            "priors": self._prior_summary(),
+            "n_unlabeled": dict(self.attrs["n_unlabeled"]), "splits": splits,
+            "disk_bytes": int(disk), "class_names": self.class_names,
+            "priors": prior_summary(self),
             "other_attrs": {k: v for k, v in self.attrs.items() if k not in known},
             "provenance": self.provenance,
         }

@@ -12,12 +12,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import zarr
 
+from probe.store.chunks import small_array
 from probe.store.errors import StoreError
 
-__all__ = ["attrs_lock", "check_draw", "draw_record", "draw_text",
-           "update_root_attrs"]
+__all__ = ["attrs_lock", "check_draw", "draw_record", "draw_text", "update_root_attrs",
+           "write_draw"]
 
 
 @contextmanager
@@ -87,3 +89,22 @@ def check_draw(attrs: dict[str, Any], seed: int, record: dict[str, Any], store: 
         f"{store} already holds draw {seed} with {draw_text(have)}; a seed names one "
         f"draw, so {draw_text(record)} needs another seed (e.g. --seeds {max(seeds) + 1})"
     )
+
+
+def write_draw(store: Any, seed: int, record: dict[str, Any], observed: np.ndarray,
+               attr: str | None = None, value: Any = None) -> None:
+    """Write ``observed`` as draw ``observed/<seed>`` of an open store, then register it in
+    ``observed_seeds`` (and ``attrs[attr][seed] = value``) last, under :func:`attrs_lock`,
+    checking ``record`` against the seed again (another process may have added it): an
+    interrupted call leaves the store as it was, and a prior or draw written at the same time
+    is not lost."""
+    small_array(zarr.open_group(store.path, mode="r+")["observed"], str(seed), observed)
+
+    def register(attrs: dict) -> dict:
+        check_draw(attrs, seed, record, store.path)
+        new = {"observed_seeds": sorted({*map(int, attrs["observed_seeds"]), seed})}
+        if attr is not None:
+            new[attr] = {**attrs.get(attr, {}), str(seed): value}
+        return new
+
+    update_root_attrs(store.path, register)

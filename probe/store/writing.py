@@ -32,6 +32,7 @@ from probe.store.layout import (
     SPLIT_CODES,
     STORE_ARRAYS,
     STORE_ATTRS,
+    check_json,
     is_store_dir,
     open_store_group,
     package_versions,
@@ -51,9 +52,6 @@ class BadFeatureRow(StoreError):
         self.reason = reason
 
 
-# ----------------------------------------------------------------------------- writing
-
-
 def _check_provenance(provenance: dict, dtype: str) -> dict:
     if not isinstance(provenance, dict):
         raise StoreError(f"provenance must be a dict, got {type(provenance).__name__}")
@@ -67,20 +65,9 @@ def _check_provenance(provenance: dict, dtype: str) -> dict:
         raise StoreError(
             f"provenance says dtype {provenance['dtype']!r} but the store dtype is {dtype!r}"
         )
-    prov = dict(provenance)
-    prov.setdefault("weights_sha256", None)
-    prov.setdefault("source", None)
-    prov.setdefault("source_sha256", None)
-    prov["dtype"] = dtype
-    prov["versions"] = package_versions()
-    prov["created"] = utc_now()
-    try:
-        json.dumps(prov)
-    except TypeError as err:
-        raise StoreError(f"provenance must be JSON-serialisable: {err}") from None
-    return prov
-
-
+    return check_json({"weights_sha256": None, "source": None, "source_sha256": None,
+                       **provenance, "dtype": dtype, "versions": package_versions(),
+                       "created": utc_now()}, "provenance")
 
 
 def _write_row_arrays(
@@ -140,24 +127,19 @@ def create_store(
 ) -> StoreWriter:
     """Create an empty store for ``index`` and return its writer (docs/protocol.md feature store).
 
-    Labels, the protocol split and the single-positive draws for ``seeds`` are written now;
-    the features are written block by block through the returned :class:`StoreWriter`.
-    ``provenance`` needs ``backbone``, ``weights`` and ``transform`` (plus, where known,
-    ``weights_sha256``, ``source`` and ``source_sha256``); versions, dtype and the creation time
-    are added here. ``extra_attrs`` are stored as top-level attributes (e.g. how an import split
-    its test rows). An existing path is an error unless ``overwrite`` (which only ever deletes
-    a Zarr store or an empty directory).
+    Labels, the protocol split and the draws for ``seeds`` are written now, the features block
+    by block through the :class:`StoreWriter`. ``provenance`` needs ``backbone``, ``weights``
+    and ``transform`` (where known ``weights_sha256``, ``source``, ``source_sha256``); versions,
+    dtype and the creation time are added. ``extra_attrs``: more top-level attributes. An
+    existing path is an error unless ``overwrite`` (:func:`_clear_output`).
     """
     path = Path(path)
     seeds = [int(s) for s in seeds]
     prov = _check_create_args(index, feature_dim, dtype, block_rows, seeds, provenance,
                               extra_attrs)
     _clear_output(path, overwrite)
-    # the store is created under a hidden name and renamed into place once its arrays and
-    # attributes are written: a creation that fails (disk full, file-size limit) or is killed
-    # never leaves anything at `path`. (After a failed write zarr's other writes of the same
-    # call may still land for a moment, so the staging folder, not `path`, takes them; it is
-    # removed now and again by the next creation.)
+    # created under a hidden name, renamed into place once written: a creation that fails or
+    # is killed leaves nothing at `path` (late zarr writes land in the staging folder instead)
     staging = path.with_name(f"{_STAGING_PREFIX}{path.name}.{os.getpid()}")
     for stale in path.parent.glob(f"{_STAGING_PREFIX}{path.name}.*"):
         shutil.rmtree(stale, ignore_errors=True)
@@ -187,8 +169,7 @@ _STAGING_PREFIX = ".creating-"  # create_store's hidden folder beside the store 
 
 def _check_create_args(index: DatasetIndex, feature_dim: int, dtype: str, block_rows: int,
                        seeds: list[int], provenance: dict, extra_attrs: dict | None) -> dict:
-    """Refuse what :func:`create_store` cannot write, before anything is written; returns the
-    checked provenance."""
+    """Refuse what :func:`create_store` cannot write; returns the checked provenance."""
     if dtype not in DTYPES:
         raise StoreError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     if int(feature_dim) < 1:
@@ -243,64 +224,37 @@ def _create_feature_arrays(group: zarr.Group, n_rows: int, feature_dim: int, blo
     """The feature arrays (NaN until written) and ``blocks_done``, one chunk per block."""
     for name in FEATURE_ARRAYS if with_flip else FEATURE_ARRAYS[:1]:
         group.create_array(
-            name,
-            shape=(n_rows, feature_dim),
-            chunks=(block_rows, feature_dim),
-            dtype=dtype,
+            name, shape=(n_rows, feature_dim), chunks=(block_rows, feature_dim), dtype=dtype,
             fill_value=np.nan,  # a never-written row reads as NaN, not as plausible zeros
-            # uncompressed + a CRC-32C per chunk: zstd saved ~20% disk on float16
-            # features but made reads ~6x and writes ~6x slower (measured; every probe
-            # process reads the whole array); the checksum costs 4 bytes a chunk
-            # (docs/protocol.md "The feature store")
+            # uncompressed + CRC-32C: zstd made reads and writes ~6x slower (docs/protocol.md)
             compressors=checksum_codecs(compress=False),
         )
     # one chunk per block: concurrent writers of different blocks never collide
-    group.create_array(
-        "blocks_done",
-        shape=(math.ceil(n_rows / block_rows),),
-        chunks=(1,),
-        dtype=bool,
-        fill_value=False,
-        compressors=checksum_codecs(compress=False),
-        config=EVERY_CHUNK,
-    )
+    group.create_array("blocks_done", shape=(math.ceil(n_rows / block_rows),), chunks=(1,),
+                       dtype=bool, fill_value=False, compressors=checksum_codecs(compress=False),
+                       config=EVERY_CHUNK)
 
 
 def _store_attrs(index: DatasetIndex, feature_dim: int, with_flip: bool, dtype: str,
                  block_rows: int, seeds: list[int], prov: dict, extra: dict) -> dict:
     """The group's attributes; ``schema_version`` is written with them, after every array: a
     store without it was interrupted while being created."""
-    labels_pool = np.asarray(index.pool.labels, dtype=np.uint8)
-    labels_test = np.asarray(index.test.labels, dtype=np.uint8)
+    unlabeled = {name: int((np.asarray(phase.labels, dtype=np.uint8).sum(1) == 0).sum())
+                 for name, phase in (("pool", index.pool), ("test", index.test))}
     return {
-        **extra,
-        "dataset": index.name,
-        "class_names": list(index.class_names),
-        "n_pool": len(index.pool),
-        "n_test": len(index.test),
-        "n_unlabeled": {
-            "pool": int((labels_pool.sum(1) == 0).sum()),
-            "test": int((labels_test.sum(1) == 0).sum()),
-        },
-        "n_classes": labels_pool.shape[1],
-        "feature_dim": int(feature_dim),
-        "has_flip": bool(with_flip),
-        "dtype": dtype,
-        "block_rows": int(block_rows),
-        "observed_seeds": sorted(seeds),
-        "split_seed": PROTOCOL_SEED,
-        "provenance": prov,
-        "complete": False,
-        "schema_version": SCHEMA_VERSION,
+        **extra, "dataset": index.name, "class_names": list(index.class_names),
+        "n_pool": len(index.pool), "n_test": len(index.test), "n_unlabeled": unlabeled,
+        "n_classes": index.pool.labels.shape[1], "feature_dim": int(feature_dim),
+        "has_flip": bool(with_flip), "dtype": dtype, "block_rows": int(block_rows),
+        "observed_seeds": sorted(seeds), "split_seed": PROTOCOL_SEED, "provenance": prov,
+        "complete": False, "schema_version": SCHEMA_VERSION,
     }
 
 
 @contextlib.contextmanager
 def _writing(path: Path, what: str) -> Iterator[None]:
-    """An OSError while writing (disk full, file-size limit, I/O error) as a StoreError naming
-    the store and what was being written. zarr writes each chunk to a temporary file renamed
-    into place, so a failed write leaves the chunks already written intact and the block
-    unmarked: the same command resumes once there is room."""
+    """An OSError while writing (disk full, I/O error) as a StoreError naming the store and
+    ``what``; zarr's chunk writes are atomic, so the same command resumes once there is room."""
     try:
         yield
     except OSError as err:
@@ -393,11 +347,8 @@ class StoreWriter:
                 f"write_block({block}): this store was created without flipped features "
                 "(with_flip=False) but features_flip was given"
             )
-        flip = (
-            None
-            if features_flip is None
-            else self._checked("features_flip", block, sl, features_flip)
-        )
+        flip = None if features_flip is None else self._checked("features_flip", block, sl,
+                                                                 features_flip)
         with _writing(self.path, f"block {block} (rows {sl.start}:{sl.stop})"):
             self._group["features"][sl] = feats
             if flip is not None:
@@ -406,8 +357,30 @@ class StoreWriter:
 
     def check_same_rows(self, index: DatasetIndex, feature_dim: int, with_flip: bool) -> None:
         """Before resuming: StoreError unless the store was started for the same rows, labels,
-        classes, feature dim and flip setting as ``index``."""
-        _check_same_rows(self.path, self, index, feature_dim, with_flip)
+        classes, feature dim and flip setting as ``index`` (damaged row arrays are rewritten
+        from ``index`` first)."""
+        group, attrs = self._group, self._group.attrs
+        if self.rewrite_arrays:
+            _write_row_arrays(group, index, attrs["observed_seeds"], only=self.rewrite_arrays,
+                              budgets=attrs.get("observed_budgets"))
+            self.rewrite_arrays = []
+        same = (
+            attrs["n_pool"] == len(index.pool)
+            and attrs["n_test"] == len(index.test)
+            and attrs["feature_dim"] == feature_dim
+            and attrs["has_flip"] == with_flip
+            and list(attrs["class_names"]) == list(index.class_names)
+            and [str(s) for s in group["image_ids"][:]]
+            == [*index.pool.image_ids, *index.test.image_ids]
+            and np.array_equal(
+                group["labels"][:], np.concatenate([index.pool.labels, index.test.labels])
+            )
+        )
+        if not same:
+            raise StoreError(
+                f"cannot resume {self.path}: it was started for other rows, labels, classes or "
+                "feature shape than this input; pass --overwrite to start again"
+            )
 
     @property
     def attrs(self) -> dict:
@@ -451,10 +424,7 @@ def resume_store(path: str | Path, provenance: dict) -> StoreWriter:
     :meth:`StoreWriter.check_same_rows`. A complete store with no damage is refused ("already
     complete"); a complete one with damage becomes incomplete until the repair finishes.
     """
-    path, group = open_store_group(path, "r+")
-    missing = [a for a in STORE_ARRAYS if a not in group]
-    if missing:
-        raise StoreError(f"{path} lacks arrays {missing}; re-create it with --overwrite")
+    path, group = _writable_group(path)
     stored = group.attrs["provenance"]
     given = json.loads(json.dumps(provenance, default=str))  # compare as stored (JSON)
     for key in RESUME_KEYS:
@@ -505,13 +475,18 @@ def join_store(path: str | Path) -> StoreWriter:
     (the other ranks of a distributed ``spml featurize``): it writes its own blocks only and
     changes no attribute, so ranks never rewrite the group's metadata at once. The process
     that created the store checked its provenance; this only checks that it is unfinished."""
-    path, group = open_store_group(path, "r+")
+    path, group = _writable_group(path)
     if group.attrs.get("complete"):
         raise StoreError(f"{path} is already complete; no block left to write")
+    return StoreWriter(path, group)
+
+
+def _writable_group(path: str | Path) -> tuple[Path, zarr.Group]:
+    path, group = open_store_group(path, "r+")
     missing = [a for a in STORE_ARRAYS if a not in group]
     if missing:
         raise StoreError(f"{path} lacks arrays {missing}; re-create it with --overwrite")
-    return StoreWriter(path, group)
+    return path, group
 
 
 def write_feature_store(
@@ -543,11 +518,8 @@ def write_feature_store(
 
     n_pool, n_test = len(index.pool), len(index.test)
     parts = _feature_parts("features", features, n_pool, n_test)
-    flip_parts = (
-        None
-        if features_flip is None
-        else _feature_parts("features_flip", features_flip, n_pool, n_test)
-    )
+    flip_parts = (None if features_flip is None
+                  else _feature_parts("features_flip", features_flip, n_pool, n_test))
     dim = parts[0].shape[1]
     if flip_parts is not None and flip_parts[0].shape[1] != dim:
         raise StoreError(
@@ -558,18 +530,9 @@ def write_feature_store(
         writer = resume_store(path, {**provenance, "dtype": dtype})
         writer.check_same_rows(index, dim, flip_parts is not None)
     else:
-        writer = create_store(
-            path,
-            index,
-            feature_dim=dim,
-            with_flip=flip_parts is not None,
-            provenance=provenance,
-            dtype=dtype,
-            block_rows=block_rows,
-            seeds=seeds,
-            overwrite=overwrite,
-            extra_attrs=extra_attrs,
-        )
+        writer = create_store(path, index, feature_dim=dim, with_flip=flip_parts is not None,
+                              provenance=provenance, dtype=dtype, block_rows=block_rows,
+                              seeds=seeds, overwrite=overwrite, extra_attrs=extra_attrs)
     pending = writer.pending_blocks()
     for block in track(pending, len(pending), f"writing {path.name}", "block", enabled=progress):
         sl = writer.block_slice(block)
@@ -579,7 +542,8 @@ def write_feature_store(
         except BadFeatureRow as err:
             if sources is None:
                 raise
-            part, row = _locate(parts, err.row)
+            part = int(len(parts) == 2 and err.row >= n_pool)  # (all) or (pool, test)
+            row = err.row - part * n_pool
             name = sources[part] if part < len(sources) else f"part {part}"
             raise StoreError(f"{name} row {row}: {err.reason}") from None
     return writer.finalize()
@@ -587,15 +551,12 @@ def write_feature_store(
 
 def _feature_parts(name: str, features: Any, n_pool: int, n_test: int) -> list[Any]:
     """Normalise ``features`` to a list of 2-D arrays whose rows concatenate to pool + test."""
-    if isinstance(features, (tuple, list)):
-        if len(features) != 2:
-            raise StoreError(f"{name}: pass one (N, D) array or a (pool, test) pair of arrays")
-        parts = list(features)
-        want = [n_pool, n_test]
-    else:
-        parts = [features]
-        want = [n_pool + n_test]
-    for part, n, label in zip(parts, want, ("pool", "test") if len(parts) == 2 else ("all",)):
+    pair = isinstance(features, (tuple, list))
+    if pair and len(features) != 2:
+        raise StoreError(f"{name}: pass one (N, D) array or a (pool, test) pair of arrays")
+    parts, want, labels = (([*features], [n_pool, n_test], ("pool", "test")) if pair
+                           else ([features], [n_pool + n_test], ("all",)))
+    for part, n, label in zip(parts, want, labels):
         shape = getattr(part, "shape", None)
         if shape is None or len(shape) != 2:
             raise StoreError(f"{name} ({label} rows) must be a 2-D (N, D) array, got shape {shape}")
@@ -619,42 +580,4 @@ def _gather(parts: list[Any], sl: slice) -> np.ndarray:
             pieces.append(np.asarray(part[lo - offset : hi - offset]))
         offset += n
     return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
-
-
-def _locate(parts: list[Any], row: int) -> tuple[int, int]:
-    """(part, row within the part) of a row of the concatenation of ``parts``."""
-    for i, part in enumerate(parts):
-        if row < part.shape[0]:
-            return i, row
-        row -= part.shape[0]
-    raise IndexError(row)
-
-
-def _check_same_rows(
-    path: Path, writer: StoreWriter, index: DatasetIndex, dim: int, with_flip: bool
-) -> None:
-    """A resumed store must hold the same rows, labels and feature shape as the new input."""
-    group = writer._group
-    attrs = group.attrs
-    if writer.rewrite_arrays:
-        _write_row_arrays(group, index, attrs["observed_seeds"], only=writer.rewrite_arrays,
-                          budgets=attrs.get("observed_budgets"))
-        writer.rewrite_arrays = []
-    same = (
-        attrs["n_pool"] == len(index.pool)
-        and attrs["n_test"] == len(index.test)
-        and attrs["feature_dim"] == dim
-        and attrs["has_flip"] == with_flip
-        and list(attrs["class_names"]) == list(index.class_names)
-        and [str(s) for s in group["image_ids"][:]]
-        == [*index.pool.image_ids, *index.test.image_ids]
-        and np.array_equal(
-            group["labels"][:], np.concatenate([index.pool.labels, index.test.labels])
-        )
-    )
-    if not same:
-        raise StoreError(
-            f"cannot resume {path}: it was started for other rows, labels, classes or feature "
-            "shape than this input; pass --overwrite to start again"
-        )
 

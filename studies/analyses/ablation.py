@@ -18,18 +18,13 @@ from .common import (
     AnalyzeError,
     check_fixed,
     config_seeds,
-    format_interval,
-    format_pm,
-    interval_caption,
     pin_training,
     run_settings,
+    score_cells,
+    scores_caption,
     train_runs,
     trial_scores,
 )
-
-# --------------------------------------------------------------------------------------------
-# ablation (paper Table 3)
-# --------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -83,15 +78,11 @@ class AblationResult(AnalysisResult):
         n = len(self.settings["seeds"])
         header = ["row", "k̂", "v", "L", "loss", "val mAP", "test mAP", "95% interval",
                   "best epoch"]
-        rows = [[r["name"], *r["marks"], r["loss"], format_pm(r["val_mean"], r["val_std"], n),
-                 format_pm(r["test_mean"], r["test_std"], n),
-                 format_interval(r["test_low"], r["test_high"]),
+        rows = [[r["name"], *r["marks"], r["loss"], *score_cells(r, n),
                  ",".join("-" if e is None else str(e) for e in r["best_epochs"])]
                 for r in self.rows]
-        cap = ("mAP (%) at the best val epoch" + (f", mean ± std over {n} seeds" if n > 1 else "")
-               + f"; test mAP's {interval_caption(n)}"
-               + "; ✓ on, × off (k̂ ≡ 0, v ≡ 1, q1 = q2 = q3 = 0.01), ◦ learned by gradient "
-               "descent; best epoch counted from 1")
+        cap = (scores_caption(n) + "; ✓ on, × off (k̂ ≡ 0, v ≡ 1, q1 = q2 = q3 = 0.01), ◦ "
+               "learned by gradient descent; best epoch counted from 1")
         return [(cap, header, rows)]
 
     def to_dict(self) -> dict[str, Any]:
@@ -138,13 +129,9 @@ def run_ablation(
             config = pin_training(config, results[i])
         bar.update(1)
     bar.close()
-    out_rows = []
-    for i, row in enumerate(rows):
-        r = results[i]
-        scores = trial_scores(r, range(len(seeds)))
-        out_rows.append({"name": row.name, "loss": row.loss, "marks": list(row.marks),
-                         "switches": row.switches, **scores,
-                         "hparams": r.trials[0].hparams})
+    out_rows = [{"name": row.name, "loss": row.loss, "marks": list(row.marks),
+                 "switches": row.switches, **trial_scores(results[i], range(len(seeds))),
+                 "hparams": results[i].trials[0].hparams} for i, row in enumerate(rows)]
     first = results[order[0]]
     notes = list(first.config.get("notes", []))
     if any(row.loss == "an" for row in rows):

@@ -18,10 +18,11 @@ from probe.data import ProbeData
 
 from .common import (
     AnalysisResult,
-    AnalyzeError,
     BucketStats,
     bucket_rates,
     check_fixed,
+    check_int,
+    check_losses,
     config_seeds,
     k_hat_curve,
     masked_probs,
@@ -32,10 +33,6 @@ from .common import (
     trial_scores,
     unannotated_truth,
 )
-
-# --------------------------------------------------------------------------------------------
-# calibration of k̂ (paper Fig. 5, Appendix E.3)
-# --------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -131,10 +128,8 @@ def run_calibration(
     = (observed positives) / (true positives) of the train split."""
     config = config or ProbeConfig()
     config.validate()
-    if isinstance(n_buckets, bool) or not isinstance(n_buckets, int) or not 2 <= n_buckets <= 1000:
-        raise AnalyzeError(f"--buckets must be an integer in [2, 1000]; got {n_buckets!r}")
-    if loss == "knn":
-        raise AnalyzeError("--loss knn: the kNN baseline trains no head; pick a loss")
+    check_int(n_buckets, "--buckets", 2, 1000)
+    check_losses([loss], None, "trains no head; pick a loss")
     hp = check_fixed(loss, hparams)
     x, mask, truth = unannotated_truth(data, "train")
     seeds = config_seeds(config)
@@ -142,9 +137,7 @@ def run_calibration(
     before = bucket_rates(*_confidences(x, seeded_heads(seeds, data.feature_dim, data.n_classes),
                                         mask, truth), n_buckets)
     after = bucket_rates(*_confidences(x, result.final_heads, mask, truth), n_buckets)
-    observed_pos = int((data.train_observed == 1).sum())
-    true_pos = int(data.train_labels.sum())
-    a = observed_pos / max(true_pos, 1)
+    a = int((data.train_observed == 1).sum()) / max(int(data.train_labels.sum()), 1)
     fn_rate = float((mask & truth).sum()) / float(mask.sum())
     notes = list(result.config.get("notes", []))
     trial_hp = result.trials[0].hparams

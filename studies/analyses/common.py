@@ -34,9 +34,31 @@ class AnalyzeError(SpmlError):
     """Bad input to an analysis: the message names the argument, what was expected and got."""
 
 
-# --------------------------------------------------------------------------------------------
-# numbers: Wasserstein-1, confidence buckets, the k̂ and Eq. 6 curves
-# --------------------------------------------------------------------------------------------
+def check_int(value: Any, flag: str, low: int, high: int | None = None) -> int:
+    """``value`` when it is an integer in [low, high] (no upper bound when None), else an
+    :class:`AnalyzeError` naming ``flag``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not (
+            low <= value and (high is None or value <= high)):
+        want = (f"an integer in [{low}, {high}]" if high is not None else
+                "a positive integer" if low == 1 else f"an integer >= {low}")
+        raise AnalyzeError(f"{flag} must be {want}; got {value!r}")
+    return value
+
+
+def check_losses(losses: Sequence[str], hparams: dict[str, Any] | None, why_not_knn: str
+                 ) -> dict[str, Any]:
+    """``--loss`` (at least one, not knn) and ``--set`` given only for those losses; returns
+    the hyperparameters (``{}`` for None)."""
+    if not losses:
+        raise AnalyzeError("--loss: give at least one loss")
+    hparams = hparams or {}
+    unknown = set(hparams) - set(losses)
+    if unknown:
+        raise AnalyzeError(f"--set: hyperparameters given for {', '.join(sorted(unknown))}, "
+                           f"which are not among the losses {', '.join(losses)}")
+    if "knn" in losses:
+        raise AnalyzeError(f"--loss knn: the kNN baseline {why_not_knn}")
+    return hparams
 
 
 def wasserstein_1d(u: Tensor | np.ndarray | Sequence[float],
@@ -86,8 +108,7 @@ def bucket_rates(p: Tensor | np.ndarray, truth: Tensor | np.ndarray,
     """Bucket confidences ``p`` ∈ [0, 1] into ``n_buckets`` equal intervals ([i/n, (i+1)/n),
     the last one closed) and count the entries and the true positives (``truth`` 1/True) in
     each (Fig. 5: FN/(FN+TN) per bucket when the entries are the unannotated ones)."""
-    if isinstance(n_buckets, bool) or not isinstance(n_buckets, int) or n_buckets < 1:
-        raise AnalyzeError(f"n_buckets must be a positive integer; got {n_buckets!r}")
+    check_int(n_buckets, "n_buckets", 1)
     pt = torch.as_tensor(p).detach().to(torch.float64).flatten().cpu()
     yt = torch.as_tensor(truth).detach().flatten().cpu().to(torch.float64)
     if pt.shape != yt.shape:
@@ -160,11 +181,6 @@ def unannotated_truth(data: ProbeData, split: str = "train") -> tuple[Tensor, Te
     return x, mask, truth
 
 
-# --------------------------------------------------------------------------------------------
-# shared helpers: seeds, mean ± std, tables, hyperparameters, training settings
-# --------------------------------------------------------------------------------------------
-
-
 def config_seeds(config: ProbeConfig) -> tuple[int, ...]:
     """The run's seeds: ``config.seeds`` when set, else the one ``config.seed``."""
     return tuple(config.seeds) if config.seeds is not None else (config.seed,)
@@ -192,8 +208,7 @@ def format_pm(mean: float, std: float, n: int) -> str:
 
 def json_floats(values: Any) -> list:
     """NumPy / tensor values as JSON-safe lists (NaN → None)."""
-    arr = np.asarray(values.cpu() if isinstance(values, Tensor) else values)
-    out = arr.tolist()
+    out = np.asarray(values.cpu() if isinstance(values, Tensor) else values).tolist()
 
     def clean(v: Any) -> Any:
         if isinstance(v, list):
@@ -210,13 +225,10 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[str]],
     """A text table: space-aligned columns for the terminal, or a GitHub Markdown table
     (first column left-aligned, the others right-aligned)."""
     if markdown:
-        def cell(s: str) -> str:
-            return str(s).replace("|", "\\|").replace("\n", " ")
+        from ..report.render import markdown_table
 
-        lines = ["| " + " | ".join(cell(h) for h in header) + " |",
-                 "|" + "|".join(":--" if i == 0 else "--:" for i in range(len(header))) + "|"]
-        lines += ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
-        return "\n".join(lines)
+        return "\n".join(markdown_table(list(header), [list(r) for r in rows]))
+
     def width(s: str) -> int:  # combining marks (the hat of k̂) take no column
         return sum(not unicodedata.combining(ch) for ch in s)
 
@@ -275,18 +287,13 @@ def run_settings(data: ProbeData, result: ProbeResult, seeds: Sequence[int]) -> 
     result's ``settings``."""
     cfg = result.config
     return {
-        "store": data.source.get("path", "(arrays)"),
-        "dataset": data.dataset,
-        "n_train": data.n_train,
-        "n_classes": data.n_classes,
+        "store": data.source.get("path", "(arrays)"), "dataset": data.dataset,
+        "n_train": data.n_train, "n_classes": data.n_classes,
         "batch_size": cfg["batch_size"], "batch_size_from": cfg.get("batch_size_from"),
         "lr": cfg["lr"], "lr_from": cfg.get("lr_from"),
         "epochs": cfg["epochs"], "epochs_from": cfg.get("epochs_from"),
-        "optimizer": cfg["optimizer"],
-        "seeds": list(seeds),
-        "observed_seed": cfg["observed_seed"],
-        "flip_used": cfg.get("flip_used"),
-        "device": cfg.get("device"),
+        "optimizer": cfg["optimizer"], "seeds": list(seeds), "observed_seed": cfg["observed_seed"],
+        "flip_used": cfg.get("flip_used"), "device": cfg.get("device"),
         "use_presets": cfg.get("use_presets"),
     }
 
@@ -299,37 +306,40 @@ def _settings_line(s: dict[str, Any]) -> str:
 
 def trial_scores(result: ProbeResult, trials: Sequence[int]) -> dict[str, Any]:
     """Val / test mAP of one point's trials (its seeds): mean, std, and the test mAP's 95%
-    interval (:func:`_test_interval`)."""
+    interval: of the mean over the seeds (Student t) when there are several, else over the test
+    images (paired bootstrap, attached by :func:`train_runs`)."""
     vals = [_finite_or_nan(result.trials[t].best.get("val_map")) for t in trials]
     tests = [_finite_or_nan(result.trials[t].best.get("test_map")) for t in trials]
     vm, vs = _mean_std(vals)
     tm, ts = _mean_std(tests)
-    low, high = _test_interval(result, trials, tests)
+    if len(tests) > 1:
+        iv = mean_interval(tests)
+        low, high = iv.low, iv.high
+    else:
+        best = result.trials[trials[0]].best
+        low, high = (_finite_or_nan(best.get(k)) for k in ("test_map_low", "test_map_high"))
     return {"val_mean": vm, "val_std": vs, "test_mean": tm, "test_std": ts,
             "test_low": low, "test_high": high, "val_maps": vals, "test_maps": tests,
             "best_epochs": [result.trials[t].best_epoch for t in trials]}
 
 
-def _test_interval(result: ProbeResult, trials: Sequence[int], tests: list[float]
-                   ) -> tuple[float, float]:
-    """95% interval of a point's test mAP: of the mean over its seeds (Student t) when it has
-    several, else over the test images (paired bootstrap, attached by :func:`train_runs`)."""
-    if len(tests) > 1:
-        iv = mean_interval(tests)
-        return iv.low, iv.high
-    best = result.trials[trials[0]].best
-    return (_finite_or_nan(best.get("test_map_low")), _finite_or_nan(best.get("test_map_high")))
+def scores_caption(n_seeds: int) -> str:
+    """The caption of a table of :func:`score_cells`: where mAP is read, and what its spread
+    and its interval (over seeds when several, else over the test images) mean."""
+    return ("mAP (%) at the best val epoch"
+            + (f", mean ± std over {n_seeds} seeds" if n_seeds > 1 else "")
+            + "; test mAP's " + ("95% interval of the mean over the seeds (Student t)"
+                                 if n_seeds > 1 else "95% interval over the test images "
+                                 "(paired bootstrap, 1,000 resamples)"))
 
 
-def interval_caption(n_seeds: int) -> str:
-    """What a table's interval column means: over seeds (several) or test images (one)."""
-    return ("95% interval of the mean over the seeds (Student t)" if n_seeds > 1 else
-            "95% interval over the test images (paired bootstrap, 1,000 resamples)")
-
-
-def format_interval(low: float, high: float) -> str:
-    """A 95% interval as ``[low, high]`` with two decimals."""
-    return f"[{low:.2f}, {high:.2f}]" if math.isfinite(low) and math.isfinite(high) else "-"
+def score_cells(scores: dict[str, Any], n_seeds: int) -> list[str]:
+    """Val mAP, test mAP (``mean ± std``) and the test mAP's 95% interval ``[low, high]`` of
+    :func:`trial_scores`, as table cells."""
+    low, high = scores["test_low"], scores["test_high"]
+    return [format_pm(scores["val_mean"], scores["val_std"], n_seeds),
+            format_pm(scores["test_mean"], scores["test_std"], n_seeds),
+            f"[{low:.2f}, {high:.2f}]" if math.isfinite(low) and math.isfinite(high) else "-"]
 
 
 def train_runs(data: ProbeData, config: ProbeConfig, loss: str, hparams: Sequence[dict],
@@ -342,11 +352,6 @@ def train_runs(data: ProbeData, config: ProbeConfig, loss: str, hparams: Sequenc
     if len(seeds) == 1:
         attach_test_intervals(result, data)
     return result
-
-
-# --------------------------------------------------------------------------------------------
-# result objects: tables, JSON, Markdown, figures
-# --------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -391,7 +396,6 @@ class AnalysisResult(ABC):
         return "\n".join(lines)
 
 
-
 _ROW_BLOCK = 8192  # rows per product: the float32 copy of a block stays small (COCO: 67 MB)
 
 
@@ -404,11 +408,6 @@ def masked_probs(x: Tensor, head: Tensor, mask: Tensor) -> Tensor:
     return torch.cat(parts)
 
 
-
 def seeded_heads(seeds: Sequence[int], d: int, c: int) -> Tensor:
     """(T, D+1, C): the untrained heads exactly as the engine draws them (probe.train.init_head)."""
-    out = []
-    for s in seeds:
-        weight, bias = init_head(s, d, c)
-        out.append(torch.cat([weight.T, bias[None]]))
-    return torch.stack(out)
+    return torch.stack([torch.cat([w.T, b[None]]) for w, b in (init_head(s, d, c) for s in seeds)])

@@ -16,11 +16,7 @@ from probe.losses import LossInputError, create_loss, get_loss_class
 from probe.losses._base import HParam, check_hparams
 from probe.trials import expand_grid
 
-from .common import AnalysisResult, AnalyzeError
-
-# --------------------------------------------------------------------------------------------
-# loss and gradient curves (paper Fig. 1)
-# --------------------------------------------------------------------------------------------
+from .common import AnalysisResult, AnalyzeError, check_int, check_losses
 
 
 @dataclass
@@ -35,8 +31,7 @@ class CurvesResult(AnalysisResult):
     notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.kind = "curves"
-        self.title = "Loss and gradient curves (paper Fig. 1)"
+        self.kind, self.title = "curves", "Loss and gradient curves (paper Fig. 1)"
 
     def subtitle(self) -> str:
         return (f"per-entry loss ℓ(p) and ∂ℓ/∂z (autograd, z = logit p) over {len(self.p)} "
@@ -118,29 +113,18 @@ def loss_curves(
     stateful losses and ones that depend on the batch or the sample's other classes (EPR, ROLE,
     vPU, ZLPR/OPML, LL after its first epoch, …) raise :class:`AnalyzeError` naming the reason.
     """
-    if not losses:
-        raise AnalyzeError("--loss: give at least one loss")
-    if isinstance(n_epochs, bool) or not isinstance(n_epochs, int) or n_epochs < 1:
-        raise AnalyzeError(f"--epochs must be a positive integer; got {n_epochs!r}")
-    if isinstance(points, bool) or not isinstance(points, int) or not 3 <= points <= 100_000:
-        raise AnalyzeError(f"--points must be an integer in [3, 100000]; got {points!r}")
-    if isinstance(classes, bool) or not isinstance(classes, int) or classes < 1:
-        raise AnalyzeError(f"--classes must be a positive integer; got {classes!r}")
+    hparams = check_losses(losses, hparams, "is not a loss")
+    check_int(n_epochs, "--epochs", 1)
+    check_int(points, "--points", 3, 100000)
+    check_int(classes, "--classes", 1)
     at = list(at) if at is not None else sorted({1, n_epochs})
     for e in at:
         if isinstance(e, bool) or not isinstance(e, int) or not 1 <= e <= n_epochs:
             raise AnalyzeError(f"--at: epochs are counted from 1 to --epochs {n_epochs}; got {e!r}")
-    hparams = hparams or {}
-    unknown = set(hparams) - set(losses)
-    if unknown:
-        raise AnalyzeError(f"--set: hyperparameters given for {', '.join(sorted(unknown))}, "
-                           f"which are not among the losses {', '.join(losses)}")
     p = torch.linspace(0.002, 0.998, points, dtype=torch.float64)
     z = torch.logit(p)
     curves: list[dict[str, Any]] = []
     for name in losses:
-        if name == "knn":
-            raise AnalyzeError("--loss knn: the kNN baseline is not a loss")
         cls = get_loss_class(name)
         if cls.stateful:
             raise AnalyzeError(
@@ -189,20 +173,13 @@ def loss_curves(
                 previous = {"loss": name, "hparams": dict(variant), "epochs": [e],
                             "data": entry, "base": label}
                 curves.append(previous)
-    for c in curves:
-        data = c.pop("data")
-        base = c.pop("base")
-        ep = c["epochs"]
-        c["label"] = f"{base} @ epoch {','.join(map(str, ep))}" if _epoch_dependent(
-            curves, c) else base
+    for c in curves:  # epochs are named where another curve has the same loss and values
+        data, base = c.pop("data"), c.pop("base")
+        same = any(o is not c and o["loss"] == c["loss"] and o["hparams"] == c["hparams"]
+                   for o in curves)
+        c["label"] = f"{base} @ epoch {','.join(map(str, c['epochs']))}" if same else base
         c.update(data)
     return CurvesResult(p.tolist(), curves, n_epochs, classes)
-
-
-def _epoch_dependent(curves: list[dict[str, Any]], c: dict[str, Any]) -> bool:
-    """True when another curve has the same loss and hyperparameters (so epochs must be named)."""
-    return any(o is not c and o["loss"] == c["loss"] and o["hparams"] == c["hparams"]
-               for o in curves)
 
 
 def _fill_optional(loss: str, specs: dict[str, HParam], variant: dict[str, Any]) -> None:

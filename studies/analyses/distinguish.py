@@ -21,6 +21,8 @@ from .common import (
     AnalysisResult,
     AnalyzeError,
     check_fixed,
+    check_int,
+    check_losses,
     config_seeds,
     format_pm,
     json_floats,
@@ -32,11 +34,6 @@ from .common import (
     unannotated_truth,
     wasserstein_1d,
 )
-
-# --------------------------------------------------------------------------------------------
-# distinguishability (paper Fig. 3)
-# --------------------------------------------------------------------------------------------
-
 
 
 class _DistinguishProbe:
@@ -51,8 +48,7 @@ class _DistinguishProbe:
         self.epochs: list[int] = []  # completed epochs (0 = before training)
 
     def measure(self, epoch: int, heads: Tensor) -> None:
-        w1, hp, hn = [], torch.zeros(self.bins, dtype=torch.float64), torch.zeros(
-            self.bins, dtype=torch.float64)
+        w1, hp, hn = [], *torch.zeros(2, self.bins, dtype=torch.float64)
         for t in range(heads.shape[0]):
             p = masked_probs(self.x, heads[t], self.mask)
             pp, pn = p[self.pos], p[~self.pos]
@@ -65,14 +61,7 @@ class _DistinguishProbe:
         self.hist_neg.append(hn.round().long().tolist())
 
     def callback(self, report: EpochReport) -> None:
-        heads = getattr(report, "heads", None)
-        if heads is None:
-            raise AnalyzeError(
-                "distinguish needs the engine's per-epoch heads (probe.train.EpochReport.heads); "
-                "this version of probe.train does not provide them"
-            )
-        self.measure(report.epoch, heads)  # epochs count from 1; 0 = init
-
+        self.measure(report.epoch, report.heads)  # epochs count from 1; 0 = init
 
 
 @dataclass
@@ -89,8 +78,8 @@ class DistinguishResult(AnalysisResult):
     notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.kind = "distinguish"
-        self.title = "Distinguishability of unannotated labels (paper Fig. 3)"
+        self.kind, self.title = ("distinguish",
+                                 "Distinguishability of unannotated labels (paper Fig. 3)")
 
     def tables(self):
         n = len(self.settings["seeds"])
@@ -167,19 +156,10 @@ def run_distinguish(
     with the first loss's resolved batch size, lr and epochs."""
     config = config or ProbeConfig()
     config.validate()
-    if not losses:
-        raise AnalyzeError("--loss: give at least one loss")
+    hparams = check_losses(losses, hparams, "trains no head; pick a loss")
     if len(set(losses)) != len(losses):
         raise AnalyzeError(f"--loss: a loss is listed twice: {','.join(losses)}")
-    if isinstance(bins, bool) or not isinstance(bins, int) or bins < 2:
-        raise AnalyzeError(f"--bins must be an integer >= 2; got {bins!r}")
-    hparams = hparams or {}
-    unknown = set(hparams) - set(losses)
-    if unknown:
-        raise AnalyzeError(f"--set: hyperparameters given for {', '.join(sorted(unknown))}, "
-                           f"which are not among the losses {', '.join(losses)}")
-    if "knn" in losses:
-        raise AnalyzeError("--loss knn: the kNN baseline trains no head; pick a loss")
+    check_int(bins, "--bins", 2)
     fixed = {name: check_fixed(name, hparams.get(name)) for name in losses}
     hist_epochs_for(hist_epochs, config.epochs)
     x, mask, truth = unannotated_truth(data, split)

@@ -24,16 +24,8 @@ from .curves import CurvesResult
 from .distinguish import DistinguishResult
 from .sensitivity import SWEEPS, SensitivityResult
 
-__all__ = [
-    "figures",
-    "plot_ablation",
-    "plot_calibration",
-    "plot_curves",
-    "plot_distinguish",
-    "plot_histograms",
-    "plot_sensitivity",
-    "write_outputs",
-]
+__all__ = ["figures", "plot_ablation", "plot_calibration", "plot_curves", "plot_distinguish",
+           "plot_histograms", "plot_sensitivity", "write_outputs"]
 
 
 def figures(result: Any, out: Path, dpi: int = DPI) -> list[Path]:
@@ -65,7 +57,6 @@ def write_outputs(result: Any, out: str | os.PathLike, dpi: int = DPI) -> list[P
     return [json_path, md_path, *paths]
 
 
-
 _TAB = mpl.colormaps["tab10"].colors
 
 
@@ -82,10 +73,9 @@ def plot_ablation(rows: Sequence[dict[str, Any]], path: str | os.PathLike, *, n_
         for off, key, color, label in ((h / 2, "val", GREY, "val mAP"),
                                        (-h / 2, "test", BLUE, "test mAP")):
             means = np.array([r[f"{key}_mean"] for r in rows], dtype=float)
-            stds = np.array([r[f"{key}_std"] for r in rows], dtype=float)
-            err = stds if n_seeds > 1 else None
-            if key == "test":  # the test mAP's 95% interval (analyses.common._test_interval)
-                err = _interval_errors(rows, means)
+            # val: std over seeds; test: its 95% interval (analyses.common.trial_scores)
+            err = (_interval_errors(rows, means) if key == "test" else
+                   np.array([r["val_std"] for r in rows], dtype=float) if n_seeds > 1 else None)
             ax.barh(pos + off, means, height=h, color=color, label=label, xerr=err, capsize=3)
             for y, m in zip(pos + off, means):
                 if math.isfinite(m):
@@ -249,24 +239,20 @@ def plot_calibration(result: CalibrationResult, path: str | os.PathLike, *,
     with mpl.rc_context(STYLE):
         fig = new_figure(11, 4.6)
         axes = fig.subplots(1, 2, squeeze=False, sharey=True)[0]
-        for ax, stats, when in ((axes[0], result.before, "before training"),
-                                (axes[1], result.after, "after the last epoch")):
+        for ax, stats, when, which, k in (
+                (axes[0], result.before, "before training", "start", result.k_start),
+                (axes[1], result.after, "after the last epoch", "final", result.k_final)):
             ok = stats.counts > 0
             size = 12 + 90 * np.sqrt(stats.counts[ok] / max(stats.counts.max(), 1))
             ax.scatter(stats.mean_p[ok], stats.rate[ok], s=size, color=GREY, edgecolor="black",
                        lw=0.4, zorder=3, label="observed FN/(FN+TN)")
-            if when.startswith("before"):
+            if which == "start":
                 ax.axhline(result.fn_rate, color=GREY, ls="--", lw=1,
                            label=f"#FN/#unannotated = {result.fn_rate:.3f}")
-                if result.k_start is not None:
-                    w, b = result.k_start
-                    ax.plot(grid_p, k_hat_curve(grid_p, w, b), color=BLUE, lw=2,
-                            label=f"k̂ start {_k_text(w, b)}")
-            else:
-                if result.k_final is not None:
-                    w, b = result.k_final
-                    ax.plot(grid_p, k_hat_curve(grid_p, w, b), color=BLUE, lw=2,
-                            label=f"k̂ final {_k_text(w, b)}")
+            if k is not None:
+                ax.plot(grid_p, k_hat_curve(grid_p, *k), color=BLUE, lw=2,
+                        label=f"k̂ {which} {_k_text(*k)}")
+            if which == "final":
                 ax.plot(grid_p, scar_curve(grid_p, result.a), color=ORANGE, lw=2, ls="--",
                         label=f"Eq. 6, a = {result.a:.3f}")
             ax.set_xlim(0, 1)

@@ -1,12 +1,8 @@
-"""``spml analyze label-budget``: how each loss degrades as labels get scarcer.
-
-For every budget -- ``k`` observed positives per image (k = 1 is the protocol) on a
-``fraction`` of the images (:func:`probe.store.protocol.budget_positive`, seeded like the
-protocol and nested: a larger budget keeps every label of a smaller one) -- each loss trains a
-probe on the store's train split with those observed labels (val stays clean: the epoch is
-chosen as in the protocol), and its test mAP is reported with a 95% paired-bootstrap interval
-over the test images (:mod:`probe.intervals`). The draws are made in memory from the store's
-full labels; nothing is written to the store.
+"""``spml analyze label-budget``: how each loss degrades as labels get scarcer
+(docs/protocol.md "Label budgets"): per budget -- ``k`` observed positives per image on a
+``fraction`` of the images, drawn in memory from the store's full labels
+(:func:`probe.store.protocol.budget_positive`) -- each loss's test mAP at the best val epoch with
+a 95% paired-bootstrap interval over the test images; nothing is written to the store.
 """
 
 from __future__ import annotations
@@ -106,17 +102,13 @@ def format_budget(rows: list[dict[str, Any]]) -> str:
     losses = list(dict.fromkeys(r["loss"] for r in rows))
     by = {(r["loss"], r["k"], r["fraction"]): r for r in rows}
     heads = [f"k={k}, {100 * f:g}% imgs" for k, f in budgets]
-    cells = {(loss, b): by[(loss, *b)] for loss in losses for b in budgets if (loss, *b) in by}
     width = max(len(h) for h in [*heads, "00.00 [00.00, 00.00]"])
     lines = ["Test mAP [95% interval over test images] by label budget: k observed positives "
              "per image on a fraction of the images (k=1, 100% is the protocol).",
              f"{'loss':<8}  " + "  ".join(h.rjust(width) for h in heads)]
     for loss in losses:
-        out = []
-        for b in budgets:
-            r = cells.get((loss, b))
-            out.append("-" if r is None else f"{r['test_map']:.2f} [{r['test_map_low']:.2f}, "
-                       f"{r['test_map_high']:.2f}]")
+        out = ["-" if (r := by.get((loss, *b))) is None else f"{r['test_map']:.2f} "
+               f"[{r['test_map_low']:.2f}, {r['test_map_high']:.2f}]" for b in budgets]
         lines.append(f"{loss:<8}  " + "  ".join(c.rjust(width) for c in out))
     return "\n".join(lines)
 

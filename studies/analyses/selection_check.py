@@ -1,16 +1,10 @@
 """``spml analyze selection``: does a study's winner hold up on test, per ``--select`` mode?
 
-For every selection mode (``val``, ``cv:K``, ``draws:N``; :mod:`probe.selection`) and every
-study seed, one study searches the loss's hyperparameters (sampler and training seed = the
-study seed, everything else fixed), and its winner -- the trial with the best selection score --
-is then trained on the protocol's split (the store's train rows and the literature's draw) with
-``eval_seeds`` training seeds, stacked, beside the loss's paper values trained the same way.
-Both are tested on the test split; the row records the winner's and the paper's mean test mAP
-and their difference. A mode that picks values which generalise has a difference >= 0 on
-average: docs/selection.md holds the table for yeast and the recommendation drawn from it.
-
-The studies live in ``OUT/studies/<mode>-seed<s>/study.log``: re-running the same command
-resumes them instead of starting again.
+Per selection mode (``val``, ``cv:K``, ``draws:N``; :mod:`probe.selection`) and study seed, one
+study searches the loss's hyperparameters; its winner and the loss's paper values are trained
+on the protocol's split with ``eval_seeds`` seeds and tested, and the row records both test mAPs
+and their difference (docs/selection.md holds the table for yeast and what it recommends). The
+studies live in ``OUT/studies/<mode>-seed<s>/``: re-running the same command resumes them.
 """
 
 from __future__ import annotations

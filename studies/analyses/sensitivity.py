@@ -16,18 +16,13 @@ from .common import (
     AnalyzeError,
     check_fixed,
     config_seeds,
-    format_interval,
-    format_pm,
-    interval_caption,
     pin_training,
     run_settings,
+    score_cells,
+    scores_caption,
     train_runs,
     trial_scores,
 )
-
-# --------------------------------------------------------------------------------------------
-# sensitivity (paper Fig. 2)
-# --------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -59,15 +54,19 @@ SWEEPS: dict[str, Sweep] = {
 }
 
 
+def _sweep(param: str) -> Sweep:
+    if param not in SWEEPS:
+        raise AnalyzeError(f"--param must be one of {', '.join(SWEEPS)}; got {param!r}")
+    return SWEEPS[param]
+
+
 def sweep_points(param: str, values: Sequence[float] | None = None,
                  series: Sequence[float] | None = None) -> list[dict[str, float]]:
     """The GR hyperparameters of every point of a sweep (series-major: for each series value
     all swept values). ``tau``: ``{"w_T": −b_T/τ, "b_T": b_T}`` (Eq. 8, τ > 0, b_T < 0);
     ``mu``: ``{"mu_T", "sigma_T"}`` (μ_T ∈ [0, 1], σ_T > 0); ``q2q3``: ``{"q2", "q3"}``
     (q ≥ 0). Each point also carries the plotted pair ``x`` / ``series``."""
-    if param not in SWEEPS:
-        raise AnalyzeError(f"--param must be one of {', '.join(SWEEPS)}; got {param!r}")
-    sw = SWEEPS[param]
+    sw = _sweep(param)
     xs = tuple(sw.x_default if values is None else values)
     ss = tuple(sw.series_default if series is None else series)
     for name, vals in ((sw.x, xs), (sw.series, ss)):
@@ -133,22 +132,11 @@ class SensitivityResult(AnalysisResult):
         n = len(self.settings["seeds"])
         extra = ["w_T"] if self.param == "tau" else []
         header = [sw.series, sw.x, *extra, "val mAP", "test mAP", "95% interval"]
-        rows = []
-        for p in self.points:
-            rows.append([f"{p['series']:g}", f"{p['x']:g}",
-                         *[f"{p['hparams'][k]:.4g}" for k in extra],
-                         format_pm(p["val_mean"], p["val_std"], n),
-                         format_pm(p["test_mean"], p["test_std"], n),
-                         format_interval(p["test_low"], p["test_high"])])
+        rows = [[f"{p['series']:g}", f"{p['x']:g}", *[f"{p['hparams'][k]:.4g}" for k in extra],
+                 *score_cells(p, n)] for p in self.points]
         if self.baseline is not None:
-            b = self.baseline
-            rows.append(["AN baseline", "", *[""] * len(extra),
-                         format_pm(b["val_mean"], b["val_std"], n),
-                         format_pm(b["test_mean"], b["test_std"], n),
-                         format_interval(b["test_low"], b["test_high"])])
-        cap = ("mAP (%) at the best val epoch" + (f", mean ± std over {n} seeds" if n > 1 else "")
-               + f"; test mAP's {interval_caption(n)}"
-               + f"; all {len(self.points)} points trained stacked in one run")
+            rows.append(["AN baseline", "", *[""] * len(extra), *score_cells(self.baseline, n)])
+        cap = scores_caption(n) + f"; all {len(self.points)} points trained stacked in one run"
         return [(cap, header, rows)]
 
     def to_dict(self) -> dict[str, Any]:
@@ -162,9 +150,7 @@ class SensitivityResult(AnalysisResult):
 def sweep_hparams(param: str, hparams: dict[str, Any] | None) -> dict[str, Any]:
     """Validate the GR hyperparameters held fixed in a sweep: single values, not the swept
     ones, and no switch that would make the swept ones unused (e.g. use_k=False for τ)."""
-    if param not in SWEEPS:
-        raise AnalyzeError(f"--param must be one of {', '.join(SWEEPS)}; got {param!r}")
-    sw = SWEEPS[param]
+    sw = _sweep(param)
     hp = check_fixed("gr", hparams, sw.sets,
                      f"the {param} sweep sets {' and '.join(sw.sets)} itself")
     for key, want in sw.needs.items():
@@ -206,9 +192,7 @@ def run_sensitivity(
         an = train_runs(data, pin_training(config, result), "an",
                     [{k: v for k, v in hp.items() if k in TRAINER_KEYS}], seeds, progress)
         base = trial_scores(an, range(len(seeds)))
-    out = []
-    for i, p in enumerate(points):
-        trials = range(i * len(seeds), (i + 1) * len(seeds))
-        out.append({**p, **trial_scores(result, trials)})
+    n = len(seeds)
+    out = [{**p, **trial_scores(result, range(i * n, (i + 1) * n))} for i, p in enumerate(points)]
     return SensitivityResult(param, out, base, run_settings(data, result, seeds), hp,
                              list(result.config.get("notes", [])))

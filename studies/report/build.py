@@ -42,11 +42,6 @@ class ReportResult:
     baseline_path: Path | None = None  # an_baseline.json, when the baseline was trained
 
 
-
-def _write_text(path: Path, text: str) -> Path:
-    return atomic_write_text(path, text)
-
-
 def build_report(
     study_dir: str | os.PathLike,
     *,
@@ -59,12 +54,11 @@ def build_report(
 ) -> ReportResult:
     """Write ``report.html``, ``report.md`` and ``figures/*.png`` for the study in ``study_dir``.
 
-    ``storage``: the study's storage when it is not ``study_dir/study.log`` or ``study.db``
-    (e.g. PostgreSQL); ``name``: the study, when the storage holds several; ``store``: the
-    feature store for the AN baseline (default: the path the study recorded); ``out``: where
-    to write (default ``study_dir/report``). Raises FileNotFoundError / :class:`StudyError`
-    (ValueErrors) when ``study_dir`` holds no study or the storage has no such study. A study
-    with no completed trial still gets a report, which says so.
+    ``storage``: the study's storage when not ``study_dir/study.log`` or ``study.db``;
+    ``name``: the study, when the storage holds several; ``store``: the feature store for the
+    AN baseline (default: the one the study recorded); ``out``: default ``study_dir/report``.
+    Raises FileNotFoundError / :class:`StudyError` when there is no such study. A study with
+    no completed trial still gets a report, which says so.
     """
     options = options or ReportOptions()
     options.validate()
@@ -103,8 +97,7 @@ def _build(st: Any, study_dir: Path, name: str | None, store: str | None, out_di
         curves_section(st, fig_dir, options),
     ]
     baseline, baseline_path = baseline_section(st, ctx, why, fig_dir, out_dir, options)
-    sections.append(baseline)
-    sections.append(comparison_section(st, ctx, why, fig_dir, options))
+    sections += [baseline, comparison_section(st, ctx, why, fig_dir, options)]
     figures = [b.path for s in sections for b in s.blocks if isinstance(b, Figure)]
     for stem in _FIGURE_NAMES:  # a figure of an earlier report that this one could not draw
         old = fig_dir / f"{stem}.png"
@@ -116,9 +109,9 @@ def _build(st: Any, study_dir: Path, name: str | None, store: str | None, out_di
     subtitle = (f"loss {st.loss} on {st.identity.get('dataset', '?')}; {len(st.trials)} trials; "
                 f"{st.storage}")
     page = render_html(title, subtitle, sections, options.dpi)
-    html_path = _write_text(out_dir / "report.html", page)
-    md_path = _write_text(out_dir / "report.md",
-                          render_markdown(title, subtitle, sections, out_dir))
+    html_path = atomic_write_text(out_dir / "report.html", page)
+    md_path = atomic_write_text(out_dir / "report.md",
+                                render_markdown(title, subtitle, sections, out_dir))
     return ReportResult(html_path=html_path, md_path=md_path, figures=figures,
                         sections=[s.title for s in sections], skipped=skipped,
                         baseline_path=baseline_path)

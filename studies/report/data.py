@@ -3,6 +3,7 @@ confirmations) as one read-only view, and the commands that reproduce the study.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shlex
@@ -21,16 +22,12 @@ from optuna.distributions import (
 )
 from optuna.trial import FrozenTrial, TrialState
 
-from probe.errors import MissingPathError
+from probe.errors import MissingPathError, plain
 
 from ..confirm import load_study
 from ..plots import ParamAxis, TrialPoint
 from ..results import read_results
 from ..storage import find_storage, is_paper_trial, parse_storage, ranked_trials
-
-# --------------------------------------------------------------------------------------------
-# reading the study
-# --------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -59,6 +56,15 @@ class StudyView:
     @property
     def paper(self) -> FrozenTrial | None:
         return next((t for t in self.trials if is_paper_trial(t)), None)
+
+    @property
+    def loss_class(self) -> Any:
+        """The study's loss class, or None when no registered loss has its name."""
+        from probe.losses import get_loss_class
+
+        with contextlib.suppress(KeyError, ValueError):
+            return get_loss_class(self.loss)
+        return None
 
 
 def open_study_view(study_dir: Path, storage: str | None, name: str | None) -> StudyView:
@@ -147,22 +153,11 @@ def trial_point(t: FrozenTrial) -> TrialPoint:
                       is_paper_trial(t))
 
 
-# --------------------------------------------------------------------------------------------
-# the commands that reproduce the study
-# --------------------------------------------------------------------------------------------
-
-
-def _num(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return repr(v) if isinstance(v, float) else str(v)
-
-
 def _range(dist: BaseDistribution) -> str:
     if isinstance(dist, CategoricalDistribution):
-        return ",".join(_num(c) for c in dist.choices)
+        return ",".join(plain(c) for c in dist.choices)
     assert isinstance(dist, FloatDistribution | IntDistribution)
-    return f"{_num(dist.low)}:{_num(dist.high)}" + (":log" if dist.log else "")
+    return f"{plain(dist.low)}:{plain(dist.high)}" + (":log" if dist.log else "")
 
 
 def study_command(settings: dict[str, Any]) -> list[str]:
@@ -176,30 +171,25 @@ def study_command(settings: dict[str, Any]) -> list[str]:
     s = settings
     argv = ["spml", "study", str(s["store"]), "--loss", str(s["loss"]),
             "--trials", str(s["n_trials"]), "--trials-at-once", str(s["batch"])]
-    simple = (("sampler", "--sampler"), ("pruner", "--pruner"), ("storage", "--storage"),
-              ("name", "--name"), ("seed", "--seed"), ("train_seed", "--train-seed"),
-              ("epochs", "--epochs"), ("batch_size", "--batch-size"), ("lr", "--lr"),
-              ("val_labels", "--val-labels"), ("observed_seed", "--observed-seed"),
-              ("device", "--device"), ("heartbeat_seconds", "--heartbeat"),
-              ("grace_seconds", "--grace"), ("workers", "--workers"), ("priors", "--priors"),
-              ("select", "--select"))
-    for key, flag in simple:
+    for key in ("sampler", "pruner", "storage", "name", "seed", "train_seed", "epochs",
+                "batch_size", "lr", "val_labels", "observed_seed", "device", "heartbeat_seconds",
+                "grace_seconds", "workers", "priors", "select"):
         v = s.get(key)
         if v is not None and v != defaults.get(key):
-            argv += [flag, _num(v)]
+            argv += ["--" + key.removesuffix("_seconds").replace("_", "-"), plain(v)]
     for k, v in (s.get("fixed") or {}).items():
-        argv += ["--set", f"{k}={_num(v)}"]
+        argv += ["--set", f"{k}={plain(v)}"]
     for k, v in (s.get("space") or {}).items():
         argv += ["--space", f"{k}={_range(json_to_distribution(json.dumps(v)))}"]
     if s.get("params"):
         argv += ["--params", ",".join(s["params"])]
     for k, values in (s.get("grid") or {}).items():
-        argv += ["--grid", f"{k}={','.join(_num(v) for v in values)}"]
+        argv += ["--grid", f"{k}={','.join(plain(v) for v in values)}"]
     if s.get("search_lr"):
         argv.append("--search-lr")
-    for key, flag in (("batch_sizes", "--batch-sizes"), ("epochs_choices", "--epochs-choices")):
+    for key in ("batch_sizes", "epochs_choices"):
         if s.get(key):
-            argv += [flag, ",".join(str(v) for v in s[key])]
+            argv += ["--" + key.replace("_", "-"), ",".join(str(v) for v in s[key])]
     if s.get("enqueue_paper") is False:
         argv.append("--no-paper")
     return [*argv, "--out", str(s["out"])]

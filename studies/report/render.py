@@ -10,26 +10,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# --------------------------------------------------------------------------------------------
-# document blocks, rendered to HTML and to Markdown from the same list
-# --------------------------------------------------------------------------------------------
-
 
 @dataclass
 class Paragraph:
-    """A paragraph of text."""
     text: str
 
 
 @dataclass
 class Facts:
-    """A list of (label, value) facts."""
-    items: list[tuple[str, str]]
+    items: list[tuple[str, str]]  # (label, value)
 
 
 @dataclass
 class Table:
-    """A table with a header, rows, an optional anchor id and caption."""
     header: list[str]
     rows: list[list[str]]
     id: str = ""
@@ -38,15 +31,13 @@ class Table:
 
 @dataclass
 class Figure:
-    """A figure (a PNG file) with its caption."""
-    path: Path
+    path: Path  # a PNG file
     caption: str
 
 
 @dataclass
 class CodeBlock:
-    """A block of shell commands."""
-    text: str
+    text: str  # shell commands
 
 
 @dataclass
@@ -63,9 +54,6 @@ class Section:
     title: str
     blocks: list[Any] = field(default_factory=list)
 
-# --------------------------------------------------------------------------------------------
-# rendering
-# --------------------------------------------------------------------------------------------
 
 _CSS = """
 :root { color-scheme: light; }
@@ -151,7 +139,14 @@ def render_html(title: str, subtitle: str, sections: list[Section], dpi: int) ->
 
 
 def _md_cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """The lines of a GitHub Markdown table: first column left-aligned, the others right."""
+    return ["| " + " | ".join(_md_cell(h) for h in header) + " |",
+            "|" + "|".join(":--" if i == 0 else "--:" for i in range(len(header))) + "|",
+            *("| " + " | ".join(_md_cell(c) for c in r) + " |" for r in rows)]
 
 
 def render_markdown(title: str, subtitle: str, sections: list[Section], base: Path) -> str:
@@ -172,11 +167,7 @@ def render_markdown(title: str, subtitle: str, sections: list[Section], base: Pa
             elif isinstance(b, Table):
                 if b.caption:
                     out += [f"**{b.caption}**", ""]
-                out.append("| " + " | ".join(_md_cell(h) for h in b.header) + " |")
-                out.append("|" + "|".join(":--" if i == 0 else "--:"
-                                          for i in range(len(b.header))) + "|")
-                out += ["| " + " | ".join(_md_cell(c) for c in r) + " |" for r in b.rows]
-                out.append("")
+                out += [*markdown_table(b.header, b.rows), ""]
             elif isinstance(b, Figure):
                 rel = os.path.relpath(b.path, base).replace(os.sep, "/")
                 out += [f"![{_md_cell(b.caption)}]({rel})", "", f"*{b.caption}*", ""]

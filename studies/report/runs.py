@@ -33,14 +33,9 @@ def study_training(st: Any) -> dict[str, Any]:
     Values that differ between the rows (a study from before settings were part of its
     identity) are listed in ``mixed``."""
     from probe.config import resolve_training
-    from probe.losses import get_loss_class
 
     s = st.settings
-    try:
-        cls = get_loss_class(st.loss)
-    except (KeyError, ValueError):
-        cls = None
-    settings = resolve_training(cls, st.identity.get("dataset", ""),
+    settings = resolve_training(st.loss_class, st.identity.get("dataset", ""),
                                 batch_size=s.get("batch_size"), lr=s.get("lr"),
                                 epochs=s.get("epochs")).to_dict()
     rows = [r for r in st.results.values() if r.get("lr") is not None]
@@ -146,19 +141,17 @@ def _retrain_top(st: Any, ctx: ReportRuns, device: str, log: Callable[[str], Non
     import torch
 
     from probe.evaluate import stacked_logits
+    from probe.progress import Progress
     from probe.train import train_probe
 
     from ..compare import compare_scores
     from ..confirm import trained_settings, trial_setup
+    from ..results import read_trial_heads
 
     chosen = list(st.complete[:INTERVAL_TOP])
     paper = st.paper
     if paper is not None and paper.state == TrialState.COMPLETE and paper not in chosen:
         chosen.append(paper)
-    from probe.progress import Progress
-
-    from ..results import read_trial_heads
-
     seed = int(st.settings.get("train_seed", 0))
     kept = read_trial_heads(st.study_dir / "results")  # the heads the study kept, if any
     ctx.kept = [t.number for t in chosen if t.number in kept]

@@ -37,6 +37,8 @@ SECTIONS = (
     ("per-class-ap-vs-the-an-baseline", "Per-class AP vs the AN baseline"),
     ("intervals-and-comparison", "Intervals and comparison"),
 )
+
+
 @dataclass(frozen=True)
 class ReportOptions:
     """How much the report shows and whether it trains the AN baseline."""
@@ -66,21 +68,17 @@ def _f2(v: Any) -> str:
 
 
 def _fv(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
 def _int(n: Any) -> str:
     return f"{int(n):,}" if isinstance(n, int | float) else str(n)
 
 
-# --------------------------------------------------------------------------------------------
-# sections
-# --------------------------------------------------------------------------------------------
-
-
-
+def _skipped(sec: Section, reason: str) -> Section:
+    """``sec`` with the note that says why it has no figure."""
+    sec.blocks.append(Note(f"Skipped: {reason}."))
+    return sec
 
 
 def _draw_words(prov: dict) -> str:
@@ -124,13 +122,7 @@ def summary_section(st: StudyView, commands: list[str]) -> Section:
     inner = prov.get("provenance") or {}
     counts = {state: sum(t.state == state for t in st.trials) for state in TrialState}
     n_done = counts[TrialState.COMPLETE]
-    paper_doc = ""
-    try:
-        from probe.losses import get_loss_class
-
-        paper_doc = get_loss_class(st.loss).paper
-    except (KeyError, ValueError):
-        pass
+    paper_doc = st.loss_class.paper if st.loss_class is not None else ""
     sec.blocks.append(Paragraph(
         f"Study '{st.study.study_name}': {len(st.distributions)} hyperparameter(s) of loss "
         f"'{st.loss}' searched with the {s.get('sampler', '?')} sampler and "
@@ -271,7 +263,8 @@ def leaderboard_section(st: StudyView, options: ReportOptions, ctx: ReportRuns |
             row += [f"[{iv.low:.2f}, {iv.high:.2f}]" if iv is not None else "–"]
         if confirmed:
             c = confirmed.get(t.number)
-            row += ([f"{c['test_mean']:.2f} ± {c['test_std']:.2f}{_ci(c)}", str(c["n_runs"])]
+            row += ([f"{c['test_mean']:.2f} ± {c['test_std']:.2f}"
+                     f"{_ci(c.get('test_low'), c.get('test_high'))}", str(c["n_runs"])]
                     if c else ["–", "–"])
         row += [_fv(t.params[n]) if n in t.params else "–" for n in names]
         rows.append(row)
@@ -293,14 +286,11 @@ def leaderboard_section(st: StudyView, options: ReportOptions, ctx: ReportRuns |
             f"Not converged? {at_last} of {len(complete)} completed trials had their best val "
             f"mAP at their last epoch; {ADVICE}.", kind="warn"))
     if st.confirm:
-        crow = []
-        for r in st.confirm:
-            seeds = ",".join(str(s) for s in dict.fromkeys(r["seeds"]))
-            draws = ",".join(str(s) for s in dict.fromkeys(r["observed_seeds"]))
-            crow.append([str(r["rank"]), str(r["trial"]), f"{r['search_value']:.2f}",
-                         f"{r['val_mean']:.2f}",
-                         f"{r['test_mean']:.2f} ± {r['test_std']:.2f}{_ci(r)}",
-                         str(r["n_runs"]), seeds, draws])
+        crow = [[str(r["rank"]), str(r["trial"]), f"{r['search_value']:.2f}",
+                 f"{r['val_mean']:.2f}", f"{r['test_mean']:.2f} ± {r['test_std']:.2f}"
+                 f"{_ci(r.get('test_low'), r.get('test_high'))}", str(r["n_runs"]),
+                 *(",".join(map(str, dict.fromkeys(r[k]))) for k in ("seeds", "observed_seeds"))]
+                for r in st.confirm]
         sec.blocks.append(Paragraph(
             "Confirmation ('spml study confirm'): each trial re-trained with every training "
             "seed on every single-positive draw; ranked by mean val mAP (test is reported, "
@@ -312,8 +302,7 @@ def leaderboard_section(st: StudyView, options: ReportOptions, ctx: ReportRuns |
              "runs", "seeds", "draws"], crow, id="confirmation"))
         win = st.confirm[0]
         if win.get("refit_epochs") is not None:
-            refit_ci = _ci({"test_low": win.get("refit_test_low"),
-                            "test_high": win.get("refit_test_high")})
+            refit_ci = _ci(win.get("refit_test_low"), win.get("refit_test_high"))
             sec.blocks.append(Paragraph(
                 f"Refit ('spml study confirm --refit'): trial {win['trial']} re-trained on "
                 f"train + val for {win['refit_epochs']} epochs (its median best val epoch), "
@@ -324,10 +313,9 @@ def leaderboard_section(st: StudyView, options: ReportOptions, ctx: ReportRuns |
     return sec
 
 
-def _ci(row: dict[str, Any]) -> str:
-    """`` [low, high]`` of a confirmation row's interval over runs (rows written before the
+def _ci(low: float | None, high: float | None) -> str:
+    """`` [low, high]`` of a confirmation's interval over runs (rows written before the
     interval existed, or of one run, have none)."""
-    low, high = row.get("test_low"), row.get("test_high")
     if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
         return ""
     return f" [{low:.2f}, {high:.2f}]"
@@ -383,8 +371,7 @@ def importance_section(st: StudyView, imp: dict[str, float] | None, reason: str,
     """The parameter importances section from :func:`compute_importances`' result."""
     sec = Section(*SECTIONS[3])
     if imp is None:
-        sec.blocks.append(Note(f"Skipped: {reason}."))
-        return sec
+        return _skipped(sec, reason)
     path = plots.plot_importances(imp, fig_dir / "importance.png", dpi=options.dpi,
                                   title=f"Parameter importance (fANOVA, {len(st.complete)} "
                                         "completed trials)")
@@ -402,11 +389,9 @@ def slices_section(st: StudyView, fig_dir: Path, options: ReportOptions) -> Sect
     """The slice plots: val mAP against each parameter."""
     sec = Section(*SECTIONS[4])
     if not st.complete:
-        sec.blocks.append(Note("Skipped: no completed trial to place."))
-        return sec
+        return _skipped(sec, "no completed trial to place")
     if not st.axes:
-        sec.blocks.append(Note("Skipped: the study records no searched parameter."))
-        return sec
+        return _skipped(sec, "the study records no searched parameter")
     path = plots.plot_slices(st.points, st.axes, fig_dir / "slices.png", dpi=options.dpi)
     sec.blocks.append(Figure(path, (
         "Val mAP against each searched parameter (log-scale axes where the parameter is "
@@ -420,12 +405,10 @@ def contours_section(st: StudyView, imp: dict[str, float] | None, fig_dir: Path,
     """The contour plots of the most important parameter pairs."""
     sec = Section(*SECTIONS[5])
     if len(st.axes) < 2:
-        sec.blocks.append(Note("Skipped: a contour plot needs two searched parameters; the "
-                               f"study searches {len(st.axes)}."))
-        return sec
+        return _skipped(sec, "a contour plot needs two searched parameters; the study searches "
+                             f"{len(st.axes)}")
     if not st.complete:
-        sec.blocks.append(Note("Skipped: no completed trial to interpolate."))
-        return sec
+        return _skipped(sec, "no completed trial to interpolate")
     by_name = {a.name: a for a in st.axes}
     names = sorted(by_name, key=lambda n: -imp.get(n, 0.0)) if imp else list(by_name)
     pairs = [(names[i], names[j]) for i in range(len(names)) for j in range(i + 1, len(names))]
@@ -446,11 +429,9 @@ def curves_section(st: StudyView, fig_dir: Path, options: ReportOptions) -> Sect
     """The learning curves: val mAP per epoch of the top trials."""
     sec = Section(*SECTIONS[6])
     if not st.complete:
-        sec.blocks.append(Note("Skipped: no completed trial yet."))
-        return sec
+        return _skipped(sec, "no completed trial yet")
     if not any(p.curve for p in st.points if p.state == "COMPLETE"):
-        sec.blocks.append(Note("Skipped: no completed trial reported per-epoch val mAP."))
-        return sec
+        return _skipped(sec, "no completed trial reported per-epoch val mAP")
     path = plots.plot_learning_curves(st.points, fig_dir / "learning_curves.png",
                                       top=options.curves, dpi=options.dpi)
     sec.blocks.append(Figure(path, (
@@ -467,23 +448,17 @@ def baseline_section(st: StudyView, ctx: ReportRuns | None, why: str, fig_dir: P
     (Cole et al. 2021, Eq. 3) trained on the same store with the best trial's training
     settings, training seed and single-positive draw."""
     sec = Section(*SECTIONS[7])
-
-    def skip(reason: str) -> tuple[Section, None]:
-        sec.blocks.append(Note(f"Skipped: {reason}."))
-        return sec, None
-
     if ctx is None:
-        return skip(why)
+        return _skipped(sec, why), None
     best = st.complete[0]
     best_ap = st.results.get(best.number, {}).get("class_ap")
     if not best_ap:
-        return skip(f"the results Parquet ({st.study_dir / 'results'}) holds no per-class AP "
-                    f"for the best trial {best.number}")
+        return _skipped(sec, f"the results Parquet ({st.study_dir / 'results'}) holds no "
+                             f"per-class AP for the best trial {best.number}"), None
     if len(best_ap) != ctx.data.n_classes:
-        return skip(f"the best trial's per-class AP has {len(best_ap)} classes, the store "
-                    f"{ctx.data.n_classes}")
+        return _skipped(sec, f"the best trial's per-class AP has {len(best_ap)} classes, the "
+                             f"store {ctx.data.n_classes}"), None
     result, cfg, store_path = ctx.an, ctx.an_config, ctx.store_path
-    observed_seed = ctx.observed_seed
     baseline_path = result.write_json(out / "an_baseline.json")
     an = result.trials[0]
     an_ap = an.best.get("test_ap") or []
@@ -500,7 +475,7 @@ def baseline_section(st: StudyView, ctx: ReportRuns | None, why: str, fig_dir: P
         f"AN baseline ('an', assume negative, Cole et al. 2021 Eq. 3) trained on {store_path} "
         f"with the best trial's training settings: {cfg.epochs} epochs, batch size "
         f"{cfg.batch_size}, lr {cfg.lr:g}, Adam, train seed {cfg.seed}, single-positive draw "
-        f"{observed_seed}, {cfg.val_labels} val labels, device {result.config.get('device')}; "
+        f"{ctx.observed_seed}, {cfg.val_labels} val labels, device {result.config.get('device')}; "
         "its epoch chosen on val mAP like every trial's. AN: val mAP "
         f"{_f2(an.best.get('val_map'))}, "
         f"test mAP {_f2(an.best.get('test_map'))} (epoch {an.best_epoch}). Best "
@@ -540,8 +515,7 @@ def comparison_section(st: StudyView, ctx: ReportRuns | None, why: str, fig_dir:
 
     sec = Section(*SECTIONS[8])
     if ctx is None or ctx.comparison is None:
-        sec.blocks.append(Note(f"Skipped: {why or 'nothing was re-trained'}."))
-        return sec
+        return _skipped(sec, why or "nothing was re-trained")
     cmp = ctx.comparison
     sec.blocks.append(Paragraph(
         f"The best {min(INTERVAL_TOP, len(st.complete))} trials by val mAP"
@@ -553,9 +527,8 @@ def comparison_section(st: StudyView, ctx: ReportRuns | None, why: str, fig_dir:
         "recomputed on each); differences are paired and their p-values Holm-corrected over "
         f"the {len(cmp.pairs)} pairs. They measure test-set variation only, not training "
         "seeds or draws ('spml study confirm')."))
-    rows = []
-    for label, iv in zip(cmp.labels, cmp.intervals):
-        rows.append([label, f"{iv.value:.2f}", f"[{iv.low:.2f}, {iv.high:.2f}]"])
+    rows = [[label, f"{iv.value:.2f}", f"[{iv.low:.2f}, {iv.high:.2f}]"]
+            for label, iv in zip(cmp.labels, cmp.intervals)]
     sec.blocks.append(Table(["system", "test mAP", "95% interval"], rows, id="intervals"))
     prow = []
     for p in sorted(cmp.pairs, key=lambda p: p.p_holm):

@@ -12,12 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from probe.errors import SpmlError
+from probe.errors import SpmlError, plain
 
 __all__ = ["Cell", "Column", "Method", "TableConfig", "TableError", "build_table", "plan_table"]
 
@@ -97,7 +98,7 @@ class Method:
         ``observed_seed`` (the same settings, hence the same test mAP)."""
         if self.loss is None:
             return ""
-        parts = ["spml probe", _quote(store), "--loss", self.loss]
+        parts = ["spml probe", shlex.quote(store), "--loss", self.loss]
         if self.labels == "full":
             parts += ["--labels", "full"]
         if self.priors:
@@ -105,9 +106,9 @@ class Method:
         for flag, v in (("--batch-size", self.batch_size), ("--lr", self.lr),
                         ("--epochs", self.epochs)):
             if v is not None:
-                parts += [flag, _value_text(v)]
+                parts += [flag, plain(v)]
         for k in sorted(self.hparams):
-            parts += ["--set", f"{k}={_value_text(self.hparams[k])}"]
+            parts += ["--set", f"{k}={plain(self.hparams[k])}"]
         parts += ["--observed-seed", str(observed_seed), "--seed", str(config.seed)]
         if config.device != "auto":
             parts += ["--device", config.device]
@@ -162,31 +163,10 @@ class Plan:
         return self.per_column.get((i, j), self.methods[j])
 
 
-def _value_text(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if v is None:
-        return "none"
-    if isinstance(v, float):
-        return repr(v)
-    return str(v)
-
-
-def _quote(text: str) -> str:
-    import shlex
-
-    return shlex.quote(text)
-
-
 def cell_key(settings: dict[str, Any]) -> str:
     """A cell's key: the hash of its resolved settings (a changed setting is a new cell)."""
     text = json.dumps(settings, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:20]
-
-
-# --------------------------------------------------------------------------------------------
-# the checks (nothing trains or is written before they pass)
-# --------------------------------------------------------------------------------------------
 
 
 def _loss_names(config: TableConfig) -> tuple[list[str], list[str]]:
@@ -296,7 +276,7 @@ def plan_table(paths: Sequence[str], config: TableConfig) -> Plan:
         prior = config.priors if _losses.get_loss_class(n).prior is not None else None
         methods.append(Method(n, "preset", n, priors=prior, **given))
     for folder in config.from_studies:
-        methods.append(_study_method(folder, columns, config))
+        methods.append(_study_method(folder, config))
     study_settings = []
     if config.tune:
         for i, col in enumerate(columns):
@@ -350,7 +330,7 @@ def _note_generic(notes: list[str], loss: str, dataset: str, setting: str) -> No
     notes.append(head + loss)
 
 
-def _study_method(folder: str, columns: list[Column], config: TableConfig) -> Method:
+def _study_method(folder: str, config: TableConfig) -> Method:
     """``--from STUDY_DIR``: the study's winner as a row on its store's column."""
     from ..compare import split_study_spec
     from ..confirm import load_study
@@ -381,11 +361,6 @@ def _winner_method(study: Any, what: str, kind: str, config: TableConfig) -> Met
                           observed_seed=int(settings.get("observed_seed", 1200)))
     return Method(f"{loss}, {what}", kind, loss, hparams=dict(hp), batch_size=cfg.batch_size,
                   lr=cfg.lr, epochs=cfg.epochs, priors=cfg.priors)
-
-
-# --------------------------------------------------------------------------------------------
-# tuning and training
-# --------------------------------------------------------------------------------------------
 
 
 def run_tuning(plan: Plan, log: Callable[[str], None]) -> None:
@@ -502,13 +477,15 @@ def train_cells(plan: Plan, cells: list[Cell], *, progress: bool = True,
 
     from probe.metrics import mean_average_precision
     from probe.progress import Progress, plural
+    from probe.store import open_store
     from probe.train import train_probe
 
     config = plan.config
     todo = []
     for c in cells:
         if c.method.loss is None:
-            labels = _test_labels(c.column)
+            store = open_store(c.column.path)
+            labels = torch.from_numpy(store.labels(store.split("test"))).bool()
             scores = torch.as_tensor(c.column.prior_test_scores, dtype=torch.float32)
             c.test_map = float(mean_average_precision(labels, logits=scores).map)
         elif not _read_cell(c, config.out):
@@ -531,15 +508,6 @@ def train_cells(plan: Plan, cells: list[Cell], *, progress: bool = True,
                     _fill(c, result.to_dict(), result.head(0))
                     c.trained = True
                     bar.update()
-
-
-def _test_labels(col: Column) -> Any:
-    from probe.store import open_store
-
-    store = open_store(col.path)
-    import torch
-
-    return torch.from_numpy(store.labels()[store.split("test")]).bool()
 
 
 def build_table(paths: Sequence[str], config: TableConfig | None = None, *,

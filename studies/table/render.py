@@ -60,7 +60,6 @@ class Table:
         """Cells trained by this run (0 when every cell was kept in ``--out``)."""
         return sum(c.trained for c in self.cells)
 
-    # ----------------------------------------------------------------------------- scoring
     def _score_column(self, i: int) -> None:
         import torch
 
@@ -81,7 +80,7 @@ class Table:
         data = ProbeData.from_store(col.path, device=resolve_device(cfg.device), flip=False,
                                     observed_seed=col.draws[0])
         targets = data.test_labels.bool()
-        reps, observed, boots = [], [], []
+        boots = []
         for d in col.draws:
             scores = []
             for j in rows:
@@ -92,11 +91,8 @@ class Table:
                 else:
                     w = c.head.to(device=data.test_x.device, dtype=torch.float32)[None]
                     scores.append(stacked_logits(data.test_x, w)[0].float())
-            boot = bootstrap_map(torch.stack(scores), targets, n_resamples=cfg.resamples,
-                                 seed=0, level=cfg.level)
-            boots.append(boot)
-            reps.append(boot.replicates)
-            observed.append(boot.map)
+            boots.append(bootstrap_map(torch.stack(scores), targets, n_resamples=cfg.resamples,
+                                       seed=0, level=cfg.level))
         entries = {}
         for j in rows:
             values = [c.test_map for c in mine[j]]
@@ -112,8 +108,9 @@ class Table:
             return
         best = max(finite, key=lambda j: entries[j].mean)
         entries[best].best = entries[best].not_worse = True
-        avg = BootstrapResult(map=torch.stack(observed).mean(0),
-                              replicates=torch.stack(reps).mean(0), intervals=[],
+        avg = BootstrapResult(map=torch.stack([b.map for b in boots]).mean(0),
+                              replicates=torch.stack([b.replicates for b in boots]).mean(0),
+                              intervals=[],
                               n_resamples=cfg.resamples, seed=0, level=cfg.level)
         others = [j for j in rows if j != best]
         for diff in paired_differences(avg, [(best, j) for j in others]):
@@ -122,7 +119,6 @@ class Table:
             e.not_worse = math.isfinite(e.mean) and not diff.significant
         self.entries.update({(j, i): e for j, e in entries.items()})
 
-    # ----------------------------------------------------------------------------- outputs
     def _cell_text(self, e: Entry, bold: tuple[str, str], mark: str, iv: str) -> str:
         if not math.isfinite(e.mean):
             return "n/a"
@@ -202,12 +198,9 @@ class Table:
     def commands(self) -> str:
         """One ``spml probe`` command per cell that trains it (the zero-shot row trains
         nothing), with the test mAP it reproduces."""
-        lines = []
-        for c in self.cells:
-            if c.command:
-                lines.append(f"# {c.method.label} | {c.column.dataset} | draw "
-                             f"{c.observed_seed} | test mAP {c.test_map:.4f}\n{c.command}")
-        return "\n".join(lines) + "\n"
+        return "\n".join(f"# {c.method.label} | {c.column.dataset} | draw {c.observed_seed} | "
+                         f"test mAP {c.test_map:.4f}\n{c.command}"
+                         for c in self.cells if c.command) + "\n"
 
 
 def write_outputs(table: Table, out: str | Path) -> list[Path]:
