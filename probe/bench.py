@@ -73,6 +73,7 @@ class BenchConfig:
     papers_workers: int = 2  # DataLoader worker processes of (e) (the released codes use >= 2)
     device: str = "auto"  # CUDA when available, else CPU
     compare_eager: bool = False  # CUDA: also time the eager step (the engine replays CUDA graphs)
+    compare_compiled: bool = False  # also time the step through torch.compile (--compile)
     compare_one_block: bool = False  # CPU: also time the trials trained as one block
     # (trial_block=0; the engine trains many COCO-sized heads in blocks that stay in cache)
     isolate: bool = True  # time each configuration alone, in a fresh process; False: in this one
@@ -436,6 +437,9 @@ def _ratios(rows: list[dict[str, Any]], cfg: BenchConfig) -> dict[str, float]:
         if ("engine_eager", t) in by:
             ratios[f"eager_over_cuda_graph_{t}_trials"] = (by[("engine_eager", t)]
                                                            / by[("engine", t)])
+        if ("engine_compiled", t) in by:
+            ratios[f"compiled_over_engine_{t}_trials"] = (by[("engine_compiled", t)]
+                                                          / by[("engine", t)])
     return ratios
 
 
@@ -446,7 +450,7 @@ def _variants(cfg: BenchConfig, engine_row: dict[str, Any]) -> list[str]:
         out.append("engine_one_block")
     if cfg.compare_eager:
         out.append("engine_eager")
-    return out
+    return out + ["engine_compiled"] * cfg.compare_compiled
 
 
 def _run_job(job: Any, *args: Any, isolate: bool, threads: int) -> dict[str, Any]:
@@ -500,7 +504,8 @@ def _engine_job(cfg: BenchConfig, path: str, t: int, method: str, progress: bool
     data, device = _job_data(cfg, path, prior)
     pc = ProbeConfig(batch_size=cfg.batch_size, lr=cfg.lr, epochs=cfg.epochs, eval_every=0,
                      seed=cfg.seed, device=str(device),
-                     cuda_graph=False if method == "engine_eager" else None, priors=prior)
+                     cuda_graph=False if method == "engine_eager" else None, priors=prior,
+                     compile=method == "engine_compiled")
     speed = SpeedOptions(trial_block=0 if method == "engine_one_block" else None)
     hparams = _stacked_hparams(cfg.loss, t)  # one shared seed
     with _PeakMemory(device) as mem:
@@ -511,8 +516,11 @@ def _engine_job(cfg: BenchConfig, path: str, t: int, method: str, progress: bool
     extra: dict[str, Any] = {"eval_seconds_val": None, "eval_seconds_test_once": None}
     if method == "engine_one_block":
         name = f"engine, {trials} in one block"
-    elif method == "engine_eager":
-        name = f"engine, eager step (no CUDA graph), {trials}"
+    elif method in ("engine_eager", "engine_compiled"):
+        step = ("eager step (no CUDA graph)" if method == "engine_eager" else "compiled step "
+                + ("(torch.compile)" if result.timing["compiled"] else "(not compiled: eager)"))
+        name = f"engine, {step}, {trials}"
+        extra.update(compiled=result.timing["compiled"], cuda_graph=result.timing["cuda_graph"])
     else:
         with torch.no_grad():  # what the engine evaluates: val every epoch, test once
             for key, x, y in (("eval_seconds_val", data.val_x, data.val_labels),

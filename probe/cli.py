@@ -212,6 +212,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         seed=args.seed, flip=not args.no_flip, labels=args.labels, val_labels=args.val_labels,
         observed_seed=args.observed_seed, device=args.device, eval_every=args.eval_every,
         test_curve=args.test_curve, eval_init=args.eval_init, cuda_graph=args.cuda_graph,
+        compile=args.compile,
         drop_last=not args.no_drop_last, use_presets=not args.no_presets,
         test_intervals=args.intervals, priors=args.priors,
     )
@@ -306,6 +307,7 @@ def _cmd_bench_probe(args: argparse.Namespace) -> int:
         epochs=args.epochs, trials=trials, plain=not args.no_plain, device=args.device,
         cache_dir=args.cache_dir, papers=not args.no_papers, papers_workers=args.papers_workers,
         compare_eager=args.compare_eager, compare_one_block=args.compare_one_block,
+        compare_compiled=args.compare_compiled,
         isolate=not args.in_process, loss=args.loss,
     )
     if args.threads is not None:
@@ -391,6 +393,9 @@ def _register_probe(sub: argparse._SubParsersAction, bench: argparse._SubParsers
                    "bit for bit; 5-14x faster epochs on an H100). Default: wherever the step "
                    "can be captured; --cuda-graph: required (an error says why not); "
                    "--no-cuda-graph: the eager step")
+    g.add_argument("--compile", action="store_true",
+                   help="run the training step through torch.compile (fused kernels; equal to "
+                   "the eager step to float rounding; the eager step where it cannot apply)")
     g.add_argument("--trial-block", type=int, default=None, metavar="N",
                    help="CPU: train the stacked trials in blocks of N, one after the other, so "
                    "that a block's heads and Adam state stay in cache (the same heads). Default: "
@@ -459,6 +464,9 @@ def _register_bench_probe(bench: argparse._SubParsersAction) -> None:
                    help="CUDA: also time each stacked configuration with the eager step "
                    "(spml probe --no-cuda-graph; the engine rows replay CUDA graphs), its heads "
                    "compared with the graph run's")
+    b.add_argument("--compare-compiled", action="store_true",
+                   help="also time each stacked configuration with the step through "
+                   "torch.compile (spml probe --compile), its heads compared with the engine's")
     b.add_argument("--compare-one-block", action="store_true",
                    help="CPU: also time each configuration that trains in trial blocks (spml "
                    "probe --trial-block) as one block, its heads compared with the blocks'")

@@ -48,6 +48,7 @@ CONFIG_FLAGS: dict[str, str] = {
     "eval_every": "--eval-every", "test_curve": "--test-curve", "eval_init": "--eval-init",
     "test_intervals": "--intervals", "drop_last": "--no-drop-last",
     "use_presets": "--no-presets", "cuda_graph": "--cuda-graph", "priors": "--priors",
+    "compile": "--compile",
 }
 
 
@@ -90,6 +91,8 @@ class ProbeConfig:
     cuda_graph: bool | None = None  # CUDA: replay the steps as captured CUDA graphs (one
     # launch per GRAPH_STEPS steps; same kernels, same heads bit for bit; 5-14x faster epochs on
     # an H100). None: wherever the step can be captured; True: required; False: never
+    compile: bool = False  # run the step through torch.compile (inductor) where it can
+    # (StackedTrainer.compile_unavailable says why not, and the eager step runs)
     priors: str | None = None  # the store prior a loss with Loss.prior reads (docs/priors.md)
 
     def validate(self) -> None:
@@ -124,6 +127,8 @@ class ProbeConfig:
             raise bad("test_intervals", "an integer >= 0 (bootstrap resamples; 0 = none)")
         if self.cuda_graph is not None and not isinstance(self.cuda_graph, bool):
             raise bad("cuda_graph", "unset (wherever the step can be captured), true or false")
+        if not isinstance(self.compile, bool):
+            raise bad("compile", "true or false")
         if not 0 < self.f1_threshold < 1:
             raise bad("f1_threshold", "a probability in (0, 1)")
         for s in [self.seed, *(self.seeds or ())]:

@@ -8,7 +8,8 @@ PyTorch program's random draws exactly.
 
 The hot path, :meth:`StackedTrainer._step`, is four named steps: gather the batch and form the
 logits; let autograd differentiate the loss w.r.t. the logits only; ``dW = Xᵀ·dZ`` as one matrix
-product; one fused optimizer update. Nothing in an epoch waits for the device.
+product; one fused optimizer update. Nothing in an epoch waits for the device. With
+``--compile`` the same arithmetic runs as one ``torch.compile``-d function (``_fused_step``).
 
 On the CPU, many COCO-sized heads train in blocks (:class:`BlockedTrainer`, one
 :class:`StackedTrainer` per block of :func:`trial_blocks`), each block through the whole epoch
@@ -18,8 +19,12 @@ before the next, so that its state stays in cache; :func:`make_trainer` picks.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import math
+import os
+import shutil
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -35,19 +40,9 @@ from .speed import SpeedOptions, choose_threads, clear_winner, remembered_thread
 from .threads import step_threads
 from .trials import LossGroup, TrialPlan, setup_loss_groups
 
-__all__ = [
-    "ORDER_STREAM_OFFSET",
-    "TRIAL_BLOCK_BYTES",
-    "BlockedTrainer",
-    "StackedTrainer",
-    "deterministic",
-    "epoch_order",
-    "init_head",
-    "make_trainer",
-    "order_generator",
-    "sync",
-    "trial_blocks",
-]
+__all__ = ["ORDER_STREAM_OFFSET", "TRIAL_BLOCK_BYTES", "BlockedTrainer", "StackedTrainer",
+           "deterministic", "epoch_order", "init_head", "make_trainer", "order_generator", "sync",
+           "trial_blocks"]
 
 #: the batch-order stream of seed s is seeded with s + 2**32 (init uses s itself)
 ORDER_STREAM_OFFSET = 2**32
@@ -55,12 +50,10 @@ ORDER_STREAM_OFFSET = 2**32
 #: 1: on an H100 the GPU's own kernels bound the replayed step, not the host's launches, so
 #: more steps per graph gain nothing, while each step captured holds its own temporaries
 GRAPH_STEPS = 1
-#: CPU: the training state (head, its gradient, the optimizer's state) one block of stacked
-#: trials may hold; a block is trained through the whole epoch before the next starts, so its
-#: state stays in the last-level cache instead of streaming from memory every step. 24 MiB:
-#: 9 COCO-sized heads (2049 x 80). On a 2-core EPYC (32 MiB L3), GR at batch 16, the step
-#: costs least per trial at 6-10 trials per block; `spml bench probe --trials 64
-#: --compare-one-block` compares blocks with one block on any machine (docs/performance.md)
+#: CPU: the training state (head, gradient, optimizer state) one block of stacked trials may
+#: hold; a block trains through the whole epoch before the next, its state in the last-level
+#: cache. 24 MiB: 9 COCO-sized heads; on a 2-core EPYC (32 MiB L3) the step costs least per
+#: trial at 6-10 trials per block (`spml bench probe --trials 64 --compare-one-block`)
 TRIAL_BLOCK_BYTES = 24 << 20
 
 
@@ -132,9 +125,8 @@ def deterministic(device: torch.device, enabled: bool) -> Iterator[None]:
 
 def _set_deterministic(mode: bool, warn_only: bool) -> None:
     """``torch.use_deterministic_algorithms`` without its import of ``torch._inductor.config``
-    (which imports all of TorchDynamo: about half of a whole ``spml probe`` process on a GPU
-    machine, as ``python -X importtime`` shows); the inductor flag it also sets only matters to
-    ``torch.compile``, which the engine does not use."""
+    (all of TorchDynamo: half of a ``spml probe`` process on a GPU machine, ``python -X
+    importtime``); its inductor flag matters to ``--compile`` only."""
     setter = getattr(torch._C, "_set_deterministic_algorithms", None)
     if setter is None:  # a torch without the private setter: the public call
         torch.use_deterministic_algorithms(mode, warn_only=warn_only)
@@ -156,18 +148,11 @@ def resolve_threads(step_threads: int | None, device: torch.device, shape: tuple
 def measured_threads(shape: tuple[int, int, int], batch: int, shared: bool, *,
                      disk: bool = True) -> int | None:
     """1 or None (torch's setting) for a CPU step of heads ``shape`` (T, D+1, C) with
-    ``batch`` rows: decided once per machine, step shape and torch thread setting, and
-    remembered in the process and (``disk``) in the cache file, so that every later run of
-    this shape gets the same setting whatever ran before it (:mod:`probe.speed`).
-
-    Whether intra-op threads pay depends on the step's size and on the machine and its load
-    (on a 2-core machine one thread is clearly faster at T=1, two threads at T=64 when the
-    cores are free, and slower when other processes hold them), so the decision is measured,
-    not a size threshold: both settings run the step's ops (batch gather, forward product,
-    weight-gradient product, fused Adam) alternately on scratch tensors, a few rounds, and
-    torch's setting is taken only where it is clearly faster (:func:`probe.speed.
-    choose_threads`); otherwise one thread. The training itself never runs during the
-    measurement."""
+    ``batch`` rows, decided once per machine, step shape and torch thread setting and
+    remembered in the process and (``disk``) the cache file (:mod:`probe.speed`). Measured,
+    not a size threshold (on 2 cores one thread wins at T=1, two at T=64 unless other processes
+    hold the cores): both settings run the step's ops on scratch tensors, alternately, and
+    torch's is taken only where clearly faster (:func:`probe.speed.choose_threads`)."""
     default = torch.get_num_threads()
     if default <= 1:
         return None
@@ -280,10 +265,8 @@ class StackedTrainer:
         self.n_steps = n // batch if config.drop_last else -(-n // batch)
         self.flip = bool(config.flip and data.has_flip)
         # train targets: single positives, or the full labels as {1, -1} (the oracle)
-        if config.labels == "full":
-            self.train_y = torch.where(data.train_labels == 1, 1, -1).to(torch.int8)
-        else:
-            self.train_y = data.train_observed
+        self.train_y = (torch.where(data.train_labels == 1, 1, -1).to(torch.int8)
+                        if config.labels == "full" else data.train_observed)
         self.groups: list[LossGroup] = setup_loss_groups(plan, self.train_y, self.device)
         d1, c = data.train_x.shape[1], data.n_classes
         self.w = stacked_init(plan.seeds, d1, c).to(self.device)
@@ -310,6 +293,20 @@ class StackedTrainer:
         # the run's trial id of each row of self.w (stopped trials leave: see stop())
         self.live: list[int] = list(range(plan.n))
         self._removed: dict[int, Tensor] = {}  # final heads of the trials that left, on CPU
+        self.compiled, self.compile_skipped = config.compile, None if config.compile else "off"
+        if self.compiled and (why := self.compile_unavailable()):
+            self._skip_compile(why)
+        if self.compiled:
+            self._adam_hparams()
+            self._traced = False
+            self._count = torch.zeros((), dtype=torch.float32, device=self.device)
+            # numbers as (T,) tensors: a schedule (GR's) then moves buffers in place each epoch
+            # instead of baking new constants into a recompiled step
+            for g, spec in [(grp, s) for grp in self.groups for s in grp.loss.hparam_specs]:
+                v, t = g.loss.hparam(spec.name), len(range(plan.n)[g.trials])
+                if spec.stackable and isinstance(v, float) and not plan.given:
+                    g.loss.set_hparam(spec.name, torch.full((t,), v, device=self.device))
+            self._compiled_step = torch.compile(self._fused_step, dynamic=False)
 
     @property
     def needs_epoch_pass(self) -> bool:
@@ -359,11 +356,10 @@ class StackedTrainer:
         compute only the others, which continue exactly as before. Where a loss cannot drop
         trials (:attr:`can_remove`), their heads and optimizer state are frozen instead.
 
-        "Exactly": on CPU the survivors are bit for bit those of a run without stopping when
-        the per-trial block B·C of the loss's elementwise kernels is a multiple of the vector
-        width (COCO: 16·80) and, with several step threads, while two or more trials remain
-        (a vectorised kernel treats a tensor's last elements apart, and a one-matrix product
-        splits across threads differently); otherwise they agree to float rounding."""
+        "Exactly": on CPU bit for bit when the per-trial block B·C of the loss's elementwise
+        kernels is a multiple of the vector width (COCO: 16·80) and, with several step threads,
+        while two or more trials remain (vectorised tails, a one-matrix product's threads);
+        otherwise to float rounding."""
         stop = {int(t) for t in trials}
         if not self.can_remove:
             self.opt.stop_trials(stop)
@@ -371,9 +367,8 @@ class StackedTrainer:
         keep = [j for j, t in enumerate(self.live) if t not in stop]
         if len(keep) == len(self.live):
             return
-        for j, t in enumerate(self.live):
-            if t in stop:
-                self._removed[t] = self.w[j].detach().cpu().clone()
+        self._removed.update({t: self.w[j].detach().cpu().clone()
+                              for j, t in enumerate(self.live) if t in stop})
         self.live = [self.live[j] for j in keep]
         if not keep:
             return  # nothing left to train; final_heads() has every head
@@ -390,6 +385,8 @@ class StackedTrainer:
         self.extra_params = [p for g in self.groups for p, _ in g.extra]
         self.opt.select_trials(self.live, [self.w, *(p.data for p in self.extra_params)])
         self.loss_sum = torch.zeros(len(keep), dtype=torch.float32, device=self.device)
+        if self.compiled:
+            self._adam_hparams()
         # the thread setting stays the run's: a matrix product's rounding can depend on it
 
     @property
@@ -423,12 +420,11 @@ class StackedTrainer:
 
     def _graph_epoch(self, perm: Tensor, rows: Tensor) -> None:
         """One epoch: a few eager warm-up steps on a side stream, then ``GRAPH_STEPS`` steps
-        captured once (capture records without running) and replayed for each run of that many
-        full batches, the batch indices copied into static buffers before each replay; the steps
-        left over (and a last partial batch) run eagerly. Captured afresh every epoch, since a
-        loss may read its epoch as a host number (schedules, warm-ups). The captured steps are
-        the eager step's kernels in the same order: the heads are the eager run's bit for bit
-        (tests/test_train.py and tests/test_gpu.py, marked gpu)."""
+        captured once and replayed for each run of that many full batches, the batch indices
+        copied into static buffers before each replay; the steps left over run eagerly.
+        Captured afresh every epoch (a loss may read its epoch as a host number). The captured
+        kernels are the eager step's in the same order: the heads are the eager run's bit for
+        bit (tests/test_train.py and tests/test_gpu.py, marked gpu)."""
         b, n_full = self.batch, self.n // self.batch
         warm = min(3, self.n_steps)
         side = torch.cuda.Stream(self.device)
@@ -467,6 +463,16 @@ class StackedTrainer:
     def _step(self, perm: Tensor, rows: Tensor, step: int) -> None:
         """One optimizer step of every trial on batch ``step``."""
         sl = slice(step * self.batch, (step + 1) * self.batch)
+        if self.compiled:
+            # contiguous: as the CUDA graph's static buffers (no recompile inside a capture)
+            try:
+                return self._compiled_step(perm[:, sl].contiguous(), rows[:, sl].contiguous())
+            except Exception as e:  # dynamo cannot trace the loss: eager from the first step
+                if self._traced or not type(e).__module__.startswith("torch._"):
+                    raise
+                self._skip_compile(f"torch.compile failed: {str(e).splitlines()[0]}")
+            finally:
+                self._traced = True
         x, z, idx = self._forward(perm[:, sl], rows[:, sl])
         per_trial, grads = self._loss_grads(z, idx)
         # dL/dW = Xᵀ dL/dZ per trial: one matrix product instead of autograd
@@ -494,17 +500,72 @@ class StackedTrainer:
         parameters (autograd sees the loss only, not the head)."""
         z.requires_grad_(True)
         with torch.enable_grad():
-            if self.plan.shared:
-                per_trial = self.groups[0].loss(z, self.train_y[idx], index=idx).loss
-            else:
-                per_trial = torch.cat([
-                    g.loss(z[g.trials], self.train_y[idx[g.trials.start]],
-                           index=idx[g.trials.start]).loss.reshape(1)
-                    for g in self.groups
-                ])
+            per_trial = self._losses(z, idx)
             grads = torch.autograd.grad(per_trial.sum(), [z, *self.extra_params],
                                         allow_unused=True)
         return per_trial, grads
+
+    def _losses(self, z: Tensor, idx: Tensor) -> Tensor:
+        """Per-trial losses (T,) of the logits ``z`` of the batch rows ``idx``."""
+        if self.plan.shared:
+            return self.groups[0].loss(z, self.train_y[idx], index=idx).loss
+        return torch.cat([g.loss(z[g.trials], self.train_y[idx[g.trials.start]],
+                                 index=idx[g.trials.start]).loss.reshape(1)
+                          for g in self.groups])
+
+    # -- the step through torch.compile (ProbeConfig.compile; off by default) --------------------
+    def compile_unavailable(self) -> str | None:
+        """Why the step cannot run through ``torch.compile`` here (None: it can)."""
+        cxx = os.environ.get("CXX", "g++")
+        if self.device.type == "cuda" and importlib.util.find_spec("triton") is None:
+            return "inductor needs Triton on CUDA, and it is not installed"
+        if self.device.type == "cpu" and shutil.which(cxx) is None:
+            return f"inductor needs a C++ compiler on the CPU ({cxx}, or $CXX), none found"
+        if self.device.type not in ("cpu", "cuda"):
+            return f"inductor does not compile for {self.device}"
+        if not isinstance(self.opt, StackedAdam):
+            return "only the Adam update is compiled"
+        odd = [g.loss.name for g in self.groups
+               if g.extra or g.loss.stateful or g.loss.host_per_step]
+        if odd or not self.can_remove:
+            return (f"the {(odd or [self.groups[0].loss.name])[0]} loss keeps state across "
+                    "steps (per-example state, its own parameters, host draws or frozen trials)")
+        return None
+
+    def _skip_compile(self, reason: str) -> None:
+        self.compiled, self.compile_skipped = False, reason
+        warnings.warn(f"--compile: the eager step runs instead ({reason})", RuntimeWarning,
+                      stacklevel=3)
+
+    def _adam_hparams(self) -> None:
+        """The live trials' Adam lr and weight decay as (T, 1, 1) tensors for the fused step."""
+        self._lr, self._wd = (torch.tensor([v[t] for t in self.live], dtype=torch.float32)
+                              .view(-1, 1, 1).to(self.device)
+                              for v in (self.plan.lr, self.plan.weight_decay))
+
+    def _fused_step(self, perm: Tensor, rows: Tensor) -> None:
+        """The eager step as one traced function for inductor to fuse: the loss's gradient by
+        ``torch.func.grad`` (dynamo does not trace autograd's engine), ``dW = Xᵀ·dZ``, and Adam
+        over the whole stacked head (per-trial lr and weight decay, the step count on the
+        device); equal to the eager step to float rounding (tests/test_compiled_step.py). On
+        CUDA, mode "default" (no inductor CUDA graphs): :meth:`_graph_epoch` captures it in
+        its own graph, after warm-up steps that compile it -- one graph machinery, not two."""
+        x, z, idx = self._forward(perm, rows)
+
+        def total(z: Tensor) -> tuple[Tensor, Tensor]:
+            per_trial = self._losses(z, idx)
+            return per_trial.sum(), per_trial
+
+        dz, per_trial = torch.func.grad(total, has_aux=True)(z)
+        g = torch.matmul(x.T, dz) if self.plan.shared else torch.bmm(x.transpose(1, 2), dz)
+        g = g + self._wd * self.w
+        (b1, b2), m, v = self.opt.betas, self.opt.exp_avg[0], self.opt.exp_avg_sq[0]
+        self._count.add_(1.0)
+        m.lerp_(g, 1.0 - b1)
+        v.mul_(b2).addcmul_(g, g, value=1.0 - b2)
+        denom = (v.sqrt() / (1.0 - b2 ** self._count).sqrt()).add_(self.opt.eps)
+        self.w.sub_(self._lr / (1.0 - b1 ** self._count) * m / denom)
+        self.loss_sum += per_trial.detach().reshape(len(self.live))
 
 
 # --------------------------------------------------------------------------------------------
@@ -516,12 +577,10 @@ class BlockedTrainer:
     """The stacked trials as blocks (:func:`trial_blocks`), one :class:`StackedTrainer` each,
     every block trained through the whole epoch before the next: a block's heads and Adam state
     stay in cache for its 4,000 steps, where T = 64 COCO heads (168 MB) stream from memory at
-    every step. Same interface as :class:`StackedTrainer`, over the run's trial ids.
-
-    A trial computes the same in any block: its own init, batch order, loss hyperparameters
-    and per-trial loss state (probe.train's docstring), and on the CPU the same bits as in one
-    block under the conditions :meth:`StackedTrainer.stop` names (tests/test_train.py). The
-    step threads are chosen once, for the largest block, and shared by all blocks."""
+    every step. Same interface as :class:`StackedTrainer`, over the run's trial ids. A trial
+    computes the same in any block (on the CPU the same bits under the conditions of
+    :meth:`StackedTrainer.stop`; tests/test_train.py). The step threads are chosen once, for
+    the largest block, and shared by all blocks."""
 
     def __init__(self, data: ProbeData, config: ProbeConfig, plan: TrialPlan,
                  blocks: list[range], speed: SpeedOptions | None = None) -> None:
@@ -537,6 +596,7 @@ class BlockedTrainer:
                        for r in blocks]
         first = self.blocks[0][1]
         self.n_steps, self.flip, self.cuda_graph = first.n_steps, first.flip, False
+        self.compiled, self.compile_skipped = first.compiled, first.compile_skipped
 
     @property
     def block_sizes(self) -> list[int]:
@@ -550,10 +610,7 @@ class BlockedTrainer:
     def w(self) -> Tensor:
         """(live trials, D+1, C): the heads of the trials still training, in trial order."""
         live = [b.w for _, b in self.blocks if b.live]
-        if not live:
-            _, b = self.blocks[0]
-            return b.w[:0]
-        return live[0] if len(live) == 1 else torch.cat(live)
+        return torch.cat(live) if len(live) > 1 else live[0] if live else self.blocks[0][1].w[:0]
 
     @property
     def needs_epoch_pass(self) -> bool:

@@ -35,8 +35,8 @@ Speed (no semantics traded; docs/design.md "The trainer, step by step"): the hea
 skips autograd (``dW = Xᵀ·dZ``), the bias is a trailing ones column of the features
 (:mod:`probe.data`), every batch of an epoch is drawn up front, nothing in an epoch waits for the
 device, and on CPU the step threads are decided once per machine and step shape
-(:class:`probe.speed.SpeedOptions`). ``torch.compile`` is not used: on the GR loss it saved ~13%
-of a CPU step for ~30 s of compilation (break-even after ~100 COCO epochs).
+(:class:`probe.speed.SpeedOptions`). ``torch.compile`` only with ``--compile`` (off by default:
+on the GR loss it once saved ~13% of a CPU step for ~30 s of compilation; docs/performance.md).
 """
 
 from __future__ import annotations
@@ -121,6 +121,7 @@ def train_probe(data: ProbeData, config: ProbeConfig | None = None, loss: Loss |
                   epochs_run=len(timing["train_seconds"]), steps_per_epoch=trainer.n_steps,
                   step_threads=trainer.threads,  # None: torch's setting
                   cuda_graph=trainer.cuda_graph,  # the steps were replayed as CUDA graphs
+                  compiled=trainer.compiled,  # the step ran through torch.compile
                   trial_blocks=trainer.block_sizes)  # trials per block (SpeedOptions.trial_block)
     return _result(plan, trainer, data, config, results, evaluator, timing)
 
