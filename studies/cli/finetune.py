@@ -1,9 +1,5 @@
-"""``spml finetune``: end-to-end fine-tuning to confirm a study's winner (studies/finetune.py).
-
-A thin layer: parse the options (and a ``--from-json`` winner file), build a
-:class:`~studies.finetune.FinetuneConfig`, call :func:`~studies.finetune.finetune`, print the
-summary. Register with ``register_finetune_cli(sub)``.
-"""
+"""``spml finetune``: a thin layer over :func:`studies.finetune.finetune` (options and a
+``--from-json`` winner file → :class:`~studies.finetune.FinetuneConfig`; prints the summary)."""
 
 from __future__ import annotations
 
@@ -56,34 +52,17 @@ def parse_assignments(items: list[str] | None, option: str = "--set") -> dict[st
         raise FinetuneError(str(err)) from None
 
 
-def _open_study(study: str, name: str | None) -> Any:
+def _study_store(study: str, opened: Any) -> str | None:
+    """Where the feature store the ``--from-study`` study (``opened``) trained on is now: as its
+    settings record it (absolute, or from this directory), else beside the study's folder;
+    ``None`` for a study that records none or a store of imported features (no backbone to
+    rebuild); refused by name where the store is in neither place."""
     from pathlib import Path
 
-    from studies.confirm import load_study
-    from studies.storage import find_storage
-
-    storage = find_storage(study) if Path(study).is_dir() else study
-    return load_study(storage, name, name_flag="--study-name")
-
-
-def winner_from_study(study: str, name: str | None = None) -> tuple[str, dict, dict]:
-    """The loss, hyperparameters and training record of a study's best trial. ``study``: the
-    folder given to ``spml study --out`` or a storage (study.db, study.log, postgresql://…)."""
-    from studies.confirm import winner
-
-    record = winner(_open_study(study, name))
-    return record["loss"], record["hparams"], record["train"]
-
-
-def study_store(study: str, name: str | None = None) -> str | None:
-    """Where the feature store a study trained on is now (``None`` for a study that does not
-    record it): as its settings record it (absolute, or from this directory), else beside the
-    study's folder; refused by name where it is in neither place."""
-    from pathlib import Path
-
+    from probe.store import open_store
     from studies.finetune import FinetuneError
 
-    recorded = (_open_study(study, name).user_attrs.get("spml.settings") or {}).get("store")
+    recorded = (opened.user_attrs.get("spml.settings") or {}).get("store")
     if not recorded:
         return None
     candidates = [Path(recorded).expanduser()]
@@ -92,22 +71,12 @@ def study_store(study: str, name: str | None = None) -> str | None:
         candidates += [folder / recorded, folder.parent / recorded]
     for path in candidates:
         if path.exists():
-            return str(path)
+            return str(path) if open_store(path).provenance.get("backbone") else None
     raise FinetuneError(
         f"--from-study {study}: the study trained on the store {recorded}, which is not there "
         "from this directory; pass --store STORE (its backbone and images), or --backbone and "
         "--weights"
     )
-
-
-def _featurized(store: str | None) -> str | None:
-    """``store`` where its provenance names the backbone that made it (a store of imported
-    features does not: the fine-tune then takes the default backbone)."""
-    if store is None:
-        return None
-    from probe.store import open_store
-
-    return store if open_store(store).provenance.get("backbone") else None
 
 
 def _model_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -167,9 +136,18 @@ def config_from_args(args: argparse.Namespace) -> tuple[FinetuneConfig, dict[str
         if args.from_json:
             json_loss, hparams, train = read_winner_json(args.from_json)
         else:
-            json_loss, hparams, train = winner_from_study(args.from_study, args.study_name)
+            from pathlib import Path
+
+            from studies.confirm import load_study, winner
+            from studies.storage import find_storage
+
+            where = args.from_study
+            study = load_study(find_storage(where) if Path(where).is_dir() else where,
+                               args.study_name, name_flag="--study-name")
+            record = winner(study)
+            json_loss, hparams, train = record["loss"], record["hparams"], record["train"]
             if args.store is None and args.backbone is None:
-                args.store = _featurized(study_store(args.from_study, args.study_name))
+                args.store = _study_store(where, study)
         if loss is not None and loss != json_loss:
             raise FinetuneError(
                 f"--loss {loss} conflicts with the loss '{json_loss}' in {source}; drop "
@@ -186,24 +164,12 @@ def config_from_args(args: argparse.Namespace) -> tuple[FinetuneConfig, dict[str
     given = {key: getattr(args, key) for key in TRAIN_JSON_KEYS}
     settings = {**train, **{k: v for k, v in given.items() if v is not None}}
     config = FinetuneConfig(
-        loss=loss,
-        out=args.out,
-        **data,
-        preset=None if args.no_preset else "auto",
-        **_model_options(args),
-        threshold=args.threshold,
-        device=args.device,
-        amp=args.amp,
-        channels_last=args.channels_last,
-        num_workers=args.workers,
-        eval_batch_size=args.eval_batch_size,
-        max_steps=args.max_steps,
-        checkpoint_every=args.checkpoint_every,
-        resume=args.resume,
-        overwrite=args.overwrite,
-        save_best=not args.no_save_best,
-        progress=not args.no_progress,
-        **settings,
+        loss=loss, out=args.out, **data, preset=None if args.no_preset else "auto",
+        **_model_options(args), threshold=args.threshold, device=args.device, amp=args.amp,
+        channels_last=args.channels_last, num_workers=args.workers,
+        eval_batch_size=args.eval_batch_size, max_steps=args.max_steps,
+        checkpoint_every=args.checkpoint_every, resume=args.resume, overwrite=args.overwrite,
+        save_best=not args.no_save_best, progress=not args.no_progress, **settings,
     )
     return config, hparams
 
@@ -258,10 +224,7 @@ def register_cli(sub: argparse._SubParsersAction,
             "loss, with the protocol of the probe: train/val split of the official train set "
             "(seed 1200), single positives, clean val, test mAP at the best val epoch. Adam as "
             "in Cole et al. (one lr for backbone and head), 448x448 resize, random flips."
-        ),
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        ), epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dataset", nargs="?",
                    help="dataset adapter: voc, coco, nus, cub, folder (default: the one a "
                         "--store's provenance records)")
