@@ -25,19 +25,9 @@ import optuna
 
 from probe.errors import MissingPathError, SpmlError
 
-__all__ = [
-    "PAPER_ATTR",
-    "StorageSpec",
-    "StudyError",
-    "ask_lock",
-    "best_trial",
-    "find_storage",
-    "is_paper_trial",
-    "open_existing_storage",
-    "open_storage",
-    "parse_storage",
-    "ranked_trials",
-]
+__all__ = ["PAPER_ATTR", "StorageSpec", "StudyError", "ask_lock", "best_trial", "find_storage",
+           "is_paper_trial", "open_existing_storage", "open_storage", "parse_storage",
+           "ranked_trials"]
 
 # PostgreSQL advisory-lock key under which workers create Optuna's tables one at a time
 _PG_SCHEMA_LOCK = 0x5350_4D4C  # "SPML"
@@ -45,10 +35,8 @@ _PG_ENGINES: dict[str, Any] = {}
 
 SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
 JOURNAL_SUFFIXES = (".log", ".journal", ".jsonl")
-_FORMS = (
-    "an SQLite file (study.db or sqlite:///study.db), a journal file (study.log or "
-    "journal:study.log) or a PostgreSQL URL (postgresql://user@host:5432/db)"
-)
+_FORMS = ("an SQLite file (study.db or sqlite:///study.db), a journal file (study.log or "
+          "journal:study.log) or a PostgreSQL URL (postgresql://user@host:5432/db)")
 
 
 class StudyError(SpmlError):
@@ -118,16 +106,14 @@ def _check_postgres_reachable(url: str, timeout: float = 5.0) -> None:
     except OSError as err:
         raise StudyError(
             f"--storage: cannot reach the PostgreSQL server at {host}:{port} "
-            f"({err.strerror or err}); "
-            "is it running and does it accept TCP connections there?"
+            f"({err.strerror or err}); is it running and does it accept TCP connections there?"
         ) from None
 
 
 def open_existing_storage(storage: str | os.PathLike, flag: str = "--storage"
                           ) -> tuple[StorageSpec, optuna.storages.BaseStorage]:
     """Open the storage of a study that must exist already (what confirm, report and fine-tune
-    read): a file storage that is not there is refused, naming ``flag`` and the path, and never
-    created -- a mistyped name must not leave an empty study file behind."""
+    read): a file storage that is not there is refused, naming ``flag``, and never created."""
     spec = parse_storage(storage)
     if spec.kind != "postgresql":
         path = Path(spec.target).expanduser()
@@ -150,10 +136,8 @@ def open_storage(spec: StorageSpec) -> optuna.storages.BaseStorage:
     that must already exist use :func:`open_existing_storage`."""
     if spec.kind == "sqlite":
         Path(spec.target).expanduser().parent.mkdir(parents=True, exist_ok=True)
-        return optuna.storages.RDBStorage(
-            f"sqlite:///{Path(spec.target).expanduser()}",
-            engine_kwargs={"connect_args": {"timeout": 60}},
-        )
+        return optuna.storages.RDBStorage(f"sqlite:///{Path(spec.target).expanduser()}",
+                                          engine_kwargs={"connect_args": {"timeout": 60}})
     if spec.kind == "journal":
         from optuna.storages.journal import JournalFileBackend
 
@@ -161,8 +145,7 @@ def open_storage(spec: StorageSpec) -> optuna.storages.BaseStorage:
         path.parent.mkdir(parents=True, exist_ok=True)
         lock = FileLock(f"{path}.flock")
         drop_torn_tail(path, lock)
-        backend = JournalFileBackend(str(path), lock_obj=lock)
-        return optuna.storages.JournalStorage(backend)
+        return optuna.storages.JournalStorage(JournalFileBackend(str(path), lock_obj=lock))
     _check_postgres_reachable(spec.target)
     try:
         # Optuna creates its tables (and the version row) on first use; several workers doing
@@ -182,10 +165,8 @@ def open_storage(spec: StorageSpec) -> optuna.storages.BaseStorage:
 
 def drop_torn_tail(path: Path, lock: Any) -> int:
     """Cut a journal's last line if it lacks its newline: the remains of an append that failed
-    part-way (a full disk, a file-size limit). That operation raised in the process that tried
-    it, so nothing told anyone it happened; left in place, the next append would be glued to
-    it and the journal would no longer load. Done under the journal's own lock; returns the
-    bytes removed."""
+    part-way (a full disk); left in place, the next append would be glued to it and the journal
+    would no longer load. Done under the journal's own lock; returns the bytes removed."""
     if not path.is_file() or path.stat().st_size == 0:
         return 0
     lock.acquire()
@@ -196,8 +177,7 @@ def drop_torn_tail(path: Path, lock: Any) -> int:
             if f.read(1) == b"\n":
                 return 0
             # the last complete line ends at the last newline (or nothing is complete)
-            keep, step = 0, 1 << 16
-            pos = size
+            keep, step, pos = 0, 1 << 16, size
             while pos > 0:
                 start = max(0, pos - step)
                 f.seek(start)
@@ -235,15 +215,11 @@ def _pg_advisory_lock(url: str, key: int) -> Iterator[None]:
 
 class FileLock:
     """An exclusive ``flock`` on a lock file that stays in place: the journal's lock (Optuna's
-    ``BaseJournalFileLock`` interface: ``acquire``/``release``) and the ask lock.
-
-    The kernel frees the lock when its holder dies, so a SIGKILLed worker never leaves it held.
-    Optuna's own lock files (O_EXCL, or a symlink) are instead broken by waiters after a grace
-    period, and two waiters breaking one at once could each delete the lock a third had just
-    taken: two holders, and a worker failing with "did not possess lock" (seen once in CI
-    with 8 workers and one killed). Every ``acquire`` opens its own descriptor, so threads of
-    one process exclude each other too. Network file systems: Linux maps ``flock`` to POSIX
-    locks on NFS (NFSv4, or NFSv3 with lockd)."""
+    ``BaseJournalFileLock`` interface) and the ask lock. The kernel frees it when its holder
+    dies (Optuna's own lock files are broken by waiters after a grace period, and two waiters
+    could then each break a lock a third had just taken). Every ``acquire`` opens its own
+    descriptor, so threads of one process exclude each other too; on NFS Linux maps ``flock``
+    to POSIX locks."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -295,9 +271,8 @@ def ask_lock(spec: StorageSpec, study_name: str) -> Iterator[None]:
 
 
 def find_storage(study_dir: str | os.PathLike) -> str:
-    """The storage ``spml study --out STUDY_DIR`` wrote: ``study.log`` (the journal, the
-    default) or ``study.db`` (SQLite, the default before the journal was). Raises
-    FileNotFoundError naming the folder when it holds neither."""
+    """The storage ``spml study --out STUDY_DIR`` wrote: ``study.log`` (the journal) or
+    ``study.db`` (SQLite). Raises FileNotFoundError naming the folder when it holds neither."""
     d = Path(study_dir)
     if not d.is_dir():
         raise MissingPathError(
@@ -311,9 +286,8 @@ def find_storage(study_dir: str | os.PathLike) -> str:
             "pass --storage"
         )
     if len(found) > 1:
-        raise StudyError(
-            f"STUDY_DIR {d} holds both study.db and study.log; say which with --storage"
-        )
+        raise StudyError(f"STUDY_DIR {d} holds both study.db and study.log; say which with "
+                         "--storage")
     return str(found[0])
 
 
@@ -332,8 +306,7 @@ _T = TypeVar("_T")  # an Optuna FrozenTrial or anything with its value and numbe
 
 
 def _best_first(trial: Any) -> tuple[float, int]:
-    # the one rule by which every command ranks a study's trials: the highest value first,
-    # and among equal values the lowest trial number (the one that got there first)
+    # the one rule by which every command ranks a study's trials
     return -trial.value, trial.number
 
 
