@@ -52,6 +52,25 @@ def parse_assignments(items: list[str] | None, option: str = "--set") -> dict[st
         raise FinetuneError(str(err)) from None
 
 
+def _open_study(study: str, name: str | None) -> Any:
+    from pathlib import Path
+
+    from studies.confirm import load_study
+    from studies.storage import find_storage
+
+    storage = find_storage(study) if Path(study).is_dir() else study
+    return load_study(storage, name, name_flag="--study-name")
+
+
+def winner_from_study(study: str, name: str | None = None) -> tuple[str, dict, dict]:
+    """The loss, hyperparameters and training record of a study's best trial. ``study``: the
+    folder given to ``spml study --out`` or a storage (study.db, study.log, postgresql://…)."""
+    from studies.confirm import winner
+
+    record = winner(_open_study(study, name))
+    return record["loss"], record["hparams"], record["train"]
+
+
 def _study_store(study: str, opened: Any) -> str | None:
     """Where the feature store the ``--from-study`` study (``opened``) trained on is now: as its
     settings record it (absolute, or from this directory), else beside the study's folder;
@@ -136,18 +155,10 @@ def config_from_args(args: argparse.Namespace) -> tuple[FinetuneConfig, dict[str
         if args.from_json:
             json_loss, hparams, train = read_winner_json(args.from_json)
         else:
-            from pathlib import Path
-
-            from studies.confirm import load_study, winner
-            from studies.storage import find_storage
-
-            where = args.from_study
-            study = load_study(find_storage(where) if Path(where).is_dir() else where,
-                               args.study_name, name_flag="--study-name")
-            record = winner(study)
-            json_loss, hparams, train = record["loss"], record["hparams"], record["train"]
+            json_loss, hparams, train = winner_from_study(args.from_study, args.study_name)
             if args.store is None and args.backbone is None:
-                args.store = _study_store(where, study)
+                args.store = _study_store(args.from_study,
+                                          _open_study(args.from_study, args.study_name))
         if loss is not None and loss != json_loss:
             raise FinetuneError(
                 f"--loss {loss} conflicts with the loss '{json_loss}' in {source}; drop "

@@ -63,38 +63,17 @@ def _settings(args: argparse.Namespace):
     grid = {}
     for key, values in parse_sets(args.grid, "--grid").items():
         grid[key if "." in key else f"{args.loss}.{key}"] = tuple(values)
+    same = ("store", "loss", "batch", "sampler", "pruner", "storage", "name", "out", "seed",
+            "train_seed", "search_lr", "epochs", "batch_size", "lr", "val_labels", "select",
+            "observed_seed", "priors")
     return StudySettings(
-        store=args.store,
-        loss=args.loss,
-        n_trials=args.trials,
-        batch=args.batch,
-        sampler=args.sampler,
-        pruner=args.pruner,
-        storage=args.storage,
-        name=args.name,
-        out=args.out,
-        seed=args.seed,
-        train_seed=args.train_seed,
-        fixed=fixed,
+        **{key: getattr(args, key) for key in same}, n_trials=args.trials, fixed=fixed,
         space=dict(parse_range(s) for s in args.space or ()),
-        params=tuple(args.params.split(",")) if args.params else None,
-        grid=grid,
-        search_lr=args.search_lr,
+        params=tuple(args.params.split(",")) if args.params else None, grid=grid,
         batch_sizes=_ints(args.batch_sizes, "--batch-sizes"),
-        epochs_choices=_ints(args.epochs_choices, "--epochs-choices"),
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        val_labels=args.val_labels,
-        select=args.select,
-        observed_seed=args.observed_seed,
-        device=device,
-        enqueue_paper=not args.no_paper,
-        heartbeat_seconds=args.heartbeat,
-        grace_seconds=args.grace,
-        workers=workers,
-        devices=devices,
-        priors=args.priors,
+        epochs_choices=_ints(args.epochs_choices, "--epochs-choices"), device=device,
+        enqueue_paper=not args.no_paper, heartbeat_seconds=args.heartbeat,
+        grace_seconds=args.grace, workers=workers, devices=devices,
     )
 
 
@@ -109,17 +88,8 @@ def _study(args: argparse.Namespace) -> int:
         storage = spec.target if spec.kind != "postgresql" else args.storage
         if spec.kind == "journal":
             storage = f"journal:{spec.target}"
-        command = [
-            sys.executable,
-            "-m",
-            "studies.cli",
-            *args.argv,
-            "--workers",
-            "1",
-            "--storage",
-            storage,
-            "--as-worker",
-        ]
+        command = [sys.executable, "-m", "studies.cli", *args.argv, "--workers", "1",
+                   "--storage", storage, "--as-worker"]
     summary = run_study(settings, worker_command=command, log=lambda m: print(m, file=sys.stderr),
                         verdict=not args.as_worker)
     if args.as_worker:  # one of several: the parent that started it prints the summary once
@@ -254,45 +224,23 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
     add_trials_at_once_argument(p, 8)
     p.add_argument("--sampler", default="tpe", help="tpe (default) | gp | cmaes | random | grid")
     p.add_argument("--pruner", default="median", help="median (default) | none")
-    p.add_argument(
-        "--storage",
-        help="OUT/study.log by default: a journal file (one or several processes; the "
-        "fastest) | study.db (SQLite, one process) | postgresql://user@host:port/db (many "
-        "machines)",
-    )
+    p.add_argument("--storage", help="OUT/study.log by default: a journal file (one or several "
+                   "processes; the fastest) | study.db (SQLite, one process) | "
+                   "postgresql://user@host:port/db (many machines)")
     p.add_argument("--name", help="study name (default <dataset>-<loss>)")
     p.add_argument("--out", default="spml-study", help="results folder (default spml-study)")
-    p.add_argument(
-        "--workers",
-        type=int,
-        default=1,
-        help="local worker processes (needs a journal or PostgreSQL storage)",
-    )
-    p.add_argument(
-        "--devices",
-        metavar="DEV1,DEV2,...",
-        help="one worker per device, e.g. cuda:0,cuda:1,cuda:2,cuda:3 (sets --workers; needs a "
-        "journal or PostgreSQL storage); cpu,cpu works too",
-    )
-    p.add_argument(
-        "--set",
-        action="append",
-        metavar="NAME=VALUE",
-        help="hold a loss hyperparameter fixed (repeatable), e.g. --set use_v=false",
-    )
-    p.add_argument(
-        "--space",
-        action="append",
-        metavar="NAME=LOW:HIGH[:log]",
-        help="override a range, or NAME=A,B,C for choices (repeatable)",
-    )
+    p.add_argument("--workers", type=int, default=1,
+                   help="local worker processes (needs a journal or PostgreSQL storage)")
+    p.add_argument("--devices", metavar="DEV1,DEV2,...",
+                   help="one worker per device, e.g. cuda:0,cuda:1,cuda:2,cuda:3 (sets --workers; "
+                   "needs a journal or PostgreSQL storage); cpu,cpu works too")
+    p.add_argument("--set", action="append", metavar="NAME=VALUE",
+                   help="hold a loss hyperparameter fixed (repeatable), e.g. --set use_v=false")
+    p.add_argument("--space", action="append", metavar="NAME=LOW:HIGH[:log]",
+                   help="override a range, or NAME=A,B,C for choices (repeatable)")
     p.add_argument("--params", help="search only these loss hyperparameters (comma list)")
-    p.add_argument(
-        "--grid",
-        action="append",
-        metavar="NAME=V1,V2,...",
-        help="grid values for --sampler grid (repeatable)",
-    )
+    p.add_argument("--grid", action="append", metavar="NAME=V1,V2,...",
+                   help="grid values for --sampler grid (repeatable)")
     lr = p.add_mutually_exclusive_group()
     lr.add_argument("--search-lr", action="store_true", default=None,
                     help="also search train.lr (log-uniform 1e-5..1e-1). Default: searched on a "
@@ -305,36 +253,23 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
     p.add_argument("--epochs", type=int, help="epochs per trial (default: the paper's)")
     p.add_argument("--batch-size", type=int, help="batch size (default: the paper's)")
     p.add_argument("--lr", type=float, help="learning rate (default: the paper's)")
-    p.add_argument(
-        "--val-labels",
-        default="clean",
-        choices=("clean", "observed"),
-        help="select epochs on clean (default) or single-positive val labels",
-    )
-    p.add_argument(
-        "--select",
-        default="val",
-        metavar="val|cv:K|draws:N",
-        help="how a trial is scored: val (default: the protocol's one split and draw), cv:K "
-        "(mean val mAP over K train/val re-splits of the pool) or draws:N (mean over N "
-        "single-positive draws); K or N times the training, no pruning. docs/selection.md "
-        "measures which picks values that hold up on test",
-    )
+    p.add_argument("--val-labels", default="clean", choices=("clean", "observed"),
+                   help="select epochs on clean (default) or single-positive val labels")
+    p.add_argument("--select", default="val", metavar="val|cv:K|draws:N",
+                   help="how a trial is scored: val (default: the protocol's one split and "
+                   "draw), cv:K (mean val mAP over K train/val re-splits of the pool) or draws:N "
+                   "(mean over N single-positive draws); K or N times the training, no pruning. "
+                   "docs/selection.md measures which picks values that hold up on test")
     add_observed_seed_argument(p)
     add_priors_argument(p)
     p.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
-    p.add_argument(
-        "--train-seed",
-        type=int,
-        default=0,
-        help="init/batch-order seed shared by all trials (default 0)",
-    )
+    p.add_argument("--train-seed", type=int, default=0,
+                   help="init/batch-order seed shared by all trials (default 0)")
     add_device_argument(p)
     p.add_argument("--no-paper", action="store_true", help="do not enqueue the paper's values")
     p.add_argument("--heartbeat", type=float, default=10.0, help="heartbeat interval, s (10)")
-    p.add_argument(
-        "--grace", type=float, default=120.0, help="retry a RUNNING trial silent this long, s (120)"
-    )
+    p.add_argument("--grace", type=float, default=120.0,
+                   help="retry a RUNNING trial silent this long, s (120)")
     p.add_argument("--json", help="write the summary as JSON here")
     p.add_argument("--as-worker", action="store_true", help=argparse.SUPPRESS)  # --workers N
     p.set_defaults(func=_study)
@@ -417,11 +352,8 @@ def confirm_parser() -> argparse.ArgumentParser:
     c.add_argument("--store", required=True, help="the feature store the study trained on")
     c.add_argument("--top-k", type=int, default=3, help="trials to confirm (default 3)")
     c.add_argument("--seeds", default="0,1,2", help="training seeds (default 0,1,2)")
-    c.add_argument(
-        "--observed-seeds",
-        help="draws to train on (default: the draw the study trained on, --observed-seed; "
-        "protocol draws not in the store are added)",
-    )
+    c.add_argument("--observed-seeds", help="draws to train on (default: the draw the study "
+                   "trained on, --observed-seed; protocol draws not in the store are added)")
     c.add_argument("--out", help="folder for confirm.parquet and best.json (default: beside the "
                    "study, the folder of the --storage file, where 'spml report' finds them; "
                    "required for PostgreSQL)")
