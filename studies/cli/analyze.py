@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import textwrap
+from pathlib import Path
 from typing import Any
 
 from probe.cliargs import (
@@ -106,11 +107,6 @@ Writes curves.json/.md/.png.
 """
 
 
-# --------------------------------------------------------------------------------------------
-# argument helpers
-# --------------------------------------------------------------------------------------------
-
-
 def _loss_sets(items: list[str] | None, losses: list[str], lists: bool = False
                ) -> dict[str, dict[str, Any]]:
     """``--set [LOSS.]KEY=V[,V…]`` → per-loss hyperparameters. An unprefixed key goes to every
@@ -170,11 +166,6 @@ def _finish(result, args: argparse.Namespace) -> int:
     paths = write_outputs(result, args.out or f"spml-analysis/{args.analysis}", dpi=args.dpi)
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
-
-
-# --------------------------------------------------------------------------------------------
-# the commands
-# --------------------------------------------------------------------------------------------
 
 
 def _cmd_ablation(args: argparse.Namespace) -> int:
@@ -265,12 +256,24 @@ def _cmd_curves(args: argparse.Namespace) -> int:
     return _finish(result, args)
 
 
-def _cmd_label_budget(args: argparse.Namespace) -> int:
+def _log(args: argparse.Namespace) -> Any:
+    """Per-run lines on stderr, unless --quiet."""
     import sys
-    from pathlib import Path
 
-    from probe.cliargs import parse_floats, parse_ints
+    return None if args.quiet else (lambda m: print(m, file=sys.stderr))
+
+
+def _write_json(out: Path, stem: str, config: Any, rows: list, **extra: Any) -> Path:
+    """``OUT/<stem>.json``: the run's config, ``extra`` and rows (the folder made first)."""
     from probe.results import write_json_atomic
+
+    out.mkdir(parents=True, exist_ok=True)
+    return write_json_atomic(out / f"{stem}.json",
+                             {"config": dataclasses.asdict(config), **extra, "rows": rows})
+
+
+def _cmd_label_budget(args: argparse.Namespace) -> int:
+    from probe.cliargs import parse_ints
     from studies.analyses.label_budget import BudgetConfig, format_budget, label_budget, plot_budget
 
     config = BudgetConfig(
@@ -278,24 +281,16 @@ def _cmd_label_budget(args: argparse.Namespace) -> int:
         fractions=tuple(parse_floats(args.fractions, "--fractions") or ()),
         seed=args.draw_seed, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
         train_seed=args.seed, device=args.device)
-    rows = label_budget(args.store, config,
-                        log=None if args.quiet else (lambda m: print(m, file=sys.stderr)))
+    rows = label_budget(args.store, config, log=_log(args))
     print(format_budget(rows))
     out = Path(args.out or "spml-analysis/label-budget")
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "label_budget.json", {"config": dataclasses.asdict(config),
-                                                  "rows": rows})
-    fig = plot_budget(rows, out / "label_budget.png")
-    print(f"wrote {out / 'label_budget.json'} and {fig}")
+    path = _write_json(out, "label_budget", config, rows)
+    print(f"wrote {path} and {plot_budget(rows, out / 'label_budget.png')}")
     return 0
 
 
 def _cmd_selection(args: argparse.Namespace) -> int:
-    import sys
-    from pathlib import Path
-
     from probe.cliargs import parse_ints
-    from probe.results import write_json_atomic
     from studies.analyses.selection_check import (
         SelectionCheck,
         check_selection,
@@ -312,23 +307,14 @@ def _cmd_selection(args: argparse.Namespace) -> int:
         eval_seeds=tuple(parse_ints(args.eval_seeds, "--eval-seeds") or ()),
         epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, device=args.device,
         out=str(out))
-    rows = check_selection(args.store, config,
-                           log=None if args.quiet else (lambda m: print(m, file=sys.stderr)))
+    rows = check_selection(args.store, config, log=_log(args))
     table = format_selection(rows)
     print(table)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "selection.json", {"config": dataclasses.asdict(config),
-                                               "summary": summarize_selection(rows),
-                                               "rows": rows})
+    path = _write_json(out, "selection", config, rows, summary=summarize_selection(rows))
     atomic_write_text(out / "selection.md", table + "\n")
     fig = plot_selection(rows, out / "selection.png")
-    print(f"wrote {out / 'selection.json'}, {out / 'selection.md'} and {fig}")
+    print(f"wrote {path}, {out / 'selection.md'} and {fig}")
     return 0
-
-
-# --------------------------------------------------------------------------------------------
-# registration
-# --------------------------------------------------------------------------------------------
 
 
 def _common(p: argparse.ArgumentParser, name: str, store: bool = True,
@@ -362,10 +348,22 @@ def _common(p: argparse.ArgumentParser, name: str, store: bool = True,
         g.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
+def _run_options(p: argparse.ArgumentParser, files: str, name: str, quiet: str) -> None:
+    """The training, device and output options of label-budget and selection."""
+    add_training_overrides(p)
+    add_device_argument(p)
+    p.add_argument("--out", metavar="DIR",
+                   help=f"folder for {files} (default: spml-analysis/{name})")
+    p.add_argument("--quiet", action="store_true", help=quiet)
+
+
 def _parser(sub: argparse._SubParsersAction, name: str, help_: str, description: str,
-            epilog: str) -> argparse.ArgumentParser:
-    return sub.add_parser(name, help=help_, description=textwrap.fill(description, width=88),
-                          epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+            epilog: str, store: bool = False) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=help_, description=textwrap.fill(description, width=88),
+                       epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if store:
+        p.add_argument("store", metavar="STORE", help="feature store directory")
+    return p
 
 
 def register_cli(sub: argparse._SubParsersAction,
@@ -464,8 +462,8 @@ def register_cli(sub: argparse._SubParsersAction,
                 "protocol) on a fraction of the images (the rest unlabelled); report test mAP "
                 "with 95% bootstrap intervals per loss and budget, as a table, JSON and a PNG.",
                 "examples:\n  spml analyze label-budget yeast.zarr\n  spml analyze "
-                "label-budget coco.zarr --losses an,gr,em --k 1,2,4 --fractions 1,0.5,0.1")
-    p.add_argument("store", metavar="STORE", help="feature store directory")
+                "label-budget coco.zarr --losses an,gr,em --k 1,2,4 --fractions 1,0.5,0.1",
+                store=True)
     p.add_argument("--losses", default="an,gr", help="comma list of losses (default: an,gr)")
     p.add_argument("--k", default="1,2,3", help="positives per image (default: 1,2,3)")
     p.add_argument("--fractions", default="1,0.5,0.25",
@@ -474,12 +472,7 @@ def register_cli(sub: argparse._SubParsersAction,
                    help="seed of the budget draws (default: 1200, so k=1 on all images is the "
                    "protocol's draw)")
     p.add_argument("--seed", type=int, default=0, help="training seed (default: 0)")
-    add_training_overrides(p)
-    add_device_argument(p)
-    p.add_argument("--out", metavar="DIR",
-                   help="folder for label_budget.json and .png (default: "
-                        "spml-analysis/label-budget)")
-    p.add_argument("--quiet", action="store_true", help="no per-run lines on stderr")
+    _run_options(p, "label_budget.json and .png", "label-budget", "no per-run lines on stderr")
     p.set_defaults(func=_cmd_label_budget)
 
     p = _parser(an, "selection", "does a study's winner beat the paper's values on test, per "
@@ -491,8 +484,7 @@ def register_cli(sub: argparse._SubParsersAction,
                 "Markdown table, JSON and a PNG. The studies are kept under OUT/studies: "
                 "re-running resumes them. docs/selection.md shows the result on yeast.",
                 "examples:\n  spml analyze selection yeast.zarr\n  spml analyze selection "
-                "yeast.zarr --modes val,cv:5 --study-seeds 0,1,2 --trials 16")
-    p.add_argument("store", metavar="STORE", help="feature store directory")
+                "yeast.zarr --modes val,cv:5 --study-seeds 0,1,2 --trials 16", store=True)
     p.add_argument("--loss", default="gr", help="the loss whose search is checked (default: gr)")
     p.add_argument("--modes", default="val,cv:5,draws:5",
                    help="selection modes (default: val,cv:5,draws:5)")
@@ -503,11 +495,7 @@ def register_cli(sub: argparse._SubParsersAction,
     p.add_argument("--eval-seeds", default="0,1,2",
                    help="training seeds of the winner's and the paper's test runs (default: "
                    "0,1,2)")
-    add_training_overrides(p)
-    add_device_argument(p)
-    p.add_argument("--out", metavar="DIR",
-                   help="folder for the studies, selection.json/.md/.png (default: "
-                        "spml-analysis/selection)")
-    p.add_argument("--quiet", action="store_true", help="no per-study lines on stderr")
+    _run_options(p, "the studies, selection.json/.md/.png", "selection",
+                 "no per-study lines on stderr")
     p.set_defaults(func=_cmd_selection)
 
