@@ -225,20 +225,23 @@ def _fingerprint(plan: _Plan) -> dict[str, Any]:
     })
 
 
+# what a checkpoint restores besides the model, optimiser, loss and RNGs
+_POSITION = ("epoch", "step_in_epoch", "global_step")  # step_in_epoch steps of epoch are done
+_COUNTERS = ("train_images", "train_seconds", "eval_images", "eval_seconds")
+
+
 class _Run:
     """State of one fine-tuning run; ``run()`` trains, evaluates, checkpoints."""
 
     def __init__(self, plan: _Plan) -> None:
         self.plan = plan
-        cfg = plan.config
-        dev = plan.device
+        cfg, dev = plan.config, plan.device
         self.out = plan.out
         self.ckpt_path = self.out / CHECKPOINT_NAME
-        n_classes = len(plan.data.class_names)
         # head: nn.Linear's default init (Cole et al.'s linear_classifier) from its own seed
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(cfg.seed)
-            head = nn.Linear(plan.backbone.feature_dim, n_classes)
+            head = nn.Linear(plan.backbone.feature_dim, len(plan.data.class_names))
         features = plan.backbone.features.requires_grad_(True).train()
         self.model = FinetuneModel(features, head).to(dev)
         if plan.channels_last:
@@ -255,8 +258,7 @@ class _Run:
         self.loss.to(dev)
         self.inputs = FinetuneInputs(plan)
         self.scaler = torch.amp.GradScaler(dev.type, enabled=plan.amp_dtype == torch.float16)
-        # position: `step_in_epoch` steps of epoch `epoch` are done
-        self.epoch, self.step_in_epoch, self.global_step = 0, 0, 0
+        self.epoch, self.step_in_epoch, self.global_step = 0, 0, 0  # _POSITION
         self.loss_sum = torch.zeros((), device=dev)
         self.history: list[dict[str, Any]] = []
         self.best: dict[str, Any] | None = None
@@ -286,9 +288,8 @@ class _Run:
         return torch.optim.Adam(groups, lr=lr, fused=fused or None)
 
     def _autocast(self):
-        if self.plan.amp_dtype is None:
-            return nullcontext()
-        return torch.autocast(self.plan.device.type, dtype=self.plan.amp_dtype)
+        return (nullcontext() if self.plan.amp_dtype is None
+                else torch.autocast(self.plan.device.type, dtype=self.plan.amp_dtype))
 
     @torch.no_grad()
     def _predict(self, paths: list[str]) -> Tensor:
@@ -336,8 +337,7 @@ class _Run:
         return {
             "format": CHECKPOINT_FORMAT,
             "fingerprint": self.fingerprint,
-            "position": {"epoch": self.epoch, "step_in_epoch": self.step_in_epoch,
-                         "global_step": self.global_step},
+            "position": {k: getattr(self, k) for k in _POSITION},
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(),
@@ -345,8 +345,7 @@ class _Run:
             # (vPU's numpy generators, schedules) -- a resumed run continues it exactly
             "loss": self.loss, "loss_sum": self.loss_sum, "rng": rng,
             "history": self.history, "best": self.best,
-            "counters": {"train_images": self.train_images, "train_seconds": self.train_seconds,
-                         "eval_images": self.eval_images, "eval_seconds": self.eval_seconds},
+            "counters": {k: getattr(self, k) for k in _COUNTERS},
         }
 
     def save_checkpoint(self) -> None:
@@ -387,14 +386,11 @@ class _Run:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scaler.load_state_dict(state["scaler"])
         self.loss_sum = state["loss_sum"].to(self.plan.device)
-        pos = state["position"]
-        self.epoch, self.step_in_epoch = pos["epoch"], pos["step_in_epoch"]
-        self.global_step = pos["global_step"]
+        for group, keys in (("position", _POSITION), ("counters", _COUNTERS)):
+            for key in keys:
+                setattr(self, key, state[group][key])
         self.dirty = False
         self.history, self.best = state["history"], state["best"]
-        c = state["counters"]
-        self.train_images, self.train_seconds = c["train_images"], c["train_seconds"]
-        self.eval_images, self.eval_seconds = c["eval_images"], c["eval_seconds"]
         rng = state["rng"]
         torch.set_rng_state(rng["torch"].cpu())
         np.random.set_state(rng["numpy"])
@@ -462,9 +458,9 @@ class _Run:
     def _end_epoch(self) -> None:
         """The per-epoch pass (if the loss needs one), evaluation, best selection, checkpoint."""
         plan = self.plan
-        epoch_images, epoch_seconds = self.train_images, self.train_seconds
-        done_before = sum(h["train_images"] for h in self.history)
-        seconds_before = sum(h["train_seconds"] for h in self.history)
+        # this epoch's share of the throughput counters (the pass and evaluation add none)
+        images = self.train_images - sum(h["train_images"] for h in self.history)
+        seconds = self.train_seconds - sum(h["train_seconds"] for h in self.history)
         if self.loss.needs_epoch_pass:
             train_logits = self._predict(plan.data.train_paths)
             with torch.no_grad():
@@ -473,8 +469,6 @@ class _Run:
             self.loss.end_epoch(self.epoch, None)
         val = self._evaluate(plan.data.val_paths, plan.data.val_targets)
         test = self._evaluate(plan.data.test_paths, plan.data.test_targets)
-        images = epoch_images - done_before
-        seconds = epoch_seconds - seconds_before
         record = {
             "epoch": self.epoch + 1,  # counted from 1 in every output (self.epoch: loop index)
             "steps": plan.steps_per_epoch, "global_step": self.global_step,

@@ -128,12 +128,9 @@ def _data_options(args: argparse.Namespace) -> dict[str, Any]:
         data = store_images(args.store)
         if args.dataset is not None and args.dataset != data["dataset"]:
             data["dataset_options"] = {}  # another adapter than the store's: not its options
-        data = {k: v for k, v in data.items() if k != "dataset" or args.dataset is None}
         data["dataset_options"] = {**data["dataset_options"], **given}
-        if args.root is not None:
-            data["root"] = args.root
-        if args.dataset is not None:
-            data["dataset"] = args.dataset
+        data.update({k: getattr(args, k) for k in ("dataset", "root")
+                     if getattr(args, k) is not None})
         return data
     if args.dataset is None or args.root is None:
         raise FinetuneError(
