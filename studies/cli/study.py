@@ -49,9 +49,8 @@ def _settings(args: argparse.Namespace):
     if args.devices:
         devices = tuple(d.strip() for d in args.devices.split(",") if d.strip())
         if not devices:
-            raise SpmlError(
-                f"--devices expects DEV1,DEV2,... e.g. cuda:0,cuda:1; got {args.devices!r}"
-            )
+            raise SpmlError(f"--devices expects DEV1,DEV2,... e.g. cuda:0,cuda:1; got "
+                            f"{args.devices!r}")
         from probe.data import resolve_device
 
         for name in devices:  # a typo fails here, not in every worker
@@ -60,9 +59,8 @@ def _settings(args: argparse.Namespace):
             workers = len(devices)  # one worker per device
         if len(devices) == 1:  # one worker (also each worker of a --devices run)
             device, devices = devices[0], ()
-    grid = {}
-    for key, values in parse_sets(args.grid, "--grid").items():
-        grid[key if "." in key else f"{args.loss}.{key}"] = tuple(values)
+    grid = {key if "." in key else f"{args.loss}.{key}": tuple(values)
+            for key, values in parse_sets(args.grid, "--grid").items()}
     same = ("store", "loss", "batch", "sampler", "pruner", "storage", "name", "out", "seed",
             "train_seed", "search_lr", "epochs", "batch_size", "lr", "val_labels", "select",
             "observed_seed", "priors")
@@ -94,17 +92,14 @@ def _study(args: argparse.Namespace) -> int:
                         verdict=not args.as_worker)
     if args.as_worker:  # one of several: the parent that started it prints the summary once
         return 0
-    print(
-        f"study {summary.name} in {summary.storage}: {summary.n_complete} complete, "
-        f"{summary.n_pruned} pruned, {summary.n_failed} failed"
-    )
+    print(f"study {summary.name} in {summary.storage}: {summary.n_complete} complete, "
+          f"{summary.n_pruned} pruned, {summary.n_failed} failed")
     if summary.best_value is not None:
         print(f"best val mAP {summary.best_value:.2f} in trial {summary.best_trial}; its "
               "parameters:")
         from studies.study_summary import param_lines
 
-        for line in param_lines(settings.loss, summary.best_params):
-            print(line)
+        print("\n".join(param_lines(settings.loss, summary.best_params)))
     for line in summary.facts:  # epochs, batch size, lr, --set values, draw, prior
         print(line)
     if summary.n_best_at_last:
@@ -119,14 +114,13 @@ def _study(args: argparse.Namespace) -> int:
     storage = f" --storage {q(summary.storage)}" if settings.storage else ""  # else in out
     name = f" --name {q(summary.name)}" if summary.several else ""
     print(f"next: spml report {q(summary.out)}{storage}{name} --store {q(settings.store)}")
-    verdict = summary.verdict
     if summary.verdict_error:  # e.g. the store moved since: the study itself is done
         print(f"note: the winner was not tested against the paper values: "
               f"{summary.verdict_error}")
-    if verdict is not None:
+    if summary.verdict is not None:
         from studies.verdict import format_verdict
 
-        print("\n".join(format_verdict(verdict)))
+        print("\n".join(format_verdict(summary.verdict)))
     if args.json:
         from probe.results import write_json_atomic
 
@@ -140,30 +134,19 @@ def _confirm(args: argparse.Namespace) -> int:
     study = load_study(args.storage, args.name)  # refuses a storage file that is not there
     out = Path(args.out) if args.out else default_out(args.storage)
     rows = confirm_study(
-        study,
-        args.store,
-        top_k=args.top_k,
-        seeds=_ints(args.seeds, "--seeds"),
+        study, args.store, top_k=args.top_k, seeds=_ints(args.seeds, "--seeds"),
         observed_seeds=(None if args.observed_seeds is None
                         else _ints(args.observed_seeds, "--observed-seeds")),
-        out=out,
-        device=args.device,
-        log=lambda m: print(m, file=sys.stderr),
-        progress=True,
-        refit=args.refit,
-        results=_results_beside(args.storage, out),
-    )
+        out=out, device=args.device, log=lambda m: print(m, file=sys.stderr), progress=True,
+        refit=args.refit, results=_results_beside(args.storage, out))
     print(f"{'rank':>4} {'trial':>5}  {'val mAP':>8}  {'test mAP (mean ± std)':>22}  "
           f"{'95% interval':>16}  runs  params")
     for r in rows:
-        params = ", ".join(
-            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.params.items()
-        )
+        params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                           for k, v in r.params.items())
         ci = f"[{r.test_low:.2f}, {r.test_high:.2f}]" if r.n_runs > 1 else "- (1 run)"
-        print(
-            f"{r.rank:>4} {r.trial:>5}  {r.val_mean:8.2f}  {r.test_mean:13.2f} ± {r.test_std:5.2f}"
-            f"  {ci:>16}  {r.n_runs:>4}  {params}"
-        )
+        print(f"{r.rank:>4} {r.trial:>5}  {r.val_mean:8.2f}  {r.test_mean:13.2f} ± "
+              f"{r.test_std:5.2f}  {ci:>16}  {r.n_runs:>4}  {params}")
     win = rows[0]
     if win.refit_epochs is not None:
         ci = (f"[{win.refit_test_low:.2f}, {win.refit_test_high:.2f}]"
@@ -175,10 +158,8 @@ def _confirm(args: argparse.Namespace) -> int:
     print("95% interval: Student-t interval of the mean test mAP over the runs (training seeds "
           "x single-positive draws); it does not include the test-image variation that "
           "'spml compare' measures")
-    print(
-        f"wrote {out / 'confirm.parquet'} (read by 'spml report {out}') and "
-        f"{out / 'best.json'} (for spml finetune --from-json)"
-    )
+    print(f"wrote {out / 'confirm.parquet'} (read by 'spml report {out}') and "
+          f"{out / 'best.json'} (for spml finetune --from-json)")
     return 0
 
 
@@ -188,9 +169,8 @@ def _results_beside(storage: str, out: Path) -> Path:
     from studies.storage import parse_storage
 
     spec = parse_storage(storage)
-    if spec.kind != "postgresql":
-        return Path(spec.target).expanduser().parent / "results"
-    return out / "results"
+    folder = out if spec.kind == "postgresql" else Path(spec.target).expanduser().parent
+    return folder / "results"
 
 
 SMALL_VAL = 1000  # val rows below which one split's val mAP is noisy enough to mislead a search
