@@ -358,9 +358,10 @@ def _run_options(p: argparse.ArgumentParser, files: str, name: str, quiet: str) 
 
 
 def _parser(sub: argparse._SubParsersAction, name: str, help_: str, description: str,
-            epilog: str, store: bool = False) -> argparse.ArgumentParser:
+            epilog: str, func: Any, store: bool = False) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help=help_, description=textwrap.fill(description, width=88),
                        epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(func=func)
     if store:
         p.add_argument("store", metavar="STORE", help="feature store directory")
     return p
@@ -387,13 +388,14 @@ def register_cli(sub: argparse._SubParsersAction,
     p = _parser(an, "ablation", "paper Table 3: GR with k̂ / v / robust L on and off",
                 "Train the GR ablation of paper Table 3 on a store: the AN baseline, GR with each "
                 "combination of k̂, v and the robust L switched on or off, and the learned (k̂, v) "
-                "row; val and test mAP per row (mean ± std over --seeds).", _ABLATION_EPILOG)
+                "row; val and test mAP per row (mean ± std over --seeds).", _ABLATION_EPILOG,
+                _cmd_ablation)
     _common(p, "ablation")
-    p.set_defaults(func=_cmd_ablation)
 
     p = _parser(an, "sensitivity", "paper Fig. 2: val/test mAP over τ, μ_T or q2 × q3",
                 "Sweep one group of GR hyperparameters (paper Fig. 2), every point trained "
-                "stacked in one run, and plot val and test mAP against it.", _SENSITIVITY_EPILOG)
+                "stacked in one run, and plot val and test mAP against it.", _SENSITIVITY_EPILOG,
+                _cmd_sensitivity)
     p.add_argument("--param", required=True, choices=tuple(_SWEEP_FLAGS),
                    help="tau: τ at fixed b_T; mu: μ_T at fixed σ_T; q2q3: the q2 × q3 grid")
     g = p.add_argument_group("sweep values (comma lists; defaults: the paper's ranges)")
@@ -407,14 +409,13 @@ def register_cli(sub: argparse._SubParsersAction,
     g.add_argument("--q3", help="q3 values, >= 0 (default 0.01,0.1,0.5,1,1.5)")
     g.add_argument("--no-baseline", action="store_true", help="do not train the AN baseline")
     _common(p, "sensitivity", files="sensitivity_PARAM")
-    p.set_defaults(func=_cmd_sensitivity)
 
     p = _parser(an, "distinguish", "paper Fig. 3: W1 between positive and negative "
                 "unannotated confidences per epoch",
                 "Per epoch, the Wasserstein-1 distance between the confidence distributions of "
                 "the truly positive and the truly negative unannotated labels (paper Fig. 3), "
                 "for one or more losses, with histograms at chosen epochs.",
-                _DISTINGUISH_EPILOG)
+                _DISTINGUISH_EPILOG, _cmd_distinguish)
     p.add_argument("--loss", default="gr,an",
                    help="losses to compare, trained in turn (default: gr,an)")
     p.add_argument("--split", choices=("train", "val"), default="train",
@@ -425,23 +426,21 @@ def register_cli(sub: argparse._SubParsersAction,
     p.add_argument("--bins", type=int, default=50, help="histogram bins over [0, 1] "
                    "(default: 50)")
     _common(p, "distinguish")
-    p.set_defaults(func=_cmd_distinguish)
 
     p = _parser(an, "calibration", "paper Fig. 5: FN/(FN+TN) per confidence bucket vs k̂",
                 "Among the unannotated train entries, the observed fraction of true positives "
                 "per confidence bucket before and after training, against GR's k̂ curve at the "
                 "schedule's start and final values (paper Fig. 5, Appendix E.3).",
-                _CALIBRATION_EPILOG)
+                _CALIBRATION_EPILOG, _cmd_calibration)
     p.add_argument("--loss", default="gr", help="the loss to train (default: gr)")
     p.add_argument("--buckets", type=int, default=100,
                    help="equal confidence buckets of [0, 1] (default: 100, as the paper)")
     _common(p, "calibration")
-    p.set_defaults(func=_cmd_calibration)
 
     p = _parser(an, "curves", "paper Fig. 1: loss and gradient of losses against p",
                 "Draw the per-entry loss and its gradient w.r.t. the logit of registered losses "
                 "on an unannotated label and on a positive, against p (paper Fig. 1), for "
-                "teaching. Needs no store.", _CURVES_EPILOG)
+                "teaching. Needs no store.", _CURVES_EPILOG, _cmd_curves)
     p.add_argument("--loss", default="an,hill,em,gr",
                    help="comma list of losses (default: an,hill,em,gr)")
     p.add_argument("--epochs", type=int, default=8,
@@ -453,7 +452,6 @@ def register_cli(sub: argparse._SubParsersAction,
                    help="classes of the sample (WAN weights unannotated entries by 1/(C−1); "
                         "default: 20)")
     _common(p, "curves", store=False)
-    p.set_defaults(func=_cmd_curves)
 
     p = _parser(an, "label-budget", "test mAP of each loss as labels get scarcer (k positives "
                 "per image, a fraction of images labelled)",
@@ -463,7 +461,7 @@ def register_cli(sub: argparse._SubParsersAction,
                 "with 95% bootstrap intervals per loss and budget, as a table, JSON and a PNG.",
                 "examples:\n  spml analyze label-budget yeast.zarr\n  spml analyze "
                 "label-budget coco.zarr --losses an,gr,em --k 1,2,4 --fractions 1,0.5,0.1",
-                store=True)
+                _cmd_label_budget, store=True)
     p.add_argument("--losses", default="an,gr", help="comma list of losses (default: an,gr)")
     p.add_argument("--k", default="1,2,3", help="positives per image (default: 1,2,3)")
     p.add_argument("--fractions", default="1,0.5,0.25",
@@ -473,7 +471,6 @@ def register_cli(sub: argparse._SubParsersAction,
                    "protocol's draw)")
     p.add_argument("--seed", type=int, default=0, help="training seed (default: 0)")
     _run_options(p, "label_budget.json and .png", "label-budget", "no per-run lines on stderr")
-    p.set_defaults(func=_cmd_label_budget)
 
     p = _parser(an, "selection", "does a study's winner beat the paper's values on test, per "
                 "--select mode (val, cv:K, draws:N)?",
@@ -484,7 +481,8 @@ def register_cli(sub: argparse._SubParsersAction,
                 "Markdown table, JSON and a PNG. The studies are kept under OUT/studies: "
                 "re-running resumes them. docs/selection.md shows the result on yeast.",
                 "examples:\n  spml analyze selection yeast.zarr\n  spml analyze selection "
-                "yeast.zarr --modes val,cv:5 --study-seeds 0,1,2 --trials 16", store=True)
+                "yeast.zarr --modes val,cv:5 --study-seeds 0,1,2 --trials 16", _cmd_selection,
+                store=True)
     p.add_argument("--loss", default="gr", help="the loss whose search is checked (default: gr)")
     p.add_argument("--modes", default="val,cv:5,draws:5",
                    help="selection modes (default: val,cv:5,draws:5)")
@@ -497,5 +495,4 @@ def register_cli(sub: argparse._SubParsersAction,
                    "0,1,2)")
     _run_options(p, "the studies, selection.json/.md/.png", "selection",
                  "no per-study lines on stderr")
-    p.set_defaults(func=_cmd_selection)
 
