@@ -29,6 +29,7 @@ import math
 import os
 import random
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -92,18 +93,6 @@ def _build_loss(config: FinetuneConfig, hparams: Mapping[str, Any], data: Finetu
     filled = {s.name: merged[s.name] for s in cls.hparam_specs
               if s.optional and given.get(s.name) is None}
     return cls(**merged), preset, filled
-
-
-class FinetuneModel(nn.Module):
-    """Backbone (pooled features, trainable) + linear head: Cole et al.'s ``ImageClassifier``."""
-
-    def __init__(self, features: nn.Module, head: nn.Linear) -> None:
-        super().__init__()
-        self.features = features
-        self.head = head
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.head(self.features(x).flatten(1))
 
 
 @dataclass
@@ -242,8 +231,10 @@ class _Run:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(cfg.seed)
             head = nn.Linear(plan.backbone.feature_dim, len(plan.data.class_names))
+        # backbone (pooled features, trainable) + linear head: Cole et al.'s ImageClassifier
         features = plan.backbone.features.requires_grad_(True).train()
-        self.model = FinetuneModel(features, head).to(dev)
+        self.model = nn.Sequential(OrderedDict(features=features, flatten=nn.Flatten(1),
+                                               head=head)).to(dev)
         if plan.channels_last:
             self.model.to(memory_format=torch.channels_last)
         if dev.type == "cuda":

@@ -369,8 +369,6 @@ def _parser(sub: argparse._SubParsersAction, name: str, help_: str, description:
 
 def register_cli(sub: argparse._SubParsersAction,
                  bench: argparse._SubParsersAction | None = None) -> None:
-    """Add ``spml analyze ablation | sensitivity | distinguish | calibration | curves`` to the
-    top-level subparsers ``sub``."""
     top = sub.add_parser(
         "analyze",
         help="the GR paper's analyses: ablation, sensitivity, distinguishability, k̂ "

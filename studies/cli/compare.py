@@ -71,7 +71,6 @@ def _bench_intervals(args: argparse.Namespace) -> int:
 
 def register_cli(sub: argparse._SubParsersAction,
                  bench: argparse._SubParsersAction | None = None) -> None:
-    """Add ``spml compare`` (and ``spml bench intervals``) to the top-level subparsers."""
     p = sub.add_parser(
         "compare",
         help="test mAP of saved heads with 95%% intervals, and which differences are real",

@@ -223,7 +223,6 @@ def _run(args: argparse.Namespace) -> int:
 
 def register_cli(sub: argparse._SubParsersAction,
                  bench: argparse._SubParsersAction | None = None) -> argparse.ArgumentParser:
-    """Add ``spml finetune`` to the top-level subparsers ``sub``."""
     p = sub.add_parser(
         "finetune",
         help="fine-tune the backbone + a linear head end to end on the images (confirm winners)",
