@@ -113,16 +113,11 @@ def confirm_study(study: optuna.Study, store_path: str, *, top_k: int = 3,
                   refit: bool = False, results: str | Path | None = None) -> list[ConfirmRow]:
     """Re-train the ``top_k`` best completed trials with every training seed in ``seeds`` on
     every draw in ``observed_seeds`` (default: the draw the study trained on, whatever its kind;
-    protocol draws are added to the store if missing); returns rows ranked by mean val mAP
-    and writes ``confirm.parquet`` and ``best.json`` to ``out``.
-
-    ``refit``: then re-train the winner on train + val (no held-out selection) for the number
-    of epochs val selected (the median best epoch of its runs) and report the last epoch's
-    test mAP per seed and draw (:func:`refit_winner`).
-
-    Each trial re-trains with the batch size, lr and epochs its results row (in the study's
-    ``results`` folder, when given and there) records it trained with; else with the study's
-    fixed training settings (``spml.training``)."""
+    protocol draws are added to the store if missing), with the batch size, lr and epochs its
+    row in the study's ``results`` folder records (else the study's ``spml.training``); returns
+    rows ranked by mean val mAP and writes ``confirm.parquet`` and ``best.json`` to ``out``.
+    ``refit``: then re-train the winner on train + val for the median best epoch of its runs
+    and report the last epoch's test mAP per seed and draw (:func:`refit_winner`)."""
     from probe.data import ProbeData
     from probe.store import add_observed_seed, open_store
     from probe.train import train_probe

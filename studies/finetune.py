@@ -556,13 +556,11 @@ def finetune(config: FinetuneConfig, loss_hparams: Mapping[str, Any] | None = No
              ) -> FinetuneResult:
     """Fine-tune ``config.backbone`` + a linear head end to end with loss ``config.loss`` and
     hyperparameters ``loss_hparams`` (over the dataset's paper preset), per the module doc.
-
-    Every input problem (unknown loss or hyperparameter, missing dataset root or weights, a GPU
-    asked for without one, a batch larger than the train split, an existing run in ``out``
-    without ``resume``/``overwrite``) raises before any training work. With ``resume`` the run
-    in ``config.out`` continues from its checkpoint (same settings required; ``max_steps`` may
-    differ). Returns the result, also written to ``out/results.json``.
-    """
+    Every input problem (unknown loss or hyperparameter, missing root or weights, no GPU, a
+    batch larger than the train split, a run in ``out`` without ``resume``/``overwrite``)
+    raises before any training work. With ``resume`` the run in
+    ``config.out`` continues from its checkpoint (same settings required; ``max_steps`` may
+    differ). Returns the result, also written to ``out/results.json``."""
     if loss_hparams is not None and not isinstance(loss_hparams, Mapping):
         raise FinetuneError(
             f"finetune: loss_hparams must be a dict of name -> value; got "

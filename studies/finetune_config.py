@@ -167,14 +167,10 @@ def read_winner_json(path: str | Path) -> tuple[str, dict[str, Any], dict[str, A
 
 @dataclass
 class FinetuneResult:
-    """What a run produced (also written to ``out/results.json``).
-
-    ``epochs``: one dict per completed epoch (``epoch`` counted from 1; train loss, val/test mAP,
-    OF1/CF1, images/s). ``best_epoch``: the epoch with the best val mAP (None before the first
-    epoch ends); ``test_map`` / ``test_ap`` (per class) / ``test_f1`` are at that epoch.
-    ``images_per_s``: training throughput over the run (``train``; image loading included,
-    evaluation and checkpoints excluded), the same without this process's first 10 steps
-    (``train_steady``: cudnn autotuning, worker start-up), and evaluation (``eval``).
+    """What a run produced (also written to ``out/results.json``): ``epochs``, one dict per
+    completed epoch (from 1); ``best_epoch``, the best val epoch (None before the first ends),
+    where ``test_map`` / ``test_ap`` / ``test_f1`` are read; ``images_per_s``: ``train``
+    (image loading included), ``train_steady`` (without this process's first 10 steps), ``eval``.
     """
 
     config: dict[str, Any]

@@ -192,11 +192,8 @@ def tidy_frame(rows: Iterable[dict[str, Any]], curves: bool = True) -> pl.DataFr
 
 
 def write_batch(directory: str | os.PathLike, rows: Sequence[dict[str, Any]]) -> Path | None:
-    """Write one batch of trial rows as ``batch-<host>-<pid>-<uuid>.parquet``; returns its path.
-
-    ``rows`` hold the tidy columns (``params`` may be a dict; it is stored as JSON) and
-    optionally ``provenance`` (the store's, as a dict).
-    """
+    """Write one batch of trial rows (the tidy columns, ``params`` and the store's
+    ``provenance`` may be dicts: stored as JSON) as ``batch-<host>-<pid>-<uuid>.parquet``."""
     if not rows:
         return None
     directory = Path(directory)
@@ -279,10 +276,7 @@ def upgrade_batch(frame: pl.DataFrame) -> pl.DataFrame:
 
 def read_results(directory: str | os.PathLike) -> pl.DataFrame:
     """All finished batches of a study's results folder as one tidy frame, sorted by trial
-    (an empty frame in the schema if none). Batches written by older versions are upgraded.
-
-    Safe while workers are writing: half-written files are hidden temp files, never read.
-    """
+    (an empty frame in the schema if none; older batches upgraded). Safe while workers write."""
     files = sorted(Path(directory).glob("batch-*.parquet"))
     if not files:
         return tidy_frame([])

@@ -180,13 +180,10 @@ def _result_rows(study: optuna.Study, trials: list, result: Any, states: list[st
 def run_worker(settings: StudySettings, *, log: Callable[[str], None] | None = None,
                store: Any = None, space: SearchSpace | None = None) -> StudySummary:
     """Work on the study until ``n_trials`` trials have finished (completed or pruned).
-    ``store`` and ``space``: the study's store, opened, and what
-    :func:`studies.study_settings.preflight` returned for it, when the caller has checked the
-    settings (:func:`studies.study.run_study`); without them both happen here.
-
-    Progress goes to stderr as one study-level display (:func:`_study_progress`), its first
-    line before the features load; it also prints each finished trial's line (``log`` gets
-    those instead when the display is off: ``SPML_PROGRESS=off``)."""
+    ``store`` and ``space``: the opened store and what :func:`~studies.study_settings.preflight`
+    returned for it, when the caller has checked the settings (else both happen here).
+    Progress goes to stderr as one study-level display with each finished trial's line
+    (``log`` gets those instead when the display is off: ``SPML_PROGRESS=off``)."""
     from probe.data import resolve_device
     from probe.selection import selection_data
 
