@@ -1,19 +1,18 @@
 """The fine-tune's configuration, results and file formats (:mod:`studies.finetune` runs it):
 :class:`FinetuneConfig`, a study winner's JSON, :class:`FinetuneResult`, atomic JSON and torch
-writes of the run directory's files."""
+writes of the run directory's files. Importing it imports no torch (``spml finetune --help``)."""
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from probe.errors import MissingPathError, SpmlError, plain
 from probe.io import atomic_write
@@ -201,7 +200,8 @@ def jsonable(value: Any) -> Any:
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [jsonable(v) for v in value]
-    if isinstance(value, Tensor | np.ndarray):
+    torch = sys.modules.get("torch")  # a tensor means torch is loaded: nothing imported here
+    if isinstance(value, np.ndarray) or (torch is not None and isinstance(value, torch.Tensor)):
         return jsonable(value.tolist())
     if isinstance(value, np.generic):
         return jsonable(value.item())
@@ -214,6 +214,8 @@ def jsonable(value: Any) -> Any:
 
 def save_torch(obj: Any, path: Path) -> None:
     """``torch.save`` to ``path`` atomically (a temporary file, then a rename)."""
+    import torch
+
     atomic_write(path, lambda fh: torch.save(obj, fh))
 
 

@@ -9,14 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 from probe.cliargs import add_device_argument
 from probe.store.protocol import PROTOCOL_SEED
+from studies.finetune_config import AMP_MODES, TRAIN_JSON_KEYS
 
 if TYPE_CHECKING:
     from studies.finetune import FinetuneConfig, FinetuneResult
 
-# = studies.finetune.AMP_MODES / TRAIN_JSON_KEYS, written here so that building the parser does
-# not import torch (a test checks they agree)
-AMP_MODES = ("auto", "bf16", "fp16", "off")
-TRAIN_JSON_KEYS = ("batch_size", "lr", "epochs", "seed", "observed_seed", "val_labels")
 
 EPILOG = """\
 examples:
