@@ -227,11 +227,9 @@ def _triangulation(x: np.ndarray, y: np.ndarray) -> mpl.tri.Triangulation | None
     """Delaunay triangulation of the points, computed on coordinates scaled to the unit square
     (so one parameter's range does not flatten the triangles); None when the points are too few
     or collinear to span an area."""
-    pts = np.unique(np.stack([x, y], 1), axis=0)
-    if len(pts) < 3:
-        return None
-    span = np.ptp(np.stack([x, y], 1), axis=0)
-    if (span == 0).any():
+    xy = np.stack([x, y], 1)
+    span = np.ptp(xy, axis=0)
+    if len(np.unique(xy, axis=0)) < 3 or (span == 0).any():
         return None
     try:
         unit = mpl.tri.Triangulation((x - x.min()) / span[0], (y - y.min()) / span[1])
@@ -242,19 +240,17 @@ def _triangulation(x: np.ndarray, y: np.ndarray) -> mpl.tri.Triangulation | None
 
 def plot_contours(
     points: Sequence[TrialPoint], pairs: Sequence[tuple[ParamAxis, ParamAxis]],
-    path: str | os.PathLike, *, title: str = "Val mAP over pairs of parameters",
-    dpi: int = DPI,
+    path: str | os.PathLike, *, title: str = "Val mAP over pairs of parameters", dpi: int = DPI,
 ) -> Path:
     """One panel per pair: val mAP of the completed trials interpolated linearly over their
     Delaunay triangulation (filled contours, only inside the trials' convex hull), with the
     trials as dots and the best trial as a gold star. Duplicate points are averaged first; a pair
     whose points span no area shows the dots only and says so."""
-    done = _valued(points, ("COMPLETE",))
-    best = _best(points)
+    done, best = _valued(points, ("COMPLETE",)), _best(points)
     values = [p.value for p in done] or [0.0]
     lo, hi = min(values), max(values)
-    levels = np.linspace(lo, hi if hi > lo else lo + 1e-6, 12)
-    norm = mpl.colors.Normalize(lo, hi if hi > lo else lo + 1e-6)
+    hi = hi if hi > lo else lo + 1e-6
+    levels, norm = np.linspace(lo, hi, 12), mpl.colors.Normalize(lo, hi)
     with mpl.rc_context(STYLE):
         fig = new_figure(3.35 * len(pairs) + 1.1, 3.9)
         grid = fig.subplots(1, len(pairs), squeeze=False)[0]

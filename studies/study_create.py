@@ -191,9 +191,8 @@ def _label_new(study: optuna.Study, identity: dict[str, Any], settings: StudySet
     """A new study's identity and settings, then its paper point enqueued."""
     for key, value in identity.items():
         study.set_user_attr(key, value)
-    recorded = {**asdict(settings), "space": {k: json.loads(distribution_to_json(v))
-                                              for k, v in settings.space.items()}}
-    study.set_user_attr("spml.settings", json.loads(json.dumps(recorded, default=str)))
+    study.set_user_attr("spml.settings",
+                        json.loads(json.dumps(_settings_dict(settings), default=str)))
     point = paper_point(space, settings, store)
     if settings.enqueue_paper and point and settings.sampler != "grid":
         study.enqueue_trial(point, user_attrs={PAPER_ATTR: True})
@@ -297,3 +296,9 @@ def _wait_for_identity(study: optuna.Study, timeout: float = 30.0) -> dict[str, 
         if all(k in attrs for k in _IDENTITY_KEYS) or time.time() > deadline:
             return attrs
         time.sleep(0.2)
+
+
+def _settings_dict(settings: StudySettings) -> dict[str, Any]:
+    """The settings as the study records them (``spml.settings``; the --space ranges as JSON)."""
+    return {**asdict(settings), "space": {k: json.loads(distribution_to_json(v))
+                                          for k, v in settings.space.items()}}
