@@ -109,16 +109,15 @@ def load_systems(specs: Sequence[str]) -> list[System]:
         _, meta = load_head(path, 0)
         n = len(meta.get("trials", [])) or int(torch.load(path, map_location="cpu",
                                                           weights_only=True)["weight"].shape[0])
-        trials = range(n) if trial is None else [trial]
-        for t in trials:
+        for t in range(n) if trial is None else [trial]:
             head, meta = load_head(path, t)
             tr = meta["trials"][t] if t < len(meta.get("trials", [])) else {}
-            hp = dict(tr.get("hparams", {}))
             name = path.stem if n == 1 else f"{path.stem}[{t}]"
-            labels_kind = meta.get("config", {}).get("labels", "observed")
-            loss = meta.get("loss", "?") + (" full labels" if labels_kind == "full" else "")
+            full = meta.get("config", {}).get("labels", "observed") == "full"
+            loss = meta.get("loss", "?") + (" full labels" if full else "")
             systems.append(System(label=f"{name} ({loss})", path=str(path), trial=t, loss=loss,
-                                  hparams=hp, data=dict(meta.get("data", {})), head=head))
+                                  hparams=dict(tr.get("hparams", {})),
+                                  data=dict(meta.get("data", {})), head=head))
     if not systems:
         raise CompareError("HEADS: nothing to compare; pass at least two heads")
     return systems
@@ -165,9 +164,7 @@ def systems_of_study(study: Any, where: str, *, top: int = 3, device: str = "cpu
     from .results import read_trial_heads
     from .storage import is_paper_trial, ranked_trials
 
-    study_dir = where
-    loss = study.user_attrs.get("spml.loss")
-    settings = trained_settings(study)
+    study_dir, loss, settings = where, study.user_attrs.get("spml.loss"), trained_settings(study)
     where = store or settings.get("store")
     if loss is None or not where:
         raise CompareError(f"HEADS: {study_dir} holds a study not made by 'spml study'")
