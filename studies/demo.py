@@ -1,14 +1,8 @@
-"""``spml demo``: the whole workflow, offline, on a fresh machine, in minutes on 2 CPU cores.
-
-1. import the real multi-label *yeast* set (it ships inside ``river``) into a feature store;
-2. train AN, EM, GR and OPML heads on its single positives (plus the full-label oracle) and
-   print val/test mAP;
-3. run a short GR study (TPE, median pruning, the paper's values first);
-4. write the study report (HTML + Markdown + PNG figures) and name its folder.
-
-``--images`` also builds a small real image set — 2×2 grids of scikit-learn's handwritten digits,
-each multi-labelled by the digits it shows — featurizes it with the offline pretrained
-EfficientNet-Lite0, and probes it, to show the featurize → probe path on real pixels.
+"""``spml demo``: the whole workflow, offline, on a fresh machine, in minutes on 2 CPU cores:
+import the real multi-label *yeast* set (shipped inside ``river``), train AN, EM, GR and OPML
+heads (plus the full-label oracle) and compare them, run a short GR study, write its report.
+``--images`` also featurizes 2×2 grids of scikit-learn's handwritten digits (multi-labelled by
+the digits they show) with the offline EfficientNet-Lite0 and probes them.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""Search spaces: declared once next to each loss (``HParam.search`` / ``HParam.log`` in
-``probe.losses``) and turned into Optuna distributions here.
-
-Parameter names are prefixed by the loss (``gr.w_T``); training settings live under ``train.``
-(``train.lr`` log-uniform, ``train.batch_size`` and ``train.epochs`` categorical). The paper's
-values (the loss's preset for the store's dataset, else the signature defaults) are the first
-trial a study enqueues, so the best trial is never worse than the paper on the val split.
+"""Search spaces: declared once next to each loss (``HParam.search`` / ``HParam.log``) and turned
+into Optuna distributions here. Names are prefixed by the loss (``gr.w_T``) or ``train.``
+(``train.lr`` log-uniform, ``train.batch_size`` / ``train.epochs`` categorical); the paper's
+values (``SearchSpace.defaults``) are the first trial a study enqueues.
 """
 
 from __future__ import annotations

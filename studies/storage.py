@@ -1,12 +1,8 @@
-"""Where a study lives: a journal file (the default: one or several processes on one machine or
-a shared file system), an SQLite file (one process) or a PostgreSQL server (workers on many
-machines).
-
-The journal is the default because it is the fastest on a small dataset: SQLite's ORM round
-trips cost a short study a large share of its time (compare ``spml bench study --storage
-sqlite`` with ``spml bench study``). A journal line is appended and
-``fsync``-ed per operation; :func:`open_storage` drops a torn last line that a failed write (a
-full disk) left behind, so the next command can append again.
+"""Where a study lives: a journal file (the default, and the fastest: one or several processes
+on one machine or a shared file system), an SQLite file (one process) or a PostgreSQL server
+(workers on many machines). :func:`open_storage` drops a journal's torn last line that a failed
+write (a full disk) left behind, so the next command can append again; the lock, the ask lock,
+and the one rule that ranks a study's trials (:func:`ranked_trials`) are here too.
 """
 
 from __future__ import annotations
