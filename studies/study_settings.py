@@ -149,18 +149,16 @@ def study_search_space(settings: StudySettings, dataset: str) -> SearchSpace:
             f"{GENERIC_TRAINING['lr']:g}); "
             "--lr or --no-search-lr fixes it (docs/selection.md)",))
     # --set on a searched parameter fixes it: the search narrows to the others
-    held = [f"{settings.loss}.{n}" for n in settings.fixed
-            if f"{settings.loss}.{n}" in space.distributions]
-    if not held:
+    names = [n for n in settings.fixed if f"{settings.loss}.{n}" in space.distributions]
+    if not names:
         return space
+    held = {f"{settings.loss}.{n}" for n in names}
     dists = {k: d for k, d in space.distributions.items() if k not in held}
     if not dists:
         raise StudyError(
-            f"--set {', '.join(n.split('.', 1)[1] for n in held)}: fixes every searched "
-            "parameter, so nothing is left to search; drop one from --set, or search others "
-            "(--params, --space, --search-lr)")
-    fixed = ",".join(f"{n.split('.', 1)[1]}={settings.fixed[n.split('.', 1)[1]]}"
-                     for n in held)
+            f"--set {', '.join(names)}: fixes every searched parameter, so nothing is left to "
+            "search; drop one from --set, or search others (--params, --space, --search-lr)")
+    fixed = ",".join(f"{n}={settings.fixed[n]}" for n in names)
     note = (f"--set {fixed}: held fixed instead of searched; the search narrows to "
             f"{', '.join(dists)}")
     return SearchSpace(space.loss, dists,
