@@ -173,8 +173,7 @@ def _cmd_ablation(args: argparse.Namespace) -> int:
 
     config = _config(args)
     hp = ablation_hparams(_loss_sets(args.set, ["gr"])["gr"])
-    result = run_ablation(_data(args), config, hp, progress=not args.quiet)
-    return _finish(result, args)
+    return _finish(run_ablation(_data(args), config, hp, progress=not args.quiet), args)
 
 
 _SWEEP_FLAGS = {"tau": ("tau", "b_T"), "mu": ("mu_T", "sigma_T"), "q2q3": ("q2", "q3")}
@@ -195,19 +194,15 @@ def _cmd_sensitivity(args: argparse.Namespace) -> int:
     sweep_points(args.param, values, series)  # range errors before the store is read
     hp = sweep_hparams(args.param, _loss_sets(args.set, ["gr"])["gr"])
     result = run_sensitivity(_data(args), config, args.param, values=values, series=series,
-                             hparams=hp, baseline=not args.no_baseline,
-                             progress=not args.quiet)
+                             hparams=hp, baseline=not args.no_baseline, progress=not args.quiet)
     return _finish(result, args)
 
 
 def _hist_epochs(text: str) -> list[int | str]:
     out: list[int | str] = []
     for item in (t.strip() for t in text.split(",") if t.strip()):
-        if item in ("best", "last"):
-            out.append(item)
-            continue
         try:
-            out.append(int(item))
+            out.append(item if item in ("best", "last") else int(item))
         except ValueError:
             raise SpmlError(f"--hist-epochs: expected epoch numbers, 'best' or 'last'; got "
                              f"{item!r}") from None
@@ -250,9 +245,8 @@ def _cmd_curves(args: argparse.Namespace) -> int:
     from studies.analyses import loss_curves
 
     losses = parse_names(args.loss)
-    at = parse_ints(args.at, "--at")
-    result = loss_curves(losses, _loss_sets(args.set, losses, lists=True),
-                         n_epochs=args.epochs, at=at, points=args.points, classes=args.classes)
+    result = loss_curves(losses, _loss_sets(args.set, losses, lists=True), n_epochs=args.epochs,
+                         at=parse_ints(args.at, "--at"), points=args.points, classes=args.classes)
     return _finish(result, args)
 
 
