@@ -104,16 +104,12 @@ def _train_group(settings, data, study, storage, space, trials, probe_config, lo
         try:
             if i in lost:
                 raise UpdateFinishedTrialError
-            if i in pruned:
-                state = TrialState.PRUNED
-                told = study.tell(trial, state=state, skip_if_finished=True)
-            elif ok:
-                state = TrialState.COMPLETE
-                told = study.tell(trial, float(value), skip_if_finished=True)
-            else:
-                state = TrialState.FAIL
+            state = (TrialState.PRUNED if i in pruned else TrialState.COMPLETE if ok
+                     else TrialState.FAIL)
+            if state == TrialState.FAIL:
                 storage.set_attr(trial.number, FAIL_REASON_KEY, "non-finite")
-                told = study.tell(trial, state=state, skip_if_finished=True)
+            told = study.tell(trial, float(value) if state == TrialState.COMPLETE else None,
+                              state=state, skip_if_finished=True)
             if told.state != state:
                 raise UpdateFinishedTrialError
         except UpdateFinishedTrialError:
