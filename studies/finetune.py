@@ -500,9 +500,8 @@ class _Run:
             with Progress(steps * bs, f"epoch {self.epoch + 1}/{epochs}", "img",
                           initial=self.step_in_epoch * bs,
                           enabled=plan.config.progress) as bar:
-                finished = self._train_steps(bar)
-            if not finished:
-                break
+                if not self._train_steps(bar):  # stopped by max_steps
+                    break
             self._end_epoch()
         self.save_checkpoint()
         return self.write_results()
@@ -512,9 +511,7 @@ class _Run:
         steady = self.steady_images / self.steady_seconds if self.steady_seconds else None
         best = self.best or {}
         return FinetuneResult(
-            config=plan.config.to_dict(),
-            loss=self.loss.name,
-            hparams=self.loss.hparams_dict(),
+            config=plan.config.to_dict(), loss=self.loss.name, hparams=self.loss.hparams_dict(),
             train={
                 **{k: plan.train[k] for k in ("batch_size", "lr", "epochs", "source")},
                 "optimizer": "adam", "steps_per_epoch": plan.steps_per_epoch,
@@ -526,8 +523,7 @@ class _Run:
             data=plan.data.summary(),
             model={"backbone": plan.backbone.name, **plan.backbone.provenance(),
                    "head": f"Linear({plan.backbone.feature_dim}, {len(plan.data.class_names)})",
-                   "transform": plan.transform.describe(),
-                   "torch": torch.__version__},
+                   "transform": plan.transform.describe(), "torch": torch.__version__},
             epochs=self.history, best_epoch=best.get("epoch"), best_val_map=best.get("val_map"),
             test_map=best.get("test_map"), test_ap=best.get("test_ap"),
             test_f1=best.get("test_f1"), global_step=self.global_step,
