@@ -71,8 +71,7 @@ class ParamAxis:
         """Ticks in parameter units for coordinates made by :meth:`coords` (call it after the
         data is drawn): one per choice; on a log axis at 1-2-5 multiples of powers of ten."""
         if self.choices is not None:
-            axis.set_ticks(range(len(self.choices)))
-            axis.set_ticklabels([str(c) for c in self.choices])
+            axis.set_ticks(range(len(self.choices)), labels=[str(c) for c in self.choices])
         elif self.log:
             lo, hi = sorted(axis.get_view_interval())
             for mults in ((1, 2, 5), (1, 3), (1,)):
@@ -138,10 +137,8 @@ def plot_history(
             ax.plot([p.number for p in failed], [0.0] * len(failed), "|", color=RED, ms=14,
                     mew=2, transform=ax.get_xaxis_transform(), clip_on=False,
                     label=f"failed ({len(failed)})")
-        ax.set_xlabel("trial number")
-        ax.set_ylabel(VALUE_LABEL)
+        ax.set(xlabel="trial number", ylabel=VALUE_LABEL, title=title)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_title(title)
         if done or pruned or failed:
             fig.legend(loc="outside lower center", ncols=4, frameon=False)
         return save_figure(fig, path, dpi)
@@ -164,9 +161,8 @@ def plot_importances(
             ax.text(bar.get_width() + 0.8, bar.get_y() + bar.get_height() / 2, f"{v:.1f}%",
                     va="center", fontsize=9.5)
         ax.set_xlim(0, max([*values, 1.0]) * 1.15)
-        ax.set_xlabel("share of the variance of val mAP explained (%)")
+        ax.set(xlabel="share of the variance of val mAP explained (%)", title=title)
         ax.grid(axis="y", visible=False)
-        ax.set_title(title)
         return save_figure(fig, path, dpi)
 
 
@@ -288,8 +284,8 @@ def plot_contours(
                     set_lim(c.min() - pad, c.max() + pad)
             ax_x.format_axis(ax.xaxis)
             ax_y.format_axis(ax.yaxis)
-            ax.set_xlabel(ax_x.name + (" (log)" if ax_x.log else ""))
-            ax.set_ylabel(ax_y.name + (" (log)" if ax_y.log else ""))
+            ax.set(xlabel=ax_x.name + (" (log)" if ax_x.log else ""),
+                   ylabel=ax_y.name + (" (log)" if ax_y.log else ""))
             ax.grid(False)
             ax.set_title(subtitle, fontsize=11)
         if mappable is not None:
@@ -331,10 +327,8 @@ def plot_learning_curves(
                 b = int(np.nanargmax(y))
                 ax.scatter([epochs[b]], [y[b]], s=90, facecolor="none", edgecolor=color, lw=1.8,
                            zorder=4)
-        ax.set_xlabel("epoch")
-        ax.set_ylabel(VALUE_LABEL)
+        ax.set(xlabel="epoch", ylabel=VALUE_LABEL, title=title)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_title(title)
         ax.legend(loc="best", title="val mAP at the best epoch (circled)", title_fontsize=9)
         return save_figure(fig, path, dpi)
 
@@ -379,8 +373,7 @@ def plot_class_ap(
         for y, i in zip(pos, idx):
             ax.text(top * 1.02, y, f"{diff[i]:+.1f}", va="center", fontsize=9,
                     color="#1a7f37" if diff[i] >= 0 else RED)
-        ax.set_yticks(pos)
-        ax.set_yticklabels([names[i] for i in idx])
+        ax.set_yticks(pos, labels=[names[i] for i in idx])
         ax.set_ylim(-0.7, n - 0.3)
         ax.set_xlim(0, top * 1.12)
         ax.set_xlabel("test AP at the best val epoch (%); difference on the right")
@@ -407,8 +400,7 @@ def plot_comparison(
         y = np.arange(n, dtype=float)
         v, lo, hi = (np.array([maps[i][k] for i in order]) for k in range(3))
         left.errorbar(v, y, xerr=[v - lo, hi - v], fmt="o", color=BLUE, capsize=3)
-        left.set_yticks(y)
-        left.set_yticklabels([labels[i] for i in order])
+        left.set_yticks(y, labels=[labels[i] for i in order])
         left.set_xlabel(f"test mAP (%), {100 * level:g}% bootstrap interval")
         left.margins(y=0.15)
         right.margins(y=0.15)
@@ -419,8 +411,7 @@ def plot_comparison(
             right.errorbar([val], [yy], xerr=[[val - dlo], [dhi - val]], fmt="o",
                            color=RED if sig else GREY, capsize=3)
         right.axvline(0.0, color="black", lw=0.8)
-        right.set_yticks(y2)
-        right.set_yticklabels([d[0] for d in diffs])
+        right.set_yticks(y2, labels=[d[0] for d in diffs])
         right.set_xlabel(f"difference (mAP points), paired {100 * level:g}% interval;\n"
                         "red: Holm-corrected p < 0.05")
         right.grid(axis="y", visible=False)
