@@ -7,6 +7,7 @@ and the one rule that ranks a study's trials (:func:`ranked_trials`) are here to
 
 from __future__ import annotations
 
+import mmap
 import os
 import socket
 import zlib
@@ -168,21 +169,11 @@ def drop_torn_tail(path: Path, lock: Any) -> int:
     lock.acquire()
     try:
         with open(path, "r+b") as f:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(size - 1)
-            if f.read(1) == b"\n":
-                return 0
-            # the last complete line ends at the last newline (or nothing is complete)
-            keep, step, pos = 0, 1 << 16, size
-            while pos > 0:
-                start = max(0, pos - step)
-                f.seek(start)
-                chunk = f.read(pos - start)
-                at = chunk.rfind(b"\n")
-                if at >= 0:
-                    keep = start + at + 1
-                    break
-                pos = start
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+                size = len(m)
+                if m[-1:] == b"\n":
+                    return 0
+                keep = m.rfind(b"\n") + 1  # after the last complete line (0: none is)
             f.truncate(keep)
             f.flush()
             os.fsync(f.fileno())
