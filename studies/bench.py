@@ -1,21 +1,13 @@
 """``spml bench study``: trials per minute of a real ``spml study``, and where its time goes.
 
 A study is run exactly as ``spml study`` runs it (:func:`studies.study.run_study`, one worker, a
-fresh SQLite storage in a temporary folder) on a named store -- the real *yeast* set (river's
-copy, imported once into the cache) or the COCO-shaped synthetic store of ``spml bench probe``
--- and its wall time is split, from the engine's own timings, into
-
-* **train**: the training epochs and the losses' per-epoch passes (``ProbeResult.timing``);
-* **eval**: val every epoch and test once (``ProbeResult.timing``);
-* **optuna**: the per-epoch callback (report + pruning decisions) and everything outside the
-  engine that is not I/O: sampling (ask), tell, heartbeats, storage;
-* **io**: opening the store onto the device and writing the per-batch Parquet results;
-* **setup**: the rest of each engine call (planning, loss setup, step-thread measurement).
-
-To read those timings the bench wraps three functions for the duration of the run (the
-engine's ``train_probe``, the store loader and the Parquet writer) and restores them after;
-the study itself is unchanged. Medians are not taken: a study is one long run whose trials/min
-is the figure; run it again to see the spread. The machine and its load are printed with it.
+fresh storage in a temporary folder) on a named store, and its wall time is split into
+**train** (epochs and the losses' per-epoch passes), **eval** (val every epoch, test once),
+**optuna** (the per-epoch callback and everything outside the engine that is not I/O: ask, tell,
+heartbeats, storage), **io** (loading the store, writing the Parquet results) and **setup** (the
+rest of each engine call). To read those timings the bench wraps ``train_probe``, the store
+loader and the Parquet writer for the duration of the run. One run, no medians: a study is one
+long run whose trials/min is the figure.
 """
 
 from __future__ import annotations
@@ -94,16 +86,18 @@ class _Clock:
         real_write = studies.study_worker.write_batch
         clock = self
 
-        def train_probe(*args: Any, callback: Any = None, **kwargs: Any) -> Any:
-            def timed_callback(report: Any) -> Any:
+        def timed(fn: Any, key: str) -> Any:
+            def call(*args: Any, **kwargs: Any) -> Any:
                 t0 = time.perf_counter()
                 try:
-                    return callback(report)
+                    return fn(*args, **kwargs)
                 finally:
-                    clock.seconds["callback"] += time.perf_counter() - t0
+                    clock.seconds[key] += time.perf_counter() - t0
+            return call
 
+        def train_probe(*args: Any, callback: Any = None, **kwargs: Any) -> Any:
             t0 = time.perf_counter()
-            result = real_train(*args, callback=timed_callback if callback else None, **kwargs)
+            result = real_train(*args, callback=callback and timed(callback, "callback"), **kwargs)
             clock.seconds["engine"] += time.perf_counter() - t0
             timing = result.timing
             clock.seconds["train"] += sum(timing["train_seconds"]) + sum(
@@ -112,23 +106,9 @@ class _Clock:
             clock.calls += 1
             return result
 
-        def from_store(cls: Any, *args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return real_load.__func__(cls, *args, **kwargs)
-            finally:
-                clock.seconds["io"] += time.perf_counter() - t0
-
-        def write_batch(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return real_write(*args, **kwargs)
-            finally:
-                clock.seconds["io"] += time.perf_counter() - t0
-
         probe.train.train_probe = train_probe
-        probe.data.ProbeData.from_store = classmethod(from_store)
-        studies.study_worker.write_batch = write_batch
+        probe.data.ProbeData.from_store = classmethod(timed(real_load.__func__, "io"))
+        studies.study_worker.write_batch = timed(real_write, "io")
         try:
             yield self
         finally:
@@ -161,13 +141,9 @@ def bench_study(config: StudyBenchConfig, *, log: Any = None) -> dict[str, Any]:
         wall = time.perf_counter() - t0
     s = clock.seconds
     finished = summary.n_complete + summary.n_pruned
-    split = {
-        "train": s["train"],
-        "eval": s["eval"],
-        "optuna": s["callback"] + max(wall - s["engine"] - s["io"], 0.0),
-        "io": s["io"],
-        "setup": max(s["engine"] - s["train"] - s["eval"] - s["callback"], 0.0),
-    }
+    split = {"train": s["train"], "eval": s["eval"],
+             "optuna": s["callback"] + max(wall - s["engine"] - s["io"], 0.0), "io": s["io"],
+             "setup": max(s["engine"] - s["train"] - s["eval"] - s["callback"], 0.0)}
     store = open_store(config.store)
     from probe.config import resolve_training
     from probe.losses import get_loss_class
@@ -183,11 +159,8 @@ def bench_study(config: StudyBenchConfig, *, log: Any = None) -> dict[str, Any]:
         "training": {"batch_size": training.batch_size, "lr": training.lr,
                      "epochs": training.epochs, "sources": training.sources},
         "machine": {"before": before, "after": machine_info()},
-        "wall_seconds": wall,
-        "finished_trials": finished,
-        "complete": summary.n_complete,
-        "pruned": summary.n_pruned,
-        "engine_calls": clock.calls,
+        "wall_seconds": wall, "finished_trials": finished, "complete": summary.n_complete,
+        "pruned": summary.n_pruned, "engine_calls": clock.calls,
         "trials_per_minute": 60.0 * finished / wall if wall > 0 else float("nan"),
         "seconds": split,
         "fractions": {k: v / wall for k, v in split.items()} if wall > 0 else {},

@@ -1,17 +1,11 @@
 """``spml compare``: is a difference in test mAP real? Paired bootstrap over test images.
 
-Every system (a trained head: ``spml probe --save-head`` files, the demo's heads, …) is scored
-on the same test images; :func:`probe.intervals.bootstrap_map` draws B resamples of those
-images, recomputes class-wise AP on each (the protocol's rules) and gives each system's mAP a
-95% percentile interval and every pair ``a - b`` a paired interval and p-value, Holm-corrected
-across the pairs (docs/protocol.md, "Intervals and comparisons").
-
-Results are only comparable on the same test images: the systems must come from one store (same
-path and build) and the same split; :func:`check_comparable` refuses anything else and says
-which differs. Heads trained on different draws of that store (another seed, a label budget, a
-label bias) are compared -- every head is scored on the same fully labelled test images, so the
-paired difference measures method and draw together (Cole et al.'s label-bias question) -- and
-:func:`draw_note` says that the draws differ.
+Every system (a trained head: ``spml probe --save-head`` files, a study's winners) is scored on
+the same test images; :func:`probe.intervals.bootstrap_map` gives each system's mAP an interval
+and every pair ``a - b`` a paired interval and p-value, Holm-corrected across the pairs
+(docs/protocol.md, "Intervals and comparisons"). :func:`check_comparable` refuses systems from
+different stores, builds or splits; heads trained on different draws of one store are compared
+(the difference then measures method and draw together) and :func:`draw_note` says so.
 """
 
 from __future__ import annotations
@@ -24,23 +18,10 @@ from typing import Any
 
 from probe.errors import SpmlError
 
-__all__ = [
-    "CompareError",
-    "Comparison",
-    "System",
-    "check_comparable",
-    "compare_heads",
-    "compare_scores",
-    "compare_systems",
-    "disagreement_note",
-    "draw_note",
-    "format_comparison",
-    "load_systems",
-    "plot",
-    "split_study_spec",
-    "study_systems",
-    "systems_of_study",
-]
+__all__ = ["CompareError", "Comparison", "System", "check_comparable", "compare_heads",
+           "compare_scores", "compare_systems", "disagreement_note", "draw_note",
+           "format_comparison", "load_systems", "plot", "split_study_spec", "study_systems",
+           "systems_of_study"]
 
 
 class CompareError(SpmlError):
@@ -79,11 +60,8 @@ class Comparison:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "format": "spml-compare/1",
-            "dataset": self.dataset,
-            "store": self.store,
-            "n_test_images": self.n_images,
-            "n_classes": self.n_classes,
+            "format": "spml-compare/1", "dataset": self.dataset, "store": self.store,
+            "n_test_images": self.n_images, "n_classes": self.n_classes,
             "bootstrap": {"n_resamples": self.n_resamples, "seed": self.seed,
                           "level": self.level,
                           "method": ("paired bootstrap over test images: bias-corrected "
@@ -103,11 +81,6 @@ class Comparison:
             ],
             "notes": self.notes,
         }
-
-
-# --------------------------------------------------------------------------------------------
-# inputs
-# --------------------------------------------------------------------------------------------
 
 
 def _parse_spec(spec: str) -> tuple[Path, int | None]:
@@ -136,16 +109,15 @@ def load_systems(specs: Sequence[str]) -> list[System]:
         _, meta = load_head(path, 0)
         n = len(meta.get("trials", [])) or int(torch.load(path, map_location="cpu",
                                                           weights_only=True)["weight"].shape[0])
-        trials = range(n) if trial is None else [trial]
-        for t in trials:
+        for t in range(n) if trial is None else [trial]:
             head, meta = load_head(path, t)
             tr = meta["trials"][t] if t < len(meta.get("trials", [])) else {}
-            hp = dict(tr.get("hparams", {}))
             name = path.stem if n == 1 else f"{path.stem}[{t}]"
-            labels_kind = meta.get("config", {}).get("labels", "observed")
-            loss = meta.get("loss", "?") + (" full labels" if labels_kind == "full" else "")
+            full = meta.get("config", {}).get("labels", "observed") == "full"
+            loss = meta.get("loss", "?") + (" full labels" if full else "")
             systems.append(System(label=f"{name} ({loss})", path=str(path), trial=t, loss=loss,
-                                  hparams=hp, data=dict(meta.get("data", {})), head=head))
+                                  hparams=dict(tr.get("hparams", {})),
+                                  data=dict(meta.get("data", {})), head=head))
     if not systems:
         raise CompareError("HEADS: nothing to compare; pass at least two heads")
     return systems
@@ -192,9 +164,7 @@ def systems_of_study(study: Any, where: str, *, top: int = 3, device: str = "cpu
     from .results import read_trial_heads
     from .storage import is_paper_trial, ranked_trials
 
-    study_dir = where
-    loss = study.user_attrs.get("spml.loss")
-    settings = trained_settings(study)
+    study_dir, loss, settings = where, study.user_attrs.get("spml.loss"), trained_settings(study)
     where = store or settings.get("store")
     if loss is None or not where:
         raise CompareError(f"HEADS: {study_dir} holds a study not made by 'spml study'")
@@ -238,19 +208,14 @@ def systems_of_study(study: Any, where: str, *, top: int = 3, device: str = "cpu
     return systems
 
 
-def _draw_of(system: System) -> str:
-    from probe.store.records import draw_text
-
-    d = system.data
-    seed = d.get("observed_seed")
-    record = d.get("draw") or ({"kind": "budget", **d["label_budget"]} if d.get("label_budget")
-                               else {"kind": "protocol"})
-    return f"draw {seed}, {draw_text(record)}"
-
-
 def draw_note(systems: Sequence[System]) -> str | None:
     """A note where the systems were trained on different draws (seed or kind), else None."""
-    draws = {s.label: _draw_of(s) for s in systems}
+    from probe.store.records import draw_text
+
+    from .results import draw_of
+
+    draws = {s.label: f"draw {s.data.get('observed_seed')}, "
+             f"{draw_text(draw_of(s.data) or {'kind': 'protocol'})}" for s in systems}
     if len(set(draws.values())) < 2:
         return None
     return ("note: the heads were trained on different draws of the store's observed labels -- "
@@ -281,11 +246,6 @@ def check_comparable(systems: Sequence[System]) -> None:
                 raise CompareError(
                     f"HEADS: cannot compare {ref.label} with {s.label}: different {what} "
                     f"({key(ref.data)!r} vs {key(s.data)!r}); {why}")
-
-
-# --------------------------------------------------------------------------------------------
-# the comparison
-# --------------------------------------------------------------------------------------------
 
 
 def compare_scores(labels: Sequence[str], scores: Any, targets: Any, *, n_resamples: int = 1000,
@@ -381,11 +341,6 @@ def _check_store(system: System, source: dict[str, Any]) -> None:
                 f"{source.get(key)!r}); pass the store the heads were trained on")
 
 
-# --------------------------------------------------------------------------------------------
-# output
-# --------------------------------------------------------------------------------------------
-
-
 def _letter(i: int) -> str:
     return chr(ord("A") + i) if i < 26 else f"S{i + 1}"
 
@@ -394,33 +349,28 @@ def format_comparison(cmp: Comparison) -> str:
     """A table a reader understands without the docs: mAP with intervals, then every pair."""
     pct = f"{100 * cmp.level:g}%"
     where = f" on {cmp.dataset}" if cmp.dataset else ""
+    width = max(len(lab) for lab in cmp.labels)
     lines = [
         f"Test mAP{where}: {cmp.n_images} test images, {cmp.n_classes} classes. Brackets: "
         f"{pct} interval from {cmp.n_resamples} bootstrap resamples of the test images "
         f"(seed {cmp.seed}).",
-        "",
+        "", f"     {'system':<{width}}  test mAP  {pct} interval",
     ]
-    width = max(len(lab) for lab in cmp.labels)
-    lines.append(f"     {'system':<{width}}  test mAP  {pct} interval")
-    order = sorted(range(len(cmp.labels)), key=lambda i: -cmp.intervals[i].value)
-    for i in order:
+    for i in sorted(range(len(cmp.labels)), key=lambda i: -cmp.intervals[i].value):
         iv = cmp.intervals[i]
         lines.append(f"  {_letter(i)}  {cmp.labels[i]:<{width}}  {iv.value:8.2f}  "
                      f"[{iv.low:.2f}, {iv.high:.2f}]")
     lines += ["", f"Differences (paired on the same images; p-values Holm-corrected over "
-              f"{len(cmp.pairs)} pair{'s' if len(cmp.pairs) != 1 else ''}):"]
-    lines.append(f"  {'pair':<7}  {'mAP diff':>8}  {pct + ' interval':<18}  {'p':>6}  "
-                 f"{'p(Holm)':>7}  verdict")
-    for p in sorted(cmp.pairs, key=lambda p: p.p_holm):
-        a, b = (p.a, p.b) if p.diff.value >= 0 else (p.b, p.a)
-        sign = 1 if p.diff.value >= 0 else -1
-        lo, hi = sorted((sign * p.diff.low, sign * p.diff.high))
+              f"{len(cmp.pairs)} pair{'s' if len(cmp.pairs) != 1 else ''}):",
+              f"  {'pair':<7}  {'mAP diff':>8}  {pct + ' interval':<18}  {'p':>6}  "
+              f"{'p(Holm)':>7}  verdict"]
+    for p, a, b, diff, lo, hi in _oriented(cmp.pairs):
         if p.significant:
             verdict = f"{_letter(a)} is better"
         else:
             verdict = "no clear difference (interval contains 0)" if lo <= 0 <= hi else \
                 "no clear difference after correction"
-        lines.append(f"  {_letter(a)} - {_letter(b)}    {sign * p.diff.value:+8.2f}  "
+        lines.append(f"  {_letter(a)} - {_letter(b)}    {diff:+8.2f}  "
                      f"{f'[{lo:+.2f}, {hi:+.2f}]':<18}  {_p(p.p_value):>6}  {_p(p.p_holm):>7}"
                      f"  {verdict}")
     lines += ["", f"'better' means the Holm-corrected p < {1 - cmp.level:.2g}: the difference "
@@ -445,6 +395,16 @@ def disagreement_note(alpha: float, follows: str = "the verdict follows the inte
             f"{follows}")
 
 
+def _oriented(pairs: Sequence[Any]) -> list[tuple[Any, int, int, float, float, float]]:
+    """The pairs by Holm-corrected p, each as higher minus lower: (pair, a, b, diff, low, high)."""
+    out = []
+    for p in sorted(pairs, key=lambda p: p.p_holm):
+        a, b, sign = (p.a, p.b, 1) if p.diff.value >= 0 else (p.b, p.a, -1)
+        out.append((p, a, b, sign * p.diff.value,
+                    *sorted((sign * p.diff.low, sign * p.diff.high))))
+    return out
+
+
 def _p(p: float) -> str:
     return "<0.001" if p < 0.001 else f"{p:.3f}" if math.isfinite(p) else "-"
 
@@ -455,12 +415,8 @@ def plot(cmp: Comparison, path: str | Path, *, title: str | None = None) -> Path
     from .plots import plot_comparison
 
     maps = [(iv.value, iv.low, iv.high) for iv in cmp.intervals]
-    diffs = []
-    for p in sorted(cmp.pairs, key=lambda p: p.p_holm):  # each as higher minus lower
-        a, b, sign = (p.a, p.b, 1) if p.diff.value >= 0 else (p.b, p.a, -1)
-        lo, hi = sorted((sign * p.diff.low, sign * p.diff.high))
-        diffs.append((f"{cmp.labels[a]} - {cmp.labels[b]}", sign * p.diff.value, lo, hi,
-                      p.significant))
+    diffs = [(f"{cmp.labels[a]} - {cmp.labels[b]}", diff, lo, hi, p.significant)
+             for p, a, b, diff, lo, hi in _oriented(cmp.pairs)]
     where = f" on {cmp.dataset}" if cmp.dataset else ""
     return plot_comparison(cmp.labels, maps, diffs, path, level=cmp.level,
                            title=title or f"Test mAP{where} ({cmp.n_images} images, "

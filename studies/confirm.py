@@ -106,32 +106,18 @@ def load_study(storage: str, name: str | None, flag: str = "--storage",
     return optuna.load_study(study_name=name, storage=opened)
 
 
-def confirm_study(
-    study: optuna.Study,
-    store_path: str,
-    *,
-    top_k: int = 3,
-    seeds: Sequence[int] = (0, 1, 2),
-    observed_seeds: Sequence[int] | None = None,
-    out: str | Path | None = None,
-    device: str = "auto",
-    log: Callable[[str], None] | None = None,
-    progress: bool = False,
-    refit: bool = False,
-    results: str | Path | None = None,
-) -> list[ConfirmRow]:
+def confirm_study(study: optuna.Study, store_path: str, *, top_k: int = 3,
+                  seeds: Sequence[int] = (0, 1, 2), observed_seeds: Sequence[int] | None = None,
+                  out: str | Path | None = None, device: str = "auto",
+                  log: Callable[[str], None] | None = None, progress: bool = False,
+                  refit: bool = False, results: str | Path | None = None) -> list[ConfirmRow]:
     """Re-train the ``top_k`` best completed trials with every training seed in ``seeds`` on
     every draw in ``observed_seeds`` (default: the draw the study trained on, whatever its kind;
-    protocol draws are added to the store if missing); returns
-    rows ordered by mean test mAP and writes ``confirm.parquet`` and ``best.json`` to ``out``.
-
-    ``refit``: then re-train the winner on train + val (no held-out selection) for the number
-    of epochs val selected (the median best epoch of its runs) and report the last epoch's
-    test mAP per seed and draw (:func:`refit_winner`).
-
-    Each trial re-trains with the batch size, lr and epochs its results row (in the study's
-    ``results`` folder, when given and there) records it trained with; else with the study's
-    fixed training settings (``spml.training``)."""
+    protocol draws are added to the store if missing), with the batch size, lr and epochs its
+    row in the study's ``results`` folder records (else the study's ``spml.training``); returns
+    rows ranked by mean val mAP and writes ``confirm.parquet`` and ``best.json`` to ``out``.
+    ``refit``: then re-train the winner on train + val for the median best epoch of its runs
+    and report the last epoch's test mAP per seed and draw (:func:`refit_winner`)."""
     from probe.data import ProbeData
     from probe.store import add_observed_seed, open_store
     from probe.train import train_probe
@@ -140,9 +126,7 @@ def confirm_study(
     loss = study.user_attrs.get("spml.loss")
     as_trained = trained_settings(study)
     studied = int(as_trained.get("observed_seed", PROTOCOL_SEED))
-    if observed_seeds is None:
-        observed_seeds = [studied]
-    observed_seeds = [int(s) for s in observed_seeds]
+    observed_seeds = [int(s) for s in ([studied] if observed_seeds is None else observed_seeds)]
     if top_k < 1 or not seeds or not observed_seeds:
         raise StudyError("--top-k, --seeds and --observed-seeds must each name at least one")
     if loss is None:
@@ -173,10 +157,8 @@ def confirm_study(
     bar.write(f"confirming the top {plural(len(top), 'trials')} of '{study.study_name}': "
               f"{plural(len(seeds), 'seeds')} x {plural(len(observed_seeds), 'draws')} each")
     for obs_seed in observed_seeds:
-        data = ProbeData.from_store(
-            store, device=device if device != "auto" else "cpu", observed_seed=obs_seed,
-            priors=as_trained.get("priors"),
-        )
+        data = ProbeData.from_store(store, device=device if device != "auto" else "cpu",
+                                    observed_seed=obs_seed, priors=as_trained.get("priors"))
         for trial in top:
             hp, cfg = trial_setup(trial.params, loss, {**as_trained, **recorded.get(
                 trial.number, {})}, seeds=seeds, observed_seed=obs_seed, device=device)
@@ -185,14 +167,8 @@ def confirm_study(
             for tr, seed in zip(result.trials, seeds):
                 if tr.best_epoch is not None:
                     best_epochs[trial.number].append(int(tr.best_epoch))
-                runs[trial.number].append(
-                    (
-                        tr.best.get("test_map", math.nan),
-                        tr.best.get("val_map", math.nan),
-                        seed,
-                        obs_seed,
-                    )
-                )
+                runs[trial.number].append((tr.best.get("test_map", math.nan),
+                                           tr.best.get("val_map", math.nan), seed, obs_seed))
             done = (f"trial {trial.number} re-trained on draw {obs_seed} "
                     f"({plural(len(seeds), 'seeds')}): test mAP {_fmt(runs[trial.number])}")
             if bar.mode == "off":  # progress off: the line still goes to the log
@@ -205,39 +181,18 @@ def confirm_study(
 
     rows = []
     for trial in top:
-        tests = [r[0] for r in runs[trial.number]]
-        vals = [r[1] for r in runs[trial.number]]
+        tests, vals, seeds_run, draws_run = (list(c) for c in zip(*runs[trial.number]))
         res = ran[trial.number]
-        cfg_used = res.config
-        rows.append(
-            ConfirmRow(
-                rank=0,
-                trial=trial.number,
-                params=dict(trial.params),
-                search_value=float(trial.value),
-                test_mean=statistics.fmean(tests),
-                test_low=mean_interval(tests).low,
-                test_high=mean_interval(tests).high,
-                test_std=statistics.stdev(tests) if len(tests) > 1 else 0.0,
-                val_mean=statistics.fmean(vals),
-                n_runs=len(tests),
-                test_maps=tests,
-                seeds=[r[2] for r in runs[trial.number]],
-                observed_seeds=[r[3] for r in runs[trial.number]],
-                val_maps=vals,
-                study=study.study_name,
-                loss=loss,
-                lr=res.trials[0].lr,
-                batch_size=cfg_used.get("batch_size"),
-                epochs=cfg_used.get("epochs"),
-                optimizer=cfg_used.get("optimizer"),
-                val_labels=cfg_used.get("val_labels"),
-                dataset=res.dataset,
-                store=res.source.get("path"),
-                store_fingerprint=store_fingerprint(res.source),
-                spml_version=__version__,
-            )
-        )
+        mean, std, iv = _stats(tests)
+        rows.append(ConfirmRow(
+            rank=0, trial=trial.number, params=dict(trial.params),
+            search_value=float(trial.value), test_mean=mean, test_low=iv.low, test_high=iv.high,
+            test_std=std, val_mean=statistics.fmean(vals), n_runs=len(tests), test_maps=tests,
+            seeds=seeds_run, observed_seeds=draws_run, val_maps=vals, study=study.study_name,
+            loss=loss, lr=res.trials[0].lr,
+            **{k: res.config.get(k) for k in ("batch_size", "epochs", "optimizer", "val_labels")},
+            dataset=res.dataset, store=res.source.get("path"),
+            store_fingerprint=store_fingerprint(res.source), spml_version=__version__))
     # the winner is chosen on val (mean over seeds); test is reported, never selected on
     rows.sort(key=lambda r: (-r.val_mean, r.trial))
     for i, row in enumerate(rows, 1):
@@ -247,12 +202,11 @@ def confirm_study(
         epochs = max(1, round(statistics.median(best_epochs[win.number] or [1])))
         tests = refit_winner(store, loss, win.params,
                              {**as_trained, **recorded.get(win.number, {})}, epochs=epochs,
-                             seeds=seeds,
-                             observed_seeds=observed_seeds, device=device)
-        iv = mean_interval(tests)
+                             seeds=seeds, observed_seeds=observed_seeds, device=device)
+        mean, _, iv = _stats(tests)
         rows[0].refit_epochs, rows[0].refit_test_maps = epochs, tests
-        rows[0].refit_test_mean, rows[0].refit_test_low = statistics.fmean(tests), iv.low
-        rows[0].refit_test_high = iv.high
+        rows[0].refit_test_mean, rows[0].refit_test_low, rows[0].refit_test_high = (
+            mean, iv.low, iv.high)
         log(f"trial {win.number} re-fitted on train + val for {epochs} epochs: test mAP "
             f"{statistics.fmean(tests):.2f} over {len(tests)} runs")
     if out is not None:
@@ -276,13 +230,10 @@ def train_plus_val(data: Any, store: Any) -> Any:
         flip = torch.cat([flip, torch.ones_like(flip[:, :1])], 1)
         parts += [data.train_x[n:], flip]
     return dataclasses.replace(
-        data,
-        train_x=torch.cat(parts),
+        data, train_x=torch.cat(parts),
         train_labels=torch.cat([data.train_labels, data.val_labels]),
         train_observed=torch.cat([data.train_observed, data.val_observed]),
-        n_train=n + data.val_x.shape[0],
-        train_prior=_prior_plus_val(data.train_prior, store),
-    )
+        n_train=n + data.val_x.shape[0], train_prior=_prior_plus_val(data.train_prior, store))
 
 
 def _prior_plus_val(prior: Any, store: Any) -> Any:
@@ -350,13 +301,9 @@ def winner(study: optuna.Study, trial_number: int | None = None) -> dict[str, An
     probe_train = {k: settings.get(k) for k in ("batch_size", "epochs", "lr")
                    if settings.get(k) is not None}
     probe_train.update(train_hp)
-    return {
-        "loss": loss,
-        "hparams": {**settings.get("fixed", {}), **loss_hp},
-        "train": {},
-        "probe_train": probe_train,
-        "study": {"name": study.study_name, "trial": best.number, "val_map": best.value},
-    }
+    return {"loss": loss, "hparams": {**settings.get("fixed", {}), **loss_hp}, "train": {},
+            "probe_train": probe_train,
+            "study": {"name": study.study_name, "trial": best.number, "val_map": best.value}}
 
 
 def write_winner(path: str | Path, record: dict[str, Any]) -> Path:
@@ -387,12 +334,9 @@ def trial_setup(params: dict[str, Any], loss: str, settings: dict[str, Any], *,
           **({"lr": train_hp["lr"]} if "lr" in train_hp else {})}
     cfg = ProbeConfig(
         batch_size=train_hp.get("batch_size", settings.get("batch_size")),
-        epochs=train_hp.get("epochs", settings.get("epochs")),
-        lr=settings.get("lr"),
-        seeds=tuple(int(s) for s in seeds),
-        val_labels=settings.get("val_labels", "clean"),
-        observed_seed=observed_seed,
-        device=device,
+        epochs=train_hp.get("epochs", settings.get("epochs")), lr=settings.get("lr"),
+        seeds=tuple(int(s) for s in seeds), val_labels=settings.get("val_labels", "clean"),
+        observed_seed=observed_seed, device=device,
         priors=settings.get("priors"),  # the store prior the study trained with (docs/priors.md)
     )
     return hp, cfg
@@ -422,19 +366,23 @@ def _split(params: dict[str, Any], loss: str) -> tuple[dict[str, Any], dict[str,
     return loss_hp, train_hp
 
 
+def _stats(tests: list[float]) -> tuple[float, float, Any]:
+    """Mean, standard deviation (0 for one run) and Student-t interval of the mean."""
+    return (statistics.fmean(tests), statistics.stdev(tests) if len(tests) > 1 else 0.0,
+            mean_interval(tests))
+
+
 def _fmt(runs: list[tuple[float, float, int, int]]) -> str:
     tests = [r[0] for r in runs]
-    std = statistics.stdev(tests) if len(tests) > 1 else 0.0
-    iv = mean_interval(tests)
+    mean, std, iv = _stats(tests)
     ci = f", 95% interval of the mean [{iv.low:.2f}, {iv.high:.2f}]" if len(tests) > 1 else ""
-    return f"{statistics.fmean(tests):.2f} ± {std:.2f} ({len(tests)} runs{ci})"
+    return f"{mean:.2f} ± {std:.2f} ({len(tests)} runs{ci})"
 
 
 def _write(out: Path, rows: list[ConfirmRow], study: optuna.Study) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    frame = pl.DataFrame(
-        [{**asdict(r), "params": json.dumps(r.params, sort_keys=True)} for r in rows]
-    )
+    frame = pl.DataFrame([{**asdict(r), "params": json.dumps(r.params, sort_keys=True)}
+                          for r in rows])
     atomic_write(out / "confirm.parquet", frame.write_parquet)
     best = rows[0]
     record = winner(study, best.trial)

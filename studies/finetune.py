@@ -1,58 +1,26 @@
 """End-to-end fine-tuning of the backbone + a linear head on the images, to confirm the winners
 of a linear-probe study (docs/design.md "The flow": studies ──finetune──▶ confirmed winners).
 
-It is the reference training procedure of Cole et al. (2021), ``train.py`` / ``models.py`` /
-``datasets.py`` of ``elijahcole/single-positive-multi-label`` (``train_mode='end_to_end'``),
-followed by GR Loss, EM/APL and Large-Loss, with the same protocol as the probe
-(docs/protocol.md):
+Cole et al. (2021)'s reference procedure (``train_mode='end_to_end'`` of
+``elijahcole/single-positive-multi-label``, followed by GR Loss, EM/APL and Large-Loss) with the
+probe's protocol (docs/protocol.md): the adapter's pool split train/val by ``split_pool(n, 1200)``,
+single positives drawn on the pool (``observed_seed``), clean val (or ``val_labels="observed"``),
+clean test; images resized to S×S without crop (a ``timm:``, ``open_clip:`` or ``hf:`` backbone:
+its own preprocessing), a random flip per training image; the registry's backbone made
+trainable, in ``train()`` mode, plus ``nn.Linear(D, C)`` at PyTorch's default init; Adam with one
+lr for backbone and head, a loss's own tensors (``extra_parameters()``) at ``lr × mult``, no
+weight decay or schedule; a seeded batch order per epoch, the last incomplete batch dropped;
+``needs_epoch_pass`` losses get a no-grad eval pass over the unflipped train images; the test
+mAP is read at the best val epoch (the first on ties). Batch size, lr and epochs:
+:func:`probe.config.resolve_training` (the paper's, else ``GENERIC_FINETUNE``).
 
-* data: the dataset adapters (``featurize.datasets.load_dataset``); the pool is split
-  train/val with ``split_pool(n, 1200)``; single positives are drawn per phase with
-  ``single_positive(labels, observed_seed)`` on the whole pool, then split; val is clean by
-  default (``val_labels="observed"`` scores against the single positives), test always clean;
-* images: ``PIL open → RGB → resize((S, S), BILINEAR)`` (aspect not kept, antialiased, no crop;
-  ``featurize.images.pil_transformed``), a random horizontal flip per training image, the
-  backbone's mean/std (ImageNet for ResNet-50); eval images are not flipped. A ``timm:``,
-  ``open_clip:`` or ``hf:`` backbone gets its own preprocessing by default (docs/backbones.md),
-  and ``spml finetune --store`` rebuilds a feature store's backbone from its provenance;
-* model: the backbone registry's network (``featurize.backbones.load_backbone``; ResNet-50
-  ``IMAGENET1K_V1`` by default) without its ImageNet classifier, made trainable, plus
-  ``nn.Linear(D, C)`` with PyTorch's default initialisation (Cole's ``linear_classifier``),
-  trained in ``train()`` mode (BatchNorm statistics update, as in the reference);
-* optimiser: ``torch.optim.Adam`` with **one** learning rate for backbone and head (Cole's
-  ``f_params``), no weight decay, no schedule; a loss's own trainable tensors
-  (``loss.extra_parameters()``, ROLE's Θ) are a second parameter group at ``lr × lr_mult``
-  (Cole's ``g_params``);
-* batches: a seeded random order per epoch, the last incomplete batch dropped
-  (``drop_last=True`` as in the reference);
-* the loss protocol of ``probe.losses`` (``Loss`` docstring): ``setup`` once,
-  ``start_epoch`` / ``forward(logits, observed, index=rows)`` / ``end_epoch``; for
-  ``needs_epoch_pass`` losses a no-grad pass over the (unflipped) train images in eval mode gives
-  the ``(1, N_train, C)`` logits;
-* selection: every epoch is evaluated on val and test; the epoch with the best val mAP is
-  selected (the first one on ties) and the test mAP there is reported (docs/protocol.md step 5).
-
-Batch size, learning rate and epochs are the paper's (``loss.train_presets[dataset]``), else
-:data:`probe.config.GENERIC_FINETUNE` (:func:`probe.config.resolve_training`, the probe's own
-resolution); all three can be overridden. Engineering on top: AMP (bf16 autocast, or fp16
-with a ``GradScaler``) and channels_last on CUDA, DataLoader workers decoding with PIL,
-normalisation and flips on the device, atomic checkpoints (every epoch and every
-``checkpoint_every`` steps) that resume bit-for-bit on CPU, results JSON written atomically.
-
-Throughput: ``images_per_s`` in the result (and per epoch) counts training steps including
-image loading, without evaluation and checkpoint writes; ``train_steady`` leaves out this
-process's first 10 steps (cudnn autotuning, worker start-up). To measure a fine-tune epoch's
-images/s on a GPU machine: ``spml finetune coco --root DIR --loss an --weights random
---max-steps 300 --out /tmp/ft --overwrite --json`` and read ``images_per_s.train_steady``
-(random weights cost the same as pretrained ones; PIL decoding runs in ``num_workers``
-processes, so raise ``--workers`` if the GPU waits).
-
-Randomness, all derived from ``seed``: the head's initialisation (a forked RNG seeded with
-``seed``); the batch order and flips of epoch ``e`` (a generator seeded from
-``SeedSequence([seed, e])``: the permutation is drawn first, then one flip bit per row); the
-loss's own randomness (``loss.manual_seed([seed])``: ROLE's Θ, vPU's λ); the global torch /
-numpy / Python RNGs (seeded with ``seed``, saved in checkpoints). Random backbone weights use
-``weights_seed``.
+On top: AMP (bf16, or fp16 with a ``GradScaler``) and channels_last on CUDA, PIL decoding in
+DataLoader workers, normalisation and flips on the device, atomic checkpoints (every epoch and
+every ``checkpoint_every`` steps) that resume bit-for-bit on CPU. ``images_per_s`` counts
+training steps with image loading; ``train_steady`` leaves out this process's first 10 steps.
+All randomness derives from ``seed``: the head's init, epoch ``e``'s order then flip bits
+(``SeedSequence([seed, e])``), the loss's ``manual_seed([seed])``, the global RNGs (saved in
+checkpoints); random backbone weights use ``weights_seed``.
 """
 
 from __future__ import annotations
@@ -61,6 +29,7 @@ import math
 import os
 import random
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -90,50 +59,8 @@ from studies.finetune_config import (
 )
 from studies.finetune_data import FinetuneData, FinetuneInputs, epoch_order, load_data, make_loader
 
-__all__ = [
-    "AMP_MODES",
-    "TRAIN_JSON_KEYS",
-    "FinetuneConfig",
-    "FinetuneError",
-    "FinetuneResult",
-    "finetune",
-    "read_winner_json",
-]
-
-
-# --------------------------------------------------------------------------------------------
-# preparation: every check happens here, before any training work
-# --------------------------------------------------------------------------------------------
-
-
-def _resolve_device(name: str) -> torch.device:
-    """:func:`probe.data.resolve_device`, its errors as :class:`FinetuneError`."""
-    from probe.data import resolve_device
-
-    try:
-        return resolve_device(name)
-    except ValueError as err:
-        raise FinetuneError(f"finetune: {err}") from None
-
-
-def _resolve_amp(amp: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype, or None for full float32."""
-    if amp == "auto":
-        if device.type != "cuda":
-            return None
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}[amp]
-
-
-def _train_settings(cls, dataset: str, config: FinetuneConfig) -> dict[str, Any]:
-    """batch_size / lr / epochs as :func:`probe.config.resolve_training` decides them for a
-    fine-tune (``lr`` is the backbone's; the head trains at ``lr × head_lr_mult``)."""
-    from probe.config import resolve_training
-
-    s = resolve_training(cls, dataset, batch_size=config.batch_size, lr=config.lr,
-                         epochs=config.epochs, mode="finetune")
-    return {"batch_size": s.batch_size, "lr": s.lr, "epochs": s.epochs,
-            "head_lr_mult": s.head_lr_mult, "source": dict(s.sources)}
+__all__ = ["AMP_MODES", "TRAIN_JSON_KEYS", "FinetuneConfig", "FinetuneError", "FinetuneResult",
+           "finetune", "read_winner_json"]
 
 
 def _build_loss(config: FinetuneConfig, hparams: Mapping[str, Any], data: FinetuneData
@@ -168,18 +95,6 @@ def _build_loss(config: FinetuneConfig, hparams: Mapping[str, Any], data: Finetu
     return cls(**merged), preset, filled
 
 
-class FinetuneModel(nn.Module):
-    """Backbone (pooled features, trainable) + linear head: Cole et al.'s ``ImageClassifier``."""
-
-    def __init__(self, features: nn.Module, head: nn.Linear) -> None:
-        super().__init__()
-        self.features = features
-        self.head = head
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.head(self.features(x).flatten(1))
-
-
 @dataclass
 class _Plan:
     """A checked run: everything resolved, nothing trained yet."""
@@ -206,19 +121,23 @@ def _prepare(config: FinetuneConfig, loss_hparams: Mapping[str, Any]) -> _Plan:
     from featurize.backbones import get_spec, load_backbone, resolve_weights
     from featurize.runner import backbone_transform
     from featurize.specs import family_of
+    from probe.config import resolve_training
+    from probe.data import resolve_device
     from probe.losses import create_loss, get_loss_class
 
     cls = get_loss_class(config.loss)
-    if not isinstance(loss_hparams, Mapping):
-        raise FinetuneError(
-            f"finetune: loss_hparams must be a dict of name -> value; got "
-            f"{type(loss_hparams).__name__}"
-        )
     # hparams are validated now (names, ranges); the loss is built for real once the dataset,
     # and so its paper preset, is known
     create_loss(config.loss, **dict(loss_hparams))
-    device = _resolve_device(config.device)
-    amp_dtype = _resolve_amp(config.amp, device)
+    try:
+        device = resolve_device(config.device)
+    except ValueError as err:
+        raise FinetuneError(f"finetune: {err}") from None
+    if config.amp == "auto":
+        amp_dtype = None if device.type != "cuda" else (
+            torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
+    else:
+        amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}[config.amp]
     root = Path(config.root).expanduser()
     if not root.exists():
         raise MissingPathError(
@@ -244,7 +163,11 @@ def _prepare(config: FinetuneConfig, loss_hparams: Mapping[str, Any]) -> _Plan:
                 "store's weights file with --weights PATH"
             )
     data = load_data(config)
-    train = _train_settings(cls, data.name, config)
+    # the backbone's lr; the head trains at lr × head_lr_mult
+    s = resolve_training(cls, data.name, batch_size=config.batch_size, lr=config.lr,
+                         epochs=config.epochs, mode="finetune")
+    train = {"batch_size": s.batch_size, "lr": s.lr, "epochs": s.epochs,
+             "head_lr_mult": s.head_lr_mult, "source": dict(s.sources)}
     n_train = len(data.train_paths)
     if train["batch_size"] > n_train:
         raise FinetuneError(
@@ -256,70 +179,44 @@ def _prepare(config: FinetuneConfig, loss_hparams: Mapping[str, Any]) -> _Plan:
     protocol = config.transform == "protocol" or (
         config.transform == "auto" and family_of(config.backbone) is None
     )
-    backbone = load_backbone(
-        config.backbone,
-        config.weights,
-        seed=config.weights_seed,
-        size=config.size if protocol else None,
-        embed=config.embed,
-    )
+    backbone = load_backbone(config.backbone, config.weights, seed=config.weights_seed,
+                             size=config.size if protocol else None, embed=config.embed)
     transform = backbone_transform(backbone, config.size, "protocol" if protocol else "model")
-    if config.num_workers is not None:
-        workers = config.num_workers
-    else:
+    workers = config.num_workers
+    if workers is None:
         workers = max(1, min(16, (os.cpu_count() or 2) - 1)) if device.type == "cuda" else 0
-    return _Plan(
-        config=config,
-        device=device,
-        amp_dtype=amp_dtype,
-        channels_last=device.type == "cuda" if config.channels_last is None
-        else bool(config.channels_last),
-        num_workers=workers,
-        eval_batch_size=config.eval_batch_size or max(2 * train["batch_size"], 32),
-        train=train,
-        data=data,
-        loss=loss,
-        preset=preset,
-        filled=filled,
-        backbone=backbone,
-        transform=transform,
-        steps_per_epoch=n_train // train["batch_size"],
-        out=out,
-    )
+    channels_last = (device.type == "cuda" if config.channels_last is None
+                     else bool(config.channels_last))
+    return _Plan(config=config, device=device, amp_dtype=amp_dtype, channels_last=channels_last,
+                 num_workers=workers,
+                 eval_batch_size=config.eval_batch_size or max(2 * train["batch_size"], 32),
+                 train=train, data=data, loss=loss, preset=preset, filled=filled,
+                 backbone=backbone, transform=transform,
+                 steps_per_epoch=n_train // train["batch_size"], out=out)
 
 
 def _fingerprint(plan: _Plan) -> dict[str, Any]:
     """What determines the trajectory; a checkpoint only resumes a run that agrees on all of it."""
     c = plan.config
     return jsonable({
-        "dataset": plan.data.name,
-        "root": str(Path(c.root).expanduser().resolve()),
-        "dataset_options": dict(c.dataset_options),
-        "loss": c.loss,
+        "dataset": plan.data.name, "root": str(Path(c.root).expanduser().resolve()),
+        "dataset_options": dict(c.dataset_options), "loss": c.loss,
         "hparams": plan.loss.hparams_dict(),
-        "batch_size": plan.train["batch_size"],
-        "lr": plan.train["lr"],
-        "epochs": plan.train["epochs"],
-        "backbone": c.backbone,
-        "weights": plan.backbone.weights.id,
-        "weights_sha256": plan.backbone.weights.sha256,
-        "size": c.size,
+        **{k: plan.train[k] for k in ("batch_size", "lr", "epochs")},
+        "backbone": c.backbone, "weights": plan.backbone.weights.id,
+        "weights_sha256": plan.backbone.weights.sha256, "size": c.size,
         **({} if plan.transform.resize == "square" and plan.transform.crop is None
            and plan.backbone.embed == "pooled"
            else {"transform": plan.transform.describe(), "embed": plan.backbone.embed}),
-        "seed": c.seed,
-        "observed_seed": c.observed_seed,
-        "val_labels": c.val_labels,
-        "n_train": len(plan.data.train_paths),
-        "amp": str(plan.amp_dtype),
-        "channels_last": plan.channels_last,
-        "device_type": plan.device.type,
+        "seed": c.seed, "observed_seed": c.observed_seed, "val_labels": c.val_labels,
+        "n_train": len(plan.data.train_paths), "amp": str(plan.amp_dtype),
+        "channels_last": plan.channels_last, "device_type": plan.device.type,
     })
 
 
-# --------------------------------------------------------------------------------------------
-# the run
-# --------------------------------------------------------------------------------------------
+# what a checkpoint restores besides the model, optimiser, loss and RNGs
+_POSITION = ("epoch", "step_in_epoch", "global_step")  # step_in_epoch steps of epoch are done
+_COUNTERS = ("train_images", "train_seconds", "eval_images", "eval_seconds")
 
 
 class _Run:
@@ -327,17 +224,17 @@ class _Run:
 
     def __init__(self, plan: _Plan) -> None:
         self.plan = plan
-        cfg = plan.config
-        dev = plan.device
+        cfg, dev = plan.config, plan.device
         self.out = plan.out
         self.ckpt_path = self.out / CHECKPOINT_NAME
-        n_classes = len(plan.data.class_names)
         # head: nn.Linear's default init (Cole et al.'s linear_classifier) from its own seed
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(cfg.seed)
-            head = nn.Linear(plan.backbone.feature_dim, n_classes)
+            head = nn.Linear(plan.backbone.feature_dim, len(plan.data.class_names))
+        # backbone (pooled features, trainable) + linear head: Cole et al.'s ImageClassifier
         features = plan.backbone.features.requires_grad_(True).train()
-        self.model = FinetuneModel(features, head).to(dev)
+        self.model = nn.Sequential(OrderedDict(features=features, flatten=nn.Flatten(1),
+                                               head=head)).to(dev)
         if plan.channels_last:
             self.model.to(memory_format=torch.channels_last)
         if dev.type == "cuda":
@@ -352,8 +249,7 @@ class _Run:
         self.loss.to(dev)
         self.inputs = FinetuneInputs(plan)
         self.scaler = torch.amp.GradScaler(dev.type, enabled=plan.amp_dtype == torch.float16)
-        # position: `step_in_epoch` steps of epoch `epoch` are done
-        self.epoch, self.step_in_epoch, self.global_step = 0, 0, 0
+        self.epoch, self.step_in_epoch, self.global_step = 0, 0, 0  # _POSITION
         self.loss_sum = torch.zeros((), device=dev)
         self.history: list[dict[str, Any]] = []
         self.best: dict[str, Any] | None = None
@@ -367,7 +263,6 @@ class _Run:
         self.fingerprint = _fingerprint(plan)
         self.optimizer = self._make_optimizer()
 
-    # -- parts ---------------------------------------------------------------------------------
     def _make_optimizer(self) -> torch.optim.Optimizer:
         """Adam: the backbone at lr, the head at lr × head_lr_mult (1 — Cole's one lr — unless
         the paper's released code trains its head faster, e.g. GR/LL: 10), the loss's own
@@ -384,9 +279,8 @@ class _Run:
         return torch.optim.Adam(groups, lr=lr, fused=fused or None)
 
     def _autocast(self):
-        if self.plan.amp_dtype is None:
-            return nullcontext()
-        return torch.autocast(self.plan.device.type, dtype=self.plan.amp_dtype)
+        return (nullcontext() if self.plan.amp_dtype is None
+                else torch.autocast(self.plan.device.type, dtype=self.plan.amp_dtype))
 
     @torch.no_grad()
     def _predict(self, paths: list[str]) -> Tensor:
@@ -426,32 +320,23 @@ class _Run:
             "f1": {k: float(v) for k, v in f1.to_dict().items()},
         }
 
-    # -- checkpoints -----------------------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
-        rng = {
-            "torch": torch.get_rng_state(),
-            "numpy": np.random.get_state(),
-            "python": random.getstate(),
-        }
+        rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+               "python": random.getstate()}
         if self.plan.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state_all()
         return {
             "format": CHECKPOINT_FORMAT,
             "fingerprint": self.fingerprint,
-            "position": {"epoch": self.epoch, "step_in_epoch": self.step_in_epoch,
-                         "global_step": self.global_step},
+            "position": {k: getattr(self, k) for k in _POSITION},
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(),
             # the whole loss object: buffers/parameters (state_dict) and any host-side state
             # (vPU's numpy generators, schedules) -- a resumed run continues it exactly
-            "loss": self.loss,
-            "loss_sum": self.loss_sum,
-            "rng": rng,
-            "history": self.history,
-            "best": self.best,
-            "counters": {"train_images": self.train_images, "train_seconds": self.train_seconds,
-                         "eval_images": self.eval_images, "eval_seconds": self.eval_seconds},
+            "loss": self.loss, "loss_sum": self.loss_sum, "rng": rng,
+            "history": self.history, "best": self.best,
+            "counters": {k: getattr(self, k) for k in _COUNTERS},
         }
 
     def save_checkpoint(self) -> None:
@@ -492,14 +377,11 @@ class _Run:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scaler.load_state_dict(state["scaler"])
         self.loss_sum = state["loss_sum"].to(self.plan.device)
-        pos = state["position"]
-        self.epoch, self.step_in_epoch = pos["epoch"], pos["step_in_epoch"]
-        self.global_step = pos["global_step"]
+        for group, keys in (("position", _POSITION), ("counters", _COUNTERS)):
+            for key in keys:
+                setattr(self, key, state[group][key])
         self.dirty = False
         self.history, self.best = state["history"], state["best"]
-        c = state["counters"]
-        self.train_images, self.train_seconds = c["train_images"], c["train_seconds"]
-        self.eval_images, self.eval_seconds = c["eval_images"], c["eval_seconds"]
         rng = state["rng"]
         torch.set_rng_state(rng["torch"].cpu())
         np.random.set_state(rng["numpy"])
@@ -507,7 +389,6 @@ class _Run:
         if "cuda" in rng and self.plan.device.type == "cuda":
             torch.cuda.set_rng_state_all([s.cpu() for s in rng["cuda"]])
 
-    # -- training ---------------------------------------------------------------------------------
     def _train_steps(self, bar) -> bool:
         """Run the rest of epoch ``self.epoch``; False if stopped by ``max_steps``."""
         plan, cfg = self.plan, self.plan.config
@@ -568,9 +449,9 @@ class _Run:
     def _end_epoch(self) -> None:
         """The per-epoch pass (if the loss needs one), evaluation, best selection, checkpoint."""
         plan = self.plan
-        epoch_images, epoch_seconds = self.train_images, self.train_seconds
-        done_before = sum(h["train_images"] for h in self.history)
-        seconds_before = sum(h["train_seconds"] for h in self.history)
+        # this epoch's share of the throughput counters (the pass and evaluation add none)
+        images = self.train_images - sum(h["train_images"] for h in self.history)
+        seconds = self.train_seconds - sum(h["train_seconds"] for h in self.history)
         if self.loss.needs_epoch_pass:
             train_logits = self._predict(plan.data.train_paths)
             with torch.no_grad():
@@ -579,32 +460,20 @@ class _Run:
             self.loss.end_epoch(self.epoch, None)
         val = self._evaluate(plan.data.val_paths, plan.data.val_targets)
         test = self._evaluate(plan.data.test_paths, plan.data.test_targets)
-        images = epoch_images - done_before
-        seconds = epoch_seconds - seconds_before
         record = {
             "epoch": self.epoch + 1,  # counted from 1 in every output (self.epoch: loop index)
-            "steps": plan.steps_per_epoch,
-            "global_step": self.global_step,
+            "steps": plan.steps_per_epoch, "global_step": self.global_step,
             "train_loss": float(self.loss_sum) / max(plan.steps_per_epoch, 1),
-            "val_map": val["map"],
-            "val_n_empty_classes": val["n_empty_classes"],
-            "val_f1": val["f1"],
-            "test_map": test["map"],
-            "test_n_empty_classes": test["n_empty_classes"],
-            "test_f1": test["f1"],
-            "train_images": images,
-            "train_seconds": seconds,
+            **{f"{split}_{key}": scores[key] for split, scores in (("val", val), ("test", test))
+               for key in ("map", "n_empty_classes", "f1")},
+            "train_images": images, "train_seconds": seconds,
             "train_images_per_s": images / seconds if seconds > 0 else None,
         }
         self.history.append(record)
         if math.isfinite(val["map"]) and (self.best is None or val["map"] > self.best["val_map"]):
-            self.best = {
-                "epoch": self.epoch + 1,
-                "val_map": val["map"],
-                "test_map": test["map"],
-                "test_f1": test["f1"],
-                "test_ap": dict(zip(plan.data.class_names, test["ap"])),
-            }
+            self.best = {"epoch": self.epoch + 1, "val_map": val["map"], "test_map": test["map"],
+                         "test_f1": test["f1"],
+                         "test_ap": dict(zip(plan.data.class_names, test["ap"]))}
             if plan.config.save_best:
                 self.out.mkdir(parents=True, exist_ok=True)
                 save_torch({"model": self.model.state_dict(), "epoch": self.epoch + 1,
@@ -631,58 +500,41 @@ class _Run:
             with Progress(steps * bs, f"epoch {self.epoch + 1}/{epochs}", "img",
                           initial=self.step_in_epoch * bs,
                           enabled=plan.config.progress) as bar:
-                finished = self._train_steps(bar)
-            if not finished:
-                break
+                if not self._train_steps(bar):  # stopped by max_steps
+                    break
             self._end_epoch()
         self.save_checkpoint()
         return self.write_results()
 
-    # -- results ----------------------------------------------------------------------------------
     def result(self) -> FinetuneResult:
         plan = self.plan
         steady = self.steady_images / self.steady_seconds if self.steady_seconds else None
         best = self.best or {}
         return FinetuneResult(
-            config=plan.config.to_dict(),
-            loss=self.loss.name,
-            hparams=self.loss.hparams_dict(),
+            config=plan.config.to_dict(), loss=self.loss.name, hparams=self.loss.hparams_dict(),
             train={
-                "batch_size": plan.train["batch_size"],
-                "lr": plan.train["lr"],
-                "epochs": plan.train["epochs"],
-                "source": plan.train["source"],
-                "optimizer": "adam",
-                "steps_per_epoch": plan.steps_per_epoch,
-                "loss_preset": plan.preset,
-                "hparams_from_dataset": plan.filled,
+                **{k: plan.train[k] for k in ("batch_size", "lr", "epochs", "source")},
+                "optimizer": "adam", "steps_per_epoch": plan.steps_per_epoch,
+                "loss_preset": plan.preset, "hparams_from_dataset": plan.filled,
                 "device": str(plan.device),
                 "amp": None if plan.amp_dtype is None else str(plan.amp_dtype).split(".")[-1],
-                "channels_last": plan.channels_last,
-                "num_workers": plan.num_workers,
+                "channels_last": plan.channels_last, "num_workers": plan.num_workers,
             },
             data=plan.data.summary(),
             model={"backbone": plan.backbone.name, **plan.backbone.provenance(),
                    "head": f"Linear({plan.backbone.feature_dim}, {len(plan.data.class_names)})",
-                   "transform": plan.transform.describe(),
-                   "torch": torch.__version__},
-            epochs=self.history,
-            best_epoch=best.get("epoch"),
-            best_val_map=best.get("val_map"),
-            test_map=best.get("test_map"),
-            test_ap=best.get("test_ap"),
-            test_f1=best.get("test_f1"),
-            global_step=self.global_step,
-            completed=self.epoch >= plan.train["epochs"],
-            stopped=self.stopped,
+                   "transform": plan.transform.describe(), "torch": torch.__version__},
+            epochs=self.history, best_epoch=best.get("epoch"), best_val_map=best.get("val_map"),
+            test_map=best.get("test_map"), test_ap=best.get("test_ap"),
+            test_f1=best.get("test_f1"), global_step=self.global_step,
+            completed=self.epoch >= plan.train["epochs"], stopped=self.stopped,
             images_per_s={
                 "train": self.train_images / self.train_seconds if self.train_seconds else None,
                 "train_steady": steady,
                 "eval": self.eval_images / self.eval_seconds if self.eval_seconds else None,
             },
             paths={
-                "out": str(self.out),
-                "results": str(self.out / RESULTS_NAME),
+                "out": str(self.out), "results": str(self.out / RESULTS_NAME),
                 "checkpoint": str(self.ckpt_path),
                 "best_model": str(self.out / BEST_MODEL_NAME)
                 if plan.config.save_best and self.best else None,
@@ -700,13 +552,16 @@ def finetune(config: FinetuneConfig, loss_hparams: Mapping[str, Any] | None = No
              ) -> FinetuneResult:
     """Fine-tune ``config.backbone`` + a linear head end to end with loss ``config.loss`` and
     hyperparameters ``loss_hparams`` (over the dataset's paper preset), per the module doc.
-
-    Every input problem (unknown loss or hyperparameter, missing dataset root or weights, a GPU
-    asked for without one, a batch larger than the train split, an existing run in ``out``
-    without ``resume``/``overwrite``) raises before any training work. With ``resume`` the run
-    in ``config.out`` continues from its checkpoint (same settings required; ``max_steps`` may
-    differ). Returns the result, also written to ``out/results.json``.
-    """
+    Every input problem (unknown loss or hyperparameter, missing root or weights, no GPU, a
+    batch larger than the train split, a run in ``out`` without ``resume``/``overwrite``)
+    raises before any training work. With ``resume`` the run in
+    ``config.out`` continues from its checkpoint (same settings required; ``max_steps`` may
+    differ). Returns the result, also written to ``out/results.json``."""
+    if loss_hparams is not None and not isinstance(loss_hparams, Mapping):
+        raise FinetuneError(
+            f"finetune: loss_hparams must be a dict of name -> value; got "
+            f"{type(loss_hparams).__name__}"
+        )
     plan = _prepare(config, dict(loss_hparams or {}))
     if config.overwrite:
         for name in (CHECKPOINT_NAME, RESULTS_NAME, BEST_MODEL_NAME):

@@ -1,19 +1,18 @@
 """The fine-tune's configuration, results and file formats (:mod:`studies.finetune` runs it):
 :class:`FinetuneConfig`, a study winner's JSON, :class:`FinetuneResult`, atomic JSON and torch
-writes of the run directory's files."""
+writes of the run directory's files. Importing it imports no torch (``spml finetune --help``)."""
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from probe.errors import MissingPathError, SpmlError, plain
 from probe.io import atomic_write
@@ -35,11 +34,6 @@ WARMUP_STEPS = 10  # steps excluded from the steady-state images/s (cudnn autotu
 
 class FinetuneError(SpmlError):
     """Bad fine-tuning input: the message names the option, what was expected and what came."""
-
-
-# --------------------------------------------------------------------------------------------
-# configuration
-# --------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -88,28 +82,28 @@ class FinetuneConfig:
             flag = {"num_workers": "--workers"}.get(name, "--" + name.replace("_", "-"))
             return FinetuneError(f"finetune: {flag} must be {expected}; got {plain(got)}")
 
+        def is_int(value: Any) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool)
+
         for name in ("batch_size", "epochs", "max_steps", "eval_batch_size"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < 1):
+            if value is not None and (not is_int(value) or value < 1):
                 raise bad(name, "a positive integer (or left out for the default)", value)
         if self.lr is not None and (
             isinstance(self.lr, bool) or not isinstance(self.lr, int | float)
             or not math.isfinite(self.lr) or self.lr <= 0
         ):
             raise bad("lr", "a positive number (or left out for the paper's value)", self.lr)
-        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 16:
+        if not is_int(self.size) or self.size < 16:
             raise bad("size", "an integer >= 16 (pixels; the protocol uses 448)", self.size)
         from featurize.specs import EMBED_CHOICES, TRANSFORM_CHOICES
 
-        if self.transform not in TRANSFORM_CHOICES:
-            raise bad("transform", f"one of {', '.join(TRANSFORM_CHOICES)}", self.transform)
-        if self.embed not in EMBED_CHOICES:
-            raise bad("embed", f"one of {', '.join(EMBED_CHOICES)}", self.embed)
+        for name, choices in (("transform", TRANSFORM_CHOICES), ("embed", EMBED_CHOICES),
+                              ("amp", AMP_MODES)):
+            if getattr(self, name) not in choices:
+                raise bad(name, f"one of {', '.join(choices)}", getattr(self, name))
         if self.val_labels not in ("clean", "observed"):
             raise bad("val_labels", "clean or observed", self.val_labels)
-        if self.amp not in AMP_MODES:
-            raise bad("amp", f"one of {', '.join(AMP_MODES)}", self.amp)
         if not 0.0 < float(self.threshold) < 1.0:
             raise bad("threshold", "a probability in (0, 1)", self.threshold)
         if not isinstance(self.checkpoint_every, int) or self.checkpoint_every < 0:
@@ -128,7 +122,6 @@ class FinetuneConfig:
         out["root"], out["out"] = str(self.root), str(self.out)
         out["dataset_options"] = {k: jsonable(v) for k, v in self.dataset_options.items()}
         return out
-
 
 
 def read_winner_json(path: str | Path) -> tuple[str, dict[str, Any], dict[str, Any]]:
@@ -171,21 +164,12 @@ def read_winner_json(path: str | Path) -> tuple[str, dict[str, Any], dict[str, A
     return data["loss"], dict(hparams), dict(train)
 
 
-# --------------------------------------------------------------------------------------------
-# results
-# --------------------------------------------------------------------------------------------
-
-
 @dataclass
 class FinetuneResult:
-    """What a run produced (also written to ``out/results.json``).
-
-    ``epochs``: one dict per completed epoch (``epoch`` counted from 1; train loss, val/test mAP,
-    OF1/CF1, images/s). ``best_epoch``: the epoch with the best val mAP (None before the first
-    epoch ends); ``test_map`` / ``test_ap`` (per class) / ``test_f1`` are at that epoch.
-    ``images_per_s``: training throughput over the run (``train``; image loading included,
-    evaluation and checkpoints excluded), the same without this process's first 10 steps
-    (``train_steady``: cudnn autotuning, worker start-up), and evaluation (``eval``).
+    """What a run produced (also written to ``out/results.json``): ``epochs``, one dict per
+    completed epoch (from 1); ``best_epoch``, the best val epoch (None before the first ends),
+    where ``test_map`` / ``test_ap`` / ``test_f1`` are read; ``images_per_s``: ``train``
+    (image loading included), ``train_steady`` (without this process's first 10 steps), ``eval``.
     """
 
     config: dict[str, Any]
@@ -216,7 +200,8 @@ def jsonable(value: Any) -> Any:
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [jsonable(v) for v in value]
-    if isinstance(value, Tensor | np.ndarray):
+    torch = sys.modules.get("torch")  # a tensor means torch is loaded: nothing imported here
+    if isinstance(value, np.ndarray) or (torch is not None and isinstance(value, torch.Tensor)):
         return jsonable(value.tolist())
     if isinstance(value, np.generic):
         return jsonable(value.item())
@@ -227,13 +212,10 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-# --------------------------------------------------------------------------------------------
-# atomic files
-# --------------------------------------------------------------------------------------------
-
-
 def save_torch(obj: Any, path: Path) -> None:
     """``torch.save`` to ``path`` atomically (a temporary file, then a rename)."""
+    import torch
+
     atomic_write(path, lambda fh: torch.save(obj, fh))
 
 
@@ -283,14 +265,12 @@ def store_backbone(path: str | Path) -> dict[str, Any]:
     return out
 
 
-
 def store_images(path: str | Path) -> dict[str, Any]:
     """The :class:`FinetuneConfig` fields that read the images of the feature store at ``path``
     again, as its provenance records them (:func:`featurize.image_source`): ``dataset`` (the
     adapter; for an older store, its dataset's registered name, else ``folder``), ``root``
     (absolute) and ``dataset_options``. Refused for a store of imported features."""
     from featurize.datasets import image_source, resolve_name
-    from probe.errors import SpmlError
     from probe.store import open_store
 
     store = open_store(path)

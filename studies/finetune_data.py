@@ -31,12 +31,9 @@ class FinetuneData:
 
     def summary(self) -> dict[str, Any]:
         return {
-            "dataset": self.name,
-            "n_classes": len(self.class_names),
-            "class_names": list(self.class_names),
-            "n_train": len(self.train_paths),
-            "n_val": len(self.val_paths),
-            "n_test": len(self.test_paths),
+            "dataset": self.name, "n_classes": len(self.class_names),
+            "class_names": list(self.class_names), "n_train": len(self.train_paths),
+            "n_val": len(self.val_paths), "n_test": len(self.test_paths),
             "n_train_without_positive": int((self.observed_train != 1).all(axis=1).sum()),
         }
 
@@ -59,16 +56,12 @@ def load_data(config: FinetuneConfig) -> FinetuneData:
             "the 20% validation split is empty; need at least 3"
         )
     observed_pool = single_positive(pool.labels, config.observed_seed)
-    if config.val_labels == "clean":
-        val_targets = pool.labels[val_idx]
-    else:
-        val_targets = (observed_pool[val_idx] == 1).astype(np.uint8)
+    val_targets = (pool.labels[val_idx] if config.val_labels == "clean"
+                   else (observed_pool[val_idx] == 1).astype(np.uint8))
     return FinetuneData(
-        name=index.name,
-        class_names=tuple(index.class_names),
+        name=index.name, class_names=tuple(index.class_names),
         train_paths=[str(pool.paths[i]) for i in train_idx],
-        val_paths=[str(pool.paths[i]) for i in val_idx],
-        test_paths=[str(p) for p in test.paths],
+        val_paths=[str(pool.paths[i]) for i in val_idx], test_paths=[str(p) for p in test.paths],
         observed_train=observed_pool[train_idx],
         val_targets=np.ascontiguousarray(val_targets, dtype=np.uint8),
         test_targets=np.ascontiguousarray(test.labels, dtype=np.uint8),
@@ -99,13 +92,9 @@ def make_loader(plan: Any, paths: list[str], batches: list[list[int]]):
     """A DataLoader over fixed batches of rows. It gets its own generator, so creating one
     never draws from the global RNG (which a resumed run must find as it was saved)."""
     return torch.utils.data.DataLoader(
-        _Images(paths, plan.transform),
-        batch_sampler=batches,
-        num_workers=plan.num_workers,
-        pin_memory=plan.device.type == "cuda",
-        generator=torch.Generator().manual_seed(0),
-        prefetch_factor=4 if plan.num_workers else None,
-    )
+        _Images(paths, plan.transform), batch_sampler=batches, num_workers=plan.num_workers,
+        pin_memory=plan.device.type == "cuda", generator=torch.Generator().manual_seed(0),
+        prefetch_factor=4 if plan.num_workers else None)
 
 
 class FinetuneInputs:

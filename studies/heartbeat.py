@@ -1,20 +1,12 @@
 """Crash safety of a study's trials: heartbeats, retries of dead workers' trials, failing a batch
 that stopped with an exception.
 
-Everything here goes through Optuna's public storage API (:class:`optuna.storages.BaseStorage`,
-the object :func:`studies.storage.open_storage` returned) and trial *numbers*: what a worker
-writes beyond ask/tell -- which worker holds a trial, its heartbeat, why it failed -- is a trial
-system attribute.
-
-* Every running trial carries a heartbeat (``spml:heartbeat``), refreshed by a background
-  thread of the worker that trains it (:class:`Heartbeat`).
-* A worker that finds a RUNNING trial whose heartbeat is older than the grace period marks it
-  FAIL (``spml:fail_reason = "heartbeat lost"``) and enqueues the same parameters again
-  (``spml:retry_of``), so a killed worker's trial is retried once, never left RUNNING forever
-  nor silently lost (:func:`reclaim_stale_trials`). When several workers race for one dead
-  trial, only the one whose FAIL lands enqueues the retry.
-* A batch whose training raised fails its trials at once, saying why; after Ctrl-C their
-  parameters are enqueued again so that re-running the command continues (:func:`abandon`).
+Everything goes through Optuna's public storage API and trial *numbers*; what a worker writes
+beyond ask/tell (which worker holds a trial, its heartbeat, why it failed) is a trial system
+attribute. A background thread refreshes each running trial's heartbeat (:class:`Heartbeat`); a
+RUNNING trial silent past the grace period is failed and its parameters enqueued again, once,
+by whichever worker's FAIL lands (:func:`reclaim_stale_trials`); a batch whose training raised
+fails at once, re-enqueued after Ctrl-C so the same command continues (:func:`abandon`).
 """
 
 from __future__ import annotations
@@ -29,16 +21,8 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
-__all__ = [
-    "FAIL_REASON_KEY",
-    "HEARTBEAT_KEY",
-    "RETRY_KEY",
-    "WORKER_KEY",
-    "Heartbeat",
-    "TrialStorage",
-    "abandon",
-    "reclaim_stale_trials",
-]
+__all__ = ["FAIL_REASON_KEY", "HEARTBEAT_KEY", "RETRY_KEY", "WORKER_KEY", "Heartbeat",
+           "TrialStorage", "abandon", "reclaim_stale_trials"]
 
 HEARTBEAT_KEY = "spml:heartbeat"
 WORKER_KEY = "spml:worker"
@@ -127,8 +111,7 @@ def reclaim_stale_trials(study: optuna.Study, trials: TrialStorage, grace_second
             continue
         if not trials.fail(trial.number, "heartbeat lost"):
             continue  # finished meanwhile, or another worker reclaimed it first
-        study.enqueue_trial(trial.params, user_attrs={**trial.user_attrs,
-                                                      RETRY_KEY: trial.number},
+        study.enqueue_trial(trial.params, user_attrs={**trial.user_attrs, RETRY_KEY: trial.number},
                             skip_if_exists=False)
         reclaimed.append(trial.number)
     return reclaimed

@@ -1,11 +1,9 @@
 """The figures of a study report (``spml report``), drawn with matplotlib's Agg canvas.
 
-No display and no pyplot: every function builds a :class:`~matplotlib.figure.Figure` on a
-:class:`~matplotlib.backends.backend_agg.FigureCanvasAgg`, so nothing touches global figure
-state and it runs on headless machines. Each takes plain data (no Optuna objects), writes one
-titled PNG with labelled axes at ``dpi`` (150 by default: print quality for papers) and returns
-the file's path. The plots follow Optuna's visualisations (optimisation history, fANOVA
-importances, slice and contour plots) but are drawn here, without plotly.
+No pyplot: every function builds a :class:`~matplotlib.figure.Figure` on its own canvas, so
+nothing touches global figure state and it runs headless. Each takes plain data (no Optuna
+objects), writes one titled PNG at ``dpi`` and returns its path. The plots follow Optuna's
+visualisations (history, fANOVA importances, slices, contours), drawn without plotly.
 """
 
 from __future__ import annotations
@@ -28,36 +26,16 @@ from probe.io import atomic_write
 
 from .storage import best_trial, ranked_trials
 
-__all__ = [
-    "DPI",
-    "ParamAxis",
-    "TrialPoint",
-    "plot_class_ap",
-    "plot_comparison",
-    "plot_contours",
-    "plot_history",
-    "plot_importances",
-    "plot_learning_curves",
-    "plot_slices",
-]
+__all__ = ["DPI", "ParamAxis", "TrialPoint", "plot_class_ap", "plot_comparison", "plot_contours",
+           "plot_history", "plot_importances", "plot_learning_curves", "plot_slices"]
 
 DPI = 150  # print quality for papers; a 9-inch-wide figure is 1350 px
 VALUE_LABEL = "val mAP (%)"
 STYLE = {
-    "font.size": 10.5,
-    "axes.titlesize": 12.5,
-    "axes.titleweight": "bold",
-    "axes.labelsize": 11,
-    "xtick.labelsize": 9.5,
-    "ytick.labelsize": 9.5,
-    "legend.fontsize": 9.5,
-    "legend.framealpha": 0.9,
-    "axes.grid": True,
-    "grid.alpha": 0.3,
-    "axes.spines.top": False,
-    "axes.spines.right": False,
-    "figure.facecolor": "white",
-    "savefig.facecolor": "white",
+    "font.size": 10.5, "axes.titlesize": 12.5, "axes.titleweight": "bold", "axes.labelsize": 11,
+    "xtick.labelsize": 9.5, "ytick.labelsize": 9.5, "legend.fontsize": 9.5,
+    "legend.framealpha": 0.9, "axes.grid": True, "grid.alpha": 0.3, "axes.spines.top": False,
+    "axes.spines.right": False, "figure.facecolor": "white", "savefig.facecolor": "white",
 }
 BLUE, ORANGE, GREY, RED, _GOLD = "#1f77b4", "#ff7f0e", "#9aa0a6", "#d62728", "#f2b701"
 
@@ -93,8 +71,7 @@ class ParamAxis:
         """Ticks in parameter units for coordinates made by :meth:`coords` (call it after the
         data is drawn): one per choice; on a log axis at 1-2-5 multiples of powers of ten."""
         if self.choices is not None:
-            axis.set_ticks(range(len(self.choices)))
-            axis.set_ticklabels([str(c) for c in self.choices])
+            axis.set_ticks(range(len(self.choices)), labels=[str(c) for c in self.choices])
         elif self.log:
             lo, hi = sorted(axis.get_view_interval())
             for mults in ((1, 2, 5), (1, 3), (1,)):
@@ -125,8 +102,7 @@ def _valued(points: Sequence[TrialPoint], states: tuple[str, ...]) -> list[Trial
 
 
 def _best(points: Sequence[TrialPoint]) -> TrialPoint | None:
-    done = _valued(points, ("COMPLETE",))
-    return best_trial(done)
+    return best_trial(_valued(points, ("COMPLETE",)))
 
 
 def plot_history(
@@ -139,8 +115,7 @@ def plot_history(
     with mpl.rc_context(STYLE):
         fig = new_figure(9, 4.6)
         ax = fig.add_subplot()
-        done = _valued(points, ("COMPLETE",))
-        pruned = _valued(points, ("PRUNED",))
+        done, pruned = _valued(points, ("COMPLETE",)), _valued(points, ("PRUNED",))
         failed = [p for p in points if p.state == "FAIL"]
         if done:
             ax.scatter([p.number for p in done], [p.value for p in done], s=36, color=BLUE,
@@ -162,10 +137,8 @@ def plot_history(
             ax.plot([p.number for p in failed], [0.0] * len(failed), "|", color=RED, ms=14,
                     mew=2, transform=ax.get_xaxis_transform(), clip_on=False,
                     label=f"failed ({len(failed)})")
-        ax.set_xlabel("trial number")
-        ax.set_ylabel(VALUE_LABEL)
+        ax.set(xlabel="trial number", ylabel=VALUE_LABEL, title=title)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_title(title)
         if done or pruned or failed:
             fig.legend(loc="outside lower center", ncols=4, frameon=False)
         return save_figure(fig, path, dpi)
@@ -188,15 +161,9 @@ def plot_importances(
             ax.text(bar.get_width() + 0.8, bar.get_y() + bar.get_height() / 2, f"{v:.1f}%",
                     va="center", fontsize=9.5)
         ax.set_xlim(0, max([*values, 1.0]) * 1.15)
-        ax.set_xlabel("share of the variance of val mAP explained (%)")
+        ax.set(xlabel="share of the variance of val mAP explained (%)", title=title)
         ax.grid(axis="y", visible=False)
-        ax.set_title(title)
         return save_figure(fig, path, dpi)
-
-
-def _grid_shape(n: int, max_cols: int = 3) -> tuple[int, int]:
-    cols = min(n, max_cols)
-    return math.ceil(n / cols), cols
 
 
 def plot_slices(
@@ -206,12 +173,11 @@ def plot_slices(
     """One panel per parameter: val mAP of every completed trial against the parameter's value,
     coloured by trial number (how the sampler moved); pruned trials as grey crosses, the paper
     point and the best trial as stars."""
-    done = _valued(points, ("COMPLETE",))
-    pruned = _valued(points, ("PRUNED",))
-    best = _best(points)
+    done, pruned, best = _valued(points, ("COMPLETE",)), _valued(points, ("PRUNED",)), _best(points)
     numbers = [p.number for p in points] or [0]
     norm = mpl.colors.Normalize(min(numbers), max(max(numbers), min(numbers) + 1))
-    rows, cols = _grid_shape(len(axes))
+    cols = min(len(axes), 3)
+    rows = math.ceil(len(axes) / cols)
     with mpl.rc_context(STYLE):
         fig = new_figure(3.4 * cols + 0.9, 3.0 * rows + 0.6)
         grid = fig.subplots(rows, cols, squeeze=False, sharey=True)
@@ -257,11 +223,9 @@ def _triangulation(x: np.ndarray, y: np.ndarray) -> mpl.tri.Triangulation | None
     """Delaunay triangulation of the points, computed on coordinates scaled to the unit square
     (so one parameter's range does not flatten the triangles); None when the points are too few
     or collinear to span an area."""
-    pts = np.unique(np.stack([x, y], 1), axis=0)
-    if len(pts) < 3:
-        return None
-    span = np.ptp(np.stack([x, y], 1), axis=0)
-    if (span == 0).any():
+    xy = np.stack([x, y], 1)
+    span = np.ptp(xy, axis=0)
+    if len(np.unique(xy, axis=0)) < 3 or (span == 0).any():
         return None
     try:
         unit = mpl.tri.Triangulation((x - x.min()) / span[0], (y - y.min()) / span[1])
@@ -272,19 +236,17 @@ def _triangulation(x: np.ndarray, y: np.ndarray) -> mpl.tri.Triangulation | None
 
 def plot_contours(
     points: Sequence[TrialPoint], pairs: Sequence[tuple[ParamAxis, ParamAxis]],
-    path: str | os.PathLike, *, title: str = "Val mAP over pairs of parameters",
-    dpi: int = DPI,
+    path: str | os.PathLike, *, title: str = "Val mAP over pairs of parameters", dpi: int = DPI,
 ) -> Path:
     """One panel per pair: val mAP of the completed trials interpolated linearly over their
     Delaunay triangulation (filled contours, only inside the trials' convex hull), with the
     trials as dots and the best trial as a gold star. Duplicate points are averaged first; a pair
     whose points span no area shows the dots only and says so."""
-    done = _valued(points, ("COMPLETE",))
-    best = _best(points)
+    done, best = _valued(points, ("COMPLETE",)), _best(points)
     values = [p.value for p in done] or [0.0]
     lo, hi = min(values), max(values)
-    levels = np.linspace(lo, hi if hi > lo else lo + 1e-6, 12)
-    norm = mpl.colors.Normalize(lo, hi if hi > lo else lo + 1e-6)
+    hi = hi if hi > lo else lo + 1e-6
+    levels, norm = np.linspace(lo, hi, 12), mpl.colors.Normalize(lo, hi)
     with mpl.rc_context(STYLE):
         fig = new_figure(3.35 * len(pairs) + 1.1, 3.9)
         grid = fig.subplots(1, len(pairs), squeeze=False)[0]
@@ -322,8 +284,8 @@ def plot_contours(
                     set_lim(c.min() - pad, c.max() + pad)
             ax_x.format_axis(ax.xaxis)
             ax_y.format_axis(ax.yaxis)
-            ax.set_xlabel(ax_x.name + (" (log)" if ax_x.log else ""))
-            ax.set_ylabel(ax_y.name + (" (log)" if ax_y.log else ""))
+            ax.set(xlabel=ax_x.name + (" (log)" if ax_x.log else ""),
+                   ylabel=ax_y.name + (" (log)" if ax_y.log else ""))
             ax.grid(False)
             ax.set_title(subtitle, fontsize=11)
         if mappable is not None:
@@ -365,12 +327,9 @@ def plot_learning_curves(
                 b = int(np.nanargmax(y))
                 ax.scatter([epochs[b]], [y[b]], s=90, facecolor="none", edgecolor=color, lw=1.8,
                            zorder=4)
-        ax.set_xlabel("epoch")
-        ax.set_ylabel(VALUE_LABEL)
+        ax.set(xlabel="epoch", ylabel=VALUE_LABEL, title=title)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_title(title)
-        ax.legend(loc="best", title="val mAP at the best epoch (circled)",
-                  title_fontsize=9)
+        ax.legend(loc="best", title="val mAP at the best epoch (circled)", title_fontsize=9)
         return save_figure(fig, path, dpi)
 
 
@@ -388,16 +347,13 @@ def plot_class_ap(
     ``max_classes`` classes only the largest gains and losses are drawn (half each) and the
     title says so. Classes whose AP is undefined (no positive test image) are left out and
     counted in the title."""
-    names = list(class_names)
-    a = _nan(best_ap)  # percent, like every AP the engine records
-    b = _nan(baseline_ap)
+    names, a, b = list(class_names), _nan(best_ap), _nan(baseline_ap)  # percent, as recorded
     if not (len(names) == len(a) == len(b)):
         raise SpmlError(
             f"plot_class_ap: {len(names)} class names but {len(a)} and {len(b)} AP values"
         )
-    ok = np.isfinite(a) & np.isfinite(b)
+    ok, diff = np.isfinite(a) & np.isfinite(b), a - b
     idx = np.nonzero(ok)[0]
-    diff = a - b
     idx = idx[np.argsort(-diff[idx], kind="stable")]
     note = ""
     if len(idx) > max_classes:
@@ -410,17 +366,14 @@ def plot_class_ap(
     with mpl.rc_context(STYLE):
         fig = new_figure(9, 1.6 + 0.34 * max(n, 3))
         ax = fig.add_subplot()
-        pos = np.arange(n)[::-1].astype(float)
-        h = 0.38
+        pos, h = np.arange(n)[::-1].astype(float), 0.38
         ax.barh(pos + h / 2, a[idx], height=h, color=BLUE, label=labels[0])
         ax.barh(pos - h / 2, b[idx], height=h, color=GREY, label=labels[1])
         top = max(np.nanmax(a[idx]) if n else 1.0, np.nanmax(b[idx]) if n else 1.0)
         for y, i in zip(pos, idx):
-            d = diff[i]
-            ax.text(top * 1.02, y, f"{d:+.1f}", va="center", fontsize=9,
-                    color="#1a7f37" if d >= 0 else RED)
-        ax.set_yticks(pos)
-        ax.set_yticklabels([names[i] for i in idx])
+            ax.text(top * 1.02, y, f"{diff[i]:+.1f}", va="center", fontsize=9,
+                    color="#1a7f37" if diff[i] >= 0 else RED)
+        ax.set_yticks(pos, labels=[names[i] for i in idx])
         ax.set_ylim(-0.7, n - 0.3)
         ax.set_xlim(0, top * 1.12)
         ax.set_xlabel("test AP at the best val epoch (%); difference on the right")
@@ -445,12 +398,9 @@ def plot_comparison(
         left, right = fig.subplots(1, 2, width_ratios=(1, 1))
         order = sorted(range(n), key=lambda i: maps[i][0])
         y = np.arange(n, dtype=float)
-        v = np.array([maps[i][0] for i in order])
-        lo = np.array([maps[i][1] for i in order])
-        hi = np.array([maps[i][2] for i in order])
+        v, lo, hi = (np.array([maps[i][k] for i in order]) for k in range(3))
         left.errorbar(v, y, xerr=[v - lo, hi - v], fmt="o", color=BLUE, capsize=3)
-        left.set_yticks(y)
-        left.set_yticklabels([labels[i] for i in order])
+        left.set_yticks(y, labels=[labels[i] for i in order])
         left.set_xlabel(f"test mAP (%), {100 * level:g}% bootstrap interval")
         left.margins(y=0.15)
         right.margins(y=0.15)
@@ -458,12 +408,10 @@ def plot_comparison(
         left.set_title("mAP per system")
         y2 = np.arange(m, dtype=float)[::-1]
         for yy, (_, val, dlo, dhi, sig) in zip(y2, diffs):
-            color = RED if sig else GREY
-            right.errorbar([val], [yy], xerr=[[val - dlo], [dhi - val]], fmt="o", color=color,
-                           capsize=3)
+            right.errorbar([val], [yy], xerr=[[val - dlo], [dhi - val]], fmt="o",
+                           color=RED if sig else GREY, capsize=3)
         right.axvline(0.0, color="black", lw=0.8)
-        right.set_yticks(y2)
-        right.set_yticklabels([d[0] for d in diffs])
+        right.set_yticks(y2, labels=[d[0] for d in diffs])
         right.set_xlabel(f"difference (mAP points), paired {100 * level:g}% interval;\n"
                         "red: Holm-corrected p < 0.05")
         right.grid(axis="y", visible=False)

@@ -1,17 +1,11 @@
 """Median pruning decided in process, without a storage round-trip per trial.
 
-Optuna's :class:`~optuna.pruners.MedianPruner` answers ``trial.should_prune()`` by reading every
-completed trial from the storage -- once per trial per epoch. A batch of T stacked trials asks T
-times an epoch the same question about the same history, and on a long study most of the wall
-time went there (about half of a 64-trial yeast GR study).
-
-:class:`BatchPruner` takes the same decisions from one read of the completed trials per epoch
-(their intermediate values at that step) and the values the worker already holds for its own
-trials: the rule is :class:`optuna.pruners.PercentilePruner`'s, line by line (startup trials,
-warm-up steps, interval steps, minimum trials, the trial's best value so far against the
-percentile of the completed trials at this step). ``tests/test_pruning.py`` checks the decisions
-against Optuna's pruner on the same history. The study is still created with the equivalent
-Optuna pruner (:meth:`MedianRule.optuna`), so a study read by other tools says what pruned it.
+Optuna's :class:`~optuna.pruners.MedianPruner` reads every completed trial from the storage
+once per trial per epoch; a batch of T stacked trials would ask T times an epoch the same
+question. :class:`BatchPruner` takes the same decisions (:class:`optuna.pruners.PercentilePruner`'s
+rule, line by line; ``tests/test_pruning.py`` checks them against Optuna's) from one read per
+epoch and the values the worker holds. The study is still created with the equivalent Optuna
+pruner (:meth:`MedianRule.optuna`), so a study read by other tools says what pruned it.
 """
 
 from __future__ import annotations
@@ -84,14 +78,11 @@ class BatchPruner:
         """PercentilePruner.prune (optuna/pruners/_percentile.py), from held values."""
         rule = self.rule
         assert rule is not None
-        if not completed or len(completed) < rule.n_startup_trials:
-            return False
-        if not values:
+        if not completed or len(completed) < rule.n_startup_trials or not values:
             return False
         step = max(values)  # trial.last_step
-        if step < rule.n_warmup_steps:
-            return False
-        if not _first_in_interval(step, values, rule.n_warmup_steps, rule.interval_steps):
+        if step < rule.n_warmup_steps or not _first_in_interval(
+                step, values, rule.n_warmup_steps, rule.interval_steps):
             return False
         own = np.asarray(list(values.values()), dtype=float)
         best = np.nanmax(own) if maximize else np.nanmin(own)

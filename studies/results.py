@@ -1,35 +1,20 @@
-"""Results as data: one tidy schema for every trial spml trains -- a study's trials, a probe run's
-trials, a confirmation's re-runs -- so that tables from different losses, studies and commands
+"""Results as data: one tidy schema for every trial spml trains (a study's trials, a probe run's
+trials, a confirmation's re-runs), so that tables from different losses, studies and commands
 concatenate (``pl.concat(..., how="diagonal_relaxed")``) and export anywhere (CSV, Parquet).
 
-One row per trial. Columns (:data:`COLUMNS`, in this order):
+One row per trial; the columns (:data:`COLUMNS`, in this order): what it is (``format``,
+``kind`` = study | probe | confirm, ``source``, ``study``, ``trial``, ``state``, ``loss``);
+``params``, a JSON object with sorted keys in one scheme for every source (:func:`params_keys`:
+``<loss>.<name>``, ``train.<name>``), never one column per loss knob; the metrics in percent
+at the best epoch (``value`` = what the study maximised, ``val_map``, ``test_map``,
+``best_epoch`` from 1, ``epochs_run``); the settings the trial trained with (``seed`` ...
+``loss_package``: the distribution providing the loss); where and how (``spml_version``,
+``worker``, ``seconds``). Further best-epoch metrics (``val_map_*`` / ``test_map_*``, e.g.
+``test_map_low``) follow the settings and simply concatenate.
 
-* what it is: ``format`` (``spml-results/2``), ``kind`` (``study`` | ``probe`` | ``confirm``),
-  ``source`` (the file or folder it was read from; filled by :mod:`studies.export`),
-  ``study``, ``trial``, ``state`` (``COMPLETE`` | ``PRUNED`` | ``FAIL``), ``loss``;
-* the hyperparameters in one uniform column, whatever the loss: ``params``, a JSON object with
-  sorted keys in one scheme for every source (:func:`params_keys`): ``<loss>.<name>`` for a
-  loss hyperparameter (``gr.b_T``), ``train.<name>`` for a training setting -- a study's
-  parameters as Optuna names them, a probe run's hyperparameters prefixed the same way --
-  never one column per loss knob;
-* the metrics, all mAP/AP values in percent (0–100): ``value`` (what the study maximised: val
-  mAP at the best epoch), ``val_map`` and ``test_map`` at the best epoch, ``best_epoch``
-  (epochs count from 1), ``epochs_run`` (fewer than ``epochs`` when pruned); further metric
-  columns of the best epoch (``val_map_*`` / ``test_map_*``, e.g. the interval bounds
-  ``test_map_low`` / ``test_map_high``) follow the settings and simply concatenate;
-* the settings the trial trained with (what its result depends on besides ``params``):
-  ``seed``, ``observed_seed``, ``draw`` (JSON: ``{"kind": "protocol"}``, a label budget's
-  ``k`` and ``fraction``, a label bias's name), ``prior`` and ``prior_provenance`` (JSON: model,
-  weights, tiles, T, ...), ``lr``, ``batch_size``, ``epochs``, ``optimizer``,
-  ``weight_decay``, ``val_labels``, ``select``, ``dataset``, ``store``, ``store_fingerprint``,
-  ``backbone``, ``loss_package`` (the distribution and version providing the loss: a plugin's);
-* where and how: ``spml_version``, ``worker``, ``seconds``.
-
-A study's per-batch Parquet files (:func:`write_batch`) hold these columns plus the per-epoch
-curves and per-class AP as list columns (:data:`CURVES`): ``val_map_per_epoch``,
-``test_map_per_epoch``, ``train_loss_per_epoch`` (index 0 = epoch 1) and ``class_ap`` (test AP
-per class at the best epoch, percent). Files are written atomically (temp file + rename), so a
-reader never sees half a file, also while the study runs.
+A study's per-batch Parquet files (:func:`write_batch`) add the list columns of :data:`CURVES`
+(per-epoch curves, index 0 = epoch 1; ``class_ap``: test AP per class at the best epoch).
+Files are written atomically, so a reader never sees half a file, also while the study runs.
 """
 
 from __future__ import annotations
@@ -46,59 +31,30 @@ from typing import Any
 
 import polars as pl
 
+from probe import __version__
 from probe.io import atomic_write
 
-__all__ = [
-    "COLUMNS",
-    "CURVES",
-    "FORMAT",
-    "draw_of",
-    "params_keys",
-    "probe_rows",
-    "read_results",
-    "read_trial_heads",
-    "store_fingerprint",
-    "tidy_frame",
-    "write_batch",
-    "write_trial_heads",
-]
+__all__ = ["COLUMNS", "CURVES", "FORMAT", "draw_of", "params_keys", "probe_rows", "read_results",
+           "read_trial_heads", "store_fingerprint", "tidy_frame", "write_batch",
+           "write_trial_heads"]
 
 FORMAT = "spml-results/2"
 
 COLUMNS: dict[str, pl.DataType] = {
-    "format": pl.Utf8,
-    "kind": pl.Utf8,
-    "source": pl.Utf8,
-    "study": pl.Utf8,
-    "trial": pl.Int64,
-    "state": pl.Utf8,
-    "loss": pl.Utf8,
-    "params": pl.Utf8,
-    "value": pl.Float64,
-    "val_map": pl.Float64,
-    "test_map": pl.Float64,
-    "best_epoch": pl.Int64,
+    # what it is
+    "format": pl.Utf8, "kind": pl.Utf8, "source": pl.Utf8, "study": pl.Utf8, "trial": pl.Int64,
+    "state": pl.Utf8, "loss": pl.Utf8, "params": pl.Utf8,
+    # the metrics (percent) at the best epoch
+    "value": pl.Float64, "val_map": pl.Float64, "test_map": pl.Float64, "best_epoch": pl.Int64,
     "epochs_run": pl.Int64,
-    "seed": pl.Int64,
-    "observed_seed": pl.Int64,
-    "draw": pl.Utf8,
-    "prior": pl.Utf8,
-    "prior_provenance": pl.Utf8,
-    "lr": pl.Float64,
-    "batch_size": pl.Int64,
-    "epochs": pl.Int64,
-    "optimizer": pl.Utf8,
-    "weight_decay": pl.Float64,
-    "val_labels": pl.Utf8,
-    "select": pl.Utf8,
-    "dataset": pl.Utf8,
-    "store": pl.Utf8,
-    "store_fingerprint": pl.Utf8,
-    "backbone": pl.Utf8,
+    # the settings the trial trained with (draw and prior_provenance: JSON)
+    "seed": pl.Int64, "observed_seed": pl.Int64, "draw": pl.Utf8, "prior": pl.Utf8,
+    "prior_provenance": pl.Utf8, "lr": pl.Float64, "batch_size": pl.Int64, "epochs": pl.Int64,
+    "optimizer": pl.Utf8, "weight_decay": pl.Float64, "val_labels": pl.Utf8, "select": pl.Utf8,
+    "dataset": pl.Utf8, "store": pl.Utf8, "store_fingerprint": pl.Utf8, "backbone": pl.Utf8,
     "loss_package": pl.Utf8,
-    "spml_version": pl.Utf8,
-    "worker": pl.Utf8,
-    "seconds": pl.Float64,
+    # where and how
+    "spml_version": pl.Utf8, "worker": pl.Utf8, "seconds": pl.Float64,
 }
 
 CURVES: dict[str, pl.DataType] = {
@@ -117,14 +73,8 @@ def store_fingerprint(source: dict[str, Any]) -> str | None:
     if not source or source.get("kind") != "store":
         return None
     prov = source.get("provenance") or {}
-    key = {
-        "dataset": source.get("dataset"),
-        "rows": source.get("rows"),
-        "completed": source.get("completed"),
-        "created": prov.get("created"),
-        "backbone": prov.get("backbone"),
-        "weights_sha256": prov.get("weights_sha256"),
-    }
+    key = {**{k: source.get(k) for k in ("dataset", "rows", "completed")},
+           **{k: prov.get(k) for k in ("created", "backbone", "weights_sha256")}}
     text = json.dumps(key, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -164,40 +114,28 @@ def probe_rows(record: dict[str, Any], *, kind: str = "probe", study: str | None
             state = "COMPLETE"
         hp = params_keys(params[j] if params is not None else tr.get("hparams") or {},
                          record.get("loss"))
+        package = record.get("loss_package")
         rows.append({
-            "format": FORMAT,
-            "kind": kind,
-            "source": None,
-            "study": study,
+            "format": FORMAT, "kind": kind, "source": None, "study": study,
             "trial": int(numbers[j] if numbers is not None else tr.get("trial", t)),
-            "state": state,
-            "loss": record.get("loss"),
+            "state": state, "loss": record.get("loss"),
             "params": json.dumps(hp, sort_keys=True, default=str),
-            "value": _finite(best.get("val_map")),
-            "val_map": _finite(best.get("val_map")),
-            "test_map": _finite(best.get("test_map")),
-            "best_epoch": tr.get("best_epoch"),
-            "epochs_run": len(epochs),
-            "seed": tr.get("seed"),
+            "value": _finite(best.get("val_map")), "val_map": _finite(best.get("val_map")),
+            "test_map": _finite(best.get("test_map")), "best_epoch": tr.get("best_epoch"),
+            "epochs_run": len(epochs), "seed": tr.get("seed"),
             "observed_seed": cfg.get("observed_seed", data.get("observed_seed")),
             "draw": _json(draw_of(data)),
             "prior": cfg.get("priors") or (data.get("priors") or {}).get("name"),
             "prior_provenance": _json((data.get("priors") or {}).get("provenance")),
             "lr": _finite(tr.get("lr")),
-            "batch_size": cfg.get("batch_size"),
-            "epochs": cfg.get("epochs"),
-            "optimizer": cfg.get("optimizer"),
-            "weight_decay": _finite(tr.get("weight_decay")),
-            "val_labels": cfg.get("val_labels"),
-            "select": cfg.get("select", "val"),
-            "dataset": record.get("dataset"),
-            "store": data.get("path"),
-            "store_fingerprint": store_fingerprint(data),
+            **{k: cfg.get(k) for k in ("batch_size", "epochs", "optimizer")},
+            "weight_decay": _finite(tr.get("weight_decay")), "val_labels": cfg.get("val_labels"),
+            "select": cfg.get("select", "val"), "dataset": record.get("dataset"),
+            "store": data.get("path"), "store_fingerprint": store_fingerprint(data),
             "backbone": (data.get("provenance") or {}).get("backbone"),
-            "loss_package": _package_text(record.get("loss_package")),
-            "spml_version": record.get("spml_version") or _version(),
-            "worker": None,
-            "seconds": None,
+            "loss_package": f"{package['name']} {package['version']}" if package else None,
+            "spml_version": record.get("spml_version") or __version__,
+            "worker": None, "seconds": None,
             "val_map_per_epoch": [_finite(e.get("val_map")) for e in epochs],
             "test_map_per_epoch": [_finite(e.get("test_map")) for e in epochs],
             "train_loss_per_epoch": [_finite(e.get("train_loss")) for e in epochs],
@@ -239,26 +177,12 @@ def _json(value: Any) -> str | None:
     return None if value is None else json.dumps(value, sort_keys=True, default=str)
 
 
-def _package_text(package: dict[str, str] | None) -> str | None:
-    return f"{package['name']} {package['version']}" if package else None
-
-
-def _version() -> str:
-    from probe import __version__
-
-    return __version__
-
-
 def tidy_frame(rows: Iterable[dict[str, Any]], curves: bool = True) -> pl.DataFrame:
     """Rows as a frame in the tidy schema: :data:`COLUMNS` first in their order and types,
     then any further columns (e.g. interval bounds), then (with ``curves``) :data:`CURVES`."""
     rows = list(rows)
     schema = {**COLUMNS, **(CURVES if curves else {})}
-    extra: dict[str, None] = {}
-    for row in rows:
-        for k in row:
-            if k not in schema and k not in CURVES:
-                extra.setdefault(k, None)
+    extra = dict.fromkeys(k for row in rows for k in row if k not in schema and k not in CURVES)
     names = [*COLUMNS, *extra, *(CURVES if curves else {})]
     records = [{k: row.get(k) for k in names} for row in rows]
     frame = pl.DataFrame(records, schema_overrides=schema, infer_schema_length=None)
@@ -268,24 +192,18 @@ def tidy_frame(rows: Iterable[dict[str, Any]], curves: bool = True) -> pl.DataFr
 
 
 def write_batch(directory: str | os.PathLike, rows: Sequence[dict[str, Any]]) -> Path | None:
-    """Write one batch of trial rows as ``batch-<host>-<pid>-<uuid>.parquet``; returns its path.
-
-    ``rows`` hold the tidy columns (``params`` may be a dict; it is stored as JSON) and
-    optionally ``provenance`` (the store's, as a dict).
-    """
+    """Write one batch of trial rows (the tidy columns, ``params`` and the store's
+    ``provenance`` may be dicts: stored as JSON) as ``batch-<host>-<pid>-<uuid>.parquet``."""
     if not rows:
         return None
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    records = []
-    for row in rows:
-        rec = dict(row)
-        rec.setdefault("format", FORMAT)
+    records = [{"format": FORMAT, **row} for row in rows]
+    for rec in records:
         if not isinstance(rec.get("params"), str):
             rec["params"] = json.dumps(rec.get("params") or {}, sort_keys=True, default=str)
         if isinstance(rec.get("provenance"), dict):
             rec["provenance"] = json.dumps(rec["provenance"], sort_keys=True, default=str)
-        records.append(rec)
     frame = tidy_frame(records)
     if "provenance" not in frame.columns:
         frame = frame.with_columns(pl.lit(None, dtype=pl.Utf8).alias("provenance"))
@@ -351,23 +269,18 @@ def upgrade_batch(frame: pl.DataFrame) -> pl.DataFrame:
         cols.append(pl.col("best_epoch") + 1)
     if "class_ap" in frame.columns:
         cols.append(pl.col("class_ap").list.eval(pl.element() * 100.0))
-    cols.append(pl.lit("spml-results/1").alias("format"))
-    cols.append(pl.lit("study").alias("kind"))
-    frame = frame.with_columns(cols)
+    frame = frame.with_columns(*cols, pl.lit("spml-results/1").alias("format"),
+                               pl.lit("study").alias("kind"))
     return frame.drop([c for c in frame.columns if c.startswith("param.")])
 
 
 def read_results(directory: str | os.PathLike) -> pl.DataFrame:
     """All finished batches of a study's results folder as one tidy frame, sorted by trial
-    (an empty frame in the schema if none). Batches written by older versions are upgraded.
-
-    Safe while workers are writing: half-written files are hidden temp files, never read.
-    """
+    (an empty frame in the schema if none; older batches upgraded). Safe while workers write."""
     files = sorted(Path(directory).glob("batch-*.parquet"))
     if not files:
         return tidy_frame([])
-    frames = [upgrade_batch(pl.read_parquet(f)) for f in files]
-    frame = pl.concat(frames, how="diagonal_relaxed")
+    frame = pl.concat([upgrade_batch(pl.read_parquet(f)) for f in files], how="diagonal_relaxed")
     front = [c for c in COLUMNS if c in frame.columns]
     rest = [c for c in frame.columns if c not in COLUMNS]
     return frame.select(front + rest).sort("trial")

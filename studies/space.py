@@ -1,10 +1,7 @@
-"""Search spaces: declared once next to each loss (``HParam.search`` / ``HParam.log`` in
-``probe.losses``) and turned into Optuna distributions here.
-
-Parameter names are prefixed by the loss (``gr.w_T``); training settings live under ``train.``
-(``train.lr`` log-uniform, ``train.batch_size`` and ``train.epochs`` categorical). The paper's
-values (the loss's preset for the store's dataset, else the signature defaults) are the first
-trial a study enqueues, so the best trial is never worse than the paper on the val split.
+"""Search spaces: declared once next to each loss (``HParam.search`` / ``HParam.log``) and turned
+into Optuna distributions here. Names are prefixed by the loss (``gr.w_T``) or ``train.``
+(``train.lr`` log-uniform, ``train.batch_size`` / ``train.epochs`` categorical); the paper's
+values (``SearchSpace.defaults``) are the first trial a study enqueues.
 """
 
 from __future__ import annotations
@@ -55,9 +52,8 @@ class SearchSpace:
             elif name.startswith(self.loss + "."):
                 loss_part[name[len(self.loss) + 1 :]] = value
             else:
-                raise StudyError(
-                    f"parameter '{name}' belongs to neither '{self.loss}.' nor 'train.'"
-                )
+                raise StudyError(f"parameter '{name}' belongs to neither '{self.loss}.' nor "
+                                 "'train.'")
         return loss_part, train_part
 
     def describe(self) -> list[str]:
@@ -85,9 +81,8 @@ def parse_range(text: str) -> tuple[str, BaseDistribution]:
         try:
             low, high = float(bits[0]), float(bits[1])
         except ValueError:
-            raise StudyError(
-                f"--space {name}: LOW and HIGH must be numbers; got {spec!r}"
-            ) from None
+            raise StudyError(f"--space {name}: LOW and HIGH must be numbers; got {spec!r}") \
+                from None
         return name, _float_dist(name, low, high, log)
     choices = []
     for item in spec.split(","):
@@ -102,25 +97,18 @@ def parse_range(text: str) -> tuple[str, BaseDistribution]:
 
 def _float_dist(name: str, low: float, high: float, log: bool) -> FloatDistribution:
     if not (math.isfinite(low) and math.isfinite(high)) or low >= high:
-        raise StudyError(
-            f"search space for '{name}' is empty or inverted: low={low:g} must be < high={high:g}"
-        )
+        raise StudyError(f"search space for '{name}' is empty or inverted: low={low:g} must be "
+                         f"< high={high:g}")
     if log and low <= 0:
         raise StudyError(f"search space for '{name}': a log scale needs low > 0; got {low:g}")
     return FloatDistribution(low, high, log=log)
 
 
-def build_space(
-    loss: str,
-    dataset: str | None = None,
-    *,
-    search_lr: bool = False,
-    batch_sizes: tuple[int, ...] = (),
-    epochs: tuple[int, ...] = (),
-    overrides: dict[str, BaseDistribution] | None = None,
-    only: tuple[str, ...] | None = None,
-    fixed: dict[str, Any] | None = None,
-) -> SearchSpace:
+def build_space(loss: str, dataset: str | None = None, *, search_lr: bool = False,
+                batch_sizes: tuple[int, ...] = (), epochs: tuple[int, ...] = (),
+                overrides: dict[str, BaseDistribution] | None = None,
+                only: tuple[str, ...] | None = None, fixed: dict[str, Any] | None = None
+                ) -> SearchSpace:
     """The study's space for ``loss``: every hparam with a declared search range (or just
     ``only``), plus optional training settings, with ``overrides`` (from ``--space``).
 
@@ -139,9 +127,8 @@ def build_space(
                      if s.search is not None and (s.requires is None or switches.get(s.requires)))
     for name in only:
         if name not in specs:
-            raise StudyError(
-                f"--params: '{name}' is not a hyperparameter of {loss} (known: {', '.join(specs)})"
-            )
+            raise StudyError(f"--params: '{name}' is not a hyperparameter of {loss} (known: "
+                             f"{', '.join(specs)})")
         spec = specs[name]
         if spec.requires is not None and not switches.get(spec.requires):
             raise StudyError(
@@ -149,28 +136,23 @@ def build_space(
                 f"--set {spec.requires}=true to search it"
             )
         if spec.search is None or not spec.stackable:
-            raise StudyError(
-                f"--params: {loss}.{name} has no numeric search range; set it with --set instead"
-            )
+            raise StudyError(f"--params: {loss}.{name} has no numeric search range; set it with "
+                             "--set instead")
         dists[f"{loss}.{name}"] = _float_dist(f"{loss}.{name}", *spec.search, spec.log)
         defaults[f"{loss}.{name}"] = preset.get(name)
-    if search_lr:
-        dists["train.lr"] = FloatDistribution(1e-5, 1e-1, log=True)
-        defaults["train.lr"] = paper_train.lr
-    if batch_sizes:
-        dists["train.batch_size"] = CategoricalDistribution(tuple(batch_sizes))
-        defaults["train.batch_size"] = paper_train.batch_size
-    if epochs:
-        dists["train.epochs"] = CategoricalDistribution(tuple(epochs))
-        defaults["train.epochs"] = paper_train.epochs
+    for key, dist in (("lr", search_lr and FloatDistribution(1e-5, 1e-1, log=True)),
+                      ("batch_size", batch_sizes and CategoricalDistribution(tuple(batch_sizes))),
+                      ("epochs", epochs and CategoricalDistribution(tuple(epochs)))):
+        if dist:
+            dists[TRAIN_PREFIX + key] = dist
+            defaults[TRAIN_PREFIX + key] = getattr(paper_train, key)
     for name, dist in (overrides or {}).items():
         full = name if "." in name else f"{loss}.{name}"
         if not (full.startswith(loss + ".") or full.startswith(TRAIN_PREFIX)):
             raise StudyError(f"--space: '{name}' is neither a {loss} hyperparameter nor train.*")
         if full.startswith(loss + ".") and full[len(loss) + 1 :] not in specs:
-            raise StudyError(
-                f"--space: '{full}' is not a hyperparameter of {loss} (known: {', '.join(specs)})"
-            )
+            raise StudyError(f"--space: '{full}' is not a hyperparameter of {loss} (known: "
+                             f"{', '.join(specs)})")
         dists[full] = dist
         defaults.setdefault(full, preset.get(full[len(loss) + 1 :]))
     for full, dist in dists.items():

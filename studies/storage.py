@@ -1,16 +1,13 @@
-"""Where a study lives: a journal file (the default: one or several processes on one machine or
-a shared file system), an SQLite file (one process) or a PostgreSQL server (workers on many
-machines).
-
-The journal is the default because it is the fastest on a small dataset: SQLite's ORM round
-trips cost a short study a large share of its time (compare ``spml bench study --storage
-sqlite`` with ``spml bench study``). A journal line is appended and
-``fsync``-ed per operation; :func:`open_storage` drops a torn last line that a failed write (a
-full disk) left behind, so the next command can append again.
+"""Where a study lives: a journal file (the default, and the fastest: one or several processes
+on one machine or a shared file system), an SQLite file (one process) or a PostgreSQL server
+(workers on many machines). :func:`open_storage` drops a journal's torn last line that a failed
+write (a full disk) left behind, so the next command can append again; the lock, the ask lock,
+and the one rule that ranks a study's trials (:func:`ranked_trials`) are here too.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import socket
 import zlib
@@ -25,19 +22,9 @@ import optuna
 
 from probe.errors import MissingPathError, SpmlError
 
-__all__ = [
-    "PAPER_ATTR",
-    "StorageSpec",
-    "StudyError",
-    "ask_lock",
-    "best_trial",
-    "find_storage",
-    "is_paper_trial",
-    "open_existing_storage",
-    "open_storage",
-    "parse_storage",
-    "ranked_trials",
-]
+__all__ = ["PAPER_ATTR", "StorageSpec", "StudyError", "ask_lock", "best_trial", "find_storage",
+           "is_paper_trial", "open_existing_storage", "open_storage", "parse_storage",
+           "ranked_trials"]
 
 # PostgreSQL advisory-lock key under which workers create Optuna's tables one at a time
 _PG_SCHEMA_LOCK = 0x5350_4D4C  # "SPML"
@@ -45,10 +32,8 @@ _PG_ENGINES: dict[str, Any] = {}
 
 SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
 JOURNAL_SUFFIXES = (".log", ".journal", ".jsonl")
-_FORMS = (
-    "an SQLite file (study.db or sqlite:///study.db), a journal file (study.log or "
-    "journal:study.log) or a PostgreSQL URL (postgresql://user@host:5432/db)"
-)
+_FORMS = ("an SQLite file (study.db or sqlite:///study.db), a journal file (study.log or "
+          "journal:study.log) or a PostgreSQL URL (postgresql://user@host:5432/db)")
 
 
 class StudyError(SpmlError):
@@ -118,16 +103,14 @@ def _check_postgres_reachable(url: str, timeout: float = 5.0) -> None:
     except OSError as err:
         raise StudyError(
             f"--storage: cannot reach the PostgreSQL server at {host}:{port} "
-            f"({err.strerror or err}); "
-            "is it running and does it accept TCP connections there?"
+            f"({err.strerror or err}); is it running and does it accept TCP connections there?"
         ) from None
 
 
 def open_existing_storage(storage: str | os.PathLike, flag: str = "--storage"
                           ) -> tuple[StorageSpec, optuna.storages.BaseStorage]:
     """Open the storage of a study that must exist already (what confirm, report and fine-tune
-    read): a file storage that is not there is refused, naming ``flag`` and the path, and never
-    created -- a mistyped name must not leave an empty study file behind."""
+    read): a file storage that is not there is refused, naming ``flag``, and never created."""
     spec = parse_storage(storage)
     if spec.kind != "postgresql":
         path = Path(spec.target).expanduser()
@@ -150,10 +133,8 @@ def open_storage(spec: StorageSpec) -> optuna.storages.BaseStorage:
     that must already exist use :func:`open_existing_storage`."""
     if spec.kind == "sqlite":
         Path(spec.target).expanduser().parent.mkdir(parents=True, exist_ok=True)
-        return optuna.storages.RDBStorage(
-            f"sqlite:///{Path(spec.target).expanduser()}",
-            engine_kwargs={"connect_args": {"timeout": 60}},
-        )
+        return optuna.storages.RDBStorage(f"sqlite:///{Path(spec.target).expanduser()}",
+                                          engine_kwargs={"connect_args": {"timeout": 60}})
     if spec.kind == "journal":
         from optuna.storages.journal import JournalFileBackend
 
@@ -161,8 +142,7 @@ def open_storage(spec: StorageSpec) -> optuna.storages.BaseStorage:
         path.parent.mkdir(parents=True, exist_ok=True)
         lock = FileLock(f"{path}.flock")
         drop_torn_tail(path, lock)
-        backend = JournalFileBackend(str(path), lock_obj=lock)
-        return optuna.storages.JournalStorage(backend)
+        return optuna.storages.JournalStorage(JournalFileBackend(str(path), lock_obj=lock))
     _check_postgres_reachable(spec.target)
     try:
         # Optuna creates its tables (and the version row) on first use; several workers doing
@@ -182,31 +162,18 @@ def open_storage(spec: StorageSpec) -> optuna.storages.BaseStorage:
 
 def drop_torn_tail(path: Path, lock: Any) -> int:
     """Cut a journal's last line if it lacks its newline: the remains of an append that failed
-    part-way (a full disk, a file-size limit). That operation raised in the process that tried
-    it, so nothing told anyone it happened; left in place, the next append would be glued to
-    it and the journal would no longer load. Done under the journal's own lock; returns the
-    bytes removed."""
+    part-way (a full disk); left in place, the next append would be glued to it and the journal
+    would no longer load. Done under the journal's own lock; returns the bytes removed."""
     if not path.is_file() or path.stat().st_size == 0:
         return 0
     lock.acquire()
     try:
         with open(path, "r+b") as f:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(size - 1)
-            if f.read(1) == b"\n":
-                return 0
-            # the last complete line ends at the last newline (or nothing is complete)
-            keep, step = 0, 1 << 16
-            pos = size
-            while pos > 0:
-                start = max(0, pos - step)
-                f.seek(start)
-                chunk = f.read(pos - start)
-                at = chunk.rfind(b"\n")
-                if at >= 0:
-                    keep = start + at + 1
-                    break
-                pos = start
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+                size = len(m)
+                if m[-1:] == b"\n":
+                    return 0
+                keep = m.rfind(b"\n") + 1  # after the last complete line (0: none is)
             f.truncate(keep)
             f.flush()
             os.fsync(f.fileno())
@@ -235,15 +202,11 @@ def _pg_advisory_lock(url: str, key: int) -> Iterator[None]:
 
 class FileLock:
     """An exclusive ``flock`` on a lock file that stays in place: the journal's lock (Optuna's
-    ``BaseJournalFileLock`` interface: ``acquire``/``release``) and the ask lock.
-
-    The kernel frees the lock when its holder dies, so a SIGKILLed worker never leaves it held.
-    Optuna's own lock files (O_EXCL, or a symlink) are instead broken by waiters after a grace
-    period, and two waiters breaking one at once could each delete the lock a third had just
-    taken: two holders, and a worker failing with "did not possess lock" (seen once in CI
-    with 8 workers and one killed). Every ``acquire`` opens its own descriptor, so threads of
-    one process exclude each other too. Network file systems: Linux maps ``flock`` to POSIX
-    locks on NFS (NFSv4, or NFSv3 with lockd)."""
+    ``BaseJournalFileLock`` interface) and the ask lock. The kernel frees it when its holder
+    dies (Optuna's own lock files are broken by waiters after a grace period, and two waiters
+    could then each break a lock a third had just taken). Every ``acquire`` opens its own
+    descriptor, so threads of one process exclude each other too; on NFS Linux maps ``flock``
+    to POSIX locks."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -295,9 +258,8 @@ def ask_lock(spec: StorageSpec, study_name: str) -> Iterator[None]:
 
 
 def find_storage(study_dir: str | os.PathLike) -> str:
-    """The storage ``spml study --out STUDY_DIR`` wrote: ``study.log`` (the journal, the
-    default) or ``study.db`` (SQLite, the default before the journal was). Raises
-    FileNotFoundError naming the folder when it holds neither."""
+    """The storage ``spml study --out STUDY_DIR`` wrote: ``study.log`` (the journal) or
+    ``study.db`` (SQLite). Raises FileNotFoundError naming the folder when it holds neither."""
     d = Path(study_dir)
     if not d.is_dir():
         raise MissingPathError(
@@ -311,9 +273,8 @@ def find_storage(study_dir: str | os.PathLike) -> str:
             "pass --storage"
         )
     if len(found) > 1:
-        raise StudyError(
-            f"STUDY_DIR {d} holds both study.db and study.log; say which with --storage"
-        )
+        raise StudyError(f"STUDY_DIR {d} holds both study.db and study.log; say which with "
+                         "--storage")
     return str(found[0])
 
 
@@ -332,8 +293,7 @@ _T = TypeVar("_T")  # an Optuna FrozenTrial or anything with its value and numbe
 
 
 def _best_first(trial: Any) -> tuple[float, int]:
-    # the one rule by which every command ranks a study's trials: the highest value first,
-    # and among equal values the lowest trial number (the one that got there first)
+    # the one rule by which every command ranks a study's trials
     return -trial.value, trial.number
 
 

@@ -3,18 +3,10 @@ per-epoch val mAP so a pruner can stop bad trials early, tell T results.
 
 One process runs :func:`run_worker`; ``--workers N`` starts N such processes on one machine
 (journal file or PostgreSQL storage); the same command on many machines joins one PostgreSQL
-study. Trials are deterministic given their settings and seed.
-
-Crash safety (:mod:`studies.heartbeat`): every running trial carries a heartbeat, a worker's
-dead trials are failed and retried once, and a batch stopped by an exception fails at once.
-Results already told live in the storage and in the per-batch Parquet files, which are written
-atomically. Only Optuna's public API is used: the storage object this module opens is kept
-(:class:`JoinedStudy`), never read back from a study's private attributes.
-
-The module runs a study (:func:`run_study`); its parts live in :mod:`studies.study_settings`
-(settings and the checks before anything is written), :mod:`studies.study_create` (creating
-or joining a study), :mod:`studies.study_worker` (the worker loop) and
-:mod:`studies.study_summary` (the end-of-study summary).
+study. Crash safety: :mod:`studies.heartbeat`. This module runs a study (:func:`run_study`);
+its parts are :mod:`studies.study_settings` (settings and the checks before anything is
+written), :mod:`studies.study_create` (creating or joining), :mod:`studies.study_worker` (the
+worker loop) and :mod:`studies.study_summary` (the end-of-study summary).
 """
 
 from __future__ import annotations
@@ -42,15 +34,8 @@ from .study_settings import (
 from .study_summary import StudySummary, summarize, with_verdict
 from .study_worker import run_worker
 
-__all__ = [
-    "SAMPLERS",
-    "JoinedStudy",
-    "StudySettings",
-    "StudySummary",
-    "create_or_join",
-    "run_study",
-    "run_worker",
-]
+__all__ = ["SAMPLERS", "JoinedStudy", "StudySettings", "StudySummary", "create_or_join",
+           "run_study", "run_worker"]
 
 
 @contextlib.contextmanager
@@ -84,13 +69,8 @@ def _write_errors(settings: StudySettings) -> Iterator[None]:
         ) from err
 
 
-def run_study(
-    settings: StudySettings,
-    *,
-    worker_command: Sequence[str] | None = None,
-    log: Callable[[str], None] | None = None,
-    verdict: bool = True,
-) -> StudySummary:
+def run_study(settings: StudySettings, *, worker_command: Sequence[str] | None = None,
+              log: Callable[[str], None] | None = None, verdict: bool = True) -> StudySummary:
     """Run a study: in this process (``workers == 1``) or in ``workers`` local processes, each
     running ``worker_command`` (the same ``spml study`` command with ``--workers 1``); with
     ``devices``, worker ``i`` gets ``--devices devices[i]`` (one worker per GPU).
@@ -111,9 +91,8 @@ def run_study(
     if worker_command is None:
         raise StudyError("several workers need the command that starts one worker")
     space = create_or_join(settings, store, space).space  # create once, before the workers race
-    for note in space.notes:
-        if log is not None:
-            log(note)
+    for note in space.notes if log is not None else ():
+        log(note)
     per_worker = [["--devices", d] for d in settings.devices] or [[]] * settings.workers
     cores = available_cores()
     if settings.workers > cores and log is not None:

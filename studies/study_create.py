@@ -27,32 +27,28 @@ from .study_settings import StudySettings, preflight, resolve_study_name, study_
 
 __all__ = ["TRAINING_KEYS", "JoinedStudy", "create_or_join", "training_identity"]
 
-_IDENTITY_KEYS = ("spml.loss", "spml.store", "spml.space", "spml.fixed")
+# what a study is, stored with it, and how a refusal names each part
+_IDENTITY = {"spml.loss": "loss", "spml.store": "store", "spml.space": "search space",
+             "spml.fixed": "fixed hyperparameters (--set)"}
+_IDENTITY_KEYS = tuple(_IDENTITY)
 
 
 def _store_identity(store: Any) -> dict[str, Any]:
     prov = store.provenance or {}
-    return {
-        "dataset": store.dataset,
-        "rows": int(store.n_rows),
-        "classes": int(store.n_classes),
-        "feature_dim": int(store.feature_dim),
-        "created": prov.get("created") or store.attrs.get("created"),
-        "backbone": prov.get("backbone"),
-        "weights_sha256": prov.get("weights_sha256"),
-    }
+    return {"dataset": store.dataset, "rows": int(store.n_rows), "classes": int(store.n_classes),
+            "feature_dim": int(store.feature_dim),
+            "created": prov.get("created") or store.attrs.get("created"),
+            "backbone": prov.get("backbone"), "weights_sha256": prov.get("weights_sha256")}
 
 
 def _sampler(settings: StudySettings, space: SearchSpace) -> optuna.samplers.BaseSampler:
     if settings.sampler == "tpe":
         return optuna.samplers.TPESampler(seed=settings.seed, constant_liar=True, multivariate=True)
-    if settings.sampler == "gp":
-        return optuna.samplers.GPSampler(seed=settings.seed)
-    if settings.sampler == "cmaes":
-        return optuna.samplers.CmaEsSampler(seed=settings.seed)
-    if settings.sampler == "random":
-        return optuna.samplers.RandomSampler(seed=settings.seed)
-    return _AskTellGridSampler({k: list(v) for k, v in settings.grid.items()}, seed=settings.seed)
+    if settings.sampler == "grid":
+        return _AskTellGridSampler({k: list(v) for k, v in settings.grid.items()},
+                                   seed=settings.seed)
+    return {"gp": optuna.samplers.GPSampler, "cmaes": optuna.samplers.CmaEsSampler,
+            "random": optuna.samplers.RandomSampler}[settings.sampler](seed=settings.seed)
 
 
 class _AskTellGridSampler(optuna.samplers.GridSampler):
@@ -140,68 +136,53 @@ def create_or_join(settings: StudySettings, store: Any,
             settings = dataclasses.replace(settings, search_lr=False)
             space = dataclasses.replace(study_search_space(settings, store.dataset), notes=(
                 f"study '{name}' was made with a fixed lr: continued with it (not searched)",))
-    identity = {
-        "spml.loss": settings.loss,
-        "spml.store": _store_identity(store),
-        "spml.space": {
-            k: json.loads(distribution_to_json(d)) for k, d in space.distributions.items()
-        },
-        "spml.fixed": {k: v for k, v in sorted(settings.fixed.items())},
-    }
-    # the fixed training settings first: whoever sees the other keys sees these too
-    identity = {"spml.training": training_identity(asdict(settings), store.dataset, space),
-                **identity}
-    identity = json.loads(json.dumps(identity, default=str))
+    identity = json.loads(json.dumps({
+        # the fixed training settings first: whoever sees the other keys sees these too
+        "spml.training": training_identity(asdict(settings), store.dataset, space),
+        "spml.loss": settings.loss, "spml.store": _store_identity(store),
+        "spml.space": {k: json.loads(distribution_to_json(d))
+                       for k, d in space.distributions.items()},
+        "spml.fixed": dict(sorted(settings.fixed.items())),
+    }, default=str))
     sampler, pruner = _sampler(settings, space), _pruner(settings)
-    labelled = False
+
+    def load_or_create(load: bool) -> optuna.Study:
+        return (optuna.load_study if load else optuna.create_study)(
+            storage=storage, study_name=name, sampler=sampler, pruner=pruner,
+            **({} if load else {"direction": "maximize"}))
+
     try:
-        study = optuna.create_study(
-            storage=storage, study_name=name, direction="maximize", sampler=sampler, pruner=pruner
-        )
-        created = True
+        study = load_or_create(False)
     except optuna.exceptions.DuplicatedStudyError:
-        study = optuna.load_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner)
-        created = False
+        study = load_or_create(True)
         if _nothing_measured(study) and _identity_differs(study, identity):
             # a start that failed before measuring anything is not a study to protect: the
             # corrected command replaces it (and its failed trials' rows) -- under the ask
             # lock, checked again there, so that two machines starting it at once replace it
             # once and the second joins the first's new study
             with ask_lock(spec, name):
-                study = optuna.load_study(study_name=name, storage=storage, sampler=sampler,
-                                          pruner=pruner)
+                study = load_or_create(True)
                 if _nothing_measured(study) and _identity_differs(study, identity):
                     optuna.delete_study(study_name=name, storage=storage)
                     _drop_rows(Path(settings.out) / "results", name)
-                    study = optuna.create_study(storage=storage, study_name=name,
-                                                direction="maximize", sampler=sampler,
-                                                pruner=pruner)
-                    created = True
+                    study = load_or_create(False)
                     space = dataclasses.replace(space, notes=(*space.notes, (
                         f"study '{name}' in {spec.display} held only failed trials, made with "
                         "other settings; replaced by this command's study")))
                     _label_new(study, identity, settings, space, store)
-                    labelled = True
-    if created and not labelled:
+                    return JoinedStudy(study, space, TrialStorage(storage, name))
+    else:
         _label_new(study, identity, settings, space, store)
-    elif not created:
-        attrs = _wait_for_identity(study)
-        for key in _IDENTITY_KEYS:
-            if attrs.get(key) != identity[key]:
-                what = {
-                    "spml.loss": "loss",
-                    "spml.store": "store",
-                    "spml.space": "search space",
-                    "spml.fixed": "fixed hyperparameters (--set)",
-                }[key]
-                raise StudyError(
-                    f"study '{name}' in {spec.display} exists with a different {what}: it has "
-                    f"{json.dumps(attrs.get(key))}, this command asks for "
-                    f"{json.dumps(identity[key])}. "
-                    "Use another --name, or the same settings to join it"
-                )
-        _check_training(attrs, identity["spml.training"], store.dataset, space, name,
-                        spec.display)
+        return JoinedStudy(study, space, TrialStorage(storage, name))
+    attrs = _wait_for_identity(study)
+    for key, what in _IDENTITY.items():
+        if attrs.get(key) != identity[key]:
+            raise StudyError(
+                f"study '{name}' in {spec.display} exists with a different {what}: it has "
+                f"{json.dumps(attrs.get(key))}, this command asks for "
+                f"{json.dumps(identity[key])}. Use another --name, or the same settings to join it"
+            )
+    _check_training(attrs, identity["spml.training"], store.dataset, space, name, spec.display)
     return JoinedStudy(study, space, TrialStorage(storage, name))
 
 
@@ -210,9 +191,8 @@ def _label_new(study: optuna.Study, identity: dict[str, Any], settings: StudySet
     """A new study's identity and settings, then its paper point enqueued."""
     for key, value in identity.items():
         study.set_user_attr(key, value)
-    study.set_user_attr(
-        "spml.settings", json.loads(json.dumps(_settings_dict(settings), default=str))
-    )
+    study.set_user_attr("spml.settings",
+                        json.loads(json.dumps(_settings_dict(settings), default=str)))
     point = paper_point(space, settings, store)
     if settings.enqueue_paper and point and settings.sampler != "grid":
         study.enqueue_trial(point, user_attrs={PAPER_ATTR: True})
@@ -319,6 +299,6 @@ def _wait_for_identity(study: optuna.Study, timeout: float = 30.0) -> dict[str, 
 
 
 def _settings_dict(settings: StudySettings) -> dict[str, Any]:
-    d = asdict(settings)
-    d["space"] = {k: json.loads(distribution_to_json(v)) for k, v in settings.space.items()}
-    return d
+    """The settings as the study records them (``spml.settings``; the --space ranges as JSON)."""
+    return {**asdict(settings), "space": {k: json.loads(distribution_to_json(v))
+                                          for k, v in settings.space.items()}}

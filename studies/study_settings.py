@@ -21,18 +21,9 @@ from probe.store.protocol import PROTOCOL_SEED
 from .space import SearchSpace, build_space
 from .storage import StorageSpec, StudyError, parse_storage
 
-__all__ = [
-    "PRUNERS",
-    "SAMPLERS",
-    "StudySettings",
-    "check_writable",
-    "lr_unknown",
-    "open_study_store",
-    "preflight",
-    "resolve_study_name",
-    "searches_lr",
-    "study_search_space",
-]
+__all__ = ["PRUNERS", "SAMPLERS", "StudySettings", "check_writable", "lr_unknown",
+           "open_study_store", "preflight", "resolve_study_name", "searches_lr",
+           "study_search_space"]
 
 SAMPLERS = ("tpe", "gp", "cmaes", "random", "grid")
 PRUNERS = ("median", "none")
@@ -84,13 +75,10 @@ class StudySettings:
         return parse_storage(self.storage, default=default)
 
     def validate(self) -> None:
-        if self.sampler not in SAMPLERS:
-            raise StudyError(
-                f"--sampler must be one of {', '.join(SAMPLERS)}; got {plain(self.sampler)}"
-            )
-        if self.pruner not in PRUNERS:
-            raise StudyError(f"--pruner must be one of {', '.join(PRUNERS)}; got "
-                             f"{plain(self.pruner)}")
+        for flag, value, choices in (("--sampler", self.sampler, SAMPLERS),
+                                     ("--pruner", self.pruner, PRUNERS)):
+            if value not in choices:
+                raise StudyError(f"{flag} must be one of {', '.join(choices)}; got {plain(value)}")
         for name, flag in (("n_trials", "--trials"), ("batch", "--trials-at-once"),
                            ("workers", "--workers")):
             v = getattr(self, name)
@@ -114,10 +102,9 @@ class StudySettings:
         if self.grid and self.sampler != "grid":
             raise StudyError("--grid is only used with --sampler grid")
         if self.grace_seconds <= self.heartbeat_seconds:
-            raise StudyError(
-                f"--grace ({self.grace_seconds:g} s) must exceed the heartbeat interval "
-                f"({self.heartbeat_seconds:g} s), or live trials would be taken for dead ones"
-            )
+            raise StudyError(f"--grace ({self.grace_seconds:g} s) must exceed the heartbeat "
+                             f"interval ({self.heartbeat_seconds:g} s), or live trials would be "
+                             "taken for dead ones")
         try:
             Selection.parse(self.select)
         except SelectionError as err:
@@ -150,16 +137,9 @@ def study_search_space(settings: StudySettings, dataset: str) -> SearchSpace:
         overrides = {k: CategoricalDistribution(tuple(v)) for k, v in settings.grid.items()}
         space = build_space(settings.loss, dataset, overrides=overrides, only=())
         return SearchSpace(space.loss, overrides if overrides else space.distributions, {})
-    space = build_space(
-        settings.loss,
-        dataset,
-        search_lr=searches_lr(settings, dataset),
-        batch_sizes=settings.batch_sizes,
-        epochs=settings.epochs_choices,
-        overrides=settings.space,
-        only=settings.params,
-        fixed=settings.fixed,
-    )
+    space = build_space(settings.loss, dataset, search_lr=searches_lr(settings, dataset),
+                        batch_sizes=settings.batch_sizes, epochs=settings.epochs_choices,
+                        overrides=settings.space, only=settings.params, fixed=settings.fixed)
     from probe.config import GENERIC_TRAINING
 
     if settings.search_lr is None and searches_lr(settings, dataset):
@@ -169,18 +149,16 @@ def study_search_space(settings: StudySettings, dataset: str) -> SearchSpace:
             f"{GENERIC_TRAINING['lr']:g}); "
             "--lr or --no-search-lr fixes it (docs/selection.md)",))
     # --set on a searched parameter fixes it: the search narrows to the others
-    held = [f"{settings.loss}.{n}" for n in settings.fixed
-            if f"{settings.loss}.{n}" in space.distributions]
-    if not held:
+    names = [n for n in settings.fixed if f"{settings.loss}.{n}" in space.distributions]
+    if not names:
         return space
+    held = {f"{settings.loss}.{n}" for n in names}
     dists = {k: d for k, d in space.distributions.items() if k not in held}
     if not dists:
         raise StudyError(
-            f"--set {', '.join(n.split('.', 1)[1] for n in held)}: fixes every searched "
-            "parameter, so nothing is left to search; drop one from --set, or search others "
-            "(--params, --space, --search-lr)")
-    fixed = ",".join(f"{n.split('.', 1)[1]}={settings.fixed[n.split('.', 1)[1]]}"
-                     for n in held)
+            f"--set {', '.join(names)}: fixes every searched parameter, so nothing is left to "
+            "search; drop one from --set, or search others (--params, --space, --search-lr)")
+    fixed = ",".join(f"{n}={settings.fixed[n]}" for n in names)
     note = (f"--set {fixed}: held fixed instead of searched; the search narrows to "
             f"{', '.join(dists)}")
     return SearchSpace(space.loss, dists,
@@ -252,8 +230,7 @@ def check_study_prior(settings: StudySettings, store: Any, cls: Any) -> None:
     have = store.prior_names()
     if name not in have:
         close = difflib.get_close_matches(name, have, n=1)
-        hint = (f"did you mean '{close[0]}'? " if close else "")
-        held = ", ".join(have) if have else "none"
+        hint, held = f"did you mean '{close[0]}'? " if close else "", ", ".join(have) or "none"
         raise StudyError(
             f"--priors {name}: {settings.store} has no prior of that name (it holds {held}); "
             f"{hint}pick one it holds, or add it with 'spml import priors {settings.store} "
@@ -269,10 +246,8 @@ def check_study_prior(settings: StudySettings, store: Any, cls: Any) -> None:
 
 
 def lr_unknown(loss: str, dataset: str) -> bool:
-    """No paper gives the learning rate of ``loss`` on ``dataset`` (no training preset), so
-    the generic setting's lr (Cole et al.'s pick for ResNet-50 features of the four
-    benchmarks) is a guess for these features: docs/selection.md "Stores without a paper
-    preset"."""
+    """No paper gives the learning rate of ``loss`` on ``dataset`` (no training preset): the
+    generic lr is a guess (docs/selection.md "Stores without a paper preset")."""
     from probe.losses import get_loss_class
 
     return "lr" not in get_loss_class(loss).train_presets.get(dataset, {})

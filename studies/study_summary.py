@@ -82,16 +82,11 @@ def summarize(study: optuna.Study, settings: StudySettings) -> StudySummary:
     best = best_trial(complete)
     paper = [t for t in complete if is_paper_trial(t)]
     return StudySummary(
-        name=study.study_name,
-        storage=settings.storage_spec().display,
-        out=str(settings.out),
-        n_complete=len(complete),
-        n_pruned=sum(t.state == TrialState.PRUNED for t in trials),
+        name=study.study_name, storage=settings.storage_spec().display, out=str(settings.out),
+        n_complete=len(complete), n_pruned=sum(t.state == TrialState.PRUNED for t in trials),
         n_failed=sum(t.state == TrialState.FAIL for t in trials),
-        best_value=best.value if best else None,
-        best_params=dict(best.params) if best else {},
-        best_trial=best.number if best else None,
-        paper_value=paper[0].value if paper else None,
+        best_value=best.value if best else None, best_params=dict(best.params) if best else {},
+        best_trial=best.number if best else None, paper_value=paper[0].value if paper else None,
         n_best_at_last=count_best_is_last([_curve(t) for t in complete]),
         facts=settings_lines(study, best),
     )
@@ -150,5 +145,4 @@ def _num(v: Any) -> str:
 
 def _curve(trial: optuna.trial.FrozenTrial) -> list[float | None]:
     """A trial's val mAP per reported epoch, in order (its intermediate values)."""
-    steps = trial.intermediate_values
-    return [steps[k] for k in sorted(steps)]
+    return [v for _, v in sorted(trial.intermediate_values.items())]

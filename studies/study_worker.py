@@ -10,6 +10,7 @@ import math
 import os
 import socket
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,13 +22,7 @@ from optuna.trial import TrialState
 from probe.convergence import best_is_last
 from probe.selection import Selection, mean_over_replicates
 
-from .heartbeat import (
-    FAIL_REASON_KEY,
-    WORKER_KEY,
-    Heartbeat,
-    abandon,
-    reclaim_stale_trials,
-)
+from .heartbeat import FAIL_REASON_KEY, WORKER_KEY, Heartbeat, abandon, reclaim_stale_trials
 from .pruning import BatchPruner
 from .results import probe_rows, write_batch, write_trial_heads
 from .space import SearchSpace
@@ -41,11 +36,8 @@ __all__ = ["DEVICE_KEY", "run_worker"]
 DEVICE_KEY = "spml:device"  # trial system attribute: the device its worker trained it on
 
 
-def _counts(study: optuna.Study) -> dict[TrialState, int]:
-    counts = dict.fromkeys(TrialState, 0)
-    for t in study.get_trials(deepcopy=False):
-        counts[t.state] += 1
-    return counts
+def _counts(study: optuna.Study) -> Counter[TrialState]:
+    return Counter(t.state for t in study.get_trials(deepcopy=False))
 
 
 def _train_group(settings, data, study, storage, space, trials, probe_config, log,
@@ -61,14 +53,11 @@ def _train_group(settings, data, study, storage, space, trials, probe_config, lo
     hparams = []
     for trial in trials:
         loss_part, train_part = space.split(trial.params)
-        hp = {**settings.fixed, **loss_part}
-        if "lr" in train_part:
-            hp["lr"] = train_part["lr"]
-        hparams.append(hp)
+        hparams.append({**settings.fixed, **loss_part,
+                        **{k: v for k, v in train_part.items() if k == "lr"}})
     pruned: set[int] = set()
     lost: set[int] = set()  # trials another worker failed and retried meanwhile (not ours now)
     paper = [is_paper_trial(t) for t in trials]
-
     pruner = BatchPruner(prune_rule(settings), study)
 
     def on_epoch(report: EpochReport) -> list[int]:
@@ -115,16 +104,12 @@ def _train_group(settings, data, study, storage, space, trials, probe_config, lo
         try:
             if i in lost:
                 raise UpdateFinishedTrialError
-            if i in pruned:
-                state = TrialState.PRUNED
-                told = study.tell(trial, state=state, skip_if_finished=True)
-            elif ok:
-                state = TrialState.COMPLETE
-                told = study.tell(trial, float(value), skip_if_finished=True)
-            else:
-                state = TrialState.FAIL
+            state = (TrialState.PRUNED if i in pruned else TrialState.COMPLETE if ok
+                     else TrialState.FAIL)
+            if state == TrialState.FAIL:
                 storage.set_attr(trial.number, FAIL_REASON_KEY, "non-finite")
-                told = study.tell(trial, state=state, skip_if_finished=True)
+            told = study.tell(trial, float(value) if state == TrialState.COMPLETE else None,
+                              state=state, skip_if_finished=True)
             if told.state != state:
                 raise UpdateFinishedTrialError
         except UpdateFinishedTrialError:
@@ -134,12 +119,10 @@ def _train_group(settings, data, study, storage, space, trials, probe_config, lo
             states.append(TrialState.FAIL.name)  # a placeholder: its row is dropped below
             continue
         states.append(state.name)
-        log(
-            f"trial {trial.number}: {state.name.lower()}"
+        log(f"trial {trial.number}: {state.name.lower()}"
             + (f", val mAP {value:.2f}" if value is not None and math.isfinite(value) else "")
             + (" (best epoch = last: may not have converged)" if state == TrialState.COMPLETE
-               and best_is_last([e.get("val_map") for e in tr.epochs]) else "")
-        )
+               and best_is_last([e.get("val_map") for e in tr.epochs]) else ""))
     rows = _result_rows(study, trials, result, states, seconds)
     kept = [i for i, st in enumerate(states) if st == "COMPLETE" and i not in lost]
     if len(data) == 1 and result.best_heads is not None and kept:  # for the paired bootstrap
@@ -190,18 +173,13 @@ def _result_rows(study: optuna.Study, trials: list, result: Any, states: list[st
     return rows
 
 
-def run_worker(
-    settings: StudySettings, *, log: Callable[[str], None] | None = None,
-    store: Any = None, space: SearchSpace | None = None,
-) -> StudySummary:
+def run_worker(settings: StudySettings, *, log: Callable[[str], None] | None = None,
+               store: Any = None, space: SearchSpace | None = None) -> StudySummary:
     """Work on the study until ``n_trials`` trials have finished (completed or pruned).
-    ``store`` and ``space``: the study's store, opened, and what
-    :func:`studies.study_settings.preflight` returned for it, when the caller has checked the
-    settings (:func:`studies.study.run_study`); without them both happen here.
-
-    Progress goes to stderr as one study-level display (:func:`_study_progress`), its first
-    line before the features load; it also prints each finished trial's line (``log`` gets
-    those instead when the display is off: ``SPML_PROGRESS=off``)."""
+    ``store`` and ``space``: the opened store and what :func:`~studies.study_settings.preflight`
+    returned for it, when the caller has checked the settings (else both happen here).
+    Progress goes to stderr as one study-level display with each finished trial's line
+    (``log`` gets those instead when the display is off: ``SPML_PROGRESS=off``)."""
     from probe.data import resolve_device
     from probe.selection import selection_data
 
@@ -267,9 +245,8 @@ def _work(settings: StudySettings, study: optuna.Study, space: SearchSpace, stor
             reclaim_stale_trials(study, storage, settings.grace_seconds)
             counts = _counts(study)
             finished = counts[TrialState.COMPLETE] + counts[TrialState.PRUNED]
-            if finished >= settings.n_trials or (
-                settings.sampler == "grid" and _grid_exhausted(study)
-            ):
+            if finished >= settings.n_trials or (settings.sampler == "grid"
+                                                 and _grid_exhausted(study)):
                 trials = None
             else:
                 # enqueued (WAITING) trials are asked first, so they are part of the room
@@ -292,24 +269,16 @@ def _work(settings: StudySettings, study: optuna.Study, space: SearchSpace, stor
         groups: dict[tuple, list] = {}
         for trial in trials:
             _, train_part = space.split(trial.params)
-            key = (
-                train_part.get("batch_size", settings.batch_size),
-                train_part.get("epochs", settings.epochs),
-            )
+            key = (train_part.get("batch_size", settings.batch_size),
+                   train_part.get("epochs", settings.epochs))
             groups.setdefault(key, []).append(trial)
         rows = []
         try:
             for (batch_size, epochs), group in groups.items():
-                cfg = ProbeConfig(
-                    batch_size=batch_size,
-                    epochs=epochs,
-                    lr=settings.lr,
-                    seed=settings.train_seed,
-                    val_labels=settings.val_labels,
-                    observed_seed=settings.observed_seed,
-                    device=settings.device,
-                    priors=settings.priors,
-                )
+                cfg = ProbeConfig(batch_size=batch_size, epochs=epochs, lr=settings.lr,
+                                  seed=settings.train_seed, val_labels=settings.val_labels,
+                                  observed_seed=settings.observed_seed, device=settings.device,
+                                  priors=settings.priors)
                 rows += _train_group(settings, data, study, storage, space, group, cfg, say,
                                      tick=functools.partial(_tick, bar, status))
         except BaseException as err:
@@ -327,5 +296,5 @@ def _tick(bar: Any, status: str, detail: str = "") -> None:
 
 
 def _grid_exhausted(study: optuna.Study) -> bool:
-    sampler = study.sampler
-    return isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(study)
+    return (isinstance(study.sampler, optuna.samplers.GridSampler)
+            and study.sampler.is_exhausted(study))

@@ -2,11 +2,9 @@
 the test interval) beside the paper values' (and any reference heads', e.g. the demo's AN),
 whether the val winner is better on test, and the commands that settle it.
 
-The winner and the paper point are the heads their trials kept when they finished
-(``STUDY_DIR/results/heads-*.pt``); a study made before trials kept them has them re-trained
-with the study's settings, seed and draw (the same trials: a trial computes the same alone as
-stacked, docs/design.md). Both are scored on the test split and compared by the paired
-bootstrap of ``spml compare`` (:mod:`studies.compare`).
+The winner and the paper point are the heads their trials kept
+(``STUDY_DIR/results/heads-*.pt``), else re-trained with the study's settings, seed and draw,
+scored on the test split and compared by the paired bootstrap of :mod:`studies.compare`.
 """
 
 from __future__ import annotations
@@ -88,16 +86,14 @@ def study_verdict(study: Any, store: str, *, device: str = "cpu",
                           seed=seed, level=level, device=device, allow_one=True)
 
     def row(i: int, val: float | None) -> VerdictRow:
-        iv = cmp.intervals[i]
-        s = ([*systems, *references])[i]
-        trial = s.trial if i < len(systems) else None
-        return VerdictRow(s.label, trial, val, iv.value, iv.low, iv.high)
+        iv, s = cmp.intervals[i], [*systems, *references][i]
+        return VerdictRow(s.label, s.trial if i < len(systems) else None, val, iv.value, iv.low,
+                          iv.high)
 
     winner = row(0, by_trial[systems[0].trial].value)
     winner_is_paper = is_paper_trial(by_trial[systems[0].trial])
-    paper = row(1, by_trial[systems[1].trial].value) if len(systems) > 1 else None
-    if winner_is_paper:
-        paper = winner
+    paper = winner if winner_is_paper else (
+        row(1, by_trial[systems[1].trial].value) if len(systems) > 1 else None)
     refs = [row(len(systems) + j, reference_val[j] if j < len(reference_val) else None)
             for j in range(len(references))]
     diff = low = high = p = p_raw = None
@@ -114,8 +110,7 @@ def study_verdict(study: Any, store: str, *, device: str = "cpu",
 
 def _paper_words(study: Any, store: str, *, has_point: bool) -> tuple[str, str | None]:
     """("paper values" | "defaults", why there is no paper comparison) for a study."""
-    loss = study.user_attrs.get("spml.loss")
-    settings = study.user_attrs.get("spml.settings") or {}
+    loss, settings = study.user_attrs.get("spml.loss"), study.user_attrs.get("spml.settings") or {}
     try:
         from probe.losses import get_loss_class
         from probe.store import open_store
@@ -138,11 +133,10 @@ def _paper_words(study: Any, store: str, *, has_point: bool) -> tuple[str, str |
                             "comparison is with those defaults, not with a paper")
     if not presets or presets.get(dataset):  # one paper setting for all, or this dataset's
         return "paper values", None
-    known = ", ".join(sorted(presets))
     return "defaults", (f"{loss} has no paper values for dataset '{dataset}' (its presets: "
-                        f"{known}), so the first trial ran its defaults, data-derived values "
-                        "filled as 'spml probe' fills them; the comparison is with those "
-                        "defaults, not with a paper")
+                        f"{', '.join(sorted(presets))}), so the first trial ran its defaults, "
+                        "data-derived values filled as 'spml probe' fills them; the comparison "
+                        "is with those defaults, not with a paper")
 
 
 def _p_text(p: float) -> str:
@@ -153,12 +147,11 @@ def settle_commands(study_out: str, storage: str, store: str, *, name: str | Non
                     storage_in_out: bool = True) -> list[str]:
     """``spml study confirm`` and ``spml compare`` for a study, quoted to run as printed."""
     q = shlex.quote
-    confirm = (f"spml study confirm --storage {q(storage)} --store {q(store)} --top-k 3"
-               + (f" --name {q(name)}" if name else "")
-               + ("" if storage_in_out else f" --out {q(study_out)}"))
-    out = [confirm]
+    named = f" --name {q(name)}" if name else ""
+    out = [f"spml study confirm --storage {q(storage)} --store {q(store)} --top-k 3{named}"
+           + ("" if storage_in_out else f" --out {q(study_out)}")]
     if storage_in_out:  # compare finds the study's storage in its folder
-        out.append(f"spml compare {q(study_out)}" + (f" --name {q(name)}" if name else ""))
+        out.append(f"spml compare {q(study_out)}{named}")
     return out
 
 

@@ -45,18 +45,9 @@ from probe.errors import SpmlError
 
 # modules that add subcommands, in the order they appear in ``spml --help``
 COMMAND_MODULES = (
-    "featurize.cli",
-    "featurize.import_cli",
-    "featurize.store_cli",
-    "featurize.priors_cli",
-    "probe.cli",
-    "studies.cli.study",
-    "studies.cli.report",
-    "studies.cli.export",
-    "studies.cli.analyze",
-    "studies.cli.compare",
-    "studies.cli.finetune",
-    "studies.cli.demo",
+    "featurize.cli", "featurize.import_cli", "featurize.store_cli", "featurize.priors_cli",
+    "probe.cli", "studies.cli.study", "studies.cli.report", "studies.cli.export",
+    "studies.cli.analyze", "studies.cli.compare", "studies.cli.finetune", "studies.cli.demo",
     "studies.cli.table",
 )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import textwrap
+from pathlib import Path
 from typing import Any
 
 from probe.cliargs import (
@@ -106,11 +107,6 @@ Writes curves.json/.md/.png.
 """
 
 
-# --------------------------------------------------------------------------------------------
-# argument helpers
-# --------------------------------------------------------------------------------------------
-
-
 def _loss_sets(items: list[str] | None, losses: list[str], lists: bool = False
                ) -> dict[str, dict[str, Any]]:
     """``--set [LOSS.]KEY=V[,V…]`` → per-loss hyperparameters. An unprefixed key goes to every
@@ -172,18 +168,12 @@ def _finish(result, args: argparse.Namespace) -> int:
     return 0
 
 
-# --------------------------------------------------------------------------------------------
-# the commands
-# --------------------------------------------------------------------------------------------
-
-
 def _cmd_ablation(args: argparse.Namespace) -> int:
     from studies.analyses import ablation_hparams, run_ablation
 
     config = _config(args)
     hp = ablation_hparams(_loss_sets(args.set, ["gr"])["gr"])
-    result = run_ablation(_data(args), config, hp, progress=not args.quiet)
-    return _finish(result, args)
+    return _finish(run_ablation(_data(args), config, hp, progress=not args.quiet), args)
 
 
 _SWEEP_FLAGS = {"tau": ("tau", "b_T"), "mu": ("mu_T", "sigma_T"), "q2q3": ("q2", "q3")}
@@ -204,19 +194,15 @@ def _cmd_sensitivity(args: argparse.Namespace) -> int:
     sweep_points(args.param, values, series)  # range errors before the store is read
     hp = sweep_hparams(args.param, _loss_sets(args.set, ["gr"])["gr"])
     result = run_sensitivity(_data(args), config, args.param, values=values, series=series,
-                             hparams=hp, baseline=not args.no_baseline,
-                             progress=not args.quiet)
+                             hparams=hp, baseline=not args.no_baseline, progress=not args.quiet)
     return _finish(result, args)
 
 
 def _hist_epochs(text: str) -> list[int | str]:
     out: list[int | str] = []
     for item in (t.strip() for t in text.split(",") if t.strip()):
-        if item in ("best", "last"):
-            out.append(item)
-            continue
         try:
-            out.append(int(item))
+            out.append(item if item in ("best", "last") else int(item))
         except ValueError:
             raise SpmlError(f"--hist-epochs: expected epoch numbers, 'best' or 'last'; got "
                              f"{item!r}") from None
@@ -259,18 +245,29 @@ def _cmd_curves(args: argparse.Namespace) -> int:
     from studies.analyses import loss_curves
 
     losses = parse_names(args.loss)
-    at = parse_ints(args.at, "--at")
-    result = loss_curves(losses, _loss_sets(args.set, losses, lists=True),
-                         n_epochs=args.epochs, at=at, points=args.points, classes=args.classes)
+    result = loss_curves(losses, _loss_sets(args.set, losses, lists=True), n_epochs=args.epochs,
+                         at=parse_ints(args.at, "--at"), points=args.points, classes=args.classes)
     return _finish(result, args)
 
 
-def _cmd_label_budget(args: argparse.Namespace) -> int:
+def _log(args: argparse.Namespace) -> Any:
+    """Per-run lines on stderr, unless --quiet."""
     import sys
-    from pathlib import Path
 
-    from probe.cliargs import parse_floats, parse_ints
+    return None if args.quiet else (lambda m: print(m, file=sys.stderr))
+
+
+def _write_json(out: Path, stem: str, config: Any, rows: list, **extra: Any) -> Path:
+    """``OUT/<stem>.json``: the run's config, ``extra`` and rows (the folder made first)."""
     from probe.results import write_json_atomic
+
+    out.mkdir(parents=True, exist_ok=True)
+    return write_json_atomic(out / f"{stem}.json",
+                             {"config": dataclasses.asdict(config), **extra, "rows": rows})
+
+
+def _cmd_label_budget(args: argparse.Namespace) -> int:
+    from probe.cliargs import parse_ints
     from studies.analyses.label_budget import BudgetConfig, format_budget, label_budget, plot_budget
 
     config = BudgetConfig(
@@ -278,24 +275,16 @@ def _cmd_label_budget(args: argparse.Namespace) -> int:
         fractions=tuple(parse_floats(args.fractions, "--fractions") or ()),
         seed=args.draw_seed, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
         train_seed=args.seed, device=args.device)
-    rows = label_budget(args.store, config,
-                        log=None if args.quiet else (lambda m: print(m, file=sys.stderr)))
+    rows = label_budget(args.store, config, log=_log(args))
     print(format_budget(rows))
     out = Path(args.out or "spml-analysis/label-budget")
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "label_budget.json", {"config": dataclasses.asdict(config),
-                                                  "rows": rows})
-    fig = plot_budget(rows, out / "label_budget.png")
-    print(f"wrote {out / 'label_budget.json'} and {fig}")
+    path = _write_json(out, "label_budget", config, rows)
+    print(f"wrote {path} and {plot_budget(rows, out / 'label_budget.png')}")
     return 0
 
 
 def _cmd_selection(args: argparse.Namespace) -> int:
-    import sys
-    from pathlib import Path
-
     from probe.cliargs import parse_ints
-    from probe.results import write_json_atomic
     from studies.analyses.selection_check import (
         SelectionCheck,
         check_selection,
@@ -312,23 +301,14 @@ def _cmd_selection(args: argparse.Namespace) -> int:
         eval_seeds=tuple(parse_ints(args.eval_seeds, "--eval-seeds") or ()),
         epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, device=args.device,
         out=str(out))
-    rows = check_selection(args.store, config,
-                           log=None if args.quiet else (lambda m: print(m, file=sys.stderr)))
+    rows = check_selection(args.store, config, log=_log(args))
     table = format_selection(rows)
     print(table)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "selection.json", {"config": dataclasses.asdict(config),
-                                               "summary": summarize_selection(rows),
-                                               "rows": rows})
+    path = _write_json(out, "selection", config, rows, summary=summarize_selection(rows))
     atomic_write_text(out / "selection.md", table + "\n")
     fig = plot_selection(rows, out / "selection.png")
-    print(f"wrote {out / 'selection.json'}, {out / 'selection.md'} and {fig}")
+    print(f"wrote {path}, {out / 'selection.md'} and {fig}")
     return 0
-
-
-# --------------------------------------------------------------------------------------------
-# registration
-# --------------------------------------------------------------------------------------------
 
 
 def _common(p: argparse.ArgumentParser, name: str, store: bool = True,
@@ -362,16 +342,27 @@ def _common(p: argparse.ArgumentParser, name: str, store: bool = True,
         g.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
+def _run_options(p: argparse.ArgumentParser, files: str, name: str, quiet: str) -> None:
+    """The training, device and output options of label-budget and selection."""
+    add_training_overrides(p)
+    add_device_argument(p)
+    p.add_argument("--out", metavar="DIR",
+                   help=f"folder for {files} (default: spml-analysis/{name})")
+    p.add_argument("--quiet", action="store_true", help=quiet)
+
+
 def _parser(sub: argparse._SubParsersAction, name: str, help_: str, description: str,
-            epilog: str) -> argparse.ArgumentParser:
-    return sub.add_parser(name, help=help_, description=textwrap.fill(description, width=88),
-                          epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+            epilog: str, func: Any, store: bool = False) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=help_, description=textwrap.fill(description, width=88),
+                       epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(func=func)
+    if store:
+        p.add_argument("store", metavar="STORE", help="feature store directory")
+    return p
 
 
 def register_cli(sub: argparse._SubParsersAction,
                  bench: argparse._SubParsersAction | None = None) -> None:
-    """Add ``spml analyze ablation | sensitivity | distinguish | calibration | curves`` to the
-    top-level subparsers ``sub``."""
     top = sub.add_parser(
         "analyze",
         help="the GR paper's analyses: ablation, sensitivity, distinguishability, k̂ "
@@ -389,13 +380,14 @@ def register_cli(sub: argparse._SubParsersAction,
     p = _parser(an, "ablation", "paper Table 3: GR with k̂ / v / robust L on and off",
                 "Train the GR ablation of paper Table 3 on a store: the AN baseline, GR with each "
                 "combination of k̂, v and the robust L switched on or off, and the learned (k̂, v) "
-                "row; val and test mAP per row (mean ± std over --seeds).", _ABLATION_EPILOG)
+                "row; val and test mAP per row (mean ± std over --seeds).", _ABLATION_EPILOG,
+                _cmd_ablation)
     _common(p, "ablation")
-    p.set_defaults(func=_cmd_ablation)
 
     p = _parser(an, "sensitivity", "paper Fig. 2: val/test mAP over τ, μ_T or q2 × q3",
                 "Sweep one group of GR hyperparameters (paper Fig. 2), every point trained "
-                "stacked in one run, and plot val and test mAP against it.", _SENSITIVITY_EPILOG)
+                "stacked in one run, and plot val and test mAP against it.", _SENSITIVITY_EPILOG,
+                _cmd_sensitivity)
     p.add_argument("--param", required=True, choices=tuple(_SWEEP_FLAGS),
                    help="tau: τ at fixed b_T; mu: μ_T at fixed σ_T; q2q3: the q2 × q3 grid")
     g = p.add_argument_group("sweep values (comma lists; defaults: the paper's ranges)")
@@ -409,14 +401,13 @@ def register_cli(sub: argparse._SubParsersAction,
     g.add_argument("--q3", help="q3 values, >= 0 (default 0.01,0.1,0.5,1,1.5)")
     g.add_argument("--no-baseline", action="store_true", help="do not train the AN baseline")
     _common(p, "sensitivity", files="sensitivity_PARAM")
-    p.set_defaults(func=_cmd_sensitivity)
 
     p = _parser(an, "distinguish", "paper Fig. 3: W1 between positive and negative "
                 "unannotated confidences per epoch",
                 "Per epoch, the Wasserstein-1 distance between the confidence distributions of "
                 "the truly positive and the truly negative unannotated labels (paper Fig. 3), "
                 "for one or more losses, with histograms at chosen epochs.",
-                _DISTINGUISH_EPILOG)
+                _DISTINGUISH_EPILOG, _cmd_distinguish)
     p.add_argument("--loss", default="gr,an",
                    help="losses to compare, trained in turn (default: gr,an)")
     p.add_argument("--split", choices=("train", "val"), default="train",
@@ -427,23 +418,21 @@ def register_cli(sub: argparse._SubParsersAction,
     p.add_argument("--bins", type=int, default=50, help="histogram bins over [0, 1] "
                    "(default: 50)")
     _common(p, "distinguish")
-    p.set_defaults(func=_cmd_distinguish)
 
     p = _parser(an, "calibration", "paper Fig. 5: FN/(FN+TN) per confidence bucket vs k̂",
                 "Among the unannotated train entries, the observed fraction of true positives "
                 "per confidence bucket before and after training, against GR's k̂ curve at the "
                 "schedule's start and final values (paper Fig. 5, Appendix E.3).",
-                _CALIBRATION_EPILOG)
+                _CALIBRATION_EPILOG, _cmd_calibration)
     p.add_argument("--loss", default="gr", help="the loss to train (default: gr)")
     p.add_argument("--buckets", type=int, default=100,
                    help="equal confidence buckets of [0, 1] (default: 100, as the paper)")
     _common(p, "calibration")
-    p.set_defaults(func=_cmd_calibration)
 
     p = _parser(an, "curves", "paper Fig. 1: loss and gradient of losses against p",
                 "Draw the per-entry loss and its gradient w.r.t. the logit of registered losses "
                 "on an unannotated label and on a positive, against p (paper Fig. 1), for "
-                "teaching. Needs no store.", _CURVES_EPILOG)
+                "teaching. Needs no store.", _CURVES_EPILOG, _cmd_curves)
     p.add_argument("--loss", default="an,hill,em,gr",
                    help="comma list of losses (default: an,hill,em,gr)")
     p.add_argument("--epochs", type=int, default=8,
@@ -455,7 +444,6 @@ def register_cli(sub: argparse._SubParsersAction,
                    help="classes of the sample (WAN weights unannotated entries by 1/(C−1); "
                         "default: 20)")
     _common(p, "curves", store=False)
-    p.set_defaults(func=_cmd_curves)
 
     p = _parser(an, "label-budget", "test mAP of each loss as labels get scarcer (k positives "
                 "per image, a fraction of images labelled)",
@@ -464,8 +452,8 @@ def register_cli(sub: argparse._SubParsersAction,
                 "protocol) on a fraction of the images (the rest unlabelled); report test mAP "
                 "with 95% bootstrap intervals per loss and budget, as a table, JSON and a PNG.",
                 "examples:\n  spml analyze label-budget yeast.zarr\n  spml analyze "
-                "label-budget coco.zarr --losses an,gr,em --k 1,2,4 --fractions 1,0.5,0.1")
-    p.add_argument("store", metavar="STORE", help="feature store directory")
+                "label-budget coco.zarr --losses an,gr,em --k 1,2,4 --fractions 1,0.5,0.1",
+                _cmd_label_budget, store=True)
     p.add_argument("--losses", default="an,gr", help="comma list of losses (default: an,gr)")
     p.add_argument("--k", default="1,2,3", help="positives per image (default: 1,2,3)")
     p.add_argument("--fractions", default="1,0.5,0.25",
@@ -474,13 +462,7 @@ def register_cli(sub: argparse._SubParsersAction,
                    help="seed of the budget draws (default: 1200, so k=1 on all images is the "
                    "protocol's draw)")
     p.add_argument("--seed", type=int, default=0, help="training seed (default: 0)")
-    add_training_overrides(p)
-    add_device_argument(p)
-    p.add_argument("--out", metavar="DIR",
-                   help="folder for label_budget.json and .png (default: "
-                        "spml-analysis/label-budget)")
-    p.add_argument("--quiet", action="store_true", help="no per-run lines on stderr")
-    p.set_defaults(func=_cmd_label_budget)
+    _run_options(p, "label_budget.json and .png", "label-budget", "no per-run lines on stderr")
 
     p = _parser(an, "selection", "does a study's winner beat the paper's values on test, per "
                 "--select mode (val, cv:K, draws:N)?",
@@ -491,8 +473,8 @@ def register_cli(sub: argparse._SubParsersAction,
                 "Markdown table, JSON and a PNG. The studies are kept under OUT/studies: "
                 "re-running resumes them. docs/selection.md shows the result on yeast.",
                 "examples:\n  spml analyze selection yeast.zarr\n  spml analyze selection "
-                "yeast.zarr --modes val,cv:5 --study-seeds 0,1,2 --trials 16")
-    p.add_argument("store", metavar="STORE", help="feature store directory")
+                "yeast.zarr --modes val,cv:5 --study-seeds 0,1,2 --trials 16", _cmd_selection,
+                store=True)
     p.add_argument("--loss", default="gr", help="the loss whose search is checked (default: gr)")
     p.add_argument("--modes", default="val,cv:5,draws:5",
                    help="selection modes (default: val,cv:5,draws:5)")
@@ -503,11 +485,6 @@ def register_cli(sub: argparse._SubParsersAction,
     p.add_argument("--eval-seeds", default="0,1,2",
                    help="training seeds of the winner's and the paper's test runs (default: "
                    "0,1,2)")
-    add_training_overrides(p)
-    add_device_argument(p)
-    p.add_argument("--out", metavar="DIR",
-                   help="folder for the studies, selection.json/.md/.png (default: "
-                        "spml-analysis/selection)")
-    p.add_argument("--quiet", action="store_true", help="no per-study lines on stderr")
-    p.set_defaults(func=_cmd_selection)
+    _run_options(p, "the studies, selection.json/.md/.png", "selection",
+                 "no per-study lines on stderr")
 

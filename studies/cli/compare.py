@@ -19,12 +19,12 @@ examples:
 
 A study folder stands for its best 3 trials and the paper point, re-trained with their own
 settings, seed and draw. Each head is scored on the test split of the store it was trained on
-(or --store). A 1,000-
-resample paired bootstrap over the test images gives every mAP a 95% interval and every pair
-a difference with its interval and a p-value, Holm-corrected over the pairs. Heads from
-different stores or splits are refused (their test mAPs are not paired); heads trained on
-different draws of one store (--observed-seed, a label budget or bias) are compared on the same
-test images, with a note that the draws differ. Re-trained heads show a progress line each.
+(or --store). A 1,000-resample paired bootstrap over the test images gives every mAP a 95%
+interval and every pair a difference with its interval and a p-value, Holm-corrected over the
+pairs. Heads from different stores or splits are refused (their test mAPs are not paired);
+heads trained on different draws of one store (--observed-seed, a label budget or bias) are
+compared on the same test images, with a note that the draws differ. Re-trained heads show a
+progress line each.
 """
 
 
@@ -57,8 +57,7 @@ def _bench_intervals(args: argparse.Namespace) -> int:
     from probe.bench import bench_bootstrap
 
     report = bench_bootstrap(n=args.rows, c=args.classes, systems=args.systems,
-                             n_resamples=args.resamples, repeats=args.repeats,
-                             device=args.device)
+                             n_resamples=args.resamples, repeats=args.repeats, device=args.device)
     m = report["machine_before"]
     print(f"bootstrap_map: {report['n_resamples']} resamples of {report['n']} x "
           f"{report['classes']}, {report['systems']} system(s) on {report['device']}: median "
@@ -72,17 +71,13 @@ def _bench_intervals(args: argparse.Namespace) -> int:
 
 def register_cli(sub: argparse._SubParsersAction,
                  bench: argparse._SubParsersAction | None = None) -> None:
-    """Add ``spml compare`` (and ``spml bench intervals``) to the top-level subparsers."""
     p = sub.add_parser(
         "compare",
         help="test mAP of saved heads with 95%% intervals, and which differences are real",
-        description=(
-            "Compare trained heads on the same test images: mAP with a bootstrap interval per "
-            "head, every pairwise difference with its paired interval and Holm-corrected "
-            "p-value, as a table (and JSON / a figure)."
-        ),
-        epilog=COMPARE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        description="Compare trained heads on the same test images: mAP with a bootstrap "
+        "interval per head, every pairwise difference with its paired interval and "
+        "Holm-corrected p-value, as a table (and JSON / a figure).",
+        epilog=COMPARE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("heads", nargs="+", metavar="HEADS",
                    help="head files from 'spml probe --save-head' (PATH: every trial in it; "
                    "PATH:T: trial T) or study folders ('spml study --out DIR', or DIR:NAME for "
@@ -97,8 +92,7 @@ def register_cli(sub: argparse._SubParsersAction,
     p.add_argument("--resamples", type=int, default=1000,
                    help="bootstrap resamples of the test images (default: 1000)")
     p.add_argument("--seed", type=int, default=0, help="seed of the resamples (default: 0)")
-    p.add_argument("--level", type=float, default=0.95,
-                   help="interval coverage (default: 0.95)")
+    p.add_argument("--level", type=float, default=0.95, help="interval coverage (default: 0.95)")
     p.add_argument("--json", metavar="PATH", help="also write the table as JSON")
     p.add_argument("--figure", metavar="PATH", help="also draw the intervals as a PNG")
     add_device_argument(p)

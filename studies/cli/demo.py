@@ -29,10 +29,9 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
             "Imports the real multi-label yeast set (shipped inside the river package) into a "
             "feature store, trains AN, EM, GR and OPML heads on its single positives and prints "
             "their val/test mAP, runs a short GR study with pruning, and writes the study report. "
-            "Offline; 10–25 s on 2 CPU cores (more on a busy machine). --images also "
-            "featurizes 2×2 grids of "
-            "scikit-learn's handwritten digits with the offline pretrained EfficientNet-Lite0 "
-            "and probes them (extra 'lite0' and scikit-learn)."
+            "Offline; 10–25 s on 2 CPU cores (more on a busy machine). --images also featurizes "
+            "2×2 grids of scikit-learn's handwritten digits with the offline pretrained "
+            "EfficientNet-Lite0 and probes them (extra 'lite0' and scikit-learn)."
         ),
         epilog="example: spml demo --out spml-demo && open spml-demo/report/report.html",
     )

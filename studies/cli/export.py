@@ -34,7 +34,6 @@ def _export(args: argparse.Namespace) -> int:
 
 def register_cli(sub: argparse._SubParsersAction,
                  bench: argparse._SubParsersAction | None = None) -> None:
-    """Add ``spml export`` to the top-level subparsers ``sub``."""
     p = sub.add_parser(
         "export",
         help="collect probe runs, studies and confirmations into one CSV or Parquet table",

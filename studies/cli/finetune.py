@@ -1,9 +1,5 @@
-"""``spml finetune``: end-to-end fine-tuning to confirm a study's winner (studies/finetune.py).
-
-A thin layer: parse the options (and a ``--from-json`` winner file), build a
-:class:`~studies.finetune.FinetuneConfig`, call :func:`~studies.finetune.finetune`, print the
-summary. Register with ``register_finetune_cli(sub)``.
-"""
+"""``spml finetune``: a thin layer over :func:`studies.finetune.finetune` (options and a
+``--from-json`` winner file → :class:`~studies.finetune.FinetuneConfig`; prints the summary)."""
 
 from __future__ import annotations
 
@@ -13,14 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 from probe.cliargs import add_device_argument
 from probe.store.protocol import PROTOCOL_SEED
+from studies.finetune_config import AMP_MODES, TRAIN_JSON_KEYS
 
 if TYPE_CHECKING:
     from studies.finetune import FinetuneConfig, FinetuneResult
 
-# = studies.finetune.AMP_MODES / TRAIN_JSON_KEYS, written here so that building the parser does
-# not import torch (a test checks they agree)
-AMP_MODES = ("auto", "bf16", "fp16", "off")
-TRAIN_JSON_KEYS = ("batch_size", "lr", "epochs", "seed", "observed_seed", "val_labels")
 
 EPILOG = """\
 examples:
@@ -75,15 +68,17 @@ def winner_from_study(study: str, name: str | None = None) -> tuple[str, dict, d
     return record["loss"], record["hparams"], record["train"]
 
 
-def study_store(study: str, name: str | None = None) -> str | None:
-    """Where the feature store a study trained on is now (``None`` for a study that does not
-    record it): as its settings record it (absolute, or from this directory), else beside the
-    study's folder; refused by name where it is in neither place."""
+def _study_store(study: str, opened: Any) -> str | None:
+    """Where the feature store the ``--from-study`` study (``opened``) trained on is now: as its
+    settings record it (absolute, or from this directory), else beside the study's folder;
+    ``None`` for a study that records none or a store of imported features (no backbone to
+    rebuild); refused by name where the store is in neither place."""
     from pathlib import Path
 
+    from probe.store import open_store
     from studies.finetune import FinetuneError
 
-    recorded = (_open_study(study, name).user_attrs.get("spml.settings") or {}).get("store")
+    recorded = (opened.user_attrs.get("spml.settings") or {}).get("store")
     if not recorded:
         return None
     candidates = [Path(recorded).expanduser()]
@@ -92,22 +87,12 @@ def study_store(study: str, name: str | None = None) -> str | None:
         candidates += [folder / recorded, folder.parent / recorded]
     for path in candidates:
         if path.exists():
-            return str(path)
+            return str(path) if open_store(path).provenance.get("backbone") else None
     raise FinetuneError(
         f"--from-study {study}: the study trained on the store {recorded}, which is not there "
         "from this directory; pass --store STORE (its backbone and images), or --backbone and "
         "--weights"
     )
-
-
-def _featurized(store: str | None) -> str | None:
-    """``store`` where its provenance names the backbone that made it (a store of imported
-    features does not: the fine-tune then takes the default backbone)."""
-    if store is None:
-        return None
-    from probe.store import open_store
-
-    return store if open_store(store).provenance.get("backbone") else None
 
 
 def _model_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -140,12 +125,9 @@ def _data_options(args: argparse.Namespace) -> dict[str, Any]:
         data = store_images(args.store)
         if args.dataset is not None and args.dataset != data["dataset"]:
             data["dataset_options"] = {}  # another adapter than the store's: not its options
-        data = {k: v for k, v in data.items() if k != "dataset" or args.dataset is None}
         data["dataset_options"] = {**data["dataset_options"], **given}
-        if args.root is not None:
-            data["root"] = args.root
-        if args.dataset is not None:
-            data["dataset"] = args.dataset
+        data.update({k: getattr(args, k) for k in ("dataset", "root")
+                     if getattr(args, k) is not None})
         return data
     if args.dataset is None or args.root is None:
         raise FinetuneError(
@@ -169,7 +151,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[FinetuneConfig, dict[str
         else:
             json_loss, hparams, train = winner_from_study(args.from_study, args.study_name)
             if args.store is None and args.backbone is None:
-                args.store = _featurized(study_store(args.from_study, args.study_name))
+                args.store = _study_store(args.from_study,
+                                          _open_study(args.from_study, args.study_name))
         if loss is not None and loss != json_loss:
             raise FinetuneError(
                 f"--loss {loss} conflicts with the loss '{json_loss}' in {source}; drop "
@@ -186,24 +169,12 @@ def config_from_args(args: argparse.Namespace) -> tuple[FinetuneConfig, dict[str
     given = {key: getattr(args, key) for key in TRAIN_JSON_KEYS}
     settings = {**train, **{k: v for k, v in given.items() if v is not None}}
     config = FinetuneConfig(
-        loss=loss,
-        out=args.out,
-        **data,
-        preset=None if args.no_preset else "auto",
-        **_model_options(args),
-        threshold=args.threshold,
-        device=args.device,
-        amp=args.amp,
-        channels_last=args.channels_last,
-        num_workers=args.workers,
-        eval_batch_size=args.eval_batch_size,
-        max_steps=args.max_steps,
-        checkpoint_every=args.checkpoint_every,
-        resume=args.resume,
-        overwrite=args.overwrite,
-        save_best=not args.no_save_best,
-        progress=not args.no_progress,
-        **settings,
+        loss=loss, out=args.out, **data, preset=None if args.no_preset else "auto",
+        **_model_options(args), threshold=args.threshold, device=args.device, amp=args.amp,
+        channels_last=args.channels_last, num_workers=args.workers,
+        eval_batch_size=args.eval_batch_size, max_steps=args.max_steps,
+        checkpoint_every=args.checkpoint_every, resume=args.resume, overwrite=args.overwrite,
+        save_best=not args.no_save_best, progress=not args.no_progress, **settings,
     )
     return config, hparams
 
@@ -249,7 +220,6 @@ def _run(args: argparse.Namespace) -> int:
 
 def register_cli(sub: argparse._SubParsersAction,
                  bench: argparse._SubParsersAction | None = None) -> argparse.ArgumentParser:
-    """Add ``spml finetune`` to the top-level subparsers ``sub``."""
     p = sub.add_parser(
         "finetune",
         help="fine-tune the backbone + a linear head end to end on the images (confirm winners)",
@@ -258,10 +228,7 @@ def register_cli(sub: argparse._SubParsersAction,
             "loss, with the protocol of the probe: train/val split of the official train set "
             "(seed 1200), single positives, clean val, test mAP at the best val epoch. Adam as "
             "in Cole et al. (one lr for backbone and head), 448x448 resize, random flips."
-        ),
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        ), epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dataset", nargs="?",
                    help="dataset adapter: voc, coco, nus, cub, folder (default: the one a "
                         "--store's provenance records)")

@@ -46,7 +46,6 @@ def _report(args: argparse.Namespace) -> int:
 
 def register_cli(sub: argparse._SubParsersAction,
                  bench: argparse._SubParsersAction | None = None) -> None:
-    """Add ``spml report`` to the top-level subparsers ``sub``."""
     p = sub.add_parser(
         "report",
         help="HTML + Markdown report of a study, with PNG figures",

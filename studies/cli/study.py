@@ -49,9 +49,8 @@ def _settings(args: argparse.Namespace):
     if args.devices:
         devices = tuple(d.strip() for d in args.devices.split(",") if d.strip())
         if not devices:
-            raise SpmlError(
-                f"--devices expects DEV1,DEV2,... e.g. cuda:0,cuda:1; got {args.devices!r}"
-            )
+            raise SpmlError(f"--devices expects DEV1,DEV2,... e.g. cuda:0,cuda:1; got "
+                            f"{args.devices!r}")
         from probe.data import resolve_device
 
         for name in devices:  # a typo fails here, not in every worker
@@ -60,41 +59,19 @@ def _settings(args: argparse.Namespace):
             workers = len(devices)  # one worker per device
         if len(devices) == 1:  # one worker (also each worker of a --devices run)
             device, devices = devices[0], ()
-    grid = {}
-    for key, values in parse_sets(args.grid, "--grid").items():
-        grid[key if "." in key else f"{args.loss}.{key}"] = tuple(values)
+    grid = {key if "." in key else f"{args.loss}.{key}": tuple(values)
+            for key, values in parse_sets(args.grid, "--grid").items()}
+    same = ("store", "loss", "batch", "sampler", "pruner", "storage", "name", "out", "seed",
+            "train_seed", "search_lr", "epochs", "batch_size", "lr", "val_labels", "select",
+            "observed_seed", "priors")
     return StudySettings(
-        store=args.store,
-        loss=args.loss,
-        n_trials=args.trials,
-        batch=args.batch,
-        sampler=args.sampler,
-        pruner=args.pruner,
-        storage=args.storage,
-        name=args.name,
-        out=args.out,
-        seed=args.seed,
-        train_seed=args.train_seed,
-        fixed=fixed,
+        **{key: getattr(args, key) for key in same}, n_trials=args.trials, fixed=fixed,
         space=dict(parse_range(s) for s in args.space or ()),
-        params=tuple(args.params.split(",")) if args.params else None,
-        grid=grid,
-        search_lr=args.search_lr,
+        params=tuple(args.params.split(",")) if args.params else None, grid=grid,
         batch_sizes=_ints(args.batch_sizes, "--batch-sizes"),
-        epochs_choices=_ints(args.epochs_choices, "--epochs-choices"),
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        val_labels=args.val_labels,
-        select=args.select,
-        observed_seed=args.observed_seed,
-        device=device,
-        enqueue_paper=not args.no_paper,
-        heartbeat_seconds=args.heartbeat,
-        grace_seconds=args.grace,
-        workers=workers,
-        devices=devices,
-        priors=args.priors,
+        epochs_choices=_ints(args.epochs_choices, "--epochs-choices"), device=device,
+        enqueue_paper=not args.no_paper, heartbeat_seconds=args.heartbeat,
+        grace_seconds=args.grace, workers=workers, devices=devices,
     )
 
 
@@ -109,32 +86,20 @@ def _study(args: argparse.Namespace) -> int:
         storage = spec.target if spec.kind != "postgresql" else args.storage
         if spec.kind == "journal":
             storage = f"journal:{spec.target}"
-        command = [
-            sys.executable,
-            "-m",
-            "studies.cli",
-            *args.argv,
-            "--workers",
-            "1",
-            "--storage",
-            storage,
-            "--as-worker",
-        ]
+        command = [sys.executable, "-m", "studies.cli", *args.argv, "--workers", "1",
+                   "--storage", storage, "--as-worker"]
     summary = run_study(settings, worker_command=command, log=lambda m: print(m, file=sys.stderr),
                         verdict=not args.as_worker)
     if args.as_worker:  # one of several: the parent that started it prints the summary once
         return 0
-    print(
-        f"study {summary.name} in {summary.storage}: {summary.n_complete} complete, "
-        f"{summary.n_pruned} pruned, {summary.n_failed} failed"
-    )
+    print(f"study {summary.name} in {summary.storage}: {summary.n_complete} complete, "
+          f"{summary.n_pruned} pruned, {summary.n_failed} failed")
     if summary.best_value is not None:
         print(f"best val mAP {summary.best_value:.2f} in trial {summary.best_trial}; its "
               "parameters:")
         from studies.study_summary import param_lines
 
-        for line in param_lines(settings.loss, summary.best_params):
-            print(line)
+        print("\n".join(param_lines(settings.loss, summary.best_params)))
     for line in summary.facts:  # epochs, batch size, lr, --set values, draw, prior
         print(line)
     if summary.n_best_at_last:
@@ -149,14 +114,13 @@ def _study(args: argparse.Namespace) -> int:
     storage = f" --storage {q(summary.storage)}" if settings.storage else ""  # else in out
     name = f" --name {q(summary.name)}" if summary.several else ""
     print(f"next: spml report {q(summary.out)}{storage}{name} --store {q(settings.store)}")
-    verdict = summary.verdict
     if summary.verdict_error:  # e.g. the store moved since: the study itself is done
         print(f"note: the winner was not tested against the paper values: "
               f"{summary.verdict_error}")
-    if verdict is not None:
+    if summary.verdict is not None:
         from studies.verdict import format_verdict
 
-        print("\n".join(format_verdict(verdict)))
+        print("\n".join(format_verdict(summary.verdict)))
     if args.json:
         from probe.results import write_json_atomic
 
@@ -170,30 +134,19 @@ def _confirm(args: argparse.Namespace) -> int:
     study = load_study(args.storage, args.name)  # refuses a storage file that is not there
     out = Path(args.out) if args.out else default_out(args.storage)
     rows = confirm_study(
-        study,
-        args.store,
-        top_k=args.top_k,
-        seeds=_ints(args.seeds, "--seeds"),
+        study, args.store, top_k=args.top_k, seeds=_ints(args.seeds, "--seeds"),
         observed_seeds=(None if args.observed_seeds is None
                         else _ints(args.observed_seeds, "--observed-seeds")),
-        out=out,
-        device=args.device,
-        log=lambda m: print(m, file=sys.stderr),
-        progress=True,
-        refit=args.refit,
-        results=_results_beside(args.storage, out),
-    )
+        out=out, device=args.device, log=lambda m: print(m, file=sys.stderr), progress=True,
+        refit=args.refit, results=_results_beside(args.storage, out))
     print(f"{'rank':>4} {'trial':>5}  {'val mAP':>8}  {'test mAP (mean ± std)':>22}  "
           f"{'95% interval':>16}  runs  params")
     for r in rows:
-        params = ", ".join(
-            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.params.items()
-        )
+        params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                           for k, v in r.params.items())
         ci = f"[{r.test_low:.2f}, {r.test_high:.2f}]" if r.n_runs > 1 else "- (1 run)"
-        print(
-            f"{r.rank:>4} {r.trial:>5}  {r.val_mean:8.2f}  {r.test_mean:13.2f} ± {r.test_std:5.2f}"
-            f"  {ci:>16}  {r.n_runs:>4}  {params}"
-        )
+        print(f"{r.rank:>4} {r.trial:>5}  {r.val_mean:8.2f}  {r.test_mean:13.2f} ± "
+              f"{r.test_std:5.2f}  {ci:>16}  {r.n_runs:>4}  {params}")
     win = rows[0]
     if win.refit_epochs is not None:
         ci = (f"[{win.refit_test_low:.2f}, {win.refit_test_high:.2f}]"
@@ -205,10 +158,8 @@ def _confirm(args: argparse.Namespace) -> int:
     print("95% interval: Student-t interval of the mean test mAP over the runs (training seeds "
           "x single-positive draws); it does not include the test-image variation that "
           "'spml compare' measures")
-    print(
-        f"wrote {out / 'confirm.parquet'} (read by 'spml report {out}') and "
-        f"{out / 'best.json'} (for spml finetune --from-json)"
-    )
+    print(f"wrote {out / 'confirm.parquet'} (read by 'spml report {out}') and "
+          f"{out / 'best.json'} (for spml finetune --from-json)")
     return 0
 
 
@@ -218,9 +169,8 @@ def _results_beside(storage: str, out: Path) -> Path:
     from studies.storage import parse_storage
 
     spec = parse_storage(storage)
-    if spec.kind != "postgresql":
-        return Path(spec.target).expanduser().parent / "results"
-    return out / "results"
+    folder = out if spec.kind == "postgresql" else Path(spec.target).expanduser().parent
+    return folder / "results"
 
 
 SMALL_VAL = 1000  # val rows below which one split's val mAP is noisy enough to mislead a search
@@ -254,45 +204,23 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
     add_trials_at_once_argument(p, 8)
     p.add_argument("--sampler", default="tpe", help="tpe (default) | gp | cmaes | random | grid")
     p.add_argument("--pruner", default="median", help="median (default) | none")
-    p.add_argument(
-        "--storage",
-        help="OUT/study.log by default: a journal file (one or several processes; the "
-        "fastest) | study.db (SQLite, one process) | postgresql://user@host:port/db (many "
-        "machines)",
-    )
+    p.add_argument("--storage", help="OUT/study.log by default: a journal file (one or several "
+                   "processes; the fastest) | study.db (SQLite, one process) | "
+                   "postgresql://user@host:port/db (many machines)")
     p.add_argument("--name", help="study name (default <dataset>-<loss>)")
     p.add_argument("--out", default="spml-study", help="results folder (default spml-study)")
-    p.add_argument(
-        "--workers",
-        type=int,
-        default=1,
-        help="local worker processes (needs a journal or PostgreSQL storage)",
-    )
-    p.add_argument(
-        "--devices",
-        metavar="DEV1,DEV2,...",
-        help="one worker per device, e.g. cuda:0,cuda:1,cuda:2,cuda:3 (sets --workers; needs a "
-        "journal or PostgreSQL storage); cpu,cpu works too",
-    )
-    p.add_argument(
-        "--set",
-        action="append",
-        metavar="NAME=VALUE",
-        help="hold a loss hyperparameter fixed (repeatable), e.g. --set use_v=false",
-    )
-    p.add_argument(
-        "--space",
-        action="append",
-        metavar="NAME=LOW:HIGH[:log]",
-        help="override a range, or NAME=A,B,C for choices (repeatable)",
-    )
+    p.add_argument("--workers", type=int, default=1,
+                   help="local worker processes (needs a journal or PostgreSQL storage)")
+    p.add_argument("--devices", metavar="DEV1,DEV2,...",
+                   help="one worker per device, e.g. cuda:0,cuda:1,cuda:2,cuda:3 (sets --workers; "
+                   "needs a journal or PostgreSQL storage); cpu,cpu works too")
+    p.add_argument("--set", action="append", metavar="NAME=VALUE",
+                   help="hold a loss hyperparameter fixed (repeatable), e.g. --set use_v=false")
+    p.add_argument("--space", action="append", metavar="NAME=LOW:HIGH[:log]",
+                   help="override a range, or NAME=A,B,C for choices (repeatable)")
     p.add_argument("--params", help="search only these loss hyperparameters (comma list)")
-    p.add_argument(
-        "--grid",
-        action="append",
-        metavar="NAME=V1,V2,...",
-        help="grid values for --sampler grid (repeatable)",
-    )
+    p.add_argument("--grid", action="append", metavar="NAME=V1,V2,...",
+                   help="grid values for --sampler grid (repeatable)")
     lr = p.add_mutually_exclusive_group()
     lr.add_argument("--search-lr", action="store_true", default=None,
                     help="also search train.lr (log-uniform 1e-5..1e-1). Default: searched on a "
@@ -305,36 +233,23 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
     p.add_argument("--epochs", type=int, help="epochs per trial (default: the paper's)")
     p.add_argument("--batch-size", type=int, help="batch size (default: the paper's)")
     p.add_argument("--lr", type=float, help="learning rate (default: the paper's)")
-    p.add_argument(
-        "--val-labels",
-        default="clean",
-        choices=("clean", "observed"),
-        help="select epochs on clean (default) or single-positive val labels",
-    )
-    p.add_argument(
-        "--select",
-        default="val",
-        metavar="val|cv:K|draws:N",
-        help="how a trial is scored: val (default: the protocol's one split and draw), cv:K "
-        "(mean val mAP over K train/val re-splits of the pool) or draws:N (mean over N "
-        "single-positive draws); K or N times the training, no pruning. docs/selection.md "
-        "measures which picks values that hold up on test",
-    )
+    p.add_argument("--val-labels", default="clean", choices=("clean", "observed"),
+                   help="select epochs on clean (default) or single-positive val labels")
+    p.add_argument("--select", default="val", metavar="val|cv:K|draws:N",
+                   help="how a trial is scored: val (default: the protocol's one split and "
+                   "draw), cv:K (mean val mAP over K train/val re-splits of the pool) or draws:N "
+                   "(mean over N single-positive draws); K or N times the training, no pruning. "
+                   "docs/selection.md measures which picks values that hold up on test")
     add_observed_seed_argument(p)
     add_priors_argument(p)
     p.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
-    p.add_argument(
-        "--train-seed",
-        type=int,
-        default=0,
-        help="init/batch-order seed shared by all trials (default 0)",
-    )
+    p.add_argument("--train-seed", type=int, default=0,
+                   help="init/batch-order seed shared by all trials (default 0)")
     add_device_argument(p)
     p.add_argument("--no-paper", action="store_true", help="do not enqueue the paper's values")
     p.add_argument("--heartbeat", type=float, default=10.0, help="heartbeat interval, s (10)")
-    p.add_argument(
-        "--grace", type=float, default=120.0, help="retry a RUNNING trial silent this long, s (120)"
-    )
+    p.add_argument("--grace", type=float, default=120.0,
+                   help="retry a RUNNING trial silent this long, s (120)")
     p.add_argument("--json", help="write the summary as JSON here")
     p.add_argument("--as-worker", action="store_true", help=argparse.SUPPRESS)  # --workers N
     p.set_defaults(func=_study)
@@ -417,11 +332,8 @@ def confirm_parser() -> argparse.ArgumentParser:
     c.add_argument("--store", required=True, help="the feature store the study trained on")
     c.add_argument("--top-k", type=int, default=3, help="trials to confirm (default 3)")
     c.add_argument("--seeds", default="0,1,2", help="training seeds (default 0,1,2)")
-    c.add_argument(
-        "--observed-seeds",
-        help="draws to train on (default: the draw the study trained on, --observed-seed; "
-        "protocol draws not in the store are added)",
-    )
+    c.add_argument("--observed-seeds", help="draws to train on (default: the draw the study "
+                   "trained on, --observed-seed; protocol draws not in the store are added)")
     c.add_argument("--out", help="folder for confirm.parquet and best.json (default: beside the "
                    "study, the folder of the --storage file, where 'spml report' finds them; "
                    "required for PostgreSQL)")

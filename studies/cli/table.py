@@ -63,7 +63,6 @@ def _table(args: argparse.Namespace) -> int:
 
 def register_cli(sub: argparse._SubParsersAction,
                  bench: argparse._SubParsersAction | None = None) -> None:
-    """Add ``spml table`` to the top-level subparsers."""
     p = sub.add_parser(
         "table",
         help="the paper's Table 1: every loss (and the oracle, zero-shot, tuned rows) on each "
