@@ -69,8 +69,7 @@ _EXPORTS = {
     "write_feature_store": "probe.store",
     "PROTOCOL_SEED": "probe.store",
     # the training-free baseline
-    "run_knn": "probe.knn",
-}
+    "run_knn": "probe.knn"}
 
 __all__ = sorted([*_EXPORTS, "__version__"])
 

@@ -35,8 +35,7 @@ SMALL_EVAL = 1 << 20
 
 
 def evaluate_heads(x: Tensor, targets: Tensor, w: Tensor, threshold: float,
-                   on_logits: Callable[[Tensor, Tensor], None] | None = None
-                   ) -> dict[str, Tensor]:
+                   on_logits: Callable[[Tensor, Tensor], None] | None = None) -> dict[str, Tensor]:
     """mAP (T,), per-class AP (T, C), OF1/CF1 (T,) for heads ``w`` (T, D+1, C), in trial
     blocks so the logits stay below :data:`EVAL_BLOCK` elements. ``on_logits(z, ap)`` sees
     each block's logits (t, N, C) and per-class AP (t, C) before they are freed (the test

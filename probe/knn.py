@@ -37,8 +37,7 @@ __all__ = ["KNN_HPARAMS", "knn_scores", "nearest_neighbours", "run_knn"]
 KNN_HPARAMS = (
     HParam("k", 20, "number of nearest training neighbours", kind="int", low=1),
     HParam("temperature", 0.07, "softmax temperature τ over the neighbours' cosine similarities",
-           low=0.0, low_open=True, search=(0.01, 1.0), log=True),
-)
+           low=0.0, low_open=True, search=(0.01, 1.0), log=True))
 BACKENDS = ("auto", "faiss", "torch")
 _SEARCH_BLOCK = 1 << 24  # similarity elements computed at once by the torch backend
 

@@ -248,11 +248,9 @@ class StackedAdam(StackedOptimizer):
             for k, (lr, wd, trials) in enumerate(self._groups[i]):
                 param, g, m, v, denom = self._slices((i, k), tensors, trials)
                 if self.fused:
-                    torch._fused_adam_(
-                        param, g, m, v, [], [self._step_t[i]] * len(param),
-                        lr=lr, beta1=b1, beta2=b2, weight_decay=wd, eps=self.eps,
-                        amsgrad=False, maximize=False,
-                    )
+                    torch._fused_adam_(param, g, m, v, [], [self._step_t[i]] * len(param),
+                                       lr=lr, beta1=b1, beta2=b2, weight_decay=wd, eps=self.eps,
+                                       amsgrad=False, maximize=False)
                     continue
                 for th, gr, ma, va, de in zip(param, g, m, v, denom):
                     if wd != 0.0:
@@ -319,8 +317,7 @@ def _fused_adam_available(param: Tensor) -> bool:
                 step.add_(1.0)
                 torch._fused_adam_(
                     [t[0]], [t[1]], [t[2]], [t[3]], [], [step], lr=1e-3, beta1=0.9, beta2=0.999,
-                    weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False,
-                )
+                    weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False)
             except (RuntimeError, NotImplementedError, TypeError):
                 ok = False
         _FUSED_CACHE[key] = ok

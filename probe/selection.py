@@ -192,8 +192,7 @@ def mean_over_replicates(results: list[Any], select: str | Selection) -> Any:
                     "replicate_test_map": tests}
         trials.append(dataclasses.replace(
             base, epochs=epochs, best_epoch=best_epoch, best=best, init={},
-            stopped_at=None, finite=all(t.finite for t in runs),
-        ))
+            stopped_at=None, finite=all(t.finite for t in runs)))
     config = {**first.config, "select": str(selection)}
     source = {**first.source, "replicates": selection.describe(
         first.source.get("observed_seed", PROTOCOL_SEED))}

@@ -82,8 +82,7 @@ def resolve_speed(speed: SpeedOptions | None) -> SpeedOptions:
     return speed
 
 
-def clear_winner(one: Sequence[float], many: Sequence[float], margin: float = 1.5
-                 ) -> bool | None:
+def clear_winner(one: Sequence[float], many: Sequence[float], margin: float = 1.5) -> bool | None:
     """After two or more rounds of samples (seconds per step): True when every one-thread
     sample beats every sample on torch's setting by ``margin``, False for the reverse, None
     while it is closer than that (then more rounds run and :func:`choose_threads` decides)."""

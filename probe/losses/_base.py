@@ -91,8 +91,7 @@ class Loss(nn.Module):
         if len(t_sizes) > 1:
             raise LossInputError(
                 f"{self.name}: per-trial hyperparameters must all have the same length T; got "
-                f"lengths {sorted(t_sizes)}"
-            )
+                f"lengths {sorted(t_sizes)}")
         self.n_trials: int | None = t_sizes.pop() if t_sizes else None
         self._hp_names: list[str] = []  # those held as (T,) or 0-d tensor buffers hp_<name>
         self._static: dict[str, Any] = {}  # the others, as Python values
@@ -160,8 +159,7 @@ class Loss(nn.Module):
         if n_trials is not None and self.n_trials is not None and n_trials != self.n_trials:
             raise LossInputError(
                 f"{self.name}: the hyperparameters describe {self.n_trials} trials but the "
-                f"trainer stacks {n_trials}"
-            )
+                f"trainer stacks {n_trials}")
         if n_epochs < 1:
             raise LossInputError(f"{self.name}: n_epochs must be >= 1; got {n_epochs}")
         self.n_epochs = int(n_epochs)
@@ -174,8 +172,7 @@ class Loss(nn.Module):
         name. Losses with :attr:`prior` set override this (``probe.losses.PriorMixin``)."""
         raise LossInputError(
             f"{self.name}: this loss uses no prior (per-image class scores); drop --priors "
-            "or choose a loss that uses one (vlpl, gpr)"
-        )
+            "or choose a loss that uses one (vlpl, gpr)")
 
     def start_epoch(self, epoch: int) -> None:
         """Called at the start of every epoch (0-indexed); schedules update here."""
@@ -200,8 +197,7 @@ class Loss(nn.Module):
         if value is None:
             raise LossInputError(
                 f"{self.name}: call setup(observed_train, n_epochs) before the first forward "
-                f"(the loss keeps per-example state '{name}' over the train split)"
-            )
+                f"(the loss keeps per-example state '{name}' over the train split)")
         return value
 
     def per_example(self, name: str, observed: Tensor, fill: Any, dtype: torch.dtype) -> None:
@@ -273,8 +269,7 @@ class Loss(nn.Module):
             default = "(from the dataset)" if s.default is None else repr(s.default)
             lines.append(
                 f"  {s.name:<{width}}  default {default:<10} valid {s.range_text():<14}{search}"
-                f"  — {s.doc}"
-            )
+                f"  — {s.doc}")
         if not cls.hparam_specs:
             lines.append("  (none)")
         if cls.presets or cls.train_presets:
@@ -340,8 +335,7 @@ def _check_contract(cls: Any) -> None:
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise LossContractError(
             f"register: {what}.name must be the loss's registry name, letters, digits and '_' "
-            f"(e.g. 'my_loss'); got {name!r}"
-        )
+            f"(e.g. 'my_loss'); got {name!r}")
     if name in _RESERVED:
         raise LossContractError(f"register: {what}.name '{name}' is reserved for "
                                 f"{_RESERVED[name]}; choose another name")
@@ -376,8 +370,7 @@ def _check_contract(cls: Any) -> None:
             "declares no trial_state, so the trainer cannot know how to remove a pruned trial; "
             "declare trial_state = (the names of its buffers/parameters with a leading trial "
             "axis), trial_state = () if none of its state is per trial, or trial_state = None "
-            "to keep stopped trials frozen in the stack"
-        )
+            "to keep stopped trials frozen in the stack")
 
 
 def register(cls: type[Loss]) -> type[Loss]:
@@ -411,8 +404,7 @@ def register(cls: type[Loss]) -> type[Loss]:
             raise LossContractError(
                 f"register: loss name '{cls.name}' of {cls.__module__}.{cls.__qualname__} is "
                 f"already taken by {_ORIGINS.get(cls.name, 'another loss')} "
-                f"({taken.__module__}.{taken.__qualname__}); give the new loss another name"
-            )
+                f"({taken.__module__}.{taken.__qualname__}); give the new loss another name")
         if taken is None:
             loading = _PLUGINS["loading"]
             _ORIGINS[cls.name] = (loading if loading is not None
@@ -546,8 +538,7 @@ def create_loss(name: str, preset: str | None = None, **hparams: Any) -> Loss:
         if preset not in cls.presets:
             raise LossInputError(
                 f"{name}: no paper preset for dataset '{preset}' (presets: "
-                f"{', '.join(sorted(cls.presets)) or 'none'})"
-            )
+                f"{', '.join(sorted(cls.presets)) or 'none'})")
         values.update(cls.presets[preset])
     values.update(hparams)
     loss = cls(**values)

@@ -160,8 +160,7 @@ def _robust_l(log_x: Tensor, x: Tensor, qv) -> tuple[Tensor, Tensor]:
 
 
 def _gpr_value_grad(z: Tensor, y: Tensor, pos: Tensor, neg: Tensor | None, sched: list, qs: list,
-                    use_k: bool, use_v: bool, h: dict, released: bool
-                    ) -> tuple[Tensor, Tensor]:
+                    use_k: bool, use_v: bool, h: dict, released: bool) -> tuple[Tensor, Tensor]:
     """GPR's loss and its gradient d loss / d z in one pass, without autograd: GR's k̂, v and
     L1-L3 (:mod:`probe.losses.gr_loss`; k̂, v of sg(p), constants) with dL1/dz = −p^q1·(1−p),
     dL2/dz = −p^q2·(1−p), dL3/dz = p·(1−p)^q3, d(−log p)/dz = −(1−p), d(−log(1−p))/dz = p and
@@ -270,8 +269,7 @@ class GPR(PriorMixin, GR):
         "P = top_k of s with s ≥ θ;  N = ⌊neg_ratio·C⌋ lowest (g + mean_tiles)/2\n"
         "y=1: L1;  P: clip(1−v, λ2, λ1)·[ρ(−log p) + (1−ρ)(−log(1−p))];  N: v·(−log(1−p))\n"
         "other y=0: v·[k̂·L2 + (1−k̂)·L3] (GR, its schedules);  y=−1: L3\n"
-        "loss = mean over B·C + reg·(mean_b Σ_c p − k)²/C²"
-    )
+        "loss = mean over B·C + reg·(mean_b Σ_c p − k)²/C²")
     hparam_specs = _SPECS
     prior = "class scores (CLIP global; extras tile_max, tile_min, tile_mean for DAMP)"
     prior_optional = ("tile_max", "tile_min", "tile_mean")
@@ -284,15 +282,13 @@ class GPR(PriorMixin, GR):
         "voc": _aevlp((0, 2, -2, -2), (0.01, 1), (0.7, 0.4), 0.05, 0.0, 0.5, 0.2, 3, "voc"),
         "nus": _aevlp((0, 10, -2, -8), (0.01, 1), (0.7, 0.5), 0.001, 0.3, 0.6, 0.2, 3, "nus"),
         "cub": _aevlp((0, 10, -2, -8), (0.01, 1.5), (0.8, 0.2), 0.01, 0.005, 0.005, 0.2, 32,
-                      "cub"),
-    }
+                      "cub")}
     # the same files' bsize, lr, num_epochs, lr_mult (the linear head trains at lr × lr_mult)
     train_presets = {
         "coco": {"batch_size": 16, "lr": 1e-5, "epochs": 8, "head_lr_mult": 10},
         "voc": {"batch_size": 8, "lr": 1e-5, "epochs": 8, "head_lr_mult": 10},
         "nus": {"batch_size": 16, "lr": 1e-5, "epochs": 10, "head_lr_mult": 10},
-        "cub": {"batch_size": 8, "lr": 1e-5, "epochs": 10, "head_lr_mult": 10},
-    }
+        "cub": {"batch_size": 8, "lr": 1e-5, "epochs": 10, "head_lr_mult": 10}}
     notes = """\
 Needs a prior (spml probe --priors NAME). DAMP from raw CLIP scores: store the global scores as
 the prior's scores and the per-class max, min (and mean) over the tiles as extras tile_max,

@@ -43,21 +43,18 @@ from ._hparams import (
 __all__ = ["ll_cp", "ll_ct", "ll_r"]
 
 PAPER = (
-    "Kim et al., Large Loss Matters in Weakly Supervised Multi-Label Classification, CVPR 2022"
-)
+    "Kim et al., Large Loss Matters in Weakly Supervised Multi-Label Classification, CVPR 2022")
 
 _DELTA = HParam(
     "delta_rel", 0.003,
     "Δ as a fraction of the batch's B·C entries: the rate grows by Δ per epoch (LL-R, LL-Ct) "
     "or is Δ from epoch 2 (LL-Cp); paper grid 0.001–0.005, default = its midpoint",
-    low=0.0, high=1.0, search=(0.001, 0.005),
-)
+    low=0.0, high=1.0, search=(0.001, 0.005))
 
 #: the released config.py for every dataset; lr is the backbone's, the head trains at 10 × lr
 _TRAIN = {
     ds: {"batch_size": 16, "lr": 1e-5, "epochs": 10, "head_lr_mult": 10}
-    for ds in ("voc", "coco", "nus", "cub")
-}
+    for ds in ("voc", "coco", "nus", "cub")}
 
 _NOTES_COMMON = (
     "Epoch numbers are 1-indexed here as in the paper (the trainer's 0-indexed epoch + 1). "
@@ -70,13 +67,11 @@ _NOTES_COMMON = (
     "Observed negatives (y=−1, partial labels) keep −log(1−p) and are never selected. No "
     "per-dataset Δ presets: the authors grid-searched {0.1,…,0.5}% per dataset and report the "
     "choice only in their supplementary material, which we do not have. The released code "
-    "trains the head at lr_mult=10 × the backbone lr (1e-5), i.e. 1e-4 for the head."
-)
+    "trains the head at lr_mult=10 × the backbone lr (1e-5), i.e. 1e-4 for the head.")
 
 
 def rank_select(
-    key: Tensor, candidates: Tensor, count: int | Tensor, dim: int, largest: bool
-) -> Tensor:
+    key: Tensor, candidates: Tensor, count: int | Tensor, dim: int, largest: bool) -> Tensor:
     """Boolean mask of the ``count`` candidates with the largest (``largest``) or smallest ``key``
     along ``dim`` (all where fewer exist). ``count``: an int or a tensor with size 1 along ``dim``
     (e.g. ``(T, 1)`` per trial), served by one stable sort (ties: lower index first), no sync."""
@@ -121,8 +116,7 @@ def _count(rate: float | Tensor, b: int, c: int, z: Tensor) -> int | Tensor:
 
 
 def _ll_core(
-    z: Tensor, y: Tensor, delta: float | Tensor, epoch: int, mode: str
-) -> tuple[Tensor, Tensor]:
+    z: Tensor, y: Tensor, delta: float | Tensor, epoch: int, mode: str) -> tuple[Tensor, Tensor]:
     """Per-trial mean loss and the changed-entry mask (same shape as z). Unchecked."""
     b, c = z.shape[-2:]
     pos = F.softplus(-z)  # −log p
@@ -144,13 +138,11 @@ def _checked(logits, observed, delta_rel, epoch, loss):
     if epoch is None:
         raise LossInputError(
             f"{loss}: 'epoch' is required: the 1-indexed epoch number (epoch 1 changes nothing, "
-            "the rate grows from epoch 2); e.g. epoch=trainer_epoch + 1"
-        )
+            "the rate grows from epoch 2); e.g. epoch=trainer_epoch + 1")
     if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 1:
         raise LossInputError(
             f"{loss}: 'epoch' must be the 1-indexed epoch number (an int >= 1, as in the paper; "
-            f"epoch 1 changes nothing); got {epoch!r}"
-        )
+            f"epoch 1 changes nothing); got {epoch!r}")
     return z, y, values["delta_rel"], epoch
 
 
@@ -173,13 +165,8 @@ def ll_ct(
     return _ll_core(z, y, delta, epoch, "ll_ct")[0]
 
 
-def ll_cp(
-    logits: Tensor,
-    observed: Tensor,
-    flipped: Tensor,
-    delta_rel: float | Tensor = 0.003,
-    epoch: int | None = None,
-) -> tuple[Tensor, Tensor]:
+def ll_cp(logits: Tensor, observed: Tensor, flipped: Tensor, delta_rel: float | Tensor = 0.003,
+          epoch: int | None = None) -> tuple[Tensor, Tensor]:
     """LL-Cp (Kim et al. CVPR 2022, Sec. 3.2, permanent correction). Stateful: ``flipped``, the
     batch's rows of the state (bool ``(B, C)`` or ``(T, B, C)``, all False at the start), is True
     where an entry was flipped to observed positive earlier. From epoch 2 (``epoch``, required,
@@ -221,8 +208,7 @@ class LLR(_LargeLoss):
     formula = (
         "ℓ = AN per entry (y=1: −log p; y≤0: −log(1−p))\n"
         "epoch e (1-indexed): r = (e−1)·Δ; the ⌈B·C·r⌉ unobserved entries with the largest ℓ\n"
-        "in the batch get ℓ ← 0 (rejected);  mean over B·C"
-    )
+        "in the batch get ℓ ← 0 (rejected);  mean over B·C")
     notes = _NOTES_COMMON
 
 
@@ -233,8 +219,7 @@ class LLCt(_LargeLoss):
     formula = (
         "ℓ = AN per entry (y=1: −log p; y≤0: −log(1−p))\n"
         "epoch e (1-indexed): r = (e−1)·Δ; the ⌈B·C·r⌉ unobserved entries with the largest ℓ\n"
-        "in the batch get ℓ ← −log p (label flipped for this batch);  mean over B·C"
-    )
+        "in the batch get ℓ ← −log p (label flipped for this batch);  mean over B·C")
     notes = _NOTES_COMMON
     _mode = "ll_ct"
 
@@ -246,8 +231,7 @@ class LLCp(_LargeLoss):
     formula = (
         "ℓ = AN per entry (y=1: −log p; y≤0: −log(1−p)), with earlier flips counted as y=1\n"
         "epoch e ≥ 2 (1-indexed): the ⌈B·C·Δ⌉ still-unobserved entries with the largest ℓ in\n"
-        "the batch get ℓ ← −log p and are flipped to observed positive for good;  mean over B·C"
-    )
+        "the batch get ℓ ← −log p and are flipped to observed positive for good;  mean over B·C")
     notes = (
         "The released code's latest losses.py selects LL-Cp with `mode is 'LL-Cp'`, which is "
         "always False for a parsed string, so its 'LL-Cp' runs LL-Ct; we implement the "
@@ -255,8 +239,7 @@ class LLCp(_LargeLoss):
         "entries whose loss is strictly above the k-th largest, k−1 of them without ties; we "
         "flip exactly the k corrected entries.) State: "
         "`flipped` (T, N_train, C) bool buffer, updated in forward (gathered by `index`). "
-        + _NOTES_COMMON
-    )
+        + _NOTES_COMMON)
     stateful = True
     _mode = "ll_cp"
     trial_state = ("flipped",)

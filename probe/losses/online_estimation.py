@@ -100,8 +100,7 @@ class ROLE(Loss):
     formula = (
         "q = σ(Θ[index]) (trainable label estimates);  on y=1: ½(−log p − log q)\n"
         "all entries: ½(−[sg(q)log p + (1−sg(q))log(1−p)] − [sg(p)log q + (1−sg(p))log(1−q)])\n"
-        "mean over B·C  +  ½[(mean_n Σ_c p − k)² + (mean_n Σ_c q − k)²] / C²"
-    )
+        "mean over B·C  +  ½[(mean_n Σ_c p − k)² + (mean_n Σ_c q − k)²] / C²")
     hparam_specs = (K_SPEC, _LR_MULT)
     presets = {ds: {"k": k} for ds, k in EXPECTED_POSITIVES.items()}
     stateful = True
@@ -115,8 +114,7 @@ class ROLE(Loss):
         "−log(x + 1e-5)). Observed negatives (y=−1) enter only through Θ's initialisation "
         "(logit(0.005)), as in the released code. k: Cole et al.'s table (COCO 2.9; their "
         "train.py has 2.5). No train presets: Cole et al. grid-searched batch size {8, 16} and "
-        "lr {1e-2, …, 1e-5} per dataset (linear probe: 25 epochs)."
-    )
+        "lr {1e-2, …, 1e-5} per dataset (linear probe: 25 epochs).")
 
     def __init__(self, **hparams) -> None:
         super().__init__(**hparams)
@@ -128,8 +126,7 @@ class ROLE(Loss):
         if self._seeds is not None and len(self._seeds) != t:
             raise LossInputError(
                 f"role: manual_seed was given {len(self._seeds)} seeds but setup stacks {t} "
-                "trials; pass one seed per trial"
-            )
+                "trials; pass one seed per trial")
         self.register_buffer("observed_train", observed.to(torch.int8), persistent=False)
         self.label_logits = nn.Parameter(torch.empty(t, *observed.shape, device=observed.device))
         self._init_theta()

@@ -158,8 +158,7 @@ class VLPL(PriorMixin):
         "y=1: −log p;  P: β_pos·(0.9·(−log p) + 0.1·(−log(1−p)));  "
         "N: β_neg·(0.1·(−log p) + 0.9·(−log(1−p)))\n"
         "other y=0: −α·H(p) (EM);  y=−1: −log(1−p);  mean over B·C;  plain EM while "
-        "epoch < warmup_epochs"
-    )
+        "epoch < warmup_epochs")
     hparam_specs = _SPECS
     prior = "class scores (softmax of CLIP image-text similarity, T = 0.01)"
     # mvrl/VLPL main_clip.py, per dataset (P['alpha'], P['beta_pos'], P['beta_neg'],
