@@ -289,15 +289,19 @@ class Loss(nn.Module):
 class EntrywiseLoss(Loss):
     """A stateless loss whose value is a per-entry term reduced by the mean over B·C: subclasses
     define ``_entries(z, y) -> (…, B, C)`` on promoted logits (``self._h(name, z)`` views a
-    hyperparameter for broadcasting)."""
+    hyperparameter for broadcasting), or set ``entries = staticmethod(fn)`` for a function
+    ``fn(z, y, *hparams)`` taking the views in ``hparam_specs`` order."""
 
     trial_state = ()
+    entries: ClassVar[Any] = None
 
     def _h(self, name: str, z: Tensor) -> Any:
         return hp(self.hparam(name), z)
 
     def _entries(self, z: Tensor, y: Tensor) -> Tensor:
-        raise TypeError(f"{type(self).__name__} must define _entries(z, y)")
+        if self.entries is None:
+            raise TypeError(f"{type(self).__name__} must define _entries(z, y)")
+        return self.entries(z, y, *(self._h(s.name, z) for s in self.hparam_specs))
 
     def forward(self, logits: Tensor, observed: Tensor, index: Tensor | None = None) -> LossOutput:
         z = promote(logits)

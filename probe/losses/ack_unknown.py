@@ -1,22 +1,8 @@
 """Acknowledging the unknown — Zhou et al., "Acknowledging the Unknown for Multi-label Learning
-with Single Positive Labels", ECCV 2022:
-the entropy-maximisation loss (EM, Eq. 3) and asymmetric pseudo-labelling (APL, Alg. 1, Eqs. 6–8);
-spec: docs/losses.md "Acknowledging the unknown".
-
-With p = σ(z), H(p) = −p log p − (1−p) log(1−p) (computed from logits as
-p·softplus(−z) + (1−p)·softplus(z)):
-
-    em      y=1: −log p       y=0: −α·H(p)                                y=−1: −log(1−p)
-    em_apl  as em, but a pseudo-labelled unobserved entry (soft target t) takes
-            β·[−t log p − (1−t) log(1−p)] instead of −α·H(p)
-
-reduced by the mean over all B·C entries. **The EM total is negative by design**: maximising
-the entropy of the unobserved predictions lowers the loss below zero; only its gradient matters.
-
-APL (the per-epoch pass): at the end of every epoch e ≥ warmup (1-indexed), for each class i,
-the m_i = ⌊θ·U_i / (E − warmup)⌋ unobserved, not-yet-pseudo-labelled training entries with the
-lowest p get t ← p (a frozen copy), where U_i is the initial number of unobserved entries of
-class i and E the number of epochs.
+with Single Positive Labels", ECCV 2022: the entropy-maximisation loss (EM, Eq. 3) and asymmetric
+pseudo-labelling (APL, Alg. 1, Eqs. 6–8); spec: docs/losses.md "Acknowledging the unknown", the
+formulas in each class's ``formula`` (``spml losses show em_apl``). **The EM total is negative by
+design**: maximising the entropy of the unobserved predictions lowers it below zero.
 """
 
 from __future__ import annotations
@@ -25,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._base import Loss, register
+from ._base import EntrywiseLoss, Loss, register
 from ._hparams import (
     HParam,
     LossInputError,
@@ -124,7 +110,7 @@ def em_apl(logits: Tensor, observed: Tensor, soft_targets: Tensor, alpha: float 
 
 
 @register
-class EM(Loss):
+class EM(EntrywiseLoss):
     name = "em"
     paper = PAPER + ", Eq. 3 (EM)"
     formula = (
@@ -133,12 +119,8 @@ class EM(Loss):
     hparam_specs = (_ALPHA,)
     presets = {ds: {"alpha": s[2]} for ds, s in _PAPER_SETTINGS.items()}
     train_presets = _TRAIN
-    trial_state = ()  # stateless
     notes = "Default α=0.1 is the COCO/NUS setting. " + _NOTES_COMMON
-
-    def forward(self, logits: Tensor, observed: Tensor, index: Tensor | None = None) -> LossOutput:
-        z = promote(logits)
-        return LossOutput(mean_bc(_em_entries(z, observed, hp(self.hparam("alpha"), z))), {})
+    entries = staticmethod(_em_entries)
 
 
 @register

@@ -1,16 +1,7 @@
 """The assume-negative family — Cole et al., "Multi-Label Learning from Single Positive Labels",
-CVPR 2021, Sec. 3 (AN, AN-LS, WAN, EPR).
-
-With p = σ(z), y ∈ {1, 0, −1} and all logs computed from logits
-(−log p = softplus(−z), −log(1−p) = softplus(z)):
-
-    an      y=1: −log p                          y≤0: −log(1−p)
-    an_ls   y=1: −(1−ε)log p − ε log(1−p)        y≤0: −(1−ε)log(1−p) − ε log p
-    wan     y=1: −log p                          y≤0: −log(1−p) / (C−1)
-    epr     y=1: −log p                          y≤0: 0      + (mean_n Σ_c p_nc − k)² / C²
-
-reduced by the mean over all B·C entries (EPR's regulariser is added to that mean).
-With full labels (y ∈ {1, −1}) ``an`` is the "full BCE" oracle.
+CVPR 2021, Sec. 3 (AN, AN-LS, WAN, EPR); spec: docs/losses.md "Assume-negative family", the
+formulas in each class's ``formula`` (``spml losses show an``). Logs are computed from logits
+(−log p = softplus(−z), −log(1−p) = softplus(z)).
 """
 
 from __future__ import annotations
@@ -113,9 +104,7 @@ class AN(EntrywiseLoss):
     name = "an"
     paper = PAPER + ", Eq. 3"
     formula = "y=1: −log p;  y≤0: −log(1−p);  mean over B·C"
-
-    def _entries(self, z, y):
-        return _an_entries(z, y)
+    entries = staticmethod(_an_entries)
 
 
 @register
@@ -124,9 +113,7 @@ class ANLS(EntrywiseLoss):
     paper = PAPER + ", Sec. 3 (AN-LS)"
     formula = "y=1: −(1−ε)log p − ε log(1−p);  y≤0: −(1−ε)log(1−p) − ε log p;  mean over B·C"
     hparam_specs = (_EPS,)
-
-    def _entries(self, z, y):
-        return _an_ls_entries(z, y, self._h("eps", z))
+    entries = staticmethod(_an_ls_entries)
 
 
 @register
@@ -134,9 +121,7 @@ class WAN(EntrywiseLoss):
     name = "wan"
     paper = PAPER + ", Sec. 3 (WAN)"
     formula = "y=1: −log p;  y≤0: −log(1−p)/(C−1);  mean over B·C"
-
-    def _entries(self, z, y):
-        return _wan_entries(z, y)
+    entries = staticmethod(_wan_entries)
 
 
 @register

@@ -1,25 +1,8 @@
 """AEVLP's GPR loss with DAMP pseudo-labels — Tran et al., ICCV 2025 (released code
-Fsoft-AIC/AEVLP: ``losses.GPR_loss``, ``utils.get_pseudo_labels``; docs/priors.md).
-
-DAMP (pseudo-labels from CLIP on the whole image and a grid of tiles; per image i, class c):
-``g`` the global score, ``a``/``β`` the max/min over tiles, η_i = min(g[i, observed class], η):
-
-    s = (g + (a if a > η_i else β)) / 2
-    pseudo-positive  P = c among the top_k of s in its row and s ≥ θ        (on y = 0)
-    pseudo-negative  N = c among the ⌊neg_ratio·C⌋ lowest of (g + mean over tiles)/2, not P
-
-GPR (GR's k̂ = σ(w·sg(p) + b), v = exp(−(sg(p) − μ)²/2σ²) and L1-L3 with GR's linear schedules,
-:mod:`probe.losses.gr_loss`), p = σ(z):
-
-    ℓ = L1 (q1 = 0: −log p)                              on y = 1
-        clip(1 − v, λ2, λ1)·[ρ(−log p) + (1−ρ)(−log(1−p))]  on P
-        v·(−log(1−p))                                      on N
-        v·[k̂·L2 + (1−k̂)·L3]                               on the other y = 0 (GR)
-        L3                                                 on y = −1 (GR)
-    loss = mean over B·C + reg·(mean over the batch of Σ_c p − k)² / C²
-
-with k EPR's expected positives per image. ``released=True`` is the released code on every
-input, and the loss object caches DAMP's scores and rankings per train row: docs/priors.md.
+Fsoft-AIC/AEVLP: ``losses.GPR_loss``, ``utils.get_pseudo_labels``). DAMP, the loss and the
+released code's differences: docs/priors.md and :class:`GPR`'s ``formula``; GR's k̂, v, L1-L3
+and schedules come from :mod:`probe.losses.gr_loss`. ``released=True`` is the released code on
+every input; the loss object caches DAMP's scores and rankings per train row.
 """
 
 from __future__ import annotations

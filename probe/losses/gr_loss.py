@@ -1,20 +1,8 @@
 """Generalized Robust Loss — Chen et al., "Boosting Single Positive Multi-label Classification with
-Generalized Robust Loss", IJCAI 2024 (docs/losses.md "Generalized Robust Loss";
-paper Eqs. 4, 7, 11, 14).
-
-With z the logits, p = σ(z), sg = stop-gradient and y ∈ {1, 0, −1}:
-
-    k̂  = σ(w·sg(p) + b)                                 Eq. 7   soft pseudo-label
-    v   = 1 on y≠0;  exp(−(sg(p) − μ)² / (2σ²)) on y=0    Eq. 11  re-weighting
-    L1 = (1 − p^q1)/q1,  L2 = (1 − p^q2)/q2,  L3 = (1 − (1−p)^q3)/q3            Eq. 14
-    ℓ   = L1 on y=1;  v·[k̂·L2 + (1−k̂)·L3] on y=0;  L3 on y=−1;   loss = mean over B·C   Eqs. 4-5
-
-Every L is computed from logits (:func:`_gce_logits`); an observed negative (y=−1) is a known
-negative, k̂ = 0 and v = 1 there.
-
-Schedule (Eqs. 9, 10, 12, 13): w, b, μ, σ move linearly from (w_0, b_0, μ_0, σ_0) to
-(w_T, b_T, μ_T, σ_T); at 0-indexed epoch e of E the value is v_0 + (v_T − v_0)·e/(E−1) (E = 1: the
-final value).
+Generalized Robust Loss", IJCAI 2024, Eqs. 4, 7, 11, 14, schedule Eqs. 9, 10, 12, 13; spec:
+docs/losses.md "Generalized Robust Loss", the formula in :class:`GR`'s ``formula``. Every L is
+computed from logits (:func:`_gce_logits`); an observed negative (y=−1) is a known negative,
+k̂ = 0 and v = 1 there.
 """
 
 from __future__ import annotations

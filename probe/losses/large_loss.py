@@ -1,24 +1,8 @@
 """Large Loss Matters — Kim et al., "Large Loss Matters in Weakly Supervised Multi-Label
-Classification", CVPR 2022, Sec. 3.2 (LL-R, LL-Ct, LL-Cp);
-spec: docs/losses.md "Large Loss Matters".
-
-The per-entry loss ℓ is the assume-negative BCE (−log p on y=1, −log(1−p) on y≤0). In epoch e
-(**1-indexed**, as in the paper) the rejection rate is
-
-    ll_r, ll_ct:  r_e = (e − 1)·Δ          ll_cp:  r_e = Δ for e ≥ 2  (0 in epoch 1)
-
-and among the **unobserved** (y = 0) entries of the batch the k = ⌈B·C·r_e⌉ with the largest ℓ
-(all of them when fewer exist) are
-
-    ll_r   rejected:              ℓ ← 0
-    ll_ct  temporarily corrected: ℓ ← −log p        (the flipped label's loss, this batch only)
-    ll_cp  permanently corrected: ℓ ← −log p and the entry becomes an observed positive in the
-           per-example state for the rest of training
-
-reduced by the mean over all B·C entries. With a trial axis, Δ may differ per trial, so k is a
-(T,) count and the selection is done for all trials at once by ranks (no host sync).
-Ties: ranked by the logit z (the order of −log(1−p) = softplus(z) without its float rounding),
-then batch order (row, class); the released code changes every entry tied at the k-th loss.
+Classification", CVPR 2022, Sec. 3.2 (LL-R, LL-Ct, LL-Cp); spec: docs/losses.md "Large Loss
+Matters", the formulas in each class's ``formula``. Epochs are **1-indexed** here, as in the
+paper. With a trial axis Δ may differ per trial, so k is a (T,) count and the selection is done
+for all trials at once by ranks (no host sync); ties: by logit, then batch order (row, class).
 """
 
 from __future__ import annotations

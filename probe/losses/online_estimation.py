@@ -1,21 +1,8 @@
 """ROLE, Regularized Online Label Estimation — Cole et al., "Multi-Label Learning from Single
-Positive Labels", CVPR 2021, Sec. 3.3 / Eq. 7; spec: docs/losses.md "role".
-
-A label-estimate logit matrix Θ ∈ R^{N_train×C} is trained jointly with the classifier;
-q = σ(Θ[index]) are the estimated labels of the batch. With p = σ(z) and sg = stop-gradient:
-
-    pos_f   = −log p   on y=1             pos_g   = −log q   on y=1            (0 elsewhere)
-    cross_f = −[sg(q) log p + (1−sg(q)) log(1−p)]       (classifier fits the estimates)
-    cross_g = −[sg(p) log q + (1−sg(p)) log(1−q)]       (estimator fits the classifier)
-    ℓ       = ½(pos_f + pos_g) + ½(cross_f + cross_g)
-    loss    = mean over B·C of ℓ  +  ½[(mean_b Σ_c p − k)²/C² + (mean_b Σ_c q − k)²/C²]
-
-Θ starts at logit(0.995) on observed positives, logit(0.005) on observed negatives and
-Uniform(−logit(0.6), logit(0.6)) elsewhere, and trains with the same optimizer at
-``lr_mult`` × the head's learning rate (:meth:`ROLE.extra_parameters`).
-
-Checked against the released code (elijahcole/single-positive-multi-label ``loss_role``,
-``LabelEstimator``): same terms, reduction and initialisation; the differences are in the notes.
+Positive Labels", CVPR 2021, Sec. 3.3 / Eq. 7; spec: docs/losses.md "role" (the terms, Θ's
+initialisation and learning rate), the formula in :class:`ROLE`'s ``formula``. Checked against
+the released code (elijahcole/single-positive-multi-label ``loss_role``, ``LabelEstimator``):
+same terms, reduction and initialisation; the differences are in the notes.
 """
 
 from __future__ import annotations

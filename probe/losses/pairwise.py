@@ -1,23 +1,9 @@
 """Pairwise (log-sum-exp) losses — ZLPR (Su et al., arXiv 2208.02955) and OPML (Li, Wang & Chen,
 "Pushing One Pair of Labels Apart Each Time in Multi-Label Learning", arXiv 2302.14695, Eqs. 3/6,
-10, 11 and the label-correction algorithm of Sec. III-E). Spec: docs/losses.md "Pairwise losses".
-
-Per sample, with Ω+ = observed positives (y = 1) and Ω− = every other label (AN assumption: both
-unobserved y = 0 and observed negatives y = −1)::
-
-    zlpr   log(1 + Σ_{j∈Ω−} e^{z_j}) + log(1 + Σ_{i∈Ω+} e^{−z_i})
-    opml   log(α + Σ_{j∈Ω−} e^{z_j}) + log(β + Σ_{i∈Ω+} e^{−z_i})        α, β > 0
-
-reduced by the **mean over the batch** (one value per sample). Each term is a ``logsumexp`` over
-``[log α, z_j …]`` / ``[log β, −z_i …]``: exact, with a finite gradient, for a row without
-positives (or negatives). α = β = 1 is ZLPR.
-
-OPML's options are all **(reconstructed)** from the paper's prose (docs/losses.md):
-``high_rank`` (``hr_lambda`` λ, ``hr_delta`` δ, Eq. 10; :func:`_high_rank`), ``soft``
-(``soft_power`` g, Eq. 11: unobserved targets ε = sg(p)·AP_c^g, with AP_c that of class c's
-originally observed positives on the train split at the last finished epoch, ε = 0 before it;
-observed negatives keep target 0) and ``correct`` (``correct_ratio`` r, Sec. III-E:
-:func:`opml_correct_labels` after every epoch, the flips kept in a ``(T, N, C)`` bool buffer).
+10, 11 and Sec. III-E); spec: docs/losses.md "Pairwise losses", the formulas in each class's
+``formula``. Each term is a ``logsumexp`` over ``[log α, z_j …]`` / ``[log β, −z_i …]``: exact,
+with a finite gradient, for a row without positives (or negatives). OPML's options
+(``high_rank``, ``soft``, ``correct``) are **(reconstructed)** from the paper's prose.
 """
 
 from __future__ import annotations

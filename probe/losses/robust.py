@@ -1,19 +1,7 @@
-"""Robust losses for missing labels — docs/losses.md "Robust losses" (focal, ASL, Hill, SPLC).
-
-With z the logits, p = σ(z), y ∈ {1, 0, −1} (positive / unobserved / observed negative), every log
-taken from logits (log p = logsigmoid(z), log(1−p) = logsigmoid(−z)) and every power p^γ computed
-as exp(γ·log p):
-
-    focal  y=1: −(1−p)^γ log p                      y≤0: −p^γ log(1−p)
-    asl    y=1: −sg((1−p)^γ+) log p                 y≤0: −sg(p_m^γ−) log(1−p_m), p_m = max(p−c, 0)
-    hill   y=1: −(1−p_m)^γ log p_m, p_m = σ(z−m)    y≤0: (λ − p)·p²
-    splc   y=1: focal margin (as hill)              y=0: focal margin if σ(z) > τ and the epoch is
-                                                         ≥ change_epoch, else −p^γ log(1−p);
-                                                    y=−1: −p^γ log(1−p) (never corrected)
-
-sg = stop-gradient. Reduction: the mean over all B·C entries. The papers sum instead; a constant
-factor only rescales the learning rate, so we use the mean of the rest of the library
-(docs/losses.md "Conventions").
+"""Robust losses for missing labels — docs/losses.md "Robust losses" (focal, ASL, Hill, SPLC); the
+formulas in each class's ``formula`` (``spml losses show hill``). Every log is taken from logits
+(log p = logsigmoid(z), log(1−p) = logsigmoid(−z)) and every power p^γ computed as exp(γ·log p).
+Reduction: the mean over all B·C entries (the papers sum: a learning-rate factor).
 """
 
 from __future__ import annotations
@@ -165,9 +153,7 @@ class Focal(EntrywiseLoss):
         "Mean over B·C instead of the paper's sum (a learning-rate factor). No α-balancing term. "
         "The focusing weight keeps its gradient, as in Lin et al. (the Hill/SPLC repository's "
         "'Focal' is ASL with γ+ = γ− = 2, clip 0 and weights under no_grad). " + _NO_PRESETS)
-
-    def _entries(self, z, y):
-        return _focal_entries(z, y, self._h("gamma", z))
+    entries = staticmethod(_focal_entries)
 
 
 @register
@@ -184,10 +170,7 @@ class ASL(EntrywiseLoss):
         "no_grad out in AsymmetricLoss; we keep the stop-gradient. The reference clamps "
         "probabilities at eps=1e-8 before the log; we compute log(1−p_m) exactly from logits. "
         "Mean over B·C instead of the sum. " + _NO_PRESETS)
-
-    def _entries(self, z, y):
-        return _asl_entries(
-            z, y, self._h("gamma_pos", z), self._h("gamma_neg", z), self._h("clip", z))
+    entries = staticmethod(_asl_entries)
 
 
 @register
@@ -204,9 +187,7 @@ class Hill(EntrywiseLoss):
         "their gradients. Mean over B·C instead of the sum. The GR paper's Table 1 writes Hill's "
         "positive term as −log p (the GR repository's hill_loss); we follow the Hill paper's "
         "focal margin. " + _NO_PRESETS)
-
-    def _entries(self, z, y):
-        return _hill_entries(z, y, self._h("lam", z), self._h("margin", z), self._h("gamma", z))
+    entries = staticmethod(_hill_entries)
 
 
 @register
