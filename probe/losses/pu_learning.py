@@ -1,17 +1,8 @@
 """Positive-unlabeled multi-label loss — PU-MLC (Yuan, Zhang & Huang, "Positive Label Is All You
 Need for Multi-Label Classification", arXiv 2306.16016, Eqs. 8, 10, 11), built on vPU (Chen et al.,
 "A Variational Approach for Learning from Positive and Unlabeled Data", NeurIPS 2020).
-Spec: docs/losses.md "Positive-unlabeled"; checked against the authors' code (TAKELAMAG/PU-MLC,
-``src/loss_functions/vpu_loss.py``).
-
-All entries of a column form the unlabeled set (positives included); per class c over the batch::
-
-    τ_c   = clamp(min(temp_alpha · std_b(sg(z_·c)), 1), min=1e-3)      adaptive temperature (Eq. 10)
-    s     = σ(z / τ_c)
-    w_c   = sg(mean_b s_·c)^γ                                            re-balance factor
-    L_var = Σ_c [ w_c · log(mean_b s_·c) − mean_{b: y=1} log s_bc ]     (Eq. 11)
-    L_reg = Σ_c mean_b (log t̃ − log σ(z̃))²                             vPU MixUp regulariser
-    loss  = L_var + mix_weight · L_reg                                   (Eq. 8, weight 1)
+Spec: docs/losses.md "Positive-unlabeled", the formula in :class:`VPU`'s ``formula``; checked
+against the authors' code (TAKELAMAG/PU-MLC, ``src/loss_functions/vpu_loss.py``).
 
 * std is the population std over the batch (÷B, as the reference); the 1e-3 floor is ours.
 * **No positive in a column** (of this batch): that class's second term is 0 (the reference
