@@ -32,42 +32,19 @@ __all__ = ["EntrywiseLoss", "Loss", "available", "create_loss", "get_loss_class"
 
 
 class Loss(nn.Module):
-    """Base class of a registered loss: the contract every loss -- built-in or plugin -- keeps
-    (``docs/plugins.md`` walks through writing one). A subclass sets the class attributes below,
-    implements :meth:`forward` and is registered with :func:`register`, which checks them.
+    """Base class of a registered loss: the contract every loss -- built-in or plugin -- keeps.
+    A subclass sets the class attributes below, implements :meth:`forward` and is registered
+    with :func:`register`, which checks them. What each attribute declares and the hooks in the
+    trainer's order: ``docs/plugins.md`` "The contract"; ``trial_state`` (``()``: no per-trial
+    state, ``None``: a stopped trial stays in the stack, frozen): "Pruning"; ``prior`` (None, or
+    what it reads from a store's ``priors/<name>``, handed over once by :meth:`set_prior`):
+    "Reading a prior".
 
-    ``name``: the registry name (``--loss NAME``): letters, digits and ``_``; unique.
-    ``paper``: the paper and equation it implements, one line (``spml losses list``).
-    ``formula``: the per-entry terms and the reduction written out (``spml losses show``).
-    ``hparam_specs``: a tuple of :class:`HParam` (default, valid and search ranges, a doc line
-    naming the paper's value; ``from_data`` for one the trainer fills, :data:`DATA_QUANTITIES`).
-    ``presets``: the paper's hyperparameters per dataset, ``{"coco": {"w_T": 10.0}}`` (the
-    probe's for a store of that dataset, a study's first trial).
-    ``train_presets``: the paper's ``batch_size``, ``lr``, ``epochs``, ``head_lr_mult`` per
-    dataset (:func:`probe.config.resolve_training`).
-    ``stateful``: keeps per-example state over the train split, allocated as ``(T, N_train,
-    C)`` buffers/parameters in :meth:`setup`; needs ``forward(..., index=rows)``.
-    ``needs_epoch_pass``: :meth:`end_epoch` gets the whole train split's logits (a no-grad pass
-    after each epoch).
-    ``notes``: deviations from the paper, reconstructed parts (``spml losses show``).
-    ``trial_state``: the buffers/parameters with a leading trial axis, whose rows
-    :meth:`select_trials` keeps when a pruned trial leaves the stack; ``()`` (the default): none
-    is per trial; ``None``: a stopped trial stays in the stack, frozen. A loss with state
-    (``stateful``, ``needs_epoch_pass``, its own ``setup``/``end_epoch``/``manual_seed``/
-    ``extra_parameters``) must declare it (docs/plugins.md "Pruning").
-    ``host_per_step``: ``forward`` draws on the host or changes shapes between steps, so the
-    step is never captured as a CUDA graph.
-    ``prior``: None, or what it reads from a store's ``priors/<name>`` (e.g. "class scores"):
-    the trainer hands the train rows' prior to :meth:`set_prior` once, after :meth:`setup`
-    (:class:`~probe.losses.PriorMixin`); a missing or unexpected prior is refused before
-    training, naming ``--priors``.
-
-    The hooks, in the trainer's order: ``docs/plugins.md`` "The contract". ``forward(logits,
-    observed, index=None) -> LossOutput`` takes ``(T, B, C)`` (or ``(B, C)``) logits, ``(B, C)``
-    int8 labels of -1/0/1 and the batch's train rows; it returns the ``(T,)`` (or scalar) loss
-    and its named parts, without synchronising with the host (no ``.item()``, ``bool(tensor)``,
-    ``nonzero``): the inputs were validated before training. Hyperparameters are read with
-    :meth:`hparam` and viewed with :func:`hp`; half-precision logits are promoted
+    ``forward(logits, observed, index=None) -> LossOutput`` takes ``(T, B, C)`` (or ``(B, C)``)
+    logits, ``(B, C)`` int8 labels of -1/0/1 and the batch's train rows; it returns the ``(T,)``
+    (or scalar) loss and its named parts, without synchronising with the host (no ``.item()``,
+    ``bool(tensor)``, ``nonzero``): the inputs were validated before training. Hyperparameters
+    are read with :meth:`hparam` and viewed with :func:`hp`; half-precision logits are promoted
     (:func:`promote`).
     """
 
