@@ -23,6 +23,7 @@ from ._hparams import (
     check_call,
     check_hparam,
     check_inputs,
+    check_state_arg,
     hp,
     per_trial,
     promote,
@@ -231,18 +232,14 @@ def opml_correct_labels(train_logits: Tensor, observed: Tensor, flipped: Tensor 
     """
     z, y, values, _ = check_call("opml_correct_labels", train_logits, observed,
                                  {_CORRECT_RATIO: correct_ratio})
+    if flipped is not None:
+        flipped = check_state_arg("opml_correct_labels", "flipped", flipped, z, "bool",
+                                  "True = flipped to positive earlier",
+                                  "torch.zeros_like(train_logits, dtype=torch.bool)", exact=True)
     squeeze = z.ndim == 2
     z = z.unsqueeze(0) if squeeze else z
-    if flipped is None:
-        flipped = torch.zeros(z.shape, dtype=torch.bool, device=z.device)
-    elif not isinstance(flipped, Tensor) or flipped.dtype != torch.bool or (
-        flipped.shape != train_logits.shape):
-        raise LossInputError(
-            f"opml_correct_labels: 'flipped' must be a bool tensor of shape "
-            f"{tuple(train_logits.shape)}; got "
-            f"{getattr(flipped, 'dtype', type(flipped).__name__)} "
-            f"{tuple(getattr(flipped, 'shape', ()))}")
-    flipped = flipped.to(z.device).reshape(z.shape)
+    flipped = (torch.zeros(z.shape, dtype=torch.bool, device=z.device) if flipped is None
+               else flipped.reshape(z.shape))
     if ap is None:
         ap = column_ap(z, y == 1)
     else:
