@@ -171,18 +171,20 @@ class _LargeLoss(Loss):
     train_presets = _TRAIN
     _mode = "ll_r"
 
-    def _y(self, observed: Tensor, index: Tensor | None, z: Tensor) -> Tensor:
-        return observed
-
     def forward(self, logits: Tensor, observed: Tensor, index: Tensor | None = None) -> LossOutput:
         z = promote(logits)
-        y = self._y(observed, index, z)
+        y = observed
+        if self.stateful:  # LL-Cp: earlier flips count as observed positives
+            rows = self.state_rows("flipped", index, z, "look up its permanent flips")
+            y = torch.where(rows, torch.ones_like(observed), observed)
         loss, changed = _ll_core(z, y, self.hparam("delta_rel"), self.epoch + 1, self._mode)
-        self._after(changed, index, z)
+        if self.stateful:  # ... and this step's corrections join them for good
+            flips = self.state("flipped")
+            if z.ndim == 3:
+                flips[:, index] |= changed
+            else:
+                flips[0, index] |= changed
         return LossOutput(loss, {"n_changed": changed.sum(dim=(-2, -1)).to(z.dtype)})
-
-    def _after(self, changed: Tensor, index: Tensor | None, z: Tensor) -> None:
-        """LL-Cp writes its flips back to the state; the others keep none."""
 
 
 @register
@@ -231,14 +233,3 @@ class LLCp(_LargeLoss):
     def setup(self, observed: Tensor, n_epochs: int, n_trials: int | None = None) -> None:
         super().setup(observed, n_epochs, n_trials)
         self.per_example("flipped", observed, False, torch.bool)
-
-    def _y(self, observed: Tensor, index: Tensor | None, z: Tensor) -> Tensor:
-        rows = self.state_rows("flipped", index, z, "look up its permanent flips")
-        return torch.where(rows, torch.ones_like(observed), observed)
-
-    def _after(self, changed: Tensor, index: Tensor | None, z: Tensor) -> None:
-        state = self.state("flipped")
-        if z.ndim == 3:
-            state[:, index] |= changed
-        else:
-            state[0, index] |= changed
