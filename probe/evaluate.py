@@ -42,22 +42,19 @@ def evaluate_heads(x: Tensor, targets: Tensor, w: Tensor, threshold: float,
     intervals reuse them)."""
     t, _, c = w.shape
     per = max(1, EVAL_BLOCK // max(1, x.shape[0] * c))
-    maps, aps, of1, cf1 = [], [], [], []
+    out: dict[str, list[Tensor]] = {"map": [], "ap": [], "OF1": [], "CF1": []}
     small = t * x.shape[0] * c < SMALL_EVAL
     with step_threads(w.device, 1 if small else None):
         for t0 in range(0, t, per):
             z = stacked_logits(x, w[t0 : t0 + per])
             m = mean_average_precision(targets, logits=z)
             f = f1_scores(targets, logits=z, threshold=threshold)
-            maps.append(m.map.reshape(-1))
-            aps.append(m.ap.reshape(-1, c))
-            of1.append(f.overall_f1.reshape(-1))
-            cf1.append(f.class_f1.reshape(-1))
+            for key, v in zip(out, (m.map, m.ap, f.overall_f1, f.class_f1)):
+                out[key].append(v.reshape(-1, c) if key == "ap" else v.reshape(-1))
             if on_logits is not None:
-                on_logits(z, m.ap.reshape(-1, c))
+                on_logits(z, out["ap"][-1])
             del z
-    return {"map": torch.cat(maps), "ap": torch.cat(aps), "OF1": torch.cat(of1),
-            "CF1": torch.cat(cf1)}
+    return {key: torch.cat(v) for key, v in out.items()}
 
 
 def evaluate_head(data: ProbeData, head: nn.Linear, threshold: float = 0.5) -> dict[str, Any]:

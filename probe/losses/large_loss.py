@@ -84,15 +84,13 @@ def selection_count(x: float | Tensor, up: bool) -> int | Tensor:
     return math.ceil(x * (1 - _COUNT_TOL)) if up else math.floor(x * (1 + _COUNT_TOL))
 
 
-def _rate(delta: float | Tensor, epoch: int, permanent: bool) -> float | Tensor:
-    """r_e for 1-indexed epoch e: (e−1)·Δ (LL-R, LL-Ct) or Δ from epoch 2 (LL-Cp); float64."""
+def _count(delta: float | Tensor, epoch: int, permanent: bool, b: int, c: int, z: Tensor
+           ) -> int | Tensor:
+    """k = ⌈B·C·r_e⌉ clamped to [0, B·C], r_e for 1-indexed epoch e (float64): (e−1)·Δ (LL-R,
+    LL-Ct) or Δ from epoch 2 (LL-Cp). A Python int for a float Δ, else (T, 1) / 0-d."""
     if isinstance(delta, Tensor):
         delta = delta.to(torch.float64)
-    return delta * ((1 if epoch >= 2 else 0) if permanent else epoch - 1)
-
-
-def _count(rate: float | Tensor, b: int, c: int, z: Tensor) -> int | Tensor:
-    """k = ⌈B·C·r⌉ clamped to [0, B·C]: a Python int for a float rate, else (T, 1) / 0-d."""
+    rate = delta * ((1 if epoch >= 2 else 0) if permanent else epoch - 1)
     if isinstance(rate, Tensor):
         k = selection_count((b * c) * rate.to(z.device), up=True).clamp(0, b * c)
         return k.view(-1, 1) if k.ndim == 1 else k
@@ -105,7 +103,7 @@ def _ll_core(
     b, c = z.shape[-2:]
     pos = F.softplus(-z)  # −log p
     entries = torch.where(y == 1, pos, F.softplus(z))
-    k = _count(_rate(delta, epoch, mode == "ll_cp"), b, c, z)
+    k = _count(delta, epoch, mode == "ll_cp", b, c, z)
     unobserved = torch.broadcast_to(y == 0, z.shape)
     if isinstance(k, int) and k == 0:
         return mean_bc(entries), torch.zeros_like(unobserved)
