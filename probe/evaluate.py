@@ -75,13 +75,11 @@ def evaluate_head(data: ProbeData, head: nn.Linear, threshold: float = 0.5) -> d
 
 
 class Evaluator:
-    """Evaluates the stacked heads on val after an epoch, keeps each trial's best epoch, and
-    evaluates test once, at the end, on each trial's best head.
-
-    Selection (docs/protocol.md step 5): a trial's best epoch has the highest finite val mAP
-    (the first of equals); its head, val metrics and per-class val AP go into the trial's
-    :class:`~probe.results.TrialResult`, and :meth:`finish` measures test on those heads. With
-    ``test_curve`` test is also measured every evaluated epoch (the same reported figures).
+    """Evaluates the stacked heads on val after an epoch, keeps each trial's best epoch (the
+    highest finite val mAP, the first of equals: docs/protocol.md step 5) with its head, val
+    metrics and per-class val AP in the trial's :class:`~probe.results.TrialResult`, and
+    :meth:`finish` measures test once on those heads. With ``test_curve`` test is also measured
+    every evaluated epoch (the same reported figures).
     """
 
     def __init__(self, data: ProbeData, config: Any, results: list[Any], w: Tensor,

@@ -155,10 +155,8 @@ def weighted_column_ap(scores: Tensor, targets: Tensor, counts: Tensor,
 
     Equals :func:`probe.ranking.column_ap` on the resampled rows (duplicates tie); AP = 0 for a
     column without drawn positives, NaN for a column holding a NaN score (a diverged system gets
-    no interval). Per system: each column's positives mapped to their tie groups
-    (:func:`_column_plan`), then a histogram pass per column and tile of resamples
-    (:func:`_weighted_ap_one_column`), columns shared among CPU threads. The replicates are the
-    same bits on any tiling, thread count or sort (docs/design.md "Semantics guarantees").
+    no interval). The replicates are the same bits on any tiling, thread count or sort
+    (docs/design.md "Semantics guarantees").
     """
     squeeze = scores.dim() == 2
     s3 = scores[None] if squeeze else scores

@@ -1,10 +1,8 @@
 """Evaluation metrics of the SPML protocol (``docs/protocol.md``, step 5).
 
-* **AP / mAP.** AP of one class is scikit-learn's ``average_precision_score``: the step-wise sum
-  ``AP = sum_k (R_k - R_{k-1}) P_k`` over the *distinct* score thresholds taken in decreasing
-  order, so tied scores form one threshold (all tied rows enter together). A class with no
-  positive in the evaluated set gets AP = 0 and **is kept** in the mean; their number is reported.
-  ``mAP = 100 x mean over all C classes``.
+* **AP / mAP.** AP of one class is scikit-learn's ``average_precision_score`` (tied scores form
+  one threshold; :mod:`probe.ranking`). A class with no positive in the evaluated set gets AP = 0
+  and **is kept** in the mean; their number is reported. ``mAP = 100 x mean over all C classes``.
 * **OF1 / CF1** (the "overall" and "per-class" F1 of the multi-label literature, as reported by
   the SPML papers): a label is predicted positive iff its probability is ``>= threshold``.
   ``OP = sum_c TP_c / sum_c (TP_c + FP_c)``, ``OR = sum_c TP_c / sum_c (TP_c + FN_c)``,
