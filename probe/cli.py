@@ -209,7 +209,8 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         observed_seed=args.observed_seed, device=args.device, eval_every=args.eval_every,
         test_curve=args.test_curve, eval_init=args.eval_init, cuda_graph=args.cuda_graph,
         drop_last=not args.no_drop_last, use_presets=not args.no_presets,
-        test_intervals=args.intervals, priors=args.priors)
+        test_intervals=args.intervals, priors=args.priors,
+    )
     speed = SpeedOptions(step_threads=args.step_threads, trial_block=args.trial_block)
     speed.validate()
     if args.intervals < 0:
@@ -301,7 +302,8 @@ def _cmd_bench_probe(args: argparse.Namespace) -> int:
         epochs=args.epochs, trials=trials, plain=not args.no_plain, device=args.device,
         cache_dir=args.cache_dir, papers=not args.no_papers, papers_workers=args.papers_workers,
         compare_eager=args.compare_eager, compare_one_block=args.compare_one_block,
-        isolate=not args.in_process, loss=args.loss)
+        isolate=not args.in_process, loss=args.loss,
+    )
     if args.threads is not None:
         if args.threads < 1:
             raise SpmlError(f"--threads must be >= 1; got {args.threads}")
