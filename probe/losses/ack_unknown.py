@@ -11,17 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._base import EntrywiseLoss, Loss, register
-from ._hparams import (
-    HParam,
-    LossInputError,
-    LossOutput,
-    check_call,
-    check_state_arg,
-    hp,
-    mean_bc,
-    promote,
-)
+from ._base import EntrywiseLoss, HParam, Loss, register
+from ._hparams import LossInputError, LossOutput, check_call, check_state_arg, hp, mean_bc, promote
 from .large_loss import rank_select, selection_count
 
 __all__ = ["em", "em_apl"]

@@ -12,18 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._base import EntrywiseLoss, Loss, register
-from ._hparams import (
-    HParam,
-    LossInputError,
-    LossOutput,
-    check_call,
-    check_inputs,
-    hp,
-    mean_bc,
-    per_trial,
-    promote,
-)
+from ._base import EntrywiseLoss, HParam, Loss, LossInputError, register
+from ._hparams import LossOutput, check_call, check_inputs, hp, mean_bc, per_trial, promote
 
 __all__ = ["EXPECTED_POSITIVES", "an", "an_ls", "epr", "wan"]
 

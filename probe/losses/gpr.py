@@ -14,17 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._base import register
-from ._hparams import (
-    HParam,
-    LossInputError,
-    LossOutput,
-    check_call,
-    hp,
-    mean_bc,
-    per_trial,
-    promote,
-)
+from ._base import HParam, register
+from ._hparams import LossInputError, LossOutput, check_call, hp, mean_bc, per_trial, promote
 from .assume_negative import EXPECTED_POSITIVES, K_SPEC, expected_k
 from .gr_loss import GR, GR_SPECS, Q_TINY, gauss_coef, gr_core
 from .prior import PriorMixin, check_scores, rank_desc, rank_dtype, value_with_grad

@@ -15,17 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._base import Loss, register
-from ._hparams import (
-    HParam,
-    LossInputError,
-    LossOutput,
-    check_call,
-    check_inputs,
-    hp,
-    mean_bc,
-    promote,
-)
+from ._base import HParam, Loss, register
+from ._hparams import LossInputError, LossOutput, check_call, check_inputs, hp, mean_bc, promote
 
 __all__ = ["GRParts", "gr", "gr_framework"]
 

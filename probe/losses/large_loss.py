@@ -13,16 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._base import Loss, register
-from ._hparams import (
-    HParam,
-    LossInputError,
-    LossOutput,
-    check_call,
-    check_state_arg,
-    mean_bc,
-    promote,
-)
+from ._base import HParam, Loss, register
+from ._hparams import LossInputError, LossOutput, check_call, check_state_arg, mean_bc, promote
 
 __all__ = ["ll_cp", "ll_ct", "ll_r"]
 

@@ -13,18 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._base import Loss, register
-from ._hparams import (
-    HParam,
-    LossInputError,
-    LossOutput,
-    check_call,
-    check_state_arg,
-    hp,
-    mean_bc,
-    per_trial,
-    promote,
-)
+from ._base import HParam, Loss, LossInputError, register
+from ._hparams import LossOutput, check_call, check_state_arg, hp, mean_bc, per_trial, promote
 from .assume_negative import EXPECTED_POSITIVES, K_REQUIRED, K_SPEC, expected_k
 
 __all__ = ["init_label_logits", "role"]

@@ -15,19 +15,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..ranking import column_ap
-from ._base import Loss, register
-from ._hparams import (
-    HParam,
-    LossInputError,
-    LossOutput,
-    check_call,
-    check_hparam,
-    check_inputs,
-    check_state_arg,
-    hp,
-    per_trial,
-    promote,
-)
+from ._base import HParam, Loss, LossInputError, LossOutput, check_hparam, register
+from ._hparams import check_call, check_inputs, check_state_arg, hp, per_trial, promote
 
 __all__ = ["opml", "opml_correct_labels", "zlpr"]
 

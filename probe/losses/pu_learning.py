@@ -25,15 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ._base import Loss, register
-from ._hparams import (
-    HParam,
-    LossInputError,
-    LossOutput,
-    check_call,
-    hp,
-    per_trial,
-    promote,
-)
+from ._hparams import HParam, LossInputError, LossOutput, check_call, hp, per_trial, promote
 
 __all__ = ["vpu"]
 
