@@ -145,8 +145,8 @@ def _check_threshold(threshold: float) -> float:
     return float(threshold)
 
 
-def _checked(
-    targets: Tensor, logits: Tensor | None, probs: Tensor | None) -> tuple[Tensor, Tensor, str]:
+def _checked(targets: Tensor, logits: Tensor | None,
+             probs: Tensor | None) -> tuple[Tensor, Tensor, str]:
     scores, name = _pick_scores(logits, probs)
     _check_target_meta(targets, scores, name)
     return _check_values(targets, scores, name), scores, name
@@ -186,8 +186,8 @@ def _f1_core(scores: Tensor, targets: Tensor, name: str, threshold: float) -> F1
 
 
 @torch.no_grad()
-def average_precision(
-    targets: Tensor, *, logits: Tensor | None = None, probs: Tensor | None = None) -> Tensor:
+def average_precision(targets: Tensor, *, logits: Tensor | None = None,
+                      probs: Tensor | None = None) -> Tensor:
     """Per-class AP (scikit-learn's ``average_precision_score``, ties as one threshold).
 
     ``targets`` ``(N, C)`` bool/integer 0/1; exactly one of ``logits`` / ``probs``, shaped
@@ -199,8 +199,8 @@ def average_precision(
 
 
 @torch.no_grad()
-def mean_average_precision(
-    targets: Tensor, *, logits: Tensor | None = None, probs: Tensor | None = None) -> MAPResult:
+def mean_average_precision(targets: Tensor, *, logits: Tensor | None = None,
+                           probs: Tensor | None = None) -> MAPResult:
     """mAP of docs/protocol.md step 5: 100 x mean AP over **all** C classes (empty classes count 0).
 
     Same inputs as :func:`average_precision`; returns :class:`MAPResult` (``map`` 0-d or ``(T,)``).

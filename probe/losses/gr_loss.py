@@ -105,8 +105,7 @@ def gauss_coef(sigma):
     return -0.5 / (sigma * sigma)
 
 
-def gr_core(
-    z: Tensor, y: Tensor, w, b, mu, sigma, q1, q2, q3, use_k: bool, use_v: bool) -> GRParts:
+def gr_core(z: Tensor, y: Tensor, w, b, mu, sigma, q1, q2, q3, use_k: bool, use_v: bool) -> GRParts:
     """GR on promoted logits z (…, B, C) and observed y; hyperparameters already viewed by hp().
     k̂ and v are masked once (k̂ = 0, v = 1 on y=−1; k̂ = 1 on y=1), so one ``where`` picks L1
     on y=1 and v·lerp(L3, L2, k̂) = v·[k̂·L2 + (1−k̂)·L3] everywhere else."""

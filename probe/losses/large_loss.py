@@ -46,8 +46,8 @@ _NOTES_COMMON = (
     "trains the head at lr_mult=10 × the backbone lr (1e-5), i.e. 1e-4 for the head.")
 
 
-def rank_select(
-    key: Tensor, candidates: Tensor, count: int | Tensor, dim: int, largest: bool) -> Tensor:
+def rank_select(key: Tensor, candidates: Tensor, count: int | Tensor, dim: int,
+                largest: bool) -> Tensor:
     """Boolean mask of the ``count`` candidates with the largest (``largest``) or smallest ``key``
     along ``dim`` (all where fewer exist). ``count``: an int or a tensor with size 1 along ``dim``
     (e.g. ``(T, 1)`` per trial), served by one stable sort (ties: lower index first), no sync."""
@@ -89,8 +89,8 @@ def _count(delta: float | Tensor, epoch: int, permanent: bool, b: int, c: int, z
     return min(max(selection_count((b * c) * rate, up=True), 0), b * c)
 
 
-def _ll_core(
-    z: Tensor, y: Tensor, delta: float | Tensor, epoch: int, mode: str) -> tuple[Tensor, Tensor]:
+def _ll_core(z: Tensor, y: Tensor, delta: float | Tensor, epoch: int,
+             mode: str) -> tuple[Tensor, Tensor]:
     """Per-trial mean loss and the changed-entry mask (same shape as z). Unchecked."""
     b, c = z.shape[-2:]
     pos = F.softplus(-z)  # −log p
