@@ -25,52 +25,23 @@ try:
 except PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0+unknown"
 
-_EXPORTS = {
-    # errors: every input error of probe, featurize and studies is an SpmlError
-    "SpmlError": "probe.errors",
-    "MissingPathError": "probe.errors",
-    # training
-    "train_probe": "probe.train",
-    "ProbeConfig": "probe.config",
-    "ProbeConfigError": "probe.config",
-    "SpeedOptions": "probe.speed",
-    "TrainingSettings": "probe.config",
-    "resolve_training": "probe.config",
-    "expand_grid": "probe.trials",
-    # data
-    "ProbeData": "probe.data",
-    "DataError": "probe.data",
-    "load_store": "probe.data",
-    "resolve_device": "probe.data",
-    # results
-    "ProbeResult": "probe.results",
-    "TrialResult": "probe.results",
-    "BestEpoch": "probe.results",
-    "EpochReport": "probe.results",
-    "save_head": "probe.results",
-    "load_head": "probe.results",
-    "evaluate_head": "probe.evaluate",
-    "evaluate_heads": "probe.evaluate",
-    # losses
-    "Loss": "probe.losses",
-    "HParam": "probe.losses",
-    "LossInputError": "probe.losses",
-    "available_losses": "probe.losses",
-    "create_loss": "probe.losses",
-    "get_loss_class": "probe.losses",
-    # metrics
-    "average_precision": "probe.metrics",
-    "mean_average_precision": "probe.metrics",
-    "f1_scores": "probe.metrics",
-    # the store
-    "Store": "probe.store",
-    "StoreError": "probe.store",
-    "open_store": "probe.store",
-    "write_feature_store": "probe.store",
-    "PROTOCOL_SEED": "probe.store",
-    # the training-free baseline
-    "run_knn": "probe.knn",
-}
+# each public name by the module that defines it
+_EXPORTS = {name: module for module, names in {
+    "probe.errors": ("SpmlError", "MissingPathError"),  # every input error is an SpmlError
+    "probe.train": ("train_probe",),
+    "probe.config": ("ProbeConfig", "ProbeConfigError", "TrainingSettings", "resolve_training"),
+    "probe.speed": ("SpeedOptions",),
+    "probe.trials": ("expand_grid",),
+    "probe.data": ("ProbeData", "DataError", "load_store", "resolve_device"),
+    "probe.results": ("ProbeResult", "TrialResult", "BestEpoch", "EpochReport", "save_head",
+                      "load_head"),
+    "probe.evaluate": ("evaluate_head", "evaluate_heads"),
+    "probe.losses": ("Loss", "HParam", "LossInputError", "available_losses", "create_loss",
+                     "get_loss_class"),
+    "probe.metrics": ("average_precision", "mean_average_precision", "f1_scores"),
+    "probe.store": ("Store", "StoreError", "open_store", "write_feature_store", "PROTOCOL_SEED"),
+    "probe.knn": ("run_knn",),  # the training-free baseline
+}.items() for name in names}
 
 __all__ = sorted([*_EXPORTS, "__version__"])
 

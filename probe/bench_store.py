@@ -67,8 +67,7 @@ def run_store_bench(*, repeats: int = 5, zstd_chunks: int = 8, cache_dir: str | 
     report_v = verify_store(path)
     feature_arrays = [a for a in ("features", "features_flip") if a in report_v.arrays]
     feature_bytes = sum(
-        f.stat().st_size for a in feature_arrays for f in (path / a).rglob("*") if f.is_file()
-    )
+        f.stat().st_size for a in feature_arrays for f in (path / a).rglob("*") if f.is_file())
     raw_bytes = len(feature_arrays) * store.n_rows * store.feature_dim * 2
 
     def timed(fn: Any) -> list[float]:
@@ -108,8 +107,7 @@ def run_store_bench(*, repeats: int = 5, zstd_chunks: int = 8, cache_dir: str | 
         "crc32c_s": statistics.median(crc), "features_disk_bytes": feature_bytes,
         "features_raw_bytes": raw_bytes, "zstd_sample_chunks": zstd_chunks,
         "zstd_size_ratio": zstd_bytes / sample.nbytes,
-        "zstd_read_mb_per_s": sample.nbytes / 1e6 / statistics.median(zstd_read),
-    }
+        "zstd_read_mb_per_s": sample.nbytes / 1e6 / statistics.median(zstd_read)}
 
 
 def _seconds(fn: Any) -> float:
@@ -136,6 +134,5 @@ def format_store_report(r: dict[str, Any]) -> str:
         f"{r['features_raw_bytes'] / 1e6:.0f} MB; the last chunk padded, 4 B of CRC a chunk); "
         "zstd would store "
         f"{r['zstd_size_ratio']:.0%} of that and decode at {r['zstd_read_mb_per_s']:.0f} MB/s "
-        f"(measured on {r['zstd_sample_chunks']} chunks)",
-    ])
+        f"(measured on {r['zstd_sample_chunks']} chunks)"])
 

@@ -60,8 +60,7 @@ def _losses_show(args: argparse.Namespace) -> int:
             {"name": s.name, "default": s.default, "kind": s.kind, "valid": s.range_text(),
              "search": list(s.search) if s.search else None, "log": s.log, "doc": s.doc,
              "from_data": s.from_data}
-            for s in cls.hparam_specs
-        ]
+            for s in cls.hparam_specs]
         print(json.dumps({"name": cls.name, "paper": cls.paper, "formula": cls.formula,
                           "hparams": specs, "presets": cls.presets,
                           "train_presets": cls.train_presets, "notes": cls.notes,
@@ -100,8 +99,7 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
     losses = sub.add_parser(
         "losses",
         help="list the SPML losses, or show one's formula, paper, defaults and search ranges",
-        description="The loss library (probe.losses): every loss of docs/losses.md by its name.",
-    )
+        description="The loss library (probe.losses): every loss of docs/losses.md by its name.")
     lsub = losses.add_subparsers(dest="losses_command", metavar="ACTION", required=True)
     p = lsub.add_parser(
         "list", help="one line per registered loss (built-in and plugins), and any plugin that "
@@ -110,15 +108,13 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
     p.set_defaults(func=_losses_list)
     p = lsub.add_parser(
         "show", help="formula, paper, defaults, valid and searchable ranges, dataset presets",
-        epilog="example: spml losses show gr",
-    )
+        epilog="example: spml losses show gr")
     p.add_argument("name", help="registry name, e.g. gr, an, em_apl, opml")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_losses_show)
     p = lsub.add_parser(
         "doc", help="every loss's card as Markdown (docs/loss-reference.md is its output)",
-        epilog="example: spml losses doc > docs/loss-reference.md",
-    )
+        epilog="example: spml losses doc > docs/loss-reference.md")
     p.add_argument("--plugins", action="store_true",
                    help="also the losses of installed plugins (docs/plugins.md); without it, "
                         "the built-in losses only")
@@ -342,8 +338,7 @@ def _register_probe(sub: argparse._SubParsersAction, bench: argparse._SubParsers
             "each trial is chosen on val and test is measured once on its head. Prints one line "
             "per trial."),
         epilog=_PROBE_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("store", help="feature store directory (from 'spml featurize'/'spml import')")
     p.add_argument("--loss", default="an",
                    help="loss registry name ('spml losses list'), or 'knn' for the kNN "
@@ -436,10 +431,8 @@ def _register_bench_probe(bench: argparse._SubParsersAction) -> None:
             "examples:\n  spml bench probe\n  spml bench probe --trials 1,8 --epochs 2 "
             "--threads 2\n  spml bench probe --rows 2000 --dim 256 --epochs 1 --json b.json\n\n"
             "Targets (docs/design.md): 2 CPU cores, 1 trial <= 2.5 s/epoch (plain loop ~8 s); one "
-            "H100, 64 trials <= 1 s/epoch."
-        ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+            "H100, 64 trials <= 1 s/epoch."),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     b.add_argument("--rows", type=int, default=65_665,
                    help="train rows of the synthetic store (default: COCO's 65,665)")
     b.add_argument("--dim", type=int, default=2048, help="feature dimension (default: 2048)")
@@ -486,8 +479,7 @@ def _register_bench_store(bench: argparse._SubParsersAction) -> None:
             "on a few chunks. Medians; machine and load average printed; then JSON."),
         epilog="examples:\n  spml bench store\n  spml bench store --repeats 9\n\n"
         "Target (docs/protocol.md \"The feature store\"): <= 1 s from the page cache.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     b.add_argument("--repeats", type=int, default=5, help="timed loads (default: 5)")
     b.add_argument("--zstd-chunks", type=int, default=8,
                    help="feature chunks compressed to measure zstd (default: 8)")

@@ -210,8 +210,7 @@ def add_observed_seed_argument(parser: argparse.ArgumentParser | argparse._Argum
     parser.add_argument(
         "--observed-seed", type=int, default=PROTOCOL_SEED, metavar="SEED",
         help=f"the store's single-positive draw {what} (default: {PROTOCOL_SEED}, the "
-        "literature's; others via 'spml draw')",
-    )
+        "literature's; others via 'spml draw')")
 
 
 def add_priors_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -219,8 +218,7 @@ def add_priors_argument(parser: argparse.ArgumentParser | argparse._ArgumentGrou
     parser.add_argument(
         "--priors", metavar="NAME",
         help="the store's prior (per-image class scores, e.g. CLIP's) for a loss that uses one "
-        "(vlpl, gpr); 'spml import priors' adds one, 'spml info' lists them",
-    )
+        "(vlpl, gpr); 'spml import priors' adds one, 'spml info' lists them")
 
 
 def add_seeds_argument(parser: argparse.ArgumentParser) -> None:

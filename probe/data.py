@@ -133,11 +133,8 @@ class ProbeData:
 
     def nbytes(self) -> int:
         """Bytes held on the device by this data."""
-        return sum(
-            t.numel() * t.element_size()
-            for t in (self.train_x, self.train_labels, self.train_observed, self.val_x,
-                      self.val_labels, self.val_observed, self.test_x, self.test_labels)
-        )
+        return sum(t.numel() * t.element_size() for t in vars(self).values()
+                   if isinstance(t, Tensor))
 
     def val_label_cardinality(self) -> float:
         """Mean number of positives per val image (full labels): the dataset-dependent k of

@@ -35,30 +35,26 @@ SMALL_EVAL = 1 << 20
 
 
 def evaluate_heads(x: Tensor, targets: Tensor, w: Tensor, threshold: float,
-                   on_logits: Callable[[Tensor, Tensor], None] | None = None
-                   ) -> dict[str, Tensor]:
+                   on_logits: Callable[[Tensor, Tensor], None] | None = None) -> dict[str, Tensor]:
     """mAP (T,), per-class AP (T, C), OF1/CF1 (T,) for heads ``w`` (T, D+1, C), in trial
     blocks so the logits stay below :data:`EVAL_BLOCK` elements. ``on_logits(z, ap)`` sees
     each block's logits (t, N, C) and per-class AP (t, C) before they are freed (the test
     intervals reuse them)."""
     t, _, c = w.shape
     per = max(1, EVAL_BLOCK // max(1, x.shape[0] * c))
-    maps, aps, of1, cf1 = [], [], [], []
+    out: dict[str, list[Tensor]] = {"map": [], "ap": [], "OF1": [], "CF1": []}
     small = t * x.shape[0] * c < SMALL_EVAL
     with step_threads(w.device, 1 if small else None):
         for t0 in range(0, t, per):
             z = stacked_logits(x, w[t0 : t0 + per])
             m = mean_average_precision(targets, logits=z)
             f = f1_scores(targets, logits=z, threshold=threshold)
-            maps.append(m.map.reshape(-1))
-            aps.append(m.ap.reshape(-1, c))
-            of1.append(f.overall_f1.reshape(-1))
-            cf1.append(f.class_f1.reshape(-1))
+            for key, v in zip(out, (m.map, m.ap, f.overall_f1, f.class_f1)):
+                out[key].append(v.reshape(-1, c) if key == "ap" else v.reshape(-1))
             if on_logits is not None:
-                on_logits(z, m.ap.reshape(-1, c))
+                on_logits(z, out["ap"][-1])
             del z
-    return {"map": torch.cat(maps), "ap": torch.cat(aps), "OF1": torch.cat(of1),
-            "CF1": torch.cat(cf1)}
+    return {key: torch.cat(v) for key, v in out.items()}
 
 
 def evaluate_head(data: ProbeData, head: nn.Linear, threshold: float = 0.5) -> dict[str, Any]:
@@ -79,13 +75,11 @@ def evaluate_head(data: ProbeData, head: nn.Linear, threshold: float = 0.5) -> d
 
 
 class Evaluator:
-    """Evaluates the stacked heads on val after an epoch, keeps each trial's best epoch, and
-    evaluates test once, at the end, on each trial's best head.
-
-    Selection (docs/protocol.md step 5): a trial's best epoch has the highest finite val mAP
-    (the first of equals); its head, val metrics and per-class val AP go into the trial's
-    :class:`~probe.results.TrialResult`, and :meth:`finish` measures test on those heads. With
-    ``test_curve`` test is also measured every evaluated epoch (the same reported figures).
+    """Evaluates the stacked heads on val after an epoch, keeps each trial's best epoch (the
+    highest finite val mAP, the first of equals: docs/protocol.md step 5) with its head, val
+    metrics and per-class val AP in the trial's :class:`~probe.results.TrialResult`, and
+    :meth:`finish` measures test once on those heads. With ``test_curve`` test is also measured
+    every evaluated epoch (the same reported figures).
     """
 
     def __init__(self, data: ProbeData, config: Any, results: list[Any], w: Tensor,

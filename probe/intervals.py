@@ -1,16 +1,7 @@
-"""Uncertainty of mAP: the paired bootstrap over test images, and intervals over runs.
-
-**Paired bootstrap** (Efron & Tibshirani, *An Introduction to the Bootstrap*, 1993, ch. 6 and
-13; used for retrieval metrics by Sakai, SIGIR 2006). A resample draws N test images with
-replacement; every system is scored on the *same* resample (paired), class-wise AP is recomputed
-on it with the protocol's rules (docs/protocol.md step 5: scikit-learn's AP, tied scores as one
-threshold, a class without positives in the resample counts AP = 0 and stays in the mean), and
-mAP = 100 x mean over all C classes. A system's 95% interval is the bias-corrected percentile
-interval of the B resampled values (:func:`_bias_corrected`); a pairwise difference ``a - b``
-gets the percentile interval of the B paired differences and a two-sided p-value from the
-bootstrap standard error of the difference (``2 Phi(-|d| / se*)``, Efron & Tibshirani 1993,
-ch. 16; a tail count of the B replicates would bottom out at ~2/B, too coarse for many pairs),
-Holm-corrected across pairs (Holm 1979).
+"""Uncertainty of mAP (docs/protocol.md "Intervals and comparisons"): the paired bootstrap over
+test images -- a bias-corrected percentile interval per system (:func:`_bias_corrected`), paired
+differences with a p-value from the bootstrap standard error and Holm's correction across pairs
+-- and :func:`mean_interval`, the Student-t interval of the mean of runs (seeds, draws).
 
 **Vectorised.** A resample is a vector of counts ``w`` (how often each image was drawn), so
 duplicates of a row are tied scores of one threshold and AP is a *weighted* version of
@@ -18,15 +9,10 @@ duplicates of a row are tied scores of one threshold and AP is a *weighted* vers
 
     AP(w) = (1 / P_w) sum_{positive rows i} w_i * TP_w(>= s_i) / N_w(>= s_i),
 
-where ``N_w(>= s)`` is the drawn images scoring at least ``s`` (N minus a prefix sum of the
-sorted counts) and ``TP_w(>= s)`` the drawn positives among them (a prefix sum over the
-column's positives only). Per column this is one histogram pass over the counts (stored
-``(N, B)`` and read in cache-sized tiles of resamples, :func:`weighted_column_ap`), then work
-on the positives only: 1,000 resamples of COCO's test set (40,137 x 80) are ~3.2e9
-additions. The tests check it against resampling, then :func:`probe.ranking.column_ap`.
-
-**Over runs** (training seeds, single-positive draws): :func:`mean_interval` is the Student-t
-interval of the mean of the runs' mAPs.
+where ``N_w(>= s)`` is the drawn images scoring at least ``s`` and ``TP_w(>= s)`` the drawn
+positives among them. Per column this is one histogram pass over the counts (read in cache-sized
+tiles of resamples, :func:`weighted_column_ap`), then work on the positives only. The tests check
+it against resampling, then :func:`probe.ranking.column_ap`.
 """
 
 from __future__ import annotations
@@ -169,10 +155,8 @@ def weighted_column_ap(scores: Tensor, targets: Tensor, counts: Tensor,
 
     Equals :func:`probe.ranking.column_ap` on the resampled rows (duplicates tie); AP = 0 for a
     column without drawn positives, NaN for a column holding a NaN score (a diverged system gets
-    no interval). Per system: each column's positives mapped to their tie groups
-    (:func:`_column_plan`), then a histogram pass per column and tile of resamples
-    (:func:`_weighted_ap_one_column`), columns shared among CPU threads. The replicates are the
-    same bits on any tiling, thread count or sort (docs/design.md "Semantics guarantees").
+    no interval). The replicates are the same bits on any tiling, thread count or sort
+    (docs/design.md "Semantics guarantees").
     """
     squeeze = scores.dim() == 2
     s3 = scores[None] if squeeze else scores

@@ -1,17 +1,9 @@
 """The kNN baseline (docs/losses.md "Beyond the papers"): a training-free method, evaluated
-like a loss.
-
-For a query image with L2-normalised feature q, let N_k(q) be its k nearest training images
-by cosine similarity s_j = q·x_j (inner product of L2-normalised vectors) and y_j their
-observed label vectors (1 = observed positive, else 0; the full labels with ``labels="full"``).
-The scores are
-
-    score(q) = Σ_{j ∈ N_k(q)} softmax_j(s_j / τ) · y_j          (k = 20, τ = 0.07 by default)
-
-a convex combination of 0/1 vectors, so every score is a probability in [0, 1]. Search is exact:
-faiss' ``IndexFlatIP`` when faiss is installed (imported lazily -- the probe never needs it),
-else the same brute-force inner products in torch on the data's device. Several ``(k, τ)``
-pairs are evaluated from one search with the largest k.
+like a loss. A query's scores are Σ over its k nearest training images (cosine similarity s_j of
+L2-normalised features) of softmax_j(s_j / τ) times their observed label vectors (the full labels
+with ``labels="full"``): a convex combination of 0/1 vectors, so every score is a probability.
+Search is exact: faiss' ``IndexFlatIP`` when faiss is installed (imported lazily), else the same
+inner products in torch on the data's device. Several ``(k, τ)`` pairs share one search.
 """
 
 from __future__ import annotations
@@ -37,8 +29,7 @@ __all__ = ["KNN_HPARAMS", "knn_scores", "nearest_neighbours", "run_knn"]
 KNN_HPARAMS = (
     HParam("k", 20, "number of nearest training neighbours", kind="int", low=1),
     HParam("temperature", 0.07, "softmax temperature τ over the neighbours' cosine similarities",
-           low=0.0, low_open=True, search=(0.01, 1.0), log=True),
-)
+           low=0.0, low_open=True, search=(0.01, 1.0), log=True))
 BACKENDS = ("auto", "faiss", "torch")
 _SEARCH_BLOCK = 1 << 24  # similarity elements computed at once by the torch backend
 

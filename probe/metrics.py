@@ -1,10 +1,8 @@
 """Evaluation metrics of the SPML protocol (``docs/protocol.md``, step 5).
 
-* **AP / mAP.** AP of one class is scikit-learn's ``average_precision_score``: the step-wise sum
-  ``AP = sum_k (R_k - R_{k-1}) P_k`` over the *distinct* score thresholds taken in decreasing
-  order, so tied scores form one threshold (all tied rows enter together). A class with no
-  positive in the evaluated set gets AP = 0 and **is kept** in the mean; their number is reported.
-  ``mAP = 100 x mean over all C classes``.
+* **AP / mAP.** AP of one class is scikit-learn's ``average_precision_score`` (tied scores form
+  one threshold; :mod:`probe.ranking`). A class with no positive in the evaluated set gets AP = 0
+  and **is kept** in the mean; their number is reported. ``mAP = 100 x mean over all C classes``.
 * **OF1 / CF1** (the "overall" and "per-class" F1 of the multi-label literature, as reported by
   the SPML papers): a label is predicted positive iff its probability is ``>= threshold``.
   ``OP = sum_c TP_c / sum_c (TP_c + FP_c)``, ``OR = sum_c TP_c / sum_c (TP_c + FN_c)``,
@@ -147,9 +145,8 @@ def _check_threshold(threshold: float) -> float:
     return float(threshold)
 
 
-def _checked(
-    targets: Tensor, logits: Tensor | None, probs: Tensor | None
-) -> tuple[Tensor, Tensor, str]:
+def _checked(targets: Tensor, logits: Tensor | None,
+             probs: Tensor | None) -> tuple[Tensor, Tensor, str]:
     scores, name = _pick_scores(logits, probs)
     _check_target_meta(targets, scores, name)
     return _check_values(targets, scores, name), scores, name
@@ -189,9 +186,8 @@ def _f1_core(scores: Tensor, targets: Tensor, name: str, threshold: float) -> F1
 
 
 @torch.no_grad()
-def average_precision(
-    targets: Tensor, *, logits: Tensor | None = None, probs: Tensor | None = None
-) -> Tensor:
+def average_precision(targets: Tensor, *, logits: Tensor | None = None,
+                      probs: Tensor | None = None) -> Tensor:
     """Per-class AP (scikit-learn's ``average_precision_score``, ties as one threshold).
 
     ``targets`` ``(N, C)`` bool/integer 0/1; exactly one of ``logits`` / ``probs``, shaped
@@ -203,9 +199,8 @@ def average_precision(
 
 
 @torch.no_grad()
-def mean_average_precision(
-    targets: Tensor, *, logits: Tensor | None = None, probs: Tensor | None = None
-) -> MAPResult:
+def mean_average_precision(targets: Tensor, *, logits: Tensor | None = None,
+                           probs: Tensor | None = None) -> MAPResult:
     """mAP of docs/protocol.md step 5: 100 x mean AP over **all** C classes (empty classes count 0).
 
     Same inputs as :func:`average_precision`; returns :class:`MAPResult` (``map`` 0-d or ``(T,)``).

@@ -77,10 +77,7 @@ class StackedOptimizer(ABC):
     def __init__(self, params: Sequence[TrialParam]) -> None:
         if not params:
             raise OptimizerConfigError("the optimizer got no parameters")
-        self.params = list(params)
-        self._lr: list[list[float]] = []
-        self._wd: list[list[float]] = []
-        for p in self.params:
+        for p in params:
             if p.param.ndim == 0:
                 raise OptimizerConfigError(
                     "every parameter needs a leading trial axis; got a 0-d tensor (reshape it "
@@ -89,10 +86,8 @@ class StackedOptimizer(ABC):
                 raise OptimizerConfigError(
                     f"parameters must be contiguous (trial slices are updated in place); got "
                     f"strides {p.param.stride()} for shape {tuple(p.param.shape)}")
-            lr, wd = p.per_trial()
-            self._lr.append(lr)
-            self._wd.append(wd)
-        self._ids = [p.ids() for p in self.params]
+        # held with per-trial lists: lr, weight_decay and trial_ids of each slice
+        self.params = [TrialParam(p.param, *p.per_trial(), p.ids()) for p in params]
         self.n_steps = 0
         self._stopped: set[int] = set()
         self._groups = self._build_groups()
@@ -100,7 +95,7 @@ class StackedOptimizer(ABC):
     def stop_trials(self, trials: Iterable[int]) -> None:
         """Freeze trials ``trials`` (trial ids) for the rest of the run: their slices of every
         parameter stop changing, and their optimizer state too."""
-        known = {t for ids in self._ids for t in ids}
+        known = {t for p in self.params for t in p.trial_ids}
         for t in trials:
             if int(t) not in known:
                 raise OptimizerConfigError(
@@ -118,8 +113,8 @@ class StackedOptimizer(ABC):
         a parameter without a kept trial leaves with its state; ``params`` are the surviving
         parameters' new tensors, in order, compacted by their owner to the kept rows."""
         kept = {int(t) for t in keep}
-        survivors = [(i, [j for j, t in enumerate(ids) if t in kept])
-                     for i, ids in enumerate(self._ids)]
+        survivors = [(i, [j for j, t in enumerate(p.trial_ids) if t in kept])
+                     for i, p in enumerate(self.params)]
         survivors = [(i, rows) for i, rows in survivors if rows]
         if len(params) != len(survivors):
             raise OptimizerConfigError(
@@ -132,13 +127,10 @@ class StackedOptimizer(ABC):
                     f"select_trials: parameter {i} needs a contiguous tensor of shape {want}; "
                     f"got {tuple(p.shape)}")
         self._select_state(survivors)
-        self.params = [TrialParam(p, [self._lr[i][j] for j in rows],
-                                  [self._wd[i][j] for j in rows],
-                                  trial_ids=[self._ids[i][j] for j in rows])
+        old = self.params
+        self.params = [TrialParam(p, *([v[j] for j in rows]
+                                       for v in (old[i].lr, old[i].weight_decay, old[i].trial_ids)))
                        for (i, rows), p in zip(survivors, params)]
-        self._lr = [[self._lr[i][j] for j in rows] for i, rows in survivors]
-        self._wd = [[self._wd[i][j] for j in rows] for i, rows in survivors]
-        self._ids = [[self._ids[i][j] for j in rows] for i, rows in survivors]
         self._stopped &= kept
         self._groups = self._build_groups()
 
@@ -150,7 +142,7 @@ class StackedOptimizer(ABC):
         """Per parameter: ``(lr, wd, trials)`` groups; ``trials`` None = the whole tensor."""
         self._views: dict[tuple[int, int], list] = {}  # _slices' cache, per (param, group)
         groups = []
-        for lr, wd, ids in zip(self._lr, self._wd, self._ids):
+        for lr, wd, ids in ((p.lr, p.weight_decay, p.trial_ids) for p in self.params):
             by_key: dict[tuple[float, float], list[int]] = {}
             for t, key in enumerate(zip(lr, wd)):
                 if ids[t] not in self._stopped:
@@ -248,11 +240,9 @@ class StackedAdam(StackedOptimizer):
             for k, (lr, wd, trials) in enumerate(self._groups[i]):
                 param, g, m, v, denom = self._slices((i, k), tensors, trials)
                 if self.fused:
-                    torch._fused_adam_(
-                        param, g, m, v, [], [self._step_t[i]] * len(param),
-                        lr=lr, beta1=b1, beta2=b2, weight_decay=wd, eps=self.eps,
-                        amsgrad=False, maximize=False,
-                    )
+                    torch._fused_adam_(param, g, m, v, [], [self._step_t[i]] * len(param),
+                                       lr=lr, beta1=b1, beta2=b2, weight_decay=wd, eps=self.eps,
+                                       amsgrad=False, maximize=False)
                     continue
                 for th, gr, ma, va, de in zip(param, g, m, v, denom):
                     if wd != 0.0:
@@ -319,8 +309,7 @@ def _fused_adam_available(param: Tensor) -> bool:
                 step.add_(1.0)
                 torch._fused_adam_(
                     [t[0]], [t[1]], [t[2]], [t[3]], [], [step], lr=1e-3, beta1=0.9, beta2=0.999,
-                    weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False,
-                )
+                    weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False)
             except (RuntimeError, NotImplementedError, TypeError):
                 ok = False
         _FUSED_CACHE[key] = ok

@@ -147,14 +147,10 @@ class Progress:
         if self._bar is not None:
             self._bar.write(message, file=self.file)
             self.update(n)
-        elif self.mode == "lines":
-            self.n += n
-            with self._lock:
-                now = time.monotonic()
-                self._print(f"{message} ({self.status(now)})")
-                self._last_line, self._last_count = now, self.n
-        else:
-            self.n += n
+            return
+        self.n += n
+        if self.mode == "lines":
+            self._status_line(time.monotonic(), message)
 
     def refresh(self, force: bool = False) -> None:
         """Show the display as of now without counting: in a log, a status line when
@@ -216,11 +212,11 @@ class Progress:
             parts.append(self.postfix)
         return ", ".join(parts)
 
-    def _status_line(self, now: float) -> None:
+    def _status_line(self, now: float, message: str | None = None) -> None:
         with self._lock:
-            self._print(self.status(now))
-            self._last_line = now
-            self._last_count = self.n
+            status = self.status(now)
+            self._print(status if message is None else f"{message} ({status})")
+            self._last_line, self._last_count = now, self.n
 
     def _print(self, line: str) -> None:
         with self._lock:

@@ -243,8 +243,7 @@ def save_head(path: str | Path, result: ProbeResult, trials: Sequence[int] | Non
         "weight": heads[idx, :d].transpose(1, 2).contiguous(),
         "bias": heads[idx, d].contiguous(),
         # plain JSON types only, so torch.load(weights_only=True) reads the file back
-        **json.loads(json.dumps(meta, default=_json_default)),
-    }
+        **json.loads(json.dumps(meta, default=_json_default))}
     return atomic_write(path, lambda fh: torch.save(payload, fh))
 
 

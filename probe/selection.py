@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -133,18 +134,21 @@ def selection_data(store: Any, select: str | Selection = "val", *,
             for j in range(selection.k)]
 
 
+def _mean(values: Sequence[Any]) -> float | None:
+    """The replicates' mean; None where any replicate lacks the value."""
+    return None if any(v is None for v in values) else float(sum(values) / len(values))
+
+
 def _mean_test_figures(bests: list[dict[str, Any]]) -> dict[str, Any]:
     """The replicates' test figures (``test_map``, ``test_OF1``, per-class ``test_ap``, …),
     averaged; a figure missing from any replicate is None (per class for ``test_ap``)."""
     out: dict[str, Any] = {}
-    keys = [k for k in (bests[0] or {}) if k.startswith("test_")]
-    for key in keys:
+    for key in [k for k in (bests[0] or {}) if k.startswith("test_")]:
         values = [(b or {}).get(key) for b in bests]
         if all(isinstance(v, list) for v in values):
-            out[key] = [None if any(x is None for x in col) else float(sum(col) / len(col))
-                        for col in zip(*values)]
+            out[key] = [_mean(col) for col in zip(*values)]
         elif all(isinstance(v, int | float) for v in values):
-            out[key] = float(sum(values) / len(values))
+            out[key] = _mean(values)
         else:
             out[key] = None
     return out
@@ -163,12 +167,6 @@ def mean_over_replicates(results: list[Any], select: str | Selection) -> Any:
             f"mean_over_replicates: {selection} has {selection.replicates} replicates; got "
             f"{len(results)} results")
     first = results[0]
-
-    def mean(values: list[Any]) -> float | None:
-        if any(v is None for v in values):
-            return None
-        return float(sum(values) / len(values))
-
     trials = []
     for i, base in enumerate(first.trials):
         runs = [r.trials[i] for r in results]
@@ -177,8 +175,8 @@ def mean_over_replicates(results: list[Any], select: str | Selection) -> Any:
         for e in range(n_epochs):
             vals = [t.epochs[e].get("val_map") for t in runs]
             epochs.append({"epoch": base.epochs[e]["epoch"],
-                           "train_loss": mean([t.epochs[e].get("train_loss") for t in runs]),
-                           "val_map": mean(vals), "replicate_val_map": vals})
+                           "train_loss": _mean([t.epochs[e].get("train_loss") for t in runs]),
+                           "val_map": _mean(vals), "replicate_val_map": vals})
         curve = [e["val_map"] for e in epochs]
         scored = [(v, -j) for j, v in enumerate(curve) if v is not None and math.isfinite(v)]
         best_epoch, best = None, {}
@@ -192,8 +190,7 @@ def mean_over_replicates(results: list[Any], select: str | Selection) -> Any:
                     "replicate_test_map": tests}
         trials.append(dataclasses.replace(
             base, epochs=epochs, best_epoch=best_epoch, best=best, init={},
-            stopped_at=None, finite=all(t.finite for t in runs),
-        ))
+            stopped_at=None, finite=all(t.finite for t in runs)))
     config = {**first.config, "select": str(selection)}
     source = {**first.source, "replicates": selection.describe(
         first.source.get("observed_seed", PROTOCOL_SEED))}

@@ -1,14 +1,9 @@
-"""How a run uses the machine, kept apart from what it computes.
-
-:class:`SpeedOptions` holds the knobs that change how fast a probe runs on the CPU but not its
-heads: the step loop's thread count and the trial blocks. They are passed to
-:func:`probe.train.train_probe` beside the experiment's :class:`probe.config.ProbeConfig`, and
-they are not part of the recorded experiment (the run's ``timing`` says what was used).
-
-**The step-thread choice is stable**: with ``step_threads=None`` one thread, or torch's setting
-where a short measurement (:func:`probe.loop.measured_threads`) found it clearly faster
-(:func:`choose_threads`), decided once per machine and step shape and remembered in the process
-and in a JSON file under the cache dir (:func:`thread_cache_path`; delete it to measure again).
+"""How a run uses the machine, kept apart from what it computes: :class:`SpeedOptions`, the knobs
+that change how fast a probe runs on the CPU but not its heads (the step loop's thread count, the
+trial blocks), passed to :func:`probe.train.train_probe` beside the experiment's
+:class:`probe.config.ProbeConfig` and not recorded with it (the run's ``timing`` says what was
+used). The step-thread choice is stable (docs/design.md): decided once per machine and step
+shape (:func:`choose_threads`) and remembered (:func:`remembered_threads`).
 """
 
 from __future__ import annotations
@@ -82,8 +77,7 @@ def resolve_speed(speed: SpeedOptions | None) -> SpeedOptions:
     return speed
 
 
-def clear_winner(one: Sequence[float], many: Sequence[float], margin: float = 1.5
-                 ) -> bool | None:
+def clear_winner(one: Sequence[float], many: Sequence[float], margin: float = 1.5) -> bool | None:
     """After two or more rounds of samples (seconds per step): True when every one-thread
     sample beats every sample on torch's setting by ``margin``, False for the reverse, None
     while it is closer than that (then more rounds run and :func:`choose_threads` decides)."""

@@ -45,8 +45,7 @@ def expand_grid(values: dict[str, Sequence[Any]], zip_: bool = False) -> list[di
         if len(lengths) > 1:
             raise ProbeConfigError(
                 "--zip needs every value list to have the same length (or length 1); got "
-                + ", ".join(f"{k}: {len(v)}" for k, v in zip(keys, lists))
-            )
+                + ", ".join(f"{k}: {len(v)}" for k, v in zip(keys, lists)))
         n = lengths.pop() if lengths else 1
         return [{k: (v[0] if len(v) == 1 else v[i]) for k, v in zip(keys, lists)}
                 for i in range(n)]
@@ -243,8 +242,7 @@ def _normalise_trials(hparams: dict | Sequence[dict] | None, config: ProbeConfig
         t_wd = t.pop("weight_decay", config.weight_decay)
         for name, v in (("lr", t_lr), ("weight_decay", t_wd)):
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or (
-                v < 0 or (name == "lr" and v == 0)
-            ):
+                v < 0 or (name == "lr" and v == 0)):
                 want = "positive" if name == "lr" else "non-negative"
                 raise ProbeConfigError(f"trial setting '{name}' must be a {want} number; got {v!r}")
         lrs.append(float(t_lr))

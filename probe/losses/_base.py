@@ -32,42 +32,19 @@ __all__ = ["EntrywiseLoss", "Loss", "available", "create_loss", "get_loss_class"
 
 
 class Loss(nn.Module):
-    """Base class of a registered loss: the contract every loss -- built-in or plugin -- keeps
-    (``docs/plugins.md`` walks through writing one). A subclass sets the class attributes below,
-    implements :meth:`forward` and is registered with :func:`register`, which checks them.
+    """Base class of a registered loss: the contract every loss -- built-in or plugin -- keeps.
+    A subclass sets the class attributes below, implements :meth:`forward` and is registered
+    with :func:`register`, which checks them. What each attribute declares and the hooks in the
+    trainer's order: ``docs/plugins.md`` "The contract"; ``trial_state`` (``()``: no per-trial
+    state, ``None``: a stopped trial stays in the stack, frozen): "Pruning"; ``prior`` (None, or
+    what it reads from a store's ``priors/<name>``, handed over once by :meth:`set_prior`):
+    "Reading a prior".
 
-    ``name``: the registry name (``--loss NAME``): letters, digits and ``_``; unique.
-    ``paper``: the paper and equation it implements, one line (``spml losses list``).
-    ``formula``: the per-entry terms and the reduction written out (``spml losses show``).
-    ``hparam_specs``: a tuple of :class:`HParam` (default, valid and search ranges, a doc line
-    naming the paper's value; ``from_data`` for one the trainer fills, :data:`DATA_QUANTITIES`).
-    ``presets``: the paper's hyperparameters per dataset, ``{"coco": {"w_T": 10.0}}`` (the
-    probe's for a store of that dataset, a study's first trial).
-    ``train_presets``: the paper's ``batch_size``, ``lr``, ``epochs``, ``head_lr_mult`` per
-    dataset (:func:`probe.config.resolve_training`).
-    ``stateful``: keeps per-example state over the train split, allocated as ``(T, N_train,
-    C)`` buffers/parameters in :meth:`setup`; needs ``forward(..., index=rows)``.
-    ``needs_epoch_pass``: :meth:`end_epoch` gets the whole train split's logits (a no-grad pass
-    after each epoch).
-    ``notes``: deviations from the paper, reconstructed parts (``spml losses show``).
-    ``trial_state``: the buffers/parameters with a leading trial axis, whose rows
-    :meth:`select_trials` keeps when a pruned trial leaves the stack; ``()`` (the default): none
-    is per trial; ``None``: a stopped trial stays in the stack, frozen. A loss with state
-    (``stateful``, ``needs_epoch_pass``, its own ``setup``/``end_epoch``/``manual_seed``/
-    ``extra_parameters``) must declare it (docs/plugins.md "Pruning").
-    ``host_per_step``: ``forward`` draws on the host or changes shapes between steps, so the
-    step is never captured as a CUDA graph.
-    ``prior``: None, or what it reads from a store's ``priors/<name>`` (e.g. "class scores"):
-    the trainer hands the train rows' prior to :meth:`set_prior` once, after :meth:`setup`
-    (:class:`~probe.losses.PriorMixin`); a missing or unexpected prior is refused before
-    training, naming ``--priors``.
-
-    The hooks, in the trainer's order: ``docs/plugins.md`` "The contract". ``forward(logits,
-    observed, index=None) -> LossOutput`` takes ``(T, B, C)`` (or ``(B, C)``) logits, ``(B, C)``
-    int8 labels of -1/0/1 and the batch's train rows; it returns the ``(T,)`` (or scalar) loss
-    and its named parts, without synchronising with the host (no ``.item()``, ``bool(tensor)``,
-    ``nonzero``): the inputs were validated before training. Hyperparameters are read with
-    :meth:`hparam` and viewed with :func:`hp`; half-precision logits are promoted
+    ``forward(logits, observed, index=None) -> LossOutput`` takes ``(T, B, C)`` (or ``(B, C)``)
+    logits, ``(B, C)`` int8 labels of -1/0/1 and the batch's train rows; it returns the ``(T,)``
+    (or scalar) loss and its named parts, without synchronising with the host (no ``.item()``,
+    ``bool(tensor)``, ``nonzero``): the inputs were validated before training. Hyperparameters
+    are read with :meth:`hparam` and viewed with :func:`hp`; half-precision logits are promoted
     (:func:`promote`).
     """
 
@@ -91,8 +68,7 @@ class Loss(nn.Module):
         if len(t_sizes) > 1:
             raise LossInputError(
                 f"{self.name}: per-trial hyperparameters must all have the same length T; got "
-                f"lengths {sorted(t_sizes)}"
-            )
+                f"lengths {sorted(t_sizes)}")
         self.n_trials: int | None = t_sizes.pop() if t_sizes else None
         self._hp_names: list[str] = []  # those held as (T,) or 0-d tensor buffers hp_<name>
         self._static: dict[str, Any] = {}  # the others, as Python values
@@ -160,8 +136,7 @@ class Loss(nn.Module):
         if n_trials is not None and self.n_trials is not None and n_trials != self.n_trials:
             raise LossInputError(
                 f"{self.name}: the hyperparameters describe {self.n_trials} trials but the "
-                f"trainer stacks {n_trials}"
-            )
+                f"trainer stacks {n_trials}")
         if n_epochs < 1:
             raise LossInputError(f"{self.name}: n_epochs must be >= 1; got {n_epochs}")
         self.n_epochs = int(n_epochs)
@@ -174,8 +149,7 @@ class Loss(nn.Module):
         name. Losses with :attr:`prior` set override this (``probe.losses.PriorMixin``)."""
         raise LossInputError(
             f"{self.name}: this loss uses no prior (per-image class scores); drop --priors "
-            "or choose a loss that uses one (vlpl, gpr)"
-        )
+            "or choose a loss that uses one (vlpl, gpr)")
 
     def start_epoch(self, epoch: int) -> None:
         """Called at the start of every epoch (0-indexed); schedules update here."""
@@ -200,8 +174,7 @@ class Loss(nn.Module):
         if value is None:
             raise LossInputError(
                 f"{self.name}: call setup(observed_train, n_epochs) before the first forward "
-                f"(the loss keeps per-example state '{name}' over the train split)"
-            )
+                f"(the loss keeps per-example state '{name}' over the train split)")
         return value
 
     def per_example(self, name: str, observed: Tensor, fill: Any, dtype: torch.dtype) -> None:
@@ -273,8 +246,7 @@ class Loss(nn.Module):
             default = "(from the dataset)" if s.default is None else repr(s.default)
             lines.append(
                 f"  {s.name:<{width}}  default {default:<10} valid {s.range_text():<14}{search}"
-                f"  — {s.doc}"
-            )
+                f"  — {s.doc}")
         if not cls.hparam_specs:
             lines.append("  (none)")
         if cls.presets or cls.train_presets:
@@ -294,15 +266,19 @@ class Loss(nn.Module):
 class EntrywiseLoss(Loss):
     """A stateless loss whose value is a per-entry term reduced by the mean over B·C: subclasses
     define ``_entries(z, y) -> (…, B, C)`` on promoted logits (``self._h(name, z)`` views a
-    hyperparameter for broadcasting)."""
+    hyperparameter for broadcasting), or set ``entries = staticmethod(fn)`` for a function
+    ``fn(z, y, *hparams)`` taking the views in ``hparam_specs`` order."""
 
     trial_state = ()
+    entries: ClassVar[Any] = None
 
     def _h(self, name: str, z: Tensor) -> Any:
         return hp(self.hparam(name), z)
 
     def _entries(self, z: Tensor, y: Tensor) -> Tensor:
-        raise TypeError(f"{type(self).__name__} must define _entries(z, y)")
+        if self.entries is None:
+            raise TypeError(f"{type(self).__name__} must define _entries(z, y)")
+        return self.entries(z, y, *(self._h(s.name, z) for s in self.hparam_specs))
 
     def forward(self, logits: Tensor, observed: Tensor, index: Tensor | None = None) -> LossOutput:
         z = promote(logits)
@@ -340,8 +316,7 @@ def _check_contract(cls: Any) -> None:
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise LossContractError(
             f"register: {what}.name must be the loss's registry name, letters, digits and '_' "
-            f"(e.g. 'my_loss'); got {name!r}"
-        )
+            f"(e.g. 'my_loss'); got {name!r}")
     if name in _RESERVED:
         raise LossContractError(f"register: {what}.name '{name}' is reserved for "
                                 f"{_RESERVED[name]}; choose another name")
@@ -376,8 +351,7 @@ def _check_contract(cls: Any) -> None:
             "declares no trial_state, so the trainer cannot know how to remove a pruned trial; "
             "declare trial_state = (the names of its buffers/parameters with a leading trial "
             "axis), trial_state = () if none of its state is per trial, or trial_state = None "
-            "to keep stopped trials frozen in the stack"
-        )
+            "to keep stopped trials frozen in the stack")
 
 
 def register(cls: type[Loss]) -> type[Loss]:
@@ -411,8 +385,7 @@ def register(cls: type[Loss]) -> type[Loss]:
             raise LossContractError(
                 f"register: loss name '{cls.name}' of {cls.__module__}.{cls.__qualname__} is "
                 f"already taken by {_ORIGINS.get(cls.name, 'another loss')} "
-                f"({taken.__module__}.{taken.__qualname__}); give the new loss another name"
-            )
+                f"({taken.__module__}.{taken.__qualname__}); give the new loss another name")
         if taken is None:
             loading = _PLUGINS["loading"]
             _ORIGINS[cls.name] = (loading if loading is not None
@@ -546,8 +519,7 @@ def create_loss(name: str, preset: str | None = None, **hparams: Any) -> Loss:
         if preset not in cls.presets:
             raise LossInputError(
                 f"{name}: no paper preset for dataset '{preset}' (presets: "
-                f"{', '.join(sorted(cls.presets)) or 'none'})"
-            )
+                f"{', '.join(sorted(cls.presets)) or 'none'})")
         values.update(cls.presets[preset])
     values.update(hparams)
     loss = cls(**values)

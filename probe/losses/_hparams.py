@@ -41,14 +41,11 @@ DATA_QUANTITIES: dict[str, str] = {
     "expected_positives": (
         "expected positives per image: Cole et al.'s value for a benchmark dataset (VOC 1.5, "
         "COCO 2.9, NUS 1.9, CUB 31.4), else the val split's mean label cardinality; a value "
-        "above the class count is refused (EPR's and ROLE's k)"
-    ),
+        "above the class count is refused (EPR's and ROLE's k)"),
     "val_cardinality": "the val split's mean number of positive labels per image",
     "n_classes": "the number of classes C of the data",
     "positive_fraction": (
-        "expected_positives / C: the share of labels that are positive (a class prior)"
-    ),
-}
+        "expected_positives / C: the share of labels that are positive (a class prior)")}
 
 
 @dataclass(frozen=True)
@@ -96,13 +93,11 @@ class HParam:
         if self.from_data not in DATA_QUANTITIES:
             raise LossContractError(
                 f"HParam '{self.name}': from_data must be one of {sorted(DATA_QUANTITIES)}; got "
-                f"{self.from_data!r}"
-            )
+                f"{self.from_data!r}")
         if self.default is not None:
             raise LossContractError(
                 f"HParam '{self.name}': a parameter filled from the data (from_data="
-                f"{self.from_data!r}) must have default None; got {self.default!r}"
-            )
+                f"{self.from_data!r}) must have default None; got {self.default!r}")
         object.__setattr__(self, "optional", True)
 
     @property
@@ -117,8 +112,7 @@ class HParam:
         lo = "-inf" if self.low is None else f"{self.low:g}"
         hi = "inf" if self.high is None else f"{self.high:g}"
         return f"{'(' if self.low_open or self.low is None else '['}{lo}, {hi}" + (
-            ")" if self.high_open or self.high is None else "]"
-        )
+            ")" if self.high_open or self.high is None else "]")
 
 
 def check_hparam(spec: HParam, value: Any, loss: str = "") -> Any:
@@ -201,13 +195,8 @@ def mean_bc(entries: Tensor) -> Tensor:
     return entries.mean(dim=(-2, -1))
 
 
-def check_inputs(
-    logits: Tensor,
-    observed: Tensor,
-    hparams: dict[str, Any] | None = None,
-    loss: str = "",
-    allow_soft: bool = False,
-) -> tuple[Tensor, Tensor]:
+def check_inputs(logits: Tensor, observed: Tensor, hparams: dict[str, Any] | None = None,
+                 loss: str = "", allow_soft: bool = False) -> tuple[Tensor, Tensor]:
     """Validate ``logits``/``observed`` (and the T of any ``(T,)`` hyperparameters); returns
     them with half-precision logits promoted to float32 and ``observed`` on the logits' device.
     Synchronises with the device: the training loop validates once and calls unchecked cores."""
@@ -216,31 +205,25 @@ def check_inputs(
         raise LossInputError(f"{where}'logits' must be a torch.Tensor; got {type(logits).__name__}")
     if not isinstance(observed, Tensor):
         raise LossInputError(
-            f"{where}'observed' must be a torch.Tensor of -1/0/1; got {type(observed).__name__}"
-        )
+            f"{where}'observed' must be a torch.Tensor of -1/0/1; got {type(observed).__name__}")
     if not logits.is_floating_point():
         raise LossInputError(
             f"{where}'logits' must be a float tensor; got dtype {logits.dtype} "
-            "(convert with logits.float())"
-        )
+            "(convert with logits.float())")
     if logits.ndim not in (2, 3):
         raise LossInputError(
-            f"{where}'logits' must have shape (B, C) or (T, B, C); got shape {tuple(logits.shape)}"
-        )
+            f"{where}'logits' must have shape (B, C) or (T, B, C); got shape {tuple(logits.shape)}")
     if (
         observed.ndim not in (2, 3)
         or observed.shape[-2:] != logits.shape[-2:]
-        or (observed.ndim == 3 and (logits.ndim != 3 or observed.shape[0] != logits.shape[0]))
-    ):
+        or (observed.ndim == 3 and (logits.ndim != 3 or observed.shape[0] != logits.shape[0]))):
         raise LossInputError(
             f"{where}'observed' must have shape {tuple(logits.shape[-2:])} (or the logits' full "
-            f"shape {tuple(logits.shape)}); got {tuple(observed.shape)}"
-        )
+            f"shape {tuple(logits.shape)}); got {tuple(observed.shape)}")
     if observed.is_floating_point() and not allow_soft:
         raise LossInputError(
             f"{where}'observed' must be an integer tensor with values -1/0/1; got dtype "
-            f"{observed.dtype} (convert with observed.to(torch.int8))"
-        )
+            f"{observed.dtype} (convert with observed.to(torch.int8))")
     if observed.dtype == torch.bool:
         observed = observed.to(torch.int8)
     if not observed.is_floating_point() and observed.numel():
@@ -248,8 +231,7 @@ def check_inputs(
         if bool(bad.any()):
             raise LossInputError(
                 f"{where}'observed' must hold only -1 (negative), 0 (unobserved), 1 (positive); "
-                f"got {sorted(set(observed[bad].unique().tolist()))[:5]}"
-            )
+                f"got {sorted(set(observed[bad].unique().tolist()))[:5]}")
     if hparams:
         t = logits.shape[0] if logits.ndim == 3 else None
         for name, value in hparams.items():
@@ -258,13 +240,11 @@ def check_inputs(
                     raise LossInputError(
                         f"{where}hyperparameter '{name}' has one value per trial (shape "
                         f"{tuple(value.shape)}) but 'logits' has no trial axis (shape "
-                        f"{tuple(logits.shape)}); pass logits of shape (T, B, C)"
-                    )
+                        f"{tuple(logits.shape)}); pass logits of shape (T, B, C)")
                 if value.shape[0] != t:
                     raise LossInputError(
                         f"{where}hyperparameter '{name}' must have shape ({t},) to match the "
-                        f"trial axis of 'logits' {tuple(logits.shape)}; got {tuple(value.shape)}"
-                    )
+                        f"trial axis of 'logits' {tuple(logits.shape)}; got {tuple(value.shape)}")
     return promote(logits), observed.to(logits.device)
 
 
@@ -295,8 +275,7 @@ def check_hparams(specs: tuple[HParam, ...], given: dict[str, Any], loss: str) -
             raise LossInputError(
                 f"{loss}: unknown hyperparameter '{name}'"
                 + (f"; did you mean '{hint[0]}'?" if hint else "")
-                + f" (known: {', '.join(by_name) or 'none'})"
-            )
+                + f" (known: {', '.join(by_name) or 'none'})")
     return {s.name: check_hparam(s, given.get(s.name, s.default), loss) for s in specs}
 
 

@@ -1,22 +1,8 @@
 """Acknowledging the unknown — Zhou et al., "Acknowledging the Unknown for Multi-label Learning
-with Single Positive Labels", ECCV 2022:
-the entropy-maximisation loss (EM, Eq. 3) and asymmetric pseudo-labelling (APL, Alg. 1, Eqs. 6–8);
-spec: docs/losses.md "Acknowledging the unknown".
-
-With p = σ(z), H(p) = −p log p − (1−p) log(1−p) (computed from logits as
-p·softplus(−z) + (1−p)·softplus(z)):
-
-    em      y=1: −log p       y=0: −α·H(p)                                y=−1: −log(1−p)
-    em_apl  as em, but a pseudo-labelled unobserved entry (soft target t) takes
-            β·[−t log p − (1−t) log(1−p)] instead of −α·H(p)
-
-reduced by the mean over all B·C entries. **The EM total is negative by design**: maximising
-the entropy of the unobserved predictions lowers the loss below zero; only its gradient matters.
-
-APL (the per-epoch pass): at the end of every epoch e ≥ warmup (1-indexed), for each class i,
-the m_i = ⌊θ·U_i / (E − warmup)⌋ unobserved, not-yet-pseudo-labelled training entries with the
-lowest p get t ← p (a frozen copy), where U_i is the initial number of unobserved entries of
-class i and E the number of epochs.
+with Single Positive Labels", ECCV 2022: the entropy-maximisation loss (EM, Eq. 3) and asymmetric
+pseudo-labelling (APL, Alg. 1, Eqs. 6–8); spec: docs/losses.md "Acknowledging the unknown", the
+formulas in each class's ``formula`` (``spml losses show em_apl``). **The EM total is negative by
+design**: maximising the entropy of the unobserved predictions lowers it below zero.
 """
 
 from __future__ import annotations
@@ -25,25 +11,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._base import Loss, register
-from ._hparams import (
-    HParam,
-    LossInputError,
-    LossOutput,
-    check_call,
-    check_state_arg,
-    hp,
-    mean_bc,
-    promote,
-)
+from ._base import EntrywiseLoss, HParam, Loss, register
+from ._hparams import LossInputError, LossOutput, check_call, check_state_arg, hp, mean_bc, promote
 from .large_loss import rank_select, selection_count
 
 __all__ = ["em", "em_apl"]
 
 PAPER = (
     "Zhou et al., Acknowledging the Unknown for Multi-label Learning with Single Positive Labels, "
-    "ECCV 2022"
-)
+    "ECCV 2022")
 
 _ALPHA = HParam("alpha", 0.1, "weight α of the entropy term on unobserved labels (COCO/NUS 0.1, "
                 "VOC 0.2, CUB 0.01)", low=0.0, low_open=True, search=(0.01, 1.0), log=True)
@@ -59,8 +35,7 @@ _PAPER_SETTINGS = {
     "voc": (8, 1e-5, 0.2, 0.9, 5, 0.02),
     "coco": (16, 1e-5, 0.1, 0.9, 5, 0.9),
     "nus": (16, 1e-5, 0.1, 0.9, 4, 0.2),
-    "cub": (8, 1e-4, 0.01, 0.9, 3, 0.4),
-}
+    "cub": (8, 1e-4, 0.01, 0.9, 3, 0.4)}
 _TRAIN = {ds: {"batch_size": s[0], "lr": s[1], "epochs": 10} for ds, s in _PAPER_SETTINGS.items()}
 
 _NOTES_COMMON = (
@@ -68,8 +43,7 @@ _NOTES_COMMON = (
     "presets were tuned for end-to-end fine-tuning (10 epochs), not for a linear probe. "
     "Observed negatives (y=−1, partial labels) get −log(1−p) (our choice: the released EM "
     "rejects them, and its EM+APL would read −1 as a soft target of 1). Search ranges are "
-    "this library's choice (the paper reports no sensitivity ranges)."
-)
+    "this library's choice (the paper reports no sensitivity ranges).")
 
 
 def _em_entries(z: Tensor, y: Tensor, alpha) -> Tensor:
@@ -104,13 +78,8 @@ def em(logits: Tensor, observed: Tensor, alpha: float | Tensor = 0.1) -> Tensor:
     return mean_bc(_em_entries(z, y, h["alpha"]))
 
 
-def em_apl(
-    logits: Tensor,
-    observed: Tensor,
-    soft_targets: Tensor,
-    alpha: float | Tensor = 0.1,
-    beta: float | Tensor = 0.9,
-) -> Tensor:
+def em_apl(logits: Tensor, observed: Tensor, soft_targets: Tensor, alpha: float | Tensor = 0.1,
+           beta: float | Tensor = 0.9) -> Tensor:
     """EM + APL loss (Zhou et al. ECCV 2022, Eq. 8). Stateful: ``soft_targets`` is the batch's
     rows of the APL state, a float tensor ``(B, C)`` or ``(T, B, C)`` holding the frozen soft
     pseudo-negative target t ∈ [0, 1] of a pseudo-labelled unobserved entry and NaN elsewhere.
@@ -123,33 +92,26 @@ def em_apl(
     if bool((given & ((soft < 0) | (soft > 1))).any()):
         raise LossInputError(
             "em_apl: 'soft_targets' must lie in [0, 1] (or be NaN = not pseudo-labelled); got "
-            f"values in [{soft[given].min().item():g}, {soft[given].max().item():g}]"
-        )
+            f"values in [{soft[given].min().item():g}, {soft[given].max().item():g}]")
     if bool((given & (y != 0)).any()):
         raise LossInputError(
             "em_apl: 'soft_targets' may only be set (non-NaN) on unobserved entries "
-            "(observed == 0); set it to NaN where observed is 1 or -1"
-        )
+            "(observed == 0); set it to NaN where observed is 1 or -1")
     return mean_bc(_em_apl_entries(z, y, soft, h["alpha"], h["beta"]))
 
 
 @register
-class EM(Loss):
+class EM(EntrywiseLoss):
     name = "em"
     paper = PAPER + ", Eq. 3 (EM)"
     formula = (
         "y=1: −log p;  y=0: −α·H(p), H(p) = −p log p − (1−p) log(1−p);  y=−1: −log(1−p)\n"
-        "mean over B·C  (negative by design: the entropy term is maximised)"
-    )
+        "mean over B·C  (negative by design: the entropy term is maximised)")
     hparam_specs = (_ALPHA,)
     presets = {ds: {"alpha": s[2]} for ds, s in _PAPER_SETTINGS.items()}
     train_presets = _TRAIN
-    trial_state = ()  # stateless
     notes = "Default α=0.1 is the COCO/NUS setting. " + _NOTES_COMMON
-
-    def forward(self, logits: Tensor, observed: Tensor, index: Tensor | None = None) -> LossOutput:
-        z = promote(logits)
-        return LossOutput(mean_bc(_em_entries(z, observed, hp(self.hparam("alpha"), z))), {})
+    entries = staticmethod(_em_entries)
 
 
 @register
@@ -160,13 +122,11 @@ class EMAPL(Loss):
         "y=1: −log p;  y=0: −α·H(p);  y=−1: −log(1−p);  pseudo-labelled y=0 entries (soft\n"
         "target t): β·[−t log p − (1−t) log(1−p)] instead of −α·H(p);  mean over B·C\n"
         "APL, end of epoch e ≥ warmup (1-indexed): per class i, the ⌊θ·U_i/(E − warmup)⌋\n"
-        "free unobserved entries with the lowest p get t ← p (frozen)"
-    )
+        "free unobserved entries with the lowest p get t ← p (frozen)")
     hparam_specs = (_ALPHA, _BETA, _THETA, _WARMUP)
     presets = {
         ds: {"alpha": s[2], "theta": s[3], "warmup": s[4], "beta": s[5]}
-        for ds, s in _PAPER_SETTINGS.items()
-    }
+        for ds, s in _PAPER_SETTINGS.items()}
     train_presets = _TRAIN
     stateful = True
     needs_epoch_pass = True
@@ -181,8 +141,7 @@ class EMAPL(Loss):
         "Ties: lower row first (the released np.argsort is unstable). When E ≤ warmup the "
         "denominator is taken as 1 (the labels could not be "
         "used anyway). Fewer free entries than m_i: all of them. Defaults (α=0.1, β=0.9, "
-        "θ=0.9, warmup=5) are the COCO settings. " + _NOTES_COMMON
-    )
+        "θ=0.9, warmup=5) are the COCO settings. " + _NOTES_COMMON)
 
     def setup(self, observed: Tensor, n_epochs: int, n_trials: int | None = None) -> None:
         super().setup(observed, n_epochs, n_trials)

@@ -1,16 +1,7 @@
 """The assume-negative family — Cole et al., "Multi-Label Learning from Single Positive Labels",
-CVPR 2021, Sec. 3 (AN, AN-LS, WAN, EPR).
-
-With p = σ(z), y ∈ {1, 0, −1} and all logs computed from logits
-(−log p = softplus(−z), −log(1−p) = softplus(z)):
-
-    an      y=1: −log p                          y≤0: −log(1−p)
-    an_ls   y=1: −(1−ε)log p − ε log(1−p)        y≤0: −(1−ε)log(1−p) − ε log p
-    wan     y=1: −log p                          y≤0: −log(1−p) / (C−1)
-    epr     y=1: −log p                          y≤0: 0      + (mean_n Σ_c p_nc − k)² / C²
-
-reduced by the mean over all B·C entries (EPR's regulariser is added to that mean).
-With full labels (y ∈ {1, −1}) ``an`` is the "full BCE" oracle.
+CVPR 2021, Sec. 3 (AN, AN-LS, WAN, EPR); spec: docs/losses.md "Assume-negative family", the
+formulas in each class's ``formula`` (``spml losses show an``). Logs are computed from logits
+(−log p = softplus(−z), −log(1−p) = softplus(z)).
 """
 
 from __future__ import annotations
@@ -21,18 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._base import EntrywiseLoss, Loss, register
-from ._hparams import (
-    HParam,
-    LossInputError,
-    LossOutput,
-    check_call,
-    check_inputs,
-    hp,
-    mean_bc,
-    per_trial,
-    promote,
-)
+from ._base import EntrywiseLoss, HParam, Loss, LossInputError, register
+from ._hparams import LossOutput, check_call, check_inputs, hp, mean_bc, per_trial, promote
 
 __all__ = ["EXPECTED_POSITIVES", "an", "an_ls", "epr", "wan"]
 
@@ -113,9 +94,7 @@ class AN(EntrywiseLoss):
     name = "an"
     paper = PAPER + ", Eq. 3"
     formula = "y=1: −log p;  y≤0: −log(1−p);  mean over B·C"
-
-    def _entries(self, z, y):
-        return _an_entries(z, y)
+    entries = staticmethod(_an_entries)
 
 
 @register
@@ -124,9 +103,7 @@ class ANLS(EntrywiseLoss):
     paper = PAPER + ", Sec. 3 (AN-LS)"
     formula = "y=1: −(1−ε)log p − ε log(1−p);  y≤0: −(1−ε)log(1−p) − ε log p;  mean over B·C"
     hparam_specs = (_EPS,)
-
-    def _entries(self, z, y):
-        return _an_ls_entries(z, y, self._h("eps", z))
+    entries = staticmethod(_an_ls_entries)
 
 
 @register
@@ -134,9 +111,7 @@ class WAN(EntrywiseLoss):
     name = "wan"
     paper = PAPER + ", Sec. 3 (WAN)"
     formula = "y=1: −log p;  y≤0: −log(1−p)/(C−1);  mean over B·C"
-
-    def _entries(self, z, y):
-        return _wan_entries(z, y)
+    entries = staticmethod(_wan_entries)
 
 
 @register

@@ -1,25 +1,8 @@
 """AEVLP's GPR loss with DAMP pseudo-labels — Tran et al., ICCV 2025 (released code
-Fsoft-AIC/AEVLP: ``losses.GPR_loss``, ``utils.get_pseudo_labels``; docs/priors.md).
-
-DAMP (pseudo-labels from CLIP on the whole image and a grid of tiles; per image i, class c):
-``g`` the global score, ``a``/``β`` the max/min over tiles, η_i = min(g[i, observed class], η):
-
-    s = (g + (a if a > η_i else β)) / 2
-    pseudo-positive  P = c among the top_k of s in its row and s ≥ θ        (on y = 0)
-    pseudo-negative  N = c among the ⌊neg_ratio·C⌋ lowest of (g + mean over tiles)/2, not P
-
-GPR (GR's k̂ = σ(w·sg(p) + b), v = exp(−(sg(p) − μ)²/2σ²) and L1-L3 with GR's linear schedules,
-:mod:`probe.losses.gr_loss`), p = σ(z):
-
-    ℓ = L1 (q1 = 0: −log p)                              on y = 1
-        clip(1 − v, λ2, λ1)·[ρ(−log p) + (1−ρ)(−log(1−p))]  on P
-        v·(−log(1−p))                                      on N
-        v·[k̂·L2 + (1−k̂)·L3]                               on the other y = 0 (GR)
-        L3                                                 on y = −1 (GR)
-    loss = mean over B·C + reg·(mean over the batch of Σ_c p − k)² / C²
-
-with k EPR's expected positives per image. ``released=True`` is the released code on every
-input, and the loss object caches DAMP's scores and rankings per train row: docs/priors.md.
+Fsoft-AIC/AEVLP: ``losses.GPR_loss``, ``utils.get_pseudo_labels``). DAMP, the loss and the
+released code's differences: docs/priors.md and :class:`GPR`'s ``formula``; GR's k̂, v, L1-L3
+and schedules come from :mod:`probe.losses.gr_loss`. ``released=True`` is the released code on
+every input; the loss object caches DAMP's scores and rankings per train row.
 """
 
 from __future__ import annotations
@@ -31,17 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._base import register
-from ._hparams import (
-    HParam,
-    LossInputError,
-    LossOutput,
-    check_call,
-    hp,
-    mean_bc,
-    per_trial,
-    promote,
-)
+from ._base import HParam, register
+from ._hparams import LossInputError, LossOutput, check_call, hp, mean_bc, per_trial, promote
 from .assume_negative import EXPECTED_POSITIVES, K_SPEC, expected_k
 from .gr_loss import GR, GR_SPECS, Q_TINY, gauss_coef, gr_core
 from .prior import PriorMixin, check_scores, rank_desc, rank_dtype, value_with_grad
@@ -160,8 +134,7 @@ def _robust_l(log_x: Tensor, x: Tensor, qv) -> tuple[Tensor, Tensor]:
 
 
 def _gpr_value_grad(z: Tensor, y: Tensor, pos: Tensor, neg: Tensor | None, sched: list, qs: list,
-                    use_k: bool, use_v: bool, h: dict, released: bool
-                    ) -> tuple[Tensor, Tensor]:
+                    use_k: bool, use_v: bool, h: dict, released: bool) -> tuple[Tensor, Tensor]:
     """GPR's loss and its gradient d loss / d z in one pass, without autograd: GR's k̂, v and
     L1-L3 (:mod:`probe.losses.gr_loss`; k̂, v of sg(p), constants) with dL1/dz = −p^q1·(1−p),
     dL2/dz = −p^q2·(1−p), dL3/dz = p·(1−p)^q3, d(−log p)/dz = −(1−p), d(−log(1−p))/dz = p and
@@ -270,8 +243,7 @@ class GPR(PriorMixin, GR):
         "P = top_k of s with s ≥ θ;  N = ⌊neg_ratio·C⌋ lowest (g + mean_tiles)/2\n"
         "y=1: L1;  P: clip(1−v, λ2, λ1)·[ρ(−log p) + (1−ρ)(−log(1−p))];  N: v·(−log(1−p))\n"
         "other y=0: v·[k̂·L2 + (1−k̂)·L3] (GR, its schedules);  y=−1: L3\n"
-        "loss = mean over B·C + reg·(mean_b Σ_c p − k)²/C²"
-    )
+        "loss = mean over B·C + reg·(mean_b Σ_c p − k)²/C²")
     hparam_specs = _SPECS
     prior = "class scores (CLIP global; extras tile_max, tile_min, tile_mean for DAMP)"
     prior_optional = ("tile_max", "tile_min", "tile_mean")
@@ -284,15 +256,13 @@ class GPR(PriorMixin, GR):
         "voc": _aevlp((0, 2, -2, -2), (0.01, 1), (0.7, 0.4), 0.05, 0.0, 0.5, 0.2, 3, "voc"),
         "nus": _aevlp((0, 10, -2, -8), (0.01, 1), (0.7, 0.5), 0.001, 0.3, 0.6, 0.2, 3, "nus"),
         "cub": _aevlp((0, 10, -2, -8), (0.01, 1.5), (0.8, 0.2), 0.01, 0.005, 0.005, 0.2, 32,
-                      "cub"),
-    }
+                      "cub")}
     # the same files' bsize, lr, num_epochs, lr_mult (the linear head trains at lr × lr_mult)
     train_presets = {
         "coco": {"batch_size": 16, "lr": 1e-5, "epochs": 8, "head_lr_mult": 10},
         "voc": {"batch_size": 8, "lr": 1e-5, "epochs": 8, "head_lr_mult": 10},
         "nus": {"batch_size": 16, "lr": 1e-5, "epochs": 10, "head_lr_mult": 10},
-        "cub": {"batch_size": 8, "lr": 1e-5, "epochs": 10, "head_lr_mult": 10},
-    }
+        "cub": {"batch_size": 8, "lr": 1e-5, "epochs": 10, "head_lr_mult": 10}}
     notes = """\
 Needs a prior (spml probe --priors NAME). DAMP from raw CLIP scores: store the global scores as
 the prior's scores and the per-class max, min (and mean) over the tiles as extras tile_max,

@@ -1,20 +1,8 @@
 """Generalized Robust Loss — Chen et al., "Boosting Single Positive Multi-label Classification with
-Generalized Robust Loss", IJCAI 2024 (docs/losses.md "Generalized Robust Loss";
-paper Eqs. 4, 7, 11, 14).
-
-With z the logits, p = σ(z), sg = stop-gradient and y ∈ {1, 0, −1}:
-
-    k̂  = σ(w·sg(p) + b)                                 Eq. 7   soft pseudo-label
-    v   = 1 on y≠0;  exp(−(sg(p) − μ)² / (2σ²)) on y=0    Eq. 11  re-weighting
-    L1 = (1 − p^q1)/q1,  L2 = (1 − p^q2)/q2,  L3 = (1 − (1−p)^q3)/q3            Eq. 14
-    ℓ   = L1 on y=1;  v·[k̂·L2 + (1−k̂)·L3] on y=0;  L3 on y=−1;   loss = mean over B·C   Eqs. 4-5
-
-Every L is computed from logits (:func:`_gce_logits`); an observed negative (y=−1) is a known
-negative, k̂ = 0 and v = 1 there.
-
-Schedule (Eqs. 9, 10, 12, 13): w, b, μ, σ move linearly from (w_0, b_0, μ_0, σ_0) to
-(w_T, b_T, μ_T, σ_T); at 0-indexed epoch e of E the value is v_0 + (v_T − v_0)·e/(E−1) (E = 1: the
-final value).
+Generalized Robust Loss", IJCAI 2024, Eqs. 4, 7, 11, 14, schedule Eqs. 9, 10, 12, 13; spec:
+docs/losses.md "Generalized Robust Loss", the formula in :class:`GR`'s ``formula``. Every L is
+computed from logits (:func:`_gce_logits`); an observed negative (y=−1) is a known negative,
+k̂ = 0 and v = 1 there.
 """
 
 from __future__ import annotations
@@ -27,24 +15,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._base import Loss, register
-from ._hparams import (
-    HParam,
-    LossInputError,
-    LossOutput,
-    check_call,
-    check_inputs,
-    hp,
-    mean_bc,
-    promote,
-)
+from ._base import HParam, Loss, register
+from ._hparams import LossInputError, LossOutput, check_call, check_inputs, hp, mean_bc, promote
 
 __all__ = ["GRParts", "gr", "gr_framework"]
 
 PAPER = (
     "Chen et al., Boosting Single Positive Multi-label Classification with Generalized Robust "
-    "Loss, IJCAI 2024"
-)
+    "Loss, IJCAI 2024")
 
 #: q below which the L's take their −log limit (Python numbers) or are clamped (tensors): there
 #: −expm1(q·x)/q and −x differ by a relative q·|x|/2 ≤ 5e-11 for |x| ≤ 100.
@@ -87,8 +65,7 @@ GR_SPECS = (
     replace(_SIGMA, name="sigma_0", default=2.0, doc="initial σ (released code 2)"),
     replace(_SIGMA, name="sigma_T", doc="final σ (Table 6: 0.5; Fig. 2b: 0.1, 0.5, 1)",
             search=(0.1, 1.0), log=True),
-    _Q1, _Q2, _Q3, _USE_K, _USE_V, _ROBUST, _LEARN_KV,
-)
+    _Q1, _Q2, _Q3, _USE_K, _USE_V, _ROBUST, _LEARN_KV)
 
 
 class GRParts(NamedTuple):
@@ -128,9 +105,7 @@ def gauss_coef(sigma):
     return -0.5 / (sigma * sigma)
 
 
-def gr_core(
-    z: Tensor, y: Tensor, w, b, mu, sigma, q1, q2, q3, use_k: bool, use_v: bool
-) -> GRParts:
+def gr_core(z: Tensor, y: Tensor, w, b, mu, sigma, q1, q2, q3, use_k: bool, use_v: bool) -> GRParts:
     """GR on promoted logits z (…, B, C) and observed y; hyperparameters already viewed by hp().
     k̂ and v are masked once (k̂ = 0, v = 1 on y=−1; k̂ = 1 on y=1), so one ``where`` picks L1
     on y=1 and v·lerp(L3, L2, k̂) = v·[k̂·L2 + (1−k̂)·L3] everywhere else."""
@@ -155,21 +130,10 @@ def gr_core(
     return GRParts(mean_bc(entries), k_hat, v, l1, l2, l3)
 
 
-def gr(
-    logits: Tensor,
-    observed: Tensor,
-    w: float | Tensor = 10.0,
-    b: float | Tensor = -8.0,
-    mu: float | Tensor = 0.8,
-    sigma: float | Tensor = 0.5,
-    q1: float | Tensor = 0.01,
-    q2: float | Tensor = 0.01,
-    q3: float | Tensor = 1.0,
-    use_k: bool = True,
-    use_v: bool = True,
-    robust: bool = True,
-    return_parts: bool = False,
-) -> Tensor | GRParts:
+def gr(logits: Tensor, observed: Tensor, w: float | Tensor = 10.0, b: float | Tensor = -8.0,
+       mu: float | Tensor = 0.8, sigma: float | Tensor = 0.5, q1: float | Tensor = 0.01,
+       q2: float | Tensor = 0.01, q3: float | Tensor = 1.0, use_k: bool = True, use_v: bool = True,
+       robust: bool = True, return_parts: bool = False) -> Tensor | GRParts:
     """GR loss at fixed (w, b, μ, σ) (paper Eqs. 4, 5, 7, 11, 14); mean over B·C.
 
     ``w, b, mu, sigma`` are the *current* values (the schedule is the registered object's job);
@@ -188,13 +152,9 @@ def gr(
     return parts if return_parts else parts.loss
 
 
-def gr_framework(
-    k_hat: Callable[[Tensor], Tensor] | float,
-    v: Callable[[Tensor], Tensor] | float,
-    l1: Callable[[Tensor], Tensor],
-    l2: Callable[[Tensor], Tensor] | None,
-    l3: Callable[[Tensor], Tensor],
-) -> Callable[[Tensor, Tensor], Tensor]:
+def gr_framework(k_hat: Callable[[Tensor], Tensor] | float, v: Callable[[Tensor], Tensor] | float,
+                 l1: Callable[[Tensor], Tensor], l2: Callable[[Tensor], Tensor] | None,
+                 l3: Callable[[Tensor], Tensor]) -> Callable[[Tensor, Tensor], Tensor]:
     """The GR framework as a building block (paper Eqs. 4-5, Table 1), for teaching.
 
     ``k_hat`` and ``v`` are numbers or callables of the stop-gradient probabilities sg(p);
@@ -213,8 +173,7 @@ def gr_framework(
             raise LossInputError(
                 f"gr_framework: '{name}' must be a callable"
                 + (" or a number" if name in ("k_hat", "v") else "")
-                + f"; got {type(fn).__name__}"
-            )
+                + f"; got {type(fn).__name__}")
     if l2 is not None and not callable(l2):
         raise LossInputError(f"gr_framework: 'l2' must be a callable or None; got {l2!r}")
 
@@ -233,8 +192,7 @@ def gr_framework(
             if bool((k != 0).any()):
                 raise LossInputError(
                     "gr_framework: 'l2' is None (undefined) but k_hat is non-zero on some "
-                    "unobserved entries; pass an l2 callable"
-                )
+                    "unobserved entries; pass an l2 callable")
         else:
             rest = rest + k * l2(z)
         return mean_bc(torch.where(y > 0, l1(z), weight * rest))
@@ -252,8 +210,7 @@ class GR(Loss):
         "k̂ = σ(w·sg(p) + b);  v = exp(−(sg(p) − μ)²/(2σ²)) on y=0, 1 elsewhere\n"
         "L1 = (1 − p^q1)/q1;  L2 = (1 − p^q2)/q2;  L3 = (1 − (1−p)^q3)/q3   (q = 0: −log)\n"
         "y=1: L1;  y=0: v·[k̂·L2 + (1−k̂)·L3];  y=−1: L3;  mean over B·C\n"
-        "w, b, μ, σ: v_0 + (v_T − v_0)·e/(E−1) at 0-indexed epoch e of E"
-    )
+        "w, b, μ, σ: v_0 + (v_T − v_0)·e/(E−1) at 0-indexed epoch e of E")
     hparam_specs = GR_SPECS
     trial_state = tuple(f"kv_{n}" for n in _KV)  # learn_kv's parameters (absent otherwise)
     # paper Table 6 (q1 = 0.01 throughout, Sec. 4.4)
@@ -261,16 +218,14 @@ class GR(Loss):
         "voc": {"w_T": 2.0, "b_T": -2.0, "mu_T": 0.8, "sigma_T": 0.5, "q2": 0.01, "q3": 1.0},
         "coco": {"w_T": 10.0, "b_T": -8.0, "mu_T": 0.8, "sigma_T": 0.5, "q2": 0.01, "q3": 1.0},
         "nus": {"w_T": 10.0, "b_T": -8.0, "mu_T": 0.8, "sigma_T": 0.5, "q2": 0.01, "q3": 1.0},
-        "cub": {"w_T": 10.0, "b_T": -8.0, "mu_T": 0.8, "sigma_T": 0.5, "q2": 0.01, "q3": 1.5},
-    }
+        "cub": {"w_T": 10.0, "b_T": -8.0, "mu_T": 0.8, "sigma_T": 0.5, "q2": 0.01, "q3": 1.5}}
     # lr is Table 6's backbone rate; the released code (config.py lr_mult=10) trains the linear
     # head at head_lr_mult × lr, which is what a linear probe trains
     train_presets = {
         "voc": {"batch_size": 8, "lr": 1e-5, "epochs": 8, "head_lr_mult": 10},
         "coco": {"batch_size": 16, "lr": 1e-5, "epochs": 8, "head_lr_mult": 10},
         "nus": {"batch_size": 16, "lr": 1e-5, "epochs": 10, "head_lr_mult": 10},
-        "cub": {"batch_size": 8, "lr": 5e-5, "epochs": 10, "head_lr_mult": 10},
-    }
+        "cub": {"batch_size": 8, "lr": 5e-5, "epochs": 10, "head_lr_mult": 10}}
     notes = """\
 Defaults are COCO's values (Table 6); presets voc/coco/nus/cub set the final values, q2, q3.
 Start values (w_0, b_0, μ_0, σ_0) = (0, −2, 0.5, 2) are the released code's (yan4xi1/GRLoss).
@@ -362,15 +317,13 @@ parts: k_hat, v, l1, l2, l3 per entry (…, B, C), detached (see GRParts)."""
         if "kv_w" not in self._parameters:
             raise LossInputError(
                 "gr: learn_kv=True creates (w, b, mu, sigma) in setup(); call "
-                "loss.setup(observed_train, n_epochs, n_trials) before the first forward"
-            )
+                "loss.setup(observed_train, n_epochs, n_trials) before the first forward")
         params = [self._parameters[f"kv_{n}"] for n in _KV]
         if z.ndim == 2:
             if params[0].numel() != 1:
                 raise LossInputError(
                     f"gr: learned (w, b, mu, sigma) have {params[0].numel()} trials but 'logits' "
-                    f"has no trial axis (shape {tuple(z.shape)})"
-                )
+                    f"has no trial axis (shape {tuple(z.shape)})")
             return [prm.to(z.dtype).reshape(()) for prm in params]
         return [hp(prm, z) for prm in params]
 

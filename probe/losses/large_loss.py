@@ -1,24 +1,8 @@
 """Large Loss Matters — Kim et al., "Large Loss Matters in Weakly Supervised Multi-Label
-Classification", CVPR 2022, Sec. 3.2 (LL-R, LL-Ct, LL-Cp);
-spec: docs/losses.md "Large Loss Matters".
-
-The per-entry loss ℓ is the assume-negative BCE (−log p on y=1, −log(1−p) on y≤0). In epoch e
-(**1-indexed**, as in the paper) the rejection rate is
-
-    ll_r, ll_ct:  r_e = (e − 1)·Δ          ll_cp:  r_e = Δ for e ≥ 2  (0 in epoch 1)
-
-and among the **unobserved** (y = 0) entries of the batch the k = ⌈B·C·r_e⌉ with the largest ℓ
-(all of them when fewer exist) are
-
-    ll_r   rejected:              ℓ ← 0
-    ll_ct  temporarily corrected: ℓ ← −log p        (the flipped label's loss, this batch only)
-    ll_cp  permanently corrected: ℓ ← −log p and the entry becomes an observed positive in the
-           per-example state for the rest of training
-
-reduced by the mean over all B·C entries. With a trial axis, Δ may differ per trial, so k is a
-(T,) count and the selection is done for all trials at once by ranks (no host sync).
-Ties: ranked by the logit z (the order of −log(1−p) = softplus(z) without its float rounding),
-then batch order (row, class); the released code changes every entry tied at the k-th loss.
+Classification", CVPR 2022, Sec. 3.2 (LL-R, LL-Ct, LL-Cp); spec: docs/losses.md "Large Loss
+Matters", the formulas in each class's ``formula``. Epochs are **1-indexed** here, as in the
+paper. With a trial axis Δ may differ per trial, so k is a (T,) count and the selection is done
+for all trials at once by ranks (no host sync); ties: by logit, then batch order (row, class).
 """
 
 from __future__ import annotations
@@ -29,35 +13,24 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._base import Loss, register
-from ._hparams import (
-    HParam,
-    LossInputError,
-    LossOutput,
-    check_call,
-    check_state_arg,
-    mean_bc,
-    promote,
-)
+from ._base import HParam, Loss, register
+from ._hparams import LossInputError, LossOutput, check_call, check_state_arg, mean_bc, promote
 
 __all__ = ["ll_cp", "ll_ct", "ll_r"]
 
 PAPER = (
-    "Kim et al., Large Loss Matters in Weakly Supervised Multi-Label Classification, CVPR 2022"
-)
+    "Kim et al., Large Loss Matters in Weakly Supervised Multi-Label Classification, CVPR 2022")
 
 _DELTA = HParam(
     "delta_rel", 0.003,
     "Δ as a fraction of the batch's B·C entries: the rate grows by Δ per epoch (LL-R, LL-Ct) "
     "or is Δ from epoch 2 (LL-Cp); paper grid 0.001–0.005, default = its midpoint",
-    low=0.0, high=1.0, search=(0.001, 0.005),
-)
+    low=0.0, high=1.0, search=(0.001, 0.005))
 
 #: the released config.py for every dataset; lr is the backbone's, the head trains at 10 × lr
 _TRAIN = {
     ds: {"batch_size": 16, "lr": 1e-5, "epochs": 10, "head_lr_mult": 10}
-    for ds in ("voc", "coco", "nus", "cub")
-}
+    for ds in ("voc", "coco", "nus", "cub")}
 
 _NOTES_COMMON = (
     "Epoch numbers are 1-indexed here as in the paper (the trainer's 0-indexed epoch + 1). "
@@ -70,13 +43,11 @@ _NOTES_COMMON = (
     "Observed negatives (y=−1, partial labels) keep −log(1−p) and are never selected. No "
     "per-dataset Δ presets: the authors grid-searched {0.1,…,0.5}% per dataset and report the "
     "choice only in their supplementary material, which we do not have. The released code "
-    "trains the head at lr_mult=10 × the backbone lr (1e-5), i.e. 1e-4 for the head."
-)
+    "trains the head at lr_mult=10 × the backbone lr (1e-5), i.e. 1e-4 for the head.")
 
 
-def rank_select(
-    key: Tensor, candidates: Tensor, count: int | Tensor, dim: int, largest: bool
-) -> Tensor:
+def rank_select(key: Tensor, candidates: Tensor, count: int | Tensor, dim: int,
+                largest: bool) -> Tensor:
     """Boolean mask of the ``count`` candidates with the largest (``largest``) or smallest ``key``
     along ``dim`` (all where fewer exist). ``count``: an int or a tensor with size 1 along ``dim``
     (e.g. ``(T, 1)`` per trial), served by one stable sort (ties: lower index first), no sync."""
@@ -105,29 +76,26 @@ def selection_count(x: float | Tensor, up: bool) -> int | Tensor:
     return math.ceil(x * (1 - _COUNT_TOL)) if up else math.floor(x * (1 + _COUNT_TOL))
 
 
-def _rate(delta: float | Tensor, epoch: int, permanent: bool) -> float | Tensor:
-    """r_e for 1-indexed epoch e: (e−1)·Δ (LL-R, LL-Ct) or Δ from epoch 2 (LL-Cp); float64."""
+def _count(delta: float | Tensor, epoch: int, permanent: bool, b: int, c: int, z: Tensor
+           ) -> int | Tensor:
+    """k = ⌈B·C·r_e⌉ clamped to [0, B·C], r_e for 1-indexed epoch e (float64): (e−1)·Δ (LL-R,
+    LL-Ct) or Δ from epoch 2 (LL-Cp). A Python int for a float Δ, else (T, 1) / 0-d."""
     if isinstance(delta, Tensor):
         delta = delta.to(torch.float64)
-    return delta * ((1 if epoch >= 2 else 0) if permanent else epoch - 1)
-
-
-def _count(rate: float | Tensor, b: int, c: int, z: Tensor) -> int | Tensor:
-    """k = ⌈B·C·r⌉ clamped to [0, B·C]: a Python int for a float rate, else (T, 1) / 0-d."""
+    rate = delta * ((1 if epoch >= 2 else 0) if permanent else epoch - 1)
     if isinstance(rate, Tensor):
         k = selection_count((b * c) * rate.to(z.device), up=True).clamp(0, b * c)
         return k.view(-1, 1) if k.ndim == 1 else k
     return min(max(selection_count((b * c) * rate, up=True), 0), b * c)
 
 
-def _ll_core(
-    z: Tensor, y: Tensor, delta: float | Tensor, epoch: int, mode: str
-) -> tuple[Tensor, Tensor]:
+def _ll_core(z: Tensor, y: Tensor, delta: float | Tensor, epoch: int,
+             mode: str) -> tuple[Tensor, Tensor]:
     """Per-trial mean loss and the changed-entry mask (same shape as z). Unchecked."""
     b, c = z.shape[-2:]
     pos = F.softplus(-z)  # −log p
     entries = torch.where(y == 1, pos, F.softplus(z))
-    k = _count(_rate(delta, epoch, mode == "ll_cp"), b, c, z)
+    k = _count(delta, epoch, mode == "ll_cp", b, c, z)
     unobserved = torch.broadcast_to(y == 0, z.shape)
     if isinstance(k, int) and k == 0:
         return mean_bc(entries), torch.zeros_like(unobserved)
@@ -144,13 +112,11 @@ def _checked(logits, observed, delta_rel, epoch, loss):
     if epoch is None:
         raise LossInputError(
             f"{loss}: 'epoch' is required: the 1-indexed epoch number (epoch 1 changes nothing, "
-            "the rate grows from epoch 2); e.g. epoch=trainer_epoch + 1"
-        )
+            "the rate grows from epoch 2); e.g. epoch=trainer_epoch + 1")
     if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 1:
         raise LossInputError(
             f"{loss}: 'epoch' must be the 1-indexed epoch number (an int >= 1, as in the paper; "
-            f"epoch 1 changes nothing); got {epoch!r}"
-        )
+            f"epoch 1 changes nothing); got {epoch!r}")
     return z, y, values["delta_rel"], epoch
 
 
@@ -173,13 +139,8 @@ def ll_ct(
     return _ll_core(z, y, delta, epoch, "ll_ct")[0]
 
 
-def ll_cp(
-    logits: Tensor,
-    observed: Tensor,
-    flipped: Tensor,
-    delta_rel: float | Tensor = 0.003,
-    epoch: int | None = None,
-) -> tuple[Tensor, Tensor]:
+def ll_cp(logits: Tensor, observed: Tensor, flipped: Tensor, delta_rel: float | Tensor = 0.003,
+          epoch: int | None = None) -> tuple[Tensor, Tensor]:
     """LL-Cp (Kim et al. CVPR 2022, Sec. 3.2, permanent correction). Stateful: ``flipped``, the
     batch's rows of the state (bool ``(B, C)`` or ``(T, B, C)``, all False at the start), is True
     where an entry was flipped to observed positive earlier. From epoch 2 (``epoch``, required,
@@ -200,18 +161,20 @@ class _LargeLoss(Loss):
     train_presets = _TRAIN
     _mode = "ll_r"
 
-    def _y(self, observed: Tensor, index: Tensor | None, z: Tensor) -> Tensor:
-        return observed
-
     def forward(self, logits: Tensor, observed: Tensor, index: Tensor | None = None) -> LossOutput:
         z = promote(logits)
-        y = self._y(observed, index, z)
+        y = observed
+        if self.stateful:  # LL-Cp: earlier flips count as observed positives
+            rows = self.state_rows("flipped", index, z, "look up its permanent flips")
+            y = torch.where(rows, torch.ones_like(observed), observed)
         loss, changed = _ll_core(z, y, self.hparam("delta_rel"), self.epoch + 1, self._mode)
-        self._after(changed, index, z)
+        if self.stateful:  # ... and this step's corrections join them for good
+            flips = self.state("flipped")
+            if z.ndim == 3:
+                flips[:, index] |= changed
+            else:
+                flips[0, index] |= changed
         return LossOutput(loss, {"n_changed": changed.sum(dim=(-2, -1)).to(z.dtype)})
-
-    def _after(self, changed: Tensor, index: Tensor | None, z: Tensor) -> None:
-        """LL-Cp writes its flips back to the state; the others keep none."""
 
 
 @register
@@ -221,8 +184,7 @@ class LLR(_LargeLoss):
     formula = (
         "ℓ = AN per entry (y=1: −log p; y≤0: −log(1−p))\n"
         "epoch e (1-indexed): r = (e−1)·Δ; the ⌈B·C·r⌉ unobserved entries with the largest ℓ\n"
-        "in the batch get ℓ ← 0 (rejected);  mean over B·C"
-    )
+        "in the batch get ℓ ← 0 (rejected);  mean over B·C")
     notes = _NOTES_COMMON
 
 
@@ -233,8 +195,7 @@ class LLCt(_LargeLoss):
     formula = (
         "ℓ = AN per entry (y=1: −log p; y≤0: −log(1−p))\n"
         "epoch e (1-indexed): r = (e−1)·Δ; the ⌈B·C·r⌉ unobserved entries with the largest ℓ\n"
-        "in the batch get ℓ ← −log p (label flipped for this batch);  mean over B·C"
-    )
+        "in the batch get ℓ ← −log p (label flipped for this batch);  mean over B·C")
     notes = _NOTES_COMMON
     _mode = "ll_ct"
 
@@ -246,8 +207,7 @@ class LLCp(_LargeLoss):
     formula = (
         "ℓ = AN per entry (y=1: −log p; y≤0: −log(1−p)), with earlier flips counted as y=1\n"
         "epoch e ≥ 2 (1-indexed): the ⌈B·C·Δ⌉ still-unobserved entries with the largest ℓ in\n"
-        "the batch get ℓ ← −log p and are flipped to observed positive for good;  mean over B·C"
-    )
+        "the batch get ℓ ← −log p and are flipped to observed positive for good;  mean over B·C")
     notes = (
         "The released code's latest losses.py selects LL-Cp with `mode is 'LL-Cp'`, which is "
         "always False for a parsed string, so its 'LL-Cp' runs LL-Ct; we implement the "
@@ -255,8 +215,7 @@ class LLCp(_LargeLoss):
         "entries whose loss is strictly above the k-th largest, k−1 of them without ties; we "
         "flip exactly the k corrected entries.) State: "
         "`flipped` (T, N_train, C) bool buffer, updated in forward (gathered by `index`). "
-        + _NOTES_COMMON
-    )
+        + _NOTES_COMMON)
     stateful = True
     _mode = "ll_cp"
     trial_state = ("flipped",)
@@ -264,14 +223,3 @@ class LLCp(_LargeLoss):
     def setup(self, observed: Tensor, n_epochs: int, n_trials: int | None = None) -> None:
         super().setup(observed, n_epochs, n_trials)
         self.per_example("flipped", observed, False, torch.bool)
-
-    def _y(self, observed: Tensor, index: Tensor | None, z: Tensor) -> Tensor:
-        rows = self.state_rows("flipped", index, z, "look up its permanent flips")
-        return torch.where(rows, torch.ones_like(observed), observed)
-
-    def _after(self, changed: Tensor, index: Tensor | None, z: Tensor) -> None:
-        state = self.state("flipped")
-        if z.ndim == 3:
-            state[:, index] |= changed
-        else:
-            state[0, index] |= changed

@@ -1,21 +1,8 @@
 """ROLE, Regularized Online Label Estimation — Cole et al., "Multi-Label Learning from Single
-Positive Labels", CVPR 2021, Sec. 3.3 / Eq. 7; spec: docs/losses.md "role".
-
-A label-estimate logit matrix Θ ∈ R^{N_train×C} is trained jointly with the classifier;
-q = σ(Θ[index]) are the estimated labels of the batch. With p = σ(z) and sg = stop-gradient:
-
-    pos_f   = −log p   on y=1             pos_g   = −log q   on y=1            (0 elsewhere)
-    cross_f = −[sg(q) log p + (1−sg(q)) log(1−p)]       (classifier fits the estimates)
-    cross_g = −[sg(p) log q + (1−sg(p)) log(1−q)]       (estimator fits the classifier)
-    ℓ       = ½(pos_f + pos_g) + ½(cross_f + cross_g)
-    loss    = mean over B·C of ℓ  +  ½[(mean_b Σ_c p − k)²/C² + (mean_b Σ_c q − k)²/C²]
-
-Θ starts at logit(0.995) on observed positives, logit(0.005) on observed negatives and
-Uniform(−logit(0.6), logit(0.6)) elsewhere, and trains with the same optimizer at
-``lr_mult`` × the head's learning rate (:meth:`ROLE.extra_parameters`).
-
-Checked against the released code (elijahcole/single-positive-multi-label ``loss_role``,
-``LabelEstimator``): same terms, reduction and initialisation; the differences are in the notes.
+Positive Labels", CVPR 2021, Sec. 3.3 / Eq. 7; spec: docs/losses.md "role" (the terms, Θ's
+initialisation and learning rate), the formula in :class:`ROLE`'s ``formula``. Checked against
+the released code (elijahcole/single-positive-multi-label ``loss_role``, ``LabelEstimator``):
+same terms, reduction and initialisation; the differences are in the notes.
 """
 
 from __future__ import annotations
@@ -26,18 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._base import Loss, register
-from ._hparams import (
-    HParam,
-    LossInputError,
-    LossOutput,
-    check_call,
-    check_state_arg,
-    hp,
-    mean_bc,
-    per_trial,
-    promote,
-)
+from ._base import HParam, Loss, LossInputError, register
+from ._hparams import LossOutput, check_call, check_state_arg, hp, mean_bc, per_trial, promote
 from .assume_negative import EXPECTED_POSITIVES, K_REQUIRED, K_SPEC, expected_k
 
 __all__ = ["init_label_logits", "role"]
@@ -100,8 +77,7 @@ class ROLE(Loss):
     formula = (
         "q = σ(Θ[index]) (trainable label estimates);  on y=1: ½(−log p − log q)\n"
         "all entries: ½(−[sg(q)log p + (1−sg(q))log(1−p)] − [sg(p)log q + (1−sg(p))log(1−q)])\n"
-        "mean over B·C  +  ½[(mean_n Σ_c p − k)² + (mean_n Σ_c q − k)²] / C²"
-    )
+        "mean over B·C  +  ½[(mean_n Σ_c p − k)² + (mean_n Σ_c q − k)²] / C²")
     hparam_specs = (K_SPEC, _LR_MULT)
     presets = {ds: {"k": k} for ds, k in EXPECTED_POSITIVES.items()}
     stateful = True
@@ -115,8 +91,7 @@ class ROLE(Loss):
         "−log(x + 1e-5)). Observed negatives (y=−1) enter only through Θ's initialisation "
         "(logit(0.005)), as in the released code. k: Cole et al.'s table (COCO 2.9; their "
         "train.py has 2.5). No train presets: Cole et al. grid-searched batch size {8, 16} and "
-        "lr {1e-2, …, 1e-5} per dataset (linear probe: 25 epochs)."
-    )
+        "lr {1e-2, …, 1e-5} per dataset (linear probe: 25 epochs).")
 
     def __init__(self, **hparams) -> None:
         super().__init__(**hparams)
@@ -128,8 +103,7 @@ class ROLE(Loss):
         if self._seeds is not None and len(self._seeds) != t:
             raise LossInputError(
                 f"role: manual_seed was given {len(self._seeds)} seeds but setup stacks {t} "
-                "trials; pass one seed per trial"
-            )
+                "trials; pass one seed per trial")
         self.register_buffer("observed_train", observed.to(torch.int8), persistent=False)
         self.label_logits = nn.Parameter(torch.empty(t, *observed.shape, device=observed.device))
         self._init_theta()

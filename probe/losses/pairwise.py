@@ -1,23 +1,9 @@
 """Pairwise (log-sum-exp) losses — ZLPR (Su et al., arXiv 2208.02955) and OPML (Li, Wang & Chen,
 "Pushing One Pair of Labels Apart Each Time in Multi-Label Learning", arXiv 2302.14695, Eqs. 3/6,
-10, 11 and the label-correction algorithm of Sec. III-E). Spec: docs/losses.md "Pairwise losses".
-
-Per sample, with Ω+ = observed positives (y = 1) and Ω− = every other label (AN assumption: both
-unobserved y = 0 and observed negatives y = −1)::
-
-    zlpr   log(1 + Σ_{j∈Ω−} e^{z_j}) + log(1 + Σ_{i∈Ω+} e^{−z_i})
-    opml   log(α + Σ_{j∈Ω−} e^{z_j}) + log(β + Σ_{i∈Ω+} e^{−z_i})        α, β > 0
-
-reduced by the **mean over the batch** (one value per sample). Each term is a ``logsumexp`` over
-``[log α, z_j …]`` / ``[log β, −z_i …]``: exact, with a finite gradient, for a row without
-positives (or negatives). α = β = 1 is ZLPR.
-
-OPML's options are all **(reconstructed)** from the paper's prose (docs/losses.md):
-``high_rank`` (``hr_lambda`` λ, ``hr_delta`` δ, Eq. 10; :func:`_high_rank`), ``soft``
-(``soft_power`` g, Eq. 11: unobserved targets ε = sg(p)·AP_c^g, with AP_c that of class c's
-originally observed positives on the train split at the last finished epoch, ε = 0 before it;
-observed negatives keep target 0) and ``correct`` (``correct_ratio`` r, Sec. III-E:
-:func:`opml_correct_labels` after every epoch, the flips kept in a ``(T, N, C)`` bool buffer).
+10, 11 and Sec. III-E); spec: docs/losses.md "Pairwise losses", the formulas in each class's
+``formula``. Each term is a ``logsumexp`` over ``[log α, z_j …]`` / ``[log β, −z_i …]``: exact,
+with a finite gradient, for a row without positives (or negatives). OPML's options
+(``high_rank``, ``soft``, ``correct``) are **(reconstructed)** from the paper's prose.
 """
 
 from __future__ import annotations
@@ -29,25 +15,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..ranking import column_ap
-from ._base import Loss, register
-from ._hparams import (
-    HParam,
-    LossInputError,
-    LossOutput,
-    check_call,
-    check_hparam,
-    check_inputs,
-    hp,
-    per_trial,
-    promote,
-)
+from ._base import HParam, Loss, LossInputError, LossOutput, check_hparam, register
+from ._hparams import check_call, check_inputs, check_state_arg, hp, per_trial, promote
 
 __all__ = ["opml", "opml_correct_labels", "zlpr"]
 
 OPML_PAPER = (
     "Li, Wang & Chen, Pushing One Pair of Labels Apart Each Time in Multi-Label Learning: From "
-    "Single Positive to Full Labels, arXiv 2302.14695 (2023)"
-)
+    "Single Positive to Full Labels, arXiv 2302.14695 (2023)")
 ZLPR_PAPER = "Su et al., ZLPR: A Novel Loss for Multi-label Classification, arXiv 2208.02955 (2022)"
 
 _ALPHA = HParam("alpha", 1.0, "constant α in the negative term log(α + Σ_{Ω−} e^z)",
@@ -187,19 +162,10 @@ def zlpr(logits: Tensor, observed: Tensor) -> Tensor:
     return _pair_terms(z, y, 1.0, 1.0).mean(-1)
 
 
-def opml(
-    logits: Tensor,
-    observed: Tensor,
-    alpha: float | Tensor = 1.0,
-    beta: float | Tensor = 1.0,
-    *,
-    high_rank: bool = False,
-    hr_lambda: float | Tensor = 1e-3,
-    hr_delta: float | Tensor = 1e-4,
-    soft: bool = False,
-    soft_power: float | Tensor = 1.0,
-    ap: Tensor | None = None,
-) -> Tensor:
+def opml(logits: Tensor, observed: Tensor, alpha: float | Tensor = 1.0, beta: float | Tensor = 1.0,
+         *, high_rank: bool = False, hr_lambda: float | Tensor = 1e-3,
+         hr_delta: float | Tensor = 1e-4, soft: bool = False, soft_power: float | Tensor = 1.0,
+         ap: Tensor | None = None) -> Tensor:
     """OPML (Li et al. 2023, Eq. 6): log(α + Σ_{Ω−} e^{z}) + log(β + Σ_{Ω+} e^{−z}); batch mean.
 
     ``alpha``/``beta`` > 0 (numbers or ``(T,)``); α = β = 1 is :func:`zlpr`.
@@ -230,26 +196,19 @@ def _check_ap(ap: Tensor | None, z: Tensor) -> Tensor:
         raise LossInputError(
             "opml: soft=True needs 'ap', the per-class train average precision (C,) or (T, C) "
             "from the last epoch (e.g. probe.metrics.average_precision(observed == 1, "
-            "logits=train_logits)); got None"
-        )
+            "logits=train_logits)); got None")
     if not isinstance(ap, Tensor) or not ap.is_floating_point():
         raise LossInputError(f"opml: 'ap' must be a float tensor of shape ({c},); got {ap!r}")
     want = [(c,)] + ([(z.shape[0], c)] if z.ndim == 3 else [])
     if tuple(ap.shape) not in want:
         raise LossInputError(
-            f"opml: 'ap' must have shape {' or '.join(map(str, want))}; got {tuple(ap.shape)}"
-        )
+            f"opml: 'ap' must have shape {' or '.join(map(str, want))}; got {tuple(ap.shape)}")
     return ap
 
 
 @torch.no_grad()
-def opml_correct_labels(
-    train_logits: Tensor,
-    observed: Tensor,
-    flipped: Tensor | None = None,
-    correct_ratio: float | Tensor = 0.1,
-    ap: Tensor | None = None,
-) -> Tensor:
+def opml_correct_labels(train_logits: Tensor, observed: Tensor, flipped: Tensor | None = None,
+                        correct_ratio: float | Tensor = 0.1, ap: Tensor | None = None) -> Tensor:
     """OPML's AP-based label correction, one epoch's step **(reconstructed, Sec. III-E)**.
 
     ``train_logits`` ``(N, C)`` or ``(T, N, C)``: the whole train split; ``observed`` ``(N, C)``
@@ -262,20 +221,14 @@ def opml_correct_labels(
     """
     z, y, values, _ = check_call("opml_correct_labels", train_logits, observed,
                                  {_CORRECT_RATIO: correct_ratio})
+    if flipped is not None:
+        flipped = check_state_arg("opml_correct_labels", "flipped", flipped, z, "bool",
+                                  "True = flipped to positive earlier",
+                                  "torch.zeros_like(train_logits, dtype=torch.bool)", exact=True)
     squeeze = z.ndim == 2
     z = z.unsqueeze(0) if squeeze else z
-    if flipped is None:
-        flipped = torch.zeros(z.shape, dtype=torch.bool, device=z.device)
-    elif not isinstance(flipped, Tensor) or flipped.dtype != torch.bool or (
-        flipped.shape != train_logits.shape
-    ):
-        raise LossInputError(
-            f"opml_correct_labels: 'flipped' must be a bool tensor of shape "
-            f"{tuple(train_logits.shape)}; got "
-            f"{getattr(flipped, 'dtype', type(flipped).__name__)} "
-            f"{tuple(getattr(flipped, 'shape', ()))}"
-        )
-    flipped = flipped.to(z.device).reshape(z.shape)
+    flipped = (torch.zeros(z.shape, dtype=torch.bool, device=z.device) if flipped is None
+               else flipped.reshape(z.shape))
     if ap is None:
         ap = column_ap(z, y == 1)
     else:
@@ -290,8 +243,7 @@ class ZLPR(Loss):
     paper = ZLPR_PAPER + "; the α = β = 1 case of OPML (Li et al. 2023, Eq. 6)"
     formula = (
         "per sample: log(1 + Σ_{j∈Ω−} e^{z_j}) + log(1 + Σ_{i∈Ω+} e^{−z_i})\n"
-        "Ω+ = observed positives, Ω− = all other labels (AN);  mean over the batch"
-    )
+        "Ω+ = observed positives, Ω− = all other labels (AN);  mean over the batch")
     notes = ("Reduction is the mean over the batch (one value per sample), as docs/losses.md "
              "specifies.")
     trial_state = ()  # stateless
@@ -311,8 +263,7 @@ class OPML(Loss):
         "soft:      log(α + Σ_j (1−y_j)e^{z_j}) + log(β + Σ_j y_j e^{−z_j}),"
         "  y = ε = sg(p)·AP_c^g on unobserved\n"
         "correct:   after each epoch flip the round(r·N_c·(1 − AP_c)) top-scoring unobserved "
-        "train entries of class c to positive"
-    )
+        "train entries of class c to positive")
     hparam_specs = (_ALPHA, _BETA, _HIGH_RANK, _HR_LAMBDA, _HR_DELTA, _SOFT, _SOFT_POWER,
                     _CORRECT, _CORRECT_RATIO)
     # the options soft/correct keep per-trial AP and flips that select_trials does not take:
@@ -331,8 +282,7 @@ class OPML(Loss):
         "originally "
         "observed positives on the train split, from the logits of the last finished epoch; "
         "before the first epoch ends ε = 0 and nothing is corrected. The float hyperparameters "
-        "of an option only act when its switch (high_rank / soft / correct) is on."
-    )
+        "of an option only act when its switch (high_rank / soft / correct) is on.")
 
     def __init__(self, **hparams) -> None:
         super().__init__(**hparams)
@@ -377,11 +327,9 @@ class OPML(Loss):
                                         "look up its label flips (correct=True keeps them)")
                 y = torch.where(flips, torch.ones_like(y), y)
         hr = self.hparam("high_rank")
-        parts = _opml_parts(
-            z, y, hp(self.hparam("alpha"), z), hp(self.hparam("beta"), z),
-            hp(self.hparam("hr_lambda"), z) if hr else None,
-            self.hparam("hr_delta") if hr else None, weight,
-        )
+        parts = _opml_parts(z, y, hp(self.hparam("alpha"), z), hp(self.hparam("beta"), z),
+                            hp(self.hparam("hr_lambda"), z) if hr else None,
+                            self.hparam("hr_delta") if hr else None, weight)
         return LossOutput(sum(parts.values()), parts)
 
     @torch.no_grad()

@@ -66,15 +66,13 @@ class PriorMixin(Loss):
                 f"{self.name}: the prior given with --priors holds the extra arrays "
                 f"{', '.join(unknown)}, which this loss does not read (extras it reads: {reads}); "
                 "import the prior again with the extras named as the loss reads them ('spml "
-                "import priors … --extra NAME=FILE'), or choose a prior without them"
-            )
+                "import priors … --extra NAME=FILE'), or choose a prior without them")
         missing = [k for k in self.prior_extras if k not in extras]
         if missing:
             raise LossInputError(
                 f"{self.name}: the prior given with --priors lacks the extra arrays "
                 f"{', '.join(missing)} this loss needs; store them with 'spml import priors … "
-                f"--extra {missing[0]}=FILE'"
-            )
+                f"--extra {missing[0]}=FILE'")
         want = tuple(observed.shape)
         for key, value in {"scores": scores, **extras}.items():
             if not isinstance(value, Tensor) or not value.is_floating_point():
@@ -83,8 +81,7 @@ class PriorMixin(Loss):
             if tuple(value.shape) != want:
                 raise LossInputError(
                     f"{self.name}: prior array {key!r} must have the train split's shape "
-                    f"(N_train, C) = {want}; got {tuple(value.shape)}"
-                )
+                    f"(N_train, C) = {want}; got {tuple(value.shape)}")
         self.register_buffer("prior_scores", scores.detach().float().to(observed.device)
                              .contiguous(), persistent=False)
         self._prior_keys = [k for k in known if k in extras]
@@ -111,15 +108,13 @@ class PriorMixin(Loss):
         """Whether the prior carried the extra ``key``."""
         return key in getattr(self, "_prior_keys", ())
 
-    def prior_rows(self, index: Tensor | None, keys: Sequence[str] = ("scores",)
-                   ) -> list[Tensor]:
+    def prior_rows(self, index: Tensor | None, keys: Sequence[str] = ("scores",)) -> list[Tensor]:
         """The batch's rows of the prior arrays ``keys`` (``(B, C)`` each): "scores", an extra,
         or any buffer ``prior_<key>`` that :meth:`prior_ready` registered."""
         if getattr(self, "prior_scores", None) is None:
             raise LossInputError(
                 f"{self.name}: needs a prior (per-image class scores): pass --priors NAME "
-                "(from Python: loss.set_prior(scores) after setup)"
-            )
+                "(from Python: loss.set_prior(scores) after setup)")
         if index is None:
             raise LossInputError(f"{self.name}: forward needs index= (the batch's train rows) to "
                                  "gather the prior's rows")
@@ -134,8 +129,7 @@ def check_scores(scores: Any, y: Tensor, loss: str) -> Tensor:
         raise LossInputError(
             f"{loss}: 'scores' must be a float tensor of the batch's (B, C) = "
             f"{tuple(y.shape[-2:])} prior scores; got "
-            f"{tuple(scores.shape) if isinstance(scores, Tensor) else type(scores).__name__}"
-        )
+            f"{tuple(scores.shape) if isinstance(scores, Tensor) else type(scores).__name__}")
     return scores.to(y.device).float()
 
 

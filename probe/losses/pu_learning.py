@@ -1,17 +1,8 @@
 """Positive-unlabeled multi-label loss — PU-MLC (Yuan, Zhang & Huang, "Positive Label Is All You
 Need for Multi-Label Classification", arXiv 2306.16016, Eqs. 8, 10, 11), built on vPU (Chen et al.,
 "A Variational Approach for Learning from Positive and Unlabeled Data", NeurIPS 2020).
-Spec: docs/losses.md "Positive-unlabeled"; checked against the authors' code (TAKELAMAG/PU-MLC,
-``src/loss_functions/vpu_loss.py``).
-
-All entries of a column form the unlabeled set (positives included); per class c over the batch::
-
-    τ_c   = clamp(min(temp_alpha · std_b(sg(z_·c)), 1), min=1e-3)      adaptive temperature (Eq. 10)
-    s     = σ(z / τ_c)
-    w_c   = sg(mean_b s_·c)^γ                                            re-balance factor
-    L_var = Σ_c [ w_c · log(mean_b s_·c) − mean_{b: y=1} log s_bc ]     (Eq. 11)
-    L_reg = Σ_c mean_b (log t̃ − log σ(z̃))²                             vPU MixUp regulariser
-    loss  = L_var + mix_weight · L_reg                                   (Eq. 8, weight 1)
+Spec: docs/losses.md "Positive-unlabeled", the formula in :class:`VPU`'s ``formula``; checked
+against the authors' code (TAKELAMAG/PU-MLC, ``src/loss_functions/vpu_loss.py``).
 
 * std is the population std over the batch (÷B, as the reference); the 1e-3 floor is ours.
 * **No positive in a column** (of this batch): that class's second term is 0 (the reference
@@ -34,22 +25,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ._base import Loss, register
-from ._hparams import (
-    HParam,
-    LossInputError,
-    LossOutput,
-    check_call,
-    hp,
-    per_trial,
-    promote,
-)
+from ._hparams import HParam, LossInputError, LossOutput, check_call, hp, per_trial, promote
 
 __all__ = ["vpu"]
 
 PAPER = (
     "Yuan, Zhang & Huang, Positive Label Is All You Need for Multi-Label Classification "
-    "(PU-MLC), arXiv 2306.16016, Eqs. 8, 10, 11; vPU: Chen et al., NeurIPS 2020"
-)
+    "(PU-MLC), arXiv 2306.16016, Eqs. 8, 10, 11; vPU: Chen et al., NeurIPS 2020")
 
 _GAMMA = HParam("gamma", 0.55, "re-balance power γ on sg(mean_b s) (COCO 0.55, VOC 0.85)",
                 low=0.0, search=(0.0, 2.0))
@@ -107,15 +89,9 @@ def _vpu_parts(z: Tensor, y: Tensor, gamma, temp_alpha, lam) -> tuple[Tensor, Te
     return var, reg
 
 
-def vpu(
-    logits: Tensor,
-    observed: Tensor,
-    gamma: float | Tensor = 0.55,
-    temp_alpha: float | Tensor = 1.0,
-    mix_weight: float | Tensor = 1.0,
-    mix_alpha: float | Tensor = 0.3,
-    lam: float | Tensor | None = None,
-) -> Tensor:
+def vpu(logits: Tensor, observed: Tensor, gamma: float | Tensor = 0.55,
+        temp_alpha: float | Tensor = 1.0, mix_weight: float | Tensor = 1.0,
+        mix_alpha: float | Tensor = 0.3, lam: float | Tensor | None = None) -> Tensor:
     """PU-MLC's variational PU loss with adaptive temperature and re-balance factor, plus the
     vPU MixUp regulariser (module doc; Yuan et al. Eqs. 8, 10, 11). Defaults = the COCO preset.
 
@@ -151,19 +127,16 @@ class VPU(Loss):
         "2nd term 0)\n"
         "L_reg = Σ_c mean_b (log t̃ − log σ(z̃))²,  halves mixed with λ ~ Beta(0.3, 0.3), "
         "t = 1 on y=1 else σ(z)\n"
-        "loss = L_var + mix_weight·L_reg   (sum over classes)"
-    )
+        "loss = L_var + mix_weight·L_reg   (sum over classes)")
     hparam_specs = (_GAMMA, _TEMP_ALPHA, _MIX_WEIGHT, _MIX_ALPHA)
     presets = {
         "coco": {"gamma": 0.55, "temp_alpha": 1.0},
-        "voc": {"gamma": 0.85, "temp_alpha": 2.0},
-    }
+        "voc": {"gamma": 0.85, "temp_alpha": 2.0}}
     # the authors' README commands: ResNet-101 end-to-end, 10% known labels, Adam + OneCycle,
     # per-GPU batch (2 GPUs); Stop_epoch=40 / 55 stops after 0-indexed epoch 40 / 55
     train_presets = {
         "coco": {"batch_size": 35, "lr": 1e-4, "epochs": 41},
-        "voc": {"batch_size": 45, "lr": 4e-5, "epochs": 56},
-    }
+        "voc": {"batch_size": 45, "lr": 4e-5, "epochs": 56}}
     notes = (
         "Reduction is the paper's sum over classes of per-class batch means (not the B·C mean). "
         "The MixUp over features is applied to the logits, which is exact for a linear head; the "
@@ -173,8 +146,7 @@ class VPU(Loss):
         "256 draws at a time, so the training loop never waits for the host. The temperature "
         "floor 1e-3 is ours (the reference divides by 0 for a constant column). Presets are the "
         "authors' README commands for 10% known labels (partial labels, not single positive); "
-        "train_presets are their end-to-end ResNet-101 settings (per-GPU batch)."
-    )
+        "train_presets are their end-to-end ResNet-101 settings (per-GPU batch).")
 
     def __init__(self, **hparams) -> None:
         super().__init__(**hparams)
@@ -188,8 +160,7 @@ class VPU(Loss):
         ``seeds[t]`` draws."""
         if self.n_trials is not None and len(seeds) != self.n_trials:
             raise LossInputError(
-                f"vpu: manual_seed needs one seed per trial ({self.n_trials}); got {len(seeds)}"
-            )
+                f"vpu: manual_seed needs one seed per trial ({self.n_trials}); got {len(seeds)}")
         self._seeds = [int(s) for s in seeds]
         self._gens = [np.random.default_rng(s) for s in self._seeds]
         self._block, self._pos = None, 0
@@ -212,13 +183,11 @@ class VPU(Loss):
             if self._seeds is not None:
                 raise LossInputError(
                     f"vpu: seeded with {len(self._seeds)} seed(s) (manual_seed) but the logits "
-                    f"stack {t} trial(s); pass one seed per trial"
-                )
+                    f"stack {t} trial(s); pass one seed per trial")
             self.manual_seed([0] * t)
             self._seeds = None  # unseeded: every trial draws from seed 0
         if self._block is None or self._pos >= self._block.shape[1] or (
-            self._block.device != device
-        ):
+            self._block.device != device):
             draws = np.stack([g.beta(a, a, size=_LAM_BLOCK)
                               for g, a in zip(self._gens, self._alphas)])
             self._block = torch.from_numpy(draws).to(device, non_blocking=True)
@@ -233,7 +202,6 @@ class VPU(Loss):
         lam = self._next_lam(t, z.device).to(z.dtype)
         lam_v = lam.view(-1, 1, 1) if z.ndim == 3 else lam[0]
         var, reg = _vpu_parts(
-            z, observed, hp(self.hparam("gamma"), z), hp(self.hparam("temp_alpha"), z), lam_v
-        )
+            z, observed, hp(self.hparam("gamma"), z), hp(self.hparam("temp_alpha"), z), lam_v)
         total = var + per_trial(hp(self.hparam("mix_weight"), z)) * reg
         return LossOutput(total, {"var": var, "reg": reg, "lam": lam if z.ndim == 3 else lam[0]})

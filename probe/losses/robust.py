@@ -1,19 +1,7 @@
-"""Robust losses for missing labels — docs/losses.md "Robust losses" (focal, ASL, Hill, SPLC).
-
-With z the logits, p = σ(z), y ∈ {1, 0, −1} (positive / unobserved / observed negative), every log
-taken from logits (log p = logsigmoid(z), log(1−p) = logsigmoid(−z)) and every power p^γ computed
-as exp(γ·log p):
-
-    focal  y=1: −(1−p)^γ log p                      y≤0: −p^γ log(1−p)
-    asl    y=1: −sg((1−p)^γ+) log p                 y≤0: −sg(p_m^γ−) log(1−p_m), p_m = max(p−c, 0)
-    hill   y=1: −(1−p_m)^γ log p_m, p_m = σ(z−m)    y≤0: (λ − p)·p²
-    splc   y=1: focal margin (as hill)              y=0: focal margin if σ(z) > τ and the epoch is
-                                                         ≥ change_epoch, else −p^γ log(1−p);
-                                                    y=−1: −p^γ log(1−p) (never corrected)
-
-sg = stop-gradient. Reduction: the mean over all B·C entries. The papers sum instead; a constant
-factor only rescales the learning rate, so we use the mean of the rest of the library
-(docs/losses.md "Conventions").
+"""Robust losses for missing labels — docs/losses.md "Robust losses" (focal, ASL, Hill, SPLC); the
+formulas in each class's ``formula`` (``spml losses show hill``). Every log is taken from logits
+(log p = logsigmoid(z), log(1−p) = logsigmoid(−z)) and every power p^γ computed as exp(γ·log p).
+Reduction: the mean over all B·C entries (the papers sum: a learning-rate factor).
 """
 
 from __future__ import annotations
@@ -33,12 +21,10 @@ PAPER_FOCAL = "Lin et al., Focal Loss for Dense Object Detection, ICCV 2017"
 PAPER_ASL = "Ridnik et al., Asymmetric Loss For Multi-Label Classification, ICCV 2021"
 PAPER_HILL = (
     "Zhang et al., Simple and Robust Loss Design for Multi-Label Learning with Missing Labels, "
-    "arXiv:2112.07368, 2021"
-)
+    "arXiv:2112.07368, 2021")
 _NO_PRESETS = (
     "No per-dataset presets: the papers give one default for every dataset (the signature "
-    "defaults), and no SPML-protocol training settings."
-)
+    "defaults), and no SPML-protocol training settings.")
 
 _GAMMA = HParam("gamma", 2.0, "focusing exponent γ (Lin et al. study γ ∈ [0, 5])", low=0.0,
                 search=(0.0, 5.0))
@@ -118,13 +104,8 @@ def focal(logits: Tensor, observed: Tensor, gamma: float | Tensor = 2.0) -> Tens
     return mean_bc(_focal_entries(z, y, h["gamma"]))
 
 
-def asl(
-    logits: Tensor,
-    observed: Tensor,
-    gamma_pos: float | Tensor = 0.0,
-    gamma_neg: float | Tensor = 4.0,
-    clip: float | Tensor = 0.05,
-) -> Tensor:
+def asl(logits: Tensor, observed: Tensor, gamma_pos: float | Tensor = 0.0,
+        gamma_neg: float | Tensor = 4.0, clip: float | Tensor = 0.05) -> Tensor:
     """Asymmetric loss (Ridnik et al. 2021, Sec. 3): −(1−p)^γ+ log p on y=1 and
     −p_m^γ− log(1−p_m), p_m = max(p − clip, 0), on y≤0, with the focusing weights under
     stop-gradient; mean over B·C (the paper sums)."""
@@ -133,13 +114,8 @@ def asl(
     return mean_bc(_asl_entries(z, y, h["gamma_pos"], h["gamma_neg"], h["clip"]))
 
 
-def hill(
-    logits: Tensor,
-    observed: Tensor,
-    lam: float | Tensor = 1.5,
-    margin: float | Tensor = 1.0,
-    gamma: float | Tensor = 2.0,
-) -> Tensor:
+def hill(logits: Tensor, observed: Tensor, lam: float | Tensor = 1.5, margin: float | Tensor = 1.0,
+         gamma: float | Tensor = 2.0) -> Tensor:
     """Hill loss (Zhang et al. 2021): focal margin −(1−p_m)^γ log p_m, p_m = σ(z − margin), on
     y=1; (λ − p)·p² on y≤0 (with λ = 1.5 its gradient w.r.t. z is 3p²(1−p)², GR paper Eq. 33);
     mean over B·C (the paper sums)."""
@@ -147,15 +123,9 @@ def hill(
     return mean_bc(_hill_entries(z, y, h["lam"], h["margin"], h["gamma"]))
 
 
-def splc(
-    logits: Tensor,
-    observed: Tensor,
-    epoch: int | None = None,
-    tau: float | Tensor = 0.6,
-    margin: float | Tensor = 1.0,
-    gamma: float | Tensor = 2.0,
-    change_epoch: int = 1,
-) -> Tensor:
+def splc(logits: Tensor, observed: Tensor, epoch: int | None = None, tau: float | Tensor = 0.6,
+         margin: float | Tensor = 1.0, gamma: float | Tensor = 2.0,
+         change_epoch: int = 1) -> Tensor:
     """Self-paced loss correction with focal margin (Zhang et al. 2021; GR paper Eq. 25).
 
     ``epoch`` is the current 0-indexed epoch: from ``epoch >= change_epoch`` on, unobserved
@@ -165,8 +135,7 @@ def splc(
     """
     if epoch is not None and (isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0):
         raise LossInputError(
-            f"splc: 'epoch' must be a 0-indexed integer >= 0 or None; got {epoch!r}"
-        )
+            f"splc: 'epoch' must be a 0-indexed integer >= 0 or None; got {epoch!r}")
     change_epoch = check_hparam(_CHANGE_EPOCH, change_epoch, "splc")
     z, y, _, h = check_call("splc", logits, observed, {_TAU: tau, _MARGIN: margin, _GAMMA: gamma})
     correct = epoch is None or epoch >= change_epoch
@@ -183,11 +152,8 @@ class Focal(EntrywiseLoss):
     notes = (
         "Mean over B·C instead of the paper's sum (a learning-rate factor). No α-balancing term. "
         "The focusing weight keeps its gradient, as in Lin et al. (the Hill/SPLC repository's "
-        "'Focal' is ASL with γ+ = γ− = 2, clip 0 and weights under no_grad). " + _NO_PRESETS
-    )
-
-    def _entries(self, z, y):
-        return _focal_entries(z, y, self._h("gamma", z))
+        "'Focal' is ASL with γ+ = γ− = 2, clip 0 and weights under no_grad). " + _NO_PRESETS)
+    entries = staticmethod(_focal_entries)
 
 
 @register
@@ -196,21 +162,15 @@ class ASL(EntrywiseLoss):
     paper = PAPER_ASL + ", Sec. 3 (asymmetric focusing and probability shifting)"
     formula = (
         "p_m = max(p − clip, 0)\n"
-        "y=1: −sg((1−p)^γ+) log p;  y≤0: −sg(p_m^γ−) log(1−p_m);  mean over B·C"
-    )
+        "y=1: −sg((1−p)^γ+) log p;  y≤0: −sg(p_m^γ−) log(1−p_m);  mean over B·C")
     hparam_specs = (_GAMMA_POS, _GAMMA_NEG, _CLIP)
     notes = (
         "Focusing weights under stop-gradient (docs/losses.md; the reference's "
         "disable_torch_grad_focal_loss=True). Later versions of Alibaba-MIIL/ASL comment the "
         "no_grad out in AsymmetricLoss; we keep the stop-gradient. The reference clamps "
         "probabilities at eps=1e-8 before the log; we compute log(1−p_m) exactly from logits. "
-        "Mean over B·C instead of the sum. " + _NO_PRESETS
-    )
-
-    def _entries(self, z, y):
-        return _asl_entries(
-            z, y, self._h("gamma_pos", z), self._h("gamma_neg", z), self._h("clip", z)
-        )
+        "Mean over B·C instead of the sum. " + _NO_PRESETS)
+    entries = staticmethod(_asl_entries)
 
 
 @register
@@ -220,18 +180,14 @@ class Hill(EntrywiseLoss):
     formula = (
         "p_m = σ(z − margin)\n"
         "y=1: −(1−p_m)^γ log p_m;  y≤0: (λ − p)·p²;  mean over B·C\n"
-        "(λ = 1.5: ∂/∂z of the negative term = 3p²(1−p)²)"
-    )
+        "(λ = 1.5: ∂/∂z of the negative term = 3p²(1−p)²)")
     hparam_specs = (_LAM, _MARGIN, _GAMMA)
     notes = (
         "As the reference (xinyu1205/robust-loss-mlml Hill): the focal weight and λ − p keep "
         "their gradients. Mean over B·C instead of the sum. The GR paper's Table 1 writes Hill's "
         "positive term as −log p (the GR repository's hill_loss); we follow the Hill paper's "
-        "focal margin. " + _NO_PRESETS
-    )
-
-    def _entries(self, z, y):
-        return _hill_entries(z, y, self._h("lam", z), self._h("margin", z), self._h("gamma", z))
+        "focal margin. " + _NO_PRESETS)
+    entries = staticmethod(_hill_entries)
 
 
 @register
@@ -241,8 +197,7 @@ class SPLC(EntrywiseLoss):
     formula = (
         "p_m = σ(z − margin);  FM = −(1−p_m)^γ log p_m;  FN = −p^γ log(1−p)\n"
         "y=1: FM;  y=0: FM if epoch ≥ change_epoch and σ(z) > τ, else FN;  y=−1: FN\n"
-        "mean over B·C"
-    )
+        "mean over B·C")
     hparam_specs = (_TAU, _MARGIN, _GAMMA, _CHANGE_EPOCH)
     notes = (
         "Epochs are 0-indexed (start_epoch), as the reference's loop. Corrected entries take the "
@@ -251,14 +206,12 @@ class SPLC(EntrywiseLoss):
         "threshold compares σ(z) (no margin) with τ, as the reference. Observed negatives (−1) are "
         "never corrected. parts['corrected']: the fraction of the batch's B·C entries corrected. "
         "Mean over B·C instead of the sum. The reference README uses τ = 0.65 for COCO with 75% "
-        "labels left. " + _NO_PRESETS
-    )
+        "labels left. " + _NO_PRESETS)
 
     def forward(self, logits: Tensor, observed: Tensor, index: Tensor | None = None) -> LossOutput:
         z = promote(logits)
         correct = self.epoch >= self.hparam("change_epoch")
         entries, corrected = _splc_entries(
-            z, observed, correct, self._h("tau", z), self._h("margin", z), self._h("gamma", z)
-        )
+            z, observed, correct, self._h("tau", z), self._h("margin", z), self._h("gamma", z))
         frac = mean_bc(corrected.to(z.dtype)).expand(entries.shape[:-2])  # (T,) even uncorrected
         return LossOutput(mean_bc(entries), {"corrected": frac})

@@ -144,8 +144,7 @@ def check_finite(name: str, dtype: torch.dtype = torch.float32, scale: float = 1
     g = torch.Generator().manual_seed(1)
     observed = observed_labels()
     logits_seq = [
-        (torch.randn(B, C, generator=g) * scale).clamp(-100, 100).to(dtype) for _ in range(4)
-    ]
+        (torch.randn(B, C, generator=g) * scale).clamp(-100, 100).to(dtype) for _ in range(4)]
     vals, grads = drive(make_loss(name), logits_seq, observed)
     for v, gr in zip(vals, grads):
         assert v.dim() == 0 and torch.isfinite(v).all(), f"{name}: loss {v}"

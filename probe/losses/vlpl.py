@@ -1,22 +1,9 @@
 """VLPL — Xing et al., "Vision-Language Pseudo-Labels for Single-Positive Multi-Label Learning",
-CVPRW 2024 (released code mvrl/VLPL, ``loss_EM_PL``; docs/priors.md).
-
-A prior ``s`` (N, C): per image, the softmax over classes of CLIP's image-text similarities at
-temperature 0.01. With p = σ(z), y ∈ {1, 0, −1}, on the unobserved entries (y = 0):
-
-    pseudo-positive  P = s > θ                      (θ = 0.3)
-    pseudo-negative  N = the k_neg lowest-s classes, not in P   (k_neg = 0: none)
-
-    ℓ = −log p                                       on y = 1
-        β_pos·(0.9·(−log p) + 0.1·(−log(1−p)))       on P
-        β_neg·(0.1·(−log p) + 0.9·(−log(1−p)))       on N
-        −α·H(p),  H(p) = −p log p − (1−p) log(1−p)   on the other y = 0 (EM, Zhou et al. Eq. 3)
-        −log(1−p)                                    on y = −1
-    loss = mean over B·C;  plain EM (no P, no N) while the 0-indexed epoch < warmup_epochs.
-
-The logs are exact (softplus of the logits); ``log_eps = 1e-5`` gives the released code's
-−log(x + 1e-5). ``released=True`` is the released ``loss_EM_PL`` on every input, and the loss
-object ranks each train row's prior once (:meth:`VLPL.prior_ready`): docs/priors.md.
+CVPRW 2024 (released code mvrl/VLPL, ``loss_EM_PL``). The prior, the loss and the released
+code's differences: docs/priors.md and :class:`VLPL`'s ``formula``. The logs are exact
+(softplus of the logits); ``log_eps = 1e-5`` gives the released code's −log(x + 1e-5).
+``released=True`` is the released ``loss_EM_PL`` on every input, and the loss object ranks each
+train row's prior once (:meth:`VLPL.prior_ready`).
 """
 
 from __future__ import annotations
@@ -158,8 +145,7 @@ class VLPL(PriorMixin):
         "y=1: −log p;  P: β_pos·(0.9·(−log p) + 0.1·(−log(1−p)));  "
         "N: β_neg·(0.1·(−log p) + 0.9·(−log(1−p)))\n"
         "other y=0: −α·H(p) (EM);  y=−1: −log(1−p);  mean over B·C;  plain EM while "
-        "epoch < warmup_epochs"
-    )
+        "epoch < warmup_epochs")
     hparam_specs = _SPECS
     prior = "class scores (softmax of CLIP image-text similarity, T = 0.01)"
     # mvrl/VLPL main_clip.py, per dataset (P['alpha'], P['beta_pos'], P['beta_neg'],
