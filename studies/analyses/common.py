@@ -11,9 +11,9 @@ import statistics
 import unicodedata
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -181,9 +181,12 @@ def unannotated_truth(data: ProbeData, split: str = "train") -> tuple[Tensor, Te
     return x, mask, truth
 
 
-def config_seeds(config: ProbeConfig) -> tuple[int, ...]:
-    """The run's seeds: ``config.seeds`` when set, else the one ``config.seed``."""
-    return tuple(config.seeds) if config.seeds is not None else (config.seed,)
+def run_config(config: ProbeConfig | None) -> tuple[ProbeConfig, tuple[int, ...]]:
+    """The validated config (default :class:`ProbeConfig`) and its seeds: ``config.seeds`` when
+    set, else the one ``config.seed``."""
+    config = config or ProbeConfig()
+    config.validate()
+    return config, tuple(config.seeds) if config.seeds is not None else (config.seed,)
 
 
 def _finite_or_nan(v: Any) -> float:
@@ -360,14 +363,18 @@ class AnalysisResult(ABC):
 
     kind: str = field(init=False, default="")  # names the output files: <kind>.json / .md
     title: str = field(init=False, default="")
+    paper: ClassVar[str] = ""  # the paper's table or figure it reproduces
 
     @abstractmethod
     def tables(self) -> list[tuple[str, list[str], list[list[str]]]]:
         """``(caption, header, rows)`` of every table."""
 
-    @abstractmethod
     def to_dict(self) -> dict[str, Any]:
-        """Everything the analysis measured, JSON-ready (the ``<kind>.json`` file)."""
+        """Everything the analysis measured, JSON-ready (the ``<kind>.json`` file): the kind,
+        the paper's figure, then every field."""
+        return {"analysis": self.kind, "paper": f"GR Loss, IJCAI 2024, {self.paper}",
+                **{f.name: (v.to_dict() if isinstance(v := getattr(self, f.name), BucketStats)
+                            else v) for f in fields(self) if f.init}}
 
     def subtitle(self) -> str:
         s = getattr(self, "settings", None)

@@ -30,6 +30,8 @@ class CurvesResult(AnalysisResult):
     classes: int
     notes: list[str] = field(default_factory=list)
 
+    paper = "Fig. 1"
+
     def __post_init__(self) -> None:
         self.kind, self.title = "curves", "Loss and gradient curves (paper Fig. 1)"
 
@@ -46,11 +48,6 @@ class CurvesResult(AnalysisResult):
         rows = [[c["label"], *[f"{c['grad_y0'][i]:.4f}" for i in idx],
                  *[f"{c['grad_y1'][i]:.4f}" for i in idx]] for c in self.curves]
         return [("gradient w.r.t. the logit at a few p (all values in the JSON)", header, rows)]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"analysis": "curves", "paper": "GR Loss, IJCAI 2024, Fig. 1", "p": self.p,
-                "n_epochs": self.n_epochs, "classes": self.classes, "curves": self.curves,
-                "notes": self.notes}
 
 
 def _entry_curves(loss_obj: Any, z: Tensor, y: int, classes: int) -> tuple[Tensor, Tensor]:

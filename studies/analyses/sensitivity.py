@@ -15,8 +15,8 @@ from .common import (
     AnalysisResult,
     AnalyzeError,
     check_fixed,
-    config_seeds,
     pin_training,
+    run_config,
     run_settings,
     score_cells,
     scores_caption,
@@ -141,10 +141,8 @@ class SensitivityResult(AnalysisResult):
 
     def to_dict(self) -> dict[str, Any]:
         sw = SWEEPS[self.param]
-        return {"analysis": "sensitivity", "param": self.param, "x": sw.x, "series": sw.series,
-                "paper": f"GR Loss, IJCAI 2024, Fig. {sw.figure}", "settings": self.settings,
-                "hparams": self.hparams, "points": self.points, "baseline": self.baseline,
-                "notes": self.notes}
+        return {**super().to_dict(), "analysis": "sensitivity", "x": sw.x, "series": sw.series,
+                "paper": f"GR Loss, IJCAI 2024, Fig. {sw.figure}"}
 
 
 def sweep_hparams(param: str, hparams: dict[str, Any] | None) -> dict[str, Any]:
@@ -180,11 +178,9 @@ def run_sensitivity(
     the one fixed per curve (b_T, σ_T or q3). ``hparams``: the other GR hyperparameters
     (single values; preset for the dataset, else GR's defaults, when not given).
     """
-    config = config or ProbeConfig()
-    config.validate()
+    config, seeds = run_config(config)
     hp = sweep_hparams(param, hparams)
     points = sweep_points(param, values, series)
-    seeds = config_seeds(config)
     result = train_runs(data, config, "gr", [{**hp, **p["hparams"]} for p in points], seeds,
                         progress)
     base = None
