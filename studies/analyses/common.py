@@ -301,12 +301,6 @@ def run_settings(data: ProbeData, result: ProbeResult, seeds: Sequence[int]) -> 
     }
 
 
-def _settings_line(s: dict[str, Any]) -> str:
-    return (f"{s['dataset']} ({s['n_train']} train rows, {s['n_classes']} classes), batch "
-            f"{s['batch_size']}, lr {s['lr']:g}, {s['epochs']} epochs, {s['optimizer']}, "
-            f"seeds {','.join(map(str, s['seeds']))}")
-
-
 def trial_scores(result: ProbeResult, trials: Sequence[int]) -> dict[str, Any]:
     """Val / test mAP of one point's trials (its seeds): mean, std, and the test mAP's 95%
     interval: of the mean over the seeds (Student t) when there are several, else over the test
@@ -377,8 +371,12 @@ class AnalysisResult(ABC):
                             else v) for f in fields(self) if f.init}}
 
     def subtitle(self) -> str:
-        s = getattr(self, "settings", None)
-        return _settings_line(s) if s else ""
+        """The training settings in one line ("" for an analysis that trains nothing)."""
+        if not (s := getattr(self, "settings", None)):
+            return ""
+        return (f"{s['dataset']} ({s['n_train']} train rows, {s['n_classes']} classes), batch "
+                f"{s['batch_size']}, lr {s['lr']:g}, {s['epochs']} epochs, {s['optimizer']}, "
+                f"seeds {','.join(map(str, s['seeds']))}")
 
     def text(self) -> str:
         """The tables as the terminal shows them."""

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from probe.losses import LossInputError, create_loss, get_loss_class
-from probe.losses._base import HParam, check_hparams
+from probe.losses._base import check_hparams
 from probe.trials import expand_grid
 
 from .common import AnalysisResult, AnalyzeError, check_int, check_losses
@@ -136,7 +136,11 @@ def loss_curves(
                 check_hparams(cls.hparam_specs, {key: None}, cls.name)  # raises with a hint
         varied = [k for k, v in given.items() if len(v) > 1]
         for variant in expand_grid(given):
-            _fill_optional(cls.name, specs, variant)
+            for spec in specs.values():
+                if spec.optional and variant.get(spec.name) is None:
+                    raise AnalyzeError(
+                        f"--loss {cls.name}: hyperparameter '{spec.name}' has no default "
+                        f"({spec.doc}); set it with --set {cls.name}.{spec.name}=VALUE")
             try:
                 obj = create_loss(name, **variant)
             except LossInputError as err:
@@ -177,12 +181,3 @@ def loss_curves(
         c["label"] = f"{base} @ epoch {','.join(map(str, c['epochs']))}" if same else base
         c.update(data)
     return CurvesResult(p.tolist(), curves, n_epochs, classes)
-
-
-def _fill_optional(loss: str, specs: dict[str, HParam], variant: dict[str, Any]) -> None:
-    for spec in specs.values():
-        if spec.optional and variant.get(spec.name) is None:
-            raise AnalyzeError(
-                f"--loss {loss}: hyperparameter '{spec.name}' has no default ({spec.doc}); set "
-                f"it with --set {loss}.{spec.name}=VALUE"
-            )
