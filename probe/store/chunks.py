@@ -108,12 +108,6 @@ class RowChunks:
         err.reason = reason  # what verify lists
         return err
 
-    def _buffer(self) -> np.ndarray:
-        buf = getattr(self._local, "buf", None)
-        if buf is None:
-            buf = self._local.buf = np.empty((self.chunk_rows, self.dim), self.dtype)
-        return buf
-
     def read_chunk_into(self, chunk: int, dest: np.ndarray) -> None:
         """Read the whole of ``chunk`` (``chunk_rows`` rows, the last one padded) into the
         C-contiguous ``dest`` and check its length and checksum; StoreDamaged otherwise."""
@@ -180,7 +174,9 @@ class RowChunks:
                 ):  # the whole chunk, in order, to consecutive output rows: straight into out
                     self.read_chunk_into(chunk, out[pos[0] : pos[0] + full])
                     return
-            buf = self._buffer()
+            buf = getattr(self._local, "buf", None)  # one buffer per thread, reused
+            if buf is None:
+                buf = self._local.buf = np.empty((self.chunk_rows, self.dim), self.dtype)
             self.read_chunk_into(chunk, buf)
             for t, pos, rows in parts:
                 if (np.diff(pos) == 1).all() and (np.diff(rows) == 1).all():
@@ -222,11 +218,6 @@ class VerifyReport:
     @property
     def unchecksummed(self) -> list[str]:
         return [name for name, a in self.arrays.items() if not a["checksum"]]
-
-
-def array_names(group: Any) -> list[str]:
-    """Every array of a store group, nested ones (observed/<seed>) as ``parent/name``."""
-    return [key for key, node in sorted(group.members(max_depth=None)) if hasattr(node, "shape")]
 
 
 def damaged_chunks(store: Path, name: str, array: Any, expect_all: bool = True) -> list[Damage]:
@@ -277,7 +268,8 @@ def group_damage(path: Path, group: Any) -> tuple[dict[str, dict], list[Damage]]
     complete = bool(group.attrs.get("complete"))
     arrays: dict[str, dict] = {}
     damaged: list[Damage] = []
-    for name in array_names(group):
+    # every array, nested ones (observed/<seed>) as parent/name
+    for name in [k for k, node in sorted(group.members(max_depth=None)) if hasattr(node, "shape")]:
         try:
             array = group[name]
         except Exception as err:  # unreadable array metadata

@@ -146,8 +146,16 @@ def create_store(
     try:
         group = zarr.open_group(staging, mode="w-")
         _write_row_arrays(group, index, seeds)
-        _create_feature_arrays(group, len(index.pool) + len(index.test), int(feature_dim),
-                               int(block_rows), dtype, with_flip)
+        n_rows = len(index.pool) + len(index.test)
+        for name in FEATURE_ARRAYS if with_flip else FEATURE_ARRAYS[:1]:
+            group.create_array(  # uncompressed + CRC-32C: zstd was ~6x slower (docs/protocol.md)
+                name, shape=(n_rows, int(feature_dim)), chunks=(int(block_rows), int(feature_dim)),
+                dtype=dtype, fill_value=np.nan,  # a never-written row reads as NaN, not as zeros
+                compressors=checksum_codecs(compress=False))
+        # one chunk per block: concurrent writers of different blocks never collide
+        group.create_array("blocks_done", shape=(math.ceil(n_rows / int(block_rows)),),
+                           chunks=(1,), dtype=bool, fill_value=False, config=EVERY_CHUNK,
+                           compressors=checksum_codecs(compress=False))
         group.attrs.update(_store_attrs(index, feature_dim, with_flip, dtype, block_rows,
                                         seeds, prov, dict(extra_attrs or {})))
     except OSError as err:  # disk full, file-size limit: nothing reaches `path`
@@ -217,22 +225,6 @@ def _clear_output(path: Path, overwrite: bool) -> None:
             f"{path} exists and is not a Zarr store; refusing to delete it even with "
             f"--overwrite -- choose another output path"
         )
-
-
-def _create_feature_arrays(group: zarr.Group, n_rows: int, feature_dim: int, block_rows: int,
-                           dtype: str, with_flip: bool) -> None:
-    """The feature arrays (NaN until written) and ``blocks_done``, one chunk per block."""
-    for name in FEATURE_ARRAYS if with_flip else FEATURE_ARRAYS[:1]:
-        group.create_array(
-            name, shape=(n_rows, feature_dim), chunks=(block_rows, feature_dim), dtype=dtype,
-            fill_value=np.nan,  # a never-written row reads as NaN, not as plausible zeros
-            # uncompressed + CRC-32C: zstd made reads and writes ~6x slower (docs/protocol.md)
-            compressors=checksum_codecs(compress=False),
-        )
-    # one chunk per block: concurrent writers of different blocks never collide
-    group.create_array("blocks_done", shape=(math.ceil(n_rows / block_rows),), chunks=(1,),
-                       dtype=bool, fill_value=False, compressors=checksum_codecs(compress=False),
-                       config=EVERY_CHUNK)
 
 
 def _store_attrs(index: DatasetIndex, feature_dim: int, with_flip: bool, dtype: str,
