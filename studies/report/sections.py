@@ -18,8 +18,10 @@ from optuna.trial import TrialState
 from probe.errors import SpmlError
 from probe.progress import plural
 from probe.store.priors import prior_facts
+from probe.store.records import draw_text
 
 from .. import plots
+from ..results import draw_of
 from ..storage import is_paper_trial
 from .data import StudyView, trial_point
 from .render import CodeBlock, Facts, Figure, Note, Paragraph, Section, Table
@@ -78,15 +80,6 @@ def _int(n: Any) -> str:
 def _skipped(i: int, reason: str) -> Section:
     """Section ``SECTIONS[i]`` with only the note that says why it has no figure."""
     return Section(*SECTIONS[i], [Note(f"Skipped: {reason}.")])
-
-
-def _draw_words(prov: dict) -> str:
-    from probe.store.records import draw_text
-
-    from ..results import draw_of
-
-    draw = draw_of(prov)
-    return f" ({draw_text(draw)})" if draw else ""
 
 
 def _prior_words(name: str, prov: dict) -> str:
@@ -170,8 +163,9 @@ def summary_section(st: StudyView, commands: list[str]) -> Section:
         ("source", source_text(inner)),
         ("store created", str(ident.get("created") or "?")),
         ("training", training),
-        ("labels", f"draw {s.get('observed_seed', '?')}{_draw_words(prov)}; val labels "
-                   f"{s.get('val_labels', '?')}"),
+        ("labels", f"draw {s.get('observed_seed', '?')}"
+                   + (f" ({draw_text(draw)})" if (draw := draw_of(prov)) else "")
+                   + f"; val labels {s.get('val_labels', '?')}"),
         *([("prior", _prior_words(s.get("priors"), prov))] if s.get("priors") else []),
         ("search", f"{s.get('sampler', '?')} sampler (seed {s.get('seed', '?')}), "
                    f"{s.get('pruner', '?')} pruner, {s.get('batch', '?')} trials stacked per "
