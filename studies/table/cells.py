@@ -238,26 +238,13 @@ def _columns(paths: Sequence[str], config: TableConfig) -> list[Column]:
     return columns
 
 
-def _study_settings(col: Column, loss: str, config: TableConfig, reads_prior: bool) -> Any:
-    from ..study_settings import StudySettings
-
-    out = Path(config.out or ".") / "studies" / f"{col.dataset}-{loss}"
-    return StudySettings(
-        store=col.path, loss=loss, n_trials=config.tune, batch=min(config.tune_batch,
-                                                                   config.tune),
-        out=str(out), name=f"table-{col.dataset}-{loss}", seed=config.seed,
-        train_seed=config.seed, select=config.select, observed_seed=col.draws[0],
-        device=config.device, epochs=config.epochs, batch_size=config.batch_size, lr=config.lr,
-        priors=config.priors if reads_prior else None)
-
-
 def plan_table(paths: Sequence[str], config: TableConfig) -> Plan:
     """Check every input and resolve every (column, row)'s settings; raises
     :class:`TableError` (or the engine's own error naming the flag) before any training or
     write."""
     from probe import losses as _losses
 
-    from ..study_settings import open_study_store, preflight
+    from ..study_settings import StudySettings, open_study_store, preflight
 
     config.validate()
     if config.out and Path(config.out).exists() and not Path(config.out).is_dir():
@@ -281,7 +268,14 @@ def plan_table(paths: Sequence[str], config: TableConfig) -> Plan:
     if config.tune:
         for i, col in enumerate(columns):
             for n in names:
-                s = _study_settings(col, n, config, _losses.get_loss_class(n).prior is not None)
+                s = StudySettings(
+                    store=col.path, loss=n, n_trials=config.tune, seed=config.seed,
+                    batch=min(config.tune_batch, config.tune), name=f"table-{col.dataset}-{n}",
+                    out=str(Path(config.out or ".") / "studies" / f"{col.dataset}-{n}"),
+                    train_seed=config.seed, select=config.select, observed_seed=col.draws[0],
+                    device=config.device, epochs=config.epochs, batch_size=config.batch_size,
+                    lr=config.lr,
+                    priors=config.priors if _losses.get_loss_class(n).prior is not None else None)
                 s.validate()
                 preflight(s, open_study_store(col.path))  # what run_study checks, up front
                 study_settings.append((i, n, s))
