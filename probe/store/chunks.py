@@ -1,14 +1,7 @@
-"""Chunk-level access to a store's arrays: checksums, the fast feature read path, damage reports.
-
-Every array carries a CRC-32C per chunk (Zarr v3's ``crc32c`` codec); stores written without
-(uncompressed feature chunks without the trailing 4 bytes) still read, only damage that keeps a
-chunk's length goes unnoticed there (:func:`verify_store` says so). The feature arrays (N, D),
-chunked by whole rows and uncompressed, are read here rather than through zarr: one ``readinto``
-per chunk file straight into the caller's array (or a per-thread buffer, then gathered), chunks
-in parallel on a thread pool, the checksum checked in memory (docs/protocol.md "The feature
-store"). A read error is a :class:`StoreDamaged` naming the store, the array and the chunk and
-how to repair (re-run the command that wrote it: :func:`probe.store.writing.resume_store`).
-"""
+"""Chunk-level access to a store's arrays: CRC-32C checksums, the fast feature read path (one
+``readinto`` per chunk file, chunks in parallel) and damage reports, each naming the store, the
+array and the chunk and how to repair (docs/protocol.md "The feature store": the format, and what
+stores written without checksums still detect)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""The rows, the checks and the cells of ``spml table`` (:mod:`studies.table`).
-
-A *cell* is one method trained on one store with one single-positive draw; a column's entry
-is the mean over its draws. A cell's key is a hash of its resolved settings (store contents,
-loss, every hyperparameter after presets and data-derived values, batch size, lr, epochs, seed,
-draw, labels, prior): a changed setting is a new cell, an unchanged one is read back from
-``--out`` and never trained again.
-"""
+"""The rows, the checks and the cells of ``spml table`` (:mod:`studies.table`): a cell is one
+method on one store and draw, keyed by a hash of its resolved settings, so a rerun reads an
+unchanged cell back from ``--out`` instead of training it (docs/tables.md)."""
 
 from __future__ import annotations
 

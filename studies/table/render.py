@@ -1,14 +1,6 @@
-"""Scoring, marks and outputs of ``spml table`` (:mod:`studies.table`).
-
-Per column (store), every row's heads score the same test images; for each draw a paired
-bootstrap of mAP over those images (:func:`probe.intervals.bootstrap_map`, the same resamples
-for every row and every draw) gives replicates, averaged over the draws; the best row (highest
-mean test mAP) is compared with each other row by :func:`probe.intervals.paired_differences`
-(Holm-corrected within the column). A row whose difference to the best is not significant at
-``1 - level`` is marked † ("not significantly worse"). An entry's interval is the Student-t
-interval of the mean over its draws, or, with one draw (and for the zero-shot row, which has no
-draw), the bootstrap interval over the test images.
-"""
+"""Scoring, marks and outputs of ``spml table`` (:mod:`studies.table`): per column, a paired
+bootstrap over the same test images, averaged over the draws, finds the best row and the rows not
+significantly worse (Holm); Markdown, LaTeX, the tidy rows and the commands (docs/tables.md)."""
 
 from __future__ import annotations
 
