@@ -211,16 +211,8 @@ def format_pm(mean: float, std: float, n: int) -> str:
 
 def json_floats(values: Any) -> list:
     """NumPy / tensor values as JSON-safe lists (NaN → None)."""
-    out = np.asarray(values.cpu() if isinstance(values, Tensor) else values).tolist()
-
-    def clean(v: Any) -> Any:
-        if isinstance(v, list):
-            return [clean(x) for x in v]
-        if isinstance(v, float) and not math.isfinite(v):
-            return None
-        return v
-
-    return clean(out)
+    out = np.asarray(values.cpu() if isinstance(values, Tensor) else values)
+    return np.where(np.isfinite(out), out, None).tolist()
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[str]],
@@ -265,14 +257,12 @@ def check_fixed(loss: str, hparams: dict[str, Any] | None, forbidden: Iterable[s
     cls = get_loss_class(loss)
     check_hparams(cls.hparam_specs, {k: v for k, v in hparams.items() if k not in TRAINER_KEYS},
                   cls.name)
-    for key in TRAINER_KEYS:
-        if key in hparams:
-            v = hparams[key]
-            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or (
-                v < 0 or (key == "lr" and v == 0)
-            ):
-                want = "positive" if key == "lr" else "non-negative"
-                raise AnalyzeError(f"--set {key}: must be a {want} number; got {v!r}")
+    for key in (k for k in TRAINER_KEYS if k in hparams):
+        v = hparams[key]
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or (
+                v < 0 or (key == "lr" and v == 0)):
+            want = "positive" if key == "lr" else "non-negative"
+            raise AnalyzeError(f"--set {key}: must be a {want} number; got {v!r}")
     return hparams
 
 
@@ -289,16 +279,11 @@ def run_settings(data: ProbeData, result: ProbeResult, seeds: Sequence[int]) -> 
     """The training settings an analysis ran with (store, batch, lr, epochs, seeds, …), as the
     result's ``settings``."""
     cfg = result.config
-    return {
-        "store": data.source.get("path", "(arrays)"), "dataset": data.dataset,
-        "n_train": data.n_train, "n_classes": data.n_classes,
-        "batch_size": cfg["batch_size"], "batch_size_from": cfg.get("batch_size_from"),
-        "lr": cfg["lr"], "lr_from": cfg.get("lr_from"),
-        "epochs": cfg["epochs"], "epochs_from": cfg.get("epochs_from"),
-        "optimizer": cfg["optimizer"], "seeds": list(seeds), "observed_seed": cfg["observed_seed"],
-        "flip_used": cfg.get("flip_used"), "device": cfg.get("device"),
-        "use_presets": cfg.get("use_presets"),
-    }
+    return {"store": data.source.get("path", "(arrays)"), "dataset": data.dataset,
+            "n_train": data.n_train, "n_classes": data.n_classes,
+            **{k: cfg.get(k) for k in ("batch_size", "batch_size_from", "lr", "lr_from", "epochs",
+                                      "epochs_from", "optimizer")}, "seeds": list(seeds),
+            **{k: cfg.get(k) for k in ("observed_seed", "flip_used", "device", "use_presets")}}
 
 
 def trial_scores(result: ProbeResult, trials: Sequence[int]) -> dict[str, Any]:
