@@ -95,20 +95,16 @@ class Table:
                 iv, how = Interval(values[0], b.low, b.high, cfg.level), "images"
             entries[j] = Entry(j, i, mine[j], iv.value, iv.low, iv.high, how)
         finite = [j for j in rows if math.isfinite(entries[j].mean)]
-        if not finite:
-            self.entries.update({(j, i): e for j, e in entries.items()})
-            return
-        best = max(finite, key=lambda j: entries[j].mean)
-        entries[best].best = entries[best].not_worse = True
-        avg = BootstrapResult(map=torch.stack([b.map for b in boots]).mean(0),
-                              replicates=torch.stack([b.replicates for b in boots]).mean(0),
-                              intervals=[],
-                              n_resamples=cfg.resamples, seed=0, level=cfg.level)
-        others = [j for j in rows if j != best]
-        for diff in paired_differences(avg, [(best, j) for j in others]):
-            e = entries[diff.b]
-            e.p_holm = diff.p_holm
-            e.not_worse = math.isfinite(e.mean) and not diff.significant
+        if finite:
+            best = max(finite, key=lambda j: entries[j].mean)
+            entries[best].best = entries[best].not_worse = True
+            avg = BootstrapResult(map=torch.stack([b.map for b in boots]).mean(0),
+                                  replicates=torch.stack([b.replicates for b in boots]).mean(0),
+                                  intervals=[], n_resamples=cfg.resamples, seed=0, level=cfg.level)
+            for diff in paired_differences(avg, [(best, j) for j in rows if j != best]):
+                e = entries[diff.b]
+                e.p_holm = diff.p_holm
+                e.not_worse = math.isfinite(e.mean) and not diff.significant
         self.entries.update({(j, i): e for j, e in entries.items()})
 
     def _cell_text(self, e: Entry, bold: tuple[str, str], mark: str, iv: str) -> str:
