@@ -245,10 +245,8 @@ def damaged_chunks(store: Path, name: str, array: Any, expect_all: bool = True) 
 
 
 def _reason(err: BaseException) -> str:
-    msg = str(err)
-    if "checksum" in msg.lower():
-        return "checksum mismatch"
-    return f"{type(err).__name__}: {msg}"[:200]
+    return ("checksum mismatch" if "checksum" in str(err).lower()
+            else f"{type(err).__name__}: {err}"[:200])
 
 
 def chunk_label(coords: tuple[int, ...]) -> str:

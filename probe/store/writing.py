@@ -419,9 +419,7 @@ def resume_store(path: str | Path, provenance: dict) -> StoreWriter:
     path, group = _writable_group(path)
     stored = group.attrs["provenance"]
     given = json.loads(json.dumps(provenance, default=str))  # compare as stored (JSON)
-    for key in RESUME_KEYS:
-        if key == "dtype" and key not in given:
-            continue
+    for key in (k for k in RESUME_KEYS if k != "dtype" or k in given):
         if stored.get(key) != given.get(key):
             raise StoreError(
                 f"cannot resume {path}: provenance field {key!r} differs (store: "

@@ -172,10 +172,9 @@ def summary_section(st: StudyView, commands: list[str]) -> Section:
                    f"batch, {s.get('workers', 1)} worker(s)"),
         ("trials", f"{len(st.trials)} in all: {n_done} complete, {counts[TrialState.PRUNED]} "
                    f"pruned, {counts[TrialState.FAIL]} failed"
-                   + (f", {counts[TrialState.RUNNING]} running"
-                      if counts[TrialState.RUNNING] else "")
-                   + (f", {counts[TrialState.WAITING]} waiting"
-                      if counts[TrialState.WAITING] else "")),
+                   + "".join(f", {counts[state]} {state.name.lower()}"
+                             for state in (TrialState.RUNNING, TrialState.WAITING)
+                             if counts[state])),
     ]
     best, paper = (st.complete[0] if st.complete else None), st.paper
     if best is not None:
@@ -232,13 +231,10 @@ def leaderboard_section(st: StudyView, options: ReportOptions, ctx: ReportRuns |
         shown.append(paper)
     confirmed = {int(r["trial"]): r for r in st.confirm}
     names = list(st.distributions)
-    header = ["rank", "trial", "val mAP", "best epoch", "test mAP"]
     intervals = ctx.intervals if ctx is not None else {}
-    if intervals:
-        header += ["test mAP 95% interval"]
-    if confirmed:
-        header += ["confirmed test mAP", "runs"]
-    header += names
+    header = ["rank", "trial", "val mAP", "best epoch", "test mAP",
+              *(["test mAP 95% interval"] if intervals else []),
+              *(["confirmed test mAP", "runs"] if confirmed else []), *names]
     rows = []
     for t in shown:
         res = st.results.get(t.number, {})
