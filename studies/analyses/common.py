@@ -112,9 +112,7 @@ def bucket_rates(p: Tensor | np.ndarray, truth: Tensor | np.ndarray,
     pt = torch.as_tensor(p).detach().to(torch.float64).flatten().cpu()
     yt = torch.as_tensor(truth).detach().flatten().cpu().to(torch.float64)
     if pt.shape != yt.shape:
-        raise AnalyzeError(
-            f"bucket_rates: p has {pt.numel()} values but truth has {yt.numel()}"
-        )
+        raise AnalyzeError(f"bucket_rates: p has {pt.numel()} values but truth has {yt.numel()}")
     if pt.numel() and (pt.isnan().any() or pt.min() < 0 or pt.max() > 1):
         raise AnalyzeError("bucket_rates: confidences must lie in [0, 1] (no NaN)")
     idx = (pt * n_buckets).floor().clamp(0, n_buckets - 1).long()
@@ -251,9 +249,7 @@ def check_fixed(loss: str, hparams: dict[str, Any] | None, forbidden: Iterable[s
             raise AnalyzeError(f"--set {key}: {why or 'this analysis sets it itself'}")
     for key, value in hparams.items():
         if isinstance(value, list | tuple):
-            raise AnalyzeError(
-                f"--set {key}: takes one value here; got {len(value)} ({value!r})"
-            )
+            raise AnalyzeError(f"--set {key}: takes one value here; got {len(value)} ({value!r})")
     cls = get_loss_class(loss)
     check_hparams(cls.hparam_specs, {k: v for k, v in hparams.items() if k not in TRAINER_KEYS},
                   cls.name)

@@ -94,12 +94,9 @@ class Method:
         if self.loss is None:
             return ""
         parts = ["spml probe", shlex.quote(store), "--loss", self.loss]
-        if self.labels == "full":
-            parts += ["--labels", "full"]
-        if self.priors:
-            parts += ["--priors", self.priors]
-        for flag, v in (("--batch-size", self.batch_size), ("--lr", self.lr),
-                        ("--epochs", self.epochs)):
+        for flag, v in (("--labels", "full" if self.labels == "full" else None),
+                        ("--priors", self.priors or None), ("--batch-size", self.batch_size),
+                        ("--lr", self.lr), ("--epochs", self.epochs)):
             if v is not None:
                 parts += [flag, plain(v)]
         for k in sorted(self.hparams):
