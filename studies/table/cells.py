@@ -367,13 +367,10 @@ def run_tuning(plan: Plan, log: Callable[[str], None]) -> None:
                                             "tuned", plan.config)
     if not winners:
         return
-    methods: list[Method] = []
     rows: list[tuple[int | None, str | None]] = []  # (old row, tuned loss)
     for j, m in enumerate(plan.methods):
-        methods.append(m)
         rows.append((j, None))
         if m.kind == "preset" and (0, m.loss) in winners:
-            methods.append(winners[(0, m.loss)])
             rows.append((None, m.loss))
     settings, per_column = {}, {}
     for i, col in enumerate(plan.columns):
@@ -386,7 +383,9 @@ def run_tuning(plan: Plan, log: Callable[[str], None]) -> None:
                 continue
             per_column[(i, j)] = winners[(i, loss)]
             settings[(i, j)] = resolve_settings(winners[(i, loss)], col, data, plan.config)
-    plan.methods, plan.settings, plan.per_column = methods, settings, per_column
+    plan.methods = [plan.methods[old] if old is not None else winners[(0, loss)]
+                    for old, loss in rows]
+    plan.settings, plan.per_column = settings, per_column
 
 
 def _cell_paths(out: str, key: str) -> tuple[Path, Path]:
