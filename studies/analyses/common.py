@@ -225,14 +225,10 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[str]],
     def width(s: str) -> int:  # combining marks (the hat of k̂) take no column
         return sum(not unicodedata.combining(ch) for ch in s)
 
-    def pad(s: str, w: int, left: bool) -> str:
-        fill = " " * (w - width(s))
-        return s + fill if left else fill + s
-
     table = [[str(c) for c in header], *[[str(c) for c in r] for r in rows]]
     widths = [max(width(r[i]) for r in table) for i in range(len(header))]
-    return "\n".join("  ".join(pad(c, w, i == 0) for i, (c, w) in enumerate(zip(r, widths)))
-                     for r in table)
+    return "\n".join("  ".join((c.ljust if i == 0 else c.rjust)(w + len(c) - width(c))
+                               for i, (c, w) in enumerate(zip(r, widths))) for r in table)
 
 
 #: GR's structural ablation switches (paper Table 3)
