@@ -114,16 +114,15 @@ def run_ablation(
         raise AnalyzeError("run_ablation: no rows to train")
     order = sorted(range(len(rows)), key=lambda i: rows[i].name != _REFERENCE_ROW)
     results: dict[int, ProbeResult] = {}
-    bar = Progress(len(rows), "ablation rows", "run", enabled=progress)
-    for i in order:
-        row = rows[i]
-        row_hp = {**hp, **row.switches} if row.loss == "gr" else {
-            k: v for k, v in hp.items() if k in TRAINER_KEYS}
-        results[i] = train_runs(data, config, row.loss, [row_hp], seeds, progress)
-        if len(results) == 1:
-            config = pin_training(config, results[i])
-        bar.update(1)
-    bar.close()
+    with Progress(len(rows), "ablation rows", "run", enabled=progress) as bar:
+        for i in order:
+            row = rows[i]
+            row_hp = {**hp, **row.switches} if row.loss == "gr" else {
+                k: v for k, v in hp.items() if k in TRAINER_KEYS}
+            results[i] = train_runs(data, config, row.loss, [row_hp], seeds, progress)
+            if len(results) == 1:
+                config = pin_training(config, results[i])
+            bar.update(1)
     out_rows = [{"name": row.name, "loss": row.loss, "marks": list(row.marks),
                  "switches": row.switches, **trial_scores(results[i], range(len(seeds))),
                  "hparams": results[i].trials[0].hparams} for i, row in enumerate(rows)]

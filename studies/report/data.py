@@ -50,8 +50,7 @@ class StudyView:
 
     @property
     def complete(self) -> list[FrozenTrial]:
-        done = [t for t in self.trials if t.state == TrialState.COMPLETE]
-        return ranked_trials(done)
+        return ranked_trials([t for t in self.trials if t.state == TrialState.COMPLETE])
 
     @property
     def paper(self) -> FrozenTrial | None:
