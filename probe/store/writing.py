@@ -180,10 +180,9 @@ def _check_create_args(index: DatasetIndex, feature_dim: int, dtype: str, block_
     """Refuse what :func:`create_store` cannot write; returns the checked provenance."""
     if dtype not in DTYPES:
         raise StoreError(f"dtype must be one of {DTYPES}, got {dtype!r}")
-    if int(feature_dim) < 1:
-        raise StoreError(f"feature_dim must be >= 1, got {feature_dim}")
-    if int(block_rows) < 1:
-        raise StoreError(f"block_rows must be >= 1, got {block_rows}")
+    for name, value in (("feature_dim", feature_dim), ("block_rows", block_rows)):
+        if int(value) < 1:
+            raise StoreError(f"{name} must be >= 1, got {value}")
     if not seeds or len(set(seeds)) != len(seeds):
         raise StoreError(f"seeds must be a non-empty list of distinct integers, got {seeds}")
     prov = _check_provenance(provenance, dtype)
@@ -283,8 +282,7 @@ class StoreWriter:
 
     def pending_blocks(self) -> list[int]:
         """Blocks not yet written, ascending."""
-        done = self._group["blocks_done"][:]
-        return [int(b) for b in np.nonzero(~done)[0]]
+        return np.nonzero(~self._group["blocks_done"][:])[0].tolist()
 
     def block_slice(self, block: int) -> slice:
         """Rows of ``block``: ``[block * block_rows, min((block + 1) * block_rows, N))``."""
