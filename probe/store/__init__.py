@@ -12,7 +12,8 @@ format.
 * :mod:`probe.store.writing` -- create a store and write it in resumable blocks, resume or
   join one, or write in-memory features at once;
 * :mod:`probe.store.reading` -- open a finished store, read it, verify every chunk;
-* :mod:`probe.store.draws` -- add another draw of observed labels to a finished store;
+* :mod:`probe.store.draws` -- add another draw of observed labels (protocol, label budget or
+  label bias) to a finished store;
 * :mod:`probe.store.records` -- what each draw is, and the root attributes changed under a lock;
 * :mod:`probe.store.chunks` -- per-chunk checksums, the fast feature read path, damage reports.
 """
@@ -31,12 +32,11 @@ _EXPORTS = {
     **dict.fromkeys(("BadFeatureRow", "StoreWriter", "create_store", "join_store", "resume_store",
                      "write_feature_store"), "probe.store.writing"),
     **dict.fromkeys(("Store", "open_store", "verify_store"), "probe.store.reading"),
-    **dict.fromkeys(("add_draws", "add_observed_seed"), "probe.store.draws"),
+    **dict.fromkeys(("add_biased_draw", "add_draws", "add_observed_seed"), "probe.store.draws"),
     **dict.fromkeys(("StoreDamaged", "StoreError", "StoreNotFoundError"), "probe.store.errors"),
     "VerifyReport": "probe.store.chunks",
     **dict.fromkeys(("Prior", "PriorError"), "probe.store.priors"),
     "write_prior": "probe.store.prior_writer",
-    "add_biased_draw": "probe.store.biased_draws",
 }
 
 __all__ = sorted(_EXPORTS)

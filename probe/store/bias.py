@@ -2,7 +2,7 @@
 the single observed positive drawn with probability by the class's object ``size`` or box
 ``location`` (from the dataset's boxes, stored at featurize time as ``bias/<kind>`` (N, C)
 float32) or fixed ``semantic`` class weights. This module holds the draw and the weights (read
-by the store's writer); :func:`probe.store.biased_draws.add_biased_draw` adds a draw.
+by the store's writer); :func:`probe.store.draws.add_biased_draw` adds a draw.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
-"""Chunk-level access to a store's arrays: checksums, the fast feature read path, damage reports.
-
-Every array carries a CRC-32C per chunk (Zarr v3's ``crc32c`` codec); stores written without
-(uncompressed feature chunks without the trailing 4 bytes) still read, only damage that keeps a
-chunk's length goes unnoticed there (:func:`verify_store` says so). The feature arrays (N, D),
-chunked by whole rows and uncompressed, are read here rather than through zarr: one ``readinto``
-per chunk file straight into the caller's array (or a per-thread buffer, then gathered), chunks
-in parallel on a thread pool, the checksum checked in memory (docs/protocol.md "The feature
-store"). A read error is a :class:`StoreDamaged` naming the store, the array and the chunk and
-how to repair (re-run the command that wrote it: :func:`probe.store.writing.resume_store`).
-"""
+"""Chunk-level access to a store's arrays: CRC-32C checksums, the fast feature read path (one
+``readinto`` per chunk file, chunks in parallel) and damage reports, each naming the store, the
+array and the chunk and how to repair (docs/protocol.md "The feature store": the format, and what
+stores written without checksums still detect)."""
 
 from __future__ import annotations
 
@@ -108,12 +101,6 @@ class RowChunks:
         err.reason = reason  # what verify lists
         return err
 
-    def _buffer(self) -> np.ndarray:
-        buf = getattr(self._local, "buf", None)
-        if buf is None:
-            buf = self._local.buf = np.empty((self.chunk_rows, self.dim), self.dtype)
-        return buf
-
     def read_chunk_into(self, chunk: int, dest: np.ndarray) -> None:
         """Read the whole of ``chunk`` (``chunk_rows`` rows, the last one padded) into the
         C-contiguous ``dest`` and check its length and checksum; StoreDamaged otherwise."""
@@ -180,7 +167,9 @@ class RowChunks:
                 ):  # the whole chunk, in order, to consecutive output rows: straight into out
                     self.read_chunk_into(chunk, out[pos[0] : pos[0] + full])
                     return
-            buf = self._buffer()
+            buf = getattr(self._local, "buf", None)  # one buffer per thread, reused
+            if buf is None:
+                buf = self._local.buf = np.empty((self.chunk_rows, self.dim), self.dtype)
             self.read_chunk_into(chunk, buf)
             for t, pos, rows in parts:
                 if (np.diff(pos) == 1).all() and (np.diff(rows) == 1).all():
@@ -224,11 +213,6 @@ class VerifyReport:
         return [name for name, a in self.arrays.items() if not a["checksum"]]
 
 
-def array_names(group: Any) -> list[str]:
-    """Every array of a store group, nested ones (observed/<seed>) as ``parent/name``."""
-    return [key for key, node in sorted(group.members(max_depth=None)) if hasattr(node, "shape")]
-
-
 def damaged_chunks(store: Path, name: str, array: Any, expect_all: bool = True) -> list[Damage]:
     """Read every chunk of one array and return those that cannot be read back as written
     (with ``expect_all``, a checksummed array's missing chunk file counts as damage)."""
@@ -261,10 +245,8 @@ def damaged_chunks(store: Path, name: str, array: Any, expect_all: bool = True) 
 
 
 def _reason(err: BaseException) -> str:
-    msg = str(err)
-    if "checksum" in msg.lower():
-        return "checksum mismatch"
-    return f"{type(err).__name__}: {msg}"[:200]
+    return ("checksum mismatch" if "checksum" in str(err).lower()
+            else f"{type(err).__name__}: {err}"[:200])
 
 
 def chunk_label(coords: tuple[int, ...]) -> str:
@@ -277,7 +259,8 @@ def group_damage(path: Path, group: Any) -> tuple[dict[str, dict], list[Damage]]
     complete = bool(group.attrs.get("complete"))
     arrays: dict[str, dict] = {}
     damaged: list[Damage] = []
-    for name in array_names(group):
+    # every array, nested ones (observed/<seed>) as parent/name
+    for name in [k for k, node in sorted(group.members(max_depth=None)) if hasattr(node, "shape")]:
         try:
             array = group[name]
         except Exception as err:  # unreadable array metadata

@@ -1,18 +1,20 @@
 """More draws of observed labels for a complete store: :func:`add_draws` (several seeds of
 one kind, all checked first), :func:`add_observed_seed` (the protocol's single positives, or a
-label budget), docs/protocol.md step 2."""
+label budget) and :func:`add_biased_draw` (a label bias: :mod:`probe.store.bias`),
+docs/protocol.md step 2."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from probe.store.bias import BIASES, GROUP, biased_positive, class_weights
 from probe.store.errors import StoreError
 from probe.store.layout import phase_observed
-from probe.store.reading import open_store
+from probe.store.reading import Store, open_store
 from probe.store.records import check_draw, draw_record, write_draw
 
 
@@ -21,11 +23,9 @@ def add_draws(path: str | Path, seeds: Sequence[int], *, k: int = 1, fraction: f
               ) -> list[int]:
     """Add the draws ``seeds`` to a complete store, all of one kind: the protocol's single
     positives, a label budget (``k``, ``fraction``; :func:`add_observed_seed`) or a label
-    ``bias`` (:func:`probe.store.biased_draws.add_biased_draw`). Every seed is checked before
-    the first is written: one taken by a draw of another kind refuses the whole call and
-    writes nothing. Seeds already holding this very draw are kept. Returns the seeds written."""
-    from probe.store.biased_draws import add_biased_draw, bias_draw_weights
-
+    ``bias`` (:func:`add_biased_draw`). Every seed is checked before the first is written: one
+    taken by a draw of another kind refuses the whole call and writes nothing. Seeds already
+    holding this very draw are kept. Returns the seeds written."""
     store = open_store(path)
     if bias is not None:
         if (k, fraction) != (1, 1.0):
@@ -54,24 +54,70 @@ def _check_budget(k: Any, fraction: Any) -> None:
         raise StoreError(f"--fraction (of images labelled) must lie in (0, 1]; got {fraction}")
 
 
+def _add_draw(store: Store, seed: int, record: dict[str, Any], attr: str | None, value: Any,
+              draw: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> None:
+    """Unless draw ``seed`` already holds ``record`` (one of another kind is refused by name:
+    :func:`probe.store.records.check_draw`), ``draw(pool labels, test labels)`` (each phase
+    re-seeded) and write it (:func:`probe.store.records.write_draw`)."""
+    if check_draw(store.attrs, seed, record, store.path):
+        return
+    labels = store.labels()
+    n_pool = int(store.attrs["n_pool"])
+    write_draw(store, seed, record, draw(labels[:n_pool], labels[n_pool:]), attr, value)
+
+
 def add_observed_seed(path: str | Path, seed: int, *, k: int = 1, fraction: float = 1.0) -> None:
     """Add the draw ``observed/<seed>`` to a complete store, each phase re-seeded with ``seed``
     (docs/protocol.md step 2); every command with ``--observed-seed`` can then train on it.
 
     ``k`` / ``fraction``: a label budget (:func:`probe.store.protocol.budget_positive`; k = 1 on
     every image is the protocol's draw), recorded in ``observed_budgets``. A seed that holds
-    this draw is left alone, one that holds another is refused by name
-    (:func:`probe.store.records.check_draw`); :func:`probe.store.records.write_draw` writes.
+    this draw is left alone, one that holds another is refused by name.
     """
     _check_budget(k, fraction)
     budget = {"k": int(k), "fraction": float(fraction)}
     record = draw_record({"observed_budgets": {"0": budget}}, 0)
+    seed = int(seed)
+    _add_draw(open_store(path), seed, record,
+              "observed_budgets" if record["kind"] == "budget" else None, budget,
+              lambda pool, test: phase_observed(pool, test, seed, budget))
+
+
+def bias_draw_weights(store: Any, bias: str, weights_by_class: Sequence[float] | None = None
+                      ) -> tuple[dict[str, Any], np.ndarray]:
+    """The record of a ``bias`` draw on an open ``store`` and its (N, C) weights, every input
+    checked (nothing is written): ``semantic`` needs ``weights_by_class``, ``size`` and
+    ``location`` the store's boxes."""
+    if bias not in BIASES:
+        raise StoreError(f"--bias must be one of {', '.join(BIASES)}; got {bias!r}")
+    if bias == "semantic":
+        if weights_by_class is None:
+            raise StoreError("--bias semantic needs --class-weights FILE (one weight per class)")
+        w = class_weights(weights_by_class, store.n_classes)
+        weights = np.broadcast_to(w, (store.n_rows, store.n_classes))
+        return {"bias": bias, "class_weights": w.tolist()}, weights
+    if weights_by_class is not None:
+        raise StoreError(f"--class-weights is for --bias semantic, not {bias}")
+    name = f"{GROUP}/{bias}"
+    if name not in store._group:
+        raise StoreError(
+            f"--bias {bias} needs the dataset's object boxes, and {store.path} (dataset "
+            f"{store.dataset!r}) holds none: only stores featurized from COCO's instance "
+            "annotations have them (spml featurize coco); --bias semantic works on any store"
+        )
+    return {"bias": bias}, store._read(name, None)
+
+
+def add_biased_draw(path: str | Path, seed: int, bias: str,
+                    weights_by_class: Sequence[float] | None = None) -> dict[str, Any]:
+    """Add ``observed/<seed>``: single positives drawn with ``bias`` (:mod:`probe.store.bias`),
+    each phase re-seeded. ``weights_by_class``: the ``semantic`` bias's C weights. A seed
+    already holding the same draw is left alone, one holding a draw of another kind is refused
+    by name. Returns the draw's record."""
     store = open_store(path)
     seed = int(seed)
-    if check_draw(store.attrs, seed, record, store.path):
-        return
-    labels = store.labels()
-    n_pool = int(store.attrs["n_pool"])
-    observed = phase_observed(labels[:n_pool], labels[n_pool:], seed, budget)
-    write_draw(store, seed, record, observed,
-               "observed_budgets" if record["kind"] == "budget" else None, budget)
+    record, weights = bias_draw_weights(store, bias, weights_by_class)
+    _add_draw(store, seed, {"kind": "bias", **record}, "observed_bias", record,
+              lambda pool, test: np.concatenate([biased_positive(pool, weights[:len(pool)], seed),
+                                                 biased_positive(test, weights[len(pool):], seed)]))
+    return record

@@ -147,12 +147,8 @@ def write_prior(
     except BaseException:
         shutil.rmtree(staging_dir, ignore_errors=True)
         raise
-    record = {
-        "provenance": prov,
-        "extras": sorted(k for k in values if k != "scores"),
-        "shape": list(shape),
-        "created": utc_now(),
-    }
+    record = {"provenance": prov, "extras": sorted(k for k in values if k != "scores"),
+              "shape": list(shape), "created": utc_now()}
     update_root_attrs(store.path, lambda attrs: {  # re-read under the lock: draws may land too
         "priors": {**dict(attrs.get("priors", {})), name: record}})
     return Prior(name, values["scores"], {k: v for k, v in values.items() if k != "scores"}, prov)

@@ -33,9 +33,7 @@ def single_positive(labels: np.ndarray, seed: int = PROTOCOL_SEED) -> np.ndarray
     """
     y = np.asarray(labels)
     if y.ndim != 2:
-        raise SpmlError(
-            f"single_positive: labels must be a 2-D (N, C) matrix, got shape {y.shape}"
-        )
+        raise SpmlError(f"single_positive: labels must be a 2-D (N, C) matrix, got shape {y.shape}")
     return _walk(y, seed, 1)
 
 

@@ -17,6 +17,7 @@ import zarr
 
 from probe.store.chunks import small_array
 from probe.store.errors import StoreError
+from probe.store.layout import is_protocol_budget
 
 __all__ = ["attrs_lock", "check_draw", "draw_record", "draw_text", "update_root_attrs",
            "write_draw"]
@@ -59,7 +60,7 @@ def draw_record(attrs: dict[str, Any], seed: int) -> dict[str, Any]:
     if bias is not None:
         return {"kind": "bias", **bias}
     budget = attrs.get("observed_budgets", {}).get(key)
-    if budget is not None and (int(budget["k"]), float(budget["fraction"])) != (1, 1.0):
+    if budget is not None and not is_protocol_budget(budget):
         return {"kind": "budget", "k": int(budget["k"]), "fraction": float(budget["fraction"])}
     return {"kind": "protocol"}
 

@@ -146,8 +146,16 @@ def create_store(
     try:
         group = zarr.open_group(staging, mode="w-")
         _write_row_arrays(group, index, seeds)
-        _create_feature_arrays(group, len(index.pool) + len(index.test), int(feature_dim),
-                               int(block_rows), dtype, with_flip)
+        n_rows = len(index.pool) + len(index.test)
+        for name in FEATURE_ARRAYS if with_flip else FEATURE_ARRAYS[:1]:
+            group.create_array(  # uncompressed + CRC-32C: zstd was ~6x slower (docs/protocol.md)
+                name, shape=(n_rows, int(feature_dim)), chunks=(int(block_rows), int(feature_dim)),
+                dtype=dtype, fill_value=np.nan,  # a never-written row reads as NaN, not as zeros
+                compressors=checksum_codecs(compress=False))
+        # one chunk per block: concurrent writers of different blocks never collide
+        group.create_array("blocks_done", shape=(math.ceil(n_rows / int(block_rows)),),
+                           chunks=(1,), dtype=bool, fill_value=False, config=EVERY_CHUNK,
+                           compressors=checksum_codecs(compress=False))
         group.attrs.update(_store_attrs(index, feature_dim, with_flip, dtype, block_rows,
                                         seeds, prov, dict(extra_attrs or {})))
     except OSError as err:  # disk full, file-size limit: nothing reaches `path`
@@ -172,10 +180,9 @@ def _check_create_args(index: DatasetIndex, feature_dim: int, dtype: str, block_
     """Refuse what :func:`create_store` cannot write; returns the checked provenance."""
     if dtype not in DTYPES:
         raise StoreError(f"dtype must be one of {DTYPES}, got {dtype!r}")
-    if int(feature_dim) < 1:
-        raise StoreError(f"feature_dim must be >= 1, got {feature_dim}")
-    if int(block_rows) < 1:
-        raise StoreError(f"block_rows must be >= 1, got {block_rows}")
+    for name, value in (("feature_dim", feature_dim), ("block_rows", block_rows)):
+        if int(value) < 1:
+            raise StoreError(f"{name} must be >= 1, got {value}")
     if not seeds or len(set(seeds)) != len(seeds):
         raise StoreError(f"seeds must be a non-empty list of distinct integers, got {seeds}")
     prov = _check_provenance(provenance, dtype)
@@ -217,22 +224,6 @@ def _clear_output(path: Path, overwrite: bool) -> None:
             f"{path} exists and is not a Zarr store; refusing to delete it even with "
             f"--overwrite -- choose another output path"
         )
-
-
-def _create_feature_arrays(group: zarr.Group, n_rows: int, feature_dim: int, block_rows: int,
-                           dtype: str, with_flip: bool) -> None:
-    """The feature arrays (NaN until written) and ``blocks_done``, one chunk per block."""
-    for name in FEATURE_ARRAYS if with_flip else FEATURE_ARRAYS[:1]:
-        group.create_array(
-            name, shape=(n_rows, feature_dim), chunks=(block_rows, feature_dim), dtype=dtype,
-            fill_value=np.nan,  # a never-written row reads as NaN, not as plausible zeros
-            # uncompressed + CRC-32C: zstd made reads and writes ~6x slower (docs/protocol.md)
-            compressors=checksum_codecs(compress=False),
-        )
-    # one chunk per block: concurrent writers of different blocks never collide
-    group.create_array("blocks_done", shape=(math.ceil(n_rows / block_rows),), chunks=(1,),
-                       dtype=bool, fill_value=False, compressors=checksum_codecs(compress=False),
-                       config=EVERY_CHUNK)
 
 
 def _store_attrs(index: DatasetIndex, feature_dim: int, with_flip: bool, dtype: str,
@@ -291,8 +282,7 @@ class StoreWriter:
 
     def pending_blocks(self) -> list[int]:
         """Blocks not yet written, ascending."""
-        done = self._group["blocks_done"][:]
-        return [int(b) for b in np.nonzero(~done)[0]]
+        return np.nonzero(~self._group["blocks_done"][:])[0].tolist()
 
     def block_slice(self, block: int) -> slice:
         """Rows of ``block``: ``[block * block_rows, min((block + 1) * block_rows, N))``."""
@@ -427,9 +417,7 @@ def resume_store(path: str | Path, provenance: dict) -> StoreWriter:
     path, group = _writable_group(path)
     stored = group.attrs["provenance"]
     given = json.loads(json.dumps(provenance, default=str))  # compare as stored (JSON)
-    for key in RESUME_KEYS:
-        if key == "dtype" and key not in given:
-            continue
+    for key in (k for k in RESUME_KEYS if k != "dtype" or k in given):
         if stored.get(key) != given.get(key):
             raise StoreError(
                 f"cannot resume {path}: provenance field {key!r} differs (store: "

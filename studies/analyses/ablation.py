@@ -17,8 +17,8 @@ from .common import (
     AnalysisResult,
     AnalyzeError,
     check_fixed,
-    config_seeds,
     pin_training,
+    run_config,
     run_settings,
     score_cells,
     scores_caption,
@@ -71,6 +71,8 @@ class AblationResult(AnalysisResult):
     hparams: dict[str, Any]
     notes: list[str] = field(default_factory=list)
 
+    paper = "Table 3"
+
     def __post_init__(self) -> None:
         self.kind, self.title = "ablation", "GR ablation (paper Table 3)"
 
@@ -84,11 +86,6 @@ class AblationResult(AnalysisResult):
         cap = (scores_caption(n) + "; ✓ on, × off (k̂ ≡ 0, v ≡ 1, q1 = q2 = q3 = 0.01), ◦ "
                "learned by gradient descent; best epoch counted from 1")
         return [(cap, header, rows)]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"analysis": "ablation", "paper": "GR Loss, IJCAI 2024, Table 3",
-                "settings": self.settings, "hparams": self.hparams, "rows": self.rows,
-                "notes": self.notes}
 
 
 def ablation_hparams(hparams: dict[str, Any] | None) -> dict[str, Any]:
@@ -111,24 +108,21 @@ def run_ablation(
     The GR row with everything on trains first; its resolved batch size, lr and epochs are
     then used for every other row (the AN baseline included). The seeds of a row stack.
     """
-    config = config or ProbeConfig()
-    config.validate()
+    config, seeds = run_config(config)
     hp = ablation_hparams(hparams)
     if not rows:
         raise AnalyzeError("run_ablation: no rows to train")
-    seeds = config_seeds(config)
     order = sorted(range(len(rows)), key=lambda i: rows[i].name != _REFERENCE_ROW)
     results: dict[int, ProbeResult] = {}
-    bar = Progress(len(rows), "ablation rows", "run", enabled=progress)
-    for i in order:
-        row = rows[i]
-        row_hp = {**hp, **row.switches} if row.loss == "gr" else {
-            k: v for k, v in hp.items() if k in TRAINER_KEYS}
-        results[i] = train_runs(data, config, row.loss, [row_hp], seeds, progress)
-        if len(results) == 1:
-            config = pin_training(config, results[i])
-        bar.update(1)
-    bar.close()
+    with Progress(len(rows), "ablation rows", "run", enabled=progress) as bar:
+        for i in order:
+            row = rows[i]
+            row_hp = {**hp, **row.switches} if row.loss == "gr" else {
+                k: v for k, v in hp.items() if k in TRAINER_KEYS}
+            results[i] = train_runs(data, config, row.loss, [row_hp], seeds, progress)
+            if len(results) == 1:
+                config = pin_training(config, results[i])
+            bar.update(1)
     out_rows = [{"name": row.name, "loss": row.loss, "marks": list(row.marks),
                  "switches": row.switches, **trial_scores(results[i], range(len(seeds))),
                  "hparams": results[i].trials[0].hparams} for i, row in enumerate(rows)]

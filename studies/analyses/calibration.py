@@ -23,9 +23,9 @@ from .common import (
     check_fixed,
     check_int,
     check_losses,
-    config_seeds,
     k_hat_curve,
     masked_probs,
+    run_config,
     run_settings,
     scar_curve,
     seeded_heads,
@@ -51,6 +51,7 @@ class CalibrationResult(AnalysisResult):
     hparams: dict[str, Any]
     scores: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    paper = "Fig. 5 / App. E.3"
 
     def __post_init__(self) -> None:
         self.kind = "calibration"
@@ -85,14 +86,6 @@ class CalibrationResult(AnalysisResult):
                 ("count-weighted mean |FN rate − curve| over the buckets (after training "
                  "unless named 'before')", ["curve", "gap"], gap_rows)]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"analysis": "calibration", "paper": "GR Loss, IJCAI 2024, Fig. 5 / App. E.3",
-                "loss": self.loss, "before": self.before.to_dict(),
-                "after": self.after.to_dict(), "k_start": self.k_start, "k_final": self.k_final,
-                "a": self.a, "fn_rate": self.fn_rate, "gaps": self.gaps,
-                "settings": self.settings, "hparams": self.hparams, "scores": self.scores,
-                "notes": self.notes}
-
 
 def _f3(v: float) -> str:
     return "-" if not math.isfinite(v) else f"{v:.3f}"
@@ -126,13 +119,11 @@ def run_calibration(
     per bucket the fraction that is truly positive (Fig. 5). For GR, k̂ = σ(w·p + b) at
     (w_0, b_0) and (w_T, b_T) is drawn against it; for every loss Eq. 6 with a = P(s=1 | y=1)
     = (observed positives) / (true positives) of the train split."""
-    config = config or ProbeConfig()
-    config.validate()
+    config, seeds = run_config(config)
     check_int(n_buckets, "--buckets", 2, 1000)
     check_losses([loss], None, "trains no head; pick a loss")
     hp = check_fixed(loss, hparams)
     x, mask, truth = unannotated_truth(data, "train")
-    seeds = config_seeds(config)
     result = train_runs(data, config, loss, [hp], seeds, progress)
     before = bucket_rates(*_confidences(x, seeded_heads(seeds, data.feature_dim, data.n_classes),
                                         mask, truth), n_buckets)

@@ -11,9 +11,9 @@ import statistics
 import unicodedata
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -112,9 +112,7 @@ def bucket_rates(p: Tensor | np.ndarray, truth: Tensor | np.ndarray,
     pt = torch.as_tensor(p).detach().to(torch.float64).flatten().cpu()
     yt = torch.as_tensor(truth).detach().flatten().cpu().to(torch.float64)
     if pt.shape != yt.shape:
-        raise AnalyzeError(
-            f"bucket_rates: p has {pt.numel()} values but truth has {yt.numel()}"
-        )
+        raise AnalyzeError(f"bucket_rates: p has {pt.numel()} values but truth has {yt.numel()}")
     if pt.numel() and (pt.isnan().any() or pt.min() < 0 or pt.max() > 1):
         raise AnalyzeError("bucket_rates: confidences must lie in [0, 1] (no NaN)")
     idx = (pt * n_buckets).floor().clamp(0, n_buckets - 1).long()
@@ -181,9 +179,12 @@ def unannotated_truth(data: ProbeData, split: str = "train") -> tuple[Tensor, Te
     return x, mask, truth
 
 
-def config_seeds(config: ProbeConfig) -> tuple[int, ...]:
-    """The run's seeds: ``config.seeds`` when set, else the one ``config.seed``."""
-    return tuple(config.seeds) if config.seeds is not None else (config.seed,)
+def run_config(config: ProbeConfig | None) -> tuple[ProbeConfig, tuple[int, ...]]:
+    """The validated config (default :class:`ProbeConfig`) and its seeds: ``config.seeds`` when
+    set, else the one ``config.seed``."""
+    config = config or ProbeConfig()
+    config.validate()
+    return config, tuple(config.seeds) if config.seeds is not None else (config.seed,)
 
 
 def _finite_or_nan(v: Any) -> float:
@@ -208,16 +209,8 @@ def format_pm(mean: float, std: float, n: int) -> str:
 
 def json_floats(values: Any) -> list:
     """NumPy / tensor values as JSON-safe lists (NaN → None)."""
-    out = np.asarray(values.cpu() if isinstance(values, Tensor) else values).tolist()
-
-    def clean(v: Any) -> Any:
-        if isinstance(v, list):
-            return [clean(x) for x in v]
-        if isinstance(v, float) and not math.isfinite(v):
-            return None
-        return v
-
-    return clean(out)
+    out = np.asarray(values.cpu() if isinstance(values, Tensor) else values)
+    return np.where(np.isfinite(out), out, None).tolist()
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[str]],
@@ -232,14 +225,10 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[str]],
     def width(s: str) -> int:  # combining marks (the hat of k̂) take no column
         return sum(not unicodedata.combining(ch) for ch in s)
 
-    def pad(s: str, w: int, left: bool) -> str:
-        fill = " " * (w - width(s))
-        return s + fill if left else fill + s
-
     table = [[str(c) for c in header], *[[str(c) for c in r] for r in rows]]
     widths = [max(width(r[i]) for r in table) for i in range(len(header))]
-    return "\n".join("  ".join(pad(c, w, i == 0) for i, (c, w) in enumerate(zip(r, widths)))
-                     for r in table)
+    return "\n".join("  ".join((c.ljust if i == 0 else c.rjust)(w + len(c) - width(c))
+                               for i, (c, w) in enumerate(zip(r, widths))) for r in table)
 
 
 #: GR's structural ablation switches (paper Table 3)
@@ -256,20 +245,16 @@ def check_fixed(loss: str, hparams: dict[str, Any] | None, forbidden: Iterable[s
             raise AnalyzeError(f"--set {key}: {why or 'this analysis sets it itself'}")
     for key, value in hparams.items():
         if isinstance(value, list | tuple):
-            raise AnalyzeError(
-                f"--set {key}: takes one value here; got {len(value)} ({value!r})"
-            )
+            raise AnalyzeError(f"--set {key}: takes one value here; got {len(value)} ({value!r})")
     cls = get_loss_class(loss)
     check_hparams(cls.hparam_specs, {k: v for k, v in hparams.items() if k not in TRAINER_KEYS},
                   cls.name)
-    for key in TRAINER_KEYS:
-        if key in hparams:
-            v = hparams[key]
-            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or (
-                v < 0 or (key == "lr" and v == 0)
-            ):
-                want = "positive" if key == "lr" else "non-negative"
-                raise AnalyzeError(f"--set {key}: must be a {want} number; got {v!r}")
+    for key in (k for k in TRAINER_KEYS if k in hparams):
+        v = hparams[key]
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or (
+                v < 0 or (key == "lr" and v == 0)):
+            want = "positive" if key == "lr" else "non-negative"
+            raise AnalyzeError(f"--set {key}: must be a {want} number; got {v!r}")
     return hparams
 
 
@@ -286,22 +271,11 @@ def run_settings(data: ProbeData, result: ProbeResult, seeds: Sequence[int]) -> 
     """The training settings an analysis ran with (store, batch, lr, epochs, seeds, …), as the
     result's ``settings``."""
     cfg = result.config
-    return {
-        "store": data.source.get("path", "(arrays)"), "dataset": data.dataset,
-        "n_train": data.n_train, "n_classes": data.n_classes,
-        "batch_size": cfg["batch_size"], "batch_size_from": cfg.get("batch_size_from"),
-        "lr": cfg["lr"], "lr_from": cfg.get("lr_from"),
-        "epochs": cfg["epochs"], "epochs_from": cfg.get("epochs_from"),
-        "optimizer": cfg["optimizer"], "seeds": list(seeds), "observed_seed": cfg["observed_seed"],
-        "flip_used": cfg.get("flip_used"), "device": cfg.get("device"),
-        "use_presets": cfg.get("use_presets"),
-    }
-
-
-def _settings_line(s: dict[str, Any]) -> str:
-    return (f"{s['dataset']} ({s['n_train']} train rows, {s['n_classes']} classes), batch "
-            f"{s['batch_size']}, lr {s['lr']:g}, {s['epochs']} epochs, {s['optimizer']}, "
-            f"seeds {','.join(map(str, s['seeds']))}")
+    return {"store": data.source.get("path", "(arrays)"), "dataset": data.dataset,
+            "n_train": data.n_train, "n_classes": data.n_classes,
+            **{k: cfg.get(k) for k in ("batch_size", "batch_size_from", "lr", "lr_from", "epochs",
+                                      "epochs_from", "optimizer")}, "seeds": list(seeds),
+            **{k: cfg.get(k) for k in ("observed_seed", "flip_used", "device", "use_presets")}}
 
 
 def trial_scores(result: ProbeResult, trials: Sequence[int]) -> dict[str, Any]:
@@ -360,18 +334,26 @@ class AnalysisResult(ABC):
 
     kind: str = field(init=False, default="")  # names the output files: <kind>.json / .md
     title: str = field(init=False, default="")
+    paper: ClassVar[str] = ""  # the paper's table or figure it reproduces
 
     @abstractmethod
     def tables(self) -> list[tuple[str, list[str], list[list[str]]]]:
         """``(caption, header, rows)`` of every table."""
 
-    @abstractmethod
     def to_dict(self) -> dict[str, Any]:
-        """Everything the analysis measured, JSON-ready (the ``<kind>.json`` file)."""
+        """Everything the analysis measured, JSON-ready (the ``<kind>.json`` file): the kind,
+        the paper's figure, then every field."""
+        return {"analysis": self.kind, "paper": f"GR Loss, IJCAI 2024, {self.paper}",
+                **{f.name: (v.to_dict() if isinstance(v := getattr(self, f.name), BucketStats)
+                            else v) for f in fields(self) if f.init}}
 
     def subtitle(self) -> str:
-        s = getattr(self, "settings", None)
-        return _settings_line(s) if s else ""
+        """The training settings in one line ("" for an analysis that trains nothing)."""
+        if not (s := getattr(self, "settings", None)):
+            return ""
+        return (f"{s['dataset']} ({s['n_train']} train rows, {s['n_classes']} classes), batch "
+                f"{s['batch_size']}, lr {s['lr']:g}, {s['epochs']} epochs, {s['optimizer']}, "
+                f"seeds {','.join(map(str, s['seeds']))}")
 
     def text(self) -> str:
         """The tables as the terminal shows them."""

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from probe.losses import LossInputError, create_loss, get_loss_class
-from probe.losses._base import HParam, check_hparams
+from probe.losses._base import check_hparams
 from probe.trials import expand_grid
 
 from .common import AnalysisResult, AnalyzeError, check_int, check_losses
@@ -29,6 +29,8 @@ class CurvesResult(AnalysisResult):
     n_epochs: int
     classes: int
     notes: list[str] = field(default_factory=list)
+
+    paper = "Fig. 1"
 
     def __post_init__(self) -> None:
         self.kind, self.title = "curves", "Loss and gradient curves (paper Fig. 1)"
@@ -47,23 +49,24 @@ class CurvesResult(AnalysisResult):
                  *[f"{c['grad_y1'][i]:.4f}" for i in idx]] for c in self.curves]
         return [("gradient w.r.t. the logit at a few p (all values in the JSON)", header, rows)]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"analysis": "curves", "paper": "GR Loss, IJCAI 2024, Fig. 1", "p": self.p,
-                "n_epochs": self.n_epochs, "classes": self.classes, "curves": self.curves,
-                "notes": self.notes}
+
+def _loss_grad(loss_obj: Any, z: Tensor, shape: tuple[int, ...], logits: Any,
+               observed: Tensor) -> tuple[Tensor, Tensor]:
+    """The loss of ``logits(leaf)`` (``leaf``: ``z`` viewed as ``shape``) and its gradient
+    w.r.t. ``leaf``, both flattened."""
+    leaf = z.detach().clone().view(shape).requires_grad_(True)
+    with torch.enable_grad():
+        out = loss_obj(logits(leaf), observed).loss
+        (grad,) = torch.autograd.grad(out.sum(), leaf)
+    return out.detach().reshape(-1), grad.reshape(-1)
 
 
 def _entry_curves(loss_obj: Any, z: Tensor, y: int, classes: int) -> tuple[Tensor, Tensor]:
     """Per-entry loss and d loss / d z for logits ``z`` (P,) with label ``y``: every entry is
     its own trial (T = P, one sample, ``classes`` identical columns), so the (T,) loss is the
     entry loss and autograd gives its derivative."""
-    leaf = z.detach().clone().view(-1, 1, 1).requires_grad_(True)
-    logits = leaf.expand(-1, 1, classes)
-    observed = torch.full((1, classes), y, dtype=torch.int8)
-    with torch.enable_grad():
-        out = loss_obj(logits, observed).loss
-        (grad,) = torch.autograd.grad(out.sum(), leaf)
-    return out.detach().reshape(-1), grad.reshape(-1)
+    return _loss_grad(loss_obj, z, (-1, 1, 1), lambda leaf: leaf.expand(-1, 1, classes),
+                      torch.full((1, classes), y, dtype=torch.int8))
 
 
 def _entrywise_problem(loss_obj: Any, z: Tensor, y: int, classes: int, value: Tensor,
@@ -73,23 +76,18 @@ def _entrywise_problem(loss_obj: Any, z: Tensor, y: int, classes: int, value: Te
     gradient must not change when the other classes of its sample change."""
     tol = {"rtol": 1e-6, "atol": 1e-9}
     p_n = z.numel()
-    leaf = z.detach().clone().view(-1, 1).requires_grad_(True)
-    observed = torch.full((p_n, classes), y, dtype=torch.int8)
-    with torch.enable_grad():
-        out = loss_obj(leaf.expand(-1, classes), observed).loss
-        (g,) = torch.autograd.grad(out.sum(), leaf)
-    if not (torch.allclose(out.detach().reshape(()), value.mean(), **tol)
-            and torch.allclose(g.reshape(-1) * p_n, grad, **tol)):
+    out, g = _loss_grad(loss_obj, z, (-1, 1), lambda leaf: leaf.expand(-1, classes),
+                        torch.full((p_n, classes), y, dtype=torch.int8))
+    if not (torch.allclose(out.reshape(()), value.mean(), **tol)
+            and torch.allclose(g * p_n, grad, **tol)):
         return "its loss depends on the other entries of the batch"
     if classes > 1:
-        leaf = z.detach().clone().view(-1, 1, 1).requires_grad_(True)
         rest = torch.zeros(p_n, 1, classes - 1, dtype=z.dtype)
         observed = torch.zeros(1, classes, dtype=torch.int8)
         observed[0, 0] = y
-        with torch.enable_grad():
-            out = loss_obj(torch.cat([leaf, rest], dim=2), observed).loss
-            (g,) = torch.autograd.grad(out.sum(), leaf)
-        if not torch.allclose(g.reshape(-1) * classes, grad, **tol):
+        _, g = _loss_grad(loss_obj, z, (-1, 1, 1),
+                          lambda leaf: torch.cat([leaf, rest], dim=2), observed)
+        if not torch.allclose(g * classes, grad, **tol):
             return "an entry's gradient depends on the other classes of its sample"
     return None
 
@@ -139,7 +137,11 @@ def loss_curves(
                 check_hparams(cls.hparam_specs, {key: None}, cls.name)  # raises with a hint
         varied = [k for k, v in given.items() if len(v) > 1]
         for variant in expand_grid(given):
-            _fill_optional(cls.name, specs, variant)
+            for spec in specs.values():
+                if spec.optional and variant.get(spec.name) is None:
+                    raise AnalyzeError(
+                        f"--loss {cls.name}: hyperparameter '{spec.name}' has no default "
+                        f"({spec.doc}); set it with --set {cls.name}.{spec.name}=VALUE")
             try:
                 obj = create_loss(name, **variant)
             except LossInputError as err:
@@ -180,12 +182,3 @@ def loss_curves(
         c["label"] = f"{base} @ epoch {','.join(map(str, c['epochs']))}" if same else base
         c.update(data)
     return CurvesResult(p.tolist(), curves, n_epochs, classes)
-
-
-def _fill_optional(loss: str, specs: dict[str, HParam], variant: dict[str, Any]) -> None:
-    for spec in specs.values():
-        if spec.optional and variant.get(spec.name) is None:
-            raise AnalyzeError(
-                f"--loss {loss}: hyperparameter '{spec.name}' has no default ({spec.doc}); set "
-                f"it with --set {loss}.{spec.name}=VALUE"
-            )

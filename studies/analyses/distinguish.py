@@ -23,11 +23,11 @@ from .common import (
     check_fixed,
     check_int,
     check_losses,
-    config_seeds,
     format_pm,
     json_floats,
     masked_probs,
     pin_training,
+    run_config,
     run_settings,
     seeded_heads,
     trial_scores,
@@ -77,6 +77,8 @@ class DistinguishResult(AnalysisResult):
     counts: dict[str, int]
     notes: list[str] = field(default_factory=list)
 
+    paper = "Fig. 3"
+
     def __post_init__(self) -> None:
         self.kind, self.title = ("distinguish",
                                  "Distinguishability of unannotated labels (paper Fig. 3)")
@@ -103,12 +105,6 @@ class DistinguishResult(AnalysisResult):
                        format_pm(r["test_mean"], r["test_std"], n)] for r in self.losses]
         return [(cap, header, rows),
                 ("mAP (%) at the best val epoch", ["loss", "val mAP", "test mAP"], score_rows)]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"analysis": "distinguish", "paper": "GR Loss, IJCAI 2024, Fig. 3",
-                "split": self.split, "bins": self.bins, "counts": self.counts,
-                "hist_epochs": self.hist_epochs, "settings": self.settings,
-                "losses": self.losses, "notes": self.notes}
 
 
 def hist_epochs_for(spec: Sequence[int | str], n_epochs: int | None, best: int | None = None
@@ -154,8 +150,7 @@ def run_distinguish(
     ``bins`` histogram bins over [0, 1] at ``hist_epochs`` (completed epochs, 0 = before
     training, or 'best' / 'last'). ``hparams``: per loss name, single values. All losses train
     with the first loss's resolved batch size, lr and epochs."""
-    config = config or ProbeConfig()
-    config.validate()
+    config, seeds = run_config(config)
     hparams = check_losses(losses, hparams, "trains no head; pick a loss")
     if len(set(losses)) != len(losses):
         raise AnalyzeError(f"--loss: a loss is listed twice: {','.join(losses)}")
@@ -163,7 +158,6 @@ def run_distinguish(
     fixed = {name: check_fixed(name, hparams.get(name)) for name in losses}
     hist_epochs_for(hist_epochs, config.epochs)
     x, mask, truth = unannotated_truth(data, split)
-    seeds = config_seeds(config)
     config = replace(config, eval_every=1)
     init = seeded_heads(seeds, data.feature_dim, data.n_classes)
     out, first = [], None

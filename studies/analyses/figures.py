@@ -168,9 +168,7 @@ def plot_distinguish(result: DistinguishResult, path: str | os.PathLike, *,
         ax = fig.add_subplot()
         for k, r in enumerate(result.losses):
             color = _TAB[k % len(_TAB)]
-            e = np.array(r["epochs"])
-            m = np.array(r["w1_mean"], dtype=float)
-            s = np.array(r["w1_std"], dtype=float)
+            e, m, s = (np.array(r[k], dtype=float) for k in ("epochs", "w1_mean", "w1_std"))
             ax.plot(e, m, color=color, marker="o", ms=4, lw=2, label=r["loss"])
             if len(result.settings["seeds"]) > 1:
                 ax.fill_between(e, m - s, m + s, color=color, alpha=0.2, lw=0)

@@ -86,10 +86,9 @@ def label_budget(store_path: str, config: BudgetConfig | None = None, *,
                 result = train_probe(data, pc, loss, [{}], progress=False)
                 attach_test_intervals(result, data, n_resamples=cfg.n_resamples)
                 b = result.trials[0].best
-                rows.append({"loss": loss, "k": k, "fraction": fraction,
-                             "train_positives": n_obs, "val_map": b.get("val_map"),
-                             "test_map": b.get("test_map"), "test_map_low": b.get("test_map_low"),
-                             "test_map_high": b.get("test_map_high"),
+                rows.append({"loss": loss, "k": k, "fraction": fraction, "train_positives": n_obs,
+                             **{key: b.get(key) for key in ("val_map", "test_map",
+                                                            "test_map_low", "test_map_high")},
                              "best_epoch": result.trials[0].best_epoch})
                 log(f"{loss:<8} k={k} fraction={fraction:g}: test mAP "
                     f"{b.get('test_map', float('nan')):.2f} ({n_obs} observed train positives)")
@@ -130,10 +129,8 @@ def plot_budget(rows: list[dict[str, Any]], path: str | Path) -> Path:
             for loss in losses:
                 pts = sorted((r for r in rows if r["loss"] == loss and r["fraction"] == f),
                              key=lambda r: r["k"])
-                x = np.array([r["k"] for r in pts], dtype=float)
-                y = np.array([r["test_map"] for r in pts], dtype=float)
-                lo = np.array([r["test_map_low"] for r in pts], dtype=float)
-                hi = np.array([r["test_map_high"] for r in pts], dtype=float)
+                x, y, lo, hi = (np.array([r[key] for r in pts], dtype=float)
+                                for key in ("k", "test_map", "test_map_low", "test_map_high"))
                 ax.errorbar(x, y, yerr=[y - lo, hi - y], marker="o", capsize=3, label=loss)
             ax.set_title(f"{100 * f:g}% of images labelled")
             ax.set_xlabel("observed positives per image (k)")

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,8 +15,8 @@ from .common import (
     AnalysisResult,
     AnalyzeError,
     check_fixed,
-    config_seeds,
     pin_training,
+    run_config,
     run_settings,
     score_cells,
     scores_caption,
@@ -39,18 +39,30 @@ class Sweep:
     figure: str
     x_label: str
     series_label: str
+    # (whether a value is in range, why not) of the swept and of the series values
+    x_range: tuple[Callable[[float], bool], str] = (math.isfinite, "")
+    series_range: tuple[Callable[[float], bool], str] = (math.isfinite, "")
 
 
+_Q_RANGE = (lambda q: q >= 0,  # q2 and q3 alike
+             "q must be >= 0 (0 = the −log limit, 1 = MAE)")
 #: Fig. 2a (τ at b_T ∈ {−2, −5, −8}), 2b (μ_T from 0.2 to 1 at σ_T ∈ {0.1, 0.5, 1}), 2c (q2 × q3)
 SWEEPS: dict[str, Sweep] = {
     "tau": Sweep("tau", "tau", "b_T", (0.2, 0.4, 0.6, 0.8, 1.0), (-2.0, -5.0, -8.0),
                  ("w_T", "b_T"), {"use_k": True, "learn_kv": False}, "2a",
-                 "τ = −b_T / w_T (k̂'s threshold)", "b_T"),
+                 "τ = −b_T / w_T (k̂'s threshold)", "b_T",
+                 (lambda x: x > 0, "τ = −b_T/w_T must be > 0 (k̂'s threshold on p; the paper "
+                                   "sweeps it in (0, 1])"),
+                 (lambda s: s < 0, "b_T must be < 0 so that w_T = −b_T/τ is positive (paper "
+                                   "Fig. 2a: −2, −5, −8)")),
     "mu": Sweep("mu", "mu_T", "sigma_T", (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
                 (0.1, 0.5, 1.0), ("mu_T", "sigma_T"), {"use_v": True, "learn_kv": False}, "2b",
-                "μ_T (centre of v)", "σ_T"),
+                "μ_T (centre of v)", "σ_T",
+                (lambda x: 0 <= x <= 1, "μ_T is the centre of v over p ∈ [0, 1] (Fig. 2b: "
+                                        "0.2 … 1)"),
+                (lambda s: s > 0, "σ_T (the width of v) must be > 0")),
     "q2q3": Sweep("q2q3", "q2", "q3", (0.01, 0.1, 0.5, 1.0), (0.01, 0.1, 0.5, 1.0, 1.5),
-                  ("q2", "q3"), {"robust": True}, "2c", "q2", "q3"),
+                  ("q2", "q3"), {"robust": True}, "2c", "q2", "q3", _Q_RANGE, _Q_RANGE),
 }
 
 
@@ -79,32 +91,15 @@ def sweep_points(param: str, values: Sequence[float] | None = None,
         if len(set(vals)) != len(vals):
             raise AnalyzeError(f"sensitivity {param}: {name} values repeat: {list(vals)}")
 
-    def bad(name: str, v: float, want: str) -> AnalyzeError:
-        return AnalyzeError(f"sensitivity {param}: {name} = {v:g} is out of range; {want}")
-
     points = []
     for s in ss:
         for x in xs:
-            if param == "tau":
-                if x <= 0:
-                    raise bad("tau", x, "τ = −b_T/w_T must be > 0 (k̂'s threshold on p; the paper "
-                              "sweeps it in (0, 1])")
-                if s >= 0:
-                    raise bad("b_T", s, "b_T must be < 0 so that w_T = −b_T/τ is positive "
-                              "(paper Fig. 2a: −2, −5, −8)")
-                point = {"w_T": -s / x, "b_T": float(s)}
-            elif param == "mu":
-                if not 0 <= x <= 1:
-                    raise bad("mu_T", x, "μ_T is the centre of v over p ∈ [0, 1] (Fig. 2b: "
-                              "0.2 … 1)")
-                if s <= 0:
-                    raise bad("sigma_T", s, "σ_T (the width of v) must be > 0")
-                point = {"mu_T": float(x), "sigma_T": float(s)}
-            else:
-                for name, q in (("q2", x), ("q3", s)):
-                    if q < 0:
-                        raise bad(name, q, "q must be >= 0 (0 = the −log limit, 1 = MAE)")
-                point = {"q2": float(x), "q3": float(s)}
+            for name, v, (ok, want) in ((sw.x, x, sw.x_range), (sw.series, s, sw.series_range)):
+                if not ok(v):
+                    raise AnalyzeError(f"sensitivity {param}: {name} = {v:g} is out of range; "
+                                       f"{want}")
+            point = ({"w_T": -s / x, "b_T": float(s)} if param == "tau"
+                     else {sw.x: float(x), sw.series: float(s)})
             points.append({"x": float(x), "series": float(s), "hparams": point})
     return points
 
@@ -141,10 +136,8 @@ class SensitivityResult(AnalysisResult):
 
     def to_dict(self) -> dict[str, Any]:
         sw = SWEEPS[self.param]
-        return {"analysis": "sensitivity", "param": self.param, "x": sw.x, "series": sw.series,
-                "paper": f"GR Loss, IJCAI 2024, Fig. {sw.figure}", "settings": self.settings,
-                "hparams": self.hparams, "points": self.points, "baseline": self.baseline,
-                "notes": self.notes}
+        return {**super().to_dict(), "analysis": "sensitivity", "x": sw.x, "series": sw.series,
+                "paper": f"GR Loss, IJCAI 2024, Fig. {sw.figure}"}
 
 
 def sweep_hparams(param: str, hparams: dict[str, Any] | None) -> dict[str, Any]:
@@ -180,11 +173,9 @@ def run_sensitivity(
     the one fixed per curve (b_T, σ_T or q3). ``hparams``: the other GR hyperparameters
     (single values; preset for the dataset, else GR's defaults, when not given).
     """
-    config = config or ProbeConfig()
-    config.validate()
+    config, seeds = run_config(config)
     hp = sweep_hparams(param, hparams)
     points = sweep_points(param, values, series)
-    seeds = config_seeds(config)
     result = train_runs(data, config, "gr", [{**hp, **p["hparams"]} for p in points], seeds,
                         progress)
     base = None

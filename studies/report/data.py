@@ -50,8 +50,7 @@ class StudyView:
 
     @property
     def complete(self) -> list[FrozenTrial]:
-        done = [t for t in self.trials if t.state == TrialState.COMPLETE]
-        return ranked_trials(done)
+        return ranked_trials([t for t in self.trials if t.state == TrialState.COMPLETE])
 
     @property
     def paper(self) -> FrozenTrial | None:
@@ -87,7 +86,9 @@ def open_study_view(study_dir: Path, storage: str | None, name: str | None) -> S
         study=study, storage=spec.display, storage_given=given,
         study_dir=study_dir, trials=trials,
         points=[trial_point(t) for t in trials],
-        axes=[_axis(k, d) for k, d in distributions.items()],
+        axes=[ParamAxis(k, choices=tuple(d.choices)) if isinstance(d, CategoricalDistribution)
+              else ParamAxis(k, log=bool(getattr(d, "log", False)))
+              for k, d in distributions.items()],
         distributions=distributions, results=results, confirm=confirm,
         settings=attrs.get("spml.settings") or {}, loss=attrs.get("spml.loss") or "?",
         identity=attrs.get("spml.store") or {}, notes=notes,
@@ -129,12 +130,6 @@ def _distributions(space: dict | None, trials: list[FrozenTrial]) -> dict[str, B
         for k, d in t.distributions.items():
             out.setdefault(k, d)
     return out
-
-
-def _axis(name: str, dist: BaseDistribution) -> ParamAxis:
-    if isinstance(dist, CategoricalDistribution):
-        return ParamAxis(name, choices=tuple(dist.choices))
-    return ParamAxis(name, log=bool(getattr(dist, "log", False)))
 
 
 def trial_point(t: FrozenTrial) -> TrialPoint:

@@ -1,11 +1,7 @@
-"""The runs a study report compares against, trained on the study's feature store: the AN
-baseline (Cole et al. 2021, Eq. 3) with the best trial's training settings, and the best few
-trials and the paper point re-trained with their own settings for their test-mAP intervals.
-
-:mod:`studies.report` reads and renders; this module trains (through :func:`probe.train_probe`)
-and returns what it trained. ``st`` is the report's read-only view of a study (its trials,
-settings, identity and results rows).
-"""
+"""The runs a study report compares against, trained on the study's store: the AN baseline
+(Cole et al. 2021, Eq. 3) with the best trial's training settings, and the best few trials and
+the paper point with their own, for their test-mAP intervals. ``st``: the report's
+:class:`~studies.report.data.StudyView`."""
 
 from __future__ import annotations
 

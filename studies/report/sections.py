@@ -18,8 +18,10 @@ from optuna.trial import TrialState
 from probe.errors import SpmlError
 from probe.progress import plural
 from probe.store.priors import prior_facts
+from probe.store.records import draw_text
 
 from .. import plots
+from ..results import draw_of
 from ..storage import is_paper_trial
 from .data import StudyView, trial_point
 from .render import CodeBlock, Facts, Figure, Note, Paragraph, Section, Table
@@ -75,19 +77,9 @@ def _int(n: Any) -> str:
     return f"{int(n):,}" if isinstance(n, int | float) else str(n)
 
 
-def _skipped(sec: Section, reason: str) -> Section:
-    """``sec`` with the note that says why it has no figure."""
-    sec.blocks.append(Note(f"Skipped: {reason}."))
-    return sec
-
-
-def _draw_words(prov: dict) -> str:
-    from probe.store.records import draw_text
-
-    from ..results import draw_of
-
-    draw = draw_of(prov)
-    return f" ({draw_text(draw)})" if draw else ""
+def _skipped(i: int, reason: str) -> Section:
+    """Section ``SECTIONS[i]`` with only the note that says why it has no figure."""
+    return Section(*SECTIONS[i], [Note(f"Skipped: {reason}.")])
 
 
 def _prior_words(name: str, prov: dict) -> str:
@@ -171,18 +163,18 @@ def summary_section(st: StudyView, commands: list[str]) -> Section:
         ("source", source_text(inner)),
         ("store created", str(ident.get("created") or "?")),
         ("training", training),
-        ("labels", f"draw {s.get('observed_seed', '?')}{_draw_words(prov)}; val labels "
-                   f"{s.get('val_labels', '?')}"),
+        ("labels", f"draw {s.get('observed_seed', '?')}"
+                   + (f" ({draw_text(draw)})" if (draw := draw_of(prov)) else "")
+                   + f"; val labels {s.get('val_labels', '?')}"),
         *([("prior", _prior_words(s.get("priors"), prov))] if s.get("priors") else []),
         ("search", f"{s.get('sampler', '?')} sampler (seed {s.get('seed', '?')}), "
                    f"{s.get('pruner', '?')} pruner, {s.get('batch', '?')} trials stacked per "
                    f"batch, {s.get('workers', 1)} worker(s)"),
         ("trials", f"{len(st.trials)} in all: {n_done} complete, {counts[TrialState.PRUNED]} "
                    f"pruned, {counts[TrialState.FAIL]} failed"
-                   + (f", {counts[TrialState.RUNNING]} running"
-                      if counts[TrialState.RUNNING] else "")
-                   + (f", {counts[TrialState.WAITING]} waiting"
-                      if counts[TrialState.WAITING] else "")),
+                   + "".join(f", {counts[state]} {state.name.lower()}"
+                             for state in (TrialState.RUNNING, TrialState.WAITING)
+                             if counts[state])),
     ]
     best, paper = (st.complete[0] if st.complete else None), st.paper
     if best is not None:
@@ -239,13 +231,10 @@ def leaderboard_section(st: StudyView, options: ReportOptions, ctx: ReportRuns |
         shown.append(paper)
     confirmed = {int(r["trial"]): r for r in st.confirm}
     names = list(st.distributions)
-    header = ["rank", "trial", "val mAP", "best epoch", "test mAP"]
     intervals = ctx.intervals if ctx is not None else {}
-    if intervals:
-        header += ["test mAP 95% interval"]
-    if confirmed:
-        header += ["confirmed test mAP", "runs"]
-    header += names
+    header = ["rank", "trial", "val mAP", "best epoch", "test mAP",
+              *(["test mAP 95% interval"] if intervals else []),
+              *(["confirmed test mAP", "runs"] if confirmed else []), *names]
     rows = []
     for t in shown:
         res = st.results.get(t.number, {})
@@ -323,18 +312,16 @@ def _ci(low: float | None, high: float | None) -> str:
 
 def history_section(st: StudyView, fig_dir: Path, options: ReportOptions) -> Section:
     """The optimisation history: val mAP per trial with the best so far."""
-    sec = Section(*SECTIONS[2])
     if not any(p.value is not None or p.state == "FAIL" for p in st.points):
-        sec.blocks.append(Note("No trial has reported a val mAP yet: nothing to plot."))
-        return sec
+        return Section(*SECTIONS[2], [Note("No trial has reported a val mAP yet: nothing to "
+                                           "plot.")])
     path = plots.plot_history(st.points, fig_dir / "history.png",
                               title=f"Optimisation history: {st.study.study_name}", dpi=options.dpi)
-    sec.blocks.append(Figure(path, (
+    return Section(*SECTIONS[2], [Figure(path, (
         "Val mAP of every trial in the order it was asked; the orange line is the best "
         "completed trial so far. Pruned trials are drawn at the best val mAP they reached "
         "before the pruner stopped them; failed trials are ticks on the x axis; the star and "
-        "dashed line are the paper's values.")))
-    return sec
+        "dashed line are the paper's values."))])
 
 
 def compute_importances(st: StudyView, options: ReportOptions
@@ -369,46 +356,40 @@ def compute_importances(st: StudyView, options: ReportOptions
 def importance_section(st: StudyView, imp: dict[str, float] | None, reason: str, fig_dir: Path,
                        options: ReportOptions) -> Section:
     """The parameter importances section from :func:`compute_importances`' result."""
-    sec = Section(*SECTIONS[3])
     if imp is None:
-        return _skipped(sec, reason)
+        return _skipped(3, reason)
     path = plots.plot_importances(imp, fig_dir / "importance.png", dpi=options.dpi,
                                   title=f"Parameter importance (fANOVA, {len(st.complete)} "
                                         "completed trials)")
-    sec.blocks.append(Figure(path, (
+    return Section(*SECTIONS[3], [Figure(path, (
         "fANOVA importances (optuna.importance.get_param_importances with "
         "FanovaImportanceEvaluator, seed 0): the share of the variance of val mAP over the "
         "completed trials that each parameter explains, from a random forest fitted to them. "
-        "With few trials they are rough.")))
-    sec.blocks.append(Table(["parameter", "importance"],
-                            [[k, f"{v:.3f}"] for k, v in imp.items()], id="importances"))
-    return sec
+        "With few trials they are rough.")), Table(["parameter", "importance"], [
+            [k, f"{v:.3f}"] for k, v in imp.items()], id="importances")])
 
 
 def slices_section(st: StudyView, fig_dir: Path, options: ReportOptions) -> Section:
     """The slice plots: val mAP against each parameter."""
-    sec = Section(*SECTIONS[4])
     if not st.complete:
-        return _skipped(sec, "no completed trial to place")
+        return _skipped(4, "no completed trial to place")
     if not st.axes:
-        return _skipped(sec, "the study records no searched parameter")
+        return _skipped(4, "the study records no searched parameter")
     path = plots.plot_slices(st.points, st.axes, fig_dir / "slices.png", dpi=options.dpi)
-    sec.blocks.append(Figure(path, (
+    return Section(*SECTIONS[4], [Figure(path, (
         "Val mAP against each searched parameter (log-scale axes where the parameter is "
         "searched log-uniformly); colour is the trial number, so the drift of the sampler "
-        "shows. Grey crosses: pruned trials at the best val mAP they reached.")))
-    return sec
+        "shows. Grey crosses: pruned trials at the best val mAP they reached."))])
 
 
 def contours_section(st: StudyView, imp: dict[str, float] | None, fig_dir: Path,
                      options: ReportOptions) -> Section:
     """The contour plots of the most important parameter pairs."""
-    sec = Section(*SECTIONS[5])
     if len(st.axes) < 2:
-        return _skipped(sec, "a contour plot needs two searched parameters; the study searches "
-                             f"{len(st.axes)}")
+        return _skipped(5, "a contour plot needs two searched parameters; the study searches "
+                           f"{len(st.axes)}")
     if not st.complete:
-        return _skipped(sec, "no completed trial to interpolate")
+        return _skipped(5, "no completed trial to interpolate")
     by_name = {a.name: a for a in st.axes}
     names = sorted(by_name, key=lambda n: -imp.get(n, 0.0)) if imp else list(by_name)
     pairs = [(names[i], names[j]) for i in range(len(names)) for j in range(i + 1, len(names))]
@@ -418,28 +399,25 @@ def contours_section(st: StudyView, imp: dict[str, float] | None, fig_dir: Path,
     path = plots.plot_contours(st.points, pairs, fig_dir / "contours.png", dpi=options.dpi)
     chosen = ("the most important parameters by fANOVA" if imp
               else "the first parameters of the space (no importances)")
-    sec.blocks.append(Figure(path, (
+    return Section(*SECTIONS[5], [Figure(path, (
         f"Pairs of {chosen}: val mAP of the completed trials, interpolated linearly between "
         "them (Delaunay triangles, only inside their convex hull); dots are trials, the star "
-        "is the best one. Sparse regions are guesses.")))
-    return sec
+        "is the best one. Sparse regions are guesses."))])
 
 
 def curves_section(st: StudyView, fig_dir: Path, options: ReportOptions) -> Section:
     """The learning curves: val mAP per epoch of the top trials."""
-    sec = Section(*SECTIONS[6])
     if not st.complete:
-        return _skipped(sec, "no completed trial yet")
+        return _skipped(6, "no completed trial yet")
     if not any(p.curve for p in st.points if p.state == "COMPLETE"):
-        return _skipped(sec, "no completed trial reported per-epoch val mAP")
+        return _skipped(6, "no completed trial reported per-epoch val mAP")
     path = plots.plot_learning_curves(st.points, fig_dir / "learning_curves.png",
                                       top=options.curves, dpi=options.dpi)
-    sec.blocks.append(Figure(path, (
+    return Section(*SECTIONS[6], [Figure(path, (
         f"Val mAP per epoch of the {min(options.curves, len(st.complete))} best completed "
         "trials (and the paper point, dashed), as reported to the pruner; the circle is each "
         "trial's best epoch, whose head gives its test mAP. Thin grey lines: the other trials, "
-        "pruned ones ending where they were stopped.")))
-    return sec
+        "pruned ones ending where they were stopped."))])
 
 
 def baseline_section(st: StudyView, ctx: ReportRuns | None, why: str, fig_dir: Path, out: Path,
@@ -447,17 +425,16 @@ def baseline_section(st: StudyView, ctx: ReportRuns | None, why: str, fig_dir: P
     """Per-class test AP of the best trial (from the Parquet results) against an AN probe
     (Cole et al. 2021, Eq. 3) trained on the same store with the best trial's training
     settings, training seed and single-positive draw."""
-    sec = Section(*SECTIONS[7])
     if ctx is None:
-        return _skipped(sec, why), None
+        return _skipped(7, why), None
     best = st.complete[0]
     best_ap = st.results.get(best.number, {}).get("class_ap")
     if not best_ap:
-        return _skipped(sec, f"the results Parquet ({st.study_dir / 'results'}) holds no "
-                             f"per-class AP for the best trial {best.number}"), None
+        return _skipped(7, f"the results Parquet ({st.study_dir / 'results'}) holds no "
+                           f"per-class AP for the best trial {best.number}"), None
     if len(best_ap) != ctx.data.n_classes:
-        return _skipped(sec, f"the best trial's per-class AP has {len(best_ap)} classes, the "
-                             f"store {ctx.data.n_classes}"), None
+        return _skipped(7, f"the best trial's per-class AP has {len(best_ap)} classes, the "
+                           f"store {ctx.data.n_classes}"), None
     result, cfg, store_path = ctx.an, ctx.an_config, ctx.store_path
     baseline_path = result.write_json(out / "an_baseline.json")
     an = result.trials[0]
@@ -471,7 +448,7 @@ def baseline_section(st: StudyView, ctx: ReportRuns | None, why: str, fig_dir: P
     gains = sum(a > b for _, a, b in diffs)
     mean_diff = sum(a - b for _, a, b in diffs) / len(diffs) if diffs else math.nan
     best_row = st.results.get(best.number, {})
-    sec.blocks.append(Paragraph(
+    sec = Section(*SECTIONS[7], [Paragraph(
         f"AN baseline ('an', assume negative, Cole et al. 2021 Eq. 3) trained on {store_path} "
         f"with the best trial's training settings: {cfg.epochs} epochs, batch size "
         f"{cfg.batch_size}, lr {cfg.lr:g}, Adam, train seed {cfg.seed}, single-positive draw "
@@ -482,11 +459,9 @@ def baseline_section(st: StudyView, ctx: ReportRuns | None, why: str, fig_dir: P
         f"trial {best.number}: val mAP {best.value:.2f}, test mAP "
         f"{_f2(best_row.get('test_map'))}. The best trial beats AN on {gains} of {len(diffs)} "
         f"classes; mean per-class difference {mean_diff:+.2f} AP points. Full run: "
-        f"{baseline_path.name}."
-    ))
-    sec.blocks.append(Figure(path, (
-        "Per-class test AP at each model's best val epoch, sorted by the difference (best trial "
-        "minus AN, written on the right).")))
+        f"{baseline_path.name}."), Figure(path, (
+            "Per-class test AP at each model's best val epoch, sorted by the difference (best "
+            "trial minus AN, written on the right)."))])
     order = sorted(diffs, key=lambda r: -(r[1] - r[2]))
     if len(order) > options.max_classes:
         half = options.max_classes // 2
@@ -513,11 +488,10 @@ def comparison_section(st: StudyView, ctx: ReportRuns | None, why: str, fig_dir:
     intervals and every paired difference (studies.compare), as a table and a figure."""
     from ..compare import plot
 
-    sec = Section(*SECTIONS[8])
     if ctx is None or ctx.comparison is None:
-        return _skipped(sec, why or "nothing was re-trained")
+        return _skipped(8, why or "nothing was re-trained")
     cmp = ctx.comparison
-    sec.blocks.append(Paragraph(
+    sec = Section(*SECTIONS[8], [Paragraph(
         f"The best {min(INTERVAL_TOP, len(st.complete))} trials by val mAP"
         + (", the paper's values" if st.paper is not None else "")
         + f" and the AN baseline ({_heads_how(len(ctx.kept), len(ctx.trials))}; training "
@@ -526,7 +500,7 @@ def comparison_section(st: StudyView, ctx: ReportRuns | None, why: str, fig_dir:
         f"{cmp.n_resamples} paired bootstrap resamples of the test images (class-wise AP "
         "recomputed on each); differences are paired and their p-values Holm-corrected over "
         f"the {len(cmp.pairs)} pairs. They measure test-set variation only, not training "
-        "seeds or draws ('spml study confirm')."))
+        "seeds or draws ('spml study confirm').")])
     rows = [[label, f"{iv.value:.2f}", f"[{iv.low:.2f}, {iv.high:.2f}]"]
             for label, iv in zip(cmp.labels, cmp.intervals)]
     sec.blocks.append(Table(["system", "test mAP", "95% interval"], rows, id="intervals"))

@@ -1,14 +1,10 @@
-"""The paper's Table 1 in one command: every method as a row, every store (dataset) as a column,
-each cell the test mAP over the single-positive draws (``spml table``; docs/tables.md).
+"""The paper's Table 1 in one command (``spml table``; docs/tables.md): every method a row, every
+store (dataset) a column, each cell the test mAP over the single-positive draws.
 
-* :mod:`studies.table.cells` decides the rows (:class:`Method`: a loss at its paper preset, the
-  full-label oracle, a tuned or a study's winner, the zero-shot prior), checks every input
-  before anything trains, keys each cell by its resolved settings and trains the missing ones
-  (kept in ``--out``, so a rerun trains nothing and a larger table only what is new);
-* :mod:`studies.table.render` scores the cells of each column on the same test images (a paired
-  bootstrap over them, averaged over the draws, Holm-corrected within the column), marks the
-  best and the not-significantly-worse, and writes Markdown, LaTeX (booktabs), the
-  :mod:`studies.export` rows and the reproducing ``spml probe`` commands.
+* :mod:`studies.table.cells` -- the rows (:class:`Method`), every check before anything trains,
+  and the cells, keyed by their resolved settings and kept in ``--out`` (a rerun trains nothing);
+* :mod:`studies.table.render` -- per column a paired bootstrap over the test images marks the best
+  and the not-significantly-worse (Holm); Markdown, LaTeX, tidy rows and ``spml probe`` commands.
 
 Example::
 

@@ -1,11 +1,6 @@
-"""The rows, the checks and the cells of ``spml table`` (:mod:`studies.table`).
-
-A *cell* is one method trained on one store with one single-positive draw; a column's entry
-is the mean over its draws. A cell's key is a hash of its resolved settings (store contents,
-loss, every hyperparameter after presets and data-derived values, batch size, lr, epochs, seed,
-draw, labels, prior): a changed setting is a new cell, an unchanged one is read back from
-``--out`` and never trained again.
-"""
+"""The rows, the checks and the cells of ``spml table`` (:mod:`studies.table`): a cell is one
+method on one store and draw, keyed by a hash of its resolved settings, so a rerun reads an
+unchanged cell back from ``--out`` instead of training it (docs/tables.md)."""
 
 from __future__ import annotations
 
@@ -99,12 +94,9 @@ class Method:
         if self.loss is None:
             return ""
         parts = ["spml probe", shlex.quote(store), "--loss", self.loss]
-        if self.labels == "full":
-            parts += ["--labels", "full"]
-        if self.priors:
-            parts += ["--priors", self.priors]
-        for flag, v in (("--batch-size", self.batch_size), ("--lr", self.lr),
-                        ("--epochs", self.epochs)):
+        for flag, v in (("--labels", "full" if self.labels == "full" else None),
+                        ("--priors", self.priors or None), ("--batch-size", self.batch_size),
+                        ("--lr", self.lr), ("--epochs", self.epochs)):
             if v is not None:
                 parts += [flag, plain(v)]
         for k in sorted(self.hparams):
@@ -238,26 +230,13 @@ def _columns(paths: Sequence[str], config: TableConfig) -> list[Column]:
     return columns
 
 
-def _study_settings(col: Column, loss: str, config: TableConfig, reads_prior: bool) -> Any:
-    from ..study_settings import StudySettings
-
-    out = Path(config.out or ".") / "studies" / f"{col.dataset}-{loss}"
-    return StudySettings(
-        store=col.path, loss=loss, n_trials=config.tune, batch=min(config.tune_batch,
-                                                                   config.tune),
-        out=str(out), name=f"table-{col.dataset}-{loss}", seed=config.seed,
-        train_seed=config.seed, select=config.select, observed_seed=col.draws[0],
-        device=config.device, epochs=config.epochs, batch_size=config.batch_size, lr=config.lr,
-        priors=config.priors if reads_prior else None)
-
-
 def plan_table(paths: Sequence[str], config: TableConfig) -> Plan:
     """Check every input and resolve every (column, row)'s settings; raises
     :class:`TableError` (or the engine's own error naming the flag) before any training or
     write."""
     from probe import losses as _losses
 
-    from ..study_settings import open_study_store, preflight
+    from ..study_settings import StudySettings, open_study_store, preflight
 
     config.validate()
     if config.out and Path(config.out).exists() and not Path(config.out).is_dir():
@@ -281,7 +260,14 @@ def plan_table(paths: Sequence[str], config: TableConfig) -> Plan:
     if config.tune:
         for i, col in enumerate(columns):
             for n in names:
-                s = _study_settings(col, n, config, _losses.get_loss_class(n).prior is not None)
+                s = StudySettings(
+                    store=col.path, loss=n, n_trials=config.tune, seed=config.seed,
+                    batch=min(config.tune_batch, config.tune), name=f"table-{col.dataset}-{n}",
+                    out=str(Path(config.out or ".") / "studies" / f"{col.dataset}-{n}"),
+                    train_seed=config.seed, select=config.select, observed_seed=col.draws[0],
+                    device=config.device, epochs=config.epochs, batch_size=config.batch_size,
+                    lr=config.lr,
+                    priors=config.priors if _losses.get_loss_class(n).prior is not None else None)
                 s.validate()
                 preflight(s, open_study_store(col.path))  # what run_study checks, up front
                 study_settings.append((i, n, s))
@@ -381,13 +367,10 @@ def run_tuning(plan: Plan, log: Callable[[str], None]) -> None:
                                             "tuned", plan.config)
     if not winners:
         return
-    methods: list[Method] = []
     rows: list[tuple[int | None, str | None]] = []  # (old row, tuned loss)
     for j, m in enumerate(plan.methods):
-        methods.append(m)
         rows.append((j, None))
         if m.kind == "preset" and (0, m.loss) in winners:
-            methods.append(winners[(0, m.loss)])
             rows.append((None, m.loss))
     settings, per_column = {}, {}
     for i, col in enumerate(plan.columns):
@@ -400,7 +383,9 @@ def run_tuning(plan: Plan, log: Callable[[str], None]) -> None:
                 continue
             per_column[(i, j)] = winners[(i, loss)]
             settings[(i, j)] = resolve_settings(winners[(i, loss)], col, data, plan.config)
-    plan.methods, plan.settings, plan.per_column = methods, settings, per_column
+    plan.methods = [plan.methods[old] if old is not None else winners[(0, loss)]
+                    for old, loss in rows]
+    plan.settings, plan.per_column = settings, per_column
 
 
 def _cell_paths(out: str, key: str) -> tuple[Path, Path]:

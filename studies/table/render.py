@@ -1,14 +1,6 @@
-"""Scoring, marks and outputs of ``spml table`` (:mod:`studies.table`).
-
-Per column (store), every row's heads score the same test images; for each draw a paired
-bootstrap of mAP over those images (:func:`probe.intervals.bootstrap_map`, the same resamples
-for every row and every draw) gives replicates, averaged over the draws; the best row (highest
-mean test mAP) is compared with each other row by :func:`probe.intervals.paired_differences`
-(Holm-corrected within the column). A row whose difference to the best is not significant at
-``1 - level`` is marked † ("not significantly worse"). An entry's interval is the Student-t
-interval of the mean over its draws, or, with one draw (and for the zero-shot row, which has no
-draw), the bootstrap interval over the test images.
-"""
+"""Scoring, marks and outputs of ``spml table`` (:mod:`studies.table`): per column, a paired
+bootstrap over the same test images, averaged over the draws, finds the best row and the rows not
+significantly worse (Holm); Markdown, LaTeX, the tidy rows and the commands (docs/tables.md)."""
 
 from __future__ import annotations
 
@@ -103,20 +95,16 @@ class Table:
                 iv, how = Interval(values[0], b.low, b.high, cfg.level), "images"
             entries[j] = Entry(j, i, mine[j], iv.value, iv.low, iv.high, how)
         finite = [j for j in rows if math.isfinite(entries[j].mean)]
-        if not finite:
-            self.entries.update({(j, i): e for j, e in entries.items()})
-            return
-        best = max(finite, key=lambda j: entries[j].mean)
-        entries[best].best = entries[best].not_worse = True
-        avg = BootstrapResult(map=torch.stack([b.map for b in boots]).mean(0),
-                              replicates=torch.stack([b.replicates for b in boots]).mean(0),
-                              intervals=[],
-                              n_resamples=cfg.resamples, seed=0, level=cfg.level)
-        others = [j for j in rows if j != best]
-        for diff in paired_differences(avg, [(best, j) for j in others]):
-            e = entries[diff.b]
-            e.p_holm = diff.p_holm
-            e.not_worse = math.isfinite(e.mean) and not diff.significant
+        if finite:
+            best = max(finite, key=lambda j: entries[j].mean)
+            entries[best].best = entries[best].not_worse = True
+            avg = BootstrapResult(map=torch.stack([b.map for b in boots]).mean(0),
+                                  replicates=torch.stack([b.replicates for b in boots]).mean(0),
+                                  intervals=[], n_resamples=cfg.resamples, seed=0, level=cfg.level)
+            for diff in paired_differences(avg, [(best, j) for j in rows if j != best]):
+                e = entries[diff.b]
+                e.p_holm = diff.p_holm
+                e.not_worse = math.isfinite(e.mean) and not diff.significant
         self.entries.update({(j, i): e for j, e in entries.items()})
 
     def _cell_text(self, e: Entry, bold: tuple[str, str], mark: str, iv: str) -> str:
