@@ -68,7 +68,7 @@ def test_coco_box_weights_match_the_annotations_and_are_stored(coco_store, tmp_p
         np.testing.assert_allclose(phase.bias_weights["size"], size, rtol=1e-6)
         np.testing.assert_allclose(phase.bias_weights["location"], loc, rtol=1e-6)
     store = open_store(path)
-    stored = store._read("bias/size", None)
+    stored = store.read("bias/size")
     assert np.array_equal(stored, np.concatenate([index.pool.bias_weights["size"],
                                                   index.test.bias_weights["size"]]))
 

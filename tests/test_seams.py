@@ -1,7 +1,9 @@
 """Seams as interfaces: no module of ``probe``, ``featurize`` or ``studies`` imports another
 module's underscore-prefixed name (``from X import _name``). What a module needs from another is
 public where it lives, with a docstring, or lives in the module that uses it. Importing a private
-*module* (``from . import _plugins``) is allowed: its public names are the interface."""
+*module* (``from . import _plugins``) is allowed: its public names are the interface. Nor does
+any module read another object's underscore attributes (``store._group``): what it needs is a
+public method of that object."""
 
 from __future__ import annotations
 
@@ -119,3 +121,30 @@ def test_a_study_checks_its_inputs_once(yeast_store, tmp_path, monkeypatch):
     summary = study_module.run_study(settings, verdict=False)
     assert summary.n_complete == 1
     assert calls == ["an_ls"]
+
+
+#: attribute roots whose underscore names are a library's, not this project's: argparse's
+#: subparser/group types, torch's fused kernels and C module, and the Lite0 checkpoint's model
+FOREIGN_ROOTS = {"argparse", "torch", "model", "self.net", "super()"}
+
+
+def private_attributes(source: str) -> list[str]:
+    """``root._name (line N)`` of every underscore attribute reached through anything but
+    ``self``/``cls`` (an object's private state read from outside its class)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                and not node.attr.startswith("__")):
+            root = ast.unparse(node.value)
+            if root not in ("self", "cls") and root not in FOREIGN_ROOTS:
+                found.append(f"{root}.{node.attr} (line {node.lineno})")
+    return found
+
+
+def test_no_module_reads_another_objects_private_attributes():
+    wrong = [f"{path.relative_to(ROOT).as_posix()}: {hit}"
+             for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))
+             for hit in private_attributes(path.read_text())]
+    assert not wrong, "private attributes read from outside their class:\n" + "\n".join(wrong)
+    assert private_attributes("store._group['x']\nself._group\nargparse._ArgumentGroup\n") == [
+        "store._group (line 1)"]

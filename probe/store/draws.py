@@ -99,13 +99,13 @@ def bias_draw_weights(store: Any, bias: str, weights_by_class: Sequence[float] |
     if weights_by_class is not None:
         raise StoreError(f"--class-weights is for --bias semantic, not {bias}")
     name = f"{GROUP}/{bias}"
-    if name not in store._group:
+    if store.shape(name) is None:
         raise StoreError(
             f"--bias {bias} needs the dataset's object boxes, and {store.path} (dataset "
             f"{store.dataset!r}) holds none: only stores featurized from COCO's instance "
             "annotations have them (spml featurize coco); --bias semantic works on any store"
         )
-    return {"bias": bias}, store._read(name, None)
+    return {"bias": bias}, store.read(name)
 
 
 def add_biased_draw(path: str | Path, seed: int, bias: str,

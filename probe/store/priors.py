@@ -68,20 +68,19 @@ def read_prior(store: Any, name: str, rows: Any = None) -> Prior:
             f"{store.path} --name {name} --from scores.npy' (probe.store.write_prior)"
         )
     record = have[name]
-    group = store._group
     out: dict[str, np.ndarray] = {}
     for key in ("scores", *record["extras"]):
         full = f"{GROUP}/{name}/{key}"
-        if full not in group:
+        shape = store.shape(full)
+        if shape is None:
             raise PriorError(f"{store.path}: prior {name!r} lacks its array {full!r}; write it "
                              "again with 'spml import priors … --overwrite'")
-        array = group[full]
-        if tuple(array.shape) != (store.n_rows, store.n_classes):
+        if shape != (store.n_rows, store.n_classes):
             raise PriorError(
-                f"{store.path}: prior array {full!r} has shape {tuple(array.shape)}, expected "
+                f"{store.path}: prior array {full!r} has shape {shape}, expected "
                 f"{(store.n_rows, store.n_classes)}; write it again with --overwrite"
             )
-        out[key] = store._read(full, rows)  # checksummed chunks, damage named
+        out[key] = store.read(full, rows)
     scores = out.pop("scores")
     note = random_weights_note(record["provenance"])
     if note:

@@ -181,7 +181,7 @@ class Store:
 
     def labels(self, rows: Any = None) -> np.ndarray:
         """Full ground truth, uint8 ``(len(rows), C)``."""
-        return self._read("labels", rows)
+        return self.read("labels", rows)
 
     def observed_seeds(self) -> list[int]:
         """Seeds of the single-positive draws this store holds."""
@@ -200,7 +200,7 @@ class Store:
                 f"{', '.join(map(str, self.observed_seeds()))} (add one with 'spml draw "
                 f"{self.path} --seeds {seed}')"
             )
-        return self._read(f"observed/{int(seed)}", rows)
+        return self.read(f"observed/{int(seed)}", rows)
 
     def prior_names(self) -> list[str]:
         """Names of the priors (per-image class scores, probe.store.priors) this store holds."""
@@ -212,11 +212,16 @@ class Store:
         from probe.store.priors import read_prior
         return read_prior(self, name, rows)
 
-    def _read(self, name: str, rows: Any) -> np.ndarray:
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        """Shape of the array at path ``name`` inside the store (None: it holds none)."""
+        return tuple(self._group[name].shape) if name in self._group else None
+
+    def read(self, name: str, rows: Any = None) -> np.ndarray:
+        """Rows ``rows`` of the array at path ``name`` inside the store, its chunks checked
+        against their checksums (a damaged one is named)."""
         array = self._group[name]
-        return _guarded(
-            self.path, self._group, name, lambda: _read_rows(array, rows, self.n_rows, name)
-        )
+        return _guarded(self.path, self._group, name,
+                        lambda: _read_rows(array, rows, self.n_rows, name))
 
     def split(self, name: str) -> np.ndarray:
         """Sorted int64 row indices of ``"train"``, ``"val"`` or ``"test"``."""
@@ -250,7 +255,7 @@ class Store:
             )
         results = []
         for rows, out in targets:  # another layout (not written by this package): zarr
-            values = self._read(name, rows)
+            values = self.read(name, rows)
             if out is not None:
                 out[...] = values
             results.append(values if out is None else out)
