@@ -6,6 +6,7 @@ and transformers fetch their weights through it) and the input-size check.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import importlib
 import importlib.metadata
@@ -131,6 +132,32 @@ def did_you_mean(name: str, names: Iterable[str]) -> str:
     """`` Did you mean a, b?`` naming the known names closest to ``name`` (or "")."""
     close = difflib.get_close_matches(name, list(names), n=3)
     return f" Did you mean {', '.join(close)}?" if close else ""
+
+
+def check_model(name: str, library: str, kind: str, arch: str, known: bool,
+                archs: Callable[[], list[str]], tag: str | None,
+                tags: Callable[[], list[str]], listing: str) -> None:
+    """Refuse backbone ``name`` when ``library`` has no ``kind`` ``arch`` (not ``known``; the
+    closest of ``archs()`` and ``listing`` named) or ``arch`` has no pretrained ``tag``."""
+    if not known:
+        raise SpmlError(f"--backbone {name!r}: {library} has no {kind} {arch!r}."
+                        f"{did_you_mean(arch, archs())} {listing}")
+    if tag and tag not in (names := tags()):
+        raise SpmlError(f"--backbone {name!r}: {library}'s {arch} has no pretrained tag {tag!r}; "
+                        f"its tags: {', '.join(names) or 'none'}")
+
+
+def measured(spec: BackboneSpec, features: nn.Module, info: WeightsInfo,
+             transform: ImageTransform | None, embed: str, details: dict[str, Any],
+             side: int | None = None) -> Backbone:
+    """The frozen :class:`Backbone` of a library-qualified family's network ``features`` (no
+    classifier kept): its width measured on one ``side``×``side`` image (default: the
+    ``transform``'s input), the spec taking the ``transform``'s mean and std."""
+    features.eval().requires_grad_(False)
+    dim = input_check(features, side or transform.out_size, spec.name)
+    stats = {} if transform is None else {"mean": transform.mean, "std": transform.std}
+    spec = dataclasses.replace(spec, feature_dim=dim, **stats)
+    return Backbone(spec, features, None, info, transform=transform, embed=embed, details=details)
 
 
 def pooled_only(embed: str | None, gives: str) -> None:

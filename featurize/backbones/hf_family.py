@@ -8,7 +8,6 @@ loads into the vision encoder, every key of which must be in it.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -23,9 +22,9 @@ from featurize.backbones.base import (
     WeightsNotFoundError,
     file_info,
     hub_file,
-    input_check,
     library,
     local_weights,
+    measured,
     package_version,
     seeded,
 )
@@ -237,15 +236,10 @@ def load(spec: BackboneSpec, info: WeightsInfo, seed: int = 0, embed: str | None
     repo = _repo(spec)
     model, config = seeded(seed, build, repo, None if info.random else info.path)
     chosen = _embed_choice(model, config, embed, spec.name)
-    features = HFEmbedding(model, chosen).eval().requires_grad_(False)
     transform = processor_transform(repo)
     vision = getattr(config, "vision_config", config)
     side = transform.out_size if transform else int(getattr(vision, "image_size", 224))
-    dim = input_check(features, side, spec.name)
-    spec = dataclasses.replace(spec, feature_dim=dim)
-    if transform is not None:
-        spec = dataclasses.replace(spec, mean=transform.mean, std=transform.std)
     details = {"embedding": _EMBEDDING[chosen], "library": package_version("transformers"),
                "model_id": repo, "model_class": type(model).__name__,
                "model_type": config.model_type}
-    return Backbone(spec, features, None, info, transform=transform, embed=chosen, details=details)
+    return measured(spec, HFEmbedding(model, chosen), info, transform, chosen, details, side)

@@ -8,7 +8,6 @@ preprocessing (timm's resolved data config) and the classifier's input as the em
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import sys
 from pathlib import Path
@@ -21,14 +20,14 @@ from featurize.backbones.base import (
     WeightsError,
     WeightsInfo,
     check_fit,
-    did_you_mean,
+    check_model,
     fetch_once,
     file_info,
     hub_file,
-    input_check,
     library,
     load_into,
     local_weights,
+    measured,
     package_version,
     pooled_only,
     read_state,
@@ -50,19 +49,11 @@ def _timm():
 def get_spec(name: str) -> BackboneSpec:
     """The spec of ``timm:<model>[.<tag>]`` (its width is measured when it is loaded)."""
     timm = _timm()
-    model = name[len(PREFIX) :]
-    arch, _, tag = model.partition(".")
-    if not timm.is_model(arch):
-        hint = did_you_mean(arch, timm.list_models())
-        raise SpmlError(
-            f"--backbone {name!r}: timm has no model {arch!r}.{hint} timm.list_models() lists "
-            "them (e.g. timm:resnet50.a1_in1k, timm:convnext_large.fb_in22k)")
-    if tag:
-        tags = [n.partition(".")[2] for n in timm.list_pretrained(f"{arch}.*")]
-        if tag not in tags:
-            raise SpmlError(
-                f"--backbone {name!r}: timm's {arch} has no pretrained tag {tag!r}; its tags: "
-                f"{', '.join(tags) or 'none'}")
+    arch, _, tag = name[len(PREFIX) :].partition(".")
+    check_model(name, "timm", "model", arch, timm.is_model(arch), timm.list_models, tag,
+                lambda: [n.partition(".")[2] for n in timm.list_pretrained(f"{arch}.*")],
+                "timm.list_models() lists them (e.g. timm:resnet50.a1_in1k, "
+                "timm:convnext_large.fb_in22k)")
     return BackboneSpec(name, "timm", 0, default_weights=DEFAULT, note="timm model")
 
 
@@ -157,14 +148,10 @@ def load(spec: BackboneSpec, info: WeightsInfo, seed: int = 0, embed: str | None
     model = seeded(seed, build, model_name)
     if not info.random:
         _load_state(model, info.path, spec.name)
-    model.eval().requires_grad_(False)
-    transform = data_transform(model, spec.name)
-    dim = input_check(model, transform.out_size, spec.name)
-    spec = dataclasses.replace(spec, feature_dim=dim, mean=transform.mean, std=transform.std)
     cfg = model.pretrained_cfg
     tag = f".{cfg['tag']}" if cfg.get("tag") else ""
     details = {"embedding": "timm forward_head(pre_logits=True): the classifier's input",
                "library": package_version("timm"),
                "model_id": f"{cfg.get('architecture', model_name)}{tag}",
                "hf_hub_id": cfg.get("hf_hub_id")}
-    return Backbone(spec, model, None, info, transform=transform, embed="pooled", details=details)
+    return measured(spec, model, info, data_transform(model, spec.name), "pooled", details)
