@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
-import importlib
 import importlib.metadata
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -96,15 +95,6 @@ class Backbone:
             out["embed"] = self.embed
             out.update({k: v for k, v in self.details.items() if k != "embedding"})
         return out
-
-
-def library(*modules: str, missing: str) -> Any:
-    """The last of ``modules``, each imported; one not installed is refused with ``missing``
-    (what needs it and how to install it)."""
-    try:
-        return [importlib.import_module(m) for m in modules][-1]
-    except ImportError:
-        raise SpmlError(missing) from None
 
 
 def package_version(name: str) -> str:

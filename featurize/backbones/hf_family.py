@@ -22,14 +22,13 @@ from featurize.backbones.base import (
     WeightsNotFoundError,
     file_info,
     hub_file,
-    library,
     local_weights,
     measured,
     package_version,
     seeded,
 )
 from featurize.images import ImageTransform
-from featurize.specs import DEFAULT, BackboneSpec
+from featurize.specs import DEFAULT, FAMILIES, BackboneSpec
 from probe.errors import SpmlError
 
 PREFIX = "hf:"
@@ -37,9 +36,7 @@ _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 _RESAMPLE = {2: "bilinear", 3: "bicubic"}  # PIL's codes in preprocessor_config.json
 
 
-def _transformers():  # safetensors: the hub's weight format
-    return library("safetensors", "transformers", missing="backbone 'hf:...' needs transformers "
-                   "and safetensors: pip install -e '.[hf]'")
+_transformers = FAMILIES["hf"].library  # with safetensors, the hub's weight format
 
 
 def get_spec(name: str) -> BackboneSpec:

@@ -24,7 +24,6 @@ from featurize.backbones.base import (
     fetch_once,
     file_info,
     hub_file,
-    library,
     local_weights,
     measured,
     package_version,
@@ -32,16 +31,14 @@ from featurize.backbones.base import (
     seeded,
 )
 from featurize.images import ImageTransform
-from featurize.specs import DEFAULT, RANDOM, BackboneSpec
+from featurize.specs import DEFAULT, FAMILIES, RANDOM, BackboneSpec
 from probe.errors import SpmlError
 
 PREFIX = "open_clip:"
 _HUB_FILES = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
 
 
-def _open_clip():
-    return library("open_clip", missing="backbone 'open_clip:...' needs the open_clip_torch "
-                   "package: pip install -e '.[clip]' (or pip install open_clip_torch)")
+_open_clip = FAMILIES["open_clip"].library
 
 
 def parse(name: str) -> tuple[str, str | None]:

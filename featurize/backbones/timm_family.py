@@ -24,7 +24,6 @@ from featurize.backbones.base import (
     fetch_once,
     file_info,
     hub_file,
-    library,
     load_into,
     local_weights,
     measured,
@@ -34,16 +33,14 @@ from featurize.backbones.base import (
     seeded,
 )
 from featurize.images import ImageTransform
-from featurize.specs import DEFAULT, BackboneSpec
+from featurize.specs import DEFAULT, FAMILIES, BackboneSpec
 from probe.errors import SpmlError
 
 PREFIX = "timm:"
 _HUB_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
-def _timm():
-    return library("timm", missing="backbone 'timm:...' needs the timm package: pip install -e "
-                   "'.[timm]' (or pip install timm)")
+_timm = FAMILIES["timm"].library
 
 
 def get_spec(name: str) -> BackboneSpec:
