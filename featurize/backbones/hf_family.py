@@ -207,7 +207,7 @@ class HFEmbedding(nn.Module):
         return out.last_hidden_state[:, 1:].mean(1)
 
 
-def _embed_choice(model: nn.Module, config: Any, embed: str | None, name: str) -> str:
+def _embed_choice(model: nn.Module, embed: str | None, name: str) -> str:
     can = ["mean"]
     if hasattr(model, "visual_projection"):
         can.insert(0, "projected")
@@ -232,7 +232,7 @@ def load(spec: BackboneSpec, info: WeightsInfo, seed: int = 0, embed: str | None
          ) -> Backbone:
     repo = _repo(spec)
     model, config = seeded(seed, build, repo, None if info.random else info.path)
-    chosen = _embed_choice(model, config, embed, spec.name)
+    chosen = _embed_choice(model, embed, spec.name)
     transform = processor_transform(repo)
     vision = getattr(config, "vision_config", config)
     side = transform.out_size if transform else int(getattr(vision, "image_size", 224))

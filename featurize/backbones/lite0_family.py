@@ -16,17 +16,17 @@ from featurize.backbones.base import (
     WeightsError,
     WeightsInfo,
     WeightsNotFoundError,
-    as_weights_path,
     package_version,
     pooled_only,
     seeded,
 )
 from featurize.backbones.torchvision_family import (
+    chosen_weights,
     frozen_backbone,
     hub_convention_info,
     load_state,
 )
-from featurize.specs import BACKBONES, DEFAULT, RANDOM, BackboneSpec
+from featurize.specs import BACKBONES, BackboneSpec
 from probe.errors import SpmlError
 
 NAME = "efficientnet_lite0"
@@ -78,12 +78,9 @@ def lite0_weights_file() -> Path:
 
 def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> WeightsInfo:
     """``imagenet`` (the default): the file inside the weights package; or a file path."""
-    weights = spec.default_weights if weights in (None, DEFAULT) else str(weights)
-    if weights == RANDOM:
-        raise WeightsError("random weights have no file; use load_backbone(..., weights='random')")
-    as_path = as_weights_path(weights)
-    if as_path is not None:
-        return hub_convention_info(as_path, f"file:{as_path.name}", None)
+    weights, path = chosen_weights(spec, weights)
+    if path is not None:
+        return hub_convention_info(path, f"file:{path.name}", None)
     if weights != "imagenet":
         raise WeightsError(
             f"backbone {spec.name!r} has weights 'imagenet' (from its package), 'random', "

@@ -120,26 +120,29 @@ def _download(url: str, path: Path) -> None:
 def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> WeightsInfo:
     """Find the weights file for ``weights`` (None/"default" = the backbone's standard ones)
     without loading it; every problem is raised here, before any work is done."""
+    weights, path = chosen_weights(spec, weights)
+    if path is not None:
+        return hub_convention_info(path, f"file:{path.name}", None)
+    path, url = hub_weights_path(spec.name, weights)
+    if not path.is_file():
+        if not download:
+            raise WeightsNotFoundError(
+                f"the {weights.lower()} weights of {spec.name} are not on this machine: expected "
+                f"{path} (torch.hub cache; set TORCH_HOME to move it). Fetch {url} on a "
+                f"connected machine and copy it there (e.g. curl -L -o {path.name} {url}), "
+                "or re-run with --download where there is internet, or pass "
+                "--weights PATH_TO_FILE")
+        _download(url, path)
+    return hub_convention_info(path, weights.lower(), url)
+
+
+def chosen_weights(spec: BackboneSpec, weights: str | None) -> tuple[str, Path | None]:
+    """``weights`` (None/"default": the spec's standard ones) and the file it names, if it
+    names one; "random" is refused (it has no file)."""
     weights = spec.default_weights if weights in (None, DEFAULT) else str(weights)
     if weights == RANDOM:
         raise WeightsError("random weights have no file; use load_backbone(..., weights='random')")
-    url = None
-    as_path = as_weights_path(weights)
-    if as_path is not None:
-        path, wid = as_path, f"file:{as_path.name}"
-    else:
-        path, url = hub_weights_path(spec.name, weights)
-        wid = weights.lower()
-        if not path.is_file():
-            if not download:
-                raise WeightsNotFoundError(
-                    f"the {wid} weights of {spec.name} are not on this machine: expected "
-                    f"{path} (torch.hub cache; set TORCH_HOME to move it). Fetch {url} on a "
-                    f"connected machine and copy it there (e.g. curl -L -o {path.name} {url}), "
-                    "or re-run with --download where there is internet, or pass "
-                    "--weights PATH_TO_FILE")
-            _download(url, path)
-    return hub_convention_info(path, wid, url)
+    return weights, as_weights_path(weights)
 
 
 def hub_convention_info(path: Path, wid: str, url: str | None) -> WeightsInfo:
