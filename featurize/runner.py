@@ -1,15 +1,8 @@
-"""The featurize pipeline: run a frozen backbone once over a dataset into a feature store
-(docs/protocol.md steps 6-7; docs/design.md "The flow").
-
-Per image: decode → resize → ``/255`` → normalise → backbone → pooled features, plus those of the
-horizontally flipped input (``torch.flip(x, dims=[-1])`` on the device). Reader threads decode
-(:mod:`featurize.pipeline`) batches ahead; the main thread runs the model with at most two batches
-in flight on CUDA; a writer thread stores finished blocks (:mod:`featurize.writing`).
-
-Resume: blocks of ``block_rows`` rows are written whole and marked done; the same command
-continues with the pending ones (a different backbone, weights or transform is refused).
-Unreadable images stop the run naming the file, unless ``skip_bad``: then their features are
-zero and the store's ``bad_rows`` attribute lists them (``{"row", "image_id", "path", "error"}``).
+"""The featurize run (docs/protocol.md steps 6-7; docs/design.md): a frozen backbone over a dataset
+into a feature store, with the flipped input's features too. Reader threads decode ahead
+(:mod:`featurize.pipeline`), the device loop keeps two batches in flight on CUDA, a writer thread
+stores whole blocks (:mod:`featurize.writing`), the unit of resume. Unreadable images stop the
+run, or with ``skip_bad`` get zero features and are listed in the store's ``bad_rows``.
 """
 
 from __future__ import annotations

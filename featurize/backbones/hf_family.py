@@ -1,9 +1,5 @@
-"""``--backbone hf:<repo id or local folder>``: a Hugging Face transformers vision encoder (CLIP's
-vision tower, SigLIP's, DINOv2, ViT, ...), its image processor's size/crop/mean/std as the
-preprocessing, and a chosen embedding (docs/backbones.md). The repo's ``config.json`` builds the
-network; its weights (``model.safetensors`` or ``pytorch_model.bin`` from the hub cache, or
-``--weights PATH``) are loaded by transformers' ``from_pretrained``; a whole-model checkpoint
-loads into the vision encoder, every key of which must be in it.
+"""``--backbone hf:<repo id or local folder>``: a transformers vision encoder built from the repo's
+``config.json``, its image processor as the preprocessing, a chosen embedding (docs/backbones.md).
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""``--backbone open_clip:<arch>/<pretrained>``: an OpenCLIP model's image tower with its own
-eval preprocessing and CLIP's projected image embedding (``--embed projected``, the default) or
-the ViT's pooled output before the projection (``--embed pooled``) (docs/backbones.md). Weights:
-the tag's file from the Hugging Face hub cache (fetched there on first use), a whole CLIP
-checkpoint (``--weights PATH``) or ``random``. :func:`load_clip` gives the whole model (both
-towers), its tokenizer and preprocessing, for what needs the text tower too.
+"""``--backbone open_clip:<arch>/<pretrained>``: an OpenCLIP image tower, its eval preprocessing,
+the projected or pooled embedding (docs/backbones.md); :func:`load_clip`: the whole model.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""``--backbone timm:<model>[.<tag>]``: any timm model, its pretrained tag's weights (from the
-Hugging Face hub cache, or the torch hub cache for the tags timm fetches from a URL; or
-``--weights PATH``, with or without the classifier, every key fitting; or ``random``), its own
-preprocessing (timm's resolved data config) and the classifier's input as the embedding
-(docs/backbones.md).
+"""``--backbone timm:<model>[.<tag>]``: any timm model, its data config as the preprocessing and
+the classifier's input as the embedding (docs/backbones.md).
 """
 
 from __future__ import annotations

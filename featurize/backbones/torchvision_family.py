@@ -1,12 +1,6 @@
-"""The torchvision family: the registry names and any torchvision classifier, pooled features
-(docs/protocol.md step 7: ResNet-50, ``IMAGENET1K_V1``, global average pool → 2048-d), with the
-protocol's preprocessing and the backbone's mean/std.
-
-Weights are never fetched behind the user's back: a torchvision weights name (``imagenet1k_v1``
-…) loads torchvision's file from the torch hub cache (``torch.hub.get_dir()/checkpoints/``),
-checking the sha256 prefix in its name, and without it fails before any work, naming the file,
-the place and the URL (``--download`` fetches it); a path loads that ``state_dict``; ``random``
-is seeded default initialisation (tests and benchmarks only, recorded as such).
+"""The torchvision family: the registry names and any torchvision classifier, pooled features with
+the protocol's preprocessing (docs/protocol.md step 7). Weights come from the torch hub cache
+(their sha256 prefix checked; fetched only with ``--download``), a file, or ``random``.
 """
 
 from __future__ import annotations
