@@ -298,7 +298,7 @@ def featurize(
             error = err
     ranks.agree(error)  # every rank returns once the store is complete
     if ranks.rank != 0:  # rank 0 merged every rank's bad rows into the store's attributes
-        bad_rows = {int(b["row"]): dict(b) for b in open_store(out).attrs.get("bad_rows", [])}
+        bad_rows = stored_bad_rows(open_store(out))
     bad = [bad_rows[r] for r in sorted(bad_rows)]
     return FeaturizeResult(store_path=out, n_rows=writer.n_rows, rows_done=int(rows_all),
                            blocks_done=int(blocks_all), blocks_resumed=blocks_resumed, bad_rows=bad,
