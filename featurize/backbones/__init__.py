@@ -88,14 +88,11 @@ def family_status() -> list[dict]:
     """Which backbone families are registered and installed: ``{"family", "installed",
     "version", "install", "syntax", "example", "embeds", "note"}`` each, in registration order
     (the built-ins first)."""
-    out = []
-    for f in list_families():
-        ok = f.installed()
-        out.append({"family": f.name, "installed": ok, "version": f.version() if ok else None,
-                    "install": f.install,
-                    "syntax": f"{f.name}:{f.syntax}" if f.qualified else f.syntax,
-                    "example": f.example, "embeds": list(f.embeds), "note": f.note})
-    return out
+    return [{"family": f.name, "installed": (ok := f.installed()),
+             "version": f.version() if ok else None, "install": f.install,
+             "syntax": f"{f.name}:{f.syntax}" if f.qualified else f.syntax,
+             "example": f.example, "embeds": list(f.embeds), "note": f.note}
+            for f in list_families()]
 
 
 def describe_families() -> str:
