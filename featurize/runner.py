@@ -238,7 +238,10 @@ def featurize(
         run["world_size"] = ranks.world
     provenance = {**backbone.provenance(),
                   "transform": describe_transform(transform, rt, config.with_flip),
-                  **_source_fields(index, source), "run": run}
+                  **({"source": f"images of dataset '{index.name}'", "dataset": index.name}
+                     if source is None and index.root is None
+                     else (source or ImageSource.of(index.name, index.root)).to_provenance()),
+                  "run": run}
     extra = {"weights_random": True} if backbone.weights.random else {}
     writer, error, pending = None, None, None
     if ranks.rank == 0:
@@ -397,13 +400,6 @@ def _to_host(feats: torch.Tensor, flips: torch.Tensor | None, rt: Runtime
     event = torch.cuda.Event()
     event.record()
     return event, host[0], host[1] if flips is not None else None
-
-
-def _source_fields(index: DatasetIndex, source: ImageSource | None) -> dict[str, Any]:
-    """The provenance's record of where the images came from (:class:`ImageSource`)."""
-    if source is None and index.root is None:
-        return {"source": f"images of dataset '{index.name}'", "dataset": index.name}
-    return (source or ImageSource.of(index.name, index.root)).to_provenance()
 
 
 def featurize_dataset(

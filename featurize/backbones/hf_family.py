@@ -30,6 +30,10 @@ from probe.errors import SpmlError
 PREFIX = "hf:"
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 _RESAMPLE = {2: "bilinear", 3: "bicubic"}  # PIL's codes in preprocessor_config.json
+#: the vision encoder of a model type (CLIP's tower with its projection, SigLIP's tower); else
+#: the model type's base model (AutoModel)
+_VISION_CLASSES = {"clip": "CLIPVisionModelWithProjection", "clip_vision_model": "CLIPVisionModel",
+                   "siglip": "SiglipVisionModel"}
 
 
 _transformers = FAMILIES["hf"].library  # with safetensors, the hub's weight format
@@ -81,21 +85,13 @@ def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> 
     return file_info(path, f"hf:{repo}", url=None if Path(repo).is_dir() else f"hf-hub:{repo}")
 
 
-def _model_class(config: Any) -> Any:
-    """The vision encoder class for ``config``: CLIP's vision tower with its projection, SigLIP's
-    vision tower, else the model type's base model (``AutoModel``)."""
-    name = {"clip": "CLIPVisionModelWithProjection", "clip_vision_model": "CLIPVisionModel",
-            "siglip": "SiglipVisionModel"}.get(config.model_type, "AutoModel")
-    return getattr(_transformers(), name)
-
-
 def build(repo: str, weights_file: str | None = None) -> tuple[nn.Module, Any]:
     """The vision encoder that ``repo``'s config.json describes, and that config: with
     ``weights_file`` loaded by transformers' ``from_pretrained`` (refused if any encoder key is
     missing or of another shape), else default initialisation from the current RNG state."""
     config_file = repo_file(repo, ("config.json",), "name a folder holding config.json")
     config = _transformers().AutoConfig.from_pretrained(str(config_file.parent))
-    cls = _model_class(config)
+    cls = getattr(_transformers(), _VISION_CLASSES.get(config.model_type, "AutoModel"))
     vision = None  # the vision tower's config, for the towers of a two-tower model
     if cls is not _transformers().AutoModel:
         vision = getattr(config, "vision_config", config)

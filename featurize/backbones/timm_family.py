@@ -51,24 +51,15 @@ def get_spec(name: str) -> BackboneSpec:
     return BackboneSpec(name, "timm", 0, default_weights=DEFAULT, note="timm model")
 
 
-def _pretrained_cfg(model: str):
-    from timm.models import get_pretrained_cfg
-
-    cfg = get_pretrained_cfg(model)
-    if cfg is None:
-        raise WeightsError(
-            f"timm model {model!r} has no pretrained weights; pass --weights PATH or "
-            "--weights random")
-    return cfg
-
-
 def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> WeightsInfo:
     """The weights file for ``weights`` (None/"default": the tag's), found or fetched now."""
     model = spec.name[len(PREFIX) :]
     if local := local_weights(spec.name, weights, "the pretrained tag's weights",
                               ".pth, .pt, .safetensors"):
         return local
-    cfg = _pretrained_cfg(model)
+    if (cfg := _timm().models.get_pretrained_cfg(model)) is None:
+        raise WeightsError(f"timm model {model!r} has no pretrained weights; pass --weights PATH "
+                           "or --weights random")
     tagged = f"{cfg.architecture}.{cfg.tag}" if cfg.tag else model
     fix = f"pass --weights PATH to a {tagged} checkpoint"
     if cfg.hf_hub_id:

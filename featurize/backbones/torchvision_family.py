@@ -105,12 +105,6 @@ def hub_weights_path(name: str, weights: str) -> tuple[Path, str]:
     return Path(torch.hub.get_dir()) / "checkpoints" / url.rsplit("/", 1)[-1], url
 
 
-def _download(url: str, path: Path) -> None:
-    match = _HASH_IN_NAME.search(path.name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.hub.download_url_to_file(url, str(path), hash_prefix=match.group(1) if match else None)
-
-
 def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> WeightsInfo:
     """Find the weights file for ``weights`` (None/"default" = the backbone's standard ones)
     without loading it; every problem is raised here, before any work is done."""
@@ -126,7 +120,9 @@ def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> 
                 f"connected machine and copy it there (e.g. curl -L -o {path.name} {url}), "
                 "or re-run with --download where there is internet, or pass "
                 "--weights PATH_TO_FILE")
-        _download(url, path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        match = _HASH_IN_NAME.search(path.name)
+        torch.hub.download_url_to_file(url, str(path), hash_prefix=match and match.group(1))
     return hub_convention_info(path, weights.lower(), url)
 
 
