@@ -20,6 +20,7 @@ from featurize.backbones.base import (
     input_check,
     random_info,
 )
+from featurize.backbones.open_clip_family import load_clip
 from featurize.backbones.torchvision_family import hub_weights_path, list_backbones
 from featurize.specs import (
     BACKBONES,
@@ -74,14 +75,6 @@ def load_backbone(name: str = DEFAULT_BACKBONE, weights: str | None = None, *, s
             and (backbone.transform is None or backbone.transform.out_size != size)):
         input_check(backbone.features, int(size), name, hint="; use --transform model")
     return backbone
-
-
-def load_clip(name: str, weights: str | None = None, *, seed: int = 0):
-    """The whole OpenCLIP model of ``open_clip:<arch>/<pretrained>`` (image and text towers),
-    its tokenizer and its preprocessing (:class:`open_clip_family.ClipModel`)."""
-    from featurize.backbones.open_clip_family import load_clip as _load
-
-    return _load(name, weights, seed=seed)
 
 
 def family_status() -> list[dict]:
