@@ -57,11 +57,9 @@ def repo_file(repo: str, names: tuple[str, ...], fix: str, required: bool = True
     first use)."""
     folder = Path(repo).expanduser()
     if folder.is_dir():
-        for n in names:
-            if (folder / n).is_file():
-                return (folder / n).resolve()
-        if not required:
-            return None
+        found = next(((folder / n).resolve() for n in names if (folder / n).is_file()), None)
+        if found is not None or not required:
+            return found
         raise WeightsNotFoundError(
             f"backbone hf:{repo}: the folder {folder} has no {' or '.join(names)}; {fix}")
     try:
