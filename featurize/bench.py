@@ -1,9 +1,5 @@
-"""``spml bench featurize``: images/s of the featurize pipeline on this machine (docs/design.md
-"What fast means"; figures in docs/performance.md), on synthetic photo-like JPEGs written to a
-temporary folder, each figure after an untimed warm-up: ``decode_images_per_s`` (the reader
-threads and decode path alone), ``forward_images_per_s`` (the forward passes alone, with the
-flipped image) and ``images_per_s`` (end to end into a temporary store). Random weights by
-default: speed does not depend on the weight values.
+"""``spml bench featurize``: decode, forward and end-to-end images/s of the featurize pipeline on
+synthetic photo-like JPEGs, each after an untimed warm-up (docs/design.md, docs/performance.md).
 """
 
 from __future__ import annotations

@@ -195,13 +195,11 @@ def add_command(sub: argparse._SubParsersAction, name: str, **kwargs: Any
 
 
 def _config(args: argparse.Namespace, **extra: Any) -> Any:
+    """The :class:`FeaturizeConfig` of the options (each named as its field) and ``extra``."""
     from featurize.runner import FeaturizeConfig
 
-    return FeaturizeConfig(backbone=args.backbone, weights=args.weights,
-                           weights_seed=args.weights_seed, download=args.download, size=args.size,
-                           transform=args.transform, embed=args.embed, device=args.device,
-                           batch_size=args.batch_size, decode=args.decode, precision=args.precision,
-                           with_flip=args.with_flip, workers=args.workers, **extra)
+    given = {f.name for f in dataclasses.fields(FeaturizeConfig)} & set(vars(args))
+    return FeaturizeConfig(**{k: getattr(args, k) for k in given}, **extra)
 
 
 class _ListBackbones(argparse.Action):
@@ -239,8 +237,7 @@ def _cmd_featurize(args: argparse.Namespace) -> int:
     from probe.store import add_draws
 
     check_before_writing(args)
-    config = _config(args, dtype=args.dtype, block_rows=args.block_rows, skip_bad=args.skip_bad,
-                     overwrite=args.overwrite, progress=not args.quiet)
+    config = _config(args, progress=not args.quiet)  # with --dtype, --block-rows, --skip-bad, …
     options = dataset_options_of(args.dataset_options)
     if args.skip_bad and args.dataset in ("folder", "coco", "cub"):
         options.setdefault("check_images", False)  # missing images become bad rows

@@ -1,15 +1,8 @@
-"""``spml priors``: CLIP zero-shot class scores of a store's images, stored as a prior (the one
-VLPL and GPR read, docs/priors.md), with an OpenCLIP model's two towers (docs/backbones.md):
-
-1. **text**: ``prompt.format(class name)`` (``_`` as a space) per class, L2-normalised: ``t_c``;
-2. **views**: each image whole and, with ``tiles = k``, its k×k grid of tiles (AEVLP's DAMP: 4×4,
-   5×5 on CUB), through the model's preprocessing and image tower, L2-normalised: ``v``;
-3. **scores**: ``softmax_c(v · t_c / T)`` per view (T = 0.01 in both papers): the whole image's
-   are the prior's ``scores``; the per-class ``tile_max``, ``tile_min``, ``tile_mean`` its extras.
-
-Blocks of rows are kept beside the store (``<store>.priors-<name>.partial``, 4 × C numbers an
-image) until the prior is written (:func:`probe.store.write_prior`), so an interrupted run resumes;
-only a run of the same settings (:func:`resume_fingerprint`) is resumed, another is refused.
+"""``spml priors``: CLIP zero-shot class scores of a store's images as a prior (docs/priors.md):
+``softmax_c(v · t_c / T)`` of each view ``v`` (the whole image, then its k×k tiles) against the
+L2-normalised prompt embeddings ``t_c``; the whole image's are the ``scores``, the tiles' per-class
+max, min and mean the extras. Blocks of rows wait beside the store until the prior is written, so
+an interrupted run of the same settings (:func:`resume_fingerprint`) resumes.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""Image decoding, resizing and normalisation for the featurizer (docs/protocol.md step 6).
-
-The protocol's preprocessing is Cole et al. (2021)'s: ``PIL open → convert("RGB") → resize((448,
-448), BILINEAR) → ToTensor → Normalize`` (no crop, EXIF orientation not applied). Two decode paths:
-``pil`` is exactly that (bit for bit); ``torchvision`` decodes JPEGs in one batched nvJPEG call on
-CUDA (libjpeg-turbo on a CPU; other formats one by one on the CPU) and resizes with torch: pixels
-within one grey level of PIL's (docs/design.md, docs/performance.md).
+"""Image decoding, resizing and normalisation for the featurizer (docs/protocol.md step 6). Two
+decode paths: ``pil``, Cole et al.'s ``PIL open → convert("RGB") → resize BILINEAR → ToTensor →
+Normalize`` bit for bit; ``torchvision``, batched nvJPEG on CUDA (libjpeg-turbo on a CPU) and a
+torch resize, within one grey level of PIL's (docs/design.md, docs/performance.md).
 """
 
 from __future__ import annotations

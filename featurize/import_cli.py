@@ -21,6 +21,7 @@ _STORE_LAYOUT = (
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
+    """The options and the command of every feature import (cole, arrays, yeast)."""
     parser.add_argument("--out", required=True, metavar="STORE", help="output store directory")
     parser.add_argument(
         "--dtype", choices=DTYPES, default="float16",
@@ -30,6 +31,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "--overwrite", action="store_true", help="replace an existing store at --out")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_seeds_argument(parser)
+    parser.set_defaults(func=_cmd_import)
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
@@ -100,7 +102,6 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
     p.add_argument("--block-rows", type=int, default=1024,
                    help="rows per store chunk / write block (default: 1024)")
     _common(p)
-    p.set_defaults(func=_cmd_import)
 
     p = add_command(
         isub, "arrays",
@@ -127,7 +128,6 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
         "--class-names", metavar="FILE", help="C class names, one per line (default class_0 …)")
     p.add_argument("--name", required=True, help="dataset name recorded in the store")
     _common(p)
-    p.set_defaults(func=_cmd_import)
 
     p = add_command(
         isub, "yeast",
@@ -145,7 +145,6 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
     p.add_argument("--test-fraction", type=_fraction, default=TEST_FRACTION,
                    help="fraction of rows held out as the test set (default: 0.2)")
     _common(p)
-    p.set_defaults(func=_cmd_import)
 
     _register_import_priors(isub)
 

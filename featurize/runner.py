@@ -1,15 +1,8 @@
-"""The featurize pipeline: run a frozen backbone once over a dataset into a feature store
-(docs/protocol.md steps 6-7; docs/design.md "The flow").
-
-Per image: decode → resize → ``/255`` → normalise → backbone → pooled features, plus those of the
-horizontally flipped input (``torch.flip(x, dims=[-1])`` on the device). Reader threads decode
-(:mod:`featurize.pipeline`) batches ahead; the main thread runs the model with at most two batches
-in flight on CUDA; a writer thread stores finished blocks (:mod:`featurize.writing`).
-
-Resume: blocks of ``block_rows`` rows are written whole and marked done; the same command
-continues with the pending ones (a different backbone, weights or transform is refused).
-Unreadable images stop the run naming the file, unless ``skip_bad``: then their features are
-zero and the store's ``bad_rows`` attribute lists them (``{"row", "image_id", "path", "error"}``).
+"""The featurize run (docs/protocol.md steps 6-7; docs/design.md): a frozen backbone over a dataset
+into a feature store, with the flipped input's features too. Reader threads decode ahead
+(:mod:`featurize.pipeline`), the device loop keeps two batches in flight on CUDA, a writer thread
+stores whole blocks (:mod:`featurize.writing`), the unit of resume. Unreadable images stop the
+run, or with ``skip_bad`` get zero features and are listed in the store's ``bad_rows``.
 """
 
 from __future__ import annotations
@@ -245,7 +238,10 @@ def featurize(
         run["world_size"] = ranks.world
     provenance = {**backbone.provenance(),
                   "transform": describe_transform(transform, rt, config.with_flip),
-                  **_source_fields(index, source), "run": run}
+                  **({"source": f"images of dataset '{index.name}'", "dataset": index.name}
+                     if source is None and index.root is None
+                     else (source or ImageSource.of(index.name, index.root)).to_provenance()),
+                  "run": run}
     extra = {"weights_random": True} if backbone.weights.random else {}
     writer, error, pending = None, None, None
     if ranks.rank == 0:
@@ -305,7 +301,7 @@ def featurize(
             error = err
     ranks.agree(error)  # every rank returns once the store is complete
     if ranks.rank != 0:  # rank 0 merged every rank's bad rows into the store's attributes
-        bad_rows = {int(b["row"]): dict(b) for b in open_store(out).attrs.get("bad_rows", [])}
+        bad_rows = stored_bad_rows(open_store(out))
     bad = [bad_rows[r] for r in sorted(bad_rows)]
     return FeaturizeResult(store_path=out, n_rows=writer.n_rows, rows_done=int(rows_all),
                            blocks_done=int(blocks_all), blocks_resumed=blocks_resumed, bad_rows=bad,
@@ -404,13 +400,6 @@ def _to_host(feats: torch.Tensor, flips: torch.Tensor | None, rt: Runtime
     event = torch.cuda.Event()
     event.record()
     return event, host[0], host[1] if flips is not None else None
-
-
-def _source_fields(index: DatasetIndex, source: ImageSource | None) -> dict[str, Any]:
-    """The provenance's record of where the images came from (:class:`ImageSource`)."""
-    if source is None and index.root is None:
-        return {"source": f"images of dataset '{index.name}'", "dataset": index.name}
-    return (source or ImageSource.of(index.name, index.root)).to_provenance()
 
 
 def featurize_dataset(

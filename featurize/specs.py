@@ -109,6 +109,15 @@ class Family(ABC):
         except importlib.metadata.PackageNotFoundError:
             return None
 
+    def library(self) -> Any:
+        """The last of ``modules``, each imported now; one not installed is refused, naming what
+        it needs and ``install``."""
+        try:
+            return [importlib.import_module(m) for m in self.modules][-1]
+        except ImportError:
+            raise SpmlError(f"backbone '{self.name}:...' needs {' and '.join(self.modules)}: "
+                            f"{self.install}") from None
+
     @abstractmethod
     def get_spec(self, name: str) -> BackboneSpec:
         """The :class:`BackboneSpec` of backbone ``name``, checked cheaply (``feature_dim`` may
@@ -228,7 +237,7 @@ for _family in (
     ),
     ModuleFamily(
         "featurize.backbones.hf_family", name="hf", distribution="transformers",
-        modules=("transformers", "safetensors"), install="pip install -e '.[hf]'",
+        modules=("safetensors", "transformers"), install="pip install -e '.[hf]'",
         syntax="<repo id or local folder>", example="hf:facebook/dinov2-base",
         embeds=("pooled", "projected", "mean"),
         note="a transformers vision encoder (CLIP vision, DINOv2, ...); pooled = "

@@ -20,6 +20,7 @@ from featurize.backbones.base import (
     input_check,
     random_info,
 )
+from featurize.backbones.open_clip_family import load_clip
 from featurize.backbones.torchvision_family import hub_weights_path, list_backbones
 from featurize.specs import (
     BACKBONES,
@@ -76,26 +77,15 @@ def load_backbone(name: str = DEFAULT_BACKBONE, weights: str | None = None, *, s
     return backbone
 
 
-def load_clip(name: str, weights: str | None = None, *, seed: int = 0):
-    """The whole OpenCLIP model of ``open_clip:<arch>/<pretrained>`` (image and text towers),
-    its tokenizer and its preprocessing (:class:`open_clip_family.ClipModel`)."""
-    from featurize.backbones.open_clip_family import load_clip as _load
-
-    return _load(name, weights, seed=seed)
-
-
 def family_status() -> list[dict]:
     """Which backbone families are registered and installed: ``{"family", "installed",
     "version", "install", "syntax", "example", "embeds", "note"}`` each, in registration order
     (the built-ins first)."""
-    out = []
-    for f in list_families():
-        ok = f.installed()
-        out.append({"family": f.name, "installed": ok, "version": f.version() if ok else None,
-                    "install": f.install,
-                    "syntax": f"{f.name}:{f.syntax}" if f.qualified else f.syntax,
-                    "example": f.example, "embeds": list(f.embeds), "note": f.note})
-    return out
+    return [{"family": f.name, "installed": (ok := f.installed()),
+             "version": f.version() if ok else None, "install": f.install,
+             "syntax": f"{f.name}:{f.syntax}" if f.qualified else f.syntax,
+             "example": f.example, "embeds": list(f.embeds), "note": f.note}
+            for f in list_families()]
 
 
 def describe_families() -> str:

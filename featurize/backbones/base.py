@@ -5,12 +5,11 @@ and transformers fetch their weights through it) and the input-size check.
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import difflib
-import importlib
 import importlib.metadata
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,15 +96,6 @@ class Backbone:
         return out
 
 
-def library(*modules: str, missing: str) -> Any:
-    """The last of ``modules``, each imported; one not installed is refused with ``missing``
-    (what needs it and how to install it)."""
-    try:
-        return [importlib.import_module(m) for m in modules][-1]
-    except ImportError:
-        raise SpmlError(missing) from None
-
-
 def package_version(name: str) -> str:
     """``"name version"`` of an installed distribution (recorded in the provenance)."""
     try:
@@ -131,6 +121,32 @@ def did_you_mean(name: str, names: Iterable[str]) -> str:
     """`` Did you mean a, b?`` naming the known names closest to ``name`` (or "")."""
     close = difflib.get_close_matches(name, list(names), n=3)
     return f" Did you mean {', '.join(close)}?" if close else ""
+
+
+def check_model(name: str, library: str, kind: str, arch: str, known: bool,
+                archs: Callable[[], list[str]], tag: str | None,
+                tags: Callable[[], list[str]], listing: str) -> None:
+    """Refuse backbone ``name`` when ``library`` has no ``kind`` ``arch`` (not ``known``; the
+    closest of ``archs()`` and ``listing`` named) or ``arch`` has no pretrained ``tag``."""
+    if not known:
+        raise SpmlError(f"--backbone {name!r}: {library} has no {kind} {arch!r}."
+                        f"{did_you_mean(arch, archs())} {listing}")
+    if tag and tag not in (names := tags()):
+        raise SpmlError(f"--backbone {name!r}: {library}'s {arch} has no pretrained tag {tag!r}; "
+                        f"its tags: {', '.join(names) or 'none'}")
+
+
+def measured(spec: BackboneSpec, features: nn.Module, info: WeightsInfo,
+             transform: ImageTransform | None, embed: str, details: dict[str, Any],
+             side: int | None = None) -> Backbone:
+    """The frozen :class:`Backbone` of a library-qualified family's network ``features`` (no
+    classifier kept): its width measured on one ``side``×``side`` image (default: the
+    ``transform``'s input), the spec taking the ``transform``'s mean and std."""
+    features.eval().requires_grad_(False)
+    dim = input_check(features, side or transform.out_size, spec.name)
+    stats = {} if transform is None else {"mean": transform.mean, "std": transform.std}
+    spec = dataclasses.replace(spec, feature_dim=dim, **stats)
+    return Backbone(spec, features, None, info, transform=transform, embed=embed, details=details)
 
 
 def pooled_only(embed: str | None, gives: str) -> None:
@@ -261,11 +277,6 @@ CONNECT_TIMEOUT = 3.0  # seconds before a download is refused as offline (not a 
 _REACHED: dict[tuple[str, int], str | None] = {}  # (host, port) -> None (reached) or the error
 
 
-def hf_endpoint() -> str:
-    """The Hugging Face hub's address: ``$HF_ENDPOINT``, else https://huggingface.co."""
-    return os.environ.get("HF_ENDPOINT", "").strip().rstrip("/") or "https://huggingface.co"
-
-
 def unreachable(url: str) -> str | None:
     """None when a TCP connection to ``url``'s host (or the HTTPS proxy) opens within
     :data:`CONNECT_TIMEOUT` seconds (checked once per process and host), else a sentence saying
@@ -320,19 +331,6 @@ def fetch_once(url: str, path: Path, what: str, cache: str, fix: str,
                                    f"({err}); copy the file there, or {fix}") from None
 
 
-@contextlib.contextmanager
-def quiet_hub_logs() -> Iterator[None]:
-    """A context in which huggingface_hub logs errors only (no retry lines), restored after."""
-    from huggingface_hub.utils import logging as hub_logging
-
-    before = hub_logging.get_verbosity()
-    hub_logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        hub_logging.set_verbosity(before)
-
-
 def hub_file(repo: str, filenames: tuple[str, ...], what: str, fix: str) -> Path:
     """The first of ``filenames`` of hub repo ``repo`` in the cache, else downloaded into it;
     offline, or when that fails, a :class:`WeightsNotFoundError` naming file, cache and ``fix``."""
@@ -348,19 +346,26 @@ def hub_file(repo: str, filenames: tuple[str, ...], what: str, fix: str) -> Path
             return Path(found)
     missing = (f"{what} needs the file {' or '.join(filenames)} of the Hugging Face repo {repo}, "
                f"which is not in the cache {cache} (set HF_HOME or HF_HUB_CACHE to use another)")
-    offline = "HF_HUB_OFFLINE is set" if hf_offline() else unreachable(hf_endpoint())
+    endpoint = os.environ.get("HF_ENDPOINT", "").strip().rstrip("/") or "https://huggingface.co"
+    offline = "HF_HUB_OFFLINE is set" if hf_offline() else unreachable(endpoint)
     if offline is not None:
         offline += "" if hf_offline() else ": this machine looks offline"
         raise WeightsNotFoundError(
             f"{missing}, and {offline}. Run the same command once on a connected machine (it "
             f"downloads into that cache) and copy the cache here, or {fix}")
-    errors = []
-    for filename in filenames:
-        try:
-            with quiet_hub_logs():
+    from huggingface_hub.utils import logging as hub_logging
+
+    errors, verbosity = [], hub_logging.get_verbosity()
+    hub_logging.set_verbosity_error()  # no retry lines
+    try:
+        for filename in filenames:
+            try:
                 return Path(hf_hub_download(repo, filename, cache_dir=str(cache)))
-        except Exception as err:  # not in the repo, no network, gated, ...: try the next name
-            errors.append(f"{filename}: {type(err).__name__}: {str(err).splitlines()[0][:200]}")
+            except Exception as err:  # not in the repo, no network, gated, ...: try the next
+                errors.append(f"{filename}: {type(err).__name__}: "
+                              f"{str(err).splitlines()[0][:200]}")
+    finally:
+        hub_logging.set_verbosity(verbosity)
     raise WeightsNotFoundError(f"{missing}, and downloading it failed ({'; '.join(errors)}). "
                                f"Connect this machine or copy the cache from one that has it, or "
                                f"{fix}")

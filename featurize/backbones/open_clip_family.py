@@ -1,14 +1,9 @@
-"""``--backbone open_clip:<arch>/<pretrained>``: an OpenCLIP model's image tower with its own
-eval preprocessing and CLIP's projected image embedding (``--embed projected``, the default) or
-the ViT's pooled output before the projection (``--embed pooled``) (docs/backbones.md). Weights:
-the tag's file from the Hugging Face hub cache (fetched there on first use), a whole CLIP
-checkpoint (``--weights PATH``) or ``random``. :func:`load_clip` gives the whole model (both
-towers), its tokenizer and preprocessing, for what needs the text tower too.
+"""``--backbone open_clip:<arch>/<pretrained>``: an OpenCLIP image tower, its eval preprocessing,
+the projected or pooled embedding (docs/backbones.md); :func:`load_clip`: the whole model.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,28 +16,25 @@ from featurize.backbones.base import (
     WeightsError,
     WeightsInfo,
     check_fit,
-    did_you_mean,
+    check_model,
     fetch_once,
     file_info,
     hub_file,
-    input_check,
-    library,
     local_weights,
+    measured,
     package_version,
     random_info,
     seeded,
 )
 from featurize.images import ImageTransform
-from featurize.specs import DEFAULT, RANDOM, BackboneSpec
+from featurize.specs import DEFAULT, FAMILIES, RANDOM, BackboneSpec
 from probe.errors import SpmlError
 
 PREFIX = "open_clip:"
 _HUB_FILES = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
 
 
-def _open_clip():
-    return library("open_clip", missing="backbone 'open_clip:...' needs the open_clip_torch "
-                   "package: pip install -e '.[clip]' (or pip install open_clip_torch)")
+_open_clip = FAMILIES["open_clip"].library
 
 
 def parse(name: str) -> tuple[str, str | None]:
@@ -55,18 +47,10 @@ def parse(name: str) -> tuple[str, str | None]:
 def get_spec(name: str) -> BackboneSpec:
     open_clip = _open_clip()
     arch, tag = parse(name)
-    if arch not in open_clip.list_models():
-        hint = did_you_mean(arch, open_clip.list_models())
-        raise SpmlError(
-            f"--backbone {name!r}: OpenCLIP has no architecture {arch!r}.{hint} "
-            "open_clip.list_pretrained() lists (arch, pretrained) pairs, e.g. "
-            "open_clip:ViT-B-16/openai")
-    if tag is not None:
-        tags = open_clip.list_pretrained_tags_by_model(arch)
-        if tag not in tags:
-            raise SpmlError(
-                f"--backbone {name!r}: OpenCLIP's {arch} has no pretrained tag {tag!r}; its "
-                f"tags: {', '.join(tags) or 'none'}")
+    check_model(name, "OpenCLIP", "architecture", arch, arch in open_clip.list_models(),
+                open_clip.list_models, tag, lambda: open_clip.list_pretrained_tags_by_model(arch),
+                "open_clip.list_pretrained() lists (arch, pretrained) pairs, e.g. "
+                "open_clip:ViT-B-16/openai")
     return BackboneSpec(name, "open_clip", 0, default_weights=DEFAULT, note="OpenCLIP image tower")
 
 
@@ -137,12 +121,17 @@ def model_transform(model: nn.Module) -> ImageTransform:
                           interpolation=interpolation, resize="shortest" if shortest else "square")
 
 
-def _load_state(model: nn.Module, path: str, name: str) -> None:
-    try:
-        result = _open_clip().load_checkpoint(model, path, strict=False)
-    except (RuntimeError, KeyError, ValueError) as err:
-        raise WeightsError(f"weights file {path} does not fit backbone {name!r}: {err}") from None
-    check_fit(result, path, name)
+def _loaded(name: str, info: WeightsInfo, seed: int) -> nn.Module:
+    """The whole CLIP model of ``name`` (seeded) with ``info``'s weights, every key fitting."""
+    model = seeded(seed, build, *parse(name))
+    if not info.random:
+        try:
+            result = _open_clip().load_checkpoint(model, info.path, strict=False)
+        except (RuntimeError, KeyError, ValueError) as err:
+            raise WeightsError(f"weights file {info.path} does not fit backbone {name!r}: {err}"
+                               ) from None
+        check_fit(result, info.path, name)
+    return model
 
 
 @dataclass
@@ -172,17 +161,14 @@ def load_clip(name: str, weights: str | None = None, *, seed: int = 0) -> ClipMo
     name = name if name.startswith(PREFIX) else PREFIX + name
     spec = get_spec(name)
     info = random_info(seed) if weights == RANDOM else resolve(spec, weights)
-    arch, tag = parse(name)
     open_clip = _open_clip()
-    model = seeded(seed, build, arch, tag)
-    if not info.random:
-        _load_state(model, info.path, name)
+    model = _loaded(name, info, seed)
     model.eval().requires_grad_(False)
     transform = model_transform(model)
     from open_clip.transform import PreprocessCfg, image_transform_v2
 
     preprocess = image_transform_v2(PreprocessCfg(**model.visual.preprocess_cfg), is_train=False)
-    tokenizer = open_clip.get_tokenizer(arch)
+    tokenizer = open_clip.get_tokenizer(parse(name)[0])
     return ClipModel(name, model, tokenizer, preprocess, transform, info)
 
 
@@ -198,9 +184,7 @@ def load(spec: BackboneSpec, info: WeightsInfo, seed: int = 0, embed: str | None
     embed = "projected" if embed in (None, "auto") else embed
     if embed not in _EMBEDDING:
         raise SpmlError(f"--embed {embed!r}: an OpenCLIP backbone gives projected or pooled")
-    model = seeded(seed, build, arch, tag)
-    if not info.random:
-        _load_state(model, info.path, spec.name)
+    model = _loaded(spec.name, info, seed)
     visual = model.visual
     if embed == "pooled":
         if not isinstance(getattr(visual, "proj", None), torch.Tensor):
@@ -208,10 +192,6 @@ def load(spec: BackboneSpec, info: WeightsInfo, seed: int = 0, embed: str | None
                 f"--embed pooled: {arch}'s image tower has no separate final projection "
                 "(only OpenCLIP's ViTs do); use --embed projected")
         visual.proj = None  # this model's own tower: the pooled output is returned
-    visual.eval().requires_grad_(False)
-    transform = model_transform(model)
-    dim = input_check(visual, transform.out_size, spec.name)
-    spec = dataclasses.replace(spec, feature_dim=dim, mean=transform.mean, std=transform.std)
     details = {"embedding": _EMBEDDING[embed], "library": package_version("open_clip_torch"),
                "model_id": f"{arch}/{tag}" if tag else arch}
-    return Backbone(spec, visual, None, info, transform=transform, embed=embed, details=details)
+    return measured(spec, visual, info, model_transform(model), embed, details)

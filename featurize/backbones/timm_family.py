@@ -1,14 +1,10 @@
-"""``--backbone timm:<model>[.<tag>]``: any timm model, its pretrained tag's weights (from the
-Hugging Face hub cache, or the torch hub cache for the tags timm fetches from a URL; or
-``--weights PATH``, with or without the classifier, every key fitting; or ``random``), its own
-preprocessing (timm's resolved data config) and the classifier's input as the embedding
-(docs/backbones.md).
+"""``--backbone timm:<model>[.<tag>]``: any timm model, its data config as the preprocessing and
+the classifier's input as the embedding (docs/backbones.md).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import sys
 from pathlib import Path
@@ -21,60 +17,38 @@ from featurize.backbones.base import (
     WeightsError,
     WeightsInfo,
     check_fit,
-    did_you_mean,
+    check_model,
     fetch_once,
     file_info,
     hub_file,
-    input_check,
-    library,
     load_into,
     local_weights,
+    measured,
     package_version,
     pooled_only,
     read_state,
     seeded,
 )
 from featurize.images import ImageTransform
-from featurize.specs import DEFAULT, BackboneSpec
+from featurize.specs import DEFAULT, FAMILIES, BackboneSpec
 from probe.errors import SpmlError
 
 PREFIX = "timm:"
 _HUB_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
-def _timm():
-    return library("timm", missing="backbone 'timm:...' needs the timm package: pip install -e "
-                   "'.[timm]' (or pip install timm)")
+_timm = FAMILIES["timm"].library
 
 
 def get_spec(name: str) -> BackboneSpec:
     """The spec of ``timm:<model>[.<tag>]`` (its width is measured when it is loaded)."""
     timm = _timm()
-    model = name[len(PREFIX) :]
-    arch, _, tag = model.partition(".")
-    if not timm.is_model(arch):
-        hint = did_you_mean(arch, timm.list_models())
-        raise SpmlError(
-            f"--backbone {name!r}: timm has no model {arch!r}.{hint} timm.list_models() lists "
-            "them (e.g. timm:resnet50.a1_in1k, timm:convnext_large.fb_in22k)")
-    if tag:
-        tags = [n.partition(".")[2] for n in timm.list_pretrained(f"{arch}.*")]
-        if tag not in tags:
-            raise SpmlError(
-                f"--backbone {name!r}: timm's {arch} has no pretrained tag {tag!r}; its tags: "
-                f"{', '.join(tags) or 'none'}")
+    arch, _, tag = name[len(PREFIX) :].partition(".")
+    check_model(name, "timm", "model", arch, timm.is_model(arch), timm.list_models, tag,
+                lambda: [n.partition(".")[2] for n in timm.list_pretrained(f"{arch}.*")],
+                "timm.list_models() lists them (e.g. timm:resnet50.a1_in1k, "
+                "timm:convnext_large.fb_in22k)")
     return BackboneSpec(name, "timm", 0, default_weights=DEFAULT, note="timm model")
-
-
-def _pretrained_cfg(model: str):
-    from timm.models import get_pretrained_cfg
-
-    cfg = get_pretrained_cfg(model)
-    if cfg is None:
-        raise WeightsError(
-            f"timm model {model!r} has no pretrained weights; pass --weights PATH or "
-            "--weights random")
-    return cfg
 
 
 def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> WeightsInfo:
@@ -83,7 +57,9 @@ def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> 
     if local := local_weights(spec.name, weights, "the pretrained tag's weights",
                               ".pth, .pt, .safetensors"):
         return local
-    cfg = _pretrained_cfg(model)
+    if (cfg := _timm().models.get_pretrained_cfg(model)) is None:
+        raise WeightsError(f"timm model {model!r} has no pretrained weights; pass --weights PATH "
+                           "or --weights random")
     tagged = f"{cfg.architecture}.{cfg.tag}" if cfg.tag else model
     fix = f"pass --weights PATH to a {tagged} checkpoint"
     if cfg.hf_hub_id:
@@ -157,14 +133,10 @@ def load(spec: BackboneSpec, info: WeightsInfo, seed: int = 0, embed: str | None
     model = seeded(seed, build, model_name)
     if not info.random:
         _load_state(model, info.path, spec.name)
-    model.eval().requires_grad_(False)
-    transform = data_transform(model, spec.name)
-    dim = input_check(model, transform.out_size, spec.name)
-    spec = dataclasses.replace(spec, feature_dim=dim, mean=transform.mean, std=transform.std)
     cfg = model.pretrained_cfg
     tag = f".{cfg['tag']}" if cfg.get("tag") else ""
     details = {"embedding": "timm forward_head(pre_logits=True): the classifier's input",
                "library": package_version("timm"),
                "model_id": f"{cfg.get('architecture', model_name)}{tag}",
                "hf_hub_id": cfg.get("hf_hub_id")}
-    return Backbone(spec, model, None, info, transform=transform, embed="pooled", details=details)
+    return measured(spec, model, info, data_transform(model, spec.name), "pooled", details)

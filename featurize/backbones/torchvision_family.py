@@ -1,12 +1,6 @@
-"""The torchvision family: the registry names and any torchvision classifier, pooled features
-(docs/protocol.md step 7: ResNet-50, ``IMAGENET1K_V1``, global average pool → 2048-d), with the
-protocol's preprocessing and the backbone's mean/std.
-
-Weights are never fetched behind the user's back: a torchvision weights name (``imagenet1k_v1``
-…) loads torchvision's file from the torch hub cache (``torch.hub.get_dir()/checkpoints/``),
-checking the sha256 prefix in its name, and without it fails before any work, naming the file,
-the place and the URL (``--download`` fetches it); a path loads that ``state_dict``; ``random``
-is seeded default initialisation (tests and benchmarks only, recorded as such).
+"""The torchvision family: the registry names and any torchvision classifier, pooled features with
+the protocol's preprocessing (docs/protocol.md step 7). Weights come from the torch hub cache
+(their sha256 prefix checked; fetched only with ``--download``), a file, or ``random``.
 """
 
 from __future__ import annotations
@@ -111,35 +105,34 @@ def hub_weights_path(name: str, weights: str) -> tuple[Path, str]:
     return Path(torch.hub.get_dir()) / "checkpoints" / url.rsplit("/", 1)[-1], url
 
 
-def _download(url: str, path: Path) -> None:
-    match = _HASH_IN_NAME.search(path.name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.hub.download_url_to_file(url, str(path), hash_prefix=match.group(1) if match else None)
-
-
 def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> WeightsInfo:
     """Find the weights file for ``weights`` (None/"default" = the backbone's standard ones)
     without loading it; every problem is raised here, before any work is done."""
+    weights, path = chosen_weights(spec, weights)
+    if path is not None:
+        return hub_convention_info(path, f"file:{path.name}", None)
+    path, url = hub_weights_path(spec.name, weights)
+    if not path.is_file():
+        if not download:
+            raise WeightsNotFoundError(
+                f"the {weights.lower()} weights of {spec.name} are not on this machine: expected "
+                f"{path} (torch.hub cache; set TORCH_HOME to move it). Fetch {url} on a "
+                f"connected machine and copy it there (e.g. curl -L -o {path.name} {url}), "
+                "or re-run with --download where there is internet, or pass "
+                "--weights PATH_TO_FILE")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        match = _HASH_IN_NAME.search(path.name)
+        torch.hub.download_url_to_file(url, str(path), hash_prefix=match and match.group(1))
+    return hub_convention_info(path, weights.lower(), url)
+
+
+def chosen_weights(spec: BackboneSpec, weights: str | None) -> tuple[str, Path | None]:
+    """``weights`` (None/"default": the spec's standard ones) and the file it names, if it
+    names one; "random" is refused (it has no file)."""
     weights = spec.default_weights if weights in (None, DEFAULT) else str(weights)
     if weights == RANDOM:
         raise WeightsError("random weights have no file; use load_backbone(..., weights='random')")
-    url = None
-    as_path = as_weights_path(weights)
-    if as_path is not None:
-        path, wid = as_path, f"file:{as_path.name}"
-    else:
-        path, url = hub_weights_path(spec.name, weights)
-        wid = weights.lower()
-        if not path.is_file():
-            if not download:
-                raise WeightsNotFoundError(
-                    f"the {wid} weights of {spec.name} are not on this machine: expected "
-                    f"{path} (torch.hub cache; set TORCH_HOME to move it). Fetch {url} on a "
-                    f"connected machine and copy it there (e.g. curl -L -o {path.name} {url}), "
-                    "or re-run with --download where there is internet, or pass "
-                    "--weights PATH_TO_FILE")
-            _download(url, path)
-    return hub_convention_info(path, wid, url)
+    return weights, as_weights_path(weights)
 
 
 def hub_convention_info(path: Path, wid: str, url: str | None) -> WeightsInfo:

@@ -121,14 +121,6 @@ def load_dataset(name: str, root: str | Path, **options: Any) -> DatasetIndex:
 _SOURCE_SENTENCE = re.compile(r"^images of dataset '(?P<name>[^']*)' under (?P<root>.+)$")
 
 
-def _path_options(adapter: str | None) -> set[str]:
-    """The options of ``adapter`` that may name a file (typed ``Path`` in its signature)."""
-    if adapter not in DATASETS:
-        return set()
-    params = list(inspect.signature(DATASETS[adapter].loader()).parameters.values())[1:]
-    return {p.name for p in params if "Path" in str(p.annotation)}
-
-
 def _recorded(value: Any, is_path: bool) -> Any:
     """An option as the provenance records it: a path option naming an existing file absolute
     and resolved (it reads the same from any directory); lists item by item; JSON values as
@@ -156,7 +148,9 @@ class ImageSource:
     def of(cls, dataset: str, root: str | Path, adapter: str | None = None,
            options: Mapping[str, Any] | None = None) -> ImageSource:
         """The record of a dataset read from ``root`` (made absolute and resolved here)."""
-        paths = _path_options(adapter)
+        loader = DATASETS[adapter].loader() if adapter in DATASETS else None
+        paths = {p.name for p in list(inspect.signature(loader).parameters.values())[1:]
+                 if "Path" in str(p.annotation)} if loader else set()  # options naming a file
         return cls(dataset, str(Path(root).expanduser().resolve()), adapter,
                    {k: _recorded(v, k in paths) for k, v in sorted(dict(options or {}).items())})
 

@@ -46,19 +46,16 @@ def find_file(candidates: Sequence[Path], what: str, hint: str = "") -> Path:
     raise MissingPathError(f"{msg}; {hint}" if hint else msg)
 
 
-def _decode(path: Path) -> str:
+def read_lines(path: Path) -> list[tuple[int, str]]:
+    """Non-blank lines of a text file, stripped, with their 1-based line numbers (CRLF, a UTF-8
+    byte-order mark and trailing blank lines are accepted)."""
     try:
-        return path.read_bytes().decode("utf-8-sig")
+        text = path.read_bytes().decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise DatasetFormatError(
             f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); save the file as UTF-8"
         ) from None
-
-
-def read_lines(path: Path) -> list[tuple[int, str]]:
-    """Non-blank lines of a text file, stripped, with their 1-based line numbers (CRLF, a UTF-8
-    byte-order mark and trailing blank lines are accepted)."""
-    return [(i, s) for i, raw in enumerate(_decode(path).splitlines(), 1) if (s := raw.strip())]
+    return [(i, s) for i, raw in enumerate(text.splitlines(), 1) if (s := raw.strip())]
 
 
 def read_fields(path: Path, n_min: int, n_max: int | None, layout: str

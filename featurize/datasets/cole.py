@@ -1,9 +1,6 @@
-"""Cole et al. (2021)'s formatted SPML files (CVPR, "Multi-Label Learning from Single Positive
-Labels"; docs/protocol.md "Precomputed features"): ``formatted_{train,val}_labels.npy`` ((N, C)
-0/1), ``formatted_{train,val}_images.npy`` (paths under the image folder, same order) and the
-released ``{train,val}_features_imagenet_resnet50.npy``. Their ``train`` is our pool, their ``val``
-our test phase. Class names: VOC's and COCO's standard orders, NUS-WIDE's ``Concepts81.txt`` (else
-the alphabetical 81), CUB's ``attributes.txt``. The ``.npy`` helpers serve :mod:`featurize.imports`.
+"""Cole et al. (2021)'s formatted SPML files (docs/protocol.md "Precomputed features"): the
+``formatted_{train,val}_{labels,images}.npy`` and released ResNet-50 features, their ``train``
+our pool, their ``val`` our test phase; the ``.npy`` helpers serve :mod:`featurize.imports`.
 """
 
 from __future__ import annotations
