@@ -52,6 +52,33 @@ CONFIG_FLAGS: dict[str, str] = {
 }
 
 
+_PAPER = " (or left out for the loss's paper setting)"
+_BOOL = "true or false"
+#: ProbeConfig.validate's checks, in order: field, whether a value is valid, what it must be
+_CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    ("batch_size", lambda v: v is None or is_int(v, 1), "a positive integer" + _PAPER),
+    ("epochs", lambda v: v is None or is_int(v, 1), "a positive integer" + _PAPER),
+    ("lr", lambda v: v is None or (isinstance(v, int | float) and 0 < v < math.inf),
+     "a positive number" + _PAPER),
+    ("weight_decay", lambda v: 0 <= v < math.inf, "a number >= 0"),
+    ("optimizer", lambda v: v in OPTIMIZERS, f"one of {', '.join(OPTIMIZERS)}"),
+    ("momentum", lambda v: 0 <= v <= 1, "in [0, 1]"),
+    ("labels", lambda v: v in ("observed", "full"),
+     "'observed' (single positives) or 'full' (oracle)"),
+    ("val_labels", lambda v: v in ("clean", "observed"),
+     "'clean' (full labels) or 'observed' (single positives)"),
+    ("eval_every", lambda v: is_int(v, 0), "an integer >= 0 (0 = never evaluate)"),
+    ("test_curve", lambda v: isinstance(v, bool), _BOOL),
+    ("eval_init", lambda v: isinstance(v, bool), _BOOL),
+    ("test_intervals", lambda v: is_int(v, 0), "an integer >= 0 (bootstrap resamples; 0 = none)"),
+    ("cuda_graph", lambda v: v is None or isinstance(v, bool),
+     "unset (wherever the step can be captured), " + _BOOL),
+    ("compile", lambda v: isinstance(v, bool), _BOOL),
+    ("f1_threshold", lambda v: 0 < v < 1, "a probability in (0, 1)"),
+    ("seeds", lambda v: v is None or len(v) > 0, "a non-empty comma list of integers"),
+)
+
+
 class ProbeConfigError(SpmlError):
     """Bad probe settings or inputs, reported before training starts."""
 
@@ -97,46 +124,14 @@ class ProbeConfig:
 
     def validate(self) -> None:
         """Raise :class:`ProbeConfigError` naming the first bad setting."""
-        def bad(name: str, want: str) -> ProbeConfigError:
-            return ProbeConfigError(f"{CONFIG_FLAGS.get(name, name)} must be {want}; got "
-                                    f"{plain(getattr(self, name))}")
-
-        for name in ("batch_size", "epochs"):
-            v = getattr(self, name)
-            if v is not None and not is_int(v, 1):
-                raise bad(name, "a positive integer (or left out for the loss's paper setting)")
-        lr = self.lr
-        if lr is not None and not (isinstance(lr, int | float) and 0 < lr < math.inf):
-            raise bad("lr", "a positive number (or left out for the loss's paper setting)")
-        if not (0 <= self.weight_decay < math.inf):
-            raise bad("weight_decay", "a number >= 0")
-        if self.optimizer not in OPTIMIZERS:
-            raise bad("optimizer", f"one of {', '.join(OPTIMIZERS)}")
-        if not 0 <= self.momentum <= 1:
-            raise bad("momentum", "in [0, 1]")
-        if self.labels not in ("observed", "full"):
-            raise bad("labels", "'observed' (single positives) or 'full' (oracle)")
-        if self.val_labels not in ("clean", "observed"):
-            raise bad("val_labels", "'clean' (full labels) or 'observed' (single positives)")
-        if not is_int(self.eval_every, 0):
-            raise bad("eval_every", "an integer >= 0 (0 = never evaluate)")
-        for name in ("test_curve", "eval_init"):
-            if not isinstance(getattr(self, name), bool):
-                raise bad(name, "true or false")
-        if not is_int(self.test_intervals, 0):
-            raise bad("test_intervals", "an integer >= 0 (bootstrap resamples; 0 = none)")
-        if self.cuda_graph is not None and not isinstance(self.cuda_graph, bool):
-            raise bad("cuda_graph", "unset (wherever the step can be captured), true or false")
-        if not isinstance(self.compile, bool):
-            raise bad("compile", "true or false")
-        if not 0 < self.f1_threshold < 1:
-            raise bad("f1_threshold", "a probability in (0, 1)")
+        for name, ok, want in _CHECKS:
+            if not ok(getattr(self, name)):
+                raise ProbeConfigError(f"{CONFIG_FLAGS.get(name, name)} must be {want}; got "
+                                       f"{plain(getattr(self, name))}")
         for s in [self.seed, *(self.seeds or ())]:
             if not is_int(s, 0) or s >= 2**32:
                 raise ProbeConfigError(f"--seed and --trials-seeds must be integers in [0, 2**32); "
                                        f"got {plain(s)}")
-        if self.seeds is not None and len(self.seeds) == 0:
-            raise bad("seeds", "a non-empty comma list of integers")
 
 
 @dataclass(frozen=True)
