@@ -70,7 +70,7 @@ _CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("eval_every", lambda v: is_int(v, 0), "an integer >= 0 (0 = never evaluate)"),
     ("test_curve", lambda v: isinstance(v, bool), _BOOL),
     ("eval_init", lambda v: isinstance(v, bool), _BOOL),
-    ("test_intervals", lambda v: is_int(v, 0), "an integer >= 0 (bootstrap resamples; 0 = none)"),
+    ("test_intervals", lambda v: is_int(v, 0), ">= 0 (an integer: bootstrap resamples; 0 = none)"),
     ("cuda_graph", lambda v: v is None or isinstance(v, bool),
      "unset (wherever the step can be captured), " + _BOOL),
     ("compile", lambda v: isinstance(v, bool), _BOOL),

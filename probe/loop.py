@@ -326,11 +326,8 @@ class StackedTrainer:
                 for step in range(self.n_steps):
                     self._step(perm, rows, step)
         sync(self.device)
-        means = (self.loss_sum / max(self.n_steps, 1)).tolist()
-        per_trial: list[float | None] = [None] * self.plan.n
-        for t, v in zip(self.live, means):
-            per_trial[t] = v
-        return per_trial, time.perf_counter() - t0
+        means = dict(zip(self.live, (self.loss_sum / max(self.n_steps, 1)).tolist()))
+        return [means.get(t) for t in range(self.plan.n)], time.perf_counter() - t0
 
     def end_epoch(self, epoch: int) -> float:
         """The losses' per-epoch pass over the train logits (EM+APL, LL-Cp, OPML); seconds."""
@@ -621,16 +618,11 @@ class BlockedTrainer:
         return all(b.can_remove for _, b in self.blocks)
 
     def train_epoch(self, epoch: int) -> tuple[list[float | None], float]:
+        runs = [(r, *b.train_epoch(epoch)) for r, b in self.blocks if b.live]
         per_trial: list[float | None] = [None] * self.plan.n
-        seconds = 0.0
-        for r, b in self.blocks:
-            if b.live:
-                losses, s = b.train_epoch(epoch)
-                seconds += s
-                for t, v in enumerate(losses):
-                    if v is not None:
-                        per_trial[r.start + t] = v
-        return per_trial, seconds
+        for r, losses, _ in runs:
+            per_trial[r.start : r.stop] = losses
+        return per_trial, sum(s for _, _, s in runs)
 
     def end_epoch(self, epoch: int) -> float:
         return sum(b.end_epoch(epoch) for _, b in self.blocks if b.live)
