@@ -8,6 +8,7 @@ hyperparameters (defaults < paper preset < given, then the values the dataset de
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -215,24 +216,18 @@ def loss_hparams(cls: type[Loss], trials: Sequence[dict[str, Any]], dataset: str
     notes: list[str] = []
     quantities = _DataQuantities(cls.name, dataset, n_classes, val_cardinality)
     for spec in cls.hparam_specs:
-        if not spec.optional:
-            continue
         for values in merged:
-            if values.get(spec.name) is not None:
-                continue
-            if spec.from_data is None:
-                raise ProbeConfigError(
-                    f"{cls.name}: hyperparameter '{spec.name}' has no default and cannot be "
-                    f"derived from the data; set it (--set {spec.name}=VALUE)")
-            values[spec.name], note = quantities.fill(spec)
-            if note not in notes:
-                notes.append(note)
-    for spec in cls.hparam_specs:
-        if spec.from_data != "expected_positives":
-            continue
-        for values in merged:
+            if spec.optional and values.get(spec.name) is None:
+                if spec.from_data is None:
+                    raise ProbeConfigError(
+                        f"{cls.name}: hyperparameter '{spec.name}' has no default and cannot be "
+                        f"derived from the data; set it (--set {spec.name}=VALUE)")
+                values[spec.name], note = quantities.fill(spec)
+                if note not in notes:
+                    notes.append(note)
             k = values.get(spec.name)
-            if isinstance(k, int | float) and k > n_classes:
+            if (spec.from_data == "expected_positives" and isinstance(k, int | float)
+                    and k > n_classes):
                 raise ProbeConfigError(
                     f"{cls.name}: {spec.name}={k:g} expected positives per image, but the data "
                     f"has only {n_classes} classes; {spec.name} must be at most the class count")
@@ -247,7 +242,7 @@ class _DataQuantities:
                  val_cardinality: Callable[[], float]) -> None:
         self.loss, self.dataset, self.n_classes = loss, dataset, n_classes
         self._read_val = val_cardinality
-        self._cache: dict[str, tuple[float, str]] = {}  # quantity (and "val") -> value, why
+        self._cache: dict[str, tuple[float, str]] = {}  # quantity -> value, why
 
     def fill(self, spec: HParam) -> tuple[float, str]:
         """``(value, note)`` for the parameter ``spec`` (its ``from_data``), validated."""
@@ -267,10 +262,9 @@ class _DataQuantities:
             self._cache[spec.from_data] = getattr(self, f"_{spec.from_data}")(spec)
         return self._cache[spec.from_data]
 
+    @functools.cached_property
     def _val(self) -> float:
-        if "val" not in self._cache:
-            self._cache["val"] = (round(float(self._read_val()), 6), "")
-        return self._cache["val"][0]
+        return round(float(self._read_val()), 6)
 
     def _expected_positives(self, spec: HParam) -> tuple[float, str]:
         if self.dataset in EXPECTED_POSITIVES:
@@ -278,7 +272,7 @@ class _DataQuantities:
                                   f"the expected positives {spec.name}")
             return (float(EXPECTED_POSITIVES[self.dataset]),
                     f"expected positives per image, Cole et al., {self.dataset}")
-        value = self._val()
+        value = self._val
         if not value > 0:
             raise ProbeConfigError(
                 f"{self.loss}: needs {spec.name} (expected positives per image) and the val "
@@ -287,7 +281,7 @@ class _DataQuantities:
         return value, "mean label cardinality of the val split"
 
     def _val_cardinality(self, spec: HParam) -> tuple[float, str]:
-        return self._val(), "mean label cardinality of the val split"
+        return self._val, "mean label cardinality of the val split"
 
     def _n_classes(self, spec: HParam) -> tuple[float, str]:
         return float(self.n_classes), "the number of classes"
