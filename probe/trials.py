@@ -11,6 +11,7 @@ that share one seed share their batch order and one loss object whose float hype
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,8 +40,6 @@ def expand_grid(values: dict[str, Sequence[Any]], zip_: bool = False) -> list[di
     with ``zip_`` the i-th values together (lists of length 1 repeat). Used by ``--set``."""
     keys = list(values)
     lists = [list(values[k]) for k in keys]
-    if not keys:
-        return [{}]
     if zip_:
         lengths = {len(v) for v in lists if len(v) != 1}
         if len(lengths) > 1:
@@ -50,10 +49,7 @@ def expand_grid(values: dict[str, Sequence[Any]], zip_: bool = False) -> list[di
         n = lengths.pop() if lengths else 1
         return [{k: (v[0] if len(v) == 1 else v[i]) for k, v in zip(keys, lists)}
                 for i in range(n)]
-    out: list[dict[str, Any]] = [{}]
-    for k, vs in zip(keys, lists):
-        out = [{**o, k: v} for o in out for v in vs]
-    return out
+    return [dict(zip(keys, combo)) for combo in itertools.product(*lists)]
 
 
 @dataclass
