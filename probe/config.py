@@ -116,9 +116,8 @@ class ProbeConfig:
     use_presets: bool = True  # start from loss.presets[dataset] where the paper gives values
     f1_threshold: float = 0.5  # docs/protocol.md step 5: OF1/CF1 at probability 0.5
     deterministic: bool = True  # CUDA: deterministic kernels so a re-run is bit-for-bit equal
-    cuda_graph: bool | None = None  # CUDA: replay the steps as captured CUDA graphs (one
-    # launch per GRAPH_STEPS steps; same kernels, same heads bit for bit; 5-14x faster epochs on
-    # an H100). None: wherever the step can be captured; True: required; False: never
+    cuda_graph: bool | None = None  # CUDA: replay the steps as captured CUDA graphs (same heads
+    # bit for bit; docs/design.md). None: wherever it can be captured; True: required; False: never
     compile: bool = False  # run the step through torch.compile (inductor) where it can
     # (StackedTrainer.compile_unavailable says why not, and the eager step runs)
     priors: str | None = None  # the store prior a loss with Loss.prior reads (docs/priors.md)
