@@ -441,8 +441,7 @@ class StackedTrainer:
     def _draw_order(self) -> tuple[Tensor, Tensor]:
         """This epoch's visiting order of every order stream, moved to the device once."""
         draws = [epoch_order(gen, self.n, self.flip) for gen in self.order_gens]
-        perm = torch.stack([p for p, _ in draws])
-        rows = torch.stack([r for _, r in draws])
+        perm, rows = (torch.stack(column) for column in zip(*draws))
         if self.device.type == "cuda":
             perm, rows = perm.pin_memory(), rows.pin_memory()
         return perm.to(self.device, non_blocking=True), rows.to(self.device, non_blocking=True)

@@ -178,8 +178,7 @@ def _record_epoch(results: list[TrialResult], active: list[bool], epoch: int,
     for t, result in enumerate(results):
         if not active[t]:
             continue
-        row = {"epoch": epoch, "train_loss": train_loss[t]}
-        row.update({k: v[t] for k, v in record.items()})
+        row = {"epoch": epoch, "train_loss": train_loss[t], **{k: v[t] for k, v in record.items()}}
         result.epochs.append(row)
         if not all(_finite(v) for v in row.values() if isinstance(v, float)):
             result.finite = False
