@@ -171,23 +171,6 @@ def synthetic_store(n_train: int = COCO_TRAIN_ROWS, dim: int = 2048, n_classes: 
     return path
 
 
-class _Rows(torch.utils.data.Dataset):
-    """Row ``r`` of the unflipped (r < N) or flipped (r ≥ N) train features, as a DataLoader
-    dataset: ``(features float32, observed labels, train row)``."""
-
-    def __init__(self, plain: torch.Tensor, flipped: torch.Tensor | None, observed: torch.Tensor):
-        self.plain, self.flipped, self.observed = plain, flipped, observed
-        self.n = plain.shape[0]
-
-    def __len__(self) -> int:
-        return self.n * (2 if self.flipped is not None else 1)
-
-    def __getitem__(self, r: int):
-        i = r % self.n
-        x = self.plain[i] if r < self.n else self.flipped[i]
-        return x.float(), self.observed[i], i
-
-
 def plain_loop(data: ProbeData, loss_name: str = "gr", hparams: dict[str, Any] | None = None, *,
                seed: int = 0, lr: float = 1e-5, epochs: int = 1, batch_size: int = 16,
                flip: bool = True) -> tuple[nn.Linear, list[float]]:
@@ -197,8 +180,10 @@ def plain_loop(data: ProbeData, loss_name: str = "gr", hparams: dict[str, Any] |
     ``zero_grad/backward/step``. Returns the head and the seconds of each epoch."""
     n = data.n_train
     flip = flip and data.has_flip
-    dataset = _Rows(data.train_x[:n, :-1], data.train_x[n:, :-1] if flip else None,
-                    data.train_observed)
+    rows = 2 * n if flip else n  # row r: train row r % n, flipped when r >= n
+    dataset = torch.utils.data.TensorDataset(data.train_x[:rows, :-1],
+                                             data.train_observed.repeat(2, 1)[:rows],
+                                             torch.arange(n).repeat(2)[:rows])
     torch.manual_seed(seed)
     head = nn.Linear(data.feature_dim, data.n_classes).to(data.device)
     loss = create_loss(loss_name, **(hparams or {}))
@@ -217,7 +202,7 @@ def plain_loop(data: ProbeData, loss_name: str = "gr", hparams: dict[str, Any] |
         loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size,
                                              sampler=rows.tolist(), drop_last=True)
         for x, y, idx in loader:
-            x, y, idx = x.to(data.device), y.to(data.device), idx.to(data.device)
+            x, y, idx = x.float().to(data.device), y.to(data.device), idx.to(data.device)
             out = loss(head(x), y, index=idx)
             opt.zero_grad()
             out.loss.backward()
@@ -314,10 +299,8 @@ def _seed_worker(seed: int, worker: int) -> None:
 
 def machine_info() -> dict[str, Any]:
     """What the figures depend on: CPU model and count, torch threads, load average."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cpus = os.cpu_count() or 0
+    cpus = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+            else os.cpu_count() or 0)
     try:
         load = [round(v, 2) for v in os.getloadavg()]
     except OSError:
@@ -431,16 +414,16 @@ def _ratios(rows: list[dict[str, Any]], cfg: BenchConfig) -> dict[str, float]:
     for t in cfg.trials:
         if t > 1 and ("engine", 1) in by:
             ratios[f"engine_{t}_trials_over_1_trial"] = by[("engine", t)] / by[("engine", 1)]
-        if ("engine_one_block", t) in by:
-            ratios[f"one_block_over_blocks_{t}_trials"] = (by[("engine_one_block", t)]
-                                                           / by[("engine", t)])
-        if ("engine_eager", t) in by:
-            ratios[f"eager_over_cuda_graph_{t}_trials"] = (by[("engine_eager", t)]
-                                                           / by[("engine", t)])
-        if ("engine_compiled", t) in by:
-            ratios[f"compiled_over_engine_{t}_trials"] = (by[("engine_compiled", t)]
-                                                          / by[("engine", t)])
+        for method, key in _VARIANT_RATIOS:
+            if (method, t) in by:
+                ratios[key.format(t)] = by[(method, t)] / by[("engine", t)]
     return ratios
+
+
+#: each variant's rows (f) and the name of its ratio to the engine's row of the same T
+_VARIANT_RATIOS = (("engine_one_block", "one_block_over_blocks_{}_trials"),
+                   ("engine_eager", "eager_over_cuda_graph_{}_trials"),
+                   ("engine_compiled", "compiled_over_engine_{}_trials"))
 
 
 def _variants(cfg: BenchConfig, engine_row: dict[str, Any]) -> list[str]:
@@ -513,7 +496,7 @@ def _engine_job(cfg: BenchConfig, path: str, t: int, method: str, progress: bool
     heads = result.final_heads.to(device)
     blocks = result.timing.get("trial_blocks", [t])
     trials = f"{t} stacked {cfg.loss.upper()} trial{'s' if t > 1 else ''}"
-    extra: dict[str, Any] = {"eval_seconds_val": None, "eval_seconds_test_once": None}
+    extra: dict[str, Any] = {}
     if method == "engine_one_block":
         name = f"engine, {trials} in one block"
     elif method in ("engine_eager", "engine_compiled"):
@@ -546,8 +529,7 @@ def _plain_job(cfg: BenchConfig, path: str) -> dict[str, Any]:
                                 batch_size=cfg.batch_size)
     w = from_linear(head).cpu()[None]
     row = _row("plain loop (DataLoader + nn.Linear + torch.optim.Adam), 1 GR trial", "plain", 1,
-               secs, mem, data.n_train // cfg.batch_size, eval_seconds_val=None,
-               eval_seconds_test_once=None)
+               secs, mem, data.n_train // cfg.batch_size)
     return {"row": row, "heads": w.numpy()}
 
 
@@ -561,7 +543,7 @@ def _papers_job(cfg: BenchConfig, path: str) -> dict[str, Any]:
             "1 trial")
     return {"row": _row(name, "papers", 1, pl["train_seconds"], mem,
                         data.n_train // cfg.batch_size, whole_epoch_seconds=pl["epoch_seconds"],
-                        eval_seconds_val=None, eval_seconds_test_once=None, maps=pl["maps"])}
+                        maps=pl["maps"])}
 
 
 def _row(name: str, method: str, t: int, secs: list[float], mem: _PeakMemory, steps: int,
@@ -571,7 +553,8 @@ def _row(name: str, method: str, t: int, secs: list[float], mem: _PeakMemory, st
         "name": name, "method": method, "trials": t,
         "sec_per_epoch_median": statistics.median(secs),
         "sec_per_epoch_per_trial": statistics.median(secs) / t,
-        "epoch_seconds": secs, **extra, "steps_per_epoch": steps,
+        "epoch_seconds": secs, "eval_seconds_val": None, "eval_seconds_test_once": None,
+        **extra, "steps_per_epoch": steps,
         "peak_memory_bytes": mem.peak, "memory_at_start_bytes": mem.start,
         "memory_kind": mem.kind,
     }

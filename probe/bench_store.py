@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import platform
 import statistics
-import time
+import timeit
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +72,7 @@ def run_store_bench(*, repeats: int = 5, zstd_chunks: int = 8, cache_dir: str | 
 
     def timed(fn: Any) -> list[float]:
         fn()  # page cache, lazy imports
-        return [_seconds(fn) for _ in range(repeats)]
+        return timeit.repeat(fn, repeat=repeats, number=1)
 
     load = timed(lambda: ProbeData.from_store(path))
     via_zarr = timed(lambda: _load_via_zarr(path))
@@ -108,12 +108,6 @@ def run_store_bench(*, repeats: int = 5, zstd_chunks: int = 8, cache_dir: str | 
         "features_raw_bytes": raw_bytes, "zstd_sample_chunks": zstd_chunks,
         "zstd_size_ratio": zstd_bytes / sample.nbytes,
         "zstd_read_mb_per_s": sample.nbytes / 1e6 / statistics.median(zstd_read)}
-
-
-def _seconds(fn: Any) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
 
 
 def format_store_report(r: dict[str, Any]) -> str:

@@ -214,13 +214,10 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     )
     speed = SpeedOptions(step_threads=args.step_threads, trial_block=args.trial_block)
     speed.validate()
-    if args.intervals < 0:
-        raise SpmlError(f"--intervals must be >= 0 (bootstrap resamples; 0 = none); got "
-                         f"{args.intervals}")
+    config.validate()
     for flag, path in (("--json", args.json), ("--save-head", args.save_head)):
         if path:  # refused now, not after the training
             check_writable(path, flag)
-    config.validate()
     if args.eval_head:
         head, meta = load_head(args.eval_head, trial=args.head_trial)
         data = ProbeData.from_store(args.store, device=args.device,

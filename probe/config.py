@@ -8,6 +8,7 @@ hyperparameters (defaults < paper preset < given, then the values the dataset de
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -52,6 +53,33 @@ CONFIG_FLAGS: dict[str, str] = {
 }
 
 
+_PAPER = " (or left out for the loss's paper setting)"
+_BOOL = "true or false"
+#: ProbeConfig.validate's checks, in order: field, whether a value is valid, what it must be
+_CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    ("batch_size", lambda v: v is None or is_int(v, 1), "a positive integer" + _PAPER),
+    ("epochs", lambda v: v is None or is_int(v, 1), "a positive integer" + _PAPER),
+    ("lr", lambda v: v is None or (isinstance(v, int | float) and 0 < v < math.inf),
+     "a positive number" + _PAPER),
+    ("weight_decay", lambda v: 0 <= v < math.inf, "a number >= 0"),
+    ("optimizer", lambda v: v in OPTIMIZERS, f"one of {', '.join(OPTIMIZERS)}"),
+    ("momentum", lambda v: 0 <= v <= 1, "in [0, 1]"),
+    ("labels", lambda v: v in ("observed", "full"),
+     "'observed' (single positives) or 'full' (oracle)"),
+    ("val_labels", lambda v: v in ("clean", "observed"),
+     "'clean' (full labels) or 'observed' (single positives)"),
+    ("eval_every", lambda v: is_int(v, 0), "an integer >= 0 (0 = never evaluate)"),
+    ("test_curve", lambda v: isinstance(v, bool), _BOOL),
+    ("eval_init", lambda v: isinstance(v, bool), _BOOL),
+    ("test_intervals", lambda v: is_int(v, 0), ">= 0 (an integer: bootstrap resamples; 0 = none)"),
+    ("cuda_graph", lambda v: v is None or isinstance(v, bool),
+     "unset (wherever the step can be captured), " + _BOOL),
+    ("compile", lambda v: isinstance(v, bool), _BOOL),
+    ("f1_threshold", lambda v: 0 < v < 1, "a probability in (0, 1)"),
+    ("seeds", lambda v: v is None or len(v) > 0, "a non-empty comma list of integers"),
+)
+
+
 class ProbeConfigError(SpmlError):
     """Bad probe settings or inputs, reported before training starts."""
 
@@ -88,55 +116,22 @@ class ProbeConfig:
     use_presets: bool = True  # start from loss.presets[dataset] where the paper gives values
     f1_threshold: float = 0.5  # docs/protocol.md step 5: OF1/CF1 at probability 0.5
     deterministic: bool = True  # CUDA: deterministic kernels so a re-run is bit-for-bit equal
-    cuda_graph: bool | None = None  # CUDA: replay the steps as captured CUDA graphs (one
-    # launch per GRAPH_STEPS steps; same kernels, same heads bit for bit; 5-14x faster epochs on
-    # an H100). None: wherever the step can be captured; True: required; False: never
+    cuda_graph: bool | None = None  # CUDA: replay the steps as captured CUDA graphs (same heads
+    # bit for bit; docs/design.md). None: wherever it can be captured; True: required; False: never
     compile: bool = False  # run the step through torch.compile (inductor) where it can
     # (StackedTrainer.compile_unavailable says why not, and the eager step runs)
     priors: str | None = None  # the store prior a loss with Loss.prior reads (docs/priors.md)
 
     def validate(self) -> None:
         """Raise :class:`ProbeConfigError` naming the first bad setting."""
-        def bad(name: str, want: str) -> ProbeConfigError:
-            return ProbeConfigError(f"{CONFIG_FLAGS.get(name, name)} must be {want}; got "
-                                    f"{plain(getattr(self, name))}")
-
-        for name in ("batch_size", "epochs"):
-            v = getattr(self, name)
-            if v is not None and not is_int(v, 1):
-                raise bad(name, "a positive integer (or left out for the loss's paper setting)")
-        lr = self.lr
-        if lr is not None and not (isinstance(lr, int | float) and 0 < lr < math.inf):
-            raise bad("lr", "a positive number (or left out for the loss's paper setting)")
-        if not (0 <= self.weight_decay < math.inf):
-            raise bad("weight_decay", "a number >= 0")
-        if self.optimizer not in OPTIMIZERS:
-            raise bad("optimizer", f"one of {', '.join(OPTIMIZERS)}")
-        if not 0 <= self.momentum <= 1:
-            raise bad("momentum", "in [0, 1]")
-        if self.labels not in ("observed", "full"):
-            raise bad("labels", "'observed' (single positives) or 'full' (oracle)")
-        if self.val_labels not in ("clean", "observed"):
-            raise bad("val_labels", "'clean' (full labels) or 'observed' (single positives)")
-        if not is_int(self.eval_every, 0):
-            raise bad("eval_every", "an integer >= 0 (0 = never evaluate)")
-        for name in ("test_curve", "eval_init"):
-            if not isinstance(getattr(self, name), bool):
-                raise bad(name, "true or false")
-        if not is_int(self.test_intervals, 0):
-            raise bad("test_intervals", "an integer >= 0 (bootstrap resamples; 0 = none)")
-        if self.cuda_graph is not None and not isinstance(self.cuda_graph, bool):
-            raise bad("cuda_graph", "unset (wherever the step can be captured), true or false")
-        if not isinstance(self.compile, bool):
-            raise bad("compile", "true or false")
-        if not 0 < self.f1_threshold < 1:
-            raise bad("f1_threshold", "a probability in (0, 1)")
+        for name, ok, want in _CHECKS:
+            if not ok(getattr(self, name)):
+                raise ProbeConfigError(f"{CONFIG_FLAGS.get(name, name)} must be {want}; got "
+                                       f"{plain(getattr(self, name))}")
         for s in [self.seed, *(self.seeds or ())]:
             if not is_int(s, 0) or s >= 2**32:
                 raise ProbeConfigError(f"--seed and --trials-seeds must be integers in [0, 2**32); "
                                        f"got {plain(s)}")
-        if self.seeds is not None and len(self.seeds) == 0:
-            raise bad("seeds", "a non-empty comma list of integers")
 
 
 @dataclass(frozen=True)
@@ -220,24 +215,18 @@ def loss_hparams(cls: type[Loss], trials: Sequence[dict[str, Any]], dataset: str
     notes: list[str] = []
     quantities = _DataQuantities(cls.name, dataset, n_classes, val_cardinality)
     for spec in cls.hparam_specs:
-        if not spec.optional:
-            continue
         for values in merged:
-            if values.get(spec.name) is not None:
-                continue
-            if spec.from_data is None:
-                raise ProbeConfigError(
-                    f"{cls.name}: hyperparameter '{spec.name}' has no default and cannot be "
-                    f"derived from the data; set it (--set {spec.name}=VALUE)")
-            values[spec.name], note = quantities.fill(spec)
-            if note not in notes:
-                notes.append(note)
-    for spec in cls.hparam_specs:
-        if spec.from_data != "expected_positives":
-            continue
-        for values in merged:
+            if spec.optional and values.get(spec.name) is None:
+                if spec.from_data is None:
+                    raise ProbeConfigError(
+                        f"{cls.name}: hyperparameter '{spec.name}' has no default and cannot be "
+                        f"derived from the data; set it (--set {spec.name}=VALUE)")
+                values[spec.name], note = quantities.fill(spec)
+                if note not in notes:
+                    notes.append(note)
             k = values.get(spec.name)
-            if isinstance(k, int | float) and k > n_classes:
+            if (spec.from_data == "expected_positives" and isinstance(k, int | float)
+                    and k > n_classes):
                 raise ProbeConfigError(
                     f"{cls.name}: {spec.name}={k:g} expected positives per image, but the data "
                     f"has only {n_classes} classes; {spec.name} must be at most the class count")
@@ -252,7 +241,7 @@ class _DataQuantities:
                  val_cardinality: Callable[[], float]) -> None:
         self.loss, self.dataset, self.n_classes = loss, dataset, n_classes
         self._read_val = val_cardinality
-        self._cache: dict[str, tuple[float, str]] = {}  # quantity (and "val") -> value, why
+        self._cache: dict[str, tuple[float, str]] = {}  # quantity -> value, why
 
     def fill(self, spec: HParam) -> tuple[float, str]:
         """``(value, note)`` for the parameter ``spec`` (its ``from_data``), validated."""
@@ -272,10 +261,9 @@ class _DataQuantities:
             self._cache[spec.from_data] = getattr(self, f"_{spec.from_data}")(spec)
         return self._cache[spec.from_data]
 
+    @functools.cached_property
     def _val(self) -> float:
-        if "val" not in self._cache:
-            self._cache["val"] = (round(float(self._read_val()), 6), "")
-        return self._cache["val"][0]
+        return round(float(self._read_val()), 6)
 
     def _expected_positives(self, spec: HParam) -> tuple[float, str]:
         if self.dataset in EXPECTED_POSITIVES:
@@ -283,7 +271,7 @@ class _DataQuantities:
                                   f"the expected positives {spec.name}")
             return (float(EXPECTED_POSITIVES[self.dataset]),
                     f"expected positives per image, Cole et al., {self.dataset}")
-        value = self._val()
+        value = self._val
         if not value > 0:
             raise ProbeConfigError(
                 f"{self.loss}: needs {spec.name} (expected positives per image) and the val "
@@ -292,7 +280,7 @@ class _DataQuantities:
         return value, "mean label cardinality of the val split"
 
     def _val_cardinality(self, spec: HParam) -> tuple[float, str]:
-        return self._val(), "mean label cardinality of the val split"
+        return self._val, "mean label cardinality of the val split"
 
     def _n_classes(self, spec: HParam) -> tuple[float, str]:
         return float(self.n_classes), "the number of classes"

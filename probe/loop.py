@@ -46,14 +46,11 @@ __all__ = ["ORDER_STREAM_OFFSET", "TRIAL_BLOCK_BYTES", "BlockedTrainer", "Stacke
 
 #: the batch-order stream of seed s is seeded with s + 2**32 (init uses s itself)
 ORDER_STREAM_OFFSET = 2**32
-#: steps per captured CUDA graph (one replay, after two index copies, runs this many steps).
-#: 1: on an H100 the GPU's own kernels bound the replayed step, not the host's launches, so
-#: more steps per graph gain nothing, while each step captured holds its own temporaries
+#: steps per captured CUDA graph: on an H100 the GPU's kernels bound the replayed step, not the
+#: host's launches, so more steps per graph gain nothing but each holds its own temporaries
 GRAPH_STEPS = 1
 #: CPU: the training state (head, gradient, optimizer state) one block of stacked trials may
-#: hold; a block trains through the whole epoch before the next, its state in the last-level
-#: cache. 24 MiB: 9 COCO-sized heads; on a 2-core EPYC (32 MiB L3) the step costs least per
-#: trial at 6-10 trials per block (`spml bench probe --trials 64 --compare-one-block`)
+#: hold, so that it stays in the last-level cache (docs/design.md "Trial blocks on the CPU")
 TRIAL_BLOCK_BYTES = 24 << 20
 
 
@@ -148,11 +145,8 @@ def resolve_threads(step_threads: int | None, device: torch.device, shape: tuple
 def measured_threads(shape: tuple[int, int, int], batch: int, shared: bool, *,
                      disk: bool = True) -> int | None:
     """1 or None (torch's setting) for a CPU step of heads ``shape`` (T, D+1, C) with
-    ``batch`` rows, decided once per machine, step shape and torch thread setting and
-    remembered in the process and (``disk``) the cache file (:mod:`probe.speed`). Measured,
-    not a size threshold (on 2 cores one thread wins at T=1, two at T=64 unless other processes
-    hold the cores): both settings run the step's ops on scratch tensors, alternately, and
-    torch's is taken only where clearly faster (:func:`probe.speed.choose_threads`)."""
+    ``batch`` rows: measured once per machine, step shape and torch thread setting, remembered
+    in the process and (``disk``) the cache file (docs/design.md "Step threads decided once")."""
     default = torch.get_num_threads()
     if default <= 1:
         return None
@@ -326,11 +320,8 @@ class StackedTrainer:
                 for step in range(self.n_steps):
                     self._step(perm, rows, step)
         sync(self.device)
-        means = (self.loss_sum / max(self.n_steps, 1)).tolist()
-        per_trial: list[float | None] = [None] * self.plan.n
-        for t, v in zip(self.live, means):
-            per_trial[t] = v
-        return per_trial, time.perf_counter() - t0
+        means = dict(zip(self.live, (self.loss_sum / max(self.n_steps, 1)).tolist()))
+        return [means.get(t) for t in range(self.plan.n)], time.perf_counter() - t0
 
     def end_epoch(self, epoch: int) -> float:
         """The losses' per-epoch pass over the train logits (EM+APL, LL-Cp, OPML); seconds."""
@@ -419,12 +410,8 @@ class StackedTrainer:
         return None
 
     def _graph_epoch(self, perm: Tensor, rows: Tensor) -> None:
-        """One epoch: a few eager warm-up steps on a side stream, then ``GRAPH_STEPS`` steps
-        captured once and replayed for each run of that many full batches, the batch indices
-        copied into static buffers before each replay; the steps left over run eagerly.
-        Captured afresh every epoch (a loss may read its epoch as a host number). The captured
-        kernels are the eager step's in the same order: the heads are the eager run's bit for
-        bit (tests/test_train.py and tests/test_gpu.py, marked gpu)."""
+        """One epoch as docs/design.md "The step as a CUDA graph" says, captured afresh every
+        epoch (a loss may read its epoch as a host number)."""
         b, n_full = self.batch, self.n // self.batch
         warm = min(3, self.n_steps)
         side = torch.cuda.Stream(self.device)
@@ -454,8 +441,7 @@ class StackedTrainer:
     def _draw_order(self) -> tuple[Tensor, Tensor]:
         """This epoch's visiting order of every order stream, moved to the device once."""
         draws = [epoch_order(gen, self.n, self.flip) for gen in self.order_gens]
-        perm = torch.stack([p for p, _ in draws])
-        rows = torch.stack([r for _, r in draws])
+        perm, rows = (torch.stack(column) for column in zip(*draws))
         if self.device.type == "cuda":
             perm, rows = perm.pin_memory(), rows.pin_memory()
         return perm.to(self.device, non_blocking=True), rows.to(self.device, non_blocking=True)
@@ -544,12 +530,9 @@ class StackedTrainer:
                               for v in (self.plan.lr, self.plan.weight_decay))
 
     def _fused_step(self, perm: Tensor, rows: Tensor) -> None:
-        """The eager step as one traced function for inductor to fuse: the loss's gradient by
-        ``torch.func.grad`` (dynamo does not trace autograd's engine), ``dW = Xᵀ·dZ``, and Adam
-        over the whole stacked head (per-trial lr and weight decay, the step count on the
-        device); equal to the eager step to float rounding (tests/test_compiled_step.py). On
-        CUDA, mode "default" (no inductor CUDA graphs): :meth:`_graph_epoch` captures it in
-        its own graph, after warm-up steps that compile it -- one graph machinery, not two."""
+        """The eager step as one traced function for inductor to fuse (docs/performance.md,
+        the compiled step): the loss's gradient by ``torch.func.grad`` (dynamo does not trace
+        autograd's engine), ``dW = Xᵀ·dZ``, and Adam with the step count on the device."""
         x, z, idx = self._forward(perm, rows)
 
         def total(z: Tensor) -> tuple[Tensor, Tensor]:
@@ -575,12 +558,9 @@ class StackedTrainer:
 
 class BlockedTrainer:
     """The stacked trials as blocks (:func:`trial_blocks`), one :class:`StackedTrainer` each,
-    every block trained through the whole epoch before the next: a block's heads and Adam state
-    stay in cache for its 4,000 steps, where T = 64 COCO heads (168 MB) stream from memory at
-    every step. Same interface as :class:`StackedTrainer`, over the run's trial ids. A trial
-    computes the same in any block (on the CPU the same bits under the conditions of
-    :meth:`StackedTrainer.stop`; tests/test_train.py). The step threads are chosen once, for
-    the largest block, and shared by all blocks."""
+    every block trained through the whole epoch before the next (docs/design.md "Trial blocks
+    on the CPU"). Same interface as :class:`StackedTrainer`, over the run's trial ids. The step
+    threads are chosen once, for the largest block, and shared by all blocks."""
 
     def __init__(self, data: ProbeData, config: ProbeConfig, plan: TrialPlan,
                  blocks: list[range], speed: SpeedOptions | None = None) -> None:
@@ -621,16 +601,11 @@ class BlockedTrainer:
         return all(b.can_remove for _, b in self.blocks)
 
     def train_epoch(self, epoch: int) -> tuple[list[float | None], float]:
+        runs = [(r, *b.train_epoch(epoch)) for r, b in self.blocks if b.live]
         per_trial: list[float | None] = [None] * self.plan.n
-        seconds = 0.0
-        for r, b in self.blocks:
-            if b.live:
-                losses, s = b.train_epoch(epoch)
-                seconds += s
-                for t, v in enumerate(losses):
-                    if v is not None:
-                        per_trial[r.start + t] = v
-        return per_trial, seconds
+        for r, losses, _ in runs:
+            per_trial[r.start : r.stop] = losses
+        return per_trial, sum(s for _, _, s in runs)
 
     def end_epoch(self, epoch: int) -> float:
         return sum(b.end_epoch(epoch) for _, b in self.blocks if b.live)

@@ -31,12 +31,8 @@ per-trial hyperparameters as ``(T,)`` tensors -- the loss contract. Trials with 
 gather their own batches ``(T, B, D+1)`` (one ``bmm``) and each trial gets its own loss object
 (the contract's ``index`` is one row list per call).
 
-Speed (no semantics traded; docs/design.md "The trainer, step by step"): the head's gradient
-skips autograd (``dW = Xᵀ·dZ``), the bias is a trailing ones column of the features
-(:mod:`probe.data`), every batch of an epoch is drawn up front, nothing in an epoch waits for the
-device, and on CPU the step threads are decided once per machine and step shape
-(:class:`probe.speed.SpeedOptions`). ``torch.compile`` only with ``--compile`` (off by default:
-on the GR loss it once saved ~13% of a CPU step for ~30 s of compilation; docs/performance.md).
+Speed, with no semantics traded: docs/design.md "The trainer, step by step" and "What fast
+means"; ``torch.compile`` only with ``--compile`` (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -182,8 +178,7 @@ def _record_epoch(results: list[TrialResult], active: list[bool], epoch: int,
     for t, result in enumerate(results):
         if not active[t]:
             continue
-        row = {"epoch": epoch, "train_loss": train_loss[t]}
-        row.update({k: v[t] for k, v in record.items()})
+        row = {"epoch": epoch, "train_loss": train_loss[t], **{k: v[t] for k, v in record.items()}}
         result.epochs.append(row)
         if not all(_finite(v) for v in row.values() if isinstance(v, float)):
             result.finite = False

@@ -10,6 +10,8 @@ that share one seed share their batch order and one loss object whose float hype
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,8 +40,6 @@ def expand_grid(values: dict[str, Sequence[Any]], zip_: bool = False) -> list[di
     with ``zip_`` the i-th values together (lists of length 1 repeat). Used by ``--set``."""
     keys = list(values)
     lists = [list(values[k]) for k in keys]
-    if not keys:
-        return [{}]
     if zip_:
         lengths = {len(v) for v in lists if len(v) != 1}
         if len(lengths) > 1:
@@ -49,10 +49,7 @@ def expand_grid(values: dict[str, Sequence[Any]], zip_: bool = False) -> list[di
         n = lengths.pop() if lengths else 1
         return [{k: (v[0] if len(v) == 1 else v[i]) for k, v in zip(keys, lists)}
                 for i in range(n)]
-    out: list[dict[str, Any]] = [{}]
-    for k, vs in zip(keys, lists):
-        out = [{**o, k: v} for o in out for v in vs]
-    return out
+    return [dict(zip(keys, combo)) for combo in itertools.product(*lists)]
 
 
 @dataclass
@@ -154,11 +151,11 @@ def plan_trials(data: ProbeData, config: ProbeConfig, loss: Loss | str,
 def train_prior(cls: type[Loss], config: ProbeConfig, data: ProbeData) -> Any:
     """``data.train_prior`` for a loss that declares one (``Loss.prior``; docs/priors.md), checked
     against ``config.priors`` (:func:`check_prior_request`) and the prior the data carries."""
-    name = getattr(config, "priors", None)
+    name = config.priors
     check_prior_request(cls, name)
     if cls.prior is None:
         return None
-    prior = getattr(data, "train_prior", None)
+    prior = data.train_prior
     if prior is None or prior.name != name:
         have = "none" if prior is None else f"'{prior.name}'"
         raise ProbeConfigError(
@@ -191,7 +188,8 @@ def setup_loss_groups(plan: TrialPlan, train_y: Tensor, device: Any) -> list[Los
         k = span.stop - span.start
         obj.setup(train_y, n_epochs=plan.training.epochs, n_trials=k)
         if plan.prior is not None:  # the train rows' prior, shared by the stacked trials
-            obj.set_prior(*_prior_tensors(plan.prior, device))
+            put = functools.partial(torch.as_tensor, dtype=torch.float32, device=device)
+            obj.set_prior(put(plan.prior.scores), {k: put(v) for k, v in plan.prior.extras.items()})
             mode = getattr(obj, "prior_mode", None)  # which mode ran (GPR with/without DAMP)
             note = f"{plan.cls.name} read prior {plan.prior.name!r}: {mode}"
             if mode and note not in plan.notes:
@@ -205,14 +203,6 @@ def setup_loss_groups(plan: TrialPlan, train_y: Tensor, device: Any) -> list[Los
                     f"leading trial axis of {k}; got shape {tuple(p.shape)}")
         groups.append(LossGroup(obj, span, extra))
     return groups
-
-
-def _prior_tensors(prior: Any, device: Any) -> tuple[Tensor, dict[str, Tensor]]:
-    """A :class:`probe.store.priors.Prior`'s arrays as float32 tensors on ``device``."""
-    def put(a: Any) -> Tensor:
-        return torch.as_tensor(a, dtype=torch.float32).to(device)
-
-    return put(prior.scores), {k: put(v) for k, v in prior.extras.items()}
 
 
 def _normalise_trials(hparams: dict | Sequence[dict] | None, config: ProbeConfig, lr: float
@@ -236,18 +226,15 @@ def _normalise_trials(hparams: dict | Sequence[dict] | None, config: ProbeConfig
         raise ProbeConfigError(
             f"{len(trials)} hyperparameter trials but {len(seeds)} seeds: give one seed per "
             "trial, a single seed, or a single trial")
-    lrs, wds = [], []
-    for t in trials:
-        t_lr = t.pop("lr", lr)
-        t_wd = t.pop("weight_decay", config.weight_decay)
+    lrs = [t.pop("lr", lr) for t in trials]
+    wds = [t.pop("weight_decay", config.weight_decay) for t in trials]
+    for t_lr, t_wd in zip(lrs, wds):
         for name, v in (("lr", t_lr), ("weight_decay", t_wd)):
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or (
                 v < 0 or (name == "lr" and v == 0)):
                 want = "positive" if name == "lr" else "non-negative"
                 raise ProbeConfigError(f"trial setting '{name}' must be a {want} number; got {v!r}")
-        lrs.append(float(t_lr))
-        wds.append(float(t_wd))
-    return seeds, trials, lrs, wds
+    return seeds, trials, [float(v) for v in lrs], [float(v) for v in wds]
 
 
 def _build_loss(cls: type[Loss], merged: list[dict[str, Any]]) -> Loss:
