@@ -1,5 +1,5 @@
 """The torchvision family: the registry names and any torchvision classifier, pooled features with
-the protocol's preprocessing (docs/protocol.md step 7). Weights come from the torch hub cache
+the protocol's preprocessing (docs/protocol.md step 6). Weights come from the torch hub cache
 (their sha256 prefix checked; fetched only with ``--download``), a file, or ``random``.
 """
 

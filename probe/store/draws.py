@@ -1,7 +1,7 @@
 """More draws of observed labels for a complete store: :func:`add_draws` (several seeds of
 one kind, all checked first), :func:`add_observed_seed` (the protocol's single positives, or a
 label budget) and :func:`add_biased_draw` (a label bias: :mod:`probe.store.bias`),
-docs/protocol.md step 2."""
+docs/protocol.md step 2 and "Label budgets", docs/priors.md "Label-bias draws"."""
 
 from __future__ import annotations
 

@@ -148,7 +148,7 @@ def create_store(
         _write_row_arrays(group, index, seeds)
         n_rows = len(index.pool) + len(index.test)
         for name in FEATURE_ARRAYS if with_flip else FEATURE_ARRAYS[:1]:
-            group.create_array(  # uncompressed + CRC-32C: zstd was ~6x slower (docs/protocol.md)
+            group.create_array(  # raw + CRC-32C: zstd decodes too slowly (docs/protocol.md)
                 name, shape=(n_rows, int(feature_dim)), chunks=(int(block_rows), int(feature_dim)),
                 dtype=dtype, fill_value=np.nan,  # a never-written row reads as NaN, not as zeros
                 compressors=checksum_codecs(compress=False))
