@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from probe.errors import SpmlError
 
@@ -82,8 +83,6 @@ class _Clock:
         import studies.study_worker
 
         real_train = probe.train.train_probe
-        real_load = probe.data.ProbeData.__dict__["from_store"]
-        real_write = studies.study_worker.write_batch
         clock = self
 
         def timed(fn: Any, key: str) -> Any:
@@ -106,15 +105,12 @@ class _Clock:
             clock.calls += 1
             return result
 
-        probe.train.train_probe = train_probe
-        probe.data.ProbeData.from_store = classmethod(timed(real_load.__func__, "io"))
-        studies.study_worker.write_batch = timed(real_write, "io")
-        try:
+        with (mock.patch.object(probe.train, "train_probe", train_probe),
+              mock.patch.object(probe.data.ProbeData, "from_store",
+                                classmethod(timed(probe.data.ProbeData.from_store.__func__, "io"))),
+              mock.patch.object(studies.study_worker, "write_batch",
+                                timed(studies.study_worker.write_batch, "io"))):
             yield self
-        finally:
-            probe.train.train_probe = real_train
-            probe.data.ProbeData.from_store = real_load
-            studies.study_worker.write_batch = real_write
 
 
 def bench_study(config: StudyBenchConfig, *, log: Any = None) -> dict[str, Any]:
