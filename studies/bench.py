@@ -41,13 +41,10 @@ class StudyBenchConfig:
     seed: int = 0  # sampler seed
 
     def validate(self) -> None:
+        """The storage kind; the rest is checked as ``spml study`` checks it (run_study)."""
         if self.storage not in ("journal", "sqlite"):
             raise SpmlError(f"bench study: storage must be 'journal' or 'sqlite'; got "
                              f"{self.storage!r}")
-        for name in ("n_trials", "batch"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise SpmlError(f"bench study: {name} must be a positive integer; got {v!r}")
 
 
 def yeast_bench_store(cache_dir: str | Path | None = None, progress: bool = False) -> Path:
