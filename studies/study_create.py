@@ -66,12 +66,6 @@ def prune_rule(settings: StudySettings) -> MedianRule | None:
     return MedianRule(n_startup_trials=max(2, settings.batch // 2), n_warmup_steps=2)
 
 
-def _pruner(settings: StudySettings) -> optuna.pruners.BasePruner:
-    """The Optuna pruner the study is created with: the same rule as :func:`prune_rule`."""
-    rule = prune_rule(settings)
-    return optuna.pruners.NopPruner() if rule is None else rule.optuna()
-
-
 class JoinedStudy(NamedTuple):
     """What :func:`create_or_join` opened: the study, its search space, and its trials in the
     storage object it opened (for heartbeats and failure reasons, through Optuna's public
@@ -143,7 +137,9 @@ def create_or_join(settings: StudySettings, store: Any,
                        for k, d in space.distributions.items()},
         "spml.fixed": dict(sorted(settings.fixed.items())),
     }, default=str))
-    sampler, pruner = _sampler(settings, space), _pruner(settings)
+    rule = prune_rule(settings)  # the Optuna pruner the study is created with: the same rule
+    sampler = _sampler(settings, space)
+    pruner = optuna.pruners.NopPruner() if rule is None else rule.optuna()
 
     def load_or_create(load: bool) -> optuna.Study:
         return (optuna.load_study if load else optuna.create_study)(
