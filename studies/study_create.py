@@ -40,7 +40,7 @@ def _store_identity(store: Any) -> dict[str, Any]:
             "backbone": prov.get("backbone"), "weights_sha256": prov.get("weights_sha256")}
 
 
-def _sampler(settings: StudySettings, space: SearchSpace) -> optuna.samplers.BaseSampler:
+def _sampler(settings: StudySettings) -> optuna.samplers.BaseSampler:
     if settings.sampler == "tpe":
         return optuna.samplers.TPESampler(seed=settings.seed, constant_liar=True, multivariate=True)
     if settings.sampler == "grid":
@@ -137,8 +137,8 @@ def create_or_join(settings: StudySettings, store: Any,
                        for k, d in space.distributions.items()},
         "spml.fixed": dict(sorted(settings.fixed.items())),
     }, default=str))
-    rule = prune_rule(settings)  # the Optuna pruner the study is created with: the same rule
-    sampler = _sampler(settings, space)
+    sampler, rule = _sampler(settings), prune_rule(settings)
+    # the Optuna pruner the study is created with: the rule BatchPruner applies
     pruner = optuna.pruners.NopPruner() if rule is None else rule.optuna()
 
     def load_or_create(load: bool) -> optuna.Study:
