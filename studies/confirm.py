@@ -123,12 +123,12 @@ def confirm_study(study: optuna.Study, store_path: str, *, top_k: int = 3,
     from probe.train import train_probe
 
     log = log or (lambda msg: None)
-    loss = _loss(study)
     as_trained = trained_settings(study)
     studied = int(as_trained.get("observed_seed", PROTOCOL_SEED))
     observed_seeds = [int(s) for s in ([studied] if observed_seeds is None else observed_seeds)]
     if top_k < 1 or not seeds or not observed_seeds:
         raise StudyError("--top-k, --seeds and --observed-seeds must each name at least one")
+    loss = _loss(study)
     recorded = _recorded_settings(results, study.study_name)
     complete = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
     if not complete:
