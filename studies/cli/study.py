@@ -78,6 +78,7 @@ def _settings(args: argparse.Namespace):
 
 def _study(args: argparse.Namespace) -> int:
     from studies.study import run_study
+    from studies.study_settings import open_study_store
 
     settings = _settings(args)
     command = None
@@ -107,8 +108,11 @@ def _study(args: argparse.Namespace) -> int:
 
         print(f"warning: {summary.n_best_at_last} of {summary.n_complete} completed trials had "
               f"their best val mAP at their last epoch (not converged); {ADVICE}")
-    if settings.select == "val":
-        _small_val_note(settings.store)
+    if settings.select == "val":  # a small val split: --select cv:5 picks better values
+        n_val = len(open_study_store(settings.store).split("val"))
+        if n_val < SMALL_VAL:
+            print(f"note: the val split has {n_val} rows; on yeast (387) the winner of --select "
+                  "cv:5 held up on test better than --select val's (docs/selection.md)")
     q = shlex.quote
     print(f"results: {Path(summary.out) / 'results'}")
     storage = f" --storage {q(summary.storage)}" if settings.storage else ""  # else in out
@@ -167,16 +171,6 @@ def _confirm(args: argparse.Namespace) -> int:
 
 
 SMALL_VAL = 1000  # val rows below which one split's val mAP is noisy enough to mislead a search
-
-
-def _small_val_note(store_path: str) -> None:
-    """Say when the val split is small enough for --select cv:5 to pick better values."""
-    from probe.store import open_store
-
-    n_val = len(open_store(store_path).split("val"))
-    if n_val < SMALL_VAL:
-        print(f"note: the val split has {n_val} rows; on yeast (387) the winner of --select "
-              "cv:5 held up on test better than --select val's (docs/selection.md)")
 
 
 def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction) -> None:
