@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from probe.errors import SpmlError
 
@@ -40,13 +41,10 @@ class StudyBenchConfig:
     seed: int = 0  # sampler seed
 
     def validate(self) -> None:
+        """The storage kind; the rest is checked as ``spml study`` checks it (run_study)."""
         if self.storage not in ("journal", "sqlite"):
             raise SpmlError(f"bench study: storage must be 'journal' or 'sqlite'; got "
                              f"{self.storage!r}")
-        for name in ("n_trials", "batch"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise SpmlError(f"bench study: {name} must be a positive integer; got {v!r}")
 
 
 def yeast_bench_store(cache_dir: str | Path | None = None, progress: bool = False) -> Path:
@@ -82,8 +80,6 @@ class _Clock:
         import studies.study_worker
 
         real_train = probe.train.train_probe
-        real_load = probe.data.ProbeData.__dict__["from_store"]
-        real_write = studies.study_worker.write_batch
         clock = self
 
         def timed(fn: Any, key: str) -> Any:
@@ -106,15 +102,12 @@ class _Clock:
             clock.calls += 1
             return result
 
-        probe.train.train_probe = train_probe
-        probe.data.ProbeData.from_store = classmethod(timed(real_load.__func__, "io"))
-        studies.study_worker.write_batch = timed(real_write, "io")
-        try:
+        with (mock.patch.object(probe.train, "train_probe", train_probe),
+              mock.patch.object(probe.data.ProbeData, "from_store",
+                                classmethod(timed(probe.data.ProbeData.from_store.__func__, "io"))),
+              mock.patch.object(studies.study_worker, "write_batch",
+                                timed(studies.study_worker.write_batch, "io"))):
             yield self
-        finally:
-            probe.train.train_probe = real_train
-            probe.data.ProbeData.from_store = real_load
-            studies.study_worker.write_batch = real_write
 
 
 def bench_study(config: StudyBenchConfig, *, log: Any = None) -> dict[str, Any]:

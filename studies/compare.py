@@ -371,8 +371,8 @@ def format_comparison(cmp: Comparison) -> str:
             verdict = "no clear difference (interval contains 0)" if lo <= 0 <= hi else \
                 "no clear difference after correction"
         lines.append(f"  {_letter(a)} - {_letter(b)}    {diff:+8.2f}  "
-                     f"{f'[{lo:+.2f}, {hi:+.2f}]':<18}  {_p(p.p_value):>6}  {_p(p.p_holm):>7}"
-                     f"  {verdict}")
+                     f"{f'[{lo:+.2f}, {hi:+.2f}]':<18}  {p_text(p.p_value):>6}  "
+                     f"{p_text(p.p_holm):>7}  {verdict}")
     lines += ["", f"'better' means the Holm-corrected p < {1 - cmp.level:.2g}: the difference "
               "is larger than the variation from which test images happen to be in the set. "
               "It says nothing about other training seeds or draws (see 'spml study confirm')."]
@@ -405,7 +405,8 @@ def _oriented(pairs: Sequence[Any]) -> list[tuple[Any, int, int, float, float, f
     return out
 
 
-def _p(p: float) -> str:
+def p_text(p: float) -> str:
+    """A p value as the outputs print it."""
     return "<0.001" if p < 0.001 else f"{p:.3f}" if math.isfinite(p) else "-"
 
 

@@ -25,11 +25,11 @@ from probe.io import atomic_write
 from probe.store.protocol import PROTOCOL_SEED
 
 from .results import store_fingerprint
-from .space import TRAIN_PREFIX
+from .space import SearchSpace
 from .storage import StudyError, best_trial, open_existing_storage, parse_storage, ranked_trials
 
 __all__ = ["ConfirmRow", "confirm_study", "load_study", "refit_winner", "train_plus_val",
-           "trained_settings", "trial_setup", "winner", "write_winner"]
+           "trained_settings", "trial_setup", "winner"]
 
 
 @dataclass
@@ -123,14 +123,12 @@ def confirm_study(study: optuna.Study, store_path: str, *, top_k: int = 3,
     from probe.train import train_probe
 
     log = log or (lambda msg: None)
-    loss = study.user_attrs.get("spml.loss")
     as_trained = trained_settings(study)
     studied = int(as_trained.get("observed_seed", PROTOCOL_SEED))
     observed_seeds = [int(s) for s in ([studied] if observed_seeds is None else observed_seeds)]
     if top_k < 1 or not seeds or not observed_seeds:
         raise StudyError("--top-k, --seeds and --observed-seeds must each name at least one")
-    if loss is None:
-        raise StudyError(f"study '{study.study_name}' was not made by spml study (no spml.loss)")
+    loss = _loss(study)
     recorded = _recorded_settings(results, study.study_name)
     complete = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
     if not complete:
@@ -285,10 +283,7 @@ def winner(study: optuna.Study, trial_number: int | None = None) -> dict[str, An
     ``hparams`` are the loss's (fixed + searched): they carry over to an end-to-end fine-tune.
     The probe's batch size / lr / epochs go to ``probe_train`` for information only: a linear
     head's learning rate is no fine-tuning rate, so ``spml finetune`` uses the paper's."""
-    loss = study.user_attrs.get("spml.loss")
-    if loss is None:
-        raise StudyError(f"study '{study.study_name}' was not made by spml study (no spml.loss)")
-    settings = study.user_attrs.get("spml.settings", {})
+    loss, settings = _loss(study), study.user_attrs.get("spml.settings", {})
     complete = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
     if trial_number is not None:
         complete = [t for t in complete if t.number == trial_number]
@@ -297,20 +292,13 @@ def winner(study: optuna.Study, trial_number: int | None = None) -> dict[str, An
     if not complete:
         raise StudyError(f"study '{study.study_name}' has no completed trial yet")
     best = best_trial(complete)
-    loss_hp, train_hp = _split(best.params, loss)
+    loss_hp, train_hp = SearchSpace(loss, {}).split(best.params)
     probe_train = {k: settings.get(k) for k in ("batch_size", "epochs", "lr")
                    if settings.get(k) is not None}
     probe_train.update(train_hp)
     return {"loss": loss, "hparams": {**settings.get("fixed", {}), **loss_hp}, "train": {},
             "probe_train": probe_train,
             "study": {"name": study.study_name, "trial": best.number, "val_map": best.value}}
-
-
-def write_winner(path: str | Path, record: dict[str, Any]) -> Path:
-    """Write a winner record atomically (what ``spml finetune --from-json`` reads)."""
-    from probe.results import write_json_atomic
-
-    return write_json_atomic(path, record)
 
 
 def trained_settings(study: optuna.Study) -> dict[str, Any]:
@@ -329,7 +317,7 @@ def trial_setup(params: dict[str, Any], loss: str, settings: dict[str, Any], *,
     :class:`probe.config.ProbeConfig` that re-trains it with every seed in ``seeds``."""
     from probe.config import ProbeConfig
 
-    loss_hp, train_hp = _split(params, loss)
+    loss_hp, train_hp = SearchSpace(loss, {}).split(params)
     hp = {**settings.get("fixed", {}), **loss_hp,
           **({"lr": train_hp["lr"]} if "lr" in train_hp else {})}
     cfg = ProbeConfig(
@@ -360,10 +348,11 @@ def _recorded_settings(results: str | Path | None, study_name: str
     return out
 
 
-def _split(params: dict[str, Any], loss: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    loss_hp = {k[len(loss) + 1 :]: v for k, v in params.items() if k.startswith(loss + ".")}
-    train_hp = {k[len(TRAIN_PREFIX) :]: v for k, v in params.items() if k.startswith(TRAIN_PREFIX)}
-    return loss_hp, train_hp
+def _loss(study: optuna.Study) -> str:
+    loss = study.user_attrs.get("spml.loss")
+    if loss is None:
+        raise StudyError(f"study '{study.study_name}' was not made by spml study (no spml.loss)")
+    return loss
 
 
 def _stats(tests: list[float]) -> tuple[float, float, Any]:
@@ -380,6 +369,8 @@ def _fmt(runs: list[tuple[float, float, int, int]]) -> str:
 
 
 def _write(out: Path, rows: list[ConfirmRow], study: optuna.Study) -> None:
+    from probe.results import write_json_atomic
+
     out.mkdir(parents=True, exist_ok=True)
     frame = pl.DataFrame([{**asdict(r), "params": json.dumps(r.params, sort_keys=True)}
                           for r in rows])
@@ -394,4 +385,4 @@ def _write(out: Path, rows: list[ConfirmRow], study: optuna.Study) -> None:
             "epochs": best.refit_epochs, "test_mean": best.refit_test_mean,
             "test_low": best.refit_test_low, "test_high": best.refit_test_high,
             "test_maps": best.refit_test_maps, "trained_on": "train + val"}
-    write_winner(out / "best.json", record)
+    write_json_atomic(out / "best.json", record)  # what spml finetune --from-json reads

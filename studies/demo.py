@@ -48,11 +48,6 @@ class DemoResult:
     images: dict[str, Any] = field(default_factory=dict)
 
 
-def _table_line(row: dict[str, Any]) -> str:
-    return (f"{row['method']:<18} {row['val_map']:8.2f} {row['test_map']:9.2f} "
-            f"{row['best_epoch']:>10}")
-
-
 def _probe_rows(store: Path, cfg: DemoConfig, log: Callable[[str], None]) -> list[dict]:
     from probe.config import ProbeConfig
     from probe.data import ProbeData, resolve_device
@@ -74,7 +69,8 @@ def _probe_rows(store: Path, cfg: DemoConfig, log: Callable[[str], None]) -> lis
         head = save_head(heads / f"{label.replace(' (full labels)', '_full')}.pt", result)
         rows.append({"method": label, "val_map": best["val_map"], "test_map": best["test_map"],
                      "best_epoch": result.trials[0].best_epoch, "head": str(head)})
-        log(_table_line(rows[-1]))
+        log(f"{label:<18} {best['val_map']:8.2f} {best['test_map']:9.2f} "
+            f"{result.trials[0].best_epoch:>10}")
     return rows
 
 

@@ -99,9 +99,9 @@ def _read(path: Path) -> pl.DataFrame:
         raise ExportError(f"PATH {path}: no such file or folder; expected {_WHAT}")
     if path.is_dir():
         if (path / "results").is_dir():
-            return _study_frame(read_results(path / "results"))
+            return read_results(path / "results").drop("provenance", strict=False)
         if any(path.glob("batch-*.parquet")):
-            return _study_frame(read_results(path))
+            return read_results(path).drop("provenance", strict=False)
         if (path / "confirm.parquet").is_file():
             return _confirm(path / "confirm.parquet")
         raise ExportError(
@@ -116,7 +116,7 @@ def _read(path: Path) -> pl.DataFrame:
         if "test_maps" in frame.columns and "rank" in frame.columns:
             return _confirm(path)
         if path.name.startswith("batch-"):
-            return _study_frame(upgrade_batch(frame))
+            return upgrade_batch(frame).drop("provenance", strict=False)
         if "format" in frame.columns:
             return frame
     if suffix == ".csv":
@@ -124,10 +124,6 @@ def _read(path: Path) -> pl.DataFrame:
         if "format" in frame.columns and "trial" in frame.columns:
             return frame
     raise ExportError(f"PATH {path}: not a results file spml knows; expected {_WHAT}")
-
-
-def _study_frame(frame: pl.DataFrame) -> pl.DataFrame:
-    return frame.drop([c for c in ("provenance",) if c in frame.columns])
 
 
 def _probe_json(path: Path) -> pl.DataFrame:

@@ -118,10 +118,7 @@ class FinetuneConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able copy (paths as strings)."""
-        out = asdict(self)
-        out["root"], out["out"] = str(self.root), str(self.out)
-        out["dataset_options"] = {k: jsonable(v) for k, v in self.dataset_options.items()}
-        return out
+        return jsonable({**asdict(self), "dataset_options": dict(self.dataset_options)})
 
 
 def read_winner_json(path: str | Path) -> tuple[str, dict[str, Any], dict[str, Any]]:

@@ -111,8 +111,7 @@ def reclaim_stale_trials(study: optuna.Study, trials: TrialStorage, grace_second
             continue
         if not trials.fail(trial.number, "heartbeat lost"):
             continue  # finished meanwhile, or another worker reclaimed it first
-        study.enqueue_trial(trial.params, user_attrs={**trial.user_attrs, RETRY_KEY: trial.number},
-                            skip_if_exists=False)
+        study.enqueue_trial(trial.params, user_attrs={**trial.user_attrs, RETRY_KEY: trial.number})
         reclaimed.append(trial.number)
     return reclaimed
 

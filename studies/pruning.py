@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import optuna
@@ -34,14 +34,10 @@ class MedianRule:
 
     def optuna(self) -> optuna.pruners.BasePruner:
         """The equivalent Optuna pruner (what the study is created with)."""
+        kwargs = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "percentile"}
         if self.percentile == 50.0:
-            return optuna.pruners.MedianPruner(
-                n_startup_trials=self.n_startup_trials, n_warmup_steps=self.n_warmup_steps,
-                interval_steps=self.interval_steps, n_min_trials=self.n_min_trials)
-        return optuna.pruners.PercentilePruner(
-            self.percentile, n_startup_trials=self.n_startup_trials,
-            n_warmup_steps=self.n_warmup_steps, interval_steps=self.interval_steps,
-            n_min_trials=self.n_min_trials)
+            return optuna.pruners.MedianPruner(**kwargs)
+        return optuna.pruners.PercentilePruner(self.percentile, **kwargs)
 
 
 class BatchPruner:

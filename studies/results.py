@@ -154,13 +154,8 @@ def params_keys(params: dict[str, Any], loss: str | None) -> dict[str, Any]:
     study's trials carry; a probe run's plain names (``b_T``, ``lr``) are prefixed so."""
     from probe.config import TRAINER_KEYS
 
-    out = {}
-    for k, v in params.items():
-        if "." in k or not loss:
-            out[k] = v
-        else:
-            out[f"train.{k}" if k in TRAINER_KEYS else f"{loss}.{k}"] = v
-    return out
+    return {k if "." in k or not loss else f"train.{k}" if k in TRAINER_KEYS else f"{loss}.{k}": v
+            for k, v in params.items()}
 
 
 def draw_of(data: dict[str, Any]) -> dict[str, Any] | None:

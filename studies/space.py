@@ -14,7 +14,6 @@ from optuna.distributions import (
     BaseDistribution,
     CategoricalDistribution,
     FloatDistribution,
-    IntDistribution,
 )
 
 from probe.config import resolve_training
@@ -55,17 +54,6 @@ class SearchSpace:
                 raise StudyError(f"parameter '{name}' belongs to neither '{self.loss}.' nor "
                                  "'train.'")
         return loss_part, train_part
-
-    def describe(self) -> list[str]:
-        lines = []
-        for name, dist in self.distributions.items():
-            if isinstance(dist, FloatDistribution | IntDistribution):
-                rng = f"[{dist.low:g}, {dist.high:g}]" + (" log" if dist.log else "")
-            else:
-                rng = "{" + ", ".join(map(str, dist.choices)) + "}"
-            default = self.defaults.get(name)
-            lines.append(f"{name:<18} {rng:<26} paper: {default if default is not None else '-'}")
-        return lines
 
 
 def parse_range(text: str) -> tuple[str, BaseDistribution]:

@@ -166,20 +166,16 @@ def drop_torn_tail(path: Path, lock: Any) -> int:
     would no longer load. Done under the journal's own lock; returns the bytes removed."""
     if not path.is_file() or path.stat().st_size == 0:
         return 0
-    lock.acquire()
-    try:
-        with open(path, "r+b") as f:
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-                size = len(m)
-                if m[-1:] == b"\n":
-                    return 0
-                keep = m.rfind(b"\n") + 1  # after the last complete line (0: none is)
-            f.truncate(keep)
-            f.flush()
-            os.fsync(f.fileno())
-            return size - keep
-    finally:
-        lock.release()
+    with lock, open(path, "r+b") as f:
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            size = len(m)
+            if m[-1:] == b"\n":
+                return 0
+            keep = m.rfind(b"\n") + 1  # after the last complete line (0: none is)
+        f.truncate(keep)
+        f.flush()
+        os.fsync(f.fileno())
+        return size - keep
 
 
 @contextmanager
@@ -235,6 +231,13 @@ class FileLock:
         finally:
             os.close(fd)
 
+    def __enter__(self) -> FileLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
 
 @contextmanager
 def ask_lock(spec: StorageSpec, study_name: str) -> Iterator[None]:
@@ -244,12 +247,8 @@ def ask_lock(spec: StorageSpec, study_name: str) -> Iterator[None]:
     kernel when its holder dies). PostgreSQL: an advisory lock per study (freed by the server
     when its holder dies). SQLite: one process, no lock."""
     if spec.kind == "journal":
-        lock = FileLock(f"{Path(spec.target).expanduser()}.ask.flock")
-        lock.acquire()
-        try:
+        with FileLock(f"{Path(spec.target).expanduser()}.ask.flock"):
             yield
-        finally:
-            lock.release()
     elif spec.kind == "postgresql":
         with _pg_advisory_lock(spec.target, zlib.crc32(study_name.encode())):
             yield

@@ -132,17 +132,12 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def worker_threads(workers: int, cores: int) -> int:
-    """Threads per worker process: the cores shared out, at least one (N workers that each
-    keep torch's full thread count oversubscribe the cores and run slower than one)."""
-    return max(1, cores // max(workers, 1))
-
-
 def worker_env(workers: int, cores: int | None = None,
                base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment a local worker process starts with: ``base`` (this process's) with
-    the thread count of :func:`worker_threads` for torch (OpenMP) and the BLAS libraries."""
-    env = dict(os.environ if base is None else base)
-    n = worker_threads(workers, available_cores() if cores is None else cores)
-    env.update(dict.fromkeys(THREAD_VARS, str(n)))
-    return env
+    """The environment a local worker process starts with: ``base`` (this process's) with the
+    cores shared out, at least one thread each, for torch (OpenMP) and the BLAS libraries (N
+    workers that each keep torch's full thread count oversubscribe the cores and run slower
+    than one)."""
+    cores = available_cores() if cores is None else cores
+    n = max(1, cores // max(workers, 1))
+    return {**(os.environ if base is None else base), **dict.fromkeys(THREAD_VARS, str(n))}

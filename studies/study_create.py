@@ -30,7 +30,6 @@ __all__ = ["TRAINING_KEYS", "JoinedStudy", "create_or_join", "training_identity"
 # what a study is, stored with it, and how a refusal names each part
 _IDENTITY = {"spml.loss": "loss", "spml.store": "store", "spml.space": "search space",
              "spml.fixed": "fixed hyperparameters (--set)"}
-_IDENTITY_KEYS = tuple(_IDENTITY)
 
 
 def _store_identity(store: Any) -> dict[str, Any]:
@@ -41,7 +40,7 @@ def _store_identity(store: Any) -> dict[str, Any]:
             "backbone": prov.get("backbone"), "weights_sha256": prov.get("weights_sha256")}
 
 
-def _sampler(settings: StudySettings, space: SearchSpace) -> optuna.samplers.BaseSampler:
+def _sampler(settings: StudySettings) -> optuna.samplers.BaseSampler:
     if settings.sampler == "tpe":
         return optuna.samplers.TPESampler(seed=settings.seed, constant_liar=True, multivariate=True)
     if settings.sampler == "grid":
@@ -65,12 +64,6 @@ def prune_rule(settings: StudySettings) -> MedianRule | None:
         return None  # with replicates a trial's curve is known only after all of them
     # steps are epochs counted from 1: the first epoch is never pruned
     return MedianRule(n_startup_trials=max(2, settings.batch // 2), n_warmup_steps=2)
-
-
-def _pruner(settings: StudySettings) -> optuna.pruners.BasePruner:
-    """The Optuna pruner the study is created with: the same rule as :func:`prune_rule`."""
-    rule = prune_rule(settings)
-    return optuna.pruners.NopPruner() if rule is None else rule.optuna()
 
 
 class JoinedStudy(NamedTuple):
@@ -144,7 +137,9 @@ def create_or_join(settings: StudySettings, store: Any,
                        for k, d in space.distributions.items()},
         "spml.fixed": dict(sorted(settings.fixed.items())),
     }, default=str))
-    sampler, pruner = _sampler(settings, space), _pruner(settings)
+    sampler, rule = _sampler(settings), prune_rule(settings)
+    # the Optuna pruner the study is created with: the rule BatchPruner applies
+    pruner = optuna.pruners.NopPruner() if rule is None else rule.optuna()
 
     def load_or_create(load: bool) -> optuna.Study:
         return (optuna.load_study if load else optuna.create_study)(
@@ -207,7 +202,7 @@ def _nothing_measured(study: optuna.Study) -> bool:
 
 def _identity_differs(study: optuna.Study, identity: dict[str, Any]) -> bool:
     attrs = study.user_attrs
-    return any(attrs.get(k) != identity[k] for k in (*_IDENTITY_KEYS, "spml.training")
+    return any(attrs.get(k) != identity[k] for k in (*_IDENTITY, "spml.training")
                if k in attrs)
 
 
@@ -245,25 +240,17 @@ def training_identity(values: dict[str, Any], dataset: str, space: SearchSpace
         cls = None
     resolved = resolve_training(cls, dataset, batch_size=values.get("batch_size"),
                                 lr=values.get("lr"), epochs=values.get("epochs")).to_dict()
-    out: dict[str, Any] = {}
-    for key in TRAINING_KEYS:
-        if f"train.{key}" in space.distributions:
-            out[key] = "searched"
-        elif key in ("epochs", "batch_size", "lr"):
-            out[key] = resolved[key]
-        elif key == "optimizer":
-            out[key] = values.get("optimizer") or ProbeConfig().optimizer
-        elif key == "select":
-            out[key] = str(Selection.parse(values.get("select") or "val"))
-        elif key == "observed_seed":
-            out[key] = values.get(key, PROTOCOL_SEED)
-        elif key == "val_labels":
-            out[key] = values.get(key) or "clean"
-        elif key == "priors":  # the store prior a loss reads (None: none); a study made
-            out[key] = values.get(key)  # before priors has no such key and is not compared
-        else:
-            out[key] = values.get(key, 0)
-    return out
+    given = {**{k: resolved[k] for k in ("epochs", "batch_size", "lr")},
+             "optimizer": values.get("optimizer") or ProbeConfig().optimizer,
+             "train_seed": values.get("train_seed", 0),
+             "observed_seed": values.get("observed_seed", PROTOCOL_SEED),
+             "val_labels": values.get("val_labels") or "clean",
+             "select": str(Selection.parse(values.get("select") or "val")),
+             # the store prior a loss reads (None: none); a study made before priors has no
+             # such key and is not compared
+             "priors": values.get("priors")}
+    return {k: "searched" if f"train.{k}" in space.distributions else given[k]
+            for k in TRAINING_KEYS}
 
 
 def _check_training(attrs: dict[str, Any], given: dict[str, Any], dataset: str,
@@ -293,7 +280,7 @@ def _wait_for_identity(study: optuna.Study, timeout: float = 30.0) -> dict[str, 
     deadline = time.time() + timeout
     while True:
         attrs = study.user_attrs
-        if all(k in attrs for k in _IDENTITY_KEYS) or time.time() > deadline:
+        if all(k in attrs for k in _IDENTITY) or time.time() > deadline:
             return attrs
         time.sleep(0.2)
 

@@ -79,15 +79,12 @@ class StudySettings:
                                      ("--pruner", self.pruner, PRUNERS)):
             if value not in choices:
                 raise StudyError(f"{flag} must be one of {', '.join(choices)}; got {plain(value)}")
-        for name, flag in (("n_trials", "--trials"), ("batch", "--trials-at-once"),
-                           ("workers", "--workers")):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise StudyError(f"{flag} must be a positive integer; got {plain(v)}")
-        for flag, v in (("--epochs", self.epochs), ("--batch-size", self.batch_size)):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise StudyError(f"{flag} must be a positive integer (or left out for the "
-                                 f"loss's preset); got {plain(v)}")
+        preset = " (or left out for the loss's preset)"
+        for flag, v, hint in (("--trials", self.n_trials, ""), ("--trials-at-once", self.batch, ""),
+                              ("--workers", self.workers, ""), ("--epochs", self.epochs, preset),
+                              ("--batch-size", self.batch_size, preset)):
+            if (v is not None or not hint) and not (type(v) is int and v >= 1):
+                raise StudyError(f"{flag} must be a positive integer{hint}; got {plain(v)}")
         if self.lr is not None and not (isinstance(self.lr, int | float)
                                         and 0 < self.lr < math.inf):
             raise StudyError(f"--lr must be a positive number; got {plain(self.lr)}")

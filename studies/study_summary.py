@@ -87,7 +87,9 @@ def summarize(study: optuna.Study, settings: StudySettings) -> StudySummary:
         n_failed=sum(t.state == TrialState.FAIL for t in trials),
         best_value=best.value if best else None, best_params=dict(best.params) if best else {},
         best_trial=best.number if best else None, paper_value=paper[0].value if paper else None,
-        n_best_at_last=count_best_is_last([_curve(t) for t in complete]),
+        # each trial's val mAP per reported epoch (its intermediate values)
+        n_best_at_last=count_best_is_last(
+            [[v for _, v in sorted(t.intermediate_values.items())] for t in complete]),
         facts=settings_lines(study, best),
     )
 
@@ -141,8 +143,3 @@ def settings_lines(study: optuna.Study, best: Any = None) -> list[str]:
 
 def _num(v: Any) -> str:
     return f"{v:.6g}" if isinstance(v, float) else str(v)
-
-
-def _curve(trial: optuna.trial.FrozenTrial) -> list[float | None]:
-    """A trial's val mAP per reported epoch, in order (its intermediate values)."""
-    return [v for _, v in sorted(trial.intermediate_values.items())]

@@ -190,10 +190,13 @@ def run_worker(settings: StudySettings, *, log: Callable[[str], None] | None = N
     results_dir = Path(settings.out) / "results"
     fixed_dists = dict(space.distributions)
     with _study_progress(study, settings) as bar:
-        for note in space.notes:
-            bar.write(note)
+        def say(line: str) -> None:
+            bar.write(line)  # above the bar on a terminal, a plain line in a log
             if log is not None and bar.mode == "off":
-                log(note)
+                log(line)
+
+        for note in space.notes:
+            say(note)
         selection = Selection.parse(settings.select)
         bar.write(f"loading the features of {settings.store} ({store.n_rows} rows)"
                   + (f"; --select {selection}: {selection.replicates} replicates, each trial "
@@ -201,7 +204,7 @@ def run_worker(settings: StudySettings, *, log: Callable[[str], None] | None = N
                      if selection.replicates > 1 else ""))
         data = selection_data(store, selection, device=resolve_device(settings.device),
                               observed_seed=settings.observed_seed, priors=settings.priors)
-        _work(settings, study, space, storage, data, results_dir, fixed_dists, bar, log)
+        _work(settings, study, space, storage, data, results_dir, fixed_dists, bar, say)
     return summarize(study, settings)
 
 
@@ -230,14 +233,11 @@ def _status(study: optuna.Study, counts: dict[TrialState, int]) -> str:
 
 def _work(settings: StudySettings, study: optuna.Study, space: SearchSpace, storage: Any,
           data: Any, results_dir: Path, fixed_dists: dict, bar: Any,
-          log: Callable[[str], None] | None = None) -> None:
-    """The worker loop: ask a batch, train it stacked, tell it, until the study is done."""
+          say: Callable[[str], None]) -> None:
+    """The worker loop: ask a batch, train it stacked, tell it, until the study is done;
+    ``say`` writes a trial's line."""
     from probe.config import ProbeConfig
 
-    def say(line: str) -> None:
-        bar.write(line)  # above the bar on a terminal, a plain line in a log
-        if log is not None and bar.mode == "off":
-            log(line)
     while True:
         # retrying dead workers' trials, counting and asking under one lock: workers started
         # together never overshoot, and a retry is enqueued before anyone can take its room

@@ -139,10 +139,6 @@ def _paper_words(study: Any, store: str, *, has_point: bool) -> tuple[str, str |
                         "is with those defaults, not with a paper")
 
 
-def _p_text(p: float) -> str:
-    return "<0.001" if p < 0.001 else f"{p:.3f}"
-
-
 def settle_commands(study_out: str, storage: str, store: str, *, name: str | None = None,
                     storage_in_out: bool = True) -> list[str]:
     """``spml study confirm`` and ``spml compare`` for a study, quoted to run as printed."""
@@ -157,7 +153,7 @@ def settle_commands(study_out: str, storage: str, store: str, *, name: str | Non
 
 def format_verdict(v: Verdict) -> list[str]:
     """The verdict as lines: the rows, then the sentence, then the commands."""
-    from .compare import disagreement_note
+    from .compare import disagreement_note, p_text
 
     pct = f"{100 * v.level:g}%"
     pn = v.paper_name
@@ -194,7 +190,7 @@ def format_verdict(v: Verdict) -> list[str]:
                          f"{d} mAP, paired over the same test images (the interval contains "
                          "0)")
         if v.p_value is not None:
-            lines.append(f"  p = {_p_text(v.p_value)} (paired bootstrap, uncorrected)"
+            lines.append(f"  p = {p_text(v.p_value)} (paired bootstrap, uncorrected)"
                          + (f"; {disagreement_note(1 - v.level)}"
                             if (v.p_value < 1 - v.level) != (v.diff_low > 0 or v.diff_high < 0)
                             else ""))

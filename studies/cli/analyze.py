@@ -322,9 +322,7 @@ def _common(p: argparse.ArgumentParser, name: str, store: bool = True,
     if store:
         g = p.add_argument_group("training (default: the paper setting of GR, or of the first "
                                  "loss, for the store's dataset; else Cole et al.'s)")
-        g.add_argument("--epochs", type=int, help="epochs per run")
-        g.add_argument("--batch-size", type=int, help="mini-batch size")
-        g.add_argument("--lr", type=float, help="learning rate of the head")
+        add_training_overrides(g)
         g.add_argument("--seeds", default="0", metavar="S1,S2,...",
                        help="training seeds (init + batch order), stacked; default: 0")
         g.add_argument("--no-flip", action="store_true",

@@ -209,8 +209,7 @@ def format_summary(result: FinetuneResult) -> str:
 def _run(args: argparse.Namespace) -> int:
     from studies.finetune import finetune
 
-    config, hparams = config_from_args(args)
-    result = finetune(config, hparams)
+    result = finetune(*config_from_args(args))
     from probe.results import versioned
 
     print(json.dumps(versioned(result.to_dict()), indent=2) if args.json

@@ -13,6 +13,7 @@ from probe.cliargs import (
     add_device_argument,
     add_observed_seed_argument,
     add_priors_argument,
+    add_training_overrides,
     add_trials_at_once_argument,
 )
 from probe.errors import SpmlError
@@ -77,9 +78,9 @@ def _settings(args: argparse.Namespace):
 
 def _study(args: argparse.Namespace) -> int:
     from studies.study import run_study
+    from studies.study_settings import open_study_store
 
     settings = _settings(args)
-    settings.validate()
     command = None
     if settings.workers > 1:
         spec = settings.storage_spec()
@@ -107,8 +108,11 @@ def _study(args: argparse.Namespace) -> int:
 
         print(f"warning: {summary.n_best_at_last} of {summary.n_complete} completed trials had "
               f"their best val mAP at their last epoch (not converged); {ADVICE}")
-    if settings.select == "val":
-        _small_val_note(settings.store)
+    if settings.select == "val":  # a small val split: --select cv:5 picks better values
+        n_val = len(open_study_store(settings.store).split("val"))
+        if n_val < SMALL_VAL:
+            print(f"note: the val split has {n_val} rows; on yeast (387) the winner of --select "
+                  "cv:5 held up on test better than --select val's (docs/selection.md)")
     q = shlex.quote
     print(f"results: {Path(summary.out) / 'results'}")
     storage = f" --storage {q(summary.storage)}" if settings.storage else ""  # else in out
@@ -130,15 +134,18 @@ def _study(args: argparse.Namespace) -> int:
 
 def _confirm(args: argparse.Namespace) -> int:
     from studies.confirm import confirm_study, default_out, load_study
+    from studies.storage import parse_storage
 
     study = load_study(args.storage, args.name)  # refuses a storage file that is not there
     out = Path(args.out) if args.out else default_out(args.storage)
+    # the study's results folder: beside its storage file (in --out for PostgreSQL)
+    beside = out if parse_storage(args.storage).kind == "postgresql" else default_out(args.storage)
     rows = confirm_study(
         study, args.store, top_k=args.top_k, seeds=_ints(args.seeds, "--seeds"),
         observed_seeds=(None if args.observed_seeds is None
                         else _ints(args.observed_seeds, "--observed-seeds")),
         out=out, device=args.device, log=lambda m: print(m, file=sys.stderr), progress=True,
-        refit=args.refit, results=_results_beside(args.storage, out))
+        refit=args.refit, results=beside / "results")
     print(f"{'rank':>4} {'trial':>5}  {'val mAP':>8}  {'test mAP (mean ± std)':>22}  "
           f"{'95% interval':>16}  runs  params")
     for r in rows:
@@ -163,27 +170,7 @@ def _confirm(args: argparse.Namespace) -> int:
     return 0
 
 
-def _results_beside(storage: str, out: Path) -> Path:
-    """The results folder of the study 'spml study' wrote: beside its storage file (else in
-    the --out folder, e.g. for PostgreSQL)."""
-    from studies.storage import parse_storage
-
-    spec = parse_storage(storage)
-    folder = out if spec.kind == "postgresql" else Path(spec.target).expanduser().parent
-    return folder / "results"
-
-
 SMALL_VAL = 1000  # val rows below which one split's val mAP is noisy enough to mislead a search
-
-
-def _small_val_note(store_path: str) -> None:
-    """Say when the val split is small enough for --select cv:5 to pick better values."""
-    from probe.store import open_store
-
-    n_val = len(open_store(store_path).split("val"))
-    if n_val < SMALL_VAL:
-        print(f"note: the val split has {n_val} rows; on yeast (387) the winner of --select "
-              "cv:5 held up on test better than --select val's (docs/selection.md)")
 
 
 def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction) -> None:
@@ -230,9 +217,7 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
                     help="never search train.lr: train at --lr, else the preset or generic lr")
     p.add_argument("--batch-sizes", help="also search train.batch_size among these, e.g. 8,16")
     p.add_argument("--epochs-choices", help="also search train.epochs among these")
-    p.add_argument("--epochs", type=int, help="epochs per trial (default: the paper's)")
-    p.add_argument("--batch-size", type=int, help="batch size (default: the paper's)")
-    p.add_argument("--lr", type=float, help="learning rate (default: the paper's)")
+    add_training_overrides(p)
     p.add_argument("--val-labels", default="clean", choices=("clean", "observed"),
                    help="select epochs on clean (default) or single-positive val labels")
     p.add_argument("--select", default="val", metavar="val|cv:K|draws:N",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from probe.cliargs import add_device_argument, parse_names, parse_seeds
+from probe.cliargs import add_device_argument, add_training_overrides, parse_names, parse_seeds
 
 TABLE_EPILOG = """\
 examples:
@@ -91,11 +91,7 @@ def register_cli(sub: argparse._SubParsersAction,
                    help="a study folder ('spml study --out'): its winner as a row (repeatable)")
     p.add_argument("--seed", type=int, default=0,
                    help="training seed of every cell, and the tuning sampler's (default: 0)")
-    p.add_argument("--epochs", type=int, help="epochs of every cell (default: each loss's "
-                   "paper setting)")
-    p.add_argument("--batch-size", type=int, help="batch size of every cell (default: as "
-                   "--epochs)")
-    p.add_argument("--lr", type=float, help="learning rate of every cell (default: as --epochs)")
+    add_training_overrides(p)  # of every cell
     p.add_argument("--out", metavar="DIR",
                    help="keep the cells here (resumable) and write table.md, table.tex, "
                    "cells.parquet, cells.csv, commands.sh")
