@@ -78,7 +78,7 @@ def synthetic_photos(folder: Path, n: int, width: int, height: int, seed: int = 
     return paths
 
 
-def _index(paths: list[Path], n: int, tag: str) -> DatasetIndex:
+def synthetic_index(paths: list[Path], n: int, tag: str) -> DatasetIndex:
     """``n`` rows cycling through ``paths``, all in the pool (one dummy class)."""
     rows = [paths[i % len(paths)] for i in range(n)]
     pool = Phase(image_ids=tuple(f"{tag}{i:06d}" for i in range(n)), paths=tuple(rows),
@@ -155,10 +155,10 @@ def bench_featurize(config: BenchConfig | None = None) -> dict:
         cfg = dataclasses.replace(fc, overwrite=True)
         # CUDA: whole batches (cuDNN autotunes per shape); CPU: one image (start-up only)
         warm = max(1, config.warmup_batches) * rt.batch_size if rt.cuda else 1
-        featurize(_index(photos, warm, "warmup"), tmp_path / "warmup.zarr",
+        featurize(synthetic_index(photos, warm, "warmup"), tmp_path / "warmup.zarr",
                   dataclasses.replace(cfg, progress=False), backbone=backbone)
         result = featurize(
-            _index(photos, n, "timed"), tmp_path / "timed.zarr", cfg, backbone=backbone)
+            synthetic_index(photos, n, "timed"), tmp_path / "timed.zarr", cfg, backbone=backbone)
         transform = backbone_transform(backbone, fc.size, transform_mode(fc))
         decode = _decode_only(photos, rt, transform, n, fc.prefetch_batches)
     iters = config.forward_iters or (5 if rt.cuda else 1)

@@ -63,8 +63,8 @@ __all__ = ["AMP_MODES", "TRAIN_JSON_KEYS", "FinetuneConfig", "FinetuneError", "F
            "finetune", "read_winner_json"]
 
 
-def _build_loss(config: FinetuneConfig, hparams: Mapping[str, Any], data: FinetuneData
-                ) -> tuple[Any, str | None, dict[str, Any]]:
+def build_loss(config: FinetuneConfig, hparams: Mapping[str, Any], data: FinetuneData
+               ) -> tuple[Any, str | None, dict[str, Any]]:
     """The loss object: the dataset's paper preset (``config.preset``: "auto" = the dataset's
     if the loss has one) under the given hparams, with the values the dataset decides (k) filled
     in by :func:`probe.config.loss_hparams`, as the probe does. Returns (loss, preset, filled)."""
@@ -175,7 +175,7 @@ def _prepare(config: FinetuneConfig, loss_hparams: Mapping[str, Any]) -> _Plan:
             f"larger than the train split ({n_train} images of {data.name}); incomplete batches "
             "are dropped, so no step could run: pass a smaller --batch-size"
         )
-    loss, preset, filled = _build_loss(config, loss_hparams, data)
+    loss, preset, filled = build_loss(config, loss_hparams, data)
     protocol = config.transform == "protocol" or (
         config.transform == "auto" and family_of(config.backbone) is None
     )
@@ -219,7 +219,7 @@ _POSITION = ("epoch", "step_in_epoch", "global_step")  # step_in_epoch steps of 
 _COUNTERS = ("train_images", "train_seconds", "eval_images", "eval_seconds")
 
 
-class _Run:
+class FinetuneRun:
     """State of one fine-tuning run; ``run()`` trains, evaluates, checkpoints."""
 
     def __init__(self, plan: _Plan) -> None:
@@ -566,7 +566,7 @@ def finetune(config: FinetuneConfig, loss_hparams: Mapping[str, Any] | None = No
     if config.overwrite:
         for name in (CHECKPOINT_NAME, RESULTS_NAME, BEST_MODEL_NAME):
             (plan.out / name).unlink(missing_ok=True)
-    run = _Run(plan)
+    run = FinetuneRun(plan)
     if config.resume and run.ckpt_path.exists():
         run.restore()
     return run.run()

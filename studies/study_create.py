@@ -187,7 +187,7 @@ def _label_new(study: optuna.Study, identity: dict[str, Any], settings: StudySet
     for key, value in identity.items():
         study.set_user_attr(key, value)
     study.set_user_attr("spml.settings",
-                        json.loads(json.dumps(_settings_dict(settings), default=str)))
+                        json.loads(json.dumps(settings_dict(settings), default=str)))
     point = paper_point(space, settings, store)
     if settings.enqueue_paper and point and settings.sampler != "grid":
         study.enqueue_trial(point, user_attrs={PAPER_ATTR: True})
@@ -285,7 +285,7 @@ def _wait_for_identity(study: optuna.Study, timeout: float = 30.0) -> dict[str, 
         time.sleep(0.2)
 
 
-def _settings_dict(settings: StudySettings) -> dict[str, Any]:
+def settings_dict(settings: StudySettings) -> dict[str, Any]:
     """The settings as the study records them (``spml.settings``; the --space ranges as JSON)."""
     return {**asdict(settings), "space": {k: json.loads(distribution_to_json(v))
                                           for k, v in settings.space.items()}}

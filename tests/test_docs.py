@@ -87,9 +87,9 @@ def _subparsers(parser) -> dict:
 def _parsers_for(words: list[str]):
     """The parsers a command's leading words select (``a|b`` names each alternative) and the
     words left over."""
-    from studies.cli import _two_word_commands, build_parser
+    from studies.cli import build_parser, two_word_commands
 
-    two = _two_word_commands()
+    two = two_word_commands()
     if tuple(words[:2]) in two:
         return [two[tuple(words[:2])]()], words[2:]
     parsers, rest = [build_parser()], words

@@ -30,7 +30,7 @@ from studies.finetune import (
     CHECKPOINT_NAME,
     FinetuneConfig,
     FinetuneError,
-    _Run,
+    FinetuneRun,
     finetune,
     read_winner_json,
 )
@@ -113,7 +113,7 @@ def test_resume_after_crash_equals_uninterrupted_run(voc, tmp_path, monkeypatch)
     def crash(self):
         raise RuntimeError("simulated crash during evaluation")
 
-    monkeypatch.setattr(_Run, "_end_epoch", crash)
+    monkeypatch.setattr(FinetuneRun, "_end_epoch", crash)
     with pytest.raises(RuntimeError, match="simulated crash"):
         finetune(_config(voc, out, "role", epochs=2, checkpoint_every=2), {})
     monkeypatch.undo()

@@ -26,7 +26,7 @@ import pytest
 import torch
 from PIL import Image
 
-from featurize.bench import _index, synthetic_photos
+from featurize.bench import synthetic_index, synthetic_photos
 from featurize.images import batch_decode, pil_resized, read_bytes, resize_batch
 from featurize.runner import FeaturizeConfig, featurize
 from probe.bench import plain_loop, synthetic_store
@@ -86,7 +86,7 @@ def test_bf16_fast_path_features_match_the_fp32_reference(photos, tmp_path) -> N
     """ResNet-50 at 448² (seeded random weights: no download on a GPU box): the fast path
     (nvJPEG, GPU resize, bf16 autocast, channels_last) vs the reference (PIL, fp32), for the
     image and its flip; the target is cosine ≥ 0.999 per image."""
-    index = _index(photos, len(photos), "gpu")
+    index = synthetic_index(photos, len(photos), "gpu")
     common = dict(backbone="resnet50", weights="random", size=448, batch_size=8,
                   progress=False, device="cuda", dtype="float32")  # fmt: skip
     ref = featurize(index, tmp_path / "ref.zarr",

@@ -525,8 +525,8 @@ def test_cli_import_probe_and_study_on_yeast(store, tmp_path, capsys):
 
 
 def test_the_fine_tune_refuses_a_prior_loss_by_name():
-    from studies.finetune import FinetuneConfig, FinetuneError, _build_loss
+    from studies.finetune import FinetuneConfig, FinetuneError, build_loss
 
     with pytest.raises(FinetuneError, match=r"--loss vlpl reads a store prior.*spml probe"):
-        _build_loss(FinetuneConfig("voc", "unused", "vlpl", "unused"), {}, None)
+        build_loss(FinetuneConfig("voc", "unused", "vlpl", "unused"), {}, None)
 

@@ -294,8 +294,8 @@ def test_real_study_report_matches_the_storage(real):
 def test_reproduce_command_parses_back_to_the_same_settings(real):
     """The summary's 'spml study' line, parsed by the real CLI, gives the recorded settings."""
     from studies.cli import build_parser
-    from studies.cli.study import _settings
-    from studies.study_create import _settings_dict
+    from studies.cli.study import settings_from_args
+    from studies.study_create import settings_dict
 
     page = _parse(real["result"].html_path)
     lines = page.pre[0].splitlines()
@@ -304,7 +304,7 @@ def test_reproduce_command_parses_back_to_the_same_settings(real):
     recorded = real["study"].user_attrs["spml.settings"]
     assert shlex.split(lines[0]) == study_command(recorded)
     args = build_parser().parse_args(shlex.split(lines[0])[1:])
-    rebuilt = json.loads(json.dumps(_settings_dict(_settings(args)), default=str))
+    rebuilt = json.loads(json.dumps(settings_dict(settings_from_args(args)), default=str))
     assert rebuilt == recorded
     confirm = shlex.split(lines[1])
     assert confirm[confirm.index("--seeds") + 1] == "0,1"
@@ -316,7 +316,7 @@ def test_reproduce_command_parses_back_to_the_same_settings(real):
                                                   "log": False}}},
               "batch_sizes": [8, 16], "enqueue_paper": False, "val_labels": "observed"}
     args = build_parser().parse_args(study_command(richer)[1:])
-    assert json.loads(json.dumps(_settings_dict(_settings(args)), default=str)) == richer
+    assert json.loads(json.dumps(settings_dict(settings_from_args(args)), default=str)) == richer
 
 
 @pytest.mark.skipif(not CHROMIUM.exists(),

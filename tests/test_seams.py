@@ -53,6 +53,11 @@ def test_no_module_imports_another_modules_private_name():
             module = ".".join(parts[:-1] if is_package else parts)
             wrong += [f"{rel}: {hit}"
                       for hit in private_imports(path.read_text(), module, is_package)]
+    # the tests use the packages as users do: through public names only
+    for path in sorted((ROOT / "tests").glob("*.py")):
+        wrong += [f"tests/{path.name}: {hit}"
+                  for hit in private_imports(path.read_text(), f"tests.{path.stem}")
+                  if hit.split(".")[0] in PACKAGES]
     assert not wrong, "private names imported across modules:\n" + "\n".join(wrong)
 
 

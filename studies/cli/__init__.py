@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _two_word_commands() -> dict[tuple[str, str], Callable[[], argparse.ArgumentParser]]:
+def two_word_commands() -> dict[tuple[str, str], Callable[[], argparse.ArgumentParser]]:
     """Commands spelled as two words with their own parser (``spml study confirm``): the first
     word's parser cannot also take a sub-command, since it has a positional argument."""
     from studies.cli.study import confirm_parser
@@ -87,7 +87,7 @@ def _two_word_commands() -> dict[tuple[str, str], Callable[[], argparse.Argument
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    make = _two_word_commands().get(tuple(argv[:2]))  # type: ignore[arg-type]
+    make = two_word_commands().get(tuple(argv[:2]))  # type: ignore[arg-type]
     if make is not None:
         args = make().parse_args(argv[2:])
         args.command = " ".join(argv[:2])

@@ -40,7 +40,9 @@ def _ints(text: str | None, flag: str) -> tuple[int, ...]:
     return tuple(parse_ints(text, flag) or ())
 
 
-def _settings(args: argparse.Namespace):
+def settings_from_args(args: argparse.Namespace):
+    """The :class:`StudySettings` that ``spml study``'s arguments ask for (checked when the
+    study runs)."""
     from probe.cliargs import parse_assignments, parse_sets
     from studies.space import parse_range
     from studies.study_settings import StudySettings
@@ -80,7 +82,7 @@ def _study(args: argparse.Namespace) -> int:
     from studies.study import run_study
     from studies.study_settings import open_study_store
 
-    settings = _settings(args)
+    settings = settings_from_args(args)
     command = None
     if settings.workers > 1:
         spec = settings.storage_spec()
