@@ -35,6 +35,7 @@ from torch import nn
 
 from probe.errors import SpmlError, is_int, plain
 
+from .bench_prior import synthetic_prior
 from .config import ProbeConfig
 from .data import ProbeData, resolve_device
 from .evaluate import evaluate_heads
@@ -107,15 +108,6 @@ class BenchConfig:
             raise SpmlError(f"bench: --trials must be positive integers; got {plain(self.trials)}")
 
 
-def _pool_rows_for(n_train: int) -> int:
-    """Smallest pool size whose protocol split (20% val, rounded) leaves ``n_train`` rows
-    (``n - round(0.2 n)`` grows by 0 or 1 per row, so it meets every value)."""
-    n = n_train
-    while n - round(0.2 * n) < n_train:
-        n += 1
-    return n
-
-
 def synthetic_store(n_train: int = COCO_TRAIN_ROWS, dim: int = 2048, n_classes: int = 80, *,
                     seed: int = 0, cache_dir: str | Path | None = None,
                     progress: bool = True) -> Path:
@@ -137,7 +129,9 @@ def synthetic_store(n_train: int = COCO_TRAIN_ROWS, dim: int = 2048, n_classes: 
             return path
         except StoreError:
             pass  # incomplete (an interrupted build): rebuild below
-    n_pool = _pool_rows_for(n_train)
+    n_pool = n_train  # the smallest pool whose protocol split (20% val, rounded) leaves n_train
+    while n_pool - round(0.2 * n_pool) < n_train:  # (grows by 0 or 1 per row: meets every value)
+        n_pool += 1
     n_test = max(1, round(n_pool * COCO_TEST_FRACTION))
     n = n_pool + n_test
     rng = np.random.default_rng(seed)
@@ -364,7 +358,10 @@ def run_bench(config: BenchConfig | None = None, *, progress: bool = True) -> di
     path = synthetic_store(cfg.n_train, cfg.dim, cfg.n_classes, seed=cfg.seed,
                            cache_dir=cfg.cache_dir, progress=progress)
     build_s = time.perf_counter() - t0
-    prior = _bench_prior(cfg, path)
+    cls = get_loss_class(cfg.loss)  # a loss that reads a prior gets a synthetic one
+    prior = None if cls.prior is None else synthetic_prior(
+        path, (*getattr(cls, "prior_extras", ()), *getattr(cls, "prior_optional", ())),
+        seed=cfg.seed)
     data = ProbeData.from_store(path, device="cpu")  # the shape of what the jobs load
     store = {"path": str(path), "build_or_open_seconds": build_s, "prior": prior,
              "train_rows": data.n_train, "dim": data.feature_dim, "classes": data.n_classes,
@@ -397,15 +394,14 @@ def run_bench(config: BenchConfig | None = None, *, progress: bool = True) -> di
 
 
 def _ratios(rows: list[dict[str, Any]], cfg: BenchConfig) -> dict[str, float]:
-    by = {(r["method"], r["trials"]): r["sec_per_epoch_median"] for r in rows}
+    row = {(r["method"], r["trials"]): r for r in rows}  # one row per method and T
+    by = {key: r["sec_per_epoch_median"] for key, r in row.items()}
     ratios: dict[str, float] = {}
     if ("plain", 1) in by and ("engine", 1) in by:
         ratios["plain_over_engine_1_trial"] = by[("plain", 1)] / by[("engine", 1)]
-    engine1 = next((r for r in rows if r["method"] == "engine" and r["trials"] == 1), None)
-    papers = next((r for r in rows if r["method"] == "papers"), None)
-    if engine1 is not None and papers is not None:
-        ratios["papers_over_engine_1_trial_training"] = (papers["sec_per_epoch_median"]
-                                                         / engine1["sec_per_epoch_median"])
+    if ("papers", 1) in by and ("engine", 1) in by:
+        engine1, papers = row[("engine", 1)], row[("papers", 1)]
+        ratios["papers_over_engine_1_trial_training"] = by[("papers", 1)] / by[("engine", 1)]
         # a whole epoch: what each does per epoch (the engine: train + val; test once / epochs)
         engine_whole = (engine1["sec_per_epoch_median"] + engine1["eval_seconds_val"]
                         + engine1["eval_seconds_test_once"] / cfg.epochs)
@@ -428,12 +424,9 @@ _VARIANT_RATIOS = (("engine_one_block", "one_block_over_blocks_{}_trials"),
 
 def _variants(cfg: BenchConfig, engine_row: dict[str, Any]) -> list[str]:
     """The same run another way, timed beside the engine's (f)."""
-    out = []
-    if cfg.compare_one_block and len(engine_row["trial_blocks"]) > 1:
-        out.append("engine_one_block")
-    if cfg.compare_eager:
-        out.append("engine_eager")
-    return out + ["engine_compiled"] * cfg.compare_compiled
+    one_block = cfg.compare_one_block and len(engine_row["trial_blocks"]) > 1
+    return (["engine_one_block"] * one_block + ["engine_eager"] * cfg.compare_eager
+            + ["engine_compiled"] * cfg.compare_compiled)
 
 
 def _run_job(job: Any, *args: Any, isolate: bool, threads: int) -> dict[str, Any]:
@@ -447,16 +440,6 @@ def _run_job(job: Any, *args: Any, isolate: bool, threads: int) -> dict[str, Any
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
                              initializer=torch.set_num_threads, initargs=(threads,)) as pool:
         return pool.submit(job, *args).result()
-
-
-def _bench_prior(cfg: BenchConfig, path: Path) -> str | None:
-    """The synthetic prior the loss reads (None for a loss that reads none)."""
-    from .bench_prior import synthetic_prior
-    cls = get_loss_class(cfg.loss)
-    if cls.prior is None:
-        return None
-    extras = (*getattr(cls, "prior_extras", ()), *getattr(cls, "prior_optional", ()))
-    return synthetic_prior(path, extras, seed=cfg.seed)
 
 
 def _job_data(cfg: BenchConfig, path: str, prior: str | None = None

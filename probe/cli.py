@@ -23,12 +23,10 @@ from .cliargs import (
 def _losses_list(args: argparse.Namespace) -> int:
     from . import losses as _losses
 
-    rows = []
-    for name in _losses.available():
-        cls = _losses.get_loss_class(name)
-        searched = [s.name for s in cls.hparam_specs if s.search is not None]
-        rows.append({"name": name, "paper": cls.paper, "stateful": cls.stateful,
-                     "searchable": searched, "origin": _losses.loss_origin(name)})
+    rows = [{"name": name, "paper": cls.paper, "stateful": cls.stateful,
+             "searchable": [s.name for s in cls.hparam_specs if s.search is not None],
+             "origin": _losses.loss_origin(name)}
+            for name in _losses.available() for cls in [_losses.get_loss_class(name)]]
     failures = _losses.plugin_failures()
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -231,8 +229,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
             ci = f" [{iv.low:.2f}, {iv.high:.2f}]"
         print(f"{args.eval_head} (loss {meta.get('loss')}, trial {args.head_trial}) on "
               f"{args.store}: val mAP {scores['val_map']:.2f}, test mAP {scores['test_map']:.2f}"
-              f"{ci}, "
-              f"test OF1 {scores['test_OF1']:.2f}, CF1 {scores['test_CF1']:.2f}")
+              f"{ci}, test OF1 {scores['test_OF1']:.2f}, CF1 {scores['test_CF1']:.2f}")
         if args.json:
             write_json_atomic(args.json, {"head": str(args.eval_head), "meta": meta, **scores})
         return 0

@@ -27,7 +27,7 @@ from .results import from_linear
 from .threads import step_threads
 
 __all__ = ["EVAL_BLOCK", "SMALL_EVAL", "Evaluator", "evaluate_head", "evaluate_heads",
-           "stacked_logits"]
+           "finite", "stacked_logits"]
 
 # logits elements (T·N·C) below which a CPU evaluation runs on one thread: intra-op threads only
 # add waiting to tiny ops (COCO's val at 8 trials, 10.5M elements, gains from two free threads)
@@ -133,7 +133,7 @@ class Evaluator:
     def _select(self, epoch: int, w: Tensor, idx: list[int], out: dict[str, list],
                 aps: dict[str, Tensor]) -> None:
         improved = [j for j, t in enumerate(idx)
-                    if _finite(out["val_map"][t]) and out["val_map"][t] > self.best_val[t]]
+                    if finite(out["val_map"][t]) and out["val_map"][t] > self.best_val[t]]
         if not improved:
             return
         rows = [idx[j] for j in improved]
@@ -211,5 +211,6 @@ class Evaluator:
         return self.best_w.cpu()
 
 
-def _finite(v: Any) -> bool:
+def finite(v: Any) -> bool:
+    """Whether ``v`` is a finite number (a metric that went NaN or inf is not)."""
     return isinstance(v, int | float) and math.isfinite(v)

@@ -169,7 +169,9 @@ def weighted_column_ap(scores: Tensor, targets: Tensor, counts: Tensor,
     total_w = w_t.sum(0)  # (B,) = n for a bootstrap, any total for general weights
     out = torch.zeros(n_sys, c, n_res, dtype=work, device=scores.device)
     tgt = targets.bool().to(scores.device)
-    workers = _column_workers(scores.device)
+    # columns evaluated at once: on the CPU one per intra-op thread (a column's histogram pass
+    # runs on one core; two columns at once use two), else 1
+    workers = max(1, torch.get_num_threads()) if scores.device.type == "cpu" else 1
     width = _tile_width(n, n_res, w_t.element_size(), scores.device)
     pool = ThreadPoolExecutor(workers, "spml-bootstrap") if workers > 1 else None
 
@@ -198,12 +200,6 @@ def weighted_column_ap(scores: Tensor, targets: Tensor, counts: Tensor,
             pool.shutdown()
     out = out.transpose(1, 2)  # (S, B, C)
     return out[0] if squeeze else out
-
-
-def _column_workers(device: torch.device) -> int:
-    """Columns evaluated at once: on the CPU one per intra-op thread (a column's histogram pass
-    runs on one core; two columns at once use two), else 1."""
-    return max(1, torch.get_num_threads()) if device.type == "cpu" else 1
 
 
 def _tile_width(n: int, n_res: int, itemsize: int, device: torch.device) -> int:

@@ -54,11 +54,6 @@ GRAPH_STEPS = 1
 TRIAL_BLOCK_BYTES = 24 << 20
 
 
-# --------------------------------------------------------------------------------------------
-# seeds → init and batch order (the exact semantics of probe.train's docstring)
-# --------------------------------------------------------------------------------------------
-
-
 def init_head(seed: int, in_features: int, out_features: int) -> tuple[Tensor, Tensor]:
     """``(weight (C, D), bias (C,))`` exactly as ``torch.manual_seed(seed); nn.Linear(D, C)``
     draws them (``nn.Linear.reset_parameters``: Kaiming-uniform weight with a=√5, then a
@@ -98,11 +93,6 @@ def stacked_init(seeds: list[int], d1: int, c: int) -> Tensor:
             drawn[s] = torch.cat([weight.T, bias[None]])
         w[t] = drawn[s]
     return w
-
-
-# --------------------------------------------------------------------------------------------
-# device and threads
-# --------------------------------------------------------------------------------------------
 
 
 @contextlib.contextmanager
@@ -239,11 +229,6 @@ def sync(device: torch.device) -> None:
     """Wait for the device (timing only; never inside an epoch)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-# --------------------------------------------------------------------------------------------
-# the stacked trainer
-# --------------------------------------------------------------------------------------------
 
 
 class StackedTrainer:
@@ -394,7 +379,6 @@ class StackedTrainer:
             out[self.live] = self.w.detach().cpu()
         return out
 
-    # -- the step as a CUDA graph (ProbeConfig.cuda_graph; off by default) ---------------------
     def graph_unavailable(self) -> str | None:
         """Why the step cannot be captured as a CUDA graph here (None: it can)."""
         if self.device.type != "cuda":
@@ -437,7 +421,6 @@ class StackedTrainer:
         for step in range(done, self.n_steps):
             self._step(perm, rows, step)
 
-    # -- the hot path ---------------------------------------------------------------------------
     def _draw_order(self) -> tuple[Tensor, Tensor]:
         """This epoch's visiting order of every order stream, moved to the device once."""
         draws = [epoch_order(gen, self.n, self.flip) for gen in self.order_gens]
@@ -499,7 +482,6 @@ class StackedTrainer:
                                  index=idx[g.trials.start]).loss.reshape(1)
                           for g in self.groups])
 
-    # -- the step through torch.compile (ProbeConfig.compile; off by default) --------------------
     def compile_unavailable(self) -> str | None:
         """Why the step cannot run through ``torch.compile`` here (None: it can)."""
         cxx = os.environ.get("CXX", "g++")
@@ -549,11 +531,6 @@ class StackedTrainer:
         denom = (v.sqrt() / (1.0 - b2 ** self._count).sqrt()).add_(self.opt.eps)
         self.w.sub_(self._lr / (1.0 - b1 ** self._count) * m / denom)
         self.loss_sum += per_trial.detach().reshape(len(self.live))
-
-
-# --------------------------------------------------------------------------------------------
-# trials in blocks (CPU)
-# --------------------------------------------------------------------------------------------
 
 
 class BlockedTrainer:

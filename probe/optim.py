@@ -46,16 +46,13 @@ class TrialParam:
     weight_decay: Sequence[float] | float = 0.0
     trial_ids: Sequence[int] | None = None
 
-    def ids(self) -> list[int]:
+    def per_trial(self) -> TrialParam:
+        """This parameter with lr, weight_decay and trial_ids as checked per-trial lists."""
         n = self.param.shape[0] if self.param.ndim else 1
         ids = list(range(n)) if self.trial_ids is None else [int(t) for t in self.trial_ids]
         if len(ids) != n:
             raise OptimizerConfigError(
                 f"trial_ids: one id per slice of the leading axis ({n}); got {len(ids)}")
-        return ids
-
-    def per_trial(self) -> tuple[list[float], list[float]]:
-        n = self.param.shape[0] if self.param.ndim else 1
         out = []
         for name, value in (("lr", self.lr), ("weight_decay", self.weight_decay)):
             values = ([float(value)] * n if isinstance(value, int | float)
@@ -68,7 +65,7 @@ class TrialParam:
                 if not math.isfinite(v) or v < 0:
                     raise OptimizerConfigError(f"{name} must be a finite number >= 0; got {v!r}")
             out.append(values)
-        return out[0], out[1]
+        return TrialParam(self.param, *out, ids)
 
 
 class StackedOptimizer(ABC):
@@ -87,7 +84,7 @@ class StackedOptimizer(ABC):
                     f"parameters must be contiguous (trial slices are updated in place); got "
                     f"strides {p.param.stride()} for shape {tuple(p.param.shape)}")
         # held with per-trial lists: lr, weight_decay and trial_ids of each slice
-        self.params = [TrialParam(p.param, *p.per_trial(), p.ids()) for p in params]
+        self.params = [p.per_trial() for p in params]
         self.n_steps = 0
         self._stopped: set[int] = set()
         self._groups = self._build_groups()
@@ -171,14 +168,10 @@ class StackedOptimizer(ABC):
         if trials is None:
             return [[t] for t in tensors]
         entry = self._views.setdefault(key, [None] * len(tensors))
-        out = []
         for n, t in enumerate(tensors):
-            cached = entry[n]
-            if cached is None or cached[0] is not t:
-                cached = (t, [t[j] for j in trials])
-                entry[n] = cached
-            out.append(cached[1])
-        return out
+            if entry[n] is None or entry[n][0] is not t:
+                entry[n] = (t, [t[j] for j in trials])
+        return [views for _, views in entry]
 
     @abstractmethod
     def step(self, grads: Sequence[Tensor | None]) -> None:

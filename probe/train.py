@@ -47,7 +47,7 @@ from torch import Tensor
 
 from .config import ProbeConfig
 from .data import ProbeData, resolve_device
-from .evaluate import Evaluator
+from .evaluate import Evaluator, finite
 from .loop import BlockedTrainer, StackedTrainer, deterministic, make_trainer
 from .losses._base import Loss
 from .progress import Progress
@@ -95,8 +95,10 @@ def train_probe(data: ProbeData, config: ProbeConfig | None = None, loss: Loss |
     data = _on_device(data, config.device)
     plan = plan_trials(data, config, loss, hparams)
     trainer = make_trainer(data, config, plan, speed)
-    results = [TrialResult(trial=t, seed=plan.seeds[t], hparams=_plain(plan.hparams[t]),
-                           lr=plan.lr[t], weight_decay=plan.weight_decay[t])
+    results = [TrialResult(trial=t, seed=plan.seeds[t], lr=plan.lr[t],
+                           weight_decay=plan.weight_decay[t],
+                           hparams={k: (v.tolist() if isinstance(v, Tensor) else v)
+                                    for k, v in plan.hparams[t].items()})
                for t in range(plan.n)]
     evaluator = (Evaluator(data, config, results, trainer.w, progress)
                  if config.eval_every > 0 else None)
@@ -180,7 +182,7 @@ def _record_epoch(results: list[TrialResult], active: list[bool], epoch: int,
             continue
         row = {"epoch": epoch, "train_loss": train_loss[t], **{k: v[t] for k, v in record.items()}}
         result.epochs.append(row)
-        if not all(_finite(v) for v in row.values() if isinstance(v, float)):
+        if not all(finite(v) for v in row.values() if isinstance(v, float)):
             result.finite = False
 
 
@@ -192,13 +194,13 @@ def _best_line(results: list[TrialResult], evaluator: Evaluator | None, active: 
     head = f"epoch {epoch}/{epochs}"
     now = {t: r.epochs[-1].get("val_map") for t, r in enumerate(results)
            if active[t] and r.epochs and r.epochs[-1].get("epoch") == epoch}
-    now = {t: v for t, v in now.items() if _finite(v)}
+    now = {t: v for t, v in now.items() if finite(v)}
     which = (lambda t: f" (trial {t})") if len(results) > 1 else (lambda t: "")
     parts = []
     if now:
         t = max(now, key=lambda k: now[k])
         parts.append(f"val mAP {now[t]:.2f}{which(t)}")
-    live = [t for t in range(len(results)) if active[t] and _finite(evaluator.best_val[t])]
+    live = [t for t in range(len(results)) if active[t] and finite(evaluator.best_val[t])]
     if not live:
         return f"{head}: no trial with a finite val mAP yet"
     b = max(live, key=lambda t: evaluator.best_val[t])
@@ -231,14 +233,6 @@ def _result(plan: TrialPlan, trainer: Trainer, data: ProbeData, config: ProbeCon
 
         record_test_intervals(result, evaluator.intervals, n_resamples=config.test_intervals)
     return result
-
-
-def _finite(v: Any) -> bool:
-    return isinstance(v, int | float) and v == v and abs(v) != float("inf")
-
-
-def _plain(values: dict[str, Any]) -> dict[str, Any]:
-    return {k: (v.tolist() if isinstance(v, Tensor) else v) for k, v in values.items()}
 
 
 def _on_device(data: ProbeData, device_name: str) -> ProbeData:
