@@ -132,8 +132,7 @@ def synthetic_store(n_train: int = COCO_TRAIN_ROWS, dim: int = 2048, n_classes: 
     n_pool = n_train  # the smallest pool whose protocol split (20% val, rounded) leaves n_train
     while n_pool - round(0.2 * n_pool) < n_train:  # (grows by 0 or 1 per row: meets every value)
         n_pool += 1
-    n_test = max(1, round(n_pool * COCO_TEST_FRACTION))
-    n = n_pool + n_test
+    n = n_pool + max(1, round(n_pool * COCO_TEST_FRACTION))  # + test rows in COCO's proportion
     rng = np.random.default_rng(seed)
     popularity = 1.0 / np.arange(1, n_classes + 1) ** 0.8
     popularity /= popularity.sum()
@@ -193,9 +192,8 @@ def plain_loop(data: ProbeData, loss_name: str = "gr", hparams: dict[str, Any] |
         t0 = time.perf_counter()
         loss.start_epoch(epoch)
         _, rows = epoch_order(gen, n, flip)
-        loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size,
-                                             sampler=rows.tolist(), drop_last=True)
-        for x, y, idx in loader:
+        for x, y, idx in torch.utils.data.DataLoader(dataset, batch_size=batch_size,
+                                                     sampler=rows.tolist(), drop_last=True):
             x, y, idx = x.float().to(data.device), y.to(data.device), idx.to(data.device)
             out = loss(head(x), y, index=idx)
             opt.zero_grad()
@@ -442,10 +440,8 @@ def _run_job(job: Any, *args: Any, isolate: bool, threads: int) -> dict[str, Any
         return pool.submit(job, *args).result()
 
 
-def _job_data(cfg: BenchConfig, path: str, prior: str | None = None
-              ) -> tuple[ProbeData, torch.device]:
-    device = resolve_device(cfg.device)
-    return ProbeData.from_store(path, device=device, priors=prior), device
+def _job_data(cfg: BenchConfig, path: str, prior: str | None = None) -> ProbeData:
+    return ProbeData.from_store(path, device=resolve_device(cfg.device), priors=prior)
 
 
 def _stacked_hparams(loss: str, t: int) -> list[dict[str, Any]]:
@@ -467,16 +463,16 @@ def _engine_job(cfg: BenchConfig, path: str, t: int, method: str, progress: bool
                 prior: str | None = None) -> dict[str, Any]:
     """(b) and (d) for T = ``t`` (``method`` "engine"), or the same run as one block
     ("engine_one_block") or with the eager step ("engine_eager"): its row and final heads."""
-    data, device = _job_data(cfg, path, prior)
+    data = _job_data(cfg, path, prior)
     pc = ProbeConfig(batch_size=cfg.batch_size, lr=cfg.lr, epochs=cfg.epochs, eval_every=0,
-                     seed=cfg.seed, device=str(device),
+                     seed=cfg.seed, device=str(data.device),
                      cuda_graph=False if method == "engine_eager" else None, priors=prior,
                      compile=method == "engine_compiled")
     speed = SpeedOptions(trial_block=0 if method == "engine_one_block" else None)
     hparams = _stacked_hparams(cfg.loss, t)  # one shared seed
-    with _PeakMemory(device) as mem:
+    with _PeakMemory(data.device) as mem:
         result = train_probe(data, pc, cfg.loss, hparams, progress=progress, speed=speed)
-    heads = result.final_heads.to(device)
+    heads = result.final_heads.to(data.device)
     blocks = result.timing.get("trial_blocks", [t])
     trials = f"{t} stacked {cfg.loss.upper()} trial{'s' if t > 1 else ''}"
     extra: dict[str, Any] = {}
@@ -506,20 +502,19 @@ def _engine_job(cfg: BenchConfig, path: str, t: int, method: str, progress: bool
 
 def _plain_job(cfg: BenchConfig, path: str) -> dict[str, Any]:
     """(a): the plain loop's row and its head as a stacked (1, D+1, C) array."""
-    data, device = _job_data(cfg, path)
-    with _PeakMemory(device) as mem:
+    data = _job_data(cfg, path)
+    with _PeakMemory(data.device) as mem:
         head, secs = plain_loop(data, "gr", seed=cfg.seed, lr=cfg.lr, epochs=cfg.epochs,
                                 batch_size=cfg.batch_size)
-    w = from_linear(head).cpu()[None]
-    row = _row("plain loop (DataLoader + nn.Linear + torch.optim.Adam), 1 GR trial", "plain", 1,
-               secs, mem, data.n_train // cfg.batch_size)
-    return {"row": row, "heads": w.numpy()}
+    return {"row": _row("plain loop (DataLoader + nn.Linear + torch.optim.Adam), 1 GR trial",
+                        "plain", 1, secs, mem, data.n_train // cfg.batch_size),
+            "heads": from_linear(head).cpu()[None].numpy()}
 
 
 def _papers_job(cfg: BenchConfig, path: str) -> dict[str, Any]:
     """(e): the papers-style loop's row."""
-    data, device = _job_data(cfg, path)
-    with _PeakMemory(device) as mem:
+    data = _job_data(cfg, path)
+    with _PeakMemory(data.device) as mem:
         pl = papers_loop(data, "gr", seed=cfg.seed, lr=cfg.lr, epochs=cfg.epochs,
                          batch_size=cfg.batch_size, workers=cfg.papers_workers)
     name = (f"papers-style loop ({cfg.papers_workers} DataLoader workers, mAP of 3 splits/epoch), "

@@ -83,8 +83,7 @@ def loss_reference_markdown(plugins: bool = False) -> str:
     for name in _losses.available():
         if not plugins and _losses.loss_origin(name) != "the built-in loss":
             continue
-        cls = _losses.get_loss_class(name)
-        parts.append(f"## {name}\n\n```text\n{cls.describe()}\n```\n")
+        parts.append(f"## {name}\n\n```text\n{_losses.get_loss_class(name).describe()}\n```\n")
     return "\n".join(parts)
 
 

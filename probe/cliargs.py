@@ -41,11 +41,6 @@ class Parser(argparse.ArgumentParser):
             self.error(self.unrecognized(extras))
         return parsed
 
-    def option_names(self) -> list[str]:
-        """Every option string this parser takes, hidden aliases left out."""
-        return [o for a in self._actions if a.help != argparse.SUPPRESS
-                for o in a.option_strings]
-
     def unrecognized(self, extras: list[str]) -> str:
         """The refusal of arguments this parser does not take, with a "did you mean" for each
         mistyped option (``--epoch`` → ``--epochs``)."""
@@ -53,7 +48,8 @@ class Parser(argparse.ArgumentParser):
 
     def _hints(self, tokens: list[str]) -> list[str]:
         """A "did you mean" for each option in ``tokens`` this parser does not take."""
-        taken = self.option_names()
+        taken = [o for a in self._actions if a.help != argparse.SUPPRESS  # hidden aliases: out
+                 for o in a.option_strings]
         unknown = [t.split("=", 1)[0] for t in tokens
                    if t.startswith("--") and len(t) > 2 and t.split("=", 1)[0] not in taken]
         hints = []

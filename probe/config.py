@@ -245,7 +245,9 @@ class _DataQuantities:
 
     def fill(self, spec: HParam) -> tuple[float, str]:
         """``(value, note)`` for the parameter ``spec`` (its ``from_data``), validated."""
-        value, why = self._value(spec)
+        if spec.from_data not in self._cache:
+            self._cache[spec.from_data] = getattr(self, f"_{spec.from_data}")(spec)
+        value, why = self._cache[spec.from_data]
         note = f"{spec.name}={value:g} ({why})"
         try:
             value = check_hparam(spec, value, self.loss)
@@ -255,11 +257,6 @@ class _DataQuantities:
                 f"({spec.from_data}) is not valid: {err}; set it (--set {spec.name}=VALUE)"
             ) from None
         return value, note
-
-    def _value(self, spec: HParam) -> tuple[float, str]:
-        if spec.from_data not in self._cache:
-            self._cache[spec.from_data] = getattr(self, f"_{spec.from_data}")(spec)
-        return self._cache[spec.from_data]
 
     @functools.cached_property
     def _val(self) -> float:

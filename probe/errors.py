@@ -39,12 +39,8 @@ def plain(value: object) -> str:
         return "none"
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, float):
-        if value != value:
-            return "nan"
-        if value in (float("inf"), float("-inf")):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)
+    if isinstance(value, float):  # nan, inf and -inf as repr writes them
+        return repr(float(value))
     if isinstance(value, str):
         return value if value.strip() else "(empty)"
     if isinstance(value, dict):

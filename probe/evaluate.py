@@ -42,14 +42,14 @@ def evaluate_heads(x: Tensor, targets: Tensor, w: Tensor, threshold: float,
     intervals reuse them)."""
     t, _, c = w.shape
     per = max(1, EVAL_BLOCK // max(1, x.shape[0] * c))
-    out: dict[str, list[Tensor]] = {"map": [], "ap": [], "OF1": [], "CF1": []}
+    out: dict[str, list[Tensor]] = {"map": [], "OF1": [], "CF1": [], "ap": []}
     small = t * x.shape[0] * c < SMALL_EVAL
     with step_threads(w.device, 1 if small else None):
         for t0 in range(0, t, per):
             z = stacked_logits(x, w[t0 : t0 + per])
             m = mean_average_precision(targets, logits=z)
             f = f1_scores(targets, logits=z, threshold=threshold)
-            for key, v in zip(out, (m.map, m.ap, f.overall_f1, f.class_f1)):
+            for key, v in zip(out, (m.map, f.overall_f1, f.class_f1, m.ap)):
                 out[key].append(v.reshape(-1, c) if key == "ap" else v.reshape(-1))
             if on_logits is not None:
                 on_logits(z, out["ap"][-1])
@@ -67,10 +67,8 @@ def evaluate_head(data: ProbeData, head: nn.Linear, threshold: float = 0.5) -> d
     out: dict[str, Any] = {}
     for split, x, y in (("val", data.val_x, data.val_labels), ("test", data.test_x,
                                                                 data.test_labels)):
-        r = evaluate_heads(x, y.bool(), w[None], threshold)
-        out.update({f"{split}_map": float(r["map"][0]), f"{split}_OF1": float(r["OF1"][0]),
-                    f"{split}_CF1": float(r["CF1"][0])})
-        out[f"{split}_ap"] = r["ap"][0].tolist()
+        r = evaluate_heads(x, y.bool(), w[None], threshold)  # map, OF1, CF1 (floats), ap (list)
+        out.update({f"{split}_{key}": v[0].tolist() for key, v in r.items()})
     return out
 
 
@@ -194,7 +192,6 @@ class Evaluator:
 
     @contextlib.contextmanager
     def _timing_intervals(self) -> Iterator[None]:
-        """Adds the block's seconds to :attr:`interval_seconds`."""
         t0 = time.perf_counter()
         try:
             yield
@@ -202,7 +199,6 @@ class Evaluator:
             self.interval_seconds += time.perf_counter() - t0
 
     def _keep_intervals(self, idx: list[int], boots: list[Any]) -> None:
-        """The intervals of trials ``idx``, in order, from the bootstraps of their blocks."""
         self.intervals.update(zip(idx, [iv for boot in boots for iv in boot.intervals]))
 
     def best_heads(self) -> Tensor:

@@ -569,14 +569,6 @@ class BlockedTrainer:
         live = [b.w for _, b in self.blocks if b.live]
         return torch.cat(live) if len(live) > 1 else live[0] if live else self.blocks[0][1].w[:0]
 
-    @property
-    def needs_epoch_pass(self) -> bool:
-        return any(b.needs_epoch_pass for _, b in self.blocks)
-
-    @property
-    def can_remove(self) -> bool:
-        return all(b.can_remove for _, b in self.blocks)
-
     def train_epoch(self, epoch: int) -> tuple[list[float | None], float]:
         runs = [(r, *b.train_epoch(epoch)) for r, b in self.blocks if b.live]
         per_trial: list[float | None] = [None] * self.plan.n
