@@ -195,13 +195,12 @@ class ProbeData:
         train_feats = _with_bias_column(xs["train"], dtype)
         if train_flip is not None:
             train_feats = torch.cat([train_feats, _with_bias_column(train_flip, train_feats.dtype)])
-        c = classes["train"]
         return cls._on(
             dev, (train_feats, _with_bias_column(xs["val"], train_feats.dtype),
                   _with_bias_column(xs["test"], train_feats.dtype)),
             ys, obs, n_train=int(xs["train"].shape[0]), has_flip=train_flip is not None,
-            class_names=list(class_names) if class_names else [f"class_{i}" for i in range(c)],
-            dataset=dataset,
+            class_names=list(class_names) if class_names
+            else [f"class_{i}" for i in range(classes["train"])], dataset=dataset,
             source=dict(source or {"kind": "arrays", "observed_seed": observed_seed}))
 
     @classmethod
@@ -232,6 +231,7 @@ class ProbeData:
         rows, ``observed`` the draw (``(n_rows, C)`` int8), and ``replicate`` goes to ``source``.
         """
         from .store import open_store  # zarr loads only when a store is read
+        from .store.records import draw_record
 
         dev = resolve_device(device)
         if isinstance(store, str | Path):
@@ -251,11 +251,8 @@ class ProbeData:
                   "dataset": store.dataset, "observed_seed": int(observed_seed),
                   "rows": {name: len(r) for name, r in rows.items()},
                   "store_dtype": store.dtype, "completed": store.attrs.get("completed"),
-                  "provenance": store.provenance}
-        # what the draw is: protocol, label budget or label bias (probe.store.records)
-        from .store.records import draw_record
-
-        source["draw"] = draw_record(store.attrs, observed_seed)
+                  "provenance": store.provenance,  # and the draw: protocol, label budget or bias
+                  "draw": draw_record(store.attrs, observed_seed)}
         budget = store.observed_budget(observed_seed)
         if budget != {"k": 1, "fraction": 1.0}:  # a label-budget draw (spml draw --k/--fraction)
             source["label_budget"] = budget

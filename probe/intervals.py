@@ -17,6 +17,7 @@ it against resampling, then :func:`probe.ranking.column_ap`.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -178,7 +179,7 @@ def weighted_column_ap(scores: Tensor, targets: Tensor, counts: Tensor,
     def each(fn: Callable, items: Sequence) -> list:  # in order; returns once all are done
         return list(pool.map(fn, items)) if pool is not None else [fn(i) for i in items]
 
-    try:
+    with pool or contextlib.nullcontext():  # the pool shuts down (waits) on leaving
         for s in range(n_sys):
             ranked, order = argsort_rows(s3[s].t().to(work).contiguous())  # (C, N) ascending
             nan_col = ranked[:, -1].isnan().tolist()
@@ -188,16 +189,12 @@ def weighted_column_ap(scores: Tensor, targets: Tensor, counts: Tensor,
                 todo = [p for p in plans if p is not None]
                 for b0, b1 in _tiles(n_res, width):
                     tile = w_t if b1 - b0 == n_res else w_t[:, b0:b1].contiguous()
-                    totals = total_w[b0:b1]
-                    aps = each(partial(_weighted_ap_one_column, tile, totals), todo)
+                    aps = each(partial(_weighted_ap_one_column, tile, total_w[b0:b1]), todo)
                     for plan, ap in zip(todo, aps):
                         out[s, plan.j, b0:b1] = ap
             out[s, [j for j in range(c) if nan_col[j]]] = math.nan
             if on_system is not None:
                 on_system()
-    finally:
-        if pool is not None:
-            pool.shutdown()
     out = out.transpose(1, 2)  # (S, B, C)
     return out[0] if squeeze else out
 

@@ -22,16 +22,13 @@ from probe.errors import SpmlError, is_int, plain
 
 from .io import atomic_write_text
 
-__all__ = ["SPEED_FIELDS", "THREAD_MARGIN", "SpeedOptions", "choose_threads", "clear_winner",
-           "cpu_model", "default_cache_dir", "remembered_threads", "resolve_speed",
-           "thread_cache_path"]
+__all__ = ["THREAD_MARGIN", "SpeedOptions", "choose_threads", "clear_winner", "cpu_model",
+           "default_cache_dir", "remembered_threads", "resolve_speed", "thread_cache_path"]
 
 #: torch's thread setting is used for a step only when its samples beat one thread's by this
 #: factor (best and median sample alike): it guards the one remembered measurement against a
 #: lucky sample and bounds what the choice can lose (10%)
 THREAD_MARGIN = 1.1
-#: SpeedOptions' fields: how a run uses the CPU, never recorded with the experiment
-SPEED_FIELDS = ("step_threads", "trial_block")
 #: the file, under the cache dir, that remembers each step shape's thread choice
 THREAD_CACHE_FILE = "step-threads.json"
 THREAD_CACHE_FORMAT = 1

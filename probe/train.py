@@ -52,7 +52,7 @@ from .loop import BlockedTrainer, StackedTrainer, deterministic, make_trainer
 from .losses._base import Loss
 from .progress import Progress
 from .results import EpochReport, ProbeResult, TrialResult, environment_info
-from .speed import SPEED_FIELDS, SpeedOptions, resolve_speed
+from .speed import SpeedOptions, resolve_speed
 from .trials import TrialPlan, plan_trials
 
 __all__ = ["train_probe"]
@@ -219,8 +219,7 @@ def _result(plan: TrialPlan, trainer: Trainer, data: ProbeData, config: ProbeCon
     notes = list(plan.notes)
     if config.flip and not data.has_flip:
         notes.append("flip augmentation off: the data has no flipped features")
-    experiment = {k: v for k, v in asdict(config).items() if k not in SPEED_FIELDS}
-    resolved = {**experiment, **plan.training.to_dict(), "device": str(trainer.device),
+    resolved = {**asdict(config), **plan.training.to_dict(), "device": str(trainer.device),
                 "flip_used": trainer.flip, "notes": notes}
     result = ProbeResult(
         loss=plan.cls.name, config=resolved, trials=results, class_names=list(data.class_names),
