@@ -118,12 +118,11 @@ def run_knn(data: ProbeData, config: ProbeConfig | None = None,
             row.update({f"{name}_map": float(m.map), f"{name}_OF1": float(f.overall_f1),
                         f"{name}_CF1": float(f.class_f1)})
             aps[name] = (100.0 * m.ap).tolist()  # percent, the scale of mAP
-        tr = TrialResult(trial=t, seed=config.seed, hparams=dict(v), lr=math.nan,
-                         weight_decay=math.nan, epochs=[row], best_epoch=0,
-                         best={**{k: x for k, x in row.items() if k != "epoch"},
-                               "val_ap": aps["val"], "test_ap": aps["test"]},
-                         finite=all(math.isfinite(row[f"{s}_map"]) for s in ("val", "test")))
-        results.append(tr)
+        results.append(TrialResult(
+            trial=t, seed=config.seed, hparams=dict(v), lr=math.nan, weight_decay=math.nan,
+            epochs=[row], best_epoch=0, best={**{k: x for k, x in row.items() if k != "epoch"},
+                                              "val_ap": aps["val"], "test_ap": aps["test"]},
+            finite=all(math.isfinite(row[f"{s}_map"]) for s in ("val", "test"))))
     return ProbeResult(
         loss="knn",
         config={"labels": config.labels, "val_labels": config.val_labels,

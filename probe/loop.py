@@ -237,18 +237,15 @@ class StackedTrainer:
     def __init__(self, data: ProbeData, config: ProbeConfig, plan: TrialPlan,
                  speed: SpeedOptions | None = None) -> None:
         speed = speed or SpeedOptions()
-        self.data, self.plan = data, plan
-        self.device = data.device
-        n, batch = data.n_train, plan.training.batch_size
-        self.n, self.batch = n, batch
+        self.data, self.plan, self.device = data, plan, data.device
+        self.n, self.batch = n, batch = data.n_train, plan.training.batch_size
         self.n_steps = n // batch if config.drop_last else -(-n // batch)
         self.flip = bool(config.flip and data.has_flip)
         # train targets: single positives, or the full labels as {1, -1} (the oracle)
         self.train_y = (torch.where(data.train_labels == 1, 1, -1).to(torch.int8)
                         if config.labels == "full" else data.train_observed)
         self.groups: list[LossGroup] = setup_loss_groups(plan, self.train_y, self.device)
-        d1, c = data.train_x.shape[1], data.n_classes
-        self.w = stacked_init(plan.seeds, d1, c).to(self.device)
+        self.w = stacked_init(plan.seeds, data.train_x.shape[1], data.n_classes).to(self.device)
         self.grad_w = torch.empty_like(self.w)
         params = [TrialParam(self.w, plan.lr, plan.weight_decay)]
         for g in self.groups:
@@ -543,8 +540,7 @@ class BlockedTrainer:
                  blocks: list[range], speed: SpeedOptions | None = None) -> None:
         speed = speed or SpeedOptions()
         self.plan, self.device = plan, data.device
-        largest = max(len(r) for r in blocks)
-        shape = (largest, data.train_x.shape[1], data.n_classes)
+        shape = (max(len(r) for r in blocks), data.train_x.shape[1], data.n_classes)
         self.threads = resolve_threads(speed.step_threads, self.device, shape,
                                        plan.training.batch_size, plan.shared,
                                        disk=speed.thread_cache)

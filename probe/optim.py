@@ -83,7 +83,6 @@ class StackedOptimizer(ABC):
                 raise OptimizerConfigError(
                     f"parameters must be contiguous (trial slices are updated in place); got "
                     f"strides {p.param.stride()} for shape {tuple(p.param.shape)}")
-        # held with per-trial lists: lr, weight_decay and trial_ids of each slice
         self.params = [p.per_trial() for p in params]
         self.n_steps = 0
         self._stopped: set[int] = set()

@@ -170,24 +170,22 @@ def mean_over_replicates(results: list[Any], select: str | Selection) -> Any:
     trials = []
     for i, base in enumerate(first.trials):
         runs = [r.trials[i] for r in results]
-        n_epochs = min(len(t.epochs) for t in runs)
-        epochs = []
-        for e in range(n_epochs):
-            vals = [t.epochs[e].get("val_map") for t in runs]
-            epochs.append({"epoch": base.epochs[e]["epoch"],
-                           "train_loss": _mean([t.epochs[e].get("train_loss") for t in runs]),
-                           "val_map": _mean(vals), "replicate_val_map": vals})
+        epochs = [{"epoch": base.epochs[e]["epoch"],
+                   "train_loss": _mean([t.epochs[e].get("train_loss") for t in runs]),
+                   "val_map": _mean(vals), "replicate_val_map": vals}
+                  for e in range(min(len(t.epochs) for t in runs))
+                  for vals in [[t.epochs[e].get("val_map") for t in runs]]]
         curve = [e["val_map"] for e in epochs]
         scored = [(v, -j) for j, v in enumerate(curve) if v is not None and math.isfinite(v)]
         best_epoch, best = None, {}
         if scored:
             j = -max(scored)[1]
             best_epoch = epochs[j]["epoch"]
-            tests = [t.best.get("test_map") if t.best else None for t in runs]
             best = {"epoch": best_epoch, "val_map": curve[j],
                     **_mean_test_figures([t.best for t in runs]),
                     "replicate_val_map": epochs[j]["replicate_val_map"],
-                    "replicate_test_map": tests}
+                    "replicate_test_map": [t.best.get("test_map") if t.best else None
+                                           for t in runs]}
         trials.append(dataclasses.replace(
             base, epochs=epochs, best_epoch=best_epoch, best=best, init={},
             stopped_at=None, finite=all(t.finite for t in runs)))

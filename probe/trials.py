@@ -14,7 +14,7 @@ import functools
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -82,9 +82,8 @@ class TrialPlan:
             return self
         sl = slice(trials.start, trials.stop)
         losses = [_build_loss(self.cls, self.hparams[sl])] if self.shared else self.losses[sl]
-        return TrialPlan(self.cls, self.seeds[sl], self.lr[sl], self.weight_decay[sl],
-                         self.hparams[sl], losses, self.training, self.notes, self.given,
-                         prior=self.prior)
+        return replace(self, losses=losses, **{f: getattr(self, f)[sl] for f in
+                                               ("seeds", "lr", "weight_decay", "hparams")})
 
     @property
     def shared(self) -> bool:
