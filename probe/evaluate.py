@@ -159,8 +159,9 @@ class Evaluator:
             if self.n_resamples:
                 x, y = self.splits["test"]
                 with self._timing_intervals():
-                    self._keep_intervals(idx, [head_intervals(
-                        x, y, heads, n_resamples=self.n_resamples, progress=self.progress)])
+                    boot = head_intervals(x, y, heads, n_resamples=self.n_resamples,
+                                          progress=self.progress)
+                self.intervals.update(zip(idx, boot.intervals))
             return
         boots: list[Any] = []
         with Progress(len(idx), f"test intervals ({self.n_resamples} resamples)",
@@ -172,7 +173,7 @@ class Evaluator:
             best = self.results[t].best
             best.update({k: v[t] for k, v in out.items()})
             best["test_ap"] = (100.0 * ap[j]).tolist()  # percent, the scale of mAP
-        self._keep_intervals(idx, boots)
+        self.intervals.update(zip(idx, [iv for boot in boots for iv in boot.intervals]))
 
     def _bootstrap_hook(self, boots: list[Any], done: Callable[[int], None]
                         ) -> Callable[[Tensor, Tensor], None]:
@@ -197,9 +198,6 @@ class Evaluator:
             yield
         finally:
             self.interval_seconds += time.perf_counter() - t0
-
-    def _keep_intervals(self, idx: list[int], boots: list[Any]) -> None:
-        self.intervals.update(zip(idx, [iv for boot in boots for iv in boot.intervals]))
 
     def best_heads(self) -> Tensor:
         """(T, D+1, C) float32 on the CPU: each trial's best-epoch head (the initial head for

@@ -107,8 +107,7 @@ class Progress:
         self.interval = _interval() if interval is None else float(interval)
         self.n = self._initial = int(initial)
         self.postfix = ""
-        self._start = time.monotonic()
-        self._last_line = self._start
+        self._start = self._last_line = time.monotonic()
         self._closed = False
         self._bar: Any = None
         self._lock = threading.RLock()  # the heartbeat thread and the caller print in turn
