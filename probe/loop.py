@@ -24,6 +24,7 @@ import math
 import os
 import shutil
 import time
+import timeit
 import warnings
 from collections.abc import Iterator
 from dataclasses import replace
@@ -172,10 +173,7 @@ def _calibrate(shape: tuple[int, int, int], batch: int, shared: bool, default: i
 
     def timed(threads: int, reps: int) -> float:
         with step_threads(torch.device("cpu"), threads):
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                step()
-            return (time.perf_counter() - t0) / reps
+            return timeit.timeit(step, number=reps) / reps
 
     timed(1, 2)
     timed(default, 2)  # warm both paths

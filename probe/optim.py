@@ -11,6 +11,7 @@ slices ``param[t]``); Adam uses PyTorch's fused kernel where this device has it;
 
 from __future__ import annotations
 
+import functools
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
@@ -203,7 +204,7 @@ class StackedAdam(StackedOptimizer):
         self._step_t = [torch.zeros((), dtype=torch.float32, device=p.param.device)
                         for p in self.params]
         self._k = [0] * len(self.params)
-        can_fuse = all(_fused_adam_available(p.param) for p in self.params)
+        can_fuse = all(_fused_adam_runs(p.param.device, p.param.dtype) for p in self.params)
         if fused and not can_fuse:
             raise OptimizerConfigError(
                 "fused=True: PyTorch's fused Adam kernel is not available for these parameters "
@@ -289,26 +290,21 @@ class StackedSGD(StackedOptimizer):
                     th.add_(gr, alpha=-lr)
 
 
-def _fused_adam_available(param: Tensor) -> bool:
-    """Whether ``torch._fused_adam_`` runs for this parameter (tried once on a tiny tensor)."""
-    key = (param.device.type, param.dtype)
-    if key not in _FUSED_CACHE:
-        ok = hasattr(torch, "_fused_adam_") and param.dtype in (torch.float32, torch.float64)
-        if ok:
-            try:
-                t = [torch.zeros(2, dtype=param.dtype, device=param.device) for _ in range(4)]
-                step = torch.zeros((), dtype=torch.float32, device=param.device)
-                step.add_(1.0)
-                torch._fused_adam_(
-                    [t[0]], [t[1]], [t[2]], [t[3]], [], [step], lr=1e-3, beta1=0.9, beta2=0.999,
-                    weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False)
-            except (RuntimeError, NotImplementedError, TypeError):
-                ok = False
-        _FUSED_CACHE[key] = ok
-    return _FUSED_CACHE[key]
+@functools.cache
+def _fused_adam_runs(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether ``torch._fused_adam_`` runs on ``device`` for ``dtype`` (tried once, on a tiny
+    tensor)."""
+    if not hasattr(torch, "_fused_adam_") or dtype not in (torch.float32, torch.float64):
+        return False
+    try:
+        t = [torch.zeros(2, dtype=dtype, device=device) for _ in range(4)]
+        step = torch.ones((), dtype=torch.float32, device=device)
+        torch._fused_adam_([t[0]], [t[1]], [t[2]], [t[3]], [], [step], lr=1e-3, beta1=0.9,
+                           beta2=0.999, weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False)
+    except (RuntimeError, NotImplementedError, TypeError):
+        return False
+    return True
 
-
-_FUSED_CACHE: dict[tuple[str, torch.dtype], bool] = {}
 
 OPTIMIZERS = ("adam", "sgd")
 
