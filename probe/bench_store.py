@@ -77,8 +77,7 @@ def run_store_bench(*, repeats: int = 5, zstd_chunks: int = 8, cache_dir: str | 
     load = timed(lambda: ProbeData.from_store(path))
     via_zarr = timed(lambda: _load_via_zarr(path))
     a, b = ProbeData.from_store(path), _load_via_zarr(path)
-    same = bool(torch.equal(a.train_x, b[0]) and torch.equal(a.val_x, b[1])
-                and torch.equal(a.test_x, b[2]))
+    same = all(torch.equal(x, y) for x, y in zip((a.train_x, a.val_x, a.test_x), b))
     feats = store.features()
     crc = timed(lambda: google_crc32c.value(feats.view(np.uint8)))
 

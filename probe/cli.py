@@ -14,6 +14,7 @@ from .cliargs import (
     add_device_argument,
     add_observed_seed_argument,
     add_priors_argument,
+    add_training_overrides,
     parse_ints,
     parse_sets,
     wrap,
@@ -345,9 +346,7 @@ def _register_probe(sub: argparse._SubParsersAction, bench: argparse._SubParsers
                    help="run every trial once per seed (init + batch order), e.g. 0,1,2")
     p.add_argument("--seed", type=int, default=0, help="seed of all trials (default: 0)")
     g = p.add_argument_group("training (default: the loss's paper setting for the dataset)")
-    g.add_argument("--batch-size", type=int, help="mini-batch size")
-    g.add_argument("--lr", type=float, help="learning rate of the head")
-    g.add_argument("--epochs", type=int, help="number of epochs")
+    add_training_overrides(g)  # --epochs, --batch-size, --lr
     g.add_argument("--weight-decay", type=float, default=0.0,
                    help="L2 weight decay of the head (default: 0)")
     g.add_argument("--optimizer", choices=("adam", "sgd"), default="adam",

@@ -171,16 +171,13 @@ def resolve_training(cls: type[Loss] | None, dataset: str, *, batch_size: int | 
     generic, generic_from = _GENERIC[mode]
     preset = cls.train_presets.get(dataset, {}) if (cls is not None and use_presets) else {}
     mult = float(preset.get("head_lr_mult", 1)) if lr is None else 1.0
-    given = {"batch_size": batch_size, "lr": lr, "epochs": epochs}
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
-    for key, value in given.items():
-        if value is not None:
-            values[key], sources[key] = value, "as given"
-        elif key in preset:
-            values[key], sources[key] = preset[key], f"{cls.name} paper preset for {dataset}"
-        else:
-            values[key], sources[key] = generic[key], generic_from
+    for key, value in {"batch_size": batch_size, "lr": lr, "epochs": epochs}.items():
+        values[key], sources[key] = (
+            (value, "as given") if value is not None
+            else (preset[key], f"{cls.name} paper preset for {dataset}") if key in preset
+            else (generic[key], generic_from))
     if mode == "probe" and mult != 1 and lr is None and "lr" in preset:
         backbone = values["lr"]
         values["lr"] = backbone * mult
