@@ -80,8 +80,7 @@ def epoch_order(g: torch.Generator, n: int, flip: bool) -> tuple[Tensor, Tensor]
     perm = torch.randperm(n, generator=g)
     if not flip:
         return perm, perm
-    coin = torch.randint(0, 2, (n,), generator=g)
-    return perm, perm + coin * n
+    return perm, perm + torch.randint(0, 2, (n,), generator=g) * n  # the coins: flipped or not
 
 
 def stacked_init(seeds: list[int], d1: int, c: int) -> Tensor:

@@ -74,9 +74,7 @@ def plural(n: int | None, unit: str) -> str:
     one = unit[:-2] if unit.endswith(("sses", "xes", "ches", "shes")) else (
         unit[:-1] if unit.endswith("s") and not unit.endswith("ss") else unit)
     many = one + ("es" if one.endswith(("s", "x", "ch", "sh")) and one != "epoch" else "s")
-    if n is None:
-        return many
-    return f"{n} {one if n == 1 else many}"
+    return many if n is None else f"{n} {one if n == 1 else many}"
 
 
 def format_seconds(seconds: float) -> str:
@@ -85,8 +83,7 @@ def format_seconds(seconds: float) -> str:
         return "?"
     if seconds < 10:
         return f"{seconds:.1f}s"
-    s = round(seconds)
-    h, rem = divmod(s, 3600)
+    h, rem = divmod(round(seconds), 3600)
     m, s = divmod(rem, 60)
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 

@@ -62,8 +62,7 @@ def ap_block(scores: Tensor, targets: Tensor) -> Tensor:
     _sort_rows(cols.view(c * rows, n))
     precision = torch.zeros(rows, c, n, dtype=work, device=scores.device)
     for j, v in enumerate(positives):
-        p = v.shape[1]
-        if p:
+        if v.shape[1]:
             slot, value = _class_precisions(cols[j], v, n)
             precision[:, j].scatter_(-1, slot, value)
     total = precision.sum(-1)  # (L, c)

@@ -152,13 +152,9 @@ def loss_package(loss: str) -> dict[str, str] | None:
     try:
         from probe.losses import get_loss_class
 
-        top = get_loss_class(loss).__module__.split(".")[0]
-    except Exception:  # an unknown or broken loss: the record says nothing rather than fail
-        return None
-    try:
-        name = _packages()[top][0]
+        name = _packages()[get_loss_class(loss).__module__.split(".")[0]][0]
         return {"name": name, "version": md.version(name)}
-    except (KeyError, IndexError, md.PackageNotFoundError):
+    except Exception:  # an unknown or broken loss, no distribution: the record says nothing
         return None
 
 

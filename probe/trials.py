@@ -208,14 +208,10 @@ def _normalise_trials(hparams: dict | Sequence[dict] | None, config: ProbeConfig
                       ) -> tuple[list[int], list[dict[str, Any]], list[float], list[float]]:
     """``(seeds, loss hparams, lr, weight decay)`` per trial: one trial repeats over several
     seeds, one seed covers every trial; per-trial ``lr`` / ``weight_decay`` are taken out."""
-    if hparams is None:
-        trials = [{}]
-    elif isinstance(hparams, dict):
-        trials = [dict(hparams)]
-    else:
-        trials = [dict(h) for h in hparams]
-        if not trials:
-            raise ProbeConfigError("hparams is an empty list: give at least one trial")
+    trials = [{}] if hparams is None else [
+        dict(h) for h in ([hparams] if isinstance(hparams, dict) else hparams)]
+    if not trials:
+        raise ProbeConfigError("hparams is an empty list: give at least one trial")
     seeds = list(config.seeds) if config.seeds is not None else [config.seed]
     if len(trials) == 1 and len(seeds) > 1:
         trials = trials * len(seeds)
