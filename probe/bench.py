@@ -179,8 +179,7 @@ def plain_loop(data: ProbeData, loss_name: str = "gr", hparams: dict[str, Any] |
                                              torch.arange(n).repeat(2)[:rows])
     torch.manual_seed(seed)
     head = nn.Linear(data.feature_dim, data.n_classes).to(data.device)
-    loss = create_loss(loss_name, **(hparams or {}))
-    loss.to(data.device)
+    loss = create_loss(loss_name, **(hparams or {})).to(data.device)
     loss.setup(data.train_observed, n_epochs=epochs)
     loss.manual_seed([seed])
     groups = [{"params": list(head.parameters())}]
@@ -274,12 +273,10 @@ def papers_loop(data: ProbeData, loss_name: str = "gr", *, seed: int = 0, lr: fl
             opt.step()
         t1 = time.perf_counter()
         head.eval()
-        row = {}
         with torch.no_grad():
-            for k, loader in eval_loaders.items():
-                scores = np.concatenate([torch.sigmoid(head(xb)).numpy() for xb, _, _ in loader])
-                row[k] = _papers_map(scores, splits[k][1])
-        maps.append(row)
+            maps.append({k: _papers_map(np.concatenate([torch.sigmoid(head(xb)).numpy()
+                                                        for xb, _, _ in loader]), splits[k][1])
+                         for k, loader in eval_loaders.items()})
         train_s.append(t1 - t0)
         epoch_s.append(time.perf_counter() - t0)
     return {"train_seconds": train_s, "epoch_seconds": epoch_s, "maps": maps}

@@ -152,8 +152,7 @@ def _trials_from_args(args: argparse.Namespace) -> tuple[list[dict], tuple[int, 
     seeds = parse_ints(args.trials_seeds, "--trials-seeds")
     if seeds is None:
         return grid, None
-    trials = [dict(g) for g in grid for _ in seeds]
-    return trials, tuple(s for _ in grid for s in seeds)
+    return [dict(g) for g in grid for _ in seeds], tuple(s for _ in grid for s in seeds)
 
 
 def _print_result(result, stacked_keys: list[str]) -> None:

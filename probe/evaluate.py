@@ -142,9 +142,8 @@ class Evaluator:
             self.best_val[t] = out["val_map"][t]
             result = self.results[t]
             result.best_epoch = epoch
-            result.best = {k: v[t] for k, v in out.items()}
-            for split, ap in best_ap.items():  # per-class AP in percent, the scale of mAP
-                result.best[f"{split}_ap"] = (100.0 * ap[j]).tolist()
+            result.best = {**{k: v[t] for k, v in out.items()},  # per-class AP in percent too
+                           **{f"{s}_ap": (100.0 * ap[j]).tolist() for s, ap in best_ap.items()}}
 
     def finish(self) -> None:
         """Test metrics of every trial's best head, once (with ``test_curve`` they were measured
@@ -169,10 +168,9 @@ class Evaluator:
             hook = self._bootstrap_hook(boots, bar.update) if self.n_resamples else None
             out, aps = self.measure(heads, idx, ("test",), hook)
         ap = aps["test"].cpu()
-        for j, t in enumerate(idx):
-            best = self.results[t].best
-            best.update({k: v[t] for k, v in out.items()})
-            best["test_ap"] = (100.0 * ap[j]).tolist()  # percent, the scale of mAP
+        for j, t in enumerate(idx):  # per-class AP in percent, the scale of mAP
+            self.results[t].best.update({k: v[t] for k, v in out.items()},
+                                        test_ap=(100.0 * ap[j]).tolist())
         self.intervals.update(zip(idx, [iv for boot in boots for iv in boot.intervals]))
 
     def _bootstrap_hook(self, boots: list[Any], done: Callable[[int], None]
