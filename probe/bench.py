@@ -538,8 +538,7 @@ def _row(name: str, method: str, t: int, secs: list[float], mem: _PeakMemory, st
 def format_report(report: dict[str, Any]) -> str:
     """The report as a text table (what ``spml bench probe`` prints before the JSON)."""
     env, store = report["environment"], report["store"]
-    m = report.get("machine", {})
-    before, after = m.get("before", {}), m.get("after", {})
+    before, after = (report.get("machine", {}).get(k, {}) for k in ("before", "after"))
     lines = [
         f"probe bench on {env['device']} ({before.get('cpu', env['device_name'])}, "
         f"{before.get('cpus', '?')} CPUs, {env['threads']} torch threads), torch {env['torch']}",

@@ -23,10 +23,7 @@ def best_is_last(val_curve: Sequence[float | None]) -> bool:
     counting as the best (as selection does). Fewer than two evaluated epochs: False."""
     finite = [(i, float(v)) for i, v in enumerate(val_curve)
               if v is not None and math.isfinite(float(v))]
-    if len(finite) < 2:
-        return False
-    best_i = max(finite, key=lambda p: (p[1], -p[0]))[0]
-    return best_i == finite[-1][0]
+    return len(finite) >= 2 and max(finite, key=lambda p: (p[1], -p[0])) == finite[-1]
 
 
 def count_best_is_last(curves: Sequence[Sequence[float | None]]) -> int:

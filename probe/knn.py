@@ -95,14 +95,13 @@ def run_knn(data: ProbeData, config: ProbeConfig | None = None,
     trials = [{}] if hparams is None else ([hparams] if isinstance(hparams, dict)
                                            else [dict(h) for h in hparams])
     values = [check_hparams(KNN_HPARAMS, t, "knn") for t in trials]
-    n = data.n_train
-    k_max = max(v["k"] for v in values)
-    train = data.train_x[:n, :-1]  # unflipped train features, without the bias column
+    train = data.train_x[: data.n_train, :-1]  # unflipped train features, no bias column
     targets = (data.train_labels if config.labels == "full" else data.train_observed) == 1
     val_targets = (data.val_labels.bool() if config.val_labels == "clean"
                    else data.val_observed == 1)
     splits = {"val": (data.val_x[:, :-1], val_targets),
               "test": (data.test_x[:, :-1], data.test_labels.bool())}
+    k_max = max(v["k"] for v in values)  # one search serves every trial's k
     searches = {name: nearest_neighbours(train, x, k_max, backend)
                 for name, (x, _) in splits.items()}
     used = "faiss" if backend != "torch" and _faiss() is not None else "torch"
