@@ -151,11 +151,9 @@ def synthetic_store(n_train: int = COCO_TRAIN_ROWS, dim: int = 2048, n_classes: 
         flips[r0 : r0 + 8192] = np.maximum(base + noise, 0)
     ids = [f"syn{i:07d}" for i in range(n)]
     index = DatasetIndex(
-        name="coco-synthetic",
-        class_names=tuple(f"class_{c:02d}" for c in range(n_classes)),
+        name="coco-synthetic", class_names=tuple(f"class_{c:02d}" for c in range(n_classes)),
         pool=Phase(tuple(ids[:n_pool]), tuple(Path(i) for i in ids[:n_pool]), labels[:n_pool]),
-        test=Phase(tuple(ids[n_pool:]), tuple(Path(i) for i in ids[n_pool:]), labels[n_pool:]),
-    )
+        test=Phase(tuple(ids[n_pool:]), tuple(Path(i) for i in ids[n_pool:]), labels[n_pool:]))
     provenance = {"backbone": "none (synthetic features)", "weights": "none", "transform": "none",
                   "source": f"probe.bench.synthetic_store v{SYNTHETIC_VERSION} seed {seed}"}
     root.mkdir(parents=True, exist_ok=True)
@@ -524,15 +522,13 @@ def _papers_job(cfg: BenchConfig, path: str) -> dict[str, Any]:
 def _row(name: str, method: str, t: int, secs: list[float], mem: _PeakMemory, steps: int,
          **extra: Any) -> dict[str, Any]:
     """A report row of one run of ``t`` trials (``extra``: its own fields)."""
-    return {
-        "name": name, "method": method, "trials": t,
-        "sec_per_epoch_median": statistics.median(secs),
-        "sec_per_epoch_per_trial": statistics.median(secs) / t,
-        "epoch_seconds": secs, "eval_seconds_val": None, "eval_seconds_test_once": None,
-        **extra, "steps_per_epoch": steps,
-        "peak_memory_bytes": mem.peak, "memory_at_start_bytes": mem.start,
-        "memory_kind": mem.kind,
-    }
+    return {"name": name, "method": method, "trials": t,
+            "sec_per_epoch_median": statistics.median(secs),
+            "sec_per_epoch_per_trial": statistics.median(secs) / t,
+            "epoch_seconds": secs, "eval_seconds_val": None, "eval_seconds_test_once": None,
+            **extra, "steps_per_epoch": steps,
+            "peak_memory_bytes": mem.peak, "memory_at_start_bytes": mem.start,
+            "memory_kind": mem.kind}
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -555,8 +551,7 @@ def format_report(report: dict[str, Any]) -> str:
            else "rows timed one after the other in one process (--in-process)"),
         "",
         f"{'configuration (s/epoch: training)':<72} {'s/epoch':>9} {'s/epoch/trial':>14} "
-        f"{'val s':>7} {'test s':>7} {'peak MiB':>9} {'+MiB':>7}",
-    ]
+        f"{'val s':>7} {'test s':>7} {'peak MiB':>9} {'+MiB':>7}"]
     for r in report["rows"]:  # +MiB: peak minus what was in use when the run began
         val = "-" if r["eval_seconds_val"] is None else f"{r['eval_seconds_val']:.2f}"
         test = "-" if r["eval_seconds_test_once"] is None else f"{r['eval_seconds_test_once']:.2f}"
@@ -564,8 +559,7 @@ def format_report(report: dict[str, Any]) -> str:
             f"{r['name']:<72} {r['sec_per_epoch_median']:>9.3f} "
             f"{r['sec_per_epoch_per_trial']:>14.4f} {val:>7} {test:>7} "
             f"{r['peak_memory_bytes'] / 2**20:>9.0f} "
-            f"{(r['peak_memory_bytes'] - r['memory_at_start_bytes']) / 2**20:>7.0f}"
-        )
+            f"{(r['peak_memory_bytes'] - r['memory_at_start_bytes']) / 2**20:>7.0f}")
     if report["ratios"]:
         lines.append("")
         lines += [f"{k}: {v:.2f}" for k, v in report["ratios"].items()]

@@ -68,9 +68,8 @@ def _with_bias_column(x: np.ndarray | Tensor, dtype: torch.dtype | None) -> Tens
     return torch.cat([t, torch.ones(t.shape[0], 1, dtype=t.dtype)], dim=1)
 
 
-def _store_splits_with_bias(
-    store: Any, rows: dict[str, np.ndarray], dtype: torch.dtype | None, flip: bool
-) -> tuple[Tensor, Tensor, Tensor]:
+def _store_splits_with_bias(store: Any, rows: dict[str, np.ndarray], dtype: torch.dtype | None,
+                            flip: bool) -> tuple[Tensor, Tensor, Tensor]:
     """(train, val, test) features as (N, D+1) tensors with a trailing column of ones; with
     ``flip`` the train tensor holds the train rows, then their flipped features. In the store's
     dtype the chunks are read straight into the tensors, each chunk once (probe.store.chunks);

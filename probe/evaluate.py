@@ -175,9 +175,8 @@ class Evaluator:
 
     def _bootstrap_hook(self, boots: list[Any], done: Callable[[int], None]
                         ) -> Callable[[Tensor, Tensor], None]:
-        """A hook for :func:`evaluate_heads` that bootstraps each block of test logits, with
-        its per-class AP as the observed value, into ``boots`` (one draw of the resamples),
-        then reports the block's heads to ``done``."""
+        """:func:`evaluate_heads`' hook: each block of test logits bootstrapped (its per-class
+        AP the observed value; one draw of the resamples) into ``boots``, its heads ``done``."""
         x, y = self.splits["test"]
         with self._timing_intervals():
             counts = bootstrap_counts(x.shape[0], self.n_resamples, device=x.device)

@@ -200,8 +200,7 @@ def weighted_column_ap(scores: Tensor, targets: Tensor, counts: Tensor,
 
 
 def _tile_width(n: int, n_res: int, itemsize: int, device: torch.device) -> int:
-    """Resamples per tile: about :data:`TILE_BYTES` of counts, a multiple of
-    :data:`TILE_STEP` resamples, on the CPU; all of them at once on a GPU (no cache to fit)."""
+    """Resamples per tile (all of them on a GPU: no cache to fit)."""
     if device.type != "cpu":
         return n_res
     fit = TILE_BYTES // (itemsize * max(n, 1))

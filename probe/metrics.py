@@ -250,9 +250,8 @@ class MetricAccumulator:
         """Rows collected so far."""
         return sum(t.shape[0] for t in self._targets)
 
-    def update(
-        self, targets: Tensor, *, logits: Tensor | None = None, probs: Tensor | None = None
-    ) -> None:
+    def update(self, targets: Tensor, *, logits: Tensor | None = None,
+               probs: Tensor | None = None) -> None:
         """Add one batch: ``targets`` ``(B, C)``, scores ``(B, C)`` or ``(T, B, C)``."""
         scores, name = _pick_scores(logits, probs)
         _check_target_meta(targets, scores, name)

@@ -125,8 +125,7 @@ def cpu_model() -> str:
 
 @functools.cache
 def _machine() -> str:
-    """What a thread choice depends on besides the step: host, CPU, cores, torch (read once
-    per process)."""
+    """What a thread choice depends on besides the step (read once per process)."""
     import torch
 
     return f"{platform.node()}|{cpu_model()}|{os.cpu_count()}|torch {torch.__version__}"
