@@ -19,6 +19,7 @@ from .cliargs import (
     parse_sets,
     wrap,
 )
+from .convergence import ADVICE, best_is_last
 
 
 def _losses_list(args: argparse.Namespace) -> int:
@@ -171,8 +172,6 @@ def _print_result(result, stacked_keys: list[str]) -> None:
                      *(f"{b[k]:.2f}" if k in b else "-" for k in ("test_OF1", "test_CF1"))])
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
     print("  ".join(c.rjust(w) for c, w in zip(cols, widths)))
-    from .convergence import ADVICE, best_is_last
-
     at_last = [tr.stopped_at is None and best_is_last([e.get("val_map") for e in tr.epochs])
                for tr in result.trials]
     for r, tr, last in zip(rows, result.trials, at_last):

@@ -7,6 +7,7 @@ Pure argparse and the standard library: building the ``spml`` parser imports no 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import sys
 import textwrap
@@ -112,10 +113,8 @@ def parse_value(text: str) -> object:
     if low in ("none", "null"):
         return None
     for conv in (int, float):
-        try:
+        with contextlib.suppress(ValueError):
             return conv(text)
-        except ValueError:
-            pass
     return text.strip()
 
 

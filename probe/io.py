@@ -22,13 +22,11 @@ __all__ = ["atomic_write", "atomic_write_text", "check_writable", "current_umask
 def current_umask() -> int:
     """The process's umask, read without changing it where the system allows (Linux
     ``/proc/self/status``); elsewhere set and restored at once."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
+    with (contextlib.suppress(OSError, ValueError, IndexError),
+          open("/proc/self/status", encoding="ascii") as fh):
+        for line in fh:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
     mask = os.umask(0o022)
     os.umask(mask)
     return mask

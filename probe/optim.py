@@ -195,8 +195,7 @@ class StackedAdam(StackedOptimizer):
             raise OptimizerConfigError(f"betas must lie in [0, 1); got {betas!r}")
         if not (eps >= 0.0 and math.isfinite(eps)):
             raise OptimizerConfigError(f"eps must be a finite number >= 0; got {eps!r}")
-        self.betas = (b1, b2)
-        self.eps = float(eps)
+        self.betas, self.eps = (b1, b2), float(eps)
         self.exp_avg = [torch.zeros_like(p.param) for p in self.params]
         self.exp_avg_sq = [torch.zeros_like(p.param) for p in self.params]
         self._denom = [torch.empty_like(p.param) for p in self.params]

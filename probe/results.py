@@ -301,8 +301,7 @@ def environment_info(device: torch.device) -> dict[str, Any]:
            "platform": platform.platform(), "device": str(device),
            "threads": torch.get_num_threads()}
     if device.type == "cuda":
-        env["device_name"] = torch.cuda.get_device_name(device)
-        env["cuda"] = torch.version.cuda
+        env.update(device_name=torch.cuda.get_device_name(device), cuda=torch.version.cuda)
     else:
         env["device_name"] = platform.processor() or platform.machine()
     return env
