@@ -530,8 +530,8 @@ class StackedTrainer:
 class BlockedTrainer:
     """The stacked trials as blocks (:func:`trial_blocks`), one :class:`StackedTrainer` each,
     every block trained through the whole epoch before the next (docs/design.md "Trial blocks
-    on the CPU"). Same interface as :class:`StackedTrainer`, over the run's trial ids. The step
-    threads are chosen once, for the largest block, and shared by all blocks."""
+    on the CPU"). It offers what train_probe uses of :class:`StackedTrainer`, over the run's
+    trial ids. The step threads are chosen once, for the largest block, and shared by all."""
 
     def __init__(self, data: ProbeData, config: ProbeConfig, plan: TrialPlan,
                  blocks: list[range], speed: SpeedOptions | None = None) -> None:
