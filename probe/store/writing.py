@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from probe.store.chunks import FEATURE_ARRAYS, checksum_codecs, group_damage
+from probe.store.chunks import FEATURE_ARRAYS, checksum_codecs, group_damage, small_array
 from probe.store.errors import StoreError
 from probe.store.index import DatasetIndex
 from probe.store.layout import (
@@ -84,32 +84,25 @@ def _write_row_arrays(
     def want(name: str) -> bool:
         return only is None or name in only
 
-    def put(parent: zarr.Group, name: str, data: np.ndarray) -> None:
-        parent.create_array(name, data=data, compressors=checksum_codecs(compress=True),
-                            config=EVERY_CHUNK, overwrite=True)
-
     if want("labels"):
-        put(group, "labels", np.concatenate([labels_pool, labels_test]))
+        small_array(group, "labels", np.concatenate([labels_pool, labels_test]))
     if want("split"):
         train, val = split_pool(n_pool)
         split = np.full(n_rows, SPLIT_CODES["test"], dtype=np.int8)
         split[train] = SPLIT_CODES["train"]
         split[val] = SPLIT_CODES["val"]
-        put(group, "split", split)
+        small_array(group, "split", split)
     if want("image_ids"):
-        ids = np.asarray([*index.pool.image_ids, *index.test.image_ids], dtype=str)
-        group.create_array(
-            "image_ids", shape=(n_rows,), dtype=str, compressors=checksum_codecs(compress=True),
-            config=EVERY_CHUNK, overwrite=True,
-        )[:] = ids
+        small_array(group, "image_ids", None, shape=(n_rows,), dtype=str)[:] = np.asarray(
+            [*index.pool.image_ids, *index.test.image_ids], dtype=str)
     if only is None:  # a dataset's boxes: the label-bias draws' weights (probe.store.bias)
         from probe.store.bias import write_bias_weights
         write_bias_weights(group, index.pool, index.test)
     observed = group.require_group("observed")
     for seed in seeds:
         if want(f"observed/{seed}"):
-            put(observed, str(seed), phase_observed(labels_pool, labels_test, seed,
-                                                    (budgets or {}).get(str(seed))))
+            small_array(observed, str(seed), phase_observed(labels_pool, labels_test, seed,
+                                                            (budgets or {}).get(str(seed))))
 
 
 def create_store(
