@@ -16,7 +16,7 @@ from torch import Tensor
 
 from ._base import HParam, register
 from ._hparams import LossInputError, LossOutput, check_call, hp, mean_bc, per_trial, promote
-from .assume_negative import EXPECTED_POSITIVES, K_SPEC, expected_k
+from .assume_negative import EXPECTED_POSITIVES, K_SPEC, epr_penalty, expected_k
 from .gr_loss import GR, GR_SPECS, Q_TINY, gauss_coef, gr_core
 from .prior import PriorMixin, check_scores, rank_desc, rank_dtype, value_with_grad
 
@@ -186,11 +186,6 @@ def _gpr_value_grad(z: Tensor, y: Tensor, pos: Tensor, neg: Tensor | None, sched
     return value, grad / (bsz * c) + (2.0 / (c * c * bsz)) * h["reg"] * gap * pq
 
 
-def _expected_positives(z: Tensor, k, reg) -> Tensor:
-    count = torch.sigmoid(z).sum(-1).mean(-1)  # (T,) or ()
-    return per_trial(reg) * (count - per_trial(k)).square() / z.shape[-1] ** 2
-
-
 def gpr(logits: Tensor, observed: Tensor, scores: Tensor, *, w: float | Tensor = 10.0,
         b: float | Tensor = -8.0, mu: float | Tensor = 0.8, sigma: float | Tensor = 0.5,
         q1: float = 0.0, q2: float | Tensor = 0.01, q3: float | Tensor = 1.0,
@@ -218,7 +213,7 @@ def gpr(logits: Tensor, observed: Tensor, scores: Tensor, *, w: float | Tensor =
                                  values["neg_ratio"], released)
     out = _gpr_entries(z, y, parts, pos, neg if pseudo_negatives and not released else None,
                        h["lam1"], h["lam2"], h["rho"], released)
-    return mean_bc(out) + _expected_positives(z, h["k"], h["reg"])
+    return mean_bc(out) + per_trial(h["reg"]) * epr_penalty(torch.sigmoid(z), h["k"])
 
 
 def _aevlp(beta: tuple, q2q3: tuple, lam: tuple, reg: float, eta: float, threshold: float,

@@ -170,10 +170,7 @@ class _LargeLoss(Loss):
         loss, changed = _ll_core(z, y, self.hparam("delta_rel"), self.epoch + 1, self._mode)
         if self.stateful:  # ... and this step's corrections join them for good
             flips = self.state("flipped")
-            if z.ndim == 3:
-                flips[:, index] |= changed
-            else:
-                flips[0, index] |= changed
+            (flips if z.ndim == 3 else flips[0])[..., index, :] |= changed
         return LossOutput(loss, {"n_changed": changed.sum(dim=(-2, -1)).to(z.dtype)})
 
 
