@@ -80,11 +80,8 @@ class Loss(nn.Module):
     def __repr__(self) -> str:
         """``GR(w_T=..., b_T=..., ..., preset='coco')``: every hyperparameter's value (a
         per-trial one as its list) and the paper preset it started from, if any."""
-        def shown(value: Any) -> str:
-            return repr(value.tolist() if isinstance(value, Tensor) else value)
-
-        parts = [f"{s.name}={shown(self.hparam(s.name))}" for s in self.hparam_specs
-                 if s.name in self._static or s.name in self._hp_names]
+        values = self.hparams_dict()
+        parts = [f"{s.name}={values[s.name]!r}" for s in self.hparam_specs if s.name in values]
         preset = getattr(self, "preset", None)
         if preset is not None:
             parts.append(f"preset={preset!r}")
@@ -109,8 +106,6 @@ class Loss(nn.Module):
         self._keep(name, value)
 
     def _keep(self, name: str, value: Any) -> None:
-        """Hold a checked value: a tensor as the buffer ``hp_<name>`` (updated in place), a
-        number in ``_static``."""
         if isinstance(value, Tensor):
             self._static.pop(name, None)
             if name in self._hp_names:
@@ -514,14 +509,10 @@ def create_loss(name: str, preset: str | None = None, **hparams: Any) -> Loss:
     """Build a registered loss. ``preset`` (e.g. ``"coco"``) starts from the paper's values for
     that dataset; explicit ``hparams`` override them."""
     cls = get_loss_class(name)
-    values: dict[str, Any] = {}
-    if preset is not None:
-        if preset not in cls.presets:
-            raise LossInputError(
-                f"{name}: no paper preset for dataset '{preset}' (presets: "
-                f"{', '.join(sorted(cls.presets)) or 'none'})")
-        values.update(cls.presets[preset])
-    values.update(hparams)
-    loss = cls(**values)
+    if preset is not None and preset not in cls.presets:
+        raise LossInputError(
+            f"{name}: no paper preset for dataset '{preset}' (presets: "
+            f"{', '.join(sorted(cls.presets)) or 'none'})")
+    loss = cls(**{**(cls.presets[preset] if preset is not None else {}), **hparams})
     loss.preset = preset  # shown by its repr
     return loss

@@ -171,14 +171,14 @@ def _gpr_value_grad(z: Tensor, y: Tensor, pos: Tensor, neg: Tensor | None, sched
     else:
         v = torch.ones_like(p)
     weight = torch.clamp(1 - v, max=h["lam1"]).clamp_(min=h["lam2"])
-    rho = h["rho"]
-    out = torch.where(pos, weight * (rho * lp + (1 - rho) * ln), v * rest)
-    grad = torch.where(pos, weight * (rho * dlp + (1 - rho) * dln), v * rest_g)
-    if neg is not None:
-        out, grad = torch.where(neg, v * ln, out), torch.where(neg, v * dln, grad)
-    positive, negative = y > 0, y < 0
-    out = torch.where(positive, l1, torch.where(negative, l3, out))
-    grad = torch.where(positive, g1, torch.where(negative, g3, grad))
+
+    def pick(lp: Tensor, ln: Tensor, rest: Tensor, l1: Tensor, l3: Tensor) -> Tensor:
+        # linear in its terms: the same choice among their derivatives is the gradient
+        out = torch.where(pos, weight * (h["rho"] * lp + (1 - h["rho"]) * ln), v * rest)
+        out = out if neg is None else torch.where(neg, v * ln, out)
+        return torch.where(y > 0, l1, torch.where(y < 0, l3, out))
+
+    out, grad = pick(lp, ln, rest, l1, l3), pick(dlp, dln, rest_g, g1, g3)
     bsz, c = z.shape[-2:]
     count = p.sum(-1, keepdim=True).mean(-2, keepdim=True)  # (…, 1, 1): m
     gap = count - h["k"]

@@ -83,10 +83,9 @@ def give_prior(loss: Loss, observed: torch.Tensor) -> None:
     scores = torch.softmax(torch.randn(observed.shape, generator=g) * 2, -1)
     spread = torch.rand(observed.shape, generator=g) * 0.2
     tiles = {"tile_max": scores + spread, "tile_min": scores * 0.5, "tile_mean": scores * 0.8}
-    extras = {}
-    for key in (*getattr(cls, "prior_extras", ()), *getattr(cls, "prior_optional", ())):
-        extras[key] = tiles[key] if key in tiles else torch.rand(observed.shape, generator=g)
-    loss.set_prior(scores, extras)
+    keys = (*getattr(cls, "prior_extras", ()), *getattr(cls, "prior_optional", ()))
+    loss.set_prior(scores, {k: tiles[k] if k in tiles else torch.rand(observed.shape, generator=g)
+                            for k in keys})
 
 
 def drive(loss: Loss, logits_seq: Sequence[torch.Tensor], observed: torch.Tensor,
