@@ -292,11 +292,9 @@ parts: k_hat, v, l1, l2, l3 per entry (…, B, C), detached (see GRParts)."""
         self._refresh_schedule()
         if self.hparam("learn_kv"):
             t = self.n_trials or 1
-            for n in _KV:
-                start = self.hparam(f"{n}_0")
-                dtype = start.dtype if isinstance(start, Tensor) else torch.get_default_dtype()
-                init = torch.as_tensor(start, dtype=dtype).expand(t).clone()
-                self.register_parameter(f"kv_{n}", nn.Parameter(init))
+            for n in _KV:  # a number: the default dtype; a tensor: its own
+                start = torch.as_tensor(self.hparam(f"{n}_0"))
+                self.register_parameter(f"kv_{n}", nn.Parameter(start.expand(t).clone()))
 
     def start_epoch(self, epoch: int) -> None:
         super().start_epoch(epoch)

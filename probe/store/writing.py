@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from probe.store.chunks import FEATURE_ARRAYS, checksum_codecs, group_damage, small_array
+from probe.store.chunks import FEATURE_ARRAYS, checksum_codecs, group_damage
 from probe.store.errors import StoreError
 from probe.store.index import DatasetIndex
 from probe.store.layout import (
@@ -84,16 +84,21 @@ def _write_row_arrays(
     def want(name: str) -> bool:
         return only is None or name in only
 
+    def put(parent: zarr.Group, name: str, data: np.ndarray | None, **kwargs: Any) -> Any:
+        # chunks.small_array, with the codecs and config a test replaces to write an old store
+        return parent.create_array(name, data=data, compressors=checksum_codecs(compress=True),
+                                   config=EVERY_CHUNK, overwrite=True, **kwargs)
+
     if want("labels"):
-        small_array(group, "labels", np.concatenate([labels_pool, labels_test]))
+        put(group, "labels", np.concatenate([labels_pool, labels_test]))
     if want("split"):
         train, val = split_pool(n_pool)
         split = np.full(n_rows, SPLIT_CODES["test"], dtype=np.int8)
         split[train] = SPLIT_CODES["train"]
         split[val] = SPLIT_CODES["val"]
-        small_array(group, "split", split)
+        put(group, "split", split)
     if want("image_ids"):
-        small_array(group, "image_ids", None, shape=(n_rows,), dtype=str)[:] = np.asarray(
+        put(group, "image_ids", None, shape=(n_rows,), dtype=str)[:] = np.asarray(
             [*index.pool.image_ids, *index.test.image_ids], dtype=str)
     if only is None:  # a dataset's boxes: the label-bias draws' weights (probe.store.bias)
         from probe.store.bias import write_bias_weights
@@ -101,8 +106,8 @@ def _write_row_arrays(
     observed = group.require_group("observed")
     for seed in seeds:
         if want(f"observed/{seed}"):
-            small_array(observed, str(seed), phase_observed(labels_pool, labels_test, seed,
-                                                            (budgets or {}).get(str(seed))))
+            put(observed, str(seed), phase_observed(labels_pool, labels_test, seed,
+                                                    (budgets or {}).get(str(seed))))
 
 
 def create_store(
@@ -149,8 +154,15 @@ def create_store(
         group.create_array("blocks_done", shape=(math.ceil(n_rows / int(block_rows)),),
                            chunks=(1,), dtype=bool, fill_value=False, config=EVERY_CHUNK,
                            compressors=checksum_codecs(compress=False))
-        group.attrs.update(_store_attrs(index, feature_dim, with_flip, dtype, block_rows,
-                                        seeds, prov, dict(extra_attrs or {})))
+        unlabeled = {name: int((np.asarray(phase.labels, dtype=np.uint8).sum(1) == 0).sum())
+                     for name, phase in (("pool", index.pool), ("test", index.test))}
+        group.attrs.update({  # schema_version last of all: a store without it is unfinished
+            **(extra_attrs or {}), "dataset": index.name, "class_names": list(index.class_names),
+            "n_pool": len(index.pool), "n_test": len(index.test), "n_unlabeled": unlabeled,
+            "n_classes": index.pool.labels.shape[1], "feature_dim": int(feature_dim),
+            "has_flip": bool(with_flip), "dtype": dtype, "block_rows": int(block_rows),
+            "observed_seeds": sorted(seeds), "split_seed": PROTOCOL_SEED, "provenance": prov,
+            "complete": False, "schema_version": SCHEMA_VERSION})
     except OSError as err:  # disk full, file-size limit: nothing reaches `path`
         shutil.rmtree(staging, ignore_errors=True)
         raise StoreError(
@@ -217,22 +229,6 @@ def _clear_output(path: Path, overwrite: bool) -> None:
             f"{path} exists and is not a Zarr store; refusing to delete it even with "
             f"--overwrite -- choose another output path"
         )
-
-
-def _store_attrs(index: DatasetIndex, feature_dim: int, with_flip: bool, dtype: str,
-                 block_rows: int, seeds: list[int], prov: dict, extra: dict) -> dict:
-    """The group's attributes; ``schema_version`` is written with them, after every array: a
-    store without it was interrupted while being created."""
-    unlabeled = {name: int((np.asarray(phase.labels, dtype=np.uint8).sum(1) == 0).sum())
-                 for name, phase in (("pool", index.pool), ("test", index.test))}
-    return {
-        **extra, "dataset": index.name, "class_names": list(index.class_names),
-        "n_pool": len(index.pool), "n_test": len(index.test), "n_unlabeled": unlabeled,
-        "n_classes": index.pool.labels.shape[1], "feature_dim": int(feature_dim),
-        "has_flip": bool(with_flip), "dtype": dtype, "block_rows": int(block_rows),
-        "observed_seeds": sorted(seeds), "split_seed": PROTOCOL_SEED, "provenance": prov,
-        "complete": False, "schema_version": SCHEMA_VERSION,
-    }
 
 
 @contextlib.contextmanager
