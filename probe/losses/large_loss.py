@@ -125,8 +125,7 @@ def ll_r(
 ) -> Tensor:
     """LL-R (Kim et al. CVPR 2022, Sec. 3.2, rejection): AN loss with the ⌈B·C·(e−1)·Δ⌉
     largest-loss unobserved entries of the batch set to 0. ``epoch`` (required) is 1-indexed."""
-    z, y, delta, epoch = _checked(logits, observed, delta_rel, epoch, "ll_r")
-    return _ll_core(z, y, delta, epoch, "ll_r")[0]
+    return _ll_core(*_checked(logits, observed, delta_rel, epoch, "ll_r"), "ll_r")[0]
 
 
 def ll_ct(
@@ -135,8 +134,7 @@ def ll_ct(
     """LL-Ct (Kim et al. CVPR 2022, Sec. 3.2, temporary correction): AN loss with the
     ⌈B·C·(e−1)·Δ⌉ largest-loss unobserved entries given −log p instead. ``epoch`` (required)
     is 1-indexed."""
-    z, y, delta, epoch = _checked(logits, observed, delta_rel, epoch, "ll_ct")
-    return _ll_core(z, y, delta, epoch, "ll_ct")[0]
+    return _ll_core(*_checked(logits, observed, delta_rel, epoch, "ll_ct"), "ll_ct")[0]
 
 
 def ll_cp(logits: Tensor, observed: Tensor, flipped: Tensor, delta_rel: float | Tensor = 0.003,

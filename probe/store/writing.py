@@ -317,15 +317,11 @@ class StoreWriter:
         """Check shapes/dtype, write the block's rows, then mark it done (in that order)."""
         sl = self.block_slice(block)
         feats = self._checked("features", block, sl, features)
-        if self.with_flip and features_flip is None:
-            raise StoreError(
-                f"write_block({block}): this store keeps flipped features; pass features_flip"
-            )
-        if not self.with_flip and features_flip is not None:
-            raise StoreError(
-                f"write_block({block}): this store was created without flipped features "
-                "(with_flip=False) but features_flip was given"
-            )
+        if self.with_flip != (features_flip is not None):
+            raise StoreError(f"write_block({block}): " + (
+                "this store keeps flipped features; pass features_flip" if self.with_flip else
+                "this store was created without flipped features (with_flip=False) but "
+                "features_flip was given"))
         flip = None if features_flip is None else self._checked("features_flip", block, sl,
                                                                  features_flip)
         with _writing(self.path, f"block {block} (rows {sl.start}:{sl.stop})"):
