@@ -19,7 +19,7 @@ from ._hparams import (
     LossContractError,
     LossInputError,
     LossOutput,
-    check_hparam,
+    check_hparam,  # noqa: F401 (probe.config and studies.space import it from here)
     check_hparams,
     close_matches,  # one rule for "did you mean", names and hyperparameters
     hp,
@@ -95,10 +95,7 @@ class Loss(nn.Module):
 
     def set_hparam(self, name: str, value: Any) -> None:
         """Set a hyperparameter after construction (e.g. the trainer filling EPR's k), validated."""
-        spec = {s.name: s for s in self.hparam_specs}.get(name)
-        if spec is None:
-            check_hparams(self.hparam_specs, {name: value}, self.name)  # raises with a hint
-        value = check_hparam(spec, value, self.name)
+        value = check_hparams(self.hparam_specs, {name: value}, self.name)[name]  # unknown: a hint
         if isinstance(value, Tensor) and value.ndim == 1 and self.n_trials not in (
                 None, value.shape[0]):
             raise LossInputError(f"{self.name}: hyperparameter '{name}' must have shape "

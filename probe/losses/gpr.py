@@ -166,10 +166,7 @@ def _gpr_value_grad(z: Tensor, y: Tensor, pos: Tensor, neg: Tensor | None, sched
         rest, rest_g = torch.lerp(l3, l2, k_hat), torch.lerp(g3, g2, k_hat)
     else:
         rest, rest_g = l3, g3
-    if use_v:
-        v = (p - mu).square_().mul_(gauss_coef(sigma)).exp_()
-    else:
-        v = torch.ones_like(p)
+    v = (p - mu).square_().mul_(gauss_coef(sigma)).exp_() if use_v else torch.ones_like(p)
     weight = torch.clamp(1 - v, max=h["lam1"]).clamp_(min=h["lam2"])
 
     def pick(lp: Tensor, ln: Tensor, rest: Tensor, l1: Tensor, l3: Tensor) -> Tensor:

@@ -111,14 +111,10 @@ def gr_core(z: Tensor, y: Tensor, w, b, mu, sigma, q1, q2, q3, use_k: bool, use_
     on y=1 and v·lerp(L3, L2, k̂) = v·[k̂·L2 + (1−k̂)·L3] everywhere else."""
     p = torch.sigmoid(z.detach())  # sg(p): k̂ and v calibrate the output, no gradient through p
     unobs, positive = y == 0, y > 0
-    if use_k:
-        k_hat = torch.where(unobs, torch.sigmoid(p * w + b), positive)
-    else:
-        k_hat = positive.to(z.dtype).expand_as(p)
-    if use_v:
-        v = torch.where(unobs, torch.exp((p - mu).square() * gauss_coef(sigma)), 1.0)
-    else:
-        v = torch.ones_like(p)
+    k_hat = (torch.where(unobs, torch.sigmoid(p * w + b), positive) if use_k
+             else positive.to(z.dtype).expand_as(p))
+    v = (torch.where(unobs, torch.exp((p - mu).square() * gauss_coef(sigma)), 1.0) if use_v
+         else torch.ones_like(p))
     l1 = _gce_logits(z, q1, negative=False)
     same_q = not isinstance(q1, Tensor) and not isinstance(q2, Tensor) and q1 == q2
     l2 = l1 if same_q else _gce_logits(z, q2, negative=False)

@@ -225,10 +225,8 @@ def opml_correct_labels(train_logits: Tensor, observed: Tensor, flipped: Tensor 
     z = z.unsqueeze(0) if squeeze else z
     flipped = (torch.zeros(z.shape, dtype=torch.bool, device=z.device) if flipped is None
                else flipped.reshape(z.shape))
-    if ap is None:
-        ap = column_ap(z, y == 1)
-    else:
-        ap = _check_ap(ap, z).to(z.device).expand(z.shape[0], z.shape[-1])
+    ap = (column_ap(z, y == 1) if ap is None
+          else _check_ap(ap, z).to(z.device).expand(z.shape[0], z.shape[-1]))
     out = _correct_core(z, y, flipped, values["correct_ratio"], ap)
     return out[0] if squeeze else out
 

@@ -164,10 +164,9 @@ def check_trial_axis(name: str) -> None:
     for t in range(T):
         single = make_loss(name, **{k: v[t].item() for k, v in per_trial.items()})
         vals_t, grads_t = drive(single, [z[t] for z in logits_seq], observed, seeds=[seeds[t]])
-        for step, (a, b) in enumerate(zip(vals, vals_t)):
+        for step, (a, b, ga, gb) in enumerate(zip(vals, vals_t, grads, grads_t)):
             torch.testing.assert_close(a[t], b, msg=f"{name}: trial {t} step {step} value")
-        for step, (a, b) in enumerate(zip(grads, grads_t)):
-            torch.testing.assert_close(a[t], b, msg=f"{name}: trial {t} step {step} gradient")
+            torch.testing.assert_close(ga[t], gb, msg=f"{name}: trial {t} step {step} gradient")
 
 
 def check_select_trials(name: str, keep: Sequence[int] = (0, 2)) -> None:
