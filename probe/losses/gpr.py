@@ -289,21 +289,21 @@ CUB 24.89 mAP."""
     def prior_ready(self) -> None:
         """Once per train row: DAMP's scores s (a fixed η) and its ranking, and the ranking of
         the pseudo-negative scores -- what depends only on the prior and the observed labels."""
-        if self.has_prior("tile_max") != self.has_prior("tile_min"):
+        tiles = self.has_prior("tile_max")
+        if tiles != self.has_prior("tile_min"):
             raise LossInputError("gpr: DAMP needs both extras tile_max and tile_min (or "
                                  "neither: the scores are then DAMP's final scores)")
         g = self.prior_scores
         neg = (g + self.prior_tile_mean) / 2 if self.has_prior("tile_mean") else g
         dtype = rank_dtype(g.shape[-1])
         self.register_buffer("prior_rank_neg", rank_desc(-neg).to(dtype), persistent=False)
-        self.prior_mode = ("DAMP (tile_max, tile_min)" if self.has_prior("tile_max")
-                           else "scores as DAMP's s")
-        self._damp_cached = self._coded = False
-        if self._fixed_damp():
+        self.prior_mode = "DAMP (tile_max, tile_min)" if tiles else "scores as DAMP's s"
+        self._coded = False  # set_hparam runs this again: the caches follow η's kind
+        self._damp_cached = not tiles or not isinstance(self.hparam("eta"), Tensor)
+        if self._damp_cached:
             s = self._damp(g, self.observed_train, None)
             self.register_buffer("prior_damp", s.contiguous(), persistent=False)
             self.register_buffer("prior_rank_pos", rank_desc(s).to(dtype), persistent=False)
-            self._damp_cached = True
             fixed = [self.hparam(n) for n in ("top_k", "threshold", "neg_ratio")]
             if not any(isinstance(v, Tensor) for v in fixed):
                 # every rule parameter fixed: each entry's pseudo-label as one int8 code
@@ -313,9 +313,6 @@ CUB 24.89 mAP."""
                 code = pos.to(torch.int8) + 2 * neg.to(torch.int8)
                 self.register_buffer("prior_code", code, persistent=False)
                 self._coded = True
-
-    def _fixed_damp(self) -> bool:
-        return not self.has_prior("tile_max") or not isinstance(self.hparam("eta"), Tensor)
 
     def _damp(self, g: Tensor, observed: Tensor, index: Tensor | None) -> Tensor:
         """DAMP's s of the train rows (``index`` None) or a batch's; ``g`` without tile extras."""
@@ -329,7 +326,7 @@ CUB 24.89 mAP."""
                        ) -> tuple[Tensor, Tensor]:
         """DAMP's masks of the batch from the cached ranks (a per-trial top_k, θ or neg_ratio)
         or, with a per-trial η, from DAMP's scores ranked per batch."""
-        if getattr(self, "_damp_cached", False) and self._fixed_damp():
+        if getattr(self, "_damp_cached", False):
             s, rank_pos, rank_neg = self.prior_rows(index, ("damp", "rank_pos", "rank_neg"))
         else:
             g, rank_neg = self.prior_rows(index, ("scores", "rank_neg"))
