@@ -329,8 +329,7 @@ parts: k_hat, v, l1, l2, l3 per entry (…, B, C), detached (see GRParts)."""
 
     def forward(self, logits: Tensor, observed: Tensor, index: Tensor | None = None) -> LossOutput:
         z = promote(logits)
-        w, b, mu, sigma = self._current(z)
-        out = gr_core(z, observed, w, b, mu, sigma, *self._qs(z),
-                       self.hparam("use_k"), self.hparam("use_v"))
+        out = gr_core(z, observed, *self._current(z), *self._qs(z), self.hparam("use_k"),
+                      self.hparam("use_v"))
         parts = {k: getattr(out, k).detach() for k in ("k_hat", "v", "l1", "l2", "l3")}
         return LossOutput(out.loss, parts)
