@@ -182,14 +182,10 @@ CUB 24.02 mAP."""
 
     def forward(self, logits: Tensor, observed: Tensor, index: Tensor | None = None) -> LossOutput:
         z = promote(logits)
-        k = self.hparam("k_neg")
-        h = {n: hp(self.hparam(n), z) for n in ("alpha", "beta_pos", "beta_neg")}
-        released = self.hparam("released")
-        eps = RELEASED_LOG_EPS if released else self.hparam("log_eps")
-        if self.epoch < self.hparam("warmup_epochs"):
-            return LossOutput(_vlpl_value(z, observed, None, None, h["alpha"], 0.0, 0.0, eps),
-                              {})
-        if getattr(self, "_coded", False):  # the train rows' pseudo-labels, computed once
+        k, released = self.hparam("k_neg"), self.hparam("released")
+        if self.epoch < self.hparam("warmup_epochs"):  # plain EM
+            pos = neg = None
+        elif getattr(self, "_coded", False):  # the train rows' pseudo-labels, computed once
             (code,) = self.prior_rows(index, ("code",))
             pos, neg = code == 1, code == 2
         else:
@@ -197,5 +193,7 @@ CUB 24.02 mAP."""
                        else [*self.prior_rows(index), None])
             pos, neg = vlpl_pseudo_labels(s, observed, self.hparam("threshold"), k, released,
                                           rank)
-        return LossOutput(_vlpl_value(z, observed, pos, neg if _uses(k) else None, h["alpha"],
-                                      h["beta_pos"], h["beta_neg"], eps), {})
+        weights = [hp(self.hparam(n), z) for n in ("alpha", "beta_pos", "beta_neg")]
+        eps = RELEASED_LOG_EPS if released else self.hparam("log_eps")
+        return LossOutput(_vlpl_value(z, observed, pos, neg if _uses(k) else None, *weights, eps),
+                          {})

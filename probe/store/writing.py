@@ -409,9 +409,8 @@ def resume_store(path: str | Path, provenance: dict) -> StoreWriter:
                 f"{stored.get(key)!r}, now: {given.get(key)!r}); re-run with the settings "
                 "that created it, or pass --overwrite to start again"
             )
-    complete = bool(group.attrs.get("complete"))
     damage = group_damage(path, group)[1]
-    if complete and not damage:
+    if group.attrs.get("complete") and not damage:
         raise StoreError(
             f"{path} is already complete and every chunk reads back as written; nothing to "
             "resume or repair (pass --overwrite to rebuild it)"
