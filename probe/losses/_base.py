@@ -19,7 +19,7 @@ from ._hparams import (
     LossContractError,
     LossInputError,
     LossOutput,
-    check_hparam,
+    check_hparam,  # noqa: F401 (probe.config and studies.space import it from here)
     check_hparams,
     close_matches,  # one rule for "did you mean", names and hyperparameters
     hp,
@@ -80,11 +80,8 @@ class Loss(nn.Module):
     def __repr__(self) -> str:
         """``GR(w_T=..., b_T=..., ..., preset='coco')``: every hyperparameter's value (a
         per-trial one as its list) and the paper preset it started from, if any."""
-        def shown(value: Any) -> str:
-            return repr(value.tolist() if isinstance(value, Tensor) else value)
-
-        parts = [f"{s.name}={shown(self.hparam(s.name))}" for s in self.hparam_specs
-                 if s.name in self._static or s.name in self._hp_names]
+        values = self.hparams_dict()
+        parts = [f"{s.name}={values[s.name]!r}" for s in self.hparam_specs if s.name in values]
         preset = getattr(self, "preset", None)
         if preset is not None:
             parts.append(f"preset={preset!r}")
@@ -98,10 +95,7 @@ class Loss(nn.Module):
 
     def set_hparam(self, name: str, value: Any) -> None:
         """Set a hyperparameter after construction (e.g. the trainer filling EPR's k), validated."""
-        spec = {s.name: s for s in self.hparam_specs}.get(name)
-        if spec is None:
-            check_hparams(self.hparam_specs, {name: value}, self.name)  # raises with a hint
-        value = check_hparam(spec, value, self.name)
+        value = check_hparams(self.hparam_specs, {name: value}, self.name)[name]  # unknown: a hint
         if isinstance(value, Tensor) and value.ndim == 1 and self.n_trials not in (
                 None, value.shape[0]):
             raise LossInputError(f"{self.name}: hyperparameter '{name}' must have shape "
@@ -109,8 +103,6 @@ class Loss(nn.Module):
         self._keep(name, value)
 
     def _keep(self, name: str, value: Any) -> None:
-        """Hold a checked value: a tensor as the buffer ``hp_<name>`` (updated in place), a
-        number in ``_static``."""
         if isinstance(value, Tensor):
             self._static.pop(name, None)
             if name in self._hp_names:
@@ -238,9 +230,8 @@ class Loss(nn.Module):
         lines = [f"{cls.name} — {cls.paper}", "", cls.formula.strip(), "", "hyperparameters:"]
         width = max((len(s.name) for s in cls.hparam_specs), default=4)
         for s in cls.hparam_specs:
-            search = ""
-            if s.search is not None:
-                search = f"  search [{s.search[0]:g}, {s.search[1]:g}]" + (" log" if s.log else "")
+            search = "" if s.search is None else (
+                f"  search [{s.search[0]:g}, {s.search[1]:g}]" + (" log" if s.log else ""))
             if s.requires:
                 search += f"  (with {s.requires}=True)"
             default = "(from the dataset)" if s.default is None else repr(s.default)
@@ -514,14 +505,10 @@ def create_loss(name: str, preset: str | None = None, **hparams: Any) -> Loss:
     """Build a registered loss. ``preset`` (e.g. ``"coco"``) starts from the paper's values for
     that dataset; explicit ``hparams`` override them."""
     cls = get_loss_class(name)
-    values: dict[str, Any] = {}
-    if preset is not None:
-        if preset not in cls.presets:
-            raise LossInputError(
-                f"{name}: no paper preset for dataset '{preset}' (presets: "
-                f"{', '.join(sorted(cls.presets)) or 'none'})")
-        values.update(cls.presets[preset])
-    values.update(hparams)
-    loss = cls(**values)
+    if preset is not None and preset not in cls.presets:
+        raise LossInputError(
+            f"{name}: no paper preset for dataset '{preset}' (presets: "
+            f"{', '.join(sorted(cls.presets)) or 'none'})")
+    loss = cls(**{**(cls.presets[preset] if preset is not None else {}), **hparams})
     loss.preset = preset  # shown by its repr
     return loss

@@ -213,10 +213,7 @@ def check_inputs(logits: Tensor, observed: Tensor, hparams: dict[str, Any] | Non
     if logits.ndim not in (2, 3):
         raise LossInputError(
             f"{where}'logits' must have shape (B, C) or (T, B, C); got shape {tuple(logits.shape)}")
-    if (
-        observed.ndim not in (2, 3)
-        or observed.shape[-2:] != logits.shape[-2:]
-        or (observed.ndim == 3 and (logits.ndim != 3 or observed.shape[0] != logits.shape[0]))):
+    if tuple(observed.shape) not in (tuple(logits.shape[-2:]), tuple(logits.shape)):
         raise LossInputError(
             f"{where}'observed' must have shape {tuple(logits.shape[-2:])} (or the logits' full "
             f"shape {tuple(logits.shape)}); got {tuple(observed.shape)}")

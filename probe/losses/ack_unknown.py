@@ -61,16 +61,6 @@ def _em_apl_entries(z: Tensor, y: Tensor, soft: Tensor, alpha, beta) -> Tensor:
     return torch.where(labelled, pseudo, _em_entries(z, y, alpha))
 
 
-def _apl_select(logits: Tensor, unobserved: Tensor, soft: Tensor, counts: Tensor) -> Tensor:
-    """One APL step (Zhou et al. Alg. 1 line 3, Eq. 6) on ``logits`` ``(T, N, C)``: per (trial,
-    class) the ``counts`` ``(T, 1, C)`` free (NaN) unobserved entries of ``soft`` with the lowest
-    p (by logit; ties: lower row first) get t ← p; returns the new ``soft``."""
-    z = promote(logits)
-    candidates = unobserved.unsqueeze(0) & torch.isnan(soft)
-    chosen = rank_select(z, candidates, counts, dim=-2, largest=False)
-    return torch.where(chosen, torch.sigmoid(z).to(soft.dtype), soft)
-
-
 def em(logits: Tensor, observed: Tensor, alpha: float | Tensor = 0.1) -> Tensor:
     """EM loss (Zhou et al. ECCV 2022, Eq. 3): −log p on observed positives, −α·H(p) on
     unobserved labels (−log(1−p) on observed negatives). The total is negative by design."""
@@ -173,6 +163,9 @@ class EMAPL(Loss):
         if epoch + 1 < self.hparam("warmup"):
             return
         soft = self.state("soft_targets")
-        logits = self.epoch_logits(logits, soft.shape)
-        with torch.no_grad():
-            soft.copy_(_apl_select(logits.detach(), self.unobserved, soft, self.counts()))
+        z = promote(self.epoch_logits(logits, soft.shape).detach())
+        with torch.no_grad():  # Eq. 6: per (trial, class) the counts() free (NaN) unobserved
+            # entries with the lowest p (by logit; ties: lower row first) get t ← p
+            chosen = rank_select(z, self.unobserved.unsqueeze(0) & torch.isnan(soft),
+                                 self.counts(), dim=-2, largest=False)
+            soft.copy_(torch.where(chosen, torch.sigmoid(z).to(soft.dtype), soft))

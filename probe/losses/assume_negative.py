@@ -57,11 +57,14 @@ def _wan_entries(z: Tensor, y: Tensor) -> Tensor:
     return torch.where(y == 1, F.softplus(-z), F.softplus(z) / max(c - 1, 1))
 
 
+def epr_penalty(p: Tensor, k) -> Tensor:
+    """(mean_n Σ_c p_nc − k)² / C² per trial: EPR's regulariser, ROLE's and GPR's too."""
+    return (p.sum(-1).mean(-1) - per_trial(k)) ** 2 / p.shape[-1] ** 2
+
+
 def _epr_parts(z: Tensor, y: Tensor, k) -> tuple[Tensor, Tensor]:
-    c = z.shape[-1]
     data = mean_bc(torch.where(y == 1, F.softplus(-z), torch.zeros_like(z)))
-    expected = torch.sigmoid(z).sum(-1).mean(-1)  # mean_n Σ_c p_nc, per trial
-    return data, (expected - per_trial(k)) ** 2 / c**2
+    return data, epr_penalty(torch.sigmoid(z), k)
 
 
 def an(logits: Tensor, observed: Tensor) -> Tensor:

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from ._base import HParam, register
 from ._hparams import LossInputError, LossOutput, check_call, hp, mean_bc, per_trial, promote
-from .assume_negative import EXPECTED_POSITIVES, K_SPEC, expected_k
+from .assume_negative import EXPECTED_POSITIVES, K_SPEC, epr_penalty, expected_k
 from .gr_loss import GR, GR_SPECS, Q_TINY, gauss_coef, gr_core
 from .prior import PriorMixin, check_scores, rank_desc, rank_dtype, value_with_grad
 
@@ -166,29 +166,21 @@ def _gpr_value_grad(z: Tensor, y: Tensor, pos: Tensor, neg: Tensor | None, sched
         rest, rest_g = torch.lerp(l3, l2, k_hat), torch.lerp(g3, g2, k_hat)
     else:
         rest, rest_g = l3, g3
-    if use_v:
-        v = (p - mu).square_().mul_(gauss_coef(sigma)).exp_()
-    else:
-        v = torch.ones_like(p)
+    v = (p - mu).square_().mul_(gauss_coef(sigma)).exp_() if use_v else torch.ones_like(p)
     weight = torch.clamp(1 - v, max=h["lam1"]).clamp_(min=h["lam2"])
-    rho = h["rho"]
-    out = torch.where(pos, weight * (rho * lp + (1 - rho) * ln), v * rest)
-    grad = torch.where(pos, weight * (rho * dlp + (1 - rho) * dln), v * rest_g)
-    if neg is not None:
-        out, grad = torch.where(neg, v * ln, out), torch.where(neg, v * dln, grad)
-    positive, negative = y > 0, y < 0
-    out = torch.where(positive, l1, torch.where(negative, l3, out))
-    grad = torch.where(positive, g1, torch.where(negative, g3, grad))
+
+    def pick(lp: Tensor, ln: Tensor, rest: Tensor, l1: Tensor, l3: Tensor) -> Tensor:
+        # linear in its terms: the same choice among their derivatives is the gradient
+        out = torch.where(pos, weight * (h["rho"] * lp + (1 - h["rho"]) * ln), v * rest)
+        out = out if neg is None else torch.where(neg, v * ln, out)
+        return torch.where(y > 0, l1, torch.where(y < 0, l3, out))
+
+    out, grad = pick(lp, ln, rest, l1, l3), pick(dlp, dln, rest_g, g1, g3)
     bsz, c = z.shape[-2:]
     count = p.sum(-1, keepdim=True).mean(-2, keepdim=True)  # (…, 1, 1): m
     gap = count - h["k"]
     value = mean_bc(out) + per_trial(h["reg"] * gap.square() / (c * c)).reshape(out.shape[:-2])
     return value, grad / (bsz * c) + (2.0 / (c * c * bsz)) * h["reg"] * gap * pq
-
-
-def _expected_positives(z: Tensor, k, reg) -> Tensor:
-    count = torch.sigmoid(z).sum(-1).mean(-1)  # (T,) or ()
-    return per_trial(reg) * (count - per_trial(k)).square() / z.shape[-1] ** 2
 
 
 def gpr(logits: Tensor, observed: Tensor, scores: Tensor, *, w: float | Tensor = 10.0,
@@ -218,7 +210,7 @@ def gpr(logits: Tensor, observed: Tensor, scores: Tensor, *, w: float | Tensor =
                                  values["neg_ratio"], released)
     out = _gpr_entries(z, y, parts, pos, neg if pseudo_negatives and not released else None,
                        h["lam1"], h["lam2"], h["rho"], released)
-    return mean_bc(out) + _expected_positives(z, h["k"], h["reg"])
+    return mean_bc(out) + per_trial(h["reg"]) * epr_penalty(torch.sigmoid(z), h["k"])
 
 
 def _aevlp(beta: tuple, q2q3: tuple, lam: tuple, reg: float, eta: float, threshold: float,
@@ -297,21 +289,21 @@ CUB 24.89 mAP."""
     def prior_ready(self) -> None:
         """Once per train row: DAMP's scores s (a fixed η) and its ranking, and the ranking of
         the pseudo-negative scores -- what depends only on the prior and the observed labels."""
-        if self.has_prior("tile_max") != self.has_prior("tile_min"):
+        tiles = self.has_prior("tile_max")
+        if tiles != self.has_prior("tile_min"):
             raise LossInputError("gpr: DAMP needs both extras tile_max and tile_min (or "
                                  "neither: the scores are then DAMP's final scores)")
         g = self.prior_scores
         neg = (g + self.prior_tile_mean) / 2 if self.has_prior("tile_mean") else g
         dtype = rank_dtype(g.shape[-1])
         self.register_buffer("prior_rank_neg", rank_desc(-neg).to(dtype), persistent=False)
-        self.prior_mode = ("DAMP (tile_max, tile_min)" if self.has_prior("tile_max")
-                           else "scores as DAMP's s")
-        self._damp_cached = self._coded = False
-        if self._fixed_damp():
+        self.prior_mode = "DAMP (tile_max, tile_min)" if tiles else "scores as DAMP's s"
+        self._coded = False  # set_hparam runs this again: the caches follow η's kind
+        self._damp_cached = not tiles or not isinstance(self.hparam("eta"), Tensor)
+        if self._damp_cached:
             s = self._damp(g, self.observed_train, None)
             self.register_buffer("prior_damp", s.contiguous(), persistent=False)
             self.register_buffer("prior_rank_pos", rank_desc(s).to(dtype), persistent=False)
-            self._damp_cached = True
             fixed = [self.hparam(n) for n in ("top_k", "threshold", "neg_ratio")]
             if not any(isinstance(v, Tensor) for v in fixed):
                 # every rule parameter fixed: each entry's pseudo-label as one int8 code
@@ -321,9 +313,6 @@ CUB 24.89 mAP."""
                 code = pos.to(torch.int8) + 2 * neg.to(torch.int8)
                 self.register_buffer("prior_code", code, persistent=False)
                 self._coded = True
-
-    def _fixed_damp(self) -> bool:
-        return not self.has_prior("tile_max") or not isinstance(self.hparam("eta"), Tensor)
 
     def _damp(self, g: Tensor, observed: Tensor, index: Tensor | None) -> Tensor:
         """DAMP's s of the train rows (``index`` None) or a batch's; ``g`` without tile extras."""
@@ -337,7 +326,7 @@ CUB 24.89 mAP."""
                        ) -> tuple[Tensor, Tensor]:
         """DAMP's masks of the batch from the cached ranks (a per-trial top_k, θ or neg_ratio)
         or, with a per-trial η, from DAMP's scores ranked per batch."""
-        if getattr(self, "_damp_cached", False) and self._fixed_damp():
+        if getattr(self, "_damp_cached", False):
             s, rank_pos, rank_neg = self.prior_rows(index, ("damp", "rank_pos", "rank_neg"))
         else:
             g, rank_neg = self.prior_rows(index, ("scores", "rank_neg"))

@@ -111,14 +111,10 @@ def gr_core(z: Tensor, y: Tensor, w, b, mu, sigma, q1, q2, q3, use_k: bool, use_
     on y=1 and v·lerp(L3, L2, k̂) = v·[k̂·L2 + (1−k̂)·L3] everywhere else."""
     p = torch.sigmoid(z.detach())  # sg(p): k̂ and v calibrate the output, no gradient through p
     unobs, positive = y == 0, y > 0
-    if use_k:
-        k_hat = torch.where(unobs, torch.sigmoid(p * w + b), positive)
-    else:
-        k_hat = positive.to(z.dtype).expand_as(p)
-    if use_v:
-        v = torch.where(unobs, torch.exp((p - mu).square() * gauss_coef(sigma)), 1.0)
-    else:
-        v = torch.ones_like(p)
+    k_hat = (torch.where(unobs, torch.sigmoid(p * w + b), positive) if use_k
+             else positive.to(z.dtype).expand_as(p))
+    v = (torch.where(unobs, torch.exp((p - mu).square() * gauss_coef(sigma)), 1.0) if use_v
+         else torch.ones_like(p))
     l1 = _gce_logits(z, q1, negative=False)
     same_q = not isinstance(q1, Tensor) and not isinstance(q2, Tensor) and q1 == q2
     l2 = l1 if same_q else _gce_logits(z, q2, negative=False)
@@ -292,11 +288,9 @@ parts: k_hat, v, l1, l2, l3 per entry (…, B, C), detached (see GRParts)."""
         self._refresh_schedule()
         if self.hparam("learn_kv"):
             t = self.n_trials or 1
-            for n in _KV:
-                start = self.hparam(f"{n}_0")
-                dtype = start.dtype if isinstance(start, Tensor) else torch.get_default_dtype()
-                init = torch.as_tensor(start, dtype=dtype).expand(t).clone()
-                self.register_parameter(f"kv_{n}", nn.Parameter(init))
+            for n in _KV:  # a number: the default dtype; a tensor: its own
+                start = torch.as_tensor(self.hparam(f"{n}_0"))
+                self.register_parameter(f"kv_{n}", nn.Parameter(start.expand(t).clone()))
 
     def start_epoch(self, epoch: int) -> None:
         super().start_epoch(epoch)
@@ -335,8 +329,7 @@ parts: k_hat, v, l1, l2, l3 per entry (…, B, C), detached (see GRParts)."""
 
     def forward(self, logits: Tensor, observed: Tensor, index: Tensor | None = None) -> LossOutput:
         z = promote(logits)
-        w, b, mu, sigma = self._current(z)
-        out = gr_core(z, observed, w, b, mu, sigma, *self._qs(z),
-                       self.hparam("use_k"), self.hparam("use_v"))
+        out = gr_core(z, observed, *self._current(z), *self._qs(z), self.hparam("use_k"),
+                      self.hparam("use_v"))
         parts = {k: getattr(out, k).detach() for k in ("k_hat", "v", "l1", "l2", "l3")}
         return LossOutput(out.loss, parts)

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from ._base import HParam, Loss, register
 from ._hparams import LossInputError, LossOutput, check_call, check_state_arg, mean_bc, promote
+from .prior import rank_desc
 
 __all__ = ["ll_cp", "ll_ct", "ll_r"]
 
@@ -50,16 +51,10 @@ def rank_select(key: Tensor, candidates: Tensor, count: int | Tensor, dim: int,
                 largest: bool) -> Tensor:
     """Boolean mask of the ``count`` candidates with the largest (``largest``) or smallest ``key``
     along ``dim`` (all where fewer exist). ``count``: an int or a tensor with size 1 along ``dim``
-    (e.g. ``(T, 1)`` per trial), served by one stable sort (ties: lower index first), no sync."""
-    fill = float("-inf") if largest else float("inf")
-    key = torch.where(candidates, key, torch.full_like(key, fill))
-    order = torch.sort(key, dim=dim, descending=largest, stable=True).indices
-    shape = [1] * key.ndim
-    shape[dim] = key.shape[dim]
-    position = torch.arange(key.shape[dim], device=key.device).view(shape)
-    chosen = torch.broadcast_to(position < count, order.shape)
-    mask = torch.zeros(order.shape, dtype=torch.bool, device=key.device)
-    return mask.scatter_(dim, order, chosen) & candidates
+    (e.g. ``(T, 1)`` per trial), from the stable ranking :func:`~probe.losses.prior.rank_desc`
+    (ties: lower index first), no sync."""
+    key = torch.where(candidates, key if largest else -key, float("-inf")).movedim(dim, -1)
+    return (rank_desc(key).movedim(-1, dim) < count) & candidates
 
 
 #: relative slack of the selection counts' ⌈·⌉ / ⌊·⌋: 4 float32 ulps, so that a float32 Δ or θ
@@ -125,8 +120,7 @@ def ll_r(
 ) -> Tensor:
     """LL-R (Kim et al. CVPR 2022, Sec. 3.2, rejection): AN loss with the ⌈B·C·(e−1)·Δ⌉
     largest-loss unobserved entries of the batch set to 0. ``epoch`` (required) is 1-indexed."""
-    z, y, delta, epoch = _checked(logits, observed, delta_rel, epoch, "ll_r")
-    return _ll_core(z, y, delta, epoch, "ll_r")[0]
+    return _ll_core(*_checked(logits, observed, delta_rel, epoch, "ll_r"), "ll_r")[0]
 
 
 def ll_ct(
@@ -135,8 +129,7 @@ def ll_ct(
     """LL-Ct (Kim et al. CVPR 2022, Sec. 3.2, temporary correction): AN loss with the
     ⌈B·C·(e−1)·Δ⌉ largest-loss unobserved entries given −log p instead. ``epoch`` (required)
     is 1-indexed."""
-    z, y, delta, epoch = _checked(logits, observed, delta_rel, epoch, "ll_ct")
-    return _ll_core(z, y, delta, epoch, "ll_ct")[0]
+    return _ll_core(*_checked(logits, observed, delta_rel, epoch, "ll_ct"), "ll_ct")[0]
 
 
 def ll_cp(logits: Tensor, observed: Tensor, flipped: Tensor, delta_rel: float | Tensor = 0.003,
@@ -170,10 +163,7 @@ class _LargeLoss(Loss):
         loss, changed = _ll_core(z, y, self.hparam("delta_rel"), self.epoch + 1, self._mode)
         if self.stateful:  # ... and this step's corrections join them for good
             flips = self.state("flipped")
-            if z.ndim == 3:
-                flips[:, index] |= changed
-            else:
-                flips[0, index] |= changed
+            (flips if z.ndim == 3 else flips[0])[..., index, :] |= changed
         return LossOutput(loss, {"n_changed": changed.sum(dim=(-2, -1)).to(z.dtype)})
 
 

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._base import HParam, Loss, LossInputError, register
-from ._hparams import LossOutput, check_call, check_state_arg, hp, mean_bc, per_trial, promote
-from .assume_negative import EXPECTED_POSITIVES, K_REQUIRED, K_SPEC, expected_k
+from ._hparams import LossOutput, check_call, check_state_arg, hp, mean_bc, promote
+from .assume_negative import EXPECTED_POSITIVES, K_REQUIRED, K_SPEC, epr_penalty, expected_k
 
 __all__ = ["init_label_logits", "role"]
 
@@ -42,7 +42,6 @@ def init_label_logits(observed: Tensor, seed: int = 0) -> Tensor:
 
 def _role_parts(z: Tensor, y: Tensor, theta: Tensor, k) -> tuple[Tensor, Tensor]:
     """(data, reg) per trial: mean_bc(ℓ) and the halved expected-positive regularisers."""
-    c = z.shape[-1]
     theta = theta.to(z.dtype)
     p, q = torch.sigmoid(z), torch.sigmoid(theta)
     zero = torch.zeros((), dtype=z.dtype, device=z.device)
@@ -52,10 +51,7 @@ def _role_parts(z: Tensor, y: Tensor, theta: Tensor, k) -> tuple[Tensor, Tensor]
     cross_f = q_sg * F.softplus(-z) + (1 - q_sg) * F.softplus(z)
     cross_g = p_sg * F.softplus(-theta) + (1 - p_sg) * F.softplus(theta)
     data = mean_bc(0.5 * (pos_f + pos_g) + 0.5 * (cross_f + cross_g))
-    k = per_trial(k)
-    reg_f = (p.sum(-1).mean(-1) - k) ** 2 / c**2
-    reg_g = (q.sum(-1).mean(-1) - k) ** 2 / c**2
-    return data, 0.5 * (reg_f + reg_g)
+    return data, 0.5 * (epr_penalty(p, k) + epr_penalty(q, k))
 
 
 def role(logits: Tensor, observed: Tensor, label_logits: Tensor, k: float | Tensor) -> Tensor:

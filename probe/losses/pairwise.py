@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..ranking import column_ap
-from ._base import HParam, Loss, LossInputError, LossOutput, check_hparam, register
+from ._base import HParam, Loss, LossInputError, LossOutput, register
 from ._hparams import check_call, check_inputs, check_state_arg, hp, per_trial, promote
 
 __all__ = ["opml", "opml_correct_labels", "zlpr"]
@@ -176,14 +176,10 @@ def opml(logits: Tensor, observed: Tensor, alpha: float | Tensor = 1.0, beta: fl
     labels as ``observed`` (``(B, C)`` or per trial ``(T, B, C)``), see
     :func:`opml_correct_labels`. The options are **(reconstructed)** (module doc).
     """
-    given = {_ALPHA: alpha, _BETA: beta}
-    check_hparam(_HIGH_RANK, high_rank, "opml")
-    check_hparam(_SOFT, soft, "opml")
-    if high_rank:
-        given |= {_HR_LAMBDA: hr_lambda, _HR_DELTA: hr_delta}
-    if soft:
-        given[_SOFT_POWER] = soft_power
-    z, y, values, h = check_call("opml", logits, observed, given)
+    z, y, values, h = check_call("opml", logits, observed, {  # the switches checked first
+        _HIGH_RANK: high_rank, _SOFT: soft, _ALPHA: alpha, _BETA: beta,
+        **({_HR_LAMBDA: hr_lambda, _HR_DELTA: hr_delta} if high_rank is True else {}),
+        **({_SOFT_POWER: soft_power} if soft is True else {})})
     weight = _soft_weight(_check_ap(ap, z), h["soft_power"], z) if soft else None
     parts = _opml_parts(z, y, h["alpha"], h["beta"], h.get("hr_lambda"),
                         values.get("hr_delta"), weight)
@@ -229,10 +225,8 @@ def opml_correct_labels(train_logits: Tensor, observed: Tensor, flipped: Tensor 
     z = z.unsqueeze(0) if squeeze else z
     flipped = (torch.zeros(z.shape, dtype=torch.bool, device=z.device) if flipped is None
                else flipped.reshape(z.shape))
-    if ap is None:
-        ap = column_ap(z, y == 1)
-    else:
-        ap = _check_ap(ap, z).to(z.device).expand(z.shape[0], z.shape[-1])
+    ap = (column_ap(z, y == 1) if ap is None
+          else _check_ap(ap, z).to(z.device).expand(z.shape[0], z.shape[-1]))
     out = _correct_core(z, y, flipped, values["correct_ratio"], ap)
     return out[0] if squeeze else out
 

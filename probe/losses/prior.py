@@ -82,12 +82,10 @@ class PriorMixin(Loss):
                 raise LossInputError(
                     f"{self.name}: prior array {key!r} must have the train split's shape "
                     f"(N_train, C) = {want}; got {tuple(value.shape)}")
-        self.register_buffer("prior_scores", scores.detach().float().to(observed.device)
-                             .contiguous(), persistent=False)
+        for key, value in {"scores": scores, **extras}.items():
+            self.register_buffer(f"prior_{key}", value.detach().float().to(observed.device)
+                                 .contiguous(), persistent=False)
         self._prior_keys = [k for k in known if k in extras]
-        for key in self._prior_keys:
-            self.register_buffer(f"prior_{key}", extras[key].detach().float()
-                                 .to(observed.device).contiguous(), persistent=False)
         self.prior_mode = ("scores and " + ", ".join(self._prior_keys) if self._prior_keys
                            else "scores only")
         self.prior_ready()

@@ -106,8 +106,7 @@ def vpu(logits: Tensor, observed: Tensor, gamma: float | Tensor = 0.55,
         given[replace(_LAM, optional=False)] = lam
     z, y, values, h = check_call("vpu", logits, observed, given)
     if lam is None:
-        a = values["mix_alpha"]
-        a = a.double() if isinstance(a, Tensor) else torch.tensor(a, dtype=torch.float64)
+        a = torch.as_tensor(values["mix_alpha"], dtype=torch.float64)
         shape = (z.shape[0],) if z.ndim == 3 and a.ndim == 0 else ()  # one λ per trial
         lam = torch.distributions.Beta(a, a).sample(shape)
     var, reg = _vpu_parts(z, y, h["gamma"], h["temp_alpha"], hp(lam, z))

@@ -49,22 +49,14 @@ def _pow_exp(gamma, log_x: Tensor) -> Tensor:
     return torch.exp(gamma * log_x)
 
 
-def _focal_margin_pos(z: Tensor, margin, gamma) -> Tensor:
-    """−(1−p_m)^γ log p_m with p_m = σ(z − m), the focal-margin positive term (Hill paper)."""
-    zm = z - margin
-    return -_pow_exp(gamma, F.logsigmoid(-zm)) * F.logsigmoid(zm)
-
-
-def _focal_neg(z: Tensor, gamma) -> Tensor:
-    """−p^γ log(1−p), the focal negative term."""
-    return -_pow_exp(gamma, F.logsigmoid(z)) * F.logsigmoid(-z)
+def _focal(z: Tensor, gamma) -> Tensor:
+    """−(1−p)^γ log p, p = σ(z): the focal positive term; the negative term −p^γ log(1−p) is
+    ``_focal(−z)``, the focal-margin positive −(1−p_m)^γ log p_m (Hill paper) ``_focal(z − m)``."""
+    return -_pow_exp(gamma, F.logsigmoid(-z)) * F.logsigmoid(z)
 
 
 def _focal_entries(z: Tensor, y: Tensor, gamma) -> Tensor:
-    log_p, log_1mp = F.logsigmoid(z), F.logsigmoid(-z)
-    pos = -_pow_exp(gamma, log_1mp) * log_p
-    neg = -_pow_exp(gamma, log_p) * log_1mp
-    return torch.where(y > 0, pos, neg)
+    return torch.where(y > 0, _focal(z, gamma), _focal(-z, gamma))
 
 
 def _asl_entries(z: Tensor, y: Tensor, gamma_pos, gamma_neg, clip) -> Tensor:
@@ -86,14 +78,14 @@ def _asl_entries(z: Tensor, y: Tensor, gamma_pos, gamma_neg, clip) -> Tensor:
 
 def _hill_entries(z: Tensor, y: Tensor, lam, margin, gamma) -> Tensor:
     p = torch.sigmoid(z)
-    return torch.where(y > 0, _focal_margin_pos(z, margin, gamma), (lam - p) * p * p)
+    return torch.where(y > 0, _focal(z - margin, gamma), (lam - p) * p * p)
 
 
 def _splc_entries(z: Tensor, y: Tensor, correct: bool, tau, margin, gamma) -> tuple[Tensor, Tensor]:
     """Per-entry SPLC loss and the mask of unobserved entries corrected to positive."""
     corrected = (y == 0) & (torch.sigmoid(z.detach()) > tau) if correct else torch.zeros_like(y > 0)
     positive = (y > 0) | corrected
-    entries = torch.where(positive, _focal_margin_pos(z, margin, gamma), _focal_neg(z, gamma))
+    entries = torch.where(positive, _focal(z - margin, gamma), _focal(-z, gamma))
     return entries, corrected
 
 

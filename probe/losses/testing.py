@@ -83,10 +83,9 @@ def give_prior(loss: Loss, observed: torch.Tensor) -> None:
     scores = torch.softmax(torch.randn(observed.shape, generator=g) * 2, -1)
     spread = torch.rand(observed.shape, generator=g) * 0.2
     tiles = {"tile_max": scores + spread, "tile_min": scores * 0.5, "tile_mean": scores * 0.8}
-    extras = {}
-    for key in (*getattr(cls, "prior_extras", ()), *getattr(cls, "prior_optional", ())):
-        extras[key] = tiles[key] if key in tiles else torch.rand(observed.shape, generator=g)
-    loss.set_prior(scores, extras)
+    keys = (*getattr(cls, "prior_extras", ()), *getattr(cls, "prior_optional", ()))
+    loss.set_prior(scores, {k: tiles[k] if k in tiles else torch.rand(observed.shape, generator=g)
+                            for k in keys})
 
 
 def drive(loss: Loss, logits_seq: Sequence[torch.Tensor], observed: torch.Tensor,
@@ -165,10 +164,9 @@ def check_trial_axis(name: str) -> None:
     for t in range(T):
         single = make_loss(name, **{k: v[t].item() for k, v in per_trial.items()})
         vals_t, grads_t = drive(single, [z[t] for z in logits_seq], observed, seeds=[seeds[t]])
-        for step, (a, b) in enumerate(zip(vals, vals_t)):
+        for step, (a, b, ga, gb) in enumerate(zip(vals, vals_t, grads, grads_t)):
             torch.testing.assert_close(a[t], b, msg=f"{name}: trial {t} step {step} value")
-        for step, (a, b) in enumerate(zip(grads, grads_t)):
-            torch.testing.assert_close(a[t], b, msg=f"{name}: trial {t} step {step} gradient")
+            torch.testing.assert_close(ga[t], gb, msg=f"{name}: trial {t} step {step} gradient")
 
 
 def check_select_trials(name: str, keep: Sequence[int] = (0, 2)) -> None:

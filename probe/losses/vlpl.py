@@ -71,6 +71,18 @@ def _uses(k: float | Tensor) -> bool:
     return isinstance(k, Tensor) or k > 0
 
 
+def _vlpl_pick(y: Tensor, pos: Tensor | None, neg: Tensor | None, lp: Tensor, ln: Tensor,
+               entropy: Tensor, alpha, beta_pos, beta_neg) -> Tensor:
+    """Each entry's term from −log p, −log(1 − p) and H (linear in them: from their derivatives
+    the same choice gives the gradient)."""
+    out = torch.where(y == 1, lp, torch.where(y == 0, -alpha * entropy, ln))
+    if pos is not None:
+        out = torch.where(pos, beta_pos * (0.9 * lp + 0.1 * ln), out)
+    if neg is not None:
+        out = torch.where(neg, beta_neg * (0.1 * lp + 0.9 * ln), out)
+    return out
+
+
 def _vlpl_entries(z: Tensor, y: Tensor, pos: Tensor | None, neg: Tensor | None, alpha, beta_pos,
                   beta_neg, eps: float) -> Tensor:
     p = torch.sigmoid(z)
@@ -78,13 +90,7 @@ def _vlpl_entries(z: Tensor, y: Tensor, pos: Tensor | None, neg: Tensor | None, 
         lp, ln = F.softplus(-z), F.softplus(z)
     else:
         lp, ln = -torch.log(p + eps), -torch.log(1 - p + eps)
-    entropy = p * lp + (1 - p) * ln
-    out = torch.where(y == 1, lp, torch.where(y == 0, -alpha * entropy, ln))
-    if pos is not None:
-        out = torch.where(pos, beta_pos * (0.9 * lp + 0.1 * ln), out)
-    if neg is not None:
-        out = torch.where(neg, beta_neg * (0.1 * lp + 0.9 * ln), out)
-    return out
+    return _vlpl_pick(y, pos, neg, lp, ln, p * lp + (1 - p) * ln, alpha, beta_pos, beta_neg)
 
 
 def _vlpl_value(z: Tensor, y: Tensor, pos: Tensor | None, neg: Tensor | None, alpha, beta_pos,
@@ -102,19 +108,10 @@ def _vlpl_value(z: Tensor, y: Tensor, pos: Tensor | None, neg: Tensor | None, al
         else:
             lp, ln = -torch.log(p + eps), -torch.log(q + eps)
             dlp, dln = -pq / (p + eps), pq / (q + eps)
-        entropy = p * lp + q * ln
-        d_entropy = pq * (lp - ln) + p * dlp + q * dln
-        observed, unknown = y == 1, y == 0
-        out = torch.where(observed, lp, torch.where(unknown, -alpha * entropy, ln))
-        grad = torch.where(observed, dlp, torch.where(unknown, -alpha * d_entropy, dln))
-        if pos is not None:
-            out = torch.where(pos, beta_pos * (0.9 * lp + 0.1 * ln), out)
-            grad = torch.where(pos, beta_pos * (0.9 * dlp + 0.1 * dln), grad)
-        if neg is not None:
-            out = torch.where(neg, beta_neg * (0.1 * lp + 0.9 * ln), out)
-            grad = torch.where(neg, beta_neg * (0.1 * dlp + 0.9 * dln), grad)
-        grad = grad / (z.shape[-1] * z.shape[-2])
-    return value_with_grad(z, mean_bc(out), grad)
+        out = _vlpl_pick(y, pos, neg, lp, ln, p * lp + q * ln, alpha, beta_pos, beta_neg)
+        grad = _vlpl_pick(y, pos, neg, dlp, dln, pq * (lp - ln) + p * dlp + q * dln, alpha,
+                          beta_pos, beta_neg)
+    return value_with_grad(z, mean_bc(out), grad / (z.shape[-1] * z.shape[-2]))
 
 
 def vlpl(logits: Tensor, observed: Tensor, scores: Tensor, alpha: float | Tensor = 0.1,
@@ -185,14 +182,10 @@ CUB 24.02 mAP."""
 
     def forward(self, logits: Tensor, observed: Tensor, index: Tensor | None = None) -> LossOutput:
         z = promote(logits)
-        k = self.hparam("k_neg")
-        h = {n: hp(self.hparam(n), z) for n in ("alpha", "beta_pos", "beta_neg")}
-        released = self.hparam("released")
-        eps = RELEASED_LOG_EPS if released else self.hparam("log_eps")
-        if self.epoch < self.hparam("warmup_epochs"):
-            return LossOutput(_vlpl_value(z, observed, None, None, h["alpha"], 0.0, 0.0, eps),
-                              {})
-        if getattr(self, "_coded", False):  # the train rows' pseudo-labels, computed once
+        k, released = self.hparam("k_neg"), self.hparam("released")
+        if self.epoch < self.hparam("warmup_epochs"):  # plain EM
+            pos = neg = None
+        elif getattr(self, "_coded", False):  # the train rows' pseudo-labels, computed once
             (code,) = self.prior_rows(index, ("code",))
             pos, neg = code == 1, code == 2
         else:
@@ -200,5 +193,7 @@ CUB 24.02 mAP."""
                        else [*self.prior_rows(index), None])
             pos, neg = vlpl_pseudo_labels(s, observed, self.hparam("threshold"), k, released,
                                           rank)
-        return LossOutput(_vlpl_value(z, observed, pos, neg if _uses(k) else None, h["alpha"],
-                                      h["beta_pos"], h["beta_neg"], eps), {})
+        weights = [hp(self.hparam(n), z) for n in ("alpha", "beta_pos", "beta_neg")]
+        eps = RELEASED_LOG_EPS if released else self.hparam("log_eps")
+        return LossOutput(_vlpl_value(z, observed, pos, neg if _uses(k) else None, *weights, eps),
+                          {})

@@ -30,40 +30,69 @@ def add_draws(path: str | Path, seeds: Sequence[int], *, k: int = 1, fraction: f
     if bias is not None:
         if (k, fraction) != (1, 1.0):
             raise StoreError("--bias draws one positive per image: drop --k / --fraction")
-        record = {"kind": "bias", **bias_draw_weights(store, bias, weights_by_class)[0]}
+        plan = _bias_plan(store, bias, weights_by_class)
     else:
         if weights_by_class is not None:
             raise StoreError("--class-weights goes with --bias semantic")
-        _check_budget(k, fraction)
-        record = draw_record({"observed_budgets": {"0": {"k": k, "fraction": fraction}}}, 0)
+        plan = _budget_plan(k, fraction)
     fresh = [int(s) for s in dict.fromkeys(seeds)
-             if not check_draw(store.attrs, int(s), record, store.path)]
+             if not check_draw(store.attrs, int(s), plan[0], store.path)]
     for seed in fresh:
-        if bias is None:
-            add_observed_seed(path, seed, k=k, fraction=fraction)
-        else:
-            add_biased_draw(path, seed, bias, weights_by_class)
+        _add_draw(store, seed, *plan)
     return fresh
 
 
-def _check_budget(k: Any, fraction: Any) -> None:
+def _budget_plan(k: Any, fraction: Any) -> tuple:
+    """A kind of draw, checked: its record, the attribute and value registering it, and the
+    draw of ``(pool labels, test labels, seed)`` (:func:`_add_draw`'s arguments)."""
     if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
         raise StoreError(f"--k (observed positives per image) must be an integer >= 1; got {k}")
     if (isinstance(fraction, bool) or not isinstance(fraction, int | float)
             or not 0.0 < float(fraction) <= 1.0):
         raise StoreError(f"--fraction (of images labelled) must lie in (0, 1]; got {fraction}")
+    budget = {"k": int(k), "fraction": float(fraction)}
+    record = draw_record({"observed_budgets": {"0": budget}}, 0)
+    return (record, "observed_budgets" if record["kind"] == "budget" else None, budget,
+            lambda pool, test, seed: phase_observed(pool, test, seed, budget))
+
+
+def _bias_plan(store: Store, bias: str, weights_by_class: Sequence[float] | None) -> tuple:
+    """:func:`_budget_plan` for a ``bias`` draw: ``semantic`` needs ``weights_by_class``,
+    ``size`` and ``location`` the store's boxes."""
+    if bias not in BIASES:
+        raise StoreError(f"--bias must be one of {', '.join(BIASES)}; got {bias!r}")
+    if bias == "semantic":
+        if weights_by_class is None:
+            raise StoreError("--bias semantic needs --class-weights FILE (one weight per class)")
+        w = class_weights(weights_by_class, store.n_classes)
+        record = {"bias": bias, "class_weights": w.tolist()}
+        weights = np.broadcast_to(w, (store.n_rows, store.n_classes))
+    else:
+        if weights_by_class is not None:
+            raise StoreError(f"--class-weights is for --bias semantic, not {bias}")
+        if store.shape(f"{GROUP}/{bias}") is None:
+            raise StoreError(
+                f"--bias {bias} needs the dataset's object boxes, and {store.path} (dataset "
+                f"{store.dataset!r}) holds none: only stores featurized from COCO's instance "
+                "annotations have them (spml featurize coco); --bias semantic works on any store"
+            )
+        record, weights = {"bias": bias}, store.read(f"{GROUP}/{bias}")
+    return ({"kind": "bias", **record}, "observed_bias", record,
+            lambda pool, test, seed: np.concatenate([
+                biased_positive(pool, weights[:len(pool)], seed),
+                biased_positive(test, weights[len(pool):], seed)]))
 
 
 def _add_draw(store: Store, seed: int, record: dict[str, Any], attr: str | None, value: Any,
-              draw: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> None:
+              draw: Callable[[np.ndarray, np.ndarray, int], np.ndarray]) -> None:
     """Unless draw ``seed`` already holds ``record`` (one of another kind is refused by name:
-    :func:`probe.store.records.check_draw`), ``draw(pool labels, test labels)`` (each phase
-    re-seeded) and write it (:func:`probe.store.records.write_draw`)."""
+    :func:`probe.store.records.check_draw`), ``draw(pool labels, test labels, seed)`` and write
+    it (:func:`probe.store.records.write_draw`)."""
     if check_draw(store.attrs, seed, record, store.path):
         return
     labels = store.labels()
     n_pool = int(store.attrs["n_pool"])
-    write_draw(store, seed, record, draw(labels[:n_pool], labels[n_pool:]), attr, value)
+    write_draw(store, seed, record, draw(labels[:n_pool], labels[n_pool:], seed), attr, value)
 
 
 def add_observed_seed(path: str | Path, seed: int, *, k: int = 1, fraction: float = 1.0) -> None:
@@ -74,38 +103,8 @@ def add_observed_seed(path: str | Path, seed: int, *, k: int = 1, fraction: floa
     every image is the protocol's draw), recorded in ``observed_budgets``. A seed that holds
     this draw is left alone, one that holds another is refused by name.
     """
-    _check_budget(k, fraction)
-    budget = {"k": int(k), "fraction": float(fraction)}
-    record = draw_record({"observed_budgets": {"0": budget}}, 0)
-    seed = int(seed)
-    _add_draw(open_store(path), seed, record,
-              "observed_budgets" if record["kind"] == "budget" else None, budget,
-              lambda pool, test: phase_observed(pool, test, seed, budget))
-
-
-def bias_draw_weights(store: Any, bias: str, weights_by_class: Sequence[float] | None = None
-                      ) -> tuple[dict[str, Any], np.ndarray]:
-    """The record of a ``bias`` draw on an open ``store`` and its (N, C) weights, every input
-    checked (nothing is written): ``semantic`` needs ``weights_by_class``, ``size`` and
-    ``location`` the store's boxes."""
-    if bias not in BIASES:
-        raise StoreError(f"--bias must be one of {', '.join(BIASES)}; got {bias!r}")
-    if bias == "semantic":
-        if weights_by_class is None:
-            raise StoreError("--bias semantic needs --class-weights FILE (one weight per class)")
-        w = class_weights(weights_by_class, store.n_classes)
-        weights = np.broadcast_to(w, (store.n_rows, store.n_classes))
-        return {"bias": bias, "class_weights": w.tolist()}, weights
-    if weights_by_class is not None:
-        raise StoreError(f"--class-weights is for --bias semantic, not {bias}")
-    name = f"{GROUP}/{bias}"
-    if store.shape(name) is None:
-        raise StoreError(
-            f"--bias {bias} needs the dataset's object boxes, and {store.path} (dataset "
-            f"{store.dataset!r}) holds none: only stores featurized from COCO's instance "
-            "annotations have them (spml featurize coco); --bias semantic works on any store"
-        )
-    return {"bias": bias}, store.read(name)
+    plan = _budget_plan(k, fraction)  # checked before the store is opened
+    _add_draw(open_store(path), int(seed), *plan)
 
 
 def add_biased_draw(path: str | Path, seed: int, bias: str,
@@ -115,9 +114,6 @@ def add_biased_draw(path: str | Path, seed: int, bias: str,
     already holding the same draw is left alone, one holding a draw of another kind is refused
     by name. Returns the draw's record."""
     store = open_store(path)
-    seed = int(seed)
-    record, weights = bias_draw_weights(store, bias, weights_by_class)
-    _add_draw(store, seed, {"kind": "bias", **record}, "observed_bias", record,
-              lambda pool, test: np.concatenate([biased_positive(pool, weights[:len(pool)], seed),
-                                                 biased_positive(test, weights[len(pool):], seed)]))
-    return record
+    plan = _bias_plan(store, bias, weights_by_class)
+    _add_draw(store, int(seed), *plan)
+    return plan[2]

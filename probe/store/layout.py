@@ -35,7 +35,7 @@ import numpy as np
 import zarr
 
 from probe.store.errors import StoreError, StoreNotFoundError
-from probe.store.protocol import budget_positive, single_positive
+from probe.store.protocol import budget_positive
 
 SCHEMA_VERSION: int = 1
 SPLIT_CODES: dict[str, int] = {"train": 0, "val": 1, "test": 2}
@@ -138,11 +138,10 @@ def phase_observed(labels_pool: np.ndarray, labels_test: np.ndarray, seed: int,
     """``observed/<seed>``: single positives drawn per phase, each phase re-seeded; with a
     label ``budget`` (``{"k", "fraction"}``), ``k`` positives on a ``fraction`` of the images
     (:func:`probe.store.protocol.budget_positive`, the same walk)."""
-    if budget is not None and not is_protocol_budget(budget):
-        k, fraction = int(budget["k"]), float(budget["fraction"])
-        return np.concatenate([budget_positive(labels_pool, seed, k=k, fraction=fraction),
-                               budget_positive(labels_test, seed, k=k, fraction=fraction)])
-    return np.concatenate([single_positive(labels_pool, seed), single_positive(labels_test, seed)])
+    budget = budget or PROTOCOL_BUDGET  # k = 1 on every image: single_positive's walk
+    return np.concatenate([budget_positive(y, seed, k=int(budget["k"]),
+                                           fraction=float(budget["fraction"]))
+                           for y in (labels_pool, labels_test)])
 
 
 PROTOCOL_BUDGET: dict = {"k": 1, "fraction": 1.0}  # one positive per image, every image

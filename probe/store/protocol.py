@@ -31,14 +31,14 @@ def single_positive(labels: np.ndarray, seed: int = PROTOCOL_SEED) -> np.ndarray
     ``labels``: ``(N, C)`` full ground truth in {0, 1}; ``seed``: 1200 is the literature's
     draw. Returns an ``(N, C)`` int8 matrix with one ``1`` per row that has a positive.
     """
+    return _walk(labels, seed, 1, "single_positive")
+
+
+def _walk(labels: np.ndarray, seed: int, k: int, what: str) -> np.ndarray:
+    """The reference's walk over the rows: keep ``k`` of the shuffled positives of each row."""
     y = np.asarray(labels)
     if y.ndim != 2:
-        raise SpmlError(f"single_positive: labels must be a 2-D (N, C) matrix, got shape {y.shape}")
-    return _walk(y, seed, 1)
-
-
-def _walk(y: np.ndarray, seed: int, k: int) -> np.ndarray:
-    """The reference's walk over the rows: keep ``k`` of the shuffled positives of each row."""
+        raise SpmlError(f"{what}: labels must be a 2-D (N, C) matrix, got shape {y.shape}")
     rng = np.random.RandomState(seed)
     observed = np.zeros(y.shape, dtype=np.int8)
     for i in range(y.shape[0]):
@@ -95,11 +95,9 @@ def budget_positive(labels: np.ndarray, seed: int = PROTOCOL_SEED, *, k: int = 1
     if not 0.0 < float(fraction) <= 1.0:
         raise SpmlError(f"budget_positive: fraction (of images labelled) must lie in (0, 1]; "
                          f"got {fraction!r}")
-    y = np.asarray(labels)
-    if y.ndim != 2:
-        raise SpmlError(f"budget_positive: labels must be a 2-D (N, C) matrix, got {y.shape}")
-    observed = _walk(y, seed, k)
+    observed = _walk(labels, seed, k, "budget_positive")
     if fraction < 1.0:
-        keep = np.random.RandomState(seed).permutation(y.shape[0])[: round(fraction * y.shape[0])]
-        observed[np.setdiff1d(np.arange(y.shape[0]), keep)] = 0
+        n = len(observed)
+        keep = np.random.RandomState(seed).permutation(n)[: round(fraction * n)]
+        observed[np.setdiff1d(np.arange(n), keep)] = 0
     return observed

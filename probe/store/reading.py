@@ -305,5 +305,4 @@ def verify_store(path: str | Path) -> VerifyReport:
     """Read every chunk of every array of a store (finished or not) and report the damaged
     ones; the store must at least open as a Zarr group with its schema attributes."""
     path, group = open_store_group(path, "r")
-    arrays, damaged = group_damage(path, group)
-    return VerifyReport(path, arrays, damaged)
+    return VerifyReport(path, *group_damage(path, group))

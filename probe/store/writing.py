@@ -84,9 +84,10 @@ def _write_row_arrays(
     def want(name: str) -> bool:
         return only is None or name in only
 
-    def put(parent: zarr.Group, name: str, data: np.ndarray) -> None:
-        parent.create_array(name, data=data, compressors=checksum_codecs(compress=True),
-                            config=EVERY_CHUNK, overwrite=True)
+    def put(parent: zarr.Group, name: str, data: np.ndarray | None, **kwargs: Any) -> Any:
+        # chunks.small_array, with the codecs and config a test replaces to write an old store
+        return parent.create_array(name, data=data, compressors=checksum_codecs(compress=True),
+                                   config=EVERY_CHUNK, overwrite=True, **kwargs)
 
     if want("labels"):
         put(group, "labels", np.concatenate([labels_pool, labels_test]))
@@ -97,11 +98,8 @@ def _write_row_arrays(
         split[val] = SPLIT_CODES["val"]
         put(group, "split", split)
     if want("image_ids"):
-        ids = np.asarray([*index.pool.image_ids, *index.test.image_ids], dtype=str)
-        group.create_array(
-            "image_ids", shape=(n_rows,), dtype=str, compressors=checksum_codecs(compress=True),
-            config=EVERY_CHUNK, overwrite=True,
-        )[:] = ids
+        put(group, "image_ids", None, shape=(n_rows,), dtype=str)[:] = np.asarray(
+            [*index.pool.image_ids, *index.test.image_ids], dtype=str)
     if only is None:  # a dataset's boxes: the label-bias draws' weights (probe.store.bias)
         from probe.store.bias import write_bias_weights
         write_bias_weights(group, index.pool, index.test)
@@ -156,8 +154,15 @@ def create_store(
         group.create_array("blocks_done", shape=(math.ceil(n_rows / int(block_rows)),),
                            chunks=(1,), dtype=bool, fill_value=False, config=EVERY_CHUNK,
                            compressors=checksum_codecs(compress=False))
-        group.attrs.update(_store_attrs(index, feature_dim, with_flip, dtype, block_rows,
-                                        seeds, prov, dict(extra_attrs or {})))
+        unlabeled = {name: int((np.asarray(phase.labels, dtype=np.uint8).sum(1) == 0).sum())
+                     for name, phase in (("pool", index.pool), ("test", index.test))}
+        group.attrs.update({  # schema_version last of all: a store without it is unfinished
+            **(extra_attrs or {}), "dataset": index.name, "class_names": list(index.class_names),
+            "n_pool": len(index.pool), "n_test": len(index.test), "n_unlabeled": unlabeled,
+            "n_classes": index.pool.labels.shape[1], "feature_dim": int(feature_dim),
+            "has_flip": bool(with_flip), "dtype": dtype, "block_rows": int(block_rows),
+            "observed_seeds": sorted(seeds), "split_seed": PROTOCOL_SEED, "provenance": prov,
+            "complete": False, "schema_version": SCHEMA_VERSION})
     except OSError as err:  # disk full, file-size limit: nothing reaches `path`
         shutil.rmtree(staging, ignore_errors=True)
         raise StoreError(
@@ -224,22 +229,6 @@ def _clear_output(path: Path, overwrite: bool) -> None:
             f"{path} exists and is not a Zarr store; refusing to delete it even with "
             f"--overwrite -- choose another output path"
         )
-
-
-def _store_attrs(index: DatasetIndex, feature_dim: int, with_flip: bool, dtype: str,
-                 block_rows: int, seeds: list[int], prov: dict, extra: dict) -> dict:
-    """The group's attributes; ``schema_version`` is written with them, after every array: a
-    store without it was interrupted while being created."""
-    unlabeled = {name: int((np.asarray(phase.labels, dtype=np.uint8).sum(1) == 0).sum())
-                 for name, phase in (("pool", index.pool), ("test", index.test))}
-    return {
-        **extra, "dataset": index.name, "class_names": list(index.class_names),
-        "n_pool": len(index.pool), "n_test": len(index.test), "n_unlabeled": unlabeled,
-        "n_classes": index.pool.labels.shape[1], "feature_dim": int(feature_dim),
-        "has_flip": bool(with_flip), "dtype": dtype, "block_rows": int(block_rows),
-        "observed_seeds": sorted(seeds), "split_seed": PROTOCOL_SEED, "provenance": prov,
-        "complete": False, "schema_version": SCHEMA_VERSION,
-    }
 
 
 @contextlib.contextmanager
@@ -328,15 +317,11 @@ class StoreWriter:
         """Check shapes/dtype, write the block's rows, then mark it done (in that order)."""
         sl = self.block_slice(block)
         feats = self._checked("features", block, sl, features)
-        if self.with_flip and features_flip is None:
-            raise StoreError(
-                f"write_block({block}): this store keeps flipped features; pass features_flip"
-            )
-        if not self.with_flip and features_flip is not None:
-            raise StoreError(
-                f"write_block({block}): this store was created without flipped features "
-                "(with_flip=False) but features_flip was given"
-            )
+        if self.with_flip != (features_flip is not None):
+            raise StoreError(f"write_block({block}): " + (
+                "this store keeps flipped features; pass features_flip" if self.with_flip else
+                "this store was created without flipped features (with_flip=False) but "
+                "features_flip was given"))
         flip = None if features_flip is None else self._checked("features_flip", block, sl,
                                                                  features_flip)
         with _writing(self.path, f"block {block} (rows {sl.start}:{sl.stop})"):
@@ -424,9 +409,8 @@ def resume_store(path: str | Path, provenance: dict) -> StoreWriter:
                 f"{stored.get(key)!r}, now: {given.get(key)!r}); re-run with the settings "
                 "that created it, or pass --overwrite to start again"
             )
-    complete = bool(group.attrs.get("complete"))
     damage = group_damage(path, group)[1]
-    if complete and not damage:
+    if group.attrs.get("complete") and not damage:
         raise StoreError(
             f"{path} is already complete and every chunk reads back as written; nothing to "
             "resume or repair (pass --overwrite to rebuild it)"
