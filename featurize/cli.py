@@ -185,12 +185,10 @@ def add_command(sub: argparse._SubParsersAction, name: str, **kwargs: Any
     return sub.add_parser(name, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
 
 
-def _config(args: argparse.Namespace, **extra: Any) -> Any:
-    """The :class:`FeaturizeConfig` of the options (each named as its field) and ``extra``."""
-    from featurize.runner import FeaturizeConfig
-
-    given = {f.name for f in dataclasses.fields(FeaturizeConfig)} & set(vars(args))
-    return FeaturizeConfig(**{k: getattr(args, k) for k in given}, **extra)
+def config_of(cls: type, args: argparse.Namespace, **extra: Any) -> Any:
+    """The config dataclass ``cls`` of the options (each named as its field) and ``extra``."""
+    given = {f.name for f in dataclasses.fields(cls)} & set(vars(args)) - set(extra)
+    return cls(**{k: getattr(args, k) for k in given}, **extra)
 
 
 class _ListBackbones(argparse.Action):
@@ -224,11 +222,11 @@ def check_before_writing(args: argparse.Namespace) -> None:
 
 def _cmd_featurize(args: argparse.Namespace) -> int:
     from featurize.ranks import distributed_from_env
-    from featurize.runner import featurize_dataset
+    from featurize.runner import FeaturizeConfig, featurize_dataset
     from probe.store import add_draws
 
     check_before_writing(args)
-    config = _config(args, progress=not args.quiet)  # with --dtype, --block-rows, --skip-bad, …
+    config = config_of(FeaturizeConfig, args, progress=not args.quiet)  # --dtype, --skip-bad, …
     options = dataset_options_of(args.dataset_options)
     if args.skip_bad and args.dataset in ("folder", "coco", "cub"):
         options.setdefault("check_images", False)  # missing images become bad rows
@@ -267,13 +265,15 @@ def _cmd_featurize(args: argparse.Namespace) -> int:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from featurize.bench import BenchConfig, bench_featurize
+    from featurize.runner import FeaturizeConfig
 
     try:
         width, height = (int(v) for v in args.image_size.lower().split("x"))
     except ValueError:
         raise SpmlError(
             f"--image-size expects WIDTHxHEIGHT, e.g. 500x375; got {args.image_size!r}") from None
-    config = BenchConfig(featurize=_config(args, progress=not args.quiet and not args.json),
+    config = BenchConfig(featurize=config_of(FeaturizeConfig, args,
+                                             progress=not args.quiet and not args.json),
                          n_images=args.images, width=width, height=height)
     result = bench_featurize(config)
     if not args.json:
