@@ -261,8 +261,7 @@ def compute_clip_prior(store_path: str | Path, config: ClipPriorConfig,
     clip.model.to(device)
     with torch.inference_mode():
         prompts = [config.prompt.format(c.replace("_", " ")) for c in store.class_names]
-        tokens = clip.tokenizer(prompts).to(device)
-        text = clip.model.encode_text(tokens).float()
+        text = clip.model.encode_text(clip.tokenizer(prompts).to(device)).float()
         text = text / text.norm(dim=-1, keepdim=True)
 
     scratch = store_path.with_name(f"{store_path.name}.priors-{config.name}.partial")

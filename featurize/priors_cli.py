@@ -17,10 +17,7 @@ def _cmd_priors(args: argparse.Namespace) -> int:
     from featurize.clip_priors import ClipPriorConfig, ClipPriorError, compute_clip_prior
     from featurize.priors_import import parse_tiles
 
-    try:
-        rows, cols = parse_tiles(args.tiles)
-    except ValueError as err:
-        raise ClipPriorError(str(err)) from None
+    rows, cols = parse_tiles(args.tiles)
     if rows != cols:
         raise ClipPriorError(f"--tiles: spml priors cuts a square grid, K or KxK (e.g. 4 or "
                              f"4x4); got {args.tiles}")

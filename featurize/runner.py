@@ -233,9 +233,8 @@ def featurize(
                 f"{len(missing)} of {len(paths)} image files of dataset '{index.name}' are "
                 "missing; restore them, or pass --skip-bad to store zero features for them "
                 f"(listed in the store's bad_rows):{shown}")
-    run = {"device": str(rt.device), "batch_size": rt.batch_size, "tool": "spml featurize"}
-    if ranks.distributed:
-        run["world_size"] = ranks.world
+    run = {"device": str(rt.device), "batch_size": rt.batch_size, "tool": "spml featurize",
+           **({"world_size": ranks.world} if ranks.distributed else {})}
     provenance = {**backbone.provenance(),
                   "transform": describe_transform(transform, rt, config.with_flip),
                   **({"source": f"images of dataset '{index.name}'", "dataset": index.name}
