@@ -43,9 +43,7 @@ def _cmd_draw(args: argparse.Namespace) -> int:
     seeds = parse_seeds(args.seeds)
     store = open_store(args.store)
     weights = None
-    if args.class_weights is not None:
-        if args.bias is None:
-            raise SpmlError("--class-weights goes with --bias semantic")
+    if args.class_weights is not None:  # without --bias semantic: add_draws refuses it
         if not Path(args.class_weights).is_file():
             raise MissingPathError(f"--class-weights: file {args.class_weights} not found")
         weights = _read_class_weights(args.class_weights, store.class_names)
