@@ -138,14 +138,9 @@ def _add_run_options(p: argparse.ArgumentParser, default_weights: str | None) ->
         help="which embedding: auto (default) = the family's (CLIP: projected, others: pooled); "
         "pooled, projected (CLIP's image embedding), mean (of the patch tokens, hf:)")
     model.add_argument(
-        "--weights",
-        default=default_weights,
-        metavar="WEIGHTS",
+        "--weights", default=default_weights, metavar="WEIGHTS",
         help="default | a torchvision weights name | PATH (.pth, .pt, .safetensors) | random "
-        "(default: "
-        + (default_weights or "the backbone's standard ImageNet weights")
-        + ")",
-    )
+        "(default: " + (default_weights or "the backbone's standard ImageNet weights") + ")")
     model.add_argument(
         "--weights-seed", type=int, default=0, help="seed of --weights random (default: 0)")
     model.add_argument("--download", action="store_true",

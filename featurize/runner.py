@@ -164,9 +164,8 @@ def load_configured(config: FeaturizeConfig) -> Backbone:
                          embed=config.embed)
 
 
-def backbone_transform(
-    backbone: Backbone, size: int | None = None, mode: str = "protocol"
-) -> ImageTransform:
+def backbone_transform(backbone: Backbone, size: int | None = None, mode: str = "protocol"
+                       ) -> ImageTransform:
     """The image transform for ``backbone``: ``protocol``, S×S (default 448) with the weights'
     own mean/std; ``model``, the backbone's own preprocessing."""
     if mode == "protocol":
@@ -193,15 +192,9 @@ def describe_transform(transform: ImageTransform, rt: Runtime, with_flip: bool) 
     return out
 
 
-def featurize(
-    index: DatasetIndex,
-    out: str | Path,
-    config: FeaturizeConfig | None = None,
-    *,
-    backbone: Backbone | None = None,
-    ranks: Ranks | None = None,
-    source: ImageSource | None = None,
-) -> FeaturizeResult:
+def featurize(index: DatasetIndex, out: str | Path, config: FeaturizeConfig | None = None, *,
+              backbone: Backbone | None = None, ranks: Ranks | None = None,
+              source: ImageSource | None = None) -> FeaturizeResult:
     """Featurize every image of ``index`` (pool rows, then test rows) into the store ``out``.
 
     Weights are resolved before anything is written. An incomplete store made the same way is
@@ -398,13 +391,9 @@ def _to_host(feats: torch.Tensor, flips: torch.Tensor | None, rt: Runtime
     return event, host[0], host[1] if flips is not None else None
 
 
-def featurize_dataset(
-    name: str,
-    root: str | Path,
-    out: str | Path,
-    config: FeaturizeConfig | None = None,
-    **dataset_options: Any,
-) -> FeaturizeResult:
+def featurize_dataset(name: str, root: str | Path, out: str | Path,
+                      config: FeaturizeConfig | None = None, **dataset_options: Any
+                      ) -> FeaturizeResult:
     """Load dataset ``name`` from ``root`` with the registered adapter, then :func:`featurize`
     (the backbone and its weights first: a missing weights file is reported before parsing)."""
     from featurize.datasets import load_dataset, resolve_name

