@@ -159,9 +159,8 @@ def load_configured(config: FeaturizeConfig) -> Backbone:
     """The backbone ``config`` names, checked against the input size it will get."""
     protocol = transform_mode(config) == "protocol"
     return load_backbone(config.backbone, config.weights, seed=config.weights_seed,
-                         download=config.download,
-                         size=(config.size or PROTOCOL_SIZE) if protocol else None,
-                         embed=config.embed)
+                         download=config.download, embed=config.embed,
+                         size=(config.size or PROTOCOL_SIZE) if protocol else None)
 
 
 def backbone_transform(backbone: Backbone, size: int | None = None, mode: str = "protocol"

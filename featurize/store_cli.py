@@ -126,16 +126,13 @@ def format_summary(summary: dict) -> str:
         f"disk        {s['disk_bytes'] / 2**20:.1f} MiB",
         "",
         f"{'split':<6} {'rows':>8} {'labels/row':>11} {'rows w/o pos':>13} {'classes w/o pos':>16}",
+        *(f"{name:<6} {sp['rows']:>8} {sp['label_cardinality']:>11.3f} "
+          f"{sp['rows_without_positive']:>13} {sp['classes_without_positive']:>16}"
+          for name, sp in s["splits"].items()),
+        *(f"  {name}: no positive for {_names(sp['classes_without_positive_names'])} "
+          "(AP counts as 0 for them)" for name, sp in s["splits"].items()
+          if sp["classes_without_positive"]),
     ]
-    for name, sp in s["splits"].items():
-        lines.append(
-            f"{name:<6} {sp['rows']:>8} {sp['label_cardinality']:>11.3f} "
-            f"{sp['rows_without_positive']:>13} {sp['classes_without_positive']:>16}")
-    for name, sp in s["splits"].items():
-        if sp["classes_without_positive"]:
-            lines.append(
-                f"  {name}: no positive for {_names(sp['classes_without_positive_names'])} "
-                "(AP counts as 0 for them)")
     for name, rec in s.get("priors", {}).items():  # probe.store.priors
         prov = rec["provenance"]
         fields = prior_facts(prov)
