@@ -177,7 +177,7 @@ def load_folder(root: str | Path, *, annotations: str | Path | None = None,
         raise DatasetFormatError(f"{ann}: has no annotation rows")
     known_set = set(known)
     kept: list[_Row] = []
-    first_line: dict[str, int] = {}
+    seen: dict[str, int] = {}  # image -> the line first listing it
     for row in rows:
         where = at(ann, row.line)
         if not row.path:
@@ -188,11 +188,9 @@ def load_folder(root: str | Path, *, annotations: str | Path | None = None,
                 hint = f"; did you mean {close[0]!r}?" if close else ""
                 raise DatasetFormatError(
                     f"{where}: unknown class {label!r} (not in {source}){hint}")
-        key = os.path.normpath(root / row.path)
-        if key in first_line:
+        if (first := seen.setdefault(os.path.normpath(root / row.path), row.line)) != row.line:
             raise DatasetFormatError(
-                f"{where}: image {row.path} is listed again (first on line {first_line[key]})")
-        first_line[key] = row.line
+                f"{where}: image {row.path} is listed again (first on line {first})")
         if not row.labels:
             if empty == "error":
                 raise DatasetFormatError(

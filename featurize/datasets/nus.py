@@ -87,13 +87,11 @@ def load_nus(root: str | Path, *, check_images: bool = True) -> DatasetIndex:
         entries = read_lines(list_path)
         ids: list[str] = []
         for line, text in entries:
-            rel = normalize_nus_entry(text)
+            rel, where = normalize_nus_entry(text), at(list_path, line)
             if not rel:
-                raise DatasetFormatError(f"{at(list_path, line)}: {text!r} names no image file")
-            if rel in listed:
-                raise DatasetFormatError(
-                    f"{at(list_path, line)}: image {rel} is listed again (first in {listed[rel]})")
-            listed[rel] = at(list_path, line)
+                raise DatasetFormatError(f"{where}: {text!r} names no image file")
+            if (first := listed.setdefault(rel, where)) != where:
+                raise DatasetFormatError(f"{where}: image {rel} is listed again (first in {first})")
             ids.append(rel)
         labels = np.zeros((len(ids), len(concepts)), dtype=np.uint8)
         for c, concept in enumerate(concepts):
