@@ -44,16 +44,13 @@ def normalize_nus_entry(entry: str) -> str:
     return "/".join(parts)
 
 
-def _locate(base: Path, flat: bool, rel: str) -> Path:
-    return base / (rel.rsplit("/", 1)[-1] if flat else rel)
-
-
 def _image_paths(root: Path, rels: list[str]) -> tuple[Path, ...]:
     """Image files for normalized entries, in the first of the module docstring's layouts that
     holds the first listed image (the Flickr layout when none does)."""
-    layouts = [(root / "Flickr", False), (root / "images", False), (root / "images", True)]
-    chosen = next((lay for lay in layouts if rels and _locate(*lay, rels[0]).is_file()), layouts[0])
-    return tuple(_locate(*chosen, rel) for rel in rels)
+    layouts = [lambda rel: root / "Flickr" / rel, lambda rel: root / "images" / rel,
+               lambda rel: root / "images" / rel.rsplit("/", 1)[-1]]
+    chosen = next((path for path in layouts if rels and path(rels[0]).is_file()), layouts[0])
+    return tuple(chosen(rel) for rel in rels)
 
 
 def _concepts(root: Path) -> tuple[str, ...]:
