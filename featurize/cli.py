@@ -30,7 +30,7 @@ DTYPES = ("float16", "float32")  # = probe.store.DTYPES (a test checks they agre
 BAD_SHOWN = 20  # unreadable images listed after a run (the rest are counted)
 
 _FAMILY_LINES = "".join(
-    f"    {f.prefix + ':' + f.syntax:<36} e.g. {f.example}\n"
+    f"    {f.name + ':' + f.syntax:<36} e.g. {f.example}\n"
     f"    {'':<36} ({f.install})\n"
     for f in FAMILIES.values() if f.qualified)
 _FEATURIZE_EPILOG = f"""\

@@ -85,10 +85,6 @@ class Family(ABC):
     embeds: tuple[str, ...] = ("pooled",)  # --embed choices, the default first
     note: str = ""  # one line for spml backbones
 
-    @property
-    def prefix(self) -> str:  # of its qualified names
-        return self.name
-
     def claims(self, name: str) -> bool:
         """Whether backbone ``name`` is this family's (a qualified family: ``<name>:…``)."""
         return self.qualified and str(name).startswith(f"{self.name}:")

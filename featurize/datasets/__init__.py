@@ -63,9 +63,8 @@ DATASETS: dict[str, DatasetEntry] = {e.name: e for e in (
         "NUS-WIDE official release: ImageList/, Groundtruth/TrainTestLabels/, Concepts81.txt"),
     DatasetEntry("cub", "featurize.datasets.cub:load_cub",
                  "CUB-200-2011 attributes: images.txt, train_test_split.txt, attributes/"),
-    DatasetEntry(
-        "folder", "featurize.datasets.folder:load_folder",
-        "your images + a CSV (path,label1;label2[,split]) or JSON-lines annotation file"),
+    DatasetEntry("folder", "featurize.datasets.folder:load_folder",
+                 "your images + a CSV (path,label1;label2[,split]) or JSON-lines annotation file"),
     DatasetEntry(
         "cole", "featurize.datasets.cole:load_cole_formatted",
         "Cole et al.'s formatted_{train,val}_{labels,images}.npy (option dataset=voc|coco|…)"),
