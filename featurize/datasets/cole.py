@@ -161,12 +161,9 @@ def cole_class_names(root: Path, dataset: str, class_names_file: str | Path | No
 def cole_paths(root: Path, *, features: bool) -> dict[str, Path]:
     """The files of one dataset directory (``labels_pool``, ``images_test``, ...); a missing
     one is a FileNotFoundError listing all that are missing."""
-    paths = {}
-    for phase, prefix in PHASES.items():
-        paths[f"labels_{phase}"] = root / LABELS_FILE.format(prefix)
-        paths[f"images_{phase}"] = root / IMAGES_FILE.format(prefix)
-        if features:
-            paths[f"features_{phase}"] = root / FEATURES_FILE.format(prefix)
+    kinds = {"labels": LABELS_FILE, "images": IMAGES_FILE, "features": FEATURES_FILE}
+    paths = {f"{kind}_{phase}": root / name.format(prefix) for phase, prefix in PHASES.items()
+             for kind, name in kinds.items() if features or kind != "features"}
     missing = [p.name for p in paths.values() if not p.is_file()]
     if missing:
         raise MissingPathError(
