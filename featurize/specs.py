@@ -261,6 +261,5 @@ def family_for(name: str) -> Family:
 def family_of(name: str) -> Family | None:
     """The qualified family of a ``<prefix>:<model>`` backbone name (the model's own
     preprocessing by default), None for a plain (registry, torchvision) name."""
-    prefix, sep, _ = str(name).partition(":")
-    family = FAMILIES.get(prefix) if sep else None
+    family = FAMILIES.get(str(name).partition(":")[0]) if ":" in str(name) else None
     return family if family is not None and family.qualified else None
