@@ -57,24 +57,18 @@ def synthetic_photos(folder: Path, n: int, width: int, height: int, seed: int = 
     rng = np.random.default_rng(seed)
     folder.mkdir(parents=True, exist_ok=True)
     yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
-    paths = []
-    for k in range(n):
-        base = rng.uniform(0, 255, size=(2, 2, 3)).astype(np.float32)
-        fx, fy = xx / max(1, width - 1), yy / max(1, height - 1)
-        img = (
-            base[0, 0] * ((1 - fx) * (1 - fy))[..., None]
-            + base[0, 1] * (fx * (1 - fy))[..., None]
-            + base[1, 0] * ((1 - fx) * fy)[..., None]
-            + base[1, 1] * (fx * fy)[..., None])
+    fx, fy = xx / max(1, width - 1), yy / max(1, height - 1)
+    corners = [w[..., None] for w in ((1 - fx) * (1 - fy), fx * (1 - fy), (1 - fx) * fy, fx * fy)]
+    paths = [folder / f"photo_{k:05d}.jpg" for k in range(n)]
+    for path in paths:
+        base = rng.uniform(0, 255, size=(4, 3)).astype(np.float32)  # the corners' colours
+        img = sum(c * w for c, w in zip(base, corners))  # bilinear between them
         for _ in range(4):
             cx, cy = rng.uniform(0, width), rng.uniform(0, height)
             r = rng.uniform(0.05, 0.3) * min(width, height)
-            mask = (xx - cx) ** 2 + (yy - cy) ** 2 < r * r
-            img[mask] = rng.uniform(0, 255, size=3)
+            img[(xx - cx) ** 2 + (yy - cy) ** 2 < r * r] = rng.uniform(0, 255, size=3)
         img += rng.normal(0, 8, size=img.shape)
-        path = folder / f"photo_{k:05d}.jpg"
         Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(path, quality=90)
-        paths.append(path)
     return paths
 
 

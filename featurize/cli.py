@@ -23,14 +23,14 @@ from featurize.specs import (
     RANDOM,
     TRANSFORM_CHOICES,
 )
-from probe.cliargs import add_device_argument, add_seeds_argument, parse_seeds
+from probe.cliargs import add_device_argument, add_seeds_argument, parse_seeds, parse_value
 from probe.errors import SpmlError
 
 DTYPES = ("float16", "float32")  # = probe.store.DTYPES (a test checks they agree)
 BAD_SHOWN = 20  # unreadable images listed after a run (the rest are counted)
 
 _FAMILY_LINES = "".join(
-    f"    {f.prefix + ':' + f.syntax:<36} e.g. {f.example}\n"
+    f"    {f.name + ':' + f.syntax:<36} e.g. {f.example}\n"
     f"    {'':<36} ({f.install})\n"
     for f in FAMILIES.values() if f.qualified)
 _FEATURIZE_EPILOG = f"""\
@@ -111,25 +111,16 @@ examples:
 """
 
 
-def _option_value(text: str) -> Any:
-    """``--option`` values: JSON scalars (numbers, true/false/null) or plain strings."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        return text
-    return value if isinstance(value, (int, float, bool)) or value is None else text
-
-
 def dataset_options_of(pairs: list[str] | None) -> dict[str, Any]:
-    """The dataset adapter's options from repeated ``--option KEY=VALUE`` (values parsed as
-    numbers, booleans or lists where they read as such)."""
+    """The dataset adapter's options from repeated ``--option KEY=VALUE``, values read as every
+    command's (:func:`probe.cliargs.parse_value`: true/false, none, numbers, else text)."""
     out: dict[str, Any] = {}
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
             raise SpmlError(
                 f"--option expects KEY=VALUE (e.g. annotations=labels.csv), got {pair!r}")
-        out[key.strip().replace("-", "_")] = _option_value(value)
+        out[key.strip().replace("-", "_")] = parse_value(value)
     return out
 
 
@@ -147,14 +138,9 @@ def _add_run_options(p: argparse.ArgumentParser, default_weights: str | None) ->
         help="which embedding: auto (default) = the family's (CLIP: projected, others: pooled); "
         "pooled, projected (CLIP's image embedding), mean (of the patch tokens, hf:)")
     model.add_argument(
-        "--weights",
-        default=default_weights,
-        metavar="WEIGHTS",
+        "--weights", default=default_weights, metavar="WEIGHTS",
         help="default | a torchvision weights name | PATH (.pth, .pt, .safetensors) | random "
-        "(default: "
-        + (default_weights or "the backbone's standard ImageNet weights")
-        + ")",
-    )
+        "(default: " + (default_weights or "the backbone's standard ImageNet weights") + ")")
     model.add_argument(
         "--weights-seed", type=int, default=0, help="seed of --weights random (default: 0)")
     model.add_argument("--download", action="store_true",
@@ -194,12 +180,10 @@ def add_command(sub: argparse._SubParsersAction, name: str, **kwargs: Any
     return sub.add_parser(name, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
 
 
-def _config(args: argparse.Namespace, **extra: Any) -> Any:
-    """The :class:`FeaturizeConfig` of the options (each named as its field) and ``extra``."""
-    from featurize.runner import FeaturizeConfig
-
-    given = {f.name for f in dataclasses.fields(FeaturizeConfig)} & set(vars(args))
-    return FeaturizeConfig(**{k: getattr(args, k) for k in given}, **extra)
+def config_of(cls: type, args: argparse.Namespace, **extra: Any) -> Any:
+    """The config dataclass ``cls`` of the options (each named as its field) and ``extra``."""
+    given = {f.name for f in dataclasses.fields(cls)} & set(vars(args)) - set(extra)
+    return cls(**{k: getattr(args, k) for k in given}, **extra)
 
 
 class _ListBackbones(argparse.Action):
@@ -233,11 +217,11 @@ def check_before_writing(args: argparse.Namespace) -> None:
 
 def _cmd_featurize(args: argparse.Namespace) -> int:
     from featurize.ranks import distributed_from_env
-    from featurize.runner import featurize_dataset
+    from featurize.runner import FeaturizeConfig, featurize_dataset
     from probe.store import add_draws
 
     check_before_writing(args)
-    config = _config(args, progress=not args.quiet)  # with --dtype, --block-rows, --skip-bad, …
+    config = config_of(FeaturizeConfig, args, progress=not args.quiet)  # --dtype, --skip-bad, …
     options = dataset_options_of(args.dataset_options)
     if args.skip_bad and args.dataset in ("folder", "coco", "cub"):
         options.setdefault("check_images", False)  # missing images become bad rows
@@ -276,13 +260,15 @@ def _cmd_featurize(args: argparse.Namespace) -> int:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from featurize.bench import BenchConfig, bench_featurize
+    from featurize.runner import FeaturizeConfig
 
     try:
         width, height = (int(v) for v in args.image_size.lower().split("x"))
     except ValueError:
         raise SpmlError(
             f"--image-size expects WIDTHxHEIGHT, e.g. 500x375; got {args.image_size!r}") from None
-    config = BenchConfig(featurize=_config(args, progress=not args.quiet and not args.json),
+    config = BenchConfig(featurize=config_of(FeaturizeConfig, args,
+                                             progress=not args.quiet and not args.json),
                          n_images=args.images, width=width, height=height)
     result = bench_featurize(config)
     if not args.json:

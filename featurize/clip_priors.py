@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from probe.errors import MissingPathError, SpmlError
+from probe.errors import MissingPathError, SpmlError, is_int, plain
 from probe.io import atomic_write, atomic_write_text
 
 __all__ = ["ClipPriorConfig", "ClipPriorResult", "compute_clip_prior", "image_paths_of_store",
@@ -57,11 +57,9 @@ class ClipPriorConfig:
                       "'a photo of a {}.'", self.prompt)
         if not (isinstance(self.temperature, int | float) and 0 < self.temperature <= 100):
             raise bad("--temperature", "a number in (0, 100], e.g. 0.01", self.temperature)
-        if isinstance(self.tiles, bool) or not isinstance(self.tiles, int) \
-                or not 0 <= self.tiles <= 8:
+        if not (is_int(self.tiles, 0) and self.tiles <= 8):
             raise bad("--tiles", "an integer k in [0, 8] for a k×k grid (DAMP: 4)", self.tiles)
-        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) \
-                or self.batch_size < 1:
+        if not is_int(self.batch_size, 1):
             raise bad("--batch-size", "an integer >= 1", self.batch_size)
         from probe.store.prior_writer import check_prior_name
 
@@ -220,17 +218,11 @@ def _check_resume(scratch: Path, fingerprint: dict[str, Any]) -> None:
     else:
         keys = sorted(k for k in set(old) | set(fingerprint) if old.get(k) != fingerprint.get(k))
         differs = "; ".join(
-            f"{_FINGERPRINT_FLAGS.get(k, k)} ({k}): {_plain(old.get(k))} then, "
-            f"{_plain(fingerprint.get(k))} now" for k in keys)
+            f"{_FINGERPRINT_FLAGS.get(k, k)} ({k}): {plain(old.get(k))} then, "
+            f"{plain(fingerprint.get(k))} now" for k in keys)
     raise ClipPriorError(
         f"an unfinished spml priors run of other settings is in {scratch} ({differs}); rerun "
         "with that run's settings to resume it, or remove that folder to start over")
-
-
-def _plain(value: Any) -> str:
-    if isinstance(value, dict):
-        return ",".join(f"{k}={v}" for k, v in value.items()) or "none"
-    return "none" if value is None else str(value)
 
 
 def _reduce(views: np.ndarray, tiles: int) -> np.ndarray:
@@ -269,8 +261,7 @@ def compute_clip_prior(store_path: str | Path, config: ClipPriorConfig,
     clip.model.to(device)
     with torch.inference_mode():
         prompts = [config.prompt.format(c.replace("_", " ")) for c in store.class_names]
-        tokens = clip.tokenizer(prompts).to(device)
-        text = clip.model.encode_text(tokens).float()
+        text = clip.model.encode_text(clip.tokenizer(prompts).to(device)).float()
         text = text / text.norm(dim=-1, keepdim=True)
 
     scratch = store_path.with_name(f"{store_path.name}.priors-{config.name}.partial")

@@ -35,7 +35,6 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
-    """``spml import cole|arrays|yeast``: check before writing, import, add the draws, report."""
     from featurize import imports
     from probe.store import add_draws
 

@@ -19,7 +19,6 @@ from featurize.datasets._parse import DatasetFormatError
 from featurize.datasets.cole import (
     PHASES,
     binary_labels,
-    canonical_dataset,
     cole_class_names,
     cole_paths,
     load_cole_formatted,
@@ -92,10 +91,8 @@ def import_cole(root: str | Path, dataset: str, out: str | Path, *, dtype: str =
     rows; no flipped features); their ``formatted_*_labels_obs.npy``, where present, is compared
     with the store's seed-1200 draw (the provenance's ``reference_check``)."""
     root = Path(root)
-    dataset = canonical_dataset(dataset)
-    index = load_cole_formatted(root, dataset, class_names_file)
-    _, names_source = cole_class_names(
-        root, dataset, None if class_names_file is None else Path(class_names_file))
+    index = load_cole_formatted(root, dataset, class_names_file)  # the dataset name checked
+    _, names_source = cole_class_names(root, dataset, class_names_file)
     paths = cole_paths(root, features=True)
     features = {}
     for phase in PHASES:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from featurize.cli import add_command, dataset_options_of
+from featurize.cli import add_command, config_of, dataset_options_of
 from featurize.priors_import import PROMPT_FLAGS
 from probe.cliargs import add_device_argument, wrap
 
@@ -17,17 +17,11 @@ def _cmd_priors(args: argparse.Namespace) -> int:
     from featurize.clip_priors import ClipPriorConfig, ClipPriorError, compute_clip_prior
     from featurize.priors_import import parse_tiles
 
-    try:
-        rows, cols = parse_tiles(args.tiles)
-    except ValueError as err:
-        raise ClipPriorError(str(err)) from None
+    rows, cols = parse_tiles(args.tiles)
     if rows != cols:
         raise ClipPriorError(f"--tiles: spml priors cuts a square grid, K or KxK (e.g. 4 or "
                              f"4x4); got {args.tiles}")
-    config = ClipPriorConfig(
-        model=args.model, weights=args.weights, name=args.name, prompt=args.prompt,
-        temperature=args.temperature, tiles=rows, batch_size=args.batch_size,
-        device=args.device, overwrite=args.overwrite, progress=not args.quiet)
+    config = config_of(ClipPriorConfig, args, tiles=rows, progress=not args.quiet)
     result = compute_clip_prior(args.store, config, root=args.root,
                                 dataset_options=dataset_options_of(args.option),
                                 adapter=args.dataset)

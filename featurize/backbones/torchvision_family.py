@@ -24,13 +24,7 @@ from featurize.backbones.base import (
     read_state,
     seeded,
 )
-from featurize.specs import (  # the registry itself needs no torch (spml --help stays fast)
-    BACKBONES,
-    DEFAULT,
-    RANDOM,
-    BackboneSpec,
-    tv_spec,
-)
+from featurize.specs import BACKBONES, DEFAULT, RANDOM, BackboneSpec, tv_spec  # torch-free
 from probe.errors import SpmlError
 
 _HASH_IN_NAME = re.compile(r"-([a-f0-9]{6,})\.[a-z]+$")  # torch.hub's convention

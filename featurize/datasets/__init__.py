@@ -53,26 +53,22 @@ class DatasetEntry:
                               f"not be imported ({e})") from e
 
 
-DATASETS: dict[str, DatasetEntry] = {
-    e.name: e
-    for e in (
-        DatasetEntry("voc", "featurize.datasets.voc:load_voc",
-                     "PASCAL VOC 2012: VOCdevkit/VOC2012/ImageSets/Main/{class}_{train,val}.txt"),
-        DatasetEntry("coco", "featurize.datasets.coco:load_coco",
-                     "MS-COCO 2014: annotations/instances_{train,val}2014.json + {train,val}2014/"),
-        DatasetEntry(
-            "nus", "featurize.datasets.nus:load_nus",
-            "NUS-WIDE official release: ImageList/, Groundtruth/TrainTestLabels/, Concepts81.txt"),
-        DatasetEntry("cub", "featurize.datasets.cub:load_cub",
-                     "CUB-200-2011 attributes: images.txt, train_test_split.txt, attributes/"),
-        DatasetEntry(
-            "folder", "featurize.datasets.folder:load_folder",
-            "your images + a CSV (path,label1;label2[,split]) or JSON-lines annotation file"),
-        DatasetEntry(
-            "cole", "featurize.datasets.cole:load_cole_formatted",
-            "Cole et al.'s formatted_{train,val}_{labels,images}.npy (option dataset=voc|coco|…)"),
-    )
-}
+DATASETS: dict[str, DatasetEntry] = {e.name: e for e in (
+    DatasetEntry("voc", "featurize.datasets.voc:load_voc",
+                 "PASCAL VOC 2012: VOCdevkit/VOC2012/ImageSets/Main/{class}_{train,val}.txt"),
+    DatasetEntry("coco", "featurize.datasets.coco:load_coco",
+                 "MS-COCO 2014: annotations/instances_{train,val}2014.json + {train,val}2014/"),
+    DatasetEntry(
+        "nus", "featurize.datasets.nus:load_nus",
+        "NUS-WIDE official release: ImageList/, Groundtruth/TrainTestLabels/, Concepts81.txt"),
+    DatasetEntry("cub", "featurize.datasets.cub:load_cub",
+                 "CUB-200-2011 attributes: images.txt, train_test_split.txt, attributes/"),
+    DatasetEntry("folder", "featurize.datasets.folder:load_folder",
+                 "your images + a CSV (path,label1;label2[,split]) or JSON-lines annotation file"),
+    DatasetEntry(
+        "cole", "featurize.datasets.cole:load_cole_formatted",
+        "Cole et al.'s formatted_{train,val}_{labels,images}.npy (option dataset=voc|coco|…)"),
+)}
 
 #: Other spellings in use (Cole et al.'s code says "pascal" and "nuswide").
 ALIASES: dict[str, str] = {"pascal": "voc", "nuswide": "nus", "nus-wide": "nus", "cub200": "cub"}

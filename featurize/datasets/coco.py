@@ -93,12 +93,9 @@ def _bias_weights(data: dict, anns: list, rows: np.ndarray, class_of: np.ndarray
     centre = box[:, :2] + box[:, 2:] / 2
     dist = np.hypot(*(centre - size / 2).T)
     inv = 1.0 / np.where(dist == 0, 0.0005, dist)
-    out = {}
-    for kind, values in (("size", area), ("location", inv)):
-        w = np.zeros(shape, dtype=np.float64)
-        np.add.at(w, (rows, class_of), values)
-        out[kind] = w.astype(np.float32)
-    return out
+    cell = rows * shape[1] + class_of  # each annotation's (image, class): its values summed
+    return {kind: np.bincount(cell, values, shape[0] * shape[1]).reshape(shape).astype(np.float32)
+            for kind, values in (("size", area), ("location", inv))}
 
 
 def load_coco(root: str | Path, *, check_images: bool = True) -> DatasetIndex:

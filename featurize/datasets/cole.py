@@ -132,13 +132,13 @@ def read_class_names(path: Path, n_expected: int | None = None) -> tuple[str, ..
     return tuple(names)
 
 
-def cole_class_names(root: Path, dataset: str, class_names_file: Path | None = None
+def cole_class_names(root: Path, dataset: str, class_names_file: str | Path | None = None
                      ) -> tuple[tuple[str, ...], str]:
     """``(class names, where they came from)`` for one of Cole et al.'s datasets."""
     dataset = canonical_dataset(dataset)
     n = _N_CLASSES[dataset]
     if class_names_file is not None:
-        return read_class_names(class_names_file, n), str(class_names_file)
+        return read_class_names(class_names_file, n), str(Path(class_names_file))
     if dataset == "voc":
         return VOC_CLASSES, "VOC 2012 standard order (Cole et al.'s format_pascal.py)"
     if dataset == "coco":
@@ -161,12 +161,9 @@ def cole_class_names(root: Path, dataset: str, class_names_file: Path | None = N
 def cole_paths(root: Path, *, features: bool) -> dict[str, Path]:
     """The files of one dataset directory (``labels_pool``, ``images_test``, ...); a missing
     one is a FileNotFoundError listing all that are missing."""
-    paths = {}
-    for phase, prefix in PHASES.items():
-        paths[f"labels_{phase}"] = root / LABELS_FILE.format(prefix)
-        paths[f"images_{phase}"] = root / IMAGES_FILE.format(prefix)
-        if features:
-            paths[f"features_{phase}"] = root / FEATURES_FILE.format(prefix)
+    kinds = {"labels": LABELS_FILE, "images": IMAGES_FILE, "features": FEATURES_FILE}
+    paths = {f"{kind}_{phase}": root / name.format(prefix) for phase, prefix in PHASES.items()
+             for kind, name in kinds.items() if features or kind != "features"}
     missing = [p.name for p in paths.values() if not p.is_file()]
     if missing:
         raise MissingPathError(
@@ -185,8 +182,7 @@ def load_cole_formatted(root: str | Path, dataset: str,
     if not root.is_dir():
         raise MissingPathError(f"Cole et al. dataset directory {root} not found")
     dataset = canonical_dataset(dataset)
-    names, _ = cole_class_names(
-        root, dataset, None if class_names_file is None else Path(class_names_file))
+    names, _ = cole_class_names(root, dataset, class_names_file)
     paths = cole_paths(root, features=False)
     image_dir = root / _IMAGE_DIRS[dataset]
     phases = {}

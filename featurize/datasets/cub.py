@@ -64,24 +64,14 @@ def _attribute_names(ds: Path) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _line_of_row(path: Path, row: int) -> int:
-    """1-based line number of the ``row``-th (0-based) non-blank line (for error messages)."""
-    seen, line = -1, 0
+def _find_line(path: Path, row: int | None = None) -> tuple[int, str]:
+    """``(1-based line, text)`` of the ``row``-th (0-based) non-blank line or, without ``row``,
+    of the first that does not start with three integers; ``(0, "")`` if none (errors only)."""
     with path.open("rb") as f:
-        for line, text in enumerate(f, 1):
-            if text.strip():
-                seen += 1
-                if seen == row:
-                    return line
-    return line
-
-
-def _first_bad_line(path: Path) -> tuple[int, str]:
-    """The first line that does not start with three integers (slow path, errors only)."""
-    with path.open("rb") as f:
-        for line, raw in enumerate(f, 1):
+        for k, (line, raw) in enumerate((n, raw) for n, raw in enumerate(f, 1) if raw.strip()):
             fields = raw.split()
-            if fields and (len(fields) < 3 or not all(x.isdigit() for x in fields[:3])):
+            bad = len(fields) < 3 or not all(x.isdigit() for x in fields[:3])
+            if (k == row) if row is not None else bad:
                 return line, raw.decode("utf-8", "replace").strip()[:80]
     return 0, ""
 
@@ -93,7 +83,7 @@ def _attribute_labels(path: Path, row_of: dict[int, int], n_attrs: int, ids_path
     try:
         table = np.loadtxt(path, usecols=(0, 1, 2), dtype=np.int64, comments=None, ndmin=2)
     except ValueError as e:
-        line, text = _first_bad_line(path)
+        line, text = _find_line(path)
         found = f"found {text!r}" if line else f"numpy said: {e}"
         raise DatasetFormatError(
             f"{at(path, line or None)}: expected '{layout}' (integers) but {found}") from None
@@ -109,7 +99,7 @@ def _attribute_labels(path: Path, row_of: dict[int, int], n_attrs: int, ids_path
     for bad, message in checks:
         if bad.any():
             k = int(np.argmax(bad))
-            raise DatasetFormatError(f"{at(path, _line_of_row(path, k))}: {message(k)}")
+            raise DatasetFormatError(f"{at(path, _find_line(path, k)[0])}: {message(k)}")
     flat = rows * n_attrs + (attr_ids - 1)
     counts = np.bincount(flat, minlength=len(row_of) * n_attrs)
     if (counts > 1).any():
@@ -117,7 +107,7 @@ def _attribute_labels(path: Path, row_of: dict[int, int], n_attrs: int, ids_path
         repeated[np.unique(flat, return_index=True)[1]] = False  # first occurrences are fine
         k = int(np.argmax(repeated))
         raise DatasetFormatError(
-            f"{at(path, _line_of_row(path, k))}: image {image_ids[k]}, attribute {attr_ids[k]} "
+            f"{at(path, _find_line(path, k)[0])}: image {image_ids[k]}, attribute {attr_ids[k]} "
             f"is given again; each (image, attribute) pair must appear once")
     if (counts == 0).any():
         r, a = divmod(int(np.argmin(counts)), n_attrs)

@@ -27,7 +27,7 @@ from typing import Literal
 
 import numpy as np
 
-from probe.errors import MissingPathError, SpmlError, plain
+from probe.errors import SpmlError, plain
 from probe.store.index import DatasetIndex, Phase
 from probe.store.protocol import PROTOCOL_SEED
 
@@ -148,10 +148,8 @@ def load_folder(root: str | Path, *, annotations: str | Path | None = None,
     """The image folder ``root`` with its annotation file (module docstring); ``name`` defaults
     to the folder's name; ``check_images``: every listed image must exist."""
     root = Path(root)
-    if not root.is_dir():
-        if root.exists():
-            raise DatasetFormatError(f"--root {root}: is a file; expected the image folder")
-        raise MissingPathError(f"image folder not found: {root} is not a directory")
+    if root.exists() and not root.is_dir():  # load_dataset refused a missing one
+        raise DatasetFormatError(f"--root {root}: is a file; expected the image folder")
     if empty not in ("error", "keep", "drop"):
         raise SpmlError(f"--option empty: expected error, keep or drop; got {plain(empty)}")
     if not 0.0 < test_fraction < 1.0:
@@ -179,7 +177,7 @@ def load_folder(root: str | Path, *, annotations: str | Path | None = None,
         raise DatasetFormatError(f"{ann}: has no annotation rows")
     known_set = set(known)
     kept: list[_Row] = []
-    first_line: dict[str, int] = {}
+    seen: dict[str, int] = {}  # image -> the line first listing it
     for row in rows:
         where = at(ann, row.line)
         if not row.path:
@@ -190,11 +188,9 @@ def load_folder(root: str | Path, *, annotations: str | Path | None = None,
                 hint = f"; did you mean {close[0]!r}?" if close else ""
                 raise DatasetFormatError(
                     f"{where}: unknown class {label!r} (not in {source}){hint}")
-        key = os.path.normpath(root / row.path)
-        if key in first_line:
+        if (first := seen.setdefault(os.path.normpath(root / row.path), row.line)) != row.line:
             raise DatasetFormatError(
-                f"{where}: image {row.path} is listed again (first on line {first_line[key]})")
-        first_line[key] = row.line
+                f"{where}: image {row.path} is listed again (first on line {first})")
         if not row.labels:
             if empty == "error":
                 raise DatasetFormatError(

@@ -44,16 +44,13 @@ def normalize_nus_entry(entry: str) -> str:
     return "/".join(parts)
 
 
-def _locate(base: Path, flat: bool, rel: str) -> Path:
-    return base / (rel.rsplit("/", 1)[-1] if flat else rel)
-
-
 def _image_paths(root: Path, rels: list[str]) -> tuple[Path, ...]:
     """Image files for normalized entries, in the first of the module docstring's layouts that
     holds the first listed image (the Flickr layout when none does)."""
-    layouts = [(root / "Flickr", False), (root / "images", False), (root / "images", True)]
-    chosen = next((lay for lay in layouts if rels and _locate(*lay, rels[0]).is_file()), layouts[0])
-    return tuple(_locate(*chosen, rel) for rel in rels)
+    layouts = [lambda rel: root / "Flickr" / rel, lambda rel: root / "images" / rel,
+               lambda rel: root / "images" / rel.rsplit("/", 1)[-1]]
+    chosen = next((path for path in layouts if rels and path(rels[0]).is_file()), layouts[0])
+    return tuple(chosen(rel) for rel in rels)
 
 
 def _concepts(root: Path) -> tuple[str, ...]:
@@ -87,13 +84,11 @@ def load_nus(root: str | Path, *, check_images: bool = True) -> DatasetIndex:
         entries = read_lines(list_path)
         ids: list[str] = []
         for line, text in entries:
-            rel = normalize_nus_entry(text)
+            rel, where = normalize_nus_entry(text), at(list_path, line)
             if not rel:
-                raise DatasetFormatError(f"{at(list_path, line)}: {text!r} names no image file")
-            if rel in listed:
-                raise DatasetFormatError(
-                    f"{at(list_path, line)}: image {rel} is listed again (first in {listed[rel]})")
-            listed[rel] = at(list_path, line)
+                raise DatasetFormatError(f"{where}: {text!r} names no image file")
+            if (first := listed.setdefault(rel, where)) != where:
+                raise DatasetFormatError(f"{where}: image {rel} is listed again (first in {first})")
             ids.append(rel)
         labels = np.zeros((len(ids), len(concepts)), dtype=np.uint8)
         for c, concept in enumerate(concepts):

@@ -95,8 +95,7 @@ def load_voc(root: str | Path, *, check_images: bool = True) -> DatasetIndex:
     for split in ("train", "val"):
         ref_path, ref_lines, ids, labels = _read_phase(main, split)
         # Cole's format_pascal.py sorts the file names "<id>.jpg" of images with a positive.
-        positive = np.flatnonzero(labels.any(axis=1)).tolist()
-        keep = sorted(positive, key=lambda i: ids[i] + ".jpg")
+        keep = sorted(np.flatnonzero(labels.any(axis=1)).tolist(), key=lambda i: ids[i] + ".jpg")
         kept_ids = tuple(ids[i] for i in keep)
         paths = tuple(voc / "JPEGImages" / f"{image_id}.jpg" for image_id in kept_ids)
         groups.append((paths, ref_path, [ref_lines[i] for i in keep]))
