@@ -24,6 +24,7 @@ from .common import (
     check_int,
     check_losses,
     k_hat_curve,
+    load_data,
     masked_probs,
     run_config,
     run_settings,
@@ -106,7 +107,7 @@ def _confidences(x: Tensor, heads: Tensor, mask: Tensor, truth: Tensor) -> tuple
 
 
 def run_calibration(
-    data: ProbeData,
+    data: ProbeData | str,
     config: ProbeConfig | None = None,
     loss: str = "gr",
     *,
@@ -114,15 +115,16 @@ def run_calibration(
     n_buckets: int = 100,
     progress: bool = False,
 ) -> CalibrationResult:
-    """Train ``loss`` (seeds stacked) and bucket the unannotated train entries by confidence
-    before training (the engine's initial heads) and after the last epoch, pooling the seeds;
-    per bucket the fraction that is truly positive (Fig. 5). For GR, k̂ = σ(w·p + b) at
-    (w_0, b_0) and (w_T, b_T) is drawn against it; for every loss Eq. 6 with a = P(s=1 | y=1)
-    = (observed positives) / (true positives) of the train split."""
+    """Train ``loss`` (seeds stacked) on ``data`` (or a store path) and bucket the unannotated
+    train entries by confidence before training (the engine's initial heads) and after the last
+    epoch, pooling the seeds; per bucket the fraction that is truly positive (Fig. 5). For GR,
+    k̂ = σ(w·p + b) at (w_0, b_0) and (w_T, b_T) is drawn against it; for every loss Eq. 6 with
+    a = P(s=1 | y=1) = (observed positives) / (true positives) of the train split."""
     config, seeds = run_config(config)
     check_int(n_buckets, "--buckets", 2, 1000)
     check_losses([loss], None, "trains no head; pick a loss")
     hp = check_fixed(loss, hparams)
+    data = load_data(data, config)
     x, mask, truth = unannotated_truth(data, "train")
     result = train_runs(data, config, loss, [hp], seeds, progress)
     before = bucket_rates(*_confidences(x, seeded_heads(seeds, data.feature_dim, data.n_classes),

@@ -187,6 +187,13 @@ def run_config(config: ProbeConfig | None) -> tuple[ProbeConfig, tuple[int, ...]
     return config, tuple(config.seeds) if config.seeds is not None else (config.seed,)
 
 
+def load_data(data: ProbeData | str | os.PathLike, config: ProbeConfig) -> ProbeData:
+    """``data``, or the store at that path loaded as ``config`` asks (device, draw, flips): an
+    analysis checks its arguments first, so a mistake is named before a large store loads."""
+    return data if isinstance(data, ProbeData) else ProbeData.from_store(
+        data, device=config.device, observed_seed=config.observed_seed, flip=config.flip)
+
+
 def _finite_or_nan(v: Any) -> float:
     return float(v) if isinstance(v, int | float) and math.isfinite(v) else math.nan
 

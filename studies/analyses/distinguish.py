@@ -25,6 +25,7 @@ from .common import (
     check_losses,
     format_pm,
     json_floats,
+    load_data,
     masked_probs,
     pin_training,
     run_config,
@@ -134,7 +135,7 @@ def hist_epochs_for(spec: Sequence[int | str], n_epochs: int | None, best: int |
 
 
 def run_distinguish(
-    data: ProbeData,
+    data: ProbeData | str,
     config: ProbeConfig | None = None,
     losses: Sequence[str] = ("gr", "an"),
     *,
@@ -144,12 +145,12 @@ def run_distinguish(
     bins: int = 50,
     progress: bool = False,
 ) -> DistinguishResult:
-    """Train each loss in turn (its seeds stacked) and measure, before training and after every
-    epoch, W1 between the confidences of the truly positive and truly negative unannotated
-    entries of ``split`` (train by default; the paper used its validation images), with
-    ``bins`` histogram bins over [0, 1] at ``hist_epochs`` (completed epochs, 0 = before
-    training, or 'best' / 'last'). ``hparams``: per loss name, single values. All losses train
-    with the first loss's resolved batch size, lr and epochs."""
+    """Train each loss in turn on ``data`` (or a store path), its seeds stacked, and measure,
+    before training and after every epoch, W1 between the confidences of the truly positive and
+    truly negative unannotated entries of ``split`` (train by default; the paper used its
+    validation images), with ``bins`` histogram bins over [0, 1] at ``hist_epochs`` (completed
+    epochs, 0 = before training, or 'best' / 'last'). ``hparams``: per loss name, single values.
+    All losses train with the first loss's resolved batch size, lr and epochs."""
     config, seeds = run_config(config)
     hparams = check_losses(losses, hparams, "trains no head; pick a loss")
     if len(set(losses)) != len(losses):
@@ -157,6 +158,7 @@ def run_distinguish(
     check_int(bins, "--bins", 2)
     fixed = {name: check_fixed(name, hparams.get(name)) for name in losses}
     hist_epochs_for(hist_epochs, config.epochs)
+    data = load_data(data, config)
     x, mask, truth = unannotated_truth(data, split)
     config = replace(config, eval_every=1)
     init = seeded_heads(seeds, data.feature_dim, data.n_classes)

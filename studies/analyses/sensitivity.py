@@ -15,6 +15,7 @@ from .common import (
     AnalysisResult,
     AnalyzeError,
     check_fixed,
+    load_data,
     pin_training,
     run_config,
     run_settings,
@@ -156,7 +157,7 @@ def sweep_hparams(param: str, hparams: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def run_sensitivity(
-    data: ProbeData,
+    data: ProbeData | str,
     config: ProbeConfig | None = None,
     param: str = "tau",
     *,
@@ -166,8 +167,9 @@ def run_sensitivity(
     baseline: bool = True,
     progress: bool = False,
 ) -> SensitivityResult:
-    """One sweep of Fig. 2 (``param`` ∈ :data:`SWEEPS`): every point × seed trains stacked in
-    one GR run; ``baseline`` also trains AN with the same settings (the red line of Fig. 2).
+    """One sweep of Fig. 2 (``param`` ∈ :data:`SWEEPS`) on ``data`` (or a store path): every
+    point × seed trains stacked in one GR run; ``baseline`` also trains AN with the same
+    settings (the red line of Fig. 2).
 
     ``values``: the swept quantity (τ, μ_T or q2; defaults: the paper's ranges), ``series``:
     the one fixed per curve (b_T, σ_T or q3). ``hparams``: the other GR hyperparameters
@@ -176,6 +178,7 @@ def run_sensitivity(
     config, seeds = run_config(config)
     hp = sweep_hparams(param, hparams)
     points = sweep_points(param, values, series)
+    data = load_data(data, config)
     result = train_runs(data, config, "gr", [{**hp, **p["hparams"]} for p in points], seeds,
                         progress)
     base = None

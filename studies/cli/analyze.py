@@ -21,7 +21,6 @@ from probe.cliargs import (
     parse_floats,
     parse_names,
 )
-from probe.errors import SpmlError
 from probe.io import atomic_write_text
 
 _COMMON_EPILOG = """
@@ -140,23 +139,16 @@ def _loss_sets(items: list[str] | None, losses: list[str], lists: bool = False
 
 
 def _config(args: argparse.Namespace):
+    """The training settings of a store command (each analysis validates them, then loads the
+    store with them)."""
     from probe.cliargs import parse_ints
     from probe.config import ProbeConfig
 
     seeds = parse_ints(args.seeds, "--seeds")
-    config = ProbeConfig(batch_size=args.batch_size, lr=args.lr, epochs=args.epochs,
-                         seeds=tuple(seeds) if seeds else None, flip=not args.no_flip,
-                         observed_seed=args.observed_seed, device=args.device,
-                         use_presets=not args.no_presets)
-    config.validate()
-    return config
-
-
-def _data(args: argparse.Namespace):
-    from probe.data import ProbeData
-
-    return ProbeData.from_store(args.store, device=args.device,
-                                observed_seed=args.observed_seed, flip=not args.no_flip)
+    return ProbeConfig(batch_size=args.batch_size, lr=args.lr, epochs=args.epochs,
+                       seeds=tuple(seeds) if seeds else None, flip=not args.no_flip,
+                       observed_seed=args.observed_seed, device=args.device,
+                       use_presets=not args.no_presets)
 
 
 def _finish(result, args: argparse.Namespace) -> int:
@@ -169,75 +161,51 @@ def _finish(result, args: argparse.Namespace) -> int:
 
 
 def _cmd_ablation(args: argparse.Namespace) -> int:
-    from studies.analyses import ablation_hparams, run_ablation
+    from studies.analyses import run_ablation
 
-    config = _config(args)
-    hp = ablation_hparams(_loss_sets(args.set, ["gr"])["gr"])
-    return _finish(run_ablation(_data(args), config, hp, progress=not args.quiet), args)
+    return _finish(run_ablation(args.store, _config(args), _loss_sets(args.set, ["gr"])["gr"],
+                                progress=not args.quiet), args)
 
 
 _SWEEP_FLAGS = {"tau": ("tau", "b_T"), "mu": ("mu_T", "sigma_T"), "q2q3": ("q2", "q3")}
 
 
 def _cmd_sensitivity(args: argparse.Namespace) -> int:
-    from studies.analyses import AnalyzeError, run_sensitivity, sweep_hparams, sweep_points
+    from studies.analyses import AnalyzeError, run_sensitivity
 
-    config = _config(args)
     x_key, s_key = _SWEEP_FLAGS[args.param]
-    for key in {k for pair in _SWEEP_FLAGS.values() for k in pair} - {x_key, s_key}:
+    flag = {k: "--" + k.replace("_", "-") for pair in _SWEEP_FLAGS.values() for k in pair}
+    for key in flag.keys() - {x_key, s_key}:
         if getattr(args, key) is not None:
-            flag = "--" + key.replace("_", "-")
-            raise AnalyzeError(f"{flag} belongs to another sweep; --param {args.param} takes "
-                               f"--{x_key.replace('_', '-')} and --{s_key.replace('_', '-')}")
-    values = parse_floats(getattr(args, x_key), "--" + x_key.replace("_", "-"))
-    series = parse_floats(getattr(args, s_key), "--" + s_key.replace("_", "-"))
-    sweep_points(args.param, values, series)  # range errors before the store is read
-    hp = sweep_hparams(args.param, _loss_sets(args.set, ["gr"])["gr"])
-    result = run_sensitivity(_data(args), config, args.param, values=values, series=series,
-                             hparams=hp, baseline=not args.no_baseline, progress=not args.quiet)
-    return _finish(result, args)
-
-
-def _hist_epochs(text: str) -> list[int | str]:
-    out: list[int | str] = []
-    for item in (t.strip() for t in text.split(",") if t.strip()):
-        try:
-            out.append(item if item in ("best", "last") else int(item))
-        except ValueError:
-            raise SpmlError(f"--hist-epochs: expected epoch numbers, 'best' or 'last'; got "
-                             f"{item!r}") from None
-    if not out:
-        raise SpmlError(f"--hist-epochs needs at least one epoch; got {text!r}")
-    return out
+            raise AnalyzeError(f"{flag[key]} belongs to another sweep; --param {args.param} "
+                               f"takes {flag[x_key]} and {flag[s_key]}")
+    values, series = (parse_floats(getattr(args, k), flag[k]) for k in (x_key, s_key))
+    return _finish(run_sensitivity(args.store, _config(args), args.param, values=values,
+                                   series=series, hparams=_loss_sets(args.set, ["gr"])["gr"],
+                                   baseline=not args.no_baseline, progress=not args.quiet), args)
 
 
 def _cmd_distinguish(args: argparse.Namespace) -> int:
-    from studies.analyses import check_fixed, hist_epochs_for, run_distinguish
+    from studies.analyses import run_distinguish
 
-    config = _config(args)
     losses = parse_names(args.loss)
-    sets = _loss_sets(args.set, losses)
-    for name in losses:
-        check_fixed(name, sets[name])
-    hist = _hist_epochs(args.hist_epochs)
-    hist_epochs_for(hist, config.epochs)
-    result = run_distinguish(_data(args), config, losses, hparams=sets, split=args.split,
-                             hist_epochs=hist, bins=args.bins, progress=not args.quiet)
-    return _finish(result, args)
+    hist = [int(t) if t.isdigit() else t for t in map(str.strip, args.hist_epochs.split(","))
+            if t]  # hist_epochs_for names what is not an epoch
+    return _finish(run_distinguish(args.store, _config(args), losses,
+                                   hparams=_loss_sets(args.set, losses), split=args.split,
+                                   hist_epochs=hist, bins=args.bins, progress=not args.quiet),
+                   args)
 
 
 def _cmd_calibration(args: argparse.Namespace) -> int:
-    from studies.analyses import AnalyzeError, check_fixed, run_calibration
+    from studies.analyses import AnalyzeError, run_calibration
 
-    config = _config(args)
     names = parse_names(args.loss)
     if len(names) != 1:
         raise AnalyzeError(f"--loss: calibration trains one loss; got {', '.join(names)}")
-    loss = names[0]
-    hp = check_fixed(loss, _loss_sets(args.set, [loss])[loss])
-    result = run_calibration(_data(args), config, loss, hparams=hp, n_buckets=args.buckets,
-                             progress=not args.quiet)
-    return _finish(result, args)
+    return _finish(run_calibration(args.store, _config(args), names[0],
+                                   hparams=_loss_sets(args.set, names)[names[0]],
+                                   n_buckets=args.buckets, progress=not args.quiet), args)
 
 
 def _cmd_curves(args: argparse.Namespace) -> int:
@@ -245,9 +213,9 @@ def _cmd_curves(args: argparse.Namespace) -> int:
     from studies.analyses import loss_curves
 
     losses = parse_names(args.loss)
-    result = loss_curves(losses, _loss_sets(args.set, losses, lists=True), n_epochs=args.epochs,
-                         at=parse_ints(args.at, "--at"), points=args.points, classes=args.classes)
-    return _finish(result, args)
+    return _finish(loss_curves(losses, _loss_sets(args.set, losses, lists=True),
+                               n_epochs=args.epochs, at=parse_ints(args.at, "--at"),
+                               points=args.points, classes=args.classes), args)
 
 
 def _log(args: argparse.Namespace) -> Any:
