@@ -132,9 +132,8 @@ def plot_budget(rows: list[dict[str, Any]], path: str | Path) -> Path:
                 x, y, lo, hi = (np.array([r[key] for r in pts], dtype=float)
                                 for key in ("k", "test_map", "test_map_low", "test_map_high"))
                 ax.errorbar(x, y, yerr=[y - lo, hi - y], marker="o", capsize=3, label=loss)
-            ax.set_title(f"{100 * f:g}% of images labelled")
-            ax.set_xlabel("observed positives per image (k)")
-            ax.set_xticks(sorted({r["k"] for r in rows}))
+            ax.set(title=f"{100 * f:g}% of images labelled", xticks=sorted({r["k"] for r in rows}),
+                   xlabel="observed positives per image (k)")
         axes[0].set_ylabel("test mAP (%), 95% interval")
         axes[-1].legend()
         fig.suptitle("How each loss degrades as labels get scarcer")

@@ -158,8 +158,8 @@ def plot_selection(rows: list[dict[str, Any]], path: str | Path) -> Path:
             ax.plot([i] * len(d), d, "o", alpha=0.6, color="C0")
             ax.plot([i - 0.2, i + 0.2], [sum(d) / len(d)] * 2, color="C3", lw=2,
                     label="mean" if i == 0 else None)
-        ax.set_xticks(range(len(modes)), [f"--select {m}" for m in modes])
-        ax.set_ylabel("winner − paper test mAP (points)")
+        ax.set(xticks=range(len(modes)), xticklabels=[f"--select {m}" for m in modes],
+               ylabel="winner − paper test mAP (points)")
         ax.legend()
         fig.suptitle("Does the study's winner beat the paper's values on test?")
         return save_figure(fig, path, DPI)
