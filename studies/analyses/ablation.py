@@ -72,10 +72,7 @@ class AblationResult(AnalysisResult):
     hparams: dict[str, Any]
     notes: list[str] = field(default_factory=list)
 
-    paper = "Table 3"
-
-    def __post_init__(self) -> None:
-        self.kind, self.title = "ablation", "GR ablation (paper Table 3)"
+    kind, title, paper = "ablation", "GR ablation (paper Table 3)", "Table 3"
 
     def tables(self):
         n = len(self.settings["seeds"])

@@ -52,10 +52,9 @@ class CalibrationResult(AnalysisResult):
     hparams: dict[str, Any]
     scores: dict[str, Any]
     notes: list[str] = field(default_factory=list)
-    paper = "Fig. 5 / App. E.3"
+    kind, paper = "calibration", "Fig. 5 / App. E.3"
 
     def __post_init__(self) -> None:
-        self.kind = "calibration"
         self.title = ("Calibration of k̂: FN/(FN+TN) per confidence bucket (paper Fig. 5), "
                       f"{self.loss}")
 

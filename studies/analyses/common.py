@@ -11,7 +11,7 @@ import statistics
 import unicodedata
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -339,8 +339,8 @@ def train_runs(data: ProbeData, config: ProbeConfig, loss: str, hparams: Sequenc
 class AnalysisResult(ABC):
     """What every analysis returns: a title, its settings, notes; tables and figures."""
 
-    kind: str = field(init=False, default="")  # names the output files: <kind>.json / .md
-    title: str = field(init=False, default="")
+    kind: ClassVar[str] = ""  # names the output files: <kind>.json / .md
+    title: ClassVar[str] = ""
     paper: ClassVar[str] = ""  # the paper's table or figure it reproduces
 
     @abstractmethod
@@ -352,7 +352,7 @@ class AnalysisResult(ABC):
         the paper's figure, then every field."""
         return {"analysis": self.kind, "paper": f"GR Loss, IJCAI 2024, {self.paper}",
                 **{f.name: (v.to_dict() if isinstance(v := getattr(self, f.name), BucketStats)
-                            else v) for f in fields(self) if f.init}}
+                            else v) for f in fields(self)}}
 
     def subtitle(self) -> str:
         """The training settings in one line ("" for an analysis that trains nothing)."""
@@ -364,12 +364,10 @@ class AnalysisResult(ABC):
 
     def text(self) -> str:
         """The tables as the terminal shows them."""
-        parts = [f"{self.title}", self.subtitle()]
+        parts = [self.title, self.subtitle()]
         for caption, header, rows in self.tables():
             parts += ["", caption, format_table(header, rows)]
-        for note in getattr(self, "notes", []):
-            parts.append(f"note: {note}")
-        return "\n".join(p for p in parts if p is not None)
+        return "\n".join(parts + [f"note: {note}" for note in getattr(self, "notes", [])])
 
     def markdown(self, figures: Sequence[Path] = (), base: Path | None = None) -> str:
         lines = [f"# {self.title}", ""]
@@ -380,9 +378,8 @@ class AnalysisResult(ABC):
         for path in figures:
             rel = os.path.relpath(path, base) if base is not None else str(path)
             lines += [f"![{path.stem}]({rel.replace(os.sep, '/')})", ""]
-        for note in getattr(self, "notes", []):
-            lines += [f"> **Note:** {note}", ""]
-        return "\n".join(lines)
+        return "\n".join(lines + [line for note in getattr(self, "notes", [])
+                                   for line in (f"> **Note:** {note}", "")])
 
 
 _ROW_BLOCK = 8192  # rows per product: the float32 copy of a block stays small (COCO: 67 MB)

@@ -30,10 +30,7 @@ class CurvesResult(AnalysisResult):
     classes: int
     notes: list[str] = field(default_factory=list)
 
-    paper = "Fig. 1"
-
-    def __post_init__(self) -> None:
-        self.kind, self.title = "curves", "Loss and gradient curves (paper Fig. 1)"
+    kind, title, paper = "curves", "Loss and gradient curves (paper Fig. 1)", "Fig. 1"
 
     def subtitle(self) -> str:
         return (f"per-entry loss ℓ(p) and ∂ℓ/∂z (autograd, z = logit p) over {len(self.p)} "

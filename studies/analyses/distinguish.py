@@ -78,11 +78,8 @@ class DistinguishResult(AnalysisResult):
     counts: dict[str, int]
     notes: list[str] = field(default_factory=list)
 
-    paper = "Fig. 3"
-
-    def __post_init__(self) -> None:
-        self.kind, self.title = ("distinguish",
-                                 "Distinguishability of unannotated labels (paper Fig. 3)")
+    kind, paper = "distinguish", "Fig. 3"
+    title = "Distinguishability of unannotated labels (paper Fig. 3)"
 
     def tables(self):
         n = len(self.settings["seeds"])

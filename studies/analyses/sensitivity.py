@@ -118,7 +118,7 @@ class SensitivityResult(AnalysisResult):
 
     def __post_init__(self) -> None:
         sw = SWEEPS[self.param]
-        self.kind = f"sensitivity_{self.param}"
+        self.kind, self.paper = f"sensitivity_{self.param}", f"Fig. {sw.figure}"
         what = (f"{sw.x} × {sw.series}" if self.param == "q2q3"
                 else f"{sw.x} at fixed {sw.series}")
         self.title = f"GR sensitivity to {what} (paper Fig. {sw.figure})"
@@ -137,8 +137,7 @@ class SensitivityResult(AnalysisResult):
 
     def to_dict(self) -> dict[str, Any]:
         sw = SWEEPS[self.param]
-        return {**super().to_dict(), "analysis": "sensitivity", "x": sw.x, "series": sw.series,
-                "paper": f"GR Loss, IJCAI 2024, Fig. {sw.figure}"}
+        return {**super().to_dict(), "analysis": "sensitivity", "x": sw.x, "series": sw.series}
 
 
 def sweep_hparams(param: str, hparams: dict[str, Any] | None) -> dict[str, Any]:
