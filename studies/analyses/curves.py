@@ -58,26 +58,22 @@ def _loss_grad(loss_obj: Any, z: Tensor, shape: tuple[int, ...], logits: Any,
     return out.detach().reshape(-1), grad.reshape(-1)
 
 
-def _entry_curves(loss_obj: Any, z: Tensor, y: int, classes: int) -> tuple[Tensor, Tensor]:
-    """Per-entry loss and d loss / d z for logits ``z`` (P,) with label ``y``: every entry is
-    its own trial (T = P, one sample, ``classes`` identical columns), so the (T,) loss is the
-    entry loss and autograd gives its derivative."""
-    return _loss_grad(loss_obj, z, (-1, 1, 1), lambda leaf: leaf.expand(-1, 1, classes),
-                      torch.full((1, classes), y, dtype=torch.int8))
-
-
-def _entrywise_problem(loss_obj: Any, z: Tensor, y: int, classes: int, value: Tensor,
-                       grad: Tensor) -> str | None:
-    """Why the loss is not a function of the entry's own p and label (None when it is): the
-    same entries as one batch must give the mean of the per-entry losses, and an entry's
+def _entry_curve(loss_obj: Any, z: Tensor, y: int, classes: int
+                 ) -> tuple[Tensor, Tensor, str | None]:
+    """Per-entry loss and d loss / d z for logits ``z`` (P,) with label ``y`` (every entry its
+    own trial: T = P, one sample, ``classes`` identical columns, so the (T,) loss is the entry
+    loss), and why the loss is not a function of the entry's own p and label (None when it is):
+    the same entries as one batch must give the mean of the per-entry losses, and an entry's
     gradient must not change when the other classes of its sample change."""
+    value, grad = _loss_grad(loss_obj, z, (-1, 1, 1), lambda leaf: leaf.expand(-1, 1, classes),
+                             torch.full((1, classes), y, dtype=torch.int8))
     tol = {"rtol": 1e-6, "atol": 1e-9}
     p_n = z.numel()
     out, g = _loss_grad(loss_obj, z, (-1, 1), lambda leaf: leaf.expand(-1, classes),
                         torch.full((p_n, classes), y, dtype=torch.int8))
     if not (torch.allclose(out.reshape(()), value.mean(), **tol)
             and torch.allclose(g * p_n, grad, **tol)):
-        return "its loss depends on the other entries of the batch"
+        return value, grad, "its loss depends on the other entries of the batch"
     if classes > 1:
         rest = torch.zeros(p_n, 1, classes - 1, dtype=z.dtype)
         observed = torch.zeros(1, classes, dtype=torch.int8)
@@ -85,8 +81,8 @@ def _entrywise_problem(loss_obj: Any, z: Tensor, y: int, classes: int, value: Te
         _, g = _loss_grad(loss_obj, z, (-1, 1, 1),
                           lambda leaf: torch.cat([leaf, rest], dim=2), observed)
         if not torch.allclose(g * classes, grad, **tol):
-            return "an entry's gradient depends on the other classes of its sample"
-    return None
+            return value, grad, "an entry's gradient depends on the other classes of its sample"
+    return value, grad, None
 
 
 def loss_curves(
@@ -149,13 +145,12 @@ def loss_curves(
                 obj.start_epoch(e - 1)
                 entry = {}
                 for y in (0, 1):
-                    value, grad = _entry_curves(obj, z, y, classes)
+                    value, grad, why = _entry_curve(obj, z, y, classes)
                     if not (torch.isfinite(value).all() and torch.isfinite(grad).all()):
                         raise AnalyzeError(
                             f"--loss {name}: non-finite loss or gradient on y={y} with "
                             f"{variant or 'its defaults'} and {classes} classes"
                         )
-                    why = _entrywise_problem(obj, z, y, classes, value, grad)
                     if why:
                         raise AnalyzeError(
                             f"--loss {name} at epoch {e}: not a per-entry function of p ({why}); "

@@ -14,7 +14,6 @@ from torch import Tensor
 
 from probe.config import ProbeConfig
 from probe.data import ProbeData
-from probe.results import EpochReport
 from probe.train import train_probe
 
 from .common import (
@@ -60,9 +59,6 @@ class _DistinguishProbe:
         self.w1.append(w1)
         self.hist_pos.append(hp.round().long().tolist())
         self.hist_neg.append(hn.round().long().tolist())
-
-    def callback(self, report: EpochReport) -> None:
-        self.measure(report.epoch, report.heads)  # epochs count from 1; 0 = init
 
 
 @dataclass
@@ -163,26 +159,24 @@ def run_distinguish(
     for name in losses:
         probe = _DistinguishProbe(x, mask, truth, bins)
         probe.measure(0, init)
-        trials = [dict(fixed[name]) for _ in seeds]
-        cfg = replace(config, seeds=tuple(seeds))
-        result = train_probe(data, cfg, name, trials, callback=probe.callback, progress=progress)
+        result = train_probe(data, replace(config, seeds=tuple(seeds)), name,
+                             [dict(fixed[name]) for _ in seeds], progress=progress,
+                             callback=lambda r, p=probe: p.measure(r.epoch, r.heads))  # from 1
         if first is None:
             first = result
             config = pin_training(config, result)
             hist_epochs_for(hist_epochs, config.epochs)  # before the other losses train
         w1 = np.array(probe.w1)  # (epochs + 1, T)
-        best = result.trials[0].best_epoch
-        scores = trial_scores(result, range(len(seeds)))
         out.append({
             "loss": name, "hparams": result.trials[0].hparams, "epochs": probe.epochs,
             "w1": json_floats(w1), "w1_mean": json_floats(w1.mean(1)),
             "w1_std": json_floats(w1.std(1, ddof=1) if w1.shape[1] > 1 else 0 * w1.mean(1)),
             "hist_pos": probe.hist_pos, "hist_neg": probe.hist_neg,
-            "best_epoch": best, **scores,
+            "best_epoch": result.trials[0].best_epoch, **trial_scores(result, range(len(seeds))),
         })
     assert first is not None
-    n_epochs = int(first.config["epochs"])
-    chosen = {r["loss"]: hist_epochs_for(hist_epochs, n_epochs, r["best_epoch"]) for r in out}
+    chosen = {r["loss"]: hist_epochs_for(hist_epochs, int(first.config["epochs"]),
+                                         r["best_epoch"]) for r in out}
     counts = {"unannotated": int(mask.sum()), "positive": int((mask & truth).sum()),
               "negative": int((mask & ~truth).sum())}
     return DistinguishResult(out, split, bins, chosen, run_settings(data, first, seeds), counts,
