@@ -59,25 +59,16 @@ class CalibrationResult(AnalysisResult):
                       f"{self.loss}")
 
     def tables(self):
-        n = len(self.before.counts)
-        header = ["bucket", "n before", "FN rate before", "n after", "FN rate after"]
-        if self.k_start is not None:
-            header += ["k̂ start", "k̂ final" if self.k_final is not None else ""]
-        header += ["Eq. 6"]
-        rows = []
-        for i in range(n):
-            if self.before.counts[i] == 0 and self.after.counts[i] == 0:
-                continue
-            centre = (i + 0.5) / n
-            row = [f"[{self.before.edges[i]:.2f}, {self.before.edges[i + 1]:.2f})",
-                   str(self.before.counts[i]), _f3(self.before.rate[i]),
-                   str(self.after.counts[i]), _f3(self.after.rate[i])]
-            if self.k_start is not None:
-                row.append(_f3(float(k_hat_curve(centre, *self.k_start))))
-                row.append(_f3(float(k_hat_curve(centre, *self.k_final)))
-                           if self.k_final is not None else "")
-            row.append(_f3(float(scar_curve(centre, self.a))))
-            rows.append(row)
+        n, b, a = len(self.before.counts), self.before, self.after
+        ks = [] if self.k_start is None else [("k̂ start", self.k_start), (
+            "k̂ final" if self.k_final is not None else "", self.k_final)]
+        header = ["bucket", "n before", "FN rate before", "n after", "FN rate after",
+                  *[name for name, _ in ks], "Eq. 6"]
+        rows = [[f"[{b.edges[i]:.2f}, {b.edges[i + 1]:.2f})", str(b.counts[i]), _f3(b.rate[i]),
+                 str(a.counts[i]), _f3(a.rate[i]),
+                 *["" if wb is None else _f3(k_hat_curve((i + 0.5) / n, *wb)) for _, wb in ks],
+                 _f3(scar_curve((i + 0.5) / n, self.a))]
+                for i in range(n) if b.counts[i] or a.counts[i]]
         cap = (f"unannotated train entries per confidence bucket (empty buckets left out); "
                f"FN rate = fraction truly positive; curves at the bucket centre; overall "
                f"FN/(FN+TN) = {self.fn_rate:.4f}; a = P(s=1|y=1) = {self.a:.4f}")
@@ -87,8 +78,8 @@ class CalibrationResult(AnalysisResult):
                  "unless named 'before')", ["curve", "gap"], gap_rows)]
 
 
-def _f3(v: float) -> str:
-    return "-" if not math.isfinite(v) else f"{v:.3f}"
+def _f3(v: Any) -> str:
+    return "-" if not math.isfinite(v := float(v)) else f"{v:.3f}"
 
 
 def _gap(stats: BucketStats, curve: Callable[[np.ndarray], np.ndarray]) -> float | None:
