@@ -309,7 +309,8 @@ def _common(p: argparse.ArgumentParser, name: str, store: bool = True,
 
 
 def _run_options(p: argparse.ArgumentParser, files: str, name: str, quiet: str) -> None:
-    """The training, device and output options of label-budget and selection."""
+    """The store, training, device and output options of label-budget and selection."""
+    p.add_argument("store", metavar="STORE", help="feature store directory")
     add_training_overrides(p)
     add_device_argument(p)
     p.add_argument("--out", metavar="DIR",
@@ -318,12 +319,10 @@ def _run_options(p: argparse.ArgumentParser, files: str, name: str, quiet: str) 
 
 
 def _parser(sub: argparse._SubParsersAction, name: str, help_: str, description: str,
-            epilog: str, func: Any, store: bool = False) -> argparse.ArgumentParser:
+            epilog: str, func: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help=help_, description=textwrap.fill(description, width=88),
                        epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.set_defaults(func=func)
-    if store:
-        p.add_argument("store", metavar="STORE", help="feature store directory")
     return p
 
 
@@ -419,7 +418,7 @@ def register_cli(sub: argparse._SubParsersAction,
                 "with 95% bootstrap intervals per loss and budget, as a table, JSON and a PNG.",
                 "examples:\n  spml analyze label-budget yeast.zarr\n  spml analyze "
                 "label-budget coco.zarr --losses an,gr,em --k 1,2,4 --fractions 1,0.5,0.1",
-                _cmd_label_budget, store=True)
+                _cmd_label_budget)
     p.add_argument("--losses", default="an,gr", help="comma list of losses (default: an,gr)")
     p.add_argument("--k", default="1,2,3", help="positives per image (default: 1,2,3)")
     p.add_argument("--fractions", default="1,0.5,0.25",
@@ -439,8 +438,7 @@ def register_cli(sub: argparse._SubParsersAction,
                 "Markdown table, JSON and a PNG. The studies are kept under OUT/studies: "
                 "re-running resumes them. docs/selection.md shows the result on yeast.",
                 "examples:\n  spml analyze selection yeast.zarr\n  spml analyze selection "
-                "yeast.zarr --modes val,cv:5 --study-seeds 0,1,2 --trials 16", _cmd_selection,
-                store=True)
+                "yeast.zarr --modes val,cv:5 --study-seeds 0,1,2 --trials 16", _cmd_selection)
     p.add_argument("--loss", default="gr", help="the loss whose search is checked (default: gr)")
     p.add_argument("--modes", default="val,cv:5,draws:5",
                    help="selection modes (default: val,cv:5,draws:5)")
