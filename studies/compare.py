@@ -365,11 +365,9 @@ def format_comparison(cmp: Comparison) -> str:
               f"  {'pair':<7}  {'mAP diff':>8}  {pct + ' interval':<18}  {'p':>6}  "
               f"{'p(Holm)':>7}  verdict"]
     for p, a, b, diff, lo, hi in _oriented(cmp.pairs):
-        if p.significant:
-            verdict = f"{_letter(a)} is better"
-        else:
-            verdict = "no clear difference (interval contains 0)" if lo <= 0 <= hi else \
-                "no clear difference after correction"
+        verdict = (f"{_letter(a)} is better" if p.significant else
+                   "no clear difference (interval contains 0)" if lo <= 0 <= hi else
+                   "no clear difference after correction")
         lines.append(f"  {_letter(a)} - {_letter(b)}    {diff:+8.2f}  "
                      f"{f'[{lo:+.2f}, {hi:+.2f}]':<18}  {p_text(p.p_value):>6}  "
                      f"{p_text(p.p_holm):>7}  {verdict}")

@@ -119,17 +119,12 @@ def bucket_rates(p: Tensor | np.ndarray, truth: Tensor | np.ndarray,
     counts = torch.bincount(idx, minlength=n_buckets)
     positives = torch.bincount(idx, weights=yt, minlength=n_buckets)
     sum_p = torch.bincount(idx, weights=pt, minlength=n_buckets)
-    denom = counts.to(torch.float64)
-    empty = counts == 0
-    rate = torch.where(empty, math.nan, positives / denom.clamp_min(1))
-    mean_p = torch.where(empty, math.nan, sum_p / denom.clamp_min(1))
-    return BucketStats(
-        edges=np.linspace(0.0, 1.0, n_buckets + 1),
-        counts=counts.numpy().astype(np.int64),
-        positives=positives.round().numpy().astype(np.int64),
-        rate=rate.numpy(),
-        mean_p=mean_p.numpy(),
-    )
+    rate, mean_p = (torch.where(counts == 0, math.nan, s / counts.to(torch.float64).clamp_min(1))
+                    for s in (positives, sum_p))
+    return BucketStats(edges=np.linspace(0.0, 1.0, n_buckets + 1),
+                       counts=counts.numpy().astype(np.int64),
+                       positives=positives.round().numpy().astype(np.int64),
+                       rate=rate.numpy(), mean_p=mean_p.numpy())
 
 
 def k_hat_curve(p: np.ndarray | float, w: float, b: float) -> np.ndarray:
@@ -291,11 +286,9 @@ def trial_scores(result: ProbeResult, trials: Sequence[int]) -> dict[str, Any]:
     images (paired bootstrap, attached by :func:`train_runs`)."""
     vals = [_finite_or_nan(result.trials[t].best.get("val_map")) for t in trials]
     tests = [_finite_or_nan(result.trials[t].best.get("test_map")) for t in trials]
-    vm, vs = _mean_std(vals)
-    tm, ts = _mean_std(tests)
+    (vm, vs), (tm, ts) = _mean_std(vals), _mean_std(tests)
     if len(tests) > 1:
-        iv = mean_interval(tests)
-        low, high = iv.low, iv.high
+        low, high = (iv := mean_interval(tests)).low, iv.high
     else:
         best = result.trials[trials[0]].best
         low, high = (_finite_or_nan(best.get(k)) for k in ("test_map_low", "test_map_high"))
