@@ -395,12 +395,9 @@ def disagreement_note(alpha: float, follows: str = "the verdict follows the inte
 
 def _oriented(pairs: Sequence[Any]) -> list[tuple[Any, int, int, float, float, float]]:
     """The pairs by Holm-corrected p, each as higher minus lower: (pair, a, b, diff, low, high)."""
-    out = []
-    for p in sorted(pairs, key=lambda p: p.p_holm):
-        a, b, sign = (p.a, p.b, 1) if p.diff.value >= 0 else (p.b, p.a, -1)
-        out.append((p, a, b, sign * p.diff.value,
-                    *sorted((sign * p.diff.low, sign * p.diff.high))))
-    return out
+    return [(p, a, b, sign * p.diff.value, *sorted((sign * p.diff.low, sign * p.diff.high)))
+            for p in sorted(pairs, key=lambda p: p.p_holm)
+            for a, b, sign in [(p.a, p.b, 1) if p.diff.value >= 0 else (p.b, p.a, -1)]]
 
 
 def p_text(p: float) -> str:

@@ -79,17 +79,11 @@ class DistinguishResult(AnalysisResult):
 
     def tables(self):
         n = len(self.settings["seeds"])
-        names = [r["loss"] for r in self.losses]
-        header = ["epoch", *[f"W1 {name}" for name in names]]
-        epochs = self.losses[0]["epochs"]
-        rows = []
-        for j, e in enumerate(epochs):
-            row = [str(e) + (" (init)" if e == 0 else "")]
-            for r in self.losses:
-                m, s = r["w1_mean"][j], r["w1_std"][j]
-                mark = " *" if r["best_epoch"] == e else ""
-                row.append((f"{m:.4f} ± {s:.4f}" if n > 1 else f"{m:.4f}") + mark)
-            rows.append(row)
+        header = ["epoch", *[f"W1 {r['loss']}" for r in self.losses]]
+        rows = [[str(e) + (" (init)" if e == 0 else ""), *[
+            f"{r['w1_mean'][j]:.4f}" + (f" ± {r['w1_std'][j]:.4f}" if n > 1 else "")
+            + (" *" if r["best_epoch"] == e else "") for r in self.losses]]
+            for j, e in enumerate(self.losses[0]["epochs"])]
         cap = (f"Wasserstein-1 distance between the confidences p of the truly positive "
                f"({self.counts['positive']}) and truly negative ({self.counts['negative']}) "
                f"unannotated {self.split} entries after each epoch"
