@@ -82,27 +82,20 @@ def sweep_points(param: str, values: Sequence[float] | None = None,
     sw = _sweep(param)
     xs = tuple(sw.x_default if values is None else values)
     ss = tuple(sw.series_default if series is None else series)
-    for name, vals in ((sw.x, xs), (sw.series, ss)):
+    for name, vals, (ok, want) in ((sw.x, xs, sw.x_range), (sw.series, ss, sw.series_range)):
         if not vals:
             raise AnalyzeError(f"sensitivity {param}: give at least one {name} value")
-        for v in vals:
+        for v in vals:  # each value once: finite, then in its range
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
                 raise AnalyzeError(f"sensitivity {param}: {name} values must be finite numbers; "
                                    f"got {v!r}")
+            if not ok(v):
+                raise AnalyzeError(f"sensitivity {param}: {name} = {v:g} is out of range; {want}")
         if len(set(vals)) != len(vals):
             raise AnalyzeError(f"sensitivity {param}: {name} values repeat: {list(vals)}")
-
-    points = []
-    for s in ss:
-        for x in xs:
-            for name, v, (ok, want) in ((sw.x, x, sw.x_range), (sw.series, s, sw.series_range)):
-                if not ok(v):
-                    raise AnalyzeError(f"sensitivity {param}: {name} = {v:g} is out of range; "
-                                       f"{want}")
-            point = ({"w_T": -s / x, "b_T": float(s)} if param == "tau"
-                     else {sw.x: float(x), sw.series: float(s)})
-            points.append({"x": float(x), "series": float(s), "hparams": point})
-    return points
+    return [{"x": float(x), "series": float(s),
+             "hparams": {"w_T": -s / x, "b_T": float(s)} if param == "tau"
+             else {sw.x: float(x), sw.series: float(s)}} for s in ss for x in xs]
 
 
 @dataclass
