@@ -113,8 +113,8 @@ def load_systems(specs: Sequence[str]) -> list[System]:
             head, meta = load_head(path, t)
             tr = meta["trials"][t] if t < len(meta.get("trials", [])) else {}
             name = path.stem if n == 1 else f"{path.stem}[{t}]"
-            full = meta.get("config", {}).get("labels", "observed") == "full"
-            loss = meta.get("loss", "?") + (" full labels" if full else "")
+            loss = meta.get("loss", "?") + (
+                " full labels" if meta.get("config", {}).get("labels") == "full" else "")
             systems.append(System(label=f"{name} ({loss})", path=str(path), trial=t, loss=loss,
                                   hparams=dict(tr.get("hparams", {})),
                                   data=dict(meta.get("data", {})), head=head))
@@ -187,8 +187,7 @@ def systems_of_study(study: Any, where: str, *, top: int = 3, device: str = "cpu
         for t in chosen:
             hp, cfg = trial_setup(t.params, loss, settings, seeds=(seed,),
                                   observed_seed=observed_seed, device=device)
-            paper = " paper" if is_paper_trial(t) else ""
-            label = f"{study.study_name} trial {t.number}{paper}"
+            label = f"{study.study_name} trial {t.number}{' paper' if is_paper_trial(t) else ''}"
             if t.number in kept:
                 w, source = kept[t.number]
                 head, how = to_linear(w), "kept by the study"

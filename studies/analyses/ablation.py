@@ -42,9 +42,7 @@ def _gr_row(name: str, k: bool, v: bool, robust: bool, learn: bool = False) -> A
     def mark(on: bool) -> str:
         return "◦" if learn else ("✓" if on else "×")
 
-    switches = {"use_k": k, "use_v": v, "robust": robust}
-    if learn:
-        switches["learn_kv"] = True
+    switches = {"use_k": k, "use_v": v, "robust": robust, **({"learn_kv": True} if learn else {})}
     return AblationRow(name, "gr", switches, (mark(k), mark(v), "✓" if robust else "×"))
 
 

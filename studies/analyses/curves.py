@@ -125,9 +125,8 @@ def loss_curves(
         given = {k: (list(v) if isinstance(v, list | tuple) else [v])
                  for k, v in hparams.get(name, {}).items()}
         specs = {s.name: s for s in cls.hparam_specs}
-        for key in given:
-            if key not in specs:
-                check_hparams(cls.hparam_specs, {key: None}, cls.name)  # raises with a hint
+        if unknown := [key for key in given if key not in specs]:  # refused with a hint
+            check_hparams(cls.hparam_specs, {unknown[0]: None}, cls.name)
         varied = [k for k, v in given.items() if len(v) > 1]
         for variant in expand_grid(given):
             for spec in specs.values():

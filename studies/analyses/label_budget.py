@@ -35,11 +35,9 @@ class BudgetConfig:
     def validate(self) -> None:
         if not self.losses or not self.ks or not self.fractions:
             raise SpmlError("--losses, --k and --fractions must each name at least one value")
-        bad_k = [k for k in self.ks if k < 1]
-        if bad_k:
+        if bad_k := [k for k in self.ks if k < 1]:
             raise SpmlError(f"--k: positives per image must be >= 1; got {bad_k}")
-        bad_f = [f for f in self.fractions if not 0.0 < f <= 1.0]
-        if bad_f:
+        if bad_f := [f for f in self.fractions if not 0.0 < f <= 1.0]:
             raise SpmlError(f"--fractions: fractions of images labelled must lie in (0, 1]; "
                              f"got {bad_f}")
 
