@@ -62,8 +62,6 @@ def collect(paths: Iterable[str | os.PathLike], *, epochs: bool = False) -> pl.D
     frame = _one_key_scheme(pl.concat(frames, how="diagonal_relaxed"))
     front = [c for c in COLUMNS if c in frame.columns]
     extra = [c for c in frame.columns if c not in COLUMNS and c not in CURVES]
-    curves = [c for c in CURVES if c in frame.columns]
-    frame = frame.select(front + extra + curves)
     return _per_epoch(frame, front + extra) if epochs else frame.select(front + extra)
 
 
