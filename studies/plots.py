@@ -301,10 +301,8 @@ def plot_learning_curves(
     """Val mAP per epoch (counted from 1) of the ``top`` best completed trials in colour, with
     each one's best epoch marked; the paper point dashed; every other trial thin and grey."""
     done = ranked_trials(_valued(points, ("COMPLETE",)))
-    shown = done[:top]
     paper = next((p for p in done if p.paper), None)
-    if paper is not None and paper not in shown:
-        shown.append(paper)
+    shown = done[:top] + ([paper] if paper is not None and paper not in done[:top] else [])
     colors = mpl.colormaps["tab10"].colors
     with mpl.rc_context(STYLE):
         fig = new_figure(9, 4.8)

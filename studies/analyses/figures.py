@@ -68,8 +68,7 @@ def plot_ablation(rows: Sequence[dict[str, Any]], path: str | os.PathLike, *, n_
     with mpl.rc_context(STYLE):
         fig = new_figure(9, 1.4 + 0.5 * n)
         ax = fig.add_subplot()
-        pos = np.arange(n)[::-1].astype(float)
-        h = 0.38
+        pos, h = np.arange(n)[::-1].astype(float), 0.38
         for off, key, color, label in ((h / 2, "val", GREY, "val mAP"),
                                        (-h / 2, "test", BLUE, "test mAP")):
             means = np.array([r[f"{key}_mean"] for r in rows], dtype=float)
@@ -116,8 +115,7 @@ def plot_sensitivity(result: SensitivityResult, path: str | os.PathLike, *,
     with mpl.rc_context(STYLE):
         fig = new_figure(11, 4.4)
         axes = fig.subplots(1, 2, squeeze=False)[0]
-        xs = sorted({p["x"] for p in result.points})
-        ss = sorted({p["series"] for p in result.points})
+        xs, ss = (sorted({p[k] for p in result.points}) for k in ("x", "series"))
         by = {(p["x"], p["series"]): p for p in result.points}
         for ax, split in zip(axes, ("val", "test")):
             if result.param == "q2q3":
@@ -186,8 +184,7 @@ def plot_histograms(result: DistinguishResult, path: str | os.PathLike, *,
                     dpi: int = DPI) -> Path:
     """Fig. 3b/c: density histograms of the confidences of the truly negative and truly
     positive unannotated entries, one row per loss, one panel per chosen epoch."""
-    cols = max(len(v) for v in result.hist_epochs.values())
-    rows = len(result.losses)
+    cols, rows = max(len(v) for v in result.hist_epochs.values()), len(result.losses)
     edges = np.linspace(0, 1, result.bins + 1)
     width = edges[1] - edges[0]
     with mpl.rc_context(STYLE):
