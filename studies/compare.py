@@ -113,8 +113,8 @@ def load_systems(specs: Sequence[str]) -> list[System]:
             head, meta = load_head(path, t)
             tr = meta["trials"][t] if t < len(meta.get("trials", [])) else {}
             name = path.stem if n == 1 else f"{path.stem}[{t}]"
-            full = meta.get("config", {}).get("labels", "observed") == "full"
-            loss = meta.get("loss", "?") + (" full labels" if full else "")
+            loss = meta.get("loss", "?") + (
+                " full labels" if meta.get("config", {}).get("labels") == "full" else "")
             systems.append(System(label=f"{name} ({loss})", path=str(path), trial=t, loss=loss,
                                   hparams=dict(tr.get("hparams", {})),
                                   data=dict(meta.get("data", {})), head=head))
@@ -187,8 +187,7 @@ def systems_of_study(study: Any, where: str, *, top: int = 3, device: str = "cpu
         for t in chosen:
             hp, cfg = trial_setup(t.params, loss, settings, seeds=(seed,),
                                   observed_seed=observed_seed, device=device)
-            paper = " paper" if is_paper_trial(t) else ""
-            label = f"{study.study_name} trial {t.number}{paper}"
+            label = f"{study.study_name} trial {t.number}{' paper' if is_paper_trial(t) else ''}"
             if t.number in kept:
                 w, source = kept[t.number]
                 head, how = to_linear(w), "kept by the study"
@@ -365,11 +364,9 @@ def format_comparison(cmp: Comparison) -> str:
               f"  {'pair':<7}  {'mAP diff':>8}  {pct + ' interval':<18}  {'p':>6}  "
               f"{'p(Holm)':>7}  verdict"]
     for p, a, b, diff, lo, hi in _oriented(cmp.pairs):
-        if p.significant:
-            verdict = f"{_letter(a)} is better"
-        else:
-            verdict = "no clear difference (interval contains 0)" if lo <= 0 <= hi else \
-                "no clear difference after correction"
+        verdict = (f"{_letter(a)} is better" if p.significant else
+                   "no clear difference (interval contains 0)" if lo <= 0 <= hi else
+                   "no clear difference after correction")
         lines.append(f"  {_letter(a)} - {_letter(b)}    {diff:+8.2f}  "
                      f"{f'[{lo:+.2f}, {hi:+.2f}]':<18}  {p_text(p.p_value):>6}  "
                      f"{p_text(p.p_holm):>7}  {verdict}")
@@ -397,12 +394,9 @@ def disagreement_note(alpha: float, follows: str = "the verdict follows the inte
 
 def _oriented(pairs: Sequence[Any]) -> list[tuple[Any, int, int, float, float, float]]:
     """The pairs by Holm-corrected p, each as higher minus lower: (pair, a, b, diff, low, high)."""
-    out = []
-    for p in sorted(pairs, key=lambda p: p.p_holm):
-        a, b, sign = (p.a, p.b, 1) if p.diff.value >= 0 else (p.b, p.a, -1)
-        out.append((p, a, b, sign * p.diff.value,
-                    *sorted((sign * p.diff.low, sign * p.diff.high))))
-    return out
+    return [(p, a, b, sign * p.diff.value, *sorted((sign * p.diff.low, sign * p.diff.high)))
+            for p in sorted(pairs, key=lambda p: p.p_holm)
+            for a, b, sign in [(p.a, p.b, 1) if p.diff.value >= 0 else (p.b, p.a, -1)]]
 
 
 def p_text(p: float) -> str:

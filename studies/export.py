@@ -54,17 +54,14 @@ def collect(paths: Iterable[str | os.PathLike], *, epochs: bool = False) -> pl.D
     frames, paths = [], list(paths)
     if not paths:
         raise ExportError(f"PATH: nothing to export; give one or more of: {_WHAT}")
-    for p in paths:
-        frame = _read(Path(p))
+    for p in paths:  # the batches' provenance records stay out of the table
+        frame = _read(Path(p)).drop("provenance", strict=False)
         frames.append(frame.with_columns(
             pl.col("source").fill_null(pl.lit(str(p))) if "source" in frame.columns
             else pl.lit(str(p)).alias("source")))
     frame = _one_key_scheme(pl.concat(frames, how="diagonal_relaxed"))
     front = [c for c in COLUMNS if c in frame.columns]
-    extra = [c for c in frame.columns if c not in COLUMNS and c not in CURVES
-             and c != "provenance"]
-    curves = [c for c in CURVES if c in frame.columns]
-    frame = frame.select(front + extra + curves)
+    extra = [c for c in frame.columns if c not in COLUMNS and c not in CURVES]
     return _per_epoch(frame, front + extra) if epochs else frame.select(front + extra)
 
 
@@ -98,10 +95,8 @@ def _read(path: Path) -> pl.DataFrame:
     if not path.exists():
         raise ExportError(f"PATH {path}: no such file or folder; expected {_WHAT}")
     if path.is_dir():
-        if (path / "results").is_dir():
-            return read_results(path / "results").drop("provenance", strict=False)
-        if any(path.glob("batch-*.parquet")):
-            return read_results(path).drop("provenance", strict=False)
+        if (path / "results").is_dir() or any(path.glob("batch-*.parquet")):
+            return read_results(path / "results" if (path / "results").is_dir() else path)
         if (path / "confirm.parquet").is_file():
             return _confirm(path / "confirm.parquet")
         raise ExportError(
@@ -116,7 +111,7 @@ def _read(path: Path) -> pl.DataFrame:
         if "test_maps" in frame.columns and "rank" in frame.columns:
             return _confirm(path)
         if path.name.startswith("batch-"):
-            return upgrade_batch(frame).drop("provenance", strict=False)
+            return upgrade_batch(frame)
         if "format" in frame.columns:
             return frame
     if suffix == ".csv":
@@ -149,9 +144,8 @@ def _confirm(path: Path) -> pl.DataFrame:
     rename = {"test_maps": "test_map", "val_maps": "val_map", "seeds": "seed",
               "observed_seeds": "observed_seed"}
     runs = [c for c in rename if c in frame.columns]
-    frame = frame.explode(runs)
-    frame = frame.drop([c for c in rename.values() if c in frame.columns and c not in runs])
-    frame = frame.rename({k: v for k, v in rename.items() if k in runs})
+    frame = frame.explode(runs).drop([c for c in rename.values() if c in frame.columns
+                                      and c not in runs]).rename({k: rename[k] for k in runs})
     keep = [c for c in frame.columns if c in COLUMNS or c in ("rank", "search_value",
                                                               "test_mean", "test_std")]
     frame = frame.select(keep).with_columns(
@@ -174,8 +168,6 @@ def _per_epoch(frame: pl.DataFrame, columns: list[str]) -> pl.DataFrame:
     longest = pl.max_horizontal([pl.col(c).list.len().fill_null(0) for c in present])
     frame = frame.with_columns(pl.int_ranges(1, longest + 1, dtype=pl.Int64).alias("epoch"))
     frame = frame.explode(["epoch", *present])
-    out = frame.select([*columns, "epoch", *[pl.col(c).alias(curves[c]) for c in present]])
-    for c in curves.values():
-        if c not in out.columns:
-            out = out.with_columns(pl.lit(None, dtype=pl.Float64).alias(c))
-    return out
+    return frame.select([*columns, "epoch", *[pl.col(c).alias(curves[c]) for c in present],
+                         *[pl.lit(None, dtype=pl.Float64).alias(curves[c]) for c in curves
+                           if c not in present]])

@@ -301,10 +301,8 @@ def plot_learning_curves(
     """Val mAP per epoch (counted from 1) of the ``top`` best completed trials in colour, with
     each one's best epoch marked; the paper point dashed; every other trial thin and grey."""
     done = ranked_trials(_valued(points, ("COMPLETE",)))
-    shown = done[:top]
     paper = next((p for p in done if p.paper), None)
-    if paper is not None and paper not in shown:
-        shown.append(paper)
+    shown = done[:top] + ([paper] if paper is not None and paper not in done[:top] else [])
     colors = mpl.colormaps["tab10"].colors
     with mpl.rc_context(STYLE):
         fig = new_figure(9, 4.8)
@@ -373,10 +371,9 @@ def plot_class_ap(
         for y, i in zip(pos, idx):
             ax.text(top * 1.02, y, f"{diff[i]:+.1f}", va="center", fontsize=9,
                     color="#1a7f37" if diff[i] >= 0 else RED)
-        ax.set_yticks(pos, labels=[names[i] for i in idx])
-        ax.set_ylim(-0.7, n - 0.3)
-        ax.set_xlim(0, top * 1.12)
-        ax.set_xlabel("test AP at the best val epoch (%); difference on the right")
+        ax.set(yticks=pos, yticklabels=[names[i] for i in idx], ylim=(-0.7, n - 0.3),
+               xlim=(0, top * 1.12), xlabel="test AP at the best val epoch (%); difference on "
+               "the right")
         ax.grid(axis="y", visible=False)
         fig.legend(loc="outside lower center", ncols=2, frameon=False)
         ax.set_title(f"{title}: {labels[0]} vs {labels[1]}, sorted by difference{note}",
@@ -400,21 +397,19 @@ def plot_comparison(
         y = np.arange(n, dtype=float)
         v, lo, hi = (np.array([maps[i][k] for i in order]) for k in range(3))
         left.errorbar(v, y, xerr=[v - lo, hi - v], fmt="o", color=BLUE, capsize=3)
-        left.set_yticks(y, labels=[labels[i] for i in order])
-        left.set_xlabel(f"test mAP (%), {100 * level:g}% bootstrap interval")
+        left.set(yticks=y, yticklabels=[labels[i] for i in order], title="mAP per system",
+                 xlabel=f"test mAP (%), {100 * level:g}% bootstrap interval")
         left.margins(y=0.15)
         right.margins(y=0.15)
         left.grid(axis="y", visible=False)
-        left.set_title("mAP per system")
         y2 = np.arange(m, dtype=float)[::-1]
         for yy, (_, val, dlo, dhi, sig) in zip(y2, diffs):
             right.errorbar([val], [yy], xerr=[[val - dlo], [dhi - val]], fmt="o",
                            color=RED if sig else GREY, capsize=3)
         right.axvline(0.0, color="black", lw=0.8)
-        right.set_yticks(y2, labels=[d[0] for d in diffs])
-        right.set_xlabel(f"difference (mAP points), paired {100 * level:g}% interval;\n"
-                        "red: Holm-corrected p < 0.05")
+        right.set(yticks=y2, yticklabels=[d[0] for d in diffs], title="Pairwise differences",
+                  xlabel=f"difference (mAP points), paired {100 * level:g}% interval;\n"
+                  "red: Holm-corrected p < 0.05")
         right.grid(axis="y", visible=False)
-        right.set_title("Pairwise differences")
         fig.suptitle(title)
         return save_figure(fig, path, dpi)

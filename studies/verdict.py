@@ -81,31 +81,20 @@ def study_verdict(study: Any, store: str, *, device: str = "cpu",
         return None
     systems = systems_of_study(study, study.study_name, top=1, device=device, store=store,
                                heads_dir=heads_dir)
-    by_trial = {t.number: t for t in complete}
+    by_trial, n = {t.number: t for t in complete}, len(systems)  # the winner (and the paper)
     cmp = compare_systems([*systems, *references], store=store, n_resamples=n_resamples,
                           seed=seed, level=level, device=device, allow_one=True)
-
-    def row(i: int, val: float | None) -> VerdictRow:
-        iv, s = cmp.intervals[i], [*systems, *references][i]
-        return VerdictRow(s.label, s.trial if i < len(systems) else None, val, iv.value, iv.low,
-                          iv.high)
-
-    winner = row(0, by_trial[systems[0].trial].value)
+    vals = [by_trial[s.trial].value for s in systems] + [
+        reference_val[j] if j < len(reference_val) else None for j in range(len(references))]
+    rows = [VerdictRow(s.label, s.trial if i < n else None, val, iv.value, iv.low, iv.high)
+            for i, (s, iv, val) in enumerate(zip([*systems, *references], cmp.intervals, vals))]
     winner_is_paper = is_paper_trial(by_trial[systems[0].trial])
-    paper = winner if winner_is_paper else (
-        row(1, by_trial[systems[1].trial].value) if len(systems) > 1 else None)
-    refs = [row(len(systems) + j, reference_val[j] if j < len(reference_val) else None)
-            for j in range(len(references))]
-    diff = low = high = p = p_raw = None
-    if len(systems) > 1:
-        pair = next(pp for pp in cmp.pairs if {pp.a, pp.b} == {0, 1})
-        sign = 1.0 if pair.a == 0 else -1.0
-        diff = sign * pair.diff.value
-        low, high = sorted((sign * pair.diff.low, sign * pair.diff.high))
-        p, p_raw = pair.p_holm, pair.p_value
-    name, why = _paper_words(study, store, has_point=len(systems) > 1 or winner_is_paper)
-    return Verdict(winner, paper, refs, diff, low, high, p, cmp.n_images, level,
-                   winner_is_paper, list(commands), name, why, p_raw)
+    pair = cmp.pairs[0] if n > 1 else None  # winner − paper (compare's pairs are a < b)
+    name, why = _paper_words(study, store, has_point=n > 1 or winner_is_paper)
+    return Verdict(rows[0], rows[0] if winner_is_paper else rows[1] if n > 1 else None, rows[n:],
+                   *((pair.diff.value, pair.diff.low, pair.diff.high, pair.p_holm) if pair
+                     else (None,) * 4), cmp.n_images, level, winner_is_paper, list(commands),
+                   name, why, pair.p_value if pair else None)
 
 
 def _paper_words(study: Any, store: str, *, has_point: bool) -> tuple[str, str | None]:

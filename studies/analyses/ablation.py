@@ -17,6 +17,7 @@ from .common import (
     AnalysisResult,
     AnalyzeError,
     check_fixed,
+    load_data,
     pin_training,
     run_config,
     run_settings,
@@ -41,9 +42,7 @@ def _gr_row(name: str, k: bool, v: bool, robust: bool, learn: bool = False) -> A
     def mark(on: bool) -> str:
         return "◦" if learn else ("✓" if on else "×")
 
-    switches = {"use_k": k, "use_v": v, "robust": robust}
-    if learn:
-        switches["learn_kv"] = True
+    switches = {"use_k": k, "use_v": v, "robust": robust, **({"learn_kv": True} if learn else {})}
     return AblationRow(name, "gr", switches, (mark(k), mark(v), "✓" if robust else "×"))
 
 
@@ -71,10 +70,7 @@ class AblationResult(AnalysisResult):
     hparams: dict[str, Any]
     notes: list[str] = field(default_factory=list)
 
-    paper = "Table 3"
-
-    def __post_init__(self) -> None:
-        self.kind, self.title = "ablation", "GR ablation (paper Table 3)"
+    kind, title, paper = "ablation", "GR ablation (paper Table 3)", "Table 3"
 
     def tables(self):
         n = len(self.settings["seeds"])
@@ -94,14 +90,15 @@ def ablation_hparams(hparams: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def run_ablation(
-    data: ProbeData,
+    data: ProbeData | str,
     config: ProbeConfig | None = None,
     hparams: dict[str, Any] | None = None,
     *,
     rows: Sequence[AblationRow] = ABLATION_ROWS,
     progress: bool = False,
 ) -> AblationResult:
-    """Train every row of Table 3 (``rows``) on ``data`` and collect val / test mAP.
+    """Train every row of Table 3 (``rows``) on ``data`` (or a store path) and collect val /
+    test mAP.
 
     ``hparams``: GR hyperparameters for every GR row (single values; the switches are the
     rows'); unset ones come from the paper preset for the store's dataset, else GR's defaults.
@@ -112,6 +109,7 @@ def run_ablation(
     hp = ablation_hparams(hparams)
     if not rows:
         raise AnalyzeError("run_ablation: no rows to train")
+    data = load_data(data, config)
     order = sorted(range(len(rows)), key=lambda i: rows[i].name != _REFERENCE_ROW)
     results: dict[int, ProbeResult] = {}
     with Progress(len(rows), "ablation rows", "run", enabled=progress) as bar:

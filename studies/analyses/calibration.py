@@ -24,6 +24,7 @@ from .common import (
     check_int,
     check_losses,
     k_hat_curve,
+    load_data,
     masked_probs,
     run_config,
     run_settings,
@@ -51,33 +52,23 @@ class CalibrationResult(AnalysisResult):
     hparams: dict[str, Any]
     scores: dict[str, Any]
     notes: list[str] = field(default_factory=list)
-    paper = "Fig. 5 / App. E.3"
+    kind, paper = "calibration", "Fig. 5 / App. E.3"
 
     def __post_init__(self) -> None:
-        self.kind = "calibration"
         self.title = ("Calibration of k̂: FN/(FN+TN) per confidence bucket (paper Fig. 5), "
                       f"{self.loss}")
 
     def tables(self):
-        n = len(self.before.counts)
-        header = ["bucket", "n before", "FN rate before", "n after", "FN rate after"]
-        if self.k_start is not None:
-            header += ["k̂ start", "k̂ final" if self.k_final is not None else ""]
-        header += ["Eq. 6"]
-        rows = []
-        for i in range(n):
-            if self.before.counts[i] == 0 and self.after.counts[i] == 0:
-                continue
-            centre = (i + 0.5) / n
-            row = [f"[{self.before.edges[i]:.2f}, {self.before.edges[i + 1]:.2f})",
-                   str(self.before.counts[i]), _f3(self.before.rate[i]),
-                   str(self.after.counts[i]), _f3(self.after.rate[i])]
-            if self.k_start is not None:
-                row.append(_f3(float(k_hat_curve(centre, *self.k_start))))
-                row.append(_f3(float(k_hat_curve(centre, *self.k_final)))
-                           if self.k_final is not None else "")
-            row.append(_f3(float(scar_curve(centre, self.a))))
-            rows.append(row)
+        n, b, a = len(self.before.counts), self.before, self.after
+        ks = [] if self.k_start is None else [("k̂ start", self.k_start), (
+            "k̂ final" if self.k_final is not None else "", self.k_final)]
+        header = ["bucket", "n before", "FN rate before", "n after", "FN rate after",
+                  *[name for name, _ in ks], "Eq. 6"]
+        rows = [[f"[{b.edges[i]:.2f}, {b.edges[i + 1]:.2f})", str(b.counts[i]), _f3(b.rate[i]),
+                 str(a.counts[i]), _f3(a.rate[i]),
+                 *["" if wb is None else _f3(k_hat_curve((i + 0.5) / n, *wb)) for _, wb in ks],
+                 _f3(scar_curve((i + 0.5) / n, self.a))]
+                for i in range(n) if b.counts[i] or a.counts[i]]
         cap = (f"unannotated train entries per confidence bucket (empty buckets left out); "
                f"FN rate = fraction truly positive; curves at the bucket centre; overall "
                f"FN/(FN+TN) = {self.fn_rate:.4f}; a = P(s=1|y=1) = {self.a:.4f}")
@@ -87,8 +78,8 @@ class CalibrationResult(AnalysisResult):
                  "unless named 'before')", ["curve", "gap"], gap_rows)]
 
 
-def _f3(v: float) -> str:
-    return "-" if not math.isfinite(v) else f"{v:.3f}"
+def _f3(v: Any) -> str:
+    return "-" if not math.isfinite(v := float(v)) else f"{v:.3f}"
 
 
 def _gap(stats: BucketStats, curve: Callable[[np.ndarray], np.ndarray]) -> float | None:
@@ -106,7 +97,7 @@ def _confidences(x: Tensor, heads: Tensor, mask: Tensor, truth: Tensor) -> tuple
 
 
 def run_calibration(
-    data: ProbeData,
+    data: ProbeData | str,
     config: ProbeConfig | None = None,
     loss: str = "gr",
     *,
@@ -114,15 +105,16 @@ def run_calibration(
     n_buckets: int = 100,
     progress: bool = False,
 ) -> CalibrationResult:
-    """Train ``loss`` (seeds stacked) and bucket the unannotated train entries by confidence
-    before training (the engine's initial heads) and after the last epoch, pooling the seeds;
-    per bucket the fraction that is truly positive (Fig. 5). For GR, k̂ = σ(w·p + b) at
-    (w_0, b_0) and (w_T, b_T) is drawn against it; for every loss Eq. 6 with a = P(s=1 | y=1)
-    = (observed positives) / (true positives) of the train split."""
+    """Train ``loss`` (seeds stacked) on ``data`` (or a store path) and bucket the unannotated
+    train entries by confidence before training (the engine's initial heads) and after the last
+    epoch, pooling the seeds; per bucket the fraction that is truly positive (Fig. 5). For GR,
+    k̂ = σ(w·p + b) at (w_0, b_0) and (w_T, b_T) is drawn against it; for every loss Eq. 6 with
+    a = P(s=1 | y=1) = (observed positives) / (true positives) of the train split."""
     config, seeds = run_config(config)
     check_int(n_buckets, "--buckets", 2, 1000)
     check_losses([loss], None, "trains no head; pick a loss")
     hp = check_fixed(loss, hparams)
+    data = load_data(data, config)
     x, mask, truth = unannotated_truth(data, "train")
     result = train_runs(data, config, loss, [hp], seeds, progress)
     before = bucket_rates(*_confidences(x, seeded_heads(seeds, data.feature_dim, data.n_classes),

@@ -11,7 +11,7 @@ import statistics
 import unicodedata
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -119,17 +119,12 @@ def bucket_rates(p: Tensor | np.ndarray, truth: Tensor | np.ndarray,
     counts = torch.bincount(idx, minlength=n_buckets)
     positives = torch.bincount(idx, weights=yt, minlength=n_buckets)
     sum_p = torch.bincount(idx, weights=pt, minlength=n_buckets)
-    denom = counts.to(torch.float64)
-    empty = counts == 0
-    rate = torch.where(empty, math.nan, positives / denom.clamp_min(1))
-    mean_p = torch.where(empty, math.nan, sum_p / denom.clamp_min(1))
-    return BucketStats(
-        edges=np.linspace(0.0, 1.0, n_buckets + 1),
-        counts=counts.numpy().astype(np.int64),
-        positives=positives.round().numpy().astype(np.int64),
-        rate=rate.numpy(),
-        mean_p=mean_p.numpy(),
-    )
+    rate, mean_p = (torch.where(counts == 0, math.nan, s / counts.to(torch.float64).clamp_min(1))
+                    for s in (positives, sum_p))
+    return BucketStats(edges=np.linspace(0.0, 1.0, n_buckets + 1),
+                       counts=counts.numpy().astype(np.int64),
+                       positives=positives.round().numpy().astype(np.int64),
+                       rate=rate.numpy(), mean_p=mean_p.numpy())
 
 
 def k_hat_curve(p: np.ndarray | float, w: float, b: float) -> np.ndarray:
@@ -185,6 +180,13 @@ def run_config(config: ProbeConfig | None) -> tuple[ProbeConfig, tuple[int, ...]
     config = config or ProbeConfig()
     config.validate()
     return config, tuple(config.seeds) if config.seeds is not None else (config.seed,)
+
+
+def load_data(data: ProbeData | str | os.PathLike, config: ProbeConfig) -> ProbeData:
+    """``data``, or the store at that path loaded as ``config`` asks (device, draw, flips): an
+    analysis checks its arguments first, so a mistake is named before a large store loads."""
+    return data if isinstance(data, ProbeData) else ProbeData.from_store(
+        data, device=config.device, observed_seed=config.observed_seed, flip=config.flip)
 
 
 def _finite_or_nan(v: Any) -> float:
@@ -284,11 +286,9 @@ def trial_scores(result: ProbeResult, trials: Sequence[int]) -> dict[str, Any]:
     images (paired bootstrap, attached by :func:`train_runs`)."""
     vals = [_finite_or_nan(result.trials[t].best.get("val_map")) for t in trials]
     tests = [_finite_or_nan(result.trials[t].best.get("test_map")) for t in trials]
-    vm, vs = _mean_std(vals)
-    tm, ts = _mean_std(tests)
+    (vm, vs), (tm, ts) = _mean_std(vals), _mean_std(tests)
     if len(tests) > 1:
-        iv = mean_interval(tests)
-        low, high = iv.low, iv.high
+        low, high = (iv := mean_interval(tests)).low, iv.high
     else:
         best = result.trials[trials[0]].best
         low, high = (_finite_or_nan(best.get(k)) for k in ("test_map_low", "test_map_high"))
@@ -332,8 +332,8 @@ def train_runs(data: ProbeData, config: ProbeConfig, loss: str, hparams: Sequenc
 class AnalysisResult(ABC):
     """What every analysis returns: a title, its settings, notes; tables and figures."""
 
-    kind: str = field(init=False, default="")  # names the output files: <kind>.json / .md
-    title: str = field(init=False, default="")
+    kind: ClassVar[str] = ""  # names the output files: <kind>.json / .md
+    title: ClassVar[str] = ""
     paper: ClassVar[str] = ""  # the paper's table or figure it reproduces
 
     @abstractmethod
@@ -345,7 +345,7 @@ class AnalysisResult(ABC):
         the paper's figure, then every field."""
         return {"analysis": self.kind, "paper": f"GR Loss, IJCAI 2024, {self.paper}",
                 **{f.name: (v.to_dict() if isinstance(v := getattr(self, f.name), BucketStats)
-                            else v) for f in fields(self) if f.init}}
+                            else v) for f in fields(self)}}
 
     def subtitle(self) -> str:
         """The training settings in one line ("" for an analysis that trains nothing)."""
@@ -357,12 +357,10 @@ class AnalysisResult(ABC):
 
     def text(self) -> str:
         """The tables as the terminal shows them."""
-        parts = [f"{self.title}", self.subtitle()]
+        parts = [self.title, self.subtitle()]
         for caption, header, rows in self.tables():
             parts += ["", caption, format_table(header, rows)]
-        for note in getattr(self, "notes", []):
-            parts.append(f"note: {note}")
-        return "\n".join(p for p in parts if p is not None)
+        return "\n".join(parts + [f"note: {note}" for note in getattr(self, "notes", [])])
 
     def markdown(self, figures: Sequence[Path] = (), base: Path | None = None) -> str:
         lines = [f"# {self.title}", ""]
@@ -373,9 +371,8 @@ class AnalysisResult(ABC):
         for path in figures:
             rel = os.path.relpath(path, base) if base is not None else str(path)
             lines += [f"![{path.stem}]({rel.replace(os.sep, '/')})", ""]
-        for note in getattr(self, "notes", []):
-            lines += [f"> **Note:** {note}", ""]
-        return "\n".join(lines)
+        return "\n".join(lines + [line for note in getattr(self, "notes", [])
+                                   for line in (f"> **Note:** {note}", "")])
 
 
 _ROW_BLOCK = 8192  # rows per product: the float32 copy of a block stays small (COCO: 67 MB)

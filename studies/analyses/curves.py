@@ -30,10 +30,7 @@ class CurvesResult(AnalysisResult):
     classes: int
     notes: list[str] = field(default_factory=list)
 
-    paper = "Fig. 1"
-
-    def __post_init__(self) -> None:
-        self.kind, self.title = "curves", "Loss and gradient curves (paper Fig. 1)"
+    kind, title, paper = "curves", "Loss and gradient curves (paper Fig. 1)", "Fig. 1"
 
     def subtitle(self) -> str:
         return (f"per-entry loss ℓ(p) and ∂ℓ/∂z (autograd, z = logit p) over {len(self.p)} "
@@ -61,26 +58,22 @@ def _loss_grad(loss_obj: Any, z: Tensor, shape: tuple[int, ...], logits: Any,
     return out.detach().reshape(-1), grad.reshape(-1)
 
 
-def _entry_curves(loss_obj: Any, z: Tensor, y: int, classes: int) -> tuple[Tensor, Tensor]:
-    """Per-entry loss and d loss / d z for logits ``z`` (P,) with label ``y``: every entry is
-    its own trial (T = P, one sample, ``classes`` identical columns), so the (T,) loss is the
-    entry loss and autograd gives its derivative."""
-    return _loss_grad(loss_obj, z, (-1, 1, 1), lambda leaf: leaf.expand(-1, 1, classes),
-                      torch.full((1, classes), y, dtype=torch.int8))
-
-
-def _entrywise_problem(loss_obj: Any, z: Tensor, y: int, classes: int, value: Tensor,
-                       grad: Tensor) -> str | None:
-    """Why the loss is not a function of the entry's own p and label (None when it is): the
-    same entries as one batch must give the mean of the per-entry losses, and an entry's
+def _entry_curve(loss_obj: Any, z: Tensor, y: int, classes: int
+                 ) -> tuple[Tensor, Tensor, str | None]:
+    """Per-entry loss and d loss / d z for logits ``z`` (P,) with label ``y`` (every entry its
+    own trial: T = P, one sample, ``classes`` identical columns, so the (T,) loss is the entry
+    loss), and why the loss is not a function of the entry's own p and label (None when it is):
+    the same entries as one batch must give the mean of the per-entry losses, and an entry's
     gradient must not change when the other classes of its sample change."""
+    value, grad = _loss_grad(loss_obj, z, (-1, 1, 1), lambda leaf: leaf.expand(-1, 1, classes),
+                             torch.full((1, classes), y, dtype=torch.int8))
     tol = {"rtol": 1e-6, "atol": 1e-9}
     p_n = z.numel()
     out, g = _loss_grad(loss_obj, z, (-1, 1), lambda leaf: leaf.expand(-1, classes),
                         torch.full((p_n, classes), y, dtype=torch.int8))
     if not (torch.allclose(out.reshape(()), value.mean(), **tol)
             and torch.allclose(g * p_n, grad, **tol)):
-        return "its loss depends on the other entries of the batch"
+        return value, grad, "its loss depends on the other entries of the batch"
     if classes > 1:
         rest = torch.zeros(p_n, 1, classes - 1, dtype=z.dtype)
         observed = torch.zeros(1, classes, dtype=torch.int8)
@@ -88,8 +81,8 @@ def _entrywise_problem(loss_obj: Any, z: Tensor, y: int, classes: int, value: Te
         _, g = _loss_grad(loss_obj, z, (-1, 1, 1),
                           lambda leaf: torch.cat([leaf, rest], dim=2), observed)
         if not torch.allclose(g * classes, grad, **tol):
-            return "an entry's gradient depends on the other classes of its sample"
-    return None
+            return value, grad, "an entry's gradient depends on the other classes of its sample"
+    return value, grad, None
 
 
 def loss_curves(
@@ -132,9 +125,8 @@ def loss_curves(
         given = {k: (list(v) if isinstance(v, list | tuple) else [v])
                  for k, v in hparams.get(name, {}).items()}
         specs = {s.name: s for s in cls.hparam_specs}
-        for key in given:
-            if key not in specs:
-                check_hparams(cls.hparam_specs, {key: None}, cls.name)  # raises with a hint
+        if unknown := [key for key in given if key not in specs]:  # refused with a hint
+            check_hparams(cls.hparam_specs, {unknown[0]: None}, cls.name)
         varied = [k for k, v in given.items() if len(v) > 1]
         for variant in expand_grid(given):
             for spec in specs.values():
@@ -152,13 +144,12 @@ def loss_curves(
                 obj.start_epoch(e - 1)
                 entry = {}
                 for y in (0, 1):
-                    value, grad = _entry_curves(obj, z, y, classes)
+                    value, grad, why = _entry_curve(obj, z, y, classes)
                     if not (torch.isfinite(value).all() and torch.isfinite(grad).all()):
                         raise AnalyzeError(
                             f"--loss {name}: non-finite loss or gradient on y={y} with "
                             f"{variant or 'its defaults'} and {classes} classes"
                         )
-                    why = _entrywise_problem(obj, z, y, classes, value, grad)
                     if why:
                         raise AnalyzeError(
                             f"--loss {name} at epoch {e}: not a per-entry function of p ({why}); "

@@ -14,7 +14,6 @@ from torch import Tensor
 
 from probe.config import ProbeConfig
 from probe.data import ProbeData
-from probe.results import EpochReport
 from probe.train import train_probe
 
 from .common import (
@@ -25,6 +24,7 @@ from .common import (
     check_losses,
     format_pm,
     json_floats,
+    load_data,
     masked_probs,
     pin_training,
     run_config,
@@ -60,9 +60,6 @@ class _DistinguishProbe:
         self.hist_pos.append(hp.round().long().tolist())
         self.hist_neg.append(hn.round().long().tolist())
 
-    def callback(self, report: EpochReport) -> None:
-        self.measure(report.epoch, report.heads)  # epochs count from 1; 0 = init
-
 
 @dataclass
 class DistinguishResult(AnalysisResult):
@@ -77,25 +74,16 @@ class DistinguishResult(AnalysisResult):
     counts: dict[str, int]
     notes: list[str] = field(default_factory=list)
 
-    paper = "Fig. 3"
-
-    def __post_init__(self) -> None:
-        self.kind, self.title = ("distinguish",
-                                 "Distinguishability of unannotated labels (paper Fig. 3)")
+    kind, paper = "distinguish", "Fig. 3"
+    title = "Distinguishability of unannotated labels (paper Fig. 3)"
 
     def tables(self):
         n = len(self.settings["seeds"])
-        names = [r["loss"] for r in self.losses]
-        header = ["epoch", *[f"W1 {name}" for name in names]]
-        epochs = self.losses[0]["epochs"]
-        rows = []
-        for j, e in enumerate(epochs):
-            row = [str(e) + (" (init)" if e == 0 else "")]
-            for r in self.losses:
-                m, s = r["w1_mean"][j], r["w1_std"][j]
-                mark = " *" if r["best_epoch"] == e else ""
-                row.append((f"{m:.4f} ± {s:.4f}" if n > 1 else f"{m:.4f}") + mark)
-            rows.append(row)
+        header = ["epoch", *[f"W1 {r['loss']}" for r in self.losses]]
+        rows = [[str(e) + (" (init)" if e == 0 else ""), *[
+            f"{r['w1_mean'][j]:.4f}" + (f" ± {r['w1_std'][j]:.4f}" if n > 1 else "")
+            + (" *" if r["best_epoch"] == e else "") for r in self.losses]]
+            for j, e in enumerate(self.losses[0]["epochs"])]
         cap = (f"Wasserstein-1 distance between the confidences p of the truly positive "
                f"({self.counts['positive']}) and truly negative ({self.counts['negative']}) "
                f"unannotated {self.split} entries after each epoch"
@@ -134,7 +122,7 @@ def hist_epochs_for(spec: Sequence[int | str], n_epochs: int | None, best: int |
 
 
 def run_distinguish(
-    data: ProbeData,
+    data: ProbeData | str,
     config: ProbeConfig | None = None,
     losses: Sequence[str] = ("gr", "an"),
     *,
@@ -144,12 +132,12 @@ def run_distinguish(
     bins: int = 50,
     progress: bool = False,
 ) -> DistinguishResult:
-    """Train each loss in turn (its seeds stacked) and measure, before training and after every
-    epoch, W1 between the confidences of the truly positive and truly negative unannotated
-    entries of ``split`` (train by default; the paper used its validation images), with
-    ``bins`` histogram bins over [0, 1] at ``hist_epochs`` (completed epochs, 0 = before
-    training, or 'best' / 'last'). ``hparams``: per loss name, single values. All losses train
-    with the first loss's resolved batch size, lr and epochs."""
+    """Train each loss in turn on ``data`` (or a store path), its seeds stacked, and measure,
+    before training and after every epoch, W1 between the confidences of the truly positive and
+    truly negative unannotated entries of ``split`` (train by default; the paper used its
+    validation images), with ``bins`` histogram bins over [0, 1] at ``hist_epochs`` (completed
+    epochs, 0 = before training, or 'best' / 'last'). ``hparams``: per loss name, single values.
+    All losses train with the first loss's resolved batch size, lr and epochs."""
     config, seeds = run_config(config)
     hparams = check_losses(losses, hparams, "trains no head; pick a loss")
     if len(set(losses)) != len(losses):
@@ -157,6 +145,7 @@ def run_distinguish(
     check_int(bins, "--bins", 2)
     fixed = {name: check_fixed(name, hparams.get(name)) for name in losses}
     hist_epochs_for(hist_epochs, config.epochs)
+    data = load_data(data, config)
     x, mask, truth = unannotated_truth(data, split)
     config = replace(config, eval_every=1)
     init = seeded_heads(seeds, data.feature_dim, data.n_classes)
@@ -164,26 +153,24 @@ def run_distinguish(
     for name in losses:
         probe = _DistinguishProbe(x, mask, truth, bins)
         probe.measure(0, init)
-        trials = [dict(fixed[name]) for _ in seeds]
-        cfg = replace(config, seeds=tuple(seeds))
-        result = train_probe(data, cfg, name, trials, callback=probe.callback, progress=progress)
+        result = train_probe(data, replace(config, seeds=tuple(seeds)), name,
+                             [dict(fixed[name]) for _ in seeds], progress=progress,
+                             callback=lambda r, p=probe: p.measure(r.epoch, r.heads))  # from 1
         if first is None:
             first = result
             config = pin_training(config, result)
             hist_epochs_for(hist_epochs, config.epochs)  # before the other losses train
         w1 = np.array(probe.w1)  # (epochs + 1, T)
-        best = result.trials[0].best_epoch
-        scores = trial_scores(result, range(len(seeds)))
         out.append({
             "loss": name, "hparams": result.trials[0].hparams, "epochs": probe.epochs,
             "w1": json_floats(w1), "w1_mean": json_floats(w1.mean(1)),
             "w1_std": json_floats(w1.std(1, ddof=1) if w1.shape[1] > 1 else 0 * w1.mean(1)),
             "hist_pos": probe.hist_pos, "hist_neg": probe.hist_neg,
-            "best_epoch": best, **scores,
+            "best_epoch": result.trials[0].best_epoch, **trial_scores(result, range(len(seeds))),
         })
     assert first is not None
-    n_epochs = int(first.config["epochs"])
-    chosen = {r["loss"]: hist_epochs_for(hist_epochs, n_epochs, r["best_epoch"]) for r in out}
+    chosen = {r["loss"]: hist_epochs_for(hist_epochs, int(first.config["epochs"]),
+                                         r["best_epoch"]) for r in out}
     counts = {"unannotated": int(mask.sum()), "positive": int((mask & truth).sum()),
               "negative": int((mask & ~truth).sum())}
     return DistinguishResult(out, split, bins, chosen, run_settings(data, first, seeds), counts,

@@ -68,8 +68,7 @@ def plot_ablation(rows: Sequence[dict[str, Any]], path: str | os.PathLike, *, n_
     with mpl.rc_context(STYLE):
         fig = new_figure(9, 1.4 + 0.5 * n)
         ax = fig.add_subplot()
-        pos = np.arange(n)[::-1].astype(float)
-        h = 0.38
+        pos, h = np.arange(n)[::-1].astype(float), 0.38
         for off, key, color, label in ((h / 2, "val", GREY, "val mAP"),
                                        (-h / 2, "test", BLUE, "test mAP")):
             means = np.array([r[f"{key}_mean"] for r in rows], dtype=float)
@@ -86,14 +85,13 @@ def plot_ablation(rows: Sequence[dict[str, Any]], path: str | os.PathLike, *, n_
         vals = [r[k] for r in rows for k in ("val_mean", "test_mean") if math.isfinite(r[k])]
         lo, hi = (min(vals), max(vals)) if vals else (0.0, 1.0)
         span = max(hi - lo, 1.0)
-        ax.set_xlim(max(0.0, lo - 0.6 * span), hi + 0.35 * span)
-        ax.set_yticks(pos)
-        ax.set_yticklabels([f"{r['name']}  [{' '.join(r['marks'])}]" for r in rows])
-        ax.set_xlabel("mAP (%) at the best val epoch"
-                      + (f" (mean ± std, {n_seeds} seeds)" if n_seeds > 1 else "")
-                      + "; test error bars: 95% interval")
+        ax.set(xlim=(max(0.0, lo - 0.6 * span), hi + 0.35 * span), yticks=pos,
+               yticklabels=[f"{r['name']}  [{' '.join(r['marks'])}]" for r in rows],
+               xlabel="mAP (%) at the best val epoch" + (
+                   f" (mean ± std, {n_seeds} seeds)" if n_seeds > 1 else "")
+               + "; test error bars: 95% interval",
+               title="GR ablation (Table 3): marks are k̂, v, L (✓ on, × off, ◦ learned)")
         ax.grid(axis="y", visible=False)
-        ax.set_title("GR ablation (Table 3): marks are k̂, v, L (✓ on, × off, ◦ learned)")
         fig.legend(loc="outside lower center", ncols=3, frameon=False)
         return save_figure(fig, path, dpi)
 
@@ -117,8 +115,7 @@ def plot_sensitivity(result: SensitivityResult, path: str | os.PathLike, *,
     with mpl.rc_context(STYLE):
         fig = new_figure(11, 4.4)
         axes = fig.subplots(1, 2, squeeze=False)[0]
-        xs = sorted({p["x"] for p in result.points})
-        ss = sorted({p["series"] for p in result.points})
+        xs, ss = (sorted({p[k] for p in result.points}) for k in ("x", "series"))
         by = {(p["x"], p["series"]): p for p in result.points}
         for ax, split in zip(axes, ("val", "test")):
             if result.param == "q2q3":
@@ -130,10 +127,9 @@ def plot_sensitivity(result: SensitivityResult, path: str | os.PathLike, *,
                         if math.isfinite(v):
                             ax.text(j, i, f"{v:.1f}", ha="center", va="center", fontsize=8.5,
                                     color="white" if v < np.nanmean(grid) else "black")
-                ax.set_xticks(range(len(ss)), [f"{s:g}" for s in ss])
-                ax.set_yticks(range(len(xs)), [f"{x:g}" for x in xs])
-                ax.set_xlabel(sw.series_label)
-                ax.set_ylabel(sw.x_label)
+                ax.set(xticks=range(len(ss)), xticklabels=[f"{s:g}" for s in ss],
+                       yticks=range(len(xs)), yticklabels=[f"{x:g}" for x in xs],
+                       xlabel=sw.series_label, ylabel=sw.x_label)
                 ax.grid(False)
                 fig.colorbar(im, ax=ax, label=f"{split} mAP (%)", shrink=0.9)
             else:
@@ -150,8 +146,8 @@ def plot_sensitivity(result: SensitivityResult, path: str | os.PathLike, *,
                 if result.baseline is not None and math.isfinite(result.baseline[f"{split}_mean"]):
                     ax.axhline(result.baseline[f"{split}_mean"], color=RED, ls=":", lw=1.5,
                                label="AN baseline")
-                ax.set_xlabel(sw.x_label)
-                ax.set_ylabel(f"{split} mAP (%)" + (", 95% interval" if split == "test" else ""))
+                ax.set(xlabel=sw.x_label, ylabel=f"{split} mAP (%)"
+                       + (", 95% interval" if split == "test" else ""))
                 ax.legend(loc="best")
             ax.set_title(f"{split} mAP at the best val epoch")
         fig.suptitle(result.title, fontsize=13, fontweight="bold")
@@ -176,11 +172,10 @@ def plot_distinguish(result: DistinguishResult, path: str | os.PathLike, *,
                 j = r["epochs"].index(r["best_epoch"])
                 ax.scatter([e[j]], [m[j]], s=110, facecolor="none", edgecolor=color, lw=1.8,
                            zorder=4)
-        ax.set_xlabel("completed epochs (0 = before training)")
-        ax.set_ylabel("Wasserstein-1 distance")
+        ax.set(xlabel="completed epochs (0 = before training)", ylabel="Wasserstein-1 distance",
+               title=f"Positive vs negative unannotated {result.split} entries (best val epoch "
+               "circled)")
         ax.xaxis.set_major_locator(mpl.ticker.MaxNLocator(integer=True))
-        ax.set_title(f"Positive vs negative unannotated {result.split} entries "
-                     "(best val epoch circled)")
         ax.legend(loc="best")
         return save_figure(fig, path, dpi)
 
@@ -189,8 +184,7 @@ def plot_histograms(result: DistinguishResult, path: str | os.PathLike, *,
                     dpi: int = DPI) -> Path:
     """Fig. 3b/c: density histograms of the confidences of the truly negative and truly
     positive unannotated entries, one row per loss, one panel per chosen epoch."""
-    cols = max(len(v) for v in result.hist_epochs.values())
-    rows = len(result.losses)
+    cols, rows = max(len(v) for v in result.hist_epochs.values()), len(result.losses)
     edges = np.linspace(0, 1, result.bins + 1)
     width = edges[1] - edges[0]
     with mpl.rc_context(STYLE):
@@ -253,10 +247,8 @@ def plot_calibration(result: CalibrationResult, path: str | os.PathLike, *,
             if which == "final":
                 ax.plot(grid_p, scar_curve(grid_p, result.a), color=ORANGE, lw=2, ls="--",
                         label=f"Eq. 6, a = {result.a:.3f}")
-            ax.set_xlim(0, 1)
-            ax.set_ylim(-0.02, 1.02)
-            ax.set_xlabel("confidence p (bucket mean)")
-            ax.set_title(when)
+            ax.set(xlim=(0, 1), ylim=(-0.02, 1.02), xlabel="confidence p (bucket mean)",
+                   title=when)
             ax.legend(loc="upper left", fontsize=8.5)
         axes[0].set_ylabel("FN / (FN + TN)")
         fig.suptitle(f"Unannotated train entries that are truly positive, {result.loss} "
@@ -290,10 +282,7 @@ def plot_curves(result: CurvesResult, path: str | os.PathLike, *, dpi: int = DPI
                 ax.plot(p, c[key], color=color, ls=ls, lw=1.8, label=c["label"])
             if key.startswith("grad"):
                 ax.axhline(0, color="black", lw=0.6)
-            ax.set_xlim(0, 1)
-            ax.set_xlabel("p = σ(z)")
-            ax.set_ylabel(ylabel)
-            ax.set_title(title)
+            ax.set(xlim=(0, 1), xlabel="p = σ(z)", ylabel=ylabel, title=title)
         handles, labels = grid[0][0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="outside lower center", ncols=min(4, len(labels)),
                    frameon=False)

@@ -35,11 +35,9 @@ class BudgetConfig:
     def validate(self) -> None:
         if not self.losses or not self.ks or not self.fractions:
             raise SpmlError("--losses, --k and --fractions must each name at least one value")
-        bad_k = [k for k in self.ks if k < 1]
-        if bad_k:
+        if bad_k := [k for k in self.ks if k < 1]:
             raise SpmlError(f"--k: positives per image must be >= 1; got {bad_k}")
-        bad_f = [f for f in self.fractions if not 0.0 < f <= 1.0]
-        if bad_f:
+        if bad_f := [f for f in self.fractions if not 0.0 < f <= 1.0]:
             raise SpmlError(f"--fractions: fractions of images labelled must lie in (0, 1]; "
                              f"got {bad_f}")
 
@@ -132,9 +130,8 @@ def plot_budget(rows: list[dict[str, Any]], path: str | Path) -> Path:
                 x, y, lo, hi = (np.array([r[key] for r in pts], dtype=float)
                                 for key in ("k", "test_map", "test_map_low", "test_map_high"))
                 ax.errorbar(x, y, yerr=[y - lo, hi - y], marker="o", capsize=3, label=loss)
-            ax.set_title(f"{100 * f:g}% of images labelled")
-            ax.set_xlabel("observed positives per image (k)")
-            ax.set_xticks(sorted({r["k"] for r in rows}))
+            ax.set(title=f"{100 * f:g}% of images labelled", xticks=sorted({r["k"] for r in rows}),
+                   xlabel="observed positives per image (k)")
         axes[0].set_ylabel("test mAP (%), 95% interval")
         axes[-1].legend()
         fig.suptitle("How each loss degrades as labels get scarcer")

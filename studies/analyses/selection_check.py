@@ -10,6 +10,7 @@ studies live in ``OUT/studies/<mode>-seed<s>/``: re-running the same command res
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,8 +80,7 @@ def check_selection(store_path: str, config: SelectionCheck | None = None, *,
     store = open_store(store_path)
     data = ProbeData.from_store(store, device=cfg.device)
     space = build_space(cfg.loss, store.dataset)
-    paper = {k.split(".", 1)[1]: v for k, v in space.defaults.items() if "." in k
-             and k.startswith(f"{cfg.loss}.")}
+    paper = space.split(space.defaults)[0]
     (paper_test,) = _test_maps(data, cfg, [paper])
     log(f"paper values {paper}: test mAP {paper_test:.2f} (mean of {len(cfg.eval_seeds)} seeds)")
     rows = []
@@ -93,8 +93,7 @@ def check_selection(store_path: str, config: SelectionCheck | None = None, *,
                                      epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
                                      device=cfg.device)
             summary = run_study(settings)
-            won = {k.split(".", 1)[1]: v for k, v in summary.best_params.items()
-                   if k.startswith(f"{cfg.loss}.")}
+            won = space.split(summary.best_params)[0]
             (test,) = _test_maps(data, cfg, [won])
             rows.append({"mode": mode, "study_seed": seed, "trials": cfg.trials,
                          "winner_trial": summary.best_trial, "winner_score": summary.best_value,
@@ -113,9 +112,8 @@ def summarize_selection(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for mode in dict.fromkeys(r["mode"] for r in rows):
         d = [r["difference"] for r in rows if r["mode"] == mode]
-        mean = sum(d) / len(d)
-        sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1)) if len(d) > 1 else 0.0
-        out.append({"mode": mode, "n": len(d), "mean_difference": mean, "sd": sd,
+        out.append({"mode": mode, "n": len(d), "mean_difference": sum(d) / len(d),
+                    "sd": statistics.stdev(d) if len(d) > 1 else 0.0,
                     "worst": min(d), "not_worse": sum(x >= 0 for x in d),
                     "mean_winner_test_map": sum(r["winner_test_map"] for r in rows
                                                 if r["mode"] == mode) / len(d)})
@@ -158,8 +156,8 @@ def plot_selection(rows: list[dict[str, Any]], path: str | Path) -> Path:
             ax.plot([i] * len(d), d, "o", alpha=0.6, color="C0")
             ax.plot([i - 0.2, i + 0.2], [sum(d) / len(d)] * 2, color="C3", lw=2,
                     label="mean" if i == 0 else None)
-        ax.set_xticks(range(len(modes)), [f"--select {m}" for m in modes])
-        ax.set_ylabel("winner − paper test mAP (points)")
+        ax.set(xticks=range(len(modes)), xticklabels=[f"--select {m}" for m in modes],
+               ylabel="winner − paper test mAP (points)")
         ax.legend()
         fig.suptitle("Does the study's winner beat the paper's values on test?")
         return save_figure(fig, path, DPI)

@@ -15,6 +15,7 @@ from .common import (
     AnalysisResult,
     AnalyzeError,
     check_fixed,
+    load_data,
     pin_training,
     run_config,
     run_settings,
@@ -81,27 +82,20 @@ def sweep_points(param: str, values: Sequence[float] | None = None,
     sw = _sweep(param)
     xs = tuple(sw.x_default if values is None else values)
     ss = tuple(sw.series_default if series is None else series)
-    for name, vals in ((sw.x, xs), (sw.series, ss)):
+    for name, vals, (ok, want) in ((sw.x, xs, sw.x_range), (sw.series, ss, sw.series_range)):
         if not vals:
             raise AnalyzeError(f"sensitivity {param}: give at least one {name} value")
-        for v in vals:
+        for v in vals:  # each value once: finite, then in its range
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
                 raise AnalyzeError(f"sensitivity {param}: {name} values must be finite numbers; "
                                    f"got {v!r}")
+            if not ok(v):
+                raise AnalyzeError(f"sensitivity {param}: {name} = {v:g} is out of range; {want}")
         if len(set(vals)) != len(vals):
             raise AnalyzeError(f"sensitivity {param}: {name} values repeat: {list(vals)}")
-
-    points = []
-    for s in ss:
-        for x in xs:
-            for name, v, (ok, want) in ((sw.x, x, sw.x_range), (sw.series, s, sw.series_range)):
-                if not ok(v):
-                    raise AnalyzeError(f"sensitivity {param}: {name} = {v:g} is out of range; "
-                                       f"{want}")
-            point = ({"w_T": -s / x, "b_T": float(s)} if param == "tau"
-                     else {sw.x: float(x), sw.series: float(s)})
-            points.append({"x": float(x), "series": float(s), "hparams": point})
-    return points
+    return [{"x": float(x), "series": float(s),
+             "hparams": {"w_T": -s / x, "b_T": float(s)} if param == "tau"
+             else {sw.x: float(x), sw.series: float(s)}} for s in ss for x in xs]
 
 
 @dataclass
@@ -117,7 +111,7 @@ class SensitivityResult(AnalysisResult):
 
     def __post_init__(self) -> None:
         sw = SWEEPS[self.param]
-        self.kind = f"sensitivity_{self.param}"
+        self.kind, self.paper = f"sensitivity_{self.param}", f"Fig. {sw.figure}"
         what = (f"{sw.x} × {sw.series}" if self.param == "q2q3"
                 else f"{sw.x} at fixed {sw.series}")
         self.title = f"GR sensitivity to {what} (paper Fig. {sw.figure})"
@@ -136,8 +130,7 @@ class SensitivityResult(AnalysisResult):
 
     def to_dict(self) -> dict[str, Any]:
         sw = SWEEPS[self.param]
-        return {**super().to_dict(), "analysis": "sensitivity", "x": sw.x, "series": sw.series,
-                "paper": f"GR Loss, IJCAI 2024, Fig. {sw.figure}"}
+        return {**super().to_dict(), "analysis": "sensitivity", "x": sw.x, "series": sw.series}
 
 
 def sweep_hparams(param: str, hparams: dict[str, Any] | None) -> dict[str, Any]:
@@ -156,7 +149,7 @@ def sweep_hparams(param: str, hparams: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def run_sensitivity(
-    data: ProbeData,
+    data: ProbeData | str,
     config: ProbeConfig | None = None,
     param: str = "tau",
     *,
@@ -166,8 +159,9 @@ def run_sensitivity(
     baseline: bool = True,
     progress: bool = False,
 ) -> SensitivityResult:
-    """One sweep of Fig. 2 (``param`` ∈ :data:`SWEEPS`): every point × seed trains stacked in
-    one GR run; ``baseline`` also trains AN with the same settings (the red line of Fig. 2).
+    """One sweep of Fig. 2 (``param`` ∈ :data:`SWEEPS`) on ``data`` (or a store path): every
+    point × seed trains stacked in one GR run; ``baseline`` also trains AN with the same
+    settings (the red line of Fig. 2).
 
     ``values``: the swept quantity (τ, μ_T or q2; defaults: the paper's ranges), ``series``:
     the one fixed per curve (b_T, σ_T or q3). ``hparams``: the other GR hyperparameters
@@ -176,6 +170,7 @@ def run_sensitivity(
     config, seeds = run_config(config)
     hp = sweep_hparams(param, hparams)
     points = sweep_points(param, values, series)
+    data = load_data(data, config)
     result = train_runs(data, config, "gr", [{**hp, **p["hparams"]} for p in points], seeds,
                         progress)
     base = None

@@ -21,7 +21,6 @@ from probe.cliargs import (
     parse_floats,
     parse_names,
 )
-from probe.errors import SpmlError
 from probe.io import atomic_write_text
 
 _COMMON_EPILOG = """
@@ -140,23 +139,16 @@ def _loss_sets(items: list[str] | None, losses: list[str], lists: bool = False
 
 
 def _config(args: argparse.Namespace):
+    """The training settings of a store command (each analysis validates them, then loads the
+    store with them)."""
     from probe.cliargs import parse_ints
     from probe.config import ProbeConfig
 
     seeds = parse_ints(args.seeds, "--seeds")
-    config = ProbeConfig(batch_size=args.batch_size, lr=args.lr, epochs=args.epochs,
-                         seeds=tuple(seeds) if seeds else None, flip=not args.no_flip,
-                         observed_seed=args.observed_seed, device=args.device,
-                         use_presets=not args.no_presets)
-    config.validate()
-    return config
-
-
-def _data(args: argparse.Namespace):
-    from probe.data import ProbeData
-
-    return ProbeData.from_store(args.store, device=args.device,
-                                observed_seed=args.observed_seed, flip=not args.no_flip)
+    return ProbeConfig(batch_size=args.batch_size, lr=args.lr, epochs=args.epochs,
+                       seeds=tuple(seeds) if seeds else None, flip=not args.no_flip,
+                       observed_seed=args.observed_seed, device=args.device,
+                       use_presets=not args.no_presets)
 
 
 def _finish(result, args: argparse.Namespace) -> int:
@@ -169,75 +161,51 @@ def _finish(result, args: argparse.Namespace) -> int:
 
 
 def _cmd_ablation(args: argparse.Namespace) -> int:
-    from studies.analyses import ablation_hparams, run_ablation
+    from studies.analyses import run_ablation
 
-    config = _config(args)
-    hp = ablation_hparams(_loss_sets(args.set, ["gr"])["gr"])
-    return _finish(run_ablation(_data(args), config, hp, progress=not args.quiet), args)
+    return _finish(run_ablation(args.store, _config(args), _loss_sets(args.set, ["gr"])["gr"],
+                                progress=not args.quiet), args)
 
 
 _SWEEP_FLAGS = {"tau": ("tau", "b_T"), "mu": ("mu_T", "sigma_T"), "q2q3": ("q2", "q3")}
 
 
 def _cmd_sensitivity(args: argparse.Namespace) -> int:
-    from studies.analyses import AnalyzeError, run_sensitivity, sweep_hparams, sweep_points
+    from studies.analyses import AnalyzeError, run_sensitivity
 
-    config = _config(args)
     x_key, s_key = _SWEEP_FLAGS[args.param]
-    for key in {k for pair in _SWEEP_FLAGS.values() for k in pair} - {x_key, s_key}:
+    flag = {k: "--" + k.replace("_", "-") for pair in _SWEEP_FLAGS.values() for k in pair}
+    for key in flag.keys() - {x_key, s_key}:
         if getattr(args, key) is not None:
-            flag = "--" + key.replace("_", "-")
-            raise AnalyzeError(f"{flag} belongs to another sweep; --param {args.param} takes "
-                               f"--{x_key.replace('_', '-')} and --{s_key.replace('_', '-')}")
-    values = parse_floats(getattr(args, x_key), "--" + x_key.replace("_", "-"))
-    series = parse_floats(getattr(args, s_key), "--" + s_key.replace("_", "-"))
-    sweep_points(args.param, values, series)  # range errors before the store is read
-    hp = sweep_hparams(args.param, _loss_sets(args.set, ["gr"])["gr"])
-    result = run_sensitivity(_data(args), config, args.param, values=values, series=series,
-                             hparams=hp, baseline=not args.no_baseline, progress=not args.quiet)
-    return _finish(result, args)
-
-
-def _hist_epochs(text: str) -> list[int | str]:
-    out: list[int | str] = []
-    for item in (t.strip() for t in text.split(",") if t.strip()):
-        try:
-            out.append(item if item in ("best", "last") else int(item))
-        except ValueError:
-            raise SpmlError(f"--hist-epochs: expected epoch numbers, 'best' or 'last'; got "
-                             f"{item!r}") from None
-    if not out:
-        raise SpmlError(f"--hist-epochs needs at least one epoch; got {text!r}")
-    return out
+            raise AnalyzeError(f"{flag[key]} belongs to another sweep; --param {args.param} "
+                               f"takes {flag[x_key]} and {flag[s_key]}")
+    values, series = (parse_floats(getattr(args, k), flag[k]) for k in (x_key, s_key))
+    return _finish(run_sensitivity(args.store, _config(args), args.param, values=values,
+                                   series=series, hparams=_loss_sets(args.set, ["gr"])["gr"],
+                                   baseline=not args.no_baseline, progress=not args.quiet), args)
 
 
 def _cmd_distinguish(args: argparse.Namespace) -> int:
-    from studies.analyses import check_fixed, hist_epochs_for, run_distinguish
+    from studies.analyses import run_distinguish
 
-    config = _config(args)
     losses = parse_names(args.loss)
-    sets = _loss_sets(args.set, losses)
-    for name in losses:
-        check_fixed(name, sets[name])
-    hist = _hist_epochs(args.hist_epochs)
-    hist_epochs_for(hist, config.epochs)
-    result = run_distinguish(_data(args), config, losses, hparams=sets, split=args.split,
-                             hist_epochs=hist, bins=args.bins, progress=not args.quiet)
-    return _finish(result, args)
+    hist = [int(t) if t.isdigit() else t for t in map(str.strip, args.hist_epochs.split(","))
+            if t]  # hist_epochs_for names what is not an epoch
+    return _finish(run_distinguish(args.store, _config(args), losses,
+                                   hparams=_loss_sets(args.set, losses), split=args.split,
+                                   hist_epochs=hist, bins=args.bins, progress=not args.quiet),
+                   args)
 
 
 def _cmd_calibration(args: argparse.Namespace) -> int:
-    from studies.analyses import AnalyzeError, check_fixed, run_calibration
+    from studies.analyses import AnalyzeError, run_calibration
 
-    config = _config(args)
     names = parse_names(args.loss)
     if len(names) != 1:
         raise AnalyzeError(f"--loss: calibration trains one loss; got {', '.join(names)}")
-    loss = names[0]
-    hp = check_fixed(loss, _loss_sets(args.set, [loss])[loss])
-    result = run_calibration(_data(args), config, loss, hparams=hp, n_buckets=args.buckets,
-                             progress=not args.quiet)
-    return _finish(result, args)
+    return _finish(run_calibration(args.store, _config(args), names[0],
+                                   hparams=_loss_sets(args.set, names)[names[0]],
+                                   n_buckets=args.buckets, progress=not args.quiet), args)
 
 
 def _cmd_curves(args: argparse.Namespace) -> int:
@@ -245,9 +213,9 @@ def _cmd_curves(args: argparse.Namespace) -> int:
     from studies.analyses import loss_curves
 
     losses = parse_names(args.loss)
-    result = loss_curves(losses, _loss_sets(args.set, losses, lists=True), n_epochs=args.epochs,
-                         at=parse_ints(args.at, "--at"), points=args.points, classes=args.classes)
-    return _finish(result, args)
+    return _finish(loss_curves(losses, _loss_sets(args.set, losses, lists=True),
+                               n_epochs=args.epochs, at=parse_ints(args.at, "--at"),
+                               points=args.points, classes=args.classes), args)
 
 
 def _log(args: argparse.Namespace) -> Any:
@@ -341,7 +309,8 @@ def _common(p: argparse.ArgumentParser, name: str, store: bool = True,
 
 
 def _run_options(p: argparse.ArgumentParser, files: str, name: str, quiet: str) -> None:
-    """The training, device and output options of label-budget and selection."""
+    """The store, training, device and output options of label-budget and selection."""
+    p.add_argument("store", metavar="STORE", help="feature store directory")
     add_training_overrides(p)
     add_device_argument(p)
     p.add_argument("--out", metavar="DIR",
@@ -350,12 +319,10 @@ def _run_options(p: argparse.ArgumentParser, files: str, name: str, quiet: str) 
 
 
 def _parser(sub: argparse._SubParsersAction, name: str, help_: str, description: str,
-            epilog: str, func: Any, store: bool = False) -> argparse.ArgumentParser:
+            epilog: str, func: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help=help_, description=textwrap.fill(description, width=88),
                        epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.set_defaults(func=func)
-    if store:
-        p.add_argument("store", metavar="STORE", help="feature store directory")
     return p
 
 
@@ -451,7 +418,7 @@ def register_cli(sub: argparse._SubParsersAction,
                 "with 95% bootstrap intervals per loss and budget, as a table, JSON and a PNG.",
                 "examples:\n  spml analyze label-budget yeast.zarr\n  spml analyze "
                 "label-budget coco.zarr --losses an,gr,em --k 1,2,4 --fractions 1,0.5,0.1",
-                _cmd_label_budget, store=True)
+                _cmd_label_budget)
     p.add_argument("--losses", default="an,gr", help="comma list of losses (default: an,gr)")
     p.add_argument("--k", default="1,2,3", help="positives per image (default: 1,2,3)")
     p.add_argument("--fractions", default="1,0.5,0.25",
@@ -471,8 +438,7 @@ def register_cli(sub: argparse._SubParsersAction,
                 "Markdown table, JSON and a PNG. The studies are kept under OUT/studies: "
                 "re-running resumes them. docs/selection.md shows the result on yeast.",
                 "examples:\n  spml analyze selection yeast.zarr\n  spml analyze selection "
-                "yeast.zarr --modes val,cv:5 --study-seeds 0,1,2 --trials 16", _cmd_selection,
-                store=True)
+                "yeast.zarr --modes val,cv:5 --study-seeds 0,1,2 --trials 16", _cmd_selection)
     p.add_argument("--loss", default="gr", help="the loss whose search is checked (default: gr)")
     p.add_argument("--modes", default="val,cv:5,draws:5",
                    help="selection modes (default: val,cv:5,draws:5)")

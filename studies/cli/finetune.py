@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from probe.cliargs import add_device_argument
@@ -50,8 +51,6 @@ def parse_assignments(items: list[str] | None, option: str = "--set") -> dict[st
 
 
 def _open_study(study: str, name: str | None) -> Any:
-    from pathlib import Path
-
     from studies.confirm import load_study
     from studies.storage import find_storage
 
@@ -73,8 +72,6 @@ def _study_store(study: str, opened: Any) -> str | None:
     settings record it (absolute, or from this directory), else beside the study's folder;
     ``None`` for a study that records none or a store of imported features (no backbone to
     rebuild); refused by name where the store is in neither place."""
-    from pathlib import Path
-
     from probe.store import open_store
     from studies.finetune import FinetuneError
 
@@ -105,9 +102,9 @@ def _model_options(args: argparse.Namespace) -> dict[str, Any]:
     model = store_backbone(args.store) if args.store else {}
     if args.weights is not None or args.backbone is not None:
         model.pop("weights_sha256", None)  # other weights than the store's
-    for key in ("backbone", "weights", "weights_seed", "transform", "embed", "size"):
-        if getattr(args, key) is not None:
-            model[key] = getattr(args, key)
+    model.update({key: getattr(args, key) for key in ("backbone", "weights", "weights_seed",
+                                                      "transform", "embed", "size")
+                  if getattr(args, key) is not None})
     model.setdefault("backbone", "resnet50")
     if "weights" not in model:
         model["weights"] = "imagenet1k_v1" if family_of(model["backbone"]) is None else None
@@ -166,8 +163,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[FinetuneConfig, dict[str
         )
     data = _data_options(args)
     hparams.update(parse_assignments(args.set))
-    given = {key: getattr(args, key) for key in TRAIN_JSON_KEYS}
-    settings = {**train, **{k: v for k, v in given.items() if v is not None}}
+    settings = {**train, **{k: getattr(args, k) for k in TRAIN_JSON_KEYS
+                            if getattr(args, k) is not None}}
     config = FinetuneConfig(
         loss=loss, out=args.out, **data, preset=None if args.no_preset else "auto",
         **_model_options(args), threshold=args.threshold, device=args.device, amp=args.amp,

@@ -86,9 +86,8 @@ def _study(args: argparse.Namespace) -> int:
     command = None
     if settings.workers > 1:
         spec = settings.storage_spec()
-        storage = spec.target if spec.kind != "postgresql" else args.storage
-        if spec.kind == "journal":
-            storage = f"journal:{spec.target}"
+        storage = {"postgresql": args.storage, "journal": f"journal:{spec.target}"}.get(
+            spec.kind, spec.target)
         command = [sys.executable, "-m", "studies.cli", *args.argv, "--workers", "1",
                    "--storage", storage, "--as-worker"]
     summary = run_study(settings, worker_command=command, log=lambda m: print(m, file=sys.stderr),

@@ -36,12 +36,11 @@ def _table(args: argparse.Namespace) -> int:
 
     losses = None if args.losses == "all" else tuple(parse_names(args.losses, "--losses"))
     include = parse_names(args.include, "--include") if args.include else []
-    for what in include:
-        if what != "full":
-            from studies.table import TableError
+    if bad := [what for what in include if what != "full"]:
+        from studies.table import TableError
 
-            raise TableError(f"--include: 'full' (the full-label oracle) is the only row to "
-                             f"include; got {what!r}")
+        raise TableError(f"--include: 'full' (the full-label oracle) is the only row to "
+                         f"include; got {bad[0]!r}")
     seeds = (tuple(parse_seeds(args.observed_seeds, "--observed-seeds"))
              if args.observed_seeds else None)
     config = TableConfig(
