@@ -371,7 +371,6 @@ def _fmt(runs: list[tuple[float, float, int, int]]) -> str:
 def _write(out: Path, rows: list[ConfirmRow], study: optuna.Study) -> None:
     from probe.results import write_json_atomic
 
-    out.mkdir(parents=True, exist_ok=True)
     frame = pl.DataFrame([{**asdict(r), "params": json.dumps(r.params, sort_keys=True)}
                           for r in rows])
     atomic_write(out / "confirm.parquet", frame.write_parquet)

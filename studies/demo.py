@@ -56,7 +56,6 @@ def _probe_rows(store: Path, cfg: DemoConfig, log: Callable[[str], None]) -> lis
 
     data = ProbeData.from_store(store, device=resolve_device(cfg.device))
     heads = Path(cfg.out) / "heads"
-    heads.mkdir(parents=True, exist_ok=True)
     base = ProbeConfig(batch_size=cfg.batch_size, lr=cfg.lr, epochs=cfg.epochs, seed=cfg.seed,
                        device=cfg.device)
     rows = []

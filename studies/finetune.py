@@ -41,6 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from probe.errors import MissingPathError
+from probe.results import write_json_atomic
 from studies.finetune_config import (
     AMP_MODES,
     BEST_MODEL_NAME,
@@ -54,7 +55,6 @@ from studies.finetune_config import (
     FinetuneResult,
     jsonable,
     read_winner_json,
-    save_json,
     save_torch,
 )
 from studies.finetune_data import FinetuneData, FinetuneInputs, epoch_order, load_data, make_loader
@@ -343,7 +343,6 @@ class FinetuneRun:
         """Write the run's state atomically (skipped when nothing changed since the last)."""
         if not self.dirty:
             return
-        self.out.mkdir(parents=True, exist_ok=True)
         save_torch(self._state(), self.ckpt_path)
         self.dirty = False
 
@@ -475,7 +474,6 @@ class FinetuneRun:
                          "test_f1": test["f1"],
                          "test_ap": dict(zip(plan.data.class_names, test["ap"]))}
             if plan.config.save_best:
-                self.out.mkdir(parents=True, exist_ok=True)
                 save_torch({"model": self.model.state_dict(), "epoch": self.epoch + 1,
                              "class_names": list(plan.data.class_names),
                              "fingerprint": self.fingerprint}, self.out / BEST_MODEL_NAME)
@@ -543,8 +541,7 @@ class FinetuneRun:
 
     def write_results(self) -> FinetuneResult:
         result = self.result()
-        self.out.mkdir(parents=True, exist_ok=True)
-        save_json(result.to_dict(), self.out / RESULTS_NAME)
+        write_json_atomic(self.out / RESULTS_NAME, result.to_dict())
         return result
 
 

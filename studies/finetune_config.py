@@ -1,6 +1,6 @@
 """The fine-tune's configuration, results and file formats (:mod:`studies.finetune` runs it):
-:class:`FinetuneConfig`, a study winner's JSON, :class:`FinetuneResult`, atomic JSON and torch
-writes of the run directory's files. Importing it imports no torch (``spml finetune --help``)."""
+:class:`FinetuneConfig`, a study winner's JSON, :class:`FinetuneResult`, atomic torch writes of
+the run directory's files. Importing it imports no torch (``spml finetune --help``)."""
 
 from __future__ import annotations
 
@@ -214,14 +214,6 @@ def save_torch(obj: Any, path: Path) -> None:
     import torch
 
     atomic_write(path, lambda fh: torch.save(obj, fh))
-
-
-def save_json(obj: Any, path: Path) -> None:
-    """``obj`` as versioned JSON at ``path``, written atomically; NaN is refused."""
-    from probe.results import versioned
-
-    text = json.dumps(jsonable(versioned(obj)), indent=2, allow_nan=False) + "\n"
-    atomic_write(path, lambda fh: fh.write(text.encode()))
 
 
 def store_backbone(path: str | Path) -> dict[str, Any]:

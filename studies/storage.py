@@ -153,8 +153,6 @@ def open_storage(spec: StorageSpec) -> optuna.storages.BaseStorage:
                 spec.target,
                 engine_kwargs={"pool_pre_ping": True, "connect_args": {"connect_timeout": 10}},
             )
-    except StudyError:
-        raise
     except Exception as err:  # SQLAlchemy's OperationalError: bad credentials, missing database
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise StudyError(f"--storage: cannot open {spec.display}: {first}") from None
