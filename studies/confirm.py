@@ -202,11 +202,10 @@ def confirm_study(study: optuna.Study, store_path: str, *, top_k: int = 3,
                              {**as_trained, **recorded.get(win.number, {})}, epochs=epochs,
                              seeds=seeds, observed_seeds=observed_seeds, device=device)
         mean, _, iv = _stats(tests)
-        rows[0].refit_epochs, rows[0].refit_test_maps = epochs, tests
-        rows[0].refit_test_mean, rows[0].refit_test_low, rows[0].refit_test_high = (
-            mean, iv.low, iv.high)
+        rows[0].refit_epochs, rows[0].refit_test_maps, rows[0].refit_test_mean = epochs, tests, mean
+        rows[0].refit_test_low, rows[0].refit_test_high = iv.low, iv.high
         log(f"trial {win.number} re-fitted on train + val for {epochs} epochs: test mAP "
-            f"{statistics.fmean(tests):.2f} over {len(tests)} runs")
+            f"{mean:.2f} over {len(tests)} runs")
     if out is not None:
         _write(Path(out), rows, study)
     return rows
@@ -376,12 +375,11 @@ def _write(out: Path, rows: list[ConfirmRow], study: optuna.Study) -> None:
     atomic_write(out / "confirm.parquet", frame.write_parquet)
     best = rows[0]
     record = winner(study, best.trial)
-    record["confirmed"] = {"test_mean": best.test_mean, "test_std": best.test_std,
-                           "test_low": best.test_low, "test_high": best.test_high,
-                           "n_runs": best.n_runs, "trial": best.trial}
+    record["confirmed"] = {k: getattr(best, k) for k in ("test_mean", "test_std", "test_low",
+                                                         "test_high", "n_runs", "trial")}
     if best.refit_epochs is not None:
         record["confirmed"]["refit"] = {
-            "epochs": best.refit_epochs, "test_mean": best.refit_test_mean,
-            "test_low": best.refit_test_low, "test_high": best.refit_test_high,
-            "test_maps": best.refit_test_maps, "trained_on": "train + val"}
+            **{k: getattr(best, f"refit_{k}") for k in ("epochs", "test_mean", "test_low",
+                                                        "test_high", "test_maps")},
+            "trained_on": "train + val"}
     write_json_atomic(out / "best.json", record)  # what spml finetune --from-json reads

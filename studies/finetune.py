@@ -268,15 +268,12 @@ class FinetuneRun:
         the paper's released code trains its head faster, e.g. GR/LL: 10), the loss's own
         parameters at lr × their multiplier (Cole's g_params)."""
         lr = self.plan.train["lr"]
-        head_lr = lr * self.plan.train.get("head_lr_mult", 1.0)
-        groups = [
-            {"params": [p for p in self.model.features.parameters() if p.requires_grad], "lr": lr},
-            {"params": [p for p in self.model.head.parameters() if p.requires_grad], "lr": head_lr},
-        ]
-        for param, mult in self.loss.extra_parameters():
-            groups.append({"params": [param], "lr": lr * float(mult)})
-        fused = self.plan.device.type == "cuda"
-        return torch.optim.Adam(groups, lr=lr, fused=fused or None)
+        parts = ((self.model.features, 1), (self.model.head, self.plan.train["head_lr_mult"]))
+        groups = [{"params": [p for p in part.parameters() if p.requires_grad], "lr": lr * mult}
+                  for part, mult in parts]
+        groups += [{"params": [param], "lr": lr * float(mult)}
+                   for param, mult in self.loss.extra_parameters()]
+        return torch.optim.Adam(groups, lr=lr, fused=self.plan.device.type == "cuda" or None)
 
     def _autocast(self):
         return (nullcontext() if self.plan.amp_dtype is None

@@ -46,11 +46,6 @@ class StorageSpec:
     target: str  # file path, or the SQLAlchemy URL for PostgreSQL
     display: str  # what to print (password removed)
 
-    @property
-    def multi_process(self) -> bool:
-        """Whether several processes may safely share it (SQLite is for one process)."""
-        return self.kind != "sqlite"
-
 
 def parse_storage(spec: str | os.PathLike | None, default: Path | None = None) -> StorageSpec:
     """Classify a ``--storage`` value; raises :class:`StudyError` for unknown schemes."""
