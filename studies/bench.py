@@ -56,11 +56,9 @@ def yeast_bench_store(cache_dir: str | Path | None = None, progress: bool = Fals
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     path = root / "bench-yeast.zarr"
     if path.exists():
-        try:
+        with contextlib.suppress(StoreError):
             open_store(path)
             return path
-        except StoreError:
-            pass
     root.mkdir(parents=True, exist_ok=True)
     import_yeast(path, overwrite=True, progress=progress)
     return path

@@ -339,12 +339,10 @@ def _recorded_settings(results: str | Path | None, study_name: str
     frame = read_results(results)
     if not frame.height or "lr" not in frame.columns:
         return {}
-    out = {}
-    for row in frame.filter(pl.col("study") == study_name).iter_rows(named=True):
-        got = {k: row.get(k) for k in ("batch_size", "lr", "epochs") if row.get(k) is not None}
-        if got:
-            out[int(row["trial"])] = got
-    return out
+    return {int(row["trial"]): got
+            for row in frame.filter(pl.col("study") == study_name).iter_rows(named=True)
+            if (got := {k: row.get(k) for k in ("batch_size", "lr", "epochs")
+                        if row.get(k) is not None})}
 
 
 def _loss(study: optuna.Study) -> str:

@@ -120,13 +120,18 @@ def _train_group(settings, data, study, storage, space, trials, probe_config, lo
             + (f", val mAP {value:.2f}" if value is not None and math.isfinite(value) else "")
             + (" (best epoch = last: may not have converged)" if state == TrialState.COMPLETE
                and best_is_last([e.get("val_map") for e in tr.epochs]) else ""))
-    rows = _result_rows(study, trials, result, states, seconds)
     kept = [i for i, st in enumerate(states) if st == "COMPLETE" and i not in lost]
     if len(data) == 1 and result.best_heads is not None and kept:  # for the paired bootstrap
         write_trial_heads(Path(settings.out) / "results", [trials[i].number for i in kept],
                           result.best_heads[kept], result.source)
     gone = {trials[i].number for i in lost}  # the worker that retries them writes their rows
-    return [row for row in rows if row["trial"] not in gone]
+    rows = probe_rows(result.to_dict(), kind="study", study=study.study_name,
+                      numbers=[t.number for t in trials], states=states,
+                      params=[t.params for t in trials],
+                      extra={"worker": f"{socket.gethostname()}:{os.getpid()}",
+                             "seconds": seconds, "provenance": result.source})
+    return [{**row, "value": None} if row["state"] == "FAIL" else row  # tidy rows (results)
+            for row in rows if row["trial"] not in gone]
 
 
 def _train_replicates(settings, data, probe_config, hparams, on_epoch, tick) -> Any:
@@ -153,21 +158,6 @@ def _train_replicates(settings, data, probe_config, hparams, on_epoch, tick) -> 
         on_epoch(EpochReport(epoch=e + 1, train_loss=[None] * n, val_map=vals,
                              test_map=[None] * n, active=[v is not None for v in vals]))
     return merged
-
-
-def _result_rows(study: optuna.Study, trials: list, result: Any, states: list[str],
-                 seconds: float) -> list[dict[str, Any]]:
-    """The batch's rows in the tidy schema (studies.results): each trial's outcome with the
-    settings it trained with, read from the probe run itself."""
-    rows = probe_rows(result.to_dict(), kind="study", study=study.study_name,
-                      numbers=[t.number for t in trials], states=states,
-                      params=[t.params for t in trials],
-                      extra={"worker": f"{socket.gethostname()}:{os.getpid()}",
-                             "seconds": seconds, "provenance": result.source})
-    for row in rows:
-        if row["state"] == "FAIL":
-            row["value"] = None
-    return rows
 
 
 def run_worker(settings: StudySettings, *, log: Callable[[str], None] | None = None,

@@ -138,12 +138,8 @@ def trial_point(t: FrozenTrial) -> TrialPoint:
     # steps are epochs counted from 1 (studies made before that, from 0); the first epoch first
     curve = tuple(iv.get(e) for e in range(min(iv), max(iv) + 1)) if iv else ()
     finite = [v for v in curve if v is not None and math.isfinite(v)]
-    if t.state == TrialState.COMPLETE:
-        value = t.value
-    elif t.state == TrialState.PRUNED and finite:
-        value = max(finite)
-    else:
-        value = None
+    value = (t.value if t.state == TrialState.COMPLETE
+             else max(finite) if t.state == TrialState.PRUNED and finite else None)
     return TrialPoint(t.number, t.state.name, value, dict(t.params), curve,
                       is_paper_trial(t))
 

@@ -36,10 +36,8 @@ def study_training(st: Any) -> dict[str, Any]:
                                 epochs=s.get("epochs")).to_dict()
     rows = [r for r in st.results.values() if r.get("lr") is not None]
     best = st.results.get(st.complete[0].number) if st.complete else None
-    row = best if best is not None and best.get("lr") is not None else (rows[0] if rows else None)
+    row = best if best is not None and best.get("lr") is not None else (rows[0] if rows else {})
     settings["mixed"] = {}
-    if row is None:
-        return settings
     for key in ("batch_size", "lr", "epochs"):
         if row.get(key) is None:
             continue
