@@ -192,12 +192,9 @@ def run_demo(config: DemoConfig | None = None, *, log: Callable[[str], None] = p
     _compare_rows(table, cfg, log)
 
     study_dir = out / "gr-study"
-    for stale in (study_dir / "study.log", study_dir / "study.db", study_dir / "results"):
-        if stale.is_file():
-            stale.unlink()
-        elif stale.is_dir():
-            for f in stale.glob("*.parquet"):
-                f.unlink()
+    for stale in (study_dir / "study.log", study_dir / "study.db",
+                  *(study_dir / "results").glob("*.parquet")):
+        stale.unlink(missing_ok=True)
     log(f"\n[3/4] a GR study: {cfg.study_trials} trials, {cfg.study_batch} trained stacked at a "
         f"time, TPE + median pruning, the paper's values first → {study_dir}")
     settings = StudySettings(

@@ -192,20 +192,16 @@ def report_commands(st: StudyView, name: str | None, store: str | None, out: Pat
     if st.settings.get("store") and st.settings.get("loss"):
         lines.append(shlex.join(study_command(st.settings)))
     if st.confirm:
-        first = st.confirm[0]
-        seeds = list(dict.fromkeys(int(s) for s in first["seeds"]))
-        draws = list(dict.fromkeys(int(s) for s in first["observed_seeds"]))
+        seeds, draws = (",".join(map(str, dict.fromkeys(int(s) for s in st.confirm[0][k])))
+                        for k in ("seeds", "observed_seeds"))
         lines.append(shlex.join([
             "spml", "study", "confirm", "--storage", st.storage,
             *(["--name", name] if name else []),
             "--store", str(store or st.settings.get("store", "STORE")),
-            "--top-k", str(len(st.confirm)), "--seeds", ",".join(map(str, seeds)),
-            "--observed-seeds", ",".join(map(str, draws)), "--out", str(st.study_dir),
-        ]))
-    report = ["spml", "report", str(st.study_dir)]
-    if st.storage_given:
-        report += ["--storage", st.storage]
-    report += [*(["--name", name] if name else []), *(["--store", store] if store else []),
-               "--out", str(out)]
-    lines.append(shlex.join(report))
-    return lines
+            "--top-k", str(len(st.confirm)), "--seeds", seeds, "--observed-seeds", draws,
+            "--out", str(st.study_dir)]))
+    return [*lines, shlex.join([
+        "spml", "report", str(st.study_dir),
+        *(["--storage", st.storage] if st.storage_given else []),
+        *(["--name", name] if name else []), *(["--store", store] if store else []),
+        "--out", str(out)])]
