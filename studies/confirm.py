@@ -118,8 +118,11 @@ def confirm_study(study: optuna.Study, store_path: str, *, top_k: int = 3,
     rows ranked by mean val mAP and writes ``confirm.parquet`` and ``best.json`` to ``out``.
     ``refit``: then re-train the winner on train + val for the median best epoch of its runs
     and report the last epoch's test mAP per seed and draw (:func:`refit_winner`)."""
+    from probe import __version__
     from probe.data import ProbeData
+    from probe.progress import Progress, plural
     from probe.store import add_observed_seed, open_store
+    from probe.store.records import draw_record, draw_text
     from probe.train import train_probe
 
     log = log or (lambda msg: None)
@@ -140,16 +143,12 @@ def confirm_study(study: optuna.Study, store_path: str, *, top_k: int = 3,
             log(f"adding single-positive draw {s} to {store_path}")
             add_observed_seed(store_path, s)
     store = open_store(store_path)
-    from probe.store.records import draw_record, draw_text
-
     log("draws: " + "; ".join(
         f"{s} ({draw_text(draw_record(store.attrs, s))}"
         + (", the study's)" if s == studied else ")") for s in observed_seeds))
     runs: dict[int, list[tuple[float, float, int, int]]] = {t.number: [] for t in top}
     best_epochs: dict[int, list[int]] = {t.number: [] for t in top}
     ran: dict[int, Any] = {}  # the last ProbeResult of each trial: its resolved settings
-    from probe.progress import Progress, plural
-
     bar = Progress(len(observed_seeds) * len(top), f"confirm {study.study_name}", "run",
                    enabled=progress)
     bar.write(f"confirming the top {plural(len(top), 'trials')} of '{study.study_name}': "
@@ -175,8 +174,6 @@ def confirm_study(study: optuna.Study, store_path: str, *, top_k: int = 3,
             else:
                 bar.step(done)
     bar.close()
-    from probe import __version__
-
     rows = []
     for trial in top:
         tests, vals, seeds_run, draws_run = (list(c) for c in zip(*runs[trial.number]))

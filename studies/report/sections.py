@@ -15,6 +15,8 @@ import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
+from probe import __version__
+from probe.convergence import ADVICE, count_best_is_last
 from probe.errors import SpmlError
 from probe.progress import plural
 from probe.store.priors import prior_facts
@@ -189,8 +191,6 @@ def summary_section(st: StudyView, commands: list[str]) -> Section:
     else:
         facts.append(("paper point", "none enqueued (--no-paper, the grid sampler, or no "
                       "paper values inside the space)"))
-    from probe import __version__
-
     facts.append(("generated", datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
                   + f" by spml-probe {__version__} (optuna {optuna.__version__})"))
     space_rows = [[name, range_text(dist), "choice" if isinstance(dist, CategoricalDistribution)
@@ -251,8 +251,6 @@ def leaderboard_section(st: StudyView, options: ReportOptions, ctx: ReportRuns |
         + (f" Intervals: the best {len(intervals)} trials re-trained by this report, 95% "
            "paired bootstrap over the test images (section 'Intervals and comparison')."
            if intervals else "")), Table(header, rows, id="leaderboard")])
-    from probe.convergence import ADVICE, count_best_is_last
-
     at_last = count_best_is_last([trial_point(t).curve for t in complete])
     if at_last:
         sec.blocks.append(Note(
@@ -284,8 +282,7 @@ def leaderboard_section(st: StudyView, options: ReportOptions, ctx: ReportRuns |
 
 
 def _ci(low: float | None, high: float | None) -> str:
-    """`` [low, high]`` of a confirmation's interval over runs (rows written before the
-    interval existed, or of one run, have none)."""
+    """`` [low, high]``, or "" without a finite interval (one run, or a row from before it)."""
     if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
         return ""
     return f" [{low:.2f}, {high:.2f}]"
