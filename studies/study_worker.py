@@ -130,7 +130,7 @@ def _train_group(settings, data, study, storage, space, trials, probe_config, lo
                       params=[t.params for t in trials],
                       extra={"worker": f"{socket.gethostname()}:{os.getpid()}",
                              "seconds": seconds, "provenance": result.source})
-    return [{**row, "value": None} if row["state"] == "FAIL" else row  # tidy rows (results)
+    return [{**row, "value": None} if row["state"] == "FAIL" else row  # a failure: no value
             for row in rows if row["trial"] not in gone]
 
 
