@@ -74,22 +74,21 @@ def open_study_view(study_dir: Path, storage: str | None, name: str | None) -> S
         )
     given = storage is not None
     storage = storage if given else find_storage(study_dir)
-    spec = parse_storage(storage)
     study = load_study(storage, name)  # refuses a storage file that is not there
     trials = study.get_trials(deepcopy=False)
     attrs = study.user_attrs
     notes: list[str] = []
-    results = _read_results(study_dir / "results", study.study_name, notes)
     distributions = _distributions(attrs.get("spml.space"), trials)
-    confirm = _read_confirm(study_dir / "confirm.parquet", trials, notes)
     return StudyView(
-        study=study, storage=spec.display, storage_given=given,
+        study=study, storage=parse_storage(storage).display, storage_given=given,
         study_dir=study_dir, trials=trials,
         points=[trial_point(t) for t in trials],
         axes=[ParamAxis(k, choices=tuple(d.choices)) if isinstance(d, CategoricalDistribution)
               else ParamAxis(k, log=bool(getattr(d, "log", False)))
               for k, d in distributions.items()],
-        distributions=distributions, results=results, confirm=confirm,
+        distributions=distributions,
+        results=_read_results(study_dir / "results", study.study_name, notes),
+        confirm=_read_confirm(study_dir / "confirm.parquet", trials, notes),
         settings=attrs.get("spml.settings") or {}, loss=attrs.get("spml.loss") or "?",
         identity=attrs.get("spml.store") or {}, notes=notes,
     )
