@@ -110,9 +110,9 @@ def open_existing_storage(storage: str | os.PathLike, flag: str = "--storage"
     if spec.kind != "postgresql":
         path = Path(spec.target).expanduser()
         if not path.is_file():
-            near = sorted(p.name for p in path.parent.iterdir()
-                          if p.suffix.lower() in SQLITE_SUFFIXES + JOURNAL_SUFFIXES
-                          ) if path.parent.is_dir() else []
+            near = (sorted(p.name for p in path.parent.iterdir()
+                           if p.suffix.lower() in SQLITE_SUFFIXES + JOURNAL_SUFFIXES)
+                    if path.parent.is_dir() else [])
             hint = f" ({path.parent} holds {', '.join(near)})" if near else ""
             raise MissingPathError(
                 f"{flag} {storage}: no such file{hint}; pass the storage 'spml study' wrote "
