@@ -56,11 +56,9 @@ def yeast_bench_store(cache_dir: str | Path | None = None, progress: bool = Fals
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     path = root / "bench-yeast.zarr"
     if path.exists():
-        try:
+        with contextlib.suppress(StoreError):
             open_store(path)
             return path
-        except StoreError:
-            pass
     root.mkdir(parents=True, exist_ok=True)
     import_yeast(path, overwrite=True, progress=progress)
     return path
@@ -113,6 +111,8 @@ class _Clock:
 def bench_study(config: StudyBenchConfig, *, log: Any = None) -> dict[str, Any]:
     """Run the study of ``config`` once; trials/min and the split of its wall time."""
     from probe.bench import machine_info
+    from probe.config import resolve_training
+    from probe.losses import get_loss_class
     from probe.store import open_store
 
     from .study import run_study
@@ -138,9 +138,6 @@ def bench_study(config: StudyBenchConfig, *, log: Any = None) -> dict[str, Any]:
              "optuna": s["callback"] + max(wall - s["engine"] - s["io"], 0.0), "io": s["io"],
              "setup": max(s["engine"] - s["train"] - s["eval"] - s["callback"], 0.0)}
     store = open_store(config.store)
-    from probe.config import resolve_training
-    from probe.losses import get_loss_class
-
     training = resolve_training(get_loss_class(config.loss), store.dataset,
                                 batch_size=config.batch_size, epochs=config.epochs)
     return {

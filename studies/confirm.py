@@ -118,8 +118,11 @@ def confirm_study(study: optuna.Study, store_path: str, *, top_k: int = 3,
     rows ranked by mean val mAP and writes ``confirm.parquet`` and ``best.json`` to ``out``.
     ``refit``: then re-train the winner on train + val for the median best epoch of its runs
     and report the last epoch's test mAP per seed and draw (:func:`refit_winner`)."""
+    from probe import __version__
     from probe.data import ProbeData
+    from probe.progress import Progress, plural
     from probe.store import add_observed_seed, open_store
+    from probe.store.records import draw_record, draw_text
     from probe.train import train_probe
 
     log = log or (lambda msg: None)
@@ -140,16 +143,12 @@ def confirm_study(study: optuna.Study, store_path: str, *, top_k: int = 3,
             log(f"adding single-positive draw {s} to {store_path}")
             add_observed_seed(store_path, s)
     store = open_store(store_path)
-    from probe.store.records import draw_record, draw_text
-
     log("draws: " + "; ".join(
         f"{s} ({draw_text(draw_record(store.attrs, s))}"
         + (", the study's)" if s == studied else ")") for s in observed_seeds))
     runs: dict[int, list[tuple[float, float, int, int]]] = {t.number: [] for t in top}
     best_epochs: dict[int, list[int]] = {t.number: [] for t in top}
     ran: dict[int, Any] = {}  # the last ProbeResult of each trial: its resolved settings
-    from probe.progress import Progress, plural
-
     bar = Progress(len(observed_seeds) * len(top), f"confirm {study.study_name}", "run",
                    enabled=progress)
     bar.write(f"confirming the top {plural(len(top), 'trials')} of '{study.study_name}': "
@@ -175,8 +174,6 @@ def confirm_study(study: optuna.Study, store_path: str, *, top_k: int = 3,
             else:
                 bar.step(done)
     bar.close()
-    from probe import __version__
-
     rows = []
     for trial in top:
         tests, vals, seeds_run, draws_run = (list(c) for c in zip(*runs[trial.number]))
@@ -202,11 +199,10 @@ def confirm_study(study: optuna.Study, store_path: str, *, top_k: int = 3,
                              {**as_trained, **recorded.get(win.number, {})}, epochs=epochs,
                              seeds=seeds, observed_seeds=observed_seeds, device=device)
         mean, _, iv = _stats(tests)
-        rows[0].refit_epochs, rows[0].refit_test_maps = epochs, tests
-        rows[0].refit_test_mean, rows[0].refit_test_low, rows[0].refit_test_high = (
-            mean, iv.low, iv.high)
+        rows[0].refit_epochs, rows[0].refit_test_maps, rows[0].refit_test_mean = epochs, tests, mean
+        rows[0].refit_test_low, rows[0].refit_test_high = iv.low, iv.high
         log(f"trial {win.number} re-fitted on train + val for {epochs} epochs: test mAP "
-            f"{statistics.fmean(tests):.2f} over {len(tests)} runs")
+            f"{mean:.2f} over {len(tests)} runs")
     if out is not None:
         _write(Path(out), rows, study)
     return rows
@@ -340,12 +336,10 @@ def _recorded_settings(results: str | Path | None, study_name: str
     frame = read_results(results)
     if not frame.height or "lr" not in frame.columns:
         return {}
-    out = {}
-    for row in frame.filter(pl.col("study") == study_name).iter_rows(named=True):
-        got = {k: row.get(k) for k in ("batch_size", "lr", "epochs") if row.get(k) is not None}
-        if got:
-            out[int(row["trial"])] = got
-    return out
+    return {int(row["trial"]): got
+            for row in frame.filter(pl.col("study") == study_name).iter_rows(named=True)
+            if (got := {k: row.get(k) for k in ("batch_size", "lr", "epochs")
+                        if row.get(k) is not None})}
 
 
 def _loss(study: optuna.Study) -> str:
@@ -371,18 +365,16 @@ def _fmt(runs: list[tuple[float, float, int, int]]) -> str:
 def _write(out: Path, rows: list[ConfirmRow], study: optuna.Study) -> None:
     from probe.results import write_json_atomic
 
-    out.mkdir(parents=True, exist_ok=True)
     frame = pl.DataFrame([{**asdict(r), "params": json.dumps(r.params, sort_keys=True)}
                           for r in rows])
     atomic_write(out / "confirm.parquet", frame.write_parquet)
     best = rows[0]
     record = winner(study, best.trial)
-    record["confirmed"] = {"test_mean": best.test_mean, "test_std": best.test_std,
-                           "test_low": best.test_low, "test_high": best.test_high,
-                           "n_runs": best.n_runs, "trial": best.trial}
+    record["confirmed"] = {k: getattr(best, k) for k in ("test_mean", "test_std", "test_low",
+                                                         "test_high", "n_runs", "trial")}
     if best.refit_epochs is not None:
         record["confirmed"]["refit"] = {
-            "epochs": best.refit_epochs, "test_mean": best.refit_test_mean,
-            "test_low": best.refit_test_low, "test_high": best.refit_test_high,
-            "test_maps": best.refit_test_maps, "trained_on": "train + val"}
+            **{k: getattr(best, f"refit_{k}") for k in ("epochs", "test_mean", "test_low",
+                                                        "test_high", "test_maps")},
+            "trained_on": "train + val"}
     write_json_atomic(out / "best.json", record)  # what spml finetune --from-json reads

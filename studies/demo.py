@@ -56,7 +56,6 @@ def _probe_rows(store: Path, cfg: DemoConfig, log: Callable[[str], None]) -> lis
 
     data = ProbeData.from_store(store, device=resolve_device(cfg.device))
     heads = Path(cfg.out) / "heads"
-    heads.mkdir(parents=True, exist_ok=True)
     base = ProbeConfig(batch_size=cfg.batch_size, lr=cfg.lr, epochs=cfg.epochs, seed=cfg.seed,
                        device=cfg.device)
     rows = []
@@ -193,12 +192,9 @@ def run_demo(config: DemoConfig | None = None, *, log: Callable[[str], None] = p
     _compare_rows(table, cfg, log)
 
     study_dir = out / "gr-study"
-    for stale in (study_dir / "study.log", study_dir / "study.db", study_dir / "results"):
-        if stale.is_file():
-            stale.unlink()
-        elif stale.is_dir():
-            for f in stale.glob("*.parquet"):
-                f.unlink()
+    for stale in (study_dir / "study.log", study_dir / "study.db",
+                  *(study_dir / "results").glob("*.parquet")):
+        stale.unlink(missing_ok=True)
     log(f"\n[3/4] a GR study: {cfg.study_trials} trials, {cfg.study_batch} trained stacked at a "
         f"time, TPE + median pruning, the paper's values first → {study_dir}")
     settings = StudySettings(

@@ -41,6 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from probe.errors import MissingPathError
+from probe.results import write_json_atomic
 from studies.finetune_config import (
     AMP_MODES,
     BEST_MODEL_NAME,
@@ -54,7 +55,6 @@ from studies.finetune_config import (
     FinetuneResult,
     jsonable,
     read_winner_json,
-    save_json,
     save_torch,
 )
 from studies.finetune_data import FinetuneData, FinetuneInputs, epoch_order, load_data, make_loader
@@ -268,15 +268,12 @@ class FinetuneRun:
         the paper's released code trains its head faster, e.g. GR/LL: 10), the loss's own
         parameters at lr × their multiplier (Cole's g_params)."""
         lr = self.plan.train["lr"]
-        head_lr = lr * self.plan.train.get("head_lr_mult", 1.0)
-        groups = [
-            {"params": [p for p in self.model.features.parameters() if p.requires_grad], "lr": lr},
-            {"params": [p for p in self.model.head.parameters() if p.requires_grad], "lr": head_lr},
-        ]
-        for param, mult in self.loss.extra_parameters():
-            groups.append({"params": [param], "lr": lr * float(mult)})
-        fused = self.plan.device.type == "cuda"
-        return torch.optim.Adam(groups, lr=lr, fused=fused or None)
+        parts = ((self.model.features, 1), (self.model.head, self.plan.train["head_lr_mult"]))
+        groups = [{"params": [p for p in part.parameters() if p.requires_grad], "lr": lr * mult}
+                  for part, mult in parts]
+        groups += [{"params": [param], "lr": lr * float(mult)}
+                   for param, mult in self.loss.extra_parameters()]
+        return torch.optim.Adam(groups, lr=lr, fused=self.plan.device.type == "cuda" or None)
 
     def _autocast(self):
         return (nullcontext() if self.plan.amp_dtype is None
@@ -343,7 +340,6 @@ class FinetuneRun:
         """Write the run's state atomically (skipped when nothing changed since the last)."""
         if not self.dirty:
             return
-        self.out.mkdir(parents=True, exist_ok=True)
         save_torch(self._state(), self.ckpt_path)
         self.dirty = False
 
@@ -475,7 +471,6 @@ class FinetuneRun:
                          "test_f1": test["f1"],
                          "test_ap": dict(zip(plan.data.class_names, test["ap"]))}
             if plan.config.save_best:
-                self.out.mkdir(parents=True, exist_ok=True)
                 save_torch({"model": self.model.state_dict(), "epoch": self.epoch + 1,
                              "class_names": list(plan.data.class_names),
                              "fingerprint": self.fingerprint}, self.out / BEST_MODEL_NAME)
@@ -543,8 +538,7 @@ class FinetuneRun:
 
     def write_results(self) -> FinetuneResult:
         result = self.result()
-        self.out.mkdir(parents=True, exist_ok=True)
-        save_json(result.to_dict(), self.out / RESULTS_NAME)
+        write_json_atomic(self.out / RESULTS_NAME, result.to_dict())
         return result
 
 

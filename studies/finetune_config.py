@@ -1,6 +1,6 @@
 """The fine-tune's configuration, results and file formats (:mod:`studies.finetune` runs it):
-:class:`FinetuneConfig`, a study winner's JSON, :class:`FinetuneResult`, atomic JSON and torch
-writes of the run directory's files. Importing it imports no torch (``spml finetune --help``)."""
+:class:`FinetuneConfig`, a study winner's JSON, :class:`FinetuneResult`, atomic torch writes of
+the run directory's files. Importing it imports no torch (``spml finetune --help``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from probe.errors import MissingPathError, SpmlError, plain
+from probe.errors import MissingPathError, SpmlError, is_int, plain
 from probe.io import atomic_write
 from probe.store.protocol import PROTOCOL_SEED
 
@@ -82,19 +82,16 @@ class FinetuneConfig:
             flag = {"num_workers": "--workers"}.get(name, "--" + name.replace("_", "-"))
             return FinetuneError(f"finetune: {flag} must be {expected}; got {plain(got)}")
 
-        def is_int(value: Any) -> bool:
-            return isinstance(value, int) and not isinstance(value, bool)
-
         for name in ("batch_size", "epochs", "max_steps", "eval_batch_size"):
             value = getattr(self, name)
-            if value is not None and (not is_int(value) or value < 1):
+            if value is not None and not is_int(value, 1):
                 raise bad(name, "a positive integer (or left out for the default)", value)
         if self.lr is not None and (
             isinstance(self.lr, bool) or not isinstance(self.lr, int | float)
             or not math.isfinite(self.lr) or self.lr <= 0
         ):
             raise bad("lr", "a positive number (or left out for the paper's value)", self.lr)
-        if not is_int(self.size) or self.size < 16:
+        if not is_int(self.size, 16):
             raise bad("size", "an integer >= 16 (pixels; the protocol uses 448)", self.size)
         from featurize.specs import EMBED_CHOICES, TRANSFORM_CHOICES
 
@@ -214,14 +211,6 @@ def save_torch(obj: Any, path: Path) -> None:
     import torch
 
     atomic_write(path, lambda fh: torch.save(obj, fh))
-
-
-def save_json(obj: Any, path: Path) -> None:
-    """``obj`` as versioned JSON at ``path``, written atomically; NaN is refused."""
-    from probe.results import versioned
-
-    text = json.dumps(jsonable(versioned(obj)), indent=2, allow_nan=False) + "\n"
-    atomic_write(path, lambda fh: fh.write(text.encode()))
 
 
 def store_backbone(path: str | Path) -> dict[str, Any]:

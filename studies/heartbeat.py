@@ -49,9 +49,6 @@ class TrialStorage:
         """A system attribute of a running trial (raises UpdateFinishedTrialError if done)."""
         self.storage.set_trial_system_attr(self.trial_id(number), key, value)
 
-    def state(self, number: int) -> TrialState:
-        return self.storage.get_trial(self.trial_id(number)).state
-
     def fail(self, number: int, reason: str) -> bool:
         """Mark a running trial FAIL, saying why first; False if it had finished meanwhile (or
         another worker failed it first)."""
@@ -125,7 +122,7 @@ def abandon(study: optuna.Study, trials: TrialStorage, batch: list[optuna.Trial]
     interrupted = isinstance(err, KeyboardInterrupt)
     reason = "interrupted (Ctrl-C)" if interrupted else f"{type(err).__name__}: {err}"[:500]
     for trial in batch:
-        if trials.state(trial.number) != TrialState.RUNNING:
+        if trials.storage.get_trial(trials.trial_id(trial.number)).state != TrialState.RUNNING:
             continue
         try:
             trials.set_attr(trial.number, FAIL_REASON_KEY, reason)

@@ -191,8 +191,6 @@ def write_batch(directory: str | os.PathLike, rows: Sequence[dict[str, Any]]) ->
     ``provenance`` may be dicts: stored as JSON) as ``batch-<host>-<pid>-<uuid>.parquet``."""
     if not rows:
         return None
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     records = [{"format": FORMAT, **row} for row in rows]
     for rec in records:
         if not isinstance(rec.get("params"), str):
@@ -203,7 +201,7 @@ def write_batch(directory: str | os.PathLike, rows: Sequence[dict[str, Any]]) ->
     if "provenance" not in frame.columns:
         frame = frame.with_columns(pl.lit(None, dtype=pl.Utf8).alias("provenance"))
     name = f"batch-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}.parquet"
-    return atomic_write(directory / name, frame.write_parquet)
+    return atomic_write(Path(directory) / name, frame.write_parquet)
 
 
 HEADS_FORMAT = "spml-study-heads/1"
@@ -220,13 +218,11 @@ def write_trial_heads(directory: str | os.PathLike, numbers: Sequence[int], head
         return None
     import torch
 
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     payload = {"format": HEADS_FORMAT, "trials": [int(n) for n in numbers],
                "heads": heads.detach().float().cpu().contiguous(),
                "data": json.loads(json.dumps(source, default=str))}
     name = f"heads-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}.pt"
-    return atomic_write(directory / name, lambda fh: torch.save(payload, fh))
+    return atomic_write(Path(directory) / name, lambda fh: torch.save(payload, fh))
 
 
 def read_trial_heads(directory: str | os.PathLike) -> dict[int, tuple[Any, dict[str, Any]]]:

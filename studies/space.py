@@ -22,7 +22,7 @@ from probe.losses._base import check_hparam
 
 from .storage import StudyError
 
-__all__ = ["SearchSpace", "build_space", "parse_range"]
+__all__ = ["SearchSpace", "build_space", "parse_range", "range_text"]
 
 TRAIN_PREFIX = "train."
 # valid values of the searchable training settings (what probe.config.ProbeConfig accepts)
@@ -165,11 +165,9 @@ def build_space(loss: str, dataset: str | None = None, *, search_lr: bool = Fals
 def check_within(name: str, dist: BaseDistribution, spec: HParam) -> None:
     """StudyError unless every value ``dist`` can sample is valid for ``spec`` (a range's two
     ends, or each choice), naming the parameter, the search range and the valid range."""
-    if isinstance(dist, CategoricalDistribution):
-        values, shown = list(dist.choices), "{" + ", ".join(map(str, dist.choices)) + "}"
-    else:
-        values = [dist.low, dist.high]  # type: ignore[attr-defined]
-        shown = f"[{values[0]:g}, {values[1]:g}]"
+    values = (list(dist.choices) if isinstance(dist, CategoricalDistribution)
+              else [dist.low, dist.high])  # type: ignore[attr-defined]
+    shown = range_text(dist)
     if spec.kind == "int" and isinstance(dist, FloatDistribution):
         raise StudyError(
             f"--space {name}: {shown} is a continuous range but {name} takes integers in "
@@ -184,6 +182,13 @@ def check_within(name: str, dist: BaseDistribution, spec: HParam) -> None:
                 f"{spec.range_text()} ({value!r} is not valid); nothing was created -- choose "
                 "a range inside it"
             ) from None
+
+
+def range_text(dist: BaseDistribution) -> str:
+    """A distribution as messages and the report show it: ``{a, b}`` (choices), ``[low, high]``."""
+    if isinstance(dist, CategoricalDistribution):
+        return "{" + ", ".join(map(str, dist.choices)) + "}"
+    return f"[{dist.low:g}, {dist.high:g}]"  # type: ignore[attr-defined]
 
 
 def _contains(dist: BaseDistribution, value: Any) -> bool:

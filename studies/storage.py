@@ -46,11 +46,6 @@ class StorageSpec:
     target: str  # file path, or the SQLAlchemy URL for PostgreSQL
     display: str  # what to print (password removed)
 
-    @property
-    def multi_process(self) -> bool:
-        """Whether several processes may safely share it (SQLite is for one process)."""
-        return self.kind != "sqlite"
-
 
 def parse_storage(spec: str | os.PathLike | None, default: Path | None = None) -> StorageSpec:
     """Classify a ``--storage`` value; raises :class:`StudyError` for unknown schemes."""
@@ -115,12 +110,10 @@ def open_existing_storage(storage: str | os.PathLike, flag: str = "--storage"
     if spec.kind != "postgresql":
         path = Path(spec.target).expanduser()
         if not path.is_file():
-            hint = ""
-            if path.parent.is_dir():
-                near = sorted(p.name for p in path.parent.iterdir()
-                              if p.suffix.lower() in SQLITE_SUFFIXES + JOURNAL_SUFFIXES)
-                if near:
-                    hint = f" ({path.parent} holds {', '.join(near)})"
+            near = (sorted(p.name for p in path.parent.iterdir()
+                           if p.suffix.lower() in SQLITE_SUFFIXES + JOURNAL_SUFFIXES)
+                    if path.parent.is_dir() else [])
+            hint = f" ({path.parent} holds {', '.join(near)})" if near else ""
             raise MissingPathError(
                 f"{flag} {storage}: no such file{hint}; pass the storage 'spml study' wrote "
                 "(STUDY_DIR/study.log by default, or study.db)"
@@ -153,8 +146,6 @@ def open_storage(spec: StorageSpec) -> optuna.storages.BaseStorage:
                 spec.target,
                 engine_kwargs={"pool_pre_ping": True, "connect_args": {"connect_timeout": 10}},
             )
-    except StudyError:
-        raise
     except Exception as err:  # SQLAlchemy's OperationalError: bad credentials, missing database
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise StudyError(f"--storage: cannot open {spec.display}: {first}") from None

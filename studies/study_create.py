@@ -32,14 +32,6 @@ _IDENTITY = {"spml.loss": "loss", "spml.store": "store", "spml.space": "search s
              "spml.fixed": "fixed hyperparameters (--set)"}
 
 
-def _store_identity(store: Any) -> dict[str, Any]:
-    prov = store.provenance or {}
-    return {"dataset": store.dataset, "rows": int(store.n_rows), "classes": int(store.n_classes),
-            "feature_dim": int(store.feature_dim),
-            "created": prov.get("created") or store.attrs.get("created"),
-            "backbone": prov.get("backbone"), "weights_sha256": prov.get("weights_sha256")}
-
-
 def _sampler(settings: StudySettings) -> optuna.samplers.BaseSampler:
     if settings.sampler == "tpe":
         return optuna.samplers.TPESampler(seed=settings.seed, constant_liar=True, multivariate=True)
@@ -129,10 +121,15 @@ def create_or_join(settings: StudySettings, store: Any,
             settings = dataclasses.replace(settings, search_lr=False)
             space = dataclasses.replace(study_search_space(settings, store.dataset), notes=(
                 f"study '{name}' was made with a fixed lr: continued with it (not searched)",))
+    prov = store.provenance or {}
     identity = json.loads(json.dumps({
         # the fixed training settings first: whoever sees the other keys sees these too
         "spml.training": training_identity(asdict(settings), store.dataset, space),
-        "spml.loss": settings.loss, "spml.store": _store_identity(store),
+        "spml.loss": settings.loss,
+        "spml.store": {"dataset": store.dataset, "rows": int(store.n_rows),
+                       "classes": int(store.n_classes), "feature_dim": int(store.feature_dim),
+                       "created": prov.get("created") or store.attrs.get("created"),
+                       **{k: prov.get(k) for k in ("backbone", "weights_sha256")}},
         "spml.space": {k: json.loads(distribution_to_json(d))
                        for k, d in space.distributions.items()},
         "spml.fixed": dict(sorted(settings.fixed.items())),

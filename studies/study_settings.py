@@ -112,7 +112,7 @@ class StudySettings:
                 f"--workers {self.workers}: give one device per worker, e.g. --devices "
                 "cuda:0,cuda:1 (the worker count then follows from it)"
             )
-        if self.workers > 1 and not self.storage_spec().multi_process:
+        if self.workers > 1 and self.storage_spec().kind == "sqlite":
             raise StudyError(
                 f"--workers {self.workers} needs storage that several processes can share: an "
                 "SQLite file is for one process; use a journal file (--storage study.log) or "

@@ -5,7 +5,6 @@ until the study has its trials (:func:`run_worker`).
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 import socket
@@ -20,6 +19,7 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
 from probe.convergence import best_is_last
+from probe.progress import Progress
 from probe.selection import Selection, mean_over_replicates
 
 from .heartbeat import FAIL_REASON_KEY, WORKER_KEY, Heartbeat, abandon, reclaim_stale_trials
@@ -50,11 +50,8 @@ def _train_group(settings, data, study, storage, space, trials, probe_config, lo
     from probe.results import EpochReport
     from probe.train import train_probe
 
-    hparams = []
-    for trial in trials:
-        loss_part, train_part = space.split(trial.params)
-        hparams.append({**settings.fixed, **loss_part,
-                        **{k: v for k, v in train_part.items() if k == "lr"}})
+    hparams = [{**settings.fixed, **loss_part, **{k: v for k, v in train.items() if k == "lr"}}
+               for loss_part, train in (space.split(t.params) for t in trials)]
     pruned: set[int] = set()
     lost: set[int] = set()  # trials another worker failed and retried meanwhile (not ours now)
     paper = [is_paper_trial(t) for t in trials]
@@ -123,13 +120,18 @@ def _train_group(settings, data, study, storage, space, trials, probe_config, lo
             + (f", val mAP {value:.2f}" if value is not None and math.isfinite(value) else "")
             + (" (best epoch = last: may not have converged)" if state == TrialState.COMPLETE
                and best_is_last([e.get("val_map") for e in tr.epochs]) else ""))
-    rows = _result_rows(study, trials, result, states, seconds)
     kept = [i for i, st in enumerate(states) if st == "COMPLETE" and i not in lost]
     if len(data) == 1 and result.best_heads is not None and kept:  # for the paired bootstrap
         write_trial_heads(Path(settings.out) / "results", [trials[i].number for i in kept],
                           result.best_heads[kept], result.source)
     gone = {trials[i].number for i in lost}  # the worker that retries them writes their rows
-    return [row for row in rows if row["trial"] not in gone]
+    rows = probe_rows(result.to_dict(), kind="study", study=study.study_name,
+                      numbers=[t.number for t in trials], states=states,
+                      params=[t.params for t in trials],
+                      extra={"worker": f"{socket.gethostname()}:{os.getpid()}",
+                             "seconds": seconds, "provenance": result.source})
+    return [{**row, "value": None} if row["state"] == "FAIL" else row  # a failure: no value
+            for row in rows if row["trial"] not in gone]
 
 
 def _train_replicates(settings, data, probe_config, hparams, on_epoch, tick) -> Any:
@@ -158,21 +160,6 @@ def _train_replicates(settings, data, probe_config, hparams, on_epoch, tick) -> 
     return merged
 
 
-def _result_rows(study: optuna.Study, trials: list, result: Any, states: list[str],
-                 seconds: float) -> list[dict[str, Any]]:
-    """The batch's rows in the tidy schema (studies.results): each trial's outcome with the
-    settings it trained with, read from the probe run itself."""
-    rows = probe_rows(result.to_dict(), kind="study", study=study.study_name,
-                      numbers=[t.number for t in trials], states=states,
-                      params=[t.params for t in trials],
-                      extra={"worker": f"{socket.gethostname()}:{os.getpid()}",
-                             "seconds": seconds, "provenance": result.source})
-    for row in rows:
-        if row["state"] == "FAIL":
-            row["value"] = None
-    return rows
-
-
 def run_worker(settings: StudySettings, *, log: Callable[[str], None] | None = None,
                store: Any = None, space: SearchSpace | None = None) -> StudySummary:
     """Work on the study until ``n_trials`` trials have finished (completed or pruned).
@@ -187,9 +174,14 @@ def run_worker(settings: StudySettings, *, log: Callable[[str], None] | None = N
     if store is None:
         store = open_study_store(settings.store)
     study, space, storage = create_or_join(settings, store, space)
-    results_dir = Path(settings.out) / "results"
-    fixed_dists = dict(space.distributions)
-    with _study_progress(study, settings) as bar:
+    # the study's one display (every worker's finished trials, the best so far, ETA): a bar on a
+    # terminal, lines in a log (as trials finish, and every ~10 s: a batch may train minutes)
+    counts = _counts(study)
+    bar = Progress(settings.n_trials, f"study {study.study_name}", "trials", heartbeat=True,
+                   initial=min(counts[TrialState.COMPLETE] + counts[TrialState.PRUNED],
+                               settings.n_trials))
+    bar.set_postfix(_status(study, counts))
+    with bar:
         def say(line: str) -> None:
             bar.write(line)  # above the bar on a terminal, a plain line in a log
             if log is not None and bar.mode == "off":
@@ -204,22 +196,8 @@ def run_worker(settings: StudySettings, *, log: Callable[[str], None] | None = N
                      if selection.replicates > 1 else ""))
         data = selection_data(store, selection, device=resolve_device(settings.device),
                               observed_seed=settings.observed_seed, priors=settings.priors)
-        _work(settings, study, space, storage, data, results_dir, fixed_dists, bar, say)
+        _work(settings, study, space, storage, data, bar, say)
     return summarize(study, settings)
-
-
-def _study_progress(study: optuna.Study, settings: StudySettings) -> Any:
-    """The study's one progress display: trials finished of ``n_trials`` (this and every other
-    worker's), pruned and failed, the best val mAP so far, elapsed and ETA; a bar on a
-    terminal, plain lines in a log (one at once, then as trials finish and every ~10 s)."""
-    from probe.progress import Progress
-
-    counts = _counts(study)
-    done = min(counts[TrialState.COMPLETE] + counts[TrialState.PRUNED], settings.n_trials)
-    bar = Progress(settings.n_trials, f"study {study.study_name}", "trials", initial=done,
-                   heartbeat=True)  # a batch may train for minutes: a line every ~10 s anyway
-    bar.set_postfix(_status(study, counts))
-    return bar
 
 
 def _status(study: optuna.Study, counts: dict[TrialState, int]) -> str:
@@ -232,11 +210,16 @@ def _status(study: optuna.Study, counts: dict[TrialState, int]) -> str:
 
 
 def _work(settings: StudySettings, study: optuna.Study, space: SearchSpace, storage: Any,
-          data: Any, results_dir: Path, fixed_dists: dict, bar: Any,
-          say: Callable[[str], None]) -> None:
+          data: Any, bar: Any, say: Callable[[str], None]) -> None:
     """The worker loop: ask a batch, train it stacked, tell it, until the study is done;
     ``say`` writes a trial's line."""
     from probe.config import ProbeConfig
+
+    fixed_dists = dict(space.distributions)
+
+    def tick(detail: str) -> None:  # where the batch stands, shown if ~10 s have passed
+        bar.set_postfix(f"{status}; {detail}")
+        bar.refresh()
 
     while True:
         # retrying dead workers' trials, counting and asking under one lock: workers started
@@ -246,7 +229,7 @@ def _work(settings: StudySettings, study: optuna.Study, space: SearchSpace, stor
             counts = _counts(study)
             finished = counts[TrialState.COMPLETE] + counts[TrialState.PRUNED]
             if finished >= settings.n_trials or (settings.sampler == "grid"
-                                                 and _grid_exhausted(study)):
+                                                 and study.sampler.is_exhausted(study)):
                 trials = None
             else:
                 # enqueued (WAITING) trials are asked first, so they are part of the room
@@ -280,21 +263,9 @@ def _work(settings: StudySettings, study: optuna.Study, space: SearchSpace, stor
                                   observed_seed=settings.observed_seed, device=settings.device,
                                   priors=settings.priors)
                 rows += _train_group(settings, data, study, storage, space, group, cfg, say,
-                                     tick=functools.partial(_tick, bar, status))
+                                     tick=tick)
         except BaseException as err:
             abandon(study, storage, trials, err)
             raise
         finally:  # what was told to the storage is in the results too
-            write_batch(results_dir, rows)
-
-
-def _tick(bar: Any, status: str, detail: str = "") -> None:
-    """The study's display within a batch: its status, where the batch stands (``detail``,
-    e.g. "batch of 16: epoch 3/8"), shown now if ~10 s have passed since the last line."""
-    bar.set_postfix(f"{status}; {detail}" if detail else status)
-    bar.refresh()
-
-
-def _grid_exhausted(study: optuna.Study) -> bool:
-    return (isinstance(study.sampler, optuna.samplers.GridSampler)
-            and study.sampler.is_exhausted(study))
+            write_batch(Path(settings.out) / "results", rows)

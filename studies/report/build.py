@@ -7,7 +7,6 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from probe.io import atomic_write_text
 
@@ -70,7 +69,39 @@ def build_report(
     made = [d for d in (*reversed(out_dir.parents), out_dir, fig_dir) if not d.exists()]
     fig_dir.mkdir(parents=True, exist_ok=True)
     try:
-        return _build(st, study_dir, name, store, out_dir, fig_dir, options, log)
+        commands = report_commands(st, name, store, out_dir)
+        log(f"study {st.study.study_name}: {len(st.trials)} trials; drawing figures")
+        imp, imp_reason = compute_importances(st, options)
+        ctx, why = train_report_runs(st, store, device=options.device, baseline=options.baseline,
+                                     progress=options.progress, log=log)
+        sections = [
+            summary_section(st, commands),
+            leaderboard_section(st, options, ctx),
+            history_section(st, fig_dir, options),
+            importance_section(st, imp, imp_reason, fig_dir, options),
+            slices_section(st, fig_dir, options),
+            contours_section(st, imp, fig_dir, options),
+            curves_section(st, fig_dir, options),
+        ]
+        baseline, baseline_path = baseline_section(st, ctx, why, fig_dir, out_dir, options)
+        sections += [baseline, comparison_section(st, ctx, why, fig_dir, options)]
+        figures = [b.path for s in sections for b in s.blocks if isinstance(b, Figure)]
+        for stem in _FIGURE_NAMES:  # a figure of an earlier report that this one could not draw
+            old = fig_dir / f"{stem}.png"
+            if old.exists() and old not in figures:
+                old.unlink()
+        skipped = {s.title: b.text.removeprefix("Skipped: ").rstrip(".") for s in sections
+                   for b in s.blocks if isinstance(b, Note) and b.kind == "skip"}
+        title = f"Study report: {st.study.study_name}"
+        subtitle = (f"loss {st.loss} on {st.identity.get('dataset', '?')}; "
+                    f"{len(st.trials)} trials; {st.storage}")
+        page = render_html(title, subtitle, sections, options.dpi)
+        html_path = atomic_write_text(out_dir / "report.html", page)
+        md_path = atomic_write_text(out_dir / "report.md",
+                                    render_markdown(title, subtitle, sections, out_dir))
+        return ReportResult(html_path=html_path, md_path=md_path, figures=figures,
+                            sections=[s.title for s in sections], skipped=skipped,
+                            baseline_path=baseline_path)
     except BaseException:  # refused or failed: the folders this call made go again if empty
         for d in reversed(made):
             try:
@@ -78,40 +109,3 @@ def build_report(
             except OSError:  # not empty (something was written), or not ours to remove
                 break
         raise
-
-
-def _build(st: Any, study_dir: Path, name: str | None, store: str | None, out_dir: Path,
-           fig_dir: Path, options: ReportOptions, log: Callable[[str], None]) -> ReportResult:
-    commands = report_commands(st, name, store, out_dir)
-    log(f"study {st.study.study_name}: {len(st.trials)} trials; drawing figures")
-    imp, imp_reason = compute_importances(st, options)
-    ctx, why = train_report_runs(st, store, device=options.device, baseline=options.baseline,
-                                 progress=options.progress, log=log)
-    sections = [
-        summary_section(st, commands),
-        leaderboard_section(st, options, ctx),
-        history_section(st, fig_dir, options),
-        importance_section(st, imp, imp_reason, fig_dir, options),
-        slices_section(st, fig_dir, options),
-        contours_section(st, imp, fig_dir, options),
-        curves_section(st, fig_dir, options),
-    ]
-    baseline, baseline_path = baseline_section(st, ctx, why, fig_dir, out_dir, options)
-    sections += [baseline, comparison_section(st, ctx, why, fig_dir, options)]
-    figures = [b.path for s in sections for b in s.blocks if isinstance(b, Figure)]
-    for stem in _FIGURE_NAMES:  # a figure of an earlier report that this one could not draw
-        old = fig_dir / f"{stem}.png"
-        if old.exists() and old not in figures:
-            old.unlink()
-    skipped = {s.title: b.text.removeprefix("Skipped: ").rstrip(".") for s in sections
-               for b in s.blocks if isinstance(b, Note) and b.kind == "skip"}
-    title = f"Study report: {st.study.study_name}"
-    subtitle = (f"loss {st.loss} on {st.identity.get('dataset', '?')}; {len(st.trials)} trials; "
-                f"{st.storage}")
-    page = render_html(title, subtitle, sections, options.dpi)
-    html_path = atomic_write_text(out_dir / "report.html", page)
-    md_path = atomic_write_text(out_dir / "report.md",
-                                render_markdown(title, subtitle, sections, out_dir))
-    return ReportResult(html_path=html_path, md_path=md_path, figures=figures,
-                        sections=[s.title for s in sections], skipped=skipped,
-                        baseline_path=baseline_path)

@@ -74,22 +74,21 @@ def open_study_view(study_dir: Path, storage: str | None, name: str | None) -> S
         )
     given = storage is not None
     storage = storage if given else find_storage(study_dir)
-    spec = parse_storage(storage)
     study = load_study(storage, name)  # refuses a storage file that is not there
     trials = study.get_trials(deepcopy=False)
     attrs = study.user_attrs
     notes: list[str] = []
-    results = _read_results(study_dir / "results", study.study_name, notes)
     distributions = _distributions(attrs.get("spml.space"), trials)
-    confirm = _read_confirm(study_dir / "confirm.parquet", trials, notes)
     return StudyView(
-        study=study, storage=spec.display, storage_given=given,
+        study=study, storage=parse_storage(storage).display, storage_given=given,
         study_dir=study_dir, trials=trials,
         points=[trial_point(t) for t in trials],
         axes=[ParamAxis(k, choices=tuple(d.choices)) if isinstance(d, CategoricalDistribution)
               else ParamAxis(k, log=bool(getattr(d, "log", False)))
               for k, d in distributions.items()],
-        distributions=distributions, results=results, confirm=confirm,
+        distributions=distributions,
+        results=_read_results(study_dir / "results", study.study_name, notes),
+        confirm=_read_confirm(study_dir / "confirm.parquet", trials, notes),
         settings=attrs.get("spml.settings") or {}, loss=attrs.get("spml.loss") or "?",
         identity=attrs.get("spml.store") or {}, notes=notes,
     )
@@ -138,12 +137,8 @@ def trial_point(t: FrozenTrial) -> TrialPoint:
     # steps are epochs counted from 1 (studies made before that, from 0); the first epoch first
     curve = tuple(iv.get(e) for e in range(min(iv), max(iv) + 1)) if iv else ()
     finite = [v for v in curve if v is not None and math.isfinite(v)]
-    if t.state == TrialState.COMPLETE:
-        value = t.value
-    elif t.state == TrialState.PRUNED and finite:
-        value = max(finite)
-    else:
-        value = None
+    value = (t.value if t.state == TrialState.COMPLETE
+             else max(finite) if t.state == TrialState.PRUNED and finite else None)
     return TrialPoint(t.number, t.state.name, value, dict(t.params), curve,
                       is_paper_trial(t))
 
@@ -196,20 +191,16 @@ def report_commands(st: StudyView, name: str | None, store: str | None, out: Pat
     if st.settings.get("store") and st.settings.get("loss"):
         lines.append(shlex.join(study_command(st.settings)))
     if st.confirm:
-        first = st.confirm[0]
-        seeds = list(dict.fromkeys(int(s) for s in first["seeds"]))
-        draws = list(dict.fromkeys(int(s) for s in first["observed_seeds"]))
+        seeds, draws = (",".join(map(str, dict.fromkeys(int(s) for s in st.confirm[0][k])))
+                        for k in ("seeds", "observed_seeds"))
         lines.append(shlex.join([
             "spml", "study", "confirm", "--storage", st.storage,
             *(["--name", name] if name else []),
             "--store", str(store or st.settings.get("store", "STORE")),
-            "--top-k", str(len(st.confirm)), "--seeds", ",".join(map(str, seeds)),
-            "--observed-seeds", ",".join(map(str, draws)), "--out", str(st.study_dir),
-        ]))
-    report = ["spml", "report", str(st.study_dir)]
-    if st.storage_given:
-        report += ["--storage", st.storage]
-    report += [*(["--name", name] if name else []), *(["--store", store] if store else []),
-               "--out", str(out)]
-    lines.append(shlex.join(report))
-    return lines
+            "--top-k", str(len(st.confirm)), "--seeds", seeds, "--observed-seeds", draws,
+            "--out", str(st.study_dir)]))
+    return [*lines, shlex.join([
+        "spml", "report", str(st.study_dir),
+        *(["--storage", st.storage] if st.storage_given else []),
+        *(["--name", name] if name else []), *(["--store", store] if store else []),
+        "--out", str(out)])]

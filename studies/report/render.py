@@ -104,8 +104,7 @@ def render_html(title: str, subtitle: str, sections: list[Section], dpi: int) ->
     out += [f'<li><a href="#{s.anchor}">{e(s.title)}</a></li>' for s in sections]
     out.append("</ol></nav>")
     for s in sections:
-        out.append(f'<section id="{s.anchor}">')
-        out.append(f"<h2>{e(s.title)}</h2>")
+        out += [f'<section id="{s.anchor}">', f"<h2>{e(s.title)}</h2>"]
         for b in s.blocks:
             if isinstance(b, Paragraph):
                 out.append(f"<p>{e(b.text)}</p>")
@@ -165,9 +164,8 @@ def render_markdown(title: str, subtitle: str, sections: list[Section], base: Pa
             elif isinstance(b, Facts):
                 out += [f"- **{k}**: {v}" for k, v in b.items] + [""]
             elif isinstance(b, Table):
-                if b.caption:
-                    out += [f"**{b.caption}**", ""]
-                out += [*markdown_table(b.header, b.rows), ""]
+                out += [*([f"**{b.caption}**", ""] if b.caption else []),
+                        *markdown_table(b.header, b.rows), ""]
             elif isinstance(b, Figure):
                 rel = os.path.relpath(b.path, base).replace(os.sep, "/")
                 out += [f"![{_md_cell(b.caption)}]({rel})", "", f"*{b.caption}*", ""]

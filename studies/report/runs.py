@@ -36,10 +36,8 @@ def study_training(st: Any) -> dict[str, Any]:
                                 epochs=s.get("epochs")).to_dict()
     rows = [r for r in st.results.values() if r.get("lr") is not None]
     best = st.results.get(st.complete[0].number) if st.complete else None
-    row = best if best is not None and best.get("lr") is not None else (rows[0] if rows else None)
+    row = best if best is not None and best.get("lr") is not None else (rows[0] if rows else {})
     settings["mixed"] = {}
-    if row is None:
-        return settings
     for key in ("batch_size", "lr", "epochs"):
         if row.get(key) is None:
             continue
@@ -109,8 +107,8 @@ def train_report_runs(st: Any, store_arg: str | None, *, device: str = "auto",
         return None, (f"the store {store_path} is not the one the study trained on ({what}); "
                       "pass the right one with --store")
     train = study_training(st)
-    loss_part = {k[len("train."):]: v for k, v in best.params.items() if k.startswith("train.")}
-    train.update({k: v for k, v in loss_part.items() if k in ("batch_size", "lr", "epochs")})
+    train.update({k: best.params[f"train.{k}"] for k in ("batch_size", "lr", "epochs")
+                  if f"train.{k}" in best.params})
     s = st.settings
     observed_seed = int(s.get("observed_seed", PROTOCOL_SEED))
     cfg = ProbeConfig(batch_size=int(train["batch_size"]), lr=float(train["lr"]),
@@ -171,8 +169,7 @@ def _retrain_top(st: Any, ctx: ReportRuns, device: str, log: Callable[[str], Non
               for n in numbers] + ["AN baseline"]
     w = torch.stack([heads[n].float().to(ctx.data.device) for n in numbers]
                     + [ctx.an.best_heads[0].float().to(ctx.data.device)])
-    scores = stacked_logits(ctx.data.test_x, w)
-    cmp = compare_scores(labels, scores, ctx.data.test_labels.bool())
+    cmp = compare_scores(labels, stacked_logits(ctx.data.test_x, w), ctx.data.test_labels.bool())
     cmp.dataset, cmp.store = st.identity.get("dataset", ""), ctx.store_path
     ctx.comparison = cmp
     ctx.intervals = dict(zip(numbers, cmp.intervals))

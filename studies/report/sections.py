@@ -15,6 +15,8 @@ import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
+from probe import __version__
+from probe.convergence import ADVICE, count_best_is_last
 from probe.errors import SpmlError
 from probe.progress import plural
 from probe.store.priors import prior_facts
@@ -22,6 +24,7 @@ from probe.store.records import draw_text
 
 from .. import plots
 from ..results import draw_of
+from ..space import range_text
 from ..storage import is_paper_trial
 from .data import StudyView, trial_point
 from .render import CodeBlock, Facts, Figure, Note, Paragraph, Section, Table
@@ -78,7 +81,6 @@ def _int(n: Any) -> str:
 
 
 def _skipped(i: int, reason: str) -> Section:
-    """Section ``SECTIONS[i]`` with only the note that says why it has no figure."""
     return Section(*SECTIONS[i], [Note(f"Skipped: {reason}.")])
 
 
@@ -109,19 +111,17 @@ def source_text(provenance: dict[str, Any]) -> str:
 
 def summary_section(st: StudyView, commands: list[str]) -> Section:
     """The Summary section: the study, its store, draw, training, search space and commands."""
-    sec = Section(*SECTIONS[0])
     s, ident, prov = st.settings, st.identity, study_provenance(st)
     inner = prov.get("provenance") or {}
     counts = {state: sum(t.state == state for t in st.trials) for state in TrialState}
     n_done = counts[TrialState.COMPLETE]
     paper_doc = st.loss_class.paper if st.loss_class is not None else ""
-    sec.blocks.append(Paragraph(
+    sec = Section(*SECTIONS[0], [Paragraph(
         f"Study '{st.study.study_name}': {len(st.distributions)} hyperparameter(s) of loss "
         f"'{st.loss}' searched with the {s.get('sampler', '?')} sampler and "
         f"{s.get('pruner', '?')} pruning on the '{ident.get('dataset', '?')}' features. "
         "mAP values are percentages; val mAP selects the epoch and the trial, test mAP is "
-        "reported at that epoch and never used to choose. Epochs are counted from 1."
-    ))
+        "reported at that epoch and never used to choose. Epochs are counted from 1.")])
     if not n_done:
         sec.blocks.append(Note(
             f"This study has no completed trial yet ({len(st.trials)} trial(s): "
@@ -129,8 +129,7 @@ def summary_section(st: StudyView, commands: list[str]) -> Section:
             f"{counts[TrialState.RUNNING]} running, {counts[TrialState.WAITING]} waiting). "
             "Everything that needs a completed trial is left out below and says so; run the "
             "study further and report again.", "warn"))
-    for note in st.notes:
-        sec.blocks.append(Note(note, "warn"))
+    sec.blocks += [Note(note, "warn") for note in st.notes]
     rows = prov.get("rows") or {}
     split = (f" (train {_int(rows['train'])} / val {_int(rows['val'])} / test "
              f"{_int(rows['test'])})" if {"train", "val", "test"} <= set(rows) else "")
@@ -192,38 +191,26 @@ def summary_section(st: StudyView, commands: list[str]) -> Section:
     else:
         facts.append(("paper point", "none enqueued (--no-paper, the grid sampler, or no "
                       "paper values inside the space)"))
-    from probe import __version__
-
     facts.append(("generated", datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
                   + f" by spml-probe {__version__} (optuna {optuna.__version__})"))
-    sec.blocks.append(Facts(facts))
-    space_rows = []
-    for name, dist in st.distributions.items():
-        if isinstance(dist, CategoricalDistribution):
-            rng, scale = "{" + ", ".join(map(str, dist.choices)) + "}", "choice"
-        else:
-            rng, scale = f"[{dist.low:g}, {dist.high:g}]", "log" if dist.log else "linear"
-        space_rows.append([
-            name, rng, scale,
-            _fv(paper.params.get(name, "–")) if paper else "–",
-            _fv(best.params.get(name, "–")) if best else "–",
-        ])
-    sec.blocks.append(Table(["parameter", "range", "scale", "paper value", "best trial"],
-                            space_rows, id="search-space", caption="Search space"))
-    sec.blocks.append(
-        Paragraph("Reproduce: the study, its confirmation (when run) and this report."))
-    sec.blocks.append(CodeBlock("\n".join(commands)))
+    space_rows = [[name, range_text(dist), "choice" if isinstance(dist, CategoricalDistribution)
+                   else "log" if dist.log else "linear",
+                   _fv(paper.params.get(name, "–")) if paper else "–",
+                   _fv(best.params.get(name, "–")) if best else "–"]
+                  for name, dist in st.distributions.items()]
+    sec.blocks += [Facts(facts), Table(["parameter", "range", "scale", "paper value", "best trial"],
+                                       space_rows, id="search-space", caption="Search space"),
+                   Paragraph("Reproduce: the study, its confirmation (when run) and this report."),
+                   CodeBlock("\n".join(commands))]
     return sec
 
 
 def leaderboard_section(st: StudyView, options: ReportOptions, ctx: ReportRuns | None = None
                  ) -> Section:
     """The Leaderboard: the completed trials, best first, with test mAP and intervals when run."""
-    sec = Section(*SECTIONS[1])
     complete = st.complete
     if not complete:
-        sec.blocks.append(Note("No completed trial yet: there is nothing to rank."))
-        return sec
+        return Section(*SECTIONS[1], [Note("No completed trial yet: there is nothing to rank.")])
     rank = {t.number: i for i, t in enumerate(complete, 1)}
     shown = complete[: options.top]
     paper = st.paper
@@ -243,8 +230,7 @@ def leaderboard_section(st: StudyView, options: ReportOptions, ctx: ReportRuns |
         if epoch is None and curve:
             finite = [(v, -e) for e, v in enumerate(curve) if v is not None and math.isfinite(v)]
             epoch = 1 - max(finite)[1] if finite else None  # counted from 1
-        mark = " (paper)" if is_paper_trial(t) else ""
-        row = [str(rank[t.number]), f"{t.number}{mark}",
+        row = [str(rank[t.number]), f"{t.number}" + (" (paper)" if is_paper_trial(t) else ""),
                f"{t.value:.2f}", str(epoch) if epoch is not None else "–",
                _f2(res.get("test_map"))]
         if intervals:
@@ -257,18 +243,14 @@ def leaderboard_section(st: StudyView, options: ReportOptions, ctx: ReportRuns |
                     if c else ["–", "–"])
         row += [_fv(t.params[n]) if n in t.params else "–" for n in names]
         rows.append(row)
-    sec.blocks.append(Paragraph(
+    sec = Section(*SECTIONS[1], [Paragraph(
         f"The {len(shown)} best of {len(complete)} completed trials by val mAP (the selection "
         "criterion), with test mAP at each trial's best val epoch"
         + (" and, where 'spml study confirm' re-ran a trial, its test mAP as mean ± std over "
            "seeds" if confirmed else "") + "."
         + (f" Intervals: the best {len(intervals)} trials re-trained by this report, 95% "
            "paired bootstrap over the test images (section 'Intervals and comparison')."
-           if intervals else "")
-    ))
-    sec.blocks.append(Table(header, rows, id="leaderboard"))
-    from probe.convergence import ADVICE, count_best_is_last
-
+           if intervals else "")), Table(header, rows, id="leaderboard")])
     at_last = count_best_is_last([trial_point(t).curve for t in complete])
     if at_last:
         sec.blocks.append(Note(
@@ -280,31 +262,27 @@ def leaderboard_section(st: StudyView, options: ReportOptions, ctx: ReportRuns |
                  f"{_ci(r.get('test_low'), r.get('test_high'))}", str(r["n_runs"]),
                  *(",".join(map(str, dict.fromkeys(r[k]))) for k in ("seeds", "observed_seeds"))]
                 for r in st.confirm]
-        sec.blocks.append(Paragraph(
+        sec.blocks += [Paragraph(
             "Confirmation ('spml study confirm'): each trial re-trained with every training "
             "seed on every single-positive draw; ranked by mean val mAP (test is reported, "
             "never selected on). Standard deviations are sample standard deviations; brackets: "
-            "the Student-t 95% interval of the mean over the runs."
-        ))
-        sec.blocks.append(Table(
+            "the Student-t 95% interval of the mean over the runs."), Table(
             ["rank", "trial", "search val mAP", "val mAP (mean)", "test mAP (mean ± std)",
-             "runs", "seeds", "draws"], crow, id="confirmation"))
+             "runs", "seeds", "draws"], crow, id="confirmation")]
         win = st.confirm[0]
         if win.get("refit_epochs") is not None:
-            refit_ci = _ci(win.get("refit_test_low"), win.get("refit_test_high"))
             sec.blocks.append(Paragraph(
                 f"Refit ('spml study confirm --refit'): trial {win['trial']} re-trained on "
                 f"train + val for {win['refit_epochs']} epochs (its median best val epoch), "
                 f"then tested: test mAP {_f2(win.get('refit_test_mean'))}"
-                f"{refit_ci}"
+                f"{_ci(win.get('refit_test_low'), win.get('refit_test_high'))}"
                 f" over {len(win.get('refit_test_maps') or [])} runs, against "
                 f"{win['test_mean']:.2f} trained on train only."))
     return sec
 
 
 def _ci(low: float | None, high: float | None) -> str:
-    """`` [low, high]`` of a confirmation's interval over runs (rows written before the
-    interval existed, or of one run, have none)."""
+    """`` [low, high]``, or "" without a finite interval (one run, or a row from before it)."""
     if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
         return ""
     return f" [{low:.2f}, {high:.2f}]"
@@ -472,16 +450,6 @@ def baseline_section(st: StudyView, ctx: ReportRuns | None, why: str, fig_dir: P
     return sec, baseline_path
 
 
-def _heads_how(kept: int, retrained: int) -> str:
-    """Where the comparison's trial heads came from: kept by the study, re-trained, or both."""
-    if not retrained:
-        return "the trials' heads as the study kept them when they finished"
-    if not kept:
-        return "re-trained on the study's store with their own settings"
-    return (f"{plural(kept, 'heads')} as the study kept them, {retrained} re-trained with "
-            "their own settings")
-
-
 def comparison_section(st: StudyView, ctx: ReportRuns | None, why: str, fig_dir: Path,
                        options: ReportOptions) -> Section:
     """The top trials, the paper point and the AN baseline: test mAP with 95%
@@ -490,11 +458,15 @@ def comparison_section(st: StudyView, ctx: ReportRuns | None, why: str, fig_dir:
 
     if ctx is None or ctx.comparison is None:
         return _skipped(8, why or "nothing was re-trained")
-    cmp = ctx.comparison
+    cmp, kept, retrained = ctx.comparison, len(ctx.kept), len(ctx.trials)
+    heads_how = ("the trials' heads as the study kept them when they finished" if not retrained
+                 else "re-trained on the study's store with their own settings" if not kept
+                 else f"{plural(kept, 'heads')} as the study kept them, {retrained} re-trained "
+                      "with their own settings")
     sec = Section(*SECTIONS[8], [Paragraph(
         f"The best {min(INTERVAL_TOP, len(st.complete))} trials by val mAP"
         + (", the paper's values" if st.paper is not None else "")
-        + f" and the AN baseline ({_heads_how(len(ctx.kept), len(ctx.trials))}; training "
+        + f" and the AN baseline ({heads_how}; training "
         f"seed {st.settings.get('train_seed', 0)}, single-positive draw {ctx.observed_seed}), "
         f"scored on the same {cmp.n_images} test images. Intervals: "
         f"{cmp.n_resamples} paired bootstrap resamples of the test images (class-wise AP "

@@ -244,38 +244,27 @@ def plan_table(paths: Sequence[str], config: TableConfig) -> Plan:
     names, notes = _loss_names(config)
     columns = _columns(paths, config)
     given = {"batch_size": config.batch_size, "lr": config.lr, "epochs": config.epochs}
-    methods: list[Method] = []
-    if config.include_full:
-        methods.append(Method(f"{ORACLE_LOSS}, full labels (oracle)", "oracle", ORACLE_LOSS,
-                              labels="full", **given))
-    if config.priors:
-        methods.append(Method(f"zero-shot ({config.priors})", "zero-shot", None,
-                              priors=config.priors))
-    for n in names:
-        prior = config.priors if _losses.get_loss_class(n).prior is not None else None
-        methods.append(Method(n, "preset", n, priors=prior, **given))
-    for folder in config.from_studies:
-        methods.append(_study_method(folder, config))
-    study_settings = []
-    if config.tune:
-        for i, col in enumerate(columns):
-            for n in names:
-                s = StudySettings(
-                    store=col.path, loss=n, n_trials=config.tune, seed=config.seed,
-                    batch=min(config.tune_batch, config.tune), name=f"table-{col.dataset}-{n}",
-                    out=str(Path(config.out or ".") / "studies" / f"{col.dataset}-{n}"),
-                    train_seed=config.seed, select=config.select, observed_seed=col.draws[0],
-                    device=config.device, epochs=config.epochs, batch_size=config.batch_size,
-                    lr=config.lr,
-                    priors=config.priors if _losses.get_loss_class(n).prior is not None else None)
-                s.validate()
-                preflight(s, open_study_store(col.path))  # what run_study checks, up front
-                study_settings.append((i, n, s))
-    settings = {}
-    for i, col in enumerate(columns):
-        data = _load(col, col.draws[0], config)
-        for j, m in enumerate(methods):
-            settings[(i, j)] = resolve_settings(m, col, data, config, notes)
+    priors = {n: config.priors if _losses.get_loss_class(n).prior is not None else None
+              for n in names}  # the store prior each loss reads (None: none)
+    methods = [
+        *([Method(f"{ORACLE_LOSS}, full labels (oracle)", "oracle", ORACLE_LOSS, labels="full",
+                  **given)] if config.include_full else []),
+        *([Method(f"zero-shot ({config.priors})", "zero-shot", None, priors=config.priors)]
+          if config.priors else []),
+        *(Method(n, "preset", n, priors=priors[n], **given) for n in names),
+        *(_study_method(folder, config) for folder in config.from_studies)]
+    study_settings = [(i, n, StudySettings(
+        store=col.path, loss=n, n_trials=config.tune, seed=config.seed,
+        batch=min(config.tune_batch, config.tune), name=f"table-{col.dataset}-{n}",
+        out=str(Path(config.out or ".") / "studies" / f"{col.dataset}-{n}"),
+        train_seed=config.seed, select=config.select, observed_seed=col.draws[0],
+        device=config.device, epochs=config.epochs, batch_size=config.batch_size, lr=config.lr,
+        priors=priors[n])) for i, col in enumerate(columns) for n in names] if config.tune else []
+    for _, _, s in study_settings:
+        preflight(s, open_study_store(s.store))  # what run_study checks, up front
+    settings = {(i, j): resolve_settings(m, col, data, config, notes)
+                for i, col in enumerate(columns) for data in [_load(col, col.draws[0], config)]
+                for j, m in enumerate(methods)}
     return Plan(config, columns, methods, settings, notes, study_settings)
 
 
@@ -378,11 +367,9 @@ def run_tuning(plan: Plan, log: Callable[[str], None]) -> None:
         for j, (old, loss) in enumerate(rows):
             if old is not None:
                 settings[(i, j)] = plan.settings[(i, old)]
-                if (i, old) in plan.per_column:
-                    per_column[(i, j)] = plan.per_column[(i, old)]
-                continue
-            per_column[(i, j)] = winners[(i, loss)]
-            settings[(i, j)] = resolve_settings(winners[(i, loss)], col, data, plan.config)
+            else:
+                per_column[(i, j)] = winners[(i, loss)]
+                settings[(i, j)] = resolve_settings(winners[(i, loss)], col, data, plan.config)
     plan.methods = [plan.methods[old] if old is not None else winners[(0, loss)]
                     for old, loss in rows]
     plan.settings, plan.per_column = settings, per_column

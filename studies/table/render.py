@@ -207,10 +207,7 @@ def write_outputs(table: Table, out: str | Path) -> list[Path]:
     files = {"table.md": table.markdown().encode(), "table.tex": table.latex().encode(),
              "cells.parquet": parquet.getvalue(), "cells.csv": csv.getvalue(),
              "commands.sh": table.commands().encode()}
-    written = []
     for name, data in files.items():
-        path = out / name
-        if not (path.is_file() and path.read_bytes() == data):
-            atomic_write(path, lambda fh, data=data: fh.write(data))
-        written.append(path)
-    return written
+        if not ((out / name).is_file() and (out / name).read_bytes() == data):
+            atomic_write(out / name, lambda fh, data=data: fh.write(data))
+    return [out / name for name in files]
