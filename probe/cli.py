@@ -453,6 +453,10 @@ def _register_bench_probe(bench: argparse._SubParsersAction) -> None:
     b.add_argument("--compare-one-block", action="store_true",
                    help="CPU: also time each configuration that trains in trial blocks (spml "
                    "probe --trial-block) as one block, its heads compared with the blocks'")
+    b.add_argument("--in-process", action="store_true",
+                   help="time every configuration in this process, one after the other "
+                   "(default: each alone in a fresh process, so the rows do not disturb each "
+                   "other)")
     b.add_argument("--json", metavar="PATH", help="also write the JSON report to PATH")
     _add_bench_options(b)
     b.set_defaults(func=_cmd_bench_probe)
@@ -479,10 +483,6 @@ def _register_bench_store(bench: argparse._SubParsersAction) -> None:
 
 def _add_bench_options(b: argparse.ArgumentParser) -> None:
     """The options ``spml bench probe`` and ``spml bench store`` share."""
-    b.add_argument("--in-process", action="store_true",
-                   help="time every configuration in this process, one after the other "
-                   "(default: each alone in a fresh process, so the rows do not disturb each "
-                   "other)")
     b.add_argument("--cache-dir",
                    help="where the synthetic store is cached (default: $SPML_CACHE_DIR or "
                    "~/.cache/spml-probe)")

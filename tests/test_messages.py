@@ -200,6 +200,7 @@ CASES: list[tuple[str, tuple[str, ...]]] = [
     ("bench probe --rows 0", ("--rows",)),
     ("bench probe --trials 0", ("--trials",)),
     ("bench probe --rowz 100", ("did you mean '--rows'",)),
+    ("bench store --in-process", ("'--in-process' is no option of spml bench store",)),
     ("stduy {S}", ("did you mean 'study'",)),
     ("demo --study-trials 0 --out {D}/demo", ("--study-trials", "got 0")),
     ("demo --out {D}/afile.txt", ("--out", "is a file")),

@@ -19,7 +19,6 @@ from ._hparams import (
     LossContractError,
     LossInputError,
     LossOutput,
-    check_hparam,  # noqa: F401 (probe.config and studies.space import it from here)
     check_hparams,
     close_matches,  # one rule for "did you mean", names and hyperparameters
     hp,
