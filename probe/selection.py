@@ -170,11 +170,12 @@ def mean_over_replicates(results: list[Any], select: str | Selection) -> Any:
     trials = []
     for i, base in enumerate(first.trials):
         runs = [r.trials[i] for r in results]
-        epochs = [{"epoch": base.epochs[e]["epoch"],
-                   "train_loss": _mean([t.epochs[e].get("train_loss") for t in runs]),
-                   "val_map": _mean(vals), "replicate_val_map": vals}
-                  for e in range(min(len(t.epochs) for t in runs))
-                  for vals in [[t.epochs[e].get("val_map") for t in runs]]]
+        epochs = []
+        for e in range(min(len(t.epochs) for t in runs)):
+            vals = [t.epochs[e].get("val_map") for t in runs]
+            epochs.append({"epoch": base.epochs[e]["epoch"],
+                           "train_loss": _mean([t.epochs[e].get("train_loss") for t in runs]),
+                           "val_map": _mean(vals), "replicate_val_map": vals})
         curve = [e["val_map"] for e in epochs]
         scored = [(v, -j) for j, v in enumerate(curve) if v is not None and math.isfinite(v)]
         best_epoch, best = None, {}

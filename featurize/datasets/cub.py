@@ -68,7 +68,8 @@ def _find_line(path: Path, row: int | None = None) -> tuple[int, str]:
     """``(1-based line, text)`` of the ``row``-th (0-based) non-blank line or, without ``row``,
     of the first that does not start with three integers; ``(0, "")`` if none (errors only)."""
     with path.open("rb") as f:
-        for k, (line, raw) in enumerate((n, raw) for n, raw in enumerate(f, 1) if raw.strip()):
+        nonblank = ((n, raw) for n, raw in enumerate(f, 1) if raw.strip())
+        for k, (line, raw) in enumerate(nonblank):
             fields = raw.split()
             bad = len(fields) < 3 or not all(x.isdigit() for x in fields[:3])
             if (k == row) if row is not None else bad:

@@ -60,15 +60,21 @@ class CalibrationResult(AnalysisResult):
 
     def tables(self):
         n, b, a = len(self.before.counts), self.before, self.after
-        ks = [] if self.k_start is None else [("k̂ start", self.k_start), (
-            "k̂ final" if self.k_final is not None else "", self.k_final)]
+        ks = []  # GR's k̂ curve: at the start, and at the end when learned
+        if self.k_start is not None:
+            final = "k̂ final" if self.k_final is not None else ""
+            ks = [("k̂ start", self.k_start), (final, self.k_final)]
         header = ["bucket", "n before", "FN rate before", "n after", "FN rate after",
                   *[name for name, _ in ks], "Eq. 6"]
-        rows = [[f"[{b.edges[i]:.2f}, {b.edges[i + 1]:.2f})", str(b.counts[i]), _f3(b.rate[i]),
-                 str(a.counts[i]), _f3(a.rate[i]),
-                 *["" if wb is None else _f3(k_hat_curve((i + 0.5) / n, *wb)) for _, wb in ks],
-                 _f3(scar_curve((i + 0.5) / n, self.a))]
-                for i in range(n) if b.counts[i] or a.counts[i]]
+        rows = []
+        for i in range(n):
+            if b.counts[i] == 0 and a.counts[i] == 0:
+                continue  # an empty bucket
+            centre = (i + 0.5) / n
+            curves = ["" if k is None else _f3(k_hat_curve(centre, *k)) for _, k in ks]
+            rows.append([f"[{b.edges[i]:.2f}, {b.edges[i + 1]:.2f})", str(b.counts[i]),
+                         _f3(b.rate[i]), str(a.counts[i]), _f3(a.rate[i]), *curves,
+                         _f3(scar_curve(centre, self.a))])
         cap = (f"unannotated train entries per confidence bucket (empty buckets left out); "
                f"FN rate = fraction truly positive; curves at the bucket centre; overall "
                f"FN/(FN+TN) = {self.fn_rate:.4f}; a = P(s=1|y=1) = {self.a:.4f}")

@@ -288,7 +288,8 @@ def trial_scores(result: ProbeResult, trials: Sequence[int]) -> dict[str, Any]:
     tests = [_finite_or_nan(result.trials[t].best.get("test_map")) for t in trials]
     (vm, vs), (tm, ts) = _mean_std(vals), _mean_std(tests)
     if len(tests) > 1:
-        low, high = (iv := mean_interval(tests)).low, iv.high
+        iv = mean_interval(tests)
+        low, high = iv.low, iv.high
     else:
         best = result.trials[trials[0]].best
         low, high = (_finite_or_nan(best.get(k)) for k in ("test_map_low", "test_map_high"))

@@ -80,10 +80,11 @@ class DistinguishResult(AnalysisResult):
     def tables(self):
         n = len(self.settings["seeds"])
         header = ["epoch", *[f"W1 {r['loss']}" for r in self.losses]]
-        rows = [[str(e) + (" (init)" if e == 0 else ""), *[
-            f"{r['w1_mean'][j]:.4f}" + (f" ± {r['w1_std'][j]:.4f}" if n > 1 else "")
-            + (" *" if r["best_epoch"] == e else "") for r in self.losses]]
-            for j, e in enumerate(self.losses[0]["epochs"])]
+        rows = []
+        for j, e in enumerate(self.losses[0]["epochs"]):
+            cells = [f"{r['w1_mean'][j]:.4f}" + (f" ± {r['w1_std'][j]:.4f}" if n > 1 else "")
+                     + (" *" if r["best_epoch"] == e else "") for r in self.losses]  # *: best
+            rows.append([str(e) + (" (init)" if e == 0 else ""), *cells])
         cap = (f"Wasserstein-1 distance between the confidences p of the truly positive "
                f"({self.counts['positive']}) and truly negative ({self.counts['negative']}) "
                f"unannotated {self.split} entries after each epoch"

@@ -253,18 +253,20 @@ def plan_table(paths: Sequence[str], config: TableConfig) -> Plan:
           if config.priors else []),
         *(Method(n, "preset", n, priors=priors[n], **given) for n in names),
         *(_study_method(folder, config) for folder in config.from_studies)]
-    study_settings = [(i, n, StudySettings(
+    study_settings = [] if not config.tune else [(i, n, StudySettings(
         store=col.path, loss=n, n_trials=config.tune, seed=config.seed,
         batch=min(config.tune_batch, config.tune), name=f"table-{col.dataset}-{n}",
         out=str(Path(config.out or ".") / "studies" / f"{col.dataset}-{n}"),
         train_seed=config.seed, select=config.select, observed_seed=col.draws[0],
         device=config.device, epochs=config.epochs, batch_size=config.batch_size, lr=config.lr,
-        priors=priors[n])) for i, col in enumerate(columns) for n in names] if config.tune else []
+        priors=priors[n])) for i, col in enumerate(columns) for n in names]
     for _, _, s in study_settings:
         preflight(s, open_study_store(s.store))  # what run_study checks, up front
-    settings = {(i, j): resolve_settings(m, col, data, config, notes)
-                for i, col in enumerate(columns) for data in [_load(col, col.draws[0], config)]
-                for j, m in enumerate(methods)}
+    settings = {}
+    for i, col in enumerate(columns):
+        data = _load(col, col.draws[0], config)
+        settings.update({(i, j): resolve_settings(m, col, data, config, notes)
+                         for j, m in enumerate(methods)})
     return Plan(config, columns, methods, settings, notes, study_settings)
 
 
