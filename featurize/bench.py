@@ -5,6 +5,7 @@ synthetic photo-like JPEGs, each after an untimed warm-up (docs/design.md, docs/
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.metadata
 import os
 import platform
@@ -21,7 +22,13 @@ from PIL import Image
 
 from featurize.backbones import RANDOM, Backbone
 from featurize.images import ImageTransform
-from featurize.pipeline import channels_last, device_mode, model_input, prefetch
+from featurize.pipeline import (
+    backbone_forward,
+    channels_last,
+    device_mode,
+    model_input,
+    prefetch,
+)
 from featurize.runner import (
     FeaturizeConfig,
     Runtime,
@@ -92,13 +99,7 @@ def _forward_only(backbone: Backbone, rt: Runtime, size: int, with_flip: bool, b
     x = torch.randn(batch, 3, size, size, device=rt.device)
     if channels_last(rt):
         x = x.contiguous(memory_format=torch.channels_last)
-    autocast = torch.autocast(rt.device.type, dtype=torch.bfloat16, enabled=rt.precision == "bf16")
-
-    def step() -> None:
-        with autocast:
-            backbone.features(x)
-            if with_flip:
-                backbone.features(torch.flip(x, dims=[-1]))
+    step = functools.partial(backbone_forward(backbone.features, rt, with_flip), x)
 
     with torch.inference_mode(), device_mode(rt):
         step()  # warm-up
@@ -165,9 +166,9 @@ def bench_featurize(config: BenchConfig | None = None) -> dict:
             "decode_images_per_s": round(decode, 1), "forward_images_per_s": round(forward, 1),
             "with_flip": fc.with_flip, "backbone": backbone.name, "weights": backbone.weights.id,
             "device": str(rt.device), "device_name": device_name, "decode": rt.decode,
-            "precision": rt.precision, "batch_size": rt.batch_size, "workers": rt.workers,
-            "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "torchvision": importlib.metadata.version("torchvision"),
+            "precision": rt.precision, "compile": rt.compile, "batch_size": rt.batch_size,
+            "workers": rt.workers, "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "torchvision": importlib.metadata.version("torchvision"),
             "cuda": torch.version.cuda if rt.cuda else None,
             "driver": _nvidia_driver() if rt.cuda else None,
             "load_avg_1m": round(os.getloadavg()[0], 2),  # timings on a busy machine are noisy

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +37,7 @@ class Runtime:
     precision: str  # "fp32" | "bf16"
     batch_size: int
     workers: int
+    compile: bool = False  # the backbone through torch.compile (--compile, where inductor runs)
 
     @property
     def cuda(self) -> bool:
@@ -115,6 +116,20 @@ def model_input(items: list[tuple[str, Any]], paths: Sequence[Path], rt: Runtime
     if channels_last(rt):
         batch = batch.contiguous(memory_format=torch.channels_last)
     return normalize(batch, transform), dict(sorted(bad.items()))
+
+
+def backbone_forward(features: torch.nn.Module, rt: Runtime, with_flip: bool
+                     ) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]:
+    """``x -> (features, the flipped image's features or None)`` as a run computes them: bf16
+    autocast with ``--precision bf16``, one ``torch.compile``-d module with ``--compile`` (fixed
+    shapes: each batch size compiles once)."""
+    model = torch.compile(features, dynamic=False) if rt.compile else features
+    autocast = torch.autocast(rt.device.type, dtype=torch.bfloat16, enabled=rt.precision == "bf16")
+
+    def forward(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        with autocast:
+            return model(x), model(torch.flip(x, dims=[-1])) if with_flip else None
+    return forward
 
 
 def channels_last(rt: Runtime) -> bool:

@@ -11,6 +11,7 @@ import dataclasses
 import os
 import shutil
 import time
+import warnings
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -23,7 +24,14 @@ import torch
 from featurize.backbones import DEFAULT_BACKBONE, Backbone, load_backbone
 from featurize.datasets import ImageSource
 from featurize.images import BadImageError, ImageTransform
-from featurize.pipeline import Runtime, channels_last, device_mode, model_input, prefetch
+from featurize.pipeline import (
+    Runtime,
+    backbone_forward,
+    channels_last,
+    device_mode,
+    model_input,
+    prefetch,
+)
 from featurize.ranks import Ranks, current_ranks
 from featurize.specs import (
     DECODE_CHOICES,
@@ -42,6 +50,7 @@ from featurize.writing import (
 )
 from probe.errors import MissingPathError, SpmlError
 from probe.progress import Progress
+from probe.speed import inductor_unavailable
 from probe.store import join_store, open_store
 from probe.store.index import DatasetIndex
 
@@ -69,6 +78,7 @@ class FeaturizeConfig:
     decode: str = "auto"  # auto: pil (the reference) until the GPU path is measured (above)
     precision: str = "auto"  # auto: fp32 (exact) until the GPU path is measured (above)
     with_flip: bool = True  # keep flipped-image features: the protocol's only augmentation
+    compile: bool = False  # the backbone through torch.compile: faster, equal within tolerance
     dtype: str = "float16"  # store dtype (docs/protocol.md store: float16 default)
     block_rows: int = 1024  # rows per store chunk = the unit of resume
     workers: int | None = None  # reader threads; None: min(16, CPU count)
@@ -127,7 +137,12 @@ def resolve_runtime(config: FeaturizeConfig) -> Runtime:
     workers = config.workers if config.workers is not None else min(16, os.cpu_count() or 1)
     if workers < 1:
         raise SpmlError(f"--workers must be >= 1, got {workers}")
-    return Runtime(device, decode, precision, int(batch_size), int(workers))
+    why = inductor_unavailable(device) if config.compile else None
+    if why:
+        warnings.warn(f"--compile: the backbone runs eagerly ({why})", RuntimeWarning,
+                      stacklevel=2)
+    return Runtime(device, decode, precision, int(batch_size), int(workers),
+                   compile=config.compile and not why)
 
 
 def transform_mode(config: FeaturizeConfig) -> str:
@@ -186,7 +201,8 @@ def describe_transform(transform: ImageTransform, rt: Runtime, with_flip: bool) 
     out["decode"] = (f"PIL (reference: open, convert RGB, resize {how.upper()}{crop})"
                      if rt.decode == "pil"
                      else f"torchvision {codec}; torch antialiased {how} resize{crop}")
-    out["compute"] = "bf16 autocast, channels_last" if rt.precision == "bf16" else "float32"
+    out["compute"] = ("bf16 autocast, channels_last" if rt.precision == "bf16" else "float32"
+                      ) + (", torch.compile (inductor)" if rt.compile else "")
     out["flip"] = "torch.flip(x, dims=[-1]) of the model input" if with_flip else None
     return out
 
@@ -332,7 +348,7 @@ def _run_batches(batches: list[tuple[int, int, int]], paths: list[Path], ids: li
     dim = backbone.feature_dim
     blocks: dict[int, dict] = {}  # block -> {"feats", "flips", "missing", "bad", "start"}
     in_flight: deque[tuple] = deque()
-    autocast = torch.autocast(rt.device.type, dtype=torch.bfloat16, enabled=rt.precision == "bf16")
+    forward = backbone_forward(backbone.features, rt, config.with_flip)
 
     def land(entry: tuple) -> None:
         block, start, stop, event, feats, flips, bad = entry
@@ -366,9 +382,7 @@ def _run_batches(batches: list[tuple[int, int, int]], paths: list[Path], ids: li
             blocks[block]["bad"] += [{"row": start + i, "image_id": ids[start + i],
                                       "path": str(paths[start + i]), "error": error}
                                      for i, error in bad.items()]
-            with autocast:
-                feats = backbone.features(x)
-                flips = backbone.features(torch.flip(x, dims=[-1])) if config.with_flip else None
+            feats, flips = forward(x)
             in_flight.append((block, start, stop, *_to_host(feats, flips, rt), list(bad)))
             while len(in_flight) > (2 if rt.cuda else 0):
                 land(in_flight.popleft())

@@ -19,10 +19,7 @@ before the next, so that its state stays in cache; :func:`make_trainer` picks.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import math
-import os
-import shutil
 import time
 import timeit
 import warnings
@@ -37,7 +34,13 @@ from .data import ProbeData
 from .logits import stacked_logits
 from .losses._base import trial_rows
 from .optim import StackedAdam, TrialParam, make_optimizer
-from .speed import SpeedOptions, choose_threads, clear_winner, remembered_threads
+from .speed import (
+    SpeedOptions,
+    choose_threads,
+    clear_winner,
+    inductor_unavailable,
+    remembered_threads,
+)
 from .threads import step_threads
 from .trials import LossGroup, TrialPlan, setup_loss_groups
 
@@ -478,13 +481,8 @@ class StackedTrainer:
 
     def compile_unavailable(self) -> str | None:
         """Why the step cannot run through ``torch.compile`` here (None: it can)."""
-        cxx = os.environ.get("CXX", "g++")
-        if self.device.type == "cuda" and importlib.util.find_spec("triton") is None:
-            return "inductor needs Triton on CUDA, and it is not installed"
-        if self.device.type == "cpu" and shutil.which(cxx) is None:
-            return f"inductor needs a C++ compiler on the CPU ({cxx}, or $CXX), none found"
-        if self.device.type not in ("cpu", "cuda"):
-            return f"inductor does not compile for {self.device}"
+        if why := inductor_unavailable(self.device):
+            return why
         if not isinstance(self.opt, StackedAdam):
             return "only the Adam update is compiled"
         odd = [g.loss.name for g in self.groups

@@ -177,6 +177,24 @@ def test_torchvision_decode_path_is_close_to_pil(tmp_path, folder, resnet18):
     assert "PIL" in a.provenance["transform"]["decode"]
 
 
+@pytest.mark.slow  # inductor compiles ResNet-18 on the CPU: ~30 s
+def test_compiled_backbone_stores_the_eager_features(tmp_path, folder, resnet18, monkeypatch):
+    """--compile: the backbone through torch.compile (inductor, here on the CPU) stores the eager
+    run's features within the float16 tolerance, and the provenance says it ran compiled; where
+    inductor cannot run, the run warns and stays eager."""
+    _, index = folder
+    featurize(index, tmp_path / "eager.zarr", _cfg(), backbone=resnet18)
+    featurize(index, tmp_path / "compiled.zarr", _cfg(compile=True), backbone=resnet18)
+    eager, compiled = open_store(tmp_path / "eager.zarr"), open_store(tmp_path / "compiled.zarr")
+    for flip in (False, True):
+        _close(compiled.features(flip=flip), eager.features(flip=flip))
+    assert compiled.provenance["transform"]["compute"] == "float32, torch.compile (inductor)"
+    assert eager.provenance["transform"]["compute"] == "float32"
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    with pytest.warns(RuntimeWarning, match=r"--compile: the backbone runs eagerly .*C\+\+"):
+        assert not resolve_runtime(_cfg(compile=True, device="cpu")).compile
+
+
 # ----------------------------------------------------------------------------- images
 
 

@@ -5,7 +5,7 @@ benches (docs/performance.md, "One NVIDIA H100").
 * nvJPEG decode (``torchvision.io.decode_jpeg(device='cuda')``, batched) and the GPU resize
   against the PIL reference;
 * bf16 + channels_last features against the fp32/PIL reference path: cosine ≥ 0.999 per image
-  (the target);
+  (the target), and the compiled backbone's (``--compile``) against the eager one's;
 * one stacked trial on CUDA (CUDA graphs, the default) equals the plain PyTorch loop on CUDA;
 * AP on CUDA equals AP on the CPU to float rounding (the canonical ranking), and so do the
   bootstrap replicates of the test-mAP intervals;
@@ -96,6 +96,22 @@ def test_bf16_fast_path_features_match_the_fp32_reference(photos, tmp_path) -> N
     assert (ref.decode, ref.precision, fast.decode, fast.precision) == (
         "pil", "fp32", "torchvision", "bf16")  # fmt: skip
     a, b = open_store(ref.store_path), open_store(fast.store_path)
+    for flip in (False, True):
+        cos = _cosines(a.features(flip=flip), b.features(flip=flip))
+        assert cos.min() >= 0.999, f"flip={flip}: per-image cosine min {cos.min():.5f}"
+
+
+def test_compiled_fast_path_features_match_the_eager_ones(photos, tmp_path) -> None:
+    """--compile on the fast path: the backbone through torch.compile (inductor, Triton kernels)
+    gives the eager fast path's features, cosine ≥ 0.999 per image, flips included (both bf16:
+    the kernels round differently)."""
+    index = synthetic_index(photos, len(photos), "gpu")
+    common = dict(backbone="resnet50", weights="random", size=448, batch_size=8, progress=False,
+                  device="cuda", dtype="float32", decode="torchvision", precision="bf16")
+    eager = featurize(index, tmp_path / "eager.zarr", FeaturizeConfig(**common))
+    compiled = featurize(index, tmp_path / "compiled.zarr", FeaturizeConfig(**common, compile=True))
+    a, b = open_store(eager.store_path), open_store(compiled.store_path)
+    assert "torch.compile" in b.provenance["transform"]["compute"]
     for flip in (False, True):
         cos = _cosines(a.features(flip=flip), b.features(flip=flip))
         assert cos.min() >= 0.999, f"flip={flip}: per-image cosine min {cos.min():.5f}"
