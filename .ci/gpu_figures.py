@@ -129,6 +129,13 @@ def _environment() -> dict:
     return env
 
 
+def _what(feat: dict | None) -> str | None:
+    """What a ``spml bench featurize --json`` report measured, in words."""
+    return feat and (f"{feat['backbone']} {feat['input_size']}², flips {feat['with_flip']}, "
+                     f"{feat['decode']} decode, {feat['precision']}, {feat['images']} images"
+                     + (", torch.compile" if feat.get("compile") else ""))
+
+
 def _probe_rows(report: dict | None) -> dict:
     """{(method, trials): row} of a ``spml bench probe --json`` report."""
     return {(r["method"], r["trials"]): r for r in (report or {}).get("rows", [])}
@@ -151,11 +158,16 @@ def merge(outdir: str, mode: str, dest: str | None = None) -> dict:
         eager=eager and eager["images_per_s"], compiled=compiled and compiled["images_per_s"],
         compiled_ran=compiled and compiled.get("compile"),
         compiled_forward_images_per_s=compiled and compiled["forward_images_per_s"],
-        what=feat and (f"{feat['backbone']} {feat['input_size']}², flips {feat['with_flip']}, "
-                       f"{feat['decode']} decode, {feat['precision']}, {feat['images']} images"
-                       + (", torch.compile" if feat.get("compile") else "")),
+        what=_what(feat),
         command="spml bench featurize --device cuda --decode torchvision --precision bf16 "
                 "[--compile]")
+    vit = _json_line(out / "featurize-vit.log")
+    figures["featurize_vit_b16_images_per_s"] = {
+        "value": vit and vit["images_per_s"], "unit": "images/s",
+        "target": "measured (no target set)",
+        "forward_images_per_s": vit and vit["forward_images_per_s"], "what": _what(vit),
+        "command": "spml bench featurize --device cuda --decode torchvision --precision bf16 "
+                   "--backbone vit_b_16 --weights random --size 224"}
     rows = _probe_rows(_load(out / "probe.json"))
     trials = sorted({t for _, t in rows})
     for t in trials[:1] + trials[-1:] if trials else [1, 64]:

@@ -17,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES = {"featurize_images_per_s", "probe_1_trial_s_per_epoch", "study_ten_epoch_trials_per_hour",
-           "finetune_images_per_s", "bf16_vs_fp32_test_map"}
+           "finetune_images_per_s", "bf16_vs_fp32_test_map", "featurize_vit_b16_images_per_s"}
 
 
 def _figures_module():
@@ -40,6 +40,10 @@ def test_the_merge_puts_each_figure_beside_its_target(tmp_path):
         "images_per_s": 2400.0, "forward_images_per_s": 3600.0, "decode_images_per_s": 7000.0,
         "backbone": "resnet50", "input_size": 448, "with_flip": True, "decode": "torchvision",
         "precision": "bf16", "images": 4096, "compile": True}) + "\n")
+    (tmp_path / "featurize-vit.log").write_text(json.dumps({
+        "images_per_s": 1800.0, "forward_images_per_s": 2500.0, "decode_images_per_s": 7000.0,
+        "backbone": "vit_b_16", "input_size": 224, "with_flip": True, "decode": "torchvision",
+        "precision": "bf16", "images": 4096}) + "\n")
     (tmp_path / "probe.json").write_text(json.dumps({"rows": [
         _row("engine", 1, 0.5, cuda_graph=True), _row("engine_eager", 1, 8.0),
         _row("engine_compiled", 1, 0.25, compiled=True, max_abs_diff_vs_graph=1e-7),
@@ -67,6 +71,8 @@ def test_the_merge_puts_each_figure_beside_its_target(tmp_path):
     assert f["probe_64_trials_s_per_epoch"]["met"] is False  # 1.1 s > 1 s
     assert f["study_ten_epoch_trials_per_hour"]["value"] == 9000.0
     assert f["study_ten_epoch_trials_per_hour"]["met"] is False
+    assert f["featurize_vit_b16_images_per_s"]["value"] == 1800.0
+    assert f["featurize_vit_b16_images_per_s"]["what"].startswith("vit_b_16 224²")
     assert f["finetune_images_per_s"]["value"] == 900.0
     assert f["finetune_images_per_s"]["backbone"] == "resnet50"
     assert f["bf16_vs_fp32_test_map"]["value"] == pytest.approx(-0.25)
