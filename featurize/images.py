@@ -6,6 +6,7 @@ torch resize, within one grey level of PIL's (docs/design.md, docs/performance.m
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import warnings
@@ -242,10 +243,8 @@ def batch_decode(datas: Sequence[bytearray], names: Sequence[str | Path], device
 
     _quiet_torchvision_io()
     tensors = [torch.frombuffer(d, dtype=torch.uint8) for d in datas]
-    try:
+    with contextlib.suppress(RuntimeError):  # the batch rejected: image by image below
         return list(decode_jpeg(tensors, mode=ImageReadMode.RGB, device=device))
-    except RuntimeError:
-        pass
     out: list[torch.Tensor | BadImageError] = []
     for data, tensor, name in zip(datas, tensors, names):
         try:

@@ -21,6 +21,7 @@ the load average before and after, as the figures move with the load.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import statistics
@@ -124,11 +125,9 @@ def synthetic_store(n_train: int = COCO_TRAIN_ROWS, dim: int = 2048, n_classes: 
     path = root / (f"bench-coco-synthetic-v{SYNTHETIC_VERSION}-n{n_train}-d{dim}-c{n_classes}"
                    f"-s{seed}.zarr")
     if path.exists():
-        try:
+        with contextlib.suppress(StoreError):  # incomplete (an interrupted build): rebuilt below
             open_store(path)
             return path
-        except StoreError:
-            pass  # incomplete (an interrupted build): rebuild below
     n_pool = n_train  # the smallest pool whose protocol split (20% val, rounded) leaves n_train
     while n_pool - round(0.2 * n_pool) < n_train:  # (grows by 0 or 1 per row: meets every value)
         n_pool += 1

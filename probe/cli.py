@@ -25,12 +25,10 @@ from .convergence import ADVICE, best_is_last
 def _losses_list(args: argparse.Namespace) -> int:
     from . import losses as _losses
 
-    rows = []
-    for name in _losses.available():
-        cls = _losses.get_loss_class(name)
-        rows.append({"name": name, "paper": cls.paper, "stateful": cls.stateful,
-                     "searchable": [s.name for s in cls.hparam_specs if s.search is not None],
-                     "origin": _losses.loss_origin(name)})
+    classes = {name: _losses.get_loss_class(name) for name in _losses.available()}
+    rows = [{"name": name, "paper": cls.paper, "stateful": cls.stateful,
+             "searchable": [s.name for s in cls.hparam_specs if s.search is not None],
+             "origin": _losses.loss_origin(name)} for name, cls in classes.items()]
     failures = _losses.plugin_failures()
     if args.json:
         print(json.dumps(rows, indent=2))

@@ -11,6 +11,7 @@ fails at once, re-enqueued after Ctrl-C so the same command continues (:func:`ab
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterable
@@ -79,10 +80,9 @@ class Heartbeat:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            try:
+            # a storage hiccup must not kill training; the next beat retries
+            with contextlib.suppress(Exception):
                 self.beat()
-            except Exception:  # a storage hiccup must not kill training; the next beat retries
-                pass
 
     def __enter__(self) -> Heartbeat:
         self.beat()

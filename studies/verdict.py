@@ -91,10 +91,13 @@ def study_verdict(study: Any, store: str, *, device: str = "cpu",
     winner_is_paper = is_paper_trial(by_trial[systems[0].trial])
     pair = cmp.pairs[0] if n > 1 else None  # winner − paper (compare's pairs are a < b)
     name, why = _paper_words(study, store, has_point=n > 1 or winner_is_paper)
-    return Verdict(rows[0], rows[0] if winner_is_paper else rows[1] if n > 1 else None, rows[n:],
-                   *((pair.diff.value, pair.diff.low, pair.diff.high, pair.p_holm) if pair
-                     else (None,) * 4), cmp.n_images, level, winner_is_paper, list(commands),
-                   name, why, pair.p_value if pair else None)
+    paper = rows[0] if winner_is_paper else (rows[1] if n > 1 else None)
+    d = pair.diff if pair else None
+    return Verdict(winner=rows[0], paper=paper, references=rows[n:], diff=d and d.value,
+                   diff_low=d and d.low, diff_high=d and d.high, p_holm=pair and pair.p_holm,
+                   n_test=cmp.n_images, level=level, winner_is_paper=winner_is_paper,
+                   commands=list(commands), paper_name=name, paper_why=why,
+                   p_value=pair and pair.p_value)
 
 
 def _paper_words(study: Any, store: str, *, has_point: bool) -> tuple[str, str | None]:
