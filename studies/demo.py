@@ -192,8 +192,9 @@ def run_demo(config: DemoConfig | None = None, *, log: Callable[[str], None] = p
     _compare_rows(table, cfg, log)
 
     study_dir = out / "gr-study"
-    for stale in (study_dir / "study.log", study_dir / "study.db",
-                  *(study_dir / "results").glob("*.parquet")):
+    results = study_dir / "results"  # an earlier run's study goes: its trial numbers recur
+    for stale in (study_dir / "study.log", study_dir / "study.db", *results.glob("*.parquet"),
+                  *results.glob("heads-*.pt")):
         stale.unlink(missing_ok=True)
     log(f"\n[3/4] a GR study: {cfg.study_trials} trials, {cfg.study_batch} trained stacked at a "
         f"time, TPE + median pruning, the paper's values first → {study_dir}")

@@ -13,7 +13,11 @@ pytest.importorskip("river", reason="the demo's yeast set ships inside river (ex
 
 def test_demo_runs_end_to_end(tmp_path, capsys):
     out = tmp_path / "demo"
+    stale = out / "gr-study" / "results" / "heads-earlier-run.pt"  # its trial numbers recur
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"an earlier demo's heads")
     assert main(["demo", "--out", str(out), "--study-trials", "10", "--device", "cpu"]) == 0
+    assert not stale.exists()
     printed = capsys.readouterr().out
     for method in ("an", "em", "gr", "opml", "an (full labels)"):
         assert f"\n{method} " in printed
