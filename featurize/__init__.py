@@ -24,7 +24,7 @@ commands in ``cli``, ``import_cli``, ``store_cli`` and ``priors_cli``.
 
 from __future__ import annotations
 
-from probe._lazy import lazy_exports
+from probe.lazy import lazy_exports
 
 _EXPORTS = {
     # featurize: images -> features

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from featurize.datasets._parse import DatasetFormatError
+from featurize.datasets import DatasetFormatError
 from featurize.datasets.cole import (
     PHASES,
     binary_labels,

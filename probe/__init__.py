@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
-from ._lazy import lazy_exports
+from .lazy import lazy_exports
 
 try:
     __version__ = version("spml-probe")

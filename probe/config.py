@@ -16,8 +16,7 @@ from typing import Any
 
 from probe.errors import SpmlError, is_int, plain
 
-from .losses._base import HParam, Loss, check_hparams
-from .losses._hparams import check_hparam
+from .losses import HParam, Loss, check_hparam, check_hparams
 from .losses.assume_negative import EXPECTED_POSITIVES
 from .optim import OPTIMIZERS
 from .store.protocol import DATASET_CLASSES, PROTOCOL_SEED

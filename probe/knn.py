@@ -20,7 +20,7 @@ from torch import Tensor
 
 from .config import ProbeConfig, ProbeConfigError
 from .data import ProbeData
-from .losses._base import HParam, check_hparams
+from .losses import HParam, check_hparams
 from .metrics import f1_scores, mean_average_precision
 from .results import ProbeResult, TrialResult, environment_info
 

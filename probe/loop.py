@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from .config import ProbeConfig, ProbeConfigError
 from .data import ProbeData
 from .logits import stacked_logits
-from .losses._base import trial_rows
+from .losses import trial_rows
 from .optim import StackedAdam, TrialParam, make_optimizer
 from .speed import (
     SpeedOptions,

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from probe.errors import SpmlError
 
-from .losses._base import trial_rows
+from .losses import trial_rows
 
 __all__ = ["OptimizerConfigError", "StackedAdam", "StackedOptimizer", "StackedSGD", "TrialParam",
            "make_optimizer"]

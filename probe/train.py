@@ -49,7 +49,7 @@ from .config import ProbeConfig
 from .data import ProbeData, resolve_device
 from .evaluate import Evaluator, finite
 from .loop import BlockedTrainer, StackedTrainer, deterministic, make_trainer
-from .losses._base import Loss
+from .losses import Loss
 from .progress import Progress
 from .results import EpochReport, ProbeResult, TrialResult, environment_info
 from .speed import SpeedOptions, resolve_speed

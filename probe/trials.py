@@ -30,7 +30,7 @@ from .config import (
     resolve_training,
 )
 from .data import ProbeData
-from .losses._base import Loss
+from .losses import Loss
 
 __all__ = ["LossGroup", "TrialPlan", "expand_grid", "plan_trials"]
 

@@ -27,7 +27,7 @@ Modules (each reads only ``probe``, ``featurize`` and the modules above it here)
 
 from __future__ import annotations
 
-from probe._lazy import lazy_exports
+from probe.lazy import lazy_exports
 
 _EXPORTS = {
     # studies

@@ -17,8 +17,7 @@ from optuna.distributions import (
 )
 
 from probe.config import resolve_training
-from probe.losses import HParam, LossInputError, get_loss_class
-from probe.losses._hparams import check_hparam
+from probe.losses import HParam, LossInputError, check_hparam, get_loss_class
 
 from .storage import StudyError
 

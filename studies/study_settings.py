@@ -169,8 +169,7 @@ def preflight(settings: StudySettings, store: Any) -> SearchSpace:
     epochs and batch size against the train split. Returns the search space. A command refused
     here leaves ``--out`` and the storage as they were."""
     from probe.config import TRAINER_KEYS, resolve_training
-    from probe.losses import get_loss_class
-    from probe.losses._base import check_hparams
+    from probe.losses import check_hparams, get_loss_class
 
     settings.validate()
     cls = get_loss_class(settings.loss)  # an unknown loss names the closest one

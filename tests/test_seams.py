@@ -61,6 +61,32 @@ def test_no_module_imports_another_modules_private_name():
     assert not wrong, "private names imported across modules:\n" + "\n".join(wrong)
 
 
+def test_a_private_module_is_imported_only_inside_its_package():
+    """``probe.losses._base`` is the losses' own: other packages and modules use what
+    ``probe.losses`` exports."""
+    wrong = []
+    for path in sorted(p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.ImportFrom):  # relative: resolve against this module
+                base = module.split(".")[: len(module.split(".")) - node.level
+                                          + (parts[-1] == "__init__")]
+                names = [".".join([*base, *([node.module] if node.module else [])])]
+                names += [f"{names[0]}.{a.name}" for a in node.names]
+            else:
+                continue
+            for name in names:
+                segs = name.split(".")
+                private = [i for i, s in enumerate(segs) if s.startswith("_")
+                           and not s.startswith("__") and _is_module(".".join(segs[: i + 1]))]
+                if private and not f"{module}.".startswith(".".join(segs[: private[0]]) + "."):
+                    wrong.append(f"{path.relative_to(ROOT)}: {name}")
+    assert not wrong, "private modules imported from outside their package:\n" + "\n".join(wrong)
+
+
 def test_the_walker_finds_private_names_and_lets_private_modules_pass():
     code = (
         "from probe.store.layout import SCHEMA_VERSION, _VERSIONED_PACKAGES\n"

@@ -27,7 +27,7 @@ from ._hparams import (
 )
 
 __all__ = ["EntrywiseLoss", "Loss", "available", "create_loss", "get_loss_class", "loss_origin",
-           "plugin_failures", "register"]
+           "plugin_failures", "register", "trial_rows"]
 
 
 class Loss(nn.Module):

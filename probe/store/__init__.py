@@ -20,7 +20,7 @@ format.
 
 from __future__ import annotations
 
-from probe._lazy import lazy_exports
+from probe.lazy import lazy_exports
 
 # names load on first use: importing the protocol alone does not load zarr
 _EXPORTS = {

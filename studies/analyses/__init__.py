@@ -22,7 +22,7 @@ seeds give mean ± sample standard deviation (as ``spml study confirm``).
 
 from __future__ import annotations
 
-from probe._lazy import lazy_exports
+from probe.lazy import lazy_exports
 
 # names load on first use: the label-budget and selection checks do not load torch by importing
 # this package

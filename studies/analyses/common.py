@@ -24,8 +24,7 @@ from probe.data import ProbeData
 from probe.errors import SpmlError
 from probe.intervals import attach_test_intervals, mean_interval
 from probe.loop import init_head
-from probe.losses import get_loss_class
-from probe.losses._base import check_hparams
+from probe.losses import check_hparams, get_loss_class
 from probe.results import ProbeResult
 from probe.train import train_probe
 

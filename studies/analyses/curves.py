@@ -12,8 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from probe.losses import LossInputError, create_loss, get_loss_class
-from probe.losses._base import check_hparams
+from probe.losses import LossInputError, check_hparams, create_loss, get_loss_class
 from probe.trials import expand_grid
 
 from .common import AnalysisResult, AnalyzeError, check_int, check_losses
