@@ -122,8 +122,8 @@ def _explain_transform_change(out: Path, backbone: str, transform: dict,
     diffs = "; ".join(f"{k}: store {stored.get(k)!r}, now {now.get(k)!r}" for k in keys)
     raise StoreError(
         f"cannot resume {out}: it was featurized with another transform ({diffs}). Re-run with "
-        "the options that made it (--size, --decode, --precision, --no-flip, --backbone), or "
-        "pass --overwrite to start again, or choose another --out")
+        "the options that made it (--size, --decode, --precision, --compile, --no-flip, "
+        "--backbone), or pass --overwrite to start again, or choose another --out")
 
 
 def bad_rows_dir(writer: Any) -> Path:

@@ -219,7 +219,7 @@ def make_trainer(data: ProbeData, config: ProbeConfig, plan: TrialPlan,
     # float32 tensors per trial: head, gradient and the optimizer's state
     tensors = 4 if config.optimizer == "adam" else 3 if config.momentum else 2
     blocks = (trial_blocks(plan.n, tensors * d1 * c * 4, data.device, speed.trial_block)
-              if not plan.given else [range(plan.n)])
+              if not (plan.given or config.compile) else [range(plan.n)])  # compile: once
     if len(blocks) == 1:
         return StackedTrainer(data, config, plan, speed)
     return BlockedTrainer(data, config, plan, blocks, speed)
@@ -269,7 +269,7 @@ class StackedTrainer:
         # the run's trial id of each row of self.w (stopped trials leave: see stop())
         self.live: list[int] = list(range(plan.n))
         self._removed: dict[int, Tensor] = {}  # final heads of the trials that left, on CPU
-        self.compiled, self.compile_skipped = config.compile, None if config.compile else "off"
+        self.compiled = config.compile
         if self.compiled and (why := self.compile_unavailable()):
             self._skip_compile(why)
         if self.compiled:
@@ -493,7 +493,7 @@ class StackedTrainer:
         return None
 
     def _skip_compile(self, reason: str) -> None:
-        self.compiled, self.compile_skipped = False, reason
+        self.compiled = False
         warnings.warn(f"--compile: the eager step runs instead ({reason})", RuntimeWarning,
                       stacklevel=3)
 
@@ -544,7 +544,7 @@ class BlockedTrainer:
                        for r in blocks]
         first = self.blocks[0][1]
         self.n_steps, self.flip, self.cuda_graph = first.n_steps, first.flip, False
-        self.compiled, self.compile_skipped = first.compiled, first.compile_skipped
+        self.compiled = False  # --compile trains every trial in one block (make_trainer)
 
     @property
     def block_sizes(self) -> list[int]:

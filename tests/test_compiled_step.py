@@ -22,6 +22,7 @@ import torch
 
 from probe.config import ProbeConfig, ProbeConfigError
 from probe.data import ProbeData
+from probe.speed import SpeedOptions
 from probe.train import train_probe
 
 pytest.importorskip("torch._dynamo")
@@ -80,6 +81,18 @@ def _check(data: ProbeData, cfg: ProbeConfig, loss: str, trials) -> None:
 def test_compiled_step_equals_the_eager_step_on_cpu(loss, trials):
     cfg = ProbeConfig(epochs=4, batch_size=8, lr=1e-2, eval_every=0, device="cpu")
     _check(_data(), cfg, loss, trials)
+
+
+def test_compiled_trials_train_in_one_block():
+    """Trial blocks would compile the step once per block: --compile trains one block, and the
+    run says it ran compiled."""
+    cfg = ProbeConfig(epochs=1, batch_size=8, lr=1e-2, eval_every=0, device="cpu", compile=True)
+    trials = [{"w_T": 2.0}, {"w_T": 6.0}, {"w_T": 10.0}]
+    result = train_probe(_data(), cfg, "gr", trials, speed=SpeedOptions(trial_block=1))
+    assert result.timing["trial_blocks"] == [3] and result.timing["compiled"]
+    eager = train_probe(_data(), replace(cfg, compile=False), "gr", trials,
+                        speed=SpeedOptions(trial_block=1))
+    assert eager.timing["trial_blocks"] == [1, 1, 1] and not eager.timing["compiled"]
 
 
 @pytest.mark.slow

@@ -268,7 +268,7 @@ class EntrywiseLoss(Loss):
     def _entries(self, z: Tensor, y: Tensor) -> Tensor:
         if self.entries is None:
             raise TypeError(f"{type(self).__name__} must define _entries(z, y)")
-        return self.entries(z, y, *(self._h(s.name, z) for s in self.hparam_specs))
+        return self.entries(z, y, **{s.name: self._h(s.name, z) for s in self.hparam_specs})
 
     def forward(self, logits: Tensor, observed: Tensor, index: Tensor | None = None) -> LossOutput:
         z = promote(logits)

@@ -56,7 +56,8 @@ def _focal(z: Tensor, gamma) -> Tensor:
 
 
 def _focal_entries(z: Tensor, y: Tensor, gamma) -> Tensor:
-    return torch.where(y > 0, _focal(z, gamma), _focal(-z, gamma))
+    log_p, log_1mp = F.logsigmoid(z), F.logsigmoid(-z)  # once for both terms (the hot path)
+    return torch.where(y > 0, -_pow_exp(gamma, log_1mp) * log_p, -_pow_exp(gamma, log_p) * log_1mp)
 
 
 def _asl_entries(z: Tensor, y: Tensor, gamma_pos, gamma_neg, clip) -> Tensor:
