@@ -89,7 +89,7 @@ def study_verdict(study: Any, store: str, *, device: str = "cpu",
     rows = [VerdictRow(s.label, s.trial if i < n else None, val, iv.value, iv.low, iv.high)
             for i, (s, iv, val) in enumerate(zip([*systems, *references], cmp.intervals, vals))]
     winner_is_paper = is_paper_trial(by_trial[systems[0].trial])
-    pair = cmp.pairs[0] if n > 1 else None  # winner − paper (compare's pairs are a < b)
+    pair = next(p for p in cmp.pairs if (p.a, p.b) == (0, 1)) if n > 1 else None  # winner − paper
     name, why = _paper_words(study, store, has_point=n > 1 or winner_is_paper)
     paper = rows[0] if winner_is_paper else (rows[1] if n > 1 else None)
     d = pair.diff if pair else None

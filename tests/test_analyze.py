@@ -502,6 +502,7 @@ def test_cli_errors_are_value_errors(store, tmp_path):
         (["analyze", "distinguish", s, "--set", "zz=1"], "none of the losses"),
         (["analyze", "distinguish", s, "--set", "em.alpha=1"], "not among the losses"),
         (["analyze", "distinguish", s, "--hist-epochs", "first"], "--hist-epochs"),
+        (["analyze", "distinguish", s, "--hist-epochs", "0,²"], "--hist-epochs"),  # not int()
         (["analyze", "ablation", s, "--seeds", "a"], "--seeds"),
         (["analyze", "ablation", s, "--epochs", "0"], "epochs"),
         (["analyze", "curves", "--loss", "role"], "per-example state"),

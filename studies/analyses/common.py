@@ -21,7 +21,7 @@ from torch import Tensor
 
 from probe.config import TRAINER_KEYS, ProbeConfig
 from probe.data import ProbeData
-from probe.errors import SpmlError
+from probe.errors import SpmlError, is_int
 from probe.intervals import attach_test_intervals, mean_interval
 from probe.loop import init_head
 from probe.losses import check_hparams, get_loss_class
@@ -36,8 +36,7 @@ class AnalyzeError(SpmlError):
 def check_int(value: Any, flag: str, low: int, high: int | None = None) -> int:
     """``value`` when it is an integer in [low, high] (no upper bound when None), else an
     :class:`AnalyzeError` naming ``flag``."""
-    if isinstance(value, bool) or not isinstance(value, int) or not (
-            low <= value and (high is None or value <= high)):
+    if not is_int(value, low) or (high is not None and value > high):
         want = (f"an integer in [{low}, {high}]" if high is not None else
                 "a positive integer" if low == 1 else f"an integer >= {low}")
         raise AnalyzeError(f"{flag} must be {want}; got {value!r}")

@@ -189,8 +189,8 @@ def _cmd_distinguish(args: argparse.Namespace) -> int:
     from studies.analyses import run_distinguish
 
     losses = parse_names(args.loss)
-    hist = [int(t) if t.isdigit() else t for t in map(str.strip, args.hist_epochs.split(","))
-            if t]  # hist_epochs_for names what is not an epoch
+    parts = [t for t in map(str.strip, args.hist_epochs.split(",")) if t]
+    hist = [int(t) if t.isascii() and t.isdigit() else t for t in parts]  # the rest: refused
     return _finish(run_distinguish(args.store, _config(args), losses,
                                    hparams=_loss_sets(args.set, losses), split=args.split,
                                    hist_epochs=hist, bins=args.bins, progress=not args.quiet),
@@ -226,10 +226,9 @@ def _log(args: argparse.Namespace) -> Any:
 
 
 def _write_json(out: Path, stem: str, config: Any, rows: list, **extra: Any) -> Path:
-    """``OUT/<stem>.json``: the run's config, ``extra`` and rows (the folder made first)."""
+    """``OUT/<stem>.json``: the run's config, ``extra`` and rows."""
     from probe.results import write_json_atomic
 
-    out.mkdir(parents=True, exist_ok=True)
     return write_json_atomic(out / f"{stem}.json",
                              {"config": dataclasses.asdict(config), **extra, "rows": rows})
 
