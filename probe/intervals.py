@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -38,7 +39,7 @@ from .threads import step_threads
 
 __all__ = ["BootstrapResult", "Interval", "PairedDifference", "attach_test_intervals",
            "bootstrap_counts", "bootstrap_map", "head_intervals", "holm", "mean_interval",
-           "paired_differences", "prefetch_bootstrap_counts", "record_test_intervals",
+           "mean_std", "paired_differences", "prefetch_bootstrap_counts", "record_test_intervals",
            "weighted_column_ap"]
 
 
@@ -377,6 +378,12 @@ def _wald_p(diff: float, se: float) -> float:
     if se <= 0.0:
         return 1.0 if diff == 0.0 else 0.0
     return min(1.0, 2.0 * NormalDist().cdf(-abs(diff) / se))
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation of runs (0 for one run): how a result over seeds is
+    reported beside :func:`mean_interval`."""
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
 def mean_interval(values: Sequence[float], level: float = 0.95) -> Interval:

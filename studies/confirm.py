@@ -20,7 +20,7 @@ import optuna
 import polars as pl
 from optuna.trial import TrialState
 
-from probe.intervals import mean_interval
+from probe.intervals import mean_interval, mean_std
 from probe.io import atomic_write
 from probe.store.protocol import PROTOCOL_SEED
 
@@ -351,8 +351,7 @@ def _loss(study: optuna.Study) -> str:
 
 def _stats(tests: list[float]) -> tuple[float, float, Any]:
     """Mean, standard deviation (0 for one run) and Student-t interval of the mean."""
-    return (statistics.fmean(tests), statistics.stdev(tests) if len(tests) > 1 else 0.0,
-            mean_interval(tests))
+    return (*mean_std(tests), mean_interval(tests))
 
 
 def _fmt(runs: list[tuple[float, float, int, int]]) -> str:

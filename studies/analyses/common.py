@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import os
-import statistics
 import unicodedata
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
@@ -22,7 +21,7 @@ from torch import Tensor
 from probe.config import TRAINER_KEYS, ProbeConfig
 from probe.data import ProbeData
 from probe.errors import SpmlError, is_int
-from probe.intervals import attach_test_intervals, mean_interval
+from probe.intervals import attach_test_intervals, mean_interval, mean_std
 from probe.loop import init_head
 from probe.losses import check_hparams, get_loss_class
 from probe.results import ProbeResult
@@ -194,10 +193,7 @@ def _finite_or_nan(v: Any) -> float:
 def _mean_std(values: Sequence[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (0 for one value), as ``spml study confirm``."""
     vals = [_finite_or_nan(v) for v in values]
-    if not vals:
-        return math.nan, math.nan
-    mean = statistics.fmean(vals)
-    return mean, (statistics.stdev(vals) if len(vals) > 1 else 0.0)
+    return mean_std(vals) if vals else (math.nan, math.nan)
 
 
 def format_pm(mean: float, std: float, n: int) -> str:

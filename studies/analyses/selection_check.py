@@ -10,13 +10,13 @@ studies live in ``OUT/studies/<mode>-seed<s>/``: re-running the same command res
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from probe.errors import SpmlError
+from probe.intervals import mean_std
 
 __all__ = ["SelectionCheck", "check_selection", "format_selection", "plot_selection",
            "summarize_selection"]
@@ -113,7 +113,7 @@ def summarize_selection(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for mode in dict.fromkeys(r["mode"] for r in rows):
         d = [r["difference"] for r in rows if r["mode"] == mode]
         out.append({"mode": mode, "n": len(d), "mean_difference": sum(d) / len(d),
-                    "sd": statistics.stdev(d) if len(d) > 1 else 0.0,
+                    "sd": mean_std(d)[1],
                     "worst": min(d), "not_worse": sum(x >= 0 for x in d),
                     "mean_winner_test_map": sum(r["winner_test_map"] for r in rows
                                                 if r["mode"] == mode) / len(d)})
