@@ -21,15 +21,15 @@ import torch
 from fixtures_datasets import toy_feature_store
 
 import probe.losses as L
+import probe.registry as registry_module
 from probe.config import ProbeConfigError, loss_hparams
 from probe.losses import (
+    REGISTRY,
     HParam,
     Loss,
     LossContractError,
     LossInputError,
     LossOutput,
-    _base,
-    _plugins,
     register,
 )
 from probe.losses import testing as contract
@@ -41,16 +41,9 @@ EXAMPLE = ROOT / "examples" / "loss_plugin"
 @pytest.fixture
 def registry(monkeypatch):
     """The registry as it is, restored after the test (which may register and load plugins)."""
-    saved = dict(_base._REGISTRY), dict(_base._ORIGINS), dict(_base._PLUGINS)
-    _base._PLUGINS["failures"] = list(_base._PLUGINS["failures"])
-    _base._PLUGINS["tried"] = set(_base._PLUGINS["tried"])
+    saved = REGISTRY.snapshot()
     yield
-    _base._REGISTRY.clear()
-    _base._REGISTRY.update(saved[0])
-    _base._ORIGINS.clear()
-    _base._ORIGINS.update(saved[1])
-    _base._PLUGINS.clear()
-    _base._PLUGINS.update(saved[2])
+    REGISTRY.restore(saved)
 
 
 def _builtins() -> list[str]:
@@ -203,12 +196,13 @@ def fake_plugins(registry, monkeypatch, tmp_path):
     registry then loads them afresh."""
     monkeypatch.syspath_prepend(str(tmp_path))
     points: list[EntryPoint] = []
-    monkeypatch.setattr(_plugins, "entry_points", lambda: list(points))
-    _base._PLUGINS.update(tried=set(), done=False, failures=[])
+    monkeypatch.setattr(registry_module, "installed_entry_points",
+                        lambda group: [p for p in points if p.group == group])
+    REGISTRY.forget_plugins()
 
     def add(entry: str, value: str, module: str, code: str) -> None:
         (tmp_path / f"{module}.py").write_text(textwrap.dedent(code))
-        points.append(EntryPoint(entry, value, _plugins.GROUP))
+        points.append(EntryPoint(entry, value, REGISTRY.group))
 
     yield add
     for p in tmp_path.glob("*.py"):
@@ -278,9 +272,9 @@ def test_a_loss_resolves_without_importing_the_other_plugins(fake_plugins, tmp_p
     fake_plugins("quits", "quits_mod:X", "quits_mod",
                  f"import pathlib, sys\npathlib.Path({str(marker)!r}).touch()\nsys.exit(1)\n")
     assert L.get_loss_class("an").name == "an" and L.create_loss("gr").name == "gr"
-    assert _base._PLUGINS["tried"] == set() and "good_mod" not in sys.modules
+    assert REGISTRY.tried() == set() and "good_mod" not in sys.modules
     assert L.get_loss_class("good_one").__module__ == "good_mod"
-    assert _base._PLUGINS["tried"] == {"good_one"} and not marker.exists()
+    assert REGISTRY.tried() == {"good_one"} and not marker.exists()
     with pytest.raises(LossInputError, match=r"unknown loss 'good_on'; did you mean "
                        r"'good_one'\?"):
         L.get_loss_class("good_on")
@@ -292,7 +286,7 @@ def test_a_loss_resolves_without_importing_the_other_plugins(fake_plugins, tmp_p
 
 def test_importing_probe_loads_no_plugin(tmp_path):
     """Discovery is lazy: importing probe (and probe.losses) reads no entry point."""
-    code = "import probe, probe.losses as L; print(bool(L._base._PLUGINS['tried']))"
+    code = "import probe, probe.losses as L; print(bool(L.REGISTRY.tried()))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=ROOT, check=True).stdout.split()
     assert out == ["False"]

@@ -18,7 +18,7 @@ import pytest
 import torch
 from fixtures_datasets import toy_feature_store
 
-from probe.losses import _base, create_loss
+from probe.losses import REGISTRY, create_loss
 from probe.losses.testing import check_loss
 from probe.store import open_store, write_prior
 
@@ -47,12 +47,9 @@ def site(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def registry():
-    saved = dict(_base._REGISTRY), dict(_base._ORIGINS)
+    saved = REGISTRY.snapshot()
     yield
-    _base._REGISTRY.clear()
-    _base._REGISTRY.update(saved[0])
-    _base._ORIGINS.clear()
-    _base._ORIGINS.update(saved[1])
+    REGISTRY.restore(saved)
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """Seams as interfaces: no module of ``probe``, ``featurize`` or ``studies`` imports another
 module's underscore-prefixed name (``from X import _name``). What a module needs from another is
 public where it lives, with a docstring, or lives in the module that uses it. Importing a private
-*module* (``from . import _plugins``) is allowed: its public names are the interface. Nor does
+*module* (``from . import _hparams``) is allowed: its public names are the interface. Nor does
 any module read another object's underscore attributes (``store._group``): what it needs is a
 public method of that object."""
 
@@ -90,7 +90,7 @@ def test_a_private_module_is_imported_only_inside_its_package():
 def test_the_walker_finds_private_names_and_lets_private_modules_pass():
     code = (
         "from probe.store.layout import SCHEMA_VERSION, _VERSIONED_PACKAGES\n"
-        "from . import _plugins\n"
+        "from . import _hparams\n"
         "from ._hparams import check_hparams\n"
         "def f():\n"
         "    from .vlpl import _check_scores\n"

@@ -7,26 +7,25 @@ base class and the registry (built-ins and plugins). Every loss exists as a pure
 from __future__ import annotations
 
 import re
-import threading
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from . import _plugins
+from probe.registry import PluginFailure, Registry
+
 from ._hparams import (
     HParam,
     LossContractError,
     LossInputError,
     LossOutput,
     check_hparams,
-    close_matches,  # one rule for "did you mean", names and hyperparameters
     hp,
     mean_bc,
     promote,
 )
 
-__all__ = ["EntrywiseLoss", "Loss", "available", "create_loss", "get_loss_class", "loss_origin",
+__all__ = ["REGISTRY", "EntrywiseLoss", "Loss", "available", "create_loss", "get_loss_class", "loss_origin",
            "plugin_failures", "register", "trial_rows"]
 
 
@@ -275,13 +274,6 @@ class EntrywiseLoss(Loss):
         return LossOutput(mean_bc(self._entries(z, observed)), {})
 
 
-_REGISTRY: dict[str, type[Loss]] = {}
-_ORIGINS: dict[str, str] = {}  # name -> "built-in", "plugin '…' of distribution '…'", "module …"
-# tried: the entry points (by name) whose import was attempted, each once per process (a plugin
-# that asks the registry while it loads does not recurse); done: every entry point tried (other
-# threads wait on the lock until then); failures: PluginFailure of each one that failed
-_PLUGINS: dict[str, Any] = {"tried": set(), "done": False, "loading": None, "failures": []}
-_PLUGIN_LOCK = threading.RLock()
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _RESERVED = {"knn": "the training-free kNN baseline of spml probe"}
 # hooks that keep state over training: a loss defining one must declare its trial_state
@@ -349,6 +341,14 @@ def register(cls: type[Loss]) -> type[Loss]:
 
     Checks the contract (:class:`Loss`) and refuses a name already taken, naming both classes
     (:class:`LossContractError`)."""
+    _check_registrable(cls)
+    REGISTRY.add(cls.name, cls)
+    return cls
+
+
+def _check_registrable(cls: Any) -> None:
+    """The contract :func:`register` checks: :class:`Loss`'s attributes and hooks, and the
+    prior contract (docs/plugins.md "Reading a prior")."""
     _check_contract(cls)
     # the prior contract (probe.losses.PriorMixin, docs/plugins.md "Reading a prior")
     mixin = callable(getattr(cls, "prior_rows", None)) and callable(
@@ -369,104 +369,47 @@ def register(cls: type[Loss]) -> type[Loss]:
             raise LossContractError(
                 f"register: loss '{cls.name}': prior_extras and prior_optional must be distinct "
                 f"names of letters, digits and '_', other than 'scores'; got {extras}")
-    with _PLUGIN_LOCK:
-        taken = _REGISTRY.get(cls.name)
-        if taken is not None and taken is not cls:
-            raise LossContractError(
-                f"register: loss name '{cls.name}' of {cls.__module__}.{cls.__qualname__} is "
-                f"already taken by {_ORIGINS.get(cls.name, 'another loss')} "
-                f"({taken.__module__}.{taken.__qualname__}); give the new loss another name")
-        if taken is None:
-            loading = _PLUGINS["loading"]
-            _ORIGINS[cls.name] = (loading if loading is not None
-                                  else "the built-in loss" if cls.__module__.startswith(
-                                      "probe.losses.") else f"module {cls.__module__}")
-        _REGISTRY[cls.name] = cls
-    return cls
 
 
-def _load_plugin(ep: Any) -> None:
-    """Import the one loss an entry point of ``spml_probe.losses`` names (``name =
-    "module:Class"``, the entry point's name being the loss's name), once per process. A plugin
-    that raises anything while it loads (``SystemExit`` included; not ``KeyboardInterrupt``) or
-    breaks the rule leaves no loss behind and is recorded (:func:`plugin_failures`)."""
-    with _PLUGIN_LOCK:
-        if ep.name in _PLUGINS["tried"]:
-            return
-        _PLUGINS["tried"].add(ep.name)
-        dist = _plugins.distribution_text(ep)
-        before = dict(_REGISTRY)
-        origin = _PLUGINS["loading"] = f"plugin '{ep.name}' of {dist}"
-        loaded: set[str] = set()
-        try:
-            if ":" not in ep.value:
-                raise LossContractError(
-                    "the entry point must name one Loss subclass as 'module:Class' (one entry "
-                    "point per loss, named like the loss)")
-            obj = ep.load()
-            if not isinstance(obj, type):
-                raise LossContractError(
-                    f"the entry point must name a Loss subclass ('module:Class'); it names "
-                    f"{type(obj).__name__} {obj!r}")
-            if getattr(obj, "name", None) != ep.name:
-                raise LossContractError(
-                    f"the entry point's name '{ep.name}' must be the loss's name; "
-                    f"{obj.__qualname__}.name is {getattr(obj, 'name', None)!r}")
-            register(obj)  # refuses a name taken by another class (a built-in keeps it)
-            _ORIGINS[ep.name] = origin
-            loaded.add(ep.name)
-        except KeyboardInterrupt:
-            raise
-        except BaseException as err:  # SystemExit too: a plugin never takes a command down
-            _PLUGINS["failures"].append(_plugins.PluginFailure(
-                ep.name, ep.value, dist, _plugins.error_line(err)))
-        finally:
-            _PLUGINS["loading"] = None
-            # any other loss its module registered on import: its own entry point names it (and
-            # is loaded), or it is not a plugin's loss; a failed plugin leaves none
-            for name in set(_REGISTRY) - set(before) - loaded:
-                del _REGISTRY[name]
-                _ORIGINS.pop(name, None)
+def _adopt_plugin(name: str, obj: Any) -> type[Loss]:
+    """What a loss entry point names, checked: a Loss subclass whose ``name`` is the entry
+    point's name (registered by :meth:`Registry.load_entry_point` after this)."""
+    if not isinstance(obj, type):
+        raise LossContractError(
+            f"the entry point must name a Loss subclass ('module:Class'); it names "
+            f"{type(obj).__name__} {obj!r}")
+    if getattr(obj, "name", None) != name:
+        raise LossContractError(
+            f"the entry point's name '{name}' must be the loss's name; "
+            f"{obj.__qualname__}.name is {getattr(obj, 'name', None)!r}")
+    _check_registrable(obj)
+    return obj
 
 
-def _plugin_points() -> dict[str, Any]:
-    """The installed entry points of ``spml_probe.losses`` by name (read from the
-    distributions' metadata; nothing is imported). The first of two with one name wins."""
-    points: dict[str, Any] = {}
-    for ep in _plugins.entry_points():
-        points.setdefault(ep.name, ep)
-    return points
+#: every loss by name: the built-ins (each module's ``@register``), the user's own
+#: (``@register`` in their code) and the plugins of ``spml_probe.losses`` (probe.registry)
+REGISTRY: Registry[type[Loss]] = Registry(
+    "loss", "spml_probe.losses", builtin="the built-in loss",
+    builtin_modules=("probe.losses.",), adopt=_adopt_plugin,
+    form="one Loss subclass as 'module:Class'", taken_error=LossContractError,
+    unknown_error=LossInputError)
 
 
-def _load_plugins() -> None:
-    """Import every installed loss plugin (``spml losses list`` does; a command that names one
-    loss imports only that loss's plugin, on first use)."""
-    if _PLUGINS["done"]:
-        return
-    with _PLUGIN_LOCK:
-        for ep in _plugin_points().values():
-            _load_plugin(ep)
-        _PLUGINS["done"] = True
-
-
-def plugin_failures() -> list[Any]:
+def plugin_failures() -> list[PluginFailure]:
     """The loss plugins that failed to load in this process (``PluginFailure``: entry point,
     distribution, error), after loading every plugin."""
-    _load_plugins()
-    return list(_PLUGINS["failures"])
+    return REGISTRY.failures()
 
 
 def loss_origin(name: str) -> str:
     """Where the registered loss ``name`` comes from: ``"the built-in loss"``, ``"plugin 'x' of
     distribution 'y 1.0'"`` or ``"module m"`` (a class registered by the user's own code)."""
-    get_loss_class(name)
-    return _ORIGINS.get(name, "the built-in loss")
+    return REGISTRY.origin(name)
 
 
 def available() -> list[str]:
     """Names of all registered losses (built-in and every plugin that loads), sorted."""
-    _load_plugins()
-    return sorted(_REGISTRY)
+    return sorted(REGISTRY.names())
 
 
 def get_loss_class(name: str) -> type[Loss]:
@@ -474,30 +417,7 @@ def get_loss_class(name: str) -> type[Loss]:
     plugin, else the plugin whose entry point has that name (imported on this first use).
     Unknown names get the closest suggestion, and a name whose plugin failed to load gets that
     plugin's error."""
-    cls = _REGISTRY.get(name)
-    if cls is not None:
-        return cls
-    points = _plugin_points() if isinstance(name, str) else {}
-    if name in points:
-        _load_plugin(points[name])
-        if name in _REGISTRY:
-            return _REGISTRY[name]
-    failures = _PLUGINS["failures"]
-    for failure in failures:
-        if failure.entry_point == name:
-            raise LossInputError(
-                f"loss '{name}' is not available: {failure}; fix or uninstall the plugin"
-            ) from None
-    known = sorted(set(_REGISTRY) | set(points) - {f.entry_point for f in failures})
-    hint = close_matches(str(name), known, cutoff=0.4)
-    broken = ("; plugins that failed to load: "
-              + ", ".join(f"'{f.entry_point}' ({f.distribution})" for f in failures)
-              + " ('spml losses list' shows why)") if failures else ""
-    raise LossInputError(
-        f"unknown loss '{name}'"
-        + (f"; did you mean '{hint[0]}'?" if hint else "")
-        + f" (available: {', '.join(known)})" + broken
-    ) from None
+    return REGISTRY.get(name)
 
 
 def create_loss(name: str, preset: str | None = None, **hparams: Any) -> Loss:

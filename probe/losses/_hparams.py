@@ -4,7 +4,6 @@ contract (:mod:`probe.losses._base`, which re-exports every name here)."""
 
 from __future__ import annotations
 
-import difflib
 import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -13,6 +12,7 @@ import torch
 from torch import Tensor
 
 from probe.errors import SpmlError, plain
+from probe.registry import close_matches
 
 __all__ = ["DATA_QUANTITIES", "HParam", "LossContractError", "LossInputError", "LossOutput",
            "check_hparam", "check_hparams", "check_inputs", "hp", "mean_bc", "per_trial", "promote"]
@@ -285,13 +285,4 @@ def check_call(loss: str, logits: Tensor, observed: Tensor, given: dict[HParam, 
     z, y = check_inputs(logits, observed, values, loss=loss)
     return z, y, values, {k: hp(v, z) for k, v in values.items()}
 
-
-def close_matches(name: str, known: list[str], cutoff: float) -> list[str]:
-    """The closest known name, matching case-insensitively first (``GR`` → ``gr``); names are
-    exact, so the user gets the suggestion rather than a silent guess."""
-    folded = {k.lower(): k for k in known}
-    if name.lower() in folded:
-        return [folded[name.lower()]]
-    hint = difflib.get_close_matches(name.lower(), list(folded), n=1, cutoff=cutoff)
-    return [folded[h] for h in hint]
 
