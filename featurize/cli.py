@@ -32,7 +32,7 @@ BAD_SHOWN = 20  # unreadable images listed after a run (the rest are counted)
 _FAMILY_LINES = "".join(
     f"    {f.name + ':' + f.syntax:<36} e.g. {f.example}\n"
     f"    {'':<36} ({f.install})\n"
-    for f in FAMILIES.values() if f.qualified)
+    for f in FAMILIES.registered_now() if f.qualified)
 _FEATURIZE_EPILOG = f"""\
 what it does (docs/protocol.md steps 6-7):
   every image of the dataset (official train split = pool rows, then the test split) is resized
@@ -56,7 +56,8 @@ backbones (default {DEFAULT_BACKBONE}; 'spml backbones' says which families are 
   or a library-qualified name, with the model's own preprocessing (--transform protocol for
   the SIZExSIZE one) and weights from the library's cache, downloaded on first use
   (docs/backbones.md):
-{_FAMILY_LINES}
+{_FAMILY_LINES}    and the families of installed plugins (spml backbones lists them)
+
 speed: the GPU fast path -- images decoded on the GPU (nvJPEG, batched; CPU fallback for
   grayscale, CMYK, PNG, …), bf16 autocast, channels_last, pinned host buffers -- is written but
   has NEVER RUN ON A GPU, so it is off unless asked for: --decode torchvision --precision bf16.

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from probe.errors import SpmlError
+from probe.registry import Registry, RegistryError
 
 __all__ = ["BACKBONES", "DECODE_CHOICES", "DEFAULT", "DEFAULT_BACKBONE", "EMBED_CHOICES",
            "FAMILIES", "IMAGENET_MEAN", "IMAGENET_STD", "PRECISION_CHOICES", "RANDOM",
@@ -169,30 +170,48 @@ class ModuleFamily(Family):
         return f"ModuleFamily({self.name!r}, {self.module!r})"
 
 
-#: the backbone families by name, in registration order (:func:`register_family`)
-FAMILIES: dict[str, Family] = {}
+def _adopt_family(name: str, obj: Any) -> Family:
+    """What a ``spml_probe.backbones`` entry point names, as the family to register: a
+    :class:`Family` instance, or a Family subclass (built with no arguments); its ``name`` must
+    be the entry point's name."""
+    family = obj() if isinstance(obj, type) and issubclass(obj, Family) else obj
+    _check_family(family)
+    if family.name != name:
+        raise SpmlError(f"the entry point's name {name!r} must be the family's name; "
+                        f"{type(family).__qualname__}.name is {family.name!r}")
+    return family
 
 
-def register_family(family: Family) -> Family:
-    """Add ``family`` to the registry (like timm's ``register_model``): ``spml backbones``
-    lists it and ``--backbone <name>:<model>`` (or a plain name it claims) builds its models.
-    A name already taken by another family is refused."""
+def _check_family(family: Any) -> None:
+    """A family's contract: a :class:`Family` whose name is letters, digits and '_'."""
     if not isinstance(family, Family):
         raise TypeError(f"register_family: {family!r} is not a featurize.backbones.Family")
     if not family.name or not family.name.replace("_", "").isalnum():
         raise SpmlError(f"register_family: a family's name must be letters, digits and '_'; "
                          f"got {family.name!r}")
-    taken = FAMILIES.get(family.name)
-    if taken is not None and taken is not family:
-        raise SpmlError(f"register_family: the family name {family.name!r} is already taken "
-                         f"by {taken!r}")
-    FAMILIES[family.name] = family
-    return family
+
+
+#: the backbone families by name, in registration order: the built-ins below, the user's own
+#: (:func:`register_family`) and the plugins of the entry-point group ``spml_probe.backbones``
+FAMILIES: Registry[Family] = Registry(
+    "backbone family", "spml_probe.backbones", builtin="the built-in family",
+    builtin_modules=("featurize.",), adopt=_adopt_family,
+    form="one Family (an instance or a subclass) as 'module:object'")
+
+
+def register_family(family: Family) -> Family:
+    """Add ``family`` to the registry (like timm's ``register_model``): ``spml backbones``
+    lists it and ``--backbone <name>:<model>`` (or a plain name it claims) builds its models.
+    A name already taken by another family is refused. An installed package registers its
+    family through the entry-point group ``spml_probe.backbones`` instead (docs/plugins.md)."""
+    _check_family(family)
+    return FAMILIES.add(family.name, family, module=type(family).__module__)
 
 
 def list_families() -> list[Family]:
-    """The registered families, in registration order (the built-ins first)."""
-    return list(FAMILIES.values())
+    """The registered families, in registration order (the built-ins first, then the user's
+    own and the installed plugins')."""
+    return [family for _, family in FAMILIES.items()]
 
 
 for _family in (
@@ -242,24 +261,37 @@ TRANSFORM_CHOICES: tuple[str, ...] = ("auto", "model", "protocol")
 def family_for(name: str) -> Family:
     """The registered family of backbone ``name``: the qualified family of ``<prefix>:…``, else
     the last registered plain-name family that claims it (torchvision claims every plain name).
-    An unknown prefix is refused, naming the families."""
+    An unknown prefix is refused, naming the families; a family plugin is imported when its
+    prefix is asked for (a plain name reads every plugin: any may claim it)."""
     prefix, sep, _ = str(name).partition(":")
     if sep and not str(name).startswith(("/", ".")):
-        family = FAMILIES.get(prefix)
+        family = FAMILIES.registered(prefix)
+        if family is None and prefix in FAMILIES.entry_points():
+            family = _plugin_family(prefix)
         if family is None or not family.qualified:
+            qualified = [f.name + ":" for f in list_families() if f.qualified]
             raise SpmlError(
                 f"--backbone {name!r}: unknown library {prefix!r}; the families are "
-                f"{', '.join(f.name + ':' for f in FAMILIES.values() if f.qualified)} or a "
-                "registry/torchvision name ('spml backbones' lists them)")
+                f"{', '.join(qualified)} or a registry/torchvision name ('spml backbones' lists "
+                "them and any family plugin that failed to load)")
         return family
-    for family in reversed(list(FAMILIES.values())):
+    for family in reversed(list_families()):
         if not family.qualified and family.claims(name):
             return family
     raise SpmlError(f"--backbone {name!r}: no registered family takes this name")
 
 
+def _plugin_family(prefix: str) -> Family:
+    """The family plugin named ``prefix``, imported now; one that failed is refused with its
+    error (entry point, distribution, where it failed)."""
+    try:
+        return FAMILIES.get(prefix)
+    except RegistryError as err:
+        raise SpmlError(f"--backbone {prefix}:...: {err}") from None
+
+
 def family_of(name: str) -> Family | None:
     """The qualified family of a ``<prefix>:<model>`` backbone name (the model's own
     preprocessing by default), None for a plain (registry, torchvision) name."""
-    family = FAMILIES.get(str(name).partition(":")[0]) if ":" in str(name) else None
+    family = FAMILIES.registered(str(name).partition(":")[0]) if ":" in str(name) else None
     return family if family is not None and family.qualified else None

@@ -142,8 +142,10 @@ class Registry(Generic[T]):
         with self._lock:
             taken = self._entries.get(name)
             if taken is not None and taken is not obj:
+                # a class or function is named by where it is defined; an instance by its repr
+                whose = f" of {describe(obj)}" if hasattr(obj, "__qualname__") else ""
                 raise self.taken_error(
-                    f"the {self.kind} name '{name}' of {describe(obj)} is already taken by "
+                    f"the {self.kind} name '{name}'{whose} is already taken by "
                     f"{self._origins.get(name, 'another entry')} ({describe(taken)}); give the "
                     f"new {self.kind} another name")
             if taken is None:
@@ -228,6 +230,11 @@ class Registry(Generic[T]):
     def registered(self, name: str) -> T | None:
         """The entry registered as ``name`` now, reading no entry point (None if none)."""
         return self._entries.get(name)
+
+    def registered_now(self) -> list[T]:
+        """The entries registered so far, in registration order, reading no entry point (for
+        text built at import time, such as a command's help)."""
+        return list(self._entries.values())
 
     def get(self, name: str) -> T:
         """The entry ``name``: a registered one without reading any entry point, else the

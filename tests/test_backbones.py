@@ -223,7 +223,7 @@ def newfam():
 
     family = register_family(TinyConvFamily())
     yield family
-    FAMILIES.pop(family.name)
+    FAMILIES.remove(family.name)
 
 
 def test_a_family_defined_here_works_through_the_cli(newfam, tmp_path, capsys):

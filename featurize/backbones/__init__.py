@@ -98,6 +98,8 @@ def describe_families() -> str:
             lines.append(f"  {'':<12} install: {s['install']}")
         lines.append(f"  {'':<12} e.g. --backbone {s['example']}; --embed {'|'.join(s['embeds'])}")
         lines.append(f"  {'':<12} {s['note']}")
+    for failure in FAMILIES.failures():
+        lines.append(f"  {failure.entry_point:<12} FAILED TO LOAD: {failure}")
     lines.append("registry names (torchvision; the protocol's preprocessing by default):")
     lines += [f"  {n:<20} {spec.feature_dim:>5}-d  {spec.note}" for n, spec in BACKBONES.items()]
     return "\n".join(lines)

@@ -36,7 +36,7 @@ _VISION_CLASSES = {"clip": "CLIPVisionModelWithProjection", "clip_vision_model":
                    "siglip": "SiglipVisionModel"}
 
 
-_transformers = FAMILIES["hf"].library  # with safetensors, the hub's weight format
+_transformers = FAMILIES.get("hf").library  # with safetensors, the hub's weight format
 
 
 def get_spec(name: str) -> BackboneSpec:

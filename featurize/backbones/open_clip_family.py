@@ -34,7 +34,7 @@ PREFIX = "open_clip:"
 _HUB_FILES = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
 
 
-_open_clip = FAMILIES["open_clip"].library
+_open_clip = FAMILIES.get("open_clip").library
 
 
 def parse(name: str) -> tuple[str, str | None]:

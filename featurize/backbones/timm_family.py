@@ -37,7 +37,7 @@ PREFIX = "timm:"
 _HUB_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
-_timm = FAMILIES["timm"].library
+_timm = FAMILIES.get("timm").library
 
 
 def get_spec(name: str) -> BackboneSpec:
