@@ -17,6 +17,12 @@ def _cmd_priors(args: argparse.Namespace) -> int:
     from featurize.clip_priors import ClipPriorConfig, ClipPriorError, compute_clip_prior
     from featurize.priors_import import parse_tiles
 
+    if args.source != "clip":
+        return _cmd_other_source(args)
+    if args.model is None:
+        raise ClipPriorError("--model: the clip source needs an OpenCLIP model, e.g. --model "
+                             "open_clip:ViT-B-16/openai (or --source NAME for another source)")
+
     rows, cols = parse_tiles(args.tiles)
     if rows != cols:
         raise ClipPriorError(f"--tiles: spml priors cuts a square grid, K or KxK (e.g. 4 or "
@@ -32,6 +38,23 @@ def _cmd_priors(args: argparse.Namespace) -> int:
     print(f"wrote prior '{result.name}' to {result.store}: {result.rows} images x "
           f"{result.classes} classes, {result.views_per_image} views each{resumed}. Train with "
           f"it: spml probe {result.store} --loss vlpl --priors {result.name}")
+    return 0
+
+
+def _cmd_other_source(args: argparse.Namespace) -> int:
+    """``spml priors STORE --source NAME --source-option KEY=VALUE …``: a registered source."""
+    from featurize.prior_sources import write_prior_from
+
+    options = dataset_options_of(args.source_option)
+    prior = write_prior_from(args.source, args.store, args.name, overwrite=args.overwrite,
+                             **options)
+    if args.json:
+        print(json.dumps({"store": str(args.store), "name": args.name, "source": args.source,
+                          "rows": int(prior.scores.shape[0]),
+                          "classes": int(prior.scores.shape[1])}, indent=2))
+        return 0
+    print(f"wrote prior '{args.name}' to {args.store} with source '{args.source}'. Train with "
+          f"it: spml probe {args.store} --loss vlpl --priors {args.name}")
     return 0
 
 
@@ -57,9 +80,15 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
         "  spml priors stores/coco.zarr --model open_clip:ViT-B-16/openai --tiles 4 --name damp\n"
         "  spml priors s.zarr --model open_clip:ViT-B-16 --weights clip.safetensors --device cpu")
     p.add_argument("store", metavar="STORE", help="the feature store (.zarr) to add the prior to")
-    p.add_argument("--model", required=True,
+    p.add_argument("--model", default=None,
                    help="OpenCLIP model open_clip:<arch>/<pretrained> (VLPL: "
-                   "open_clip:ViT-L-14-336/openai; AEVLP: open_clip:ViT-B-16/openai)")
+                   "open_clip:ViT-L-14-336/openai; AEVLP: open_clip:ViT-B-16/openai); "
+                   "required by the clip source")
+    p.add_argument("--source", default="clip",
+                   help="the prior source: clip (default), or a source an installed plugin "
+                   "registers (spml plugins lists them; docs/plugins.md)")
+    p.add_argument("--source-option", action="append", metavar="KEY=VALUE",
+                   help="an option of a --source other than clip (repeatable)")
     p.add_argument("--weights", default=None,
                    help="a local checkpoint (.pt/.pth/.safetensors) instead of the pretrained "
                    "tag's download; 'random' for a seeded random model (tests only)")

@@ -51,8 +51,8 @@ def _raises(exc, path: Path | str, line: int | None = None, *more: str):
 
 def test_registry_names_and_summaries():
     assert list_datasets() == ["voc", "coco", "nus", "cub", "folder", "cole"]
-    assert all(e.summary and ":" in e.target for e in DATASETS.values())
-    assert DATASETS["cole"].target == "featurize.datasets.cole:load_cole_formatted"
+    assert all(e.summary and ":" in e.target for _, e in DATASETS.items())
+    assert DATASETS.get("cole").target == "featurize.datasets.cole:load_cole_formatted"
 
 
 def test_registry_imports_adapters_lazily():

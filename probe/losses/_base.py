@@ -25,8 +25,8 @@ from ._hparams import (
     promote,
 )
 
-__all__ = ["REGISTRY", "EntrywiseLoss", "Loss", "available", "create_loss", "get_loss_class", "loss_origin",
-           "plugin_failures", "register", "trial_rows"]
+__all__ = ["REGISTRY", "EntrywiseLoss", "Loss", "available", "create_loss", "get_loss_class",
+           "loss_origin", "plugin_failures", "register", "trial_rows"]
 
 
 class Loss(nn.Module):

@@ -20,6 +20,7 @@ command                                        defined in                   over
 ``spml finetune``                              :mod:`studies.cli.finetune`  studies.finetune
 ``spml demo``                                  :mod:`studies.cli.demo`      studies.demo
 ``spml table``                                 :mod:`studies.cli.table`     studies.table
+``spml plugins``                               :mod:`studies.cli.plugins`   probe.registry
 =============================================  ===========================  =======================
 
 Each module exposes ``register_cli(sub, bench)``; a command is a thin function
@@ -48,7 +49,7 @@ COMMAND_MODULES = (
     "featurize.cli", "featurize.import_cli", "featurize.store_cli", "featurize.priors_cli",
     "probe.cli", "studies.cli.study", "studies.cli.report", "studies.cli.export",
     "studies.cli.analyze", "studies.cli.compare", "studies.cli.finetune", "studies.cli.demo",
-    "studies.cli.table",
+    "studies.cli.table", "studies.cli.plugins",
 )
 
 
