@@ -33,7 +33,7 @@ __all__ = ["PRIOR_SOURCES", "PriorScores", "PriorSource", "get_prior_source",
 class PriorScores:
     """What a source computes for a store: ``scores`` ``(N, C)`` over every row in the store's
     order and class order, ``extras`` (further ``(N, C)`` arrays by name) and ``provenance``
-    (JSON: the model, its settings; docs/priors.md "Provenance")."""
+    (JSON: the model, its settings; docs/priors.md "Priors in the store")."""
 
     scores: Any
     extras: Mapping[str, Any] = field(default_factory=dict)
