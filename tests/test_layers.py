@@ -17,7 +17,8 @@ PACKAGES = ("probe", "featurize", "studies")
 
 # lowest first; a module may import only modules of its own layer or below
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("store", ("probe.errors", "probe.store", "probe.io", "probe.progress", "probe.lazy")),
+    ("store", ("probe.errors", "probe.store", "probe.io", "probe.progress", "probe.lazy",
+               "probe.registry")),
     ("losses", ("probe.ranking", "probe.losses", "probe.metrics")),
     ("engine", ("probe",)),
     ("featurize", ("featurize",)),
