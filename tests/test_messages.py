@@ -205,6 +205,7 @@ CASES: list[tuple[str, tuple[str, ...]]] = [
     ("demo --study-trials 0 --out {D}/demo", ("--study-trials", "got 0")),
     ("demo --out {D}/afile.txt", ("--out", "is a file")),
     ("backbones --zz", ("'--zz' is no option of spml backbones",)),
+    ("plugins --jsn", ("unrecognized arguments: --jsn", "did you mean '--json'")),
     ("priors {S} --name c --model nope", ("--model", "open_clip:")),
     ("priors {S} --name c --modle open_clip:ViT-B-32/openai", ("did you mean '--model'",)),
     ("table {S} --losses nope", ("--losses", "'nope'")),
