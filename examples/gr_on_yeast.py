@@ -16,7 +16,7 @@ import torch
 
 from featurize.imports import import_yeast
 from probe import ProbeConfig, train_probe
-from probe.data import ProbeData
+from probe.engine.data import ProbeData
 from probe.losses import gr
 
 # 1. the store --------------------------------------------------------------------------------

@@ -36,8 +36,8 @@ from IPython.display import Markdown, display
 from featurize.imports import import_yeast
 from probe import ProbeConfig, create_loss, load_store, train_probe
 from probe.store import add_observed_seed
-from studies.study import run_study
-from studies.study_settings import StudySettings
+from studies.study.run import run_study
+from studies.study.settings import StudySettings
 from studies.table import TableConfig, build_table
 
 work = Path(tempfile.mkdtemp(prefix="spml-tutorial-"))

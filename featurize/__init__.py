@@ -14,11 +14,12 @@ The store itself is :mod:`probe.store`, the bottom layer, and its names are expo
 
 Modules: :mod:`featurize.datasets` (the official layouts, the generic folder, Cole et al.'s
 arrays; where a store's images came from), :mod:`featurize.backbones` (the ``Family`` protocol
-and its registry: torchvision, timm, OpenCLIP, Hugging Face, Lite0), :mod:`~featurize.images`
-(decode and the protocol's transform), :mod:`~featurize.pipeline`, :mod:`~featurize.writing`,
-:mod:`~featurize.ranks` and :mod:`~featurize.runner` (one process or ``torchrun``),
-:mod:`~featurize.imports` (features people already have), :mod:`~featurize.clip_priors` and
-:mod:`~featurize.priors_import` (priors into a store), :mod:`~featurize.bench`, and the
+and its registry: torchvision, timm, OpenCLIP, Hugging Face, Lite0),
+:mod:`~featurize.extract.images` (decode and the protocol's transform),
+:mod:`~featurize.extract.reading`, :mod:`~featurize.extract.writing`,
+:mod:`~featurize.extract.ranks` and :mod:`~featurize.extract.run` (one process or ``torchrun``),
+:mod:`~featurize.imports` (features people already have), :mod:`~featurize.priors.clip` and
+:mod:`~featurize.priors.files` (priors into a store), :mod:`~featurize.bench`, and the
 commands in ``cli``, ``import_cli``, ``store_cli`` and ``priors_cli``.
 """
 
@@ -28,9 +29,9 @@ from probe.lazy import lazy_exports
 
 _EXPORTS = {
     # featurize: images -> features
-    "FeaturizeConfig": "featurize.runner",
-    "FeaturizeResult": "featurize.runner",
-    "featurize_dataset": "featurize.runner",
+    "FeaturizeConfig": "featurize.extract.run",
+    "FeaturizeResult": "featurize.extract.run",
+    "featurize_dataset": "featurize.extract.run",
     "list_backbones": "featurize.backbones",
     "load_backbone": "featurize.backbones",
     "load_clip": "featurize.backbones",  # a whole OpenCLIP model, tokenizer, preprocessing

@@ -21,15 +21,15 @@ import torch
 from PIL import Image
 
 from featurize.backbones import RANDOM, Backbone
-from featurize.images import ImageTransform
-from featurize.pipeline import (
+from featurize.extract.images import ImageTransform
+from featurize.extract.reading import (
     backbone_forward,
     channels_last,
     device_mode,
     model_input,
     prefetch,
 )
-from featurize.runner import (
+from featurize.extract.run import (
     FeaturizeConfig,
     Runtime,
     backbone_transform,

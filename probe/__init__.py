@@ -10,15 +10,16 @@ The public API, importable from here (names load on first use, so ``import probe
     result.trials[1].best["test_map"]
 
 Layers (docs/design.md "Layers"): :mod:`probe.store` ← :mod:`probe.losses`, :mod:`probe.metrics`
-← the engine (:mod:`probe.config`, :mod:`probe.data`, :mod:`probe.trials`, :mod:`probe.loop`,
-:mod:`probe.evaluate`, :mod:`probe.results`, :mod:`probe.train`).
+← the engine (:mod:`probe.engine.config`, :mod:`probe.engine.data`, :mod:`probe.engine.trials`,
+:mod:`probe.engine.loop`,
+:mod:`probe.evaluation.heads`, :mod:`probe.engine.results`, :mod:`probe.engine.train`).
 """
 
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
-from .lazy import lazy_exports
+from probe.lazy import lazy_exports
 
 try:
     __version__ = version("spml-probe")
@@ -28,14 +29,15 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 # each public name by the module that defines it
 _EXPORTS = {name: module for module, names in {
     "probe.errors": ("SpmlError", "MissingPathError"),  # every input error is an SpmlError
-    "probe.train": ("train_probe",),
-    "probe.config": ("ProbeConfig", "ProbeConfigError", "TrainingSettings", "resolve_training"),
-    "probe.speed": ("SpeedOptions",),
-    "probe.trials": ("expand_grid",),
-    "probe.data": ("ProbeData", "DataError", "load_store", "resolve_device"),
-    "probe.results": ("ProbeResult", "TrialResult", "BestEpoch", "EpochReport", "save_head",
+    "probe.engine.train": ("train_probe",),
+    "probe.engine.config": ("ProbeConfig", "ProbeConfigError", "TrainingSettings",
+                            "resolve_training"),
+    "probe.engine.speed": ("SpeedOptions",),
+    "probe.engine.trials": ("expand_grid",),
+    "probe.engine.data": ("ProbeData", "DataError", "load_store", "resolve_device"),
+    "probe.engine.results": ("ProbeResult", "TrialResult", "BestEpoch", "EpochReport", "save_head",
                       "load_head"),
-    "probe.evaluate": ("evaluate_head", "evaluate_heads"),
+    "probe.evaluation.heads": ("evaluate_head", "evaluate_heads"),
     "probe.losses": ("Loss", "HParam", "LossInputError", "available_losses", "create_loss",
                      "get_loss_class"),
     "probe.metrics": ("average_precision", "mean_average_precision", "f1_scores"),

@@ -18,11 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .config import ProbeConfig, ProbeConfigError
-from .data import ProbeData
-from .losses import HParam, check_hparams
-from .metrics import f1_scores, mean_average_precision
-from .results import ProbeResult, TrialResult, environment_info
+from probe.engine.config import ProbeConfig, ProbeConfigError
+from probe.engine.data import ProbeData
+from probe.engine.results import ProbeResult, TrialResult, environment_info
+from probe.losses import HParam, check_hparams
+from probe.metrics import f1_scores, mean_average_precision
 
 __all__ = ["KNN_HPARAMS", "knn_scores", "nearest_neighbours", "run_knn"]
 

@@ -1,6 +1,6 @@
 """Lazy public names for a package's top: ``from probe import train_probe`` imports
-``probe.train`` on first use only, so ``import probe`` (and ``spml --help``) stay cheap. The one
-implementation behind ``probe``, ``probe.store``, ``featurize`` and ``studies``."""
+``probe.engine.train`` on first use only, so ``import probe`` (and ``spml --help``) stay cheap. The
+one implementation behind ``probe``, ``probe.store``, ``featurize`` and ``studies``."""
 
 from __future__ import annotations
 

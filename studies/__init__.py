@@ -12,17 +12,20 @@ import optuna or polars until a name needs them)::
 
 Modules (each reads only ``probe``, ``featurize`` and the modules above it here):
 
-* studies themselves -- :mod:`~studies.study_settings` (settings and the checks before any
-  write), :mod:`~studies.storage` (storages, the best-trial rule, the paper mark),
-  :mod:`~studies.study_create`, :mod:`~studies.study_worker`, :mod:`~studies.study`
-  (``run_study``), :mod:`~studies.study_summary` and :mod:`~studies.verdict` (what a study
-  prints), :mod:`~studies.space`, :mod:`~studies.pruning`, :mod:`~studies.heartbeat`;
-* results -- :mod:`~studies.results` (rows per trial), :mod:`~studies.export` (one tidy table);
-* after a study -- :mod:`~studies.confirm` (seeds and draws), :mod:`~studies.compare` (paired
+* studies themselves -- :mod:`~studies.study.settings` (settings and the checks before any
+  write), :mod:`~studies.study.storage` (storages, the best-trial rule, the paper mark),
+  :mod:`~studies.study.create`, :mod:`~studies.study.worker`, :mod:`~studies.study.run`
+  (``run_study``), :mod:`~studies.study.summary` and :mod:`~studies.study.verdict` (what a study
+  prints), :mod:`~studies.study.space`, :mod:`~studies.study.pruning`,
+  :mod:`~studies.study.heartbeat`;
+* results -- :mod:`~studies.results.rows` (rows per trial), :mod:`~studies.results.export` (one tidy
+table);
+* after a study -- :mod:`~studies.results.confirm` (seeds and draws),
+:mod:`~studies.results.compare` (paired
   tests of heads), :mod:`studies.report` (HTML/Markdown), :mod:`studies.table` (the paper's
   table), :mod:`studies.analyses` (the GR paper's analyses), :mod:`~studies.plots`;
-* :mod:`~studies.finetune` (with ``finetune_config``, ``finetune_data``), :mod:`~studies.demo`,
-  :mod:`~studies.bench`, and :mod:`studies.cli` (every ``spml`` command).
+* :mod:`~studies.finetune.run` (with ``finetune_config``, ``finetune_data``), :mod:`~studies.demo`,
+  :mod:`~studies.study.bench`, and :mod:`studies.cli` (every ``spml`` command).
 """
 
 from __future__ import annotations
@@ -31,20 +34,20 @@ from probe.lazy import lazy_exports
 
 _EXPORTS = {
     # studies
-    "StudySettings": "studies.study_settings",
-    "StudySummary": "studies.study_summary",
-    "run_study": "studies.study",
-    "create_or_join": "studies.study_create",
-    "StudyError": "studies.storage",
-    "open_storage": "studies.storage",
-    "parse_storage": "studies.storage",
-    "read_results": "studies.results",
+    "StudySettings": "studies.study.settings",
+    "StudySummary": "studies.study.summary",
+    "run_study": "studies.study.run",
+    "create_or_join": "studies.study.create",
+    "StudyError": "studies.study.storage",
+    "open_storage": "studies.study.storage",
+    "parse_storage": "studies.study.storage",
+    "read_results": "studies.results.rows",
     # results anywhere: one tidy table of probe runs, studies and confirmations
-    "collect": "studies.export",
+    "collect": "studies.results.export",
     # confirming winners
-    "confirm_study": "studies.confirm",
-    "load_study": "studies.confirm",
-    "winner": "studies.confirm",
+    "confirm_study": "studies.results.confirm",
+    "load_study": "studies.results.confirm",
+    "winner": "studies.results.confirm",
     # the paper's table: every method as a row, one column per store
     "TableConfig": "studies.table",
     "build_table": "studies.table",
@@ -52,8 +55,8 @@ _EXPORTS = {
     "ReportOptions": "studies.report",
     "build_report": "studies.report",
     # end-to-end fine-tune
-    "FinetuneConfig": "studies.finetune",
-    "finetune": "studies.finetune",
+    "FinetuneConfig": "studies.finetune.run",
+    "finetune": "studies.finetune.run",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -49,10 +49,10 @@ class DemoResult:
 
 
 def _probe_rows(store: Path, cfg: DemoConfig, log: Callable[[str], None]) -> list[dict]:
-    from probe.config import ProbeConfig
-    from probe.data import ProbeData, resolve_device
-    from probe.results import save_head
-    from probe.train import train_probe
+    from probe.engine.config import ProbeConfig
+    from probe.engine.data import ProbeData, resolve_device
+    from probe.engine.results import save_head
+    from probe.engine.train import train_probe
 
     data = ProbeData.from_store(store, device=resolve_device(cfg.device))
     heads = Path(cfg.out) / "heads"
@@ -75,9 +75,8 @@ def _probe_rows(store: Path, cfg: DemoConfig, log: Callable[[str], None]) -> lis
 
 def _compare_rows(table: list[dict], cfg: DemoConfig, log: Callable[[str], None]) -> None:
     """Which of the differences above are real: ``spml compare`` on the saved heads."""
-    from probe.data import resolve_device
-
-    from .compare import compare_heads, format_comparison
+    from probe.engine.data import resolve_device
+    from studies.results.compare import compare_heads, format_comparison
 
     cmp = compare_heads([r["head"] for r in table], labels=[r["method"] for r in table],
                         device=resolve_device(cfg.device))
@@ -89,14 +88,13 @@ def _compare_rows(table: list[dict], cfg: DemoConfig, log: Callable[[str], None]
 def _study_verdict(study_dir: Path, store: Path, table: list[dict], settings: Any,
                    cfg: DemoConfig) -> Any:
     """The study's winner and the paper values on test beside the AN head of step 2, with
-    the commands that settle it (:mod:`studies.verdict`)."""
+    the commands that settle it (:mod:`studies.study.verdict`)."""
     import optuna
 
-    from probe.data import resolve_device
-
-    from .compare import load_systems
-    from .storage import open_storage
-    from .verdict import settle_commands, study_verdict
+    from probe.engine.data import resolve_device
+    from studies.results.compare import load_systems
+    from studies.study.storage import open_storage
+    from studies.study.verdict import settle_commands, study_verdict
 
     study = optuna.load_study(study_name=settings.name,
                               storage=open_storage(settings.storage_spec()))
@@ -141,10 +139,10 @@ def make_digit_grids(root: Path, n: int, seed: int = 0) -> Path:
 
 
 def _images_part(out: Path, cfg: DemoConfig, log: Callable[[str], None]) -> dict[str, Any]:
-    from featurize.runner import FeaturizeConfig, featurize_dataset
-    from probe.config import ProbeConfig
-    from probe.data import ProbeData, resolve_device
-    from probe.train import train_probe
+    from featurize.extract.run import FeaturizeConfig, featurize_dataset
+    from probe.engine.config import ProbeConfig
+    from probe.engine.data import ProbeData, resolve_device
+    from probe.engine.train import train_probe
 
     folder = out / "digits"
     csv = make_digit_grids(folder, cfg.n_images, seed=cfg.seed)
@@ -171,11 +169,10 @@ def _images_part(out: Path, cfg: DemoConfig, log: Callable[[str], None]) -> dict
 def run_demo(config: DemoConfig | None = None, *, log: Callable[[str], None] = print) -> DemoResult:
     """Run the demo; every step prints what it does. Returns where everything was written."""
     from featurize.imports import import_yeast
-
-    from .report import build_report
-    from .study import run_study
-    from .study_settings import StudySettings
-    from .verdict import format_verdict
+    from studies.report import build_report
+    from studies.study.run import run_study
+    from studies.study.settings import StudySettings
+    from studies.study.verdict import format_verdict
 
     cfg = config or DemoConfig()
     start = time.perf_counter()

@@ -23,8 +23,7 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from probe.errors import SpmlError
 from probe.io import atomic_write
-
-from .storage import best_trial, ranked_trials
+from studies.study.storage import best_trial, ranked_trials
 
 __all__ = ["DPI", "ParamAxis", "TrialPoint", "plot_class_ap", "plot_comparison", "plot_contours",
            "plot_history", "plot_importances", "plot_learning_curves", "plot_slices"]

@@ -23,9 +23,9 @@ import studies.analyses as A
 import studies.analyses.common as analyses_common
 import studies.analyses.figures as F
 from probe import ProbeConfig, train_probe
-from probe.data import ProbeData
-from probe.intervals import head_intervals, mean_interval
-from probe.loop import init_head
+from probe.engine.data import ProbeData
+from probe.engine.loop import init_head
+from probe.evaluation.intervals import head_intervals, mean_interval
 from studies.cli.analyze import register_cli as register_analyze_cli
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

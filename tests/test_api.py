@@ -9,8 +9,8 @@ import pytest
 import torch
 from fixtures_datasets import toy_probe_arrays
 
-from probe.config import resolve_training
-from probe.intervals import Interval
+from probe.engine.config import resolve_training
+from probe.evaluation.intervals import Interval
 from probe.losses import get_loss_class
 from probe.metrics import f1_scores
 
@@ -20,7 +20,7 @@ def _objects():
     interval = Interval(41.0, 40.0, 42.5)
     targets = torch.tensor([[1, 0], [0, 1], [1, 1]])
     f1 = f1_scores(targets, logits=torch.tensor([[2.0, -1.0], [-3.0, 0.5], [1.0, -0.2]]))
-    from studies.finetune import FinetuneConfig
+    from studies.finetune.run import FinetuneConfig
 
     finetune = FinetuneConfig("voc", "/data/voc", "an", "/runs/an")
     return [settings, interval, f1, finetune]
@@ -46,7 +46,7 @@ def test_the_documented_dict_shapes():
 
 
 def _tiny_data():
-    from probe.data import ProbeData
+    from probe.engine.data import ProbeData
 
     return ProbeData.from_arrays(*toy_probe_arrays(1))
 

@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fixtures_datasets import make_folder
 
 from featurize.backbones import WeightsError, WeightsNotFoundError, load_backbone
-from featurize.images import normalize, pil_transformed
-from featurize.runner import FeaturizeConfig, featurize_dataset
+from featurize.extract.images import normalize, pil_transformed
+from featurize.extract.run import FeaturizeConfig, featurize_dataset
 from probe.errors import SpmlError
 from probe.store import open_store
 from studies.cli import main
@@ -126,7 +126,7 @@ def test_timm_store_equals_timms_forward_and_trains(folder, resnet10t, timm_stor
 def test_finetune_rebuilds_the_stores_backbone(folder, resnet10t, timm_store, tmp_path, capsys):
     """spml finetune --store: the same timm model, weights file (sha256 checked) and timm's
     preprocessing as the store; other weights than the store's are refused."""
-    from studies.finetune_config import store_backbone
+    from studies.finetune.config import store_backbone
 
     model = store_backbone(timm_store)
     assert model == {"backbone": "timm:resnet10t", "embed": "pooled",
@@ -142,8 +142,8 @@ def test_finetune_rebuilds_the_stores_backbone(folder, resnet10t, timm_store, tm
     assert result["model"]["head"] == "Linear(512, 4)" and result["global_step"] == 1
     assert result["model"]["transform"]["crop"] == [176, 176]
     torch.save(timm.create_model("resnet10t").state_dict(), tmp_path / "other.pth")
-    from studies.finetune import FinetuneConfig as FC
-    from studies.finetune import FinetuneError, finetune
+    from studies.finetune.run import FinetuneConfig as FC
+    from studies.finetune.run import FinetuneError, finetune
 
     with pytest.raises(FinetuneError, match="sha256"):
         finetune(FC(dataset="folder", root=folder["root"], loss="an", out=tmp_path / "ft2",
@@ -441,7 +441,7 @@ def test_torch_resize_and_crop_match_pil(folder, rounding):
     one pixel off differs by tens of grey levels on average), pixels within a grey level on
     average (libjpeg-turbo vs PIL's decoder, and bicubic overshoot clipped differently, make a
     few pixels differ more)."""
-    from featurize.images import ImageTransform, cpu_decode, pil_transformed, resize_batch
+    from featurize.extract.images import ImageTransform, cpu_decode, pil_transformed, resize_batch
 
     transform = ImageTransform(size=41, crop=33, interpolation="bicubic", resize="shortest",
                                crop_rounding=rounding)
@@ -456,7 +456,7 @@ def test_torch_resize_and_crop_match_pil(folder, rounding):
 
 
 def test_transform_geometry_rules():
-    from featurize.images import ImageTransform
+    from featurize.extract.images import ImageTransform
 
     t = ImageTransform(size=256, crop=224, resize="shortest")
     assert t.resized_shape(480, 640) == (256, 341)  # torchvision: int(256 * 640 / 480)

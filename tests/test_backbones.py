@@ -29,7 +29,7 @@ from featurize.backbones import (
     register_family,
 )
 from featurize.datasets import DatasetIndex, Phase
-from featurize.runner import FeaturizeConfig, featurize, featurize_dataset
+from featurize.extract.run import FeaturizeConfig, featurize, featurize_dataset
 from probe.store import open_store
 
 torch.set_num_threads(2)
@@ -202,7 +202,7 @@ class TinyConvFamily(Family):
 
     def load(self, spec, info, *, seed=0, embed=None):
         from featurize.backbones.base import check_fit, load_into, read_state
-        from featurize.images import ImageTransform
+        from featurize.extract.images import ImageTransform
 
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -234,7 +234,7 @@ def test_a_family_defined_here_works_through_the_cli(newfam, tmp_path, capsys):
 
     from fixtures_datasets import make_folder
 
-    from featurize.images import normalize, pil_transformed
+    from featurize.extract.images import normalize, pil_transformed
     from studies.cli import main
 
     assert main(["backbones"]) == 0

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from probe import ProbeConfig, train_probe
-from probe.bench import BenchConfig, format_report, plain_loop, run_bench, synthetic_store
-from probe.data import ProbeData
+from probe.bench.engine import BenchConfig, format_report, plain_loop, run_bench, synthetic_store
+from probe.engine.data import ProbeData
 from probe.store import open_store
 from studies.cli import main
 
@@ -102,7 +102,7 @@ def test_compare_one_block_times_the_same_heads_as_one_block(tmp_path, monkeypat
     """--compare-one-block: where the stacked trials train in blocks, the same run as one
     block is timed beside it, its heads compared (equal: a trial computes the same bits in
     any block); the ratio comes from the same run."""
-    import probe.loop as loop
+    import probe.engine.loop as loop
 
     monkeypatch.setattr(loop, "TRIAL_BLOCK_BYTES", 4 * 17 * 6 * 4 * 2)  # two tiny heads a block
     cfg = BenchConfig(n_train=160, dim=16, n_classes=6, epochs=1, trials=(4,), plain=False,
@@ -116,7 +116,7 @@ def test_compare_one_block_times_the_same_heads_as_one_block(tmp_path, monkeypat
     assert report["ratios"]["one_block_over_blocks_4_trials"] == pytest.approx(
         rows["engine_one_block"]["sec_per_epoch_median"] / rows["engine"]["sec_per_epoch_median"])
     assert "in 2 blocks" in format_report(report)
-    import probe.bench as bench
+    import probe.bench.engine as bench
 
     monkeypatch.setattr(bench, "resolve_device", lambda device: torch.device("cuda"))
     with pytest.raises(ValueError, match=r"compare_one_block \(--compare-one-block\).*cuda"):
@@ -127,7 +127,7 @@ def test_each_row_is_timed_alone_by_default(tmp_path, monkeypatch):
     """The default: every configuration is one job, run alone in a fresh process (here the
     jobs run in this process, to keep the test quick: the spawn itself is the slow test
     below); the heads come back and are compared here."""
-    import probe.bench as bench
+    import probe.bench.engine as bench
 
     jobs = []
     monkeypatch.setattr(bench, "_run_job", lambda job, *a, isolate, threads: jobs.append(
@@ -142,7 +142,7 @@ def test_each_row_is_timed_alone_by_default(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_a_job_run_in_a_spawned_process_computes_what_it_computes_here(tmp_path):
-    import probe.bench as bench
+    import probe.bench.engine as bench
 
     cfg = BenchConfig(n_train=96, dim=8, n_classes=4, epochs=1, trials=(1,), papers=False,
                       cache_dir=str(tmp_path))

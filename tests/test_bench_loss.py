@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from probe.bench import BenchConfig, run_bench, synthetic_store
-from probe.bench_prior import synthetic_prior
+from probe.bench.engine import BenchConfig, run_bench, synthetic_store
+from probe.bench.prior import synthetic_prior
 from probe.store import open_store
 from studies.cli import main
 

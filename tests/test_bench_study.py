@@ -8,24 +8,24 @@ import json
 
 import pytest
 
-import probe.data
-import probe.train
-import studies.study_worker
-from probe.bench import synthetic_store
-from studies.bench import StudyBenchConfig, bench_study, format_study_bench
+import probe.engine.data
+import probe.engine.train
+import studies.study.worker
+from probe.bench.engine import synthetic_store
 from studies.cli import main
+from studies.study.bench import StudyBenchConfig, bench_study, format_study_bench
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_bench_study_report_and_restores_the_engine(tmp_path):
     store = synthetic_store(200, 8, 5, cache_dir=tmp_path, progress=False)
-    real = (probe.train.train_probe, probe.data.ProbeData.__dict__["from_store"],
-            studies.study_worker.write_batch)
+    real = (probe.engine.train.train_probe, probe.engine.data.ProbeData.__dict__["from_store"],
+            studies.study.worker.write_batch)
     report = bench_study(StudyBenchConfig(store=str(store), n_trials=6, batch=3, epochs=3,
                                           batch_size=16))
-    assert (probe.train.train_probe, probe.data.ProbeData.__dict__["from_store"],
-            studies.study_worker.write_batch) == real
+    assert (probe.engine.train.train_probe, probe.engine.data.ProbeData.__dict__["from_store"],
+            studies.study.worker.write_batch) == real
     assert report["finished_trials"] == report["complete"] + report["pruned"] >= 6
     assert report["engine_calls"] >= 2
     parts = report["seconds"]

@@ -1,4 +1,4 @@
-"""``spml priors`` (featurize.clip_priors): a tiny OpenCLIP model with random weights in a file,
+"""``spml priors`` (featurize.priors.clip): a tiny OpenCLIP model with random weights in a file,
 offline, on a tiny image folder. The stored prior equals an independent computation with
 OpenCLIP's own API (softmax over classes of cosine similarity / T, whole image and tiles); an
 interrupted run resumes from its finished blocks; bad requests are refused before anything is
@@ -18,7 +18,7 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).parent))
 from fixtures_datasets import interrupted_at, make_folder
 
-import featurize.clip_priors as cp
+import featurize.priors.clip as cp
 from probe.errors import SpmlError
 from probe.store import open_store
 from studies.cli import main

@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 import torch
 
-from probe.config import ProbeConfig, ProbeConfigError
-from probe.data import ProbeData
-from probe.speed import SpeedOptions
-from probe.train import train_probe
+from probe.engine.config import ProbeConfig, ProbeConfigError
+from probe.engine.data import ProbeData
+from probe.engine.speed import SpeedOptions
+from probe.engine.train import train_probe
 
 pytest.importorskip("torch._dynamo")
 TOL = dict(atol=2e-5, rtol=1e-4)
@@ -143,7 +143,7 @@ def test_the_eager_step_runs_where_the_step_cannot_be_compiled():
 def test_the_eager_step_takes_over_when_the_compiler_fails_on_the_first_step(monkeypatch):
     """A failure inside torch.compile (tracing, inductor, the C++ compiler) at the first step:
     a warning, and the run trains eagerly from that step on -- the eager run's heads exactly."""
-    from probe import loop
+    from probe.engine import loop
 
     def failing(fn, **kwargs):
         def call(*args):

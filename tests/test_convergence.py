@@ -10,7 +10,7 @@ import pytest
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
-from probe.convergence import ADVICE, best_is_last, count_best_is_last
+from probe.evaluation.convergence import ADVICE, best_is_last, count_best_is_last
 from studies.cli import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -44,8 +44,8 @@ def test_probe_warns_when_the_best_epoch_is_the_last(yeast_store, capsys):
 
 
 def test_study_summary_counts_unconverged_trials(tmp_path):
-    from studies.study_settings import StudySettings
-    from studies.study_summary import summarize
+    from studies.study.settings import StudySettings
+    from studies.study.summary import summarize
 
     study = optuna.create_study(direction="maximize")
     dist = {"gr.w_T": FloatDistribution(1, 10)}

@@ -50,7 +50,7 @@ def _rank_main(rank: int, world: int, init_file: str, index, out: str, config: d
     import torch
     import torch.distributed as dist
 
-    from featurize.runner import FeaturizeConfig, featurize
+    from featurize.extract.run import FeaturizeConfig, featurize
 
     torch.set_num_threads(1)
     if world > 1:
@@ -222,10 +222,10 @@ def test_study_runs_one_worker_per_device(yeast_store, tmp_path, monkeypatch) ->
     with ``--devices <device i>``; every trial records the device it was trained on."""
     import optuna
 
-    import studies.study as study_mod
-    import studies.study_worker as worker_mod
+    import studies.study.run as study_mod
+    import studies.study.worker as worker_mod
     from studies.cli import main
-    from studies.storage import open_storage, parse_storage
+    from studies.study.storage import open_storage, parse_storage
 
     started: list[list[str]] = []
     real_popen = subprocess.Popen

@@ -10,10 +10,10 @@ import polars as pl
 import pytest
 
 from probe import ProbeConfig, train_probe
-from probe.data import ProbeData
+from probe.engine.data import ProbeData
 from studies.cli import main
-from studies.export import ExportError, collect, export
-from studies.results import COLUMNS, probe_rows, read_results, write_batch
+from studies.results.export import ExportError, collect, export
+from studies.results.rows import COLUMNS, probe_rows, read_results, write_batch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

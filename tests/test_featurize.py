@@ -28,7 +28,7 @@ from fixtures_datasets import interrupted_at, make_folder, write_jpeg
 from featurize.backbones import load_backbone
 from featurize.cli import register_cli as register_featurize_cli
 from featurize.datasets import DatasetIndex, Phase
-from featurize.images import (
+from featurize.extract.images import (
     BadImageError,
     batch_decode,
     cpu_decode,
@@ -37,7 +37,7 @@ from featurize.images import (
     pil_resized,
     resize_batch,
 )
-from featurize.runner import FeaturizeConfig, featurize, resolve_runtime
+from featurize.extract.run import FeaturizeConfig, featurize, resolve_runtime
 from probe.store import StoreError, open_store
 
 torch.set_num_threads(2)
@@ -239,8 +239,8 @@ def test_gpu_style_batch_assembly_on_cpu(tmp_path):
     """The CUDA path's batch assembly (JPEG bytes for the batched decode, CPU-decoded fallback
     images, unreadable files) run on the CPU: same input as decoding everything on the CPU,
     order kept, the bad image zeroed and reported."""
-    import featurize.runner as runner
-    from featurize.images import ImageTransform, normalize
+    import featurize.extract.run as runner
+    from featurize.extract.images import ImageTransform, normalize
 
     rng = np.random.RandomState(5)
     files = [write_jpeg(tmp_path / f"{k}.jpg", rng, m) for k, m in enumerate(["RGB", "L", "RGB"])]
@@ -338,7 +338,7 @@ def test_interrupted_run_resumes_to_the_same_store(tmp_path, folder, resnet18):
 def test_ctrl_c_keeps_finished_blocks(tmp_path, folder, resnet18, monkeypatch):
     """Ctrl-C in the device loop (third batch = block 2): the blocks already handed to the
     writer thread are still written; the re-run computes only the rest."""
-    import featurize.runner as runner
+    import featurize.extract.run as runner
 
     _, index = folder
     real = runner.model_input

@@ -1,4 +1,4 @@
-"""``spml finetune`` (studies/finetune.py): end-to-end runs on a tiny real-format VOC fixture
+"""``spml finetune`` (studies/finetune/run.py): end-to-end runs on a tiny real-format VOC fixture
 with random weights on CPU, interrupt + resume equal to an uninterrupted run bit for bit, the
 per-epoch loss pass, the CLI with a study winner file, and every bad input rejected before work.
 """
@@ -26,7 +26,7 @@ from studies.cli.finetune import (
 from studies.cli.finetune import (
     register_cli as register_finetune_cli,
 )
-from studies.finetune import (
+from studies.finetune.run import (
     CHECKPOINT_NAME,
     FinetuneConfig,
     FinetuneError,
@@ -358,7 +358,7 @@ def test_every_loss_survives_the_checkpoint_round_trip(name):
 
 
 def test_the_finetune_parser_imports_no_torch():
-    """The CLI reads the fine-tune's choices from studies.finetune_config, which imports no
+    """The CLI reads the fine-tune's choices from studies.finetune.config, which imports no
     torch: building the parser (and `spml finetune --help`) stays cheap."""
     import subprocess
     import sys

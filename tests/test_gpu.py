@@ -27,13 +27,13 @@ import torch
 from PIL import Image
 
 from featurize.bench import synthetic_index, synthetic_photos
-from featurize.images import batch_decode, pil_resized, read_bytes, resize_batch
-from featurize.runner import FeaturizeConfig, featurize
-from probe.bench import plain_loop, synthetic_store
-from probe.config import ProbeConfig
-from probe.data import ProbeData
+from featurize.extract.images import batch_decode, pil_resized, read_bytes, resize_batch
+from featurize.extract.run import FeaturizeConfig, featurize
+from probe.bench.engine import plain_loop, synthetic_store
+from probe.engine.config import ProbeConfig
+from probe.engine.data import ProbeData
+from probe.engine.train import train_probe
 from probe.store import open_store
-from probe.train import train_probe
 
 pytestmark = pytest.mark.gpu
 
@@ -145,7 +145,7 @@ def test_no_host_synchronisation_inside_an_epoch_on_cuda(tmp_path, monkeypatch, 
     """docs/design.md: no host synchronisation inside an epoch. Every training step of 4
     stacked trials runs with CUDA's sync debug mode set to raise on any synchronising call
     (a device→host copy, .item(), nonzero, a blocking stream sync)."""
-    from probe import loop
+    from probe.engine import loop
 
     steps = []
     real_step = loop.StackedTrainer._step
@@ -169,7 +169,7 @@ def test_no_host_synchronisation_inside_an_epoch_on_cuda(tmp_path, monkeypatch, 
 def test_bench_compares_the_graph_run_with_the_eager_step(tmp_path) -> None:
     """``spml bench probe --compare-eager``: an eager row per configuration, its heads equal
     to the graph run's, and the ratio of the two."""
-    from probe.bench import BenchConfig, run_bench
+    from probe.bench.engine import BenchConfig, run_bench
 
     report = run_bench(BenchConfig(n_train=256, dim=32, n_classes=10, epochs=1, trials=(1, 4),
                                    plain=False, papers=False, device="cuda", compare_eager=True,
@@ -182,10 +182,10 @@ def test_bench_compares_the_graph_run_with_the_eager_step(tmp_path) -> None:
 
 
 def test_ap_on_cuda_equals_ap_on_the_cpu() -> None:
-    """The canonical ranking (probe.ranking.ap_block) on CUDA -- torch's sort, then the same
+    """The canonical ranking (probe.metrics.ranking.ap_block) on CUDA -- torch's sort, then the same
     searches -- gives the CPU's AP, ties included, to float rounding (a CUDA sum adds in its
     own order)."""
-    from probe.ranking import column_ap
+    from probe.metrics.ranking import column_ap
 
     g = torch.Generator().manual_seed(3)
     for scores in (torch.randn(4, 16_416, 80, generator=g),
@@ -198,10 +198,10 @@ def test_ap_on_cuda_equals_ap_on_the_cpu() -> None:
 
 
 def test_bootstrap_replicates_on_cuda_equal_the_cpus() -> None:
-    """The paired bootstrap (probe.intervals) on CUDA -- torch's sort, one tile of all the
-    resamples, no column threads -- gives the CPU's replicates to float rounding, ties included
+    """The paired bootstrap (probe.evaluation.intervals) on CUDA -- torch's sort, one tile of all
+    the resamples, no column threads -- gives the CPU's replicates to float rounding, ties included
     (positives tied with each other enter in row order on both)."""
-    from probe.intervals import bootstrap_counts, weighted_column_ap
+    from probe.evaluation.intervals import bootstrap_counts, weighted_column_ap
 
     g = torch.Generator().manual_seed(5)
     for scores in (torch.randn(2, 4000, 20, generator=g),

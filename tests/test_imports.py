@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from featurize import cli as fcli
-from featurize import import_cli, imports, store_cli
+from featurize import imports
+from featurize.cli import imports as import_cli
+from featurize.cli import store as store_cli
 from featurize.datasets.cole import COCO_CLASSES, NUS_CLASSES, VOC_CLASSES, load_cole_formatted
 from probe.store import StoreError, StoreWriter, file_sha256, open_store
 from probe.store.protocol import single_positive, split_indices, split_pool

@@ -1,5 +1,6 @@
-"""probe.intervals: the vectorised paired bootstrap of mAP against a naive resample-and-rank,
-its coverage on synthetic scores with a known mAP difference, Holm and the t interval."""
+"""probe.evaluation.intervals: the vectorised paired bootstrap of mAP against a naive
+resample-and-rank, its coverage on synthetic scores with a known mAP difference, Holm and the t
+interval."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from probe.intervals import (
+from probe.evaluation.intervals import (
     bootstrap_counts,
     bootstrap_map,
     holm,
@@ -17,7 +18,7 @@ from probe.intervals import (
     paired_differences,
     weighted_column_ap,
 )
-from probe.ranking import column_ap
+from probe.metrics.ranking import column_ap
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -190,7 +191,7 @@ def test_bench_intervals_reports_the_machine(capsys):
 def test_counts_are_the_draw_of_one_generator_in_any_slicing_and_prefetched_alike():
     """The counts are drawn in slices of resamples: the same values as one (B, n) draw of the
     seeded generator (the definition), stored resample-minor; prefetched counts are the same."""
-    from probe import intervals
+    from probe.evaluation import intervals
 
     n, b = 300, 150  # more resamples than one slice
     gen = torch.Generator().manual_seed(9)
@@ -212,7 +213,7 @@ def test_tiles_and_threads_give_the_replicates_of_one_pass():
     for bit, on one thread and on several: counts and histograms are whole numbers, and each
     resample's sum runs in the same order and vector lane (widths are multiples of 64, the
     leftover joins the last tile: 5 columns summed alone round differently)."""
-    from probe import intervals
+    from probe.evaluation import intervals
 
     g = torch.Generator().manual_seed(11)
     n, c = 400, 7
@@ -246,7 +247,7 @@ def test_tiles_and_threads_give_the_replicates_of_one_pass():
 def test_replicates_do_not_depend_on_the_sorts_tie_order():
     """Positives tied with each other enter the sum in row order, whatever order the sort left
     them in: NumPy's argsort (the CPU's) and torch's sort give the same bits on heavy ties."""
-    from probe import ranking
+    from probe.metrics import ranking
 
     g = torch.Generator().manual_seed(12)
     n, c = 600, 6

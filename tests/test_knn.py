@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from probe import ProbeConfig, ProbeConfigError
-from probe.data import ProbeData
+from probe.engine.data import ProbeData
 from probe.knn import knn_scores, nearest_neighbours, run_knn
 from probe.losses import LossInputError
 

@@ -88,7 +88,7 @@ def test_a_budget_draw_stored_in_the_store_is_one_observed_seed(tmp_path, capsys
     sys.path.insert(0, str(Path(__file__).parent))
     from test_store import PROV, make_features, make_index
 
-    from probe.data import ProbeData
+    from probe.engine.data import ProbeData
     from probe.store import StoreError, add_observed_seed, open_store, write_feature_store
 
     index = make_index()

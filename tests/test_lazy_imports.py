@@ -105,7 +105,7 @@ def test_deterministic_cuda_kernels_do_not_import_torchdynamo():
     code = textwrap.dedent(
         """
         import sys, torch
-        from probe.loop import deterministic
+        from probe.engine.loop import deterministic
         with deterministic(torch.device("cuda"), True):
             on = (torch.are_deterministic_algorithms_enabled(),
                   torch.is_deterministic_algorithms_warn_only_enabled())

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.metrics import average_precision_score, f1_score, precision_score, recall_score
 
-import probe.ranking as ranking
+import probe.metrics.ranking as ranking
 from probe.metrics import (
     MetricAccumulator,
     MetricInputError,
@@ -198,7 +198,7 @@ def test_blocking_does_not_change_results(monkeypatch, chunk):
 
 def _all_rows_ap_block(scores: torch.Tensor, targets: torch.Tensor,
                        canonical: bool = True) -> torch.Tensor:
-    """The all-rows form of probe.ranking.ap_block (the reference: every sorted row's
+    """The all-rows form of probe.metrics.ranking.ap_block (the reference: every sorted row's
     precision, zeros at the negatives, summed over N). ``canonical``: ranked ascending with a
     negative before a positive of the same score (two stable sorts: target, then score), as
     ap_block ranks; False: the previous kernel, whose ties between a

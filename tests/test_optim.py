@@ -1,4 +1,4 @@
-"""Stacked Adam / SGD (probe.optim): trial t of a stacked optimizer makes exactly the updates
+"""Stacked Adam / SGD (probe.engine.optim): trial t of a stacked optimizer makes exactly the updates
 torch.optim makes on that trial's slice alone, with per-trial lr and weight decay; stopped
 trials freeze; bad settings are named."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from probe.optim import (
+from probe.engine.optim import (
     OptimizerConfigError,
     StackedAdam,
     StackedSGD,

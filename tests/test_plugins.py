@@ -22,7 +22,7 @@ from fixtures_datasets import toy_feature_store
 
 import probe.losses as L
 import probe.registry as registry_module
-from probe.config import ProbeConfigError, loss_hparams
+from probe.engine.config import ProbeConfigError, loss_hparams
 from probe.losses import (
     REGISTRY,
     HParam,
@@ -407,7 +407,7 @@ def test_the_installed_example_plugin_is_searched_by_worker_processes(installed,
     assert summary["n_complete"] + summary["n_pruned"] >= 4
     import optuna
 
-    from studies.storage import open_existing_storage
+    from studies.study.storage import open_existing_storage
 
     trials = optuna.load_study(study_name="toy-an_plugin",
                                storage=open_existing_storage(out / "study.log")[1]).get_trials()

@@ -118,7 +118,7 @@ def test_the_documented_prior_loss_is_searched_by_two_workers(site, store, tmp_p
     assert summary["n_complete"] + summary["n_pruned"] >= 4
     import optuna
 
-    from studies.storage import open_existing_storage
+    from studies.study.storage import open_existing_storage
 
     study = optuna.load_study(study_name="toy-prior_an",
                               storage=open_existing_storage(out / "study.log")[1])

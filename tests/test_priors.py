@@ -20,7 +20,7 @@ from torch import nn
 
 import probe.losses as L
 from probe import ProbeConfig, ProbeConfigError, SpeedOptions, train_probe
-from probe.data import ProbeData
+from probe.engine.data import ProbeData
 from probe.errors import SpmlError
 from probe.losses import LossInputError, create_loss
 from probe.losses.gpr import damp_scores, gpr_pseudo_labels
@@ -121,7 +121,7 @@ def test_other_refusals_name_the_problem(store, tmp_path):
 def test_import_from_csv_and_parquet_matches_the_npy(store, tmp_path):
     import polars as pl
 
-    from featurize.priors_import import import_priors
+    from featurize.priors.files import import_priors
 
     s = open_store(store)
     scores = _scores(s.n_rows, s.n_classes, seed=3)
@@ -525,7 +525,7 @@ def test_cli_import_probe_and_study_on_yeast(store, tmp_path, capsys):
 
 
 def test_the_fine_tune_refuses_a_prior_loss_by_name():
-    from studies.finetune import FinetuneConfig, FinetuneError, build_loss
+    from studies.finetune.run import FinetuneConfig, FinetuneError, build_loss
 
     with pytest.raises(FinetuneError, match=r"--loss vlpl reads a store prior.*spml probe"):
         build_loss(FinetuneConfig("voc", "unused", "vlpl", "unused"), {}, None)

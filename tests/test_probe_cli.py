@@ -9,7 +9,7 @@ import pytest
 import torch
 from fixtures_datasets import toy_feature_store
 
-from probe.cliargs import parse_sets, parse_value
+from probe.cli.args import parse_sets, parse_value
 from studies.cli import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")

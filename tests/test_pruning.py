@@ -1,4 +1,4 @@
-"""studies.pruning: in-process median pruning takes Optuna's decisions on the same history."""
+"""studies.study.pruning: in-process median pruning takes Optuna's decisions on the same history."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 import optuna
 import pytest
 
-from studies.pruning import BatchPruner, MedianRule
+from studies.study.pruning import BatchPruner, MedianRule
 
 RULES = [
     MedianRule(n_startup_trials=4, n_warmup_steps=1),  # what `spml study --trials-at-once 8` uses

@@ -39,9 +39,9 @@ def test_confirm_refit_trains_the_winner_on_train_plus_val(yeast_store, tmp_path
 
 
 def test_train_plus_val_appends_val_rows(yeast_store):
-    from probe.data import ProbeData
+    from probe.engine.data import ProbeData
     from probe.store import open_store
-    from studies.confirm import train_plus_val
+    from studies.results.confirm import train_plus_val
 
     store = open_store(yeast_store)
     data = ProbeData.from_store(store, device="cpu")

@@ -92,7 +92,7 @@ def test_damaged_feature_chunk_is_named(tmp_path: Path, feats: np.ndarray, damag
     # rows outside the damaged chunk still read
     np.testing.assert_array_equal(store.features(np.arange(0, 2 * BLOCK), flip=True),
                                   (feats + 1)[: 2 * BLOCK].astype(np.float16))
-    from probe.data import ProbeData
+    from probe.engine.data import ProbeData
 
     with pytest.raises(StoreDamaged, match=r"'features_flip' chunk 2 is damaged"):
         ProbeData.from_store(path)
@@ -191,7 +191,7 @@ def test_rerunning_featurize_repairs(tmp_path: Path) -> None:
     from test_featurize import _cfg, _index
 
     from featurize.backbones import load_backbone
-    from featurize.runner import featurize
+    from featurize.extract.run import featurize
 
     index = _index(make_folder(tmp_path / "ds", n_images=12, seed=3))
     backbone = load_backbone("resnet18", "random", seed=0)
@@ -264,7 +264,7 @@ def test_os_error_reading_a_chunk_is_named(tmp_path: Path, feats: np.ndarray) ->
 def test_probe_data_from_store_reads_the_same_tensors(tmp_path: Path, feats: np.ndarray) -> None:
     import torch
 
-    from probe.data import ProbeData
+    from probe.engine.data import ProbeData
 
     path = tmp_path / "s.zarr"
     store = build(path, feats, feats - 2)

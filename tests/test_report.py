@@ -26,8 +26,8 @@ from PIL import Image
 from studies import plots
 from studies.cli.report import register_cli as register_report_cli
 from studies.report import SECTIONS, ReportOptions, build_report, study_command
-from studies.results import read_results, write_batch
-from studies.storage import StudyError
+from studies.results.rows import read_results, write_batch
+from studies.study.storage import StudyError
 
 pytest.importorskip("river", reason="the yeast set ships inside river (extra 'yeast')")
 
@@ -161,9 +161,9 @@ def real(tmp_path_factory):
     """yeast store → GR study (10 trials, 2 stacked batches, median pruning) → confirmation
     of the top 2 over seeds 0,1 → report with the AN baseline."""
     from featurize.imports import import_yeast
-    from studies.confirm import confirm_study, load_study
-    from studies.study import run_study
-    from studies.study_settings import StudySettings
+    from studies.results.confirm import confirm_study, load_study
+    from studies.study.run import run_study
+    from studies.study.settings import StudySettings
 
     root = tmp_path_factory.mktemp("report")
     store = root / "yeast.zarr"
@@ -251,7 +251,7 @@ def test_real_study_report_matches_the_storage(real):
         assert (r["verdict"] == "no clear difference") == (float(r["p (Holm)"]) >= 0.05)
 
     # convergence: completed trials whose best val epoch is their last are counted, with advice
-    from probe.convergence import count_best_is_last
+    from probe.evaluation.convergence import count_best_is_last
 
     curves = [[t.intermediate_values[k] for k in sorted(t.intermediate_values)]
               for t in complete]
@@ -295,7 +295,7 @@ def test_reproduce_command_parses_back_to_the_same_settings(real):
     """The summary's 'spml study' line, parsed by the real CLI, gives the recorded settings."""
     from studies.cli import build_parser
     from studies.cli.study import settings_from_args
-    from studies.study_create import settings_dict
+    from studies.study.create import settings_dict
 
     page = _parse(real["result"].html_path)
     lines = page.pre[0].splitlines()

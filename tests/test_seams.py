@@ -107,7 +107,7 @@ def test_the_walker_finds_private_names_and_lets_private_modules_pass():
 def test_trials_rank_by_value_then_by_the_lowest_number():
     from types import SimpleNamespace as T
 
-    from studies.storage import best_trial, ranked_trials
+    from studies.study.storage import best_trial, ranked_trials
 
     trials = [T(number=0, value=0.5), T(number=3, value=0.9), T(number=1, value=0.9),
               T(number=2, value=0.1)]
@@ -128,15 +128,15 @@ def test_the_best_trial_rule_and_the_paper_mark_live_in_one_module():
     spelled = {rel: rank.findall(text) + re.findall(r'"spml:paper"', text)
                for rel, text in _studies_sources().items()}
     elsewhere = {rel: hits for rel, hits in spelled.items()
-                 if hits and rel != "studies/storage.py"}
+                 if hits and rel != "studies/study/storage.py"}
     assert not elsewhere, elsewhere
-    assert spelled["studies/storage.py"] == ['"spml:paper"']
+    assert spelled["studies/study/storage.py"] == ['"spml:paper"']
 
 
 def test_a_study_checks_its_inputs_once(yeast_store, tmp_path, monkeypatch):
-    import studies.study as study_module
-    import studies.study_create as create_module
-    from studies.study_settings import StudySettings, preflight
+    import studies.study.create as create_module
+    import studies.study.run as study_module
+    from studies.study.settings import StudySettings, preflight
 
     calls = []
 

@@ -1,8 +1,8 @@
 """Selection modes: ``spml study --select val | cv:K | draws:N`` and
 ``spml analyze selection``, on the real yeast store.
 
-What is checked: the replicates are what :mod:`probe.selection` says (re-splits of the pool
-with the protocol's generator, or the protocol's draw with other seeds; replicate 0 is the
+What is checked: the replicates are what :mod:`probe.evaluation.selection` says (re-splits of the
+pool with the protocol's generator, or the protocol's draw with other seeds; replicate 0 is the
 protocol's own), a study scores each trial by exactly the mean of the runs a plain loop would
 make on each replicate, the mode is part of the study's identity, and the analysis writes its
 table.
@@ -18,9 +18,10 @@ import optuna
 import pytest
 import torch
 
-from probe.config import ProbeConfig
-from probe.data import ProbeData
-from probe.selection import (
+from probe.engine.config import ProbeConfig
+from probe.engine.data import ProbeData
+from probe.engine.train import train_probe
+from probe.evaluation.selection import (
     Selection,
     SelectionError,
     mean_over_replicates,
@@ -28,7 +29,6 @@ from probe.selection import (
 )
 from probe.store import open_store
 from probe.store.protocol import PROTOCOL_SEED, single_positive, split_indices
-from probe.train import train_probe
 
 pytest.importorskip("river", reason="the yeast set ships inside river (extra 'yeast')")
 
@@ -123,10 +123,10 @@ def test_a_study_scores_trials_by_the_replicates_mean(yeast_store, tmp_path) -> 
     """The value Optuna holds for every trial is the mean-curve maximum of plain runs on each
     replicate with the trial's parameters; its intermediate values are the mean curve; the
     Parquet rows say which mode scored them; nothing is pruned."""
-    from studies.results import read_results
-    from studies.storage import StudyError, open_existing_storage
-    from studies.study import run_study
-    from studies.study_settings import StudySettings
+    from studies.results.rows import read_results
+    from studies.study.run import run_study
+    from studies.study.settings import StudySettings
+    from studies.study.storage import StudyError, open_existing_storage
 
     settings = StudySettings(store=yeast_store, loss="gr", n_trials=3, batch=3, out=str(tmp_path),
                              select="cv:2", seed=1, **FAST)

@@ -1,4 +1,4 @@
-"""Speed options apart from the experiment (probe.speed): the step-thread decision on given
+"""Speed options apart from the experiment (probe.engine.speed): the step-thread decision on given
 samples (never on timings), remembering it per machine and step shape in the process and on
 disk so that a run gets the same setting whatever ran before it, the deprecated ProbeConfig
 fields, and that the recorded experiment carries no speed knob."""
@@ -12,11 +12,11 @@ import pytest
 import torch
 from fixtures_datasets import toy_probe_arrays
 
-import probe.loop as loop
-import probe.speed as speed
+import probe.engine.loop as loop
+import probe.engine.speed as speed
 from probe import ProbeConfig, SpeedOptions, SpmlError, train_probe
-from probe.data import ProbeData
-from probe.speed import (
+from probe.engine.data import ProbeData
+from probe.engine.speed import (
     THREAD_MARGIN,
     choose_threads,
     clear_winner,

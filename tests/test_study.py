@@ -19,10 +19,10 @@ import pytest
 from optuna.trial import TrialState
 
 from studies.cli import main
-from studies.results import read_results, write_batch
-from studies.storage import StudyError
-from studies.study import run_study
-from studies.study_settings import StudySettings
+from studies.results.rows import read_results, write_batch
+from studies.study.run import run_study
+from studies.study.settings import StudySettings
+from studies.study.storage import StudyError
 
 pytest.importorskip("river", reason="the yeast set ships inside river (extra 'yeast')")
 
@@ -46,7 +46,7 @@ def yeast(yeast_store, tmp_path_factory) -> str:
 
 def journal_storage(out: Path):
     """The journal storage 'spml study --out OUT' writes by default."""
-    from studies.storage import open_existing_storage
+    from studies.study.storage import open_existing_storage
 
     return open_existing_storage(out / "study.log")[1]
 
@@ -119,7 +119,7 @@ def test_sqlite_study_then_journal_with_two_workers(yeast, tmp_path):
         ]
     )
     assert code == 0
-    from studies.storage import open_storage, parse_storage
+    from studies.study.storage import open_storage, parse_storage
 
     storage = open_storage(parse_storage(out / "study.log"))
     trials = _finished_ok(storage, "yeast-em", 8, out)
@@ -159,7 +159,7 @@ def test_postgresql_study_with_two_workers(yeast, tmp_path):
             ]
         )
         assert code == 0
-        from studies.storage import open_storage, parse_storage
+        from studies.study.storage import open_storage, parse_storage
 
         _finished_ok(open_storage(parse_storage(url)), "yeast-an_ls", 6, out)
 
@@ -212,8 +212,8 @@ def test_killed_worker_trial_is_retried_and_nothing_is_lost(yeast, tmp_path):
         grace_seconds=3,
     )
     from probe.store import open_store
-    from studies.storage import open_storage, parse_storage
-    from studies.study_create import create_or_join
+    from studies.study.create import create_or_join
+    from studies.study.storage import open_storage, parse_storage
 
     create_or_join(settings, open_store(yeast))
     victim = subprocess.Popen(args, stderr=subprocess.DEVNULL)
@@ -371,7 +371,7 @@ def test_confirm_reports_mean_and_std(yeast, tmp_path, capsys):
     frame = pl.read_parquet(out / "confirm.parquet")
     assert frame.height == 2 and all(len(x) == 4 for x in frame["test_maps"])
     # the t interval of the mean over the 4 runs (seeds x draws) brackets the mean
-    from probe.intervals import mean_interval
+    from probe.evaluation.intervals import mean_interval
 
     for row in frame.iter_rows(named=True):
         iv = mean_interval(row["test_maps"])
@@ -383,7 +383,7 @@ def test_confirm_reports_mean_and_std(yeast, tmp_path, capsys):
 
     assert 7 in open_store(yeast).observed_seeds()  # the extra draw was added to the store
     with pytest.raises(StudyError, match="no study 'nope'"):
-        from studies.confirm import load_study
+        from studies.results.confirm import load_study
 
         load_study(str(out / "study.log"), "nope")
 
@@ -391,11 +391,11 @@ def test_confirm_reports_mean_and_std(yeast, tmp_path, capsys):
 def test_interrupted_batch_fails_fast_and_resumes(yeast, tmp_path, monkeypatch):
     """Ctrl-C mid-batch: the batch's trials are failed at once (not left RUNNING), re-enqueued,
     and the next run of the same command finishes the study with nothing lost."""
-    import probe.train
+    import probe.engine.train
 
     settings = StudySettings(store=yeast, loss="an_ls", n_trials=4, batch=2, out=str(tmp_path),
                              epochs=2, batch_size=32, lr=0.01, pruner="none")
-    real = probe.train.train_probe
+    real = probe.engine.train.train_probe
     calls = {"n": 0}
 
     def interrupt_second_batch(*args, **kwargs):
@@ -404,7 +404,7 @@ def test_interrupted_batch_fails_fast_and_resumes(yeast, tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(probe.train, "train_probe", interrupt_second_batch)
+    monkeypatch.setattr(probe.engine.train, "train_probe", interrupt_second_batch)
     with pytest.raises(KeyboardInterrupt):
         run_study(settings)
     storage = journal_storage(tmp_path)
@@ -414,7 +414,7 @@ def test_interrupted_batch_fails_fast_and_resumes(yeast, tmp_path, monkeypatch):
     assert len(failed) == 2
     assert all(t.system_attrs["spml:fail_reason"] == "interrupted (Ctrl-C)" for t in failed)
     assert len(read_results(tmp_path / "results")) == 2  # the first batch's results are kept
-    monkeypatch.setattr(probe.train, "train_probe", real)
+    monkeypatch.setattr(probe.engine.train, "train_probe", real)
     summary = run_study(settings)
     assert summary.n_complete == 4
     study = optuna.load_study(study_name="yeast-an_ls", storage=storage)

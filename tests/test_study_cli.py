@@ -16,7 +16,7 @@ import pytest
 from optuna.trial import TrialState
 
 from studies.cli import main
-from studies.results import read_results, write_batch
+from studies.results.rows import read_results, write_batch
 
 pytest.importorskip("river", reason="the yeast set ships inside river (extra 'yeast')")
 
@@ -30,7 +30,7 @@ def _study(store: str, out: Path, *extra: str, loss: str = "gr", trials: str = "
 
 
 def _storage(out: Path):
-    from studies.storage import open_existing_storage
+    from studies.study.storage import open_existing_storage
 
     return open_existing_storage(out / "study.log")[1]
 
@@ -97,8 +97,8 @@ def test_probe_and_import_refuse_before_writing(yeast_store, tmp_path, capsys):
 def _failed_start(store: str, out: Path, **changes) -> None:
     """A study whose only trial failed, as a start that broke in training leaves it."""
     from probe.store import open_store
-    from studies.study_create import create_or_join
-    from studies.study_settings import StudySettings
+    from studies.study.create import create_or_join
+    from studies.study.settings import StudySettings
 
     settings = StudySettings(store=store, loss="gr", n_trials=3, batch=3, out=str(out),
                              epochs=1, batch_size=64, lr=0.01, **changes)
@@ -130,7 +130,7 @@ def test_a_failed_study_is_replaced_under_the_ask_lock(yeast_store, tmp_path, mo
     command at once replace it once), and its new identity is set before the lock is freed."""
     import contextlib
 
-    import studies.study_create as sc
+    import studies.study.create as sc
 
     out = tmp_path / "pz"
     _failed_start(yeast_store, out, fixed={"w_T": 3.0})
@@ -300,11 +300,11 @@ class _FakeWorker:
     (2, 2, "1", False), (8, 2, "4", False), (2, 3, "1", True), (3, 2, "1", False)])
 def test_each_worker_gets_its_share_of_the_cores(yeast_store, tmp_path, capsys, monkeypatch,
                                                  cores, workers, threads, warns):
-    import studies.study
+    import studies.study.run
 
     _FakeWorker.started = []
-    monkeypatch.setattr(studies.study.subprocess, "Popen", _FakeWorker)
-    monkeypatch.setattr(studies.study, "available_cores", lambda: cores)
+    monkeypatch.setattr(studies.study.run.subprocess, "Popen", _FakeWorker)
+    monkeypatch.setattr(studies.study.run, "available_cores", lambda: cores)
     # the fake workers train nothing: the study then stops short, which is fine here
     assert main(_study(yeast_store, tmp_path / "w", "--workers", str(workers))) == 2
     err = capsys.readouterr().err

@@ -15,10 +15,10 @@ from optuna.trial import TrialState
 from pgserver import find_pg_bin, postgres_server
 
 from studies.cli import main
-from studies.heartbeat import HEARTBEAT_KEY, WORKER_KEY
-from studies.results import read_results
-from studies.space import build_space, parse_range
-from studies.storage import StudyError, open_storage, parse_storage
+from studies.results.rows import read_results
+from studies.study.heartbeat import HEARTBEAT_KEY, WORKER_KEY
+from studies.study.space import build_space, parse_range
+from studies.study.storage import StudyError, open_storage, parse_storage
 
 FAST = ["--epochs", "2", "--batch-size", "64", "--lr", "0.01"]
 
@@ -70,8 +70,8 @@ def _worker(barrier, settings: dict) -> None:
     import torch
 
     torch.set_num_threads(1)
-    from studies.study_settings import StudySettings
-    from studies.study_worker import run_worker
+    from studies.study.settings import StudySettings
+    from studies.study.worker import run_worker
 
     config = StudySettings(**settings)
     barrier.wait(timeout=600)

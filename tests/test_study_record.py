@@ -18,7 +18,7 @@ import pytest
 
 from probe.store import open_store
 from studies.cli import main
-from studies.results import read_results
+from studies.results.rows import read_results
 
 pytest.importorskip("river", reason="the yeast set ships inside river (extra 'yeast')")
 
@@ -159,7 +159,7 @@ def prior_study(store, tmp_path_factory):
 def _best_val(out, name):
     import optuna
 
-    from studies.storage import open_existing_storage
+    from studies.study.storage import open_existing_storage
 
     study = optuna.load_study(study_name=name,
                               storage=open_existing_storage(out / "study.log")[1])
@@ -251,7 +251,7 @@ def test_run_study_returns_what_spml_study_prints_without_re_training(store, tmp
                                                                       monkeypatch):
     import subprocess
 
-    import probe.train
+    import probe.engine.train
     from studies import StudySettings, run_study
 
     out = tmp_path / "cli"
@@ -268,18 +268,18 @@ def test_run_study_returns_what_spml_study_prints_without_re_training(store, tmp
 
     settings = StudySettings(store=str(store), loss="gr", n_trials=3, batch=3,
                              out=str(tmp_path / "lib"), epochs=1, batch_size=64, lr=0.01)
-    real = probe.train.train_probe
+    real = probe.engine.train.train_probe
     summary = run_study(settings, verdict=False)
-    monkeypatch.setattr(probe.train, "train_probe", no_training)
+    monkeypatch.setattr(probe.engine.train, "train_probe", no_training)
     import optuna
 
-    from studies.storage import open_storage
-    from studies.study_summary import with_verdict
+    from studies.study.storage import open_storage
+    from studies.study.summary import with_verdict
 
     study = optuna.load_study(study_name=summary.name,
                               storage=open_storage(settings.storage_spec()))
     summary = with_verdict(summary, study, settings)
-    monkeypatch.setattr(probe.train, "train_probe", real)
+    monkeypatch.setattr(probe.engine.train, "train_probe", real)
     v = summary.verdict
     for row in [v.winner, *([v.paper] if v.paper else [])]:
         assert printed[row.trial] == pytest.approx(
@@ -304,7 +304,7 @@ def test_run_study_returns_what_spml_study_prints_without_re_training(store, tmp
 def test_the_first_trial_fills_data_derived_values_as_probe_does(store, tmp_path):
     import optuna
 
-    from studies.storage import open_existing_storage
+    from studies.study.storage import open_existing_storage
 
     out = tmp_path / "epr"
     rc, text, err = _run(["study", str(store), "--loss", "epr", "--trials", "2",
@@ -349,7 +349,7 @@ def test_a_searched_count_says_what_it_acts_as():
     """GPR's top_k and VLPL's k_neg compare a 0-based rank with the value: 7.27868 acts as 8
     classes, and the summary says so; other parameters print as they are."""
     from probe.losses import get_loss_class
-    from studies.study_summary import param_lines
+    from studies.study.summary import param_lines
 
     spec = {s.name: s for s in get_loss_class("gpr").hparam_specs}["top_k"]
     assert spec.effective(7.27868) == 8 and spec.effective(3.0) == 3

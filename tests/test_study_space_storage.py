@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 
-from studies.space import build_space, parse_range
-from studies.storage import FileLock, StudyError, open_storage, parse_storage
+from studies.study.space import build_space, parse_range
+from studies.study.storage import FileLock, StudyError, open_storage, parse_storage
 
 
 def test_space_comes_from_declared_ranges_with_paper_defaults():
@@ -98,7 +98,7 @@ def test_a_torn_journal_line_is_dropped_and_the_study_goes_on(tmp_path):
 def test_a_study_keeps_its_old_sqlite_file(tmp_path):
     """The default storage is OUT/study.log; a study an older spml wrote to OUT/study.db is
     continued there, and an explicit --storage always wins."""
-    from studies.study_settings import StudySettings
+    from studies.study.settings import StudySettings
 
     settings = StudySettings(store="x.zarr", loss="gr", out=str(tmp_path))
     assert settings.storage_spec() == parse_storage(tmp_path / "study.log")
@@ -131,12 +131,12 @@ def test_option_parameters_are_searched_only_when_their_switch_is_on():
 
 
 def test_a_killed_workers_file_lock_is_freed_at_once(tmp_path):
-    """The journal's and the ask lock (studies.storage.FileLock) are flocks: held against
+    """The journal's and the ask lock (studies.study.storage.FileLock) are flocks: held against
     another process while their holder lives, free the moment it is SIGKILLed -- no grace
     period for waiters to break it (Optuna's lock files raced there)."""
     path = str(tmp_path / "study.log.flock")
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from studies.storage import FileLock; "
+        [sys.executable, "-c", "import sys, time; from studies.study.storage import FileLock; "
          f"FileLock({path!r}).acquire(); print('held', flush=True); time.sleep(600)"],
         stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
     try:

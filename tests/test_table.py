@@ -225,8 +225,8 @@ def test_marks_follow_the_paired_test_within_the_column(store):
     """Three rows with known relations: gr given an's very heads (a difference of exactly 0:
     marked, Holm p = 1) and em given an's heads negated (far worse: not marked)."""
 
-    from probe.data import ProbeData
-    from probe.evaluate import stacked_logits
+    from probe.engine.data import ProbeData
+    from probe.evaluation.heads import stacked_logits
     from probe.metrics import mean_average_precision
     from studies.table import Table, TableConfig, plan_table
     from studies.table.cells import make_cells, train_cells

@@ -1,8 +1,9 @@
-"""The probe engine (probe.train): exact semantics against a plain PyTorch loop, stacked trials,
-stopping trials, determinism, results/heads files, real yeast data, and errors before training.
+"""The probe engine (probe.engine.train): exact semantics against a plain PyTorch loop, stacked
+trials, stopping trials, determinism, results/heads files, real yeast data, and errors before
+training.
 
-The reference loop below is written from the documented semantics of probe.train (not from its
-code): ``torch.manual_seed(seed); nn.Linear(D, C)``; batch order from
+The reference loop below is written from the documented semantics of probe.engine.train (not from
+its code): ``torch.manual_seed(seed); nn.Linear(D, C)``; batch order from
 ``torch.Generator().manual_seed(seed + 2**32)`` -- per epoch ``randperm(N)`` then (flips on)
 ``randint(0, 2, (N,))``; consecutive batches, last partial one dropped; ``torch.optim`` on the
 head (and on ``loss.extra_parameters()`` at lr × mult, no weight decay); the loss hooks.
@@ -31,8 +32,8 @@ from probe import (
     save_head,
     train_probe,
 )
-from probe.data import DataError, ProbeData
-from probe.loop import init_head
+from probe.engine.data import DataError, ProbeData
+from probe.engine.loop import init_head
 from probe.losses import LossInputError, create_loss
 
 N_TRAIN, N_VAL, N_TEST, D, C = 44, 20, 24, 6, 5
@@ -547,7 +548,7 @@ def test_trials_in_blocks_train_exactly_as_in_one_block(loss_name, trials, extra
 
 
 def test_trial_blocks_are_balanced_sized_to_the_cache_and_cpu_only():
-    import probe.loop as loop
+    import probe.engine.loop as loop
 
     cpu = torch.device("cpu")
     sizes = lambda n, b, s: [len(r) for r in loop.trial_blocks(n, b, cpu, s)]  # noqa: E731
@@ -611,7 +612,7 @@ def test_cuda_graph_step_equals_the_eager_step(loss_name, trials, graph_steps, d
     graph replayed 5 times (GRAPH_STEPS's default) or one graph of the 5 steps; at batch 7 with
     drop_last=False, 3 warm-up steps, three replays of a 3-step graph and an eager last step of
     one row."""
-    from probe import loop
+    from probe.engine import loop
 
     monkeypatch.setattr(loop, "GRAPH_STEPS", graph_steps)
     data = _data_8_classes()
@@ -638,7 +639,7 @@ def test_a_heads_logits_do_not_depend_on_the_heads_evaluated_with_it():
     """A one-head product on several threads rounds unlike the same head in a batch (seen at
     4096 x 1025 x 80 on a 2-core CPU); evaluation runs it on one thread, so a trial's reported
     figures are the same whether it was evaluated alone or stacked."""
-    from probe.evaluate import stacked_logits
+    from probe.evaluation.heads import stacked_logits
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(4096, 1025, generator=g).half()
@@ -659,8 +660,8 @@ def test_test_intervals_from_the_final_pass_equal_the_intervals_after_the_run(mo
     (three blocks here), instead of a second pass after training: every trial's interval and
     the recorded settings equal attach_test_intervals' on the same run; with the test curve
     (no final pass) too."""
-    from probe import evaluate
-    from probe.intervals import attach_test_intervals
+    from probe.evaluation import heads as evaluate
+    from probe.evaluation.intervals import attach_test_intervals
 
     data = _data_8_classes()
     trials = [{"lr": 1e-2}, {"lr": 3e-2}, {"lr": 1e-1}, {"lr": 3e-1}, {"lr": 5e-2}]

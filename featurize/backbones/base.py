@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from featurize.images import ImageTransform
+from featurize.extract.images import ImageTransform
 from featurize.specs import DEFAULT, BackboneSpec
 from probe.errors import SpmlError
 

@@ -23,7 +23,7 @@ from featurize.backbones.base import (
     package_version,
     seeded,
 )
-from featurize.images import ImageTransform
+from featurize.extract.images import ImageTransform
 from featurize.specs import DEFAULT, FAMILIES, BackboneSpec
 from probe.errors import SpmlError
 

@@ -26,7 +26,7 @@ from featurize.backbones.base import (
     random_info,
     seeded,
 )
-from featurize.images import ImageTransform
+from featurize.extract.images import ImageTransform
 from featurize.specs import DEFAULT, FAMILIES, RANDOM, BackboneSpec
 from probe.errors import SpmlError
 

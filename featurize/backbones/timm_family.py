@@ -29,7 +29,7 @@ from featurize.backbones.base import (
     read_state,
     seeded,
 )
-from featurize.images import ImageTransform
+from featurize.extract.images import ImageTransform
 from featurize.specs import DEFAULT, FAMILIES, BackboneSpec
 from probe.errors import SpmlError
 

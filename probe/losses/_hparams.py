@@ -35,7 +35,8 @@ class LossOutput(NamedTuple):
 
 
 #: The quantities of the data a hyperparameter can be filled with when it is left None
-#: (``HParam(..., default=None, from_data=NAME)``); :func:`probe.config.loss_hparams` computes
+#: (``HParam(..., default=None, from_data=NAME)``); :func:`probe.engine.config.loss_hparams`
+# computes
 #: them for the probe, studies, confirm, the analyses and the fine-tune alike.
 DATA_QUANTITIES: dict[str, str] = {
     "expected_positives": (

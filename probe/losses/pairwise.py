@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..ranking import column_ap
+from probe.metrics.ranking import column_ap
+
 from ._base import HParam, Loss, LossInputError, LossOutput, register
 from ._hparams import check_call, check_inputs, check_state_arg, hp, per_trial, promote
 

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from probe.config import TRAINER_KEYS, ProbeConfig
-from probe.data import ProbeData
+from probe.engine.config import TRAINER_KEYS, ProbeConfig
+from probe.engine.data import ProbeData
+from probe.engine.results import ProbeResult
 from probe.progress import Progress
-from probe.results import ProbeResult
 
 from .common import (
     GR_SWITCHES,

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from probe.config import ProbeConfig
-from probe.data import ProbeData
+from probe.engine.config import ProbeConfig
+from probe.engine.data import ProbeData
 
 from .common import (
     AnalysisResult,

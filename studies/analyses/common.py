@@ -18,14 +18,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from probe.config import TRAINER_KEYS, ProbeConfig
-from probe.data import ProbeData
+from probe.engine.config import TRAINER_KEYS, ProbeConfig
+from probe.engine.data import ProbeData
+from probe.engine.loop import init_head
+from probe.engine.results import ProbeResult
+from probe.engine.train import train_probe
 from probe.errors import SpmlError, is_int
-from probe.intervals import attach_test_intervals, mean_interval, mean_std
-from probe.loop import init_head
+from probe.evaluation.intervals import attach_test_intervals, mean_interval, mean_std
 from probe.losses import check_hparams, get_loss_class
-from probe.results import ProbeResult
-from probe.train import train_probe
 
 
 class AnalyzeError(SpmlError):
@@ -214,7 +214,7 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[str]],
     """A text table: space-aligned columns for the terminal, or a GitHub Markdown table
     (first column left-aligned, the others right-aligned)."""
     if markdown:
-        from ..report.render import markdown_table
+        from studies.report.render import markdown_table
 
         return "\n".join(markdown_table(list(header), [list(r) for r in rows]))
 
@@ -383,5 +383,6 @@ def masked_probs(x: Tensor, head: Tensor, mask: Tensor) -> Tensor:
 
 
 def seeded_heads(seeds: Sequence[int], d: int, c: int) -> Tensor:
-    """(T, D+1, C): the untrained heads exactly as the engine draws them (probe.train.init_head)."""
+    """(T, D+1, C): the untrained heads exactly as the engine draws them
+    (probe.engine.loop.init_head)."""
     return torch.stack([torch.cat([w.T, b[None]]) for w, b in (init_head(s, d, c) for s in seeds)])

@@ -12,8 +12,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from probe.engine.trials import expand_grid
 from probe.losses import LossInputError, check_hparams, create_loss, get_loss_class
-from probe.trials import expand_grid
 
 from .common import AnalysisResult, AnalyzeError, check_int, check_losses
 

@@ -12,9 +12,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from probe.config import ProbeConfig
-from probe.data import ProbeData
-from probe.train import train_probe
+from probe.engine.config import ProbeConfig
+from probe.engine.data import ProbeData
+from probe.engine.train import train_probe
 
 from .common import (
     AnalysisResult,

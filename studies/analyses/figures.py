@@ -13,10 +13,10 @@ from typing import Any
 import matplotlib as mpl
 import numpy as np
 
+from probe.engine.results import write_json_atomic
 from probe.io import atomic_write_text
-from probe.results import write_json_atomic
+from studies.plots import BLUE, DPI, GREY, ORANGE, RED, STYLE, new_figure, save_figure
 
-from ..plots import BLUE, DPI, GREY, ORANGE, RED, STYLE, new_figure, save_figure
 from .ablation import AblationResult
 from .calibration import CalibrationResult
 from .common import k_hat_curve, scar_curve

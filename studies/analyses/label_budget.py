@@ -62,11 +62,11 @@ def label_budget(store_path: str, config: BudgetConfig | None = None, *,
                  log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """One row per (loss, k, fraction): val and test mAP at the best val epoch, the test
     interval, the best epoch and how many positives the train split observed."""
-    from probe.config import ProbeConfig
-    from probe.data import ProbeData
-    from probe.intervals import attach_test_intervals
+    from probe.engine.config import ProbeConfig
+    from probe.engine.data import ProbeData
+    from probe.engine.train import train_probe
+    from probe.evaluation.intervals import attach_test_intervals
     from probe.store import open_store
-    from probe.train import train_probe
 
     cfg = config or BudgetConfig()
     cfg.validate()
@@ -116,7 +116,7 @@ def plot_budget(rows: list[dict[str, Any]], path: str | Path) -> Path:
     import matplotlib as mpl
     import numpy as np
 
-    from ..plots import DPI, STYLE, new_figure, save_figure
+    from studies.plots import DPI, STYLE, new_figure, save_figure
 
     fractions = list(dict.fromkeys(r["fraction"] for r in rows))
     losses = list(dict.fromkeys(r["loss"] for r in rows))

@@ -1,9 +1,9 @@
 """``spml analyze selection``: does a study's winner hold up on test, per ``--select`` mode?
 
-Per selection mode (``val``, ``cv:K``, ``draws:N``; :mod:`probe.selection`) and study seed, one
-study searches the loss's hyperparameters; its winner and the loss's paper values are trained
-on the protocol's split with ``eval_seeds`` seeds and tested, and the row records both test mAPs
-and their difference (docs/selection.md holds the table for yeast and what it recommends). The
+Per selection mode (``val``, ``cv:K``, ``draws:N``; :mod:`probe.evaluation.selection`) and study
+seed, one study searches the loss's hyperparameters; its winner and the loss's paper values are
+trained on the protocol's split with ``eval_seeds`` seeds and tested, and the row records both test
+mAPs and their difference (docs/selection.md holds the table for yeast and what it recommends). The
 studies live in ``OUT/studies/<mode>-seed<s>/``: re-running the same command resumes them.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from probe.errors import SpmlError
-from probe.intervals import mean_std
+from probe.evaluation.intervals import mean_std
 
 __all__ = ["SelectionCheck", "check_selection", "format_selection", "plot_selection",
            "summarize_selection"]
@@ -38,7 +38,7 @@ class SelectionCheck:
     out: str = "spml-analysis/selection"  # studies under OUT/studies
 
     def validate(self) -> None:
-        from probe.selection import Selection
+        from probe.evaluation.selection import Selection
 
         for mode in self.modes:
             Selection.parse(mode)
@@ -51,8 +51,8 @@ class SelectionCheck:
 
 def _test_maps(data: Any, cfg: SelectionCheck, params: list[dict[str, Any]]) -> list[float]:
     """Mean test mAP over ``eval_seeds`` of each parameter set, trained stacked on ``data``."""
-    from probe.config import ProbeConfig
-    from probe.train import train_probe
+    from probe.engine.config import ProbeConfig
+    from probe.engine.train import train_probe
 
     n = len(cfg.eval_seeds)
     hparams = [p for p in params for _ in range(n)]
@@ -67,12 +67,11 @@ def check_selection(store_path: str, config: SelectionCheck | None = None, *,
                     log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """One row per (mode, study seed): the winner's selection score, its parameters, and the
     winner's and the paper values' mean test mAP on the protocol's split."""
-    from probe.data import ProbeData
+    from probe.engine.data import ProbeData
     from probe.store import open_store
-
-    from ..space import build_space
-    from ..study import run_study
-    from ..study_settings import StudySettings
+    from studies.study.run import run_study
+    from studies.study.settings import StudySettings
+    from studies.study.space import build_space
 
     cfg = config or SelectionCheck()
     cfg.validate()
@@ -144,7 +143,7 @@ def plot_selection(rows: list[dict[str, Any]], path: str | Path) -> Path:
     """The winner − paper test mAP of every study, a column of points per mode, with the mean."""
     import matplotlib as mpl
 
-    from ..plots import DPI, STYLE, new_figure, save_figure
+    from studies.plots import DPI, STYLE, new_figure, save_figure
 
     modes = list(dict.fromkeys(r["mode"] for r in rows))
     with mpl.rc_context(STYLE):

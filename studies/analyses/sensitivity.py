@@ -8,8 +8,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from probe.config import TRAINER_KEYS, ProbeConfig
-from probe.data import ProbeData
+from probe.engine.config import TRAINER_KEYS, ProbeConfig
+from probe.engine.data import ProbeData
 
 from .common import (
     AnalysisResult,

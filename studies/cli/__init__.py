@@ -7,17 +7,17 @@ and the library it is a thin layer over:
 command                                        defined in                   over the library
 =============================================  ===========================  =======================
 ``spml featurize | backbones``                 :mod:`featurize.cli`         featurize
-``spml import …``                              :mod:`featurize.import_cli`  featurize.imports
-``spml info | verify | draw``                  :mod:`featurize.store_cli`   probe.store
-``spml priors``                                :mod:`featurize.priors_cli`  featurize.clip_priors
+``spml import …``                              :mod:`featurize.cli.imports`  featurize.imports
+``spml info | verify | draw``                  :mod:`featurize.cli.store`   probe.store
+``spml priors``                                :mod:`featurize.cli.priors`  featurize.priors.clip
 ``spml bench featurize``                       :mod:`featurize.cli`         featurize.bench
 ``spml losses | probe``, ``spml bench probe``  :mod:`probe.cli`             probe
-``spml study``, ``spml study confirm``         :mod:`studies.cli.study`     studies.study, .confirm
-``spml report``                                :mod:`studies.cli.report`    studies.report
-``spml export``                                :mod:`studies.cli.export`    studies.export
+``spml study``, ``spml study confirm``         :mod:`studies.cli.study`     studies.study.run,
+.confirm ``spml report``                                :mod:`studies.cli.report`    studies.report
+``spml export``                                :mod:`studies.cli.export`    studies.results.export
 ``spml analyze …``                             :mod:`studies.cli.analyze`   studies.analyses
-``spml compare``                               :mod:`studies.cli.compare`   studies.compare
-``spml finetune``                              :mod:`studies.cli.finetune`  studies.finetune
+``spml compare``                               :mod:`studies.cli.compare`   studies.results.compare
+``spml finetune``                              :mod:`studies.cli.finetune`  studies.finetune.run
 ``spml demo``                                  :mod:`studies.cli.demo`      studies.demo
 ``spml table``                                 :mod:`studies.cli.table`     studies.table
 ``spml plugins``                               :mod:`studies.cli.plugins`   probe.registry
@@ -25,7 +25,7 @@ command                                        defined in                   over
 
 Each module exposes ``register_cli(sub, bench)``; a command is a thin function
 ``func(args) -> int`` over library functions that return results. Argument helpers shared by
-all of them are in :mod:`probe.cliargs`. Building the parser imports no torch, so ``--help``
+all of them are in :mod:`probe.cli.args`. Building the parser imports no torch, so ``--help``
 is instant. User errors (:class:`probe.SpmlError`) and the environment's (``OSError``: a
 missing path, a permission, a full disk) print as one line, ``spml <command>: error: …``, and
 exit with status 2 (``SPML_DEBUG=1`` shows their traceback); anything else is a bug in
@@ -46,7 +46,7 @@ from probe.errors import SpmlError
 
 # modules that add subcommands, in the order they appear in ``spml --help``
 COMMAND_MODULES = (
-    "featurize.cli", "featurize.import_cli", "featurize.store_cli", "featurize.priors_cli",
+    "featurize.cli", "featurize.cli.imports", "featurize.cli.store", "featurize.cli.priors",
     "probe.cli", "studies.cli.study", "studies.cli.report", "studies.cli.export",
     "studies.cli.analyze", "studies.cli.compare", "studies.cli.finetune", "studies.cli.demo",
     "studies.cli.table", "studies.cli.plugins",
@@ -54,7 +54,7 @@ COMMAND_MODULES = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from probe.cliargs import Parser
+    from probe.cli.args import Parser
 
     parser = Parser(
         prog="spml",

@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from probe.cliargs import (
+from probe.cli.args import (
     add_device_argument,
     add_observed_seed_argument,
     add_training_overrides,
@@ -110,8 +110,8 @@ def _loss_sets(items: list[str] | None, losses: list[str], lists: bool = False
                ) -> dict[str, dict[str, Any]]:
     """``--set [LOSS.]KEY=V[,V…]`` → per-loss hyperparameters. An unprefixed key goes to every
     listed loss that has it (or lr / weight_decay to all); single values unless ``lists``."""
-    from probe.cliargs import parse_sets
-    from probe.config import TRAINER_KEYS
+    from probe.cli.args import parse_sets
+    from probe.engine.config import TRAINER_KEYS
     from probe.losses import get_loss_class
     from studies.analyses import AnalyzeError
 
@@ -141,8 +141,8 @@ def _loss_sets(items: list[str] | None, losses: list[str], lists: bool = False
 def _config(args: argparse.Namespace):
     """The training settings of a store command (each analysis validates them, then loads the
     store with them)."""
-    from probe.cliargs import parse_ints
-    from probe.config import ProbeConfig
+    from probe.cli.args import parse_ints
+    from probe.engine.config import ProbeConfig
 
     seeds = parse_ints(args.seeds, "--seeds")
     return ProbeConfig(batch_size=args.batch_size, lr=args.lr, epochs=args.epochs,
@@ -209,7 +209,7 @@ def _cmd_calibration(args: argparse.Namespace) -> int:
 
 
 def _cmd_curves(args: argparse.Namespace) -> int:
-    from probe.cliargs import parse_ints
+    from probe.cli.args import parse_ints
     from studies.analyses import loss_curves
 
     losses = parse_names(args.loss)
@@ -227,14 +227,14 @@ def _log(args: argparse.Namespace) -> Any:
 
 def _write_json(out: Path, stem: str, config: Any, rows: list, **extra: Any) -> Path:
     """``OUT/<stem>.json``: the run's config, ``extra`` and rows."""
-    from probe.results import write_json_atomic
+    from probe.engine.results import write_json_atomic
 
     return write_json_atomic(out / f"{stem}.json",
                              {"config": dataclasses.asdict(config), **extra, "rows": rows})
 
 
 def _cmd_label_budget(args: argparse.Namespace) -> int:
-    from probe.cliargs import parse_ints
+    from probe.cli.args import parse_ints
     from studies.analyses.label_budget import BudgetConfig, format_budget, label_budget, plot_budget
 
     config = BudgetConfig(
@@ -251,7 +251,7 @@ def _cmd_label_budget(args: argparse.Namespace) -> int:
 
 
 def _cmd_selection(args: argparse.Namespace) -> int:
-    from probe.cliargs import parse_ints
+    from probe.cli.args import parse_ints
     from studies.analyses.selection_check import (
         SelectionCheck,
         check_selection,

@@ -1,10 +1,10 @@
-"""``spml compare``: a thin argparse layer over :func:`studies.compare.compare_heads`."""
+"""``spml compare``: a thin argparse layer over :func:`studies.results.compare.compare_heads`."""
 
 from __future__ import annotations
 
 import argparse
 
-from probe.cliargs import add_device_argument
+from probe.cli.args import add_device_argument
 from probe.errors import SpmlError
 
 COMPARE_EPILOG = """\
@@ -29,7 +29,7 @@ progress line each.
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from studies.compare import compare_heads, format_comparison
+    from studies.results.compare import compare_heads, format_comparison
 
     if args.resamples < 100:
         raise SpmlError(f"--resamples: at least 100 for a 95% interval; got {args.resamples}")
@@ -40,12 +40,12 @@ def _compare(args: argparse.Namespace) -> int:
                         device=args.device, name=args.name, progress=True)
     print(format_comparison(cmp))
     if args.json:
-        from probe.results import write_json_atomic
+        from probe.engine.results import write_json_atomic
 
         write_json_atomic(args.json, cmp.to_dict())
         print(f"\nwritten to {args.json}")
     if args.figure:
-        from studies.compare import plot
+        from studies.results.compare import plot
 
         print(f"figure: {plot(cmp, args.figure)}")
     return 0
@@ -54,7 +54,7 @@ def _compare(args: argparse.Namespace) -> int:
 def _bench_intervals(args: argparse.Namespace) -> int:
     import json
 
-    from probe.bench import bench_bootstrap
+    from probe.bench.engine import bench_bootstrap
 
     report = bench_bootstrap(n=args.rows, c=args.classes, systems=args.systems,
                              n_resamples=args.resamples, repeats=args.repeats, device=args.device)
@@ -102,8 +102,8 @@ def register_cli(sub: argparse._SubParsersAction,
     b = bench.add_parser(
         "intervals",
         help="seconds for the paired bootstrap of mAP (1,000 resamples of a COCO-sized test set)",
-        description="Median seconds of probe.intervals.bootstrap_map on random scores, with "
-                    "the machine and its load; printed as a line, then as JSON.",
+        description="Median seconds of probe.evaluation.intervals.bootstrap_map on random "
+                    "scores, with the machine and its load; printed as a line, then as JSON.",
     )
     b.add_argument("--rows", type=int, default=40_137, help="test images (default: COCO's)")
     b.add_argument("--classes", type=int, default=80, help="classes (default: 80)")

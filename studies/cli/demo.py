@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from probe.cliargs import add_device_argument
+from probe.cli.args import add_device_argument
 from probe.errors import SpmlError
 
 

@@ -1,4 +1,4 @@
-"""``spml export``: a thin argparse layer over :func:`studies.export.export`."""
+"""``spml export``: a thin argparse layer over :func:`studies.results.export.export`."""
 
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ JSON column with one key scheme for every source (<loss>.<name> for a loss hyper
 gr.b_T, also for a probe run's; train.<name> for a training setting), mAP/AP in percent,
 epochs counted from 1, and the settings each trial trained with (lr, batch_size, epochs,
 optimizer, observed_seed, draw, prior, val_labels, store, backbone, loss_package, ...). In
-Python: studies.export.collect(paths) returns the same table as a polars DataFrame.
+Python: studies.results.export.collect(paths) returns the same table as a polars DataFrame.
 """
 
 
 def _export(args: argparse.Namespace) -> int:
-    from studies.export import export
+    from studies.results.export import export
 
     path, frame = export(args.paths, args.out, epochs=args.epochs)
     kinds = ", ".join(f"{n} {k}" for k, n in sorted(

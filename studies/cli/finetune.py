@@ -1,5 +1,5 @@
-"""``spml finetune``: a thin layer over :func:`studies.finetune.finetune` (options and a
-``--from-json`` winner file → :class:`~studies.finetune.FinetuneConfig`; prints the summary)."""
+"""``spml finetune``: a thin layer over :func:`studies.finetune.run.finetune` (options and a
+``--from-json`` winner file → :class:`~studies.finetune.run.FinetuneConfig`; prints the summary)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from probe.cliargs import add_device_argument
+from probe.cli.args import add_device_argument
 from probe.store.protocol import PROTOCOL_SEED
-from studies.finetune_config import AMP_MODES, TRAIN_JSON_KEYS
+from studies.finetune.config import AMP_MODES, TRAIN_JSON_KEYS
 
 if TYPE_CHECKING:
-    from studies.finetune import FinetuneConfig, FinetuneResult
+    from studies.finetune.run import FinetuneConfig, FinetuneResult
 
 
 EPILOG = """\
@@ -40,9 +40,9 @@ and reads its images again; --from-study does so with the study's store.
 
 
 def parse_assignments(items: list[str] | None, option: str = "--set") -> dict[str, Any]:
-    """``["name=value", ...]`` → dict (see :func:`probe.cliargs.parse_assignments`)."""
-    from probe.cliargs import parse_assignments as parse
-    from studies.finetune import FinetuneError
+    """``["name=value", ...]`` → dict (see :func:`probe.cli.args.parse_assignments`)."""
+    from probe.cli.args import parse_assignments as parse
+    from studies.finetune.run import FinetuneError
 
     try:
         return parse(items, option)
@@ -51,8 +51,8 @@ def parse_assignments(items: list[str] | None, option: str = "--set") -> dict[st
 
 
 def _open_study(study: str, name: str | None) -> Any:
-    from studies.confirm import load_study
-    from studies.storage import find_storage
+    from studies.results.confirm import load_study
+    from studies.study.storage import find_storage
 
     storage = find_storage(study) if Path(study).is_dir() else study
     return load_study(storage, name, name_flag="--study-name")
@@ -61,7 +61,7 @@ def _open_study(study: str, name: str | None) -> Any:
 def winner_from_study(study: str, name: str | None = None) -> tuple[str, dict, dict]:
     """The loss, hyperparameters and training record of a study's best trial. ``study``: the
     folder given to ``spml study --out`` or a storage (study.db, study.log, postgresql://…)."""
-    from studies.confirm import winner
+    from studies.results.confirm import winner
 
     record = winner(_open_study(study, name))
     return record["loss"], record["hparams"], record["train"]
@@ -73,7 +73,7 @@ def _study_store(study: str, opened: Any) -> str | None:
     ``None`` for a study that records none or a store of imported features (no backbone to
     rebuild); refused by name where the store is in neither place."""
     from probe.store import open_store
-    from studies.finetune import FinetuneError
+    from studies.finetune.run import FinetuneError
 
     recorded = (opened.user_attrs.get("spml.settings") or {}).get("store")
     if not recorded:
@@ -97,7 +97,7 @@ def _model_options(args: argparse.Namespace) -> dict[str, Any]:
     given; without either, resnet50 with imagenet1k_v1 at 448 (a library-qualified backbone:
     its own default weights)."""
     from featurize.specs import family_of
-    from studies.finetune_config import store_backbone
+    from studies.finetune.config import store_backbone
 
     model = store_backbone(args.store) if args.store else {}
     if args.weights is not None or args.backbone is not None:
@@ -114,8 +114,8 @@ def _model_options(args: argparse.Namespace) -> dict[str, Any]:
 def _data_options(args: argparse.Namespace) -> dict[str, Any]:
     """The dataset, its root and adapter options: those given, else the images a --store's
     (or the --from-study study's store's) provenance records."""
-    from studies.finetune import FinetuneError
-    from studies.finetune_config import store_images
+    from studies.finetune.config import store_images
+    from studies.finetune.run import FinetuneError
 
     given = parse_assignments(args.dataset_option, "--dataset-option")
     if args.store and (args.dataset is None or args.root is None):
@@ -136,7 +136,7 @@ def _data_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def config_from_args(args: argparse.Namespace) -> tuple[FinetuneConfig, dict[str, Any]]:
     """Merge precedence: command-line options > the --from-json winner > paper presets."""
-    from studies.finetune import FinetuneConfig, FinetuneError, read_winner_json
+    from studies.finetune.run import FinetuneConfig, FinetuneError, read_winner_json
 
     loss, hparams, train = args.loss, {}, {}
     if args.from_json and args.from_study:
@@ -204,10 +204,10 @@ def format_summary(result: FinetuneResult) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from studies.finetune import finetune
+    from studies.finetune.run import finetune
 
     result = finetune(*config_from_args(args))
-    from probe.results import versioned
+    from probe.engine.results import versioned
 
     print(json.dumps(versioned(result.to_dict()), indent=2) if args.json
           else format_summary(result))

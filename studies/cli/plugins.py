@@ -8,7 +8,7 @@ import argparse
 import json
 from typing import Any
 
-from probe.cliargs import wrap
+from probe.cli.args import wrap
 
 __all__ = ["plugin_registries", "register_cli"]
 
@@ -16,7 +16,7 @@ __all__ = ["plugin_registries", "register_cli"]
 def plugin_registries() -> list[Any]:
     """The four registries, in the order the flow meets them (each imports its built-ins)."""
     from featurize.datasets import DATASETS
-    from featurize.prior_sources import PRIOR_SOURCES
+    from featurize.priors import PRIOR_SOURCES
     from featurize.specs import FAMILIES
     from probe.losses import REGISTRY
 

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from probe.cliargs import DEVICE_HELP, add_device_argument
+from probe.cli.args import DEVICE_HELP, add_device_argument
 from probe.errors import SpmlError
 
 REPORT_EPILOG = """\

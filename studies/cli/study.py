@@ -1,5 +1,5 @@
-"""``spml study`` and ``spml study confirm``: thin argparse layers over :mod:`studies.study` and
-:mod:`studies.confirm`."""
+"""``spml study`` and ``spml study confirm``: thin argparse layers over :mod:`studies.study.run` and
+:mod:`studies.results.confirm`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from probe.cliargs import (
+from probe.cli.args import (
     add_device_argument,
     add_observed_seed_argument,
     add_priors_argument,
@@ -35,7 +35,7 @@ worker marks it failed and runs the same parameters again.
 
 
 def _ints(text: str | None, flag: str) -> tuple[int, ...]:
-    from probe.cliargs import parse_ints
+    from probe.cli.args import parse_ints
 
     return tuple(parse_ints(text, flag) or ())
 
@@ -43,9 +43,9 @@ def _ints(text: str | None, flag: str) -> tuple[int, ...]:
 def settings_from_args(args: argparse.Namespace):
     """The :class:`StudySettings` that ``spml study``'s arguments ask for (checked when the
     study runs)."""
-    from probe.cliargs import parse_assignments, parse_sets
-    from studies.space import parse_range
-    from studies.study_settings import StudySettings
+    from probe.cli.args import parse_assignments, parse_sets
+    from studies.study.settings import StudySettings
+    from studies.study.space import parse_range
 
     fixed = parse_assignments(args.set)
     device, workers, devices = args.device, args.workers, ()
@@ -54,7 +54,7 @@ def settings_from_args(args: argparse.Namespace):
         if not devices:
             raise SpmlError(f"--devices expects DEV1,DEV2,... e.g. cuda:0,cuda:1; got "
                             f"{args.devices!r}")
-        from probe.data import resolve_device
+        from probe.engine.data import resolve_device
 
         for name in devices:  # a typo fails here, not in every worker
             resolve_device(name)
@@ -79,8 +79,8 @@ def settings_from_args(args: argparse.Namespace):
 
 
 def _study(args: argparse.Namespace) -> int:
-    from studies.study import run_study
-    from studies.study_settings import open_study_store
+    from studies.study.run import run_study
+    from studies.study.settings import open_study_store
 
     settings = settings_from_args(args)
     command = None
@@ -99,13 +99,13 @@ def _study(args: argparse.Namespace) -> int:
     if summary.best_value is not None:
         print(f"best val mAP {summary.best_value:.2f} in trial {summary.best_trial}; its "
               "parameters:")
-        from studies.study_summary import param_lines
+        from studies.study.summary import param_lines
 
         print("\n".join(param_lines(settings.loss, summary.best_params)))
     for line in summary.facts:  # epochs, batch size, lr, --set values, draw, prior
         print(line)
     if summary.n_best_at_last:
-        from probe.convergence import ADVICE
+        from probe.evaluation.convergence import ADVICE
 
         print(f"warning: {summary.n_best_at_last} of {summary.n_complete} completed trials had "
               f"their best val mAP at their last epoch (not converged); {ADVICE}")
@@ -123,19 +123,19 @@ def _study(args: argparse.Namespace) -> int:
         print(f"note: the winner was not tested against the paper values: "
               f"{summary.verdict_error}")
     if summary.verdict is not None:
-        from studies.verdict import format_verdict
+        from studies.study.verdict import format_verdict
 
         print("\n".join(format_verdict(summary.verdict)))
     if args.json:
-        from probe.results import write_json_atomic
+        from probe.engine.results import write_json_atomic
 
         write_json_atomic(args.json, summary.to_dict())
     return 0
 
 
 def _confirm(args: argparse.Namespace) -> int:
-    from studies.confirm import confirm_study, default_out, load_study
-    from studies.storage import parse_storage
+    from studies.results.confirm import confirm_study, default_out, load_study
+    from studies.study.storage import parse_storage
 
     study = load_study(args.storage, args.name)  # refuses a storage file that is not there
     out = Path(args.out) if args.out else default_out(args.storage)
@@ -276,10 +276,14 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
 
 
 def _bench_study(args: argparse.Namespace) -> int:
-    from probe.bench import synthetic_store
-    from probe.results import write_json_atomic
-
-    from ..bench import StudyBenchConfig, bench_study, format_study_bench, yeast_bench_store
+    from probe.bench.engine import synthetic_store
+    from probe.engine.results import write_json_atomic
+    from studies.study.bench import (
+        StudyBenchConfig,
+        bench_study,
+        format_study_bench,
+        yeast_bench_store,
+    )
 
     if args.store == "yeast":
         store = yeast_bench_store(args.cache_dir)
@@ -300,7 +304,7 @@ def _bench_study(args: argparse.Namespace) -> int:
 
 def confirm_parser() -> argparse.ArgumentParser:
     """``spml study confirm`` (its own parser: see :func:`studies.cli.main`)."""
-    from probe.cliargs import Parser
+    from probe.cli.args import Parser
 
     c = Parser(
         prog="spml study confirm",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from probe.cliargs import add_device_argument, add_training_overrides, parse_names, parse_seeds
+from probe.cli.args import add_device_argument, add_training_overrides, parse_names, parse_seeds
 
 TABLE_EPILOG = """\
 examples:

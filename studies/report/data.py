@@ -23,11 +23,10 @@ from optuna.distributions import (
 from optuna.trial import FrozenTrial, TrialState
 
 from probe.errors import MissingPathError, plain
-
-from ..confirm import load_study
-from ..plots import ParamAxis, TrialPoint
-from ..results import read_results
-from ..storage import find_storage, is_paper_trial, parse_storage, ranked_trials
+from studies.plots import ParamAxis, TrialPoint
+from studies.results.confirm import load_study
+from studies.results.rows import read_results
+from studies.study.storage import find_storage, is_paper_trial, parse_storage, ranked_trials
 
 
 @dataclass
@@ -154,7 +153,7 @@ def study_command(settings: dict[str, Any]) -> list[str]:
     """The ``spml study`` command line (argv) that creates this study, from its recorded
     ``spml.settings``: the flags that set a value other than the default, plus the store, loss,
     trial counts and output folder. ``spml study`` parses it back to the same settings."""
-    from ..study_settings import StudySettings
+    from studies.study.settings import StudySettings
 
     defaults = {f.name: (f.default if f.default is not MISSING else None)
                 for f in fields(StudySettings)}

@@ -25,10 +25,10 @@ INTERVAL_TOP = 3
 def study_training(st: Any) -> dict[str, Any]:
     """The training settings the study's trials used: what the results rows record each trial
     trained with (the best trial's, else the first row's), else as given, else the loss's paper
-    preset for the dataset, else the generic linear-probe values (probe.train's resolution).
+    preset for the dataset, else the generic linear-probe values (probe.engine.train's resolution).
     Values that differ between the rows (a study from before settings were part of its
     identity) are listed in ``mixed``."""
-    from probe.config import resolve_training
+    from probe.engine.config import resolve_training
 
     s = st.settings
     settings = resolve_training(st.loss_class, st.identity.get("dataset", ""),
@@ -64,12 +64,12 @@ class ReportRuns:
     best few trials (and the paper point) re-trained with their own settings and seed."""
 
     store_path: str
-    data: Any  # probe.data.ProbeData
-    an_config: Any  # probe.config.ProbeConfig
-    an: Any  # probe.results.ProbeResult
+    data: Any  # probe.engine.data.ProbeData
+    an_config: Any  # probe.engine.config.ProbeConfig
+    an: Any  # probe.engine.results.ProbeResult
     observed_seed: int
     trials: dict[int, Any] = field(default_factory=dict)  # number -> ProbeResult (1 trial)
-    comparison: Any = None  # studies.compare.Comparison over trials + AN
+    comparison: Any = None  # studies.results.compare.Comparison over trials + AN
     intervals: dict[int, Any] = field(default_factory=dict)  # number -> Interval
     kept: list[int] = field(default_factory=list)  # trials scored with the head the study kept
 
@@ -88,10 +88,10 @@ def train_report_runs(st: Any, store_arg: str | None, *, device: str = "auto",
     store_path, why = find_store(st, store_arg)
     if store_path is None:
         return None, why
-    from probe.config import ProbeConfig
-    from probe.data import ProbeData
+    from probe.engine.config import ProbeConfig
+    from probe.engine.data import ProbeData
+    from probe.engine.train import train_probe
     from probe.store import open_store
-    from probe.train import train_probe
 
     try:
         store = open_store(store_path)
@@ -131,16 +131,15 @@ def _retrain_top(st: Any, ctx: ReportRuns, device: str, log: Callable[[str], Non
     """The heads of the best :data:`INTERVAL_TOP` trials and the paper point -- those the study
     kept when each trial finished (``results/heads-*.pt``), the others re-trained with their
     own settings and the study's training seed -- then bootstrap their test mAP with the AN
-    baseline's, paired over the test images (probe.intervals)."""
+    baseline's, paired over the test images (probe.evaluation.intervals)."""
     import torch
 
-    from probe.evaluate import stacked_logits
+    from probe.engine.train import train_probe
+    from probe.evaluation.heads import stacked_logits
     from probe.progress import Progress
-    from probe.train import train_probe
-
-    from ..compare import compare_scores
-    from ..confirm import trained_settings, trial_setup
-    from ..results import read_trial_heads
+    from studies.results.compare import compare_scores
+    from studies.results.confirm import trained_settings, trial_setup
+    from studies.results.rows import read_trial_heads
 
     chosen = list(st.complete[:INTERVAL_TOP])
     paper = st.paper

@@ -16,16 +16,16 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
 from probe import __version__
-from probe.convergence import ADVICE, count_best_is_last
 from probe.errors import SpmlError
+from probe.evaluation.convergence import ADVICE, count_best_is_last
 from probe.progress import plural
 from probe.store.priors import prior_facts
 from probe.store.records import draw_text
+from studies import plots
+from studies.results.rows import draw_of
+from studies.study.space import range_text
+from studies.study.storage import is_paper_trial
 
-from .. import plots
-from ..results import draw_of
-from ..space import range_text
-from ..storage import is_paper_trial
 from .data import StudyView, trial_point
 from .render import CodeBlock, Facts, Figure, Note, Paragraph, Section, Table
 from .runs import INTERVAL_TOP, ReportRuns, study_provenance, study_training
@@ -453,8 +453,8 @@ def baseline_section(st: StudyView, ctx: ReportRuns | None, why: str, fig_dir: P
 def comparison_section(st: StudyView, ctx: ReportRuns | None, why: str, fig_dir: Path,
                        options: ReportOptions) -> Section:
     """The top trials, the paper point and the AN baseline: test mAP with 95%
-    intervals and every paired difference (studies.compare), as a table and a figure."""
-    from ..compare import plot
+    intervals and every paired difference (studies.results.compare), as a table and a figure."""
+    from studies.results.compare import plot
 
     if ctx is None or ctx.comparison is None:
         return _skipped(8, why or "nothing was re-trained")

@@ -82,7 +82,7 @@ class Method:
 
     def probe_config(self, observed_seed: int, config: TableConfig) -> Any:
         """The :class:`probe.ProbeConfig` of this row on draw ``observed_seed``."""
-        from probe.config import ProbeConfig
+        from probe.engine.config import ProbeConfig
 
         return ProbeConfig(batch_size=self.batch_size, lr=self.lr, epochs=self.epochs,
                            seed=config.seed, labels=self.labels, observed_seed=observed_seed,
@@ -187,8 +187,7 @@ def _loss_names(config: TableConfig) -> tuple[list[str], list[str]]:
 def _columns(paths: Sequence[str], config: TableConfig) -> list[Column]:
     from probe.store import PROTOCOL_SEED, open_store
     from probe.store.priors import prior_names
-
-    from ..results import store_fingerprint
+    from studies.results.rows import store_fingerprint
 
     if not paths:
         raise TableError("STORE: give one or more feature stores (one column each)")
@@ -235,8 +234,7 @@ def plan_table(paths: Sequence[str], config: TableConfig) -> Plan:
     :class:`TableError` (or the engine's own error naming the flag) before any training or
     write."""
     from probe import losses as _losses
-
-    from ..study_settings import StudySettings, open_study_store, preflight
+    from studies.study.settings import StudySettings, open_study_store, preflight
 
     config.validate()
     if config.out and Path(config.out).exists() and not Path(config.out).is_dir():
@@ -271,7 +269,7 @@ def plan_table(paths: Sequence[str], config: TableConfig) -> Plan:
 
 
 def _load(col: Column, draw: int, config: TableConfig) -> Any:
-    from probe.data import ProbeData, resolve_device
+    from probe.engine.data import ProbeData, resolve_device
 
     return ProbeData.from_store(col.path, device=resolve_device(config.device),
                                 observed_seed=draw, priors=config.priors)
@@ -284,7 +282,7 @@ def resolve_settings(m: Method, col: Column, data: Any, config: TableConfig,
     base = {"format": CELL_FORMAT, "store": col.fingerprint, "dataset": col.dataset}
     if m.loss is None:
         return {**base, "kind": "zero-shot", "priors": m.priors}
-    from probe.trials import plan_trials
+    from probe.engine.trials import plan_trials
 
     plan = plan_trials(data, m.probe_config(col.draws[0], config), m.loss, [dict(m.hparams)])
     t = plan.training
@@ -309,9 +307,9 @@ def _note_generic(notes: list[str], loss: str, dataset: str, setting: str) -> No
 
 def _study_method(folder: str, config: TableConfig) -> Method:
     """``--from STUDY_DIR``: the study's winner as a row on its store's column."""
-    from ..compare import split_study_spec
-    from ..confirm import load_study
-    from ..storage import find_storage
+    from studies.results.compare import split_study_spec
+    from studies.results.confirm import load_study
+    from studies.study.storage import find_storage
 
     path, name = split_study_spec(folder)
     if not Path(path).is_dir():
@@ -323,8 +321,8 @@ def _study_method(folder: str, config: TableConfig) -> Method:
 def _winner_method(study: Any, what: str, kind: str, config: TableConfig) -> Method:
     from optuna.trial import TrialState
 
-    from ..confirm import trained_settings, trial_setup
-    from ..storage import best_trial
+    from studies.results.confirm import trained_settings, trial_setup
+    from studies.study.storage import best_trial
 
     loss = study.user_attrs.get("spml.loss")
     if loss is None:
@@ -343,9 +341,9 @@ def _winner_method(study: Any, what: str, kind: str, config: TableConfig) -> Met
 def run_tuning(plan: Plan, log: Callable[[str], None]) -> None:
     """``--tune N``: one N-trial study per loss and column (the same sampler, seed and
     selection rule for all); each winner is the cell of a "tuned" row after its loss's row."""
-    from ..confirm import load_study
-    from ..storage import find_storage
-    from ..study import run_study
+    from studies.results.confirm import load_study
+    from studies.study.run import run_study
+    from studies.study.storage import find_storage
 
     winners: dict[tuple[int, str], Method] = {}
     for i, loss, settings in plan.study_settings:
@@ -392,7 +390,7 @@ def _read_cell(cell: Cell, out: str | None) -> bool:
     if saved.get("format") != CELL_FORMAT or saved.get("settings") != json.loads(
             json.dumps({**cell.settings, "observed_seed": cell.observed_seed}, default=str)):
         return False
-    from probe.results import load_head
+    from probe.engine.results import load_head
 
     head, _ = load_head(head_path, 0)
     _fill(cell, saved["record"], head)
@@ -410,8 +408,8 @@ def _fill(cell: Cell, record: dict[str, Any], head: Any) -> None:
 
 
 def _write_cell(cell: Cell, result: Any, out: str) -> None:
+    from probe.engine.results import save_head
     from probe.io import atomic_write_text
-    from probe.results import save_head
 
     rec_path, head_path = _cell_paths(out, cell.key)
     save_head(head_path, result)  # the head first: the record, written last, marks it whole
@@ -449,10 +447,10 @@ def train_cells(plan: Plan, cells: list[Cell], *, progress: bool = True,
     draw), keeping each in ``--out`` as soon as it is trained; progress with ETA over cells."""
     import torch
 
+    from probe.engine.train import train_probe
     from probe.metrics import mean_average_precision
     from probe.progress import Progress, plural
     from probe.store import open_store
-    from probe.train import train_probe
 
     config = plan.config
     todo = []

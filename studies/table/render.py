@@ -55,9 +55,9 @@ class Table:
     def _score_column(self, i: int) -> None:
         import torch
 
-        from probe.data import ProbeData, resolve_device
-        from probe.evaluate import stacked_logits
-        from probe.intervals import (
+        from probe.engine.data import ProbeData, resolve_device
+        from probe.evaluation.heads import stacked_logits
+        from probe.evaluation.intervals import (
             BootstrapResult,
             Interval,
             bootstrap_map,
@@ -161,10 +161,10 @@ class Table:
         return "\n".join(out) + "\n"
 
     def frame(self) -> Any:
-        """One row per cell (row, store, draw) in :mod:`studies.export`'s tidy schema, with the
-        table's own columns: ``method``, ``row_kind``, ``column``, ``cell`` (its key),
+        """One row per cell (row, store, draw) in :mod:`studies.results.export`'s tidy schema, with
+        the table's own columns: ``method``, ``row_kind``, ``column``, ``cell`` (its key),
         ``command`` and the entry's ``entry_map`` / ``best`` / ``not_worse`` / ``p_holm``."""
-        from ..results import FORMAT, probe_rows, tidy_frame
+        from studies.results.rows import FORMAT, probe_rows, tidy_frame
 
         rows = []
         for e in self.entries.values():

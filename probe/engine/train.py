@@ -1,0 +1,244 @@
+"""The probe engine: many linear heads trained at once on device-resident features.
+
+:func:`train_probe` trains T configurations ("trials") of one SPML loss as one stacked model,
+evaluates all T×C columns on val after every epoch (``eval_every``), and test once at the end on
+each trial's best-val head (``test_curve``: test every epoch too).
+
+Exact semantics (what a trial *is*)
+-----------------------------------
+Trial ``t`` with seed ``s`` equals this plain PyTorch program, to float tolerance:
+
+* **init**: ``torch.manual_seed(s); head = nn.Linear(D, C)`` -- weight then bias, drawn by
+  ``nn.Linear``'s default initialisation from a CPU generator seeded with ``s``
+  (:func:`init_head` reproduces those draws bit for bit, without touching the global RNG);
+* **batch order and flips**: a second CPU generator ``torch.Generator().manual_seed(s + 2**32)``
+  (:data:`ORDER_STREAM_OFFSET`: it never collides with another trial's init stream); every epoch
+  draws ``perm = torch.randperm(N_train, generator=g)`` and then, when flip augmentation is on,
+  ``coin = torch.randint(0, 2, (N_train,), generator=g)``: the i-th sample of the epoch is train
+  row ``perm[i]``, read from the flipped features iff ``coin[i] == 1`` (:func:`epoch_order`);
+* **batches**: consecutive slices of ``batch_size`` of that order; the last partial batch is
+  dropped when ``drop_last`` (Cole et al.'s train DataLoader does);
+* **step**: ``loss = loss_fn(head(x), observed[idx], index=idx)``, ``loss.backward()``,
+  ``torch.optim.Adam`` (or SGD) step on the head (weight decay as ``torch.optim``'s L2 term) and
+  on the loss's own parameters (``loss.extra_parameters()``, e.g. ROLE's Θ, at ``lr × lr_mult``,
+  no weight decay); the loss's hooks ``start_epoch(e)`` before and, when
+  ``loss.needs_epoch_pass``, ``end_epoch(e, logits of the unflipped train features)`` after
+  every epoch; ``loss.manual_seed([s])`` after ``loss.setup(...)``.
+
+Trials that share a seed share their batch order: the batch is gathered once, ``(B, D+1)``, and
+multiplied by the stacked weights ``(T, D+1, C)``; the loss sees logits ``(T, B, C)`` with
+per-trial hyperparameters as ``(T,)`` tensors -- the loss contract. Trials with different seeds
+gather their own batches ``(T, B, D+1)`` (one ``bmm``) and each trial gets its own loss object
+(the contract's ``index`` is one row list per call).
+
+Speed, with no semantics traded: docs/design.md "The trainer, step by step" and "What fast
+means"; ``torch.compile`` only with ``--compile`` (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, replace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from probe.engine.config import ProbeConfig
+from probe.engine.data import ProbeData, resolve_device
+from probe.engine.loop import BlockedTrainer, StackedTrainer, deterministic, make_trainer
+from probe.engine.results import EpochReport, ProbeResult, TrialResult, environment_info
+from probe.engine.speed import SpeedOptions, resolve_speed
+from probe.engine.trials import TrialPlan, plan_trials
+from probe.evaluation.heads import Evaluator, finite
+from probe.losses import Loss
+from probe.progress import Progress
+
+__all__ = ["train_probe"]
+
+Trainer = StackedTrainer | BlockedTrainer  # make_trainer's choice
+
+
+def train_probe(data: ProbeData, config: ProbeConfig | None = None, loss: Loss | str = "an",
+                hparams: dict[str, Any] | Sequence[dict[str, Any]] | None = None, *,
+                callback: Callable[[EpochReport], Iterable[int] | None] | None = None,
+                progress: bool = False, speed: SpeedOptions | None = None) -> ProbeResult:
+    """Train T linear heads at once with one SPML loss; select each trial's best epoch on val,
+    then measure test once on its head.
+
+    Args:
+        data: device-resident splits (:class:`ProbeData`), moved to ``config.device`` if that
+            names another device.
+        config: training settings (:class:`ProbeConfig`); None = defaults.
+        loss: a registry name (``"gr"``) or a ready :class:`Loss` object (then ``hparams``
+            must be None, and its own hyperparameters define the trials).
+        hparams: one dict (one trial) or a list of dicts (T stacked trials) of the loss's
+            hyperparameters, plus optionally the per-trial ``lr`` and ``weight_decay``; missing
+            keys as :func:`probe.engine.config.loss_hparams` resolves them.
+        callback: called after each evaluated epoch with an :class:`EpochReport`; it returns
+            the trials to stop (their weights freeze and their best epoch stays); training
+            ends when every trial is stopped.
+        progress: a display over epochs on stderr, one line per epoch with its val mAP and the
+            best so far.
+        speed: how the run uses the CPU (:class:`probe.engine.speed.SpeedOptions`); changes no
+        result
+            and is not recorded in the config (``result.timing`` says what was used).
+
+    Returns :class:`ProbeResult`. Raises an :class:`~probe.errors.SpmlError` subclass before
+    training for bad settings (an unknown hyperparameter or loss, a batch size larger than the
+    train split, a GPU asked for without one, ...).
+    """
+    t_start = time.perf_counter()
+    config = config or ProbeConfig()
+    config.validate()
+    speed = resolve_speed(speed)
+    data = _on_device(data, config.device)
+    plan = plan_trials(data, config, loss, hparams)
+    trainer = make_trainer(data, config, plan, speed)
+    results = [TrialResult(trial=t, seed=plan.seeds[t], lr=plan.lr[t],
+                           weight_decay=plan.weight_decay[t],
+                           hparams={k: (v.tolist() if isinstance(v, Tensor) else v)
+                                    for k, v in plan.hparams[t].items()})
+               for t in range(plan.n)]
+    evaluator = (Evaluator(data, config, results, trainer.w, progress)
+                 if config.eval_every > 0 else None)
+    timing: dict[str, Any] = {"train_seconds": [], "eval_seconds": [], "end_epoch_seconds": []}
+    with deterministic(trainer.device, config.deterministic), torch.no_grad():
+        if evaluator is not None and config.eval_init:
+            init = evaluator(trainer.w, trainer.live)
+            for t, r in enumerate(results):
+                r.init = {"val_map": init["val_map"][t], "test_map": init["test_map"][t]}
+        _epochs(trainer, evaluator, results, config, timing, callback, progress)
+        t0 = time.perf_counter()
+        if evaluator is not None:
+            evaluator.finish()
+        timing["test_seconds"] = time.perf_counter() - t0
+        # of which the test intervals (ProbeConfig.test_intervals)
+        timing["test_interval_seconds"] = evaluator.interval_seconds if evaluator else 0.0
+    timing.update(total_seconds=time.perf_counter() - t_start,
+                  epochs_run=len(timing["train_seconds"]), steps_per_epoch=trainer.n_steps,
+                  step_threads=trainer.threads,  # None: torch's setting
+                  cuda_graph=trainer.cuda_graph,  # the steps were replayed as CUDA graphs
+                  compiled=trainer.compiled,  # the step ran through torch.compile
+                  trial_blocks=trainer.block_sizes)  # trials per block (SpeedOptions.trial_block)
+    return _result(plan, trainer, data, config, results, evaluator, timing)
+
+
+def _epochs(trainer: Trainer, evaluator: Evaluator | None, results: list[TrialResult],
+            config: ProbeConfig, timing: dict[str, Any],
+            callback: Callable[[EpochReport], Iterable[int] | None] | None,
+            progress: bool) -> None:
+    """The epoch loop: train, the losses' epoch pass, evaluate when due, ask the callback which
+    trials to stop; ends early when every trial is stopped."""
+    plan, epochs = trainer.plan, trainer.plan.training.epochs
+    active = [True] * plan.n
+    with Progress(epochs, f"probe {plan.cls.name} ×{plan.n}", "epoch", enabled=progress,
+                  leave=False) as bar:
+        for epoch in range(epochs):  # the loop index; every output numbers epochs from 1
+            number = epoch + 1
+            train_loss, seconds = trainer.train_epoch(epoch)
+            timing["train_seconds"].append(seconds)
+            timing["end_epoch_seconds"].append(trainer.end_epoch(epoch))
+            t0 = time.perf_counter()
+            due = number % max(config.eval_every, 1) == 0 or number == epochs
+            record = evaluator(*_live_heads(trainer, active), number) if evaluator and due else {}
+            timing["eval_seconds"].append(time.perf_counter() - t0)
+            _record_epoch(results, active, number, train_loss, record)
+            if record:  # the epoch's line first, then the count that includes it
+                bar.write(_best_line(results, evaluator, active, number, epochs))
+            bar.update()
+            if not record or callback is None:
+                continue
+            stop = callback(EpochReport(
+                epoch=number, train_loss=[v if a else None for v, a in zip(train_loss, active)],
+                val_map=list(record["val_map"]),
+                test_map=list(record.get("test_map", [None] * plan.n)),
+                active=list(active), heads=_live_heads(trainer, active)[0]))
+            stop = [t for t in (int(t) for t in (stop or ())) if 0 <= t < plan.n and active[t]]
+            for t in stop:
+                active[t] = False
+                results[t].stopped_at = number
+            if stop:
+                trainer.stop(stop)
+                if not any(active):
+                    return
+
+
+def _live_heads(trainer: Trainer, active: list[bool]) -> tuple[Tensor, list[int]]:
+    """The heads of the active trials (rows of the trainer's stack) and their trial ids."""
+    live, w = trainer.live, trainer.w  # a BlockedTrainer builds both on each access
+    pos = [j for j, t in enumerate(live) if active[t]]
+    if len(pos) == w.shape[0]:
+        return w, list(live)
+    return w[torch.tensor(pos, device=w.device)], [live[j] for j in pos]
+
+
+def _record_epoch(results: list[TrialResult], active: list[bool], epoch: int,
+                  train_loss: list[float], record: dict[str, list]) -> None:
+    """Append epoch ``epoch``'s row (counted from 1) to every active trial; flag trials that
+    went non-finite."""
+    for t, result in enumerate(results):
+        if not active[t]:
+            continue
+        row = {"epoch": epoch, "train_loss": train_loss[t], **{k: v[t] for k, v in record.items()}}
+        result.epochs.append(row)
+        if not all(finite(v) for v in row.values() if isinstance(v, float)):
+            result.finite = False
+
+
+def _best_line(results: list[TrialResult], evaluator: Evaluator | None, active: list[bool],
+               epoch: int, epochs: int) -> str:
+    """The per-epoch line: this epoch's val mAP (its best trial's, where several train) and,
+    labelled apart, the best so far with the epoch it came from."""
+    assert evaluator is not None
+    head = f"epoch {epoch}/{epochs}"
+    now = {t: r.epochs[-1].get("val_map") for t, r in enumerate(results)
+           if active[t] and r.epochs and r.epochs[-1].get("epoch") == epoch}
+    now = {t: v for t, v in now.items() if finite(v)}
+    which = (lambda t: f" (trial {t})") if len(results) > 1 else (lambda t: "")
+    parts = []
+    if now:
+        t = max(now, key=lambda k: now[k])
+        parts.append(f"val mAP {now[t]:.2f}{which(t)}")
+    live = [t for t in range(len(results)) if active[t] and finite(evaluator.best_val[t])]
+    if not live:
+        return f"{head}: no trial with a finite val mAP yet"
+    b = max(live, key=lambda t: evaluator.best_val[t])
+    best = results[b].best
+    test = f", test mAP {best['test_map']:.2f}" if "test_map" in best else ""
+    at = f"epoch {results[b].best_epoch}" if results[b].best_epoch is not None else ""
+    where = ", ".join(x for x in (which(b).strip(" ()"), at) if x)
+    parts.append(f"best so far val mAP {best.get('val_map', float('nan')):.2f}{test}"
+                 + (f" ({where})" if where else ""))
+    return f"{head}: " + "; ".join(parts)
+
+
+def _result(plan: TrialPlan, trainer: Trainer, data: ProbeData, config: ProbeConfig,
+            results: list[TrialResult], evaluator: Evaluator | None,
+            timing: dict[str, Any]) -> ProbeResult:
+    notes = list(plan.notes)
+    if config.flip and not data.has_flip:
+        notes.append("flip augmentation off: the data has no flipped features")
+    resolved = {**asdict(config), **plan.training.to_dict(), "device": str(trainer.device),
+                "flip_used": trainer.flip, "notes": notes}
+    result = ProbeResult(
+        loss=plan.cls.name, config=resolved, trials=results, class_names=list(data.class_names),
+        dataset=data.dataset, source=dict(data.source), timing=timing,
+        environment=environment_info(trainer.device), shared_batch_order=plan.shared,
+        best_heads=evaluator.best_heads() if evaluator is not None else None,
+        final_heads=trainer.final_heads())
+    if evaluator is not None and config.test_intervals:
+        from probe.evaluation.intervals import record_test_intervals
+
+        record_test_intervals(result, evaluator.intervals, n_resamples=config.test_intervals)
+    return result
+
+
+def _on_device(data: ProbeData, device_name: str) -> ProbeData:
+    """``data`` on the config's device (``"auto"``: where the data already is)."""
+    device = data.device if device_name == "auto" else resolve_device(device_name)
+    if device == data.device:
+        return data
+    moved = {k: (v.to(device) if isinstance(v, Tensor) else v) for k, v in vars(data).items()}
+    return replace(data, **moved)

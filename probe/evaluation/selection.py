@@ -1,0 +1,200 @@
+"""How a trial is scored for model selection (``spml study --select``; docs/selection.md).
+
+* ``val`` — the protocol: one split, one draw (one replicate).
+* ``cv:K`` — K train/val re-splits of the pool: the store's own, then the protocol's generator
+  (:func:`probe.store.protocol.split_indices`) seeded ``PROTOCOL_SEED + k``; the study's draw.
+* ``draws:N`` — N single-positive draws on the store's split: the study's (``observed_seed``),
+  then :func:`probe.store.protocol.single_positive` seeded ``observed_seed + k``.
+
+Each replicate is a :class:`probe.engine.data.ProbeData`; a trial scores its mean val mAP curve over
+them (best epoch of the mean). The replicates depend on the mode alone, so every worker sees the
+same ones (:meth:`Selection.describe` records them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from probe.engine.data import ProbeData
+from probe.engine.results import ProbeResult
+from probe.errors import SpmlError
+from probe.store.protocol import PROTOCOL_SEED, single_positive, split_indices
+
+__all__ = ["MODES", "Selection", "SelectionError", "mean_over_replicates", "selection_data"]
+
+MODES = ("val", "cv", "draws")
+
+
+class SelectionError(SpmlError):
+    """A ``--select`` value that cannot be used (the message names the argument)."""
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A selection mode: ``val``, ``cv:K`` or ``draws:N`` (module docstring)."""
+
+    mode: str = "val"  # the protocol's own split and draw
+    k: int = 1  # replicates: re-splits (cv) or draws (draws); 1 for val
+
+    @classmethod
+    def parse(cls, text: str | Selection) -> Selection:
+        """``"val"``, ``"cv:5"``, ``"draws:3"`` → a Selection; errors name ``--select``."""
+        if isinstance(text, Selection):
+            return text
+        value = str(text).strip().lower()
+        if value == "val":
+            return cls()
+        m = re.fullmatch(r"(cv|draws):(\d+)", value)
+        if m is None:
+            raise SelectionError(
+                f"--select must be 'val', 'cv:K' or 'draws:N' (K, N >= 2), e.g. --select cv:5; "
+                f"got {text!r}")
+        k = int(m.group(2))
+        if k < 2:
+            raise SelectionError(
+                f"--select {value}: {m.group(1)} needs at least 2 replicates (1 is --select "
+                "val, the protocol's own split and draw)")
+        return cls(m.group(1), k)
+
+    def __str__(self) -> str:
+        return "val" if self.mode == "val" else f"{self.mode}:{self.k}"
+
+    @property
+    def replicates(self) -> int:
+        return self.k if self.mode != "val" else 1
+
+    def describe(self, observed_seed: int = PROTOCOL_SEED) -> dict[str, Any]:
+        """What the replicates are, for results and the study's identity."""
+        if self.mode == "cv":
+            seeds = [None, *(PROTOCOL_SEED + k for k in range(1, self.k))]
+            return {"select": str(self), "split_seeds": seeds, "observed_seed": observed_seed,
+                    "note": "split 0 is the store's own; split k re-splits the pool seeded "
+                            f"{PROTOCOL_SEED} + k"}
+        seeds = [observed_seed + k for k in range(self.replicates)]
+        return {"select": str(self), "split_seeds": [None], "observed_seeds": seeds}
+
+
+def _pool_splits(store: Any, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(train, val) store rows of the K re-splits: the store's own, then K - 1 more."""
+    train, val = store.split("train"), store.split("val")
+    pool = np.sort(np.concatenate([train, val]))
+    fraction = len(val) / len(pool)
+    splits = [(train, val)]
+    for j in range(1, k):
+        first, second = split_indices(len(pool), fraction, PROTOCOL_SEED + j)
+        splits.append((pool[first], pool[second]))
+    return splits
+
+
+def _draw(store: Any, seed: int) -> np.ndarray:
+    """The single-positive draw ``seed`` for every row, as the store would hold it (per phase)."""
+    if seed in store.observed_seeds():
+        return store.observed(seed)
+    labels = store.labels()
+    n_pool = int(store.attrs["n_pool"])
+    return np.concatenate([single_positive(labels[:n_pool], seed),
+                           single_positive(labels[n_pool:], seed)])
+
+
+def selection_data(store: Any, select: str | Selection = "val", *,
+                   device: str | torch.device = "cpu", observed_seed: int = PROTOCOL_SEED,
+                   flip: bool = True, dtype: torch.dtype | None = None,
+                   priors: str | None = None) -> list[ProbeData]:
+    """The replicates a ``select`` mode scores trials on, each a :class:`ProbeData` on
+    ``device`` (``val``: one, :meth:`ProbeData.from_store`). They hold ``k`` copies of the
+    train features: K × the memory of one. ``priors``: each replicate's train rows of that
+    store prior (docs/priors.md)."""
+    from probe.store import open_store
+
+    selection = Selection.parse(select)
+    if isinstance(store, str | Path):
+        store = open_store(store)
+    common = {"device": device, "flip": flip, "dtype": dtype, "priors": priors}
+    if selection.mode == "val":
+        return [ProbeData.from_store(store, observed_seed=observed_seed, **common)]
+    if selection.mode == "cv":
+        observed = store.observed(observed_seed)
+        return [ProbeData.from_store(store, observed_seed=observed_seed,
+                                     rows={"train": tr, "val": va}, observed=observed,
+                                     replicate={"select": str(selection), "index": j}, **common)
+                for j, (tr, va) in enumerate(_pool_splits(store, selection.k))]
+    return [ProbeData.from_store(store, observed_seed=observed_seed + j,
+                                 observed=_draw(store, observed_seed + j),
+                                 replicate={"select": str(selection), "index": j}, **common)
+            for j in range(selection.k)]
+
+
+def _mean(values: Sequence[Any]) -> float | None:
+    """The replicates' mean; None where any replicate lacks the value."""
+    return None if any(v is None for v in values) else float(sum(values) / len(values))
+
+
+def _mean_test_figures(bests: list[dict[str, Any]]) -> dict[str, Any]:
+    """The replicates' test figures (``test_map``, ``test_OF1``, per-class ``test_ap``, …),
+    averaged; a figure missing from any replicate is None (per class for ``test_ap``)."""
+    out: dict[str, Any] = {}
+    for key in [k for k in (bests[0] or {}) if k.startswith("test_")]:
+        values = [(b or {}).get(key) for b in bests]
+        if all(isinstance(v, list) for v in values):
+            out[key] = [_mean(col) for col in zip(*values)]
+        elif all(isinstance(v, int | float) for v in values):
+            out[key] = _mean(values)
+        else:
+            out[key] = None
+    return out
+
+
+def mean_over_replicates(results: list[Any], select: str | Selection) -> Any:
+    """One :class:`probe.engine.results.ProbeResult` scoring each trial by the mean over the
+    replicates' results (the same trials, trained on each replicate of ``select``).
+
+    Per epoch, ``val_map`` and ``train_loss`` are the replicates' means (each replicate's value
+    in ``replicate_val_map``); the best epoch is the first maximum of the mean val curve; the
+    test figures are the means of each replicate's on its own best-val head. No heads."""
+    selection = Selection.parse(select)
+    if len(results) != selection.replicates or not results:
+        raise SelectionError(
+            f"mean_over_replicates: {selection} has {selection.replicates} replicates; got "
+            f"{len(results)} results")
+    first = results[0]
+    trials = []
+    for i, base in enumerate(first.trials):
+        runs = [r.trials[i] for r in results]
+        epochs = []
+        for e in range(min(len(t.epochs) for t in runs)):
+            vals = [t.epochs[e].get("val_map") for t in runs]
+            epochs.append({"epoch": base.epochs[e]["epoch"],
+                           "train_loss": _mean([t.epochs[e].get("train_loss") for t in runs]),
+                           "val_map": _mean(vals), "replicate_val_map": vals})
+        curve = [e["val_map"] for e in epochs]
+        scored = [(v, -j) for j, v in enumerate(curve) if v is not None and math.isfinite(v)]
+        best_epoch, best = None, {}
+        if scored:
+            j = -max(scored)[1]
+            best_epoch = epochs[j]["epoch"]
+            best = {"epoch": best_epoch, "val_map": curve[j],
+                    **_mean_test_figures([t.best for t in runs]),
+                    "replicate_val_map": epochs[j]["replicate_val_map"],
+                    "replicate_test_map": [t.best.get("test_map") if t.best else None
+                                           for t in runs]}
+        trials.append(dataclasses.replace(
+            base, epochs=epochs, best_epoch=best_epoch, best=best, init={},
+            stopped_at=None, finite=all(t.finite for t in runs)))
+    config = {**first.config, "select": str(selection)}
+    source = {**first.source, "replicates": selection.describe(
+        first.source.get("observed_seed", PROTOCOL_SEED))}
+    source.pop("replicate", None)
+    timing = {"replicates": [r.timing for r in results]}
+    return ProbeResult(loss=first.loss, config=config, trials=trials,
+                       class_names=first.class_names, dataset=first.dataset, source=source,
+                       environment=first.environment, timing=timing,
+                       shared_batch_order=first.shared_batch_order)
