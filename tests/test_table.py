@@ -47,10 +47,13 @@ def test_table_rows_marks_outputs_and_resume(store, tmp_path, capsys):
     first = capsys.readouterr()
     md = first.out
     rows = [line for line in md.splitlines() if line.startswith("| ") and "---" not in line]
-    assert [r.split("|")[1].strip() for r in rows] == ["method", "an, full labels (oracle)",
-                                                       "an", "gr"]
+    # the oracle is a reference row below a rule: never bold, never marked
+    assert [r.split("|")[1].strip() for r in rows] == [
+        "method", "an", "gr", "*reference (not compared)*", "an, full labels (oracle)"]
     assert sum(r.count("**") for r in rows) == 2  # exactly one bold cell in the column
-    assert "(2)" in rows[2] and "(2)" in rows[3] and "(1)" in rows[1]  # draws shown
+    assert "**" not in rows[4] and "†" not in rows[4]
+    assert "(2)" in rows[1] and "(2)" in rows[2] and "(1)" in rows[4]  # draws shown
+    assert "one-sided" in md and "Holm" in md
     assert _trained(first.err) == 5  # oracle once (it sees every label), an and gr x 2 draws
     tex = (out / "table.tex").read_text()
     for part in (r"\toprule", r"\midrule", r"\bottomrule", r"\textbf{", "yeast"):
@@ -64,9 +67,12 @@ def test_table_rows_marks_outputs_and_resume(store, tmp_path, capsys):
     for row in means.iter_rows(named=True):
         assert row["test_map"] == pytest.approx(row["entry_map"], abs=1e-9)
     best = cells.filter(pl.col("best"))["method"].unique().to_list()
-    assert best == [means.sort("test_map", descending=True)["method"][0]]
-    # a mark is exactly "not significant after Holm" against the best
-    for row in cells.filter(~pl.col("best")).iter_rows(named=True):
+    single_positive = means.filter(pl.col("method") != "an, full labels (oracle)")
+    assert best == [single_positive.sort("test_map", descending=True)["method"][0]]
+    # a mark is exactly "not significant after Holm" against the best; the oracle competes not
+    assert cells.filter(pl.col("row_kind") == "oracle")["best"].to_list() == [False]
+    compared = cells.filter(~pl.col("best") & (pl.col("row_kind") != "oracle"))
+    for row in compared.iter_rows(named=True):
         assert row["not_worse"] == (row["p_holm"] >= 0.05)
     assert len((out / "commands.sh").read_text().strip().splitlines()) == 2 * 5
 

@@ -37,7 +37,8 @@ from probe.metrics.ranking import argsort_rows, column_ap
 from probe.progress import Progress
 
 __all__ = ["BootstrapResult", "Interval", "PairedDifference", "attach_test_intervals",
-           "bootstrap_counts", "bootstrap_map", "head_intervals", "holm", "mean_interval",
+           "bootstrap_counts", "bootstrap_map", "count_non_finite", "head_intervals", "holm",
+           "mean_interval",
            "mean_std", "paired_differences", "prefetch_bootstrap_counts", "record_test_intervals",
            "weighted_column_ap"]
 
@@ -339,20 +340,39 @@ def bootstrap_map(scores: Tensor, targets: Tensor, *, n_resamples: int = 1000, s
 
 
 def holm(p_values: Sequence[float]) -> list[float]:
-    """Holm's step-down adjusted p-values (Holm 1979), in the input order; each <= 1."""
-    m = len(p_values)
-    adjusted, running = [0.0] * m, 0.0
-    for rank, i in enumerate(sorted(range(m), key=lambda i: p_values[i])):
-        running = max(running, min(1.0, (m - rank) * p_values[i]))
+    """Holm's step-down adjusted p-values (Holm 1979), in the input order; each <= 1.
+
+    A NaN p-value is a comparison that could not be made (a diverged row): it is no member of
+    the family -- it stays NaN, and the others are corrected over the finite ones only. A
+    p-value outside [0, 1] (or infinite) is refused."""
+    finite = []
+    for i, p in enumerate(p_values):
+        p = float(p)
+        if math.isnan(p):
+            continue
+        if not 0.0 <= p <= 1.0:
+            raise SpmlError(f"holm: p-values must be in [0, 1] (NaN: no comparison); got {p} "
+                            f"at position {i}")
+        finite.append(i)
+    m = len(finite)
+    adjusted = [math.nan] * len(p_values)
+    running = 0.0
+    for rank, i in enumerate(sorted(finite, key=lambda i: float(p_values[i]))):
+        running = max(running, min(1.0, (m - rank) * float(p_values[i])))
         adjusted[i] = running
     return adjusted
 
 
 def paired_differences(boot: BootstrapResult,
-                       pairs: Sequence[tuple[int, int]] | None = None) -> list[PairedDifference]:
+                       pairs: Sequence[tuple[int, int]] | None = None, *,
+                       alternative: str = "two-sided") -> list[PairedDifference]:
     """Every pairwise difference ``a - b`` (all pairs a < b by default) with its paired
-    percentile interval, two-sided p-value (bootstrap standard error, :func:`_wald_p`) and
-    Holm-corrected p-value (module doc)."""
+    percentile interval, p-value (bootstrap standard error, :func:`_wald_p`) and Holm-corrected
+    p-value (module doc). ``alternative``: ``"two-sided"`` (a and b differ) or ``"greater"``
+    (one-sided: a - b > 0, as when asking whether a row is worse than the best). A pair with a
+    non-finite difference gets NaN p-values and is left out of the Holm family."""
+    if alternative not in ("two-sided", "greater"):
+        raise SpmlError(f"alternative: 'two-sided' or 'greater'; got {alternative!r}")
     n_sys = boot.replicates.shape[0]
     if pairs is None:
         pairs = [(a, b) for a in range(n_sys) for b in range(a + 1, n_sys)]
@@ -363,19 +383,24 @@ def paired_differences(boot: BootstrapResult,
         d = boot.replicates[a] - boot.replicates[b]
         low, high = torch.quantile(d.to(torch.float64), q.to(d.device)).tolist()  # NaN stays NaN
         observed = float(boot.map[a] - boot.map[b])
-        rows.append((a, b, Interval(observed, low, high, boot.level),
-                     _wald_p(observed, float(d.std()))))
+        p = _wald_p(observed, float(d.std()), alternative)
+        rows.append((a, b, Interval(observed, low, high, boot.level), p))
     adjusted = holm([r[3] for r in rows])
     return [PairedDifference(a, b, diff, p, ph) for (a, b, diff, p), ph in zip(rows, adjusted)]
 
 
-def _wald_p(diff: float, se: float) -> float:
-    """Two-sided p of ``diff`` against 0 with its bootstrap standard error (normal
-    approximation; a tail count of B replicates cannot go below ~2/B, module doc)."""
+def _wald_p(diff: float, se: float, alternative: str = "two-sided") -> float:
+    """The p of ``diff`` against 0 with its bootstrap standard error (normal approximation; a
+    tail count of B replicates cannot go below ~2/B, module doc): two-sided, or one-sided for
+    ``diff > 0`` (``alternative="greater"``). NaN where ``diff`` or ``se`` is not finite."""
     if not (math.isfinite(diff) and math.isfinite(se)):
         return math.nan
     if se <= 0.0:
+        if alternative == "greater":
+            return 0.0 if diff > 0.0 else 1.0
         return 1.0 if diff == 0.0 else 0.0
+    if alternative == "greater":
+        return NormalDist().cdf(-diff / se)
     return min(1.0, 2.0 * NormalDist().cdf(-abs(diff) / se))
 
 
@@ -387,10 +412,12 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
 
 def mean_interval(values: Sequence[float], level: float = 0.95) -> Interval:
     """Mean of runs (seeds, single-positive draws) with its Student-t interval; a single run
-    has an undefined (NaN) interval."""
+    has an undefined (NaN) interval. A non-finite run (a diverged one) makes the mean and the
+    interval NaN: a mean over the survivors would hide it (:func:`count_non_finite` says how
+    many to report)."""
     level = _check_level(level)
-    vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
-    if not vals:
+    vals = [math.nan if v is None else float(v) for v in values]
+    if not vals or count_non_finite(vals):
         return Interval(math.nan, math.nan, math.nan, level)
     mean = sum(vals) / len(vals)
     if len(vals) < 2:
@@ -400,6 +427,11 @@ def mean_interval(values: Sequence[float], level: float = 0.95) -> Interval:
     sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1))
     half = float(student_t.ppf(0.5 + level / 2, len(vals) - 1)) * sd / math.sqrt(len(vals))
     return Interval(mean, mean - half, mean + half, level)
+
+
+def count_non_finite(values: Sequence[float | None]) -> int:
+    """How many of ``values`` are missing or not finite (diverged runs)."""
+    return sum(1 for v in values if v is None or not math.isfinite(float(v)))
 
 
 @torch.no_grad()

@@ -94,18 +94,20 @@ def check_draw(attrs: dict[str, Any], seed: int, record: dict[str, Any], store: 
 
 def write_draw(store: Any, seed: int, record: dict[str, Any], observed: np.ndarray,
                attr: str | None = None, value: Any = None) -> None:
-    """Write ``observed`` as draw ``observed/<seed>`` of an open store, then register it in
-    ``observed_seeds`` (and ``attrs[attr][seed] = value``) last, under :func:`attrs_lock`,
-    checking ``record`` against the seed again (another process may have added it): an
-    interrupted call leaves the store as it was, and a prior or draw written at the same time
-    is not lost."""
-    small_array(zarr.open_group(store.path, mode="r+")["observed"], str(seed), observed)
-
-    def register(attrs: dict) -> dict:
-        check_draw(attrs, seed, record, store.path)
+    """Write ``observed`` as draw ``observed/<seed>`` of an open store and register it in
+    ``observed_seeds`` (and ``attrs[attr][seed] = value``), all under :func:`attrs_lock`: the
+    seed is checked against ``record`` first (another process may have added it, of the same
+    kind -- then nothing is written -- or of another -- then it is refused and nothing is
+    written), the array is written, and the attributes last, so an interrupted call leaves the
+    store as it was and two processes drawing one seed can never leave one's data under the
+    other's record. A prior or draw written at the same time is not lost."""
+    with attrs_lock(store.path):
+        group = zarr.open_group(store.path, mode="r+")
+        attrs = dict(group.attrs)
+        if check_draw(attrs, seed, record, store.path):
+            return  # already there, drawn with the same record and seed: the same draw
+        small_array(group["observed"], str(seed), observed)
         new = {"observed_seeds": sorted({*map(int, attrs["observed_seeds"]), seed})}
         if attr is not None:
             new[attr] = {**attrs.get(attr, {}), str(seed): value}
-        return new
-
-    update_root_attrs(store.path, register)
+        group.attrs.update(new)

@@ -1,6 +1,11 @@
 """Scoring, marks and outputs of ``spml table`` (:mod:`studies.table`): per column, a paired
-bootstrap over the same test images, averaged over the draws, finds the best row and the rows not
-significantly worse (Holm); Markdown, LaTeX, the tidy rows and the commands (docs/tables.md)."""
+bootstrap over the same test images, averaged over the draws, finds the best single-positive row
+and the rows not significantly worse than it (one-sided, Holm); Markdown, LaTeX, the tidy rows
+and the commands (docs/tables.md "Marks").
+
+Reference rows (the full-label oracle) are scored and shown below a rule but never compete: no
+bold, no mark, no member of the family. A row with a non-finite cell (a diverged draw) reads
+"n/a (k of n diverged)", with no mark, and is left out of the family too."""
 
 from __future__ import annotations
 
@@ -13,6 +18,9 @@ from typing import Any
 __all__ = ["Entry", "Table", "write_outputs"]
 
 MARK = "†"
+#: method kinds shown as reference rows: scored, below a rule, never compared (the oracle sees
+#: every label, so "not worse than it" is no statement about single-positive learning)
+REFERENCE_KINDS = ("oracle",)
 
 
 @dataclass
@@ -29,11 +37,34 @@ class Entry:
     best: bool = False
     not_worse: bool = False  # not significantly worse than the column's best (Holm)
     p_holm: float | None = None  # of the difference to the best (None: the best itself)
+    n_diverged: int = 0  # cells whose test mAP is not finite
+    reference: bool = False  # a reference row (the oracle): shown, never compared
 
     @property
     def n_draws(self) -> int:
         return 0 if self.cells[0].method.loss is None else len(
             {c.observed_seed for c in self.cells})
+
+    @property
+    def competes(self) -> bool:
+        """Whether it may be the column's best or be marked: not a reference row, and every
+        cell finite."""
+        return not self.reference and self.n_diverged == 0 and math.isfinite(self.mean)
+
+
+def entry_text(e: Entry, bold: tuple[str, str], mark: str, iv: str) -> str:
+    """An entry as a cell prints it: the mean (bold for the best), its interval, the draws it
+    averages and the mark; a row with a diverged draw says so instead."""
+    if e.n_diverged:
+        return f"n/a ({e.n_diverged} of {len(e.cells)} diverged)"
+    if not math.isfinite(e.mean):
+        return "n/a"
+    value = f"{bold[0]}{e.mean:.2f}{bold[1]}" if e.best else f"{e.mean:.2f}"
+    low_high = (iv.format(f"[{e.low:.2f}, {e.high:.2f}]")
+                if math.isfinite(e.low) else "")
+    draws = f" ({e.n_draws})" if e.n_draws else " (–)"
+    marked = e.not_worse and not e.best and e.competes
+    return f"{value} {low_high}{draws}{mark if marked else ''}".strip()
 
 
 class Table:
@@ -46,6 +77,9 @@ class Table:
         self.entries: dict[tuple[int, int], Entry] = {}
         for i in range(len(self.columns)):
             self._score_column(i)
+        self.peaked_at_last = count_peaked_at_last(cells)
+        self.notes += convergence_notes(cells, plan)
+        self.notes += identical_rows_notes(self.methods, cells)
 
     @property
     def n_trained(self) -> int:
@@ -61,6 +95,7 @@ class Table:
             BootstrapResult,
             Interval,
             bootstrap_map,
+            count_non_finite,
             mean_interval,
             paired_differences,
         )
@@ -88,59 +123,81 @@ class Table:
         entries = {}
         for j in rows:
             values = [c.test_map for c in mine[j]]
-            if len(values) >= 2:
+            diverged = count_non_finite(values)
+            if len(values) >= 2 or diverged:
                 iv, how = mean_interval(values, cfg.level), "draws"
             else:
                 b = boots[0].intervals[j]
                 iv, how = Interval(values[0], b.low, b.high, cfg.level), "images"
-            entries[j] = Entry(j, i, mine[j], iv.value, iv.low, iv.high, how)
-        finite = [j for j in rows if math.isfinite(entries[j].mean)]
-        if finite:
-            best = max(finite, key=lambda j: entries[j].mean)
+            method = self.plan.method_at(i, j)
+            entries[j] = Entry(j, i, mine[j], iv.value, iv.low, iv.high, how,
+                               n_diverged=diverged, reference=method.kind in REFERENCE_KINDS)
+        competing = [j for j in rows if entries[j].competes]
+        if competing:
+            best = max(competing, key=lambda j: entries[j].mean)
             entries[best].best = entries[best].not_worse = True
             avg = BootstrapResult(map=torch.stack([b.map for b in boots]).mean(0),
                                   replicates=torch.stack([b.replicates for b in boots]).mean(0),
                                   intervals=[], n_resamples=cfg.resamples, seed=0, level=cfg.level)
-            for diff in paired_differences(avg, [(best, j) for j in rows if j != best]):
+            # one-sided: is the best better than the row (best - row > 0)? Holm over the
+            # competing rows of this column only
+            pairs = [(best, j) for j in competing if j != best]
+            for diff in paired_differences(avg, pairs, alternative="greater"):
                 e = entries[diff.b]
                 e.p_holm = diff.p_holm
-                e.not_worse = math.isfinite(e.mean) and not diff.significant
+                e.not_worse = math.isfinite(diff.p_holm) and not diff.significant
         self.entries.update({(j, i): e for j, e in entries.items()})
-
-    def _cell_text(self, e: Entry, bold: tuple[str, str], mark: str, iv: str) -> str:
-        if not math.isfinite(e.mean):
-            return "n/a"
-        value = f"{bold[0]}{e.mean:.2f}{bold[1]}" if e.best else f"{e.mean:.2f}"
-        low_high = (iv.format(f"[{e.low:.2f}, {e.high:.2f}]")
-                    if math.isfinite(e.low) else "")
-        draws = f" ({e.n_draws})" if e.n_draws else " (–)"
-        return f"{value} {low_high}{draws}{mark if e.not_worse and not e.best else ''}".strip()
 
     def legend(self) -> str:
         lv = f"{self.config.level:.0%}"
-        return (f"Test mAP (%), mean over the single-positive draws; [{lv} interval] of the mean "
-                "over the draws (Student t), or with one draw over the test images (paired "
-                f"bootstrap, {self.config.resamples} resamples); (n) draws trained on (the oracle "
-                "needs one: it sees every label), (–) no training. "
-                f"**Bold**: the column's best; {MARK}: not significantly worse than it (paired "
-                "bootstrap over the same test images, averaged over the draws, "
-                f"Holm-corrected within the column, at {1 - self.config.level:.2g}).")
+        alpha = f"{1 - self.config.level:.2g}"
+        return (f"Test mAP (%), mean over the single-positive draws; [{lv} interval]: with two "
+                "or more draws, of the mean over the draws (Student t: the spread of the draws); "
+                "with one draw, over the test images (paired bootstrap, "
+                f"{self.config.resamples} resamples: the spread of the test set only); (n) draws "
+                "trained on, (–) no training. "
+                f"**Bold**: the column's best single-positive row. {MARK}: not significantly "
+                "worse than it -- a one-sided test of best − row > 0 on the paired bootstrap "
+                "over the same test images (each row's scores averaged over the draws, the "
+                "p-value from the bootstrap standard error), Holm-corrected over the column's "
+                f"compared rows, at {alpha}. The test conditions on the trained heads: it "
+                "ignores the variance over draws and training seeds, which the interval of "
+                "the mean shows. Reference rows (the full-label oracle) are shown below the "
+                "rule and never compared; a row with a diverged draw reads n/a and is not "
+                "compared.")
+
+    def row_order(self) -> tuple[list[int], list[int]]:
+        """The rows that compete, in the table's order, then the reference rows (below a
+        rule)."""
+        compared, reference = [], []
+        for j, m in enumerate(self.methods):
+            if m.kind in REFERENCE_KINDS:
+                reference.append(j)
+            else:
+                compared.append(j)
+        return compared, reference
 
     def markdown(self) -> str:
-        """The table as Markdown, with its legend and notes below."""
+        """The table as Markdown, with its legend and notes below; reference rows come after a
+        row that names them."""
         head = ["method", *(c.dataset for c in self.columns)]
         lines = ["| " + " | ".join(head) + " |",
                  "|" + "|".join(["---"] + [":---:"] * len(self.columns)) + "|"]
-        for j, m in enumerate(self.methods):
-            texts = [self._cell_text(self.entries[(j, i)], ("**", "**"), f" {MARK}", "{}")
+        compared, reference = self.row_order()
+        for j in compared + reference:
+            if reference and j == reference[0]:
+                rule = ["*reference (not compared)*", *([""] * len(self.columns))]
+                lines.append("| " + " | ".join(rule) + " |")
+            texts = [entry_text(self.entries[(j, i)], ("**", "**"), f" {MARK}", "{}")
                      for i in range(len(self.columns))]
-            lines.append("| " + " | ".join([m.label, *texts]) + " |")
+            lines.append("| " + " | ".join([self.methods[j].label, *texts]) + " |")
         lines += ["", self.legend()]
         lines += [f"Note: {n}" for n in self.notes]
         return "\n".join(lines) + "\n"
 
     def latex(self) -> str:
-        """The table as a booktabs ``tabular`` (needs ``\\usepackage{booktabs}``)."""
+        """The table as a booktabs ``tabular`` (needs ``\\usepackage{booktabs}``); reference
+        rows below a ``\\midrule``."""
         def esc(text: str) -> str:
             for a, b in (("\\", r"\textbackslash{}"), ("_", r"\_"), ("%", r"\%"),
                          ("&", r"\&"), ("#", r"\#")):
@@ -152,11 +209,14 @@ class Table:
                rf"\begin{{tabular}}{{{cols}}}", r"\toprule",
                " & ".join(["Method", *(esc(c.dataset) for c in self.columns)]) + r" \\",
                r"\midrule"]
-        for j, m in enumerate(self.methods):
-            texts = [self._cell_text(self.entries[(j, i)], (r"\textbf{", "}"), r"$^\dagger$",
+        compared, reference = self.row_order()
+        for j in compared + reference:
+            if reference and j == reference[0]:
+                out.append(r"\midrule")
+            texts = [entry_text(self.entries[(j, i)], (r"\textbf{", "}"), r"$^\dagger$",
                                      r"{{\scriptsize {}}}")
                      for i in range(len(self.columns))]
-            out.append(" & ".join([esc(m.label), *texts]) + r" \\")
+            out.append(" & ".join([esc(self.methods[j].label), *texts]) + r" \\")
         out += [r"\bottomrule", r"\end{tabular}"]
         return "\n".join(out) + "\n"
 
@@ -189,6 +249,59 @@ class Table:
         return "\n".join(f"# {c.method.label} | {c.column.dataset} | draw {c.observed_seed} | "
                          f"test mAP {c.test_map:.4f}\n{c.command}"
                          for c in self.cells if c.command) + "\n"
+
+
+def _val_curve(cell: Any) -> list[Any]:
+    record = cell.record or {}
+    trials = record.get("trials") or [{}]
+    return [epoch.get("val_map") for epoch in trials[0].get("epochs") or []]
+
+
+def count_peaked_at_last(cells: list[Any]) -> tuple[int, int]:
+    """(cells whose best val mAP is at their last epoch, cells with a val curve): val mAP was
+    still rising when training stopped (:func:`probe.evaluation.convergence.best_is_last`)."""
+    from probe.evaluation.convergence import best_is_last
+
+    curves = [_val_curve(c) for c in cells if c.record is not None]
+    curves = [curve for curve in curves if len(curve) >= 2]
+    return sum(best_is_last(curve) for curve in curves), len(curves)
+
+
+def convergence_notes(cells: list[Any], plan: Any) -> list[str]:
+    """A note when cells peaked at their last epoch, naming the flags that fix it."""
+    at_last, of = count_peaked_at_last(cells)
+    if not at_last:
+        return []
+    return [f"{at_last} of {of} trained cells peaked at their last epoch (val mAP still "
+            "rising): their losses are compared before they converged. Train longer "
+            "(--epochs), at a larger learning rate (--lr), or let each loss search them "
+            "(--tune N)."]
+
+
+def identical_rows_notes(methods: list[Any], cells: list[Any], rtol: float = 1e-5,
+                         atol: float = 1e-6) -> list[str]:
+    """A note for each pair of rows that trained the same heads on every store and draw
+    (within ``rtol``/``atol``): at these settings they are one method (e.g. OPML at α = β = 1
+    is ZLPR)."""
+    import torch
+
+    heads: dict[str, dict[tuple[str, int], Any]] = {}
+    for c in cells:
+        if c.head is not None and c.method.kind not in REFERENCE_KINDS:
+            heads.setdefault(c.method.label, {})[(c.column.path, c.observed_seed)] = c.head
+    labels = [m.label for m in methods if m.label in heads]
+    notes = []
+    for a_index, a in enumerate(labels):
+        for b in labels[a_index + 1:]:
+            if heads[a].keys() != heads[b].keys():
+                continue
+            same = all(torch.allclose(heads[a][k], heads[b][k], rtol=rtol, atol=atol)
+                       for k in heads[a])
+            if same:
+                notes.append(f"{a} and {b} trained the same heads on every store and draw "
+                             f"(within rtol {rtol:g}): at these settings they are one method, "
+                             "shown twice.")
+    return notes
 
 
 def write_outputs(table: Table, out: str | Path) -> list[Path]:

@@ -1,0 +1,240 @@
+"""What a researcher copies into a paper is right or says why not: Holm with a NaN among the
+p-values, one-sided marks checked against an independent numpy paired bootstrap, a diverged row
+that reads n/a, the oracle as a reference row, identical rows named, cells that peaked at their
+last epoch counted, and a draw's data and record written together under the store's lock."""
+
+from __future__ import annotations
+
+import math
+import threading
+from statistics import NormalDist
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from fixtures_datasets import toy_feature_store
+
+from probe.errors import SpmlError
+from probe.evaluation.intervals import (
+    BootstrapResult,
+    count_non_finite,
+    holm,
+    mean_interval,
+    paired_differences,
+)
+
+# ----------------------------------------------------------------------------- Holm
+
+
+def _holm_rejects(p: list[float], alpha: float) -> list[bool]:
+    """Holm's procedure as its definition states it (reference): order the finite p-values;
+    reject H_(1), H_(2), … while p_(k) <= alpha / (m - k + 1); stop at the first that is not."""
+    finite = sorted((v, i) for i, v in enumerate(p) if not math.isnan(v))
+    m = len(finite)
+    reject = [False] * len(p)
+    for k, (v, i) in enumerate(finite):
+        if v > alpha / (m - k):
+            break
+        reject[i] = True
+    return reject
+
+
+def test_holm_leaves_a_nan_out_of_the_family_instead_of_poisoning_it():
+    adjusted = holm([0.001, math.nan, 0.001, 0.001])
+    assert math.isnan(adjusted[1])
+    assert adjusted[0] == adjusted[2] == adjusted[3] == pytest.approx(0.003)  # m = 3, not 4
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_holm_adjusted_p_values_reject_exactly_what_the_procedure_rejects(seed):
+    rng = np.random.default_rng(seed)
+    p = list(rng.uniform(0.0, 0.08, size=rng.integers(2, 8)))  # near 0.02-0.05: Holm matters
+    if seed % 3 == 0:
+        p[rng.integers(len(p))] = math.nan
+    adjusted = holm(p)
+    for alpha in (0.01, 0.025, 0.05, 0.1):
+        assert [not math.isnan(a) and a <= alpha for a in adjusted] == _holm_rejects(p, alpha)
+
+
+def test_holm_and_no_holm_disagree_where_the_correction_matters():
+    p = [0.02, 0.03, 0.04]
+    assert all(v < 0.05 for v in p)  # each alone: significant
+    assert [a < 0.05 for a in holm(p)] == [False, False, False]  # 0.06, 0.06, 0.06
+
+
+def test_holm_refuses_a_p_value_outside_zero_one():
+    with pytest.raises(SpmlError, match=r"holm: p-values must be in \[0, 1\].*1.5 at position 1"):
+        holm([0.1, 1.5])
+
+
+# ----------------------------------------------------------------------------- means
+
+
+def test_a_diverged_run_makes_the_mean_nan_and_is_counted():
+    iv = mean_interval([40.0, math.nan, 42.0])
+    assert math.isnan(iv.value) and math.isnan(iv.low) and math.isnan(iv.high)
+    assert count_non_finite([40.0, math.nan, math.inf, None, 1.0]) == 3
+    assert mean_interval([40.0, 42.0]).value == pytest.approx(41.0)
+
+
+# ----------------------------------------------------------------------------- the marks
+
+
+def _numpy_one_sided_marks(reps: np.ndarray, maps: np.ndarray, best: int, alpha: float
+                           ) -> dict[int, bool]:
+    """Independent reference: for each row j != best, the paired bootstrap differences
+    best - j, a one-sided p from their standard error (normal approximation), Holm over the
+    rows; True where the row is *not* significantly worse."""
+    rows = [j for j in range(len(maps)) if j != best]
+    p = []
+    for j in rows:
+        d = reps[best] - reps[j]
+        se = d.std(ddof=1)
+        p.append(NormalDist().cdf(-(maps[best] - maps[j]) / se))
+    rejected = _holm_rejects(p, alpha)
+    return {j: not r for j, r in zip(rows, rejected)}
+
+
+def test_one_sided_marks_equal_a_numpy_paired_bootstrap_on_a_three_row_toy():
+    rng = np.random.default_rng(3)
+    b = 2000
+    base = rng.normal(size=b)
+    reps = np.stack([50 + base + 0.3 * rng.normal(size=b),          # the best
+                     49.45 + base + 0.3 * rng.normal(size=b),       # ~ one-sided p 0.1
+                     48.9 + base + 0.3 * rng.normal(size=b)])       # clearly worse
+    maps = reps.mean(1)
+    boot = BootstrapResult(map=torch.tensor(maps), replicates=torch.tensor(reps), intervals=[],
+                           n_resamples=b, seed=0, level=0.95)
+    diffs = paired_differences(boot, [(0, 1), (0, 2)], alternative="greater")
+    expected = _numpy_one_sided_marks(reps, maps, 0, 0.05)
+    assert {d.b: not d.significant for d in diffs} == expected
+    assert expected == {1: True, 2: False}
+    for d in diffs:  # the one-sided p is half the two-sided one for a positive difference
+        two = paired_differences(boot, [(d.a, d.b)])[0]
+        assert d.p_value == pytest.approx(two.p_value / 2, rel=1e-9)
+
+
+def test_a_pair_with_a_nan_row_has_no_p_and_leaves_the_family():
+    reps = torch.tensor([[50.0, 51.0, 50.5], [49.0, 48.0, 49.5], [math.nan] * 3],
+                        dtype=torch.float64)
+    boot = BootstrapResult(map=reps.mean(1), replicates=reps, intervals=[], n_resamples=3,
+                           seed=0, level=0.95)
+    diffs = paired_differences(boot, [(0, 1), (0, 2)], alternative="greater")
+    assert math.isnan(diffs[1].p_value) and math.isnan(diffs[1].p_holm)
+    assert diffs[0].p_holm == pytest.approx(diffs[0].p_value)  # a family of one
+
+
+# ----------------------------------------------------------------------------- notes
+
+
+def _cell(label, kind, seed, head, curve=None, path="s.zarr"):
+    method = SimpleNamespace(label=label, kind=kind)
+    record = None if curve is None else {"trials": [{"epochs": [{"val_map": v} for v in curve]}]}
+    return SimpleNamespace(method=method, column=SimpleNamespace(path=path), observed_seed=seed,
+                           head=head, record=record)
+
+
+def test_rows_that_trained_the_same_heads_are_named_once():
+    from studies.table.render import identical_rows_notes
+
+    h = torch.randn(5, 3)
+    methods = [SimpleNamespace(label=n, kind="preset") for n in ("zlpr", "opml", "an")]
+    cells = []
+    for seed in (1200, 1):
+        cells += [_cell("zlpr", "preset", seed, h + seed), _cell("opml", "preset", seed,
+                                                                  h + seed + 1e-8),
+                  _cell("an", "preset", seed, h - seed)]
+    (note,) = identical_rows_notes(methods, cells)
+    assert note.startswith("zlpr and opml trained the same heads on every store and draw")
+    cells[4].head = h + 1 + 1e-3  # one draw differs: not the same method
+    assert identical_rows_notes(methods, cells) == []
+
+
+def test_cells_that_peaked_at_their_last_epoch_are_counted_with_the_fix():
+    from studies.table.render import convergence_notes, count_peaked_at_last
+
+    cells = [_cell("an", "preset", 1, None, [1.0, 2.0, 3.0]),
+             _cell("gr", "preset", 1, None, [1.0, 3.0, 2.0]),
+             _cell("em", "preset", 1, None, [1.0, 2.0, 2.5]),
+             _cell("zero", "zero-shot", 1, None)]
+    assert count_peaked_at_last(cells) == (2, 3)
+    (note,) = convergence_notes(cells, None)
+    assert note.startswith("2 of 3 trained cells peaked at their last epoch")
+    assert "--epochs" in note and "--lr" in note and "--tune" in note
+    assert convergence_notes(cells[1:2], None) == []
+
+
+# ----------------------------------------------------------------------------- the draw race
+
+
+def test_two_conflicting_draws_of_one_seed_never_leave_one_s_data_under_the_other_s_record(
+        tmp_path, monkeypatch):
+    """Process A draws seed 7 as the protocol, process B as a label budget, at the same time,
+    in the order that broke it: A writes its array, B writes its own over it, A registers, B is
+    refused (each step waits on the one before, with a bounded wait where the lock keeps the
+    other side out). Whoever wins, the record and the array under seed 7 must be of one draw."""
+    import probe.store.records as records
+    from probe.store import add_draws, open_store
+    from probe.store.errors import StoreError
+
+    path = toy_feature_store(tmp_path / "toy.zarr")
+    real_write, real_register = records.small_array, records.update_root_attrs
+    b_wrote, a_registered = threading.Event(), threading.Event()
+
+    def held_small_array(group, name, data):
+        out = real_write(group, name, data)
+        if threading.current_thread().name == "A":
+            b_wrote.wait(timeout=2.0)  # bounded: with the lock held, B cannot write before A ends
+        else:
+            b_wrote.set()
+            a_registered.wait(timeout=2.0)
+        return out
+
+    def signalled_register(path, change):
+        out = real_register(path, change)
+        if threading.current_thread().name == "A":
+            a_registered.set()
+        return out
+
+    monkeypatch.setattr(records, "update_root_attrs", signalled_register)
+    monkeypatch.setattr(records, "small_array", held_small_array)
+    refused = {}
+
+    def draw(name, **kw):
+        try:
+            add_draws(path, [7], **kw)
+        except StoreError as err:
+            refused[name] = err
+
+    a = threading.Thread(target=draw, args=("A",), name="A")
+    b = threading.Thread(target=draw, args=("B",), kwargs={"k": 3}, name="B")
+    a.start()
+    b.start()
+    a.join()
+    b_wrote.set()
+    b.join()
+    store = open_store(path)
+    record = records.draw_record(dict(store.attrs), 7)
+    positives = (store.observed(7, store.split("train")) == 1).sum(1)
+    if record["kind"] == "protocol":
+        assert positives.max() == 1, "a protocol record over label-budget data"
+    else:
+        assert positives.max() > 1, "a label-budget record over protocol data"
+    assert len(refused) == 1  # the other draw was refused by name, not written
+
+
+def test_a_row_with_a_diverged_draw_reads_n_a_and_is_not_marked():
+    from studies.table.render import Entry, entry_text
+
+    method = SimpleNamespace(loss="gr")
+    cells = [SimpleNamespace(method=method, observed_seed=s) for s in (1200, 1, 2)]
+    iv = mean_interval([41.0, math.nan, 43.0])
+    e = Entry(0, 0, cells, iv.value, iv.low, iv.high, "draws", not_worse=True,
+              n_diverged=count_non_finite([41.0, math.nan, 43.0]))
+    assert not e.competes
+    assert entry_text(e, ("**", "**"), " †", "{}") == "n/a (1 of 3 diverged)"
+    fine = Entry(1, 0, cells, 42.0, 41.0, 43.0, "draws", not_worse=True)
+    assert entry_text(fine, ("**", "**"), " †", "{}") == "42.00 [41.00, 43.00] (3) †"
+    oracle = Entry(2, 0, cells[:1], 50.0, 49.0, 51.0, "images", not_worse=True, reference=True)
+    assert "†" not in entry_text(oracle, ("**", "**"), " †", "{}")
