@@ -238,3 +238,48 @@ def test_a_row_with_a_diverged_draw_reads_n_a_and_is_not_marked():
     assert entry_text(fine, ("**", "**"), " †", "{}") == "42.00 [41.00, 43.00] (3) †"
     oracle = Entry(2, 0, cells[:1], 50.0, 49.0, 51.0, "images", not_worse=True, reference=True)
     assert "†" not in entry_text(oracle, ("**", "**"), " †", "{}")
+
+
+# ----------------------------------------------------------------------------- kept heads
+
+
+def test_two_studies_in_one_folder_each_score_their_own_heads(yeast_store, tmp_path):
+    """Two ``run_study`` calls with one ``out``: each verdict scores the heads its own trials
+    kept, never the other study's (their trial numbers are the same)."""
+    from studies.results.rows import read_trial_heads
+    from studies.study.run import run_study
+    from studies.study.settings import StudySettings
+
+    out = tmp_path / "shared"
+    verdicts = {}
+    for loss in ("an_ls", "gr"):
+        settings = StudySettings(store=yeast_store, loss=loss, n_trials=2, batch=2, epochs=2,
+                                 batch_size=32, lr=0.01, pruner="none", out=str(out),
+                                 name=f"s-{loss}")
+        summary = run_study(settings, log=lambda m: None)
+        verdicts[loss] = summary.verdict
+    assert len(list((out / "results").glob("heads-s-an_ls-*.pt"))) == 1
+    assert len(list((out / "results").glob("heads-s-gr-*.pt"))) == 1
+    from studies.results.confirm import load_study
+    from studies.results.rows import study_tag
+    from studies.study.storage import find_storage
+
+    heads = {}
+    for loss in ("an_ls", "gr"):
+        study = load_study(find_storage(out), f"s-{loss}")
+        heads[loss] = read_trial_heads(out / "results", study_tag(study))
+        assert sorted(heads[loss]) == [0, 1]
+    assert not torch.equal(heads["an_ls"][0][0], heads["gr"][0][0])
+    # each verdict's winner is its own study's trial, scored on its own kept head
+    from probe.engine.data import ProbeData
+    from probe.evaluation.heads import stacked_logits
+    from probe.metrics import mean_average_precision
+
+    data = ProbeData.from_store(yeast_store, device="cpu", flip=False)
+    for loss in ("an_ls", "gr"):
+        v = verdicts[loss]
+        head = heads[loss][v.winner.trial][0]
+        scores = stacked_logits(data.test_x, head[None].float())[0]
+        expected = float(mean_average_precision(data.test_labels.bool(), logits=scores).map)
+        assert v.winner.test_map == pytest.approx(expected, abs=1e-4)  # float32 AP
+    assert verdicts["an_ls"].winner.test_map != verdicts["gr"].winner.test_map

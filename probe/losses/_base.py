@@ -57,6 +57,9 @@ class Loss(nn.Module):
     notes: ClassVar[str] = ""
     trial_state: ClassVar[tuple[str, ...] | None] = ()
     host_per_step: ClassVar[bool] = False
+    # bumped when what the loss computes changes: results (table cells) trained with another
+    # version are not reused
+    version: ClassVar[str] = "1"
     prior: ClassVar[str | None] = None
 
     def __init__(self, **hparams: Any) -> None:

@@ -139,14 +139,15 @@ def _retrain_top(st: Any, ctx: ReportRuns, device: str, log: Callable[[str], Non
     from probe.progress import Progress
     from studies.results.compare import compare_scores
     from studies.results.confirm import trained_settings, trial_setup
-    from studies.results.rows import read_trial_heads
+    from studies.results.rows import read_trial_heads, study_tag
 
     chosen = list(st.complete[:INTERVAL_TOP])
     paper = st.paper
     if paper is not None and paper.state == TrialState.COMPLETE and paper not in chosen:
         chosen.append(paper)
     seed = int(st.settings.get("train_seed", 0))
-    kept = read_trial_heads(st.study_dir / "results")  # the heads the study kept, if any
+    # the heads this study kept, if any (never another study's of the same folder)
+    kept = read_trial_heads(st.study_dir / "results", study_tag(st.study))
     ctx.kept = [t.number for t in chosen if t.number in kept]
     heads: dict[int, Any] = {n: kept[n][0] for n in ctx.kept}
     retrain = [t for t in chosen if t.number not in kept]

@@ -160,7 +160,7 @@ def systems_of_study(study: Any, where: str, *, top: int = 3, device: str = "cpu
     from probe.engine.results import to_linear
     from probe.progress import Progress
     from studies.results.confirm import trained_settings, trial_setup
-    from studies.results.rows import read_trial_heads
+    from studies.results.rows import read_trial_heads, study_tag
     from studies.study.storage import is_paper_trial, ranked_trials
 
     study_dir, loss, settings = where, study.user_attrs.get("spml.loss"), trained_settings(study)
@@ -174,7 +174,7 @@ def systems_of_study(study: Any, where: str, *, top: int = 3, device: str = "cpu
     chosen += [t for t in complete if is_paper_trial(t) and t not in chosen]
     observed_seed = int(settings.get("observed_seed", 1200))
     seed = int(settings.get("train_seed", 0))
-    kept = read_trial_heads(heads_dir) if heads_dir is not None else {}
+    kept = read_trial_heads(heads_dir, study_tag(study)) if heads_dir is not None else {}
     retrain = [t for t in chosen if t.number not in kept]
     systems = []
     bar = Progress(len(chosen), f"heads of {study.study_name}", "heads", enabled=progress)

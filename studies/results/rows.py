@@ -23,6 +23,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import socket
 import uuid
 from collections.abc import Iterable, Sequence
@@ -35,7 +36,7 @@ from probe import __version__
 from probe.io import atomic_write
 
 __all__ = ["COLUMNS", "CURVES", "FORMAT", "draw_of", "params_keys", "probe_rows", "read_results",
-           "read_trial_heads", "store_fingerprint", "tidy_frame", "write_batch",
+           "read_trial_heads", "store_fingerprint", "study_tag", "tidy_frame", "write_batch",
            "write_trial_heads"]
 
 FORMAT = "spml-results/2"
@@ -204,30 +205,46 @@ def write_batch(directory: str | os.PathLike, rows: Sequence[dict[str, Any]]) ->
     return atomic_write(Path(directory) / name, frame.write_parquet)
 
 
-HEADS_FORMAT = "spml-study-heads/1"
+HEADS_FORMAT = "spml-study-heads/2"
+#: the user attributes that make a study itself (spml.study.create): its tag hashes them
+STUDY_IDENTITY_KEYS = ("spml.loss", "spml.store", "spml.space", "spml.fixed", "spml.training")
+
+
+def study_tag(study: Any) -> str:
+    """Which study kept a file: ``<name>:<hash of its identity>`` (loss, store, search space,
+    fixed and training settings). Two studies in one folder -- two names, or one name made
+    again with other settings -- never share a tag."""
+    attrs = study.user_attrs
+    identity = {key: attrs.get(key) for key in STUDY_IDENTITY_KEYS}
+    text = json.dumps(identity, sort_keys=True, default=str)
+    return f"{study.study_name}:{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 
 def write_trial_heads(directory: str | os.PathLike, numbers: Sequence[int], heads: Any,
-                      source: dict[str, Any]) -> Path | None:
+                      source: dict[str, Any], study: str) -> Path | None:
     """Keep what the paired bootstrap needs of finished trials: their best-epoch heads
-    ``(T, D+1, C)`` (bias in the last row; float32), the trial numbers and the run's data
-    record, as ``heads-<host>-<pid>-<uuid>.pt`` beside the batch files (written atomically).
-    The study's summary, ``spml compare STUDY_DIR`` and the report then score these heads on
-    the test split instead of re-training them."""
+    ``(T, D+1, C)`` (bias in the last row; float32), the trial numbers, the run's data record
+    and the study's tag (:func:`study_tag`), as ``heads-<study>-<host>-<pid>-<uuid>.pt`` beside
+    the batch files (written atomically). The study's summary, ``spml compare STUDY_DIR`` and
+    the report then score these heads on the test split instead of re-training them."""
     if not len(numbers):
         return None
     import torch
 
-    payload = {"format": HEADS_FORMAT, "trials": [int(n) for n in numbers],
+    payload = {"format": HEADS_FORMAT, "study": study, "trials": [int(n) for n in numbers],
                "heads": heads.detach().float().cpu().contiguous(),
                "data": json.loads(json.dumps(source, default=str))}
-    name = f"heads-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}.pt"
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", study.partition(":")[0])[:60]
+    name = f"heads-{safe}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}.pt"
     return atomic_write(Path(directory) / name, lambda fh: torch.save(payload, fh))
 
 
-def read_trial_heads(directory: str | os.PathLike) -> dict[int, tuple[Any, dict[str, Any]]]:
+def read_trial_heads(directory: str | os.PathLike, study: str
+                     ) -> dict[int, tuple[Any, dict[str, Any]]]:
     """Trial number -> (best-epoch head ``(D+1, C)``, data record) of every head
-    :func:`write_trial_heads` kept in ``directory`` (none: an empty dict)."""
+    :func:`write_trial_heads` kept in ``directory`` for the study tagged ``study``
+    (:func:`study_tag`); heads of any other study in the folder, and files from before heads
+    carried their study, are never read (those trials are re-trained instead)."""
     directory = Path(directory)
     if not directory.is_dir():
         return {}
@@ -240,6 +257,8 @@ def read_trial_heads(directory: str | os.PathLike) -> dict[int, tuple[Any, dict[
         except Exception:  # a damaged file: those trials are re-trained instead
             continue
         if not isinstance(payload, dict) or payload.get("format") != HEADS_FORMAT:
+            continue
+        if payload.get("study") != study:
             continue
         for i, n in enumerate(payload["trials"]):
             out[int(n)] = (payload["heads"][i], payload["data"])

@@ -21,7 +21,7 @@ from optuna.trial import TrialState
 from probe.evaluation.convergence import best_is_last
 from probe.evaluation.selection import Selection, mean_over_replicates
 from probe.progress import Progress
-from studies.results.rows import probe_rows, write_batch, write_trial_heads
+from studies.results.rows import probe_rows, study_tag, write_batch, write_trial_heads
 from studies.study.create import create_or_join, prune_rule
 from studies.study.heartbeat import (
     FAIL_REASON_KEY,
@@ -128,7 +128,7 @@ def _train_group(settings, data, study, storage, space, trials, probe_config, lo
     kept = [i for i, st in enumerate(states) if st == "COMPLETE" and i not in lost]
     if len(data) == 1 and result.best_heads is not None and kept:  # for the paired bootstrap
         write_trial_heads(Path(settings.out) / "results", [trials[i].number for i in kept],
-                          result.best_heads[kept], result.source)
+                          result.best_heads[kept], result.source, study_tag(study))
     gone = {trials[i].number for i in lost}  # the worker that retries them writes their rows
     rows = probe_rows(result.to_dict(), kind="study", study=study.study_name,
                       numbers=[t.number for t in trials], states=states,

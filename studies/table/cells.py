@@ -117,6 +117,8 @@ class Column:
     fingerprint: str
     class_names: list[str]
     prior_test_scores: Any = None  # (N_test, C) the prior at the test rows (zero-shot row)
+    prior_record: dict[str, Any] | None = None  # the prior's provenance and data hash (keys)
+    draw_records: dict[int, dict[str, Any]] = field(default_factory=dict)  # seed -> record
 
 
 @dataclass
@@ -187,6 +189,7 @@ def _loss_names(config: TableConfig) -> tuple[list[str], list[str]]:
 def _columns(paths: Sequence[str], config: TableConfig) -> list[Column]:
     from probe.store import PROTOCOL_SEED, open_store
     from probe.store.priors import prior_names
+    from probe.store.records import draw_record, draw_text
     from studies.results.rows import store_fingerprint
 
     if not paths:
@@ -198,15 +201,26 @@ def _columns(paths: Sequence[str], config: TableConfig) -> list[Column]:
                              "'spml featurize'")
         store = open_store(path)
         have = store.observed_seeds()
-        # default: every draw the store holds, the protocol's first (the oracle trains on it)
+        records = {s: draw_record(dict(store.attrs), s) for s in have}
+        protocol = [s for s in have if records[s]["kind"] == "protocol"]
+        # default: the protocol's single-positive draws only, the literature's first (the
+        # oracle trains on it); label-budget and label-bias draws are other experiments
         draws = (tuple(config.observed_seeds) if config.observed_seeds
-                 else tuple(sorted(have, key=lambda s: (s != PROTOCOL_SEED, s))))
+                 else tuple(sorted(protocol, key=lambda s: (s != PROTOCOL_SEED, s))))
         missing = [d for d in draws if d not in have]
         if missing:
             raise TableError(
                 f"--observed-seeds: {path} holds the draws {','.join(map(str, have))}, not "
                 f"{','.join(map(str, missing))}; add them first ('spml draw {path} --seeds "
                 f"{missing[0]}') or ask for the ones it holds")
+        other = [d for d in draws if records[d]["kind"] != "protocol"]
+        if other:
+            raise TableError(
+                f"--observed-seeds: draw {other[0]} of {path} is {draw_text(records[other[0]])}, "
+                "not a single-positive draw of the protocol; a table averages protocol draws "
+                f"only (this store's: {','.join(map(str, protocol)) or 'none'}). Compare label "
+                "budgets with 'spml analyze label-budget', or add protocol draws with 'spml "
+                f"draw {path} --seeds N'")
         if config.priors and config.priors not in prior_names(store):
             held = ", ".join(prior_names(store)) or "none"
             raise TableError(f"--priors: {path} holds no prior {config.priors!r} (it holds "
@@ -215,7 +229,8 @@ def _columns(paths: Sequence[str], config: TableConfig) -> list[Column]:
                   "rows": {s: len(store.split(s)) for s in ("train", "val", "test")},
                   "completed": store.attrs.get("completed"), "provenance": store.provenance}
         col = Column(str(path), store.dataset, draws, store_fingerprint(source) or "",
-                     list(store.class_names))
+                     list(store.class_names),
+                     draw_records={d: records[d] for d in draws})
         for other in columns:
             if other.dataset == col.dataset:
                 same = other.class_names == col.class_names
@@ -225,8 +240,20 @@ def _columns(paths: Sequence[str], config: TableConfig) -> list[Column]:
                     "column per dataset: give one store per dataset")
         if config.priors:
             col.prior_test_scores = store.prior(config.priors, rows=store.split("test")).scores
+            col.prior_record = prior_record(store, config.priors)
         columns.append(col)
     return columns
+
+
+def prior_record(store: Any, name: str) -> dict[str, Any]:
+    """What identifies a store's prior in a cell's key: its name, provenance and a hash of its
+    scores and extras (a prior overwritten under the same name is another prior)."""
+    prior = store.prior(name)
+    digest = hashlib.sha256(prior.scores.tobytes())
+    for key in sorted(prior.extras):
+        digest.update(key.encode())
+        digest.update(prior.extras[key].tobytes())
+    return {"name": name, "provenance": prior.provenance, "sha256": digest.hexdigest()[:16]}
 
 
 def plan_table(paths: Sequence[str], config: TableConfig) -> Plan:
@@ -281,7 +308,7 @@ def resolve_settings(m: Method, col: Column, data: Any, config: TableConfig,
     Refuses, as ``spml probe`` would, settings the engine cannot train."""
     base = {"format": CELL_FORMAT, "store": col.fingerprint, "dataset": col.dataset}
     if m.loss is None:
-        return {**base, "kind": "zero-shot", "priors": m.priors}
+        return {**base, "kind": "zero-shot", "priors": m.priors, "prior": col.prior_record}
     from probe.engine.trials import plan_trials
 
     plan = plan_trials(data, m.probe_config(col.draws[0], config), m.loss, [dict(m.hparams)])
@@ -289,10 +316,52 @@ def resolve_settings(m: Method, col: Column, data: Any, config: TableConfig,
     if notes is not None and m.kind == "preset" and "generic" in t.sources.get("epochs", ""):
         _note_generic(notes, m.loss, col.dataset, f"batch {t.batch_size}, lr {t.lr:g}, "
                       f"{t.epochs} epochs")
-    return {**base, "kind": "probe", "loss": m.loss, "labels": m.labels, "priors": m.priors,
-            "hparams": plan.hparams[0], "lr": plan.lr[0], "weight_decay": plan.weight_decay[0],
-            "batch_size": t.batch_size, "epochs": t.epochs, "seed": config.seed,
-            "optimizer": "adam", "val_labels": "clean", "flip": True, "drop_last": True}
+    resolved = trained_config(m.probe_config(col.draws[0], config))
+    return {**base, "kind": "probe", "loss": m.loss, "loss_version": loss_version(m.loss),
+            "package": package_version(), "prior": col.prior_record if m.priors else None,
+            "config": resolved, "hparams": plan.hparams[0], "lr": plan.lr[0],
+            "weight_decay": plan.weight_decay[0], "batch_size": t.batch_size,
+            "epochs": t.epochs}
+
+
+#: ProbeConfig fields that change how fast a run goes but not what it trains: left out of a
+#: cell's key (everything else is in it, read from the resolved config)
+SPEED_ONLY = ("device", "deterministic", "cuda_graph", "compile", "test_curve", "eval_init",
+              "test_intervals", "observed_seed")  # the draw is keyed with its record apart
+
+
+def trained_config(cfg: Any) -> dict[str, Any]:
+    """What a cell trains with, from its resolved :class:`probe.ProbeConfig`: every field but
+    the speed-only ones (:data:`SPEED_ONLY`)."""
+    import dataclasses
+
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
+            if f.name not in SPEED_ONLY}
+
+
+def package_version() -> str:
+    """spml-probe's version (a cell trained by another release retrains)."""
+    from probe import __version__
+
+    return __version__
+
+
+def loss_version(loss: str) -> dict[str, Any]:
+    """A loss's declared ``version``, the distribution that ships it and a hash of its module's
+    source: a cell whose loss changed -- a new release, a plugin upgrade or an edit -- retrains."""
+    import inspect
+    import sys
+
+    from probe.engine.results import loss_package
+    from probe.losses import get_loss_class
+
+    cls = get_loss_class(loss)
+    try:
+        source = inspect.getsource(sys.modules[cls.__module__])
+    except (OSError, TypeError, KeyError):  # no source to read (a frozen or built module)
+        source = ""
+    return {"version": getattr(cls, "version", "1"), "package": loss_package(loss),
+            "source": hashlib.sha256(source.encode()).hexdigest()[:16]}
 
 
 def _note_generic(notes: list[str], loss: str, dataset: str, setting: str) -> None:
@@ -388,13 +457,45 @@ def _read_cell(cell: Cell, out: str | None) -> bool:
         return False
     saved = json.loads(rec_path.read_text())
     if saved.get("format") != CELL_FORMAT or saved.get("settings") != json.loads(
-            json.dumps({**cell.settings, "observed_seed": cell.observed_seed}, default=str)):
+            json.dumps(saved_settings(cell), default=str)):
         return False
     from probe.engine.results import load_head
 
     head, _ = load_head(head_path, 0)
     _fill(cell, saved["record"], head)
     return True
+
+
+def saved_settings(cell: Cell) -> dict[str, Any]:
+    """What a kept cell records and is checked against: its row's settings, its draw's seed
+    and the draw's record."""
+    return {**cell.settings, "observed_seed": cell.observed_seed,
+            "draw": cell.column.draw_records.get(cell.observed_seed)}
+
+
+def stale_cells(cells: list[Cell], out: str | None) -> dict[str, int]:
+    """Of the cells to train, those ``--out`` holds under an older key (the same row, store and
+    draw, other settings): how many retrain because each setting changed (``{"prior": 2}``)."""
+    if out is None or not (Path(out) / "cells").is_dir():
+        return {}
+    kept: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for path in sorted((Path(out) / "cells").glob("*.json")):
+        try:
+            saved = json.loads(path.read_text())
+            settings = saved["settings"]
+            kept[(saved["method"], settings["dataset"], int(settings["observed_seed"]))] = settings
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # a damaged or foreign file: no cell of ours
+    changed: dict[str, int] = {}
+    for c in cells:
+        old = kept.get((c.method.label, c.column.dataset, c.observed_seed))
+        if old is None:
+            continue
+        new = json.loads(json.dumps(saved_settings(c), default=str))
+        for name in sorted(set(old) | set(new)):
+            if old.get(name) != new.get(name):
+                changed[name] = changed.get(name, 0) + 1
+    return changed
 
 
 def _fill(cell: Cell, record: dict[str, Any], head: Any) -> None:
@@ -413,8 +514,7 @@ def _write_cell(cell: Cell, result: Any, out: str) -> None:
 
     rec_path, head_path = _cell_paths(out, cell.key)
     save_head(head_path, result)  # the head first: the record, written last, marks it whole
-    payload = {"format": CELL_FORMAT,
-               "settings": {**cell.settings, "observed_seed": cell.observed_seed},
+    payload = {"format": CELL_FORMAT, "settings": saved_settings(cell),
                "method": cell.method.label, "command": cell.command,
                "record": result.to_dict()}
     atomic_write_text(rec_path, json.dumps(payload, sort_keys=True, default=str))
@@ -435,7 +535,9 @@ def make_cells(plan: Plan) -> list[Cell]:
             m = plan.method_at(i, j)
             for d in (col.draws if draw_dependent(m) else col.draws[:1]):
                 s = plan.settings[(i, j)]
-                key_settings = {**s, "observed_seed": d} if m.loss is not None else s
+                key_settings = s
+                if m.loss is not None:
+                    key_settings = {**s, "observed_seed": d, "draw": col.draw_records[d]}
                 cells.append(Cell(m, col, d, cell_key(key_settings), s,
                                   m.command(col.path, d, plan.config)))
     return cells
@@ -464,6 +566,10 @@ def train_cells(plan: Plan, cells: list[Cell], *, progress: bool = True,
             todo.append(c)
     log(f"{plural(len(cells), 'cells')}: {len(cells) - len(todo)} kept or without training, "
         f"{len(todo)} to train")
+    changed = stale_cells(todo, config.out)
+    if changed:
+        what = ", ".join(f"{name} ({n})" for name, n in changed.items())
+        log(f"retraining cells kept in {config.out} whose settings changed: {what}")
     with Progress(len(todo), "table", "cell", enabled=progress) as bar:
         for col in plan.columns:
             for d in col.draws:
