@@ -66,12 +66,15 @@ def test_planted_difference_is_found(heads, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("key,value,words", [
-    ("completed", "another build", "different store"),
+    ("identity.created", "another build", "different store"),
     ("rows", {"train": 1, "val": 1, "test": 1}, "different split"),
 ])
 def test_refuses_results_that_are_not_paired(heads, tmp_path, capsys, key, value, words):
     def edit(p):
-        p["data"][key] = value
+        if key.startswith("identity."):  # the store's identity: the one "same store" rule
+            p["data"]["identity"][key.partition(".")[2]] = value
+        else:
+            p["data"][key] = value
 
     other = _variant(heads, tmp_path / "other.pt", edit)
     capsys.readouterr()

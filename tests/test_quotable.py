@@ -283,3 +283,77 @@ def test_two_studies_in_one_folder_each_score_their_own_heads(yeast_store, tmp_p
         expected = float(mean_average_precision(data.test_labels.bool(), logits=scores).map)
         assert v.winner.test_map == pytest.approx(expected, abs=1e-4)  # float32 AP
     assert verdicts["an_ls"].winner.test_map != verdicts["gr"].winner.test_map
+
+
+# ----------------------------------------------------------------------------- one store rule
+
+
+@pytest.fixture
+def two_stores(yeast_store, tmp_path):
+    """A copy of the yeast store with a label-budget draw 5, and another build of yeast (a
+    30% test split)."""
+    import shutil
+
+    from featurize.imports import import_yeast
+    from probe.store import add_observed_seed
+
+    mine = tmp_path / "mine.zarr"
+    shutil.copytree(yeast_store, mine)
+    add_observed_seed(mine, 5, k=2)
+    other = tmp_path / "other.zarr"
+    import_yeast(other, test_fraction=0.3, progress=False)
+    return mine, other
+
+
+def _study(store, out, **kw):
+    from studies.results.confirm import load_study
+    from studies.study.run import run_study
+    from studies.study.settings import StudySettings
+    from studies.study.storage import find_storage
+
+    settings = StudySettings(store=str(store), loss="an_ls", n_trials=2, batch=2, epochs=2,
+                             batch_size=32, lr=0.01, pruner="none", out=str(out), name="s", **kw)
+    run_study(settings, log=lambda m: None, verdict=False)
+    return load_study(find_storage(out), "s")
+
+
+def test_a_from_row_keeps_its_studys_val_labels_and_store(two_stores, tmp_path, capsys):
+    from studies.cli import main
+
+    mine, other = two_stores
+    _study(mine, tmp_path / "st", val_labels="observed")
+    out = tmp_path / "t"
+    assert main(["table", str(mine), "--losses", "an", "--from", str(tmp_path / "st"),
+                 "--observed-seeds", "1200", "--epochs", "2", "--resamples", "200", "--quiet",
+                 "--out", str(out)]) == 0
+    capsys.readouterr()
+    commands = (out / "commands.sh").read_text()
+    assert "--loss an_ls" in commands and "--val-labels observed" in commands
+    assert main(["table", str(other), "--losses", "an", "--from", str(tmp_path / "st"),
+                 "--observed-seeds", "1200", "--epochs", "2", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "--from" in err and "another store" in err
+
+
+def test_confirm_refuses_another_store_and_adds_draws_of_the_studys_kind(two_stores, tmp_path):
+    from fixtures_datasets import tree_digest
+
+    from probe.store import open_store
+    from probe.store.records import draw_record
+    from studies.results.confirm import confirm_study
+    from studies.study.storage import StudyError
+
+    mine, other = two_stores
+    study = _study(mine, tmp_path / "st", observed_seed=5)  # trained on the label budget
+    before = tree_digest(other)
+    with pytest.raises(StudyError, match=r"STORE .*other.zarr: not the store study 's' trained"):
+        confirm_study(study, str(other), top_k=1, seeds=(0,))
+    assert tree_digest(other) == before  # refused before anything was written
+    before = tree_digest(mine)
+    with pytest.raises(StudyError, match=r"--observed-seeds: draw 1200 .* the study trained on "
+                                         r"k=2 positives"):
+        confirm_study(study, str(mine), top_k=1, seeds=(0,), observed_seeds=(9, 1200))
+    assert tree_digest(mine) == before  # draw 9 was not added either
+    rows = confirm_study(study, str(mine), top_k=1, seeds=(0,), observed_seeds=(5, 9))
+    assert rows and draw_record(dict(open_store(mine).attrs), 9) == {
+        "kind": "budget", "k": 2, "fraction": 1.0}

@@ -257,3 +257,48 @@ def test_marks_follow_the_paired_test_within_the_column(store):
     rows = [line for line in table.markdown().splitlines() if line.startswith("| ")]
     assert rows[1].startswith("| an | **") and rows[2].endswith("† |")
     assert "†" not in rows[3]
+
+
+def test_the_default_draws_are_the_protocols_and_another_kind_is_refused(store, tmp_path,
+                                                                          capsys):
+    from probe.store import add_observed_seed
+
+    path = tmp_path / "y.zarr"
+    shutil.copytree(store, path)
+    add_observed_seed(path, 5, k=3)  # a label budget: another experiment, not a protocol draw
+    out = tmp_path / "t"
+    assert main(["table", str(path), "--losses", "an", "--out", str(out), *FAST]) == 0
+    capsys.readouterr()
+    cells = pl.read_parquet(out / "cells.parquet")
+    assert sorted(set(cells["observed_seed"].to_list())) == [1, 2, 1200]
+    assert main(["table", str(path), "--losses", "an", "--observed-seeds", "1200,5",
+                 *FAST]) == 2
+    err = capsys.readouterr().err
+    assert "--observed-seeds: draw 5" in err and "label budget" in err
+
+
+def test_a_prior_overwritten_under_its_name_retrains_its_cells_and_says_why(store, tmp_path,
+                                                                           capsys):
+    from probe.store import open_store, write_prior
+
+    path = tmp_path / "y.zarr"
+    shutil.copytree(store, path)
+    opened = open_store(path)
+    rng = np.random.default_rng(0)
+    write_prior(path, "p", rng.random((opened.n_rows, opened.n_classes)).astype(np.float32),
+                provenance={"model": "random"})
+    out = tmp_path / "t"
+    args = ["table", str(path), "--losses", "vlpl", "--priors", "p", "--observed-seeds", "1200",
+            "--out", str(out), *FAST]
+    assert main(args) == 0
+    first = capsys.readouterr()
+    assert _trained(first.err) == 1
+    assert main(args) == 0
+    assert _trained(capsys.readouterr().err) == 0  # the same prior: kept
+    write_prior(path, "p", rng.random((opened.n_rows, opened.n_classes)).astype(np.float32),
+                provenance={"model": "random"}, overwrite=True)
+    assert main(args) == 0
+    again = capsys.readouterr()
+    assert _trained(again.err) == 1
+    assert "whose settings changed: prior (1)" in again.err
+    assert again.out != first.out  # the zero-shot row reads the new prior too

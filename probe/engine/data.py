@@ -251,7 +251,8 @@ class ProbeData:
                   "rows": {name: len(r) for name, r in rows.items()},
                   "store_dtype": store.dtype, "completed": store.attrs.get("completed"),
                   "provenance": store.provenance,  # and the draw: protocol, label budget or bias
-                  "draw": draw_record(store.attrs, observed_seed)}
+                  "draw": draw_record(store.attrs, observed_seed),
+                  "identity": store.identity()}  # the one "same store" rule
         budget = store.observed_budget(observed_seed)
         if budget != {"k": 1, "fraction": 1.0}:  # a label-budget draw (spml draw --k/--fraction)
             source["label_budget"] = budget

@@ -154,6 +154,15 @@ def open_store(path: str | Path) -> Store:
     return Store(path, group, attrs, split)
 
 
+def identity_fingerprint(identity: dict[str, Any]) -> str:
+    """A short hash of a store's :meth:`Store.identity` (equal identities, equal prints)."""
+    import hashlib
+    import json
+
+    text = json.dumps(identity, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 class Store:
     """Read-only view of a complete feature store (open it with :func:`open_store`)."""
 
@@ -178,6 +187,19 @@ class Store:
             f"Store({str(self.path)!r}, dataset={self.dataset!r}, rows={self.n_rows}, "
             f"classes={self.n_classes}, dim={self.feature_dim}, flip={self.has_flip})"
         )
+
+    def identity(self) -> dict[str, Any]:
+        """What makes this store this store, wherever it is mounted or copied: its dataset,
+        shape (rows, its train/val/test split, classes, feature width), when it was made, and the backbone and weights
+        that made its features. The one "same store" rule: studies record it, and confirm,
+        compare and the table check it (:func:`identity_fingerprint`)."""
+        prov = self.provenance or {}
+        created = prov.get("created") or self.attrs.get("created")
+        return {"dataset": self.dataset, "rows": int(self.n_rows),
+                "splits": {name: int(len(self.split(name))) for name in SPLIT_CODES},
+                "classes": int(self.n_classes), "feature_dim": int(self.feature_dim),
+                "created": created, "backbone": prov.get("backbone"),
+                "weights_sha256": prov.get("weights_sha256")}
 
     def labels(self, rows: Any = None) -> np.ndarray:
         """Full ground truth, uint8 ``(len(rows), C)``."""

@@ -224,13 +224,15 @@ def draw_note(systems: Sequence[System]) -> str | None:
 
 def check_comparable(systems: Sequence[System]) -> None:
     """Refuse systems from different stores or splits, naming the first two that differ and
-    why it matters (different draws of one store are compared: :func:`draw_note`)."""
+    why it matters (different draws of one store are compared: :func:`draw_note`). "The same
+    store" is :func:`studies.results.rows.store_fingerprint` (the store's identity)."""
+    from studies.results.rows import store_fingerprint
     if len(systems) < 2:
         raise CompareError(
             f"HEADS: need at least two heads to compare; got {len(systems)} "
             "(a file saved from several stacked trials holds one head per trial)")
     checks = (
-        ("store", lambda d: (d.get("path"), d.get("completed")),
+        ("store", lambda d: store_fingerprint(d) or (d.get("path"), d.get("completed")),
          "they were trained on different stores (or different builds of one store); a "
          "difference between them mixes data with method"),
         ("split", lambda d: d.get("rows"),

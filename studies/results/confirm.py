@@ -127,7 +127,7 @@ def confirm_study(study: optuna.Study, store_path: str, *, top_k: int = 3,
     from probe.engine.data import ProbeData
     from probe.engine.train import train_probe
     from probe.progress import Progress, plural
-    from probe.store import add_observed_seed, open_store
+    from probe.store import add_draws, open_store
     from probe.store.records import draw_record, draw_text
 
     log = log or (lambda msg: None)
@@ -143,10 +143,23 @@ def confirm_study(study: optuna.Study, store_path: str, *, top_k: int = 3,
         raise StudyError(f"study '{study.study_name}' has no completed trial to confirm yet")
     top = ranked_trials(complete)[:top_k]
     store = open_store(store_path)
+    check_same_store(study, store, "STORE")
+    # the draws follow the study's kind (protocol, label budget or label bias): every check
+    # is made before a missing draw is written
+    kind = draw_record(store.attrs, studied) if studied in store.observed_seeds() else None
+    kind = kind or {"kind": "protocol"}
     for s in observed_seeds:
-        if s not in store.observed_seeds():
-            log(f"adding single-positive draw {s} to {store_path}")
-            add_observed_seed(store_path, s)
+        if s in store.observed_seeds() and draw_record(store.attrs, s) != kind:
+            raise StudyError(
+                f"--observed-seeds: draw {s} of {store_path} is "
+                f"{draw_text(draw_record(store.attrs, s))}, but the study trained on "
+                f"{draw_text(kind)}; confirm on draws of the study's kind (a new seed is added "
+                "as one)")
+    missing = [s for s in observed_seeds if s not in store.observed_seeds()]
+    if missing:
+        log(f"adding draws {', '.join(map(str, missing))} to {store_path} as the study's: "
+            f"{draw_text(kind)}")
+        add_draws(store_path, missing, **draw_options(kind))
     store = open_store(store_path)
     log("draws: " + "; ".join(
         f"{s} ({draw_text(draw_record(store.attrs, s))}"
@@ -211,6 +224,35 @@ def confirm_study(study: optuna.Study, store_path: str, *, top_k: int = 3,
     if out is not None:
         _write(Path(out), rows, study)
     return rows
+
+
+def draw_options(record: dict[str, Any]) -> dict[str, Any]:
+    """The :func:`probe.store.add_draws` options that draw another seed of ``record``'s kind."""
+    if record["kind"] == "budget":
+        return {"k": int(record["k"]), "fraction": float(record["fraction"])}
+    if record["kind"] == "bias":
+        options: dict[str, Any] = {"bias": record["bias"]}
+        if record.get("class_weights") is not None:
+            options["weights_by_class"] = record["class_weights"]
+        return options
+    return {}
+
+
+def check_same_store(study: optuna.Study, store: Any, flag: str) -> None:
+    """Refuse a store that is not the one the study trained on (the one "same store" rule:
+    :meth:`probe.store.Store.identity`), naming what differs."""
+    import json
+
+    recorded = study.user_attrs.get("spml.store")
+    if not isinstance(recorded, dict):
+        return  # a study made before it recorded its store: nothing to check against
+    have = json.loads(json.dumps(store.identity(), default=str))
+    differs = [k for k in sorted(set(recorded) | set(have)) if recorded.get(k) != have.get(k)]
+    if differs:
+        shown = ", ".join(f"{k} {recorded.get(k)!r} vs {have.get(k)!r}" for k in differs[:3])
+        raise StudyError(
+            f"{flag} {store.path}: not the store study '{study.study_name}' trained on ({shown});"
+            " pass the study's store (its path is in 'spml report')")
 
 
 def train_plus_val(data: Any, store: Any) -> Any:

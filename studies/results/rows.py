@@ -69,10 +69,16 @@ _BATCH = {**COLUMNS, **CURVES, "provenance": pl.Utf8}
 
 
 def store_fingerprint(source: dict[str, Any]) -> str | None:
-    """A short hash of what identifies a store's contents (dataset, rows per split, creation,
-    backbone and weights), the same wherever the store is mounted; None for in-memory data."""
+    """A short hash of what identifies a store (:meth:`probe.store.Store.identity`: dataset,
+    shape, creation, backbone and weights), the same wherever the store is mounted; None for
+    in-memory data. Records from before the identity was recorded hash what they hold (dataset,
+    rows per split, creation, backbone, weights)."""
     if not source or source.get("kind") != "store":
         return None
+    from probe.store.reading import identity_fingerprint
+
+    if isinstance(source.get("identity"), dict):
+        return identity_fingerprint(source["identity"])
     prov = source.get("provenance") or {}
     key = {**{k: source.get(k) for k in ("dataset", "rows", "completed")},
            **{k: prov.get(k) for k in ("created", "backbone", "weights_sha256")}}

@@ -120,15 +120,11 @@ def create_or_join(settings: StudySettings, store: Any,
             settings = dataclasses.replace(settings, search_lr=False)
             space = dataclasses.replace(study_search_space(settings, store.dataset), notes=(
                 f"study '{name}' was made with a fixed lr: continued with it (not searched)",))
-    prov = store.provenance or {}
     identity = json.loads(json.dumps({
         # the fixed training settings first: whoever sees the other keys sees these too
         "spml.training": training_identity(asdict(settings), store.dataset, space),
         "spml.loss": settings.loss,
-        "spml.store": {"dataset": store.dataset, "rows": int(store.n_rows),
-                       "classes": int(store.n_classes), "feature_dim": int(store.feature_dim),
-                       "created": prov.get("created") or store.attrs.get("created"),
-                       **{k: prov.get(k) for k in ("backbone", "weights_sha256")}},
+        "spml.store": store.identity(),  # the one "same store" rule (probe.store)
         "spml.space": {k: json.loads(distribution_to_json(d))
                        for k, d in space.distributions.items()},
         "spml.fixed": dict(sorted(settings.fixed.items())),

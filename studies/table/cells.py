@@ -79,6 +79,8 @@ class Method:
     epochs: int | None = None
     labels: str = "observed"
     priors: str | None = None
+    val_labels: str = "clean"  # a study's row keeps the val labels its study selected on
+    store_identity: dict[str, Any] | None = None  # a study's row: the store it trained on
 
     def probe_config(self, observed_seed: int, config: TableConfig) -> Any:
         """The :class:`probe.ProbeConfig` of this row on draw ``observed_seed``."""
@@ -86,7 +88,8 @@ class Method:
 
         return ProbeConfig(batch_size=self.batch_size, lr=self.lr, epochs=self.epochs,
                            seed=config.seed, labels=self.labels, observed_seed=observed_seed,
-                           device=config.device, priors=self.priors)
+                           device=config.device, priors=self.priors,
+                           val_labels=self.val_labels)
 
     def command(self, store: str, observed_seed: int, config: TableConfig) -> str:
         """The ``spml probe`` command that trains this row's cell on ``store`` and draw
@@ -95,6 +98,7 @@ class Method:
             return ""
         parts = ["spml probe", shlex.quote(store), "--loss", self.loss]
         for flag, v in (("--labels", "full" if self.labels == "full" else None),
+                        ("--val-labels", None if self.val_labels == "clean" else self.val_labels),
                         ("--priors", self.priors or None), ("--batch-size", self.batch_size),
                         ("--lr", self.lr), ("--epochs", self.epochs)):
             if v is not None:
@@ -119,6 +123,7 @@ class Column:
     prior_test_scores: Any = None  # (N_test, C) the prior at the test rows (zero-shot row)
     prior_record: dict[str, Any] | None = None  # the prior's provenance and data hash (keys)
     draw_records: dict[int, dict[str, Any]] = field(default_factory=dict)  # seed -> record
+    identity: dict[str, Any] = field(default_factory=dict)  # the store's (probe.store)
 
 
 @dataclass
@@ -225,12 +230,11 @@ def _columns(paths: Sequence[str], config: TableConfig) -> list[Column]:
             held = ", ".join(prior_names(store)) or "none"
             raise TableError(f"--priors: {path} holds no prior {config.priors!r} (it holds "
                              f"{held}); add it with 'spml import priors' or drop --priors")
-        source = {"kind": "store", "dataset": store.dataset,
-                  "rows": {s: len(store.split(s)) for s in ("train", "val", "test")},
-                  "completed": store.attrs.get("completed"), "provenance": store.provenance}
+        source = {"kind": "store", "identity": store.identity()}
         col = Column(str(path), store.dataset, draws, store_fingerprint(source) or "",
                      list(store.class_names),
-                     draw_records={d: records[d] for d in draws})
+                     draw_records={d: records[d] for d in draws},
+                     identity=json.loads(json.dumps(store.identity(), default=str)))
         for other in columns:
             if other.dataset == col.dataset:
                 same = other.class_names == col.class_names
@@ -278,6 +282,14 @@ def plan_table(paths: Sequence[str], config: TableConfig) -> Plan:
           if config.priors else []),
         *(Method(n, "preset", n, priors=priors[n], **given) for n in names),
         *(_study_method(folder, config) for folder in config.from_studies)]
+    for m in methods:
+        for col in columns:
+            if m.store_identity is not None and m.store_identity != col.identity:
+                raise TableError(
+                    f"--from: the study of row '{m.label}' trained on another store than "
+                    f"{col.path} ({m.store_identity.get('dataset')}, created "
+                    f"{m.store_identity.get('created')}); a --from row goes with its own "
+                    "study's store only")
     study_settings = [] if not config.tune else [(i, n, StudySettings(
         store=col.path, loss=n, n_trials=config.tune, seed=config.seed,
         batch=min(config.tune_batch, config.tune), name=f"table-{col.dataset}-{n}",
@@ -401,10 +413,15 @@ def _winner_method(study: Any, what: str, kind: str, config: TableConfig) -> Met
         raise TableError(f"study '{study.study_name}' has no completed trial yet")
     best = best_trial(complete)
     settings = trained_settings(study)
+    if "observed_seed" not in settings:
+        raise TableError(f"--from: study '{study.study_name}' records no draw (observed_seed); "
+                         "it was made by an older spml: re-run it, or compare it with 'spml "
+                         "compare'")
     hp, cfg = trial_setup(best.params, loss, settings, seeds=(config.seed,),
-                          observed_seed=int(settings.get("observed_seed", 1200)))
+                          observed_seed=int(settings["observed_seed"]))
     return Method(f"{loss}, {what}", kind, loss, hparams=dict(hp), batch_size=cfg.batch_size,
-                  lr=cfg.lr, epochs=cfg.epochs, priors=cfg.priors)
+                  lr=cfg.lr, epochs=cfg.epochs, priors=cfg.priors, val_labels=cfg.val_labels,
+                  store_identity=study.user_attrs.get("spml.store"))
 
 
 def run_tuning(plan: Plan, log: Callable[[str], None]) -> None:
