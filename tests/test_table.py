@@ -191,6 +191,14 @@ def test_tune_adds_a_tuned_row_per_loss(store, tmp_path, capsys):
     assert tuned.height == 2
     gr_tuned = tuned.filter(pl.col("loss") == "gr")
     assert "--set" in gr_tuned["command"][0]  # the winner's hyperparameters, spelled out
+    # one budget for every loss: the lr searched for both, no pruning, no verdict on test
+    from studies.results.confirm import load_study
+    from studies.study.storage import find_storage
+
+    for loss in ("an", "gr"):
+        study = load_study(find_storage(out / "studies" / f"yeast-{loss}"), f"table-yeast-{loss}")
+        assert any(name.endswith("lr") for name in study.user_attrs["spml.space"]), loss
+        assert study.user_attrs["spml.settings"]["pruner"] == "none"
     # a study folder's winner as a row of its own (--from), trained like the tuned row
     assert main(["table", store, "--losses", "an", "--from", str(out / "studies" / "yeast-gr"),
                  "--observed-seeds", "1200", "--out", str(out), *FAST]) == 0

@@ -290,12 +290,16 @@ def plan_table(paths: Sequence[str], config: TableConfig) -> Plan:
                     f"{col.path} ({m.store_identity.get('dataset')}, created "
                     f"{m.store_identity.get('created')}); a --from row goes with its own "
                     "study's store only")
+    # --tune: one equal budget for every loss -- the same trials, sampler and seed, the lr
+    # searched for all (or, given --lr, for none), and no pruning (a pruner would give the
+    # losses different numbers of epochs)
     study_settings = [] if not config.tune else [(i, n, StudySettings(
         store=col.path, loss=n, n_trials=config.tune, seed=config.seed,
         batch=min(config.tune_batch, config.tune), name=f"table-{col.dataset}-{n}",
         out=str(Path(config.out or ".") / "studies" / f"{col.dataset}-{n}"),
         train_seed=config.seed, select=config.select, observed_seed=col.draws[0],
         device=config.device, epochs=config.epochs, batch_size=config.batch_size, lr=config.lr,
+        search_lr=config.lr is None, pruner="none",
         priors=priors[n])) for i, col in enumerate(columns) for n in names]
     for _, _, s in study_settings:
         preflight(s, open_study_store(s.store))  # what run_study checks, up front
@@ -377,8 +381,11 @@ def loss_version(loss: str) -> dict[str, Any]:
 
 
 def _note_generic(notes: list[str], loss: str, dataset: str, setting: str) -> None:
-    """One note per dataset and setting naming every loss without a paper preset for it."""
-    head = f"no paper preset for {dataset}, the generic setting ({setting}): "
+    """One note per dataset and setting naming every loss without a paper preset for it, and
+    saying plainly that the generic setting is a guess."""
+    head = (f"no paper preset for {dataset}: a guess, the generic setting ({setting}), not "
+            "tuned for this store -- give every loss the same search with --tune N (or set "
+            "--lr/--epochs); at the guess: ")
     for k, note in enumerate(notes):
         if note.startswith(head):
             notes[k] = f"{note}, {loss}"
@@ -436,7 +443,8 @@ def run_tuning(plan: Plan, log: Callable[[str], None]) -> None:
         log(f"tuning {loss} on {plan.columns[i].dataset}: {settings.n_trials} trials "
             f"({settings.sampler}, seed {settings.seed}, --select {settings.select}) -> "
             f"{settings.out}")
-        run_study(settings, log=lambda m: log("  " + m))
+        # the table scores the winners on test itself: no test-split verdict inside a study
+        run_study(settings, log=lambda m: log("  " + m), verdict=False)
         study = load_study(find_storage(settings.out), settings.name)
         winners[(i, loss)] = _winner_method(study, f"tuned ({settings.n_trials} trials)",
                                             "tuned", plan.config)
