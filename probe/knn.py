@@ -92,8 +92,12 @@ def run_knn(data: ProbeData, config: ProbeConfig | None = None,
     t_start = time.perf_counter()
     config = config or ProbeConfig()
     config.validate()
-    trials = [{}] if hparams is None else ([hparams] if isinstance(hparams, dict)
-                                           else [dict(h) for h in hparams])
+    if hparams is None:
+        trials = [{}]
+    elif isinstance(hparams, dict):
+        trials = [hparams]
+    else:  # one dict per trial
+        trials = [dict(h) for h in hparams]
     values = [check_hparams(KNN_HPARAMS, t, "knn") for t in trials]
     train = data.train_x[: data.n_train, :-1]  # unflipped train features, no bias column
     targets = (data.train_labels if config.labels == "full" else data.train_observed) == 1

@@ -71,8 +71,12 @@ def plural(n: int | None, unit: str) -> str:
     ``n`` None: the unit alone, plural."""
     if unit in _INVARIANT_UNITS:
         return unit if n is None else f"{n} {unit}"
-    one = unit[:-2] if unit.endswith(("sses", "xes", "ches", "shes")) else (
-        unit[:-1] if unit.endswith("s") and not unit.endswith("ss") else unit)
+    if unit.endswith(("sses", "xes", "ches", "shes")):  # "classes" -> "class"
+        one = unit[:-2]
+    elif unit.endswith("s") and not unit.endswith("ss"):  # "heads" -> "head"
+        one = unit[:-1]
+    else:
+        one = unit
     many = one + ("es" if one.endswith(("s", "x", "ch", "sh")) and one != "epoch" else "s")
     return many if n is None else f"{n} {one if n == 1 else many}"
 

@@ -106,7 +106,7 @@ def _best(points: Sequence[TrialPoint]) -> TrialPoint | None:
 
 def plot_history(
     points: Sequence[TrialPoint], path: str | os.PathLike, *, title: str = "Optimisation history",
-    dpi: int = DPI,
+    dpi: int = DPI, reference: str = "paper",
 ) -> Path:
     """Val mAP per trial number with the running best of the completed trials; pruned trials
     (at the best val mAP they reached before the pruner stopped them), failed trials (ticks on
@@ -130,7 +130,7 @@ def plot_history(
                        color=GREY, zorder=3, label=f"pruned ({len(pruned)}), best val reached")
         for p in (q for q in done if q.paper):
             ax.scatter([p.number], [p.value], marker="*", s=260, color=RED, edgecolor="black",
-                       lw=0.6, zorder=4, label=f"paper point ({p.value:.2f})")
+                       lw=0.6, zorder=4, label=f"{reference} point ({p.value:.2f})")
             ax.axhline(p.value, color=RED, ls="--", lw=1, alpha=0.7)
         if failed:
             ax.plot([p.number for p in failed], [0.0] * len(failed), "|", color=RED, ms=14,
@@ -295,7 +295,7 @@ def plot_contours(
 
 def plot_learning_curves(
     points: Sequence[TrialPoint], path: str | os.PathLike, *, top: int = 6,
-    title: str = "Learning curves of the best trials", dpi: int = DPI,
+    title: str = "Learning curves of the best trials", dpi: int = DPI, reference: str = "paper",
 ) -> Path:
     """Val mAP per epoch (counted from 1) of the ``top`` best completed trials in colour, with
     each one's best epoch marked; the paper point dashed; every other trial thin and grey."""
@@ -317,7 +317,8 @@ def plot_learning_curves(
             y = _nan(p.curve)
             epochs = np.arange(1, len(y) + 1)
             color = RED if p.paper else colors[i % len(colors)]
-            label = f"trial {p.number}{' (paper)' if p.paper else ''}: {p.value:.2f}"
+            mark = f" ({reference})" if p.paper else ""  # the first trial: paper or defaults
+            label = f"trial {p.number}{mark}: {p.value:.2f}"
             ax.plot(epochs, y, color=color, lw=2.2 if i == 0 else 1.6, ls="--" if p.paper else "-",
                     marker="o", ms=3.5, zorder=3, label=label)
             if len(y) and np.isfinite(y).any():

@@ -357,3 +357,25 @@ def test_confirm_refuses_another_store_and_adds_draws_of_the_studys_kind(two_sto
     rows = confirm_study(study, str(mine), top_k=1, seeds=(0,), observed_seeds=(5, 9))
     assert rows and draw_record(dict(open_store(mine).attrs), 9) == {
         "kind": "budget", "k": 2, "fraction": 1.0}
+
+
+# ----------------------------------------------------------------------------- small test sets
+
+
+def test_a_probe_on_eight_test_images_warns_about_its_interval_once(tmp_path, capsys):
+    from featurize.imports import import_arrays
+    from studies.cli import main
+
+    rng = np.random.default_rng(0)
+    y = (rng.random((80, 4)) < 0.3).astype(np.uint8)
+    y[np.arange(80), rng.integers(0, 4, 80)] = 1
+    x = (y @ rng.normal(size=(4, 6)) + rng.normal(size=(80, 6))).astype(np.float32)
+    import_arrays(tmp_path / "s.zarr", x[:72], y[:72], test_features=x[72:],
+                  test_labels=y[72:], name="small", progress=False)
+    assert main(["probe", str(tmp_path / "s.zarr"), "--loss", "an", "--epochs", "2",
+                 "--intervals", "200", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("rest on 8 test images (fewer than 50)") == 1
+    from probe.evaluation.intervals import few_test_images
+
+    assert few_test_images(50) is None

@@ -212,7 +212,8 @@ def test_real_study_report_matches_the_storage(real):
         assert row["test mAP"] == f"{results[t.number]['test_map']:.2f}"
         assert row["best epoch"] == str(results[t.number]["best_epoch"])  # counted from 1
         assert 1 <= results[t.number]["best_epoch"] <= 3
-        assert ("(paper)" in row["trial"]) == bool(t.user_attrs.get("spml:paper"))
+        # the first trial's word: "defaults" (GR gives no values for yeast), never "paper"
+        assert ("(defaults)" in row["trial"]) == bool(t.user_attrs.get("spml:paper"))
         for name, value in t.params.items():
             assert float(row[name]) == pytest.approx(value, rel=1e-3)
         c = confirmed.get(t.number)
@@ -234,7 +235,7 @@ def test_real_study_report_matches_the_storage(real):
         assert low <= float(row["test mAP"]) <= high and high - low > 0.1
     _, ivs = _table(page, "intervals")
     assert [r["system"] for r in ivs] == [
-        f"trial {n}" + (" (paper)" if n == paper.number else "")
+        f"trial {n}" + (" (defaults)" if n == paper.number else "")
         for n in [t.number for t in complete[:3]] + ([] if paper in complete[:3]
                                                       else [paper.number])] + ["AN baseline"]
     for r in ivs[:-1]:
@@ -477,7 +478,7 @@ def test_few_trials_and_a_categorical_parameter(tmp_path):
     _informative(contour)
     page = _parse(result.html_path)
     _, rows = _table(page, "leaderboard")
-    assert [r["trial"] for r in rows] == ["1", "0 (paper)", "2"]
+    assert [r["trial"] for r in rows] == ["1", "0 (defaults)", "2"]  # no paper values here
     assert [r["train.batch_size"] for r in rows] == ["16", "8", "8"]
     assert rows[0]["test mAP"] == "–"  # no results folder: unknown, not invented
     assert "no results folder" in result.html_path.read_text()
@@ -603,3 +604,21 @@ def test_the_summary_names_the_source_of_an_imported_and_of_a_featurized_store()
                         "image_root": "/abs/photos", "adapter": "folder",
                         "adapter_options": {}}) == "images of dataset 'photos' under /abs/photos"
     assert source_text({}) == "?"
+
+
+def test_on_a_store_without_paper_values_nothing_calls_the_first_trial_paper(real, capsys):
+    """GR gives no values for yeast: the report, its figures' labels and spml compare call the
+    first trial "defaults", never "paper"."""
+    import re
+
+    from studies.cli import main
+    from studies.study.storage import reference_label
+
+    assert reference_label(real["study"]) == "defaults"
+    md = real["result"].md_path.read_text(encoding="utf-8")
+    for phrase in ("(paper)", "paper point", "minus paper"):
+        assert phrase not in md, phrase
+    assert "defaults point" in md or "(defaults)" in md
+    assert main(["compare", str(real["out"]), "--resamples", "100"]) == 0
+    out = capsys.readouterr().out
+    assert not re.search(r"trial \d+ paper", out) and re.search(r"trial \d+ defaults", out)

@@ -81,11 +81,15 @@ def family_status() -> list[dict]:
     """Which backbone families are registered and installed: ``{"family", "installed",
     "version", "install", "syntax", "example", "embeds", "note"}`` each, in registration order
     (the built-ins first)."""
-    return [{"family": f.name, "installed": (ok := f.installed()),
-             "version": f.version() if ok else None, "install": f.install,
-             "syntax": f"{f.name}:{f.syntax}" if f.qualified else f.syntax,
-             "example": f.example, "embeds": list(f.embeds), "note": f.note}
-            for f in list_families()]
+    status = []
+    for f in list_families():
+        installed = f.installed()
+        syntax = f"{f.name}:{f.syntax}" if f.qualified else f.syntax
+        status.append({"family": f.name, "installed": installed,
+                       "version": f.version() if installed else None, "install": f.install,
+                       "syntax": syntax, "example": f.example, "embeds": list(f.embeds),
+                       "note": f.note})
+    return status
 
 
 def describe_families() -> str:

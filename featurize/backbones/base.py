@@ -226,9 +226,11 @@ def check_fit(result: Any, path: str | Path, name: str) -> None:
     how many of each (only the kinds that occur) and the first few."""
     from probe.progress import plural
 
-    parts = [f"{plural(len(keys), kind)} (e.g. {', '.join(map(str, keys[:3]))})"
-             for kind in ("missing keys", "unexpected keys")
-             if (keys := list(getattr(result, kind.replace(" ", "_"), ()) or ()))]
+    parts = []
+    for kind in ("missing keys", "unexpected keys"):
+        keys = list(getattr(result, kind.replace(" ", "_"), ()) or ())
+        if keys:
+            parts.append(f"{plural(len(keys), kind)} (e.g. {', '.join(map(str, keys[:3]))})")
     if parts:
         raise WeightsError(f"weights file {path} does not fit backbone {name!r}: "
                            f"{'; '.join(parts)}; pass this model's own checkpoint as --weights")
@@ -285,7 +287,12 @@ def unreachable(url: str) -> str | None:
 
     proxy = next((os.environ[k] for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY",
                                           "all_proxy") if os.environ.get(k)), None)
-    target = urlsplit(proxy if proxy and "://" in proxy else f"http://{proxy}" if proxy else url)
+    if not proxy:
+        target = urlsplit(url)
+    elif "://" in proxy:
+        target = urlsplit(proxy)
+    else:  # a bare host:port proxy
+        target = urlsplit(f"http://{proxy}")
     host = target.hostname or ""
     port = target.port or (443 if target.scheme == "https" else 80)
     key = (host, port)

@@ -105,9 +105,10 @@ def build(repo: str, weights_file: str | None = None) -> tuple[nn.Module, Any]:
         (Path(folder) / "config.json").symlink_to(config_file)
         (Path(folder) / target).symlink_to(weights.resolve())
         try:
-            model, info = cls.from_pretrained(folder, local_files_only=True,
-                                              output_loading_info=True,
-                                              **({} if vision is None else {"config": vision}))
+            options = {"local_files_only": True, "output_loading_info": True}
+            if vision is not None:  # a CLIP checkpoint: its vision tower's config
+                options["config"] = vision
+            model, info = cls.from_pretrained(folder, **options)
         except (OSError, RuntimeError, ValueError, KeyError) as err:
             raise WeightsError(
                 f"cannot load weights file {weights} into hf:{repo}: {err}") from None

@@ -55,7 +55,12 @@ def read_lines(path: Path) -> list[tuple[int, str]]:
         raise DatasetFormatError(
             f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); save the file as UTF-8"
         ) from None
-    return [(i, s) for i, raw in enumerate(text.splitlines(), 1) if (s := raw.strip())]
+    lines = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        stripped = raw.strip()
+        if stripped:  # blank lines carry nothing
+            lines.append((number, stripped))
+    return lines
 
 
 def read_fields(path: Path, n_min: int, n_max: int | None, layout: str

@@ -51,6 +51,13 @@ class _Row:
     split: str | None
 
 
+def _label_names(raw: list[str]) -> tuple[str, ...]:
+    """The label names of one row, stripped, empty ones (``"cat;;dog"``, a trailing ``;``)
+    dropped."""
+    names = [x.strip() for x in raw]
+    return tuple(name for name in names if name)
+
+
 def _split_value(value: object, where: str) -> str | None:
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
@@ -94,7 +101,7 @@ def _read_csv(path: Path) -> list[_Row]:
                 raise DatasetFormatError(
                     f"{where}: expected {len(header)} cells as in the header, found {len(cells)}")
             cell = dict(zip(header or _COLUMNS, cells))
-            labels = tuple(s for x in cell["labels"].split(";") if (s := x.strip()))
+            labels = _label_names(cell["labels"].split(";"))
             split = _split_value(cell.get("split"), where)
             rows.append(_Row(reader.line_num, cell["path"].strip(), labels, split))
     except csv.Error as e:
@@ -116,7 +123,7 @@ def _read_jsonl(path: Path) -> list[_Row]:
             raise DatasetFormatError(
                 f'{where}: expected an object like {{"path": "img/1.jpg", "labels": '
                 f'["cat", "dog"]}} (labels a list of strings), found {text[:100]}')
-        names = tuple(s for x in labels if (s := x.strip()))
+        names = _label_names(labels)
         rows.append(_Row(line, obj["path"].strip(), names, _split_value(obj.get("split"), where)))
     return rows
 

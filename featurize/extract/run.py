@@ -129,9 +129,16 @@ def resolve_runtime(config: FeaturizeConfig) -> Runtime:
         raise SpmlError(f"--device: only cpu and cuda are supported; got {config.device}")
     cuda = device.type == "cuda"
     fast = cuda and GPU_FAST_PATH_MEASURED
-    decode = config.decode if config.decode != "auto" else ("torchvision" if fast else "pil")
-    precision = config.precision if config.precision != "auto" else ("bf16" if fast else "fp32")
-    batch_size = config.batch_size if config.batch_size is not None else (256 if cuda else 16)
+    # "auto": the GPU fast path where it applies, else the CPU's plain one
+    decode = config.decode
+    if decode == "auto":
+        decode = "torchvision" if fast else "pil"
+    precision = config.precision
+    if precision == "auto":
+        precision = "bf16" if fast else "fp32"
+    batch_size = config.batch_size
+    if batch_size is None:
+        batch_size = 256 if cuda else 16
     if batch_size < 1:
         raise SpmlError(f"--batch-size must be >= 1, got {batch_size}")
     workers = config.workers if config.workers is not None else min(16, os.cpu_count() or 1)
@@ -241,14 +248,16 @@ def featurize(index: DatasetIndex, out: str | Path, config: FeaturizeConfig | No
                 f"{len(missing)} of {len(paths)} image files of dataset '{index.name}' are "
                 "missing; restore them, or pass --skip-bad to store zero features for them "
                 f"(listed in the store's bad_rows):{shown}")
-    run = {"device": str(rt.device), "batch_size": rt.batch_size, "tool": "spml featurize",
-           **({"world_size": ranks.world} if ranks.distributed else {})}
+    run = {"device": str(rt.device), "batch_size": rt.batch_size, "tool": "spml featurize"}
+    if ranks.distributed:
+        run["world_size"] = ranks.world
+    if source is None and index.root is None:  # an index built in memory: no folder to record
+        where = {"source": f"images of dataset '{index.name}'", "dataset": index.name}
+    else:
+        where = (source or ImageSource.of(index.name, index.root)).to_provenance()
     provenance = {**backbone.provenance(),
                   "transform": describe_transform(transform, rt, config.with_flip),
-                  **({"source": f"images of dataset '{index.name}'", "dataset": index.name}
-                     if source is None and index.root is None
-                     else (source or ImageSource.of(index.name, index.root)).to_provenance()),
-                  "run": run}
+                  **where, "run": run}
     extra = {"weights_random": True} if backbone.weights.random else {}
     writer, error, pending = None, None, None
     if ranks.rank == 0:
@@ -264,9 +273,11 @@ def featurize(index: DatasetIndex, out: str | Path, config: FeaturizeConfig | No
         writer = join_store(out)
     blocks_resumed = writer.n_blocks - len(pending)
     mine = pending[ranks.rank :: ranks.world]
-    batches = [(b, start, min(start + rt.batch_size, sl.stop)) for b in mine
-               for sl in [writer.block_slice(b)]
-               for start in range(sl.start, sl.stop, rt.batch_size)]
+    batches = []  # (block, first row, end row) of each forward pass
+    for b in mine:
+        block = writer.block_slice(b)
+        for start in range(block.start, block.stop, rt.batch_size):
+            batches.append((b, start, min(start + rt.batch_size, block.stop)))
     rows_todo = sum(stop - start for _, start, stop in batches)
     bad_rows = stored_bad_rows(writer)
     backbone.to(rt.device, channels_last=channels_last(rt))
@@ -329,7 +340,10 @@ def _unreadable(bad: dict[int, str], start: int, stop: int,
 
     found = [(start + i, bad[i]) for i in sorted(bad)]
     later = [r for _, lo, hi in batches if lo >= stop for r in range(lo, hi)]
-    found += [(r, err) for r in later if (err := header_error(paths[r])) is not None]
+    for r in later:
+        err = header_error(paths[r])
+        if err is not None:
+            found.append((r, err))
     row, error = found[0]
     listed = "".join(f"\n  row {r}, image id {ids[r]!r}: {e}" for r, e in found[:20])
     more = f"\n  ... and {len(found) - 20} more" if len(found) > 20 else ""

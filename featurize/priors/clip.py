@@ -169,7 +169,11 @@ def view_scores(clip: Any, images: list[Any], text: Any, tiles: int, temperature
     """``(B, 1 + k², C)`` softmax class scores of each image's views (whole, then its tiles)."""
     import torch
 
-    views = [v for img in images for v in [img, *(_tiles(img, tiles) if tiles else [])]]
+    views = []
+    for img in images:
+        views.append(img)  # the whole image first, then its k×k tiles
+        if tiles:
+            views.extend(_tiles(img, tiles))
     batch = torch.stack([clip.preprocess(v) for v in views]).to(device)
     with torch.inference_mode():
         feats = clip.model.encode_image(batch)

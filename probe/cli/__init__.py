@@ -192,7 +192,11 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     from probe.engine.train import train_probe
     from probe.engine.trials import check_prior_request
     from probe.evaluation.heads import evaluate_head
-    from probe.evaluation.intervals import head_intervals, prefetch_bootstrap_counts
+    from probe.evaluation.intervals import (
+        few_test_images,
+        head_intervals,
+        prefetch_bootstrap_counts,
+    )
     from probe.io import check_writable
     from probe.knn import run_knn
     from probe.losses import check_hparams, get_loss_class
@@ -273,6 +277,9 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         print(f"test_95%_CI: paired bootstrap over the {data.test_x.shape[0]} test images "
               f"({cfg['test_interval']['n_resamples']} resamples); compare heads with "
               "'spml compare'")
+        warning = few_test_images(data.test_x.shape[0])
+        if warning:
+            print(warning, file=sys.stderr)
     if args.json:
         result.write_json(args.json)
         print(f"results written to {args.json}")

@@ -173,10 +173,12 @@ def resolve_training(cls: type[Loss] | None, dataset: str, *, batch_size: int | 
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for key, value in {"batch_size": batch_size, "lr": lr, "epochs": epochs}.items():
-        values[key], sources[key] = (
-            (value, "as given") if value is not None
-            else (preset[key], f"{cls.name} paper preset for {dataset}") if key in preset
-            else (generic[key], generic_from))
+        if value is not None:
+            values[key], sources[key] = value, "as given"
+        elif key in preset:
+            values[key], sources[key] = preset[key], f"{cls.name} paper preset for {dataset}"
+        else:
+            values[key], sources[key] = generic[key], generic_from
     if mode == "probe" and mult != 1 and lr is None and "lr" in preset:
         backbone = values["lr"]
         values["lr"] = backbone * mult

@@ -188,7 +188,12 @@ def _calibrate(shape: tuple[int, int, int], batch: int, shared: bool, default: i
         clear = clear_winner(one, many)
         if clear is not None:  # e.g. one COCO head: one thread clearly faster, known in 2 rounds
             break
-    choice = 1 if clear else None if clear is False else choose_threads(one, many)
+    if clear is None:  # no clear winner after every round: the measured choice
+        choice = choose_threads(one, many)
+    elif clear:  # one thread clearly faster
+        choice = 1
+    else:  # many threads clearly faster: the default
+        choice = None
     return choice, {"seconds_per_step_one_thread": one,
                     f"seconds_per_step_{default}_threads": many,
                     "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
@@ -217,7 +222,12 @@ def make_trainer(data: ProbeData, config: ProbeConfig, plan: TrialPlan,
     speed = speed or SpeedOptions()
     d1, c = data.train_x.shape[1], data.n_classes
     # float32 tensors per trial: head, gradient and the optimizer's state
-    tensors = 4 if config.optimizer == "adam" else 3 if config.momentum else 2
+    if config.optimizer == "adam":
+        tensors = 4  # two moments
+    elif config.momentum:
+        tensors = 3  # SGD's momentum buffer
+    else:
+        tensors = 2
     blocks = (trial_blocks(plan.n, tensors * d1 * c * 4, data.device, speed.trial_block)
               if not (plan.given or config.compile) else [range(plan.n)])  # compile: once
     if len(blocks) == 1:
@@ -558,7 +568,9 @@ class BlockedTrainer:
     def w(self) -> Tensor:
         """(live trials, D+1, C): the heads of the trials still training, in trial order."""
         live = [b.w for _, b in self.blocks if b.live]
-        return torch.cat(live) if len(live) > 1 else live[0] if live else self.blocks[0][1].w[:0]
+        if not live:  # every trial stopped: an empty (0, D+1, C) stack
+            return self.blocks[0][1].w[:0]
+        return torch.cat(live) if len(live) > 1 else live[0]
 
     def train_epoch(self, epoch: int) -> tuple[list[float | None], float]:
         runs = [(r, *b.train_epoch(epoch)) for r, b in self.blocks if b.live]

@@ -124,9 +124,14 @@ class StackedOptimizer(ABC):
                     f"got {tuple(p.shape)}")
         self._select_state(survivors)
         old = self.params
-        self.params = [TrialParam(p, *([v[j] for j in rows]
-                                       for v in (old[i].lr, old[i].weight_decay, old[i].trial_ids)))
-                       for (i, rows), p in zip(survivors, params)]
+        kept_params = []
+        for (i, rows), p in zip(survivors, params):
+            # the surviving trials' slices of each per-trial setting, in the survivors' order
+            lr = [old[i].lr[j] for j in rows]
+            weight_decay = [old[i].weight_decay[j] for j in rows]
+            trial_ids = [old[i].trial_ids[j] for j in rows]
+            kept_params.append(TrialParam(p, lr, weight_decay, trial_ids))
+        self.params = kept_params
         self._stopped &= kept
         self._groups = self._build_groups()
 

@@ -36,11 +36,25 @@ from probe.errors import SpmlError
 from probe.metrics.ranking import argsort_rows, column_ap
 from probe.progress import Progress
 
-__all__ = ["BootstrapResult", "Interval", "PairedDifference", "attach_test_intervals",
-           "bootstrap_counts", "bootstrap_map", "count_non_finite", "head_intervals", "holm",
-           "mean_interval",
-           "mean_std", "paired_differences", "prefetch_bootstrap_counts", "record_test_intervals",
-           "weighted_column_ap"]
+__all__ = [
+    "MIN_TEST_IMAGES",
+    "BootstrapResult",
+    "Interval",
+    "PairedDifference",
+    "attach_test_intervals",
+    "bootstrap_counts",
+    "bootstrap_map",
+    "count_non_finite",
+    "few_test_images",
+    "head_intervals",
+    "holm",
+    "mean_interval",
+    "mean_std",
+    "paired_differences",
+    "prefetch_bootstrap_counts",
+    "record_test_intervals",
+    "weighted_column_ap",
+]
 
 
 @dataclass(frozen=True)
@@ -337,6 +351,21 @@ def bootstrap_map(scores: Tensor, targets: Tensor, *, n_resamples: int = 1000, s
                  for i in range(s3.shape[0])]
     return BootstrapResult(map=observed.cpu(), replicates=reps.cpu(), intervals=intervals,
                            n_resamples=int(n_resamples), seed=int(seed), level=level)
+
+
+#: below this many test images an interval or a mark says little (a bootstrap over a handful of
+#: images is mostly the handful): every command that prints one warns, once
+MIN_TEST_IMAGES = 50
+
+
+def few_test_images(n_images: int) -> str | None:
+    """The warning for intervals or marks resting on ``n_images`` test images, or None where
+    there are :data:`MIN_TEST_IMAGES` or more."""
+    if n_images >= MIN_TEST_IMAGES:
+        return None
+    return (f"warning: the intervals and marks rest on {n_images} test images (fewer than "
+            f"{MIN_TEST_IMAGES}): they cannot separate much at this size; use a larger test "
+            "split where the data allows")
 
 
 def holm(p_values: Sequence[float]) -> list[float]:

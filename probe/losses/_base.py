@@ -431,6 +431,8 @@ def create_loss(name: str, preset: str | None = None, **hparams: Any) -> Loss:
         raise LossInputError(
             f"{name}: no paper preset for dataset '{preset}' (presets: "
             f"{', '.join(sorted(cls.presets)) or 'none'})")
-    loss = cls(**{**(cls.presets[preset] if preset is not None else {}), **hparams})
+    values = dict(cls.presets[preset]) if preset is not None else {}
+    values.update(hparams)  # explicit values override the preset's
+    loss = cls(**values)
     loss.preset = preset  # shown by its repr
     return loss

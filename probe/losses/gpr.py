@@ -160,7 +160,12 @@ def _gpr_value_grad(z: Tensor, y: Tensor, pos: Tensor, neg: Tensor | None, sched
                                                                                    qs[1])
     l3, x3 = _robust_l(log_q, q, qs[2])
     g2, g3 = q * x2, p * x3
-    g2 = g2.neg_() if isinstance(x2, Tensor) else dlp if not released else -q
+    if isinstance(x2, Tensor):
+        g2 = g2.neg_()
+    elif not released:
+        g2 = dlp
+    else:
+        g2 = -q
     if use_k:
         k_hat = torch.sigmoid_(p * w + b)
         rest, rest_g = torch.lerp(l3, l2, k_hat), torch.lerp(g3, g2, k_hat)

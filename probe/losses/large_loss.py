@@ -77,7 +77,11 @@ def _count(delta: float | Tensor, epoch: int, permanent: bool, b: int, c: int, z
     LL-Ct) or Δ from epoch 2 (LL-Cp). A Python int for a float Δ, else (T, 1) / 0-d."""
     if isinstance(delta, Tensor):
         delta = delta.to(torch.float64)
-    rate = delta * ((1 if epoch >= 2 else 0) if permanent else epoch - 1)
+    if permanent:  # LL-Cp: Δ from epoch 2 on
+        steps = 1 if epoch >= 2 else 0
+    else:  # LL-R, LL-Ct: grows by Δ each epoch
+        steps = epoch - 1
+    rate = delta * steps
     if isinstance(rate, Tensor):
         k = selection_count((b * c) * rate.to(z.device), up=True).clamp(0, b * c)
         return k.view(-1, 1) if k.ndim == 1 else k

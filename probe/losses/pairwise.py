@@ -177,10 +177,12 @@ def opml(logits: Tensor, observed: Tensor, alpha: float | Tensor = 1.0, beta: fl
     labels as ``observed`` (``(B, C)`` or per trial ``(T, B, C)``), see
     :func:`opml_correct_labels`. The options are **(reconstructed)** (module doc).
     """
-    z, y, values, h = check_call("opml", logits, observed, {  # the switches checked first
-        _HIGH_RANK: high_rank, _SOFT: soft, _ALPHA: alpha, _BETA: beta,
-        **({_HR_LAMBDA: hr_lambda, _HR_DELTA: hr_delta} if high_rank is True else {}),
-        **({_SOFT_POWER: soft_power} if soft is True else {})})
+    given = {_HIGH_RANK: high_rank, _SOFT: soft, _ALPHA: alpha, _BETA: beta}  # switches first
+    if high_rank is True:  # the switches' own parameters are checked only when they act
+        given.update({_HR_LAMBDA: hr_lambda, _HR_DELTA: hr_delta})
+    if soft is True:
+        given[_SOFT_POWER] = soft_power
+    z, y, values, h = check_call("opml", logits, observed, given)
     weight = _soft_weight(_check_ap(ap, z), h["soft_power"], z) if soft else None
     parts = _opml_parts(z, y, h["alpha"], h["beta"], h.get("hr_lambda"),
                         values.get("hr_delta"), weight)

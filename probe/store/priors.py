@@ -94,8 +94,15 @@ def prior_facts(provenance: Any, keys: tuple[str, ...] = ("model", "temperature"
     order: what ``spml info`` and a study's report say of it. Tiles read ``4x4`` whether
     recorded so (today) or as a list (earlier stores)."""
     prov = provenance if isinstance(provenance, dict) else {}
-    return [f"{key} {'x'.join(map(str, v)) if key == 'tiles' and not isinstance(v, str) else v}"
-            for key in keys if (v := prov.get(key)) not in (None, "", [])]
+    facts = []
+    for key in keys:
+        value = prov.get(key)
+        if value in (None, "", []):
+            continue
+        if key == "tiles" and not isinstance(value, str):
+            value = "x".join(map(str, value))  # recorded as a list by earlier stores
+        facts.append(f"{key} {value}")
+    return facts
 
 
 def random_weights_note(provenance: Any) -> str | None:

@@ -190,13 +190,13 @@ class Store:
 
     def identity(self) -> dict[str, Any]:
         """What makes this store this store, wherever it is mounted or copied: its dataset,
-        shape (rows, its train/val/test split, classes, feature width), when it was made, and the backbone and weights
-        that made its features. The one "same store" rule: studies record it, and confirm,
-        compare and the table check it (:func:`identity_fingerprint`)."""
+        shape (rows, its train/val/test split, classes, feature width), when it was made, and
+        the backbone and weights that made its features. The one "same store" rule: studies
+        record it, and confirm, compare and the table check it (:func:`identity_fingerprint`)."""
         prov = self.provenance or {}
         created = prov.get("created") or self.attrs.get("created")
         return {"dataset": self.dataset, "rows": int(self.n_rows),
-                "splits": {name: int(len(self.split(name))) for name in SPLIT_CODES},
+                "splits": {name: len(self.split(name)) for name in SPLIT_CODES},
                 "classes": int(self.n_classes), "feature_dim": int(self.feature_dim),
                 "created": created, "backbone": prov.get("backbone"),
                 "weights_sha256": prov.get("weights_sha256")}

@@ -40,9 +40,13 @@ class AblationRow:
 
 def _gr_row(name: str, k: bool, v: bool, robust: bool, learn: bool = False) -> AblationRow:
     def mark(on: bool) -> str:
-        return "◦" if learn else ("✓" if on else "×")
+        if learn:  # learned, not switched
+            return "◦"
+        return "✓" if on else "×"
 
-    switches = {"use_k": k, "use_v": v, "robust": robust, **({"learn_kv": True} if learn else {})}
+    switches = {"use_k": k, "use_v": v, "robust": robust}
+    if learn:
+        switches["learn_kv"] = True
     return AblationRow(name, "gr", switches, (mark(k), mark(v), "✓" if robust else "×"))
 
 

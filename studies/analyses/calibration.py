@@ -85,7 +85,8 @@ class CalibrationResult(AnalysisResult):
 
 
 def _f3(v: Any) -> str:
-    return "-" if not math.isfinite(v := float(v)) else f"{v:.3f}"
+    value = float(v)
+    return f"{value:.3f}" if math.isfinite(value) else "-"
 
 
 def _gap(stats: BucketStats, curve: Callable[[np.ndarray], np.ndarray]) -> float | None:

@@ -36,8 +36,12 @@ def check_int(value: Any, flag: str, low: int, high: int | None = None) -> int:
     """``value`` when it is an integer in [low, high] (no upper bound when None), else an
     :class:`AnalyzeError` naming ``flag``."""
     if not is_int(value, low) or (high is not None and value > high):
-        want = (f"an integer in [{low}, {high}]" if high is not None else
-                "a positive integer" if low == 1 else f"an integer >= {low}")
+        if high is not None:
+            want = f"an integer in [{low}, {high}]"
+        elif low == 1:
+            want = "a positive integer"
+        else:
+            want = f"an integer >= {low}"
         raise AnalyzeError(f"{flag} must be {want}; got {value!r}")
     return value
 
@@ -338,9 +342,12 @@ class AnalysisResult(ABC):
     def to_dict(self) -> dict[str, Any]:
         """Everything the analysis measured, JSON-ready (the ``<kind>.json`` file): the kind,
         the paper's figure, then every field."""
-        return {"analysis": self.kind, "paper": f"GR Loss, IJCAI 2024, {self.paper}",
-                **{f.name: (v.to_dict() if isinstance(v := getattr(self, f.name), BucketStats)
-                            else v) for f in fields(self)}}
+        out: dict[str, Any] = {"analysis": self.kind,
+                               "paper": f"GR Loss, IJCAI 2024, {self.paper}"}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = value.to_dict() if isinstance(value, BucketStats) else value
+        return out
 
     def subtitle(self) -> str:
         """The training settings in one line ("" for an analysis that trains nothing)."""

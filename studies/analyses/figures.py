@@ -73,8 +73,12 @@ def plot_ablation(rows: Sequence[dict[str, Any]], path: str | os.PathLike, *, n_
                                        (-h / 2, "test", BLUE, "test mAP")):
             means = np.array([r[f"{key}_mean"] for r in rows], dtype=float)
             # val: std over seeds; test: its 95% interval (analyses.common.trial_scores)
-            err = (_interval_errors(rows, means) if key == "test" else
-                   np.array([r["val_std"] for r in rows], dtype=float) if n_seeds > 1 else None)
+            if key == "test":
+                err = _interval_errors(rows, means)
+            elif n_seeds > 1:
+                err = np.array([r["val_std"] for r in rows], dtype=float)
+            else:  # one seed: no spread to show
+                err = None
             ax.barh(pos + off, means, height=h, color=color, label=label, xerr=err, capsize=3)
             for y, m in zip(pos + off, means):
                 if math.isfinite(m):
@@ -136,8 +140,12 @@ def plot_sensitivity(result: SensitivityResult, path: str | os.PathLike, *,
                 for k, s in enumerate(ss):
                     pts = [by[(x, s)] for x in xs if (x, s) in by]
                     means = np.array([p[f"{split}_mean"] for p in pts], dtype=float)
-                    err = ([p[f"{split}_std"] for p in pts] if n > 1 else None) \
-                        if split == "val" else _interval_errors(pts, means)
+                    if split != "val":
+                        err = _interval_errors(pts, means)
+                    elif n > 1:
+                        err = [p[f"{split}_std"] for p in pts]
+                    else:  # one seed: no spread to show
+                        err = None
                     # series side by side (dodged by ~1% of the axis) so error bars never hide
                     dodge = (k - (len(ss) - 1) / 2) * 0.012 * ((max(xs) - min(xs)) or 1.0)
                     ax.errorbar([p["x"] + dodge for p in pts], means, yerr=err,
@@ -204,7 +212,11 @@ def plot_histograms(result: DistinguishResult, path: str | os.PathLike, *,
                     c = np.asarray(counts, dtype=float)
                     dens = c / max(c.sum(), 1) / width
                     ax.stairs(dens, edges, color=color, fill=True, alpha=0.45, label=label)
-                tag = " (best)" if e == r["best_epoch"] else (" (init)" if e == 0 else "")
+                tag = ""
+                if e == r["best_epoch"]:
+                    tag = " (best)"
+                elif e == 0:
+                    tag = " (init)"
                 ax.set_title(f"{r['loss']}, epoch {e}{tag}\nW1 = {r['w1_mean'][k]:.3f}",
                              fontsize=10.5)
                 ax.set_xlim(0, 1)

@@ -104,8 +104,14 @@ def format_budget(rows: list[dict[str, Any]]) -> str:
              "per image on a fraction of the images (k=1, 100% is the protocol).",
              f"{'loss':<8}  " + "  ".join(h.rjust(width) for h in heads)]
     for loss in losses:
-        out = ["-" if (r := by.get((loss, *b))) is None else f"{r['test_map']:.2f} "
-               f"[{r['test_map_low']:.2f}, {r['test_map_high']:.2f}]" for b in budgets]
+        out = []
+        for b in budgets:
+            r = by.get((loss, *b))
+            if r is None:
+                out.append("-")
+            else:
+                out.append(f"{r['test_map']:.2f} [{r['test_map_low']:.2f}, "
+                           f"{r['test_map_high']:.2f}]")
         lines.append(f"{loss:<8}  " + "  ".join(c.rjust(width) for c in out))
     return "\n".join(lines)
 

@@ -118,7 +118,9 @@ def _loss_sets(items: list[str] | None, losses: list[str], lists: bool = False
     out: dict[str, dict[str, Any]] = {name: {} for name in losses}
     known = {name: {s.name for s in get_loss_class(name).hparam_specs} for name in losses}
     for key, values in parse_sets(items).items():
-        value: Any = values if lists else (values[0] if len(values) == 1 else values)
+        value: Any = values
+        if not lists and len(values) == 1:
+            value = values[0]
         loss, dot, name = key.partition(".")
         if dot:
             if loss not in out:

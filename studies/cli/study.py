@@ -94,8 +94,12 @@ def _study(args: argparse.Namespace) -> int:
                         verdict=not args.as_worker)
     if args.as_worker:  # one of several: the parent that started it prints the summary once
         return 0
+    interrupted = ""
+    if summary.n_interrupted:
+        interrupted = (f", {summary.n_interrupted} interrupted by Ctrl-C (their parameters ran "
+                       "again as new trials)")
     print(f"study {summary.name} in {summary.storage}: {summary.n_complete} complete, "
-          f"{summary.n_pruned} pruned, {summary.n_failed} failed")
+          f"{summary.n_pruned} pruned, {summary.n_failed} failed{interrupted}")
     if summary.best_value is not None:
         print(f"best val mAP {summary.best_value:.2f} in trial {summary.best_trial}; its "
               "parameters:")

@@ -90,7 +90,8 @@ def build_loss(config: FinetuneConfig, hparams: Mapping[str, Any], data: Finetun
                                     lambda: val_k, preset=preset)
     except ValueError as err:
         raise FinetuneError(f"finetune: {err}") from None
-    given = {**(cls.presets.get(preset, {}) if preset else {}), **hparams}
+    given = dict(cls.presets.get(preset, {})) if preset else {}
+    given.update(hparams)
     filled = {s.name: merged[s.name] for s in cls.hparam_specs
               if s.optional and given.get(s.name) is None}
     return cls(**merged), preset, filled
@@ -135,8 +136,9 @@ def _prepare(config: FinetuneConfig, loss_hparams: Mapping[str, Any]) -> _Plan:
     except ValueError as err:
         raise FinetuneError(f"finetune: {err}") from None
     if config.amp == "auto":
-        amp_dtype = None if device.type != "cuda" else (
-            torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
+        amp_dtype = None  # the CPU trains in float32
+        if device.type == "cuda":
+            amp_dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     else:
         amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}[config.amp]
     root = Path(config.root).expanduser()
@@ -196,6 +198,16 @@ def _prepare(config: FinetuneConfig, loss_hparams: Mapping[str, Any]) -> _Plan:
                  steps_per_epoch=n_train // train["batch_size"], out=out)
 
 
+def _transform_fingerprint(plan: _Plan) -> dict[str, Any]:
+    """The transform and embedding where they are not the protocol's (square resize, no crop,
+    pooled): checkpoints of the protocol's runs keep the fingerprint they always had."""
+    protocol = (plan.transform.resize == "square" and plan.transform.crop is None
+                and plan.backbone.embed == "pooled")
+    if protocol:
+        return {}
+    return {"transform": plan.transform.describe(), "embed": plan.backbone.embed}
+
+
 def _fingerprint(plan: _Plan) -> dict[str, Any]:
     """What determines the trajectory; a checkpoint only resumes a run that agrees on all of it."""
     c = plan.config
@@ -206,9 +218,7 @@ def _fingerprint(plan: _Plan) -> dict[str, Any]:
         **{k: plan.train[k] for k in ("batch_size", "lr", "epochs")},
         "backbone": c.backbone, "weights": plan.backbone.weights.id,
         "weights_sha256": plan.backbone.weights.sha256, "size": c.size,
-        **({} if plan.transform.resize == "square" and plan.transform.crop is None
-           and plan.backbone.embed == "pooled"
-           else {"transform": plan.transform.describe(), "embed": plan.backbone.embed}),
+        **_transform_fingerprint(plan),
         "seed": c.seed, "observed_seed": c.observed_seed, "val_labels": c.val_labels,
         "n_train": len(plan.data.train_paths), "amp": str(plan.amp_dtype),
         "channels_last": plan.channels_last, "device_type": plan.device.type,

@@ -136,8 +136,11 @@ def trial_point(t: FrozenTrial) -> TrialPoint:
     # steps are epochs counted from 1 (studies made before that, from 0); the first epoch first
     curve = tuple(iv.get(e) for e in range(min(iv), max(iv) + 1)) if iv else ()
     finite = [v for v in curve if v is not None and math.isfinite(v)]
-    value = (t.value if t.state == TrialState.COMPLETE
-             else max(finite) if t.state == TrialState.PRUNED and finite else None)
+    value = None
+    if t.state == TrialState.COMPLETE:
+        value = t.value
+    elif t.state == TrialState.PRUNED and finite:  # a pruned trial: its best epoch so far
+        value = max(finite)
     return TrialPoint(t.number, t.state.name, value, dict(t.params), curve,
                       is_paper_trial(t))
 
@@ -189,17 +192,20 @@ def report_commands(st: StudyView, name: str | None, store: str | None, out: Pat
     lines = []
     if st.settings.get("store") and st.settings.get("loss"):
         lines.append(shlex.join(study_command(st.settings)))
+    named = ["--name", name] if name else []
     if st.confirm:
-        seeds, draws = (",".join(map(str, dict.fromkeys(int(s) for s in st.confirm[0][k])))
-                        for k in ("seeds", "observed_seeds"))
-        lines.append(shlex.join([
-            "spml", "study", "confirm", "--storage", st.storage,
-            *(["--name", name] if name else []),
-            "--store", str(store or st.settings.get("store", "STORE")),
-            "--top-k", str(len(st.confirm)), "--seeds", seeds, "--observed-seeds", draws,
-            "--out", str(st.study_dir)]))
-    return [*lines, shlex.join([
-        "spml", "report", str(st.study_dir),
-        *(["--storage", st.storage] if st.storage_given else []),
-        *(["--name", name] if name else []), *(["--store", store] if store else []),
-        "--out", str(out)])]
+        seeds = ",".join(map(str, dict.fromkeys(int(s) for s in st.confirm[0]["seeds"])))
+        draws = ",".join(map(str, dict.fromkeys(int(s) for s in st.confirm[0]["observed_seeds"])))
+        confirm = ["spml", "study", "confirm", "--storage", st.storage, *named,
+                   "--store", str(store or st.settings.get("store", "STORE")),
+                   "--top-k", str(len(st.confirm)), "--seeds", seeds, "--observed-seeds", draws,
+                   "--out", str(st.study_dir)]
+        lines.append(shlex.join(confirm))
+    report = ["spml", "report", str(st.study_dir)]
+    if st.storage_given:
+        report += ["--storage", st.storage]
+    report += named
+    if store:
+        report += ["--store", store]
+    report += ["--out", str(out)]
+    return [*lines, shlex.join(report)]

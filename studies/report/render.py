@@ -164,8 +164,9 @@ def render_markdown(title: str, subtitle: str, sections: list[Section], base: Pa
             elif isinstance(b, Facts):
                 out += [f"- **{k}**: {v}" for k, v in b.items] + [""]
             elif isinstance(b, Table):
-                out += [*([f"**{b.caption}**", ""] if b.caption else []),
-                        *markdown_table(b.header, b.rows), ""]
+                if b.caption:
+                    out += [f"**{b.caption}**", ""]
+                out += [*markdown_table(b.header, b.rows), ""]
             elif isinstance(b, Figure):
                 rel = os.path.relpath(b.path, base).replace(os.sep, "/")
                 out += [f"![{_md_cell(b.caption)}]({rel})", "", f"*{b.caption}*", ""]

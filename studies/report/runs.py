@@ -36,7 +36,10 @@ def study_training(st: Any) -> dict[str, Any]:
                                 epochs=s.get("epochs")).to_dict()
     rows = [r for r in st.results.values() if r.get("lr") is not None]
     best = st.results.get(st.complete[0].number) if st.complete else None
-    row = best if best is not None and best.get("lr") is not None else (rows[0] if rows else {})
+    if best is not None and best.get("lr") is not None:
+        row = best
+    else:  # the best trial recorded none: any trial that did
+        row = rows[0] if rows else {}
     settings["mixed"] = {}
     for key in ("batch_size", "lr", "epochs"):
         if row.get(key) is None:
@@ -140,6 +143,7 @@ def _retrain_top(st: Any, ctx: ReportRuns, device: str, log: Callable[[str], Non
     from studies.results.compare import compare_scores
     from studies.results.confirm import trained_settings, trial_setup
     from studies.results.rows import read_trial_heads, study_tag
+    from studies.study.storage import reference_label
 
     chosen = list(st.complete[:INTERVAL_TOP])
     paper = st.paper
@@ -165,7 +169,8 @@ def _retrain_top(st: Any, ctx: ReportRuns, device: str, log: Callable[[str], Non
             heads[t.number] = ctx.trials[t.number].best_heads[0]
             bar.step(f"  re-trained trial {t.number} for its test-mAP interval")
     numbers = [t.number for t in chosen]
-    labels = [f"trial {n}" + (" (paper)" if paper is not None and n == paper.number else "")
+    word = reference_label(st.study)  # "paper" or "defaults"
+    labels = [f"trial {n}" + (f" ({word})" if paper is not None and n == paper.number else "")
               for n in numbers] + ["AN baseline"]
     w = torch.stack([heads[n].float().to(ctx.data.device) for n in numbers]
                     + [ctx.an.best_heads[0].float().to(ctx.data.device)])

@@ -18,13 +18,14 @@ from optuna.trial import TrialState
 from probe import __version__
 from probe.errors import SpmlError
 from probe.evaluation.convergence import ADVICE, count_best_is_last
+from probe.evaluation.intervals import few_test_images
 from probe.progress import plural
 from probe.store.priors import prior_facts
 from probe.store.records import draw_text
 from studies import plots
 from studies.results.rows import draw_of
 from studies.study.space import range_text
-from studies.study.storage import is_paper_trial
+from studies.study.storage import is_paper_trial, reference_label
 
 from .data import StudyView, trial_point
 from .render import CodeBlock, Facts, Figure, Note, Paragraph, Section, Table
@@ -146,11 +147,18 @@ def summary_section(st: StudyView, commands: list[str]) -> Section:
                 "trial's. Re-run the study in a new --out with one setting.", "warn"))
     else:
         training = "not recorded (the study was not made by 'spml study')"
+    loss_text = st.loss + (f" — {paper_doc}" if paper_doc else "")
+    packages = [r.get("loss_package") for r in st.results.values() if r.get("loss_package")]
+    if packages:  # the distribution its trials recorded (a plugin's, or spml-probe)
+        loss_text += f" (from {packages[0]})"
+    draw = draw_of(prov)
+    labels_text = f"draw {s.get('observed_seed', '?')}"
+    if draw:
+        labels_text += f" ({draw_text(draw)})"
+    labels_text += f"; val labels {s.get('val_labels', '?')}"
     facts = [
         ("study", f"{st.study.study_name} in {st.storage}"),
-        ("loss", st.loss + (f" — {paper_doc}" if paper_doc else "")
-         + (f" (from {pkg})" if (pkg := next((r.get("loss_package") for r in st.results.values()
-                                               if r.get("loss_package")), None)) else "")),
+        ("loss", loss_text),
         ("dataset", str(ident.get("dataset", "?"))),
         ("store", str(prov.get("path") or s.get("store", "?"))),
         ("store contents", f"{_int(ident.get('rows', '?'))} rows{split}, "
@@ -162,10 +170,7 @@ def summary_section(st: StudyView, commands: list[str]) -> Section:
         ("source", source_text(inner)),
         ("store created", str(ident.get("created") or "?")),
         ("training", training),
-        ("labels", f"draw {s.get('observed_seed', '?')}"
-                   + (f" ({draw_text(draw)})" if (draw := draw_of(prov)) else "")
-                   + f"; val labels {s.get('val_labels', '?')}"),
-        *([("prior", _prior_words(s.get("priors"), prov))] if s.get("priors") else []),
+        ("labels", labels_text),
         ("search", f"{s.get('sampler', '?')} sampler (seed {s.get('seed', '?')}), "
                    f"{s.get('pruner', '?')} pruner, {s.get('batch', '?')} trials stacked per "
                    f"batch, {s.get('workers', 1)} worker(s)"),
@@ -175,29 +180,37 @@ def summary_section(st: StudyView, commands: list[str]) -> Section:
                              for state in (TrialState.RUNNING, TrialState.WAITING)
                              if counts[state])),
     ]
+    if s.get("priors"):
+        facts.insert(facts.index(("labels", labels_text)) + 1,
+                     ("prior", _prior_words(s.get("priors"), prov)))
     best, paper = (st.complete[0] if st.complete else None), st.paper
+    word = reference_label(st.study)  # "paper" only where a paper gives the values
     if best is not None:
         row = st.results.get(best.number, {})
         facts.append(("best val mAP", f"{best.value:.2f} (trial {best.number}); test mAP "
                       f"{_f2(row.get('test_map'))} at its best epoch"))
     if paper is not None and paper.state == TrialState.COMPLETE:
         row = st.results.get(paper.number, {})
-        delta = (f"; best minus paper: {best.value - paper.value:+.2f} val mAP"
+        delta = (f"; best minus {word}: {best.value - paper.value:+.2f} val mAP"
                  if best else "")
-        facts.append(("paper point", f"val mAP {paper.value:.2f} (trial {paper.number}), test "
-                      f"mAP {_f2(row.get('test_map'))}{delta}"))
+        facts.append((f"{word} point", f"val mAP {paper.value:.2f} (trial {paper.number}), "
+                      f"test mAP {_f2(row.get('test_map'))}{delta}"))
     elif paper is not None:
-        facts.append(("paper point", f"trial {paper.number} is {paper.state.name.lower()}"))
+        facts.append((f"{word} point", f"trial {paper.number} is {paper.state.name.lower()}"))
     else:
-        facts.append(("paper point", "none enqueued (--no-paper, the grid sampler, or no "
-                      "paper values inside the space)"))
+        facts.append(("first trial", "none enqueued with the loss's own values (--no-paper, "
+                      "the grid sampler, or none inside the space)"))
     facts.append(("generated", datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
                   + f" by spml-probe {__version__} (optuna {optuna.__version__})"))
-    space_rows = [[name, range_text(dist), "choice" if isinstance(dist, CategoricalDistribution)
-                   else "log" if dist.log else "linear",
-                   _fv(paper.params.get(name, "–")) if paper else "–",
-                   _fv(best.params.get(name, "–")) if best else "–"]
-                  for name, dist in st.distributions.items()]
+    space_rows = []
+    for name, dist in st.distributions.items():
+        if isinstance(dist, CategoricalDistribution):
+            scale = "choice"
+        else:
+            scale = "log" if dist.log else "linear"
+        paper_value = _fv(paper.params.get(name, "–")) if paper else "–"
+        best_value = _fv(best.params.get(name, "–")) if best else "–"
+        space_rows.append([name, range_text(dist), scale, paper_value, best_value])
     sec.blocks += [Facts(facts), Table(["parameter", "range", "scale", "paper value", "best trial"],
                                        space_rows, id="search-space", caption="Search space"),
                    Paragraph("Reproduce: the study, its confirmation (when run) and this report."),
@@ -219,9 +232,12 @@ def leaderboard_section(st: StudyView, options: ReportOptions, ctx: ReportRuns |
     confirmed = {int(r["trial"]): r for r in st.confirm}
     names = list(st.distributions)
     intervals = ctx.intervals if ctx is not None else {}
-    header = ["rank", "trial", "val mAP", "best epoch", "test mAP",
-              *(["test mAP 95% interval"] if intervals else []),
-              *(["confirmed test mAP", "runs"] if confirmed else []), *names]
+    header = ["rank", "trial", "val mAP", "best epoch", "test mAP"]
+    if intervals:
+        header.append("test mAP 95% interval")
+    if confirmed:
+        header += ["confirmed test mAP", "runs"]
+    header += names
     rows = []
     for t in shown:
         res = st.results.get(t.number, {})
@@ -230,7 +246,8 @@ def leaderboard_section(st: StudyView, options: ReportOptions, ctx: ReportRuns |
         if epoch is None and curve:
             finite = [(v, -e) for e, v in enumerate(curve) if v is not None and math.isfinite(v)]
             epoch = 1 - max(finite)[1] if finite else None  # counted from 1
-        row = [str(rank[t.number]), f"{t.number}" + (" (paper)" if is_paper_trial(t) else ""),
+        mark = f" ({reference_label(st.study)})" if is_paper_trial(t) else ""
+        row = [str(rank[t.number]), f"{t.number}{mark}",
                f"{t.value:.2f}", str(epoch) if epoch is not None else "–",
                _f2(res.get("test_map"))]
         if intervals:
@@ -294,7 +311,8 @@ def history_section(st: StudyView, fig_dir: Path, options: ReportOptions) -> Sec
         return Section(*SECTIONS[2], [Note("No trial has reported a val mAP yet: nothing to "
                                            "plot.")])
     path = plots.plot_history(st.points, fig_dir / "history.png",
-                              title=f"Optimisation history: {st.study.study_name}", dpi=options.dpi)
+                              title=f"Optimisation history: {st.study.study_name}", dpi=options.dpi,
+                              reference=reference_label(st.study))
     return Section(*SECTIONS[2], [Figure(path, (
         "Val mAP of every trial in the order it was asked; the orange line is the best "
         "completed trial so far. Pruned trials are drawn at the best val mAP they reached "
@@ -390,10 +408,12 @@ def curves_section(st: StudyView, fig_dir: Path, options: ReportOptions) -> Sect
     if not any(p.curve for p in st.points if p.state == "COMPLETE"):
         return _skipped(6, "no completed trial reported per-epoch val mAP")
     path = plots.plot_learning_curves(st.points, fig_dir / "learning_curves.png",
-                                      top=options.curves, dpi=options.dpi)
+                                      top=options.curves, dpi=options.dpi,
+                                      reference=reference_label(st.study))
     return Section(*SECTIONS[6], [Figure(path, (
         f"Val mAP per epoch of the {min(options.curves, len(st.complete))} best completed "
-        "trials (and the paper point, dashed), as reported to the pruner; the circle is each "
+        f"trials (and the {reference_label(st.study)} point, dashed), as reported to the "
+        "pruner; the circle is each "
         "trial's best epoch, whose head gives its test mAP. Thin grey lines: the other trials, "
         "pruned ones ending where they were stopped."))])
 
@@ -459,13 +479,16 @@ def comparison_section(st: StudyView, ctx: ReportRuns | None, why: str, fig_dir:
     if ctx is None or ctx.comparison is None:
         return _skipped(8, why or "nothing was re-trained")
     cmp, kept, retrained = ctx.comparison, len(ctx.kept), len(ctx.trials)
-    heads_how = ("the trials' heads as the study kept them when they finished" if not retrained
-                 else "re-trained on the study's store with their own settings" if not kept
-                 else f"{plural(kept, 'heads')} as the study kept them, {retrained} re-trained "
-                      "with their own settings")
+    if not retrained:
+        heads_how = "the trials' heads as the study kept them when they finished"
+    elif not kept:
+        heads_how = "re-trained on the study's store with their own settings"
+    else:
+        heads_how = (f"{plural(kept, 'heads')} as the study kept them, {retrained} re-trained "
+                     "with their own settings")
     sec = Section(*SECTIONS[8], [Paragraph(
         f"The best {min(INTERVAL_TOP, len(st.complete))} trials by val mAP"
-        + (", the paper's values" if st.paper is not None else "")
+        + (f", the first trial ({reference_label(st.study)})" if st.paper is not None else "")
         + f" and the AN baseline ({heads_how}; training "
         f"seed {st.settings.get('train_seed', 0)}, single-positive draw {ctx.observed_seed}), "
         f"scored on the same {cmp.n_images} test images. Intervals: "
@@ -473,6 +496,9 @@ def comparison_section(st: StudyView, ctx: ReportRuns | None, why: str, fig_dir:
         "recomputed on each); differences are paired and their p-values Holm-corrected over "
         f"the {len(cmp.pairs)} pairs. They measure test-set variation only, not training "
         "seeds or draws ('spml study confirm').")])
+    warning = few_test_images(cmp.n_images)
+    if warning:
+        sec.blocks.append(Note(warning.removeprefix("warning: ").capitalize(), "warn"))
     rows = [[label, f"{iv.value:.2f}", f"[{iv.low:.2f}, {iv.high:.2f}]"]
             for label, iv in zip(cmp.labels, cmp.intervals)]
     sec.blocks.append(Table(["system", "test mAP", "95% interval"], rows, id="intervals"))

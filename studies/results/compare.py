@@ -161,7 +161,7 @@ def systems_of_study(study: Any, where: str, *, top: int = 3, device: str = "cpu
     from probe.progress import Progress
     from studies.results.confirm import trained_settings, trial_setup
     from studies.results.rows import read_trial_heads, study_tag
-    from studies.study.storage import is_paper_trial, ranked_trials
+    from studies.study.storage import is_paper_trial, ranked_trials, reference_label
 
     study_dir, loss, settings = where, study.user_attrs.get("spml.loss"), trained_settings(study)
     where = store or settings.get("store")
@@ -186,7 +186,9 @@ def systems_of_study(study: Any, where: str, *, top: int = 3, device: str = "cpu
         for t in chosen:
             hp, cfg = trial_setup(t.params, loss, settings, seeds=(seed,),
                                   observed_seed=observed_seed, device=device)
-            label = f"{study.study_name} trial {t.number}{' paper' if is_paper_trial(t) else ''}"
+            label = f"{study.study_name} trial {t.number}"
+            if is_paper_trial(t):  # "paper" only where the paper gives values
+                label += f" {reference_label(study)}"
             if t.number in kept:
                 w, source = kept[t.number]
                 head, how = to_linear(w), "kept by the study"
@@ -346,6 +348,8 @@ def _letter(i: int) -> str:
 
 def format_comparison(cmp: Comparison) -> str:
     """A table a reader understands without the docs: mAP with intervals, then every pair."""
+    from probe.evaluation.intervals import few_test_images
+
     pct = f"{100 * cmp.level:g}%"
     where = f" on {cmp.dataset}" if cmp.dataset else ""
     width = max(len(lab) for lab in cmp.labels)
@@ -353,8 +357,11 @@ def format_comparison(cmp: Comparison) -> str:
         f"Test mAP{where}: {cmp.n_images} test images, {cmp.n_classes} classes. Brackets: "
         f"{pct} interval from {cmp.n_resamples} bootstrap resamples of the test images "
         f"(seed {cmp.seed}).",
-        "", f"     {'system':<{width}}  test mAP  {pct} interval",
     ]
+    warning = few_test_images(cmp.n_images)
+    if warning:
+        lines.append(warning)
+    lines += ["", f"     {'system':<{width}}  test mAP  {pct} interval"]
     for i in sorted(range(len(cmp.labels)), key=lambda i: -cmp.intervals[i].value):
         iv = cmp.intervals[i]
         lines.append(f"  {_letter(i)}  {cmp.labels[i]:<{width}}  {iv.value:8.2f}  "
@@ -364,9 +371,12 @@ def format_comparison(cmp: Comparison) -> str:
               f"  {'pair':<7}  {'mAP diff':>8}  {pct + ' interval':<18}  {'p':>6}  "
               f"{'p(Holm)':>7}  verdict"]
     for p, a, b, diff, lo, hi in _oriented(cmp.pairs):
-        verdict = (f"{_letter(a)} is better" if p.significant else
-                   "no clear difference (interval contains 0)" if lo <= 0 <= hi else
-                   "no clear difference after correction")
+        if p.significant:
+            verdict = f"{_letter(a)} is better"
+        elif lo <= 0 <= hi:
+            verdict = "no clear difference (interval contains 0)"
+        else:
+            verdict = "no clear difference after correction"
         lines.append(f"  {_letter(a)} - {_letter(b)}    {diff:+8.2f}  "
                      f"{f'[{lo:+.2f}, {hi:+.2f}]':<18}  {p_text(p.p_value):>6}  "
                      f"{p_text(p.p_holm):>7}  {verdict}")
@@ -394,14 +404,22 @@ def disagreement_note(alpha: float, follows: str = "the verdict follows the inte
 
 def _oriented(pairs: Sequence[Any]) -> list[tuple[Any, int, int, float, float, float]]:
     """The pairs by Holm-corrected p, each as higher minus lower: (pair, a, b, diff, low, high)."""
-    return [(p, a, b, sign * p.diff.value, *sorted((sign * p.diff.low, sign * p.diff.high)))
-            for p in sorted(pairs, key=lambda p: p.p_holm)
-            for a, b, sign in [(p.a, p.b, 1) if p.diff.value >= 0 else (p.b, p.a, -1)]]
+    oriented = []
+    for p in sorted(pairs, key=lambda p: p.p_holm):
+        if p.diff.value >= 0:
+            a, b, sign = p.a, p.b, 1
+        else:  # turned round: the higher system first
+            a, b, sign = p.b, p.a, -1
+        low, high = sorted((sign * p.diff.low, sign * p.diff.high))
+        oriented.append((p, a, b, sign * p.diff.value, low, high))
+    return oriented
 
 
 def p_text(p: float) -> str:
     """A p value as the outputs print it."""
-    return "<0.001" if p < 0.001 else f"{p:.3f}" if math.isfinite(p) else "-"
+    if not math.isfinite(p):
+        return "-"
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
 
 
 def plot(cmp: Comparison, path: str | Path, *, title: str | None = None) -> Path:

@@ -361,8 +361,9 @@ def trial_setup(params: dict[str, Any], loss: str, settings: dict[str, Any], *,
     from probe.engine.config import ProbeConfig
 
     loss_hp, train_hp = SearchSpace(loss, {}).split(params)
-    hp = {**settings.get("fixed", {}), **loss_hp,
-          **({"lr": train_hp["lr"]} if "lr" in train_hp else {})}
+    hp = {**settings.get("fixed", {}), **loss_hp}
+    if "lr" in train_hp:  # a searched lr goes with the trial
+        hp["lr"] = train_hp["lr"]
     cfg = ProbeConfig(
         batch_size=train_hp.get("batch_size", settings.get("batch_size")),
         epochs=train_hp.get("epochs", settings.get("epochs")), lr=settings.get("lr"),
@@ -383,10 +384,12 @@ def _recorded_settings(results: str | Path | None, study_name: str
     frame = read_results(results)
     if not frame.height or "lr" not in frame.columns:
         return {}
-    return {int(row["trial"]): got
-            for row in frame.filter(pl.col("study") == study_name).iter_rows(named=True)
-            if (got := {k: row.get(k) for k in ("batch_size", "lr", "epochs")
-                        if row.get(k) is not None})}
+    recorded = {}
+    for row in frame.filter(pl.col("study") == study_name).iter_rows(named=True):
+        got = {k: row.get(k) for k in ("batch_size", "lr", "epochs") if row.get(k) is not None}
+        if got:
+            recorded[int(row["trial"])] = got
+    return recorded
 
 
 def _loss(study: optuna.Study) -> str:

@@ -161,8 +161,15 @@ def params_keys(params: dict[str, Any], loss: str | None) -> dict[str, Any]:
     study's trials carry; a probe run's plain names (``b_T``, ``lr``) are prefixed so."""
     from probe.engine.config import TRAINER_KEYS
 
-    return {k if "." in k or not loss else f"train.{k}" if k in TRAINER_KEYS else f"{loss}.{k}": v
-            for k, v in params.items()}
+    named = {}
+    for k, v in params.items():
+        if "." in k or not loss:  # already qualified, or no loss to qualify it with
+            named[k] = v
+        elif k in TRAINER_KEYS:
+            named[f"train.{k}"] = v
+        else:
+            named[f"{loss}.{k}"] = v
+    return named
 
 
 def draw_of(data: dict[str, Any]) -> dict[str, Any] | None:
@@ -183,9 +190,13 @@ def tidy_frame(rows: Iterable[dict[str, Any]], curves: bool = True) -> pl.DataFr
     """Rows as a frame in the tidy schema: :data:`COLUMNS` first in their order and types,
     then any further columns (e.g. interval bounds), then (with ``curves``) :data:`CURVES`."""
     rows = list(rows)
-    schema = {**COLUMNS, **(CURVES if curves else {})}
+    schema = dict(COLUMNS)
+    if curves:
+        schema.update(CURVES)
     extra = dict.fromkeys(k for row in rows for k in row if k not in schema and k not in CURVES)
-    names = [*COLUMNS, *extra, *(CURVES if curves else {})]
+    names = [*COLUMNS, *extra]
+    if curves:
+        names += list(CURVES)
     records = [{k: row.get(k) for k in names} for row in rows]
     frame = pl.DataFrame(records, schema_overrides=schema, infer_schema_length=None)
     if not rows:

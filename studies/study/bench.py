@@ -163,10 +163,12 @@ def format_study_bench(report: dict[str, Any]) -> str:
     lines = [
         f"study bench: {c['loss']} on {st['dataset']} ({st['train_rows']} train rows x "
         f"{st['dim']}, {st['classes']} classes), {c['n_trials']} trials in batches of "
-        f"{c['batch']}, pruner {c['pruner']}",
-        *([f"training: batch size {tr['batch_size']} ({tr['sources']['batch_size']}), lr "
-           f"{tr['lr']:g} ({tr['sources']['lr']}), {tr['epochs']} epochs"]
-          if (tr := report.get("training")) else []),
+        f"{c['batch']}, pruner {c['pruner']}"]
+    tr = report.get("training")
+    if tr:
+        lines.append(f"training: batch size {tr['batch_size']} ({tr['sources']['batch_size']}), "
+                     f"lr {tr['lr']:g} ({tr['sources']['lr']}), {tr['epochs']} epochs")
+    lines += [
         f"machine: {m['before']['cpu']}, {m['before']['cpus']} CPUs, "
         f"{m['before']['torch_threads']} torch threads; load average before "
         f"{m['before']['load_avg_1_5_15']} after {m['after']['load_avg_1_5_15']}",

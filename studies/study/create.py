@@ -6,7 +6,9 @@ settings.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import os
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -24,21 +26,61 @@ from studies.study.settings import StudySettings, preflight, resolve_study_name,
 from studies.study.space import SearchSpace
 from studies.study.storage import PAPER_ATTR, StudyError, ask_lock, open_storage
 
-__all__ = ["TRAINING_KEYS", "JoinedStudy", "create_or_join", "training_identity"]
+__all__ = ["TRAINING_KEYS", "WORKER_INDEX_ENV", "JoinedStudy", "create_or_join", "sampler_seed",
+           "training_identity"]
 
 # what a study is, stored with it, and how a refusal names each part
 _IDENTITY = {"spml.loss": "loss", "spml.store": "store", "spml.space": "search space",
              "spml.fixed": "fixed hyperparameters (--set)"}
 
 
-def _sampler(settings: StudySettings) -> optuna.samplers.BaseSampler:
+#: the environment variable that numbers a study's local worker processes (0, 1, …)
+WORKER_INDEX_ENV = "SPML_WORKER_INDEX"
+
+
+def sampler_seed(seed: int, told: int, worker: int) -> int:
+    """The sampler's seed for a process that joins a study holding ``told`` trials, as worker
+    ``worker``: ``seed`` itself for the first process of a new study (a fresh study is
+    reproducible from its seed), else a seed mixed from all three. A process that resumes or
+    extends a study, or a second worker, must not replay the sequence another process already
+    sampled from the same seed (it would repeat its parameters trial for trial)."""
+    if told == 0 and worker == 0:
+        return int(seed)
+    text = f"{int(seed)}:{int(told)}:{int(worker)}"
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little") & 0x7FFFFFFF
+
+
+def _sampler(settings: StudySettings, seed: int | None = None) -> optuna.samplers.BaseSampler:
+    seed = settings.seed if seed is None else seed
     if settings.sampler == "tpe":
-        return optuna.samplers.TPESampler(seed=settings.seed, constant_liar=True, multivariate=True)
+        return optuna.samplers.TPESampler(seed=seed, constant_liar=True, multivariate=True)
     if settings.sampler == "grid":
-        return _AskTellGridSampler({k: list(v) for k, v in settings.grid.items()},
-                                   seed=settings.seed)
+        return _AskTellGridSampler({k: list(v) for k, v in settings.grid.items()}, seed=seed)
     return {"gp": optuna.samplers.GPSampler, "cmaes": optuna.samplers.CmaEsSampler,
-            "random": optuna.samplers.RandomSampler}[settings.sampler](seed=settings.seed)
+            "random": optuna.samplers.RandomSampler}[settings.sampler](seed=seed)
+
+
+def _worker_index() -> int:
+    text = os.environ.get(WORKER_INDEX_ENV, "0")
+    return int(text) if text.isdigit() else 0
+
+
+def _reseeded(study: optuna.Study, settings: StudySettings, told: int | None = None
+              ) -> optuna.Study:
+    """The study with its sampler seeded for this process (:func:`sampler_seed`): by the
+    trials the storage holds when it joins (``told``; a study this process made: 0), and by
+    its worker index."""
+    if settings.sampler == "grid":
+        # the grid's order is shuffled by the seed and its cells are handed out by trial number
+        # and by what the storage holds: a reseeded grid would reorder the cells under the
+        # trials already told (and repeat them), while the grid itself never repeats a cell
+        return study
+    if told is None:
+        told = len(study.get_trials(deepcopy=False))
+    seed = sampler_seed(settings.seed, told, _worker_index())
+    if seed != settings.seed:
+        study.sampler = _sampler(settings, seed)
+    return study
 
 
 class _AskTellGridSampler(optuna.samplers.GridSampler):
@@ -134,14 +176,16 @@ def create_or_join(settings: StudySettings, store: Any,
     pruner = optuna.pruners.NopPruner() if rule is None else rule.optuna()
 
     def load_or_create(load: bool) -> optuna.Study:
-        return (optuna.load_study if load else optuna.create_study)(
-            storage=storage, study_name=name, sampler=sampler, pruner=pruner,
-            **({} if load else {"direction": "maximize"}))
+        if load:
+            return optuna.load_study(storage=storage, study_name=name, sampler=sampler,
+                                     pruner=pruner)
+        return optuna.create_study(storage=storage, study_name=name, sampler=sampler,
+                                   pruner=pruner, direction="maximize")
 
     try:
         study = load_or_create(False)
     except optuna.exceptions.DuplicatedStudyError:
-        study = load_or_create(True)
+        study = _reseeded(load_or_create(True), settings)
         if _nothing_measured(study) and _identity_differs(study, identity):
             # a start that failed before measuring anything is not a study to protect: the
             # corrected command replaces it (and its failed trials' rows) -- under the ask
@@ -160,7 +204,8 @@ def create_or_join(settings: StudySettings, store: Any,
                     return JoinedStudy(study, space, TrialStorage(storage, name))
     else:
         _label_new(study, identity, settings, space, store)
-        return JoinedStudy(study, space, TrialStorage(storage, name))
+        return JoinedStudy(_reseeded(study, settings, told=0), space,
+                           TrialStorage(storage, name))
     attrs = _wait_for_identity(study)
     for key, what in _IDENTITY.items():
         if attrs.get(key) != identity[key]:

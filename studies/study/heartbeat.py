@@ -22,9 +22,12 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
-__all__ = ["FAIL_REASON_KEY", "HEARTBEAT_KEY", "RETRY_KEY", "WORKER_KEY", "Heartbeat",
-           "TrialStorage", "abandon", "reclaim_stale_trials"]
+__all__ = ["FAIL_REASON_KEY", "HEARTBEAT_KEY", "INTERRUPTED", "RETRY_KEY", "WORKER_KEY",
+           "Heartbeat", "TrialStorage", "abandon", "is_interrupted", "reclaim_stale_trials"]
 
+#: the failure reason of a trial stopped by Ctrl-C: its parameters run again on resume, and
+#: summaries count it as interrupted, not failed (:func:`is_interrupted`)
+INTERRUPTED = "interrupted (Ctrl-C)"
 HEARTBEAT_KEY = "spml:heartbeat"
 WORKER_KEY = "spml:worker"
 RETRY_KEY = "spml:retry_of"
@@ -113,6 +116,12 @@ def reclaim_stale_trials(study: optuna.Study, trials: TrialStorage, grace_second
     return reclaimed
 
 
+def is_interrupted(trial: Any) -> bool:
+    """Whether a FAIL trial was stopped by Ctrl-C (its parameters were enqueued again)."""
+    return (trial.state == TrialState.FAIL
+            and trial.system_attrs.get(FAIL_REASON_KEY) == INTERRUPTED)
+
+
 def abandon(study: optuna.Study, trials: TrialStorage, batch: list[optuna.Trial],
             err: BaseException) -> None:
     """Training stopped with an exception: fail the batch's unfinished trials now (instead of
@@ -120,7 +129,7 @@ def abandon(study: optuna.Study, trials: TrialStorage, batch: list[optuna.Trial]
     are enqueued again, so re-running the command continues the study where it stopped; other
     errors would likely repeat, so those trials stay failed."""
     interrupted = isinstance(err, KeyboardInterrupt)
-    reason = "interrupted (Ctrl-C)" if interrupted else f"{type(err).__name__}: {err}"[:500]
+    reason = INTERRUPTED if interrupted else f"{type(err).__name__}: {err}"[:500]
     for trial in batch:
         if trials.storage.get_trial(trials.trial_id(trial.number)).state != TrialState.RUNNING:
             continue

@@ -20,7 +20,7 @@ from pathlib import Path
 import optuna
 
 from probe.errors import SpmlError
-from studies.study.create import JoinedStudy, create_or_join
+from studies.study.create import WORKER_INDEX_ENV, JoinedStudy, create_or_join
 from studies.study.settings import (
     SAMPLERS,
     StudySettings,
@@ -99,7 +99,10 @@ def run_study(settings: StudySettings, *, worker_command: Sequence[str] | None =
             "the cores, one thread each, and the study takes longer than with "
             f"--workers {cores}")
     env = worker_env(settings.workers, cores)
-    procs = [subprocess.Popen([*worker_command, *extra], env=env) for extra in per_worker]
+    procs = []
+    for index, extra in enumerate(per_worker):  # each worker seeds its sampler by its index
+        worker_env_i = {**env, WORKER_INDEX_ENV: str(index)}
+        procs.append(subprocess.Popen([*worker_command, *extra], env=worker_env_i))
     codes = [p.wait() for p in procs]
     storage = open_storage(settings.storage_spec())
     study = optuna.load_study(study_name=resolve_study_name(settings, store.dataset),
@@ -139,4 +142,6 @@ def worker_env(workers: int, cores: int | None = None,
     than one)."""
     cores = available_cores() if cores is None else cores
     n = max(1, cores // max(workers, 1))
-    return {**(os.environ if base is None else base), **dict.fromkeys(THREAD_VARS, str(n))}
+    env = dict(os.environ if base is None else base)
+    env.update(dict.fromkeys(THREAD_VARS, str(n)))
+    return env

@@ -24,7 +24,7 @@ from probe.errors import MissingPathError, SpmlError
 
 __all__ = ["PAPER_ATTR", "StorageSpec", "StudyError", "ask_lock", "best_trial", "find_storage",
            "is_paper_trial", "open_existing_storage", "open_storage", "parse_storage",
-           "ranked_trials"]
+           "ranked_trials", "reference_kind", "reference_label"]
 
 # PostgreSQL advisory-lock key under which workers create Optuna's tables one at a time
 _PG_SCHEMA_LOCK = 0x5350_4D4C  # "SPML"
@@ -272,6 +272,41 @@ def find_storage(study_dir: str | os.PathLike) -> str:
 
 #: the user attribute that marks the trial enqueued with the paper's (or the loss's default) values
 PAPER_ATTR = "spml:paper"
+
+
+def reference_kind(loss: str | None, dataset: str | None) -> tuple[str, str | None]:
+    """What a study's first trial is, in one word, and why where it is not a paper's:
+    ``("paper values", None)`` where the loss's paper gives values for the dataset (or one
+    setting for all), else ``("defaults", why)`` -- the loss's defaults (data-derived values
+    filled as ``spml probe`` fills them), or a plugin's defaults. The one decision behind
+    "paper" and "defaults" in the study, report, compare, confirm and table."""
+    try:
+        from probe.engine.results import loss_package
+        from probe.losses import get_loss_class
+
+        presets = get_loss_class(loss).presets
+    except Exception:  # a loss gone since: say nothing rather than guess
+        return "paper values", None
+    package = (loss_package(loss) or {}).get("name")
+    if package not in (None, "spml-probe"):  # a plugin: its defaults are its author's
+        return "defaults", (f"{loss} is a plugin loss (from {package}): spml-probe knows no "
+                            "paper values for it, so the first trial ran its defaults; the "
+                            "comparison is with those defaults, not with a paper")
+    if not presets or presets.get(dataset):  # one paper setting for all, or this dataset's
+        return "paper values", None
+    return "defaults", (f"{loss} has no paper values for dataset '{dataset}' (its presets: "
+                        f"{', '.join(sorted(presets))}), so the first trial ran its defaults, "
+                        "data-derived values filled as 'spml probe' fills them; the comparison "
+                        "is with those defaults, not with a paper")
+
+
+def reference_label(study: Any) -> str:
+    """The short word for a study's first trial in labels and tables: "paper" or "defaults"
+    (:func:`reference_kind`, from the loss and the dataset the study recorded)."""
+    loss = study.user_attrs.get("spml.loss")
+    dataset = (study.user_attrs.get("spml.store") or {}).get("dataset")
+    kind, _ = reference_kind(loss, dataset)
+    return "paper" if kind == "paper values" else "defaults"
 
 
 def is_paper_trial(trial: Any) -> bool:

@@ -11,6 +11,7 @@ import optuna
 from optuna.trial import TrialState
 
 from probe.evaluation.convergence import count_best_is_last
+from studies.study.heartbeat import is_interrupted
 from studies.study.settings import StudySettings
 from studies.study.storage import best_trial, is_paper_trial
 
@@ -23,7 +24,7 @@ class StudySummary:
     out: str
     n_complete: int
     n_pruned: int
-    n_failed: int
+    n_failed: int  # failed for a reason (a non-finite loss, an error): not the interrupted
     best_value: float | None
     best_params: dict[str, Any]
     best_trial: int | None
@@ -38,6 +39,8 @@ class StudySummary:
     verdict: Any = None
     verdict_error: str | None = None
     several: bool = False  # the storage holds other studies too (commands then need --name)
+    # trials stopped by Ctrl-C: their parameters ran again on resume (not counted as failed)
+    n_interrupted: int = 0
     facts: list[str] = field(default_factory=list)  # the summary's settings lines
 
     def to_dict(self) -> dict[str, Any]:
@@ -83,7 +86,8 @@ def summarize(study: optuna.Study, settings: StudySettings) -> StudySummary:
     return StudySummary(
         name=study.study_name, storage=settings.storage_spec().display, out=str(settings.out),
         n_complete=len(complete), n_pruned=sum(t.state == TrialState.PRUNED for t in trials),
-        n_failed=sum(t.state == TrialState.FAIL for t in trials),
+        n_failed=sum(t.state == TrialState.FAIL and not is_interrupted(t) for t in trials),
+        n_interrupted=sum(is_interrupted(t) for t in trials),
         best_value=best.value if best else None, best_params=dict(best.params) if best else {},
         best_trial=best.number if best else None, paper_value=paper[0].value if paper else None,
         # each trial's val mAP per reported epoch (its intermediate values)

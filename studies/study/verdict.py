@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from studies.study.storage import reference_kind
+
 __all__ = ["Verdict", "VerdictRow", "format_verdict", "settle_commands", "study_verdict"]
 
 
@@ -91,7 +93,10 @@ def study_verdict(study: Any, store: str, *, device: str = "cpu",
     winner_is_paper = is_paper_trial(by_trial[systems[0].trial])
     pair = next(p for p in cmp.pairs if (p.a, p.b) == (0, 1)) if n > 1 else None  # winner − paper
     name, why = _paper_words(study, store, has_point=n > 1 or winner_is_paper)
-    paper = rows[0] if winner_is_paper else (rows[1] if n > 1 else None)
+    if winner_is_paper:
+        paper = rows[0]
+    else:  # the paper point is the second system, where one ran
+        paper = rows[1] if n > 1 else None
     d = pair.diff if pair else None
     return Verdict(winner=rows[0], paper=paper, references=rows[n:], diff=d and d.value,
                    diff_low=d and d.low, diff_high=d and d.high, p_holm=pair and pair.p_holm,
@@ -103,32 +108,18 @@ def study_verdict(study: Any, store: str, *, device: str = "cpu",
 def _paper_words(study: Any, store: str, *, has_point: bool) -> tuple[str, str | None]:
     """("paper values" | "defaults", why there is no paper comparison) for a study."""
     loss, settings = study.user_attrs.get("spml.loss"), study.user_attrs.get("spml.settings") or {}
-    try:
-        from probe.losses import get_loss_class
-        from probe.store import open_store
-
-        presets = get_loss_class(loss).presets
-        dataset = open_store(store).dataset
-    except Exception:  # a loss or store gone since: say nothing rather than guess
-        return "paper values", None
     if not has_point:
         if settings.get("enqueue_paper") is False:
             return "paper values", "no paper point ran (--no-paper): nothing to compare with"
         return "paper values", (f"{loss} has no paper or default values inside the search "
                                 "space, so no first trial was enqueued to compare with")
-    from probe.engine.results import loss_package
+    try:
+        from probe.store import open_store
 
-    package = (loss_package(loss) or {}).get("name")
-    if package not in (None, "spml-probe"):  # a plugin: its defaults are its author's
-        return "defaults", (f"{loss} is a plugin loss (from {package}): spml-probe knows no "
-                            "paper values for it, so the first trial ran its defaults; the "
-                            "comparison is with those defaults, not with a paper")
-    if not presets or presets.get(dataset):  # one paper setting for all, or this dataset's
+        dataset = open_store(store).dataset
+    except Exception:  # a store gone since: say nothing rather than guess
         return "paper values", None
-    return "defaults", (f"{loss} has no paper values for dataset '{dataset}' (its presets: "
-                        f"{', '.join(sorted(presets))}), so the first trial ran its defaults, "
-                        "data-derived values filled as 'spml probe' fills them; the comparison "
-                        "is with those defaults, not with a paper")
+    return reference_kind(loss, dataset)
 
 
 def settle_commands(study_out: str, storage: str, store: str, *, name: str | None = None,

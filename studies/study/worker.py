@@ -106,8 +106,12 @@ def _train_group(settings, data, study, storage, space, trials, probe_config, lo
         try:
             if i in lost:
                 raise UpdateFinishedTrialError
-            state = (TrialState.PRUNED if i in pruned else TrialState.COMPLETE if ok
-                     else TrialState.FAIL)
+            if i in pruned:
+                state = TrialState.PRUNED
+            elif ok:
+                state = TrialState.COMPLETE
+            else:  # a non-finite loss or metric
+                state = TrialState.FAIL
             if state == TrialState.FAIL:
                 storage.set_attr(trial.number, FAIL_REASON_KEY, "non-finite")
             told = study.tell(trial, float(value) if state == TrialState.COMPLETE else None,

@@ -275,13 +275,15 @@ def plan_table(paths: Sequence[str], config: TableConfig) -> Plan:
     given = {"batch_size": config.batch_size, "lr": config.lr, "epochs": config.epochs}
     priors = {n: config.priors if _losses.get_loss_class(n).prior is not None else None
               for n in names}  # the store prior each loss reads (None: none)
-    methods = [
-        *([Method(f"{ORACLE_LOSS}, full labels (oracle)", "oracle", ORACLE_LOSS, labels="full",
-                  **given)] if config.include_full else []),
-        *([Method(f"zero-shot ({config.priors})", "zero-shot", None, priors=config.priors)]
-          if config.priors else []),
-        *(Method(n, "preset", n, priors=priors[n], **given) for n in names),
-        *(_study_method(folder, config) for folder in config.from_studies)]
+    methods = []
+    if config.include_full:
+        methods.append(Method(f"{ORACLE_LOSS}, full labels (oracle)", "oracle", ORACLE_LOSS,
+                              labels="full", **given))
+    if config.priors:
+        methods.append(Method(f"zero-shot ({config.priors})", "zero-shot", None,
+                              priors=config.priors))
+    methods += [Method(n, "preset", n, priors=priors[n], **given) for n in names]
+    methods += [_study_method(folder, config) for folder in config.from_studies]
     for m in methods:
         for col in columns:
             if m.store_identity is not None and m.store_identity != col.identity:

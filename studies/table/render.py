@@ -96,6 +96,7 @@ class Table:
             Interval,
             bootstrap_map,
             count_non_finite,
+            few_test_images,
             mean_interval,
             paired_differences,
         )
@@ -107,6 +108,9 @@ class Table:
         data = ProbeData.from_store(col.path, device=resolve_device(cfg.device), flip=False,
                                     observed_seed=col.draws[0])
         targets = data.test_labels.bool()
+        warning = few_test_images(int(targets.shape[0]))
+        if warning:
+            self.notes.append(f"{col.dataset}: {warning.removeprefix('warning: ')}")
         boots = []
         for d in col.draws:
             scores = []
