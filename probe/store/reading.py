@@ -201,6 +201,16 @@ class Store:
                 "created": created, "backbone": prov.get("backbone"),
                 "weights_sha256": prov.get("weights_sha256")}
 
+    def differs_from(self, identity: dict[str, Any]) -> list[str]:
+        """The keys of a recorded :meth:`identity` that this store does not match, each as
+        ``"key A (recorded) vs B (here)"`` (empty: the same store). Keys an older record lacks
+        are not checked."""
+        import json
+
+        have = json.loads(json.dumps(self.identity(), default=str))
+        return [f"{key} {identity[key]!r} vs {have.get(key)!r}" for key in sorted(identity)
+                if identity[key] != have.get(key)]
+
     def labels(self, rows: Any = None) -> np.ndarray:
         """Full ground truth, uint8 ``(len(rows), C)``."""
         return self.read("labels", rows)

@@ -87,7 +87,6 @@ def train_report_runs(st: Any, store_arg: str | None, *, device: str = "auto",
         return None, "the AN baseline was turned off (--no-baseline)"
     if not st.complete:
         return None, "no completed trial to compare"
-    best = st.complete[0]
     store_path, why = find_store(st, store_arg)
     if store_path is None:
         return None, why
@@ -100,29 +99,24 @@ def train_report_runs(st: Any, store_arg: str | None, *, device: str = "auto",
         store = open_store(store_path)
     except (ValueError, FileNotFoundError) as err:
         return None, f"the store {store_path} cannot be opened: {err}"
-    ident = st.identity
-    got = {"dataset": store.dataset, "rows": store.n_rows, "classes": store.n_classes,
-           "feature_dim": store.feature_dim}
-    differ = {k: (ident.get(k), v) for k, v in got.items() if k in ident and ident[k] != v}
+    differ = store.differs_from(st.identity)  # the one "same store" rule (probe.store)
     if differ:
-        what = ", ".join(f"{k} {a} in the study vs {b} in the store"
-                         for k, (a, b) in differ.items())
-        return None, (f"the store {store_path} is not the one the study trained on ({what}); "
-                      "pass the right one with --store")
-    train = study_training(st)
-    train.update({k: best.params[f"train.{k}"] for k in ("batch_size", "lr", "epochs")
-                  if f"train.{k}" in best.params})
+        return None, (f"the store {store_path} is not the one the study trained on "
+                      f"({', '.join(differ[:3])}; study vs store); pass the right one with "
+                      "--store")
     s = st.settings
     observed_seed = int(s.get("observed_seed", PROTOCOL_SEED))
-    cfg = ProbeConfig(batch_size=int(train["batch_size"]), lr=float(train["lr"]),
-                      epochs=int(train["epochs"]), seed=int(s.get("train_seed", 0)),
-                      val_labels=s.get("val_labels", "clean"), observed_seed=observed_seed,
-                      device=device)
-    log(f"training the AN baseline on {store_path} ({cfg.epochs} epochs, batch size "
-        f"{cfg.batch_size}, lr {cfg.lr:g})")
+    # the baseline as 'spml probe --loss an' trains it: AN's own paper setting for the store,
+    # else the generic one -- not the study's tuned lr -- on the study's draw, val labels, seed
+    cfg = ProbeConfig(seed=int(s.get("train_seed", 0)), val_labels=s.get("val_labels", "clean"),
+                      observed_seed=observed_seed, device=device)
     data = ProbeData.from_store(store, device=device, observed_seed=observed_seed,
                                 priors=s.get("priors"))  # for the re-trained trials
     result = train_probe(data, cfg, "an", [{}], progress=progress)
+    trained = result.config
+    log(f"trained the AN baseline on {store_path} as 'spml probe --loss an' trains it: "
+        f"{trained.get('epochs')} epochs, batch size {trained.get('batch_size')}, lr "
+        f"{trained.get('lr'):g}")
     out = ReportRuns(store_path=store_path, data=data, an_config=cfg, an=result,
                      observed_seed=observed_seed)
     _retrain_top(st, out, device, log, progress)

@@ -136,9 +136,13 @@ def summary_section(st: StudyView, commands: list[str]) -> Section:
              f"{_int(rows['test'])})" if {"train", "val", "test"} <= set(rows) else "")
     if s:
         train = study_training(st)
+        if "train.lr" in st.distributions:  # one lr per trial: the leaderboard shows each
+            lr_text = "lr searched (each trial's in the leaderboard)"
+        else:
+            lr_text = f"lr {train['lr']:g} ({train['lr_from']})"
         training = (f"{train['epochs']} epochs ({train['epochs_from']}), batch size "
-                    f"{train['batch_size']} ({train['batch_size_from']}), lr {train['lr']:g} "
-                    f"({train['lr_from']}), train seed {s.get('train_seed', '?')}")
+                    f"{train['batch_size']} ({train['batch_size_from']}), {lr_text}, train "
+                    f"seed {s.get('train_seed', '?')}")
         if train["mixed"]:
             sec.blocks.append(Note(
                 "The trials of this study were trained with different settings ("
@@ -265,7 +269,7 @@ def leaderboard_section(st: StudyView, options: ReportOptions, ctx: ReportRuns |
         "criterion), with test mAP at each trial's best val epoch"
         + (" and, where 'spml study confirm' re-ran a trial, its test mAP as mean ± std over "
            "seeds" if confirmed else "") + "."
-        + (f" Intervals: the best {len(intervals)} trials re-trained by this report, 95% "
+        + (f" Intervals: the best {len(intervals)} trials ({_heads_source(ctx)}), 95% "
            "paired bootstrap over the test images (section 'Intervals and comparison')."
            if intervals else "")), Table(header, rows, id="leaderboard")])
     at_last = count_best_is_last([trial_point(t).curve for t in complete])
@@ -446,11 +450,14 @@ def baseline_section(st: StudyView, ctx: ReportRuns | None, why: str, fig_dir: P
     gains = sum(a > b for _, a, b in diffs)
     mean_diff = sum(a - b for _, a, b in diffs) / len(diffs) if diffs else math.nan
     best_row = st.results.get(best.number, {})
+    trained = result.config  # resolved: AN's own paper setting for the store, else generic
     sec = Section(*SECTIONS[7], [Paragraph(
         f"AN baseline ('an', assume negative, Cole et al. 2021 Eq. 3) trained on {store_path} "
-        f"with the best trial's training settings: {cfg.epochs} epochs, batch size "
-        f"{cfg.batch_size}, lr {cfg.lr:g}, Adam, train seed {cfg.seed}, single-positive draw "
-        f"{ctx.observed_seed}, {cfg.val_labels} val labels, device {result.config.get('device')}; "
+        f"as 'spml probe --loss an' trains it: {trained.get('epochs')} epochs "
+        f"({trained.get('epochs_from')}), batch size {trained.get('batch_size')}, lr "
+        f"{trained.get('lr'):g} ({trained.get('lr_from')}), Adam, train seed {cfg.seed}, "
+        f"single-positive draw {ctx.observed_seed}, {cfg.val_labels} val labels, device "
+        f"{trained.get('device')}; "
         "its epoch chosen on val mAP like every trial's. AN: val mAP "
         f"{_f2(an.best.get('val_map'))}, "
         f"test mAP {_f2(an.best.get('test_map'))} (epoch {an.best_epoch}). Best "
@@ -470,6 +477,18 @@ def baseline_section(st: StudyView, ctx: ReportRuns | None, why: str, fig_dir: P
     return sec, baseline_path
 
 
+def _heads_source(ctx: ReportRuns) -> str:
+    """Where the intervals' heads came from, as the run did it: kept by the study when its
+    trials finished, or re-trained by this report."""
+    kept, retrained = len(ctx.kept), len(ctx.trials)
+    if not retrained:
+        return "the trials' heads as the study kept them when they finished"
+    if not kept:
+        return "re-trained by this report on the study's store with their own settings"
+    return (f"{plural(kept, 'heads')} as the study kept them, {retrained} re-trained by this "
+            "report with their own settings")
+
+
 def comparison_section(st: StudyView, ctx: ReportRuns | None, why: str, fig_dir: Path,
                        options: ReportOptions) -> Section:
     """The top trials, the paper point and the AN baseline: test mAP with 95%
@@ -478,14 +497,8 @@ def comparison_section(st: StudyView, ctx: ReportRuns | None, why: str, fig_dir:
 
     if ctx is None or ctx.comparison is None:
         return _skipped(8, why or "nothing was re-trained")
-    cmp, kept, retrained = ctx.comparison, len(ctx.kept), len(ctx.trials)
-    if not retrained:
-        heads_how = "the trials' heads as the study kept them when they finished"
-    elif not kept:
-        heads_how = "re-trained on the study's store with their own settings"
-    else:
-        heads_how = (f"{plural(kept, 'heads')} as the study kept them, {retrained} re-trained "
-                     "with their own settings")
+    cmp = ctx.comparison
+    heads_how = _heads_source(ctx)
     sec = Section(*SECTIONS[8], [Paragraph(
         f"The best {min(INTERVAL_TOP, len(st.complete))} trials by val mAP"
         + (f", the first trial ({reference_label(st.study)})" if st.paper is not None else "")

@@ -241,15 +241,12 @@ def draw_options(record: dict[str, Any]) -> dict[str, Any]:
 def check_same_store(study: optuna.Study, store: Any, flag: str) -> None:
     """Refuse a store that is not the one the study trained on (the one "same store" rule:
     :meth:`probe.store.Store.identity`), naming what differs."""
-    import json
-
     recorded = study.user_attrs.get("spml.store")
     if not isinstance(recorded, dict):
         return  # a study made before it recorded its store: nothing to check against
-    have = json.loads(json.dumps(store.identity(), default=str))
-    differs = [k for k in sorted(set(recorded) | set(have)) if recorded.get(k) != have.get(k)]
+    differs = store.differs_from(recorded)
     if differs:
-        shown = ", ".join(f"{k} {recorded.get(k)!r} vs {have.get(k)!r}" for k in differs[:3])
+        shown = ", ".join(differs[:3])
         raise StudyError(
             f"{flag} {store.path}: not the store study '{study.study_name}' trained on ({shown});"
             " pass the study's store (its path is in 'spml report')")
