@@ -145,14 +145,24 @@ def import_arrays(out: str | Path, features: np.ndarray, labels: np.ndarray, *, 
                   provenance: dict | None = None, extra_attrs: dict | None = None,
                   dtype: str = "float16", overwrite: bool = False, progress: bool = True,
                   sources: Sequence[str] = ("features", "test features"),
-                  label_sources: Sequence[str] = ("labels", "test labels")) -> Store:
+                  label_sources: Sequence[str] = ("labels", "test labels"),
+                  split: Sequence[float] | None = None) -> Store:
     """Store any ``(N, D)`` features with an ``(N, C)`` 0/1 label matrix. Test rows are given
     (``test_features`` + ``test_labels``; ids ``train<i>`` / ``test<i>``) or held out
     (``test_fraction``, default 0.2, by :func:`probe.store.protocol.split_indices` with seed
-    1200; ids ``row<i>``). Class names default to ``class_<c>``; ``sources`` /
-    ``label_sources`` name the inputs in errors."""
+    1200; ids ``row<i>``). ``split`` = (train, val, test) fractions of all rows instead, e.g.
+    the tabular SPML benchmark's (0.8, 0.1, 0.1) (:func:`check_split`): the test rows are held
+    out as with ``test_fraction``, and val is its share of the rest. Class names default to
+    ``class_<c>``; ``sources`` / ``label_sources`` name the inputs in errors."""
     feats, y = _checked_rows(features, labels, sources[0], label_sources[0], dtype)
     attrs = dict(extra_attrs or {})
+    if split is not None:
+        if test_fraction is not None or test_features is not None:
+            raise SpmlError("--split: give either a train/val/test split or a test fraction "
+                            "or test files, not both")
+        train_share, val_share, test_fraction = check_split(split)
+        attrs["val_fraction"] = val_share / (train_share + val_share)
+        attrs["split"] = [train_share, val_share, test_fraction]
     if (test_features is None) != (test_labels is None):
         raise SpmlError("give both test features and test labels, or neither")
     if test_features is not None:
@@ -192,12 +202,26 @@ def import_arrays(out: str | Path, features: np.ndarray, labels: np.ndarray, *, 
                                progress=progress)
 
 
+def check_split(split: Sequence[float]) -> tuple[float, float, float]:
+    """``--split TRAIN,VAL,TEST``: three fractions of all rows, each in (0, 1), summing to 1
+    (within 1e-6); returned as floats. Refused with the flag named otherwise."""
+    values = [float(v) for v in split]
+    if len(values) != 3:
+        raise SpmlError(f"--split: three fractions TRAIN,VAL,TEST (e.g. 0.8,0.1,0.1); got "
+                        f"{len(values)} ({','.join(map(str, values))})")
+    if not all(0.0 < v < 1.0 for v in values) or abs(sum(values) - 1.0) > 1e-6:
+        raise SpmlError(f"--split: fractions in (0, 1) that sum to 1, e.g. 0.8,0.1,0.1; got "
+                        f"{','.join(map(str, values))} (sum {sum(values):g})")
+    return values[0], values[1], values[2]
+
+
 def import_array_files(out: str | Path, features_path: str | Path, labels_path: str | Path, *,
                        name: str, test_features_path: str | Path | None = None,
                        test_labels_path: str | Path | None = None,
                        test_fraction: float | None = None,
                        class_names_path: str | Path | None = None, dtype: str = "float16",
-                       overwrite: bool = False, progress: bool = True) -> Store:
+                       overwrite: bool = False, progress: bool = True,
+                       split: Sequence[float] | None = None) -> Store:
     """:func:`import_arrays` from ``.npy`` files (``spml import arrays``)."""
     if (test_features_path is None) != (test_labels_path is None):
         raise SpmlError("--test-features and --test-labels go together: give both or neither")
@@ -219,7 +243,8 @@ def import_array_files(out: str | Path, features_path: str | Path, labels_path: 
         test_fraction=test_fraction, class_names=names, provenance=provenance, dtype=dtype,
         overwrite=overwrite, progress=progress,
         sources=(str(files["features"]), str(files.get("test_features", "test features"))),
-        label_sources=(str(files["labels"]), str(files.get("test_labels", "test labels"))))
+        label_sources=(str(files["labels"]), str(files.get("test_labels", "test labels"))),
+        split=split)
 
 
 class MissingExtraError(SpmlError):
@@ -262,10 +287,13 @@ def load_yeast_csv(path: Path) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]
 
 
 def import_yeast(out: str | Path, *, dtype: str = "float16",
-                 test_fraction: float = DEFAULT_TEST_FRACTION, overwrite: bool = False,
-                 progress: bool = True) -> Store:
-    """Store MULAN *yeast* from river's copy, ``test_fraction`` of its rows held out (it has no
-    official test split; seed 1200, recorded in the ``test_split`` attribute)."""
+                 test_fraction: float | None = None, overwrite: bool = False,
+                 progress: bool = True, split: Sequence[float] | None = None) -> Store:
+    """Store MULAN *yeast* from river's copy, ``test_fraction`` of its rows held out (default
+    0.2; it has no official test split; seed 1200, recorded in the ``test_split`` attribute),
+    or the ``split`` (train, val, test) of the tabular SPML benchmark, e.g. (0.8, 0.1, 0.1)."""
+    if split is None and test_fraction is None:
+        test_fraction = DEFAULT_TEST_FRACTION
     path = yeast_csv_path()
     features, labels, names = load_yeast_csv(path)
     provenance = _provenance(
@@ -276,4 +304,4 @@ def import_yeast(out: str | Path, *, dtype: str = "float16",
     return import_arrays(out, features, labels, name="yeast", test_fraction=test_fraction,
                          class_names=names, provenance=provenance, dtype=dtype, overwrite=overwrite,
                          progress=progress, sources=(str(path), str(path)),
-                         label_sources=(str(path), str(path)))
+                         label_sources=(str(path), str(path)), split=split)

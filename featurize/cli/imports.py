@@ -48,9 +48,11 @@ def _cmd_import(args: argparse.Namespace) -> int:
                                            test_features_path=args.test_features,
                                            test_labels_path=args.test_labels,
                                            test_fraction=args.test_fraction,
-                                           class_names_path=args.class_names, **common)
+                                           class_names_path=args.class_names,
+                                           split=args.split, **common)
     else:
-        store = imports.import_yeast(args.out, test_fraction=args.test_fraction, **common)
+        store = imports.import_yeast(args.out, test_fraction=args.test_fraction,
+                                     split=args.split, **common)
     add_draws(store.path, parse_seeds(args.seeds))
     sizes = " / ".join(f"{name} {len(store.split(name))}" for name in ("train", "val", "test"))
     print(f"wrote {store.path}: {store.dataset}, {store.n_rows} rows ({sizes}), "
@@ -64,6 +66,30 @@ def _fraction(text: str) -> float:
     if not 0.0 < value < 1.0:
         raise argparse.ArgumentTypeError(f"must be between 0 and 1 (exclusive), got {text}")
     return value
+
+
+def _split(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"three fractions TRAIN,VAL,TEST such as 0.8,0.1,0.1; got {text!r}") from None
+    from featurize.imports import check_split
+    from probe.errors import SpmlError
+
+    try:
+        check_split(values)
+    except SpmlError as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix("--split: ")) from None
+    return values
+
+
+def _split_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--split", type=_split, default=None, metavar="TRAIN,VAL,TEST",
+        help="split all rows into train/val/test by these fractions (seed 1200), e.g. "
+        "0.8,0.1,0.1 as the tabular SPML benchmark (SMILE, CRISP); instead of --test-fraction "
+        "(whose pool is split 80/20 into train/val)")
 
 
 def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction) -> None:
@@ -123,6 +149,7 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
     p.add_argument(
         "--test-fraction", type=_fraction,
         help="hold out this fraction of the rows as the test set (default 0.2 without test files)")
+    _split_argument(p)
     p.add_argument(
         "--class-names", metavar="FILE", help="C class names, one per line (default class_0 …)")
     p.add_argument("--name", required=True, help="dataset name recorded in the store")
@@ -141,8 +168,9 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
             _STORE_LAYOUT),
         epilog="example:\n  spml import yeast --out stores/yeast.zarr\n"
         "  spml info stores/yeast.zarr")
-    p.add_argument("--test-fraction", type=_fraction, default=TEST_FRACTION,
-                   help="fraction of rows held out as the test set (default: 0.2)")
+    p.add_argument("--test-fraction", type=_fraction, default=None,
+                   help=f"fraction of rows held out as the test set (default: {TEST_FRACTION})")
+    _split_argument(p)
     _common(p)
 
     _register_import_priors(isub)

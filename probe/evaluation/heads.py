@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -154,6 +155,7 @@ class Evaluator:
             return
         heads = self.best_w if len(idx) == self.n_trials else self.best_w[
             torch.tensor(idx, device=self.best_w.device)]
+        self._record_mll(heads, idx)
         if self.test_curve:
             if self.n_resamples:
                 x, y = self.splits["test"]
@@ -172,6 +174,27 @@ class Evaluator:
             self.results[t].best.update({k: v[t] for k, v in out.items()},
                                         test_ap=(100.0 * ap[j]).tolist())
         self.intervals.update(zip(idx, [iv for boot in boots for iv in boot.intervals]))
+
+    def _record_mll(self, heads: Tensor, idx: list[int]) -> None:
+        """The multi-label-learning metrics (:mod:`probe.metrics.mll`) of each trial's best head
+        on val and test, into its best record as ``val_<name>`` / ``test_<name>``; the tuned
+        Hamming threshold is chosen on val (``hamming_threshold``)."""
+        from probe.metrics.mll import mll_metrics, tuned_threshold
+
+        for j, t in enumerate(idx):
+            logits = {}
+            targets = {}
+            for split in ("val", "test"):
+                x, y = self.splits[split]
+                logits[split] = stacked_logits(x, heads[j:j + 1].float())[0].double().cpu().numpy()
+                targets[split] = y.cpu().numpy().astype(np.uint8)
+            val_probabilities = 1.0 / (1.0 + np.exp(-logits["val"]))
+            threshold = tuned_threshold(val_probabilities, targets["val"])
+            record = {"hamming_threshold": threshold}
+            for split in ("val", "test"):
+                values = mll_metrics(logits[split], targets[split], threshold)
+                record.update({f"{split}_{name}": v for name, v in values.items()})
+            self.results[t].best.update(record)
 
     def _bootstrap_hook(self, boots: list[Any], done: Callable[[int], None]
                         ) -> Callable[[Tensor, Tensor], None]:

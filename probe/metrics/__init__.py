@@ -35,8 +35,16 @@ from torch import Tensor
 from probe.errors import SpmlError
 from probe.metrics.ranking import column_ap
 
-__all__ = ["F1Result", "MAPResult", "MetricAccumulator", "MetricInputError", "average_precision",
-           "f1_scores", "mean_average_precision"]
+__all__ = ["METRIC_DIRECTIONS", "F1Result", "MAPResult", "MetricAccumulator", "MetricInputError",
+           "average_precision", "f1_scores", "mean_average_precision"]
+
+#: every metric a run records (``test_<name>`` / ``val_<name>``) -> whether higher is better:
+#: the one place tables and comparisons read a metric's direction (probe.metrics.mll)
+METRIC_DIRECTIONS: dict[str, bool] = {
+    "map": True, "OF1": True, "CF1": True,
+    "ranking_loss": False, "one_error": False, "coverage": False, "average_precision": True,
+    "hamming_loss": False, "hamming_loss_tuned": False, "macro_auc": True,
+}
 
 
 class MetricInputError(SpmlError):

@@ -39,7 +39,7 @@ from probe.store.layout import (
     phase_observed,
     utc_now,
 )
-from probe.store.protocol import PROTOCOL_SEED, split_pool
+from probe.store.protocol import PROTOCOL_SEED, VAL_FRACTION, split_indices
 from probe.store.reading import Store, open_store
 
 
@@ -72,10 +72,12 @@ def _check_provenance(provenance: dict, dtype: str) -> dict:
 
 def _write_row_arrays(
     group: zarr.Group, index: DatasetIndex, seeds: Sequence[int], only: Sequence[str] | None = None,
-    budgets: dict | None = None,
+    budgets: dict | None = None, val_fraction: float = VAL_FRACTION,
 ) -> None:
     """Labels, the protocol split, the image ids and the single-positive draws of ``seeds``
-    (``observed/<seed>``), each with a CRC-32C per chunk; ``only`` names the ones to (re)write."""
+    (``observed/<seed>``), each with a CRC-32C per chunk; ``only`` names the ones to (re)write.
+    ``val_fraction``: the share of the pool that is val (the protocol's 20%, or what a store's
+    ``val_fraction`` attribute records, e.g. the tabular benchmark's 80/10/10 split)."""
     labels_pool = np.asarray(index.pool.labels, dtype=np.uint8)
     labels_test = np.asarray(index.test.labels, dtype=np.uint8)
     n_pool = len(index.pool)
@@ -92,7 +94,7 @@ def _write_row_arrays(
     if want("labels"):
         put(group, "labels", np.concatenate([labels_pool, labels_test]))
     if want("split"):
-        train, val = split_pool(n_pool)
+        train, val = split_indices(n_pool, val_fraction, PROTOCOL_SEED)
         split = np.full(n_rows, SPLIT_CODES["test"], dtype=np.int8)
         split[train] = SPLIT_CODES["train"]
         split[val] = SPLIT_CODES["val"]
@@ -143,7 +145,8 @@ def create_store(
         shutil.rmtree(stale, ignore_errors=True)
     try:
         group = zarr.open_group(staging, mode="w-")
-        _write_row_arrays(group, index, seeds)
+        _write_row_arrays(group, index, seeds,
+                          val_fraction=(extra_attrs or {}).get("val_fraction", VAL_FRACTION))
         n_rows = len(index.pool) + len(index.test)
         for name in FEATURE_ARRAYS if with_flip else FEATURE_ARRAYS[:1]:
             group.create_array(  # raw + CRC-32C: zstd decodes too slowly (docs/protocol.md)
@@ -337,7 +340,8 @@ class StoreWriter:
         group, attrs = self._group, self._group.attrs
         if self.rewrite_arrays:
             _write_row_arrays(group, index, attrs["observed_seeds"], only=self.rewrite_arrays,
-                              budgets=attrs.get("observed_budgets"))
+                              budgets=attrs.get("observed_budgets"),
+                              val_fraction=attrs.get("val_fraction", VAL_FRACTION))
             self.rewrite_arrays = []
         same = (
             attrs["n_pool"] == len(index.pool)

@@ -1,0 +1,141 @@
+"""The multi-label-learning metrics of the tabular SPML benchmark (SMILE, NeurIPS 2022; CRISP,
+NeurIPS 2025; Zhang & Zhou's review), beside mAP: ranking loss, one-error, coverage,
+example-based average precision, Hamming loss and macro-averaged AUC.
+
+Each is defined as palm-ml/smile's ``metrics.py`` computes it (``tests/test_mll_metrics.py``
+checks equality with a transcription of that code, ties included, and with scikit-learn where
+the two coincide):
+
+* **ranking loss** (lower is better): over the rows with at least one positive and one
+  negative label, the fraction of (positive, negative) pairs ranked wrongly; averaged over
+  those rows (scikit-learn's ``label_ranking_loss`` counts the other rows as 0 instead);
+* **one-error** (lower): the fraction of rows whose top-scored class is not a positive (a row
+  without positives always errs);
+* **coverage** (lower): how far down the ranking one must go to cover every positive, averaged
+  over all rows (0 for a row without positives), minus one, divided by the number of classes
+  C -- SMILE's normalisation; with every row labelled it is ``(coverage_error - 1) / C``;
+* **average precision** (higher; example-based, not mAP): per row, the mean over its positives
+  of the fraction of positives ranked at or above it; averaged over rows with a positive
+  (scikit-learn's ``label_ranking_average_precision_score`` when there are no ties);
+* **Hamming loss** (lower): the fraction of (row, class) entries predicted wrongly at a
+  threshold on the probability -- 0.5 as the papers, or one tuned on val
+  (:func:`tuned_threshold`);
+* **macro AUC** (higher): the ROC AUC of each class with both kinds of rows, averaged.
+
+Ties are broken as SMILE's code breaks them: by class (or row) index, a stable sort. Scores are
+logits or probabilities (every metric but Hamming depends only on their order); all inputs are
+numpy arrays ``(N, C)``. Values are fractions in [0, 1], as the papers report them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["MLL_METRICS", "average_precision", "coverage", "hamming_loss", "macro_auc",
+           "mll_metrics", "one_error", "ranking_loss", "tuned_threshold"]
+
+#: the metrics :func:`mll_metrics` returns, in the order tables print them
+MLL_METRICS = ("ranking_loss", "one_error", "coverage", "average_precision", "hamming_loss",
+               "hamming_loss_tuned", "macro_auc")
+
+
+def _descending_ranks(scores: np.ndarray) -> np.ndarray:
+    """(N, C) int: each class's 0-based position when the row is sorted by score, highest
+    first, ties in class order (a stable sort, as SMILE's code)."""
+    index = np.argsort(-scores, axis=1, kind="stable")
+    ranks = np.empty_like(index)
+    positions = np.broadcast_to(np.arange(scores.shape[1]), scores.shape)
+    np.put_along_axis(ranks, index, positions, axis=1)
+    return ranks
+
+
+def ranking_loss(scores: np.ndarray, targets: np.ndarray) -> float:
+    """Mean over rows with positives and negatives of the wrongly ordered pairs' fraction."""
+    ranks = _descending_ranks(scores)
+    has = targets.astype(bool)
+    m = has.sum(1)
+    n = has.shape[1] - m
+    rows = (m > 0) & (n > 0)
+    if not rows.any():
+        return float("nan")
+    rank_sum = np.where(has, ranks, 0).sum(1)
+    # the positives' rank sum beyond the best m ranks 0..m-1 counts the negatives above them
+    wrong = (rank_sum[rows] - m[rows] * (m[rows] - 1) / 2.0) / (m[rows] * n[rows])
+    return float(wrong.mean())
+
+
+def one_error(scores: np.ndarray, targets: np.ndarray) -> float:
+    """The fraction of rows whose top-scored class (the first of ties) is not a positive."""
+    top = np.argmax(scores, axis=1)
+    hit = targets[np.arange(len(top)), top] == 1
+    return float(1.0 - hit.mean())
+
+
+def coverage(scores: np.ndarray, targets: np.ndarray) -> float:
+    """SMILE's coverage: (mean over all rows of the deepest positive's 1-based rank, 0 for a row
+    without positives) − 1, divided by C."""
+    ranks = _descending_ranks(scores)
+    has = targets.astype(bool)
+    deepest = np.where(has, ranks + 1, 0).max(1)
+    return float((deepest.sum() / scores.shape[0] - 1.0) / scores.shape[1])
+
+
+def average_precision(scores: np.ndarray, targets: np.ndarray) -> float:
+    """Example-based average precision: per row with positives, the mean over its positives of
+    (positives ranked at or above it) / (its 1-based rank); averaged over those rows."""
+    ranks = _descending_ranks(scores)
+    has = targets.astype(bool)
+    per_row = []
+    for i in np.flatnonzero(has.any(1)):
+        positive_ranks = np.sort(ranks[i, has[i]])
+        above = np.arange(1, len(positive_ranks) + 1)
+        per_row.append(float(np.mean(above / (positive_ranks + 1.0))))
+    return float(np.mean(per_row)) if per_row else float("nan")
+
+
+def macro_auc(scores: np.ndarray, targets: np.ndarray) -> float:
+    """Mean over classes with positive and negative rows of the ROC AUC (rank-sum form, ties in
+    row order, as SMILE's code)."""
+    index = np.argsort(scores, axis=0, kind="stable")
+    ranks = np.empty_like(index)
+    positions = np.broadcast_to(np.arange(scores.shape[0])[:, None], scores.shape)
+    np.put_along_axis(ranks, index, positions, axis=0)
+    has = targets.astype(bool)
+    m = has.sum(0)
+    n = has.shape[0] - m
+    classes = (m > 0) & (n > 0)
+    if not classes.any():
+        return float("nan")
+    rank_sum = np.where(has, ranks, 0).sum(0)
+    auc = (rank_sum[classes] - m[classes] * (m[classes] - 1) / 2.0) / (m[classes] * n[classes])
+    return float(auc.mean())
+
+
+def hamming_loss(probabilities: np.ndarray, targets: np.ndarray, threshold: float = 0.5
+                 ) -> float:
+    """The fraction of entries where ``probabilities > threshold`` disagrees with the labels."""
+    predicted = probabilities > threshold
+    return float((predicted != targets.astype(bool)).mean())
+
+
+def tuned_threshold(probabilities: np.ndarray, targets: np.ndarray) -> float:
+    """The threshold in 0.01 … 0.99 with the smallest Hamming loss on these (val) rows; of
+    equal ones, the nearest to 0.5."""
+    candidates = np.round(np.arange(1, 100) / 100.0, 2)
+    losses = [hamming_loss(probabilities, targets, float(t)) for t in candidates]
+    best = min(range(len(candidates)), key=lambda k: (losses[k], abs(candidates[k] - 0.5)))
+    return float(candidates[best])
+
+
+def mll_metrics(test_logits: np.ndarray, test_targets: np.ndarray,
+                threshold: float = 0.5) -> dict[str, float]:
+    """Every metric of :data:`MLL_METRICS` of one head's test logits ``(N, C)``;
+    ``hamming_loss_tuned`` uses ``threshold`` (from :func:`tuned_threshold` on val)."""
+    probabilities = 1.0 / (1.0 + np.exp(-test_logits.astype(np.float64)))
+    return {"ranking_loss": ranking_loss(test_logits, test_targets),
+            "one_error": one_error(test_logits, test_targets),
+            "coverage": coverage(test_logits, test_targets),
+            "average_precision": average_precision(test_logits, test_targets),
+            "hamming_loss": hamming_loss(probabilities, test_targets, 0.5),
+            "hamming_loss_tuned": hamming_loss(probabilities, test_targets, threshold),
+            "macro_auc": macro_auc(test_logits, test_targets)}
