@@ -310,3 +310,44 @@ def test_a_prior_overwritten_under_its_name_retrains_its_cells_and_says_why(stor
     assert _trained(again.err) == 1
     assert "whose settings changed: prior (1)" in again.err
     assert again.out != first.out  # the zero-shot row reads the new prior too
+
+
+def test_metrics_tables_bold_by_each_metrics_direction(store, tmp_path, capsys):
+    args = ["table", store, "--losses", "an,gr,wan", "--observed-seeds", "1200,1",
+            "--metrics", "ranking_loss,average_precision", "--stat", "std", *FAST]
+    assert main(args) == 0
+    md = capsys.readouterr().out
+    for metric, lower in (("ranking_loss", True), ("average_precision", False)):
+        block = md.split(f"**test {metric}**", 1)[1].split("Wilcoxon", 1)[0]
+        rows = [line for line in block.splitlines() if line.startswith("| ") and "---" not in line
+                and not line.startswith("| method")]
+        means = {r.split("|")[1].strip(): float(r.split("|")[2].strip().strip("*").split()[0]
+                                                .strip("*")) for r in rows}
+        bold = [r.split("|")[1].strip() for r in rows if "**" in r]
+        pick = min if lower else max
+        assert bold == [pick(means, key=means.get)], (metric, means, bold)
+        assert "±" in block  # --stat std: mean ± std over the two draws
+    assert "Wilcoxon signed-rank" in md
+    assert main(["table", store, "--losses", "an", "--metrics", "accuracy", *FAST]) == 2
+    assert "--metrics" in capsys.readouterr().err
+
+
+def test_the_wilcoxon_p_equals_an_exact_enumeration():
+    """scipy.stats.wilcoxon, as the table calls it, against the exact two-sided p of the
+    signed-rank statistic enumerated over all 2^n sign patterns (no ties, n = 8)."""
+    import itertools
+
+    from scipy.stats import wilcoxon
+
+    rng = np.random.default_rng(4)
+    a = rng.normal(size=8)
+    b = a - rng.normal(0.4, 1.0, size=8)
+    d = a - b
+    ranks = np.argsort(np.argsort(np.abs(d))) + 1
+    w_plus = ranks[d > 0].sum()
+    total = ranks.sum()
+    stats = [sum(r for r, s in zip(ranks, signs) if s)
+             for signs in itertools.product([0, 1], repeat=8)]
+    observed = min(w_plus, total - w_plus)
+    p_exact = np.mean([min(s, total - s) <= observed for s in stats])
+    assert float(wilcoxon(a, b).pvalue) == pytest.approx(p_exact, rel=1e-9)

@@ -47,7 +47,8 @@ def _table(args: argparse.Namespace) -> int:
         losses=losses, include_full="full" in include, observed_seeds=seeds, priors=args.priors,
         tune=args.tune, select=args.select, from_studies=tuple(args.from_study or ()),
         seed=args.seed, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-        out=args.out, device=args.device, resamples=args.resamples)
+        out=args.out, device=args.device, resamples=args.resamples,
+        metrics=tuple(parse_names(args.metrics, "--metrics")), stat=args.stat)
     from probe.progress import plural
 
     table = build_table(args.stores, config, progress=not args.quiet,
@@ -96,6 +97,14 @@ def register_cli(sub: argparse._SubParsersAction,
                    "cells.parquet, cells.csv, commands.sh")
     p.add_argument("--resamples", type=int, default=1000,
                    help="bootstrap resamples of the test images (default: 1000)")
+    p.add_argument("--metrics", default="map", metavar="NAMES",
+                   help="one table per metric, comma-separated: map (default; the marks' "
+                   "metric), OF1, CF1, and the multi-label-learning metrics ranking_loss, "
+                   "one_error, coverage, average_precision, hamming_loss, hamming_loss_tuned, "
+                   "macro_auc (bold by each one's direction; docs/benchmarks.md)")
+    p.add_argument("--stat", choices=("interval", "std"), default="interval",
+                   help="beside each mean: its interval (default), or the standard deviation "
+                   "over the draws (the papers' mean ± std)")
     add_device_argument(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_table)

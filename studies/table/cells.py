@@ -45,6 +45,8 @@ class TableConfig:
     device: str = "auto"
     resamples: int = 1000  # bootstrap resamples of the test images behind the marks
     level: float = 0.95  # interval coverage; marks at 1 - level
+    metrics: tuple[str, ...] = ("map",)  # one table per metric (probe.metrics.METRIC_DIRECTIONS)
+    stat: str = "interval"  # beside the mean: its interval, or "std" (the papers' mean ± std)
 
     def validate(self) -> None:
         if self.tune < 0:
@@ -58,6 +60,14 @@ class TableConfig:
                              f"{self.resamples}")
         if not 0.5 <= self.level < 1.0:
             raise TableError(f"--level: a coverage in [0.5, 1), e.g. 0.95; got {self.level}")
+        from probe.metrics import METRIC_DIRECTIONS
+
+        unknown = [m for m in self.metrics if m not in METRIC_DIRECTIONS]
+        if unknown or not self.metrics:
+            raise TableError(f"--metrics: names from {', '.join(METRIC_DIRECTIONS)}; got "
+                             f"{', '.join(unknown) or 'none'}")
+        if self.stat not in ("interval", "std"):
+            raise TableError(f"--stat: interval or std; got {self.stat!r}")
         for flag, v in (("--epochs", self.epochs), ("--batch-size", self.batch_size)):
             if v is not None and v < 1:
                 raise TableError(f"{flag} must be a positive integer; got {v}")

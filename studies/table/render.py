@@ -183,7 +183,48 @@ class Table:
 
     def markdown(self) -> str:
         """The table as Markdown, with its legend and notes below; reference rows come after a
-        row that names them."""
+        row that names them. With ``--metrics`` or ``--stat std``, one table per metric
+        (:meth:`metric_markdown`) before the notes."""
+        config = self.config
+        if tuple(config.metrics) == ("map",) and config.stat == "interval":
+            return self._map_markdown()
+        parts = []
+        for metric in config.metrics:
+            if metric == "map" and config.stat == "interval":
+                parts.append(self._map_markdown(notes=False))
+            else:
+                parts.append(self.metric_markdown(metric))
+        parts.append("\n".join(f"Note: {n}" for n in self.notes))
+        return "\n".join(parts).rstrip("\n") + "\n"
+
+    def metric_markdown(self, metric: str) -> str:
+        """One metric's table: per row and column the mean over the draws of the cells'
+        ``test_<metric>``, with the standard deviation (``--stat std``) or the Student-t interval
+        over the draws; bold the best compared row by the metric's direction; below it, each
+        compared row against the best by a Wilcoxon signed-rank test over the paired draws of
+        every column (as CRISP's tables)."""
+        from probe.metrics import METRIC_DIRECTIONS
+
+        higher = METRIC_DIRECTIONS[metric]
+        summary = metric_entries(self, metric)
+        compared, reference = self.row_order()
+        head = ["method", *(c.dataset for c in self.columns)]
+        lines = [f"**test {metric}** ({'higher' if higher else 'lower'} is better; "
+                 f"{'mean ± std' if self.config.stat == 'std' else 'mean [interval]'} over the "
+                 "draws)", "",
+                 "| " + " | ".join(head) + " |",
+                 "|" + "|".join(["---"] + [":---:"] * len(self.columns)) + "|"]
+        for j in compared + reference:
+            if reference and j == reference[0]:
+                lines.append("| " + " | ".join(["*reference (not compared)*",
+                                                 *([""] * len(self.columns))]) + " |")
+            texts = [summary[(j, i)].text(self.config.stat) for i in range(len(self.columns))]
+            lines.append("| " + " | ".join([self.methods[j].label, *texts]) + " |")
+        lines += ["", wilcoxon_line(self, metric, summary, compared), ""]
+        return "\n".join(lines)
+
+    def _map_markdown(self, notes: bool = True) -> str:
+        """The test-mAP table with its marks and legend (and the notes)."""
         head = ["method", *(c.dataset for c in self.columns)]
         lines = ["| " + " | ".join(head) + " |",
                  "|" + "|".join(["---"] + [":---:"] * len(self.columns)) + "|"]
@@ -196,7 +237,8 @@ class Table:
                      for i in range(len(self.columns))]
             lines.append("| " + " | ".join([self.methods[j].label, *texts]) + " |")
         lines += ["", self.legend()]
-        lines += [f"Note: {n}" for n in self.notes]
+        if notes:
+            lines += [f"Note: {n}" for n in self.notes]
         return "\n".join(lines) + "\n"
 
     def latex(self) -> str:
@@ -253,6 +295,101 @@ class Table:
         return "\n".join(f"# {c.method.label} | {c.column.dataset} | draw {c.observed_seed} | "
                          f"test mAP {c.test_map:.4f}\n{c.command}"
                          for c in self.cells if c.command) + "\n"
+
+
+@dataclass
+class MetricSummary:
+    """A row's figure for one metric in one column: the mean over its cells' draws, their
+    standard deviation and the Student-t interval of the mean."""
+
+    values: list[float]
+    mean: float
+    std: float
+    low: float
+    high: float
+    best: bool = False
+
+    def text(self, stat: str) -> str:
+        diverged = count_finite_missing(self.values)
+        if diverged:
+            return f"n/a ({diverged} of {len(self.values)} diverged)"
+        value = f"**{self.mean:.4f}**" if self.best else f"{self.mean:.4f}"
+        if stat == "std":
+            return f"{value} ± {self.std:.4f}" if len(self.values) > 1 else value
+        if math.isfinite(self.low):
+            return f"{value} [{self.low:.4f}, {self.high:.4f}]"
+        return value
+
+
+def count_finite_missing(values: list[float]) -> int:
+    return sum(1 for v in values if not math.isfinite(v))
+
+
+def cell_metric(cell: Any, metric: str) -> float:
+    """A cell's test value of ``metric``: its test mAP, or ``test_<metric>`` of its record's
+    best epoch (NaN where the run recorded none, e.g. the zero-shot row)."""
+    if metric == "map":
+        return float(cell.test_map)
+    record = cell.record or {}
+    trials = record.get("trials") or [{}]
+    value = (trials[0].get("best") or {}).get(f"test_{metric}")
+    return float(value) if isinstance(value, int | float) else math.nan
+
+
+def metric_entries(table: Table, metric: str) -> dict[tuple[int, int], MetricSummary]:
+    """Every (row, column)'s :class:`MetricSummary` of ``metric``, the best compared row of
+    each column marked by the metric's direction."""
+    import statistics
+
+    from probe.evaluation.intervals import mean_interval
+    from probe.metrics import METRIC_DIRECTIONS
+
+    higher = METRIC_DIRECTIONS[metric]
+    out = {}
+    for (j, i), entry in table.entries.items():
+        values = [cell_metric(c, metric) for c in entry.cells]
+        iv = mean_interval(values, table.config.level)
+        std = statistics.stdev(values) if len(values) > 1 and math.isfinite(iv.value) else 0.0
+        out[(j, i)] = MetricSummary(values, iv.value, std, iv.low, iv.high)
+    compared, _ = table.row_order()
+    for i in range(len(table.columns)):
+        candidates = [j for j in compared if math.isfinite(out[(j, i)].mean)]
+        if candidates:
+            sign = 1.0 if higher else -1.0
+            best = max(candidates, key=lambda j: sign * out[(j, i)].mean)
+            out[(best, i)].best = True
+    return out
+
+
+def wilcoxon_line(table: Table, metric: str, summary: dict[tuple[int, int], MetricSummary],
+                  compared: list[int]) -> str:
+    """Each compared row against the row that is best in most columns: a two-sided Wilcoxon
+    signed-rank test over the paired (column, draw) values (scipy.stats.wilcoxon; CRISP's
+    Table 12 pairs trials and datasets likewise)."""
+    from scipy.stats import wilcoxon
+
+    wins = {j: sum(summary[(j, i)].best for i in range(len(table.columns))) for j in compared}
+    if not wins or max(wins.values()) == 0:
+        return "Wilcoxon: no compared row has a finite value."
+    best = max(compared, key=lambda j: wins[j])
+    parts = []
+    for j in compared:
+        if j == best:
+            continue
+        a, b = [], []
+        for i in range(len(table.columns)):
+            a += summary[(best, i)].values
+            b += summary[(j, i)].values
+        pairs = [(x, y) for x, y in zip(a, b) if math.isfinite(x) and math.isfinite(y)]
+        if len(pairs) < 2 or all(x == y for x, y in pairs):
+            parts.append(f"{table.methods[j].label} –")
+            continue
+        p = float(wilcoxon([x for x, _ in pairs], [y for _, y in pairs]).pvalue)
+        parts.append(f"{table.methods[j].label} p={p:.3g}")
+    n = sum(len(summary[(best, i)].values) for i in range(len(table.columns)))
+    return (f"Wilcoxon signed-rank (two-sided, no correction) of each row against "
+            f"{table.methods[best].label} over {n} paired draws: " + "; ".join(parts)
+            + (". With fewer than 6 pairs no p can fall below 0.05." if n < 6 else "."))
 
 
 def _val_curve(cell: Any) -> list[Any]:
