@@ -49,8 +49,9 @@ class DemoResult:
 
 
 def _probe_rows(store: Path, cfg: DemoConfig, log: Callable[[str], None]) -> list[dict]:
+    from probe.devices import resolve_device
     from probe.engine.config import ProbeConfig
-    from probe.engine.data import ProbeData, resolve_device
+    from probe.engine.data import ProbeData
     from probe.engine.results import save_head
     from probe.engine.train import train_probe
 
@@ -75,7 +76,7 @@ def _probe_rows(store: Path, cfg: DemoConfig, log: Callable[[str], None]) -> lis
 
 def _compare_rows(table: list[dict], cfg: DemoConfig, log: Callable[[str], None]) -> None:
     """Which of the differences above are real: ``spml compare`` on the saved heads."""
-    from probe.engine.data import resolve_device
+    from probe.devices import resolve_device
     from studies.results.compare import compare_heads, format_comparison
 
     cmp = compare_heads([r["head"] for r in table], labels=[r["method"] for r in table],
@@ -91,7 +92,7 @@ def _study_verdict(study_dir: Path, store: Path, table: list[dict], settings: An
     the commands that settle it (:mod:`studies.study.verdict`)."""
     import optuna
 
-    from probe.engine.data import resolve_device
+    from probe.devices import resolve_device
     from studies.results.compare import load_systems
     from studies.study.storage import open_storage
     from studies.study.verdict import settle_commands, study_verdict
@@ -140,8 +141,9 @@ def make_digit_grids(root: Path, n: int, seed: int = 0) -> Path:
 
 def _images_part(out: Path, cfg: DemoConfig, log: Callable[[str], None]) -> dict[str, Any]:
     from featurize.extract.run import FeaturizeConfig, featurize_dataset
+    from probe.devices import resolve_device
     from probe.engine.config import ProbeConfig
-    from probe.engine.data import ProbeData, resolve_device
+    from probe.engine.data import ProbeData
     from probe.engine.train import train_probe
 
     folder = out / "digits"

@@ -48,7 +48,7 @@ from featurize.specs import (
     TRANSFORM_CHOICES,
     family_of,
 )
-from probe.engine.speed import inductor_unavailable
+from probe.devices import inductor_unavailable
 from probe.errors import MissingPathError, SpmlError
 from probe.progress import Progress
 from probe.store import join_store, open_store

@@ -69,7 +69,7 @@ class ClipPriorConfig:
     def torch_device(self) -> Any:
         """``device`` resolved (``auto``: CUDA when available, else CPU); refused naming
         ``--device`` before any image is read."""
-        from probe.engine.data import resolve_device
+        from probe.devices import resolve_device
 
         try:
             return resolve_device(self.device)

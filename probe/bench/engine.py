@@ -35,8 +35,9 @@ import torch
 from torch import nn
 
 from probe.bench.prior import synthetic_prior
+from probe.devices import resolve_device
 from probe.engine.config import ProbeConfig
-from probe.engine.data import ProbeData, resolve_device
+from probe.engine.data import ProbeData
 from probe.engine.loop import epoch_order, order_generator
 from probe.engine.results import environment_info, from_linear
 from probe.engine.speed import SpeedOptions, cpu_model, default_cache_dir

@@ -27,34 +27,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from probe.devices import resolve_device
 from probe.errors import SpmlError
 from probe.store.protocol import PROTOCOL_SEED, single_positive
 
-__all__ = ["DataError", "ProbeData", "load_store", "resolve_device"]
+__all__ = ["DataError", "ProbeData", "load_store"]
 
 
 class DataError(SpmlError):
     """Unusable probe data (missing split, mismatched shapes, unknown device, …)."""
-
-
-def resolve_device(device: str | torch.device) -> torch.device:
-    """``"auto"`` → CUDA when available, else CPU; ``"cuda"`` without a GPU is an error."""
-    name = str(device)
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(name)
-    except RuntimeError:
-        dev = None
-    if dev is None or dev.type not in ("cpu", "cuda"):
-        raise DataError(f"--device must be auto, cpu, cuda or cuda:N; got {name}")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise DataError(f"--device {name}: this machine has no usable CUDA GPU (torch sees none); "
-                        "use --device cpu or --device auto")
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise DataError(f"--device {name}: this machine has CUDA devices 0 to "
-                        f"{torch.cuda.device_count() - 1} only")
-    return dev
 
 
 def _with_bias_column(x: np.ndarray | Tensor, dtype: torch.dtype | None) -> Tensor:

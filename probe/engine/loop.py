@@ -29,6 +29,7 @@ from dataclasses import replace
 import torch
 from torch import Tensor, nn
 
+from probe.devices import inductor_unavailable
 from probe.engine.config import ProbeConfig, ProbeConfigError
 from probe.engine.data import ProbeData
 from probe.engine.logits import stacked_logits
@@ -37,7 +38,6 @@ from probe.engine.speed import (
     SpeedOptions,
     choose_threads,
     clear_winner,
-    inductor_unavailable,
     remembered_threads,
 )
 from probe.engine.threads import step_threads

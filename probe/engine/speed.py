@@ -9,11 +9,9 @@ shape (:func:`choose_threads`) and remembered (:func:`remembered_threads`).
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import os
 import platform
-import shutil
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -24,10 +22,10 @@ from probe.errors import SpmlError, is_int, plain
 from probe.io import atomic_write_text
 
 if TYPE_CHECKING:
-    import torch
+    pass
 
 __all__ = ["THREAD_MARGIN", "SpeedOptions", "choose_threads", "clear_winner", "cpu_model",
-           "default_cache_dir", "inductor_unavailable", "remembered_threads", "resolve_speed",
+           "default_cache_dir", "remembered_threads", "resolve_speed",
            "thread_cache_path"]
 
 #: torch's thread setting is used for a step only when its samples beat one thread's by this
@@ -104,19 +102,6 @@ def choose_threads(one: Sequence[float], many: Sequence[float],
     clearly = (min(many) * margin <= min(one)
                and statistics.median(many) * margin <= statistics.median(one))
     return None if clearly else 1
-
-
-def inductor_unavailable(device: torch.device) -> str | None:
-    """Why ``torch.compile``'s inductor cannot compile for ``device`` here (None: it can); the
-    probe's ``--compile`` and the featurizer's share it."""
-    cxx = os.environ.get("CXX", "g++")
-    if device.type == "cuda" and importlib.util.find_spec("triton") is None:
-        return "inductor needs Triton on CUDA, and it is not installed"
-    if device.type == "cpu" and shutil.which(cxx) is None:
-        return f"inductor needs a C++ compiler on the CPU ({cxx}, or $CXX), none found"
-    if device.type not in ("cpu", "cuda"):
-        return f"inductor does not compile for {device}"
-    return None
 
 
 def default_cache_dir() -> Path:

@@ -45,8 +45,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from probe.devices import resolve_device
 from probe.engine.config import ProbeConfig
-from probe.engine.data import ProbeData, resolve_device
+from probe.engine.data import ProbeData
 from probe.engine.loop import BlockedTrainer, StackedTrainer, deterministic, make_trainer
 from probe.engine.results import EpochReport, ProbeResult, TrialResult, environment_info
 from probe.engine.speed import SpeedOptions, resolve_speed

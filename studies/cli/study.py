@@ -54,7 +54,7 @@ def settings_from_args(args: argparse.Namespace):
         if not devices:
             raise SpmlError(f"--devices expects DEV1,DEV2,... e.g. cuda:0,cuda:1; got "
                             f"{args.devices!r}")
-        from probe.engine.data import resolve_device
+        from probe.devices import resolve_device
 
         for name in devices:  # a typo fails here, not in every worker
             resolve_device(name)

@@ -123,8 +123,8 @@ def _prepare(config: FinetuneConfig, loss_hparams: Mapping[str, Any]) -> _Plan:
     from featurize.backbones import get_spec, load_backbone, resolve_weights
     from featurize.extract.run import backbone_transform
     from featurize.specs import family_of
+    from probe.devices import resolve_device
     from probe.engine.config import resolve_training
-    from probe.engine.data import resolve_device
     from probe.losses import create_loss, get_loss_class
 
     cls = get_loss_class(config.loss)

@@ -190,7 +190,7 @@ def preflight(settings: StudySettings, store: Any) -> SearchSpace:
             f"--observed-seed {settings.observed_seed}: {settings.store} has no such "
             f"single-positive draw (it has {', '.join(map(str, seeds))}); add it with 'spml "
             f"draw {settings.store} --seeds {settings.observed_seed}', or pick one it has")
-    from probe.engine.data import resolve_device
+    from probe.devices import resolve_device
 
     for device in settings.devices or (settings.device,):
         try:

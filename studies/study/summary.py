@@ -54,7 +54,7 @@ def with_verdict(summary: StudySummary, study: optuna.Study, settings: StudySett
     """``summary`` with the val winner tested against the paper values on the test split
     (:func:`studies.study.verdict.study_verdict`: the heads the study kept, re-trained only where
     missing) and the confirm and compare commands that settle it."""
-    from probe.engine.data import resolve_device
+    from probe.devices import resolve_device
     from probe.errors import SpmlError
     from studies.study.storage import open_storage
     from studies.study.verdict import settle_commands, study_verdict

@@ -177,7 +177,7 @@ def run_worker(settings: StudySettings, *, log: Callable[[str], None] | None = N
     returned for it, when the caller has checked the settings (else both happen here).
     Progress goes to stderr as one study-level display with each finished trial's line
     (``log`` gets those instead when the display is off: ``SPML_PROGRESS=off``)."""
-    from probe.engine.data import resolve_device
+    from probe.devices import resolve_device
     from probe.evaluation.selection import selection_data
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -324,7 +324,8 @@ def plan_table(paths: Sequence[str], config: TableConfig) -> Plan:
 
 
 def _load(col: Column, draw: int, config: TableConfig) -> Any:
-    from probe.engine.data import ProbeData, resolve_device
+    from probe.devices import resolve_device
+    from probe.engine.data import ProbeData
 
     return ProbeData.from_store(col.path, device=resolve_device(config.device),
                                 observed_seed=draw, priors=config.priors)

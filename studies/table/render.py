@@ -89,7 +89,8 @@ class Table:
     def _score_column(self, i: int) -> None:
         import torch
 
-        from probe.engine.data import ProbeData, resolve_device
+        from probe.devices import resolve_device
+        from probe.engine.data import ProbeData
         from probe.evaluation.heads import stacked_logits
         from probe.evaluation.intervals import (
             BootstrapResult,
