@@ -53,7 +53,7 @@ def _budget_plan(k: Any, fraction: Any) -> tuple:
     budget = {"k": int(k), "fraction": float(fraction)}
     record = draw_record({"observed_budgets": {"0": budget}}, 0)
     return (record, "observed_budgets" if record["kind"] == "budget" else None, budget,
-            lambda pool, test, seed: phase_observed(pool, test, seed, budget))
+            lambda pool, test, seed: draw_observed(record, pool, test, seed))
 
 
 def _bias_plan(store: Store, bias: str, weights_by_class: Sequence[float] | None) -> tuple:
@@ -65,8 +65,7 @@ def _bias_plan(store: Store, bias: str, weights_by_class: Sequence[float] | None
         if weights_by_class is None:
             raise StoreError("--bias semantic needs --class-weights FILE (one weight per class)")
         w = class_weights(weights_by_class, store.n_classes)
-        record = {"bias": bias, "class_weights": w.tolist()}
-        weights = np.broadcast_to(w, (store.n_rows, store.n_classes))
+        record, weights = {"bias": bias, "class_weights": w.tolist()}, None
     else:
         if weights_by_class is not None:
             raise StoreError(f"--class-weights is for --bias semantic, not {bias}")
@@ -78,9 +77,29 @@ def _bias_plan(store: Store, bias: str, weights_by_class: Sequence[float] | None
             )
         record, weights = {"bias": bias}, store.read(f"{GROUP}/{bias}")
     return ({"kind": "bias", **record}, "observed_bias", record,
-            lambda pool, test, seed: np.concatenate([
-                biased_positive(pool, weights[:len(pool)], seed),
-                biased_positive(test, weights[len(pool):], seed)]))
+            lambda pool, test, seed: draw_observed({"kind": "bias", **record}, pool, test, seed,
+                                                   weights))
+
+
+def draw_observed(record: dict[str, Any], labels_pool: np.ndarray, labels_test: np.ndarray,
+                  seed: int, box_weights: np.ndarray | None = None) -> np.ndarray:
+    """The observed labels of draw ``seed`` as its ``record`` (probe.store.records.draw_record)
+    says, each phase re-seeded: what adding a draw writes and what repairing a damaged one
+    writes again. ``box_weights``: a ``size`` / ``location`` bias's ``(N, C)`` weights (the
+    store's ``bias/<kind>``); a ``semantic`` bias's class weights are in its record."""
+    if record["kind"] != "bias":
+        budget = None if record["kind"] == "protocol" else {"k": record["k"],
+                                                            "fraction": record["fraction"]}
+        return phase_observed(labels_pool, labels_test, seed, budget)
+    n_pool = len(labels_pool)
+    if record["bias"] == "semantic":
+        shape = (n_pool + len(labels_test), labels_pool.shape[1])
+        box_weights = np.broadcast_to(np.asarray(record["class_weights"], np.float64), shape)
+    if box_weights is None:
+        raise StoreError(f"draw {seed}: a '{record['bias']}' label bias needs the store's box "
+                         f"weights ({GROUP}/{record['bias']})")
+    return np.concatenate([biased_positive(labels_pool, box_weights[:n_pool], seed),
+                           biased_positive(labels_test, box_weights[n_pool:], seed)])
 
 
 def _add_draw(store: Store, seed: int, record: dict[str, Any], attr: str | None, value: Any,
