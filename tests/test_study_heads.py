@@ -90,3 +90,32 @@ def test_compare_of_a_study_refuses_another_store_before_training(yeast_store, t
     copy = tmp_path / "copy.zarr"  # the same store elsewhere is the same store
     shutil.copytree(yeast_store, copy)
     assert main(["compare", str(out), "--store", str(copy), "--resamples", "200"]) == 0
+
+
+def test_confirm_on_a_copy_without_the_studys_draw_adds_it_as_the_study_drew_it(yeast_store,
+                                                                               tmp_path):
+    """A study trained on a label-budget draw; confirmed on a copy of its store made before
+    that draw was added (the same store by identity), the missing draw is added as the
+    study's label budget (its results rows say so), not as the protocol's."""
+    from probe.store import add_observed_seed, open_store
+    from probe.store.records import draw_record
+    from studies.results.confirm import confirm_study
+
+    plain = tmp_path / "plain.zarr"
+    shutil.copytree(yeast_store, plain)
+    mine = tmp_path / "mine.zarr"
+    shutil.copytree(yeast_store, mine)
+    add_observed_seed(mine, 5, k=2)
+    from studies.results.confirm import load_study
+    from studies.study.run import run_study
+    from studies.study.settings import StudySettings
+
+    out = tmp_path / "st"
+    run_study(StudySettings(store=str(mine), loss="an_ls", n_trials=2, batch=2, epochs=2,
+                            batch_size=32, lr=0.01, pruner="none", out=str(out), name="s",
+                            observed_seed=5), log=lambda m: None, verdict=False)
+    study = load_study(str(out / "study.log"), "s")
+    rows = confirm_study(study, str(plain), top_k=1, seeds=(0,), results=out / "results")
+    assert rows and rows[0].observed_seeds == [5]
+    assert draw_record(dict(open_store(plain).attrs), 5) == {"kind": "budget", "k": 2,
+                                                             "fraction": 1.0}
