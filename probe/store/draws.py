@@ -15,7 +15,7 @@ from probe.store.bias import BIASES, GROUP, biased_positive, class_weights
 from probe.store.errors import StoreError
 from probe.store.layout import phase_observed
 from probe.store.reading import Store, open_store
-from probe.store.records import check_draw, draw_record, write_draw
+from probe.store.records import check_draw, draw_record, write_draws
 
 
 def add_draws(path: str | Path, seeds: Sequence[int], *, k: int = 1, fraction: float = 1.0,
@@ -35,16 +35,12 @@ def add_draws(path: str | Path, seeds: Sequence[int], *, k: int = 1, fraction: f
         if weights_by_class is not None:
             raise StoreError("--class-weights goes with --bias semantic")
         plan = _budget_plan(k, fraction)
-    fresh = [int(s) for s in dict.fromkeys(seeds)
-             if not check_draw(store.attrs, int(s), plan[0], store.path)]
-    for seed in fresh:
-        _add_draw(store, seed, *plan)
-    return fresh
+    return _add_draws(store, [int(s) for s in dict.fromkeys(seeds)], *plan)
 
 
 def _budget_plan(k: Any, fraction: Any) -> tuple:
     """A kind of draw, checked: its record, the attribute and value registering it, and the
-    draw of ``(pool labels, test labels, seed)`` (:func:`_add_draw`'s arguments)."""
+    draw of ``(pool labels, test labels, seed)`` (:func:`_add_draws`'s arguments)."""
     if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
         raise StoreError(f"--k (observed positives per image) must be an integer >= 1; got {k}")
     if (isinstance(fraction, bool) or not isinstance(fraction, int | float)
@@ -53,7 +49,7 @@ def _budget_plan(k: Any, fraction: Any) -> tuple:
     budget = {"k": int(k), "fraction": float(fraction)}
     record = draw_record({"observed_budgets": {"0": budget}}, 0)
     return (record, "observed_budgets" if record["kind"] == "budget" else None, budget,
-            lambda pool, test, seed: phase_observed(pool, test, seed, budget))
+            lambda pool, test, seed: draw_observed(record, pool, test, seed))
 
 
 def _bias_plan(store: Store, bias: str, weights_by_class: Sequence[float] | None) -> tuple:
@@ -65,8 +61,7 @@ def _bias_plan(store: Store, bias: str, weights_by_class: Sequence[float] | None
         if weights_by_class is None:
             raise StoreError("--bias semantic needs --class-weights FILE (one weight per class)")
         w = class_weights(weights_by_class, store.n_classes)
-        record = {"bias": bias, "class_weights": w.tolist()}
-        weights = np.broadcast_to(w, (store.n_rows, store.n_classes))
+        record, weights = {"bias": bias, "class_weights": w.tolist()}, None
     else:
         if weights_by_class is not None:
             raise StoreError(f"--class-weights is for --bias semantic, not {bias}")
@@ -78,21 +73,48 @@ def _bias_plan(store: Store, bias: str, weights_by_class: Sequence[float] | None
             )
         record, weights = {"bias": bias}, store.read(f"{GROUP}/{bias}")
     return ({"kind": "bias", **record}, "observed_bias", record,
-            lambda pool, test, seed: np.concatenate([
-                biased_positive(pool, weights[:len(pool)], seed),
-                biased_positive(test, weights[len(pool):], seed)]))
+            lambda pool, test, seed: draw_observed({"kind": "bias", **record}, pool, test, seed,
+                                                   weights))
 
 
-def _add_draw(store: Store, seed: int, record: dict[str, Any], attr: str | None, value: Any,
-              draw: Callable[[np.ndarray, np.ndarray, int], np.ndarray]) -> None:
-    """Unless draw ``seed`` already holds ``record`` (one of another kind is refused by name:
-    :func:`probe.store.records.check_draw`), ``draw(pool labels, test labels, seed)`` and write
-    it (:func:`probe.store.records.write_draw`)."""
-    if check_draw(store.attrs, seed, record, store.path):
-        return
+def draw_observed(record: dict[str, Any], labels_pool: np.ndarray, labels_test: np.ndarray,
+                  seed: int, box_weights: np.ndarray | None = None) -> np.ndarray:
+    """The observed labels of draw ``seed`` as its ``record`` (probe.store.records.draw_record)
+    says, each phase re-seeded: what adding a draw writes and what repairing a damaged one
+    writes again. ``box_weights``: a ``size`` / ``location`` bias's ``(N, C)`` weights (the
+    store's ``bias/<kind>``); a ``semantic`` bias's class weights are in its record."""
+    if record["kind"] != "bias":
+        budget = None if record["kind"] == "protocol" else {"k": record["k"],
+                                                            "fraction": record["fraction"]}
+        return phase_observed(labels_pool, labels_test, seed, budget)
+    n_pool = len(labels_pool)
+    if record["bias"] == "semantic":
+        shape = (n_pool + len(labels_test), labels_pool.shape[1])
+        box_weights = np.broadcast_to(np.asarray(record["class_weights"], np.float64), shape)
+    if box_weights is None:
+        raise StoreError(f"draw {seed}: a '{record['bias']}' label bias needs the store's box "
+                         f"weights ({GROUP}/{record['bias']})")
+    return np.concatenate([biased_positive(labels_pool, box_weights[:n_pool], seed),
+                           biased_positive(labels_test, box_weights[n_pool:], seed)])
+
+
+def _add_draws(store: Store, seeds: Sequence[int], record: dict[str, Any], attr: str | None,
+               value: Any, draw: Callable[[np.ndarray, np.ndarray, int], np.ndarray]
+               ) -> list[int]:
+    """Every seed checked (one holding a draw of another kind refuses the call by name:
+    :func:`probe.store.records.check_draw`; one holding this draw is left alone), then
+    ``draw(pool labels, test labels, seed)`` for each other one, then all written at once
+    (:func:`probe.store.records.write_draws`: checked again under the store's lock, where a
+    seed another process took meanwhile with a draw of another kind refuses the whole call
+    and nothing is written). Returns the seeds written."""
+    seeds = [int(s) for s in seeds if not check_draw(store.attrs, int(s), record, store.path)]
+    if not seeds:
+        return []
     labels = store.labels()
     n_pool = int(store.attrs["n_pool"])
-    write_draw(store, seed, record, draw(labels[:n_pool], labels[n_pool:], seed), attr, value)
+    arrays = [(int(seed), record, draw(labels[:n_pool], labels[n_pool:], int(seed)), attr, value)
+              for seed in seeds]
+    return write_draws(store, arrays)
 
 
 def add_observed_seed(path: str | Path, seed: int, *, k: int = 1, fraction: float = 1.0) -> None:
@@ -104,7 +126,7 @@ def add_observed_seed(path: str | Path, seed: int, *, k: int = 1, fraction: floa
     this draw is left alone, one that holds another is refused by name.
     """
     plan = _budget_plan(k, fraction)  # checked before the store is opened
-    _add_draw(open_store(path), int(seed), *plan)
+    _add_draws(open_store(path), [int(seed)], *plan)
 
 
 def add_biased_draw(path: str | Path, seed: int, bias: str,
@@ -115,5 +137,5 @@ def add_biased_draw(path: str | Path, seed: int, bias: str,
     by name. Returns the draw's record."""
     store = open_store(path)
     plan = _bias_plan(store, bias, weights_by_class)
-    _add_draw(store, int(seed), *plan)
+    _add_draws(store, [int(seed)], *plan)
     return plan[2]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import fcntl
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ from probe.store.errors import StoreError
 from probe.store.layout import is_protocol_budget
 
 __all__ = ["attrs_lock", "check_draw", "draw_record", "draw_text", "update_root_attrs",
-           "write_draw"]
+           "write_draws"]
 
 
 @contextmanager
@@ -92,22 +92,28 @@ def check_draw(attrs: dict[str, Any], seed: int, record: dict[str, Any], store: 
     )
 
 
-def write_draw(store: Any, seed: int, record: dict[str, Any], observed: np.ndarray,
-               attr: str | None = None, value: Any = None) -> None:
-    """Write ``observed`` as draw ``observed/<seed>`` of an open store and register it in
-    ``observed_seeds`` (and ``attrs[attr][seed] = value``), all under :func:`attrs_lock`: the
-    seed is checked against ``record`` first (another process may have added it, of the same
-    kind -- then nothing is written -- or of another -- then it is refused and nothing is
-    written), the array is written, and the attributes last, so an interrupted call leaves the
-    store as it was and two processes drawing one seed can never leave one's data under the
-    other's record. A prior or draw written at the same time is not lost."""
+def write_draws(store: Any, draws: Sequence[tuple[int, dict[str, Any], np.ndarray, str | None,
+                                                Any]]) -> list[int]:
+    """Write each ``(seed, record, observed, attr, value)`` of ``draws`` as draw
+    ``observed/<seed>`` of an open store and register it in ``observed_seeds`` (and
+    ``attrs[attr][seed] = value``), all under one :func:`attrs_lock`: every seed is checked
+    against its record first (another process may have added it, of the same kind -- then it
+    is not written again -- or of another -- then the whole call is refused and nothing is
+    written), the arrays are written, and the attributes last, so an interrupted call leaves
+    the store as it was and two processes drawing one seed can never leave one's data under
+    the other's record. A prior or draw written at the same time is not lost. Returns the
+    seeds written."""
     with attrs_lock(store.path):
         group = zarr.open_group(store.path, mode="r+")
         attrs = dict(group.attrs)
-        if check_draw(attrs, seed, record, store.path):
-            return  # already there, drawn with the same record and seed: the same draw
-        small_array(group["observed"], str(seed), observed)
-        new = {"observed_seeds": sorted({*map(int, attrs["observed_seeds"]), seed})}
-        if attr is not None:
-            new[attr] = {**attrs.get(attr, {}), str(seed): value}
+        fresh = [d for d in draws if not check_draw(attrs, d[0], d[1], store.path)]
+        if not fresh:
+            return []  # already there, drawn with the same records and seeds
+        new: dict[str, Any] = {"observed_seeds": sorted(
+            {*map(int, attrs["observed_seeds"]), *(int(d[0]) for d in fresh)})}
+        for seed, _, observed, attr, value in fresh:
+            small_array(group["observed"], str(seed), observed)
+            if attr is not None:
+                new[attr] = {**attrs.get(attr, {}), **new.get(attr, {}), str(seed): value}
         group.attrs.update(new)
+        return [int(d[0]) for d in fresh]

@@ -36,7 +36,6 @@ from probe.store.layout import (
     is_store_dir,
     open_store_group,
     package_versions,
-    phase_observed,
     utc_now,
 )
 from probe.store.protocol import PROTOCOL_SEED, VAL_FRACTION, split_indices
@@ -72,12 +71,17 @@ def _check_provenance(provenance: dict, dtype: str) -> dict:
 
 def _write_row_arrays(
     group: zarr.Group, index: DatasetIndex, seeds: Sequence[int], only: Sequence[str] | None = None,
-    budgets: dict | None = None, val_fraction: float = VAL_FRACTION,
+    attrs: dict | None = None, val_fraction: float = VAL_FRACTION,
 ) -> None:
     """Labels, the protocol split, the image ids and the single-positive draws of ``seeds``
     (``observed/<seed>``), each with a CRC-32C per chunk; ``only`` names the ones to (re)write.
+    A draw is written as the store's ``attrs`` record it (protocol, label budget or label
+    bias: probe.store.draws.draw_observed), so a repaired draw is the draw it was.
     ``val_fraction``: the share of the pool that is val (the protocol's 20%, or what a store's
     ``val_fraction`` attribute records, e.g. the tabular benchmark's 80/10/10 split)."""
+    from probe.store.draws import draw_observed
+    from probe.store.records import draw_record
+
     labels_pool = np.asarray(index.pool.labels, dtype=np.uint8)
     labels_test = np.asarray(index.test.labels, dtype=np.uint8)
     n_pool = len(index.pool)
@@ -107,9 +111,13 @@ def _write_row_arrays(
         write_bias_weights(group, index.pool, index.test)
     observed = group.require_group("observed")
     for seed in seeds:
-        if want(f"observed/{seed}"):
-            put(observed, str(seed), phase_observed(labels_pool, labels_test, seed,
-                                                    (budgets or {}).get(str(seed))))
+        if not want(f"observed/{seed}"):
+            continue
+        record = draw_record(attrs or {}, seed)
+        box = None
+        if record["kind"] == "bias" and record["bias"] != "semantic":
+            box = group[f"bias/{record['bias']}"][:]  # damaged, it was refused before this
+        put(observed, str(seed), draw_observed(record, labels_pool, labels_test, seed, box))
 
 
 def create_store(
@@ -340,7 +348,7 @@ class StoreWriter:
         group, attrs = self._group, self._group.attrs
         if self.rewrite_arrays:
             _write_row_arrays(group, index, attrs["observed_seeds"], only=self.rewrite_arrays,
-                              budgets=attrs.get("observed_budgets"),
+                              attrs=dict(attrs),
                               val_fraction=attrs.get("val_fraction", VAL_FRACTION))
             self.rewrite_arrays = []
         same = (

@@ -170,6 +170,11 @@ def systems_of_study(study: Any, where: str, *, top: int = 3, device: str = "cpu
     complete = ranked_trials(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
     if not complete:
         raise CompareError(f"HEADS: the study in {study_dir} has no completed trial yet")
+    if Path(where).exists():  # the one "same store" rule, before anything is trained on it
+        from probe.store import open_store
+        from studies.results.confirm import check_same_store
+
+        check_same_store(study, open_store(where), "--store")
     chosen = complete[:top]
     chosen += [t for t in complete if is_paper_trial(t) and t not in chosen]
     observed_seed = int(settings.get("observed_seed", 1200))
@@ -332,8 +337,21 @@ def compare_systems(systems: list[System], *, store: str | None = None,
 
 
 def _check_store(system: System, source: dict[str, Any]) -> None:
-    """The store the heads are scored on must be the build and split they were made from (its
-    path may differ: a store can be moved)."""
+    """The store the heads are scored on must be the store they were made from (its path may
+    differ: a store can be moved): the one "same store" rule,
+    :meth:`probe.store.Store.differs_from` on the identity the heads recorded. Heads from
+    before stores had an identity are checked by their build and split."""
+    recorded = system.data.get("identity")
+    if isinstance(recorded, dict):
+        from probe.store import open_store
+
+        differs = open_store(source["path"]).differs_from(recorded)
+        if differs:
+            raise CompareError(
+                f"--store: {source.get('path')} is not the store the heads were made from "
+                f"({', '.join(differs[:3])}; {system.path}); pass the store the heads were "
+                "trained on")
+        return
     for what, key in (("build", "completed"), ("split", "rows")):
         if system.data.get(key) != source.get(key):
             raise CompareError(

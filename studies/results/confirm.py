@@ -118,8 +118,10 @@ def confirm_study(study: optuna.Study, store_path: str, *, top_k: int = 3,
                   refit: bool = False, results: str | Path | None = None) -> list[ConfirmRow]:
     """Re-train the ``top_k`` best completed trials with every training seed in ``seeds`` on
     every draw in ``observed_seeds`` (default: the draw the study trained on, whatever its kind;
-    protocol draws are added to the store if missing), with the batch size, lr and epochs its
-    row in the study's ``results`` folder records (else the study's ``spml.training``); returns
+    missing ones are added as draws of the study's kind -- the store's record of the study's
+    draw, else the one its ``results`` rows record -- after every check), with the batch size,
+    lr and epochs its row in the study's ``results`` folder records (else the study's
+    ``spml.training``); returns
     rows ranked by mean val mAP and writes ``confirm.parquet`` and ``best.json`` to ``out``.
     ``refit``: then re-train the winner on train + val for the median best epoch of its runs
     and report the last epoch's test mAP per seed and draw (:func:`refit_winner`)."""
@@ -147,7 +149,13 @@ def confirm_study(study: optuna.Study, store_path: str, *, top_k: int = 3,
     # the draws follow the study's kind (protocol, label budget or label bias): every check
     # is made before a missing draw is written
     kind = draw_record(store.attrs, studied) if studied in store.observed_seeds() else None
-    kind = kind or {"kind": "protocol"}
+    trained_on = _recorded_draw(results, study.study_name)  # what its trials' rows record
+    if kind is not None and trained_on is not None and kind != trained_on:
+        raise StudyError(
+            f"STORE {store_path}: its draw {studied} is {draw_text(kind)}, but study "
+            f"'{study.study_name}' trained on {draw_text(trained_on)}; pass the store the study "
+            "trained on")
+    kind = kind or trained_on or {"kind": "protocol"}
     for s in observed_seeds:
         if s in store.observed_seeds() and draw_record(store.attrs, s) != kind:
             raise StudyError(
@@ -387,6 +395,21 @@ def _recorded_settings(results: str | Path | None, study_name: str
         if got:
             recorded[int(row["trial"])] = got
     return recorded
+
+
+def _recorded_draw(results: str | Path | None, study_name: str) -> dict[str, Any] | None:
+    """The draw record (probe.store.records.draw_record) the study's results rows say its
+    trials trained on, or None (no rows, or rows from before draws were recorded)."""
+    if results is None or not Path(results).is_dir():
+        return None
+    from studies.results.rows import read_results
+
+    frame = read_results(results)
+    if not frame.height or "draw" not in frame.columns:
+        return None
+    for text in frame.filter(pl.col("study") == study_name)["draw"].drop_nulls():
+        return json.loads(text)
+    return None
 
 
 def _loss(study: optuna.Study) -> str:

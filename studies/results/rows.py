@@ -225,14 +225,19 @@ def write_batch(directory: str | os.PathLike, rows: Sequence[dict[str, Any]]) ->
 HEADS_FORMAT = "spml-study-heads/2"
 #: the user attributes that make a study itself (spml.study.create): its tag hashes them
 STUDY_IDENTITY_KEYS = ("spml.loss", "spml.store", "spml.space", "spml.fixed", "spml.training")
+#: a random id a study gets when it is made (spml.study.create): no other study has it
+MADE_ATTR = "spml.made"
 
 
 def study_tag(study: Any) -> str:
     """Which study kept a file: ``<name>:<hash of its identity>`` (loss, store, search space,
-    fixed and training settings). Two studies in one folder -- two names, or one name made
-    again with other settings -- never share a tag."""
+    fixed and training settings, and the id it was made with). Two studies in one folder --
+    two names, one name made again with other settings, or one name and the same settings in
+    two storages -- never share a tag."""
     attrs = study.user_attrs
     identity = {key: attrs.get(key) for key in STUDY_IDENTITY_KEYS}
+    if attrs.get(MADE_ATTR) is not None:  # studies made before the id keep their tag
+        identity[MADE_ATTR] = attrs[MADE_ATTR]
     text = json.dumps(identity, sort_keys=True, default=str)
     return f"{study.study_name}:{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 

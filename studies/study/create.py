@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import time
+import uuid
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -20,6 +21,7 @@ from optuna.trial import TrialState
 
 from probe.evaluation.selection import Selection
 from probe.store.protocol import PROTOCOL_SEED
+from studies.results.rows import MADE_ATTR
 from studies.study.heartbeat import TrialStorage
 from studies.study.pruning import MedianRule
 from studies.study.settings import StudySettings, preflight, resolve_study_name, study_search_space
@@ -220,7 +222,11 @@ def create_or_join(settings: StudySettings, store: Any,
 
 def _label_new(study: optuna.Study, identity: dict[str, Any], settings: StudySettings,
                space: SearchSpace, store: Any) -> None:
-    """A new study's identity and settings, then its paper point enqueued."""
+    """A new study's identity and settings, then its paper point enqueued. ``spml.made`` (a
+    random id) comes first: the tag of the heads its trials keep (studies.results.rows.study_tag)
+    then differs from a study of the same name and settings made in another storage, or made
+    again after its storage was deleted, that keeps heads in the same folder."""
+    study.set_user_attr(MADE_ATTR, uuid.uuid4().hex)
     for key, value in identity.items():
         study.set_user_attr(key, value)
     study.set_user_attr("spml.settings",
