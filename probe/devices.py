@@ -10,13 +10,9 @@ import shutil
 
 import torch
 
-from probe.errors import SpmlError
+from probe.errors import DataError
 
-__all__ = ["DeviceError", "inductor_unavailable", "resolve_device"]
-
-
-class DeviceError(SpmlError):
-    """A ``--device`` this machine cannot run on."""
+__all__ = ["inductor_unavailable", "resolve_device"]
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -29,12 +25,12 @@ def resolve_device(device: str | torch.device) -> torch.device:
     except RuntimeError:
         dev = None
     if dev is None or dev.type not in ("cpu", "cuda"):
-        raise DeviceError(f"--device must be auto, cpu, cuda or cuda:N; got {name}")
+        raise DataError(f"--device must be auto, cpu, cuda or cuda:N; got {name}")
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise DeviceError(f"--device {name}: this machine has no usable CUDA GPU (torch sees "
+        raise DataError(f"--device {name}: this machine has no usable CUDA GPU (torch sees "
                           "none); use --device cpu or --device auto")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise DeviceError(f"--device {name}: this machine has CUDA devices 0 to "
+        raise DataError(f"--device {name}: this machine has CUDA devices 0 to "
                           f"{torch.cuda.device_count() - 1} only")
     return dev
 

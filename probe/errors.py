@@ -8,12 +8,16 @@ with status 2; any other exception is a bug and is printed with its traceback.
 
 from __future__ import annotations
 
-__all__ = ["MissingPathError", "SpmlError", "is_int", "plain"]
+__all__ = ["DataError", "MissingPathError", "SpmlError", "is_int", "plain"]
 
 
 class SpmlError(ValueError):
     """Bad input to spml-probe: the message names the argument, what was expected, what arrived
     and how to fix it."""
+
+
+class DataError(SpmlError):
+    """Unusable probe data (missing split, mismatched shapes, unknown device, …)."""
 
 
 class MissingPathError(SpmlError, FileNotFoundError):

@@ -28,14 +28,10 @@ import torch
 from torch import Tensor
 
 from probe.devices import resolve_device
-from probe.errors import SpmlError
+from probe.errors import DataError
 from probe.store.protocol import PROTOCOL_SEED, single_positive
 
 __all__ = ["DataError", "ProbeData", "load_store"]
-
-
-class DataError(SpmlError):
-    """Unusable probe data (missing split, mismatched shapes, unknown device, …)."""
 
 
 def _with_bias_column(x: np.ndarray | Tensor, dtype: torch.dtype | None) -> Tensor:
