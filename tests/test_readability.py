@@ -5,8 +5,8 @@ out the packing a line budget once bought. Each rule names the file and line it 
 * comprehensions (and generator expressions) nested at most two deep;
 * no starred conditional piece inside a literal or a call (``[*([x] if c else [])]``);
 * no one-element ``for`` used as a ``let`` inside a comprehension (``for x in [expr]``);
-* no conditional expression inside another one (``a if p else b if q else c``): write the
-  ``if``/``elif`` it stands for.
+* no conditional expression anywhere inside another one (``a if p else b if q else c``,
+  ``a if p else g(b if q else c)``): write the ``if``/``elif`` it stands for.
 
 Ruff has no rule for any of these (its nearest, SIM108, pushes the other way: towards a
 conditional expression), so the walk is here. Lines are not counted: write the comment where the
@@ -93,7 +93,9 @@ def packing(source: str) -> list[tuple[int, str]]:
                 if key is None and isinstance(value, ast.IfExp):
                     found.append((line, "a starred conditional piece (**)"))
         elif isinstance(node, ast.IfExp):
-            if any(isinstance(part, ast.IfExp) for part in (node.test, node.body, node.orelse)):
+            # anywhere inside, not only a direct part: ``a if p else f"{b if q else c}"`` too
+            inner = [n for n in ast.walk(node) if isinstance(n, ast.IfExp) and n is not node]
+            if inner:
                 found.append((line, "a conditional expression inside another"))
     return found
 
@@ -115,6 +117,8 @@ def test_the_packages_and_examples_read_top_to_bottom():
     ("{**({'a': 1} if c else {})}", "starred conditional piece (**)"),
     ("[y for x in xs for y in [g(x)]]", "let"),
     ("a = 1 if p else 2 if q else 3", "inside another"),
+    ("a = 1 if p else g(2 if q else 3)", "inside another"),
+    ("a = 1 if p else f'{n} {b if q else c}'", "inside another"),
 ])
 def test_the_check_finds_each_kind_of_packing(code, rule):
     (found,) = packing(code)
