@@ -78,7 +78,9 @@ def plural(n: int | None, unit: str) -> str:
     else:
         one = unit
     many = one + ("es" if one.endswith(("s", "x", "ch", "sh")) and one != "epoch" else "s")
-    return many if n is None else f"{n} {one if n == 1 else many}"
+    if n is None:
+        return many
+    return f"{n} {one if n == 1 else many}"
 
 
 def format_seconds(seconds: float) -> str:

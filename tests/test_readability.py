@@ -5,14 +5,19 @@ out the packing a line budget once bought. Each rule names the file and line it 
 * comprehensions (and generator expressions) nested at most two deep;
 * no starred conditional piece inside a literal or a call (``[*([x] if c else [])]``);
 * no one-element ``for`` used as a ``let`` inside a comprehension (``for x in [expr]``);
-* no conditional expression inside another one (``a if p else b if q else c``): write the
-  ``if``/``elif`` it stands for.
+* no conditional expression anywhere inside another one (``a if p else b if q else c``,
+  ``a if p else g(b if q else c)``): write the ``if``/``elif`` it stands for.
 
-Lines are not counted: write the comment where the *why* is not obvious."""
+Ruff has no rule for any of these (its nearest, SIM108, pushes the other way: towards a
+conditional expression), so the walk is here. Lines are not counted: write the comment where the
+*why* is not obvious. ``code_lines`` measures non-blank, non-comment lines only to watch growth;
+nothing asserts on a count."""
 
 from __future__ import annotations
 
 import ast
+import io
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -25,6 +30,28 @@ MAX_NESTING = 2
 
 def _files() -> list[Path]:
     return sorted(p for folder in FOLDERS for p in (ROOT / folder).rglob("*.py"))
+
+
+def code_lines(source: str) -> int:
+    """Lines of ``source`` holding a token other than a comment (blank and comment-only lines
+    are not counted; a docstring's lines are). To watch growth, never a target."""
+    skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
+            tokenize.ENDMARKER, tokenize.ENCODING}
+    lines = set()
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type not in skip:
+            # a multi-line token (a docstring) counts each line it spans
+            lines.update(range(token.start[0], token.end[0] + 1))
+    return len(lines)
+
+
+def package_code_lines() -> dict[str, int]:
+    """``code_lines`` summed per folder of ``FOLDERS``, for a reader watching the size."""
+    totals = {}
+    for folder in FOLDERS:
+        paths = sorted((ROOT / folder).rglob("*.py"))
+        totals[folder] = sum(code_lines(path.read_text()) for path in paths)
+    return totals
 
 
 def packing(source: str) -> list[tuple[int, str]]:
@@ -66,7 +93,9 @@ def packing(source: str) -> list[tuple[int, str]]:
                 if key is None and isinstance(value, ast.IfExp):
                     found.append((line, "a starred conditional piece (**)"))
         elif isinstance(node, ast.IfExp):
-            if any(isinstance(part, ast.IfExp) for part in (node.test, node.body, node.orelse)):
+            # anywhere inside, not only a direct part: ``a if p else f"{b if q else c}"`` too
+            inner = [n for n in ast.walk(node) if isinstance(n, ast.IfExp) and n is not node]
+            if inner:
                 found.append((line, "a conditional expression inside another"))
     return found
 
@@ -88,6 +117,8 @@ def test_the_packages_and_examples_read_top_to_bottom():
     ("{**({'a': 1} if c else {})}", "starred conditional piece (**)"),
     ("[y for x in xs for y in [g(x)]]", "let"),
     ("a = 1 if p else 2 if q else 3", "inside another"),
+    ("a = 1 if p else g(2 if q else 3)", "inside another"),
+    ("a = 1 if p else f'{n} {b if q else c}'", "inside another"),
 ])
 def test_the_check_finds_each_kind_of_packing(code, rule):
     (found,) = packing(code)
@@ -102,3 +133,18 @@ def test_plain_code_passes():
             "if (n := len(xs)) > 3:\n"
             "    pass\n")
     assert packing(code) == []
+
+
+def test_code_lines_counts_neither_blank_nor_comment_lines():
+    code = ('"""Two\n   lines."""\n'
+            "\n"
+            "# a comment\n"
+            "x = [1,\n"
+            "     2]  # trailing\n"
+            "    \n"
+            "def f():\n"
+            "    # why\n"
+            "    return x\n")
+    assert code_lines(code) == 2 + 2 + 2
+    assert set(package_code_lines()) == set(FOLDERS)
+    assert all(count > 0 for count in package_code_lines().values())

@@ -473,8 +473,12 @@ def _engine_job(cfg: BenchConfig, path: str, t: int, method: str, progress: bool
     if method == "engine_one_block":
         name = f"engine, {trials} in one block"
     elif method in ("engine_eager", "engine_compiled"):
-        step = ("eager step (no CUDA graph)" if method == "engine_eager" else "compiled step "
-                + ("(torch.compile)" if result.timing["compiled"] else "(not compiled: eager)"))
+        if method == "engine_eager":
+            step = "eager step (no CUDA graph)"
+        elif result.timing["compiled"]:
+            step = "compiled step (torch.compile)"
+        else:  # asked for a compiled step, but torch.compile was unavailable here
+            step = "compiled step (not compiled: eager)"
         name = f"engine, {step}, {trials}"
         extra.update(compiled=result.timing["compiled"], cuda_graph=result.timing["cuda_graph"])
     else:

@@ -208,8 +208,13 @@ def _normalise_trials(hparams: dict | Sequence[dict] | None, config: ProbeConfig
                       ) -> tuple[list[int], list[dict[str, Any]], list[float], list[float]]:
     """``(seeds, loss hparams, lr, weight decay)`` per trial: one trial repeats over several
     seeds, one seed covers every trial; per-trial ``lr`` / ``weight_decay`` are taken out."""
-    trials = [{}] if hparams is None else [
-        dict(h) for h in ([hparams] if isinstance(hparams, dict) else hparams)]
+    if hparams is None:
+        given = [{}]
+    elif isinstance(hparams, dict):  # one trial
+        given = [hparams]
+    else:
+        given = hparams
+    trials = [dict(h) for h in given]  # copies: the lr / weight_decay are popped below
     if not trials:
         raise ProbeConfigError("hparams is an empty list: give at least one trial")
     seeds = list(config.seeds) if config.seeds is not None else [config.seed]

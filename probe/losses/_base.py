@@ -231,8 +231,11 @@ class Loss(nn.Module):
         lines = [f"{cls.name} — {cls.paper}", "", cls.formula.strip(), "", "hyperparameters:"]
         width = max((len(s.name) for s in cls.hparam_specs), default=4)
         for s in cls.hparam_specs:
-            search = "" if s.search is None else (
-                f"  search [{s.search[0]:g}, {s.search[1]:g}]" + (" log" if s.log else ""))
+            search = ""
+            if s.search is not None:
+                search = f"  search [{s.search[0]:g}, {s.search[1]:g}]"
+                if s.log:
+                    search += " log"
             if s.requires:
                 search += f"  (with {s.requires}=True)"
             default = "(from the dataset)" if s.default is None else repr(s.default)
