@@ -251,6 +251,28 @@ class MissingExtraError(SpmlError):
     """An optional dependency is not installed."""
 
 
+def import_arff(out: str | Path, arff_path: str | Path, xml_path: str | Path, *,
+                name: str | None = None, test_fraction: float | None = None,
+                split: Sequence[float] | None = None, dtype: str = "float16",
+                overwrite: bool = False, progress: bool = True) -> Store:
+    """A MULAN ARFF + XML set (``spml import arff``; :func:`featurize.datasets.arff.read_mulan`),
+    split as :func:`import_arrays` (``--split 0.8,0.1,0.1`` for the tabular SPML benchmark)."""
+    from featurize.datasets.arff import read_mulan
+
+    files = {"arff": Path(arff_path), "xml": Path(xml_path)}
+    features, labels, names = read_mulan(files["arff"], files["xml"])
+    provenance = _provenance(backbone=NO_BACKBONE, weights="none",
+                             transform="none (features stored as given)", files=files,
+                             progress=progress, kind="MULAN ARFF")
+    if split is None and test_fraction is None:
+        test_fraction = DEFAULT_TEST_FRACTION
+    return import_arrays(out, features, labels, name=name or files["arff"].stem,
+                         test_fraction=test_fraction, class_names=names, provenance=provenance,
+                         dtype=dtype, overwrite=overwrite, progress=progress,
+                         sources=(str(files["arff"]), "test"),
+                         label_sources=(str(files["arff"]), "test"), split=split)
+
+
 def yeast_csv_path() -> Path:
     """``river/datasets/yeast.csv.gz`` inside the installed river package (river not imported)."""
     spec = importlib.util.find_spec("river")

@@ -1,4 +1,4 @@
-"""``spml import {cole,arrays,yeast,priors}``: build a feature store from features computed
+"""``spml import {cole,arrays,yeast,arff,priors}``: build a feature store from features computed
 elsewhere, or add a prior scored elsewhere to one; thin layers over :mod:`featurize.imports` and
 :mod:`featurize.priors.files`, imported when a command runs."""
 
@@ -50,6 +50,9 @@ def _cmd_import(args: argparse.Namespace) -> int:
                                            test_fraction=args.test_fraction,
                                            class_names_path=args.class_names,
                                            split=args.split, **common)
+    elif args.import_source == "arff":
+        store = imports.import_arff(args.out, args.arff, args.xml, name=args.name,
+                                    test_fraction=args.test_fraction, split=args.split, **common)
     else:
         store = imports.import_yeast(args.out, test_fraction=args.test_fraction,
                                      split=args.split, **common)
@@ -168,6 +171,24 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
             _STORE_LAYOUT),
         epilog="example:\n  spml import yeast --out stores/yeast.zarr\n"
         "  spml info stores/yeast.zarr")
+    p.add_argument("--test-fraction", type=_fraction, default=None,
+                   help=f"fraction of rows held out as the test set (default: {TEST_FRACTION})")
+    _split_argument(p)
+    _common(p)
+
+    p = add_command(
+        isub, "arff",
+        help="a MULAN multi-label set: its ARFF file (dense or sparse) and label XML",
+        description=wrap(
+            "Import a MULAN set (scene, corel5k, mirflickr, delicious, ...) from its ARFF file "
+            "and the XML naming its label attributes; every other attribute is a numeric "
+            "feature. Split as 'spml import yeast' (--test-fraction, or --split 0.8,0.1,0.1 "
+            "for the tabular SPML benchmark).", _STORE_LAYOUT),
+        epilog="example:\n  spml import arff scene.arff --xml scene.xml --split 0.8,0.1,0.1 "
+        "--out stores/scene.zarr")
+    p.add_argument("arff", metavar="FILE.arff", help="the MULAN ARFF file")
+    p.add_argument("--xml", required=True, metavar="FILE.xml", help="MULAN's label XML")
+    p.add_argument("--name", default=None, help="dataset name (default: the ARFF file's stem)")
     p.add_argument("--test-fraction", type=_fraction, default=None,
                    help=f"fraction of rows held out as the test set (default: {TEST_FRACTION})")
     _split_argument(p)
