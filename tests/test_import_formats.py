@@ -99,3 +99,51 @@ def test_read_mulan_errors(tmp_path: Path) -> None:
     short.write_text("\n".join([*_header(), "1,0,2"]) + "\n")
     with pytest.raises(SpmlError, match="line 12: 3 values"):
         read_mulan(short, xml)
+
+
+@pytest.mark.parametrize("base", [1, 0])
+def test_import_mat_indices(tmp_path: Path, base: int, capsys: pytest.CaptureFixture) -> None:
+    import scipy.io
+
+    from studies.cli import main
+
+    rng = np.random.default_rng(11)
+    x, y = _fixture(rng, n=60)
+    order = rng.permutation(60)
+    tr, va, te = order[:40], order[40:50], order[50:]
+    # MATLAB writes column vectors of doubles
+    mat = tmp_path / "toy.mat"
+    scipy.io.savemat(mat, {"X": x, "Y": y.astype(np.float64), "Y_obs": y.astype(np.float64),
+                           "tr_idx": (tr + base).reshape(-1, 1).astype(np.float64),
+                           "va_idx": (va + base).reshape(-1, 1).astype(np.float64),
+                           "te_idx": (te + base).reshape(-1, 1).astype(np.float64)})
+    out = tmp_path / "toy.zarr"
+    assert main(["import", "mat", str(mat), "--dtype", "float32", "--out", str(out),
+                 "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    # a 0-based file whose indices reach N-1 only: read as 0-based
+    assert f"read as {base}-based" in printed
+    assert "60 rows (train 40 / val 10 / test 10)" in printed
+    store = open_store(out)
+    test_rows = store.split("test")
+    np.testing.assert_allclose(store.features(test_rows), x[np.sort(te)].astype(np.float32),
+                               atol=1e-6)
+    np.testing.assert_array_equal(store.labels(test_rows), y[np.sort(te)])
+    pool = np.concatenate([store.split("train"), store.split("val")])
+    np.testing.assert_array_equal(np.sort(store.labels(np.sort(pool)), axis=None),
+                                  np.sort(y[np.concatenate([tr, va])], axis=None))
+
+
+def test_import_mat_errors(tmp_path: Path) -> None:
+    import scipy.io
+
+    from featurize.datasets.matfile import read_smile_mat
+
+    mat = tmp_path / "bad.mat"
+    scipy.io.savemat(mat, {"X": np.zeros((4, 2)), "Y": np.ones((4, 2))})
+    with pytest.raises(SpmlError, match="tr_idx"):
+        read_smile_mat(mat)
+    scipy.io.savemat(mat, {"X": np.zeros((4, 2)), "Y": np.ones((4, 2)),
+                           "tr_idx": [[1], [2]], "va_idx": [[2]], "te_idx": [[4]]})
+    with pytest.raises(SpmlError, match="distinct rows"):
+        read_smile_mat(mat)

@@ -1,4 +1,4 @@
-"""``spml import {cole,arrays,yeast,arff,priors}``: build a feature store from features computed
+"""``spml import {cole,arrays,yeast,arff,mat,priors}``: build a feature store from features computed
 elsewhere, or add a prior scored elsewhere to one; thin layers over :mod:`featurize.imports` and
 :mod:`featurize.priors.files`, imported when a command runs."""
 
@@ -50,6 +50,9 @@ def _cmd_import(args: argparse.Namespace) -> int:
                                            test_fraction=args.test_fraction,
                                            class_names_path=args.class_names,
                                            split=args.split, **common)
+    elif args.import_source == "mat":
+        store = imports.import_mat(args.out, args.mat, name=args.name, **common)
+        print(f"{args.mat}: row indices read as {store.attrs['test_split']['index_base']}-based")
     elif args.import_source == "arff":
         store = imports.import_arff(args.out, args.arff, args.xml, name=args.name,
                                     test_fraction=args.test_fraction, split=args.split, **common)
@@ -174,6 +177,20 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
     p.add_argument("--test-fraction", type=_fraction, default=None,
                    help=f"fraction of rows held out as the test set (default: {TEST_FRACTION})")
     _split_argument(p)
+    _common(p)
+
+    p = add_command(
+        isub, "mat",
+        help="SMILE's released .mat dataset files (X, Y, tr_idx, va_idx, te_idx)",
+        description=wrap(
+            "Import a dataset file of palm-ml/smile: X (features), Y (0/1 labels) and the row "
+            "indices tr_idx, va_idx, te_idx (1-based or 0-based; detected and printed). te_idx "
+            "is the test set; tr_idx + va_idx the pool, split into train/val by the seeded draw "
+            "at the file's val share. Y_obs is not used: single positives are drawn per seed. "
+            "MATLAB v7.3 (HDF5) files need h5py.", _STORE_LAYOUT),
+        epilog="example:\n  spml import mat yeast.mat --out stores/yeast-smile.zarr")
+    p.add_argument("mat", metavar="FILE.mat", help="the .mat file")
+    p.add_argument("--name", default=None, help="dataset name (default: the file's stem)")
     _common(p)
 
     p = add_command(
