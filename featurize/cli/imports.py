@@ -98,6 +98,15 @@ def _split_argument(parser: argparse.ArgumentParser) -> None:
         "(whose pool is split 80/20 into train/val)")
 
 
+def _held_out_options(parser: argparse.ArgumentParser) -> None:
+    """--test-fraction or --split, and the common options (yeast, arff)."""
+    parser.add_argument(
+        "--test-fraction", type=_fraction, default=None,
+        help=f"fraction of rows held out as the test set (default: {TEST_FRACTION})")
+    _split_argument(parser)
+    _common(parser)
+
+
 def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction) -> None:
     """Add ``spml import`` and its sources ``cole``, ``arrays``, ``yeast`` and ``priors``."""
     imp = add_command(
@@ -174,10 +183,7 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
             _STORE_LAYOUT),
         epilog="example:\n  spml import yeast --out stores/yeast.zarr\n"
         "  spml info stores/yeast.zarr")
-    p.add_argument("--test-fraction", type=_fraction, default=None,
-                   help=f"fraction of rows held out as the test set (default: {TEST_FRACTION})")
-    _split_argument(p)
-    _common(p)
+    _held_out_options(p)
 
     p = add_command(
         isub, "mat",
@@ -206,10 +212,7 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
     p.add_argument("arff", metavar="FILE.arff", help="the MULAN ARFF file")
     p.add_argument("--xml", required=True, metavar="FILE.xml", help="MULAN's label XML")
     p.add_argument("--name", default=None, help="dataset name (default: the ARFF file's stem)")
-    p.add_argument("--test-fraction", type=_fraction, default=None,
-                   help=f"fraction of rows held out as the test set (default: {TEST_FRACTION})")
-    _split_argument(p)
-    _common(p)
+    _held_out_options(p)
 
     _register_import_priors(isub)
 
