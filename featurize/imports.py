@@ -251,6 +251,55 @@ class MissingExtraError(SpmlError):
     """An optional dependency is not installed."""
 
 
+def import_arff(out: str | Path, arff_path: str | Path, xml_path: str | Path, *,
+                name: str | None = None, test_fraction: float | None = None,
+                split: Sequence[float] | None = None, dtype: str = "float16",
+                overwrite: bool = False, progress: bool = True) -> Store:
+    """A MULAN ARFF + XML set (``spml import arff``; :func:`featurize.datasets.arff.read_mulan`),
+    split as :func:`import_arrays` (``--split 0.8,0.1,0.1`` for the tabular SPML benchmark)."""
+    from featurize.datasets.arff import read_mulan
+
+    files = {"arff": Path(arff_path), "xml": Path(xml_path)}
+    features, labels, names = read_mulan(files["arff"], files["xml"])
+    provenance = _provenance(backbone=NO_BACKBONE, weights="none",
+                             transform="none (features stored as given)", files=files,
+                             progress=progress, kind="MULAN ARFF")
+    if split is None and test_fraction is None:
+        test_fraction = DEFAULT_TEST_FRACTION
+    return import_arrays(out, features, labels, name=name or files["arff"].stem,
+                         test_fraction=test_fraction, class_names=names, provenance=provenance,
+                         dtype=dtype, overwrite=overwrite, progress=progress,
+                         sources=(str(files["arff"]), "test"),
+                         label_sources=(str(files["arff"]), "test"), split=split)
+
+
+def import_mat(out: str | Path, mat_path: str | Path, *, name: str | None = None,
+               dtype: str = "float16", overwrite: bool = False, progress: bool = True) -> Store:
+    """SMILE's ``.mat`` dataset file (``spml import mat``;
+    :func:`featurize.datasets.matfile.read_smile_mat`): the file's ``te_idx`` rows are the
+    test set; ``tr_idx`` + ``va_idx`` the pool, split into train/val by the store's seeded
+    draw at the file's val share (the file's own val rows and ``Y_obs`` are not kept: the
+    single positives are this project's seeded draws)."""
+    from featurize.datasets.matfile import read_smile_mat
+
+    path = Path(mat_path)
+    mat = read_smile_mat(path)
+    pool = np.sort(np.concatenate([mat.indices["tr_idx"], mat.indices["va_idx"]]))
+    test = np.sort(mat.indices["te_idx"])
+    n_val = len(mat.indices["va_idx"])
+    provenance = _provenance(backbone=NO_BACKBONE, weights="none",
+                             transform="none (features stored as given)", files={"mat": path},
+                             progress=progress, kind="SMILE .mat", index_base=mat.base)
+    attrs = {"test_split": {"method": "given (te_idx)", "index_base": mat.base}}
+    if n_val:
+        attrs["val_fraction"] = n_val / len(pool)
+    return import_arrays(out, mat.features[pool], mat.labels[pool], name=name or path.stem,
+                         test_features=mat.features[test], test_labels=mat.labels[test],
+                         provenance=provenance, extra_attrs=attrs, dtype=dtype,
+                         overwrite=overwrite, progress=progress, sources=(str(path), str(path)),
+                         label_sources=(str(path), str(path)))
+
+
 def yeast_csv_path() -> Path:
     """``river/datasets/yeast.csv.gz`` inside the installed river package (river not imported)."""
     spec = importlib.util.find_spec("river")

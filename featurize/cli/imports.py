@@ -1,4 +1,4 @@
-"""``spml import {cole,arrays,yeast,priors}``: build a feature store from features computed
+"""``spml import {cole,arrays,yeast,arff,mat,priors}``: build a feature store from features computed
 elsewhere, or add a prior scored elsewhere to one; thin layers over :mod:`featurize.imports` and
 :mod:`featurize.priors.files`, imported when a command runs."""
 
@@ -50,6 +50,12 @@ def _cmd_import(args: argparse.Namespace) -> int:
                                            test_fraction=args.test_fraction,
                                            class_names_path=args.class_names,
                                            split=args.split, **common)
+    elif args.import_source == "mat":
+        store = imports.import_mat(args.out, args.mat, name=args.name, **common)
+        print(f"{args.mat}: row indices read as {store.attrs['test_split']['index_base']}-based")
+    elif args.import_source == "arff":
+        store = imports.import_arff(args.out, args.arff, args.xml, name=args.name,
+                                    test_fraction=args.test_fraction, split=args.split, **common)
     else:
         store = imports.import_yeast(args.out, test_fraction=args.test_fraction,
                                      split=args.split, **common)
@@ -90,6 +96,15 @@ def _split_argument(parser: argparse.ArgumentParser) -> None:
         help="split all rows into train/val/test by these fractions (seed 1200), e.g. "
         "0.8,0.1,0.1 as the tabular SPML benchmark (SMILE, CRISP); instead of --test-fraction "
         "(whose pool is split 80/20 into train/val)")
+
+
+def _held_out_options(parser: argparse.ArgumentParser) -> None:
+    """--test-fraction or --split, and the common options (yeast, arff)."""
+    parser.add_argument(
+        "--test-fraction", type=_fraction, default=None,
+        help=f"fraction of rows held out as the test set (default: {TEST_FRACTION})")
+    _split_argument(parser)
+    _common(parser)
 
 
 def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction) -> None:
@@ -168,10 +183,36 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
             _STORE_LAYOUT),
         epilog="example:\n  spml import yeast --out stores/yeast.zarr\n"
         "  spml info stores/yeast.zarr")
-    p.add_argument("--test-fraction", type=_fraction, default=None,
-                   help=f"fraction of rows held out as the test set (default: {TEST_FRACTION})")
-    _split_argument(p)
+    _held_out_options(p)
+
+    p = add_command(
+        isub, "mat",
+        help="SMILE's released .mat dataset files (X, Y, tr_idx, va_idx, te_idx)",
+        description=wrap(
+            "Import a dataset file of palm-ml/smile: X (features), Y (0/1 labels) and the row "
+            "indices tr_idx, va_idx, te_idx (1-based or 0-based; detected and printed). te_idx "
+            "is the test set; tr_idx + va_idx the pool, split into train/val by the seeded draw "
+            "at the file's val share. Y_obs is not used: single positives are drawn per seed. "
+            "MATLAB v7.3 (HDF5) files need h5py.", _STORE_LAYOUT),
+        epilog="example:\n  spml import mat yeast.mat --out stores/yeast-smile.zarr")
+    p.add_argument("mat", metavar="FILE.mat", help="the .mat file")
+    p.add_argument("--name", default=None, help="dataset name (default: the file's stem)")
     _common(p)
+
+    p = add_command(
+        isub, "arff",
+        help="a MULAN multi-label set: its ARFF file (dense or sparse) and label XML",
+        description=wrap(
+            "Import a MULAN set (scene, corel5k, mirflickr, delicious, ...) from its ARFF file "
+            "and the XML naming its label attributes; every other attribute is a numeric "
+            "feature. Split as 'spml import yeast' (--test-fraction, or --split 0.8,0.1,0.1 "
+            "for the tabular SPML benchmark).", _STORE_LAYOUT),
+        epilog="example:\n  spml import arff scene.arff --xml scene.xml --split 0.8,0.1,0.1 "
+        "--out stores/scene.zarr")
+    p.add_argument("arff", metavar="FILE.arff", help="the MULAN ARFF file")
+    p.add_argument("--xml", required=True, metavar="FILE.xml", help="MULAN's label XML")
+    p.add_argument("--name", default=None, help="dataset name (default: the ARFF file's stem)")
+    _held_out_options(p)
 
     _register_import_priors(isub)
 
