@@ -43,7 +43,7 @@ def expected_k(loss: Loss) -> float | Tensor:
     return k
 
 
-def _an_entries(z: Tensor, y: Tensor) -> Tensor:
+def an_entries(z: Tensor, y: Tensor) -> Tensor:
     return torch.where(y == 1, F.softplus(-z), F.softplus(z))
 
 
@@ -70,7 +70,7 @@ def _epr_parts(z: Tensor, y: Tensor, k) -> tuple[Tensor, Tensor]:
 def an(logits: Tensor, observed: Tensor) -> Tensor:
     """Assume negative: BCE with every unobserved label taken as negative (Cole et al. Eq. 3)."""
     z, y = check_inputs(logits, observed, loss="an")
-    return mean_bc(_an_entries(z, y))
+    return mean_bc(an_entries(z, y))
 
 
 def an_ls(logits: Tensor, observed: Tensor, eps: float | Tensor = 0.1) -> Tensor:
@@ -97,7 +97,7 @@ class AN(EntrywiseLoss):
     name = "an"
     paper = PAPER + ", Eq. 3"
     formula = "y=1: −log p;  y≤0: −log(1−p);  mean over B·C"
-    entries = staticmethod(_an_entries)
+    entries = staticmethod(an_entries)
 
 
 @register

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from ._base import HParam, Loss, LossInputError, register
 from ._hparams import LossOutput, check_call, hp, mean_bc, promote
-from .assume_negative import _an_entries
+from .assume_negative import an_entries
 
 __all__ = ["crisp", "crisp_priors"]
 
@@ -185,7 +185,7 @@ class CRISP(Loss):
     def forward(self, logits: Tensor, observed: Tensor, index: Tensor | None = None) -> LossOutput:
         z = promote(logits)
         if self.epoch < self.hparam("warmup"):  # the AN warm-up
-            an = mean_bc(_an_entries(z, observed))
+            an = mean_bc(an_entries(z, observed))
             return LossOutput(an, {"warmup_an": an})
         priors = self.state("priors")
         pi = priors.unsqueeze(-2) if z.ndim == 3 else priors[0].unsqueeze(0)
