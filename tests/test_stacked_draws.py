@@ -15,6 +15,8 @@ import torch
 
 from probe import ProbeConfig, train_probe
 from probe.engine.config import ProbeConfigError
+from probe.engine.data import ProbeData
+from probe.evaluation.selection import mean_over_replicates, train_replicates
 from probe.store.protocol import single_positive
 from tests.test_train import _data, _reference
 
@@ -89,3 +91,42 @@ def test_bad_draws_are_named():
         train_probe(data, cfg, "an", draws=draws, draw_index=[3])
     with pytest.raises(ProbeConfigError, match="draws: expected"):
         train_probe(data, cfg, "an", draws=np.zeros((2, 3, 4), np.int8), draw_index=[0])
+
+
+def _replicates():
+    """draws:3-like replicates: one split, three train draws (tests/test_train.py's arrays)."""
+    from tests.test_train import _arrays
+
+    arrays, flipped = _arrays()
+    out = []
+    for s in DRAW_SEEDS:
+        observed = single_positive(arrays["train"][1], s)
+        out.append(ProbeData.from_arrays(arrays["train"], arrays["val"], arrays["test"],
+                                         train_flip=flipped, train_observed=observed))
+    return out
+
+
+# two trials per replicate: per-trial seeds (GR), one seed and two hyperparameters (ROLE)
+@pytest.mark.parametrize(("loss_name", "hparams", "seeds"),
+                         [("gr", [{}, {}], (1, 2)), ("role", [{"k": 2.0}, {"k": 3.0}], None)])
+def test_train_replicates_stacked_equals_one_run_per_replicate(loss_name, hparams, seeds):
+    data = _replicates()
+    cfg = ProbeConfig(epochs=2, batch_size=8, lr=1e-2, use_presets=False, seeds=seeds)
+    stacked = train_replicates(data, cfg, loss_name, hparams)
+    plain = train_replicates(data, cfg, loss_name, hparams, stack=False)
+    assert stacked[0].timing["stacked_replicates"] == 3
+    for mine, ref in zip(stacked, plain):
+        torch.testing.assert_close(mine.final_heads, ref.final_heads, atol=2e-5, rtol=0)
+        torch.testing.assert_close(mine.best_heads, ref.best_heads, atol=2e-5, rtol=0)
+        assert mine.source == ref.source
+        assert mine.shared_batch_order == ref.shared_batch_order
+        assert mine.config == ref.config
+        for a, b in zip(mine.trials, ref.trials):
+            assert (a.trial, a.seed, a.best_epoch) == (b.trial, b.seed, b.best_epoch)
+            for e, f in zip(a.epochs, b.epochs):
+                assert e["val_map"] == pytest.approx(f["val_map"], abs=1e-5)
+    merged = mean_over_replicates(stacked, "draws:3")
+    reference = mean_over_replicates(plain, "draws:3")
+    for a, b in zip(merged.trials, reference.trials):
+        assert a.best["val_map"] == pytest.approx(b.best["val_map"], abs=1e-5)
+        assert a.best["test_map"] == pytest.approx(b.best["test_map"], abs=1e-5)
