@@ -16,7 +16,7 @@ import torch
 from probe import ProbeConfig, train_probe
 from probe.engine.config import ProbeConfigError
 from probe.engine.data import ProbeData
-from probe.evaluation.selection import mean_over_replicates, train_replicates
+from probe.evaluation.selection import mean_over_replicates, train_cells, train_replicates
 from probe.store.protocol import single_positive
 from tests.test_train import _data, _reference
 
@@ -130,3 +130,22 @@ def test_train_replicates_stacked_equals_one_run_per_replicate(loss_name, hparam
     for a, b in zip(merged.trials, reference.trials):
         assert a.best["val_map"] == pytest.approx(b.best["val_map"], abs=1e-5)
         assert a.best["test_map"] == pytest.approx(b.best["test_map"], abs=1e-5)
+
+
+@pytest.mark.parametrize(("loss_name", "hparams"), LOSSES)
+def test_train_cells_equals_one_run_per_cell(loss_name, hparams):
+    """A table column: three draws x two seeds of one loss, stacked vs one run per cell."""
+    data = _replicates()
+    base = ProbeConfig(epochs=2, batch_size=8, lr=1e-2, use_presets=False)
+    cells = [(replace(base, seed=s), d) for d in data for s in SEEDS]
+    stacked = train_cells(cells, loss_name, hparams)
+    plain = train_cells(cells, loss_name, hparams, stack=False)
+    assert stacked[0].timing["stacked_cells"] == len(cells)
+    for mine, ref in zip(stacked, plain):
+        torch.testing.assert_close(mine.final_heads, ref.final_heads, atol=2e-5, rtol=0)
+        torch.testing.assert_close(mine.best_heads, ref.best_heads, atol=2e-5, rtol=0)
+        assert mine.config == ref.config and mine.source == ref.source
+        assert mine.trials[0].seed == ref.trials[0].seed
+        assert mine.trials[0].best_epoch == ref.trials[0].best_epoch
+        assert mine.trials[0].best["test_map"] == pytest.approx(ref.trials[0].best["test_map"],
+                                                                abs=1e-5)

@@ -30,7 +30,7 @@ from probe.errors import SpmlError
 from probe.store.protocol import PROTOCOL_SEED, single_positive, split_indices
 
 __all__ = ["MODES", "Selection", "SelectionError", "mean_over_replicates", "selection_data",
-           "train_replicates"]
+           "train_cells", "train_replicates"]
 
 MODES = ("val", "cv", "draws")
 
@@ -193,6 +193,48 @@ def train_replicates(data: list[ProbeData], config: Any, loss: str,
             timing={**stacked.timing, "stacked_replicates": r},
             shared_batch_order=len(set(seeds)) == 1, **heads))
     return out
+
+
+def train_cells(cells: Sequence[tuple[Any, ProbeData]], loss: str,
+                hparams: dict[str, Any] | None = None, *, stack: bool = True
+                ) -> list[ProbeResult]:
+    """One :class:`ProbeResult` (one trial) per ``(config, data)`` cell of one loss, as
+    ``train_probe(data, config, loss, hparams)`` on each: a table's column of draws and seeds.
+    Cells whose configs differ in ``seed`` alone and whose data differ in the train draw alone
+    train as one stacked run (equal within float rounding); the others one run each.
+    ``stack=False``: one run per cell (the reference)."""
+    from probe.engine.train import train_probe
+
+    out: list[ProbeResult | None] = [None] * len(cells)
+    groups: dict[Any, list[int]] = {}
+    for i, (config, _) in enumerate(cells):
+        if config.seeds is not None:
+            raise SelectionError(f"train_cells: cell {i} sets seeds; give one seed per cell")
+        key = repr(dataclasses.replace(config, seed=0)) if stack else i
+        groups.setdefault(key, []).append(i)
+    for members in groups.values():
+        datas = [cells[i][1] for i in members]
+        config = cells[members[0]][0]
+        if len(members) == 1 or not _one_draw_apart(datas, config.val_labels):
+            for i in members:
+                out[i] = train_probe(cells[i][1], cells[i][0], loss, hparams, progress=False)
+            continue
+        seeds = tuple(cells[i][0].seed for i in members)
+        stacked = train_probe(datas[0], dataclasses.replace(config, seeds=seeds), loss,
+                              [dict(hparams or {}) for _ in members], progress=False,
+                              draws=[d.train_observed for d in datas],
+                              draw_index=list(range(len(members))))
+        for j, i in enumerate(members):
+            trial = dataclasses.replace(stacked.trials[j], trial=0)
+            heads = {k: (None if getattr(stacked, k) is None
+                         else getattr(stacked, k)[j : j + 1].clone())
+                     for k in ("best_heads", "final_heads")}
+            out[i] = dataclasses.replace(
+                stacked, trials=[trial], source=datas[j].source,
+                config={**stacked.config, "seed": cells[i][0].seed, "seeds": None},
+                timing={**stacked.timing, "stacked_cells": len(members)},
+                shared_batch_order=True, **heads)
+    return [r for r in out if r is not None]
 
 
 def _mean(values: Sequence[Any]) -> float | None:
