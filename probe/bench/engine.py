@@ -596,3 +596,49 @@ def bench_bootstrap(n: int = 40_137, c: int = 80, systems: int = 1, n_resamples:
     return {"n": n, "classes": c, "systems": systems, "n_resamples": n_resamples,
             "device": str(device), "seconds": runs, "median_seconds": sorted(runs)[len(runs) // 2],
             "machine_before": before, "load_after": machine_info()["load_avg_1_5_15"]}
+
+
+def bench_replicates(n_train: int = 4000, *, loss: str = "an", seeds: tuple[int, ...] = (0, 1, 2),
+                     draws: int = 5, epochs: int = 1, device: str = "cpu",
+                     seed: int = 0) -> dict[str, Any]:
+    """Seconds to train ``loss`` over every (seed, draw) of a COCO-shaped array set named COCO
+    (80 classes, 2048-d float16 features, the paper presets' batch size and lr): stacked
+    (:func:`probe.evaluation.selection.train_replicates`, one run) vs one run per draw, and one
+    seed on one draw for scale; with the machine and its load."""
+    import dataclasses
+
+    from probe.engine.config import ProbeConfig
+    from probe.evaluation.selection import train_replicates
+    from probe.store.protocol import single_positive
+
+    rng = np.random.default_rng(seed)
+    c, d = 80, 2048
+    proto = rng.normal(size=(c, d)).astype(np.float32)
+    splits = {}
+    for name, n in (("train", n_train), ("val", n_train // 4), ("test", n_train // 4)):
+        y = (rng.random((n, c)) < 2.9 / c).astype(np.uint8)
+        y[np.arange(n), rng.integers(0, c, n)] = 1  # at least one positive per image
+        x = np.maximum(0.5 * y @ proto + 0.5 * rng.normal(size=(n, d)), 0).astype(np.float16)
+        splits[name] = (x, y)
+    base = ProbeData.from_arrays(splits["train"], splits["val"], splits["test"],
+                                 dataset="COCO", device=device)
+    replicates = [base]
+    for k in range(1, draws):
+        replicates.append(dataclasses.replace(base, train_observed=torch.from_numpy(
+            single_positive(splits["train"][1], base.source["observed_seed"] + k)).to(base.device)))
+    config = ProbeConfig(epochs=epochs, seeds=tuple(seeds), device=device)
+    one = ProbeConfig(epochs=epochs, seed=seeds[0], device=device)
+    timings: dict[str, float] = {}
+    for label, run in (
+            ("one seed, one draw", lambda: train_replicates(replicates[:1], one, loss, [{}])),
+            ("stacked", lambda: train_replicates(replicates, config, loss, [{}] * len(seeds))),
+            ("one run per draw", lambda: train_replicates(replicates, config, loss,
+                                                          [{}] * len(seeds), stack=False))):
+        t0 = time.perf_counter()
+        run()
+        timings[label] = time.perf_counter() - t0
+    return {"loss": loss, "n_train": n_train, "seeds": list(seeds), "draws": draws,
+            "epochs": epochs, "seconds": timings,
+            "stacked_over_one": timings["stacked"] / timings["one seed, one draw"],
+            "unstacked_over_stacked": timings["one run per draw"] / timings["stacked"],
+            "machine": machine_info()}

@@ -216,7 +216,8 @@ def trial_blocks(n: int, state_bytes: int, device: torch.device, setting: int | 
 
 
 def make_trainer(data: ProbeData, config: ProbeConfig, plan: TrialPlan,
-                 speed: SpeedOptions | None = None) -> StackedTrainer | BlockedTrainer:
+                 speed: SpeedOptions | None = None, draws: Tensor | None = None
+                 ) -> StackedTrainer | BlockedTrainer:
     """The run's trainer: one :class:`StackedTrainer`, or a :class:`BlockedTrainer` where the
     trials train in several blocks (:func:`trial_blocks`; a given Loss object is never split)."""
     speed = speed or SpeedOptions()
@@ -231,8 +232,8 @@ def make_trainer(data: ProbeData, config: ProbeConfig, plan: TrialPlan,
     blocks = (trial_blocks(plan.n, tensors * d1 * c * 4, data.device, speed.trial_block)
               if not (plan.given or config.compile) else [range(plan.n)])  # compile: once
     if len(blocks) == 1:
-        return StackedTrainer(data, config, plan, speed)
-    return BlockedTrainer(data, config, plan, blocks, speed)
+        return StackedTrainer(data, config, plan, speed, draws)
+    return BlockedTrainer(data, config, plan, blocks, speed, draws)
 
 
 def sync(device: torch.device) -> None:
@@ -245,7 +246,7 @@ class StackedTrainer:
     """The training state of one run and its epoch (module docstring)."""
 
     def __init__(self, data: ProbeData, config: ProbeConfig, plan: TrialPlan,
-                 speed: SpeedOptions | None = None) -> None:
+                 speed: SpeedOptions | None = None, draws: Tensor | None = None) -> None:
         speed = speed or SpeedOptions()
         self.data, self.plan, self.device = data, plan, data.device
         self.n, self.batch = n, batch = data.n_train, plan.training.batch_size
@@ -254,6 +255,11 @@ class StackedTrainer:
         # train targets: single positives, or the full labels as {1, -1} (the oracle)
         self.train_y = (torch.where(data.train_labels == 1, 1, -1).to(torch.int8)
                         if config.labels == "full" else data.train_observed)
+        if plan.draw_index is not None:
+            if draws is None:
+                raise ProbeConfigError("the plan has per-trial draws but no draws were given")
+            # (K, N, C): each distinct draw once on the device, whatever the number of trials
+            self.train_y = draws
         self.groups: list[LossGroup] = setup_loss_groups(plan, self.train_y, self.device)
         self.w = stacked_init(plan.seeds, data.train_x.shape[1], data.n_classes).to(self.device)
         self.grad_w = torch.empty_like(self.w)
@@ -362,7 +368,8 @@ class StackedTrainer:
             g.loss.select_trials(keep)
             self.groups = [LossGroup(g.loss, slice(0, len(keep)), list(g.loss.extra_parameters()))]
         else:
-            self.groups = [LossGroup(self.groups[j].loss, slice(i, i + 1), self.groups[j].extra)
+            self.groups = [LossGroup(self.groups[j].loss, slice(i, i + 1), self.groups[j].extra,
+                                     self.groups[j].targets)
                            for i, j in enumerate(keep)]
             self.order_gens = [self.order_gens[j] for j in keep]
         self.extra_params = [p for g in self.groups for p, _ in g.extra]
@@ -485,7 +492,7 @@ class StackedTrainer:
         """Per-trial losses (T,) of the logits ``z`` of the batch rows ``idx``."""
         if self.plan.shared:
             return self.groups[0].loss(z, self.train_y[idx], index=idx).loss
-        return torch.cat([g.loss(z[g.trials], self.train_y[idx[g.trials.start]],
+        return torch.cat([g.loss(z[g.trials], g.targets[idx[g.trials.start]],
                                  index=idx[g.trials.start]).loss.reshape(1)
                           for g in self.groups])
 
@@ -542,7 +549,8 @@ class BlockedTrainer:
     trial ids. The step threads are chosen once, for the largest block, and shared by all."""
 
     def __init__(self, data: ProbeData, config: ProbeConfig, plan: TrialPlan,
-                 blocks: list[range], speed: SpeedOptions | None = None) -> None:
+                 blocks: list[range], speed: SpeedOptions | None = None,
+                 draws: Tensor | None = None) -> None:
         speed = speed or SpeedOptions()
         self.plan, self.device = plan, data.device
         shape = (max(len(r) for r in blocks), data.train_x.shape[1], data.n_classes)
@@ -550,7 +558,7 @@ class BlockedTrainer:
                                        plan.training.batch_size, plan.shared,
                                        disk=speed.thread_cache)
         fixed = replace(speed, step_threads=self.threads or torch.get_num_threads())
-        self.blocks = [(r, StackedTrainer(data, config, plan.subset(r), fixed))
+        self.blocks = [(r, StackedTrainer(data, config, plan.subset(r), fixed, draws))
                        for r in blocks]
         first = self.blocks[0][1]
         self.n_steps, self.flip, self.cuda_graph = first.n_steps, first.flip, False

@@ -46,7 +46,7 @@ import torch
 from torch import Tensor
 
 from probe.devices import resolve_device
-from probe.engine.config import ProbeConfig
+from probe.engine.config import ProbeConfig, ProbeConfigError
 from probe.engine.data import ProbeData
 from probe.engine.loop import BlockedTrainer, StackedTrainer, deterministic, make_trainer
 from probe.engine.results import EpochReport, ProbeResult, TrialResult, environment_info
@@ -64,7 +64,9 @@ Trainer = StackedTrainer | BlockedTrainer  # make_trainer's choice
 def train_probe(data: ProbeData, config: ProbeConfig | None = None, loss: Loss | str = "an",
                 hparams: dict[str, Any] | Sequence[dict[str, Any]] | None = None, *,
                 callback: Callable[[EpochReport], Iterable[int] | None] | None = None,
-                progress: bool = False, speed: SpeedOptions | None = None) -> ProbeResult:
+                progress: bool = False, speed: SpeedOptions | None = None,
+                draws: Any | None = None, draw_index: Sequence[int] | None = None
+                ) -> ProbeResult:
     """Train T linear heads at once with one SPML loss; select each trial's best epoch on val,
     then measure test once on its head.
 
@@ -85,6 +87,12 @@ def train_probe(data: ProbeData, config: ProbeConfig | None = None, loss: Loss |
         speed: how the run uses the CPU (:class:`probe.engine.speed.SpeedOptions`); changes no
         result
             and is not recorded in the config (``result.timing`` says what was used).
+        draws: K observed-label draws of the train split, (K, N_train, C) int8 in {1, 0, -1}
+            (or a list of K such matrices), held once on the device; None = every trial trains
+            on ``data.train_observed``.
+        draw_index: with ``draws``, the draw each trial trains on (one per trial; one trial
+            with several entries = that trial on each draw). A trial with seed s on draw d
+            equals a run of that seed alone on data whose train_observed is draw d.
 
     Returns :class:`ProbeResult`. Raises an :class:`~probe.errors.SpmlError` subclass before
     training for bad settings (an unknown hyperparameter or loss, a batch size larger than the
@@ -95,8 +103,10 @@ def train_probe(data: ProbeData, config: ProbeConfig | None = None, loss: Loss |
     config.validate()
     speed = resolve_speed(speed)
     data = _on_device(data, config.device)
-    plan = plan_trials(data, config, loss, hparams)
-    trainer = make_trainer(data, config, plan, speed)
+    stack = _draw_stack(draws, data)
+    plan = plan_trials(data, config, loss, hparams, draw_index,
+                       0 if stack is None else stack.shape[0])
+    trainer = make_trainer(data, config, plan, speed, stack)
     results = [TrialResult(trial=t, seed=plan.seeds[t], lr=plan.lr[t],
                            weight_decay=plan.weight_decay[t],
                            hparams={k: (v.tolist() if isinstance(v, Tensor) else v)
@@ -124,6 +134,26 @@ def train_probe(data: ProbeData, config: ProbeConfig | None = None, loss: Loss |
                   compiled=trainer.compiled,  # the step ran through torch.compile
                   trial_blocks=trainer.block_sizes)  # trials per block (SpeedOptions.trial_block)
     return _result(plan, trainer, data, config, results, evaluator, timing)
+
+
+def _draw_stack(draws: Any | None, data: ProbeData) -> Tensor | None:
+    """``draws`` as one (K, N_train, C) int8 tensor on the data's device, checked."""
+    if draws is None:
+        return None
+    if isinstance(draws, (list, tuple)):
+        draws = torch.stack([torch.as_tensor(d) for d in draws])
+    stack = torch.as_tensor(draws)
+    want = (data.n_train, data.n_classes)
+    if stack.ndim != 3 or tuple(stack.shape[1:]) != want:
+        raise ProbeConfigError(
+            f"draws: expected (K, {want[0]}, {want[1]}) observed labels of the train split; "
+            f"got shape {tuple(stack.shape)}")
+    values = set(torch.unique(stack).tolist())
+    if not values <= {-1, 0, 1}:
+        raise ProbeConfigError(
+            f"draws: observed labels are 1 (positive), -1 (negative) or 0 (unknown); got "
+            f"{sorted(values - {-1, 0, 1})[:3]}")
+    return stack.to(torch.int8).to(data.device)
 
 
 def _epochs(trainer: Trainer, evaluator: Evaluator | None, results: list[TrialResult],

@@ -67,6 +67,9 @@ class TrialPlan:
 
     given: bool = False  # the caller passed a Loss object (it is never rebuilt or split)
     prior: Any = None  # the train rows' prior the loss reads (probe.store.priors.Prior), or None
+    # per-trial observed-label draws: trial t trains on draws[draw_index[t]] (None: every trial
+    # trains on the data's own train_observed); the draws are held once on the device
+    draw_index: list[int] | None = None
 
     @property
     def n(self) -> int:
@@ -82,13 +85,16 @@ class TrialPlan:
             return self
         sl = slice(trials.start, trials.stop)
         losses = [_build_loss(self.cls, self.hparams[sl])] if self.shared else self.losses[sl]
-        return replace(self, losses=losses, **{f: getattr(self, f)[sl] for f in
-                                               ("seeds", "lr", "weight_decay", "hparams")})
+        index = None if self.draw_index is None else self.draw_index[sl]
+        return replace(self, losses=losses, draw_index=index,
+                       **{f: getattr(self, f)[sl] for f in
+                          ("seeds", "lr", "weight_decay", "hparams")})
 
     @property
     def shared(self) -> bool:
-        """All trials share one seed, hence one batch order and one loss object."""
-        return len(set(self.seeds)) == 1
+        """All trials share one seed and one draw, hence one batch order and one loss object
+        (per-trial draws: one loss object per trial, as per-trial seeds)."""
+        return len(set(self.seeds)) == 1 and self.draw_index is None
 
 
 @dataclass
@@ -98,10 +104,12 @@ class LossGroup:
     loss: Loss
     trials: slice
     extra: list[tuple[nn.Parameter, float]]
+    targets: Tensor | None = None  # the group's train targets (N, C): a view, never a copy
 
 
 def plan_trials(data: ProbeData, config: ProbeConfig, loss: Loss | str,
-                hparams: dict[str, Any] | Sequence[dict[str, Any]] | None) -> TrialPlan:
+                hparams: dict[str, Any] | Sequence[dict[str, Any]] | None,
+                draw_index: Sequence[int] | None = None, n_draws: int = 0) -> TrialPlan:
     """Resolve the run's trials (see :func:`probe.train_probe` for what may be given)."""
     given: Loss | None = None
     if isinstance(loss, Loss):
@@ -123,7 +131,11 @@ def plan_trials(data: ProbeData, config: ProbeConfig, loss: Loss | str,
     if config.use_presets and (cls.presets.get(dataset) or cls.train_presets.get(dataset)):
         check_dataset_classes(dataset, data.n_classes, f"the {cls.name} paper presets")
     seeds, trials, lrs, wds = _normalise_trials(hparams, config, training.lr)
-    shared = len(set(seeds)) == 1
+    index = _check_draw_index(draw_index, n_draws, len(seeds))
+    if index is not None and len(seeds) == 1 and len(index) > 1:
+        # one trial, several draws: that trial on each draw
+        seeds, trials, lrs, wds = (v * len(index) for v in (seeds, trials, lrs, wds))
+    shared = len(set(seeds)) == 1 and index is None
     notes: list[str] = []
     if given is not None:
         if not shared:
@@ -144,7 +156,30 @@ def plan_trials(data: ProbeData, config: ProbeConfig, loss: Loss | str,
             f"than the train split ({data.n_train} rows); use a batch size of at most "
             f"{data.n_train}")
     return TrialPlan(cls, seeds, lrs, wds, merged, objects, training, notes, given is not None,
-                     prior=train_prior(cls, config, data))
+                     prior=train_prior(cls, config, data), draw_index=index)
+
+
+def _check_draw_index(draw_index: Sequence[int] | None, n_draws: int, n_trials: int
+                      ) -> list[int] | None:
+    """``draw_index`` as a list of ints, checked against the draws given and the trials."""
+    if draw_index is None:
+        if n_draws:
+            raise ProbeConfigError(
+                f"draws: {n_draws} draws were given without draw_index; pass draw_index (the "
+                "draw each trial trains on) or leave draws out")
+        return None
+    index = [int(i) for i in draw_index]
+    if not index:
+        raise ProbeConfigError("draw_index is empty: give one draw number per trial")
+    bad = [i for i in index if not 0 <= i < n_draws]
+    if bad:
+        raise ProbeConfigError(
+            f"draw_index: {bad[0]} is not a draw number; expected 0..{n_draws - 1} (one per "
+            f"draw given in draws)")
+    if n_trials > 1 and len(index) != n_trials:
+        raise ProbeConfigError(
+            f"draw_index has {len(index)} entries for {n_trials} trials; give one per trial")
+    return index
 
 
 def train_prior(cls: type[Loss], config: ProbeConfig, data: ProbeData) -> Any:
@@ -179,13 +214,15 @@ def check_prior_request(cls: type[Loss], name: str | None) -> None:
 
 def setup_loss_groups(plan: TrialPlan, train_y: Tensor, device: Any) -> list[LossGroup]:
     """Move the loss objects to ``device``, run their ``setup`` (per-example state over the
-    train split) and seed their own randomness; check the tensors they train."""
+    train split) and seed their own randomness; check the tensors they train. ``train_y`` is
+    (N, C), or (K, N, C) draws when the plan has per-trial draws (trial t: its draw_index)."""
     groups = []
     for i, obj in enumerate(plan.losses):
         obj.to(device)
         span = slice(0, plan.n) if plan.shared else slice(i, i + 1)
         k = span.stop - span.start
-        obj.setup(train_y, n_epochs=plan.training.epochs, n_trials=k)
+        targets = train_y if plan.draw_index is None else train_y[plan.draw_index[i]]
+        obj.setup(targets, n_epochs=plan.training.epochs, n_trials=k)
         if plan.prior is not None:  # the train rows' prior, shared by the stacked trials
             put = functools.partial(torch.as_tensor, dtype=torch.float32, device=device)
             obj.set_prior(put(plan.prior.scores), {k: put(v) for k, v in plan.prior.extras.items()})
@@ -200,7 +237,7 @@ def setup_loss_groups(plan: TrialPlan, train_y: Tensor, device: Any) -> list[Los
                 raise ProbeConfigError(
                     f"{plan.cls.name}: extra_parameters() must return contiguous tensors with a "
                     f"leading trial axis of {k}; got shape {tuple(p.shape)}")
-        groups.append(LossGroup(obj, span, extra))
+        groups.append(LossGroup(obj, span, extra, targets))
     return groups
 
 

@@ -29,7 +29,8 @@ from probe.engine.results import ProbeResult
 from probe.errors import SpmlError
 from probe.store.protocol import PROTOCOL_SEED, single_positive, split_indices
 
-__all__ = ["MODES", "Selection", "SelectionError", "mean_over_replicates", "selection_data"]
+__all__ = ["MODES", "Selection", "SelectionError", "mean_over_replicates", "selection_data",
+           "train_cells", "train_replicates"]
 
 MODES = ("val", "cv", "draws")
 
@@ -131,6 +132,109 @@ def selection_data(store: Any, select: str | Selection = "val", *,
                                  observed=_draw(store, observed_seed + j),
                                  replicate={"select": str(selection), "index": j}, **common)
             for j in range(selection.k)]
+
+
+def _one_draw_apart(data: list[ProbeData], val_labels: str) -> bool:
+    """Whether the replicates differ in their train draw alone (``draws:N``): then one stacked
+    run trains them all (the val draw matters only when val is scored on observed labels)."""
+    first = data[0]
+    for d in data[1:]:
+        same = (d.n_train == first.n_train and d.train_x.shape == first.train_x.shape
+                and torch.equal(d.train_x, first.train_x) and torch.equal(d.val_x, first.val_x)
+                and torch.equal(d.val_labels, first.val_labels)
+                and torch.equal(d.test_x, first.test_x)
+                and torch.equal(d.test_labels, first.test_labels))
+        if val_labels != "clean":
+            same = same and torch.equal(d.val_observed, first.val_observed)
+        if not same:
+            return False
+    return True
+
+
+def train_replicates(data: list[ProbeData], config: Any, loss: str,
+                     hparams: dict[str, Any] | Sequence[dict[str, Any]] | None = None, *,
+                     callback: Any = None, stack: bool = True) -> list[ProbeResult]:
+    """The same trials trained on every replicate, one :class:`ProbeResult` per replicate (as
+    :func:`probe.engine.train.train_probe` on each in turn). Replicates that differ in their
+    train draw alone (``draws:N``) train as one stacked run, each (trial, replicate) on its own
+    draw, equal to the run on that replicate within float rounding; otherwise (``cv:K``: other
+    rows) one run per replicate. ``callback`` sees every stacked trial; nothing is pruned.
+    ``stack=False``: one run per replicate (the reference)."""
+    from probe.engine.train import train_probe
+
+    if not data:
+        raise SelectionError("train_replicates: data is empty; give at least one replicate")
+    if not stack or len(data) == 1 or not _one_draw_apart(data, config.val_labels):
+        return [train_probe(d, config, loss, hparams, callback=callback, progress=False)
+                for d in data]
+    if isinstance(hparams, dict) or hparams is None:
+        n = len(config.seeds) if config.seeds is not None else 1
+        trials = [dict(hparams or {}) for _ in range(n)]
+    else:
+        trials = [dict(h) for h in hparams]
+    seeds = list(config.seeds) if config.seeds is not None else [config.seed]
+    if len(seeds) == 1:
+        seeds = seeds * len(trials)
+    n = len(trials)
+    r = len(data)
+    stacked = train_probe(data[0], dataclasses.replace(config, seeds=tuple(seeds * r)), loss,
+                          trials * r, callback=callback, progress=False,
+                          draws=[d.train_observed for d in data],
+                          draw_index=[j for j in range(r) for _ in range(n)])
+    out = []
+    for j, d in enumerate(data):
+        mine = slice(j * n, (j + 1) * n)
+        rows = [dataclasses.replace(t, trial=i) for i, t in enumerate(stacked.trials[mine])]
+        heads = {k: (None if getattr(stacked, k) is None else getattr(stacked, k)[mine].clone())
+                 for k in ("best_heads", "final_heads")}
+        out.append(dataclasses.replace(
+            stacked, trials=rows, source=d.source,
+            config={**stacked.config, "seeds": config.seeds},
+            timing={**stacked.timing, "stacked_replicates": r},
+            shared_batch_order=len(set(seeds)) == 1, **heads))
+    return out
+
+
+def train_cells(cells: Sequence[tuple[Any, ProbeData]], loss: str,
+                hparams: dict[str, Any] | None = None, *, stack: bool = True
+                ) -> list[ProbeResult]:
+    """One :class:`ProbeResult` (one trial) per ``(config, data)`` cell of one loss, as
+    ``train_probe(data, config, loss, hparams)`` on each: a table's column of draws and seeds.
+    Cells whose configs differ in ``seed`` alone and whose data differ in the train draw alone
+    train as one stacked run (equal within float rounding); the others one run each.
+    ``stack=False``: one run per cell (the reference)."""
+    from probe.engine.train import train_probe
+
+    out: list[ProbeResult | None] = [None] * len(cells)
+    groups: dict[Any, list[int]] = {}
+    for i, (config, _) in enumerate(cells):
+        if config.seeds is not None:
+            raise SelectionError(f"train_cells: cell {i} sets seeds; give one seed per cell")
+        key = repr(dataclasses.replace(config, seed=0)) if stack else i
+        groups.setdefault(key, []).append(i)
+    for members in groups.values():
+        datas = [cells[i][1] for i in members]
+        config = cells[members[0]][0]
+        if len(members) == 1 or not _one_draw_apart(datas, config.val_labels):
+            for i in members:
+                out[i] = train_probe(cells[i][1], cells[i][0], loss, hparams, progress=False)
+            continue
+        seeds = tuple(cells[i][0].seed for i in members)
+        stacked = train_probe(datas[0], dataclasses.replace(config, seeds=seeds), loss,
+                              [dict(hparams or {}) for _ in members], progress=False,
+                              draws=[d.train_observed for d in datas],
+                              draw_index=list(range(len(members))))
+        for j, i in enumerate(members):
+            trial = dataclasses.replace(stacked.trials[j], trial=0)
+            heads = {k: (None if getattr(stacked, k) is None
+                         else getattr(stacked, k)[j : j + 1].clone())
+                     for k in ("best_heads", "final_heads")}
+            out[i] = dataclasses.replace(
+                stacked, trials=[trial], source=datas[j].source,
+                config={**stacked.config, "seed": cells[i][0].seed, "seeds": None},
+                timing={**stacked.timing, "stacked_cells": len(members)},
+                shared_batch_order=True, **heads)
+    return [r for r in out if r is not None]
 
 
 def _mean(values: Sequence[Any]) -> float | None:

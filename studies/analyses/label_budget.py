@@ -64,8 +64,8 @@ def label_budget(store_path: str, config: BudgetConfig | None = None, *,
     interval, the best epoch and how many positives the train split observed."""
     from probe.engine.config import ProbeConfig
     from probe.engine.data import ProbeData
-    from probe.engine.train import train_probe
     from probe.evaluation.intervals import attach_test_intervals
+    from probe.evaluation.selection import train_replicates
     from probe.store import open_store
 
     cfg = config or BudgetConfig()
@@ -73,23 +73,26 @@ def label_budget(store_path: str, config: BudgetConfig | None = None, *,
     log = log or (lambda m: None)
     store = open_store(store_path)
     base = ProbeData.from_store(store, device=cfg.device, observed_seed=PROTOCOL_SEED)
+    budgets = [(fraction, k) for fraction in cfg.fractions for k in cfg.ks]
+    data = [budget_data(base, store, k=k, fraction=fraction, seed=cfg.seed)
+            for fraction, k in budgets]  # the budgets' draws; the features are base's
+    pc = ProbeConfig(epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
+                     seed=cfg.train_seed, device=cfg.device)
+    # every budget of a loss in one stacked run (each trial on its budget's draw)
+    results = {loss: train_replicates(data, pc, loss, [{}]) for loss in cfg.losses}
     rows = []
-    for fraction in cfg.fractions:
-        for k in cfg.ks:
-            data = budget_data(base, store, k=k, fraction=fraction, seed=cfg.seed)
-            n_obs = int((data.train_observed == 1).sum())
-            for loss in cfg.losses:
-                pc = ProbeConfig(epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
-                                 seed=cfg.train_seed, device=cfg.device)
-                result = train_probe(data, pc, loss, [{}], progress=False)
-                attach_test_intervals(result, data, n_resamples=cfg.n_resamples)
-                b = result.trials[0].best
-                rows.append({"loss": loss, "k": k, "fraction": fraction, "train_positives": n_obs,
-                             **{key: b.get(key) for key in ("val_map", "test_map",
-                                                            "test_map_low", "test_map_high")},
-                             "best_epoch": result.trials[0].best_epoch})
-                log(f"{loss:<8} k={k} fraction={fraction:g}: test mAP "
-                    f"{b.get('test_map', float('nan')):.2f} ({n_obs} observed train positives)")
+    for (fraction, k), budget, j in zip(budgets, data, range(len(budgets))):
+        n_obs = int((budget.train_observed == 1).sum())
+        for loss in cfg.losses:
+            result = results[loss][j]
+            attach_test_intervals(result, budget, n_resamples=cfg.n_resamples)
+            b = result.trials[0].best
+            rows.append({"loss": loss, "k": k, "fraction": fraction, "train_positives": n_obs,
+                         **{key: b.get(key) for key in ("val_map", "test_map",
+                                                        "test_map_low", "test_map_high")},
+                         "best_epoch": result.trials[0].best_epoch})
+            log(f"{loss:<8} k={k} fraction={fraction:g}: test mAP "
+                f"{b.get('test_map', float('nan')):.2f} ({n_obs} observed train positives)")
     return rows
 
 

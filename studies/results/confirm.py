@@ -12,7 +12,7 @@ import json
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -127,7 +127,7 @@ def confirm_study(study: optuna.Study, store_path: str, *, top_k: int = 3,
     and report the last epoch's test mAP per seed and draw (:func:`refit_winner`)."""
     from probe import __version__
     from probe.engine.data import ProbeData
-    from probe.engine.train import train_probe
+    from probe.evaluation.selection import train_replicates
     from probe.progress import Progress, plural
     from probe.store import add_draws, open_store
     from probe.store.records import draw_record, draw_text
@@ -179,13 +179,21 @@ def confirm_study(study: optuna.Study, store_path: str, *, top_k: int = 3,
                    enabled=progress)
     bar.write(f"confirming the top {plural(len(top), 'trials')} of '{study.study_name}': "
               f"{plural(len(seeds), 'seeds')} x {plural(len(observed_seeds), 'draws')} each")
+    # every draw's data, sharing the first's features (they differ in their draws alone)
+    replicates = []
     for obs_seed in observed_seeds:
         data = ProbeData.from_store(store, device=device if device != "auto" else "cpu",
                                     observed_seed=obs_seed, priors=as_trained.get("priors"))
-        for trial in top:
-            hp, cfg = trial_setup(trial.params, loss, {**as_trained, **recorded.get(
-                trial.number, {})}, seeds=seeds, observed_seed=obs_seed, device=device)
-            result = train_probe(data, cfg, loss, [hp] * len(seeds), progress=False)
+        if replicates:
+            data = replace(replicates[0], train_observed=data.train_observed,
+                                       val_observed=data.val_observed, source=data.source)
+        replicates.append(data)
+    for trial in top:
+        hp, cfg = trial_setup(trial.params, loss, {**as_trained, **recorded.get(
+            trial.number, {})}, seeds=seeds, observed_seed=observed_seeds[0], device=device)
+        # every seed and draw of the trial in one stacked run
+        results = train_replicates(replicates, cfg, loss, [hp] * len(seeds))
+        for obs_seed, result in zip(observed_seeds, results):
             ran[trial.number] = result
             for tr, seed in zip(result.trials, seeds):
                 if tr.best_epoch is not None:

@@ -144,23 +144,22 @@ def _train_group(settings, data, study, storage, space, trials, probe_config, lo
 
 
 def _train_replicates(settings, data, probe_config, hparams, on_epoch, tick) -> Any:
-    """The group trained stacked on each replicate in turn, then scored by the mean over them
+    """The group trained on every replicate (``draws:N``: all in one stacked run, each trial on
+    each draw; ``cv:K``: replicate after replicate), then scored by the mean over them
     (:func:`probe.evaluation.selection.mean_over_replicates`); the mean val curve goes to
     ``on_epoch`` epoch by epoch (Optuna's intermediate values; nothing is pruned:
     ``prune_rule``)."""
     from probe.engine.results import EpochReport
-    from probe.engine.train import train_probe
+    from probe.evaluation.selection import train_replicates
 
-    results = []
-    for r, d in enumerate(data):
-        def beat(report: EpochReport, r: int = r) -> list[int]:
-            if tick is not None:
-                tick(f"batch of {len(hparams)}: replicate {r + 1}/{len(data)}, epoch "
-                     f"{report.epoch}/{probe_config.epochs}")
-            return []
+    def beat(report: EpochReport) -> list[int]:
+        if tick is not None:
+            tick(f"batch of {len(hparams)} over {len(data)} replicates, epoch "
+                 f"{report.epoch}/{probe_config.epochs}")
+        return []
 
-        results.append(train_probe(d, probe_config, settings.loss, hparams, callback=beat,
-                                   progress=False))
+    # draws:N: every replicate in one stacked run; cv:K: one run per replicate
+    results = train_replicates(data, probe_config, settings.loss, hparams, callback=beat)
     merged = mean_over_replicates(results, settings.select)
     n = len(merged.trials)
     for e in range(max((len(t.epochs) for t in merged.trials), default=0)):
