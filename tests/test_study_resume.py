@@ -1,7 +1,7 @@
 """A study never repeats itself when it is extended, resumed after Ctrl-C, or run by several
 workers: the sampler of a process that joins a study is seeded by the trials already told (and
 by its worker index), so it does not replay the sequence another process drew from the same
-seed. One test per sampler the CLI offers."""
+seed. One test per sampler the CLI offers (tpe, random, cmaes, gp, grid)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from studies.study.run import run_study
 from studies.study.settings import StudySettings
 
-SAMPLERS = ["tpe", "random", "cmaes", "grid"]
+SAMPLERS = ["tpe", "random", "cmaes", "gp", "grid"]
 
 
 def _settings(store, out, sampler, n_trials):
