@@ -215,7 +215,8 @@ def summary_section(st: StudyView, commands: list[str]) -> Section:
         paper_value = _fv(paper.params.get(name, "–")) if paper else "–"
         best_value = _fv(best.params.get(name, "–")) if best else "–"
         space_rows.append([name, range_text(dist), scale, paper_value, best_value])
-    sec.blocks += [Facts(facts), Table(["parameter", "range", "scale", "paper value", "best trial"],
+    columns = ["parameter", "range", "scale", f"{word} value", "best trial"]
+    sec.blocks += [Facts(facts), Table(columns,
                                        space_rows, id="search-space", caption="Search space"),
                    Paragraph("Reproduce: the study, its confirmation (when run) and this report."),
                    CodeBlock("\n".join(commands))]
@@ -314,14 +315,15 @@ def history_section(st: StudyView, fig_dir: Path, options: ReportOptions) -> Sec
     if not any(p.value is not None or p.state == "FAIL" for p in st.points):
         return Section(*SECTIONS[2], [Note("No trial has reported a val mAP yet: nothing to "
                                            "plot.")])
+    word = reference_label(st.study)  # "paper" only where a paper gives the values
     path = plots.plot_history(st.points, fig_dir / "history.png",
                               title=f"Optimisation history: {st.study.study_name}", dpi=options.dpi,
-                              reference=reference_label(st.study))
+                              reference=word)
     return Section(*SECTIONS[2], [Figure(path, (
         "Val mAP of every trial in the order it was asked; the orange line is the best "
         "completed trial so far. Pruned trials are drawn at the best val mAP they reached "
         "before the pruner stopped them; failed trials are ticks on the x axis; the star and "
-        "dashed line are the paper's values."))])
+        f"dashed line are the first trial ({word})."))])
 
 
 def compute_importances(st: StudyView, options: ReportOptions

@@ -30,7 +30,7 @@ from studies.study.settings import (
     resolve_study_name,
 )
 from studies.study.storage import StudyError, open_storage
-from studies.study.summary import StudySummary, summarize, with_verdict
+from studies.study.summary import StudySummary, grid_exhausted_lines, summarize, with_verdict
 from studies.study.worker import run_worker
 
 __all__ = ["SAMPLERS", "JoinedStudy", "StudySettings", "StudySummary", "create_or_join",
@@ -108,7 +108,8 @@ def run_study(settings: StudySettings, *, worker_command: Sequence[str] | None =
     study = optuna.load_study(study_name=resolve_study_name(settings, store.dataset),
                               storage=storage)
     summary = summarize(study, settings)
-    if summary.n_complete + summary.n_pruned < settings.n_trials:
+    exhausted = bool(grid_exhausted_lines(study, settings))
+    if summary.n_complete + summary.n_pruned < settings.n_trials and not exhausted:
         raise StudyError(
             f"the workers stopped (exit codes {codes}) with only "
             f"{summary.n_complete + summary.n_pruned} of {settings.n_trials} trials finished; "

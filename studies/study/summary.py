@@ -93,8 +93,32 @@ def summarize(study: optuna.Study, settings: StudySettings) -> StudySummary:
         # each trial's val mAP per reported epoch (its intermediate values)
         n_best_at_last=count_best_is_last(
             [[v for _, v in sorted(t.intermediate_values.items())] for t in complete]),
-        facts=settings_lines(study, best),
+        facts=settings_lines(study, best) + grid_exhausted_lines(study, settings),
     )
+
+
+def grid_size(settings: StudySettings) -> int:
+    """The number of cells of a grid study's grid (1 for a study without a grid)."""
+    size = 1
+    for values in settings.grid.values():
+        size *= len(values)
+    return size
+
+
+def grid_exhausted_lines(study: optuna.Study, settings: StudySettings) -> list[str]:
+    """The line that says a grid study stopped short of ``--trials`` because every cell of its
+    grid was tried (the grid never repeats a cell), else nothing."""
+    if settings.sampler != "grid" or not settings.grid:
+        return []
+    finished = [t for t in study.get_trials(deepcopy=False)
+                if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    # the cells tried, counted from the storage (the study may be loaded without its sampler)
+    cells = {tuple(sorted(t.params.items())) for t in finished}
+    if len(finished) >= settings.n_trials or len(cells) < grid_size(settings):
+        return []
+    return [f"the grid is exhausted: all {grid_size(settings)} of its cells are tried, so the "
+            f"study stopped at {len(finished)} of --trials {settings.n_trials} (a grid never "
+            "repeats a cell; add values to --grid to run more)"]
 
 
 def param_lines(loss: str, params: dict[str, Any]) -> list[str]:
