@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from probe.errors import SpmlError
-from probe.registry import Registry, RegistryError
+from probe.registry import Registry, RegistryError, adopt_named_instance, check_named_instance
 
 __all__ = ["BACKBONES", "DECODE_CHOICES", "DEFAULT", "DEFAULT_BACKBONE", "EMBED_CHOICES",
            "FAMILIES", "IMAGENET_MEAN", "IMAGENET_STD", "PRECISION_CHOICES", "RANDOM",
@@ -170,32 +170,12 @@ class ModuleFamily(Family):
         return f"ModuleFamily({self.name!r}, {self.module!r})"
 
 
-def _adopt_family(name: str, obj: Any) -> Family:
-    """What a ``spml_probe.backbones`` entry point names, as the family to register: a
-    :class:`Family` instance, or a Family subclass (built with no arguments); its ``name`` must
-    be the entry point's name."""
-    family = obj() if isinstance(obj, type) and issubclass(obj, Family) else obj
-    _check_family(family)
-    if family.name != name:
-        raise SpmlError(f"the entry point's name {name!r} must be the family's name; "
-                        f"{type(family).__qualname__}.name is {family.name!r}")
-    return family
-
-
-def _check_family(family: Any) -> None:
-    """A family's contract: a :class:`Family` whose name is letters, digits and '_'."""
-    if not isinstance(family, Family):
-        raise TypeError(f"register_family: {family!r} is not a featurize.backbones.Family")
-    if not family.name or not family.name.replace("_", "").isalnum():
-        raise SpmlError(f"register_family: a family's name must be letters, digits and '_'; "
-                         f"got {family.name!r}")
-
-
 #: the backbone families by name, in registration order: the built-ins below, the user's own
 #: (:func:`register_family`) and the plugins of the entry-point group ``spml_probe.backbones``
 FAMILIES: Registry[Family] = Registry(
     "backbone family", "spml_probe.backbones", builtin="the built-in family",
-    builtin_modules=("featurize.",), adopt=_adopt_family,
+    builtin_modules=("featurize.",),
+    adopt=adopt_named_instance(Family, "register_family", "backbone family"),
     form="one Family (an instance or a subclass) as 'module:object'")
 
 
@@ -204,7 +184,7 @@ def register_family(family: Family) -> Family:
     lists it and ``--backbone <name>:<model>`` (or a plain name it claims) builds its models.
     A name already taken by another family is refused. An installed package registers its
     family through the entry-point group ``spml_probe.backbones`` instead (docs/plugins.md)."""
-    _check_family(family)
+    check_named_instance(family, Family, "register_family", "backbone family")
     return FAMILIES.add(family.name, family, module=type(family).__module__)
 
 

@@ -29,8 +29,9 @@ from typing import Any, Generic, TypeVar
 
 from probe.errors import SpmlError
 
-__all__ = ["PluginFailure", "Registry", "RegistryError", "close_matches", "distribution_text",
-           "error_line", "installed_entry_points"]
+__all__ = ["PluginFailure", "Registry", "RegistryError", "adopt_named_instance",
+           "check_named_instance", "close_matches", "distribution_text", "error_line",
+           "installed_entry_points"]
 
 T = TypeVar("T")
 
@@ -313,6 +314,34 @@ class Registry(Generic[T]):
             self._tried = set()
             self._failures = []
             self._all_loaded = False
+
+
+def check_named_instance(obj: Any, base: type, caller: str, what: str) -> None:
+    """The contract of an entry that is an object with a ``name`` (a backbone family, a prior
+    source): an instance of ``base`` whose name is letters, digits and '_'; refused naming
+    ``caller`` otherwise."""
+    if not isinstance(obj, base):
+        raise TypeError(f"{caller}: {obj!r} is not a {base.__module__}.{base.__qualname__}")
+    name = getattr(obj, "name", "")
+    if not name or not name.replace("_", "").isalnum():
+        raise RegistryError(f"{caller}: a {what}'s name must be letters, digits and '_'; got "
+                            f"{name!r}")
+
+
+def adopt_named_instance(base: type, caller: str, what: str) -> Callable[[str, Any], Any]:
+    """An ``adopt`` for a registry of named instances: the entry point may name an instance of
+    ``base`` or a subclass (built with no arguments), whose ``name`` must be the entry point's
+    name."""
+
+    def adopt(name: str, obj: Any) -> Any:
+        entry = obj() if isinstance(obj, type) and issubclass(obj, base) else obj
+        check_named_instance(entry, base, caller, what)
+        if entry.name != name:
+            raise RegistryError(f"the entry point's name {name!r} must be the {what}'s name; "
+                                f"{type(entry).__qualname__}.name is {entry.name!r}")
+        return entry
+
+    return adopt
 
 
 def describe(obj: Any) -> str:

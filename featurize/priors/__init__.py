@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from probe.errors import SpmlError
-from probe.registry import Registry
+from probe.registry import Registry, adopt_named_instance, check_named_instance
 
 __all__ = ["PRIOR_SOURCES", "PriorScores", "PriorSource", "get_prior_source",
            "register_prior_source", "write_prior_from"]
@@ -118,38 +118,18 @@ class FileSource(PriorSource):
         return import_priors(store_path, name, overwrite=overwrite, **options)
 
 
-def _adopt_source(name: str, obj: Any) -> PriorSource:
-    """What a ``spml_probe.priors`` entry point names, as the source to register: a
-    :class:`PriorSource` instance or subclass (built with no arguments), named like the entry
-    point."""
-    source = obj() if isinstance(obj, type) and issubclass(obj, PriorSource) else obj
-    _check_source(source)
-    if source.name != name:
-        raise SpmlError(f"the entry point's name {name!r} must be the prior source's name; "
-                        f"{type(source).__qualname__}.name is {source.name!r}")
-    return source
-
-
-def _check_source(source: Any) -> None:
-    if not isinstance(source, PriorSource):
-        raise TypeError(f"register_prior_source: {source!r} is not a "
-                        "featurize.priors.PriorSource")
-    if not source.name or not source.name.replace("_", "").isalnum():
-        raise SpmlError(f"register_prior_source: a source's name must be letters, digits and "
-                        f"'_'; got {source.name!r}")
-
-
 #: the prior sources by name: the built-ins, the user's own (:func:`register_prior_source`) and
 #: the plugins of the entry-point group ``spml_probe.priors``
 PRIOR_SOURCES: Registry[PriorSource] = Registry(
     "prior source", "spml_probe.priors", builtin="the built-in source",
-    builtin_modules=("featurize.",), adopt=_adopt_source,
+    builtin_modules=("featurize.",),
+    adopt=adopt_named_instance(PriorSource, "register_prior_source", "prior source"),
     form="one PriorSource (an instance or a subclass) as 'module:object'")
 
 
 def register_prior_source(source: PriorSource) -> PriorSource:
     """Add ``source`` to the registry; a name already taken is refused."""
-    _check_source(source)
+    check_named_instance(source, PriorSource, "register_prior_source", "prior source")
     return PRIOR_SOURCES.add(source.name, source, module=type(source).__module__)
 
 

@@ -39,14 +39,22 @@ MLL_METRICS = ("ranking_loss", "one_error", "coverage", "average_precision", "ha
                "hamming_loss_tuned", "macro_auc")
 
 
+def _positions(keys: np.ndarray, axis: int) -> np.ndarray:
+    """Each entry's 0-based position when ``keys`` are sorted ascending along ``axis``, ties in
+    index order (a stable sort, as SMILE's code)."""
+    index = np.argsort(keys, axis=axis, kind="stable")
+    ranks = np.empty_like(index)
+    shape = [1, 1]
+    shape[axis] = keys.shape[axis]
+    positions = np.broadcast_to(np.arange(keys.shape[axis]).reshape(shape), keys.shape)
+    np.put_along_axis(ranks, index, positions, axis=axis)
+    return ranks
+
+
 def _descending_ranks(scores: np.ndarray) -> np.ndarray:
     """(N, C) int: each class's 0-based position when the row is sorted by score, highest
-    first, ties in class order (a stable sort, as SMILE's code)."""
-    index = np.argsort(-scores, axis=1, kind="stable")
-    ranks = np.empty_like(index)
-    positions = np.broadcast_to(np.arange(scores.shape[1]), scores.shape)
-    np.put_along_axis(ranks, index, positions, axis=1)
-    return ranks
+    first, ties in class order."""
+    return _positions(-scores, axis=1)
 
 
 def ranking_loss(scores: np.ndarray, targets: np.ndarray) -> float:
@@ -96,10 +104,7 @@ def average_precision(scores: np.ndarray, targets: np.ndarray) -> float:
 def macro_auc(scores: np.ndarray, targets: np.ndarray) -> float:
     """Mean over classes with positive and negative rows of the ROC AUC (rank-sum form, ties in
     row order, as SMILE's code)."""
-    index = np.argsort(scores, axis=0, kind="stable")
-    ranks = np.empty_like(index)
-    positions = np.broadcast_to(np.arange(scores.shape[0])[:, None], scores.shape)
-    np.put_along_axis(ranks, index, positions, axis=0)
+    ranks = _positions(scores, axis=0)  # each row's position in its class, lowest first
     has = targets.astype(bool)
     m = has.sum(0)
     n = has.shape[0] - m
