@@ -128,9 +128,11 @@ def test_probe_json_counts_epochs_from_1_and_logs_plain_lines(store, tmp_path):
     assert lines[0] == "probe an ×2: starting (3 epochs)"
     assert [ln.split(":")[0] for ln in lines if ln.startswith("epoch")] == [
         "epoch 1/3", "epoch 2/3", "epoch 3/3"]
-    # the test intervals after training are followed too (a second or two per head on COCO)
-    assert lines[-2] == "test intervals (1000 resamples): starting (2 heads)"
-    assert lines[-1].startswith("test intervals (1000 resamples): 2/2 heads (100%)")
+    # the test intervals after training are followed too (a second or two per head on COCO),
+    # then, on this small store, the one warning that they rest on few test images
+    assert lines[-3] == "test intervals (1000 resamples): starting (2 heads)"
+    assert lines[-2].startswith("test intervals (1000 resamples): 2/2 heads (100%)")
+    assert lines[-1].startswith("warning: the intervals and marks rest on ")
     record = json.loads(out.read_text())
     assert record["spml_version"]
     for tr in record["trials"]:
