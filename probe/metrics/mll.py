@@ -57,19 +57,25 @@ def _descending_ranks(scores: np.ndarray) -> np.ndarray:
     return _positions(-scores, axis=1)
 
 
-def ranking_loss(scores: np.ndarray, targets: np.ndarray) -> float:
-    """Mean over rows with positives and negatives of the wrongly ordered pairs' fraction."""
-    ranks = _descending_ranks(scores)
+def _mean_pair_share(ranks: np.ndarray, targets: np.ndarray, axis: int) -> float:
+    """Along ``axis``, each line's share of (positive, negative) pairs whose negative is ranked
+    before the positive -- the positives' rank sum beyond the first m ranks 0..m-1, over m·n --
+    averaged over the lines that have both (NaN where none has)."""
     has = targets.astype(bool)
-    m = has.sum(1)
-    n = has.shape[1] - m
-    rows = (m > 0) & (n > 0)
-    if not rows.any():
+    m = has.sum(axis)
+    n = has.shape[axis] - m
+    lines = (m > 0) & (n > 0)
+    if not lines.any():
         return float("nan")
-    rank_sum = np.where(has, ranks, 0).sum(1)
-    # the positives' rank sum beyond the best m ranks 0..m-1 counts the negatives above them
-    wrong = (rank_sum[rows] - m[rows] * (m[rows] - 1) / 2.0) / (m[rows] * n[rows])
-    return float(wrong.mean())
+    rank_sum = np.where(has, ranks, 0).sum(axis)
+    share = (rank_sum[lines] - m[lines] * (m[lines] - 1) / 2.0) / (m[lines] * n[lines])
+    return float(share.mean())
+
+
+def ranking_loss(scores: np.ndarray, targets: np.ndarray) -> float:
+    """Mean over rows with positives and negatives of the wrongly ordered pairs' fraction
+    (ranked highest first: a negative before a positive is a wrong pair)."""
+    return _mean_pair_share(_descending_ranks(scores), targets, axis=1)
 
 
 def one_error(scores: np.ndarray, targets: np.ndarray) -> float:
@@ -104,16 +110,8 @@ def average_precision(scores: np.ndarray, targets: np.ndarray) -> float:
 def macro_auc(scores: np.ndarray, targets: np.ndarray) -> float:
     """Mean over classes with positive and negative rows of the ROC AUC (rank-sum form, ties in
     row order, as SMILE's code)."""
-    ranks = _positions(scores, axis=0)  # each row's position in its class, lowest first
-    has = targets.astype(bool)
-    m = has.sum(0)
-    n = has.shape[0] - m
-    classes = (m > 0) & (n > 0)
-    if not classes.any():
-        return float("nan")
-    rank_sum = np.where(has, ranks, 0).sum(0)
-    auc = (rank_sum[classes] - m[classes] * (m[classes] - 1) / 2.0) / (m[classes] * n[classes])
-    return float(auc.mean())
+    # ranked lowest first: a negative before a positive is a correctly ordered pair
+    return _mean_pair_share(_positions(scores, axis=0), targets, axis=0)
 
 
 def hamming_loss(probabilities: np.ndarray, targets: np.ndarray, threshold: float = 0.5
