@@ -230,3 +230,17 @@ def test_the_benchmark_split_and_the_metrics_a_probe_records(tmp_path, capsys):
     expected = mll_metrics(logits, targets, best["hamming_threshold"])
     for name in MLL_METRICS:
         assert best[f"test_{name}"] == pytest.approx(expected[name], abs=1e-6), name
+
+
+def test_a_metric_with_nothing_to_measure_is_nan_not_zero():
+    """Rows without positives or without negatives, classes of one kind: NaN, never a
+    made-up 0 or 1 (SMILE's code divides by a zero count there)."""
+    import math
+
+    scores = np.array([[0.2, 0.9], [0.4, 0.1]])
+    everything = np.ones((2, 2), dtype=np.uint8)
+    nothing = np.zeros((2, 2), dtype=np.uint8)
+    assert math.isnan(ranking_loss(scores, everything))  # no negatives in any row
+    assert math.isnan(macro_auc(scores, everything))
+    assert math.isnan(average_precision(scores, nothing))
+    assert one_error(scores, nothing) == 1.0  # defined: a row without positives always errs

@@ -1,19 +1,17 @@
 """What a researcher copies into a paper is right or says why not: Holm with a NaN among the
 p-values, one-sided marks checked against an independent numpy paired bootstrap, a diverged row
 that reads n/a, the oracle as a reference row, identical rows named, cells that peaked at their
-last epoch counted, and a draw's data and record written together under the store's lock."""
+last epoch counted."""
 
 from __future__ import annotations
 
 import math
-import threading
 from statistics import NormalDist
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from fixtures_datasets import toy_feature_store
 
 from probe.errors import SpmlError
 from probe.evaluation.intervals import (
@@ -163,65 +161,6 @@ def test_cells_that_peaked_at_their_last_epoch_are_counted_with_the_fix():
     assert note.startswith("2 of 3 trained cells peaked at their last epoch")
     assert "--epochs" in note and "--lr" in note and "--tune" in note
     assert convergence_notes(cells[1:2], None) == []
-
-
-# ----------------------------------------------------------------------------- the draw race
-
-
-def test_two_conflicting_draws_of_one_seed_never_leave_one_s_data_under_the_other_s_record(
-        tmp_path, monkeypatch):
-    """Process A draws seed 7 as the protocol, process B as a label budget, at the same time,
-    in the order that broke it: A writes its array, B writes its own over it, A registers, B is
-    refused (each step waits on the one before, with a bounded wait where the lock keeps the
-    other side out). Whoever wins, the record and the array under seed 7 must be of one draw."""
-    import probe.store.records as records
-    from probe.store import add_draws, open_store
-    from probe.store.errors import StoreError
-
-    path = toy_feature_store(tmp_path / "toy.zarr")
-    real_write, real_register = records.small_array, records.update_root_attrs
-    b_wrote, a_registered = threading.Event(), threading.Event()
-
-    def held_small_array(group, name, data):
-        out = real_write(group, name, data)
-        if threading.current_thread().name == "A":
-            b_wrote.wait(timeout=2.0)  # bounded: with the lock held, B cannot write before A ends
-        else:
-            b_wrote.set()
-            a_registered.wait(timeout=2.0)
-        return out
-
-    def signalled_register(path, change):
-        out = real_register(path, change)
-        if threading.current_thread().name == "A":
-            a_registered.set()
-        return out
-
-    monkeypatch.setattr(records, "update_root_attrs", signalled_register)
-    monkeypatch.setattr(records, "small_array", held_small_array)
-    refused = {}
-
-    def draw(name, **kw):
-        try:
-            add_draws(path, [7], **kw)
-        except StoreError as err:
-            refused[name] = err
-
-    a = threading.Thread(target=draw, args=("A",), name="A")
-    b = threading.Thread(target=draw, args=("B",), kwargs={"k": 3}, name="B")
-    a.start()
-    b.start()
-    a.join()
-    b_wrote.set()
-    b.join()
-    store = open_store(path)
-    record = records.draw_record(dict(store.attrs), 7)
-    positives = (store.observed(7, store.split("train")) == 1).sum(1)
-    if record["kind"] == "protocol":
-        assert positives.max() == 1, "a protocol record over label-budget data"
-    else:
-        assert positives.max() > 1, "a label-budget record over protocol data"
-    assert len(refused) == 1  # the other draw was refused by name, not written
 
 
 def test_a_row_with_a_diverged_draw_reads_n_a_and_is_not_marked():

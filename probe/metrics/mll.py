@@ -97,14 +97,17 @@ def coverage(scores: np.ndarray, targets: np.ndarray) -> float:
 def average_precision(scores: np.ndarray, targets: np.ndarray) -> float:
     """Example-based average precision: per row with positives, the mean over its positives of
     (positives ranked at or above it) / (its 1-based rank); averaged over those rows."""
-    ranks = _descending_ranks(scores)
     has = targets.astype(bool)
-    per_row = []
-    for i in np.flatnonzero(has.any(1)):
-        positive_ranks = np.sort(ranks[i, has[i]])
-        above = np.arange(1, len(positive_ranks) + 1)
-        per_row.append(float(np.mean(above / (positive_ranks + 1.0))))
-    return float(np.mean(per_row)) if per_row else float("nan")
+    rows = has.any(1)
+    if not rows.any():
+        return float("nan")
+    # each row's labels in ranked order (highest score first, ties in class order): at ranked
+    # position p, the positives so far over p + 1 is the precision of a positive found there
+    order = np.argsort(-scores[rows], axis=1, kind="stable")
+    ranked = np.take_along_axis(has[rows], order, axis=1)
+    precision = np.cumsum(ranked, axis=1) / np.arange(1, ranked.shape[1] + 1)
+    per_row = (precision * ranked).sum(1) / ranked.sum(1)
+    return float(per_row.mean())
 
 
 def macro_auc(scores: np.ndarray, targets: np.ndarray) -> float:

@@ -311,7 +311,9 @@ class MetricSummary:
     best: bool = False
 
     def text(self, stat: str) -> str:
-        diverged = count_finite_missing(self.values)
+        from probe.evaluation.intervals import count_non_finite
+
+        diverged = count_non_finite(self.values)
         if diverged:
             return f"n/a ({diverged} of {len(self.values)} diverged)"
         value = f"**{self.mean:.4f}**" if self.best else f"{self.mean:.4f}"
@@ -320,10 +322,6 @@ class MetricSummary:
         if math.isfinite(self.low):
             return f"{value} [{self.low:.4f}, {self.high:.4f}]"
         return value
-
-
-def count_finite_missing(values: list[float]) -> int:
-    return sum(1 for v in values if not math.isfinite(v))
 
 
 def cell_metric(cell: Any, metric: str) -> float:
