@@ -185,6 +185,21 @@ def test_the_tuned_threshold_minimises_val_hamming():
     assert hamming_loss(probabilities, targets, t) == pytest.approx(min(grid))
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_the_tuned_threshold_is_the_grid_search_it_replaces(seed):
+    """The counting form picks what a loop of hamming_loss over 0.01 … 0.99 picks (smallest
+    loss, then nearest 0.5), with probabilities sitting exactly on candidates (p > t is strict)."""
+    rng = np.random.default_rng(seed)
+    targets = (rng.random((300, 7)) < rng.uniform(0.1, 0.7)).astype(np.uint8)
+    probabilities = np.clip(targets * rng.uniform(0, 0.5) + rng.random((300, 7)) * 0.6, 0, 1)
+    on_grid = rng.random(probabilities.shape) < 0.3
+    probabilities[on_grid] = np.round(rng.integers(1, 100, on_grid.sum()) / 100.0, 2)
+    candidates = [round(k / 100.0, 2) for k in range(1, 100)]
+    losses = [hamming_loss(probabilities, targets, t) for t in candidates]
+    want = min(range(99), key=lambda k: (losses[k], abs(candidates[k] - 0.5)))
+    assert tuned_threshold(probabilities, targets) == candidates[want]
+
+
 # ----------------------------------------------------------------------------- the protocol
 
 

@@ -111,19 +111,22 @@ class BenchConfig:
 
 def synthetic_store(n_train: int = COCO_TRAIN_ROWS, dim: int = 2048, n_classes: int = 80, *,
                     seed: int = 0, cache_dir: str | Path | None = None,
-                    progress: bool = True) -> Path:
+                    progress: bool = True, name: str = "coco-synthetic") -> Path:
     """Path of a cached COCO-shaped synthetic store, built on first use.
 
     Zipf-like class popularity, 1 + Poisson(1.9) positives per image (COCO's ~2.9); float16
     features ``relu(0.5·y·P + 0.5·noise)`` with random class prototypes P, flips with a little
     more noise; the protocol's split gives ``n_train`` train rows, test rows in COCO's proportion.
+    ``name`` is the store's dataset name: ``"coco"`` makes every loss train at its COCO paper
+    preset (``spml bench table``); the default matches no preset.
     """
     from probe.store import StoreError, open_store, write_feature_store
     from probe.store.index import DatasetIndex, Phase
 
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    path = root / (f"bench-coco-synthetic-v{SYNTHETIC_VERSION}-n{n_train}-d{dim}-c{n_classes}"
-                   f"-s{seed}.zarr")
+    named = "" if name == "coco-synthetic" else f"-{name}"
+    path = root / (f"bench-coco-synthetic{named}-v{SYNTHETIC_VERSION}-n{n_train}-d{dim}"
+                   f"-c{n_classes}-s{seed}.zarr")
     if path.exists():
         with contextlib.suppress(StoreError):  # incomplete (an interrupted build): rebuilt below
             open_store(path)
@@ -150,7 +153,7 @@ def synthetic_store(n_train: int = COCO_TRAIN_ROWS, dim: int = 2048, n_classes: 
         flips[r0 : r0 + 8192] = np.maximum(base + noise, 0)
     ids = [f"syn{i:07d}" for i in range(n)]
     index = DatasetIndex(
-        name="coco-synthetic", class_names=tuple(f"class_{c:02d}" for c in range(n_classes)),
+        name=name, class_names=tuple(f"class_{c:02d}" for c in range(n_classes)),
         pool=Phase(tuple(ids[:n_pool]), tuple(Path(i) for i in ids[:n_pool]), labels[:n_pool]),
         test=Phase(tuple(ids[n_pool:]), tuple(Path(i) for i in ids[n_pool:]), labels[n_pool:]))
     provenance = {"backbone": "none (synthetic features)", "weights": "none", "transform": "none",

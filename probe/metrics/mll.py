@@ -42,19 +42,28 @@ MLL_METRICS = ("ranking_loss", "one_error", "coverage", "average_precision", "ha
 def _positions(keys: np.ndarray, axis: int) -> np.ndarray:
     """Each entry's 0-based position when ``keys`` are sorted ascending along ``axis``, ties in
     index order (a stable sort, as SMILE's code)."""
-    index = np.argsort(keys, axis=axis, kind="stable")
+    return _positions_of(np.argsort(keys, axis=axis, kind="stable"), axis)
+
+
+def _positions_of(index: np.ndarray, axis: int) -> np.ndarray:
+    """The inverse of a sort ``index`` along ``axis``: each entry's position in the sorted order."""
     ranks = np.empty_like(index)
     shape = [1, 1]
-    shape[axis] = keys.shape[axis]
-    positions = np.broadcast_to(np.arange(keys.shape[axis]).reshape(shape), keys.shape)
+    shape[axis] = index.shape[axis]
+    positions = np.broadcast_to(np.arange(index.shape[axis]).reshape(shape), index.shape)
     np.put_along_axis(ranks, index, positions, axis=axis)
     return ranks
+
+
+def _descending_order(scores: np.ndarray) -> np.ndarray:
+    """(N, C) int: each row's classes, highest score first, ties in class order."""
+    return np.argsort(-scores, axis=1, kind="stable")
 
 
 def _descending_ranks(scores: np.ndarray) -> np.ndarray:
     """(N, C) int: each class's 0-based position when the row is sorted by score, highest
     first, ties in class order."""
-    return _positions(-scores, axis=1)
+    return _positions_of(_descending_order(scores), axis=1)
 
 
 def _mean_pair_share(ranks: np.ndarray, targets: np.ndarray, axis: int) -> float:
@@ -88,23 +97,29 @@ def one_error(scores: np.ndarray, targets: np.ndarray) -> float:
 def coverage(scores: np.ndarray, targets: np.ndarray) -> float:
     """SMILE's coverage: (mean over all rows of the deepest positive's 1-based rank, 0 for a row
     without positives) − 1, divided by C."""
-    ranks = _descending_ranks(scores)
+    return _coverage(_descending_ranks(scores), targets)
+
+
+def _coverage(ranks: np.ndarray, targets: np.ndarray) -> float:
     has = targets.astype(bool)
     deepest = np.where(has, ranks + 1, 0).max(1)
-    return float((deepest.sum() / scores.shape[0] - 1.0) / scores.shape[1])
+    return float((deepest.sum() / ranks.shape[0] - 1.0) / ranks.shape[1])
 
 
 def average_precision(scores: np.ndarray, targets: np.ndarray) -> float:
     """Example-based average precision: per row with positives, the mean over its positives of
     (positives ranked at or above it) / (its 1-based rank); averaged over those rows."""
+    return _average_precision(_descending_order(scores), targets)
+
+
+def _average_precision(order: np.ndarray, targets: np.ndarray) -> float:
     has = targets.astype(bool)
     rows = has.any(1)
     if not rows.any():
         return float("nan")
     # each row's labels in ranked order (highest score first, ties in class order): at ranked
     # position p, the positives so far over p + 1 is the precision of a positive found there
-    order = np.argsort(-scores[rows], axis=1, kind="stable")
-    ranked = np.take_along_axis(has[rows], order, axis=1)
+    ranked = np.take_along_axis(has[rows], order[rows], axis=1)
     precision = np.cumsum(ranked, axis=1) / np.arange(1, ranked.shape[1] + 1)
     per_row = (precision * ranked).sum(1) / ranked.sum(1)
     return float(per_row.mean())
@@ -128,7 +143,16 @@ def tuned_threshold(probabilities: np.ndarray, targets: np.ndarray) -> float:
     """The threshold in 0.01 … 0.99 with the smallest Hamming loss on these (val) rows; of
     equal ones, the nearest to 0.5."""
     candidates = np.round(np.arange(1, 100) / 100.0, 2)
-    losses = [hamming_loss(probabilities, targets, float(t)) for t in candidates]
+    # the wrong entries at each candidate t by one binary search per entry: an entry with
+    # probability p is predicted positive (p > t, as hamming_loss) at the candidates below
+    # bins(p), the number of candidates < p
+    has = targets.astype(bool)
+    bins_pos = np.searchsorted(candidates, probabilities[has], side="left")
+    bins_neg = np.searchsorted(candidates, probabilities[~has], side="left")
+    # over candidate k: positives with p <= t_k (bins <= k), negatives with p > t_k (bins > k)
+    missed = np.cumsum(np.bincount(bins_pos, minlength=len(candidates) + 1))[:-1]
+    false = len(bins_neg) - np.cumsum(np.bincount(bins_neg, minlength=len(candidates) + 1))[:-1]
+    losses = (missed + false) / probabilities.size
     best = min(range(len(candidates)), key=lambda k: (losses[k], abs(candidates[k] - 0.5)))
     return float(candidates[best])
 
@@ -138,10 +162,12 @@ def mll_metrics(test_logits: np.ndarray, test_targets: np.ndarray,
     """Every metric of :data:`MLL_METRICS` of one head's test logits ``(N, C)``;
     ``hamming_loss_tuned`` uses ``threshold`` (from :func:`tuned_threshold` on val)."""
     probabilities = 1.0 / (1.0 + np.exp(-test_logits.astype(np.float64)))
-    return {"ranking_loss": ranking_loss(test_logits, test_targets),
+    order = _descending_order(test_logits)  # one sort of the rows serves three metrics
+    ranks = _positions_of(order, axis=1)
+    return {"ranking_loss": _mean_pair_share(ranks, test_targets, axis=1),
             "one_error": one_error(test_logits, test_targets),
-            "coverage": coverage(test_logits, test_targets),
-            "average_precision": average_precision(test_logits, test_targets),
+            "coverage": _coverage(ranks, test_targets),
+            "average_precision": _average_precision(order, test_targets),
             "hamming_loss": hamming_loss(probabilities, test_targets, 0.5),
             "hamming_loss_tuned": hamming_loss(probabilities, test_targets, threshold),
             "macro_auc": macro_auc(test_logits, test_targets)}

@@ -108,3 +108,55 @@ def register_cli(sub: argparse._SubParsersAction,
     add_device_argument(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_table)
+    if bench is not None:
+        _register_bench_table(bench)
+
+
+def _bench_table(args: argparse.Namespace) -> int:
+    import json
+
+    from probe.engine.results import write_json_atomic
+    from studies.table.bench import TableBenchConfig, bench_table, format_table_bench
+
+    losses = ("all",) if args.losses == "all" else tuple(parse_names(args.losses, "--losses"))
+    config = TableBenchConfig(rows=args.rows, losses=losses, draws=args.draws, epochs=args.epochs,
+                              cache_dir=args.cache_dir, device=args.device)
+    report = bench_table(config, progress=not args.quiet,
+                         log=lambda m: print(m, file=sys.stderr))
+    print(format_table_bench(report))
+    print(json.dumps(report, indent=1))
+    if args.json:
+        write_json_atomic(args.json, report)
+    return 0
+
+
+def _register_bench_table(bench: argparse._SubParsersAction) -> None:
+    b = bench.add_parser(
+        "table",
+        help="spml table stacked (every draw of a row in one pass) vs one run per cell, on a "
+             "COCO-shaped store named coco",
+        description=(
+            "Builds the same spml table twice in one process, stacked and with --no-stack, on a "
+            "cached COCO-shaped synthetic store whose dataset name is coco (so every loss "
+            "trains at its COCO paper preset: its own epochs, batch size and lr), and prints "
+            "both wall times, their ratio, the largest difference between the two tables' "
+            "cells and the machine with its load. One run each (a table is one long run)."),
+        epilog=("examples:\n  spml bench table\n  spml bench table --losses an,role --rows 4096 "
+                "--epochs 2\n  spml bench table --losses all --rows 65665   # COCO's train "
+                "rows, every loss: hours on 2 cores\n"),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    b.add_argument("--rows", type=int, default=16_384,
+                   help="train rows of the COCO-shaped store (default: 16,384; COCO: 65,665)")
+    b.add_argument("--losses", default="an,gr,em,em_apl,ll_r,role",
+                   help="the table's rows, comma-separated, or all (default: "
+                   "an,gr,em,em_apl,ll_r,role)")
+    b.add_argument("--draws", type=int, default=3,
+                   help="single-positive draws per row (default: 3)")
+    b.add_argument("--epochs", type=int, default=None,
+                   help="the same epochs for every row (default: each loss's COCO preset)")
+    b.add_argument("--cache-dir", default=None,
+                   help="where the synthetic store is kept (default: the bench cache)")
+    b.add_argument("--json", metavar="FILE", help="also write the report as JSON")
+    add_device_argument(b)
+    b.add_argument("--quiet", action="store_true", help="no progress bars")
+    b.set_defaults(func=_bench_table)
