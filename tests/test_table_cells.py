@@ -42,7 +42,12 @@ def test_a_changed_setting_retrains_the_kept_cell_and_counts_it(store, tmp_path,
     assert main([*args, "--epochs", "3"]) == 0
     changed = capsys.readouterr().err
     assert _trained(changed) == 1
-    assert "whose settings changed: config (1), epochs (1)" in changed
+    # said once, as epochs: the resolved config's own epochs field is not counted again
+    assert "whose settings changed: epochs (1)" in changed
+    assert main([*args, "--epochs", "3", "--seed", "1"]) == 0
+    flipped = capsys.readouterr().err
+    assert _trained(flipped) == 1
+    assert "whose settings changed: config (1)" in flipped  # the seed is keyed in the config alone
 
 
 def test_a_loss_whose_version_changed_retrains_its_cell(store, tmp_path, capsys, monkeypatch):

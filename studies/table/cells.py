@@ -531,9 +531,19 @@ def stale_cells(cells: list[Cell], out: str | None) -> dict[str, int]:
             continue
         new = json.loads(json.dumps(saved_settings(c), default=str))
         for name in sorted(set(old) | set(new)):
-            if old.get(name) != new.get(name):
+            if _changed(name, old, new):
                 changed[name] = changed.get(name, 0) + 1
     return changed
+
+
+def _changed(name: str, old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Whether setting ``name`` differs; the resolved ``config`` counts only for its fields that
+    are not keyed on their own as well (an --epochs change is said once, as epochs)."""
+    if name != "config" or not (isinstance(old.get(name), dict) and isinstance(new.get(name),
+                                                                               dict)):
+        return old.get(name) != new.get(name)
+    fields = (set(old[name]) | set(new[name])) - set(new)
+    return any(old[name].get(f) != new[name].get(f) for f in fields)
 
 
 def _fill(cell: Cell, record: dict[str, Any], head: Any) -> None:
