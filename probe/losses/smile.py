@@ -59,6 +59,8 @@ _BETA_EPS = 1e-5  # the released Decoder's Beta(d + 1e-5, 1 - d + 1e-5)
 #: clear of the head's init stream (s) and the batch-order stream (s + 2**32)
 NET_SEED_OFFSET = 2**33
 BETA_SEED_OFFSET = 2**34
+#: distances computed at once while building the graph (float64: 128 MB)
+KNN_BLOCK_ENTRIES = 1 << 24
 
 
 # ---------------------------------------------------------------------------------------------
@@ -70,13 +72,13 @@ def knn_neighbours(x: Tensor, k: int = 3) -> Tensor:
     """The released feature graph (``gen_adj_matrix_2``) as each row's ``k`` neighbours,
     ``(N, k)`` int64: the rows nearest to row i in euclidean distance, i itself excluded; ties
     go to the lower row (as the released repeated ``argmin``). In float64, a block of rows at a
-    time (memory: ~128 MB of distances per block)."""
+    time (:data:`KNN_BLOCK_ENTRIES` distances)."""
     if x.ndim != 2 or isinstance(k, bool) or not 1 <= k < x.shape[0]:
         raise LossInputError(f"knn_graph: x must be (N, d) with N > k >= 1; got x of shape "
                              f"{tuple(x.shape)} and k={k}")
     xd = x.detach().to(torch.float64)
     n = xd.shape[0]
-    block = max(1, (1 << 24) // n)
+    block = max(1, KNN_BLOCK_ENTRIES // n)
     out = torch.empty(n, k, dtype=torch.int64, device=x.device)
     for start in range(0, n, block):
         stop = min(n, start + block)
