@@ -450,8 +450,8 @@ def test_clear_errors():
     stacked = create_loss("smile", lr_mult=torch.tensor([1.0, 2.0]))
     with pytest.raises(LossInputError, match="lr_mult must be one value"):
         stacked.setup(observed, n_epochs=1, n_trials=2)
-    with pytest.raises(LossInputError, match="k=48 neighbours"):
-        big_k = create_loss("smile", k=N)
+    with pytest.raises(LossInputError, match="neighbours=48 needs more than 48 train rows"):
+        big_k = create_loss("smile", neighbours=N)
         big_k.setup(observed, n_epochs=1)
         big_k.set_features(torch.zeros(N, D))
     from probe.engine.trials import setup_loss_groups

@@ -50,7 +50,7 @@ PAPER = ("Xu, Liu, Lv, Geng et al., One Positive Label is Sufficient: Single-Pos
 #: --rate 0.1`` with the script's defaults (lr 1e-3 Adam for both networks, batch 16, T = 1,
 #: γ = 0.001, δ = 1, no warm-up, k = 3 graph neighbours).
 SMILE_YEAST = {"p": 0.05, "mu": 0.5, "rate": 0.1, "bias": False, "gamma": 0.001, "delta": 1.0,
-               "temperature": 1.0, "epochs": 10, "lr": 1e-3, "batch_size": 16, "k": 3}
+               "temperature": 1.0, "epochs": 10, "lr": 1e-3, "batch_size": 16, "neighbours": 3}
 
 _LOG_EPS = 1e-5  # the released neg_log's epsilon
 _BETA_EPS = 1e-5  # the released Decoder's Beta(d + 1e-5, 1 - d + 1e-5)
@@ -400,7 +400,8 @@ _DELTA = HParam("delta", 1.0, "weight δ of the Beta KL term (released 1)", low=
                 search=(0.1, 10.0), log=True)
 _TEMP = HParam("temperature", 1.0, "temperature T of σ(z/T) for the classifier and the encoder "
                "(released --T 1)", low=0.0, low_open=True)
-_K = HParam("k", 3, "neighbours per row of the feature graph (released 3)", kind="int", low=1)
+_K = HParam("neighbours", 3, "k, the neighbours per row of the feature graph (released 3)",
+            kind="int", low=1)
 _LR_MULT = HParam("lr_mult", 1.0, "learning-rate multiplier of the label-enhancement networks "
                   "relative to the head (released: both at --lr; one value for all stacked "
                   "trials)", low=0.0, low_open=True)
@@ -475,7 +476,7 @@ class SMILE(Loss):
         if self._n_train is None:
             raise LossInputError("smile: call setup(observed_train, n_epochs) before "
                                  "set_features(train_x)")
-        k = self.hparam("k")
+        k = self.hparam("neighbours")
         if not isinstance(train_x, Tensor) or train_x.ndim != 2 or (
                 train_x.shape[0] != self._n_train) or not train_x.is_floating_point():
             got = tuple(train_x.shape) if isinstance(train_x, Tensor) else type(train_x).__name__
@@ -483,8 +484,8 @@ class SMILE(Loss):
                 f"smile: set_features needs the train split's features, a float tensor "
                 f"({self._n_train}, D) (the rows setup saw, no bias column); got {got}")
         if not k < self._n_train:
-            raise LossInputError(f"smile: k={k} neighbours need more than k train rows; got "
-                                 f"{self._n_train}; lower k")
+            raise LossInputError(f"smile: neighbours={k} needs more than {k} train rows; got "
+                                 f"{self._n_train}; lower neighbours")
         x = train_x.detach().to(torch.float32)
         graph = _graph(knn_neighbours(x, k))
         self.register_buffer("x_train", x, persistent=False)
