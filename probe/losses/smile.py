@@ -411,7 +411,7 @@ _FLOATS = ("p", "mu", "rate", "gamma", "delta", "temperature")
 @register
 class SMILE(Loss):
     name = "smile"
-    paper = PAPER + ", Sec. 3 (label enhancement, the variational loss) and palm-ml/smile"
+    paper = PAPER + " (SMILE), as its released code computes it (palm-ml/smile train_smile2.py)"
     formula = (
         "A = k-NN graph of the train features;  d = σ(GCN(X_train)[index]/T)  (2 GraphConv "
         "norm='both', ReLU, linear)\n"
