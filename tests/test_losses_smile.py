@@ -392,7 +392,7 @@ def _plain_loop(seed: int, hparams: dict, lr: float, epochs: int):
             gcn_opt.zero_grad()
             enhance.backward()
             gcn_opt.step()
-            losses.append(float(classifier) + float(enhance))
+            losses.append(float(classifier.detach()) + float(enhance.detach()))
         epoch_losses.append(float(np.mean(losses)))
     return head, epoch_losses
 
@@ -437,6 +437,20 @@ def test_stacked_trials_equal_the_trials_alone(how):
         assert [e["train_loss"] for e in stacked.trials[t].epochs] == pytest.approx(
             [e["train_loss"] for e in single.trials[0].epochs], rel=1e-5)
     assert not torch.equal(stacked.final_heads[0], stacked.final_heads[1])
+
+
+def test_a_pruned_trial_leaves_and_the_other_continues_as_alone():
+    """Three epochs of two stacked trials; trial 0 stopped after epoch 1 (select_trials drops
+    its networks and optimizer rows): trial 1 ends with the head it gets alone."""
+    data = _data()
+    trials = [{**HP, "gamma": 0.1}, {**HP, "gamma": 0.01, "p": 0.2}]
+    cfg = _config(epochs=3, eval_every=1)
+    stacked = train_probe(data, cfg, "smile", trials,
+                          callback=lambda report: [0] if report.epoch == 1 else [])
+    alone = train_probe(data, cfg, "smile", trials[1])
+    assert stacked.trials[0].stopped_at == 1 and len(stacked.trials[0].epochs) == 1
+    torch.testing.assert_close(stacked.final_heads[1], alone.final_heads[0], rtol=1e-5,
+                               atol=1e-6)
 
 
 def test_clear_errors():

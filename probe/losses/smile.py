@@ -486,7 +486,7 @@ class SMILE(Loss):
         if not k < self._n_train:
             raise LossInputError(f"smile: neighbours={k} needs more than {k} train rows; got "
                                  f"{self._n_train}; lower neighbours")
-        x = train_x.detach().to(torch.float32)
+        x = train_x.detach().to(torch.float32).contiguous()
         graph = _graph(knn_neighbours(x, k))
         self.register_buffer("x_train", x, persistent=False)
         self.register_buffer("graph_neighbours", graph.neighbours, persistent=False)
