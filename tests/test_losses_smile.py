@@ -180,6 +180,16 @@ def released_step(args, model_logits, encoder, encoder_z, decoder, G, G_A, train
                                        batch_X_rec, batch_Y_rec, batch_A_rec, batch_idx)
     return loss_predict, loss_distribution
 
+
+def released_warmup_step(model_logits, encoder, G, train_X, batch_Y_obs, batch_idx):
+    """train_smile2.py's warm-up loop body, the classifier's logits given."""
+    batch_Y_score = torch.sigmoid(model_logits)
+    batch_D_logits_1 = encoder(G, train_X)[batch_idx]
+    batch_D_score_1 = torch.sigmoid(batch_D_logits_1)
+    loss_predict = loss_an(batch_Y_score, batch_Y_obs)
+    loss_distribution = loss_an(batch_D_score_1, batch_Y_obs)
+    return loss_predict, loss_distribution
+
 # ---- end of the transcription ----
 
 
@@ -249,6 +259,40 @@ def test_step_losses_and_gradients_equal_released(bias):
              (nets.decoder_x.fc2.weight.grad, decoder.linear_classifier.fc2.weight.grad)]
     for got, want in pairs:
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+
+
+def test_warmup_step_equals_released():
+    """The warm-up step (AN on σ(z), AN on the encoder; no temperature, no draw): losses and
+    gradients, float64, rtol 1e-9; the other networks get no gradient (Adam skips them)."""
+    torch.manual_seed(1)
+    n, d, c, b = 30, 6, 4, 8
+    x_train = torch.randn(n, d, dtype=torch.float64)
+    obs = torch.zeros(n, c, dtype=torch.float64)
+    obs[torch.arange(n), torch.randint(0, c, (n,))] = 1
+    index = torch.randperm(n)[:b]
+    logits = torch.randn(b, c, dtype=torch.float64, requires_grad=True)
+    nets = SmileNetworks(d, c).double()
+    encoder, encoder_z, decoder = GCN(d, c, c).double(), MLPNet(d + c, c), Decoder(c, c, d)
+    _copy_weights(nets, encoder, encoder_z, decoder)
+    a_np = gen_adj_matrix_2(x_train.numpy(), k=3)
+    rows, cols = np.nonzero(a_np)
+    ours = smile_step(nets, knn_graph(x_train, 3).double(), x_train, index, logits, obs[index],
+                      p=0.05, mu=0.5, rate=0.1, bias=False, gamma=0.3, delta=0.7,
+                      temperature=2.0, warmup=True)
+    logits_ref = logits.detach().clone().requires_grad_(True)
+    ref = released_warmup_step(logits_ref, encoder,
+                               (torch.tensor(rows), torch.tensor(cols), n), x_train,
+                               obs[index], index)
+    for got, want in zip(ours, ref):
+        assert float(got.detach()) == pytest.approx(float(want.detach()), rel=1e-9)
+    (ours[0] + ours[1]).backward()
+    (ref[0] + ref[1]).backward()
+    torch.testing.assert_close(logits.grad, logits_ref.grad, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(nets.conv1.weight.grad.T, encoder.conv1.weight.grad, rtol=1e-9,
+                               atol=1e-12)
+    torch.testing.assert_close(nets.fc.weight.grad, encoder.fc.weight.grad, rtol=1e-9,
+                               atol=1e-12)
+    assert nets.encoder_z.fc1.weight.grad is None and nets.decoder_x.fc2.bias.grad is None
 
 
 def test_yeast_preset_is_the_released_run():
@@ -359,7 +403,7 @@ def test_one_step_of_the_registered_loss_equals_smile_step():
     assert float(total.detach()) == pytest.approx(float(out.loss.detach()), rel=1e-9)
 
 
-def _plain_loop(seed: int, hparams: dict, lr: float, epochs: int):
+def _plain_loop(seed: int, hparams: dict, lr: float, epochs: int, warmup: int = 0):
     """The released training loop on the probe's data (probe.engine.train's docstring for the
     init and the batch order): nn.Linear seeded with ``seed``, the networks of
     init_networks(seed + 2**33), ŷ from the global RNG seeded with seed + 2**34; per batch the
@@ -378,14 +422,14 @@ def _plain_loop(seed: int, hparams: dict, lr: float, epochs: int):
     torch.manual_seed(seed + BETA_SEED_OFFSET)
     gen = order_generator(seed)
     epoch_losses = []
-    for _ in range(epochs):
+    for epoch in range(epochs):
         perm, rows = epoch_order(gen, N, flip=True)
         losses = []
         for step in range(N // BATCH):
             sl = slice(step * BATCH, (step + 1) * BATCH)
             idx = perm[sl]
             classifier, enhance = smile_step(nets, adj, x, idx, head(both[rows[sl]]),
-                                             observed[idx], **hparams)
+                                             observed[idx], **hparams, warmup=epoch < warmup)
             mlp_opt.zero_grad()
             classifier.backward()
             mlp_opt.step()
@@ -402,13 +446,14 @@ def _config(**kw) -> ProbeConfig:
                           "eval_every": 0, "device": "cpu", **kw})
 
 
-def test_trained_through_the_probe_equals_the_released_loop():
-    """Two epochs of 6 steps, flips on: the final head (atol 2e-5, rtol 1e-4, float32 after
-    12 Adam steps) and each epoch's mean loss (rel 1e-5); the loss was handed the unflipped
-    train features without the bias column."""
-    loss = create_loss("smile", **HP)
+@pytest.mark.parametrize("warmup", [0, 1])
+def test_trained_through_the_probe_equals_the_released_loop(warmup):
+    """Two epochs of 6 steps, flips on, without and with a warm-up epoch: the final head (atol
+    2e-5, rtol 1e-4, float32 after 12 Adam steps) and each epoch's mean loss (rel 1e-5); the
+    loss was handed the unflipped train features without the bias column."""
+    loss = create_loss("smile", **HP, warmup=warmup)
     result = train_probe(_data(), _config(), loss)
-    head, losses = _plain_loop(3, HP, lr=1e-2, epochs=2)
+    head, losses = _plain_loop(3, HP, lr=1e-2, epochs=2, warmup=warmup)
     ours = result.head(0, best=False)
     torch.testing.assert_close(ours.weight, head.weight.detach(), atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(ours.bias, head.bias.detach(), atol=2e-5, rtol=1e-4)

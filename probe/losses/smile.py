@@ -276,25 +276,35 @@ def _mlp(x: Tensor, w: dict[str, Tensor], stem: str) -> Tensor:
     return torch.matmul(h, w[f"{stem}2_w"]) + w[f"{stem}2_b"].unsqueeze(1)
 
 
+def _encode(w: dict[str, Tensor], graph: _Graph, x_all: Tensor, index: Tensor,
+            temperature: Any) -> Tensor:
+    """The encoder's soft labels d = σ(GCN(X)[index] / T) ``(T, B, C)``: the two GraphConv
+    layers over every train row, then the linear layer on the batch's rows."""
+    hid = _propagate(graph, torch.matmul(x_all, w["conv1_w"])) + w["conv1_b"].unsqueeze(1)
+    hid = _propagate(graph, torch.matmul(torch.relu(hid), w["conv2_w"]))
+    hid = (hid + w["conv2_b"].unsqueeze(1))[:, index]
+    return torch.sigmoid((torch.matmul(hid, w["fc_w"]) + w["fc_b"].unsqueeze(1)) / temperature)
+
+
 def _smile_parts(params: dict[str, Tensor], graph: _Graph, x_train: Tensor, index: Tensor,
                  z: Tensor, observed: Tensor, h: dict[str, Any], bias: bool,
-                 draw_beta: Any) -> tuple[Tensor, Tensor]:
+                 draw_beta: Any, warmup: bool = False) -> tuple[Tensor, Tensor]:
     """The step's ``(classifier loss, label-enhancement loss)``, each ``(T,)``, for the
     classifier's logits ``z`` ``(T, B, C)`` of the train rows ``index`` ``(B,)``; ``params``:
     the stacked networks (``(T, in, out)`` weights, ``(T, out)`` biases); ``h``: p, mu, rate,
     gamma, delta, temperature as numbers or ``(T, 1, 1)`` views; ``draw_beta(a, b)``: the
-    reparametrised Beta draw ``(T, B, C)``. Everything is computed in ``z``'s dtype."""
+    reparametrised Beta draw ``(T, B, C)``; ``warmup``: the released warm-up step instead (AN
+    on σ(z) and on the encoder's σ(GCN), no temperature, no draw). Everything is computed in
+    ``z``'s dtype."""
     dt = z.dtype
     w = {name: value.to(dt) for name, value in params.items()}
     x_all = x_train.to(dt)
+    if warmup:
+        d = _encode(w, graph, x_all, index, 1.0)
+        return _an_prob(torch.sigmoid(z), observed), _an_prob(d, observed)
     t = z.shape[0]
     temp = h["temperature"]
-
-    # the encoder: the GCN over every train row, then the batch's rows
-    hid = _propagate(graph, torch.matmul(x_all, w["conv1_w"])) + w["conv1_b"].unsqueeze(1)
-    hid = _propagate(graph, torch.matmul(torch.relu(hid), w["conv2_w"]))
-    hid = (hid + w["conv2_b"].unsqueeze(1))[:, index]
-    d = torch.sigmoid((torch.matmul(hid, w["fc_w"]) + w["fc_b"].unsqueeze(1)) / temp)
+    d = _encode(w, graph, x_all, index, temp)
     x = x_all[index].expand(t, -1, -1)
     code = _mlp(torch.cat((x, d), dim=-1), w, "enc_z")
     x_rec = _mlp(torch.cat((d, code), dim=-1), w, "dec_x")
@@ -358,17 +368,19 @@ def _check_step(what: str, x_train: Tensor, index: Tensor, logits: Tensor,
 
 def smile_step(nets: SmileNetworks, adj: Tensor, x_train: Tensor, index: Tensor, logits: Tensor,
                observed: Tensor, *, p: float, mu: float, rate: float, bias: bool,
-               gamma: float, delta: float, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
+               gamma: float, delta: float, temperature: float = 1.0,
+               warmup: bool = False) -> tuple[Tensor, Tensor]:
     """One released step's two losses: ``(classifier loss, label-enhancement loss)`` for the
     batch ``index`` with the classifier's ``logits`` ``(B, C)`` and ``observed`` ``(B, C)``
     (1 / 0). ``adj``: :func:`knn_graph` of ``x_train``. ŷ's Beta draw uses the global torch
-    generator, as released."""
+    generator, as released. ``warmup``: a step of the released warm-up epochs (AN on σ(z) and
+    AN on the encoder's σ(GCN(X)[index]), no temperature, no draw)."""
     _check_step("smile_step", x_train, index, logits, observed)
     h = {"p": p, "mu": mu, "rate": rate, "gamma": gamma, "delta": delta,
          "temperature": temperature}
     classifier, enhance = _smile_parts(nets.stacked(), _graph_from_adjacency(adj), x_train,
                                        index, logits.unsqueeze(0), observed, h, bias,
-                                       _global_beta)
+                                       _global_beta, warmup)
     return classifier[0], enhance[0]
 
 
@@ -405,6 +417,9 @@ _K = HParam("neighbours", 3, "k, the neighbours per row of the feature graph (re
 _LR_MULT = HParam("lr_mult", 1.0, "learning-rate multiplier of the label-enhancement networks "
                   "relative to the head (released: both at --lr; one value for all stacked "
                   "trials)", low=0.0, low_open=True)
+_WARMUP = HParam("warmup", 0, "epochs trained with the released warm-up first: AN on the "
+                 "classifier and on the encoder (released --warm_up, default 0)", kind="int",
+                 low=0)
 _FLOATS = ("p", "mu", "rate", "gamma", "delta", "temperature")
 
 
@@ -413,6 +428,7 @@ class SMILE(Loss):
     name = "smile"
     paper = PAPER + " (SMILE), as its released code computes it (palm-ml/smile train_smile2.py)"
     formula = (
+        "epochs < warmup: AN(σ(z)) + AN(σ(GCN(X_train)[index])) (the released warm-up)\n"
         "A = k-NN graph of the train features;  d = σ(GCN(X_train)[index]/T)  (2 GraphConv "
         "norm='both', ReLU, linear)\n"
         "classifier: D = sg(μd + (1−μ)D₂), D₂ = y with unobserved entries = p;  s = σ(z/T);  "
@@ -422,7 +438,7 @@ class SMILE(Loss):
         "δ·KL_Beta(d),  ŷ ~ Beta(d+1e-5, 1−d+1e-5) reparametrised\n"
         "loss = classifier + networks (disjoint parameters: one backward = the released two "
         "optimizers)")
-    hparam_specs = (_P, _MU, _RATE, _BIAS, _GAMMA, _DELTA, _TEMP, _K, _LR_MULT)
+    hparam_specs = (_P, _MU, _RATE, _BIAS, _GAMMA, _DELTA, _TEMP, _K, _LR_MULT, _WARMUP)
     presets = {"yeast": {k: SMILE_YEAST[k] for k in ("p", "mu", "rate", "bias")}}
     train_presets = {"yeast": {k: SMILE_YEAST[k] for k in ("batch_size", "lr", "epochs")}}
     stateful = True
@@ -444,8 +460,9 @@ class SMILE(Loss):
         "s + 2**34 on the loss's device. The graph (k-NN, euclidean, float64, ties to the "
         "lower row) is built once in set_features, O(N²) time; the GCN runs over all N train "
         "rows every step, as released. Differences from the released run: the classifier is "
-        "the probe's linear head, not the released two-layer MLP; no warm-up (the released "
-        "--warm_up default 0 and yeast run); with flip augmentation the networks see the "
+        "the probe's linear head, not the released two-layer MLP; the warm-up epochs count "
+        "within epochs (released: --warm_up epochs before --ep; 0 in its default and yeast "
+        "run); with flip augmentation the networks see the "
         "unflipped features; an observed negative (y = −1, which the released code never "
         "has) counts as observed with D₂ = 0. Nothing is reconstructed: every term is the "
         "released code's (tests/test_losses_smile.py).")
@@ -560,8 +577,9 @@ class SMILE(Loss):
             z = z.unsqueeze(0)
         h = {name: hp(self.hparam(name), z) for name in _FLOATS}
         graph = _Graph(self.graph_neighbours, self.graph_index, self.graph_weight)
+        warmup = self.epoch < self.hparam("warmup")
         classifier, enhance = _smile_parts(params, graph, self.x_train, index, z, observed, h,
-                                           self.hparam("bias"), self._draw_beta)
+                                           self.hparam("bias"), self._draw_beta, warmup)
         if squeeze:
             classifier, enhance = classifier[0], enhance[0]
         return LossOutput(classifier + enhance, {"classifier": classifier, "enhance": enhance})
