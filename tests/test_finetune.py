@@ -342,6 +342,8 @@ def test_every_loss_survives_the_checkpoint_round_trip(name):
     loss.setup(observed, n_epochs=3)
     if type(loss).prior is not None:  # VLPL, GPR: the train rows' prior (docs/priors.md)
         loss.set_prior(torch.linspace(0, 1, 24).view(6, 4))
+    if type(loss).needs_features:  # SMILE: the train rows' features
+        loss.set_features(torch.linspace(-1, 1, 18).view(6, 3) ** 3)
     loss.start_epoch(1)
     buf = io.BytesIO()
     torch.save({"loss": loss}, buf)

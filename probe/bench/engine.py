@@ -181,6 +181,8 @@ def plain_loop(data: ProbeData, loss_name: str = "gr", hparams: dict[str, Any] |
     head = nn.Linear(data.feature_dim, data.n_classes).to(data.device)
     loss = create_loss(loss_name, **(hparams or {})).to(data.device)
     loss.setup(data.train_observed, n_epochs=epochs)
+    if loss.needs_features:  # the unflipped train rows, no bias column (Loss.set_features)
+        loss.set_features(data.train_x[:n, :-1].float())
     loss.manual_seed([seed])
     groups = [{"params": list(head.parameters())}]
     groups += [{"params": [p], "lr": lr * m} for p, m in loss.extra_parameters()]
@@ -252,6 +254,8 @@ def papers_loop(data: ProbeData, loss_name: str = "gr", *, seed: int = 0, lr: fl
     head = nn.Linear(data.feature_dim, data.n_classes)
     loss = create_loss(loss_name)
     loss.setup(torch.from_numpy(observed), n_epochs=epochs)
+    if loss.needs_features:
+        loss.set_features(torch.from_numpy(x))
     loss.manual_seed([seed])
     opt = torch.optim.Adam(head.parameters(), lr=lr)
     train_loader = torch.utils.data.DataLoader(

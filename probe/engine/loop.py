@@ -260,7 +260,8 @@ class StackedTrainer:
                 raise ProbeConfigError("the plan has per-trial draws but no draws were given")
             # (K, N, C): each distinct draw once on the device, whatever the number of trials
             self.train_y = draws
-        self.groups: list[LossGroup] = setup_loss_groups(plan, self.train_y, self.device)
+        self.groups: list[LossGroup] = setup_loss_groups(
+            plan, self.train_y, self.device, features=data.train_x[: data.n_train, :-1])
         self.w = stacked_init(plan.seeds, data.train_x.shape[1], data.n_classes).to(self.device)
         self.grad_w = torch.empty_like(self.w)
         params = [TrialParam(self.w, plan.lr, plan.weight_decay)]

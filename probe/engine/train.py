@@ -23,7 +23,8 @@ Trial ``t`` with seed ``s`` equals this plain PyTorch program, to float toleranc
   on the loss's own parameters (``loss.extra_parameters()``, e.g. ROLE's Θ, at ``lr × lr_mult``,
   no weight decay); the loss's hooks ``start_epoch(e)`` before and, when
   ``loss.needs_epoch_pass``, ``end_epoch(e, logits of the unflipped train features)`` after
-  every epoch; ``loss.manual_seed([s])`` after ``loss.setup(...)``.
+  every epoch; ``loss.manual_seed([s])`` after ``loss.setup(...)`` and, for a loss with
+  ``needs_features``, ``loss.set_features(unflipped train features (N, D), float32)``.
 
 Trials that share a seed share their batch order: the batch is gathered once, ``(B, D+1)``, and
 multiplied by the stacked weights ``(T, D+1, C)``; the loss sees logits ``(T, B, C)`` with

@@ -212,10 +212,13 @@ def check_prior_request(cls: type[Loss], name: str | None) -> None:
             "priors' adds one)")
 
 
-def setup_loss_groups(plan: TrialPlan, train_y: Tensor, device: Any) -> list[LossGroup]:
+def setup_loss_groups(plan: TrialPlan, train_y: Tensor, device: Any,
+                      features: Tensor | None = None) -> list[LossGroup]:
     """Move the loss objects to ``device``, run their ``setup`` (per-example state over the
     train split) and seed their own randomness; check the tensors they train. ``train_y`` is
-    (N, C), or (K, N, C) draws when the plan has per-trial draws (trial t: its draw_index)."""
+    (N, C), or (K, N, C) draws when the plan has per-trial draws (trial t: its draw_index).
+    ``features``: the train rows' features (N, D), unflipped, no bias column, for a loss that
+    reads them (``Loss.needs_features``: handed over as float32 after ``set_prior``)."""
     groups = []
     for i, obj in enumerate(plan.losses):
         obj.to(device)
@@ -230,6 +233,11 @@ def setup_loss_groups(plan: TrialPlan, train_y: Tensor, device: Any) -> list[Los
             note = f"{plan.cls.name} read prior {plan.prior.name!r}: {mode}"
             if mode and note not in plan.notes:
                 plan.notes.append(note)
+        if obj.needs_features:
+            if features is None:
+                raise ProbeConfigError(f"{plan.cls.name} reads the train features; this "
+                                       "caller of setup_loss_groups passed none")
+            obj.set_features(features.float())
         obj.manual_seed(plan.seeds[span])
         extra = list(obj.extra_parameters())
         for p, _ in extra:

@@ -36,7 +36,9 @@ class Loss(nn.Module):
     trainer's order: ``docs/plugins.md`` "The contract"; ``trial_state`` (``()``: no per-trial
     state, ``None``: a stopped trial stays in the stack, frozen): "Pruning"; ``prior`` (None, or
     what it reads from a store's ``priors/<name>``, handed over once by :meth:`set_prior`):
-    "Reading a prior".
+    "Reading a prior"; ``needs_features`` (True: the trainer hands the train split's features
+    ``(N_train, D)`` float32 -- the unflipped rows, no bias column -- to :meth:`set_features`
+    once, after ``setup`` and ``set_prior``; SMILE's label-enhancement networks read them).
 
     ``forward(logits, observed, index=None) -> LossOutput`` takes ``(T, B, C)`` (or ``(B, C)``)
     logits, ``(B, C)`` int8 labels of -1/0/1 and the batch's train rows; it returns the ``(T,)``
@@ -61,6 +63,7 @@ class Loss(nn.Module):
     # version are not reused
     version: ClassVar[str] = "1"
     prior: ClassVar[str | None] = None
+    needs_features: ClassVar[bool] = False
 
     def __init__(self, **hparams: Any) -> None:
         super().__init__()
@@ -143,6 +146,14 @@ class Loss(nn.Module):
         raise LossInputError(
             f"{self.name}: this loss uses no prior (per-image class scores); drop --priors "
             "or choose a loss that uses one (vlpl, gpr)")
+
+    def set_features(self, train_x: Tensor) -> None:
+        """Receive the train split's features once, after :meth:`setup` (and
+        :meth:`set_prior`): ``(N_train, D)`` float32 on the loss's device, the unflipped rows
+        in the train rows' order, without the bias column. Losses with :attr:`needs_features`
+        override this."""
+        raise LossInputError(
+            f"{self.name}: this loss reads no features (needs_features is False)")
 
     def start_epoch(self, epoch: int) -> None:
         """Called at the start of every epoch (0-indexed); schedules update here."""
@@ -283,7 +294,7 @@ class EntrywiseLoss(Loss):
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _RESERVED = {"knn": "the training-free kNN baseline of spml probe"}
 # hooks that keep state over training: a loss defining one must declare its trial_state
-_STATE_HOOKS = ("setup", "end_epoch", "manual_seed", "extra_parameters")
+_STATE_HOOKS = ("setup", "end_epoch", "manual_seed", "extra_parameters", "set_features")
 
 
 def trial_rows(value: Tensor, keep: list[int]) -> Tensor:
@@ -324,6 +335,10 @@ def _check_contract(cls: Any) -> None:
         if unknown:
             raise LossContractError(f"register: loss '{name}': presets['{dataset}'] sets "
                                     f"{unknown}, which are not in hparam_specs ({names})")
+    if cls.needs_features and cls.set_features is Loss.set_features:
+        raise LossContractError(
+            f"register: loss '{name}' ({what}) sets needs_features but defines no "
+            "set_features(train_x), which receives them")
     ts = cls.trial_state
     if ts is not None and not (isinstance(ts, tuple) and all(isinstance(t, str) for t in ts)):
         raise LossContractError(f"register: loss '{name}': trial_state must be a tuple of "

@@ -28,7 +28,7 @@ from ._base import Loss, LossInputError, create_loss, get_loss_class
 
 __all__ = ["N_TRAIN", "B", "C", "T", "check_documented", "check_finite", "check_loss",
            "check_no_host_sync", "check_select_trials", "check_state_dict", "check_trial_axis",
-           "drive", "give_prior", "make_loss", "observed_labels", "trial_values"]
+           "drive", "give_features", "give_prior", "make_loss", "observed_labels", "trial_values"]
 
 N_TRAIN, C, B, T = 24, 6, 8, 3
 
@@ -88,6 +88,15 @@ def give_prior(loss: Loss, observed: torch.Tensor) -> None:
                             for k in keys})
 
 
+def give_features(loss: Loss, observed: torch.Tensor, d: int = 5) -> None:
+    """A loss that reads the train features (:attr:`Loss.needs_features`) gets ``d`` random
+    ones per train row after setup and the prior, as the trainer does; others nothing."""
+    if not type(loss).needs_features:
+        return
+    g = torch.Generator().manual_seed(7)
+    loss.set_features(torch.randn(observed.shape[0], d, generator=g))
+
+
 def drive(loss: Loss, logits_seq: Sequence[torch.Tensor], observed: torch.Tensor,
           n_epochs: int = 2, seeds: Sequence[int] = (0,),
           select: tuple[int, list[int]] | None = None
@@ -99,6 +108,7 @@ def drive(loss: Loss, logits_seq: Sequence[torch.Tensor], observed: torch.Tensor
     stacked = logits_seq[0].ndim == 3
     loss.setup(observed, n_epochs=n_epochs, n_trials=len(seeds) if stacked else None)
     give_prior(loss, observed)
+    give_features(loss, observed)
     loss.manual_seed(list(seeds))
     out_vals, out_grads = [], []
     step, rows = 0, None
@@ -184,6 +194,7 @@ def check_select_trials(name: str, keep: Sequence[int] = (0, 2)) -> None:
         loss = make_loss(name, **per_trial)
         loss.setup(observed, n_epochs=2, n_trials=T)
         give_prior(loss, observed)
+        give_features(loss, observed)
         assert not loss.can_select_trials, f"{name}: trial_state None but can_select_trials"
         try:
             loss.select_trials(keep)
@@ -208,6 +219,7 @@ def check_state_dict(name: str) -> None:
     for each in (loss, clone):
         each.setup(observed, n_epochs=2)
         give_prior(each, observed)
+        give_features(each, observed)
     clone.load_state_dict(loss.state_dict())
     for (k, a), (_, b) in zip(loss.state_dict().items(), clone.state_dict().items()):
         torch.testing.assert_close(a, b, equal_nan=True, msg=f"{name}: {k}")
@@ -235,6 +247,7 @@ def check_no_host_sync(name: str) -> None:
     loss = make_loss(name, **{k: v.float() for k, v in _stacked_hparams(name).items()})
     loss.setup(observed, n_epochs=3, n_trials=T)
     give_prior(loss, observed)
+    give_features(loss, observed)
     loss.manual_seed([1, 2, 3])
     loss.start_epoch(2)
     index = torch.tensor([3, 7, 1, 0, 9, 12])
