@@ -14,13 +14,16 @@ examples:
   spml table yeast.zarr --losses gr --observed-seeds 1200,1,2,3 --out t/   # only new cells
   spml table coco.zarr --priors clip --out t/          # + vlpl, gpr and the zero-shot row
   spml table yeast.zarr --losses an,em,gr --tune 16 --out t/    # a tuned row per loss
+  spml table yeast.zarr --observed-seeds 1200,1,2 --tune grid --out t/   # rows chosen on val
   spml table voc.zarr coco.zarr --losses an,gr --from runs/gr-study --out t/
 
 Rows: every loss (--losses all) at its paper preset for each store's dataset, or the generic
 setting where a paper gives none (said below the table); --include full adds the full-label
 oracle; --priors NAME the losses that read that store prior and the zero-shot row (the prior's
-scores as the classifier); --tune N an N-trial study per loss, its winner as a row; --from a
-study's winner. Columns: one per store (its dataset). A cell is the test mAP at the best-val
+scores as the classifier); --tune N an N-trial study per loss, its winner as a
+row; --tune grid each loss row's cell on each draw the grid setting with the best val mAP;
+--from a study's winner. A row's draws train as one stacked run (--no-stack: one run per
+cell). Columns: one per store (its dataset). A cell is the test mAP at the best-val
 epoch, mean over the draws (--observed-seeds; default: every draw the store holds) with its
 95% interval; bold = the column's best; a dagger = not significantly worse than it (paired
 bootstrap over the same test images, Holm within the column). With --out, every trained cell
@@ -43,10 +46,12 @@ def _table(args: argparse.Namespace) -> int:
                          f"include; got {bad[0]!r}")
     seeds = (tuple(parse_seeds(args.observed_seeds, "--observed-seeds"))
              if args.observed_seeds else None)
+    tune, grid = _tune(args.tune, args.grid, args.epochs)
     config = TableConfig(
         losses=losses, include_full="full" in include, observed_seeds=seeds, priors=args.priors,
-        tune=args.tune, select=args.select, from_studies=tuple(args.from_study or ()),
-        seed=args.seed, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+        tune=tune, grid=grid, stack=not args.no_stack, select=args.select,
+        from_studies=tuple(args.from_study or ()), seed=args.seed, epochs=args.epochs,
+        batch_size=args.batch_size, lr=args.lr,
         out=args.out, device=args.device, resamples=args.resamples,
         metrics=tuple(parse_names(args.metrics, "--metrics")), stat=args.stat)
     from probe.progress import plural
@@ -59,6 +64,25 @@ def _table(args: argparse.Namespace) -> int:
         print(f"\n{plural(table.n_trained, 'cells')} trained; written: "
               + ", ".join(str(p) for p in written), file=sys.stderr)
     return 0
+
+
+def _tune(text: str, grid_items: list[str] | None, epochs: int | None) -> tuple[int, object]:
+    """``--tune``: ``grid`` (the equal grid; ``--grid`` overrides its values) or a number of
+    trials N (an Optuna study per loss) -> (trials, Grid or None)."""
+    from studies.table import TableError
+    from studies.table.grid import Grid
+
+    value = str(text).strip().lower()
+    if value == "grid":
+        return 0, Grid.parse(grid_items or (), epochs=epochs)
+    if grid_items:
+        raise TableError("--grid sets the values of --tune grid; add --tune grid")
+    try:
+        return int(value), None
+    except ValueError:
+        raise TableError(f"--tune: grid (every loss row chosen per draw from the equal grid) "
+                         f"or a number of trials N (an Optuna study per loss, e.g. --tune 16); "
+                         f"got {text!r}") from None
 
 
 def register_cli(sub: argparse._SubParsersAction,
@@ -82,9 +106,15 @@ def register_cli(sub: argparse._SubParsersAction,
     p.add_argument("--priors", metavar="NAME",
                    help="a store prior: adds the losses that read it (vlpl, gpr) and the "
                    "zero-shot row")
-    p.add_argument("--tune", type=int, default=0, metavar="N",
-                   help="also an N-trial study per loss (same sampler, seed and --select), its "
-                   "winner as a row (needs --out)")
+    p.add_argument("--tune", default="0", metavar="N|grid",
+                   help="N: also an N-trial study per loss (same sampler, seed and --select), "
+                   "its winner as a row (needs --out); grid: every loss row's batch size, lr "
+                   "and weight decay chosen per draw on val mAP from the tabular benchmark's "
+                   "grid (batch {8,16} x lr {1e-2..1e-5} x weight decay {1e-2..1e-5}, 10 "
+                   "epochs; --epochs sets its epochs)")
+    p.add_argument("--grid", nargs="+", metavar="NAME=V1,V2",
+                   help="with --tune grid: other values for batch_size, lr, weight_decay or "
+                   "epochs, e.g. --grid batch_size=8 lr=1e-2,1e-3")
     p.add_argument("--select", default="val",
                    help="how a --tune study scores a trial: val | cv:K | draws:N (as spml study)")
     p.add_argument("--from", dest="from_study", action="append", metavar="STUDY_DIR",
@@ -106,6 +136,9 @@ def register_cli(sub: argparse._SubParsersAction,
                    help="beside each mean: its interval (default), or the standard deviation "
                    "over the draws (the papers' mean ± std)")
     add_device_argument(p)
+    p.add_argument("--no-stack", action="store_true",
+                   help="one run per cell: the reference the stacked pass equals within float "
+                   "rounding")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_table)
     if bench is not None:

@@ -34,6 +34,8 @@ class TableConfig:
     observed_seeds: tuple[int, ...] | None = None  # None: every draw each store holds
     priors: str | None = None  # a store prior: the prior-reading losses and the zero-shot row
     tune: int = 0  # trials of one equal-budget study per loss (0: no tuned rows)
+    grid: Any = None  # --tune grid: a studies.table.grid.Grid each loss row is chosen from,
+    # per draw on val (None: the rows' paper presets)
     tune_batch: int = 8  # a tuning study's trials trained stacked at once (spml study's)
     select: str = "val"  # how a tuning study scores a trial (spml study --select)
     from_studies: tuple[str, ...] = ()  # study folders whose winner becomes a row
@@ -47,11 +49,25 @@ class TableConfig:
     level: float = 0.95  # interval coverage; marks at 1 - level
     metrics: tuple[str, ...] = ("map",)  # one table per metric (probe.metrics.METRIC_DIRECTIONS)
     stat: str = "interval"  # beside the mean: its interval, or "std" (the papers' mean ± std)
+    # a row's draws train as one stacked run (draws x the trials on one pass over the batches,
+    # equal to one run per cell within float rounding); False: one run per cell, the reference
+    stack: bool = True
 
     def validate(self) -> None:
         if self.tune < 0:
             raise TableError(f"--tune must be a number of trials >= 1 (or 0: none); got "
                              f"{self.tune}")
+        if self.tune and self.grid is not None:
+            raise TableError("--tune: a number of trials (an Optuna study per loss) or grid "
+                             "(the equal grid), not both")
+        if self.grid is not None:
+            self.grid.validate()
+            given = [flag for flag, v in (("--batch-size", self.batch_size), ("--lr", self.lr))
+                     if v is not None]
+            if given:
+                raise TableError(f"{given[0]} with --tune grid: the grid chooses the batch size "
+                                 "and lr of every loss row; set its values with --grid "
+                                 "batch_size=... lr=... instead")
         if self.tune and not self.out:
             raise TableError("--tune needs --out DIR: the tuning studies are kept there "
                              "(a rerun continues them)")
@@ -81,7 +97,7 @@ class Method:
     prior (``loss`` None)."""
 
     label: str
-    kind: str  # preset | oracle | tuned | study | zero-shot
+    kind: str  # preset | grid | oracle | tuned | study | zero-shot
     loss: str | None
     hparams: dict[str, Any] = field(default_factory=dict)
     batch_size: int | None = None
@@ -89,6 +105,7 @@ class Method:
     epochs: int | None = None
     labels: str = "observed"
     priors: str | None = None
+    weight_decay: float | None = None  # None: ProbeConfig's (0)
     val_labels: str = "clean"  # a study's row keeps the val labels its study selected on
     store_identity: dict[str, Any] | None = None  # a study's row: the store it trained on
 
@@ -96,8 +113,9 @@ class Method:
         """The :class:`probe.ProbeConfig` of this row on draw ``observed_seed``."""
         from probe.engine.config import ProbeConfig
 
+        wd = {} if self.weight_decay is None else {"weight_decay": self.weight_decay}
         return ProbeConfig(batch_size=self.batch_size, lr=self.lr, epochs=self.epochs,
-                           seed=config.seed, labels=self.labels, observed_seed=observed_seed,
+                           seed=config.seed, **wd, labels=self.labels, observed_seed=observed_seed,
                            device=config.device, priors=self.priors,
                            val_labels=self.val_labels)
 
@@ -110,7 +128,8 @@ class Method:
         for flag, v in (("--labels", "full" if self.labels == "full" else None),
                         ("--val-labels", None if self.val_labels == "clean" else self.val_labels),
                         ("--priors", self.priors or None), ("--batch-size", self.batch_size),
-                        ("--lr", self.lr), ("--epochs", self.epochs)):
+                        ("--lr", self.lr), ("--weight-decay", self.weight_decay),
+                        ("--epochs", self.epochs)):
             if v is not None:
                 parts += [flag, plain(v)]
         for k in sorted(self.hparams):
@@ -292,7 +311,17 @@ def plan_table(paths: Sequence[str], config: TableConfig) -> Plan:
     if config.priors:
         methods.append(Method(f"zero-shot ({config.priors})", "zero-shot", None,
                               priors=config.priors))
-    methods += [Method(n, "preset", n, priors=priors[n], **given) for n in names]
+    if config.grid is None:
+        methods += [Method(n, "preset", n, priors=priors[n], **given) for n in names]
+    else:
+        # --tune grid: every loss row's batch size, lr and weight decay chosen per draw
+        methods += [Method(n, "grid", n, priors=priors[n], epochs=config.grid.epochs)
+                    for n in names]
+        oracle = "; the oracle keeps its preset" if config.include_full else ""
+        notes.append(f"loss rows selected by the grid ({config.grid.text()}): each draw's cell "
+                     f"is the grid setting with the best val mAP on that draw, of "
+                     f"{config.grid.size} trained per loss and draw, the same for every loss"
+                     f"{oracle}")
     methods += [_study_method(folder, config) for folder in config.from_studies]
     for m in methods:
         for col in columns:
@@ -346,11 +375,16 @@ def resolve_settings(m: Method, col: Column, data: Any, config: TableConfig,
         _note_generic(notes, m.loss, col.dataset, f"batch {t.batch_size}, lr {t.lr:g}, "
                       f"{t.epochs} epochs")
     resolved = trained_config(m.probe_config(col.draws[0], config))
-    return {**base, "kind": "probe", "loss": m.loss, "loss_version": loss_version(m.loss),
-            "package": package_version(), "prior": col.prior_record if m.priors else None,
-            "config": resolved, "hparams": plan.hparams[0], "lr": plan.lr[0],
-            "weight_decay": plan.weight_decay[0], "batch_size": t.batch_size,
-            "epochs": t.epochs}
+    settings = {**base, "kind": "probe", "loss": m.loss, "loss_version": loss_version(m.loss),
+                "package": package_version(), "prior": col.prior_record if m.priors else None,
+                "config": resolved, "hparams": plan.hparams[0], "lr": plan.lr[0],
+                "weight_decay": plan.weight_decay[0], "batch_size": t.batch_size,
+                "epochs": t.epochs}
+    if m.kind == "grid":
+        # the grid chooses these per draw: the cell is keyed by the grid instead
+        settings.update(lr=None, weight_decay=None, batch_size=None,
+                        grid=config.grid.describe())
+    return settings
 
 
 #: ProbeConfig fields that change how fast a run goes but not what it trains: left out of a
@@ -501,6 +535,7 @@ def _read_cell(cell: Cell, out: str | None) -> bool:
 
     head, _ = load_head(head_path, 0)
     _fill(cell, saved["record"], head)
+    cell.command = saved.get("command", cell.command)  # a grid cell's: its chosen setting's
     return True
 
 
@@ -556,7 +591,8 @@ def _fill(cell: Cell, record: dict[str, Any], head: Any) -> None:
     cell.val_map = float(best.get("val_map", math.nan))
 
 
-def _write_cell(cell: Cell, result: Any, out: str) -> None:
+def _write_cell(cell: Cell, result: Any, out: str,
+                extra: dict[str, Any] | None = None) -> None:
     from probe.engine.results import save_head
     from probe.io import atomic_write_text
 
@@ -564,7 +600,7 @@ def _write_cell(cell: Cell, result: Any, out: str) -> None:
     save_head(head_path, result)  # the head first: the record, written last, marks it whole
     payload = {"format": CELL_FORMAT, "settings": saved_settings(cell),
                "method": cell.method.label, "command": cell.command,
-               "record": result.to_dict()}
+               "record": result.to_dict(), **(extra or {})}
     atomic_write_text(rec_path, json.dumps(payload, sort_keys=True, default=str))
 
 
@@ -593,11 +629,12 @@ def make_cells(plan: Plan) -> list[Cell]:
 
 def train_cells(plan: Plan, cells: list[Cell], *, progress: bool = True,
                 log: Callable[[str], None] = print) -> None:
-    """Read back every cell ``--out`` holds, train the others (one store load per column and
-    draw), keeping each in ``--out`` as soon as it is trained; progress with ETA over cells."""
+    """Read back every cell ``--out`` holds and train the others: per column and row, the
+    row's draws still to train as one stacked run (``TableConfig.stack``; one run per cell
+    without), each cell kept in ``--out`` as soon as its group is trained; progress with ETA
+    over cells."""
     import torch
 
-    from probe.engine.train import train_probe
     from probe.metrics import mean_average_precision
     from probe.progress import Progress, plural
     from probe.store import open_store
@@ -620,20 +657,91 @@ def train_cells(plan: Plan, cells: list[Cell], *, progress: bool = True,
         log(f"retraining cells kept in {config.out} whose settings changed: {what}")
     with Progress(len(todo), "table", "cell", enabled=progress) as bar:
         for col in plan.columns:
-            for d in col.draws:
-                mine = [c for c in todo if c.column is col and c.observed_seed == d]
-                if not mine:
-                    continue
-                data = _load(col, d, config)
-                for c in mine:
-                    bar.set_postfix(f"{col.dataset} {c.method.label} draw {d}")
-                    result = train_probe(data, c.method.probe_config(d, config), c.method.loss,
-                                         [dict(c.method.hparams)], progress=False)
-                    if config.out:
-                        _write_cell(c, result, config.out)
-                    _fill(c, result.to_dict(), result.head(0))
-                    c.trained = True
-                    bar.update()
+            mine = [c for c in todo if c.column is col]
+            if not mine:
+                continue
+            # every draw a cell of this column trains on, loaded once (as many loads as one
+            # run per cell needs; the draws' data are held together)
+            datas = {d: _load(col, d, config) for d in col.draws
+                     if any(c.observed_seed == d for c in mine)}
+            for group in _groups(mine, config.stack):
+                m = group[0].method
+                draws = ",".join(str(c.observed_seed) for c in group)
+                bar.set_postfix(f"{col.dataset} {m.label} draw{'s' if len(group) > 1 else ''} "
+                                f"{draws}")
+                if m.kind == "grid":
+                    _train_grid_group(group, datas, config)
+                else:
+                    for c, result in zip(group, _train_group(group, datas, config)):
+                        if config.out:
+                            _write_cell(c, result, config.out)
+                        _fill(c, result.to_dict(), result.head(0))
+                        c.trained = True
+                bar.update(len(group))
+
+
+def _groups(cells: list[Cell], stack: bool) -> list[list[Cell]]:
+    """The cells of one column in training groups: per row (method), its draws together
+    (``stack``), or each cell alone."""
+    rows: dict[int, list[Cell]] = {}
+    for c in cells:
+        rows.setdefault(id(c.method), []).append(c)
+    if stack:
+        return list(rows.values())
+    return [[c] for row in rows.values() for c in row]
+
+
+def _train_group(group: list[Cell], datas: dict[int, Any], config: TableConfig) -> list[Any]:
+    """One row's cells on their draws, one result each: one stacked run of the draws
+    (:func:`probe.evaluation.selection.train_cells`), or, alone, one run."""
+    import dataclasses
+
+    from probe.evaluation.selection import train_cells as train_stacked
+
+    m = group[0].method
+    first = group[0].observed_seed
+    # the draw is in each cell's data; ProbeConfig.observed_seed only names it in the record,
+    # and selection.train_cells stacks configs that differ in their seed alone: each config
+    # names the first draw, and each record gets its own back below
+    pairs = [(m.probe_config(first, config), datas[c.observed_seed]) for c in group]
+    results = train_stacked(pairs, m.loss, dict(m.hparams), stack=config.stack)
+    out = []
+    for c, r in zip(group, results):
+        timing = {**r.timing, "stacked_cells": r.timing.get("stacked_cells", 1)}
+        out.append(dataclasses.replace(r, config={**r.config, "observed_seed": c.observed_seed},
+                                       timing=timing))
+    return out
+
+
+def _train_grid_group(group: list[Cell], datas: dict[int, Any], config: TableConfig) -> None:
+    """``--tune grid``: every grid setting on each of the row's draws (stacked), then per draw
+    the setting with the best val mAP becomes the cell (its command names that setting)."""
+    import dataclasses
+
+    from .grid import choose, train_grid
+
+    m = group[0].method
+    base = m.probe_config(group[0].observed_seed, config)
+    # draws stack when the cells differ in their train draw alone (val on clean labels)
+    stack = config.stack and m.val_labels == "clean"
+    if stack:
+        runs = train_grid(base, m.loss, dict(m.hparams), config.grid,
+                          [datas[c.observed_seed] for c in group])
+    else:
+        runs = [train_grid(base, m.loss, dict(m.hparams), config.grid,
+                           [datas[c.observed_seed]], stack=config.stack)[0] for c in group]
+    for c, mine in zip(group, runs):
+        chosen = choose(mine)
+        picked = dataclasses.replace(m, batch_size=chosen.batch_size, lr=chosen.lr,
+                                     weight_decay=chosen.weight_decay)
+        c.command = picked.command(c.column.path, c.observed_seed, config)
+        result = chosen.result
+        if config.out:
+            _write_cell(c, result, config.out,
+                        {"grid_runs": [run.summary() for run in mine],
+                         "chosen": chosen.summary()})
+        _fill(c, result.to_dict(), result.head(0))
+        c.trained = True
 
 
 def build_table(paths: Sequence[str], config: TableConfig | None = None, *,
