@@ -11,9 +11,12 @@ import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from probe.errors import SpmlError, plain
+
+if TYPE_CHECKING:
+    from .grid import Grid
 
 __all__ = ["Cell", "Column", "Method", "TableConfig", "TableError", "build_table", "plan_table"]
 
@@ -34,7 +37,7 @@ class TableConfig:
     observed_seeds: tuple[int, ...] | None = None  # None: every draw each store holds
     priors: str | None = None  # a store prior: the prior-reading losses and the zero-shot row
     tune: int = 0  # trials of one equal-budget study per loss (0: no tuned rows)
-    grid: Any = None  # --tune grid: a studies.table.grid.Grid each loss row is chosen from,
+    grid: Grid | None = None  # --tune grid: the grid each loss row's setting is chosen from,
     # per draw on val (None: the rows' paper presets)
     tune_batch: int = 8  # a tuning study's trials trained stacked at once (spml study's)
     select: str = "val"  # how a tuning study scores a trial (spml study --select)
@@ -535,7 +538,8 @@ def _read_cell(cell: Cell, out: str | None) -> bool:
 
     head, _ = load_head(head_path, 0)
     _fill(cell, saved["record"], head)
-    cell.command = saved.get("command", cell.command)  # a grid cell's: its chosen setting's
+    if cell.method.kind == "grid":  # its command names the setting the grid chose
+        cell.command = saved.get("command", cell.command)
     return True
 
 

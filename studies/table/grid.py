@@ -27,8 +27,8 @@ GRID_FIELDS = ("batch_size", "lr", "weight_decay", "epochs")
 @dataclass(frozen=True)
 class Grid:
     """The settings every loss row is trained at; defaults: the tabular SPML benchmark's
-    (/work/shared/papers/tabular-spml.md: batch size {8, 16}, lr and weight decay each over
-    {1e-2, 1e-3, 1e-4, 1e-5}, chosen on val; 10 epochs)."""
+    (CRISP's protocol on the MLL sets, docs/benchmarks.md: batch size {8, 16}, lr and weight
+    decay each over {1e-2, 1e-3, 1e-4, 1e-5}, chosen on val; 10 epochs)."""
 
     batch_size: tuple[int, ...] = (8, 16)
     lr: tuple[float, ...] = (1e-2, 1e-3, 1e-4, 1e-5)
