@@ -260,6 +260,10 @@ class StackedTrainer:
                 raise ProbeConfigError("the plan has per-trial draws but no draws were given")
             # (K, N, C): each distinct draw once on the device, whatever the number of trials
             self.train_y = draws
+        # one loss object over per-trial draws: the live trials' draw numbers (T,), on the
+        # device, from which each step gathers its (T, B, C) targets
+        self.draw_rows = (torch.tensor(plan.draw_index, dtype=torch.long, device=self.device)
+                          if plan.stacked_draws else None)
         self.groups: list[LossGroup] = setup_loss_groups(plan, self.train_y, self.device)
         self.w = stacked_init(plan.seeds, data.train_x.shape[1], data.n_classes).to(self.device)
         self.grad_w = torch.empty_like(self.w)
@@ -366,6 +370,8 @@ class StackedTrainer:
         if self.plan.shared:
             g = self.groups[0]
             g.loss.select_trials(keep)
+            if self.draw_rows is not None:  # the kept trials' draws
+                self.draw_rows = trial_rows(self.draw_rows, keep)
             self.groups = [LossGroup(g.loss, slice(0, len(keep)), list(g.loss.extra_parameters()))]
         else:
             self.groups = [LossGroup(self.groups[j].loss, slice(i, i + 1), self.groups[j].extra,
@@ -491,7 +497,11 @@ class StackedTrainer:
     def _losses(self, z: Tensor, idx: Tensor) -> Tensor:
         """Per-trial losses (T,) of the logits ``z`` of the batch rows ``idx``."""
         if self.plan.shared:
-            return self.groups[0].loss(z, self.train_y[idx], index=idx).loss
+            if self.draw_rows is None:  # one set of targets: (B, C)
+                targets = self.train_y[idx]
+            else:  # trial t's rows of its own draw: (T, B, C) from the (K, N, C) draws
+                targets = self.train_y[self.draw_rows[:, None], idx[None, :]]
+            return self.groups[0].loss(z, targets, index=idx).loss
         return torch.cat([g.loss(z[g.trials], g.targets[idx[g.trials.start]],
                                  index=idx[g.trials.start]).loss.reshape(1)
                           for g in self.groups])

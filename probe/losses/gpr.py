@@ -245,6 +245,8 @@ class GPR(PriorMixin, GR):
     prior = "class scores (CLIP global; extras tile_max, tile_min, tile_mean for DAMP)"
     prior_optional = ("tile_max", "tile_min", "tile_mean")
     trial_state = ()  # the prior's caches have no trial axis
+    # not GR's: prior_ready caches pseudo-labels from one (N, C) observed_train
+    stacks_draws = False
     # Fsoft-AIC/AEVLP configs/<dataset>.json field by field (beta = [w_0, w_T, b_0, b_T], alpha =
     # [mu_0, sigma_0, mu_T, sigma_T], q2q3, lam = [lam1, lam2], rho, reg, eta, threshold,
     # negative_ratio) and config.py's _LOOKUP (top_k, expected_num_pos); tests/test_prior_presets.py

@@ -244,6 +244,7 @@ class ZLPR(Loss):
     notes = ("Reduction is the mean over the batch (one value per sample), as docs/losses.md "
              "specifies.")
     trial_state = ()  # stateless
+    stacks_draws = True  # per-trial (T, B, C) observed: each trial's own sample terms
 
     def forward(self, logits: Tensor, observed: Tensor, index: Tensor | None = None) -> LossOutput:
         z = promote(logits)

@@ -1,0 +1,208 @@
+"""Per-trial observed-label draws through ONE shared loss object (``Loss.stacks_draws``): trials
+that share a seed but differ in their draw train as one stacked run with one batch order and one
+loss object fed ``(T, B, C)`` targets; every trial equals a run of that seed alone on data whose
+train_observed is its draw.
+
+Every loss in the registry that declares ``stacks_draws`` is checked (a wrongly declared loss
+fails here); a loss that does not declare it keeps one loss object per trial.
+
+Tolerance: float32, atol 2e-5 on heads and 1e-4 on val/test mAP (percent): batched products and
+(T, B, C) reductions may differ from one-trial ones in the last bits."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from probe import ProbeConfig, train_probe
+from probe.engine.loop import BlockedTrainer, StackedTrainer, make_trainer
+from probe.engine.speed import SpeedOptions
+from probe.engine.train import _draw_stack
+from probe.engine.trials import plan_trials
+from probe.losses import LossInputError, available, create_loss, get_loss_class
+from probe.store.protocol import single_positive
+from tests.test_train import _data
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+DRAW_SEEDS = (1200, 7, 8)
+#: settings that make each loss's draw-dependent parts act within a 3-epoch run: LL's
+#: corrections from epoch 2, APL's pseudo-labels from epoch 1, CRISP's priors, SPLC's correction
+HPARAMS = {
+    "role": {"k": 2.0},
+    "epr": {"k": 2.0},
+    "em_apl": {"warmup": 1, "theta": 0.5},
+    "ll_r": {"delta_rel": 0.1},
+    "ll_ct": {"delta_rel": 0.1},
+    "ll_cp": {"delta_rel": 0.1},
+    "crisp": {"warmup": 1},
+    "splc": {"change_epoch": 1, "tau": 0.3},
+}
+DECLARING = sorted(n for n in available() if get_loss_class(n).stacks_draws)
+
+
+def _draws(data):
+    labels = data.train_labels.cpu().numpy()
+    return [single_positive(labels, s) for s in DRAW_SEEDS]
+
+
+def _config(**kw):
+    values = {"epochs": 3, "batch_size": 8, "lr": 1e-2, "use_presets": False, "seed": 5}
+    values.update(kw)
+    return ProbeConfig(**values)
+
+
+def _alone(data, draw, cfg, loss, hparams, callback=None):
+    own = replace(data, train_observed=torch.as_tensor(draw))
+    return train_probe(own, cfg, loss, hparams, callback=callback)
+
+
+def _assert_same(stacked, t, alone):
+    torch.testing.assert_close(stacked.final_heads[t], alone.final_heads[0], atol=2e-5, rtol=0)
+    torch.testing.assert_close(stacked.best_heads[t], alone.best_heads[0], atol=2e-5, rtol=0)
+    assert stacked.trials[t].best_epoch == alone.trials[0].best_epoch
+    mine, ref = stacked.trials[t].best, alone.trials[0].best
+    assert mine["val_map"] == pytest.approx(ref["val_map"], abs=1e-4)
+    assert mine["test_map"] == pytest.approx(ref["test_map"], abs=1e-4)
+
+
+def test_the_built_in_losses_that_declare_it():
+    """The list this module checks (a loss dropping its declaration shows here)."""
+    for name in ("an", "an_ls", "wan", "epr", "em", "gr", "role", "em_apl", "ll_r", "ll_ct",
+                 "ll_cp", "hill", "focal", "asl", "zlpr"):
+        assert name in DECLARING, name
+    assert not get_loss_class("gpr").stacks_draws  # GR's subclass: its prior caches are (N, C)
+
+
+@pytest.mark.parametrize("name", DECLARING)
+def test_declaring_loss_one_object_equals_a_run_per_draw(name):
+    data = _data()
+    draws = _draws(data)
+    hparams = HPARAMS.get(name, {})
+    cfg = _config()
+    plan = plan_trials(data, cfg, name, [dict(hparams)], [0, 1, 2], len(draws))
+    assert plan.shared and plan.stacked_draws and len(plan.losses) == 1
+    stacked = train_probe(data, cfg, name, dict(hparams), draws=draws, draw_index=[0, 1, 2])
+    assert stacked.shared_batch_order
+    for t, draw in enumerate(draws):
+        _assert_same(stacked, t, _alone(data, draw, cfg, name, dict(hparams)))
+    # the draws differ, so the trials (one seed) must too
+    assert not torch.allclose(stacked.final_heads[0], stacked.final_heads[1])
+
+
+def test_the_shared_trainer_holds_one_loss_object_and_the_draws_once():
+    data = _data()
+    draws = _draws(data)
+    cfg = _config()
+    plan = plan_trials(data, cfg, "role", [{"k": 2.0}], [2, 0, 2], len(draws))
+    stack = _draw_stack(draws, data)
+    trainer = make_trainer(data, cfg, plan, SpeedOptions(trial_block=0), stack)
+    assert isinstance(trainer, StackedTrainer)
+    assert len(trainer.groups) == 1 and trainer.groups[0].loss is plan.losses[0]
+    assert trainer.train_y is stack  # (K, N, C), not one copy per trial
+    assert trainer.draw_rows.tolist() == [2, 0, 2]
+    # ROLE's per-trial state starts from each trial's own draw
+    theta = trainer.groups[0].loss.label_logits
+    assert theta.shape == (3, data.n_train, data.n_classes)
+    for t, d in enumerate((2, 0, 2)):
+        positive = torch.as_tensor(draws[d]) == 1
+        assert bool((theta[t][positive] > 5).all())
+
+
+@pytest.mark.parametrize(("name", "base"), [("an", {}), ("gr", {"learn_kv": True}),
+                                            ("role", {"k": 2.0}), ("em_apl", HPARAMS["em_apl"]),
+                                            ("ll_cp", HPARAMS["ll_cp"])])
+def test_hparam_trials_times_draws(name, base):
+    """2 learning rates × 2 draws, one seed: four trials of one loss object."""
+    data = _data()
+    draws = _draws(data)
+    cells = [(lr, d) for d in (2, 0) for lr in (1e-2, 3e-2)]
+    trials = [{**base, "lr": lr} for lr, _ in cells]
+    cfg = _config()
+    plan = plan_trials(data, cfg, name, trials, [d for _, d in cells], len(draws))
+    assert plan.stacked_draws and len(plan.losses) == 1
+    stacked = train_probe(data, cfg, name, trials, draws=draws, draw_index=[d for _, d in cells])
+    for t, (lr, d) in enumerate(cells):
+        _assert_same(stacked, t, _alone(data, draws[d], cfg, name, {**base, "lr": lr}))
+
+
+def _stop_at(trial, epoch):
+    def callback(report):
+        return [trial] if report.epoch == epoch else None
+    return callback
+
+
+@pytest.mark.parametrize(("name", "hparams"), [("an", {}), ("role", {"k": 2.0}),
+                                               ("em_apl", HPARAMS["em_apl"]),
+                                               ("ll_cp", HPARAMS["ll_cp"])])
+def test_pruning_a_trial_keeps_the_others_and_their_draws(name, hparams):
+    """Trial 1 stops after epoch 1 of 3: it leaves the stack (its row of the draw index and of
+    the loss's per-trial state with it); the others go on, each on its own draw."""
+    data = _data()
+    draws = _draws(data)
+    cfg = _config()
+    stacked = train_probe(data, cfg, name, dict(hparams), draws=draws, draw_index=[0, 1, 2],
+                          callback=_stop_at(1, 1))
+    assert stacked.trials[1].stopped_at == 1
+    for t, draw in enumerate(draws):
+        callback = _stop_at(0, 1) if t == 1 else None
+        _assert_same(stacked, t, _alone(data, draw, cfg, name, dict(hparams), callback))
+
+
+@pytest.mark.parametrize(("name", "hparams"), [("an", {}), ("role", {"k": 2.0}),
+                                               ("em_apl", HPARAMS["em_apl"])])
+def test_forced_trial_blocks(name, hparams):
+    """One trial per block: each block is a shared plan of one trial on its own draw."""
+    data = _data()
+    draws = _draws(data)
+    cfg = _config()
+    speed = SpeedOptions(trial_block=1)
+    plan = plan_trials(data, cfg, name, [dict(hparams)], [0, 1, 2], len(draws))
+    trainer = make_trainer(data, cfg, plan, speed, _draw_stack(draws, data))
+    assert isinstance(trainer, BlockedTrainer)
+    assert [b.draw_rows.tolist() for _, b in trainer.blocks] == [[0], [1], [2]]
+    stacked = train_probe(data, cfg, name, dict(hparams), draws=draws, draw_index=[0, 1, 2],
+                          speed=speed)
+    assert stacked.timing["trial_blocks"] == [1, 1, 1]
+    for t, draw in enumerate(draws):
+        _assert_same(stacked, t, _alone(data, draw, cfg, name, dict(hparams)))
+
+
+def test_a_loss_without_the_capability_keeps_one_object_per_trial():
+    """A loss that does not declare stacks_draws (CRISP: its priors are estimated from one
+    observed matrix) trains per-trial draws through one loss object per trial, correctly."""
+    assert not get_loss_class("crisp").stacks_draws
+    data = _data()
+    draws = _draws(data)
+    hparams = HPARAMS["crisp"]
+    cfg = _config()
+    plan = plan_trials(data, cfg, "crisp", [dict(hparams)], [0, 1, 2], len(draws))
+    assert not plan.shared and not plan.stacked_draws and len(plan.losses) == 3
+    assert plan.one_order
+    stacked = train_probe(data, cfg, "crisp", dict(hparams), draws=draws, draw_index=[0, 1, 2])
+    assert stacked.shared_batch_order  # one seed: one order, even with one object per trial
+    for t, draw in enumerate(draws):
+        _assert_same(stacked, t, _alone(data, draw, cfg, "crisp", dict(hparams)))
+
+
+def test_setup_refuses_per_trial_draws_without_the_capability():
+    loss = create_loss("crisp")
+    with pytest.raises(LossInputError, match="stacks_draws"):
+        loss.setup(torch.zeros(2, 10, 4, dtype=torch.int8), n_epochs=1, n_trials=2)
+
+
+def test_setup_refuses_draws_for_another_number_of_trials():
+    loss = create_loss("role", k=2.0)
+    with pytest.raises(LossInputError, match="3 per-trial draws"):
+        loss.setup(torch.zeros(3, 10, 4, dtype=torch.int8), n_epochs=1, n_trials=2)
+
+
+def test_seeds_that_differ_keep_one_object_per_trial():
+    """Per-trial seeds mean per-trial batch orders: no shared object even for a declaring loss."""
+    data = _data()
+    draws = _draws(data)
+    cfg = _config(seed=0, seeds=(1, 2, 3))
+    plan = plan_trials(data, cfg, "an", [{}, {}, {}], [0, 1, 2], len(draws))
+    assert not plan.shared and not plan.one_order and len(plan.losses) == 3
