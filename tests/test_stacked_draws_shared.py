@@ -71,7 +71,7 @@ def _assert_same(stacked, t, alone):
 def test_the_built_in_losses_that_declare_it():
     """The list this module checks (a loss dropping its declaration shows here)."""
     for name in ("an", "an_ls", "wan", "epr", "em", "gr", "role", "em_apl", "ll_r", "ll_ct",
-                 "ll_cp", "hill", "focal", "asl", "zlpr"):
+                 "ll_cp", "hill", "focal", "asl", "splc", "zlpr", "crisp", "vpu"):
         assert name in DECLARING, name
     assert not get_loss_class("gpr").stacks_draws  # GR's subclass: its prior caches are (N, C)
 
@@ -171,24 +171,25 @@ def test_forced_trial_blocks(name, hparams):
 
 
 def test_a_loss_without_the_capability_keeps_one_object_per_trial():
-    """A loss that does not declare stacks_draws (CRISP: its priors are estimated from one
-    observed matrix) trains per-trial draws through one loss object per trial, correctly."""
-    assert not get_loss_class("crisp").stacks_draws
+    """A loss that does not declare stacks_draws (OPML with label correction: its AP and flips
+    are computed from one observed matrix) trains per-trial draws through one loss object per
+    trial, correctly."""
+    assert not get_loss_class("opml").stacks_draws
     data = _data()
     draws = _draws(data)
-    hparams = HPARAMS["crisp"]
+    hparams = {"correct": True, "soft": True}
     cfg = _config()
-    plan = plan_trials(data, cfg, "crisp", [dict(hparams)], [0, 1, 2], len(draws))
+    plan = plan_trials(data, cfg, "opml", [dict(hparams)], [0, 1, 2], len(draws))
     assert not plan.shared and not plan.stacked_draws and len(plan.losses) == 3
     assert plan.one_order
-    stacked = train_probe(data, cfg, "crisp", dict(hparams), draws=draws, draw_index=[0, 1, 2])
+    stacked = train_probe(data, cfg, "opml", dict(hparams), draws=draws, draw_index=[0, 1, 2])
     assert stacked.shared_batch_order  # one seed: one order, even with one object per trial
     for t, draw in enumerate(draws):
-        _assert_same(stacked, t, _alone(data, draw, cfg, "crisp", dict(hparams)))
+        _assert_same(stacked, t, _alone(data, draw, cfg, "opml", dict(hparams)))
 
 
 def test_setup_refuses_per_trial_draws_without_the_capability():
-    loss = create_loss("crisp")
+    loss = create_loss("opml")
     with pytest.raises(LossInputError, match="stacks_draws"):
         loss.setup(torch.zeros(2, 10, 4, dtype=torch.int8), n_epochs=1, n_trials=2)
 
@@ -206,3 +207,18 @@ def test_seeds_that_differ_keep_one_object_per_trial():
     cfg = _config(seed=0, seeds=(1, 2, 3))
     plan = plan_trials(data, cfg, "an", [{}, {}, {}], [0, 1, 2], len(draws))
     assert not plan.shared and not plan.one_order and len(plan.losses) == 3
+
+
+def test_crisp_priors_of_per_trial_draws_equal_one_call_per_draw():
+    from probe.losses import crisp_priors
+
+    gen = torch.Generator().manual_seed(0)
+    scores = torch.rand(3, 40, 5, generator=gen)
+    observed = (torch.rand(3, 40, 5, generator=gen) < 0.2).to(torch.int8)
+    observed[1, :, 2] = 0  # a class without positives in one draw: its prior is 0 there only
+    got = crisp_priors(scores, observed)
+    want = torch.stack([crisp_priors(scores[t], observed[t]) for t in range(3)])
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    assert got[1, 2] == 0 and got[0, 2] > 0
+    with pytest.raises(LossInputError, match="crisp_priors"):
+        crisp_priors(scores[0], observed)  # per-trial draws need per-trial scores
