@@ -39,6 +39,7 @@ HPARAMS = {
     "ll_cp": {"delta_rel": 0.1},
     "crisp": {"warmup": 1},
     "splc": {"change_epoch": 1, "tau": 0.3},
+    "opml": {"correct": True, "soft": True, "correct_ratio": 0.5},
 }
 DECLARING = sorted(n for n in available() if get_loss_class(n).stacks_draws)
 
@@ -71,7 +72,7 @@ def _assert_same(stacked, t, alone):
 def test_the_built_in_losses_that_declare_it():
     """The list this module checks (a loss dropping its declaration shows here)."""
     for name in ("an", "an_ls", "wan", "epr", "em", "gr", "role", "em_apl", "ll_r", "ll_ct",
-                 "ll_cp", "hill", "focal", "asl", "splc", "zlpr", "crisp", "vpu"):
+                 "ll_cp", "hill", "focal", "asl", "splc", "zlpr", "crisp", "vpu", "opml"):
         assert name in DECLARING, name
     assert not get_loss_class("gpr").stacks_draws  # GR's subclass: its prior caches are (N, C)
 
@@ -136,10 +137,13 @@ def _stop_at(trial, epoch):
 
 @pytest.mark.parametrize(("name", "hparams"), [("an", {}), ("role", {"k": 2.0}),
                                                ("em_apl", HPARAMS["em_apl"]),
-                                               ("ll_cp", HPARAMS["ll_cp"])])
+                                               ("ll_cp", HPARAMS["ll_cp"]),
+                                               ("crisp", HPARAMS["crisp"]),
+                                               ("opml", HPARAMS["opml"]), ("vpu", {})])
 def test_pruning_a_trial_keeps_the_others_and_their_draws(name, hparams):
     """Trial 1 stops after epoch 1 of 3: it leaves the stack (its row of the draw index and of
-    the loss's per-trial state with it); the others go on, each on its own draw."""
+    the loss's per-trial state with it; OPML and vPU, trial_state None: it stays, frozen); the
+    others go on, each on its own draw."""
     data = _data()
     draws = _draws(data)
     cfg = _config()
@@ -170,28 +174,31 @@ def test_forced_trial_blocks(name, hparams):
         _assert_same(stacked, t, _alone(data, draw, cfg, name, dict(hparams)))
 
 
-def test_a_loss_without_the_capability_keeps_one_object_per_trial():
-    """A loss that does not declare stacks_draws (OPML with label correction: its AP and flips
-    are computed from one observed matrix) trains per-trial draws through one loss object per
-    trial, correctly."""
-    assert not get_loss_class("opml").stacks_draws
+@pytest.mark.parametrize(("name", "hparams"), [("role", {"k": 2.0}),
+                                               ("em_apl", HPARAMS["em_apl"])])
+def test_a_loss_without_the_capability_keeps_one_object_per_trial(monkeypatch, name, hparams):
+    """A loss that does not declare stacks_draws (here a stateful built-in with its declaration
+    taken away, as a plugin that never made one) trains per-trial draws through one loss
+    object per trial, correctly."""
+    monkeypatch.setattr(get_loss_class(name), "stacks_draws", False)
     data = _data()
     draws = _draws(data)
-    hparams = {"correct": True, "soft": True}
     cfg = _config()
-    plan = plan_trials(data, cfg, "opml", [dict(hparams)], [0, 1, 2], len(draws))
+    plan = plan_trials(data, cfg, name, [dict(hparams)], [0, 1, 2], len(draws))
     assert not plan.shared and not plan.stacked_draws and len(plan.losses) == 3
     assert plan.one_order
-    stacked = train_probe(data, cfg, "opml", dict(hparams), draws=draws, draw_index=[0, 1, 2])
+    stacked = train_probe(data, cfg, name, dict(hparams), draws=draws, draw_index=[0, 1, 2])
     assert stacked.shared_batch_order  # one seed: one order, even with one object per trial
     for t, draw in enumerate(draws):
-        _assert_same(stacked, t, _alone(data, draw, cfg, "opml", dict(hparams)))
+        _assert_same(stacked, t, _alone(data, draw, cfg, name, dict(hparams)))
 
 
 def test_setup_refuses_per_trial_draws_without_the_capability():
-    loss = create_loss("opml")
-    with pytest.raises(LossInputError, match="stacks_draws"):
-        loss.setup(torch.zeros(2, 10, 4, dtype=torch.int8), n_epochs=1, n_trials=2)
+    for name in available():
+        if not get_loss_class(name).stacks_draws:
+            loss = create_loss(name)
+            with pytest.raises(LossInputError, match="stacks_draws"):
+                loss.setup(torch.zeros(2, 10, 4, dtype=torch.int8), n_epochs=1, n_trials=2)
 
 
 def test_setup_refuses_draws_for_another_number_of_trials():
