@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
@@ -22,6 +23,7 @@ from probe.engine.speed import SpeedOptions
 from probe.engine.train import _draw_stack
 from probe.engine.trials import plan_trials
 from probe.losses import LossInputError, available, create_loss, get_loss_class
+from probe.store.priors import Prior
 from probe.store.protocol import single_positive
 from tests.test_train import _data
 
@@ -40,8 +42,20 @@ HPARAMS = {
     "crisp": {"warmup": 1},
     "splc": {"change_epoch": 1, "tau": 0.3},
     "opml": {"correct": True, "soft": True, "correct_ratio": 0.5},
+    "vlpl": {"threshold": 0.25, "k_neg": 2.0, "beta_neg": 0.5},
 }
 DECLARING = sorted(n for n in available() if get_loss_class(n).stacks_draws)
+
+
+def _with_prior(data, name):
+    """``(data, config settings)`` for loss ``name``: a prior "t" (noisy train labels, rows
+    summing to 1) and ``priors="t"`` for a loss that reads one (VLPL), else as given."""
+    if get_loss_class(name).prior is None:
+        return data, {}
+    gen = torch.Generator().manual_seed(3)
+    noisy = data.train_labels.float() * 0.5 + torch.rand(data.train_labels.shape, generator=gen)
+    scores = (noisy / noisy.sum(1, keepdim=True)).numpy().astype(np.float32)
+    return replace(data, train_prior=Prior("t", scores, {})), {"priors": "t"}
 
 
 def _draws(data):
@@ -72,17 +86,18 @@ def _assert_same(stacked, t, alone):
 def test_the_built_in_losses_that_declare_it():
     """The list this module checks (a loss dropping its declaration shows here)."""
     for name in ("an", "an_ls", "wan", "epr", "em", "gr", "role", "em_apl", "ll_r", "ll_ct",
-                 "ll_cp", "hill", "focal", "asl", "splc", "zlpr", "crisp", "vpu", "opml"):
+                 "ll_cp", "hill", "focal", "asl", "splc", "zlpr", "crisp", "vpu", "opml", "vlpl"):
         assert name in DECLARING, name
-    assert not get_loss_class("gpr").stacks_draws  # GR's subclass: its prior caches are (N, C)
+    # GR's subclass: its prior caches (DAMP's scores, pseudo-labels) derive from one (N, C)
+    assert not get_loss_class("gpr").stacks_draws
 
 
 @pytest.mark.parametrize("name", DECLARING)
 def test_declaring_loss_one_object_equals_a_run_per_draw(name):
-    data = _data()
+    data, extra = _with_prior(_data(), name)
     draws = _draws(data)
     hparams = HPARAMS.get(name, {})
-    cfg = _config()
+    cfg = _config(**extra)
     plan = plan_trials(data, cfg, name, [dict(hparams)], [0, 1, 2], len(draws))
     assert plan.shared and plan.stacked_draws and len(plan.losses) == 1
     stacked = train_probe(data, cfg, name, dict(hparams), draws=draws, draw_index=[0, 1, 2])
@@ -114,14 +129,15 @@ def test_the_shared_trainer_holds_one_loss_object_and_the_draws_once():
 
 @pytest.mark.parametrize(("name", "base"), [("an", {}), ("gr", {"learn_kv": True}),
                                             ("role", {"k": 2.0}), ("em_apl", HPARAMS["em_apl"]),
-                                            ("ll_cp", HPARAMS["ll_cp"])])
+                                            ("ll_cp", HPARAMS["ll_cp"]),
+                                            ("vlpl", HPARAMS["vlpl"])])
 def test_hparam_trials_times_draws(name, base):
     """2 learning rates × 2 draws, one seed: four trials of one loss object."""
-    data = _data()
+    data, extra = _with_prior(_data(), name)
     draws = _draws(data)
     cells = [(lr, d) for d in (2, 0) for lr in (1e-2, 3e-2)]
     trials = [{**base, "lr": lr} for lr, _ in cells]
-    cfg = _config()
+    cfg = _config(**extra)
     plan = plan_trials(data, cfg, name, trials, [d for _, d in cells], len(draws))
     assert plan.stacked_draws and len(plan.losses) == 1
     stacked = train_probe(data, cfg, name, trials, draws=draws, draw_index=[d for _, d in cells])
@@ -139,14 +155,15 @@ def _stop_at(trial, epoch):
                                                ("em_apl", HPARAMS["em_apl"]),
                                                ("ll_cp", HPARAMS["ll_cp"]),
                                                ("crisp", HPARAMS["crisp"]),
-                                               ("opml", HPARAMS["opml"]), ("vpu", {})])
+                                               ("opml", HPARAMS["opml"]), ("vpu", {}),
+                                               ("vlpl", HPARAMS["vlpl"])])
 def test_pruning_a_trial_keeps_the_others_and_their_draws(name, hparams):
     """Trial 1 stops after epoch 1 of 3: it leaves the stack (its row of the draw index and of
     the loss's per-trial state with it; OPML and vPU, trial_state None: it stays, frozen); the
     others go on, each on its own draw."""
-    data = _data()
+    data, extra = _with_prior(_data(), name)
     draws = _draws(data)
-    cfg = _config()
+    cfg = _config(**extra)
     stacked = train_probe(data, cfg, name, dict(hparams), draws=draws, draw_index=[0, 1, 2],
                           callback=_stop_at(1, 1))
     assert stacked.trials[1].stopped_at == 1
@@ -199,6 +216,19 @@ def test_setup_refuses_per_trial_draws_without_the_capability():
             loss = create_loss(name)
             with pytest.raises(LossInputError, match="stacks_draws"):
                 loss.setup(torch.zeros(2, 10, 4, dtype=torch.int8), n_epochs=1, n_trials=2)
+
+
+def test_vlpl_per_trial_thresholds_on_per_trial_draws():
+    """VLPL with a per-trial θ (pseudo-labels formed per batch, not cached) × draws."""
+    data, extra = _with_prior(_data(), "vlpl")
+    draws = _draws(data)
+    cells = [(theta, d) for d in (1, 2) for theta in (0.2, 0.3)]
+    trials = [{**HPARAMS["vlpl"], "threshold": theta} for theta, _ in cells]
+    cfg = _config(**extra)
+    stacked = train_probe(data, cfg, "vlpl", trials, draws=draws,
+                          draw_index=[d for _, d in cells])
+    for t, (_, d) in enumerate(cells):
+        _assert_same(stacked, t, _alone(data, draws[d], cfg, "vlpl", trials[t]))
 
 
 def test_setup_refuses_draws_for_another_number_of_trials():
