@@ -43,19 +43,24 @@ HPARAMS = {
     "splc": {"change_epoch": 1, "tau": 0.3},
     "opml": {"correct": True, "soft": True, "correct_ratio": 0.5},
     "vlpl": {"threshold": 0.25, "k_neg": 2.0, "beta_neg": 0.5},
+    "gpr": {"k": 2.0, "threshold": 0.2, "eta": 0.5, "neg_ratio": 0.4},
 }
 DECLARING = sorted(n for n in available() if get_loss_class(n).stacks_draws)
 
 
 def _with_prior(data, name):
     """``(data, config settings)`` for loss ``name``: a prior "t" (noisy train labels, rows
-    summing to 1) and ``priors="t"`` for a loss that reads one (VLPL), else as given."""
-    if get_loss_class(name).prior is None:
+    summing to 1, with DAMP's tile extras for a loss that reads them: GPR) and ``priors="t"``
+    for a loss that reads one (VLPL, GPR), else as given."""
+    cls = get_loss_class(name)
+    if cls.prior is None:
         return data, {}
     gen = torch.Generator().manual_seed(3)
     noisy = data.train_labels.float() * 0.5 + torch.rand(data.train_labels.shape, generator=gen)
     scores = (noisy / noisy.sum(1, keepdim=True)).numpy().astype(np.float32)
-    return replace(data, train_prior=Prior("t", scores, {})), {"priors": "t"}
+    tiles = {"tile_max": scores + 0.1, "tile_min": scores * 0.3, "tile_mean": scores * 0.7}
+    extras = {k: v for k, v in tiles.items() if k in (*cls.prior_extras, *cls.prior_optional)}
+    return replace(data, train_prior=Prior("t", scores, extras)), {"priors": "t"}
 
 
 def _draws(data):
@@ -83,13 +88,15 @@ def _assert_same(stacked, t, alone):
     assert mine["test_map"] == pytest.approx(ref["test_map"], abs=1e-4)
 
 
+BUILT_IN = ("an", "an_ls", "wan", "epr", "em", "em_apl", "gr", "gpr", "role", "ll_r", "ll_ct",
+            "ll_cp", "hill", "focal", "asl", "splc", "zlpr", "opml", "crisp", "vpu", "vlpl")
+
+
 def test_the_built_in_losses_that_declare_it():
-    """The list this module checks (a loss dropping its declaration shows here)."""
-    for name in ("an", "an_ls", "wan", "epr", "em", "gr", "role", "em_apl", "ll_r", "ll_ct",
-                 "ll_cp", "hill", "focal", "asl", "splc", "zlpr", "crisp", "vpu", "opml", "vlpl"):
+    """The list this module checks (a loss dropping its declaration shows here): every
+    built-in loss declares it."""
+    for name in BUILT_IN:
         assert name in DECLARING, name
-    # GR's subclass: its prior caches (DAMP's scores, pseudo-labels) derive from one (N, C)
-    assert not get_loss_class("gpr").stacks_draws
 
 
 @pytest.mark.parametrize("name", DECLARING)
@@ -156,7 +163,8 @@ def _stop_at(trial, epoch):
                                                ("ll_cp", HPARAMS["ll_cp"]),
                                                ("crisp", HPARAMS["crisp"]),
                                                ("opml", HPARAMS["opml"]), ("vpu", {}),
-                                               ("vlpl", HPARAMS["vlpl"])])
+                                               ("vlpl", HPARAMS["vlpl"]),
+                                               ("gpr", HPARAMS["gpr"])])
 def test_pruning_a_trial_keeps_the_others_and_their_draws(name, hparams):
     """Trial 1 stops after epoch 1 of 3: it leaves the stack (its row of the draw index and of
     the loss's per-trial state with it; OPML and vPU, trial_state None: it stays, frozen); the
@@ -210,12 +218,12 @@ def test_a_loss_without_the_capability_keeps_one_object_per_trial(monkeypatch, n
         _assert_same(stacked, t, _alone(data, draw, cfg, name, dict(hparams)))
 
 
-def test_setup_refuses_per_trial_draws_without_the_capability():
-    for name in available():
-        if not get_loss_class(name).stacks_draws:
-            loss = create_loss(name)
-            with pytest.raises(LossInputError, match="stacks_draws"):
-                loss.setup(torch.zeros(2, 10, 4, dtype=torch.int8), n_epochs=1, n_trials=2)
+@pytest.mark.parametrize("name", ["an", "role", "vlpl"])
+def test_setup_refuses_per_trial_draws_without_the_capability(monkeypatch, name):
+    monkeypatch.setattr(get_loss_class(name), "stacks_draws", False)
+    loss = create_loss(name)
+    with pytest.raises(LossInputError, match="stacks_draws"):
+        loss.setup(torch.zeros(2, 10, 4, dtype=torch.int8), n_epochs=1, n_trials=2)
 
 
 def test_vlpl_per_trial_thresholds_on_per_trial_draws():
@@ -229,6 +237,21 @@ def test_vlpl_per_trial_thresholds_on_per_trial_draws():
                           draw_index=[d for _, d in cells])
     for t, (_, d) in enumerate(cells):
         _assert_same(stacked, t, _alone(data, draws[d], cfg, "vlpl", trials[t]))
+
+
+@pytest.mark.parametrize("varied", ["eta", "threshold"])
+def test_gpr_per_trial_rule_parameters_on_per_trial_draws(varied):
+    """GPR with a per-trial η (DAMP's scores formed per batch from each trial's observed
+    labels) or θ (DAMP's scores cached per draw, pseudo-labels per batch) × draws."""
+    data, extra = _with_prior(_data(), "gpr")
+    draws = _draws(data)
+    cells = [(v, d) for d in (0, 2) for v in (0.2, 0.6)]
+    trials = [{**HPARAMS["gpr"], varied: v} for v, _ in cells]
+    cfg = _config(**extra)
+    stacked = train_probe(data, cfg, "gpr", trials, draws=draws,
+                          draw_index=[d for _, d in cells])
+    for t, (_, d) in enumerate(cells):
+        _assert_same(stacked, t, _alone(data, draws[d], cfg, "gpr", trials[t]))
 
 
 def test_setup_refuses_draws_for_another_number_of_trials():

@@ -203,14 +203,20 @@ class Loss(nn.Module):
         self.register_buffer(name, torch.full((self.n_trials or 1, *shape), fill,
                                               dtype=dtype, device=observed.device))
 
-    def observed_state(self, name: str, value: Tensor, observed: Tensor) -> None:
+    def observed_state(self, name: str, value: Tensor, observed: Tensor,
+                       per_trial: bool | None = None) -> None:
         """Register ``value``, derived from :meth:`setup`'s ``observed`` row by row, as the
         non-persistent buffer ``name``. With per-trial draws (``observed`` ``(T, N, C)``) its
         leading axis is the trial axis, and :meth:`select_trials` keeps the kept trials' rows;
-        with one ``(N, C)`` matrix it is shared by the trials as it stands."""
+        with one ``(N, C)`` matrix it is shared by the trials as it stands. ``per_trial``:
+        whether ``value`` has the trial axis, where that is not ``observed``'s (None)."""
         self.register_buffer(name, value, persistent=False)
-        if observed.ndim == 3 and name not in self._draw_state:
+        if per_trial is None:
+            per_trial = observed.ndim == 3
+        if per_trial and name not in self._draw_state:
             self._draw_state.append(name)
+        elif not per_trial and name in self._draw_state:
+            self._draw_state.remove(name)
 
     def trial_view(self, value: Tensor) -> Tensor:
         """``value`` registered by :meth:`observed_state` with a leading trial axis: as it is
