@@ -282,3 +282,38 @@ def test_crisp_priors_of_per_trial_draws_equal_one_call_per_draw():
     assert got[1, 2] == 0 and got[0, 2] > 0
     with pytest.raises(LossInputError, match="crisp_priors"):
         crisp_priors(scores[0], observed)  # per-trial draws need per-trial scores
+
+
+@pytest.mark.slow
+def test_compiled_step_over_per_trial_draws_equals_the_eager_step():
+    """--compile traces the shared step with its (T, B, C) target gather: the same heads as
+    the eager step to float rounding (inductor fuses the loss differently)."""
+    data = _data()
+    draws = _draws(data)
+    cfg = _config(epochs=2, eval_every=0, device="cpu", compile=True)
+    compiled = train_probe(data, cfg, "an", draws=draws, draw_index=[0, 1, 2])
+    eager = train_probe(data, replace(cfg, compile=False), "an", draws=draws,
+                        draw_index=[0, 1, 2])
+    assert compiled.timing["compiled"] and not eager.timing["compiled"]
+    torch.testing.assert_close(compiled.final_heads, eager.final_heads, atol=1e-5, rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("name", "hparams"), [("an", {}), ("gr", {}),
+                                               ("ll_cp", HPARAMS["ll_cp"])])
+def test_cuda_graph_over_per_trial_draws_equals_the_eager_step(name, hparams):
+    """The captured step gathers each trial's targets on the device (index_select, no host
+    synchronisation): the same heads bit for bit as the eager step, and each trial as its own
+    draw's run."""
+    data = _data()
+    draws = _draws(data)
+    cfg = _config(device="cuda")
+    eager = train_probe(data, replace(cfg, cuda_graph=False), name, dict(hparams), draws=draws,
+                        draw_index=[0, 1, 2])
+    graph = train_probe(data, replace(cfg, cuda_graph=True), name, dict(hparams), draws=draws,
+                        draw_index=[0, 1, 2])
+    assert graph.timing["cuda_graph"] and not eager.timing["cuda_graph"]
+    assert torch.equal(graph.final_heads, eager.final_heads)
+    for t, draw in enumerate(draws):
+        _assert_same(graph, t, _alone(data, draw, replace(cfg, cuda_graph=False), name,
+                                      dict(hparams)))
