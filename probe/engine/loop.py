@@ -260,6 +260,13 @@ class StackedTrainer:
                 raise ProbeConfigError("the plan has per-trial draws but no draws were given")
             # (K, N, C): each distinct draw once on the device, whatever the number of trials
             self.train_y = draws
+        # one loss object over per-trial draws: the live trials' draw numbers (T,), on the
+        # device, from which each step gathers its (T, B, C) targets (_targets)
+        self.draw_rows: Tensor | None = None
+        if plan.stacked_draws:
+            self.train_y = self.train_y.contiguous()  # the (K·N, C) view of _targets
+            self._set_draw_rows(torch.tensor(plan.draw_index, dtype=torch.long,
+                                             device=self.device))
         self.groups: list[LossGroup] = setup_loss_groups(
             plan, self.train_y, self.device, features=data.train_x[: data.n_train, :-1])
         self.w = stacked_init(plan.seeds, data.train_x.shape[1], data.n_classes).to(self.device)
@@ -367,6 +374,8 @@ class StackedTrainer:
         if self.plan.shared:
             g = self.groups[0]
             g.loss.select_trials(keep)
+            if self.draw_rows is not None:  # the kept trials' draws
+                self._set_draw_rows(trial_rows(self.draw_rows, keep))
             self.groups = [LossGroup(g.loss, slice(0, len(keep)), list(g.loss.extra_parameters()))]
         else:
             self.groups = [LossGroup(self.groups[j].loss, slice(i, i + 1), self.groups[j].extra,
@@ -492,10 +501,26 @@ class StackedTrainer:
     def _losses(self, z: Tensor, idx: Tensor) -> Tensor:
         """Per-trial losses (T,) of the logits ``z`` of the batch rows ``idx``."""
         if self.plan.shared:
-            return self.groups[0].loss(z, self.train_y[idx], index=idx).loss
+            return self.groups[0].loss(z, self._targets(idx), index=idx).loss
         return torch.cat([g.loss(z[g.trials], g.targets[idx[g.trials.start]],
                                  index=idx[g.trials.start]).loss.reshape(1)
                           for g in self.groups])
+
+    def _set_draw_rows(self, draw_rows: Tensor) -> None:
+        """The live trials' draw numbers (T,) and their first rows in the (K·N, C) draws."""
+        self.draw_rows = draw_rows
+        self._draw_base = (draw_rows * self.n).view(-1, 1)  # (T, 1)
+
+    def _targets(self, idx: Tensor) -> Tensor:
+        """The shared loss object's targets of the batch rows ``idx`` (B,): ``(B, C)``, or with
+        per-trial draws trial t's rows of its own draw, ``(T, B, C)``, gathered by
+        ``index_select`` from the draws held once (as ``train_y[draw_rows[:, None], idx]``;
+        no host synchronisation, so a CUDA graph captures it)."""
+        if self.draw_rows is None:
+            return self.train_y[idx]
+        flat = self.train_y.view(-1, self.train_y.shape[-1])  # (K·N, C)
+        rows = (self._draw_base + idx.view(1, -1)).view(-1)  # (T·B,)
+        return flat.index_select(0, rows).view(self._draw_base.shape[0], idx.shape[0], -1)
 
     def compile_unavailable(self) -> str | None:
         """Why the step cannot run through ``torch.compile`` here (None: it can)."""

@@ -28,9 +28,12 @@ Trial ``t`` with seed ``s`` equals this plain PyTorch program, to float toleranc
 
 Trials that share a seed share their batch order: the batch is gathered once, ``(B, D+1)``, and
 multiplied by the stacked weights ``(T, D+1, C)``; the loss sees logits ``(T, B, C)`` with
-per-trial hyperparameters as ``(T,)`` tensors -- the loss contract. Trials with different seeds
-gather their own batches ``(T, B, D+1)`` (one ``bmm``) and each trial gets its own loss object
-(the contract's ``index`` is one row list per call).
+per-trial hyperparameters as ``(T,)`` tensors -- the loss contract. When such trials train on
+their own observed-label draws and the loss declares ``Loss.stacks_draws``, the one loss object
+sees each trial's targets, ``(T, B, C)`` gathered from the draws held once on the device.
+Trials with different seeds (or per-trial draws of a loss that does not declare it) gather
+their own batches ``(T, B, D+1)`` (one ``bmm``) and each trial gets its own loss object (the
+contract's ``index`` is one row list per call).
 
 Speed, with no semantics traded: docs/design.md "The trainer, step by step" and "What fast
 means"; ``torch.compile`` only with ``--compile`` (docs/performance.md).
@@ -257,7 +260,7 @@ def _result(plan: TrialPlan, trainer: Trainer, data: ProbeData, config: ProbeCon
     result = ProbeResult(
         loss=plan.cls.name, config=resolved, trials=results, class_names=list(data.class_names),
         dataset=data.dataset, source=dict(data.source), timing=timing,
-        environment=environment_info(trainer.device), shared_batch_order=plan.shared,
+        environment=environment_info(trainer.device), shared_batch_order=plan.one_order,
         best_heads=evaluator.best_heads() if evaluator is not None else None,
         final_heads=trainer.final_heads())
     if evaluator is not None and config.test_intervals:

@@ -5,7 +5,10 @@ and the loss's hyperparameters. :func:`plan_trials` turns what the caller gave (
 object, one dict or a list of dicts, the config's seeds) into a :class:`TrialPlan`: every
 trial's full settings resolved (:mod:`probe.engine.config`) and checked before anything trains.
 Trials that share one seed share their batch order and one loss object whose float hyperparameters
-are ``(T,)`` tensors; trials with different seeds get a loss object each (:class:`LossGroup`).
+are ``(T,)`` tensors -- also when each trains on its own observed-label draw, if the loss declares
+:attr:`~probe.losses.Loss.stacks_draws` (its targets are then ``(T, B, C)``); trials with
+different seeds, or per-trial draws of a loss that does not declare it, get a loss object each
+(:class:`LossGroup`).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from probe.engine.config import (
 from probe.engine.data import ProbeData
 from probe.losses import Loss
 
-__all__ = ["LossGroup", "TrialPlan", "expand_grid", "plan_trials"]
+__all__ = ["LossGroup", "TrialPlan", "expand_grid", "one_loss_object", "plan_trials"]
 
 
 def expand_grid(values: dict[str, Sequence[Any]], zip_: bool = False) -> list[dict[str, Any]]:
@@ -92,9 +95,33 @@ class TrialPlan:
 
     @property
     def shared(self) -> bool:
-        """All trials share one seed and one draw, hence one batch order and one loss object
-        (per-trial draws: one loss object per trial, as per-trial seeds)."""
-        return len(set(self.seeds)) == 1 and self.draw_index is None
+        """One batch order *and* one loss object for all trials (:func:`one_loss_object`): they
+        share one seed, and either one set of targets or the loss stacks per-trial draws. It
+        says nothing about the targets: :attr:`stacked_draws` tells whether each trial of the
+        shared object has its own. Otherwise one loss object per trial, each gathering its own
+        batch (even where the trials' seeds, hence their orders, agree: :attr:`one_order`)."""
+        return one_loss_object(self.cls, self.seeds, self.draw_index, self.given)
+
+    @property
+    def stacked_draws(self) -> bool:
+        """One shared loss object whose trials train on their own draws: its targets are
+        ``(T, B, C)`` per step and ``(T, N, C)`` at setup (:attr:`Loss.stacks_draws`)."""
+        return self.shared and self.draw_index is not None
+
+    @property
+    def one_order(self) -> bool:
+        """All trials visit the train rows in one batch order (they share one seed)."""
+        return len(set(self.seeds)) == 1
+
+
+def one_loss_object(cls: type[Loss], seeds: Sequence[int], draw_index: Sequence[int] | None,
+                    given: bool) -> bool:
+    """Whether the trials run through one loss object with one batch order: they share a seed
+    and either train on one set of targets, or each on its own draw through a loss that declares
+    :attr:`~probe.losses.Loss.stacks_draws` (not a given object: it was set up by the caller)."""
+    if len(set(seeds)) != 1:
+        return False
+    return draw_index is None or (cls.stacks_draws and not given)
 
 
 @dataclass
@@ -104,7 +131,9 @@ class LossGroup:
     loss: Loss
     trials: slice
     extra: list[tuple[nn.Parameter, float]]
-    targets: Tensor | None = None  # the group's train targets (N, C): a view, never a copy
+    # the group's train targets (N, C): a view, never a copy (None for one object over
+    # per-trial draws: the trainer gathers each step's (T, B, C) from the draws)
+    targets: Tensor | None = None
 
 
 def plan_trials(data: ProbeData, config: ProbeConfig, loss: Loss | str,
@@ -135,12 +164,12 @@ def plan_trials(data: ProbeData, config: ProbeConfig, loss: Loss | str,
     if index is not None and len(seeds) == 1 and len(index) > 1:
         # one trial, several draws: that trial on each draw
         seeds, trials, lrs, wds = (v * len(index) for v in (seeds, trials, lrs, wds))
-    shared = len(set(seeds)) == 1 and index is None
+    shared = one_loss_object(cls, seeds, index, given is not None)
     notes: list[str] = []
     if given is not None:
         if not shared:
             raise ProbeConfigError(
-                "per-trial seeds need one loss object per trial; pass the loss by name")
+                "per-trial seeds or draws need one loss object per trial; pass the loss by name")
         values = given.hparams_dict()  # stacked hyperparameters come back as per-trial lists
         merged = [{k: (v[t] if isinstance(v, list) else v) for k, v in values.items()}
                   for t in range(len(seeds))]
@@ -216,7 +245,10 @@ def setup_loss_groups(plan: TrialPlan, train_y: Tensor, device: Any,
                       features: Tensor | None = None) -> list[LossGroup]:
     """Move the loss objects to ``device``, run their ``setup`` (per-example state over the
     train split) and seed their own randomness; check the tensors they train. ``train_y`` is
-    (N, C), or (K, N, C) draws when the plan has per-trial draws (trial t: its draw_index).
+    (N, C), or (K, N, C) draws when the plan has per-trial draws (trial t: its draw_index):
+    a per-trial object is set up with its draw (N, C), a shared one (:attr:`TrialPlan.
+    stacked_draws`) with every trial's (T, N, C) and keeps no group targets (the trainer
+    gathers each step's (T, B, C) from the draws).
     ``features``: the train rows' features (N, D), unflipped, no bias column, for a loss that
     reads them (``Loss.needs_features``: handed over as float32 after ``set_prior``)."""
     groups = []
@@ -224,8 +256,14 @@ def setup_loss_groups(plan: TrialPlan, train_y: Tensor, device: Any,
         obj.to(device)
         span = slice(0, plan.n) if plan.shared else slice(i, i + 1)
         k = span.stop - span.start
-        targets = train_y if plan.draw_index is None else train_y[plan.draw_index[i]]
-        obj.setup(targets, n_epochs=plan.training.epochs, n_trials=k)
+        if plan.draw_index is None:
+            targets, setup_y = train_y, train_y
+        elif plan.shared:  # one object, every trial on its own draw
+            targets = None
+            setup_y = train_y[torch.tensor(plan.draw_index, device=train_y.device)]
+        else:
+            targets = setup_y = train_y[plan.draw_index[i]]  # a view of the trial's draw
+        obj.setup(setup_y, n_epochs=plan.training.epochs, n_trials=k)
         if plan.prior is not None:  # the train rows' prior, shared by the stacked trials
             put = functools.partial(torch.as_tensor, dtype=torch.float32, device=device)
             obj.set_prior(put(plan.prior.scores), {k: put(v) for k, v in plan.prior.extras.items()})

@@ -46,6 +46,15 @@ class Loss(nn.Module):
     ``bool(tensor)``, ``nonzero``): the inputs were validated before training. Hyperparameters
     are read with :meth:`hparam` and viewed with :func:`hp`; half-precision logits are promoted
     (:func:`promote`).
+
+    ``stacks_draws`` (default False) declares that stacked trials may each train on their own
+    observed labels: :meth:`forward` accepts ``observed`` of shape ``(T, B, C)`` (trial t's own
+    targets, with ``(T, B, C)`` logits) and :meth:`setup` accepts ``(T, N_train, C)`` (trial
+    t's own draw), and trial t then computes exactly what it computes alone on ``observed[t]``.
+    The trainer then runs trials that share a seed but differ in their draw through one loss
+    object (one call per step); a loss that does not declare it gets one object per trial
+    (correct, slower). Per-example state derived from the observed labels must then be per
+    trial: :meth:`per_example` and :meth:`observed_state` keep it so.
     """
 
     name: ClassVar[str] = ""
@@ -64,6 +73,8 @@ class Loss(nn.Module):
     version: ClassVar[str] = "1"
     prior: ClassVar[str | None] = None
     needs_features: ClassVar[bool] = False
+    # forward takes (T, B, C) observed and setup (T, N, C): one object for per-trial draws
+    stacks_draws: ClassVar[bool] = False
 
     def __init__(self, **hparams: Any) -> None:
         super().__init__()
@@ -80,6 +91,8 @@ class Loss(nn.Module):
             self._keep(name, value)
         self.epoch = 0
         self.n_epochs = 1
+        # buffers with a leading trial axis because setup got per-trial draws (observed_state)
+        self._draw_state: list[str] = []
 
     def __repr__(self) -> str:
         """``GR(w_T=..., b_T=..., ..., preset='coco')``: every hyperparameter's value (a
@@ -127,8 +140,21 @@ class Loss(nn.Module):
         return {**self._static, **{n: getattr(self, f"hp_{n}").tolist() for n in self._hp_names}}
 
     def setup(self, observed: Tensor, n_epochs: int, n_trials: int | None = None) -> None:
-        """Called once before training with the train split's observed labels ``(N, C)``:
+        """Called once before training with the train split's observed labels ``(N, C)`` --
+        or, for a loss that :attr:`stacks_draws`, ``(T, N, C)``: trial t's own draw --:
         stateless losses only record ``n_epochs``; stateful ones allocate their state here."""
+        if isinstance(observed, Tensor) and observed.ndim == 3:
+            if not self.stacks_draws:
+                raise LossInputError(
+                    f"{self.name}: setup got per-trial observed labels of shape "
+                    f"{tuple(observed.shape)} (T, N, C), but this loss does not declare "
+                    "stacks_draws; give one (N, C) matrix, one loss object per draw")
+            if n_trials is not None and observed.shape[0] != n_trials:
+                raise LossInputError(
+                    f"{self.name}: setup got {observed.shape[0]} per-trial draws (observed of "
+                    f"shape {tuple(observed.shape)}) for {n_trials} trials; give one per trial")
+            n_trials = observed.shape[0]
+        self._draw_state = []
         if n_trials is not None and self.n_trials is not None and n_trials != self.n_trials:
             raise LossInputError(
                 f"{self.name}: the hyperparameters describe {self.n_trials} trials but the "
@@ -182,9 +208,31 @@ class Loss(nn.Module):
         return value
 
     def per_example(self, name: str, observed: Tensor, fill: Any, dtype: torch.dtype) -> None:
-        """Register state ``name`` ``(T, N_train, C)`` filled with ``fill``, in :meth:`setup`."""
-        self.register_buffer(name, torch.full((self.n_trials or 1, *observed.shape), fill,
+        """Register state ``name`` ``(T, N_train, C)`` filled with ``fill``, in :meth:`setup`
+        (``observed`` ``(N, C)``, or per-trial draws ``(T, N, C)``)."""
+        shape = observed.shape[-2:]
+        self.register_buffer(name, torch.full((self.n_trials or 1, *shape), fill,
                                               dtype=dtype, device=observed.device))
+
+    def observed_state(self, name: str, value: Tensor, observed: Tensor,
+                       per_trial: bool | None = None) -> None:
+        """Register ``value``, derived from :meth:`setup`'s ``observed`` row by row, as the
+        non-persistent buffer ``name``. With per-trial draws (``observed`` ``(T, N, C)``) its
+        leading axis is the trial axis, and :meth:`select_trials` keeps the kept trials' rows;
+        with one ``(N, C)`` matrix it is shared by the trials as it stands. ``per_trial``:
+        whether ``value`` has the trial axis, where that is not ``observed``'s (None)."""
+        self.register_buffer(name, value, persistent=False)
+        if per_trial is None:
+            per_trial = observed.ndim == 3
+        if per_trial and name not in self._draw_state:
+            self._draw_state.append(name)
+        elif not per_trial and name in self._draw_state:
+            self._draw_state.remove(name)
+
+    def trial_view(self, value: Tensor) -> Tensor:
+        """``value`` registered by :meth:`observed_state` with a leading trial axis: as it is
+        for per-trial draws, else with a trial axis of 1 in front (broadcast over trials)."""
+        return value if value.ndim == 3 else value.unsqueeze(0)
 
     def state_rows(self, name: str, index: Tensor | None, z: Tensor, why: str) -> Tensor:
         """The batch's rows ``index`` of state ``name``: ``(T, B, C)`` for stacked logits ``z``,
@@ -234,6 +282,8 @@ class Loss(nn.Module):
                                                  requires_grad=value.requires_grad))
             elif isinstance(value, Tensor):
                 setattr(self, name, trial_rows(value, keep))
+        for name in self._draw_state:  # state of per-trial draws (observed_state)
+            setattr(self, name, trial_rows(getattr(self, name), keep))
         self.n_trials = len(keep)
 
     @classmethod

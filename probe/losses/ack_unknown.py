@@ -102,6 +102,7 @@ class EM(EntrywiseLoss):
     train_presets = _TRAIN
     notes = "Default α=0.1 is the COCO/NUS setting. " + _NOTES_COMMON
     entries = staticmethod(_em_entries)
+    stacks_draws = True  # per-trial (T, B, C) observed broadcast entry by entry
 
 
 @register
@@ -121,6 +122,8 @@ class EMAPL(Loss):
     stateful = True
     needs_epoch_pass = True
     trial_state = ("soft_targets",)
+    # per-trial draws: the unobserved masks and counts are per trial (observed_state)
+    stacks_draws = True
     notes = (
         "State: `soft_targets` (T, N_train, C) float buffer, NaN = not pseudo-labelled. As in "
         "the released code, the pass runs after the epoch's training with the current head, "
@@ -135,9 +138,9 @@ class EMAPL(Loss):
 
     def setup(self, observed: Tensor, n_epochs: int, n_trials: int | None = None) -> None:
         super().setup(observed, n_epochs, n_trials)
-        unobserved = observed == 0
-        self.register_buffer("unobserved", unobserved, persistent=False)
-        self.register_buffer("n_unobserved", unobserved.sum(0).to(torch.int64), persistent=False)
+        unobserved = observed == 0  # (N, C), or (T, N, C) per-trial draws
+        self.observed_state("unobserved", unobserved, observed)
+        self.observed_state("n_unobserved", unobserved.sum(-2).to(torch.int64), observed)
         self.per_example("soft_targets", observed, float("nan"), torch.float32)
 
     def forward(self, logits: Tensor, observed: Tensor, index: Tensor | None = None) -> LossOutput:
@@ -150,7 +153,7 @@ class EMAPL(Loss):
         """m_i per trial and class, ``(T, 1, C)`` int64: ⌊θ·U_i / (E − warmup)⌋ in float64
         (with the float32-ulp slack of :func:`~probe.losses.large_loss.selection_count`)."""
         theta = self.hparam("theta")
-        u = self.n_unobserved.to(torch.float64)
+        u = self.n_unobserved.to(torch.float64).unsqueeze(-2)  # (1, C), per-trial draws (T, 1, C)
         denom = max(self.n_epochs - self.hparam("warmup"), 1)
         if isinstance(theta, Tensor):
             theta = theta.to(device=u.device, dtype=torch.float64).reshape(-1, 1, 1)
@@ -166,6 +169,6 @@ class EMAPL(Loss):
         z = promote(self.epoch_logits(logits, soft.shape).detach())
         with torch.no_grad():  # Eq. 6: per (trial, class) the counts() free (NaN) unobserved
             # entries with the lowest p (by logit; ties: lower row first) get t ← p
-            chosen = rank_select(z, self.unobserved.unsqueeze(0) & torch.isnan(soft),
+            chosen = rank_select(z, self.trial_view(self.unobserved) & torch.isnan(soft),
                                  self.counts(), dim=-2, largest=False)
             soft.copy_(torch.where(chosen, torch.sigmoid(z).to(soft.dtype), soft))

@@ -98,6 +98,7 @@ class AN(EntrywiseLoss):
     paper = PAPER + ", Eq. 3"
     formula = "y=1: −log p;  y≤0: −log(1−p);  mean over B·C"
     entries = staticmethod(an_entries)
+    stacks_draws = True  # per-trial (T, B, C) observed broadcast entry by entry
 
 
 @register
@@ -107,6 +108,7 @@ class ANLS(EntrywiseLoss):
     formula = "y=1: −(1−ε)log p − ε log(1−p);  y≤0: −(1−ε)log(1−p) − ε log p;  mean over B·C"
     hparam_specs = (_EPS,)
     entries = staticmethod(_an_ls_entries)
+    stacks_draws = True  # per-trial (T, B, C) observed broadcast entry by entry
 
 
 @register
@@ -115,6 +117,7 @@ class WAN(EntrywiseLoss):
     paper = PAPER + ", Sec. 3 (WAN)"
     formula = "y=1: −log p;  y≤0: −log(1−p)/(C−1);  mean over B·C"
     entries = staticmethod(_wan_entries)
+    stacks_draws = True  # per-trial (T, B, C) observed broadcast entry by entry
 
 
 @register
@@ -125,6 +128,7 @@ class EPR(Loss):
     hparam_specs = (K_SPEC,)
     presets = {ds: {"k": k} for ds, k in EXPECTED_POSITIVES.items()}
     trial_state = ()  # stateless
+    stacks_draws = True  # per-trial (T, B, C) observed: the data term entry by entry
 
     def forward(self, logits: Tensor, observed: Tensor, index: Tensor | None = None) -> LossOutput:
         z = promote(logits)

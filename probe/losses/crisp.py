@@ -58,13 +58,16 @@ def crisp_priors(scores: Tensor, observed: Tensor, delta: float | Tensor = 0.01,
                  tau: float | Tensor = 0.01) -> Tensor:
     """Algorithm 1's class priors from ``scores`` ``(N, C)`` or ``(T, N, C)`` in [0, 1] (the
     classifier's probabilities on the training rows) and ``observed`` ``(N, C)`` (1 = the
-    row's observed positive). Returns ``(C,)`` or ``(T, C)``, each π̂_j in [0, 1].
+    row's observed positive), or ``(T, N, C)`` with ``(T, N, C)`` scores (trial t's own
+    draw). Returns ``(C,)`` or ``(T, C)``, each π̂_j in [0, 1].
 
     Per class the candidate thresholds are the distinct scores; ties in the bound keep the
     highest threshold. A class without observed positives gets π̂ = 0 (no bound is defined).
     ``delta``/``tau``: numbers or ``(T,)`` tensors.
     """
-    if scores.ndim not in (2, 3) or tuple(scores.shape[-2:]) != tuple(observed.shape):
+    per_draw = observed.ndim == 3  # trial t's own observed labels
+    if scores.ndim not in (2, 3) or tuple(scores.shape[-observed.ndim:]) != tuple(
+            observed.shape) or (per_draw and scores.ndim != 3):
         raise LossInputError(
             f"crisp_priors: scores must be (N, C) or (T, N, C) matching observed "
             f"{tuple(observed.shape)}; got {tuple(scores.shape)}")
@@ -74,11 +77,13 @@ def crisp_priors(scores: Tensor, observed: Tensor, delta: float | Tensor = 0.01,
         s = s.unsqueeze(0)
     t, n, c = s.shape
     pos = (observed == 1).to(s.device)
+    if not per_draw:
+        pos = pos.unsqueeze(0)  # (1, N, C): one observed matrix for every trial
     s_sorted, order = torch.sort(s, dim=1, descending=True, stable=True)
-    pos_sorted = torch.gather(pos.unsqueeze(0).expand(t, n, c), 1, order).to(torch.float64)
+    pos_sorted = torch.gather(pos.expand(t, n, c), 1, order).to(torch.float64)
     count_all = torch.arange(1, n + 1, dtype=torch.float64, device=s.device).view(1, n, 1)
     count_pos = torch.cumsum(pos_sorted, dim=1)
-    n_pos = pos.sum(0).to(torch.float64).view(1, 1, c)
+    n_pos = pos.sum(1, keepdim=True).to(torch.float64)  # (1 or T, 1, C)
     q = (count_all / n).expand(t, n, c)
     qp = count_pos / n_pos.clamp(min=1)
     # a threshold t = s_sorted[i] counts every row scoring >= t: only the last of a tie group
@@ -93,7 +98,7 @@ def crisp_priors(scores: Tensor, observed: Tensor, delta: float | Tensor = 0.01,
     bound = torch.where(last & (count_pos > 0), bound, torch.full_like(bound, math.inf))
     best = torch.argmin(bound, dim=1, keepdim=True)  # first minimum: the highest threshold
     pi = (torch.gather(q, 1, best) / torch.gather(safe_qp, 1, best)).squeeze(1)
-    pi = torch.where(n_pos.view(1, c) > 0, pi.clamp(0.0, 1.0), torch.zeros_like(pi))
+    pi = torch.where(n_pos.squeeze(1) > 0, pi.clamp(0.0, 1.0), torch.zeros_like(pi))
     pi = pi.to(torch.float32)
     return pi[0] if squeeze else pi
 
@@ -149,6 +154,8 @@ class CRISP(Loss):
     stateful = True
     needs_epoch_pass = True
     trial_state = ("priors",)
+    # per-trial draws: each trial's priors are estimated from its own draw (observed_state)
+    stacks_draws = True
     version = "1"
     notes = (
         "(reconstructed) The paper's equations are lost in its available text: the risk is "
@@ -165,7 +172,7 @@ class CRISP(Loss):
 
     def setup(self, observed: Tensor, n_epochs: int, n_trials: int | None = None) -> None:
         super().setup(observed, n_epochs, n_trials)
-        self.register_buffer("observed_train", observed.to(torch.int8), persistent=False)
+        self.observed_state("observed_train", observed.to(torch.int8), observed)
         self.register_buffer("priors", torch.zeros(self.n_trials or 1, observed.shape[-1],
                                                    device=observed.device))
 
@@ -176,7 +183,7 @@ class CRISP(Loss):
         if epoch + 1 < self.hparam("warmup"):
             return
         priors = self.state("priors")
-        shape = (priors.shape[0], *self.observed_train.shape)
+        shape = (priors.shape[0], *self.observed_train.shape[-2:])
         z = promote(self.epoch_logits(logits, shape).detach())
         with torch.no_grad():
             priors.copy_(crisp_priors(torch.sigmoid(z), self.observed_train,

@@ -244,7 +244,9 @@ class GPR(PriorMixin, GR):
     hparam_specs = _SPECS
     prior = "class scores (CLIP global; extras tile_max, tile_min, tile_mean for DAMP)"
     prior_optional = ("tile_max", "tile_min", "tile_mean")
-    trial_state = ()  # the prior's caches have no trial axis
+    trial_state = ()  # the prior's caches have no trial axis (per-trial draws: observed_state)
+    # per-trial draws: DAMP's scores and the cached pseudo-labels are per trial
+    stacks_draws = True
     # Fsoft-AIC/AEVLP configs/<dataset>.json field by field (beta = [w_0, w_T, b_0, b_T], alpha =
     # [mu_0, sigma_0, mu_T, sigma_T], q2q3, lam = [lam1, lam2], rho, reg, eta, threshold,
     # negative_ratio) and config.py's _LOOKUP (top_k, expected_num_pos); tests/test_prior_presets.py
@@ -306,17 +308,20 @@ CUB 24.89 mAP."""
         self._coded = False  # set_hparam runs this again: the caches follow η's kind
         self._damp_cached = not tiles or not isinstance(self.hparam("eta"), Tensor)
         if self._damp_cached:
+            # (N, C); (T, N, C) with tiles on per-trial draws (η's gate reads the observed)
             s = self._damp(g, self.observed_train, None)
-            self.register_buffer("prior_damp", s.contiguous(), persistent=False)
-            self.register_buffer("prior_rank_pos", rank_desc(s).to(dtype), persistent=False)
+            per_draw = s.ndim == 3
+            self.observed_state("prior_damp", s.contiguous(), self.observed_train, per_draw)
+            self.observed_state("prior_rank_pos", rank_desc(s).to(dtype), self.observed_train,
+                                per_draw)
             fixed = [self.hparam(n) for n in ("top_k", "threshold", "neg_ratio")]
             if not any(isinstance(v, Tensor) for v in fixed):
                 # every rule parameter fixed: each entry's pseudo-label as one int8 code
                 pos, neg = gpr_pseudo_labels(s, self.observed_train, *fixed[:2], None, fixed[2],
                                              self.hparam("released"),
                                              (self.prior_rank_pos, self.prior_rank_neg))
-                code = pos.to(torch.int8) + 2 * neg.to(torch.int8)
-                self.register_buffer("prior_code", code, persistent=False)
+                code = pos.to(torch.int8) + 2 * neg.to(torch.int8)  # per draw: (T, N, C)
+                self.observed_state("prior_code", code, self.observed_train)
                 self._coded = True
 
     def _damp(self, g: Tensor, observed: Tensor, index: Tensor | None) -> Tensor:

@@ -209,6 +209,7 @@ class GR(Loss):
         "w, b, μ, σ: v_0 + (v_T − v_0)·e/(E−1) at 0-indexed epoch e of E")
     hparam_specs = GR_SPECS
     trial_state = tuple(f"kv_{n}" for n in _KV)  # learn_kv's parameters (absent otherwise)
+    stacks_draws = True  # per-trial (T, B, C) observed broadcast entry by entry
     # paper Table 6 (q1 = 0.01 throughout, Sec. 4.4)
     presets = {
         "voc": {"w_T": 2.0, "b_T": -2.0, "mu_T": 0.8, "sigma_T": 0.5, "q2": 0.01, "q3": 1.0},

@@ -155,6 +155,9 @@ def ll_cp(logits: Tensor, observed: Tensor, flipped: Tensor, delta_rel: float | 
 class _LargeLoss(Loss):
     hparam_specs = (_DELTA,)
     trial_state: tuple[str, ...] = ()  # LL-R, LL-Ct: stateless; LL-Cp: its flips
+    # per-trial (T, B, C) observed: each trial ranks its own unobserved entries (LL-Cp's flips
+    # are per trial already)
+    stacks_draws = True
     train_presets = _TRAIN
     _mode = "ll_r"
 

@@ -78,6 +78,8 @@ class ROLE(Loss):
     presets = {ds: {"k": k} for ds, k in EXPECTED_POSITIVES.items()}
     stateful = True
     trial_state = ("label_logits",)
+    # per-trial draws: trial t's Θ starts from its own draw (observed_train is per trial)
+    stacks_draws = True
     notes = (
         "State: Θ, an nn.Parameter (T, N_train, C) float32 returned by extra_parameters() with "
         "lr_mult (structural: one value for all stacked trials); create the optimizer after "
@@ -100,16 +102,19 @@ class ROLE(Loss):
             raise LossInputError(
                 f"role: manual_seed was given {len(self._seeds)} seeds but setup stacks {t} "
                 "trials; pass one seed per trial")
-        self.register_buffer("observed_train", observed.to(torch.int8), persistent=False)
-        self.label_logits = nn.Parameter(torch.empty(t, *observed.shape, device=observed.device))
+        self.observed_state("observed_train", observed.to(torch.int8), observed)
+        self.label_logits = nn.Parameter(torch.empty(t, *observed.shape[-2:],
+                                                     device=observed.device))
         self._init_theta()
 
     def _init_theta(self) -> None:
         t = self.label_logits.shape[0]
         seeds = self._seeds or [0] * t
+        observed = self.trial_view(self.observed_train)  # (1 or T, N, C)
         with torch.no_grad():
             for i, seed in enumerate(seeds):
-                self.label_logits[i].copy_(init_label_logits(self.observed_train, seed))
+                draw = observed[i] if observed.shape[0] > 1 else observed[0]
+                self.label_logits[i].copy_(init_label_logits(draw, seed))
 
     def manual_seed(self, seeds: list[int]) -> None:
         """Seed Θ's initial draw, one seed per trial; re-draws Θ in place if set up already."""

@@ -137,7 +137,7 @@ def _correct_core(logits: Tensor, observed: Tensor, flipped: Tensor, ratio, ap: 
     the largest k on the host once (end of epoch, not the training step)."""
     t, n, c = logits.shape
     eligible = (observed == 0) & ~flipped  # (T, N, C)
-    n_pos = (observed == 1).sum(0).to(torch.float64)  # (C,)
+    n_pos = (observed == 1).sum(-2).to(torch.float64)  # (C,), per-trial observed (T, C)
     ratio = per_trial(ratio)
     if isinstance(ratio, Tensor):
         ratio = ratio.to(device=logits.device, dtype=torch.float64).reshape(-1, 1)
@@ -244,6 +244,7 @@ class ZLPR(Loss):
     notes = ("Reduction is the mean over the batch (one value per sample), as docs/losses.md "
              "specifies.")
     trial_state = ()  # stateless
+    stacks_draws = True  # per-trial (T, B, C) observed: each trial's own sample terms
 
     def forward(self, logits: Tensor, observed: Tensor, index: Tensor | None = None) -> LossOutput:
         z = promote(logits)
@@ -266,6 +267,8 @@ class OPML(Loss):
     # the options soft/correct keep per-trial AP and flips that select_trials does not take:
     # a stopped trial stays in the stack, frozen
     trial_state = None
+    # per-trial draws: AP and flips from each trial's own draw (observed_state)
+    stacks_draws = True
     notes = (
         "(reconstructed) The paper's formulas and numbers could not be recovered, so parts of "
         "this loss are reconstructed: the OPML loss itself follows docs/losses.md (α = β = 1 is "
@@ -298,14 +301,15 @@ class OPML(Loss):
         super().setup(observed, n_epochs, n_trials)
         if not self.needs_epoch_pass:
             return
-        if not isinstance(observed, Tensor) or observed.ndim != 2:
+        if not isinstance(observed, Tensor) or observed.ndim not in (2, 3):
             got = tuple(observed.shape) if isinstance(observed, Tensor) else type(observed).__name__
             raise LossInputError("opml.setup: 'observed' must be the train split's labels, a "
-                                 f"(N, C) tensor of -1/0/1; got {got}")
+                                 "(N, C) tensor of -1/0/1 (or (T, N, C), one draw per trial); "
+                                 f"got {got}")
         _, y = check_inputs(torch.zeros(observed.shape, device=observed.device), observed,
                             loss="opml.setup")
-        self.register_buffer("observed_train", y.to(torch.int8), persistent=False)
-        self.register_buffer("ap", torch.full((self.n_trials or 1, observed.shape[1]), math.nan,
+        self.observed_state("observed_train", y.to(torch.int8), observed)
+        self.register_buffer("ap", torch.full((self.n_trials or 1, observed.shape[-1]), math.nan,
                                               device=observed.device))
         if self.hparam("correct"):
             self.per_example("flipped", observed, False, torch.bool)
@@ -336,10 +340,13 @@ class OPML(Loss):
         super().end_epoch(epoch, logits)
         if not self.needs_epoch_pass:
             return
-        want = (self.state("ap").shape[0], *self.observed_train.shape)
+        want = (self.state("ap").shape[0], *self.observed_train.shape[-2:])
         z = promote(self.epoch_logits(logits, want))
-        y = self.observed_train.to(z.device)
-        ap = column_ap(z, y == 1)
+        y = self.observed_train.to(z.device)  # (N, C), or per-trial draws (T, N, C)
+        if y.ndim == 2:
+            ap = column_ap(z, y == 1)
+        else:  # each trial's AP against its own draw's positives
+            ap = torch.stack([column_ap(z[t], y[t] == 1) for t in range(y.shape[0])])
         self.ap.copy_(ap)
         if self.hparam("correct"):
             ratio = self.hparam("correct_ratio")

@@ -46,9 +46,10 @@ class PriorMixin(Loss):
 
     def setup(self, observed: Tensor, n_epochs: int, n_trials: int | None = None) -> None:
         """The :class:`Loss` setup, plus the train split's observed labels as the buffer
-        ``observed_train`` (int8, ``(N_train, C)``), which :meth:`set_prior` checks against."""
+        ``observed_train`` (int8, ``(N_train, C)``, or ``(T, N_train, C)`` per-trial draws of a
+        loss that :attr:`~Loss.stacks_draws`), which :meth:`set_prior` checks against."""
         super().setup(observed, n_epochs, n_trials)
-        self.register_buffer("observed_train", observed.to(torch.int8), persistent=False)
+        self.observed_state("observed_train", observed.to(torch.int8), observed)
 
     def set_prior(self, scores: Tensor, extras: dict[str, Tensor] | None = None) -> None:
         """Validate and keep the train rows' prior (after :meth:`setup`): ``scores`` and each
@@ -73,7 +74,7 @@ class PriorMixin(Loss):
                 f"{self.name}: the prior given with --priors lacks the extra arrays "
                 f"{', '.join(missing)} this loss needs; store them with 'spml import priors … "
                 f"--extra {missing[0]}=FILE'")
-        want = tuple(observed.shape)
+        want = tuple(observed.shape[-2:])  # the train rows' (N, C), shared by the trials
         for key, value in {"scores": scores, **extras}.items():
             if not isinstance(value, Tensor) or not value.is_floating_point():
                 raise LossInputError(f"{self.name}: prior array {key!r} must be a float tensor; "
@@ -100,7 +101,8 @@ class PriorMixin(Loss):
     def prior_ready(self) -> None:
         """Called after :meth:`set_prior` stored the buffers: precompute here, once per train
         row, what depends only on the prior and ``observed_train`` (kept as buffers without a
-        trial axis, or named in ``trial_state`` when per trial)."""
+        trial axis, or named in ``trial_state`` when per trial; a cache derived from
+        ``observed_train`` of per-trial draws is registered by :meth:`~Loss.observed_state`)."""
 
     def has_prior(self, key: str) -> bool:
         """Whether the prior carried the extra ``key``."""
@@ -108,7 +110,8 @@ class PriorMixin(Loss):
 
     def prior_rows(self, index: Tensor | None, keys: Sequence[str] = ("scores",)) -> list[Tensor]:
         """The batch's rows of the prior arrays ``keys`` (``(B, C)`` each): "scores", an extra,
-        or any buffer ``prior_<key>`` that :meth:`prior_ready` registered."""
+        or any buffer ``prior_<key>`` that :meth:`prior_ready` registered (``(T, B, C)`` for a
+        per-trial ``(T, N, C)`` cache)."""
         if getattr(self, "prior_scores", None) is None:
             raise LossInputError(
                 f"{self.name}: needs a prior (per-image class scores): pass --priors NAME "
@@ -116,7 +119,11 @@ class PriorMixin(Loss):
         if index is None:
             raise LossInputError(f"{self.name}: forward needs index= (the batch's train rows) to "
                                  "gather the prior's rows")
-        return [torch.index_select(getattr(self, f"prior_{k}"), 0, index) for k in keys]
+        rows = []
+        for k in keys:
+            value = getattr(self, f"prior_{k}")
+            rows.append(torch.index_select(value, value.ndim - 2, index))  # the row axis
+        return rows
 
 
 def check_scores(scores: Any, y: Tensor, loss: str) -> Tensor:

@@ -117,6 +117,7 @@ def vpu(logits: Tensor, observed: Tensor, gamma: float | Tensor = 0.55,
 class VPU(Loss):
     host_per_step = True  # λ drawn per step from numpy generators
     trial_state = None  # one numpy generator per trial: a stopped trial stays in the stack, frozen
+    stacks_draws = True  # per-trial (T, B, C) observed: each trial's own positives per column
     name = "vpu"
     paper = PAPER
     formula = (

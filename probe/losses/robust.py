@@ -147,6 +147,7 @@ class Focal(EntrywiseLoss):
         "The focusing weight keeps its gradient, as in Lin et al. (the Hill/SPLC repository's "
         "'Focal' is ASL with γ+ = γ− = 2, clip 0 and weights under no_grad). " + _NO_PRESETS)
     entries = staticmethod(_focal_entries)
+    stacks_draws = True  # per-trial (T, B, C) observed broadcast entry by entry
 
 
 @register
@@ -164,6 +165,7 @@ class ASL(EntrywiseLoss):
         "probabilities at eps=1e-8 before the log; we compute log(1−p_m) exactly from logits. "
         "Mean over B·C instead of the sum. " + _NO_PRESETS)
     entries = staticmethod(_asl_entries)
+    stacks_draws = True  # per-trial (T, B, C) observed broadcast entry by entry
 
 
 @register
@@ -181,6 +183,7 @@ class Hill(EntrywiseLoss):
         "positive term as −log p (the GR repository's hill_loss); we follow the Hill paper's "
         "focal margin. " + _NO_PRESETS)
     entries = staticmethod(_hill_entries)
+    stacks_draws = True  # per-trial (T, B, C) observed broadcast entry by entry
 
 
 @register
@@ -192,6 +195,7 @@ class SPLC(EntrywiseLoss):
         "y=1: FM;  y=0: FM if epoch ≥ change_epoch and σ(z) > τ, else FN;  y=−1: FN\n"
         "mean over B·C")
     hparam_specs = (_TAU, _MARGIN, _GAMMA, _CHANGE_EPOCH)
+    stacks_draws = True  # per-trial (T, B, C) observed broadcast entry by entry
     notes = (
         "Epochs are 0-indexed (start_epoch), as the reference's loop. Corrected entries take the "
         "focal-margin loss (docs/losses.md, the paper's loss⁺); the reference subtracts the margin "

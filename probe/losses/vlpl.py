@@ -145,6 +145,8 @@ class VLPL(PriorMixin):
         "epoch < warmup_epochs")
     hparam_specs = _SPECS
     prior = "class scores (softmax of CLIP image-text similarity, T = 0.01)"
+    # per-trial draws: the cached pseudo-labels are per trial (only unobserved entries get one)
+    stacks_draws = True
     # mvrl/VLPL main_clip.py, per dataset (P['alpha'], P['beta_pos'], P['beta_neg'],
     # P['warmup_epoch']; the CLI defaults --threshold 0.3, --partial 0.0 -> no pseudo-negatives)
     presets = {ds: {"alpha": alpha, "beta_pos": 0.7, "beta_neg": 0.0, "threshold": 0.3,
@@ -177,8 +179,9 @@ CUB 24.02 mAP."""
         if self._coded:
             pos, neg = vlpl_pseudo_labels(s, self.observed_train, threshold, k,
                                           self.hparam("released"), self.prior_rank_asc)
-            self.register_buffer("prior_code", pos.to(torch.int8) + 2 * neg.to(torch.int8),
-                                 persistent=False)
+            # (N, C), or (T, N, C) from per-trial draws
+            self.observed_state("prior_code", pos.to(torch.int8) + 2 * neg.to(torch.int8),
+                                self.observed_train)
 
     def forward(self, logits: Tensor, observed: Tensor, index: Tensor | None = None) -> LossOutput:
         z = promote(logits)
