@@ -447,6 +447,7 @@ class SMILE(Loss):
     # would not advance: the step runs eagerly
     host_per_step = True
     trial_state = PARAM_NAMES
+    stacks_draws = True  # observed enters only elementwise beside (T, B, C) terms
     version = "1"
     notes = (
         "Reads the train features (needs_features: the trainer hands the unflipped train rows' "
@@ -484,7 +485,8 @@ class SMILE(Loss):
         if self.hparam("bias") and observed.shape[-1] < 2:
             raise LossInputError("smile: bias=True weights unobserved entries by 1/(C−1) and "
                                  f"needs C >= 2 classes; got C={observed.shape[-1]}")
-        self._n_train, self._n_classes = int(observed.shape[0]), int(observed.shape[-1])
+        # (N, C), or (T, N, C) per-trial draws (stacks_draws)
+        self._n_train, self._n_classes = int(observed.shape[-2]), int(observed.shape[-1])
 
     def set_features(self, train_x: Tensor) -> None:
         """Receive the train features ``(N_train, D)`` (unflipped, no bias column), once after
