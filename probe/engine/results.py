@@ -13,7 +13,7 @@ import json
 import math
 import platform
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +26,8 @@ from probe.io import atomic_write, atomic_write_text
 from probe.progress import plural
 
 __all__ = ["BestEpoch", "EpochReport", "ProbeResult", "TrialResult", "environment_info",
-           "from_linear", "load_head", "loss_package", "save_head", "to_linear", "versioned",
-           "write_json_atomic"]
+           "from_linear", "load_head", "loss_package", "save_head", "to_linear", "trials_of",
+           "versioned", "write_json_atomic"]
 
 _HEAD_FORMAT = "spml-probe-head/1"
 _RESULT_FORMAT = "spml-probe-result/1"
@@ -143,6 +143,19 @@ class ProbeResult:
         if not 0 <= trial < heads.shape[0]:
             raise ProbeConfigError(f"trial {trial} out of range [0, {heads.shape[0]})")
         return to_linear(heads[trial])
+
+
+def trials_of(result: ProbeResult, trials: range, **changes: Any) -> ProbeResult:
+    """The trials ``trials`` (a contiguous range) of a stacked run as a result of their own:
+    renumbered from 0, their heads cloned (the stacked run's tensors are not kept alive), and
+    ``changes`` (``source``, ``config``, ``timing``, ...) replacing the run's fields. How a
+    stacked table cell, replicate or grid setting becomes the result of its own run."""
+    rows = [replace(t, trial=i) for i, t in enumerate(result.trials[trials.start:trials.stop])]
+    heads: dict[str, Any] = {}
+    for name in ("best_heads", "final_heads"):
+        stack = getattr(result, name)
+        heads[name] = None if stack is None else stack[trials.start:trials.stop].clone()
+    return replace(result, trials=rows, **heads, **changes)
 
 
 def loss_package(loss: str) -> dict[str, str] | None:

@@ -160,6 +160,7 @@ def train_replicates(data: list[ProbeData], config: Any, loss: str,
     draw, equal to the run on that replicate within float rounding; otherwise (``cv:K``: other
     rows) one run per replicate. ``callback`` sees every stacked trial; nothing is pruned.
     ``stack=False``: one run per replicate (the reference)."""
+    from probe.engine.results import trials_of
     from probe.engine.train import train_probe
 
     if not data:
@@ -183,15 +184,10 @@ def train_replicates(data: list[ProbeData], config: Any, loss: str,
                           draw_index=[j for j in range(r) for _ in range(n)])
     out = []
     for j, d in enumerate(data):
-        mine = slice(j * n, (j + 1) * n)
-        rows = [dataclasses.replace(t, trial=i) for i, t in enumerate(stacked.trials[mine])]
-        heads = {k: (None if getattr(stacked, k) is None else getattr(stacked, k)[mine].clone())
-                 for k in ("best_heads", "final_heads")}
-        out.append(dataclasses.replace(
-            stacked, trials=rows, source=d.source,
-            config={**stacked.config, "seeds": config.seeds},
-            timing={**stacked.timing, "stacked_replicates": r},
-            shared_batch_order=len(set(seeds)) == 1, **heads))
+        out.append(trials_of(stacked, range(j * n, (j + 1) * n), source=d.source,
+                             config={**stacked.config, "seeds": config.seeds},
+                             timing={**stacked.timing, "stacked_replicates": r},
+                             shared_batch_order=len(set(seeds)) == 1))
     return out
 
 
@@ -200,9 +196,11 @@ def train_cells(cells: Sequence[tuple[Any, ProbeData]], loss: str,
                 ) -> list[ProbeResult]:
     """One :class:`ProbeResult` (one trial) per ``(config, data)`` cell of one loss, as
     ``train_probe(data, config, loss, hparams)`` on each: a table's column of draws and seeds.
-    Cells whose configs differ in ``seed`` alone and whose data differ in the train draw alone
-    train as one stacked run (equal within float rounding); the others one run each.
-    ``stack=False``: one run per cell (the reference)."""
+    Cells whose configs differ in ``seed`` and ``observed_seed`` alone (the draw is in the
+    data; the config only names it) and whose data differ in the train draw alone train as one
+    stacked run (equal within float rounding); the others one run each. ``stack=False``: one
+    run per cell (the reference)."""
+    from probe.engine.results import trials_of
     from probe.engine.train import train_probe
 
     out: list[ProbeResult | None] = [None] * len(cells)
@@ -210,14 +208,15 @@ def train_cells(cells: Sequence[tuple[Any, ProbeData]], loss: str,
     for i, (config, _) in enumerate(cells):
         if config.seeds is not None:
             raise SelectionError(f"train_cells: cell {i} sets seeds; give one seed per cell")
-        key = repr(dataclasses.replace(config, seed=0)) if stack else i
+        key = repr(dataclasses.replace(config, seed=0, observed_seed=0)) if stack else i
         groups.setdefault(key, []).append(i)
     for members in groups.values():
         datas = [cells[i][1] for i in members]
         config = cells[members[0]][0]
         if len(members) == 1 or not _one_draw_apart(datas, config.val_labels):
             for i in members:
-                out[i] = train_probe(cells[i][1], cells[i][0], loss, hparams, progress=False)
+                alone = train_probe(cells[i][1], cells[i][0], loss, hparams, progress=False)
+                out[i] = dataclasses.replace(alone, timing={**alone.timing, "stacked_cells": 1})
             continue
         seeds = tuple(cells[i][0].seed for i in members)
         stacked = train_probe(datas[0], dataclasses.replace(config, seeds=seeds), loss,
@@ -225,15 +224,13 @@ def train_cells(cells: Sequence[tuple[Any, ProbeData]], loss: str,
                               draws=[d.train_observed for d in datas],
                               draw_index=list(range(len(members))))
         for j, i in enumerate(members):
-            trial = dataclasses.replace(stacked.trials[j], trial=0)
-            heads = {k: (None if getattr(stacked, k) is None
-                         else getattr(stacked, k)[j : j + 1].clone())
-                     for k in ("best_heads", "final_heads")}
-            out[i] = dataclasses.replace(
-                stacked, trials=[trial], source=datas[j].source,
-                config={**stacked.config, "seed": cells[i][0].seed, "seeds": None},
+            own = cells[i][0]
+            out[i] = trials_of(
+                stacked, range(j, j + 1), source=datas[j].source,
+                config={**stacked.config, "seed": own.seed, "seeds": None,
+                        "observed_seed": own.observed_seed},
                 timing={**stacked.timing, "stacked_cells": len(members)},
-                shared_batch_order=True, **heads)
+                shared_batch_order=True)
     return [r for r in out if r is not None]
 
 

@@ -698,23 +698,11 @@ def _groups(cells: list[Cell], stack: bool) -> list[list[Cell]]:
 def _train_group(group: list[Cell], datas: dict[int, Any], config: TableConfig) -> list[Any]:
     """One row's cells on their draws, one result each: one stacked run of the draws
     (:func:`probe.evaluation.selection.train_cells`), or, alone, one run."""
-    import dataclasses
-
     from probe.evaluation.selection import train_cells as train_stacked
 
     m = group[0].method
-    first = group[0].observed_seed
-    # the draw is in each cell's data; ProbeConfig.observed_seed only names it in the record,
-    # and selection.train_cells stacks configs that differ in their seed alone: each config
-    # names the first draw, and each record gets its own back below
-    pairs = [(m.probe_config(first, config), datas[c.observed_seed]) for c in group]
-    results = train_stacked(pairs, m.loss, dict(m.hparams), stack=config.stack)
-    out = []
-    for c, r in zip(group, results):
-        timing = {**r.timing, "stacked_cells": r.timing.get("stacked_cells", 1)}
-        out.append(dataclasses.replace(r, config={**r.config, "observed_seed": c.observed_seed},
-                                       timing=timing))
-    return out
+    pairs = [(m.probe_config(c.observed_seed, config), datas[c.observed_seed]) for c in group]
+    return train_stacked(pairs, m.loss, dict(m.hparams), stack=config.stack)
 
 
 def _train_grid_group(group: list[Cell], datas: dict[int, Any], config: TableConfig) -> None:

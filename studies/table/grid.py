@@ -140,17 +140,6 @@ def choose(runs: Sequence[GridRun]) -> GridRun:
     return best
 
 
-def one_trial(stacked: Any, t: int, *, source: dict[str, Any], config: dict[str, Any],
-              timing: dict[str, Any]) -> Any:
-    """Trial ``t`` of a stacked :class:`ProbeResult` as a one-trial result of its own (numbered
-    0, its heads cloned), recording ``source``, ``config`` and ``timing``."""
-    trial = dataclasses.replace(stacked.trials[t], trial=0)
-    heads = {k: (None if getattr(stacked, k) is None else getattr(stacked, k)[t : t + 1].clone())
-             for k in ("best_heads", "final_heads")}
-    return dataclasses.replace(stacked, trials=[trial], source=source, config=config,
-                               timing=timing, shared_batch_order=True, **heads)
-
-
 def train_grid(base: Any, loss: str, hparams: dict[str, Any], grid: Grid,
                datas: Sequence[Any], *, stack: bool = True) -> list[list[GridRun]]:
     """Every grid setting on each of ``datas`` (one :class:`ProbeData` per draw, of one store
@@ -159,6 +148,7 @@ def train_grid(base: Any, loss: str, hparams: dict[str, Any], grid: Grid,
     ``base``: the row's :class:`probe.ProbeConfig` (its seed, labels, ...); the grid sets batch
     size, epochs, lr and weight decay. ``stack=True``: one run per batch size, of lr × weight
     decay × draws trials; ``stack=False``: one run per (draw, setting), the reference."""
+    from probe.engine.results import trials_of
     from probe.engine.train import train_probe
 
     settings = [(lr, wd) for lr in grid.lr for wd in grid.weight_decay]
@@ -190,7 +180,7 @@ def train_grid(base: Any, loss: str, hparams: dict[str, Any], grid: Grid,
                              "observed_seed": data.source.get("observed_seed",
                                                               base.observed_seed)}
             timing = {**stacked.timing, "stacked_cells": len(datas), "grid_trials": len(trials)}
-            result = one_trial(stacked, t, source=data.source, config=record_config,
-                               timing=timing)
+            result = trials_of(stacked, range(t, t + 1), source=data.source,
+                               config=record_config, timing=timing, shared_batch_order=True)
             out[k].append(GridRun(b, lr, wd, result))
     return out
