@@ -89,7 +89,8 @@ def _assert_same(stacked, t, alone):
 
 
 BUILT_IN = ("an", "an_ls", "wan", "epr", "em", "em_apl", "gr", "gpr", "role", "ll_r", "ll_ct",
-            "ll_cp", "hill", "focal", "asl", "splc", "zlpr", "opml", "crisp", "vpu", "vlpl", "smile")
+            "ll_cp", "hill", "focal", "asl", "splc", "zlpr", "opml", "crisp", "vpu", "vlpl",
+            "smile")
 
 
 def test_the_built_in_losses_that_declare_it():
