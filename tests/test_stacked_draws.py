@@ -149,3 +149,28 @@ def test_train_cells_equals_one_run_per_cell(loss_name, hparams):
         assert mine.trials[0].best_epoch == ref.trials[0].best_epoch
         assert mine.trials[0].best["test_map"] == pytest.approx(ref.trials[0].best["test_map"],
                                                                 abs=1e-5)
+
+
+def test_with_draw_is_from_store_on_that_draw_without_reading_the_features(yeast_store,
+                                                                          tmp_path):
+    """A table's column loads the features once and the other draws beside them: equal to a
+    fresh load of each draw (observed labels, source), the features shared, not copied."""
+    import shutil
+
+    from probe.errors import DataError
+    from probe.store.draws import add_draws
+
+    path = tmp_path / "y.zarr"
+    shutil.copytree(yeast_store, path)
+    add_draws(path, [1, 2])
+    first = ProbeData.from_store(path, observed_seed=1200)
+    for seed in (1, 2):
+        other = first.with_draw(path, seed)
+        fresh = ProbeData.from_store(path, observed_seed=seed)
+        assert torch.equal(other.train_observed, fresh.train_observed)
+        assert torch.equal(other.val_observed, fresh.val_observed)
+        assert other.source == fresh.source
+        assert other.train_x.data_ptr() == first.train_x.data_ptr()  # shared
+        assert not torch.equal(other.train_observed, first.train_observed)
+    with pytest.raises(DataError, match="with_draw"):
+        _data().with_draw(path, 1)  # arrays, not a store

@@ -19,7 +19,7 @@ Layout (the trainer relies on it):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,23 @@ def _with_bias_column(x: np.ndarray | Tensor, dtype: torch.dtype | None) -> Tens
     if not t.is_floating_point():
         raise DataError(f"features must be floating point; got dtype {t.dtype}")
     return torch.cat([t, torch.ones(t.shape[0], 1, dtype=t.dtype)], dim=1)
+
+
+def _store_source(store: Any, rows: dict[str, np.ndarray], observed_seed: int) -> dict[str, Any]:
+    """A store-loaded :class:`ProbeData`'s ``source``: the store, its rows and the draw."""
+    from probe.store.records import draw_record
+
+    source = {"kind": "store", "path": str(Path(store.path).resolve()),
+              "dataset": store.dataset, "observed_seed": int(observed_seed),
+              "rows": {name: len(r) for name, r in rows.items()},
+              "store_dtype": store.dtype, "completed": store.attrs.get("completed"),
+              "provenance": store.provenance,  # and the draw: protocol, label budget or bias
+              "draw": draw_record(store.attrs, observed_seed),
+              "identity": store.identity()}  # the one "same store" rule
+    budget = store.observed_budget(observed_seed)
+    if budget != {"k": 1, "fraction": 1.0}:  # a label-budget draw (spml draw --k/--fraction)
+        source["label_budget"] = budget
+    return source
 
 
 def _store_splits_with_bias(store: Any, rows: dict[str, np.ndarray], dtype: torch.dtype | None,
@@ -207,7 +224,6 @@ class ProbeData:
         ``source``.
         """
         from probe.store import open_store  # zarr loads only when a store is read
-        from probe.store.records import draw_record
 
         dev = resolve_device(device)
         if isinstance(store, str | Path):
@@ -223,16 +239,7 @@ class ProbeData:
         if observed is None:
             observed = store.observed(observed_seed)
         with_flip = bool(flip and store.has_flip)
-        source = {"kind": "store", "path": str(Path(store.path).resolve()),
-                  "dataset": store.dataset, "observed_seed": int(observed_seed),
-                  "rows": {name: len(r) for name, r in rows.items()},
-                  "store_dtype": store.dtype, "completed": store.attrs.get("completed"),
-                  "provenance": store.provenance,  # and the draw: protocol, label budget or bias
-                  "draw": draw_record(store.attrs, observed_seed),
-                  "identity": store.identity()}  # the one "same store" rule
-        budget = store.observed_budget(observed_seed)
-        if budget != {"k": 1, "fraction": 1.0}:  # a label-budget draw (spml draw --k/--fraction)
-            source["label_budget"] = budget
+        source = _store_source(store, rows, observed_seed)
         if replicate is not None:
             source["replicate"] = dict(replicate)
         prior = None
@@ -246,6 +253,29 @@ class ProbeData:
             {name: observed[rows[name]] for name in ("train", "val")},
             n_train=len(rows["train"]), has_flip=with_flip, class_names=list(store.class_names),
             dataset=store.dataset, source=source, train_prior=prior)
+
+    def with_draw(self, store: Any, observed_seed: int) -> ProbeData:
+        """This store-loaded data on another of the store's draws: the same features and labels
+        (shared, not copied), the train and val observed labels and the source of draw
+        ``observed_seed`` -- what ``from_store(store, observed_seed=...)`` loads, without
+        reading the features again (a table's column holds its draws together)."""
+        from probe.store import open_store
+
+        if self.source.get("kind") != "store" or "replicate" in self.source:
+            raise DataError("with_draw: the data must be a whole store's splits "
+                            "(ProbeData.from_store without rows or observed)")
+        if isinstance(store, str | Path):
+            store = open_store(store)
+        rows = {name: store.split(name) for name in ("train", "val", "test")}
+        observed = store.observed(observed_seed)
+        dev = self.train_observed.device
+        source = _store_source(store, rows, observed_seed)
+        for key in ("priors",):  # what the loaded data carries beside the draw
+            if key in self.source:
+                source[key] = self.source[key]
+        return replace(self, source=source,
+                       train_observed=torch.from_numpy(observed[rows["train"]]).to(dev),
+                       val_observed=torch.from_numpy(observed[rows["val"]]).to(dev))
 
 
 def load_store(store: Any, *, device: str | torch.device = "auto",

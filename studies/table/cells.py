@@ -664,10 +664,16 @@ def train_cells(plan: Plan, cells: list[Cell], *, progress: bool = True,
             mine = [c for c in todo if c.column is col]
             if not mine:
                 continue
-            # every draw a cell of this column trains on, loaded once (as many loads as one
-            # run per cell needs; the draws' data are held together)
-            datas = {d: _load(col, d, config) for d in col.draws
-                     if any(c.observed_seed == d for c in mine)}
+            # every draw a cell of this column trains on: the store's features loaded once,
+            # each further draw's labels beside them (ProbeData.with_draw)
+            datas: dict[int, Any] = {}
+            for d in col.draws:
+                if not any(c.observed_seed == d for c in mine):
+                    continue
+                if datas:
+                    datas[d] = next(iter(datas.values())).with_draw(col.path, d)
+                else:
+                    datas[d] = _load(col, d, config)
             for group in _groups(mine, config.stack):
                 m = group[0].method
                 draws = ",".join(str(c.observed_seed) for c in group)
