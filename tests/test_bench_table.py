@@ -40,7 +40,19 @@ def test_the_cli_prints_the_report_and_writes_json(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(("changes", "flag"), [({"rows": 10}, "--rows"), ({"draws": 1}, "--draws"),
+                                               ({"store": "voc"}, "--store"),
                                                ({"losses": ()}, "--losses")])
 def test_bad_settings_are_refused_by_name(changes, flag):
     with pytest.raises(SpmlError, match=flag):
         TableBenchConfig(**changes).validate()
+
+
+def test_the_yeast_bench_reads_the_real_set(tmp_path, yeast_store):
+    import shutil
+
+    shutil.copytree(yeast_store, tmp_path / "bench-yeast.zarr")  # the bench cache's copy
+    report = bench_table(TableBenchConfig(store="yeast", losses=("an",), draws=2, epochs=1,
+                                          cache_dir=str(tmp_path)))
+    assert report["rows"] == 2417 and report["cells"] == 2
+    assert report["max_test_map_difference"] <= 1e-3
+    assert "the yeast set (2,417 rows)" in format_table_bench(report)

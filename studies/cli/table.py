@@ -152,8 +152,8 @@ def _bench_table(args: argparse.Namespace) -> int:
     from studies.table.bench import TableBenchConfig, bench_table, format_table_bench
 
     losses = ("all",) if args.losses == "all" else tuple(parse_names(args.losses, "--losses"))
-    config = TableBenchConfig(rows=args.rows, losses=losses, draws=args.draws, epochs=args.epochs,
-                              cache_dir=args.cache_dir, device=args.device)
+    config = TableBenchConfig(store=args.store, rows=args.rows, losses=losses, draws=args.draws,
+                              epochs=args.epochs, cache_dir=args.cache_dir, device=args.device)
     report = bench_table(config, progress=not args.quiet,
                          log=lambda m: print(m, file=sys.stderr))
     print(format_table_bench(report))
@@ -174,10 +174,16 @@ def _register_bench_table(bench: argparse._SubParsersAction) -> None:
             "trains at its COCO paper preset: its own epochs, batch size and lr), and prints "
             "both wall times, their ratio, the largest difference between the two tables' "
             "cells and the machine with its load. One run each (a table is one long run)."),
-        epilog=("examples:\n  spml bench table\n  spml bench table --losses an,role --rows 4096 "
-                "--epochs 2\n  spml bench table --losses all --rows 65665   # COCO's train "
-                "rows, every loss: hours on 2 cores\n"),
+        epilog=("examples:\n"
+                "  spml bench table\n"
+                "  spml bench table --store yeast --losses an,gr,em,role\n"
+                "  spml bench table --losses an,role --rows 4096 --epochs 2\n"
+                "  spml bench table --losses all --rows 65665   # COCO's train rows, every "
+                "loss: hours on 2 cores\n"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    b.add_argument("--store", choices=("coco", "yeast"), default="coco",
+                   help="coco (default): the COCO-shaped synthetic store named coco; yeast: "
+                   "the real yeast set (2,417 rows, each loss at its yeast or generic setting)")
     b.add_argument("--rows", type=int, default=16_384,
                    help="train rows of the COCO-shaped store (default: 16,384; COCO: 65,665)")
     b.add_argument("--losses", default="an,gr,em,em_apl,ll_r,role",
