@@ -154,8 +154,7 @@ def _bench_table(args: argparse.Namespace) -> int:
     losses = ("all",) if args.losses == "all" else tuple(parse_names(args.losses, "--losses"))
     config = TableBenchConfig(store=args.store, rows=args.rows, losses=losses, draws=args.draws,
                               epochs=args.epochs, cache_dir=args.cache_dir, device=args.device)
-    report = bench_table(config, progress=not args.quiet,
-                         log=lambda m: print(m, file=sys.stderr))
+    report = bench_table(config, progress=not args.quiet)  # the tables' notes: not the bench's
     print(format_table_bench(report))
     print(json.dumps(report, indent=1))
     if args.json:
