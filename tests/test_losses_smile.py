@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 from types import SimpleNamespace
 
 import numpy as np
@@ -46,6 +47,7 @@ from probe.losses.smile import (
     _gcn_full,
     _gcn_rows,
     _graph,
+    _k_smallest,
     _shapes,
 )
 from studies.cli import main
@@ -218,6 +220,18 @@ def test_knn_graph_equals_released():
     x = np.round(rng.normal(size=(40, 5)), 1)  # rounded: equal distances occur
     np.testing.assert_array_equal(knn_graph(torch.tensor(x), k=3).numpy(),
                                   gen_adj_matrix_2(x, k=3))
+
+
+def test_k_smallest_equals_a_stable_sort():
+    """The graph's neighbour pick equals the first k columns of a stable sort of each row
+    (nearest first, ties to the lower column), on rows with many equal values and infinities
+    (the excluded diagonal)."""
+    gen = torch.Generator().manual_seed(0)
+    for k in (1, 3, 7):
+        dist = torch.randint(0, 4, (50, 30), generator=gen).to(torch.float64)
+        dist[torch.rand(dist.shape, generator=gen) < 0.3] = math.inf
+        want = torch.sort(dist, dim=1, stable=True).indices[:, :k]
+        assert torch.equal(_k_smallest(dist, k), want)
 
 
 @pytest.mark.parametrize("k, batch", [(3, 8), (1, 5), (5, 40)])

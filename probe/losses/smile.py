@@ -86,9 +86,22 @@ def knn_neighbours(x: Tensor, k: int = 3) -> Tensor:
         dist = torch.cdist(xd[start:stop], xd)
         rows = torch.arange(stop - start, device=x.device)
         dist[rows, rows + start] = math.inf
-        # a stable sort keeps the lower row first among equal distances
-        out[start:stop] = torch.sort(dist, dim=1, stable=True).indices[:, :k]
+        out[start:stop] = _k_smallest(dist, k)
     return out
+
+
+def _k_smallest(dist: Tensor, k: int) -> Tensor:
+    """Each row's ``k`` smallest entries' columns, nearest first, ties to the lower column:
+    the first k of a stable sort of the row, without sorting the row. Every entry below the
+    k-th smallest value is taken, then the lowest columns among those equal to it."""
+    kth = torch.topk(dist, k, dim=1, largest=False).values[:, -1:]
+    ties = dist == kth
+    room = k - (dist < kth).sum(1, keepdim=True)  # places left for the tied entries
+    take = (dist < kth) | (ties & (torch.cumsum(ties, 1) <= room))
+    cols = take.nonzero()[:, 1].view(-1, k)  # ascending columns in each row
+    # nearest first; the stable sort keeps the lower column first among equal distances
+    order = torch.sort(torch.gather(dist, 1, cols), dim=1, stable=True).indices
+    return torch.gather(cols, 1, order)
 
 
 def knn_graph(x: Tensor, k: int = 3) -> Tensor:
@@ -511,7 +524,7 @@ class SMILE(Loss):
         "torch.manual_seed(s + 2**33); GCN; MLPNet; Decoder would (dgl GraphConv: "
         "Xavier-uniform weight, zero bias), ŷ's Beta draws come from a generator seeded with "
         "s + 2**34 on the loss's device. The graph (k-NN, euclidean, float64, ties to the "
-        "lower row) is built once in set_features, O(N²) time; the GCN runs on the batch's "
+        "lower row) is built once in set_features, O(N²) distances; the GCN runs on the batch's "
         "2-hop neighbourhood of the graph (released: over all N train rows, then the batch's "
         "rows kept; the same sums, equal to float rounding). Differences from the released "
         "run: the classifier is the probe's linear head, not the released two-layer MLP; the "
