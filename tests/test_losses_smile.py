@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 from types import SimpleNamespace
 
 import numpy as np
@@ -39,7 +40,16 @@ from probe.losses import (
     smile,
     smile_step,
 )
-from probe.losses.smile import BETA_SEED_OFFSET, NET_SEED_OFFSET, PARAM_NAMES
+from probe.losses.smile import (
+    BETA_SEED_OFFSET,
+    NET_SEED_OFFSET,
+    PARAM_NAMES,
+    _gcn_full,
+    _gcn_rows,
+    _graph,
+    _k_smallest,
+    _shapes,
+)
 from studies.cli import main
 
 # ---- transcribed from palm-ml/smile (train_smile2.py, spl_models.py, gen_adj.py) ----
@@ -210,6 +220,45 @@ def test_knn_graph_equals_released():
     x = np.round(rng.normal(size=(40, 5)), 1)  # rounded: equal distances occur
     np.testing.assert_array_equal(knn_graph(torch.tensor(x), k=3).numpy(),
                                   gen_adj_matrix_2(x, k=3))
+
+
+def test_k_smallest_equals_a_stable_sort():
+    """The graph's neighbour pick equals the first k columns of a stable sort of each row
+    (nearest first, ties to the lower column), on rows with many equal values and infinities
+    (the excluded diagonal)."""
+    gen = torch.Generator().manual_seed(0)
+    for k in (1, 3, 7):
+        dist = torch.randint(0, 4, (50, 30), generator=gen).to(torch.float64)
+        dist[torch.rand(dist.shape, generator=gen) < 0.3] = math.inf
+        want = torch.sort(dist, dim=1, stable=True).indices[:, :k]
+        assert torch.equal(_k_smallest(dist, k), want)
+
+
+@pytest.mark.parametrize("k, batch", [(3, 8), (1, 5), (5, 40)])
+def test_gcn_on_the_batch_neighbourhood_equals_the_full_graph(k, batch):
+    """The encoder's GCN computed on the batch's 2-hop neighbourhood (what every step runs)
+    equals the released pass over every row then kept at the batch's rows: values and the
+    gradients of every GCN parameter and of the features, float64, rtol 1e-12, for 3 stacked
+    trials, with repeated and unordered batch rows, and rows no edge enters (k = 1)."""
+    gen = torch.Generator().manual_seed(k)
+    n, d, c, t = 40, 5, 4, 3
+    x = torch.randn(n, d, dtype=torch.float64, generator=gen, requires_grad=True)
+    graph = _graph(knn_neighbours(x, k))
+    w = {name: torch.randn(t, *shape, dtype=torch.float64, generator=gen, requires_grad=True)
+         for name, shape in _shapes(d, c).items() if name.startswith("conv")}
+    index = torch.randint(0, n, (batch,), generator=gen)
+    probe = torch.randn(t, batch, c, dtype=torch.float64, generator=gen)
+
+    full = _gcn_full(w, graph, x, index)
+    rows = _gcn_rows(w, graph, x, index)
+    torch.testing.assert_close(rows, full, rtol=1e-12, atol=1e-13)
+    inputs = [x, *w.values()]
+    # a non-linear read-out so each gradient depends on the values it flows through
+    want = torch.autograd.grad((torch.tanh(full) * probe).sum(), inputs)
+    got = torch.autograd.grad((torch.tanh(rows) * probe).sum(), inputs)
+    assert float(want[0].abs().sum()) > 0  # the features' gradient is not trivially zero
+    for mine, ref in zip(got, want):
+        torch.testing.assert_close(mine, ref, rtol=1e-12, atol=1e-13)
 
 
 @pytest.mark.parametrize("bias", [False, True])

@@ -8,7 +8,8 @@ One training step on a batch (rows ``index`` of the train split, features X, obs
 - the label-enhancement encoder, a two-layer GCN over the k = 3 nearest-neighbour graph of the
   train features (euclidean, no self-loops; symmetric normalisation D_in^{-1/2} Aᵀ D_out^{-1/2}
   as dgl's ``GraphConv(norm='both')``) followed by a linear layer, gives soft labels
-  d = σ(GCN(X_train)[index] / T);
+  d = σ(GCN(X_train)[index] / T), computed on the batch's 2-hop neighbourhood of the graph
+  (:func:`_gcn_rows`: the same sums as the released full-graph pass, equal to float rounding);
 - the classifier's loss is the weighted BCE against the detached target
   D = μ·d + (1 − μ)·D₂ (D₂ = y with unobserved entries set to p), unobserved entries scaled by
   ``rate`` (the released ``--bias 0``) or by 1/(C − 1) (``--bias 1``);
@@ -85,9 +86,22 @@ def knn_neighbours(x: Tensor, k: int = 3) -> Tensor:
         dist = torch.cdist(xd[start:stop], xd)
         rows = torch.arange(stop - start, device=x.device)
         dist[rows, rows + start] = math.inf
-        # a stable sort keeps the lower row first among equal distances
-        out[start:stop] = torch.sort(dist, dim=1, stable=True).indices[:, :k]
+        out[start:stop] = _k_smallest(dist, k)
     return out
+
+
+def _k_smallest(dist: Tensor, k: int) -> Tensor:
+    """Each row's ``k`` smallest entries' columns, nearest first, ties to the lower column:
+    the first k of a stable sort of the row, without sorting the row. Every entry below the
+    k-th smallest value is taken, then the lowest columns among those equal to it."""
+    kth = torch.topk(dist, k, dim=1, largest=False).values[:, -1:]
+    ties = dist == kth
+    room = k - (dist < kth).sum(1, keepdim=True)  # places left for the tied entries
+    take = (dist < kth) | (ties & (torch.cumsum(ties, 1) <= room))
+    cols = take.nonzero()[:, 1].view(-1, k)  # ascending columns in each row
+    # nearest first; the stable sort keeps the lower column first among equal distances
+    order = torch.sort(torch.gather(dist, 1, cols), dim=1, stable=True).indices
+    return torch.gather(cols, 1, order)
 
 
 def knn_graph(x: Tensor, k: int = 3) -> Tensor:
@@ -276,13 +290,59 @@ def _mlp(x: Tensor, w: dict[str, Tensor], stem: str) -> Tensor:
     return torch.matmul(h, w[f"{stem}2_w"]) + w[f"{stem}2_b"].unsqueeze(1)
 
 
+def _in_edges(graph: _Graph, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The edges of Â into ``rows`` (sorted, distinct node numbers): ``(dst, src, weight)``
+    with ``dst`` the position in ``rows`` and ``src`` the source node, in Â's coalesced
+    order (the entries of row rows[0] first, each row's sources ascending)."""
+    dst_all = graph.index[0]
+    first = torch.searchsorted(dst_all, rows)
+    counts = torch.searchsorted(dst_all, rows, right=True) - first
+    dst = torch.repeat_interleave(torch.arange(rows.shape[0], device=rows.device), counts)
+    # edge e of row r sits at first[r] + (its rank among row r's edges)
+    row_start = torch.cumsum(counts, 0) - counts
+    edge = first[dst] + torch.arange(dst.shape[0], device=rows.device) - row_start[dst]
+    return dst, graph.index[1, edge], graph.weight[edge]
+
+
+def _sum_in(dst: Tensor, weight: Tensor, h_src: Tensor, n_rows: int) -> Tensor:
+    """Σ over the edges into each of ``n_rows`` rows of weight · h_src: ``h_src`` ``(T, E, F)``
+    (one row per edge) → ``(T, n_rows, F)``."""
+    terms = h_src * weight.to(h_src.dtype).view(1, -1, 1)
+    out = terms.new_zeros(h_src.shape[0], n_rows, h_src.shape[2])
+    return out.index_add(1, dst, terms)
+
+
+def _gcn_full(w: dict[str, Tensor], graph: _Graph, x_all: Tensor, index: Tensor) -> Tensor:
+    """The released GCN (two GraphConv layers) over every train row, kept at the batch's rows
+    ``index``: ``(T, B, C)``. The reference for :func:`_gcn_rows`."""
+    hid = _propagate(graph, torch.matmul(x_all, w["conv1_w"])) + w["conv1_b"].unsqueeze(1)
+    hid = _propagate(graph, torch.matmul(torch.relu(hid), w["conv2_w"]))
+    return (hid + w["conv2_b"].unsqueeze(1))[:, index]
+
+
+def _gcn_rows(w: dict[str, Tensor], graph: _Graph, x_all: Tensor, index: Tensor) -> Tensor:
+    """:func:`_gcn_full` computed on the batch's 2-hop in-neighbourhood only: a two-layer
+    GCN's value at node j reads the first layer at j's in-neighbours, which reads the features
+    at theirs, with the full graph's per-edge weights. The same sum over the same terms as the
+    full-graph form; the order of the additions may differ, so the two agree to float rounding,
+    not bit for bit (tests/test_losses_smile.py checks values and gradients in float64)."""
+    rows2, back = torch.unique(index, return_inverse=True)  # the batch's nodes, sorted
+    dst2, src2, weight2 = _in_edges(graph, rows2)
+    rows1, src2_at = torch.unique(src2, return_inverse=True)  # the first layer's nodes
+    dst1, src1, weight1 = _in_edges(graph, rows1)
+    rows0, src1_at = torch.unique(src1, return_inverse=True)  # the features' nodes
+    proj = torch.matmul(x_all[rows0], w["conv1_w"])  # X W₁ at the rows read
+    hid = _sum_in(dst1, weight1, proj[:, src1_at], rows1.shape[0]) + w["conv1_b"].unsqueeze(1)
+    proj = torch.matmul(torch.relu(hid), w["conv2_w"])
+    hid = _sum_in(dst2, weight2, proj[:, src2_at], rows2.shape[0]) + w["conv2_b"].unsqueeze(1)
+    return hid[:, back]
+
+
 def _encode(w: dict[str, Tensor], graph: _Graph, x_all: Tensor, index: Tensor,
             temperature: Any) -> Tensor:
     """The encoder's soft labels d = σ(GCN(X)[index] / T) ``(T, B, C)``: the two GraphConv
-    layers over every train row, then the linear layer on the batch's rows."""
-    hid = _propagate(graph, torch.matmul(x_all, w["conv1_w"])) + w["conv1_b"].unsqueeze(1)
-    hid = _propagate(graph, torch.matmul(torch.relu(hid), w["conv2_w"]))
-    hid = (hid + w["conv2_b"].unsqueeze(1))[:, index]
+    layers at the batch's rows (:func:`_gcn_rows`), then the linear layer."""
+    hid = _gcn_rows(w, graph, x_all, index)
     return torch.sigmoid((torch.matmul(hid, w["fc_w"]) + w["fc_b"].unsqueeze(1)) / temperature)
 
 
@@ -335,13 +395,18 @@ def _global_beta(a: Tensor, b: Tensor) -> Tensor:
 
 
 class _DirichletDraw(torch.autograd.Function):
-    """``torch.distributions.Dirichlet.rsample`` (its ``_Dirichlet``) with a generator: the
-    same kernel and the same reparametrised gradient, so a generator seeded with s draws what
-    the global RNG seeded with s draws."""
+    """``torch.distributions.Dirichlet.rsample`` (its ``_Dirichlet``) with one generator per
+    trial: ``concentration`` ``(T, …, K)``, trial t drawn by the same kernel from
+    ``generators[t]`` (so a generator seeded with s draws what the global RNG seeded with s
+    draws, and a stacked trial draws what it draws alone), and the same reparametrised
+    gradient. The draws loop over the trials (the kernel takes one generator); the gradient is
+    elementwise and runs once for the whole stack."""
 
     @staticmethod
-    def forward(ctx: Any, concentration: Tensor, generator: torch.Generator) -> Tensor:
-        x = torch._sample_dirichlet(concentration, generator=generator)
+    def forward(ctx: Any, concentration: Tensor, generators: list[torch.Generator]) -> Tensor:
+        draws = [torch._sample_dirichlet(concentration[t], generator=gen)
+                 for t, gen in enumerate(generators)]
+        x = torch.stack(draws)
         ctx.save_for_backward(x, concentration)
         return x
 
@@ -459,11 +524,12 @@ class SMILE(Loss):
         "torch.manual_seed(s + 2**33); GCN; MLPNet; Decoder would (dgl GraphConv: "
         "Xavier-uniform weight, zero bias), ŷ's Beta draws come from a generator seeded with "
         "s + 2**34 on the loss's device. The graph (k-NN, euclidean, float64, ties to the "
-        "lower row) is built once in set_features, O(N²) time; the GCN runs over all N train "
-        "rows every step, as released. Differences from the released run: the classifier is "
-        "the probe's linear head, not the released two-layer MLP; the warm-up epochs count "
-        "within epochs (released: --warm_up epochs before --ep; 0 in its default and yeast "
-        "run); with flip augmentation the networks see the "
+        "lower row) is built once in set_features, O(N²) distances; the GCN runs on the batch's "
+        "2-hop neighbourhood of the graph (released: over all N train rows, then the batch's "
+        "rows kept; the same sums, equal to float rounding). Differences from the released "
+        "run: the classifier is the probe's linear head, not the released two-layer MLP; the "
+        "warm-up epochs count within epochs (released: --warm_up epochs before --ep; 0 in its "
+        "default and yeast run); with flip augmentation the networks see the "
         "unflipped features; an observed negative (y = −1, which the released code never "
         "has) counts as observed with D₂ = 0. Nothing is reconstructed: every term is the "
         "released code's (tests/test_losses_smile.py).")
@@ -564,9 +630,7 @@ class SMILE(Loss):
             seeds = self._seeds or [0] * a.shape[0]
             self._gens = [torch.Generator(device=a.device).manual_seed(s + BETA_SEED_OFFSET)
                           for s in seeds]
-        draws = [_DirichletDraw.apply(torch.stack([a[t], b[t]], -1), gen).select(-1, 0)
-                 for t, gen in enumerate(self._gens)]
-        return torch.stack(draws)
+        return _DirichletDraw.apply(torch.stack([a, b], -1), self._gens).select(-1, 0)
 
     def forward(self, logits: Tensor, observed: Tensor, index: Tensor | None = None) -> LossOutput:
         if index is None:
