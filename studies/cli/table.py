@@ -185,9 +185,10 @@ def _register_bench_table(bench: argparse._SubParsersAction) -> None:
                    "the real yeast set (2,417 rows, each loss at its yeast or generic setting)")
     b.add_argument("--rows", type=int, default=16_384,
                    help="train rows of the COCO-shaped store (default: 16,384; COCO: 65,665)")
-    b.add_argument("--losses", default="an,gr,em,em_apl,ll_r,role",
+    b.add_argument("--losses", default="an,gr,em,em_apl,ll_r",
                    help="the table's rows, comma-separated, or all (default: "
-                   "an,gr,em,em_apl,ll_r,role)")
+                   "an,gr,em,em_apl,ll_r; role's dense per-example Adam costs many minutes at "
+                   "COCO's shape)")
     b.add_argument("--draws", type=int, default=3,
                    help="single-positive draws per row (default: 3)")
     b.add_argument("--epochs", type=int, default=None,
