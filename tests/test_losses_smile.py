@@ -261,15 +261,22 @@ def test_gcn_on_the_batch_neighbourhood_equals_the_full_graph(k, batch):
         torch.testing.assert_close(mine, ref, rtol=1e-12, atol=1e-13)
 
 
-@pytest.mark.parametrize("bias", [False, True])
-def test_step_losses_and_gradients_equal_released(bias):
-    torch.manual_seed(0)
+def _step_inputs(seed):
+    """One step's float64 inputs, drawn from ``seed``: 30 train rows of 6 features, 4 classes,
+    one observed positive per row, a batch of 8 rows and its logits."""
+    torch.manual_seed(seed)
     n, d, c, b = 30, 6, 4, 8
     x_train = torch.randn(n, d, dtype=torch.float64)
     obs = torch.zeros(n, c, dtype=torch.float64)
     obs[torch.arange(n), torch.randint(0, c, (n,))] = 1
     index = torch.randperm(n)[:b]
     logits = torch.randn(b, c, dtype=torch.float64, requires_grad=True)
+    return n, d, c, x_train, obs, index, logits
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_step_losses_and_gradients_equal_released(bias):
+    n, d, c, x_train, obs, index, logits = _step_inputs(0)
     args = SimpleNamespace(p=0.05, mu=0.5, rate=0.1, bias=bias, gamma=0.3, delta=0.7, T=1.5)
 
     nets = SmileNetworks(d, c).double()
@@ -313,13 +320,7 @@ def test_step_losses_and_gradients_equal_released(bias):
 def test_warmup_step_equals_released():
     """The warm-up step (AN on σ(z), AN on the encoder; no temperature, no draw): losses and
     gradients, float64, rtol 1e-9; the other networks get no gradient (Adam skips them)."""
-    torch.manual_seed(1)
-    n, d, c, b = 30, 6, 4, 8
-    x_train = torch.randn(n, d, dtype=torch.float64)
-    obs = torch.zeros(n, c, dtype=torch.float64)
-    obs[torch.arange(n), torch.randint(0, c, (n,))] = 1
-    index = torch.randperm(n)[:b]
-    logits = torch.randn(b, c, dtype=torch.float64, requires_grad=True)
+    n, d, c, x_train, obs, index, logits = _step_inputs(1)
     nets = SmileNetworks(d, c).double()
     encoder, encoder_z, decoder = GCN(d, c, c).double(), MLPNet(d + c, c), Decoder(c, c, d)
     _copy_weights(nets, encoder, encoder_z, decoder)
