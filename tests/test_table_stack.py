@@ -56,10 +56,12 @@ def _by_cell(table) -> dict[tuple[str, int], object]:
     return {(c.method.label, c.observed_seed): c for c in table.cells}
 
 
-def test_the_stacked_table_equals_one_run_per_cell_and_resumes(store, tmp_path):
-    stacked = build_table([store], _config(tmp_path / "s"), progress=False, log=_quiet)
-    plain = build_table([store], _config(tmp_path / "p", stack=False), progress=False,
-                        log=_quiet)
+@pytest.mark.parametrize("seed", [0, 1])  # the table's training seed: init and batch order
+def test_the_stacked_table_equals_one_run_per_cell_and_resumes(store, tmp_path, seed):
+    stacked = build_table([store], _config(tmp_path / "s", seed=seed), progress=False,
+                          log=_quiet)
+    plain = build_table([store], _config(tmp_path / "p", stack=False, seed=seed),
+                        progress=False, log=_quiet)
     mine, ref = _by_cell(stacked), _by_cell(plain)
     assert set(mine) == {(n, d) for n in LOSSES for d in DRAWS} == set(ref)
     for where, c in mine.items():
@@ -81,15 +83,16 @@ def test_the_stacked_table_equals_one_run_per_cell_and_resumes(store, tmp_path):
     heads = [mine[("role", d)].head for d in DRAWS]
     assert not torch.allclose(heads[0], heads[1])
     # a rerun into the same --out trains nothing and reads every cell back as it was kept
-    again = build_table([store], _config(tmp_path / "s"), progress=False, log=_quiet)
+    again = build_table([store], _config(tmp_path / "s", seed=seed), progress=False,
+                        log=_quiet)
     assert again.n_trained == 0
     for where, c in _by_cell(again).items():
         assert not c.trained
         assert c.test_map == mine[where].test_map
         torch.testing.assert_close(c.head, mine[where].head, atol=0, rtol=0)
     # and the unstacked run reads the stacked cells back too (one key for both)
-    assert build_table([store], _config(tmp_path / "s", stack=False), progress=False,
-                       log=_quiet).n_trained == 0
+    assert build_table([store], _config(tmp_path / "s", stack=False, seed=seed),
+                       progress=False, log=_quiet).n_trained == 0
 
 
 def test_no_stack_on_the_cli(store, tmp_path, capsys):
