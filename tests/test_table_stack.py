@@ -195,3 +195,21 @@ def test_grid_values():
     assert Grid().weight_decay == (1e-2, 1e-3, 1e-4, 1e-5)
     with pytest.raises(TableError, match=r"--tune: a number of trials .* or grid"):
         build_table(["x"], TableConfig(tune=4, grid=Grid(), out="o"))
+
+
+def test_the_under_training_note_names_the_grid_s_own_flags():
+    """With --tune grid the lr is the grid's choice (--lr is refused): the note says how to
+    change the grid instead."""
+    from types import SimpleNamespace
+
+    from studies.table.render import convergence_notes
+
+    rising = {"trials": [{"epochs": [{"val_map": 1.0}, {"val_map": 2.0}]}]}
+    cells = [SimpleNamespace(record=rising)]
+    grid_plan = SimpleNamespace(config=TableConfig(grid=Grid()))
+    preset_plan = SimpleNamespace(config=TableConfig())
+    (grid_note,) = convergence_notes(cells, grid_plan)
+    (preset_note,) = convergence_notes(cells, preset_plan)
+    assert "1 of 1 trained cells peaked" in grid_note and "--grid lr=" in grid_note
+    assert "--lr" not in grid_note.replace("--grid lr=", "")
+    assert "--tune N" in preset_note and "--grid" not in preset_note

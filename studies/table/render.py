@@ -412,10 +412,14 @@ def convergence_notes(cells: list[Any], plan: Any) -> list[str]:
     at_last, of = count_peaked_at_last(cells)
     if not at_last:
         return []
+    if getattr(plan.config, "grid", None) is not None:  # --tune grid chose each cell's lr
+        fix = ("Train longer (--epochs sets the grid's epochs) or give the grid larger "
+               "learning rates (--grid lr=...).")
+    else:
+        fix = ("Train longer (--epochs), at a larger learning rate (--lr), or let each loss "
+               "search them (--tune N).")
     return [f"{at_last} of {of} trained cells peaked at their last epoch (val mAP still "
-            "rising): their losses are compared before they converged. Train longer "
-            "(--epochs), at a larger learning rate (--lr), or let each loss search them "
-            "(--tune N)."]
+            f"rising): their losses are compared before they converged. {fix}"]
 
 
 def identical_rows_notes(methods: list[Any], cells: list[Any], rtol: float = 1e-5,
