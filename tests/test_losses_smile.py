@@ -44,11 +44,11 @@ from probe.losses.smile import (
     BETA_SEED_OFFSET,
     NET_SEED_OFFSET,
     PARAM_NAMES,
-    _gcn_full,
-    _gcn_rows,
-    _graph,
-    _k_smallest,
-    _shapes,
+    gcn_full,
+    gcn_rows,
+    graph_of,
+    k_smallest,
+    network_shapes,
 )
 from studies.cli import main
 
@@ -231,7 +231,7 @@ def test_k_smallest_equals_a_stable_sort():
         dist = torch.randint(0, 4, (50, 30), generator=gen).to(torch.float64)
         dist[torch.rand(dist.shape, generator=gen) < 0.3] = math.inf
         want = torch.sort(dist, dim=1, stable=True).indices[:, :k]
-        assert torch.equal(_k_smallest(dist, k), want)
+        assert torch.equal(k_smallest(dist, k), want)
 
 
 @pytest.mark.parametrize("k, batch", [(3, 8), (1, 5), (5, 40)])
@@ -243,14 +243,14 @@ def test_gcn_on_the_batch_neighbourhood_equals_the_full_graph(k, batch):
     gen = torch.Generator().manual_seed(k)
     n, d, c, t = 40, 5, 4, 3
     x = torch.randn(n, d, dtype=torch.float64, generator=gen, requires_grad=True)
-    graph = _graph(knn_neighbours(x, k))
+    graph = graph_of(knn_neighbours(x, k))
     w = {name: torch.randn(t, *shape, dtype=torch.float64, generator=gen, requires_grad=True)
-         for name, shape in _shapes(d, c).items() if name.startswith("conv")}
+         for name, shape in network_shapes(d, c).items() if name.startswith("conv")}
     index = torch.randint(0, n, (batch,), generator=gen)
     probe = torch.randn(t, batch, c, dtype=torch.float64, generator=gen)
 
-    full = _gcn_full(w, graph, x, index)
-    rows = _gcn_rows(w, graph, x, index)
+    full = gcn_full(w, graph, x, index)
+    rows = gcn_rows(w, graph, x, index)
     torch.testing.assert_close(rows, full, rtol=1e-12, atol=1e-13)
     inputs = [x, *w.values()]
     # a non-linear read-out so each gradient depends on the values it flows through

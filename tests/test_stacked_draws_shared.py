@@ -20,7 +20,7 @@ import torch
 from probe import ProbeConfig, train_probe
 from probe.engine.loop import BlockedTrainer, StackedTrainer, make_trainer
 from probe.engine.speed import SpeedOptions
-from probe.engine.train import _draw_stack
+from probe.engine.train import draw_stack
 from probe.engine.trials import plan_trials
 from probe.losses import LossInputError, available, create_loss, get_loss_class
 from probe.store.priors import Prior
@@ -121,7 +121,7 @@ def test_the_shared_trainer_holds_one_loss_object_and_the_draws_once():
     draws = _draws(data)
     cfg = _config()
     plan = plan_trials(data, cfg, "role", [{"k": 2.0}], [2, 0, 2], len(draws))
-    stack = _draw_stack(draws, data)
+    stack = draw_stack(draws, data)
     trainer = make_trainer(data, cfg, plan, SpeedOptions(trial_block=0), stack)
     assert isinstance(trainer, StackedTrainer)
     assert len(trainer.groups) == 1 and trainer.groups[0].loss is plan.losses[0]
@@ -190,7 +190,7 @@ def test_forced_trial_blocks(name, hparams):
     cfg = _config()
     speed = SpeedOptions(trial_block=1)
     plan = plan_trials(data, cfg, name, [dict(hparams)], [0, 1, 2], len(draws))
-    trainer = make_trainer(data, cfg, plan, speed, _draw_stack(draws, data))
+    trainer = make_trainer(data, cfg, plan, speed, draw_stack(draws, data))
     assert isinstance(trainer, BlockedTrainer)
     assert [b.draw_rows.tolist() for _, b in trainer.blocks] == [[0], [1], [2]]
     stacked = train_probe(data, cfg, name, dict(hparams), draws=draws, draw_index=[0, 1, 2],

@@ -625,7 +625,7 @@ def bench_replicates(n_train: int = 4000, *, loss: str = "an", seeds: tuple[int,
 
     shapes = {"coco": (80, 2048, 2.9, "COCO"), "yeast": (14, 103, 4.2, "yeast")}
     if shape not in shapes:
-        raise ValueError(f"bench_replicates: shape must be one of {sorted(shapes)}; got {shape!r}")
+        raise SpmlError(f"bench_replicates: shape must be one of {sorted(shapes)}; got {shape!r}")
     c, d, per_image, name = shapes[shape]
     rng = np.random.default_rng(seed)
     proto = rng.normal(size=(c, d)).astype(np.float32)

@@ -60,7 +60,7 @@ from probe.evaluation.heads import Evaluator, finite
 from probe.losses import Loss
 from probe.progress import Progress
 
-__all__ = ["train_probe"]
+__all__ = ["draw_stack", "train_probe"]
 
 Trainer = StackedTrainer | BlockedTrainer  # make_trainer's choice
 
@@ -107,7 +107,7 @@ def train_probe(data: ProbeData, config: ProbeConfig | None = None, loss: Loss |
     config.validate()
     speed = resolve_speed(speed)
     data = _on_device(data, config.device)
-    stack = _draw_stack(draws, data)
+    stack = draw_stack(draws, data)
     plan = plan_trials(data, config, loss, hparams, draw_index,
                        0 if stack is None else stack.shape[0])
     trainer = make_trainer(data, config, plan, speed, stack)
@@ -140,7 +140,7 @@ def train_probe(data: ProbeData, config: ProbeConfig | None = None, loss: Loss |
     return _result(plan, trainer, data, config, results, evaluator, timing)
 
 
-def _draw_stack(draws: Any | None, data: ProbeData) -> Tensor | None:
+def draw_stack(draws: Any | None, data: ProbeData) -> Tensor | None:
     """``draws`` as one (K, N_train, C) int8 tensor on the data's device, checked."""
     if draws is None:
         return None

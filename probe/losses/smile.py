@@ -9,7 +9,7 @@ One training step on a batch (rows ``index`` of the train split, features X, obs
   train features (euclidean, no self-loops; symmetric normalisation D_in^{-1/2} Aᵀ D_out^{-1/2}
   as dgl's ``GraphConv(norm='both')``) followed by a linear layer, gives soft labels
   d = σ(GCN(X_train)[index] / T), computed on the batch's 2-hop neighbourhood of the graph
-  (:func:`_gcn_rows`: the same sums as the released full-graph pass, equal to float rounding);
+  (:func:`gcn_rows`: the same sums as the released full-graph pass, equal to float rounding);
 - the classifier's loss is the weighted BCE against the detached target
   D = μ·d + (1 − μ)·D₂ (D₂ = y with unobserved entries set to p), unobserved entries scaled by
   ``rate`` (the released ``--bias 0``) or by 1/(C − 1) (``--bias 1``);
@@ -41,8 +41,8 @@ from torch import Tensor, nn
 from ._base import HParam, Loss, LossInputError, register
 from ._hparams import LossOutput, hp, mean_bc, per_trial, promote
 
-__all__ = ["SMILE_YEAST", "SmileNetworks", "init_networks", "knn_graph", "knn_neighbours",
-           "smile", "smile_step"]
+__all__ = ["SMILE_YEAST", "SmileNetworks", "gcn_full", "gcn_rows", "graph_of", "init_networks",
+           "k_smallest", "knn_graph", "knn_neighbours", "network_shapes", "smile", "smile_step"]
 
 PAPER = ("Xu, Liu, Lv, Geng et al., One Positive Label is Sufficient: Single-Positive "
          "Multi-Label Learning with Label Enhancement, NeurIPS 2022")
@@ -86,11 +86,11 @@ def knn_neighbours(x: Tensor, k: int = 3) -> Tensor:
         dist = torch.cdist(xd[start:stop], xd)
         rows = torch.arange(stop - start, device=x.device)
         dist[rows, rows + start] = math.inf
-        out[start:stop] = _k_smallest(dist, k)
+        out[start:stop] = k_smallest(dist, k)
     return out
 
 
-def _k_smallest(dist: Tensor, k: int) -> Tensor:
+def k_smallest(dist: Tensor, k: int) -> Tensor:
     """Each row's ``k`` smallest entries' columns, nearest first, ties to the lower column:
     the first k of a stable sort of the row, without sorting the row. Every entry below the
     k-th smallest value is taken, then the lowest columns among those equal to it."""
@@ -125,7 +125,9 @@ class _Graph(NamedTuple):
     weight: Tensor
 
 
-def _graph(neighbours: Tensor) -> _Graph:
+def graph_of(neighbours: Tensor) -> _Graph:
+    """The feature graph of each row's ``neighbours`` ``(N, k)``: its edges with dgl's
+    ``GraphConv(norm='both')`` weights (D_in^{-1/2} Aᵀ D_out^{-1/2})."""
     n, k = neighbours.shape
     src = torch.arange(n, device=neighbours.device).repeat_interleave(k)
     dst = neighbours.reshape(-1)
@@ -144,7 +146,7 @@ def _graph_from_adjacency(adj: Tensor) -> _Graph:
         raise LossInputError(
             f"smile_step: adj must be knn_graph(x_train, k): (N, N) with k >= 1 ones in every "
             f"row; got shape {tuple(adj.shape)}")
-    return _graph(adj.nonzero()[:, 1].view(adj.shape[0], k))
+    return graph_of(adj.nonzero()[:, 1].view(adj.shape[0], k))
 
 
 def _propagate(graph: _Graph, h: Tensor) -> Tensor:
@@ -167,7 +169,7 @@ def _batch_block(graph: _Graph, index: Tensor, dtype: torch.dtype) -> Tensor:
 # ---------------------------------------------------------------------------------------------
 
 
-def _shapes(d: int, c: int) -> dict[str, tuple[int, ...]]:
+def network_shapes(d: int, c: int) -> dict[str, tuple[int, ...]]:
     """One trial's parameters, weights as (in, out), in the released construction order:
     GCN (conv1, conv2: dgl GraphConv; fc), encoder_z (MLPNet), decoder (MLPNet)."""
     return {"conv1_w": (d, c), "conv1_b": (c,), "conv2_w": (c, c), "conv2_b": (c,),
@@ -177,7 +179,7 @@ def _shapes(d: int, c: int) -> dict[str, tuple[int, ...]]:
 
 
 #: the stacked parameters of :class:`SMILE` (``(T, …)``), also its ``trial_state``
-PARAM_NAMES = tuple(_shapes(1, 1))
+PARAM_NAMES = tuple(network_shapes(1, 1))
 
 
 def init_networks(seed: int, d: int, c: int) -> dict[str, Tensor]:
@@ -189,7 +191,7 @@ def init_networks(seed: int, d: int, c: int) -> dict[str, Tensor]:
     ±1/√in."""
     g = torch.Generator().manual_seed(int(seed))
     out: dict[str, Tensor] = {}
-    for name, shape in _shapes(d, c).items():
+    for name, shape in network_shapes(d, c).items():
         if not name.endswith("_w"):
             continue
         stem, (n_in, n_out) = name[:-2], shape
@@ -229,7 +231,7 @@ class SmileNetworks(nn.Module):
         self.encoder_z = _MLP(d + c, c)
         self.decoder_x = _MLP(2 * c, d)
 
-    def _layers(self) -> dict[str, nn.Linear]:
+    def layers(self) -> dict[str, nn.Linear]:
         return {"conv1": self.conv1, "conv2": self.conv2, "fc": self.fc,
                 "enc_z1": self.encoder_z.fc1, "enc_z2": self.encoder_z.fc2,
                 "dec_x1": self.decoder_x.fc1, "dec_x2": self.decoder_x.fc2}
@@ -240,7 +242,7 @@ class SmileNetworks(nn.Module):
         d, c = params["conv1_w"].shape
         nets = cls(d, c)
         with torch.no_grad():
-            for stem, layer in nets._layers().items():
+            for stem, layer in nets.layers().items():
                 layer.weight.copy_(params[f"{stem}_w"].T)
                 layer.bias.copy_(params[f"{stem}_b"])
         return nets
@@ -249,7 +251,7 @@ class SmileNetworks(nn.Module):
         """The parameters as one trial of :class:`SMILE`'s stack: ``(1, in, out)`` weights and
         ``(1, out)`` biases, views that keep the gradient flowing to this module."""
         out: dict[str, Tensor] = {}
-        for stem, layer in self._layers().items():
+        for stem, layer in self.layers().items():
             out[f"{stem}_w"] = layer.weight.T.unsqueeze(0)
             out[f"{stem}_b"] = layer.bias.unsqueeze(0)
         return out
@@ -312,16 +314,16 @@ def _sum_in(dst: Tensor, weight: Tensor, h_src: Tensor, n_rows: int) -> Tensor:
     return out.index_add(1, dst, terms)
 
 
-def _gcn_full(w: dict[str, Tensor], graph: _Graph, x_all: Tensor, index: Tensor) -> Tensor:
+def gcn_full(w: dict[str, Tensor], graph: _Graph, x_all: Tensor, index: Tensor) -> Tensor:
     """The released GCN (two GraphConv layers) over every train row, kept at the batch's rows
-    ``index``: ``(T, B, C)``. The reference for :func:`_gcn_rows`."""
+    ``index``: ``(T, B, C)``. The reference for :func:`gcn_rows`."""
     hid = _propagate(graph, torch.matmul(x_all, w["conv1_w"])) + w["conv1_b"].unsqueeze(1)
     hid = _propagate(graph, torch.matmul(torch.relu(hid), w["conv2_w"]))
     return (hid + w["conv2_b"].unsqueeze(1))[:, index]
 
 
-def _gcn_rows(w: dict[str, Tensor], graph: _Graph, x_all: Tensor, index: Tensor) -> Tensor:
-    """:func:`_gcn_full` computed on the batch's 2-hop in-neighbourhood only: a two-layer
+def gcn_rows(w: dict[str, Tensor], graph: _Graph, x_all: Tensor, index: Tensor) -> Tensor:
+    """:func:`gcn_full` computed on the batch's 2-hop in-neighbourhood only: a two-layer
     GCN's value at node j reads the first layer at j's in-neighbours, which reads the features
     at theirs, with the full graph's per-edge weights. The same sum over the same terms as the
     full-graph form; the order of the additions may differ, so the two agree to float rounding,
@@ -341,8 +343,8 @@ def _gcn_rows(w: dict[str, Tensor], graph: _Graph, x_all: Tensor, index: Tensor)
 def _encode(w: dict[str, Tensor], graph: _Graph, x_all: Tensor, index: Tensor,
             temperature: Any) -> Tensor:
     """The encoder's soft labels d = σ(GCN(X)[index] / T) ``(T, B, C)``: the two GraphConv
-    layers at the batch's rows (:func:`_gcn_rows`), then the linear layer."""
-    hid = _gcn_rows(w, graph, x_all, index)
+    layers at the batch's rows (:func:`gcn_rows`), then the linear layer."""
+    hid = gcn_rows(w, graph, x_all, index)
     return torch.sigmoid((torch.matmul(hid, w["fc_w"]) + w["fc_b"].unsqueeze(1)) / temperature)
 
 
@@ -572,14 +574,14 @@ class SMILE(Loss):
             raise LossInputError(f"smile: neighbours={k} needs more than {k} train rows; got "
                                  f"{self._n_train}; lower neighbours")
         x = train_x.detach().to(torch.float32).contiguous()
-        graph = _graph(knn_neighbours(x, k))
+        graph = graph_of(knn_neighbours(x, k))
         self.register_buffer("x_train", x, persistent=False)
         self.register_buffer("graph_neighbours", graph.neighbours, persistent=False)
         self.register_buffer("graph_index", graph.index, persistent=False)
         self.register_buffer("graph_weight", graph.weight, persistent=False)
         t = self.n_trials or 1
         d, c = x.shape[1], self._n_classes
-        for name, shape in _shapes(d, c).items():
+        for name, shape in network_shapes(d, c).items():
             self.register_parameter(name, nn.Parameter(torch.empty(t, *shape, device=x.device)))
         self._init_networks()
 

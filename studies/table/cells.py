@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from probe.errors import SpmlError, plain
+from probe.errors import plain
+
+from .errors import TableError
 
 if TYPE_CHECKING:
     from .grid import Grid
@@ -22,10 +24,6 @@ __all__ = ["Cell", "Column", "Method", "TableConfig", "TableError", "build_table
 
 CELL_FORMAT = "spml-table-cell/1"
 ORACLE_LOSS = "an"  # the full-label oracle: BCE on every label of the train rows (Cole et al.)
-
-
-class TableError(SpmlError):
-    """An input ``spml table`` cannot use; raised before anything trains or is written."""
 
 
 @dataclass(frozen=True)

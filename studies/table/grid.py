@@ -16,7 +16,7 @@ from typing import Any
 
 from probe.errors import plain
 
-from .cells import TableError
+from .errors import TableError
 
 __all__ = ["GRID_FIELDS", "Grid", "GridRun", "choose", "train_grid"]
 
