@@ -412,7 +412,8 @@ def convergence_notes(cells: list[Any], plan: Any) -> list[str]:
     at_last, of = count_peaked_at_last(cells)
     if not at_last:
         return []
-    if getattr(plan.config, "grid", None) is not None:  # --tune grid chose each cell's lr
+    config = getattr(plan, "config", None)  # the table's settings (None: not known)
+    if getattr(config, "grid", None) is not None:  # --tune grid chose each cell's lr
         fix = ("Train longer (--epochs sets the grid's epochs) or give the grid larger "
                "learning rates (--grid lr=...).")
     else:
