@@ -42,7 +42,7 @@ from probe.engine.speed import (
 )
 from probe.engine.threads import step_threads
 from probe.engine.trials import LossGroup, TrialPlan, setup_loss_groups
-from probe.losses import trial_rows
+from probe.losses import per_trial_rows, trial_rows
 
 __all__ = ["ORDER_STREAM_OFFSET", "TRIAL_BLOCK_BYTES", "BlockedTrainer", "StackedTrainer",
            "deterministic", "epoch_order", "init_head", "make_trainer", "order_generator", "sync",
@@ -264,9 +264,8 @@ class StackedTrainer:
         # device, from which each step gathers its (T, B, C) targets (_targets)
         self.draw_rows: Tensor | None = None
         if plan.stacked_draws:
-            self.train_y = self.train_y.contiguous()  # the (K·N, C) view of _targets
-            self._set_draw_rows(torch.tensor(plan.draw_index, dtype=torch.long,
-                                             device=self.device))
+            self.train_y = self.train_y.contiguous()  # flattened to (K·N, C) by each gather
+            self.draw_rows = torch.tensor(plan.draw_index, dtype=torch.long, device=self.device)
         self.groups: list[LossGroup] = setup_loss_groups(
             plan, self.train_y, self.device, features=data.train_x[: data.n_train, :-1])
         self.w = stacked_init(plan.seeds, data.train_x.shape[1], data.n_classes).to(self.device)
@@ -278,11 +277,11 @@ class StackedTrainer:
                        for p, mult in g.extra]
         self.opt = make_optimizer(config.optimizer, params, momentum=config.momentum,
                                   betas=config.betas, eps=config.eps)
-        seeds = plan.seeds[:1] if plan.shared else plan.seeds
+        seeds = plan.seeds[:1] if plan.one_batch else plan.seeds
         self.order_gens = [order_generator(s) for s in seeds]
         self.extra_params = [p for g in self.groups for p, _ in g.extra]
         self.threads = resolve_threads(speed.step_threads, self.device, tuple(self.w.shape),
-                                       batch, plan.shared, disk=speed.thread_cache)
+                                       batch, plan.one_batch, disk=speed.thread_cache)
         self.loss_sum = torch.zeros(plan.n, dtype=torch.float32, device=self.device)
         reason = self.graph_unavailable() if config.cuda_graph is not False else "off"
         if config.cuda_graph and reason:
@@ -375,8 +374,10 @@ class StackedTrainer:
             g = self.groups[0]
             g.loss.select_trials(keep)
             if self.draw_rows is not None:  # the kept trials' draws
-                self._set_draw_rows(trial_rows(self.draw_rows, keep))
+                self.draw_rows = trial_rows(self.draw_rows, keep)
             self.groups = [LossGroup(g.loss, slice(0, len(keep)), list(g.loss.extra_parameters()))]
+            if not self.plan.one_batch:  # the kept trials' batch orders
+                self.order_gens = [self.order_gens[j] for j in keep]
         else:
             self.groups = [LossGroup(self.groups[j].loss, slice(i, i + 1), self.groups[j].extra,
                                      self.groups[j].targets)
@@ -469,7 +470,7 @@ class StackedTrainer:
         x, z, idx = self._forward(perm[:, sl], rows[:, sl])
         per_trial, grads = self._loss_grads(z, idx)
         # dL/dW = Xᵀ dL/dZ per trial: one matrix product instead of autograd
-        if self.plan.shared:
+        if self.plan.one_batch:
             torch.matmul(x.T, grads[0], out=self.grad_w)
         else:
             torch.bmm(x.transpose(1, 2), grads[0], out=self.grad_w)
@@ -482,7 +483,7 @@ class StackedTrainer:
         Rows are gathered by ``index_select``, the same values as ``train_x[rows]`` in about
         half the time on the CPU (COCO: 8 vs 21 µs per batch of 16 rows)."""
         feats = self.data.train_x
-        if self.plan.shared:
+        if self.plan.one_batch:
             x = feats.index_select(0, rows[0]).float()
             return x, torch.matmul(x, self.w), perm[0]  # (B, D+1) @ (T, D+1, C)
         x = feats.index_select(0, rows.reshape(-1)).view(*rows.shape, -1).float()
@@ -499,28 +500,24 @@ class StackedTrainer:
         return per_trial, grads
 
     def _losses(self, z: Tensor, idx: Tensor) -> Tensor:
-        """Per-trial losses (T,) of the logits ``z`` of the batch rows ``idx``."""
+        """Per-trial losses (T,) of the logits ``z`` of the batch rows ``idx``: ``(B,)`` for one
+        batch order, else ``(T, B)``, each trial's own."""
         if self.plan.shared:
             return self.groups[0].loss(z, self._targets(idx), index=idx).loss
         return torch.cat([g.loss(z[g.trials], g.targets[idx[g.trials.start]],
                                  index=idx[g.trials.start]).loss.reshape(1)
                           for g in self.groups])
 
-    def _set_draw_rows(self, draw_rows: Tensor) -> None:
-        """The live trials' draw numbers (T,) and their first rows in the (K·N, C) draws."""
-        self.draw_rows = draw_rows
-        self._draw_base = (draw_rows * self.n).view(-1, 1)  # (T, 1)
-
     def _targets(self, idx: Tensor) -> Tensor:
-        """The shared loss object's targets of the batch rows ``idx`` (B,): ``(B, C)``, or with
-        per-trial draws trial t's rows of its own draw, ``(T, B, C)``, gathered by
-        ``index_select`` from the draws held once (as ``train_y[draw_rows[:, None], idx]``;
-        no host synchronisation, so a CUDA graph captures it)."""
+        """The shared loss object's targets of the batch rows ``idx``: ``(B, C)`` for one batch
+        and one set of targets; else ``(T, B, C)``, trial t's rows ``idx`` (or its own
+        ``idx[t]``) of its own draw, gathered from the draws held once (no host
+        synchronisation, so a CUDA graph captures it)."""
         if self.draw_rows is None:
-            return self.train_y[idx]
-        flat = self.train_y.view(-1, self.train_y.shape[-1])  # (K·N, C)
-        rows = (self._draw_base + idx.view(1, -1)).view(-1)  # (T·B,)
-        return flat.index_select(0, rows).view(self._draw_base.shape[0], idx.shape[0], -1)
+            return self.train_y[idx]  # (B, C), or (T, B, C) for each trial's own batch
+        if idx.ndim == 1:  # one batch order: every trial's rows are idx
+            idx = idx.view(1, -1).expand(self.draw_rows.shape[0], -1)
+        return per_trial_rows(self.train_y, idx, of=self.draw_rows)  # train_y: (K, N, C)
 
     def compile_unavailable(self) -> str | None:
         """Why the step cannot run through ``torch.compile`` here (None: it can)."""
@@ -557,7 +554,7 @@ class StackedTrainer:
             return per_trial.sum(), per_trial
 
         dz, per_trial = torch.func.grad(total, has_aux=True)(z)
-        g = torch.matmul(x.T, dz) if self.plan.shared else torch.bmm(x.transpose(1, 2), dz)
+        g = torch.matmul(x.T, dz) if self.plan.one_batch else torch.bmm(x.transpose(1, 2), dz)
         g = g + self._wd * self.w
         (b1, b2), m, v = self.opt.betas, self.opt.exp_avg[0], self.opt.exp_avg_sq[0]
         self._count.add_(1.0)
@@ -581,7 +578,7 @@ class BlockedTrainer:
         self.plan, self.device = plan, data.device
         shape = (max(len(r) for r in blocks), data.train_x.shape[1], data.n_classes)
         self.threads = resolve_threads(speed.step_threads, self.device, shape,
-                                       plan.training.batch_size, plan.shared,
+                                       plan.training.batch_size, plan.one_batch,
                                        disk=speed.thread_cache)
         fixed = replace(speed, step_threads=self.threads or torch.get_num_threads())
         self.blocks = [(r, StackedTrainer(data, config, plan.subset(r), fixed, draws))

@@ -6,9 +6,10 @@ object, one dict or a list of dicts, the config's seeds) into a :class:`TrialPla
 trial's full settings resolved (:mod:`probe.engine.config`) and checked before anything trains.
 Trials that share one seed share their batch order and one loss object whose float hyperparameters
 are ``(T,)`` tensors -- also when each trains on its own observed-label draw, if the loss declares
-:attr:`~probe.losses.Loss.stacks_draws` (its targets are then ``(T, B, C)``); trials with
-different seeds, or per-trial draws of a loss that does not declare it, get a loss object each
-(:class:`LossGroup`).
+:attr:`~probe.losses.Loss.stacks_draws` (its targets are then ``(T, B, C)``). Trials with
+different seeds have their own batch orders; they too share one loss object if the loss declares
+:attr:`~probe.losses.Loss.stacks_seeds` (its batch rows are then ``(T, B)``). Otherwise each
+trial gets a loss object of its own (:class:`LossGroup`).
 """
 
 from __future__ import annotations
@@ -95,11 +96,12 @@ class TrialPlan:
 
     @property
     def shared(self) -> bool:
-        """One batch order *and* one loss object for all trials (:func:`one_loss_object`): they
-        share one seed, and either one set of targets or the loss stacks per-trial draws. It
-        says nothing about the targets: :attr:`stacked_draws` tells whether each trial of the
-        shared object has its own. Otherwise one loss object per trial, each gathering its own
-        batch (even where the trials' seeds, hence their orders, agree: :attr:`one_order`)."""
+        """One loss object for all trials (:func:`one_loss_object`): they share one seed, or
+        the loss stacks per-trial seeds (:attr:`Loss.stacks_seeds`); and they train on one set
+        of targets, or the loss stacks per-trial draws. It says nothing about the targets or
+        the batches: :attr:`stacked_draws` tells whether each trial has its own draw,
+        :attr:`one_order` whether the trials share one batch. Otherwise one loss object per
+        trial, each gathering its own batch (even where the trials' seeds agree)."""
         return one_loss_object(self.cls, self.seeds, self.draw_index, self.given)
 
     @property
@@ -113,15 +115,24 @@ class TrialPlan:
         """All trials visit the train rows in one batch order (they share one seed)."""
         return len(set(self.seeds)) == 1
 
+    @property
+    def one_batch(self) -> bool:
+        """One loss object over one batch order: each step gathers one ``(B, D+1)`` batch for
+        every trial (``x @ W``), not one per trial (``bmm``)."""
+        return self.shared and self.one_order
+
 
 def one_loss_object(cls: type[Loss], seeds: Sequence[int], draw_index: Sequence[int] | None,
                     given: bool) -> bool:
-    """Whether the trials run through one loss object with one batch order: they share a seed
-    and either train on one set of targets, or each on its own draw through a loss that declares
-    :attr:`~probe.losses.Loss.stacks_draws` (not a given object: it was set up by the caller)."""
-    if len(set(seeds)) != 1:
+    """Whether the trials run through one loss object: a given object always (it was set up by
+    the caller, for one seed and one set of targets); otherwise they share a seed or the loss
+    declares :attr:`~probe.losses.Loss.stacks_seeds` (each trial's own batch), and they train
+    on one set of targets or the loss declares :attr:`~probe.losses.Loss.stacks_draws`."""
+    if given:
+        return len(set(seeds)) == 1 and draw_index is None
+    if len(set(seeds)) != 1 and not cls.stacks_seeds:
         return False
-    return draw_index is None or (cls.stacks_draws and not given)
+    return draw_index is None or cls.stacks_draws
 
 
 @dataclass

@@ -26,7 +26,7 @@ from ._hparams import (
 )
 
 __all__ = ["REGISTRY", "EntrywiseLoss", "Loss", "available", "create_loss", "get_loss_class",
-           "loss_origin", "plugin_failures", "register", "trial_rows"]
+           "loss_origin", "per_trial_rows", "plugin_failures", "register", "trial_rows"]
 
 
 class Loss(nn.Module):
@@ -55,6 +55,15 @@ class Loss(nn.Module):
     object (one call per step); a loss that does not declare it gets one object per trial
     (correct, slower). Per-example state derived from the observed labels must then be per
     trial: :meth:`per_example` and :meth:`observed_state` keep it so.
+
+    ``stacks_seeds`` (default False; needs ``stacks_draws``) declares that stacked trials may
+    each have their own seed, hence their own batch: :meth:`forward` then gets ``index`` of
+    shape ``(T, B)`` (trial t's batch rows) with ``(T, B, C)`` observed labels, and
+    :meth:`manual_seed` one seed per trial; trial t computes exactly what it computes alone.
+    Per-example state read through :meth:`state_rows` follows a ``(T, B)`` index by itself; a
+    loss that writes per-example state by ``index`` must handle the trial axis before declaring
+    it. The trainer then runs trials with different seeds (``spml study confirm``) through one
+    loss object (one call per step) instead of one object per trial.
     """
 
     name: ClassVar[str] = ""
@@ -75,6 +84,8 @@ class Loss(nn.Module):
     needs_features: ClassVar[bool] = False
     # forward takes (T, B, C) observed and setup (T, N, C): one object for per-trial draws
     stacks_draws: ClassVar[bool] = False
+    # forward also takes a (T, B) index (each trial's own batch): one object for per-trial seeds
+    stacks_seeds: ClassVar[bool] = False
 
     def __init__(self, **hparams: Any) -> None:
         super().__init__()
@@ -236,11 +247,15 @@ class Loss(nn.Module):
 
     def state_rows(self, name: str, index: Tensor | None, z: Tensor, why: str) -> Tensor:
         """The batch's rows ``index`` of state ``name``: ``(T, B, C)`` for stacked logits ``z``,
-        else trial 0's ``(B, C)``; refused without ``index`` (``why``: what it looks up)."""
+        else trial 0's ``(B, C)``; refused without ``index`` (``why``: what it looks up). A
+        ``(T, B)`` index (each trial's own batch, :attr:`stacks_seeds`) takes trial t's rows
+        ``index[t]`` of its own state ``state[t]``."""
         if index is None:
             raise LossInputError(f"{self.name}: pass index= (the batch's row numbers in the "
                                  f"train split) to forward to {why}")
         state = self.state(name)
+        if index.ndim == 2:
+            return per_trial_rows(state, index)
         return state[:, index] if z.ndim == 3 else state[0, index]
 
     def manual_seed(self, seeds: list[int]) -> None:
@@ -356,6 +371,20 @@ def trial_rows(value: Tensor, keep: list[int]) -> Tensor:
     return value[torch.tensor(keep, device=value.device)].contiguous()
 
 
+def per_trial_rows(values: Tensor, index: Tensor, of: Tensor | None = None) -> Tensor:
+    """Trial t's rows ``index[t]`` of ``values[of[t]]`` (``of`` None: of ``values[t]``), as
+    ``(T, B, ...)`` from ``values`` ``(K, N, ...)`` and ``index`` ``(T, B)``: one
+    ``index_select`` over the flattened leading axes (differentiable; no host
+    synchronisation, so a CUDA graph captures it). Shared by :meth:`Loss.state_rows` and the
+    trainer's per-trial targets."""
+    t, n = index.shape[0], values.shape[1]
+    if of is None:
+        of = torch.arange(t, device=index.device)
+    rows = (of.view(-1, 1) * n + index).reshape(-1)  # (T·B,) rows of the flattened (K·N, ...)
+    picked = values.flatten(0, 1).index_select(0, rows)
+    return picked.view(t, index.shape[1], *values.shape[2:])
+
+
 def _check_contract(cls: Any) -> None:
     """Refuse a class that breaks the :class:`Loss` contract, naming what to declare."""
     what = getattr(cls, "__qualname__", repr(cls))
@@ -385,6 +414,10 @@ def _check_contract(cls: Any) -> None:
         if unknown:
             raise LossContractError(f"register: loss '{name}': presets['{dataset}'] sets "
                                     f"{unknown}, which are not in hparam_specs ({names})")
+    if cls.stacks_seeds and not cls.stacks_draws:
+        raise LossContractError(
+            f"register: loss '{name}' ({what}) sets stacks_seeds but not stacks_draws: trials "
+            "with their own batches also have their own (T, B, C) targets; declare both")
     if cls.needs_features and cls.set_features is Loss.set_features:
         raise LossContractError(
             f"register: loss '{name}' ({what}) sets needs_features but defines no "

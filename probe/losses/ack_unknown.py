@@ -93,6 +93,7 @@ def em_apl(logits: Tensor, observed: Tensor, soft_targets: Tensor, alpha: float 
 @register
 class EM(EntrywiseLoss):
     name = "em"
+    stacks_seeds = True  # a (T, B) index: reads no per-example state
     paper = PAPER + ", Eq. 3 (EM)"
     formula = (
         "y=1: −log p;  y=0: −α·H(p), H(p) = −p log p − (1−p) log(1−p);  y=−1: −log(1−p)\n"
@@ -108,6 +109,7 @@ class EM(EntrywiseLoss):
 @register
 class EMAPL(Loss):
     name = "em_apl"
+    stacks_seeds = True  # a (T, B) index: its pseudo-labels are read through state_rows
     paper = PAPER + ", Eq. 8 and Alg. 1 (EM + APL)"
     formula = (
         "y=1: −log p;  y=0: −α·H(p);  y=−1: −log(1−p);  pseudo-labelled y=0 entries (soft\n"

@@ -95,6 +95,7 @@ def epr(logits: Tensor, observed: Tensor, k: float | Tensor) -> Tensor:
 @register
 class AN(EntrywiseLoss):
     name = "an"
+    stacks_seeds = True  # a (T, B) index: reads no per-example state
     paper = PAPER + ", Eq. 3"
     formula = "y=1: −log p;  y≤0: −log(1−p);  mean over B·C"
     entries = staticmethod(an_entries)
@@ -104,6 +105,7 @@ class AN(EntrywiseLoss):
 @register
 class ANLS(EntrywiseLoss):
     name = "an_ls"
+    stacks_seeds = True  # a (T, B) index: reads no per-example state
     paper = PAPER + ", Sec. 3 (AN-LS)"
     formula = "y=1: −(1−ε)log p − ε log(1−p);  y≤0: −(1−ε)log(1−p) − ε log p;  mean over B·C"
     hparam_specs = (_EPS,)
@@ -114,6 +116,7 @@ class ANLS(EntrywiseLoss):
 @register
 class WAN(EntrywiseLoss):
     name = "wan"
+    stacks_seeds = True  # a (T, B) index: reads no per-example state
     paper = PAPER + ", Sec. 3 (WAN)"
     formula = "y=1: −log p;  y≤0: −log(1−p)/(C−1);  mean over B·C"
     entries = staticmethod(_wan_entries)
@@ -123,6 +126,7 @@ class WAN(EntrywiseLoss):
 @register
 class EPR(Loss):
     name = "epr"
+    stacks_seeds = True  # a (T, B) index: reads no per-example state
     paper = PAPER + ", Eq. 6 (EPR)"
     formula = "y=1: −log p;  y≤0: 0;  mean over B·C  +  (mean_n Σ_c p_nc − k)² / C²"
     hparam_specs = (K_SPEC,)

@@ -247,6 +247,7 @@ class GPR(PriorMixin, GR):
     trial_state = ()  # the prior's caches have no trial axis (per-trial draws: observed_state)
     # per-trial draws: DAMP's scores and the cached pseudo-labels are per trial
     stacks_draws = True
+    stacks_seeds = True  # a (T, B) index: the prior's rows are read through prior_rows
     # Fsoft-AIC/AEVLP configs/<dataset>.json field by field (beta = [w_0, w_T, b_0, b_T], alpha =
     # [mu_0, sigma_0, mu_T, sigma_T], q2q3, lam = [lam1, lam2], rho, reg, eta, threshold,
     # negative_ratio) and config.py's _LOOKUP (top_k, expected_num_pos); tests/test_prior_presets.py

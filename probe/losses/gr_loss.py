@@ -201,6 +201,7 @@ class GR(Loss):
     """GR loss with its linear schedule of (w, b, μ, σ) and the paper's ablation switches."""
 
     name = "gr"
+    stacks_seeds = True  # a (T, B) index: reads no per-example state
     paper = PAPER + ", Eqs. 4, 7, 11, 14 (schedule Eqs. 9, 10, 12, 13)"
     formula = (
         "k̂ = σ(w·sg(p) + b);  v = exp(−(sg(p) − μ)²/(2σ²)) on y=0, 1 elsewhere\n"

@@ -177,6 +177,7 @@ class _LargeLoss(Loss):
 @register
 class LLR(_LargeLoss):
     name = "ll_r"
+    stacks_seeds = True  # a (T, B) index: reads no per-example state
     paper = PAPER + ", Sec. 3.2 (LL-R)"
     formula = (
         "ℓ = AN per entry (y=1: −log p; y≤0: −log(1−p))\n"
@@ -188,6 +189,7 @@ class LLR(_LargeLoss):
 @register
 class LLCt(_LargeLoss):
     name = "ll_ct"
+    stacks_seeds = True  # a (T, B) index: reads no per-example state
     paper = PAPER + ", Sec. 3.2 (LL-Ct)"
     formula = (
         "ℓ = AN per entry (y=1: −log p; y≤0: −log(1−p))\n"

@@ -69,6 +69,7 @@ def role(logits: Tensor, observed: Tensor, label_logits: Tensor, k: float | Tens
 @register
 class ROLE(Loss):
     name = "role"
+    stacks_seeds = True  # a (T, B) index: its label estimates are read through state_rows
     paper = PAPER + ", Sec. 3.3, Eq. 7 (ROLE)"
     formula = (
         "q = σ(Θ[index]) (trainable label estimates);  on y=1: ½(−log p − log q)\n"

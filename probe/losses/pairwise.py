@@ -237,6 +237,7 @@ def opml_correct_labels(train_logits: Tensor, observed: Tensor, flipped: Tensor 
 @register
 class ZLPR(Loss):
     name = "zlpr"
+    stacks_seeds = True  # a (T, B) index: reads no per-example state
     paper = ZLPR_PAPER + "; the α = β = 1 case of OPML (Li et al. 2023, Eq. 6)"
     formula = (
         "per sample: log(1 + Σ_{j∈Ω−} e^{z_j}) + log(1 + Σ_{i∈Ω+} e^{−z_i})\n"

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from ._base import Loss, LossInputError
+from ._base import Loss, LossInputError, per_trial_rows
 
 __all__ = ["PriorMixin", "check_scores", "rank_desc", "rank_dtype", "value_with_grad"]
 
@@ -111,7 +111,8 @@ class PriorMixin(Loss):
     def prior_rows(self, index: Tensor | None, keys: Sequence[str] = ("scores",)) -> list[Tensor]:
         """The batch's rows of the prior arrays ``keys`` (``(B, C)`` each): "scores", an extra,
         or any buffer ``prior_<key>`` that :meth:`prior_ready` registered (``(T, B, C)`` for a
-        per-trial ``(T, N, C)`` cache)."""
+        per-trial ``(T, N, C)`` cache). A ``(T, B)`` index (each trial's own batch,
+        :attr:`~probe.losses.Loss.stacks_seeds`) gives ``(T, B, C)`` rows of every array."""
         if getattr(self, "prior_scores", None) is None:
             raise LossInputError(
                 f"{self.name}: needs a prior (per-image class scores): pass --priors NAME "
@@ -122,7 +123,12 @@ class PriorMixin(Loss):
         rows = []
         for k in keys:
             value = getattr(self, f"prior_{k}")
-            rows.append(torch.index_select(value, value.ndim - 2, index))  # the row axis
+            if index.ndim == 2 and value.ndim == 3:  # trial t's rows of its own cache
+                rows.append(per_trial_rows(value, index))
+            elif index.ndim == 2:  # trial t's rows of the shared (N, C) prior
+                rows.append(value.index_select(0, index.reshape(-1)).view(*index.shape, -1))
+            else:
+                rows.append(torch.index_select(value, value.ndim - 2, index))  # the row axis
         return rows
 
 

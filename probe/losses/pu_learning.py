@@ -119,6 +119,7 @@ class VPU(Loss):
     trial_state = None  # one numpy generator per trial: a stopped trial stays in the stack, frozen
     stacks_draws = True  # per-trial (T, B, C) observed: each trial's own positives per column
     name = "vpu"
+    stacks_seeds = True  # a (T, B) index: reads no per-example state
     paper = PAPER
     formula = (
         "τ_c = clamp(min(temp_alpha·std_b(sg z_·c), 1), min=1e-3),  s = σ(z/τ_c),  "

@@ -139,6 +139,7 @@ def splc(logits: Tensor, observed: Tensor, epoch: int | None = None, tau: float 
 @register
 class Focal(EntrywiseLoss):
     name = "focal"
+    stacks_seeds = True  # a (T, B) index: reads no per-example state
     paper = PAPER_FOCAL + ", Eq. 4 (FL without the α-balancing of Eq. 5)"
     formula = "y=1: −(1−p)^γ log p;  y≤0: −p^γ log(1−p);  mean over B·C"
     hparam_specs = (_GAMMA,)
@@ -153,6 +154,7 @@ class Focal(EntrywiseLoss):
 @register
 class ASL(EntrywiseLoss):
     name = "asl"
+    stacks_seeds = True  # a (T, B) index: reads no per-example state
     paper = PAPER_ASL + ", Sec. 3 (asymmetric focusing and probability shifting)"
     formula = (
         "p_m = max(p − clip, 0)\n"
@@ -171,6 +173,7 @@ class ASL(EntrywiseLoss):
 @register
 class Hill(EntrywiseLoss):
     name = "hill"
+    stacks_seeds = True  # a (T, B) index: reads no per-example state
     paper = PAPER_HILL + " (Hill loss); GR paper Eqs. 24, 33"
     formula = (
         "p_m = σ(z − margin)\n"
@@ -189,6 +192,7 @@ class Hill(EntrywiseLoss):
 @register
 class SPLC(EntrywiseLoss):
     name = "splc"
+    stacks_seeds = True  # a (T, B) index: reads no per-example state
     paper = PAPER_HILL + " (SPLC with focal margin); GR paper Eq. 25"
     formula = (
         "p_m = σ(z − margin);  FM = −(1−p_m)^γ log p_m;  FN = −p^γ log(1−p)\n"

@@ -147,6 +147,7 @@ class VLPL(PriorMixin):
     prior = "class scores (softmax of CLIP image-text similarity, T = 0.01)"
     # per-trial draws: the cached pseudo-labels are per trial (only unobserved entries get one)
     stacks_draws = True
+    stacks_seeds = True  # a (T, B) index: the prior's rows are read through prior_rows
     # mvrl/VLPL main_clip.py, per dataset (P['alpha'], P['beta_pos'], P['beta_neg'],
     # P['warmup_epoch']; the CLI defaults --threshold 0.3, --partial 0.0 -> no pseudo-negatives)
     presets = {ds: {"alpha": alpha, "beta_pos": 0.7, "beta_neg": 0.0, "threshold": 0.3,
