@@ -138,17 +138,24 @@ def _one_draw_apart(data: list[ProbeData], val_labels: str) -> bool:
     """Whether the replicates differ in their train draw alone (``draws:N``): then one stacked
     run trains them all (the val draw matters only when val is scored on observed labels)."""
     first = data[0]
+    fields = ["train_x", "val_x", "val_labels", "test_x", "test_labels"]
+    if val_labels != "clean":
+        fields.append("val_observed")
     for d in data[1:]:
-        same = (d.n_train == first.n_train and d.train_x.shape == first.train_x.shape
-                and torch.equal(d.train_x, first.train_x) and torch.equal(d.val_x, first.val_x)
-                and torch.equal(d.val_labels, first.val_labels)
-                and torch.equal(d.test_x, first.test_x)
-                and torch.equal(d.test_labels, first.test_labels))
-        if val_labels != "clean":
-            same = same and torch.equal(d.val_observed, first.val_observed)
-        if not same:
+        if d.n_train != first.n_train:
             return False
+        for name in fields:
+            if not _same_tensor(getattr(d, name), getattr(first, name)):
+                return False
     return True
+
+
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal shape and values; one tensor shared by both replicates is equal without reading
+    it (a COCO-sized feature matrix is hundreds of MB)."""
+    if a is b:
+        return True
+    return a.shape == b.shape and torch.equal(a, b)
 
 
 def train_replicates(data: list[ProbeData], config: Any, loss: str,
