@@ -17,9 +17,12 @@ import probe.engine.speed as speed
 from probe import ProbeConfig, SpeedOptions, SpmlError, train_probe
 from probe.engine.data import ProbeData
 from probe.engine.speed import (
+    CONTENDED_SLOWDOWN,
+    CONTENDED_SPREAD,
     THREAD_MARGIN,
     choose_threads,
     clear_winner,
+    contended,
     remembered_threads,
     resolve_speed,
 )
@@ -60,6 +63,135 @@ def test_torchs_threads_only_where_clearly_faster_else_one_thread():
     assert choose_threads([1.0], [0.5], margin=3.0) == 1
     with pytest.raises(SpmlError, match="samples of both settings"):
         choose_threads([], [1.0])
+
+
+# calibrations found in a real cache file (ms per step; one thread, two threads): the first
+# three ran while another process held a core, QUIET is the first one's shape measured again
+# on a quiet machine, where two threads are 1.5x faster
+BUSY_START = ([0.248, 0.743], [14.287, 3.45])
+BUSY_THROUGHOUT = ([1.854, 3.421], [95.6, 94.345])
+BUSY_MOMENTS = ([0.827, 0.664, 0.658, 0.704, 0.982], [0.866, 0.869, 4.868, 5.291, 0.919])
+QUIET = ([0.274, 0.263, 0.258, 0.284, 0.269], [0.18, 0.204, 0.164, 0.189, 0.179])
+
+
+def _evidence(samples: tuple[list[float], list[float]]) -> dict:
+    """A calibration's evidence as probe.engine.loop._calibrate writes it (seconds, 2 threads)."""
+    one, many = samples
+    return {"seconds_per_step_one_thread": [v / 1000 for v in one],
+            "seconds_per_step_2_threads": [v / 1000 for v in many]}
+
+
+def test_contention_is_read_from_the_samples_a_busy_machine_left():
+    # torch's setting 18x and 36x slower than one thread on the median: another process
+    assert contended(*BUSY_START) and contended(*BUSY_THROUGHOUT)
+    # medians 1.3x apart, but two-thread samples 0.87 and 5.3 ms: busy moments
+    assert contended(*BUSY_MOMENTS)
+    assert not contended(*QUIET)
+    # one thread 1.7x faster on every sample, samples agreeing: a plausible quiet measurement
+    assert not contended([2.3, 2.6, 2.4], [4.1, 4.1, 4.2])
+    # the choices these samples make (a contended one is still a choice for this process)
+    assert [choose_threads(*s) for s in (BUSY_START, BUSY_MOMENTS, QUIET)] == [1, 1, None]
+
+
+def test_the_contention_thresholds_at_their_edges():
+    assert CONTENDED_SLOWDOWN == 2.0 and CONTENDED_SPREAD == 2.0
+    # the many-thread median exactly 2x one thread's is quiet, a little more is not
+    assert not contended([1.0, 1.0, 1.0], [2.0, 2.0, 2.0])
+    assert contended([1.0, 1.0, 1.0], [2.0, 2.001, 2.001])
+    assert not contended([1.0, 1.0, 1.0], [1.5, 2.0, 3.0])  # median 2.0, spread 2.0: quiet
+    # a spread of exactly 2x (max / min) is quiet, a little more is not, on either setting
+    assert not contended([1.0, 2.0], [1.0, 1.0])
+    assert contended([1.0, 2.001], [1.0, 1.0])
+    assert not contended([1.0, 1.0], [0.5, 1.0])
+    assert contended([1.0, 1.0], [0.4995, 1.0])
+    # torch's setting far faster is no sign of contention; the thresholds can be given
+    assert not contended([10.0, 10.0], [1.0, 1.0])
+    assert not contended([1.0, 1.0], [3.0, 3.0], slowdown=3.0)
+    assert contended([1.0, 1.0], [3.0, 3.0], slowdown=2.9)
+    assert contended([1.0, 1.6], [1.0, 1.0], spread=1.5)
+    with pytest.raises(SpmlError, match=r"samples of both settings.*'many'"):
+        contended([1.0], [])
+    with pytest.raises(SpmlError, match=r"positive finite seconds.*'one'"):
+        contended([1.0, 0.0], [1.0])
+    with pytest.raises(SpmlError, match=r"positive finite seconds.*'many'"):
+        contended([1.0], [float("nan")])
+
+
+def _measure(calls: list, *results: tuple[int | None, dict]):
+    """A measure() that returns ``results`` in turn, counting its calls."""
+    def run():
+        calls.append(len(calls))
+        return results[len(calls) - 1]
+    return run
+
+
+def test_a_contended_calibration_serves_this_process_and_is_not_written(fresh):
+    calls: list = []
+    busy = _measure(calls, (1, _evidence(BUSY_START)), (1, _evidence(BUSY_THROUGHOUT)))
+    assert remembered_threads("shape A", busy) == 1
+    assert len(calls) == 2  # measured once more before giving up on remembering it
+    assert not fresh.exists()  # nothing written for a later run
+    assert remembered_threads("shape A", busy) == 1 and len(calls) == 2  # this process keeps it
+    # the next process measures again; on a quiet machine the choice is written
+    speed._REMEMBERED.clear()
+    calls.clear()
+    quiet = _measure(calls, (None, _evidence(QUIET)))
+    assert remembered_threads("shape A", quiet) is None and len(calls) == 1
+    stored = json.loads(fresh.read_text())["choices"][f"{speed._machine()}|shape A"]
+    assert stored["threads"] is None
+    assert stored["seconds_per_step_2_threads"] == _evidence(QUIET)["seconds_per_step_2_threads"]
+    speed._REMEMBERED.clear()
+    assert remembered_threads("shape A", _measure(calls)) is None and len(calls) == 1
+
+
+def test_a_busy_moment_is_measured_again_and_a_quiet_retry_remembered(fresh):
+    calls: list = []
+    run = _measure(calls, (1, _evidence(BUSY_MOMENTS)), (None, _evidence(QUIET)))
+    assert remembered_threads("shape A", run) is None and len(calls) == 2
+    stored = json.loads(fresh.read_text())["choices"][f"{speed._machine()}|shape A"]
+    assert stored["threads"] is None
+    # without the disk cache, the same retry; nothing is written either way
+    speed._REMEMBERED.clear()
+    fresh.unlink()
+    calls.clear()
+    run = _measure(calls, (1, _evidence(BUSY_MOMENTS)), (None, _evidence(QUIET)))
+    assert remembered_threads("shape A", run, disk=False) is None and len(calls) == 2
+    assert not fresh.exists()
+
+
+def test_a_poisoned_entry_on_disk_is_measured_again_and_replaced(fresh):
+    machine = speed._machine()
+    entries = {}
+    for name, samples in (("busy start", BUSY_START), ("busy moments", BUSY_MOMENTS),
+                          ("quiet", QUIET)):
+        entries[f"{machine}|{name}"] = {"threads": choose_threads(*samples), **_evidence(samples)}
+    # an entry without samples (nothing to judge) stands; one whose samples cannot be read
+    # (not a list of durations) is measured again
+    entries[f"{machine}|no samples"] = {"threads": 1}
+    entries[f"{machine}|bad samples"] = {"threads": 1, "seconds_per_step_one_thread": "fast",
+                                         "seconds_per_step_2_threads": [0.1]}
+    fresh.write_text(json.dumps({"format": speed.THREAD_CACHE_FORMAT, "choices": entries}))
+    calls: list = []
+    assert remembered_threads("quiet", _measure(calls)) is None
+    assert remembered_threads("no samples", _measure(calls)) == 1
+    assert calls == []  # trusted entries are read, not measured
+    for name in ("busy start", "busy moments", "bad samples"):
+        calls.clear()
+        assert remembered_threads(name, _measure(calls, (None, _evidence(QUIET)))) is None
+        assert len(calls) == 1
+    stored = json.loads(fresh.read_text())["choices"]
+    assert len(stored) == 5
+    for name in ("busy start", "busy moments", "bad samples"):
+        assert stored[f"{machine}|{name}"] == {"threads": None, **_evidence(QUIET)}
+    # a poisoned entry measured again while the machine is still busy: used in this process,
+    # the file left as it was (and its entry still ignored by the next process)
+    entries = {f"{machine}|busy": {"threads": 1, **_evidence(BUSY_THROUGHOUT)}}
+    fresh.write_text(json.dumps({"format": speed.THREAD_CACHE_FORMAT, "choices": entries}))
+    before = fresh.read_text()
+    calls.clear()
+    busy = _measure(calls, (1, _evidence(BUSY_START)), (1, _evidence(BUSY_MOMENTS)))
+    assert remembered_threads("busy", busy) == 1 and len(calls) == 2
+    assert fresh.read_text() == before
 
 
 def test_a_decision_is_measured_once_then_read_by_every_later_process(fresh):
@@ -147,6 +279,9 @@ def test_the_real_calibration_returns_a_choice_and_its_samples(fresh):
     assert choice in (1, None)
     one, many = evidence["seconds_per_step_one_thread"], evidence["seconds_per_step_2_threads"]
     assert 2 <= len(one) == len(many) <= 5 and min(one + many) > 0
+    # the evidence is the one the contention check reads: samples 100x apart on torch's
+    # setting (as a busy core makes them) are seen as contention in it
+    assert speed._shows_contention({**evidence, "seconds_per_step_2_threads": [1e-3, 1e-1]})
 
 
 def _data() -> ProbeData:

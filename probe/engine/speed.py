@@ -3,15 +3,18 @@ that change how fast a probe runs on the CPU but not its heads (the step loop's 
 trial blocks), passed to :func:`probe.engine.train.train_probe` beside the experiment's
 :class:`probe.engine.config.ProbeConfig` and not recorded with it (the run's ``timing`` says what
 was used). The step-thread choice is stable (docs/design.md): decided once per machine and step
-shape (:func:`choose_threads`) and remembered (:func:`remembered_threads`).
+shape (:func:`choose_threads`) and remembered (:func:`remembered_threads`) -- unless its samples
+show another process on the cores (:func:`contended`), then it serves this process only.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import platform
+import re
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -24,14 +27,19 @@ from probe.io import atomic_write_text
 if TYPE_CHECKING:
     pass
 
-__all__ = ["THREAD_MARGIN", "SpeedOptions", "choose_threads", "clear_winner", "cpu_model",
-           "default_cache_dir", "remembered_threads", "resolve_speed",
-           "thread_cache_path"]
+__all__ = ["CONTENDED_SLOWDOWN", "CONTENDED_SPREAD", "THREAD_MARGIN", "SpeedOptions",
+           "choose_threads", "clear_winner", "contended", "cpu_model", "default_cache_dir",
+           "remembered_threads", "resolve_speed", "thread_cache_path"]
 
 #: torch's thread setting is used for a step only when its samples beat one thread's by this
 #: factor (best and median sample alike): it guards the one remembered measurement against a
 #: lucky sample and bounds what the choice can lose (10%)
 THREAD_MARGIN = 1.1
+#: a calibration shows another process on the cores (:func:`contended`) when the median sample
+#: on torch's thread setting is more than this many times one thread's ...
+CONTENDED_SLOWDOWN = 2.0
+#: ... or when the samples of either setting spread by more than this factor (max / min)
+CONTENDED_SPREAD = 2.0
 #: the file, under the cache dir, that remembers each step shape's thread choice
 THREAD_CACHE_FILE = "step-threads.json"
 THREAD_CACHE_FORMAT = 1
@@ -104,6 +112,68 @@ def choose_threads(one: Sequence[float], many: Sequence[float],
     return None if clearly else 1
 
 
+def contended(one: Sequence[float], many: Sequence[float], *,
+              slowdown: float = CONTENDED_SLOWDOWN, spread: float = CONTENDED_SPREAD) -> bool:
+    """Whether timed samples of a step (seconds per step on one thread, ``one``, and on torch's
+    setting, ``many``) show another process on the cores, so that the choice made from them
+    must not be remembered for later runs.
+
+    Why these two signs. On a quiet machine torch's multi-threaded step cannot be much slower
+    than the one-thread step: an op below torch's parallel grain size runs on one thread anyway,
+    and above it the threads split real work, at the cost of a fork and join per op. When
+    another process holds a core, an OpenMP thread waits for it at every join, and the step on
+    torch's setting becomes many times slower (seen: 0.25-0.74 ms on one thread against 3.5-14
+    ms on two; 1.9-3.4 ms against 95 ms) -- its median more than ``slowdown`` times one
+    thread's. And on a quiet machine repeated samples of one setting (each ~20 ms of steps)
+    agree closely (seen: within 10% and 25%); a neighbour that comes and goes makes them spread
+    by more than ``spread`` (max / min) on either setting (seen: 0.87-0.92 ms and 4.9-5.3 ms
+    among one setting's samples), which catches contention that hit only some samples, where
+    the medians still look plausible. Both bounds are strict: a ratio of exactly ``slowdown`` or
+    ``spread`` is quiet. A false alarm costs little (the choice is still made from the samples,
+    only measured again by the next process); a missed one is remembered for good. Raises
+    :class:`SpmlError` on empty samples or a sample that is not a positive finite number of
+    seconds."""
+    for name, samples in (("one", one), ("many", many)):
+        if not samples:
+            raise SpmlError(f"contended needs samples of both settings; got none in {name!r} "
+                            f"(seconds per step, one thread and torch's setting)")
+        bad = [s for s in samples if not _is_duration(s)]
+        if bad:
+            raise SpmlError(f"contended needs positive finite seconds per step in {name!r}; "
+                            f"got {plain(bad)}; pass the timed samples of the step")
+    if statistics.median(many) > slowdown * statistics.median(one):
+        return True
+    return max(one) > spread * min(one) or max(many) > spread * min(many)
+
+
+def _is_duration(value: object) -> bool:
+    return (isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value) and value > 0)
+
+
+#: the evidence key of the samples on torch's setting (its thread count in the name)
+_MANY_KEY = re.compile(r"seconds_per_step_\d+_threads")
+
+
+def _shows_contention(evidence: dict[str, Any]) -> bool:
+    """Whether a calibration's evidence (or a cache entry, which carries it) shows contention
+    (:func:`contended`). Without both sample lists there is nothing to judge (False); sample
+    lists that are not lists of durations cannot be checked and are not trusted (True)."""
+    one = evidence.get("seconds_per_step_one_thread")
+    many_keys = [k for k in evidence if _MANY_KEY.fullmatch(k)]
+    if one is None or not many_keys:
+        return False
+    if len(many_keys) > 1:
+        return True
+    many = evidence[many_keys[0]]
+    for samples in (one, many):
+        if not isinstance(samples, list) or not samples:
+            return True
+        if not all(_is_duration(s) for s in samples):
+            return True
+    return contended(one, many)
+
+
 def default_cache_dir() -> Path:
     """``$SPML_CACHE_DIR`` if set, else ``~/.cache/spml-probe`` (the bench's synthetic stores
     and the remembered thread choices)."""
@@ -141,19 +211,29 @@ def remembered_threads(key: str, measure: Callable[[], tuple[int | None, dict[st
                        *, disk: bool = True, path: Path | None = None) -> int | None:
     """The thread choice for ``key`` (a step shape and torch's thread setting): remembered in
     this process, else read from the cache file (``disk``), else ``measure()`` -- which
-    returns the choice and what it was decided from -- remembered in both. A cache file that
-    cannot be read or written is ignored (the choice is then made once per process)."""
+    returns the choice and what it was decided from -- remembered in both. A measurement whose
+    samples show another process on the cores (:func:`contended`) is taken once more; if that
+    one does too, its choice serves this process only and the file is left as it was. An entry
+    in the file that shows contention is measured again, so a file written before this check
+    heals itself. A cache file that cannot be read or written is ignored (the choice is then
+    made once per process)."""
     full = f"{_machine()}|{key}"
     if full in _REMEMBERED:
         return _REMEMBERED[full]
     path = path or thread_cache_path()
     entries = _read_cache(path) if disk else {}
     entry = entries.get(full)
-    if isinstance(entry, dict) and "threads" in entry and entry["threads"] in (1, None):
+    if (isinstance(entry, dict) and "threads" in entry and entry["threads"] in (1, None)
+            and not _shows_contention(entry)):
         choice = entry["threads"]
     else:
         choice, evidence = measure()
-        if disk:
+        if _shows_contention(evidence):
+            # a busy moment (a neighbour starting up, a burst of its work) often passes within
+            # the second or so a calibration takes: one more try may give a choice worth
+            # remembering, and costs one calibration per shape only while the cores are busy
+            choice, evidence = measure()
+        if disk and not _shows_contention(evidence):
             entries = _read_cache(path)  # another process may have written meanwhile
             entries[full] = {"threads": choice, **evidence}
             try:
