@@ -186,7 +186,7 @@ def _calibrate(shape: tuple[int, int, int], batch: int, shared: bool, default: i
         one.append(timed(1, reps))
         many.append(timed(default, reps))
         clear = clear_winner(one, many)
-        if clear is not None:  # e.g. one COCO head: one thread clearly faster, known in 2 rounds
+        if clear is not None:  # a clear winner is known in two rounds
             break
     if clear is None:  # no clear winner after every round: the measured choice
         choice = choose_threads(one, many)

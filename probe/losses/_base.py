@@ -25,8 +25,9 @@ from ._hparams import (
     promote,
 )
 
-__all__ = ["REGISTRY", "EntrywiseLoss", "Loss", "available", "create_loss", "get_loss_class",
-           "loss_origin", "per_trial_rows", "plugin_failures", "register", "trial_rows"]
+__all__ = ["REGISTRY", "EntrywiseLoss", "Loss", "available", "create_loss", "flat_rows",
+           "get_loss_class", "loss_origin", "per_trial_rows", "plugin_failures", "register",
+           "trial_rows"]
 
 
 class Loss(nn.Module):
@@ -377,12 +378,18 @@ def per_trial_rows(values: Tensor, index: Tensor, of: Tensor | None = None) -> T
     ``index_select`` over the flattened leading axes (differentiable; no host
     synchronisation, so a CUDA graph captures it). Shared by :meth:`Loss.state_rows` and the
     trainer's per-trial targets."""
-    t, n = index.shape[0], values.shape[1]
-    if of is None:
-        of = torch.arange(t, device=index.device)
-    rows = (of.view(-1, 1) * n + index).reshape(-1)  # (T·B,) rows of the flattened (K·N, ...)
+    rows = flat_rows(index, values.shape[1], of)
     picked = values.flatten(0, 1).index_select(0, rows)
-    return picked.view(t, index.shape[1], *values.shape[2:])
+    return picked.view(*index.shape, *values.shape[2:])
+
+
+def flat_rows(index: Tensor, n: int, of: Tensor | None = None) -> Tensor:
+    """``(T·B,)`` row numbers in a ``(K, N, ...)`` tensor flattened to ``(K·N, ...)`` of trial
+    t's rows ``index[t]`` of slice ``of[t]`` (``of`` None: slice t); the index that
+    :func:`per_trial_rows` reads and a per-trial state update writes through."""
+    if of is None:
+        of = torch.arange(index.shape[0], device=index.device)
+    return (of.view(-1, 1) * n + index).reshape(-1)
 
 
 def _check_contract(cls: Any) -> None:

@@ -156,6 +156,7 @@ class CRISP(Loss):
     trial_state = ("priors",)
     # per-trial draws: each trial's priors are estimated from its own draw (observed_state)
     stacks_draws = True
+    stacks_seeds = True  # a (T, B) index: forward reads no state by batch row
     version = "1"
     notes = (
         "(reconstructed) The paper's equations are lost in its available text: the risk is "

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._base import HParam, Loss, register
+from ._base import HParam, Loss, flat_rows, register
 from ._hparams import LossInputError, LossOutput, check_call, check_state_arg, mean_bc, promote
 from .prior import rank_desc
 
@@ -158,6 +158,8 @@ class _LargeLoss(Loss):
     # per-trial (T, B, C) observed: each trial ranks its own unobserved entries (LL-Cp's flips
     # are per trial already)
     stacks_draws = True
+    # a (T, B) index: LL-Cp reads its flips through state_rows and writes them through flat_rows
+    stacks_seeds = True
     train_presets = _TRAIN
     _mode = "ll_r"
 
@@ -170,14 +172,17 @@ class _LargeLoss(Loss):
         loss, changed = _ll_core(z, y, self.hparam("delta_rel"), self.epoch + 1, self._mode)
         if self.stateful:  # ... and this step's corrections join them for good
             flips = self.state("flipped")
-            (flips if z.ndim == 3 else flips[0])[..., index, :] |= changed
+            if index.ndim == 2:  # each trial's own batch rows (stacks_seeds)
+                flat = flips.view(-1, flips.shape[-1])
+                flat[flat_rows(index, flips.shape[1])] |= changed.reshape(-1, flips.shape[-1])
+            else:
+                (flips if z.ndim == 3 else flips[0])[..., index, :] |= changed
         return LossOutput(loss, {"n_changed": changed.sum(dim=(-2, -1)).to(z.dtype)})
 
 
 @register
 class LLR(_LargeLoss):
     name = "ll_r"
-    stacks_seeds = True  # a (T, B) index: reads no per-example state
     paper = PAPER + ", Sec. 3.2 (LL-R)"
     formula = (
         "ℓ = AN per entry (y=1: −log p; y≤0: −log(1−p))\n"
@@ -189,7 +194,6 @@ class LLR(_LargeLoss):
 @register
 class LLCt(_LargeLoss):
     name = "ll_ct"
-    stacks_seeds = True  # a (T, B) index: reads no per-example state
     paper = PAPER + ", Sec. 3.2 (LL-Ct)"
     formula = (
         "ℓ = AN per entry (y=1: −log p; y≤0: −log(1−p))\n"

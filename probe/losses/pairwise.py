@@ -270,6 +270,8 @@ class OPML(Loss):
     trial_state = None
     # per-trial draws: AP and flips from each trial's own draw (observed_state)
     stacks_draws = True
+    # a (T, B) index: its flips are read through state_rows (and written over the whole split)
+    stacks_seeds = True
     notes = (
         "(reconstructed) The paper's formulas and numbers could not be recovered, so parts of "
         "this loss are reconstructed: the OPML loss itself follows docs/losses.md (α = β = 1 is "
