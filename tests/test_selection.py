@@ -84,6 +84,13 @@ def test_cv_replicates_resplit_the_pool(yeast_store) -> None:
     assert all(_same(a, b) for a, b in zip(reps, selection_data(store, "cv:3")))  # seeded
 
 
+def _draw_of(store, seed: int) -> np.ndarray:
+    """Draw ``seed`` for every store row, as the protocol makes it per phase (pool, test)."""
+    labels, n_pool = store.labels(), int(store.attrs["n_pool"])
+    return np.concatenate([single_positive(labels[:n_pool], seed),
+                           single_positive(labels[n_pool:], seed)])
+
+
 def test_draws_replicates_redraw_the_single_positives(yeast_store) -> None:
     store = open_store(yeast_store)
     reps = selection_data(store, "draws:3", observed_seed=PROTOCOL_SEED)
@@ -94,8 +101,15 @@ def test_draws_replicates_redraw_the_single_positives(yeast_store) -> None:
         draw = single_positive(pool_labels, PROTOCOL_SEED + j)  # the protocol's generator
         assert torch.equal(rep.train_observed, torch.from_numpy(draw[store.split("train")]))
         assert torch.equal(rep.val_observed, torch.from_numpy(draw[store.split("val")]))
-        assert torch.equal(rep.train_x, reps[0].train_x)  # the same split
+        assert rep.train_x is reps[0].train_x  # the same split, loaded once
+        assert rep.test_x is reps[0].test_x
         assert rep.source["observed_seed"] == PROTOCOL_SEED + j
+        # what a load of this draw alone gives: its source as well as its labels
+        alone = ProbeData.from_store(store, observed_seed=PROTOCOL_SEED + j,
+                                     observed=_draw_of(store, PROTOCOL_SEED + j),
+                                     replicate={"select": "draws:3", "index": j})
+        assert rep.source == alone.source
+        assert torch.equal(rep.val_observed, alone.val_observed)
     assert not torch.equal(reps[1].train_observed, reps[2].train_observed)
 
 

@@ -254,22 +254,30 @@ class ProbeData:
             n_train=len(rows["train"]), has_flip=with_flip, class_names=list(store.class_names),
             dataset=store.dataset, source=source, train_prior=prior)
 
-    def with_draw(self, store: Any, observed_seed: int) -> ProbeData:
-        """This store-loaded data on another of the store's draws: the same features and labels
-        (shared, not copied), the train and val observed labels and the source of draw
-        ``observed_seed`` -- what ``from_store(store, observed_seed=...)`` loads, without
-        reading the features again (a table's column holds its draws together)."""
+    def with_draw(self, store: Any, observed_seed: int, *, observed: np.ndarray | None = None,
+                  replicate: dict[str, Any] | None = None) -> ProbeData:
+        """This store-loaded data on another draw: the same features and labels (shared, not
+        copied), the train and val observed labels and the source of draw ``observed_seed``
+        -- what ``from_store(store, observed_seed=..., observed=..., replicate=...)`` loads,
+        without reading the features again (a table's column and a ``draws:N`` selection hold
+        their draws together). ``observed``: the draw for every store row, where the store
+        does not hold it; ``replicate``: as from_store's."""
         from probe.store import open_store
 
-        if self.source.get("kind") != "store" or "replicate" in self.source:
+        held = self.source.get("replicate")
+        own_rows = held is None or str(held.get("select", "")).startswith("draws")
+        if self.source.get("kind") != "store" or not own_rows:
             raise DataError("with_draw: the data must be a whole store's splits "
-                            "(ProbeData.from_store without rows or observed)")
+                            "(ProbeData.from_store without rows; a draws:N replicate holds them)")
         if isinstance(store, str | Path):
             store = open_store(store)
         rows = {name: store.split(name) for name in ("train", "val", "test")}
-        observed = store.observed(observed_seed)
+        if observed is None:
+            observed = store.observed(observed_seed)
         dev = self.train_observed.device
         source = _store_source(store, rows, observed_seed)
+        if replicate is not None:
+            source["replicate"] = dict(replicate)
         for key in ("priors",):  # what the loaded data carries beside the draw
             if key in self.source:
                 source[key] = self.source[key]

@@ -111,8 +111,9 @@ def selection_data(store: Any, select: str | Selection = "val", *,
                    flip: bool = True, dtype: torch.dtype | None = None,
                    priors: str | None = None) -> list[ProbeData]:
     """The replicates a ``select`` mode scores trials on, each a :class:`ProbeData` on
-    ``device`` (``val``: one, :meth:`ProbeData.from_store`). They hold ``k`` copies of the
-    train features: K × the memory of one. ``priors``: each replicate's train rows of that
+    ``device`` (``val``: one, :meth:`ProbeData.from_store`). ``draws:N`` replicates share one
+    load of the features (:meth:`ProbeData.with_draw`); ``cv:K`` ones hold K copies of the
+    train features, K × the memory of one. ``priors``: each replicate's train rows of that
     store prior (docs/priors.md)."""
     from probe.store import open_store
 
@@ -128,10 +129,15 @@ def selection_data(store: Any, select: str | Selection = "val", *,
                                      rows={"train": tr, "val": va}, observed=observed,
                                      replicate={"select": str(selection), "index": j}, **common)
                 for j, (tr, va) in enumerate(_pool_splits(store, selection.k))]
-    return [ProbeData.from_store(store, observed_seed=observed_seed + j,
-                                 observed=_draw(store, observed_seed + j),
-                                 replicate={"select": str(selection), "index": j}, **common)
-            for j in range(selection.k)]
+    first = ProbeData.from_store(store, observed_seed=observed_seed,
+                                 observed=_draw(store, observed_seed),
+                                 replicate={"select": str(selection), "index": 0}, **common)
+    replicates = [first]
+    for j in range(1, selection.k):
+        replicates.append(first.with_draw(store, observed_seed + j,
+                                          observed=_draw(store, observed_seed + j),
+                                          replicate={"select": str(selection), "index": j}))
+    return replicates
 
 
 def _one_draw_apart(data: list[ProbeData], val_labels: str) -> bool:
