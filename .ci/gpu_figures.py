@@ -23,6 +23,9 @@ TARGETS = {
     "probe_1_trial_s_per_epoch": ("<=", 0.3),
     "probe_64_trials_s_per_epoch": ("<=", 1.0),
     "study_ten_epoch_trials_per_hour": (">=", 10000.0),
+    # spml study confirm over 3 seeds / a draws:5 study against one run (one seed, one draw)
+    "confirm_3_seeds_over_one_run": ("<=", 1.5),
+    "draws_5_over_one_run": ("<=", 1.5),
 }
 
 
@@ -193,6 +196,17 @@ def merge(outdir: str, mode: str, dest: str | None = None) -> dict:
         "study_ten_epoch_trials_per_hour", None if tpm is None else 60.0 * tpm, gpu,
         epochs=study and study.get("config", {}).get("epochs"),
         command="spml bench study --store coco --trials-at-once 64 --epochs 10 --pruner none")
+    rep = _load(out / "replicates.json")
+    for name, kind in (("confirm_3_seeds_over_one_run", "seeds"),
+                       ("draws_5_over_one_run", "draws")):
+        figures[name] = _figure(
+            name, rep and rep["stacked_over_one"][kind], gpu,
+            stacked_seconds=rep and rep["seconds"][f"{kind} stacked"],
+            one_run_seconds=rep and rep["seconds"]["one run"],
+            one_run_each_seconds=rep and rep["seconds"][f"{kind} one run each"],
+            floor_seconds=rep and rep["floor_seconds"][f"{kind} stacked"],
+            max_test_map_difference=rep and rep["max_test_map_difference"],
+            command="spml bench replicates --device cuda --epochs 2")
     runs = {k: _load(out / f"finetune-{k}.json") for k in ("resnet50", "lite0")}
     runs = {k: v for k, v in runs.items() if v is not None}
     first = next(iter(runs.values()), None)

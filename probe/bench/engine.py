@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import os
 import statistics
 import time
@@ -604,58 +603,3 @@ def bench_bootstrap(n: int = 40_137, c: int = 80, systems: int = 1, n_resamples:
     return {"n": n, "classes": c, "systems": systems, "n_resamples": n_resamples,
             "device": str(device), "seconds": runs, "median_seconds": sorted(runs)[len(runs) // 2],
             "machine_before": before, "load_after": machine_info()["load_avg_1_5_15"]}
-
-
-def bench_replicates(n_train: int = 4000, *, loss: str = "an", seeds: tuple[int, ...] = (0, 1, 2),
-                     draws: int = 5, epochs: int = 1, device: str = "cpu",
-                     seed: int = 0, shape: str = "coco", repeats: int = 1) -> dict[str, Any]:
-    """Seconds to train ``loss`` over every (seed, draw) of a synthetic array set: stacked
-    (:func:`probe.evaluation.selection.train_replicates`, one run) vs one run per draw, and one
-    seed on one draw for scale; with the machine and its load. ``shape`` "coco": 80 classes,
-    2048-d float16 features, named COCO (the paper presets' batch size and lr); "yeast": 14
-    classes, 103-d, named yeast (the engine's default batch size and lr). ``seeds=(0,)`` is a
-    table column of ``draws`` draws (one loss object when the loss stacks draws). ``repeats``:
-    each of the three runs that many times, alternately, keeping its fastest (another process's
-    load only adds time)."""
-    import dataclasses
-
-    from probe.engine.config import ProbeConfig
-    from probe.evaluation.selection import train_replicates
-    from probe.store.protocol import single_positive
-
-    shapes = {"coco": (80, 2048, 2.9, "COCO"), "yeast": (14, 103, 4.2, "yeast")}
-    if shape not in shapes:
-        raise SpmlError(f"bench_replicates: shape must be one of {sorted(shapes)}; got {shape!r}")
-    c, d, per_image, name = shapes[shape]
-    rng = np.random.default_rng(seed)
-    proto = rng.normal(size=(c, d)).astype(np.float32)
-    splits = {}
-    for split, n in (("train", n_train), ("val", n_train // 4), ("test", n_train // 4)):
-        y = (rng.random((n, c)) < per_image / c).astype(np.uint8)
-        y[np.arange(n), rng.integers(0, c, n)] = 1  # at least one positive per image
-        x = np.maximum(0.5 * y @ proto + 0.5 * rng.normal(size=(n, d)), 0).astype(np.float16)
-        splits[split] = (x, y)
-    base = ProbeData.from_arrays(splits["train"], splits["val"], splits["test"],
-                                 dataset=name, device=device)
-    replicates = [base]
-    for k in range(1, draws):
-        replicates.append(dataclasses.replace(base, train_observed=torch.from_numpy(
-            single_positive(splits["train"][1], base.source["observed_seed"] + k)).to(base.device)))
-    config = ProbeConfig(epochs=epochs, seeds=tuple(seeds), device=device)
-    one = ProbeConfig(epochs=epochs, seed=seeds[0], device=device)
-    timings: dict[str, float] = {}
-    runs = (("one seed, one draw", lambda: train_replicates(replicates[:1], one, loss, [{}])),
-            ("stacked", lambda: train_replicates(replicates, config, loss, [{}] * len(seeds))),
-            ("one run per draw", lambda: train_replicates(replicates, config, loss,
-                                                          [{}] * len(seeds), stack=False)))
-    for _ in range(max(1, repeats)):
-        for label, run in runs:
-            t0 = time.perf_counter()
-            run()
-            seconds = time.perf_counter() - t0
-            timings[label] = min(seconds, timings.get(label, math.inf))
-    return {"loss": loss, "n_train": n_train, "seeds": list(seeds), "draws": draws,
-            "epochs": epochs, "shape": shape, "repeats": repeats, "seconds": timings,
-            "stacked_over_one": timings["stacked"] / timings["one seed, one draw"],
-            "unstacked_over_stacked": timings["one run per draw"] / timings["stacked"],
-            "machine": machine_info()}

@@ -23,7 +23,7 @@ import math
 import time
 import timeit
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import torch
@@ -45,8 +45,8 @@ from probe.engine.trials import LossGroup, TrialPlan, setup_loss_groups
 from probe.losses import per_trial_rows, trial_rows
 
 __all__ = ["ORDER_STREAM_OFFSET", "TRIAL_BLOCK_BYTES", "BlockedTrainer", "StackedTrainer",
-           "deterministic", "epoch_order", "init_head", "make_trainer", "order_generator", "sync",
-           "trial_blocks"]
+           "deterministic", "epoch_order", "init_head", "make_trainer", "order_generator",
+           "step_arithmetic", "sync", "trial_blocks"]
 
 #: the batch-order stream of seed s is seeded with s + 2**32 (init uses s itself)
 ORDER_STREAM_OFFSET = 2**32
@@ -148,22 +148,24 @@ def measured_threads(shape: tuple[int, int, int], batch: int, shared: bool, *,
     return remembered_threads(key, lambda: _calibrate(shape, batch, shared, default), disk=disk)
 
 
-def _calibrate(shape: tuple[int, int, int], batch: int, shared: bool, default: int
-               ) -> tuple[int | None, dict]:
-    """(the choice, the samples it was decided from): seconds per step on one thread and on
-    ``default`` threads, alternately, until one is clearly faster (:func:`probe.engine.speed.
-    clear_winner`) or five rounds ran (:func:`probe.engine.speed.choose_threads`)."""
+def step_arithmetic(shape: tuple[int, int, int], batch: int, one_batch: bool,
+                    device: str | torch.device = "cpu") -> Callable[[], None]:
+    """A training step's arithmetic alone for heads ``shape`` (T, D+1, C) and ``batch`` rows:
+    the float16 batch gather (one for every trial, ``one_batch``, else one per trial), the
+    logits' product, ``Xᵀ·dZ`` and the stacked Adam update -- no loss, no autograd, no Python
+    of the trainer. What the step-thread choice is measured on, and the floor
+    ``spml bench replicates`` prints beside a run."""
     t, d1, c = shape
     g = torch.Generator().manual_seed(0)
-    pool = torch.randn(4 * batch, d1, generator=g).half()
-    w = torch.randn(t, d1, c, generator=g).mul_(0.01)
-    dz = torch.randn(t, batch, c, generator=g).mul_(0.01)
+    pool = torch.randn(4 * batch, d1, generator=g).half().to(device)
+    w = torch.randn(t, d1, c, generator=g).mul_(0.01).to(device)
+    dz = torch.randn(t, batch, c, generator=g).mul_(0.01).to(device)
     grad = torch.empty_like(w)
     opt = make_optimizer("adam", [TrialParam(w, 1e-4)])
-    rows = torch.randint(0, 4 * batch, (t if not shared else 1, batch), generator=g)
+    rows = torch.randint(0, 4 * batch, (1 if one_batch else t, batch), generator=g).to(device)
 
     def step() -> None:
-        if shared:
+        if one_batch:
             x = pool[rows[0]].float()
             torch.matmul(x, w).sigmoid_()
             torch.matmul(x.T, dz, out=grad)
@@ -172,6 +174,16 @@ def _calibrate(shape: tuple[int, int, int], batch: int, shared: bool, default: i
             torch.bmm(x, w).sigmoid_()
             torch.bmm(x.transpose(1, 2), dz, out=grad)
         opt.step([grad])
+
+    return step
+
+
+def _calibrate(shape: tuple[int, int, int], batch: int, shared: bool, default: int
+               ) -> tuple[int | None, dict]:
+    """(the choice, the samples it was decided from): seconds per step on one thread and on
+    ``default`` threads, alternately, until one is clearly faster (:func:`probe.engine.speed.
+    clear_winner`) or five rounds ran (:func:`probe.engine.speed.choose_threads`)."""
+    step = step_arithmetic(shape, batch, shared)
 
     def timed(threads: int, reps: int) -> float:
         with step_threads(torch.device("cpu"), threads):

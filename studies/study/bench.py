@@ -1,4 +1,5 @@
-"""``spml bench study``: trials per minute of a real ``spml study``, and where its time goes.
+"""``spml bench study``: trials per minute of a real ``spml study``, and where its time goes;
+``spml bench replicates``: what a confirmation over seeds and a ``draws:N`` study cost stacked.
 
 A study is run exactly as ``spml study`` runs it (:func:`studies.study.run.run_study`, one worker, a
 fresh storage in a temporary folder) on a named store, and its wall time is split into
@@ -23,7 +24,8 @@ from unittest import mock
 
 from probe.errors import SpmlError
 
-__all__ = ["StudyBenchConfig", "bench_study", "format_study_bench", "yeast_bench_store"]
+__all__ = ["ReplicatesBenchConfig", "StudyBenchConfig", "bench_replicates", "bench_study",
+           "format_replicates_bench", "format_study_bench", "yeast_bench_store"]
 
 
 @dataclass(frozen=True)
@@ -179,4 +181,173 @@ def format_study_bench(report: dict[str, Any]) -> str:
             f"{k} {v:.1f} s ({100 * report['fractions'].get(k, 0):.0f}%)"
             for k, v in report["seconds"].items()),
     ]
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class ReplicatesBenchConfig:
+    """One measured confirmation (defaults: AN at its COCO preset, 3 seeds, 5 draws, a quarter
+    of COCO's train rows)."""
+
+    loss: str = "an"  # the confirmed trial's loss, at its COCO paper preset
+    rows: int = 16_384  # train rows of the COCO-shaped store (COCO: 65,665)
+    seeds: int = 3  # training seeds of `spml study confirm`
+    draws: int = 5  # replicates of `--select draws:N`
+    epochs: int | None = None  # None: the loss's COCO preset
+    cache_dir: str | None = None  # where the synthetic store is kept (the bench cache)
+    device: str = "auto"
+
+    def validate(self) -> None:
+        from probe.losses import available
+
+        if self.loss not in available():
+            raise SpmlError(f"bench replicates: --loss {self.loss!r} is not a registered loss; "
+                            "choose one of 'spml losses list' (e.g. an, gr, role)")
+        if self.rows < 64:
+            raise SpmlError(f"bench replicates: --rows must be at least 64; got {self.rows}")
+        for flag, value in (("--seeds", self.seeds), ("--draws", self.draws)):
+            if value < 2:
+                raise SpmlError(f"bench replicates: {flag} must be at least 2 (stacking needs "
+                                f"several replicates); got {value}")
+        if self.epochs is not None and self.epochs < 1:
+            raise SpmlError(f"bench replicates: --epochs must be at least 1; got {self.epochs}")
+
+
+def bench_replicates(config: ReplicatesBenchConfig | None = None, *,
+                     progress: bool = False) -> dict[str, Any]:
+    """What ``spml study confirm`` over seeds and a ``--select draws:N`` study train for one
+    trial (:func:`probe.evaluation.selection.train_replicates`), on a COCO-shaped store named
+    coco: one run (one seed, one draw), the seeds stacked and one run per seed, the draws
+    stacked and one run per draw; with the arithmetic floor of each (:func:`probe.engine.loop.
+    step_arithmetic`: the products and Adam of T heads, no loss, no Python) and the machine.
+    Every mode runs once untimed first (imports, the step-thread choice); each is then timed
+    once. The stacked runs' heads are compared with the one-run-each heads (test mAP)."""
+    import dataclasses
+
+    from probe.bench.engine import machine_info, synthetic_store
+    from probe.devices import resolve_device
+    from probe.engine.config import ProbeConfig
+    from probe.evaluation.selection import selection_data, train_replicates
+
+    config = config or ReplicatesBenchConfig()
+    config.validate()
+    store = synthetic_store(config.rows, cache_dir=config.cache_dir, progress=progress,
+                            name="coco")
+    device = resolve_device(config.device)
+    (one,) = selection_data(store, "val", device=device)
+    draws = selection_data(store, f"draws:{config.draws}", device=device)
+    base = ProbeConfig(seed=0, epochs=config.epochs, device=str(device))
+    seeds = tuple(range(config.seeds))
+
+    def seed_runs(cfg: Any) -> list[Any]:
+        return [train_replicates([one], dataclasses.replace(cfg, seed=s), config.loss, [{}])[0]
+                for s in seeds]
+
+    modes = {
+        "one run": lambda cfg: train_replicates([one], cfg, config.loss, [{}]),
+        "seeds stacked": lambda cfg: train_replicates(
+            [one], dataclasses.replace(cfg, seeds=seeds), config.loss, [{}] * len(seeds)),
+        "seeds one run each": seed_runs,
+        "draws stacked": lambda cfg: train_replicates(draws, cfg, config.loss, [{}]),
+        "draws one run each": lambda cfg: train_replicates(draws, cfg, config.loss, [{}],
+                                                           stack=False),
+    }
+    before = machine_info()
+    for run in modes.values():  # untimed: imports, thread choices, caches
+        run(dataclasses.replace(base, epochs=1))
+    seconds: dict[str, float] = {}
+    results: dict[str, list[Any]] = {}
+    for label, run in modes.items():
+        t0 = time.perf_counter()
+        results[label] = run(base)
+        seconds[label] = time.perf_counter() - t0
+    first = results["one run"][0]
+    steps = first.timing["steps_per_epoch"] * first.timing["epochs_run"]
+    floors = {"one run": _floor(one, first, 1, True, steps),
+              "seeds stacked": _floor(one, first, config.seeds, False, steps),
+              "draws stacked": _floor(one, first, config.draws, True, steps)}
+    diff = max(_largest_difference(results["seeds stacked"], results["seeds one run each"]),
+               _largest_difference(results["draws stacked"], results["draws one run each"]))
+    training = first.config
+    return {"loss": config.loss, "rows": config.rows, "seeds": config.seeds,
+            "draws": config.draws, "device": str(device),
+            "training": {k: training.get(k) for k in ("batch_size", "lr", "epochs")},
+            "steps": steps, "seconds": seconds, "floor_seconds": floors,
+            "stacked_over_one": {kind: seconds[f"{kind} stacked"] / seconds["one run"]
+                                 for kind in ("seeds", "draws")},
+            "each_over_stacked": {kind: seconds[f"{kind} one run each"]
+                                  / seconds[f"{kind} stacked"] for kind in ("seeds", "draws")},
+            "max_test_map_difference": diff, "machine_before": before,
+            "machine": machine_info(), "store": str(store)}
+
+
+def _floor(data: Any, result: Any, trials: int, one_batch: bool, steps: int) -> float:
+    """Seconds the arithmetic of ``trials`` heads takes over ``steps`` steps at the run's batch
+    size and step threads (a median of five timings of 50 steps)."""
+    import statistics
+
+    import torch
+
+    from probe.engine.loop import step_arithmetic, sync
+    from probe.engine.threads import step_threads
+
+    shape = (trials, data.train_x.shape[1], data.n_classes)
+    step = step_arithmetic(shape, result.config["batch_size"], one_batch, data.device)
+    threads = result.timing.get("step_threads")
+    samples = []
+    with step_threads(data.device, threads or torch.get_num_threads()):
+        for _ in range(6):
+            t0 = time.perf_counter()
+            for _ in range(50):
+                step()
+            sync(data.device)
+            samples.append((time.perf_counter() - t0) / 50)
+    return statistics.median(samples[1:]) * steps  # the first: warm-up
+
+
+def _largest_difference(stacked: list[Any], each: list[Any]) -> float:
+    """The largest |test mAP| difference (points) between matching trials of two runs; inf
+    where one is finite and the other not."""
+    import math
+
+    mine = [t.best.get("test_map") for r in stacked for t in r.trials]
+    ref = [t.best.get("test_map") for r in each for t in r.trials]
+    if len(mine) != len(ref):
+        raise SpmlError("bench replicates: the stacked and one-run-each runs trained different "
+                        "numbers of trials; this is a bug in spml-probe")
+    diff = 0.0
+    for a, b in zip(mine, ref):
+        if a is None or b is None or not (math.isfinite(a) and math.isfinite(b)):
+            if a != b:
+                diff = math.inf
+            continue
+        diff = max(diff, abs(a - b))
+    return diff
+
+
+def format_replicates_bench(report: dict[str, Any]) -> str:
+    """The report as text (what ``spml bench replicates`` prints before the JSON)."""
+    s, f, m = report["seconds"], report["floor_seconds"], report["machine_before"]
+    tr = report["training"]
+    lines = [
+        f"replicates bench: {report['loss']} at its COCO preset (batch {tr['batch_size']}, lr "
+        f"{tr['lr']:g}, {tr['epochs']} epoch(s), {report['steps']} steps) on the COCO-shaped store "
+        f"named coco, {report['rows']:,} train rows; {report['device']}",
+        f"one run (one seed, one draw): {s['one run']:.2f} s (arithmetic floor "
+        f"{f['one run']:.2f} s)",
+        f"{'':<34}{'stacked':>9}{'one run each':>14}{'stacked / one':>15}"
+        f"{'each / stacked':>16}{'floor':>8}"]
+    for kind, label in (("seeds", f"{report['seeds']} seeds (spml study confirm)"),
+                        ("draws", f"{report['draws']} draws (--select draws:{report['draws']})")):
+        lines.append(
+            f"{label:<34}{s[f'{kind} stacked']:>8.2f}s{s[f'{kind} one run each']:>13.2f}s"
+            f"{report['stacked_over_one'][kind]:>14.2f}x{report['each_over_stacked'][kind]:>15.2f}x"
+            f"{f[f'{kind} stacked']:>7.2f}s")
+    lines += [
+        f"heads: largest test mAP difference stacked vs one run each "
+        f"{report['max_test_map_difference']:.4f} points",
+        "floor: the T heads' products and Adam update alone over the run's steps "
+        "(probe.engine.loop.step_arithmetic), at the run's step threads",
+        f"machine: {m['cpu']}, {m['cpus']} CPUs, {m['torch_threads']} torch threads; load "
+        f"average before {m['load_avg_1_5_15']} after {report['machine']['load_avg_1_5_15']}"]
     return "\n".join(lines)
