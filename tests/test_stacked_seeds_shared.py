@@ -39,6 +39,7 @@ from tests.test_stacked_draws_shared import (
     _assert_same,
     _config,
     _draws,
+    _stop_at,
     _with_prior,
 )
 from tests.test_train import _data
@@ -101,12 +102,6 @@ def test_seeds_times_draws_one_object(name, hparams):
     stacked = train_probe(data, cfg, name, dict(hparams), draws=draws, draw_index=index)
     for t, (seed, d) in enumerate(cells):
         _assert_same(stacked, t, _seed_alone(data, cfg, name, hparams, seed, draws[d]))
-
-
-def _stop_at(trial, epoch):
-    def callback(report):
-        return [trial] if report.epoch == epoch else None
-    return callback
 
 
 @pytest.mark.parametrize(("name", "hparams"), [("an", {}), ("role", {"k": 2.0}),
