@@ -261,14 +261,16 @@ def test_setup_refuses_draws_for_another_number_of_trials():
         loss.setup(torch.zeros(3, 10, 4, dtype=torch.int8), n_epochs=1, n_trials=2)
 
 
-def test_seeds_that_differ_keep_one_object_per_trial_without_stacks_seeds():
+def test_seeds_that_differ_keep_one_object_per_trial_without_stacks_seeds(monkeypatch):
     """Per-trial seeds mean per-trial batch orders: no shared object for a loss that stacks
-    draws but not seeds (LL-Cp writes its flips by batch row); tests/test_stacked_seeds_shared.py
-    has the losses that stack both."""
+    draws but not seeds (here LL-Cp with that declaration taken away, as SMILE, which encodes
+    each batch's graph neighbourhood); tests/test_stacked_seeds_shared.py has the losses that
+    stack both."""
+    monkeypatch.setattr(get_loss_class("ll_cp"), "stacks_seeds", False)
+    assert not get_loss_class("smile").stacks_seeds
     data = _data()
     draws = _draws(data)
     cfg = _config(seed=0, seeds=(1, 2, 3))
-    assert get_loss_class("ll_cp").stacks_draws and not get_loss_class("ll_cp").stacks_seeds
     plan = plan_trials(data, cfg, "ll_cp", [dict(HPARAMS["ll_cp"])] * 3, [0, 1, 2], len(draws))
     assert not plan.shared and not plan.one_order and len(plan.losses) == 3
 
