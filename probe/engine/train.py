@@ -31,9 +31,11 @@ multiplied by the stacked weights ``(T, D+1, C)``; the loss sees logits ``(T, B,
 per-trial hyperparameters as ``(T,)`` tensors -- the loss contract. When such trials train on
 their own observed-label draws and the loss declares ``Loss.stacks_draws``, the one loss object
 sees each trial's targets, ``(T, B, C)`` gathered from the draws held once on the device.
-Trials with different seeds (or per-trial draws of a loss that does not declare it) gather
-their own batches ``(T, B, D+1)`` (one ``bmm``) and each trial gets its own loss object (the
-contract's ``index`` is one row list per call).
+Trials with different seeds gather their own batches ``(T, B, D+1)`` (one ``bmm``); when the
+loss declares ``Loss.stacks_seeds`` they still share one loss object, which sees each trial's
+batch rows as ``index`` ``(T, B)``; otherwise (or for per-trial draws of a loss that does not
+declare ``stacks_draws``) each trial gets its own loss object (``index`` is one row list per
+call).
 
 Speed, with no semantics traded: docs/design.md "The trainer, step by step" and "What fast
 means"; ``torch.compile`` only with ``--compile`` (docs/performance.md).
