@@ -606,3 +606,27 @@ def test_cli_lists_shows_and_probes_smile(tmp_path, capsys):
     assert trial["hparams"]["p"] == 0.05 and trial["hparams"]["bias"] is False
     assert payload["config"]["batch_size"] == 16 and payload["config"]["lr"] == 1e-3
     assert 0 < trial["best"]["test_map"] <= 100
+
+
+def test_the_fine_tune_refuses_smile_by_name():
+    """The fine-tune trains the backbone, so the features SMILE builds its graph from once
+    would change every step: refused before anything loads, with the command that works."""
+    from studies.finetune.run import FinetuneConfig, FinetuneError, build_loss
+
+    with pytest.raises(FinetuneError, match=r"--loss smile reads the train split's features.*"
+                                            r"spml probe STORE --loss smile"):
+        build_loss(FinetuneConfig("yeast", "unused", "smile", "unused"), {}, None)
+
+
+@pytest.mark.parametrize(("loss", "says"), [("smile", "reads the train split's features"),
+                                            ("vlpl", "reads a store prior")])
+def test_spml_finetune_refuses_a_probe_only_loss_before_reading_anything(tmp_path, capsys, loss,
+                                                                         says):
+    from studies.cli import main
+
+    root = tmp_path / "no-such-folder"  # refused before the images are looked for
+    assert main(["finetune", "folder", "--root", str(root), "--loss", loss,
+                 "--out", str(tmp_path / "ft")]) == 2
+    err = capsys.readouterr().err
+    assert says in err and f"spml probe STORE --loss {loss}" in err
+    assert not (tmp_path / "ft").exists()

@@ -63,6 +63,23 @@ __all__ = ["AMP_MODES", "TRAIN_JSON_KEYS", "FinetuneConfig", "FinetuneError", "F
            "finetune", "read_winner_json"]
 
 
+def refuse_probe_only(cls: Any) -> None:
+    """Refuse a loss the fine-tune cannot feed: one that reads a store prior by train row, or
+    the train split's features once before training; each with the command that trains it."""
+    if cls.prior is not None:  # docs/priors.md: the fine-tune reads images, not a store's rows
+        raise FinetuneError(
+            f"--loss {cls.name} reads a store prior (per-image CLIP scores), which the "
+            "fine-tune cannot pass yet; probe it instead (spml probe STORE --loss "
+            f"{cls.name} --priors NAME)"
+        )
+    if cls.needs_features:  # SMILE: a graph and networks over fixed features, set up once
+        raise FinetuneError(
+            f"--loss {cls.name} reads the train split's features once, before training "
+            "(its label-enhancement networks run on their nearest-neighbour graph), and a "
+            "fine-tune changes the features every step; probe it instead (spml probe STORE "
+            f"--loss {cls.name})")
+
+
 def build_loss(config: FinetuneConfig, hparams: Mapping[str, Any], data: FinetuneData
                ) -> tuple[Any, str | None, dict[str, Any]]:
     """The loss object: the dataset's paper preset (``config.preset``: "auto" = the dataset's
@@ -73,12 +90,7 @@ def build_loss(config: FinetuneConfig, hparams: Mapping[str, Any], data: Finetun
     from probe.losses import create_loss, get_loss_class
 
     cls = get_loss_class(config.loss)  # unknown name: LossInputError with a suggestion
-    if cls.prior is not None:  # docs/priors.md: the fine-tune reads images, not a store's rows
-        raise FinetuneError(
-            f"--loss {config.loss} reads a store prior (per-image CLIP scores), which the "
-            "fine-tune cannot pass yet; probe it instead (spml probe STORE --loss "
-            f"{config.loss} --priors NAME)"
-        )
+    refuse_probe_only(cls)
     preset = config.preset
     if preset == "auto":
         preset = data.name if data.name in cls.presets else None
@@ -128,6 +140,7 @@ def _prepare(config: FinetuneConfig, loss_hparams: Mapping[str, Any]) -> _Plan:
     from probe.losses import create_loss, get_loss_class
 
     cls = get_loss_class(config.loss)
+    refuse_probe_only(cls)  # before any image or weight loads
     # hparams are validated now (names, ranges); the loss is built for real once the dataset,
     # and so its paper preset, is known
     create_loss(config.loss, **dict(loss_hparams))
