@@ -144,3 +144,30 @@ def test_errors_name_the_setting():
         StackedSGD([TrialParam(p, 1e-3)]).step([])
     with pytest.raises(OptimizerConfigError, match="trial 7 is not one of"):
         StackedSGD([TrialParam(p, 1e-3)]).stop_trials([7])
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_several_parameters_and_lr_groups_each_equal_torch_adam(fused):
+    """Two parameters of different shapes (a head and a loss's own), per-trial lr and weight
+    decay, the second stepping at 10× the lr and skipping one step: every trial's slice of each
+    equals torch.optim.Adam on it alone, each parameter with its own step count."""
+    head = _start()
+    own = torch.randn(T, 7, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    start_own = own.clone()
+    opt = StackedAdam([TrialParam(head, LRS, WDS), TrialParam(own, [x * 10 for x in LRS])],
+                      fused=fused)
+    grads = _grads(5)
+    own_grads = [torch.randn(T, 7, generator=torch.Generator().manual_seed(10 + s),
+                             dtype=torch.float64) for s in range(STEPS)]
+    for s, g in enumerate(grads):
+        opt.step([g.clone(), None if s == 1 else own_grads[s].clone()])
+    for t in range(T):
+        torch.testing.assert_close(head[t], _reference("adam", t, grads))
+        p = torch.nn.Parameter(start_own[t].clone())
+        ref = torch.optim.Adam([p], lr=LRS[t] * 10, foreach=False)
+        for s in range(STEPS):
+            if s == 1:
+                continue  # a None gradient: torch.optim skips the parameter
+            p.grad = own_grads[s][t].clone()
+            ref.step()
+        torch.testing.assert_close(own[t], p.detach())
