@@ -18,7 +18,7 @@ from probe.store.protocol import PROTOCOL_SEED
 __all__ = ["DEVICE_HELP", "Parser", "add_device_argument", "add_observed_seed_argument",
            "add_priors_argument", "add_seeds_argument", "add_trials_at_once_argument",
            "parse_assignments", "parse_floats", "parse_ints", "parse_names", "parse_seeds",
-           "parse_sets", "parse_value", "wrap"]
+           "parse_sets", "parse_value", "print_report", "wrap"]
 
 DEVICE_HELP = "auto (default: CUDA when available, else CPU) | cpu | cuda | cuda:N"
 
@@ -232,3 +232,16 @@ def add_trials_at_once_argument(parser: argparse.ArgumentParser | argparse._Argu
     parser.add_argument("--trials-at-once", dest="batch", type=int, default=default,
                         metavar="N", help=f"{what} (default {default}); not --batch-size, the "
                         "rows of one training step")
+
+
+def print_report(text: str, report: dict, json_path: str | None = None) -> None:
+    """What a bench prints: its text, then the report as JSON; with ``--json`` the report is
+    also written there (atomically)."""
+    import json
+
+    print(text)
+    print(json.dumps(report, indent=1))
+    if json_path:
+        from probe.engine.results import write_json_atomic
+
+        write_json_atomic(json_path, report)

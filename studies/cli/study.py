@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from probe.cli.args import (
     add_priors_argument,
     add_training_overrides,
     add_trials_at_once_argument,
+    print_report,
 )
 from probe.errors import SpmlError
 
@@ -317,9 +317,6 @@ def _register_bench_replicates(bench: argparse._SubParsersAction) -> None:
 
 
 def _bench_replicates(args: argparse.Namespace) -> int:
-    import json
-
-    from probe.engine.results import write_json_atomic
     from studies.study.bench import (
         ReplicatesBenchConfig,
         bench_replicates,
@@ -330,16 +327,12 @@ def _bench_replicates(args: argparse.Namespace) -> int:
                                    draws=args.draws, epochs=args.epochs,
                                    cache_dir=args.cache_dir, device=args.device)
     report = bench_replicates(config, progress=not args.quiet and sys.stderr.isatty())
-    print(format_replicates_bench(report))
-    print(json.dumps(report, indent=1))
-    if args.json:
-        write_json_atomic(args.json, report)
+    print_report(format_replicates_bench(report), report, args.json)
     return 0
 
 
 def _bench_study(args: argparse.Namespace) -> int:
     from probe.bench.engine import synthetic_store
-    from probe.engine.results import write_json_atomic
     from studies.study.bench import (
         StudyBenchConfig,
         bench_study,
@@ -357,10 +350,7 @@ def _bench_study(args: argparse.Namespace) -> int:
                               batch=args.batch, epochs=args.epochs, batch_size=args.batch_size,
                               pruner=args.pruner, storage=args.storage)
     report = bench_study(config)
-    print(format_study_bench(report))
-    print(json.dumps(report, indent=1))
-    if args.json:
-        write_json_atomic(args.json, report)
+    print_report(format_study_bench(report), report, args.json)
     return 0
 
 

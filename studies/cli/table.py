@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from probe.cli.args import add_device_argument, add_training_overrides, parse_names, parse_seeds
+from probe.cli.args import (
+    add_device_argument,
+    add_training_overrides,
+    parse_names,
+    parse_seeds,
+    print_report,
+)
 
 TABLE_EPILOG = """\
 examples:
@@ -146,19 +152,13 @@ def register_cli(sub: argparse._SubParsersAction,
 
 
 def _bench_table(args: argparse.Namespace) -> int:
-    import json
-
-    from probe.engine.results import write_json_atomic
     from studies.table.bench import TableBenchConfig, bench_table, format_table_bench
 
     losses = ("all",) if args.losses == "all" else tuple(parse_names(args.losses, "--losses"))
     config = TableBenchConfig(store=args.store, rows=args.rows, losses=losses, draws=args.draws,
                               epochs=args.epochs, cache_dir=args.cache_dir, device=args.device)
     report = bench_table(config, progress=not args.quiet)  # the tables' notes: not the bench's
-    print(format_table_bench(report))
-    print(json.dumps(report, indent=1))
-    if args.json:
-        write_json_atomic(args.json, report)
+    print_report(format_table_bench(report), report, args.json)
     return 0
 
 
