@@ -234,8 +234,8 @@ def bench_replicates(config: ReplicatesBenchConfig | None = None, *,
     store = synthetic_store(config.rows, cache_dir=config.cache_dir, progress=progress,
                             name="coco")
     device = resolve_device(config.device)
-    (one,) = selection_data(store, "val", device=device)
     draws = selection_data(store, f"draws:{config.draws}", device=device)
+    one = draws[0]  # the store's own draw: what one run of the trial trains on
     base = ProbeConfig(seed=0, epochs=config.epochs, device=str(device))
     seeds = tuple(range(config.seeds))
 
