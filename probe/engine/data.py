@@ -19,6 +19,7 @@ Layout (the trainer relies on it):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,8 @@ from probe.devices import resolve_device
 from probe.errors import DataError
 from probe.store.protocol import PROTOCOL_SEED, single_positive
 
-__all__ = ["DataError", "ProbeData", "load_store"]
+__all__ = ["DataError", "ProbeData", "fold_mismatch", "load_store", "same_tensor", "stack_folds",
+           "train_targets"]
 
 
 def _with_bias_column(x: np.ndarray | Tensor, dtype: torch.dtype | None) -> Tensor:
@@ -296,3 +298,60 @@ def load_store(store: Any, *, device: str | torch.device = "auto",
     ``priors`` the train rows' prior of that name (docs/priors.md)."""
     return ProbeData.from_store(store, device=device, observed_seed=observed_seed, flip=flip,
                                 dtype=dtype, priors=priors)
+
+
+def same_tensor(a: Tensor, b: Tensor) -> bool:
+    """Equal shape and values; one tensor shared by both is equal without reading it (a
+    COCO-sized feature matrix is hundreds of MB)."""
+    if a is b:
+        return True
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+
+
+def train_targets(data: ProbeData, labels: str = "observed") -> Tensor:
+    """The train rows' targets (N_train, C) int8: the single positives (``labels`` "observed"),
+    or the full labels as {1, -1} ("full": the oracle)."""
+    if labels == "full":
+        return torch.where(data.train_labels == 1, 1, -1).to(torch.int8)
+    return data.train_observed
+
+
+def fold_mismatch(folds: Sequence[ProbeData]) -> str | None:
+    """Why these replicates cannot train as one stacked run, each trial on its own fold (None:
+    they can). Folds are replicates with their own train and val rows (``--select cv:K``);
+    they must agree on the train size and feature layout, the classes, the device and the test
+    set, and carry no train prior (its rows would differ by fold); their val rows may differ."""
+    if not folds:
+        return "no folds were given"
+    first = folds[0]
+    for j, fold in enumerate(folds[1:], start=1):
+        if fold.n_train != first.n_train:
+            return f"fold {j} has {fold.n_train} train rows, fold 0 has {first.n_train}"
+        if (fold.train_x.shape != first.train_x.shape or fold.train_x.dtype != first.train_x.dtype
+                or fold.has_flip != first.has_flip or fold.device != first.device):
+            return (f"fold {j}'s train features are {tuple(fold.train_x.shape)} "
+                    f"{fold.train_x.dtype} on {fold.device}, fold 0's "
+                    f"{tuple(first.train_x.shape)} {first.train_x.dtype} on {first.device}")
+        if list(fold.class_names) != list(first.class_names):
+            return f"fold {j} has other classes than fold 0"
+        if not (same_tensor(fold.test_x, first.test_x)
+                and same_tensor(fold.test_labels, first.test_labels)):
+            return f"fold {j} has another test set than fold 0"
+    if any(fold.train_prior is not None for fold in folds):
+        return "the folds carry a train prior, which differs by fold"
+    return None
+
+
+def stack_folds(folds: Sequence[ProbeData]) -> ProbeData:
+    """K folds as the one :class:`ProbeData` a stacked run trains on: ``train_x`` holds every
+    fold's train block (its rows, then their flipped features) one after another, so fold k's
+    block starts at row ``k * R`` (R = one fold's ``train_x`` rows); everything else is fold
+    0's (the trainer reads each fold's targets and the evaluator each fold's val rows from the
+    folds themselves). Raises :class:`DataError` naming the mismatch (:func:`fold_mismatch`)."""
+    why = fold_mismatch(folds)
+    if why is not None:
+        raise DataError(f"folds: {why}; folds trained as one run need the same train size, "
+                        "classes, device and test set (train them one run each instead)")
+    if len(folds) == 1:
+        return folds[0]
+    return replace(folds[0], train_x=torch.cat([fold.train_x for fold in folds]))

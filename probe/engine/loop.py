@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from probe.devices import inductor_unavailable
 from probe.engine.config import ProbeConfig, ProbeConfigError
-from probe.engine.data import ProbeData
+from probe.engine.data import ProbeData, train_targets
 from probe.engine.logits import stacked_logits
 from probe.engine.optim import StackedAdam, TrialParam, make_optimizer
 from probe.engine.speed import (
@@ -265,8 +265,7 @@ class StackedTrainer:
         self.n_steps = n // batch if config.drop_last else -(-n // batch)
         self.flip = bool(config.flip and data.has_flip)
         # train targets: single positives, or the full labels as {1, -1} (the oracle)
-        self.train_y = (torch.where(data.train_labels == 1, 1, -1).to(torch.int8)
-                        if config.labels == "full" else data.train_observed)
+        self.train_y = train_targets(data, config.labels)
         if plan.draw_index is not None:
             if draws is None:
                 raise ProbeConfigError("the plan has per-trial draws but no draws were given")
@@ -278,8 +277,14 @@ class StackedTrainer:
         if plan.stacked_draws:
             self.train_y = self.train_y.contiguous()  # flattened to (K·N, C) by each gather
             self.draw_rows = torch.tensor(plan.draw_index, dtype=torch.long, device=self.device)
+        # per-trial folds: each live trial's first row of its fold's block in train_x (T,),
+        # added to its batch rows at every gather (None: one train split)
+        self.fold_start: Tensor | None = None
+        if plan.fold_index is not None:
+            self.fold_start = torch.tensor([k * plan.fold_rows for k in plan.fold_index],
+                                           dtype=torch.long, device=self.device)
         self.groups: list[LossGroup] = setup_loss_groups(
-            plan, self.train_y, self.device, features=data.train_x[: data.n_train, :-1])
+            plan, self.train_y, self.device, features=self._unflipped_features())
         self.w = stacked_init(plan.seeds, data.train_x.shape[1], data.n_classes).to(self.device)
         self.grad_w = torch.empty_like(self.w)
         params = [TrialParam(self.w, plan.lr, plan.weight_decay)]
@@ -319,6 +324,30 @@ class StackedTrainer:
                     g.loss.set_hparam(spec.name, torch.full((t,), v, device=self.device))
             self._compiled_step = torch.compile(self._fused_step, dynamic=False)
 
+    def _unflipped_features(self) -> Tensor | list[Tensor]:
+        """The train rows' unflipped features (N, D), no bias column: of the one train split,
+        or per fold (a list, fold k's at k) -- what a loss with ``needs_features`` reads."""
+        x = self.data.train_x
+        if self.plan.fold_index is None:
+            return x[: self.n, :-1]
+        folds = x.shape[0] // self.plan.fold_rows
+        return [x[k * self.plan.fold_rows : k * self.plan.fold_rows + self.n, :-1]
+                for k in range(folds)]
+
+    def _train_logits(self) -> Tensor:
+        """(live trials, N, C) float32 logits of the unflipped train rows, each trial's own
+        (its fold's, with per-trial folds): what the losses' epoch pass reads."""
+        x = self.data.train_x
+        if self.fold_start is None:
+            return stacked_logits(x[: self.n], self.w)
+        out = torch.empty(len(self.live), self.n, self.w.shape[2], device=self.device)
+        starts = self.fold_start.tolist()
+        for start in sorted(set(starts)):
+            mine = torch.tensor([j for j, s in enumerate(starts) if s == start],
+                                device=self.device)
+            out[mine] = stacked_logits(x[start : start + self.n], self.w.index_select(0, mine))
+        return out
+
     @property
     def needs_epoch_pass(self) -> bool:
         return any(g.loss.needs_epoch_pass for g in self.groups)
@@ -344,7 +373,7 @@ class StackedTrainer:
         """The losses' per-epoch pass over the train logits (EM+APL, LL-Cp, OPML); seconds."""
         t0 = time.perf_counter()
         if self.needs_epoch_pass:
-            train_logits = stacked_logits(self.data.train_x[: self.n], self.w)
+            train_logits = self._train_logits()
             for g in self.groups:
                 g.loss.end_epoch(epoch, train_logits[g.trials])
             del train_logits
@@ -382,6 +411,8 @@ class StackedTrainer:
             return  # nothing left to train; final_heads() has every head
         self.w = trial_rows(self.w, keep)
         self.grad_w = torch.empty_like(self.w)
+        if self.fold_start is not None:  # the kept trials' folds
+            self.fold_start = trial_rows(self.fold_start, keep)
         if self.plan.shared:
             g = self.groups[0]
             g.loss.select_trials(keep)
@@ -498,6 +529,8 @@ class StackedTrainer:
         if self.plan.one_batch:
             x = feats.index_select(0, rows[0]).float()
             return x, torch.matmul(x, self.w), perm[0]  # (B, D+1) @ (T, D+1, C)
+        if self.fold_start is not None:  # each trial's rows of its own fold's block
+            rows = rows + self.fold_start.view(-1, 1)
         x = feats.index_select(0, rows.reshape(-1)).view(*rows.shape, -1).float()
         return x, torch.bmm(x, self.w), perm  # (T, B, D+1) @ (T, D+1, C)
 

@@ -53,7 +53,7 @@ from torch import Tensor
 
 from probe.devices import resolve_device
 from probe.engine.config import ProbeConfig, ProbeConfigError
-from probe.engine.data import ProbeData
+from probe.engine.data import ProbeData, fold_mismatch, stack_folds, train_targets
 from probe.engine.loop import BlockedTrainer, StackedTrainer, deterministic, make_trainer
 from probe.engine.results import EpochReport, ProbeResult, TrialResult, environment_info
 from probe.engine.speed import SpeedOptions, resolve_speed
@@ -67,18 +67,21 @@ __all__ = ["draw_stack", "train_probe"]
 Trainer = StackedTrainer | BlockedTrainer  # make_trainer's choice
 
 
-def train_probe(data: ProbeData, config: ProbeConfig | None = None, loss: Loss | str = "an",
+def train_probe(data: ProbeData | Sequence[ProbeData], config: ProbeConfig | None = None,
+                loss: Loss | str = "an",
                 hparams: dict[str, Any] | Sequence[dict[str, Any]] | None = None, *,
                 callback: Callable[[EpochReport], Iterable[int] | None] | None = None,
                 progress: bool = False, speed: SpeedOptions | None = None,
-                draws: Any | None = None, draw_index: Sequence[int] | None = None
-                ) -> ProbeResult:
+                draws: Any | None = None, draw_index: Sequence[int] | None = None,
+                fold_index: Sequence[int] | None = None) -> ProbeResult:
     """Train T linear heads at once with one SPML loss; select each trial's best epoch on val,
     then measure test once on its head.
 
     Args:
         data: device-resident splits (:class:`ProbeData`), moved to ``config.device`` if that
-            names another device.
+            names another device; or K *folds*, replicates with train and val rows of their own
+            and one test set (``--select cv:K``; :func:`probe.engine.data.fold_mismatch` says
+            what they must share), with ``fold_index``.
         config: training settings (:class:`ProbeConfig`); None = defaults.
         loss: a registry name (``"gr"``) or a ready :class:`Loss` object (then ``hparams``
             must be None, and its own hyperparameters define the trials).
@@ -99,6 +102,10 @@ def train_probe(data: ProbeData, config: ProbeConfig | None = None, loss: Loss |
         draw_index: with ``draws``, the draw each trial trains on (one per trial; one trial
             with several entries = that trial on each draw). A trial with seed s on draw d
             equals a run of that seed alone on data whose train_observed is draw d.
+        fold_index: with K folds as ``data``, the fold each trial trains on, is validated on
+            and whose val rows decide its best epoch (one per trial; one trial with several
+            entries = that trial on each fold). A trial with seed s on fold k equals a run of
+            that seed alone on fold k, within float rounding.
 
     Returns :class:`ProbeResult`. Raises an :class:`~probe.errors.SpmlError` subclass before
     training for bad settings (an unknown hyperparameter or loss, a batch size larger than the
@@ -108,17 +115,27 @@ def train_probe(data: ProbeData, config: ProbeConfig | None = None, loss: Loss |
     config = config or ProbeConfig()
     config.validate()
     speed = resolve_speed(speed)
-    data = _on_device(data, config.device)
+    folds = None
+    if isinstance(data, ProbeData):
+        if fold_index is not None:
+            raise ProbeConfigError("fold_index needs folds: pass the K folds (a list of "
+                                   "ProbeData) as data, or leave fold_index out")
+        data = _on_device(data, config.device)
+    else:
+        folds = [_on_device(fold, config.device) for fold in data]
+        draws, draw_index = _fold_targets(folds, fold_index, draws, config)
+        data = stack_folds(folds)
     stack = draw_stack(draws, data)
     plan = plan_trials(data, config, loss, hparams, draw_index,
-                       0 if stack is None else stack.shape[0])
+                       0 if stack is None else stack.shape[0], folds=folds)
     trainer = make_trainer(data, config, plan, speed, stack)
     results = [TrialResult(trial=t, seed=plan.seeds[t], lr=plan.lr[t],
                            weight_decay=plan.weight_decay[t],
                            hparams={k: (v.tolist() if isinstance(v, Tensor) else v)
                                     for k, v in plan.hparams[t].items()})
                for t in range(plan.n)]
-    evaluator = (Evaluator(data, config, results, trainer.w, progress)
+    evaluator = (Evaluator(data, config, results, trainer.w, progress, folds=folds,
+                           fold_index=plan.fold_index)
                  if config.eval_every > 0 else None)
     timing: dict[str, Any] = {"train_seconds": [], "eval_seconds": [], "end_epoch_seconds": []}
     with deterministic(trainer.device, config.deterministic), torch.no_grad():
@@ -140,6 +157,26 @@ def train_probe(data: ProbeData, config: ProbeConfig | None = None, loss: Loss |
                   compiled=trainer.compiled,  # the step ran through torch.compile
                   trial_blocks=trainer.block_sizes)  # trials per block (SpeedOptions.trial_block)
     return _result(plan, trainer, data, config, results, evaluator, timing)
+
+
+def _fold_targets(folds: list[ProbeData], fold_index: Sequence[int] | None, draws: Any | None,
+                  config: ProbeConfig) -> tuple[Tensor, Sequence[int]]:
+    """The folds' train targets as the run's draws (K, N_train, C), one per fold, and the
+    draw of each trial (its fold); checked."""
+    if not folds:
+        raise ProbeConfigError("data is an empty list of folds: give one ProbeData, or K folds "
+                               "with fold_index")
+    if fold_index is None:
+        raise ProbeConfigError(f"data is {len(folds)} folds but fold_index is missing: give the "
+                               "fold each trial trains on (fold_index=[0, 1, ...])")
+    if draws is not None:
+        raise ProbeConfigError("draws and folds cannot be combined: each fold trains on its own "
+                               "train_observed; pass one ProbeData with draws, or folds alone")
+    mismatch = fold_mismatch(folds)
+    if mismatch is not None:
+        raise ProbeConfigError(f"data: {mismatch}; folds trained as one run need the same train "
+                               "size, classes, device and test set (train them one run each)")
+    return torch.stack([train_targets(fold, config.labels) for fold in folds]), fold_index
 
 
 def draw_stack(draws: Any | None, data: ProbeData) -> Tensor | None:

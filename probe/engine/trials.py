@@ -74,6 +74,11 @@ class TrialPlan:
     # per-trial observed-label draws: trial t trains on draws[draw_index[t]] (None: every trial
     # trains on the data's own train_observed); the draws are held once on the device
     draw_index: list[int] | None = None
+    # per-trial folds (train rows of their own, probe.engine.data.stack_folds): trial t trains
+    # on fold fold_index[t], whose train block starts at row fold_index[t] * fold_rows of the
+    # data's train_x; its targets are draw draw_index[t] (the fold's). None: one train split
+    fold_index: list[int] | None = None
+    fold_rows: int = 0
 
     @property
     def n(self) -> int:
@@ -90,7 +95,8 @@ class TrialPlan:
         sl = slice(trials.start, trials.stop)
         losses = [_build_loss(self.cls, self.hparams[sl])] if self.shared else self.losses[sl]
         index = None if self.draw_index is None else self.draw_index[sl]
-        return replace(self, losses=losses, draw_index=index,
+        folds = None if self.fold_index is None else self.fold_index[sl]
+        return replace(self, losses=losses, draw_index=index, fold_index=folds,
                        **{f: getattr(self, f)[sl] for f in
                           ("seeds", "lr", "weight_decay", "hparams")})
 
@@ -102,7 +108,8 @@ class TrialPlan:
         the batches: :attr:`stacked_draws` tells whether each trial has its own draw,
         :attr:`one_order` whether the trials share one batch. Otherwise one loss object per
         trial, each gathering its own batch (even where the trials' seeds agree)."""
-        return one_loss_object(self.cls, self.seeds, self.draw_index, self.given)
+        return one_loss_object(self.cls, self.seeds, self.draw_index, self.given,
+                               folds=self.fold_index is not None)
 
     @property
     def stacked_draws(self) -> bool:
@@ -117,20 +124,24 @@ class TrialPlan:
 
     @property
     def one_batch(self) -> bool:
-        """One loss object over one batch order: each step gathers one ``(B, D+1)`` batch for
-        every trial (``x @ W``), not one per trial (``bmm``)."""
-        return self.shared and self.one_order
+        """One loss object over one batch order on one train split: each step gathers one
+        ``(B, D+1)`` batch for every trial (``x @ W``), not one per trial (``bmm``)."""
+        return self.shared and self.one_order and self.fold_index is None
 
 
 def one_loss_object(cls: type[Loss], seeds: Sequence[int], draw_index: Sequence[int] | None,
-                    given: bool) -> bool:
+                    given: bool, *, folds: bool = False) -> bool:
     """Whether the trials run through one loss object: a given object always (it was set up by
-    the caller, for one seed and one set of targets); otherwise they share a seed or the loss
-    declares :attr:`~probe.losses.Loss.stacks_seeds` (each trial's own batch), and they train
-    on one set of targets or the loss declares :attr:`~probe.losses.Loss.stacks_draws`."""
+    the caller, for one seed and one set of targets, on one train split); otherwise they share
+    a seed on one train split, or the loss declares :attr:`~probe.losses.Loss.stacks_seeds`
+    (each trial's own batch rows; per-trial ``folds`` also need it not to read the train
+    features, which differ by fold), and they train on one set of targets or the loss
+    declares :attr:`~probe.losses.Loss.stacks_draws`."""
     if given:
-        return len(set(seeds)) == 1 and draw_index is None
-    if len(set(seeds)) != 1 and not cls.stacks_seeds:
+        return len(set(seeds)) == 1 and draw_index is None and not folds
+    if folds and cls.needs_features:
+        return False
+    if (len(set(seeds)) != 1 or folds) and not cls.stacks_seeds:
         return False
     return draw_index is None or cls.stacks_draws
 
@@ -149,8 +160,12 @@ class LossGroup:
 
 def plan_trials(data: ProbeData, config: ProbeConfig, loss: Loss | str,
                 hparams: dict[str, Any] | Sequence[dict[str, Any]] | None,
-                draw_index: Sequence[int] | None = None, n_draws: int = 0) -> TrialPlan:
-    """Resolve the run's trials (see :func:`probe.train_probe` for what may be given)."""
+                draw_index: Sequence[int] | None = None, n_draws: int = 0,
+                folds: Sequence[ProbeData] | None = None) -> TrialPlan:
+    """Resolve the run's trials (see :func:`probe.train_probe` for what may be given).
+    ``folds``: the run's folds (``data`` is then :func:`probe.engine.data.stack_folds` of them
+    and ``draw_index`` each trial's fold); hyperparameters the data decides are each trial's
+    fold's."""
     given: Loss | None = None
     if isinstance(loss, Loss):
         if hparams is not None:
@@ -171,11 +186,12 @@ def plan_trials(data: ProbeData, config: ProbeConfig, loss: Loss | str,
     if config.use_presets and (cls.presets.get(dataset) or cls.train_presets.get(dataset)):
         check_dataset_classes(dataset, data.n_classes, f"the {cls.name} paper presets")
     seeds, trials, lrs, wds = _normalise_trials(hparams, config, training.lr)
-    index = _check_draw_index(draw_index, n_draws, len(seeds))
+    index = _check_draw_index(draw_index, n_draws, len(seeds),
+                              "draw" if folds is None else "fold")
     if index is not None and len(seeds) == 1 and len(index) > 1:
         # one trial, several draws: that trial on each draw
         seeds, trials, lrs, wds = (v * len(index) for v in (seeds, trials, lrs, wds))
-    shared = one_loss_object(cls, seeds, index, given is not None)
+    shared = one_loss_object(cls, seeds, index, given is not None, folds=folds is not None)
     notes: list[str] = []
     if given is not None:
         if not shared:
@@ -186,9 +202,7 @@ def plan_trials(data: ProbeData, config: ProbeConfig, loss: Loss | str,
                   for t in range(len(seeds))]
         objects = [given]
     else:
-        merged, notes = loss_hparams(cls, trials, dataset, data.n_classes,
-                                     data.val_label_cardinality,
-                                     preset=dataset if config.use_presets else None)
+        merged, notes = _resolve_hparams(cls, trials, data, config, folds, index)
         objects = [_build_loss(cls, merged)] if shared else [_build_loss(cls, [m]) for m in merged]
     if training.batch_size > data.n_train:
         raise ProbeConfigError(
@@ -196,29 +210,58 @@ def plan_trials(data: ProbeData, config: ProbeConfig, loss: Loss | str,
             f"than the train split ({data.n_train} rows); use a batch size of at most "
             f"{data.n_train}")
     return TrialPlan(cls, seeds, lrs, wds, merged, objects, training, notes, given is not None,
-                     prior=train_prior(cls, config, data), draw_index=index)
+                     prior=train_prior(cls, config, data), draw_index=index,
+                     fold_index=None if folds is None else index,
+                     fold_rows=0 if folds is None else int(folds[0].train_x.shape[0]))
 
 
-def _check_draw_index(draw_index: Sequence[int] | None, n_draws: int, n_trials: int
-                      ) -> list[int] | None:
-    """``draw_index`` as a list of ints, checked against the draws given and the trials."""
+def _resolve_hparams(cls: type[Loss], trials: list[dict[str, Any]], data: ProbeData,
+                     config: ProbeConfig, folds: Sequence[ProbeData] | None,
+                     index: list[int] | None) -> tuple[list[dict[str, Any]], list[str]]:
+    """:func:`probe.engine.config.loss_hparams` of the trials: on ``data``, or with folds on
+    each trial's fold (a value the data decides, such as EPR's k from the val rows, is the
+    fold's own)."""
+    preset = data.dataset if config.use_presets else None
+    if folds is None or index is None:
+        return loss_hparams(cls, trials, data.dataset, data.n_classes,
+                            data.val_label_cardinality, preset=preset)
+    merged: list[dict[str, Any]] = [{} for _ in trials]
+    notes: list[str] = []
+    for k in sorted(set(index)):
+        mine = [t for t, fold in enumerate(index) if fold == k]
+        values, said = loss_hparams(cls, [trials[t] for t in mine], data.dataset, data.n_classes,
+                                    folds[k].val_label_cardinality, preset=preset)
+        for t, v in zip(mine, values):
+            merged[t] = v
+        for note in said:
+            note = note if len(folds) == 1 else f"fold {k}: {note}"
+            if note not in notes:
+                notes.append(note)
+    return merged, notes
+
+
+def _check_draw_index(draw_index: Sequence[int] | None, n_draws: int, n_trials: int,
+                      what: str = "draw") -> list[int] | None:
+    """``draw_index`` (``what`` "fold": ``fold_index``) as a list of ints, checked against the
+    draws (folds) given and the trials."""
+    arg = f"{what}_index"
     if draw_index is None:
         if n_draws:
             raise ProbeConfigError(
-                f"draws: {n_draws} draws were given without draw_index; pass draw_index (the "
-                "draw each trial trains on) or leave draws out")
+                f"{what}s: {n_draws} {what}s were given without {arg}; pass {arg} (the "
+                f"{what} each trial trains on) or leave {what}s out")
         return None
     index = [int(i) for i in draw_index]
     if not index:
-        raise ProbeConfigError("draw_index is empty: give one draw number per trial")
+        raise ProbeConfigError(f"{arg} is empty: give one {what} number per trial")
     bad = [i for i in index if not 0 <= i < n_draws]
     if bad:
         raise ProbeConfigError(
-            f"draw_index: {bad[0]} is not a draw number; expected 0..{n_draws - 1} (one per "
-            f"draw given in draws)")
+            f"{arg}: {bad[0]} is not a {what} number; expected 0..{n_draws - 1} (one per "
+            f"{what} given)")
     if n_trials > 1 and len(index) != n_trials:
         raise ProbeConfigError(
-            f"draw_index has {len(index)} entries for {n_trials} trials; give one per trial")
+            f"{arg} has {len(index)} entries for {n_trials} trials; give one per trial")
     return index
 
 
@@ -253,7 +296,7 @@ def check_prior_request(cls: type[Loss], name: str | None) -> None:
 
 
 def setup_loss_groups(plan: TrialPlan, train_y: Tensor, device: Any,
-                      features: Tensor | None = None) -> list[LossGroup]:
+                      features: Tensor | Sequence[Tensor] | None = None) -> list[LossGroup]:
     """Move the loss objects to ``device``, run their ``setup`` (per-example state over the
     train split) and seed their own randomness; check the tensors they train. ``train_y`` is
     (N, C), or (K, N, C) draws when the plan has per-trial draws (trial t: its draw_index):
@@ -261,7 +304,8 @@ def setup_loss_groups(plan: TrialPlan, train_y: Tensor, device: Any,
     stacked_draws`) with every trial's (T, N, C) and keeps no group targets (the trainer
     gathers each step's (T, B, C) from the draws).
     ``features``: the train rows' features (N, D), unflipped, no bias column, for a loss that
-    reads them (``Loss.needs_features``: handed over as float32 after ``set_prior``)."""
+    reads them (``Loss.needs_features``: handed over as float32 after ``set_prior``); with
+    per-trial folds one such tensor per fold, and each object gets its trial's fold's."""
     groups = []
     for i, obj in enumerate(plan.losses):
         obj.to(device)
@@ -286,7 +330,10 @@ def setup_loss_groups(plan: TrialPlan, train_y: Tensor, device: Any,
             if features is None:
                 raise ProbeConfigError(f"{plan.cls.name} reads the train features; this "
                                        "caller of setup_loss_groups passed none")
-            obj.set_features(features.float())
+            own = features
+            if not isinstance(own, Tensor):  # one per fold: this object's trial's
+                own = own[(plan.fold_index or [0])[span.start]]
+            obj.set_features(own.float())
         obj.manual_seed(plan.seeds[span])
         extra = list(obj.extra_parameters())
         for p, _ in extra:

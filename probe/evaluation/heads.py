@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -82,11 +82,17 @@ class Evaluator:
     """
 
     def __init__(self, data: ProbeData, config: Any, results: list[Any], w: Tensor,
-                 progress: bool = False) -> None:
-        val_targets = (data.val_labels.bool() if config.val_labels == "clean"
-                       else data.val_observed == 1)
-        self.splits = {"val": (data.val_x, val_targets), "test": (data.test_x,
-                                                                   data.test_labels.bool())}
+                 progress: bool = False, *, folds: Sequence[ProbeData] | None = None,
+                 fold_index: Sequence[int] | None = None) -> None:
+        def val_set(d: ProbeData) -> tuple[Tensor, Tensor]:
+            targets = d.val_labels.bool() if config.val_labels == "clean" else d.val_observed == 1
+            return d.val_x, targets
+
+        # val: one set, or with per-trial folds each fold's (trial t's is val_of[t]); one test
+        self.val_sets = [val_set(d) for d in (folds if folds is not None else [data])]
+        self.val_of = list(fold_index) if folds is not None and fold_index is not None else (
+            [0] * w.shape[0])
+        self.test_set = (data.test_x, data.test_labels.bool())
         self.threshold = config.f1_threshold
         self.test_curve = bool(config.test_curve)
         self.n_resamples = int(config.test_intervals)
@@ -109,14 +115,36 @@ class Evaluator:
         out: dict[str, list[float | None]] = {}
         aps = {}
         for split in splits:
-            x, y = self.splits[split]
-            r = evaluate_heads(x, y, heads, self.threshold,
-                               on_test_logits if split == "test" else None)
+            if split == "test":
+                x, y = self.test_set
+                r = evaluate_heads(x, y, heads, self.threshold, on_test_logits)
+            else:
+                r = self._evaluate_val(heads, idx)
             for k in ("map", "OF1", "CF1"):
                 by_trial = dict(zip(idx, r[k].tolist()))
                 out[f"{split}_{k}"] = [by_trial.get(j) for j in range(self.n_trials)]
             aps[split] = r["ap"]
         return out, aps
+
+    def _evaluate_val(self, heads: Tensor, idx: list[int]) -> dict[str, Tensor]:
+        """:func:`evaluate_heads` of ``heads`` (trials ``idx``) on val: each trial on its own
+        fold's val rows, one evaluation per fold; the rows of the result in ``idx``'s order."""
+        by_set: dict[int, list[int]] = {}
+        for j, t in enumerate(idx):
+            by_set.setdefault(self.val_of[t], []).append(j)
+        if len(by_set) == 1:
+            x, y = self.val_sets[next(iter(by_set))]
+            return evaluate_heads(x, y, heads, self.threshold)
+        out: dict[str, Tensor] = {}
+        for k, positions in by_set.items():
+            x, y = self.val_sets[k]
+            mine = torch.tensor(positions, device=heads.device)
+            r = evaluate_heads(x, y, heads.index_select(0, mine), self.threshold)
+            for key, v in r.items():
+                if key not in out:
+                    out[key] = v.new_empty((len(idx), *v.shape[1:]))
+                out[key][mine.to(v.device)] = v
+        return out
 
     def __call__(self, heads: Tensor, trials: list[int], epoch: int | None = None
                  ) -> dict[str, list[float | None]]:
@@ -161,7 +189,7 @@ class Evaluator:
         self._record_mll(heads, idx)
         if self.test_curve:
             if self.n_resamples:
-                x, y = self.splits["test"]
+                x, y = self.test_set
                 with self._timing_intervals():
                     boot = head_intervals(x, y, heads, n_resamples=self.n_resamples,
                                           progress=self.progress)
@@ -188,7 +216,7 @@ class Evaluator:
             logits = {}
             targets = {}
             for split in ("val", "test"):
-                x, y = self.splits[split]
+                x, y = self.test_set if split == "test" else self.val_sets[self.val_of[t]]
                 logits[split] = stacked_logits(x, heads[j:j + 1].float())[0].double().cpu().numpy()
                 targets[split] = y.cpu().numpy().astype(np.uint8)
             val_probabilities = 1.0 / (1.0 + np.exp(-logits["val"]))
@@ -203,7 +231,7 @@ class Evaluator:
                         ) -> Callable[[Tensor, Tensor], None]:
         """:func:`evaluate_heads`' hook: each block of test logits bootstrapped (its per-class
         AP the observed value; one draw of the resamples) into ``boots``, its heads ``done``."""
-        x, y = self.splits["test"]
+        x, y = self.test_set
         with self._timing_intervals():
             counts = bootstrap_counts(x.shape[0], self.n_resamples, device=x.device)
 

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from probe.engine.data import ProbeData
+from probe.engine.data import ProbeData, fold_mismatch, same_tensor
 from probe.engine.results import ProbeResult
 from probe.errors import SpmlError
 from probe.store.protocol import PROTOCOL_SEED, single_positive, split_indices
@@ -112,9 +112,9 @@ def selection_data(store: Any, select: str | Selection = "val", *,
                    priors: str | None = None) -> list[ProbeData]:
     """The replicates a ``select`` mode scores trials on, each a :class:`ProbeData` on
     ``device`` (``val``: one, :meth:`ProbeData.from_store`). ``draws:N`` replicates share one
-    load of the features (:meth:`ProbeData.with_draw`); ``cv:K`` ones hold K copies of the
-    train features, K × the memory of one. ``priors``: each replicate's train rows of that
-    store prior (docs/priors.md)."""
+    load of the features (:meth:`ProbeData.with_draw`); ``cv:K`` ones share the test split
+    and each hold their own train and val features (K × the memory of one train split).
+    ``priors``: each replicate's train rows of that store prior (docs/priors.md)."""
     from probe.store import open_store
 
     selection = Selection.parse(select)
@@ -125,10 +125,17 @@ def selection_data(store: Any, select: str | Selection = "val", *,
         return [ProbeData.from_store(store, observed_seed=observed_seed, **common)]
     if selection.mode == "cv":
         observed = store.observed(observed_seed)
-        return [ProbeData.from_store(store, observed_seed=observed_seed,
-                                     rows={"train": tr, "val": va}, observed=observed,
-                                     replicate={"select": str(selection), "index": j}, **common)
-                for j, (tr, va) in enumerate(_pool_splits(store, selection.k))]
+        folds: list[ProbeData] = []
+        for j, (tr, va) in enumerate(_pool_splits(store, selection.k)):
+            fold = ProbeData.from_store(store, observed_seed=observed_seed,
+                                        rows={"train": tr, "val": va}, observed=observed,
+                                        replicate={"select": str(selection), "index": j},
+                                        **common)
+            if folds:  # the store's one test split: fold 0's tensors, held once
+                fold = dataclasses.replace(fold, test_x=folds[0].test_x,
+                                           test_labels=folds[0].test_labels)
+            folds.append(fold)
+        return folds
     first = ProbeData.from_store(store, observed_seed=observed_seed,
                                  observed=_draw(store, observed_seed),
                                  replicate={"select": str(selection), "index": 0}, **common)
@@ -151,17 +158,9 @@ def _one_draw_apart(data: list[ProbeData], val_labels: str) -> bool:
         if d.n_train != first.n_train:
             return False
         for name in fields:
-            if not _same_tensor(getattr(d, name), getattr(first, name)):
+            if not same_tensor(getattr(d, name), getattr(first, name)):
                 return False
     return True
-
-
-def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal shape and values; one tensor shared by both replicates is equal without reading
-    it (a COCO-sized feature matrix is hundreds of MB)."""
-    if a is b:
-        return True
-    return a.shape == b.shape and torch.equal(a, b)
 
 
 def train_replicates(data: list[ProbeData], config: Any, loss: str,
@@ -170,15 +169,22 @@ def train_replicates(data: list[ProbeData], config: Any, loss: str,
     """The same trials trained on every replicate, one :class:`ProbeResult` per replicate (as
     :func:`probe.engine.train.train_probe` on each in turn). Replicates that differ in their
     train draw alone (``draws:N``) train as one stacked run, each (trial, replicate) on its own
-    draw, equal to the run on that replicate within float rounding; otherwise (``cv:K``: other
-    rows) one run per replicate. ``callback`` sees every stacked trial; nothing is pruned.
-    ``stack=False``: one run per replicate (the reference)."""
+    draw; replicates with train and val rows of their own (``cv:K``) as one stacked run of
+    per-trial folds (:func:`probe.engine.train.train_probe` with ``fold_index``) where they
+    share the train size and the test set (:func:`probe.engine.data.fold_mismatch`); each
+    equal to the run on that replicate within float rounding. Otherwise one run per
+    replicate. ``callback`` sees every stacked trial; nothing is pruned. ``stack=False``: one
+    run per replicate (the reference)."""
     from probe.engine.results import trials_of
     from probe.engine.train import train_probe
 
     if not data:
         raise SelectionError("train_replicates: data is empty; give at least one replicate")
-    if not stack or len(data) == 1 or not _one_draw_apart(data, config.val_labels):
+    if not stack or len(data) == 1:
+        return [train_probe(d, config, loss, hparams, callback=callback, progress=False)
+                for d in data]
+    one_draw = _one_draw_apart(data, config.val_labels)
+    if not one_draw and fold_mismatch(data) is not None:  # e.g. folds of unequal train size
         return [train_probe(d, config, loss, hparams, callback=callback, progress=False)
                 for d in data]
     if isinstance(hparams, dict) or hparams is None:
@@ -191,10 +197,15 @@ def train_replicates(data: list[ProbeData], config: Any, loss: str,
         seeds = seeds * len(trials)
     n = len(trials)
     r = len(data)
-    stacked = train_probe(data[0], dataclasses.replace(config, seeds=tuple(seeds * r)), loss,
-                          trials * r, callback=callback, progress=False,
-                          draws=[d.train_observed for d in data],
-                          draw_index=[j for j in range(r) for _ in range(n)])
+    each = [j for j in range(r) for _ in range(n)]  # trial i on replicate j: j * n + i
+    stacked_config = dataclasses.replace(config, seeds=tuple(seeds * r))
+    if one_draw:  # draws:N: one train split, each trial on its own draw
+        stacked = train_probe(data[0], stacked_config, loss, trials * r, callback=callback,
+                              progress=False, draws=[d.train_observed for d in data],
+                              draw_index=each)
+    else:  # cv:K: each trial on its own fold's train and val rows
+        stacked = train_probe(list(data), stacked_config, loss, trials * r, callback=callback,
+                              progress=False, fold_index=each)
     out = []
     for j, d in enumerate(data):
         out.append(trials_of(stacked, range(j * n, (j + 1) * n), source=d.source,

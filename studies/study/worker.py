@@ -145,7 +145,8 @@ def _train_group(settings, data, study, storage, space, trials, probe_config, lo
 
 def _train_replicates(settings, data, probe_config, hparams, on_epoch, tick) -> Any:
     """The group trained on every replicate (``draws:N``: all in one stacked run, each trial on
-    each draw; ``cv:K``: replicate after replicate), then scored by the mean over them
+    each draw; ``cv:K``: one stacked run, each trial on each fold, where the folds share a train
+    size), then scored by the mean over them
     (:func:`probe.evaluation.selection.mean_over_replicates`); the mean val curve goes to
     ``on_epoch`` epoch by epoch (Optuna's intermediate values; nothing is pruned:
     ``prune_rule``)."""
@@ -158,7 +159,6 @@ def _train_replicates(settings, data, probe_config, hparams, on_epoch, tick) -> 
                  f"{report.epoch}/{probe_config.epochs}")
         return []
 
-    # draws:N: every replicate in one stacked run; cv:K: one run per replicate
     results = train_replicates(data, probe_config, settings.loss, hparams, callback=beat)
     merged = mean_over_replicates(results, settings.select)
     n = len(merged.trials)
