@@ -198,7 +198,7 @@ def merge(outdir: str, mode: str, dest: str | None = None) -> dict:
         command="spml bench study --store coco --trials-at-once 64 --epochs 10 --pruner none")
     rep = _load(out / "replicates.json")
     for name, kind in (("confirm_3_seeds_over_one_run", "seeds"),
-                       ("draws_5_over_one_run", "draws")):
+                       ("draws_5_over_one_run", "draws"), ("cv_5_over_one_run", "folds")):
         figures[name] = _figure(
             name, rep and rep["stacked_over_one"][kind], gpu,
             stacked_seconds=rep and rep["seconds"][f"{kind} stacked"],

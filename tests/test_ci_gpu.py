@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES = {"featurize_images_per_s", "probe_1_trial_s_per_epoch", "study_ten_epoch_trials_per_hour",
            "finetune_images_per_s", "bf16_vs_fp32_test_map", "featurize_vit_b16_images_per_s",
-           "confirm_3_seeds_over_one_run", "draws_5_over_one_run"}
+           "confirm_3_seeds_over_one_run", "draws_5_over_one_run", "cv_5_over_one_run"}
 
 
 def _figures_module():
@@ -58,10 +58,12 @@ def test_the_merge_puts_each_figure_beside_its_target(tmp_path):
         (tmp_path / f"probe-{p}.json").write_text(json.dumps(
             {"trials": [{"best": {"test_map": m}}]}))
     (tmp_path / "replicates.json").write_text(json.dumps({
-        "stacked_over_one": {"seeds": 1.2, "draws": 1.8},
+        "stacked_over_one": {"seeds": 1.2, "draws": 1.8, "folds": 2.0},
         "seconds": {"one run": 10.0, "seeds stacked": 12.0, "seeds one run each": 30.0,
-                    "draws stacked": 18.0, "draws one run each": 50.0},
-        "floor_seconds": {"one run": 1.0, "seeds stacked": 3.0, "draws stacked": 5.0},
+                    "draws stacked": 18.0, "draws one run each": 50.0, "folds stacked": 20.0,
+                    "folds one run each": 50.0},
+        "floor_seconds": {"one run": 1.0, "seeds stacked": 3.0, "draws stacked": 5.0,
+                          "folds stacked": 5.0},
         "max_test_map_difference": 0.0}))
     (tmp_path / "steps.tsv").write_text("featurize\t0\t30\nstudy\t124\t75\n")
     out = _figures_module().merge(str(tmp_path), "gpu")
@@ -86,6 +88,8 @@ def test_the_merge_puts_each_figure_beside_its_target(tmp_path):
     seeds, draws = f["confirm_3_seeds_over_one_run"], f["draws_5_over_one_run"]
     assert (seeds["value"], seeds["target"], seeds["met"]) == (1.2, "<= 1.5", True)
     assert (draws["value"], draws["met"], draws["floor_seconds"]) == (1.8, False, 5.0)
+    folds = f["cv_5_over_one_run"]  # reported without a target
+    assert folds["value"] == 2.0 and "target" not in folds and folds["stacked_seconds"] == 20.0
     assert out["steps"]["study"] == {"rc": 124, "seconds": 75} and out["missing"] == []
     assert out["mode"] == "gpu" and out["environment"]["date"]
 

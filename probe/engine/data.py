@@ -354,4 +354,22 @@ def stack_folds(folds: Sequence[ProbeData]) -> ProbeData:
                         "classes, device and test set (train them one run each instead)")
     if len(folds) == 1:
         return folds[0]
-    return replace(folds[0], train_x=torch.cat([fold.train_x for fold in folds]))
+    blocks = _consecutive_blocks([fold.train_x for fold in folds])
+    if blocks is None:
+        blocks = torch.cat([fold.train_x for fold in folds])
+    return replace(folds[0], train_x=blocks)
+
+
+def _consecutive_blocks(xs: list[Tensor]) -> Tensor | None:
+    """``torch.cat(xs)`` without a copy where the ``xs`` already are consecutive blocks of one
+    contiguous tensor (how :func:`probe.evaluation.selection.selection_data` loads ``cv:K``
+    folds); None otherwise."""
+    first = xs[0]
+    storage = first.untyped_storage()
+    for k, x in enumerate(xs):
+        if not x.is_contiguous() or x.untyped_storage().data_ptr() != storage.data_ptr():
+            return None
+        if x.storage_offset() != first.storage_offset() + k * first.numel():
+            return None
+    rows = len(xs) * first.shape[0]
+    return first.as_strided((rows, first.shape[1]), first.stride())

@@ -35,7 +35,11 @@ Trials with different seeds gather their own batches ``(T, B, D+1)`` (one ``bmm`
 loss declares ``Loss.stacks_seeds`` they still share one loss object, which sees each trial's
 batch rows as ``index`` ``(T, B)``; otherwise (or for per-trial draws of a loss that does not
 declare ``stacks_draws``) each trial gets its own loss object (``index`` is one row list per
-call).
+call). Per-trial *folds* (``data`` a list of replicates with train and val rows of their own,
+``fold_index``) train as one run too: their train features are consecutive blocks of one tensor
+(:func:`probe.engine.data.stack_folds`), trial t's batch rows are offset into its fold's block,
+its targets are its fold's, and it is scored on its fold's val rows; its loss object is shared
+as for per-trial seeds (each trial's own ``index`` rows, ``(T, B)``).
 
 Speed, with no semantics traded: docs/design.md "The trainer, step by step" and "What fast
 means"; ``torch.compile`` only with ``--compile`` (docs/performance.md).

@@ -124,18 +124,7 @@ def selection_data(store: Any, select: str | Selection = "val", *,
     if selection.mode == "val":
         return [ProbeData.from_store(store, observed_seed=observed_seed, **common)]
     if selection.mode == "cv":
-        observed = store.observed(observed_seed)
-        folds: list[ProbeData] = []
-        for j, (tr, va) in enumerate(_pool_splits(store, selection.k)):
-            fold = ProbeData.from_store(store, observed_seed=observed_seed,
-                                        rows={"train": tr, "val": va}, observed=observed,
-                                        replicate={"select": str(selection), "index": j},
-                                        **common)
-            if folds:  # the store's one test split: fold 0's tensors, held once
-                fold = dataclasses.replace(fold, test_x=folds[0].test_x,
-                                           test_labels=folds[0].test_labels)
-            folds.append(fold)
-        return folds
+        return _load_folds(store, selection, observed_seed, common)
     first = ProbeData.from_store(store, observed_seed=observed_seed,
                                  observed=_draw(store, observed_seed),
                                  replicate={"select": str(selection), "index": 0}, **common)
@@ -145,6 +134,34 @@ def selection_data(store: Any, select: str | Selection = "val", *,
                                           observed=_draw(store, observed_seed + j),
                                           replicate={"select": str(selection), "index": j}))
     return replicates
+
+
+def _load_folds(store: Any, selection: Selection, observed_seed: int,
+                common: dict[str, Any]) -> list[ProbeData]:
+    """The ``cv:K`` replicates: the store's one test split held once (fold 0's tensors); where
+    the folds share a train size, their train features are consecutive blocks of one tensor,
+    the layout :func:`probe.engine.data.stack_folds` trains them from without a copy."""
+    observed = store.observed(observed_seed)
+    splits = _pool_splits(store, selection.k)
+    one_size = len({len(train) for train, _ in splits}) == 1
+    folds: list[ProbeData] = []
+    block: torch.Tensor | None = None
+    for j, (train, val) in enumerate(splits):
+        fold = ProbeData.from_store(store, observed_seed=observed_seed,
+                                    rows={"train": train, "val": val}, observed=observed,
+                                    replicate={"select": str(selection), "index": j}, **common)
+        if folds:
+            fold = dataclasses.replace(fold, test_x=folds[0].test_x,
+                                       test_labels=folds[0].test_labels)
+        if one_size:
+            rows = fold.train_x.shape[0]
+            if block is None:
+                block = fold.train_x.new_empty((len(splits) * rows, fold.train_x.shape[1]))
+            own = block[j * rows : (j + 1) * rows]
+            own.copy_(fold.train_x)
+            fold = dataclasses.replace(fold, train_x=own)
+        folds.append(fold)
+    return folds
 
 
 def _one_draw_apart(data: list[ProbeData], val_labels: str) -> bool:

@@ -283,19 +283,21 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
 def _register_bench_replicates(bench: argparse._SubParsersAction) -> None:
     b = bench.add_parser(
         "replicates",
-        help="a confirmation over seeds and a draws:N study's replicates: stacked vs one run "
-             "each vs one run, on a COCO-shaped store named coco",
+        help="a confirmation over seeds and a draws:N / cv:K study's replicates: stacked vs "
+             "one run each vs one run, on a COCO-shaped store named coco",
         description=(
             "Trains one trial the way 'spml study confirm' trains it over --seeds training "
-            "seeds and a '--select draws:N' study over --draws single-positive draws: stacked "
-            "(one pass), one run per replicate, and one run alone, on a cached COCO-shaped "
+            "seeds, a '--select draws:N' study over --draws single-positive draws and a "
+            "'--select cv:K' study over --folds re-splits of the pool: stacked (one pass), one "
+            "run per replicate, and one run alone, on a cached COCO-shaped "
             "synthetic store whose dataset name is coco (the loss at its COCO paper preset). "
             "Prints each time, the stacked / one-run ratio, the arithmetic floor of the "
             "stacked heads (their products and Adam update alone), the largest test-mAP "
             "difference between stacked and one-run-each heads, and the machine with its load. "
             "Every mode runs once untimed first; each is then timed once."),
         epilog=("examples:\n"
-                "  spml bench replicates            # an, 3 seeds, 5 draws, 16,384 rows\n"
+                "  spml bench replicates            # an, 3 seeds, 5 draws, 5 folds, 16,384 "
+                "rows\n"
                 "  spml bench replicates --loss role --epochs 2\n"
                 "  spml bench replicates --rows 65665 --device cuda   # COCO's train rows\n"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -306,6 +308,8 @@ def _register_bench_replicates(bench: argparse._SubParsersAction) -> None:
                    help="training seeds, as spml study confirm --seeds (default: 3)")
     b.add_argument("--draws", type=int, default=5,
                    help="replicates of --select draws:N (default: 5)")
+    b.add_argument("--folds", type=int, default=5,
+                   help="replicates of --select cv:K (default: 5)")
     b.add_argument("--epochs", type=int, default=None,
                    help="epochs (default: the loss's COCO preset)")
     b.add_argument("--cache-dir", default=None,
@@ -324,7 +328,7 @@ def _bench_replicates(args: argparse.Namespace) -> int:
     )
 
     config = ReplicatesBenchConfig(loss=args.loss, rows=args.rows, seeds=args.seeds,
-                                   draws=args.draws, epochs=args.epochs,
+                                   draws=args.draws, folds=args.folds, epochs=args.epochs,
                                    cache_dir=args.cache_dir, device=args.device)
     report = bench_replicates(config, progress=not args.quiet and sys.stderr.isatty())
     print_report(format_replicates_bench(report), report, args.json)

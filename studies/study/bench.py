@@ -1,5 +1,6 @@
 """``spml bench study``: trials per minute of a real ``spml study``, and where its time goes;
-``spml bench replicates``: what a confirmation over seeds and a ``draws:N`` study cost stacked.
+``spml bench replicates``: what a confirmation over seeds and a ``draws:N`` / ``cv:K`` study
+cost stacked.
 
 A study is run exactly as ``spml study`` runs it (:func:`studies.study.run.run_study`, one worker, a
 fresh storage in a temporary folder) on a named store, and its wall time is split into
@@ -184,15 +185,20 @@ def format_study_bench(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: what spml bench replicates stacks: a confirmation's seeds, a draws:N and a cv:K study's replicates
+KINDS = ("seeds", "draws", "folds")
+
+
 @dataclass(frozen=True)
 class ReplicatesBenchConfig:
-    """One measured confirmation (defaults: AN at its COCO preset, 3 seeds, 5 draws, a quarter
-    of COCO's train rows)."""
+    """One measured confirmation (defaults: AN at its COCO preset, 3 seeds, 5 draws, 5 folds, a
+    quarter of COCO's train rows)."""
 
     loss: str = "an"  # the confirmed trial's loss, at its COCO paper preset
     rows: int = 16_384  # train rows of the COCO-shaped store (COCO: 65,665)
     seeds: int = 3  # training seeds of `spml study confirm`
     draws: int = 5  # replicates of `--select draws:N`
+    folds: int = 5  # replicates of `--select cv:K` (the pool re-split K ways)
     epochs: int | None = None  # None: the loss's COCO preset
     cache_dir: str | None = None  # where the synthetic store is kept (the bench cache)
     device: str = "auto"
@@ -205,7 +211,8 @@ class ReplicatesBenchConfig:
                             "choose one of 'spml losses list' (e.g. an, gr, role)")
         if self.rows < 64:
             raise SpmlError(f"bench replicates: --rows must be at least 64; got {self.rows}")
-        for flag, value in (("--seeds", self.seeds), ("--draws", self.draws)):
+        for flag, value in (("--seeds", self.seeds), ("--draws", self.draws),
+                            ("--folds", self.folds)):
             if value < 2:
                 raise SpmlError(f"bench replicates: {flag} must be at least 2 (stacking needs "
                                 f"several replicates); got {value}")
@@ -215,10 +222,11 @@ class ReplicatesBenchConfig:
 
 def bench_replicates(config: ReplicatesBenchConfig | None = None, *,
                      progress: bool = False) -> dict[str, Any]:
-    """What ``spml study confirm`` over seeds and a ``--select draws:N`` study train for one
-    trial (:func:`probe.evaluation.selection.train_replicates`), on a COCO-shaped store named
-    coco: one run (one seed, one draw), the seeds stacked and one run per seed, the draws
-    stacked and one run per draw; with the arithmetic floor of each (:func:`probe.engine.loop.
+    """What ``spml study confirm`` over seeds and a ``--select draws:N`` / ``cv:K`` study train
+    for one trial (:func:`probe.evaluation.selection.train_replicates`), on a COCO-shaped store
+    named coco: one run (one seed, one draw), the seeds stacked and one run per seed, the draws
+    stacked and one run per draw, the folds stacked and one run per fold; with the arithmetic
+    floor of each (:func:`probe.engine.loop.
     step_arithmetic`: the products and Adam of T heads, no loss, no Python) and the machine.
     Every mode runs once untimed first (imports, the step-thread choice); each is then timed
     once. The stacked runs' heads are compared with the one-run-each heads (test mAP)."""
@@ -235,6 +243,7 @@ def bench_replicates(config: ReplicatesBenchConfig | None = None, *,
                             name="coco")
     device = resolve_device(config.device)
     draws = selection_data(store, f"draws:{config.draws}", device=device)
+    folds = selection_data(store, f"cv:{config.folds}", device=device)
     one = draws[0]  # the store's own draw: what one run of the trial trains on
     base = ProbeConfig(seed=0, epochs=config.epochs, device=str(device))
     seeds = tuple(range(config.seeds))
@@ -251,6 +260,9 @@ def bench_replicates(config: ReplicatesBenchConfig | None = None, *,
         "draws stacked": lambda cfg: train_replicates(draws, cfg, config.loss, [{}]),
         "draws one run each": lambda cfg: train_replicates(draws, cfg, config.loss, [{}],
                                                            stack=False),
+        "folds stacked": lambda cfg: train_replicates(folds, cfg, config.loss, [{}]),
+        "folds one run each": lambda cfg: train_replicates(folds, cfg, config.loss, [{}],
+                                                           stack=False),
     }
     before = machine_info()
     for run in modes.values():  # untimed: imports, thread choices, caches
@@ -265,18 +277,23 @@ def bench_replicates(config: ReplicatesBenchConfig | None = None, *,
     steps = first.timing["steps_per_epoch"] * first.timing["epochs_run"]
     floors = {"one run": _floor(one, first, 1, True, steps),
               "seeds stacked": _floor(one, first, config.seeds, False, steps),
-              "draws stacked": _floor(one, first, config.draws, True, steps)}
-    diff = max(_largest_difference(results["seeds stacked"], results["seeds one run each"]),
-               _largest_difference(results["draws stacked"], results["draws one run each"]))
+              "draws stacked": _floor(one, first, config.draws, True, steps),
+              "folds stacked": _floor(one, first, config.folds, False, steps)}
+    diff = max(_largest_difference(results[f"{kind} stacked"], results[f"{kind} one run each"])
+               for kind in KINDS)
     training = first.config
     return {"loss": config.loss, "rows": config.rows, "seeds": config.seeds,
-            "draws": config.draws, "device": str(device),
+            "draws": config.draws, "folds": config.folds,
+            "fold_train_rows": folds[0].n_train, "device": str(device),
+            # the folds trained as one run (not one run each: folds of unequal train sizes)
+            "folds_in_one_run": results["folds stacked"][0].timing.get(
+                "stacked_replicates") == config.folds,
             "training": {k: training.get(k) for k in ("batch_size", "lr", "epochs")},
             "steps": steps, "seconds": seconds, "floor_seconds": floors,
             "stacked_over_one": {kind: seconds[f"{kind} stacked"] / seconds["one run"]
-                                 for kind in ("seeds", "draws")},
+                                 for kind in KINDS},
             "each_over_stacked": {kind: seconds[f"{kind} one run each"]
-                                  / seconds[f"{kind} stacked"] for kind in ("seeds", "draws")},
+                                  / seconds[f"{kind} stacked"] for kind in KINDS},
             "max_test_map_difference": diff, "machine_before": before,
             "machine": machine_info(), "store": str(store)}
 
@@ -338,11 +355,14 @@ def format_replicates_bench(report: dict[str, Any]) -> str:
         f"{'':<34}{'stacked':>9}{'one run each':>14}{'stacked / one':>15}"
         f"{'each / stacked':>16}{'floor':>8}"]
     for kind, label in (("seeds", f"{report['seeds']} seeds (spml study confirm)"),
-                        ("draws", f"{report['draws']} draws (--select draws:{report['draws']})")):
+                        ("draws", f"{report['draws']} draws (--select draws:{report['draws']})"),
+                        ("folds", f"{report['folds']} folds (--select cv:{report['folds']})")):
         lines.append(
             f"{label:<34}{s[f'{kind} stacked']:>8.2f}s{s[f'{kind} one run each']:>13.2f}s"
             f"{report['stacked_over_one'][kind]:>14.2f}x{report['each_over_stacked'][kind]:>15.2f}x"
             f"{f[f'{kind} stacked']:>7.2f}s")
+    if not report["folds_in_one_run"]:
+        lines.append("the folds trained one run each (their train sizes differ)")
     lines += [
         f"heads: largest test mAP difference stacked vs one run each "
         f"{report['max_test_map_difference']:.4f} points",
