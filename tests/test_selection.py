@@ -153,10 +153,12 @@ def test_a_study_scores_trials_by_the_replicates_mean(yeast_store, tmp_path) -> 
     reps = selection_data(yeast_store, "cv:2")
     runs = [train_probe(d, ProbeConfig(seed=0, **FAST), "gr", params) for d in reps]
     merged = mean_over_replicates(runs, "cv:2")
+    # the study trains the re-splits as one stacked run: equal to one run per re-split within
+    # float rounding (val mAP in points)
     for t, m in zip(trials, merged.trials):
-        assert t.value == m.best["val_map"]
-        assert [t.intermediate_values[e] for e in sorted(t.intermediate_values)] == [
-            e["val_map"] for e in m.epochs]
+        assert t.value == pytest.approx(m.best["val_map"], abs=1e-4)
+        assert [t.intermediate_values[e] for e in sorted(t.intermediate_values)] == pytest.approx(
+            [e["val_map"] for e in m.epochs], abs=1e-4)
     frame = read_results(tmp_path / "results")
     assert set(frame["select"]) == {"cv:2"}
     assert study.user_attrs["spml.training"]["select"] == "cv:2"

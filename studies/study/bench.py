@@ -185,7 +185,8 @@ def format_study_bench(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-#: what spml bench replicates stacks: a confirmation's seeds, a draws:N and a cv:K study's replicates
+#: what spml bench replicates stacks: a confirmation's seeds, a draws:N and a cv:K study's
+#: replicates
 KINDS = ("seeds", "draws", "folds")
 
 
