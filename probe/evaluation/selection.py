@@ -188,9 +188,9 @@ def train_replicates(data: list[ProbeData], config: Any, loss: str,
     train draw alone (``draws:N``) train as one stacked run, each (trial, replicate) on its own
     draw; replicates with train and val rows of their own (``cv:K``) as one stacked run of
     per-trial folds (:func:`probe.engine.train.train_probe` with ``fold_index``) where they
-    share the train size and the test set (:func:`probe.engine.data.fold_mismatch`); each
-    equal to the run on that replicate within float rounding. Otherwise one run per
-    replicate. ``callback`` sees every stacked trial; nothing is pruned. ``stack=False``: one
+    share the train size and the test set and the loss stacks them in one object
+    (:func:`_folds_stack`); each equal to the run on that replicate within float rounding.
+    Otherwise one run per replicate. ``callback`` sees every stacked trial; nothing is pruned. ``stack=False``: one
     run per replicate (the reference)."""
     from probe.engine.results import trials_of
     from probe.engine.train import train_probe
@@ -201,7 +201,7 @@ def train_replicates(data: list[ProbeData], config: Any, loss: str,
         return [train_probe(d, config, loss, hparams, callback=callback, progress=False)
                 for d in data]
     one_draw = _one_draw_apart(data, config.val_labels)
-    if not one_draw and fold_mismatch(data) is not None:  # e.g. folds of unequal train size
+    if not one_draw and not _folds_stack(data, loss):
         return [train_probe(d, config, loss, hparams, callback=callback, progress=False)
                 for d in data]
     if isinstance(hparams, dict) or hparams is None:
@@ -230,6 +230,19 @@ def train_replicates(data: list[ProbeData], config: Any, loss: str,
                              timing={**stacked.timing, "stacked_replicates": r},
                              shared_batch_order=len(set(seeds)) == 1))
     return out
+
+
+def _folds_stack(folds: list[ProbeData], loss: str) -> bool:
+    """Whether replicates with rows of their own train as one run: they agree on what folds
+    must share (:func:`probe.engine.data.fold_mismatch`: not, e.g., folds of unequal train
+    sizes), and the loss runs every (trial, fold) through one object (else one object per
+    trial, each holding its own per-example state: SMILE's feature graph)."""
+    from probe.engine.trials import one_loss_object
+    from probe.losses import get_loss_class
+
+    if fold_mismatch(folds) is not None:
+        return False
+    return one_loss_object(get_loss_class(loss), [0], [0], False, folds=True)
 
 
 def train_cells(cells: Sequence[tuple[Any, ProbeData]], loss: str,
