@@ -178,22 +178,36 @@ def test_a_loss_that_stacks_seeds_is_one_object_over_the_folds():
         assert torch.equal(theta[t], init_label_logits(folds[k].train_observed, seed))
     # the folds' observed labels differ, so their Θ do
     assert not torch.equal(theta[0], theta[2])
-    # each step's targets are the rows of each trial's own fold
+    # each step's targets are the rows of each trial's own fold, and so are its logits
     seen = []
     loss = trainer.groups[0].loss
     forward = loss.forward
+    w0 = trainer.w.clone()  # the heads of the first step's logits
 
     def spy(logits, observed, index=None):
-        seen.append((observed.clone(), index.clone()))
+        seen.append((logits.detach().clone(), observed.clone(), index.clone()))
         return forward(logits, observed, index)
 
     loss.forward = spy
     trainer.train_epoch(0)
     assert len(seen) == trainer.n_steps
-    for observed, index in seen:
+    for _, observed, index in seen:
         assert index.shape == (len(CELLS), _config().batch_size)
         for t, (_, k) in enumerate(CELLS):
             assert torch.equal(observed[t], folds[k].train_observed[index[t]])
+    logits, _, index = seen[0]
+    for t, (_, k) in enumerate(CELLS):
+        _assert_logits_of_fold(logits[t], index[t], folds[k], w0[t])
+
+
+def _assert_logits_of_fold(logits, index, fold, w):
+    """Each row of one trial's batch logits (B, C) is its fold's train row ``index`` -- plain
+    or flipped -- times the head ``w`` (D+1, C)."""
+    plain = fold.train_x[index].float() @ w
+    flipped = fold.train_x[fold.n_train + index].float() @ w
+    near_plain = torch.isclose(logits, plain, atol=1e-5, rtol=0).all(1)
+    near_flipped = torch.isclose(logits, flipped, atol=1e-5, rtol=0).all(1)
+    assert bool((near_plain | near_flipped).all())
 
 
 def test_a_loss_reading_the_features_gets_its_folds_per_trial(monkeypatch):
@@ -219,15 +233,17 @@ def test_a_loss_reading_the_features_gets_its_folds_per_trial(monkeypatch):
     assert not torch.equal(handed[id(plan.losses[0])], handed[id(plan.losses[2])])
 
 
-def test_hyperparameters_from_the_data_are_each_folds_own():
-    """EPR's k left unset, no presets, a dataset without a published k: each trial's k is its
-    fold's val label cardinality, as in its fold's run alone, and the notes say which fold."""
+@pytest.mark.parametrize("name", ["epr", "role"])
+def test_hyperparameters_from_the_data_are_each_folds_own(name):
+    """EPR's (ROLE's) k left unset, no presets, a dataset without a published k: each trial's
+    k is its fold's val label cardinality, as in its fold's run alone, and the notes say which
+    fold."""
     folds = _folds(dataset="folds_without_a_preset")
     cfg = _config(use_presets=False)
-    stacked = _train_stacked(folds, cfg, "epr", {})
+    stacked = _train_stacked(folds, cfg, name, {})
     ks = []
     for t, (seed, k) in enumerate(CELLS):
-        alone = _fold_alone(folds[k], cfg, "epr", {}, seed)
+        alone = _fold_alone(folds[k], cfg, name, {}, seed)
         assert stacked.trials[t].hparams["k"] == alone.trials[0].hparams["k"]
         assert stacked.trials[t].hparams["k"] == pytest.approx(folds[k].val_label_cardinality())
         _assert_same(stacked, t, alone)
@@ -270,6 +286,33 @@ def test_each_trial_is_scored_on_its_folds_val_rows(name, settings):
     # the folds' val rows differ: so do their val figures
     val = [stacked.trials[t].best["val_map"] for t in (0, 2, 4)]
     assert len({round(v, 3) for v in val}) == N_FOLDS, val
+
+
+def test_folds_of_other_val_sizes_with_test_intervals():
+    """The folds' val rows may differ in number (fold 1 has 3 fewer), and test is measured
+    every epoch with bootstrap intervals: still each trial its fold's run alone."""
+    folds = _folds()
+    short = folds[1]
+    folds[1] = replace(short, val_x=short.val_x[:-3], val_labels=short.val_labels[:-3],
+                       val_observed=short.val_observed[:-3])
+    assert fold_mismatch(folds) is None
+    cfg = _config(test_curve=True, test_intervals=20)
+    stacked = _train_stacked(folds, cfg, "an", {})
+    for t, (seed, k) in enumerate(CELLS):
+        alone = _fold_alone(folds[k], cfg, "an", {}, seed)
+        _assert_same(stacked, t, alone)
+        _assert_same_record(stacked.trials[t].best, alone.trials[0].best)
+
+
+def test_one_trial_on_each_fold():
+    """One trial, fold_index [0, 1, 2]: that trial (its one seed) on each fold."""
+    folds = _folds()
+    cfg = _config()
+    stacked = train_probe(folds, cfg, "role", {"k": 2.0}, fold_index=[0, 1, 2])
+    assert [tr.seed for tr in stacked.trials] == [cfg.seed] * N_FOLDS
+    for k in range(N_FOLDS):
+        _assert_same(stacked, k, train_probe(folds[k], cfg, "role", {"k": 2.0}))
+    assert not torch.allclose(stacked.final_heads[0], stacked.final_heads[1], atol=1e-3)
 
 
 def _stop_trials(at):
