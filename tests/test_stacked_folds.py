@@ -411,6 +411,21 @@ def test_cv_replicates_of_a_store_train_as_one_run(monkeypatch, yeast_store):
         _assert_same_trial(again[1], t, alone, t)
 
 
+def test_cv_replicates_of_a_loss_without_one_object_train_one_run_each(monkeypatch):
+    """SMILE reads each fold's train features, so its trials cannot share one object across
+    folds: a cv study trains it one run per replicate (not one object per (trial, fold), each
+    holding its own feature graph), with the same results."""
+    folds = _folds()
+    cfg = _config(seeds=SEEDS, epochs=2)
+    runs = _counting(monkeypatch)
+    got = train_replicates(folds, cfg, "smile", [{}, {}])
+    assert len(runs) == 3 and all(isinstance(d, ProbeData) for d in runs)
+    for j, fold in enumerate(folds):
+        alone = train_probe(fold, cfg, "smile", [{}, {}])
+        for t in range(2):
+            _assert_same_trial(got[j], t, alone, t)
+
+
 def test_errors_name_the_argument():
     folds = _folds()
     cfg = _config(seeds=SEEDS)
