@@ -190,8 +190,8 @@ def train_replicates(data: list[ProbeData], config: Any, loss: str,
     per-trial folds (:func:`probe.engine.train.train_probe` with ``fold_index``) where they
     share the train size and the test set and the loss stacks them in one object
     (:func:`_folds_stack`); each equal to the run on that replicate within float rounding.
-    Otherwise one run per replicate. ``callback`` sees every stacked trial; nothing is pruned. ``stack=False``: one
-    run per replicate (the reference)."""
+    Otherwise one run per replicate. ``callback`` sees every stacked trial; nothing is pruned.
+    ``stack=False``: one run per replicate (the reference)."""
     from probe.engine.results import trials_of
     from probe.engine.train import train_probe
 
