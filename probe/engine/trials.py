@@ -196,8 +196,8 @@ def plan_trials(data: ProbeData, config: ProbeConfig, loss: Loss | str,
     if given is not None:
         if not shared:
             raise ProbeConfigError(
-                "per-trial seeds, draws or folds need loss objects the engine builds; pass the "
-                "loss by name")
+                "per-trial seeds, draws or folds need one loss object per trial; pass the loss "
+                "by name")
         values = given.hparams_dict()  # stacked hyperparameters come back as per-trial lists
         merged = [{k: (v[t] if isinstance(v, list) else v) for k, v in values.items()}
                   for t in range(len(seeds))]
