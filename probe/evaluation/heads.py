@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -208,24 +207,37 @@ class Evaluator:
 
     def _record_mll(self, heads: Tensor, idx: list[int]) -> None:
         """The multi-label-learning metrics (:mod:`probe.metrics.mll`) of each trial's best head
-        on val and test, into its best record as ``val_<name>`` / ``test_<name>``; the tuned
-        Hamming threshold is chosen on val (``hamming_threshold``)."""
-        from probe.metrics.mll import mll_metrics, tuned_threshold
+        on val (its fold's) and test, into its best record as ``val_<name>`` / ``test_<name>``;
+        the tuned Hamming threshold is chosen on val (``hamming_threshold``). The heads go in
+        blocks of trials that share a val set, their float64 logits below :data:`EVAL_BLOCK`
+        elements per split, on the heads' device."""
+        from probe.metrics.mll import mll_metrics_stacked, probabilities, tuned_thresholds
 
+        by_set: dict[int, list[int]] = {}
         for j, t in enumerate(idx):
-            logits = {}
-            targets = {}
-            for split in ("val", "test"):
-                x, y = self.test_set if split == "test" else self.val_sets[self.val_of[t]]
-                logits[split] = stacked_logits(x, heads[j:j + 1].float())[0].double().cpu().numpy()
-                targets[split] = y.cpu().numpy().astype(np.uint8)
-            val_probabilities = 1.0 / (1.0 + np.exp(-logits["val"]))
-            threshold = tuned_threshold(val_probabilities, targets["val"])
-            record = {"hamming_threshold": threshold}
-            for split in ("val", "test"):
-                values = mll_metrics(logits[split], targets[split], threshold)
-                record.update({f"{split}_{name}": v for name, v in values.items()})
-            self.results[t].best.update(record)
+            by_set.setdefault(self.val_of[t], []).append(j)
+        test_x, test_y = self.test_set
+        for k, positions in by_set.items():
+            val_x, val_y = self.val_sets[k]
+            rows = max(val_x.shape[0], test_x.shape[0])
+            per = max(1, EVAL_BLOCK // max(1, rows * self.n_classes))
+            for p0 in range(0, len(positions), per):
+                block = positions[p0 : p0 + per]
+                w = heads.index_select(0, torch.tensor(block, device=heads.device)).float()
+                val = stacked_logits(val_x, w).double()
+                thresholds = tuned_thresholds(probabilities(val), val_y)
+                values = {"val": mll_metrics_stacked(val, val_y, thresholds)}
+                del val
+                test = stacked_logits(test_x, w).double()
+                values["test"] = mll_metrics_stacked(test, test_y, thresholds)
+                del test
+                chosen = thresholds.tolist()
+                by_name = {f"{split}_{name}": v.tolist() for split, metrics in values.items()
+                           for name, v in metrics.items()}
+                for i, j in enumerate(block):
+                    record = {"hamming_threshold": chosen[i]}
+                    record.update({key: v[i] for key, v in by_name.items()})
+                    self.results[idx[j]].best.update(record)
 
     def _bootstrap_hook(self, boots: list[Any], done: Callable[[int], None]
                         ) -> Callable[[Tensor, Tensor], None]:
