@@ -106,68 +106,64 @@ def probabilities(logits: Tensor) -> Tensor:
 # ----------------------------------------------------------------------------- the batched core
 
 
-def _positions_of(index: Tensor, dim: int) -> Tensor:
-    """The inverse of a sort ``index`` along ``dim``: each entry's position in the sorted order."""
-    shape = [1] * index.dim()
-    shape[dim] = index.shape[dim]
-    positions = torch.arange(index.shape[dim], device=index.device).reshape(shape)
-    return torch.empty_like(index).scatter_(dim, index, positions.expand_as(index))
+def _ranked_labels(scores: Tensor, has: Tensor) -> Tensor:
+    """(T, N, C) bool: each row's labels in ranked order -- highest score first, ties in class
+    order (a stable sort, as SMILE's code)."""
+    order = torch.sort(scores, dim=2, descending=True, stable=True).indices
+    return has.expand(scores.shape[0], -1, -1).gather(2, order)
 
 
-def _descending_order(scores: Tensor) -> Tensor:
-    """(T, N, C) int64: each row's classes, highest score first, ties in class order (a stable
-    sort of the negated scores, as SMILE's code)."""
-    return torch.argsort(-scores, dim=2, stable=True)
-
-
-def _mean_pair_share(ranks: Tensor, has: Tensor, dim: int) -> Tensor:
-    """(T,): along ``dim`` (1: a class's rows, 2: a row's classes) of ``ranks`` (T, N, C), each
-    line's share of (positive, negative) pairs whose negative is ranked before the positive --
-    the positives' rank sum beyond the first m ranks 0..m-1, over m·n -- averaged over the lines
-    that have both (NaN where none has)."""
-    m = has.sum(dim - 1).double()  # has is (N, C): its axis dim - 1 is the ranks' dim
-    n = has.shape[dim - 1] - m
+def _mean_pair_share(ranked: Tensor) -> Tensor:
+    """(T,): over lines of ``ranked`` (T, L, K) -- each line's labels in ranked order -- each
+    line's share of (positive, negative) pairs whose negative is ranked before the positive (the
+    positives' rank sum beyond the first m ranks 0..m-1, over m·n), averaged over the lines that
+    have both (NaN where none has)."""
+    m = ranked[0].sum(1).double()  # the lines' labels are the same in every head's ranking
+    n = ranked.shape[2] - m
     lines = (m > 0) & (n > 0)
     if not bool(lines.any()):
-        return torch.full((ranks.shape[0],), float("nan"), dtype=torch.float64,
-                          device=ranks.device)
-    rank_sum = (ranks * has).sum(dim).double()  # (T, N) or (T, C)
-    share = (rank_sum[:, lines] - m[lines] * (m[lines] - 1) / 2.0) / (m[lines] * n[lines])
+        return torch.full((ranked.shape[0],), float("nan"), dtype=torch.float64,
+                          device=ranked.device)
+    # the positives' 0-based ranks summed: integers below 2^53, exact in float64
+    positions = torch.arange(ranked.shape[2], dtype=torch.float64, device=ranked.device)
+    rank_sum = ranked[:, lines].double() @ positions
+    share = (rank_sum - m[lines] * (m[lines] - 1) / 2.0) / (m[lines] * n[lines])
     return share.mean(1)
 
 
-def _one_error(order: Tensor, has: Tensor) -> Tensor:
-    top = order[:, :, 0]  # the first of the top-scored classes (a stable sort)
-    hit = has.gather(1, top.T).T  # (T, N): whether each row's top class is a positive
+def _one_error(ranked: Tensor) -> Tensor:
+    hit = ranked[:, :, 0]  # (T, N): whether each row's first top-scored class is a positive
     return 1.0 - hit.sum(1).double() / hit.shape[1]
 
 
-def _coverage(ranks: Tensor, has: Tensor) -> Tensor:
-    deepest = torch.where(has, ranks + 1, 0).amax(2)  # (T, N); 0 for a row without positives
-    _, n, c = ranks.shape
+def _coverage(ranked: Tensor) -> Tensor:
+    _, n, c = ranked.shape
+    depth = torch.arange(1, c + 1, device=ranked.device)
+    deepest = (ranked * depth).amax(2)  # (T, N) 1-based; 0 for a row without positives
     return (deepest.sum(1).double() / n - 1.0) / c
 
 
-def _average_precision(order: Tensor, has: Tensor) -> Tensor:
-    rows = has.any(1)
+def _average_precision(ranked: Tensor) -> Tensor:
+    rows = ranked[0].any(1)
     if not bool(rows.any()):
-        return torch.full((order.shape[0],), float("nan"), dtype=torch.float64,
-                          device=order.device)
-    labelled = has[rows]
-    # each row's labels in ranked order (highest score first, ties in class order): at ranked
-    # position p, the positives so far over p + 1 is the precision of a positive found there
-    ranked = labelled.expand(order.shape[0], -1, -1).gather(2, order[:, rows])
-    depth = torch.arange(1, ranked.shape[2] + 1, dtype=torch.float64, device=order.device)
+        return torch.full((ranked.shape[0],), float("nan"), dtype=torch.float64,
+                          device=ranked.device)
+    ranked = ranked[:, rows]
+    # at ranked position p, the positives so far over p + 1 is the precision of a positive
+    # found there
+    depth = torch.arange(1, ranked.shape[2] + 1, dtype=torch.float64, device=ranked.device)
     precision = ranked.cumsum(2) / depth
-    per_row = (precision * ranked).sum(2) / labelled.sum(1)
+    per_row = torch.where(ranked, precision, 0.0).sum(2) / ranked[0].sum(1)
     return per_row.mean(1)
 
 
 def _macro_auc(scores: Tensor, has: Tensor) -> Tensor:
     # each class's rows ranked lowest first, ties in row order: a negative before a positive is
     # a correctly ordered pair
-    positions = _positions_of(torch.argsort(scores, dim=1, stable=True), dim=1)
-    return _mean_pair_share(positions, has, dim=1)
+    by_class = scores.transpose(1, 2).contiguous()  # (T, C, N): a contiguous sort is faster
+    order = torch.sort(by_class, dim=2, stable=True).indices
+    ranked = has.T.expand(scores.shape[0], -1, -1).gather(2, order)
+    return _mean_pair_share(ranked)
 
 
 def _hamming(probs: Tensor, has: Tensor, thresholds: Tensor) -> Tensor:
@@ -184,13 +180,12 @@ def mll_metrics_stacked(logits: Tensor, targets: Tensor, thresholds: Any = 0.5
     z = _stacked(logits, "logits")
     has = _labels(targets, z)
     th = _thresholds(thresholds, z.shape[0], z.device)
-    order = _descending_order(z)  # one sort of the rows serves four metrics
-    ranks = _positions_of(order, dim=2)
-    out = {"ranking_loss": _mean_pair_share(ranks, has, dim=2),
-           "one_error": _one_error(order, has),
-           "coverage": _coverage(ranks, has),
-           "average_precision": _average_precision(order, has)}
-    del ranks, order
+    ranked = _ranked_labels(z, has)  # one sort of the rows serves four metrics
+    out = {"ranking_loss": _mean_pair_share(ranked),
+           "one_error": _one_error(ranked),
+           "coverage": _coverage(ranked),
+           "average_precision": _average_precision(ranked)}
+    del ranked
     probs = probabilities(z)
     out["hamming_loss"] = _hamming(probs, has, th.new_full(th.shape, 0.5))
     out["hamming_loss_tuned"] = _hamming(probs, has, th)
@@ -232,29 +227,27 @@ def ranking_loss(scores: np.ndarray | Tensor, targets: np.ndarray | Tensor) -> f
     """Mean over rows with positives and negatives of the wrongly ordered pairs' fraction
     (ranked highest first: a negative before a positive is a wrong pair)."""
     s = _single(scores)
-    ranks = _positions_of(_descending_order(s), dim=2)
-    return float(_mean_pair_share(ranks, _labels(targets, s), dim=2)[0])
+    return float(_mean_pair_share(_ranked_labels(s, _labels(targets, s)))[0])
 
 
 def one_error(scores: np.ndarray | Tensor, targets: np.ndarray | Tensor) -> float:
     """The fraction of rows whose top-scored class (the first of ties) is not a positive."""
     s = _single(scores)
-    return float(_one_error(_descending_order(s), _labels(targets, s))[0])
+    return float(_one_error(_ranked_labels(s, _labels(targets, s)))[0])
 
 
 def coverage(scores: np.ndarray | Tensor, targets: np.ndarray | Tensor) -> float:
     """SMILE's coverage: (mean over all rows of the deepest positive's 1-based rank, 0 for a row
     without positives) − 1, divided by C."""
     s = _single(scores)
-    ranks = _positions_of(_descending_order(s), dim=2)
-    return float(_coverage(ranks, _labels(targets, s))[0])
+    return float(_coverage(_ranked_labels(s, _labels(targets, s)))[0])
 
 
 def average_precision(scores: np.ndarray | Tensor, targets: np.ndarray | Tensor) -> float:
     """Example-based average precision: per row with positives, the mean over its positives of
     (positives ranked at or above it) / (its 1-based rank); averaged over those rows."""
     s = _single(scores)
-    return float(_average_precision(_descending_order(s), _labels(targets, s))[0])
+    return float(_average_precision(_ranked_labels(s, _labels(targets, s)))[0])
 
 
 def macro_auc(scores: np.ndarray | Tensor, targets: np.ndarray | Tensor) -> float:
