@@ -26,8 +26,8 @@ from probe.evaluation.intervals import bootstrap_counts, bootstrap_map, head_int
 from probe.metrics import f1_scores, mean_average_precision
 from probe.progress import Progress
 
-__all__ = ["EVAL_BLOCK", "SMALL_EVAL", "Evaluator", "evaluate_head", "evaluate_heads",
-           "finite", "stacked_logits"]
+__all__ = ["EVAL_BLOCK", "MLL_CPU_BLOCK", "SMALL_EVAL", "Evaluator", "evaluate_head",
+           "evaluate_heads", "finite", "stacked_logits"]
 
 # logits elements (T·N·C) below which a CPU evaluation runs on one thread: intra-op threads only
 # add waiting to tiny ops (COCO's val at 8 trials, 10.5M elements, gains from two free threads)
