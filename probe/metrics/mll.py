@@ -23,151 +23,257 @@ the two coincide):
 * **macro AUC** (higher): the ROC AUC of each class with both kinds of rows, averaged.
 
 Ties are broken as SMILE's code breaks them: by class (or row) index, a stable sort. Scores are
-logits or probabilities (every metric but Hamming depends only on their order); all inputs are
-numpy arrays ``(N, C)``. Values are fractions in [0, 1], as the papers report them.
+logits or probabilities (every metric but Hamming depends only on their order). Values are
+fractions in [0, 1], as the papers report them; NaN where a metric has nothing to measure.
+
+One torch implementation, batched over heads: :func:`mll_metrics_stacked` and
+:func:`tuned_thresholds` take the scores of T heads ``(T, N, C)`` (any float dtype, on any
+device) with the labels ``(N, C)`` they share and return ``(T,)`` float64 tensors on that
+device; the single-head functions (:func:`ranking_loss` … :func:`mll_metrics`) take numpy
+arrays or tensors ``(N, C)`` and return python floats, as the same computation with T = 1.
+Memory: a few ``(T, N, C)`` int64 / float64 intermediates, so callers block over heads.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import torch
+from torch import Tensor
 
 __all__ = ["MLL_METRICS", "average_precision", "coverage", "hamming_loss", "macro_auc",
-           "mll_metrics", "one_error", "ranking_loss", "tuned_threshold"]
+           "mll_metrics", "mll_metrics_stacked", "one_error", "probabilities", "ranking_loss",
+           "tuned_threshold", "tuned_thresholds"]
 
 #: the metrics :func:`mll_metrics` returns, in the order tables print them
 MLL_METRICS = ("ranking_loss", "one_error", "coverage", "average_precision", "hamming_loss",
                "hamming_loss_tuned", "macro_auc")
 
-
-def _positions(keys: np.ndarray, axis: int) -> np.ndarray:
-    """Each entry's 0-based position when ``keys`` are sorted ascending along ``axis``, ties in
-    index order (a stable sort, as SMILE's code)."""
-    return _positions_of(np.argsort(keys, axis=axis, kind="stable"), axis)
+#: the thresholds :func:`tuned_thresholds` chooses from: 0.01 … 0.99
+_CANDIDATES = np.round(np.arange(1, 100) / 100.0, 2)
 
 
-def _positions_of(index: np.ndarray, axis: int) -> np.ndarray:
-    """The inverse of a sort ``index`` along ``axis``: each entry's position in the sorted order."""
-    ranks = np.empty_like(index)
-    shape = [1, 1]
-    shape[axis] = index.shape[axis]
-    positions = np.broadcast_to(np.arange(index.shape[axis]).reshape(shape), index.shape)
-    np.put_along_axis(ranks, index, positions, axis=axis)
-    return ranks
+# ----------------------------------------------------------------------------- inputs
 
 
-def _descending_order(scores: np.ndarray) -> np.ndarray:
-    """(N, C) int: each row's classes, highest score first, ties in class order."""
-    return np.argsort(-scores, axis=1, kind="stable")
+def _stacked(scores: Any, name: str = "scores") -> Tensor:
+    """``scores`` as a (T, N, C) float tensor (a float dtype kept; others as float64)."""
+    s = torch.as_tensor(scores)
+    if s.dim() != 3:
+        raise ValueError(f"{name} must be (T heads, N rows, C classes), got shape "
+                         f"{tuple(s.shape)}; pass one head's (N, C) scores to the "
+                         f"single-head functions, or add a leading axis")
+    return s if s.is_floating_point() else s.double()
 
 
-def _descending_ranks(scores: np.ndarray) -> np.ndarray:
-    """(N, C) int: each class's 0-based position when the row is sorted by score, highest
-    first, ties in class order."""
-    return _positions_of(_descending_order(scores), axis=1)
+def _single(scores: Any, name: str = "scores") -> Tensor:
+    """One head's ``scores`` (N, C) as a (1, N, C) tensor."""
+    s = torch.as_tensor(scores)
+    if s.dim() != 2:
+        raise ValueError(f"{name} must be one head's (N rows, C classes), got shape "
+                         f"{tuple(s.shape)}; use mll_metrics_stacked / tuned_thresholds for "
+                         f"(T, N, C)")
+    return _stacked(s[None], name)
 
 
-def _mean_pair_share(ranks: np.ndarray, targets: np.ndarray, axis: int) -> float:
-    """Along ``axis``, each line's share of (positive, negative) pairs whose negative is ranked
-    before the positive -- the positives' rank sum beyond the first m ranks 0..m-1, over m·n --
-    averaged over the lines that have both (NaN where none has)."""
-    has = targets.astype(bool)
-    m = has.sum(axis)
-    n = has.shape[axis] - m
+def _labels(targets: Any, scores: Tensor) -> Tensor:
+    """``targets`` (N, C), 0/1, as a bool tensor on the scores' device, checked against them."""
+    y = torch.as_tensor(targets)
+    if tuple(y.shape) != tuple(scores.shape[1:]):
+        raise ValueError(f"targets must be (N, C) = {tuple(scores.shape[1:])} like the scores' "
+                         f"rows and classes, got shape {tuple(y.shape)}")
+    return y.to(scores.device).bool()
+
+
+def _thresholds(thresholds: Any, t: int, device: torch.device) -> Tensor:
+    """``thresholds`` (one float, or one per head) as a (T,) float64 tensor."""
+    th = torch.as_tensor(thresholds, dtype=torch.float64, device=device)
+    if th.dim() == 0:
+        th = th.expand(t)
+    if tuple(th.shape) != (t,):
+        raise ValueError(f"thresholds must be one float or one per head ({t},), got shape "
+                         f"{tuple(th.shape)}")
+    return th
+
+
+def probabilities(logits: Tensor) -> Tensor:
+    """The float64 probabilities ``1 / (1 + exp(-z))`` of logits ``z`` that Hamming loss
+    thresholds."""
+    return 1.0 / (1.0 + torch.exp(-logits.double()))
+
+
+# ----------------------------------------------------------------------------- the batched core
+
+
+def _ranked_labels(scores: Tensor, has: Tensor) -> Tensor:
+    """(T, N, C) bool: each row's labels in ranked order -- highest score first, ties in class
+    order (a stable sort, as SMILE's code)."""
+    order = torch.sort(scores, dim=2, descending=True, stable=True).indices
+    return has.expand(scores.shape[0], -1, -1).gather(2, order)
+
+
+def _mean_pair_share(ranked: Tensor) -> Tensor:
+    """(T,): over lines of ``ranked`` (T, L, K) -- each line's labels in ranked order -- each
+    line's share of (positive, negative) pairs whose negative is ranked before the positive (the
+    positives' rank sum beyond the first m ranks 0..m-1, over m·n), averaged over the lines that
+    have both (NaN where none has)."""
+    m = ranked[0].sum(1).double()  # the lines' labels are the same in every head's ranking
+    n = ranked.shape[2] - m
     lines = (m > 0) & (n > 0)
-    if not lines.any():
-        return float("nan")
-    rank_sum = np.where(has, ranks, 0).sum(axis)
-    share = (rank_sum[lines] - m[lines] * (m[lines] - 1) / 2.0) / (m[lines] * n[lines])
-    return float(share.mean())
+    if not bool(lines.any()):
+        return torch.full((ranked.shape[0],), float("nan"), dtype=torch.float64,
+                          device=ranked.device)
+    # the positives' 0-based ranks summed: integers below 2^53, exact in float64
+    positions = torch.arange(ranked.shape[2], dtype=torch.float64, device=ranked.device)
+    rank_sum = ranked[:, lines].double() @ positions
+    share = (rank_sum - m[lines] * (m[lines] - 1) / 2.0) / (m[lines] * n[lines])
+    return share.mean(1)
 
 
-def ranking_loss(scores: np.ndarray, targets: np.ndarray) -> float:
-    """Mean over rows with positives and negatives of the wrongly ordered pairs' fraction
-    (ranked highest first: a negative before a positive is a wrong pair)."""
-    return _mean_pair_share(_descending_ranks(scores), targets, axis=1)
+def _one_error(ranked: Tensor) -> Tensor:
+    hit = ranked[:, :, 0]  # (T, N): whether each row's first top-scored class is a positive
+    return 1.0 - hit.sum(1).double() / hit.shape[1]
 
 
-def one_error(scores: np.ndarray, targets: np.ndarray) -> float:
-    """The fraction of rows whose top-scored class (the first of ties) is not a positive."""
-    top = np.argmax(scores, axis=1)
-    hit = targets[np.arange(len(top)), top] == 1
-    return float(1.0 - hit.mean())
+def _coverage(ranked: Tensor) -> Tensor:
+    _, n, c = ranked.shape
+    depth = torch.arange(1, c + 1, device=ranked.device)
+    deepest = (ranked * depth).amax(2)  # (T, N) 1-based; 0 for a row without positives
+    return (deepest.sum(1).double() / n - 1.0) / c
 
 
-def coverage(scores: np.ndarray, targets: np.ndarray) -> float:
-    """SMILE's coverage: (mean over all rows of the deepest positive's 1-based rank, 0 for a row
-    without positives) − 1, divided by C."""
-    return _coverage(_descending_ranks(scores), targets)
+def _average_precision(ranked: Tensor) -> Tensor:
+    rows = ranked[0].any(1)
+    if not bool(rows.any()):
+        return torch.full((ranked.shape[0],), float("nan"), dtype=torch.float64,
+                          device=ranked.device)
+    ranked = ranked[:, rows]
+    # at ranked position p, the positives so far over p + 1 is the precision of a positive
+    # found there
+    depth = torch.arange(1, ranked.shape[2] + 1, dtype=torch.float64, device=ranked.device)
+    precision = ranked.cumsum(2) / depth
+    per_row = torch.where(ranked, precision, 0.0).sum(2) / ranked[0].sum(1)
+    return per_row.mean(1)
 
 
-def _coverage(ranks: np.ndarray, targets: np.ndarray) -> float:
-    has = targets.astype(bool)
-    deepest = np.where(has, ranks + 1, 0).max(1)
-    return float((deepest.sum() / ranks.shape[0] - 1.0) / ranks.shape[1])
+def _macro_auc(scores: Tensor, has: Tensor) -> Tensor:
+    # each class's rows ranked lowest first, ties in row order: a negative before a positive is
+    # a correctly ordered pair
+    by_class = scores.transpose(1, 2).contiguous()  # (T, C, N): a contiguous sort is faster
+    order = torch.sort(by_class, dim=2, stable=True).indices
+    ranked = has.T.expand(scores.shape[0], -1, -1).gather(2, order)
+    return _mean_pair_share(ranked)
 
 
-def average_precision(scores: np.ndarray, targets: np.ndarray) -> float:
-    """Example-based average precision: per row with positives, the mean over its positives of
-    (positives ranked at or above it) / (its 1-based rank); averaged over those rows."""
-    return _average_precision(_descending_order(scores), targets)
+def _hamming(probs: Tensor, has: Tensor, thresholds: Tensor) -> Tensor:
+    wrong = (probs > thresholds[:, None, None]) != has
+    return wrong.sum((1, 2)).double() / (has.shape[0] * has.shape[1])
 
 
-def _average_precision(order: np.ndarray, targets: np.ndarray) -> float:
-    has = targets.astype(bool)
-    rows = has.any(1)
-    if not rows.any():
-        return float("nan")
-    # each row's labels in ranked order (highest score first, ties in class order): at ranked
-    # position p, the positives so far over p + 1 is the precision of a positive found there
-    ranked = np.take_along_axis(has[rows], order[rows], axis=1)
-    precision = np.cumsum(ranked, axis=1) / np.arange(1, ranked.shape[1] + 1)
-    per_row = (precision * ranked).sum(1) / ranked.sum(1)
-    return float(per_row.mean())
+def mll_metrics_stacked(logits: Tensor, targets: Tensor, thresholds: Any = 0.5
+                        ) -> dict[str, Tensor]:
+    """Every metric of :data:`MLL_METRICS` of T heads' logits ``(T, N, C)`` on the labels
+    ``targets`` (N, C) they share, each a (T,) float64 tensor on the logits' device;
+    ``hamming_loss_tuned`` uses ``thresholds`` (one per head, from :func:`tuned_thresholds` on
+    val, or one float)."""
+    z = _stacked(logits, "logits")
+    has = _labels(targets, z)
+    th = _thresholds(thresholds, z.shape[0], z.device)
+    ranked = _ranked_labels(z, has)  # one sort of the rows serves four metrics
+    out = {"ranking_loss": _mean_pair_share(ranked),
+           "one_error": _one_error(ranked),
+           "coverage": _coverage(ranked),
+           "average_precision": _average_precision(ranked)}
+    del ranked
+    probs = probabilities(z)
+    out["hamming_loss"] = _hamming(probs, has, th.new_full(th.shape, 0.5))
+    out["hamming_loss_tuned"] = _hamming(probs, has, th)
+    del probs
+    out["macro_auc"] = _macro_auc(z, has)
+    return {name: out[name] for name in MLL_METRICS}
 
 
-def macro_auc(scores: np.ndarray, targets: np.ndarray) -> float:
-    """Mean over classes with positive and negative rows of the ROC AUC (rank-sum form, ties in
-    row order, as SMILE's code)."""
-    # ranked lowest first: a negative before a positive is a correctly ordered pair
-    return _mean_pair_share(_positions(scores, axis=0), targets, axis=0)
-
-
-def hamming_loss(probabilities: np.ndarray, targets: np.ndarray, threshold: float = 0.5
-                 ) -> float:
-    """The fraction of entries where ``probabilities > threshold`` disagrees with the labels."""
-    predicted = probabilities > threshold
-    return float((predicted != targets.astype(bool)).mean())
-
-
-def tuned_threshold(probabilities: np.ndarray, targets: np.ndarray) -> float:
-    """The threshold in 0.01 … 0.99 with the smallest Hamming loss on these (val) rows; of
-    equal ones, the nearest to 0.5."""
-    candidates = np.round(np.arange(1, 100) / 100.0, 2)
-    # the wrong entries at each candidate t by one binary search per entry: an entry with
+def tuned_thresholds(probs: Tensor, targets: Tensor) -> Tensor:
+    """(T,) float64: for each head's probabilities ``(T, N, C)`` on these (val) rows, the
+    threshold in 0.01 … 0.99 with the smallest Hamming loss; of equal ones, the nearest to 0.5
+    (the first of equally near)."""
+    p = _stacked(probs, "probabilities")
+    has = _labels(targets, p)
+    t = p.shape[0]
+    k = len(_CANDIDATES)
+    candidates = torch.as_tensor(_CANDIDATES, device=p.device)
+    # the wrong entries at each candidate by one binary search per entry: an entry with
     # probability p is predicted positive (p > t, as hamming_loss) at the candidates below
     # bins(p), the number of candidates < p
-    has = targets.astype(bool)
-    bins_pos = np.searchsorted(candidates, probabilities[has], side="left")
-    bins_neg = np.searchsorted(candidates, probabilities[~has], side="left")
-    # over candidate k: positives with p <= t_k (bins <= k), negatives with p > t_k (bins > k)
-    missed = np.cumsum(np.bincount(bins_pos, minlength=len(candidates) + 1))[:-1]
-    false = len(bins_neg) - np.cumsum(np.bincount(bins_neg, minlength=len(candidates) + 1))[:-1]
-    losses = (missed + false) / probabilities.size
-    best = min(range(len(candidates)), key=lambda k: (losses[k], abs(candidates[k] - 0.5)))
-    return float(candidates[best])
+    bins = torch.bucketize(p.double(), candidates, right=False)  # (T, N, C) in 0 … 99
+    # one count per (head, label, bin): key = (head · 2 + label) · (k + 1) + bin
+    key = bins + (torch.arange(t, device=p.device)[:, None, None] * 2 + has) * (k + 1)
+    counts = torch.bincount(key.reshape(-1), minlength=t * 2 * (k + 1)).reshape(t, 2, k + 1)
+    # over candidate j: positives with p <= t_j (bins <= j), negatives with p > t_j (bins > j)
+    missed = counts[:, 1].cumsum(1)[:, :-1]
+    false = counts[:, 0].sum(1, keepdim=True) - counts[:, 0].cumsum(1)[:, :-1]
+    wrong = missed + false  # (T, k): the loss times N·C, exact in integers
+    distance = (candidates - 0.5).abs().expand(t, -1)
+    fewest = wrong == wrong.amin(1, keepdim=True)
+    best = torch.where(fewest, distance, float("inf")).argmin(1)  # the first of the nearest
+    return candidates[best]
 
 
-def mll_metrics(test_logits: np.ndarray, test_targets: np.ndarray,
+# ----------------------------------------------------------------------------- one head
+
+
+def ranking_loss(scores: np.ndarray | Tensor, targets: np.ndarray | Tensor) -> float:
+    """Mean over rows with positives and negatives of the wrongly ordered pairs' fraction
+    (ranked highest first: a negative before a positive is a wrong pair)."""
+    s = _single(scores)
+    return float(_mean_pair_share(_ranked_labels(s, _labels(targets, s)))[0])
+
+
+def one_error(scores: np.ndarray | Tensor, targets: np.ndarray | Tensor) -> float:
+    """The fraction of rows whose top-scored class (the first of ties) is not a positive."""
+    s = _single(scores)
+    return float(_one_error(_ranked_labels(s, _labels(targets, s)))[0])
+
+
+def coverage(scores: np.ndarray | Tensor, targets: np.ndarray | Tensor) -> float:
+    """SMILE's coverage: (mean over all rows of the deepest positive's 1-based rank, 0 for a row
+    without positives) − 1, divided by C."""
+    s = _single(scores)
+    return float(_coverage(_ranked_labels(s, _labels(targets, s)))[0])
+
+
+def average_precision(scores: np.ndarray | Tensor, targets: np.ndarray | Tensor) -> float:
+    """Example-based average precision: per row with positives, the mean over its positives of
+    (positives ranked at or above it) / (its 1-based rank); averaged over those rows."""
+    s = _single(scores)
+    return float(_average_precision(_ranked_labels(s, _labels(targets, s)))[0])
+
+
+def macro_auc(scores: np.ndarray | Tensor, targets: np.ndarray | Tensor) -> float:
+    """Mean over classes with positive and negative rows of the ROC AUC (rank-sum form, ties in
+    row order, as SMILE's code)."""
+    s = _single(scores)
+    return float(_macro_auc(s, _labels(targets, s))[0])
+
+
+def hamming_loss(probabilities: np.ndarray | Tensor, targets: np.ndarray | Tensor,
+                 threshold: float = 0.5) -> float:
+    """The fraction of entries where ``probabilities > threshold`` disagrees with the labels."""
+    p = _single(probabilities, "probabilities").double()
+    return float(_hamming(p, _labels(targets, p), _thresholds(threshold, 1, p.device))[0])
+
+
+def tuned_threshold(probabilities: np.ndarray | Tensor, targets: np.ndarray | Tensor) -> float:
+    """The threshold in 0.01 … 0.99 with the smallest Hamming loss on these (val) rows; of
+    equal ones, the nearest to 0.5."""
+    p = _single(probabilities, "probabilities")
+    return float(tuned_thresholds(p, targets)[0])
+
+
+def mll_metrics(test_logits: np.ndarray | Tensor, test_targets: np.ndarray | Tensor,
                 threshold: float = 0.5) -> dict[str, float]:
     """Every metric of :data:`MLL_METRICS` of one head's test logits ``(N, C)``;
     ``hamming_loss_tuned`` uses ``threshold`` (from :func:`tuned_threshold` on val)."""
-    probabilities = 1.0 / (1.0 + np.exp(-test_logits.astype(np.float64)))
-    order = _descending_order(test_logits)  # one sort of the rows serves three metrics
-    ranks = _positions_of(order, axis=1)
-    return {"ranking_loss": _mean_pair_share(ranks, test_targets, axis=1),
-            "one_error": one_error(test_logits, test_targets),
-            "coverage": _coverage(ranks, test_targets),
-            "average_precision": _average_precision(order, test_targets),
-            "hamming_loss": hamming_loss(probabilities, test_targets, 0.5),
-            "hamming_loss_tuned": hamming_loss(probabilities, test_targets, threshold),
-            "macro_auc": macro_auc(test_logits, test_targets)}
+    values = mll_metrics_stacked(_single(test_logits, "test_logits"), test_targets, threshold)
+    return {name: float(v[0]) for name, v in values.items()}
