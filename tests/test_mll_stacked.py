@@ -21,6 +21,7 @@ import torch
 import probe.evaluation.heads as heads_module
 from probe import train_probe
 from probe.engine.logits import stacked_logits
+from probe.metrics import MetricInputError
 from probe.metrics.mll import (
     MLL_METRICS,
     average_precision,
@@ -251,13 +252,13 @@ def test_thresholds_are_tuned_per_head_with_ties_nearest_one_half(seed):
 
 def test_bad_shapes_are_refused_naming_the_argument():
     logits, targets = _case("random", seed=0)
-    with pytest.raises(ValueError, match="logits must be"):
+    with pytest.raises(MetricInputError, match="logits must be"):
         mll_metrics_stacked(torch.as_tensor(logits[0]), targets)
-    with pytest.raises(ValueError, match="targets must be"):
+    with pytest.raises(MetricInputError, match="targets must be"):
         mll_metrics_stacked(torch.as_tensor(logits), targets[:, :3])
-    with pytest.raises(ValueError, match="thresholds must be"):
+    with pytest.raises(MetricInputError, match="thresholds must be"):
         mll_metrics_stacked(torch.as_tensor(logits), targets, torch.tensor([0.5, 0.5]))
-    with pytest.raises(ValueError, match="scores must be one head"):
+    with pytest.raises(MetricInputError, match="scores must be one head"):
         ranking_loss(logits, targets)
 
 

@@ -42,6 +42,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from probe.metrics import MetricInputError
+
 __all__ = ["MLL_METRICS", "average_precision", "coverage", "hamming_loss", "macro_auc",
            "mll_metrics", "mll_metrics_stacked", "one_error", "probabilities", "ranking_loss",
            "tuned_threshold", "tuned_thresholds"]
@@ -61,7 +63,7 @@ def _stacked(scores: Any, name: str = "scores") -> Tensor:
     """``scores`` as a (T, N, C) float tensor (a float dtype kept; others as float64)."""
     s = torch.as_tensor(scores)
     if s.dim() != 3:
-        raise ValueError(f"{name} must be (T heads, N rows, C classes), got shape "
+        raise MetricInputError(f"{name} must be (T heads, N rows, C classes), got shape "
                          f"{tuple(s.shape)}; pass one head's (N, C) scores to the "
                          f"single-head functions, or add a leading axis")
     return s if s.is_floating_point() else s.double()
@@ -71,7 +73,7 @@ def _single(scores: Any, name: str = "scores") -> Tensor:
     """One head's ``scores`` (N, C) as a (1, N, C) tensor."""
     s = torch.as_tensor(scores)
     if s.dim() != 2:
-        raise ValueError(f"{name} must be one head's (N rows, C classes), got shape "
+        raise MetricInputError(f"{name} must be one head's (N rows, C classes), got shape "
                          f"{tuple(s.shape)}; use mll_metrics_stacked / tuned_thresholds for "
                          f"(T, N, C)")
     return _stacked(s[None], name)
@@ -81,8 +83,8 @@ def _labels(targets: Any, scores: Tensor) -> Tensor:
     """``targets`` (N, C), 0/1, as a bool tensor on the scores' device, checked against them."""
     y = torch.as_tensor(targets)
     if tuple(y.shape) != tuple(scores.shape[1:]):
-        raise ValueError(f"targets must be (N, C) = {tuple(scores.shape[1:])} like the scores' "
-                         f"rows and classes, got shape {tuple(y.shape)}")
+        raise MetricInputError(f"targets must be (N, C) = {tuple(scores.shape[1:])} like the "
+                               f"scores' rows and classes, got shape {tuple(y.shape)}")
     return y.to(scores.device).bool()
 
 
@@ -92,7 +94,7 @@ def _thresholds(thresholds: Any, t: int, device: torch.device) -> Tensor:
     if th.dim() == 0:
         th = th.expand(t)
     if tuple(th.shape) != (t,):
-        raise ValueError(f"thresholds must be one float or one per head ({t},), got shape "
+        raise MetricInputError(f"thresholds must be one float or one per head ({t},), got shape "
                          f"{tuple(th.shape)}")
     return th
 
