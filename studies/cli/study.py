@@ -228,7 +228,8 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
     p.add_argument("--select", default="val", metavar="val|cv:K|draws:N",
                    help="how a trial is scored: val (default: the protocol's one split and "
                    "draw), cv:K (mean val mAP over K train/val re-splits of the pool) or draws:N "
-                   "(mean over N single-positive draws); K or N times the training, no pruning. "
+                   "(mean over N single-positive draws); K or N times the heads, trained as one "
+                   "stacked run, no pruning. "
                    "docs/selection.md measures which picks values that hold up on test")
     add_observed_seed_argument(p)
     add_priors_argument(p)
