@@ -260,6 +260,28 @@ def test_bad_shapes_are_refused_naming_the_argument():
         mll_metrics_stacked(torch.as_tensor(logits), targets, torch.tensor([0.5, 0.5]))
     with pytest.raises(MetricInputError, match="scores must be one head"):
         ranking_loss(logits, targets)
+    with pytest.raises(MetricInputError, match=r"probs must be the logits' probabilities"):
+        mll_metrics_stacked(torch.as_tensor(logits), targets,
+                            probs=probabilities(torch.as_tensor(logits[:2])))
+
+
+@pytest.mark.parametrize("kind", ("random", "tied"))
+def test_probabilities_given_by_the_caller_give_the_same_metrics(kind):
+    """The Evaluator forms val's probabilities once, to tune the thresholds, and hands them on:
+    the same figures as the probabilities formed inside, exactly (one formula)."""
+    logits, targets = _case(kind, seed=3)
+    z = torch.as_tensor(logits).float()
+    probs = probabilities(z)
+    thresholds = tuned_thresholds(probs, torch.as_tensor(targets))
+    given = mll_metrics_stacked(z, targets, thresholds, probs=probs)
+    formed = mll_metrics_stacked(z, targets, thresholds)
+    for name in MLL_METRICS:
+        assert torch.equal(given[name].nan_to_num(-1.0), formed[name].nan_to_num(-1.0)), name
+    # the given probabilities are the ones thresholded: other ones move the Hamming losses only
+    other = mll_metrics_stacked(z, targets, thresholds, probs=1.0 - probs)
+    assert not torch.equal(other["hamming_loss"], formed["hamming_loss"])
+    assert torch.equal(other["ranking_loss"].nan_to_num(-1.0),
+                       formed["ranking_loss"].nan_to_num(-1.0))
 
 
 # ----------------------------------------------------------------------------- the Evaluator

@@ -23,7 +23,13 @@ import torch
 
 import probe.engine.train as engine_train
 from probe import ProbeConfigError, train_probe
-from probe.engine.data import DataError, ProbeData, fold_mismatch, stack_folds
+from probe.engine.data import (
+    DataError,
+    ProbeData,
+    fold_mismatch,
+    positions_by_fold,
+    stack_folds,
+)
 from probe.engine.loop import BlockedTrainer, StackedTrainer, make_trainer
 from probe.engine.speed import SpeedOptions
 from probe.engine.trials import plan_trials
@@ -472,3 +478,12 @@ def test_cuda_graph_over_folds_equals_the_eager_step(name, hparams):
         _assert_same(graph, t, _fold_alone(folds[k], replace(cfg, cuda_graph=False), name,
                                            hparams, seed))
     _assert_folds_differ(graph)
+
+
+def test_trials_are_grouped_by_fold_in_order_of_first_appearance():
+    """The one grouping the trainer's epoch pass, the val pass and the MLL metrics share."""
+    assert positions_by_fold([2, 0, 2, 1, 0]) == {2: [0, 2], 0: [1, 4], 1: [3]}
+    assert list(positions_by_fold([2, 0, 2, 1, 0])) == [2, 0, 1]
+    assert positions_by_fold(torch.tensor([5, 5]).tolist()) == {5: [0, 1]}
+    assert positions_by_fold([]) == {}
+

@@ -32,8 +32,8 @@ from probe.devices import resolve_device
 from probe.errors import DataError
 from probe.store.protocol import PROTOCOL_SEED, single_positive
 
-__all__ = ["DataError", "ProbeData", "fold_mismatch", "load_store", "same_tensor", "stack_folds",
-           "train_targets"]
+__all__ = ["DataError", "ProbeData", "fold_mismatch", "join_fold_blocks", "load_store",
+           "positions_by_fold", "same_tensor", "stack_folds", "train_targets"]
 
 
 def _with_bias_column(x: np.ndarray | Tensor, dtype: torch.dtype | None) -> Tensor:
@@ -342,6 +342,16 @@ def fold_mismatch(folds: Sequence[ProbeData]) -> str | None:
     return None
 
 
+def positions_by_fold(fold_of: Sequence[int]) -> dict[int, list[int]]:
+    """``{fold: [positions]}``: the positions of ``fold_of`` (the fold of each trial in a
+    stacked run, or any key naming it) grouped by fold, folds in order of first appearance --
+    the one grouping by which each trial is trained, validated and scored on its own fold."""
+    groups: dict[int, list[int]] = {}
+    for position, fold in enumerate(fold_of):
+        groups.setdefault(int(fold), []).append(position)
+    return groups
+
+
 def stack_folds(folds: Sequence[ProbeData]) -> ProbeData:
     """K folds as the one :class:`ProbeData` a stacked run trains on: ``train_x`` holds every
     fold's train block (its rows, then their flipped features) one after another, so fold k's
@@ -352,6 +362,12 @@ def stack_folds(folds: Sequence[ProbeData]) -> ProbeData:
     if why is not None:
         raise DataError(f"folds: {why}; folds trained as one run need the same train size, "
                         "classes, device and test set (train them one run each instead)")
+    return join_fold_blocks(folds)
+
+
+def join_fold_blocks(folds: Sequence[ProbeData]) -> ProbeData:
+    """:func:`stack_folds` without its check, for a caller that has asked :func:`fold_mismatch`
+    already (``train_probe``, which names its own argument in the error)."""
     if len(folds) == 1:
         return folds[0]
     blocks = _consecutive_blocks([fold.train_x for fold in folds])

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from probe.devices import inductor_unavailable
 from probe.engine.config import ProbeConfig, ProbeConfigError
-from probe.engine.data import ProbeData, train_targets
+from probe.engine.data import ProbeData, positions_by_fold, train_targets
 from probe.engine.logits import stacked_logits
 from probe.engine.optim import StackedAdam, TrialParam, make_optimizer
 from probe.engine.speed import (
@@ -341,10 +341,8 @@ class StackedTrainer:
         if self.fold_start is None:
             return stacked_logits(x[: self.n], self.w)
         out = torch.empty(len(self.live), self.n, self.w.shape[2], device=self.device)
-        starts = self.fold_start.tolist()
-        for start in sorted(set(starts)):
-            mine = torch.tensor([j for j, s in enumerate(starts) if s == start],
-                                device=self.device)
+        for start, positions in positions_by_fold(self.fold_start.tolist()).items():
+            mine = torch.tensor(positions, device=self.device)
             out[mine] = stacked_logits(x[start : start + self.n], self.w.index_select(0, mine))
         return out
 

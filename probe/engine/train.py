@@ -57,7 +57,7 @@ from torch import Tensor
 
 from probe.devices import resolve_device
 from probe.engine.config import ProbeConfig, ProbeConfigError
-from probe.engine.data import ProbeData, fold_mismatch, stack_folds, train_targets
+from probe.engine.data import ProbeData, fold_mismatch, join_fold_blocks, train_targets
 from probe.engine.loop import BlockedTrainer, StackedTrainer, deterministic, make_trainer
 from probe.engine.results import EpochReport, ProbeResult, TrialResult, environment_info
 from probe.engine.speed import SpeedOptions, resolve_speed
@@ -127,8 +127,8 @@ def train_probe(data: ProbeData | Sequence[ProbeData], config: ProbeConfig | Non
         data = _on_device(data, config.device)
     else:
         folds = [_on_device(fold, config.device) for fold in data]
-        draws, draw_index = _fold_targets(folds, fold_index, draws, config)
-        data = stack_folds(folds)
+        draws, draw_index = _fold_targets(folds, fold_index, draws, config)  # checks the folds
+        data = join_fold_blocks(folds)
     stack = draw_stack(draws, data)
     plan = plan_trials(data, config, loss, hparams, draw_index,
                        0 if stack is None else stack.shape[0], folds=folds)

@@ -33,7 +33,7 @@ from probe.engine.config import (
     loss_hparams,
     resolve_training,
 )
-from probe.engine.data import ProbeData
+from probe.engine.data import ProbeData, positions_by_fold
 from probe.losses import Loss
 
 __all__ = ["LossGroup", "TrialPlan", "expand_grid", "one_loss_object", "plan_trials"]
@@ -228,8 +228,7 @@ def _resolve_hparams(cls: type[Loss], trials: list[dict[str, Any]], data: ProbeD
                             data.val_label_cardinality, preset=preset)
     merged: list[dict[str, Any]] = [{} for _ in trials]
     notes: list[str] = []
-    for k in sorted(set(index)):
-        mine = [t for t, fold in enumerate(index) if fold == k]
+    for k, mine in sorted(positions_by_fold(index).items()):
         values, said = loss_hparams(cls, [trials[t] for t in mine], data.dataset, data.n_classes,
                                     folds[k].val_label_cardinality, preset=preset)
         for t, v in zip(mine, values):

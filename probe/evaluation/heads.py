@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from probe.engine.config import ProbeConfigError
-from probe.engine.data import ProbeData
+from probe.engine.data import ProbeData, positions_by_fold
 from probe.engine.logits import EVAL_BLOCK, stacked_logits
 from probe.engine.results import from_linear
 from probe.engine.threads import step_threads
@@ -135,9 +135,7 @@ class Evaluator:
     def _evaluate_val(self, heads: Tensor, idx: list[int]) -> dict[str, Tensor]:
         """:func:`evaluate_heads` of ``heads`` (trials ``idx``) on val: each trial on its own
         fold's val rows, one evaluation per fold; the rows of the result in ``idx``'s order."""
-        by_set: dict[int, list[int]] = {}
-        for j, t in enumerate(idx):
-            by_set.setdefault(self.val_of[t], []).append(j)
+        by_set = positions_by_fold([self.val_of[t] for t in idx])
         if len(by_set) == 1:
             x, y = self.val_sets[next(iter(by_set))]
             return evaluate_heads(x, y, heads, self.threshold)
@@ -220,9 +218,7 @@ class Evaluator:
         below :data:`EVAL_BLOCK` elements (:data:`MLL_CPU_BLOCK` on the CPU)."""
         from probe.metrics.mll import mll_metrics_stacked, probabilities, tuned_thresholds
 
-        by_set: dict[int, list[int]] = {}
-        for j, t in enumerate(idx):
-            by_set.setdefault(self.val_of[t], []).append(j)
+        by_set = positions_by_fold([self.val_of[t] for t in idx])
         test_x, test_y = self.test_set
         for k, positions in by_set.items():
             val_x, val_y = self.val_sets[k]
@@ -235,9 +231,10 @@ class Evaluator:
                 # float32 logits: their order is that of their float64 values (the conversion
                 # is exact) and sorts faster; the Hamming probabilities are formed in float64
                 val = stacked_logits(val_x, w)
-                thresholds = tuned_thresholds(probabilities(val), val_y)
-                values = {"val": mll_metrics_stacked(val, val_y, thresholds)}
-                del val
+                val_probs = probabilities(val)
+                thresholds = tuned_thresholds(val_probs, val_y)
+                values = {"val": mll_metrics_stacked(val, val_y, thresholds, probs=val_probs)}
+                del val, val_probs
                 test = stacked_logits(test_x, w)
                 values["test"] = mll_metrics_stacked(test, test_y, thresholds)
                 del test

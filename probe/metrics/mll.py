@@ -59,24 +59,24 @@ _CANDIDATES = np.round(np.arange(1, 100) / 100.0, 2)
 # ----------------------------------------------------------------------------- inputs
 
 
-def _stacked(scores: Any, name: str = "scores") -> Tensor:
-    """``scores`` as a (T, N, C) float tensor (a float dtype kept; others as float64)."""
+#: what a scores argument of 3 or 2 axes must be, and where the other shape goes
+_SHAPES = {3: ("(T heads, N rows, C classes)",
+               "pass one head's (N, C) scores to the single-head functions, or add a leading axis"),
+           2: ("one head's (N rows, C classes)",
+               "use mll_metrics_stacked / tuned_thresholds for (T, N, C)")}
+
+
+def _as_heads(scores: Any, name: str = "scores", axes: int = 3) -> Tensor:
+    """``scores`` as a (T, N, C) float tensor (a float dtype kept; others as float64): T heads'
+    ``(T, N, C)`` with ``axes`` 3, one head's ``(N, C)`` as T = 1 with ``axes`` 2."""
     s = torch.as_tensor(scores)
-    if s.dim() != 3:
-        raise MetricInputError(f"{name} must be (T heads, N rows, C classes), got shape "
-                         f"{tuple(s.shape)}; pass one head's (N, C) scores to the "
-                         f"single-head functions, or add a leading axis")
+    if s.dim() != axes:
+        expected, instead = _SHAPES[axes]
+        raise MetricInputError(f"{name} must be {expected}, got shape {tuple(s.shape)}; "
+                               f"{instead}")
+    if axes == 2:
+        s = s[None]
     return s if s.is_floating_point() else s.double()
-
-
-def _single(scores: Any, name: str = "scores") -> Tensor:
-    """One head's ``scores`` (N, C) as a (1, N, C) tensor."""
-    s = torch.as_tensor(scores)
-    if s.dim() != 2:
-        raise MetricInputError(f"{name} must be one head's (N rows, C classes), got shape "
-                         f"{tuple(s.shape)}; use mll_metrics_stacked / tuned_thresholds for "
-                         f"(T, N, C)")
-    return _stacked(s[None], name)
 
 
 def _labels(targets: Any, scores: Tensor) -> Tensor:
@@ -173,22 +173,27 @@ def _hamming(probs: Tensor, has: Tensor, thresholds: Tensor) -> Tensor:
     return wrong.sum((1, 2)).double() / (has.shape[0] * has.shape[1])
 
 
-def mll_metrics_stacked(logits: Tensor, targets: Tensor, thresholds: Any = 0.5
-                        ) -> dict[str, Tensor]:
+def mll_metrics_stacked(logits: Tensor, targets: Tensor, thresholds: Any = 0.5, *,
+                        probs: Tensor | None = None) -> dict[str, Tensor]:
     """Every metric of :data:`MLL_METRICS` of T heads' logits ``(T, N, C)`` on the labels
     ``targets`` (N, C) they share, each a (T,) float64 tensor on the logits' device;
     ``hamming_loss_tuned`` uses ``thresholds`` (one per head, from :func:`tuned_thresholds` on
-    val, or one float)."""
-    z = _stacked(logits, "logits")
+    val, or one float). ``probs``: the logits' :func:`probabilities`, where the caller formed
+    them already (to tune the thresholds on these rows); formed here otherwise."""
+    z = _as_heads(logits, "logits")
     has = _labels(targets, z)
     th = _thresholds(thresholds, z.shape[0], z.device)
+    if probs is not None and tuple(probs.shape) != tuple(z.shape):
+        raise MetricInputError(f"probs must be the logits' probabilities, {tuple(z.shape)}; got "
+                               f"shape {tuple(probs.shape)}")
     ranked = _ranked_labels(z, has)  # one sort of the rows serves four metrics
     out = {"ranking_loss": _mean_pair_share(ranked),
            "one_error": _one_error(ranked),
            "coverage": _coverage(ranked),
            "average_precision": _average_precision(ranked)}
     del ranked
-    probs = probabilities(z)
+    if probs is None:  # formed after the ranking's intermediates are freed
+        probs = probabilities(z)
     out["hamming_loss"] = _hamming(probs, has, th.new_full(th.shape, 0.5))
     out["hamming_loss_tuned"] = _hamming(probs, has, th)
     del probs
@@ -200,7 +205,7 @@ def tuned_thresholds(probs: Tensor, targets: Tensor) -> Tensor:
     """(T,) float64: for each head's probabilities ``(T, N, C)`` on these (val) rows, the
     threshold in 0.01 … 0.99 with the smallest Hamming loss; of equal ones, the nearest to 0.5
     (the first of equally near)."""
-    p = _stacked(probs, "probabilities")
+    p = _as_heads(probs, "probabilities")
     has = _labels(targets, p)
     t = p.shape[0]
     k = len(_CANDIDATES)
@@ -228,48 +233,48 @@ def tuned_thresholds(probs: Tensor, targets: Tensor) -> Tensor:
 def ranking_loss(scores: np.ndarray | Tensor, targets: np.ndarray | Tensor) -> float:
     """Mean over rows with positives and negatives of the wrongly ordered pairs' fraction
     (ranked highest first: a negative before a positive is a wrong pair)."""
-    s = _single(scores)
+    s = _as_heads(scores, axes=2)
     return float(_mean_pair_share(_ranked_labels(s, _labels(targets, s)))[0])
 
 
 def one_error(scores: np.ndarray | Tensor, targets: np.ndarray | Tensor) -> float:
     """The fraction of rows whose top-scored class (the first of ties) is not a positive."""
-    s = _single(scores)
+    s = _as_heads(scores, axes=2)
     return float(_one_error(_ranked_labels(s, _labels(targets, s)))[0])
 
 
 def coverage(scores: np.ndarray | Tensor, targets: np.ndarray | Tensor) -> float:
     """SMILE's coverage: (mean over all rows of the deepest positive's 1-based rank, 0 for a row
     without positives) − 1, divided by C."""
-    s = _single(scores)
+    s = _as_heads(scores, axes=2)
     return float(_coverage(_ranked_labels(s, _labels(targets, s)))[0])
 
 
 def average_precision(scores: np.ndarray | Tensor, targets: np.ndarray | Tensor) -> float:
     """Example-based average precision: per row with positives, the mean over its positives of
     (positives ranked at or above it) / (its 1-based rank); averaged over those rows."""
-    s = _single(scores)
+    s = _as_heads(scores, axes=2)
     return float(_average_precision(_ranked_labels(s, _labels(targets, s)))[0])
 
 
 def macro_auc(scores: np.ndarray | Tensor, targets: np.ndarray | Tensor) -> float:
     """Mean over classes with positive and negative rows of the ROC AUC (rank-sum form, ties in
     row order, as SMILE's code)."""
-    s = _single(scores)
+    s = _as_heads(scores, axes=2)
     return float(_macro_auc(s, _labels(targets, s))[0])
 
 
 def hamming_loss(probabilities: np.ndarray | Tensor, targets: np.ndarray | Tensor,
                  threshold: float = 0.5) -> float:
     """The fraction of entries where ``probabilities > threshold`` disagrees with the labels."""
-    p = _single(probabilities, "probabilities").double()
+    p = _as_heads(probabilities, "probabilities", axes=2).double()
     return float(_hamming(p, _labels(targets, p), _thresholds(threshold, 1, p.device))[0])
 
 
 def tuned_threshold(probabilities: np.ndarray | Tensor, targets: np.ndarray | Tensor) -> float:
     """The threshold in 0.01 … 0.99 with the smallest Hamming loss on these (val) rows; of
     equal ones, the nearest to 0.5."""
-    p = _single(probabilities, "probabilities")
+    p = _as_heads(probabilities, "probabilities", axes=2)
     return float(tuned_thresholds(p, targets)[0])
 
 
@@ -277,5 +282,6 @@ def mll_metrics(test_logits: np.ndarray | Tensor, test_targets: np.ndarray | Ten
                 threshold: float = 0.5) -> dict[str, float]:
     """Every metric of :data:`MLL_METRICS` of one head's test logits ``(N, C)``;
     ``hamming_loss_tuned`` uses ``threshold`` (from :func:`tuned_threshold` on val)."""
-    values = mll_metrics_stacked(_single(test_logits, "test_logits"), test_targets, threshold)
+    logits = _as_heads(test_logits, "test_logits", axes=2)
+    values = mll_metrics_stacked(logits, test_targets, threshold)
     return {name: float(v[0]) for name, v in values.items()}
