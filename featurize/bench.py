@@ -39,7 +39,11 @@ from featurize.extract.run import (
     transform_mode,
 )
 from probe.errors import SpmlError
+from probe.profiling import Profile
 from probe.store.index import DatasetIndex, Phase
+
+#: batches featurized end to end under the profiler (``BenchConfig.profile``)
+PROFILED_BATCHES = 4
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,9 @@ class BenchConfig:
     warmup_batches: int = 2  # untimed: cuDNN autotuning, allocator and decoder start-up
     forward_iters: int | None = None  # timed forward batches; None: 5 on CUDA, 1 on CPU (slow)
     seed: int = 0  # synthetic image content
+    # also profile, untimed, a few batches end to end and the forward batches again
+    # (probe.profiling): where the images/s target is missed, what takes the time
+    profile: bool = False
 
 
 def synthetic_photos(folder: Path, n: int, width: int, height: int, seed: int = 0) -> list[Path]:
@@ -94,8 +101,9 @@ def _sync(rt: Runtime) -> None:
 
 
 def _forward_only(backbone: Backbone, rt: Runtime, size: int, with_flip: bool, batch: int,
-                  iters: int) -> float:
-    """images/s of the forward passes alone (normalised input already on the device)."""
+                  iters: int, profile: bool = False) -> tuple[float, dict | None]:
+    """images/s of the forward passes alone (normalised input already on the device), and with
+    ``profile`` a :class:`~probe.profiling.Profile` summary of ``iters`` more, untimed."""
     x = torch.randn(batch, 3, size, size, device=rt.device)
     if channels_last(rt):
         x = x.contiguous(memory_format=torch.channels_last)
@@ -108,7 +116,13 @@ def _forward_only(backbone: Backbone, rt: Runtime, size: int, with_flip: bool, b
         for _ in range(iters):
             step()
         _sync(rt)
-        return iters * batch / (time.perf_counter() - t0)
+        images_per_s = iters * batch / (time.perf_counter() - t0)
+        if not profile:
+            return images_per_s, None
+        with Profile(rt.device) as prof:
+            for _ in range(iters):
+                step()
+        return images_per_s, prof.summary
 
 
 def _decode_only(paths: list[Path], rt: Runtime, transform: ImageTransform, n: int, depth: int
@@ -156,23 +170,35 @@ def bench_featurize(config: BenchConfig | None = None) -> dict:
             synthetic_index(photos, n, "timed"), tmp_path / "timed.zarr", cfg, backbone=backbone)
         transform = backbone_transform(backbone, fc.size, transform_mode(fc))
         decode = _decode_only(photos, rt, transform, n, fc.prefetch_batches)
+        profiles: dict[str, dict | None] = {}
+        if config.profile:  # a few batches end to end, after the timed run
+            rows = min(n, PROFILED_BATCHES * rt.batch_size)
+            with Profile(rt.device) as prof:
+                featurize(synthetic_index(photos, rows, "profiled"), tmp_path / "profiled.zarr",
+                          cfg, backbone=backbone)
+            profiles["end_to_end"] = prof.summary
     iters = config.forward_iters or (5 if rt.cuda else 1)
-    forward = _forward_only(backbone, rt, transform.out_size, fc.with_flip, rt.batch_size, iters)
+    forward, profiles["forward"] = _forward_only(backbone, rt, transform.out_size,
+                                                 fc.with_flip, rt.batch_size, iters,
+                                                 config.profile)
     device_name = (torch.cuda.get_device_name(rt.device) if rt.cuda
                    else platform.processor() or platform.machine())
-    return {"images": n, "unique_files": len(photos),
-            "image_size": f"{config.width}x{config.height}", "input_size": transform.out_size,
-            "seconds": round(result.seconds, 3), "images_per_s": round(result.images_per_s, 1),
-            "decode_images_per_s": round(decode, 1), "forward_images_per_s": round(forward, 1),
-            "with_flip": fc.with_flip, "backbone": backbone.name, "weights": backbone.weights.id,
-            "device": str(rt.device), "device_name": device_name, "decode": rt.decode,
-            "precision": rt.precision, "compile": rt.compile, "batch_size": rt.batch_size,
-            "workers": rt.workers, "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__, "torchvision": importlib.metadata.version("torchvision"),
-            "cuda": torch.version.cuda if rt.cuda else None,
-            "driver": _nvidia_driver() if rt.cuda else None,
-            "load_avg_1m": round(os.getloadavg()[0], 2),  # timings on a busy machine are noisy
-            "cpu_count": os.cpu_count(), "synthetic_write_s": round(write_s, 2)}
+    report = {"images": n, "unique_files": len(photos),
+              "image_size": f"{config.width}x{config.height}", "input_size": transform.out_size,
+              "seconds": round(result.seconds, 3), "images_per_s": round(result.images_per_s, 1),
+              "decode_images_per_s": round(decode, 1), "forward_images_per_s": round(forward, 1),
+              "with_flip": fc.with_flip, "backbone": backbone.name, "weights": backbone.weights.id,
+              "device": str(rt.device), "device_name": device_name, "decode": rt.decode,
+              "precision": rt.precision, "compile": rt.compile, "batch_size": rt.batch_size,
+              "workers": rt.workers, "torch_threads": torch.get_num_threads(),
+              "torch": torch.__version__, "torchvision": importlib.metadata.version("torchvision"),
+              "cuda": torch.version.cuda if rt.cuda else None,
+              "driver": _nvidia_driver() if rt.cuda else None,
+              "load_avg_1m": round(os.getloadavg()[0], 2),  # timings on a busy machine are noisy
+              "cpu_count": os.cpu_count(), "synthetic_write_s": round(write_s, 2)}
+    if config.profile:
+        report["profile"] = profiles
+    return report
 
 
 def _nvidia_driver() -> str | None:

@@ -66,6 +66,13 @@ def test_the_merge_puts_each_figure_beside_its_target(tmp_path):
                           "folds stacked": 5.0},
         "max_test_map_difference": 0.0}))
     (tmp_path / "steps.tsv").write_text("featurize\t0\t30\nstudy\t124\t75\n")
+    # the profile steps' summaries, one per engine row and one of the featurize pipeline
+    summary = {"wall_s": 1.0, "device_busy_share": 0.2, "top": [{"name": "k", "calls": 3}]}
+    (tmp_path / "profile-probe.json").write_text(json.dumps({"rows": [
+        _row("engine", 1, 0.6, profile={**summary, "wall_s": 0.6}),
+        _row("engine", 64, 1.5, profile=summary)]}))
+    (tmp_path / "profile-featurize.log").write_text(json.dumps(
+        {"images_per_s": 2000.0, "profile": {"forward": summary, "end_to_end": summary}}) + "\n")
     out = _figures_module().merge(str(tmp_path), "gpu")
     assert json.loads((tmp_path / "gpu.json").read_text()) == out
     f = out["figures"]
@@ -78,6 +85,9 @@ def test_the_merge_puts_each_figure_beside_its_target(tmp_path):
                                                                                 0.25)
     assert one["target"] == "<= 0.3" and one["met"] is True and one["compiled_ran"] is True
     assert f["probe_64_trials_s_per_epoch"]["met"] is False  # 1.1 s > 1 s
+    # a profile stands beside a missed figure only: 64 trials', not 1 trial's or featurize's
+    assert f["probe_64_trials_s_per_epoch"]["profile"] == summary
+    assert "profile" not in one and "profile" not in feat
     assert f["study_ten_epoch_trials_per_hour"]["value"] == 9000.0
     assert f["study_ten_epoch_trials_per_hour"]["met"] is False
     assert f["featurize_vit_b16_images_per_s"]["value"] == 1800.0
@@ -123,4 +133,10 @@ def test_ci_gpu_runs_end_to_end_on_the_cpu(tmp_path):
     assert out["figures"]["finetune_images_per_s"]["peak_memory_bytes"] > 0
     feat = out["figures"]["featurize_images_per_s"]
     assert feat["compiled_ran"] is True and feat["eager"] > 0 and feat["compiled"] > 0
+    # not judged on the CPU, so each profile is kept: the engine's epoch, the pipeline's parts
+    one = out["figures"]["probe_1_trial_s_per_epoch"]["profile"]
+    assert one["wall_s"] > 0 and one["sorted_by"] == "self_cpu_ms"
+    assert one["top"] and all(row["calls"] >= 1 for row in one["top"])
+    assert set(feat["profile"]) == {"end_to_end", "forward"}
+    assert all(part["top"] for part in feat["profile"].values())
     assert {"date", "torch", "python"} <= set(out["environment"])

@@ -18,7 +18,7 @@ PACKAGES = ("probe", "featurize", "studies")
 # lowest first; a module may import only modules of its own layer or below
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("store", ("probe.errors", "probe.store", "probe.io", "probe.progress", "probe.lazy",
-               "probe.registry", "probe.devices")),
+               "probe.registry", "probe.devices", "probe.profiling")),
     ("losses", ("probe.metrics.ranking", "probe.losses", "probe.metrics")),
     ("engine", ("probe",)),
     ("featurize", ("featurize",)),

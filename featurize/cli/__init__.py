@@ -109,6 +109,7 @@ examples:
   spml bench featurize --device cpu --images 16 --size 224
   spml bench featurize --device cuda --decode torchvision --precision bf16   # the GPU target
                                                      # (one H100: 1,323 images/s, README)
+  spml bench featurize --device cuda --precision bf16 --profile   # and where the time goes
 """
 
 
@@ -273,12 +274,19 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             f"--image-size expects WIDTHxHEIGHT, e.g. 500x375; got {args.image_size!r}") from None
     config = BenchConfig(featurize=config_of(FeaturizeConfig, args,
                                              progress=not args.quiet and not args.json),
-                         n_images=args.images, width=width, height=height)
+                         n_images=args.images, width=width, height=height,
+                         profile=args.profile)
     result = bench_featurize(config)
     if not args.json:
+        from probe.profiling import format_summary
+
         width_key = max(len(k) for k in result)
         for key, value in result.items():
-            print(f"{key:<{width_key}}  {value}")
+            if key != "profile":
+                print(f"{key:<{width_key}}  {value}")
+        for part, summary in result.get("profile", {}).items():
+            if summary:
+                print("\n".join(format_summary(summary, part.replace("_", " "))))
     from probe.engine.results import versioned
 
     print(json.dumps(versioned(result)))
@@ -337,5 +345,10 @@ def register_cli(sub: argparse._SubParsersAction, bench: argparse._SubParsersAct
     _add_run_options(b, default_weights=RANDOM)
     b.add_argument("--quiet", action="store_true", help="no progress bar")
     b.add_argument("--json", action="store_true", help="print only the JSON line")
+    b.add_argument("--profile", action="store_true",
+                   help="also profile (torch.profiler), after the timed run, four batches end "
+                   "to end and the forward batches again: wall time, the device's busy share, "
+                   "kernel launches and the most expensive operators and kernels, printed and "
+                   "in the JSON as 'profile'")
     b.set_defaults(func=_cmd_bench)
 

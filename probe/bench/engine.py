@@ -12,7 +12,9 @@ On a cached COCO-shaped synthetic store (:func:`synthetic_store`) one run measur
 (e) :func:`papers_loop`, one GR trial the way the SPML papers' released code runs a linear probe
     (a timing reference, not an equivalence check);
 (f) with ``--compare-one-block`` (CPU) / ``--compare-eager`` (CUDA) each configuration also
-    trained as one block / with the eager step, its heads compared with the engine's.
+    trained as one block / with the eager step, its heads compared with the engine's;
+(g) with ``--profile`` each engine row also gets a ``torch.profiler`` summary of one more
+    training epoch (:mod:`probe.profiling`), taken after its timed epochs.
 
 Each configuration is timed alone in a fresh process (``isolate``; ``--in-process``: all in this
 one). Times are medians over the measured epochs; the report names the machine, the threads and
@@ -38,17 +40,20 @@ from probe.bench.prior import synthetic_prior
 from probe.devices import resolve_device
 from probe.engine.config import ProbeConfig
 from probe.engine.data import ProbeData
-from probe.engine.loop import epoch_order, order_generator
+from probe.engine.loop import epoch_order, make_trainer, order_generator
 from probe.engine.results import environment_info, from_linear
 from probe.engine.speed import SpeedOptions, cpu_model, default_cache_dir
 from probe.engine.train import train_probe
+from probe.engine.trials import plan_trials
 from probe.errors import SpmlError, is_int, plain
 from probe.evaluation.heads import evaluate_heads
 from probe.evaluation.intervals import bootstrap_map
 from probe.losses import available, create_loss, get_loss_class
+from probe.profiling import TOP_OPERATORS, Profile, format_summary
 
 __all__ = ["BenchConfig", "bench_bootstrap", "default_cache_dir", "format_report",
-           "machine_info", "papers_loop", "plain_loop", "run_bench", "synthetic_store"]
+           "machine_info", "papers_loop", "plain_loop", "profile_epoch", "run_bench",
+           "synthetic_store"]
 
 COCO_TRAIN_ROWS = 65_665  # docs/protocol.md step 3: COCO 65,665 / 16,416 / test 40,137
 COCO_TEST_FRACTION = 40_137 / 82_081  # test rows per pool row in COCO
@@ -82,6 +87,9 @@ class BenchConfig:
     seed: int = 0  # init, batch order and the synthetic data
     cache_dir: str | None = None  # None: default_cache_dir()
     loss: str = "gr"  # the engine rows' loss (a synthetic prior for one that reads a prior)
+    # also profile one more training epoch of each engine row, untimed (probe.profiling): where
+    # a figure misses its target, the operators and kernels that take the time
+    profile: bool = False
 
     def validate(self) -> None:
         for name, flag in (("n_train", "--rows"), ("dim", "--dim"), ("n_classes", "--classes"),
@@ -500,9 +508,26 @@ def _engine_job(cfg: BenchConfig, path: str, t: int, method: str, progress: bool
         name = f"{kind}, {trials}{in_blocks}"
         extra.update(step_threads=result.timing.get("step_threads"),
                      cuda_graph=result.timing.get("cuda_graph"))
+    if cfg.profile:
+        extra["profile"] = profile_epoch(data, pc, cfg.loss, hparams, speed)
     row = _row(name, method, t, result.timing["train_seconds"], mem,
                result.timing["steps_per_epoch"], **extra, trial_blocks=blocks)
     return {"row": row, "heads": heads.cpu().numpy()}
+
+
+def profile_epoch(data: ProbeData, config: ProbeConfig, loss: str,
+                  hparams: list[dict[str, Any]], speed: SpeedOptions | None = None,
+                  top: int = TOP_OPERATORS) -> dict[str, Any]:
+    """A :class:`probe.profiling.Profile` summary of one training epoch of ``train_probe``'s
+    run (no evaluation): the second epoch of a fresh trainer, as the first captures the CUDA
+    graphs, compiles the step and fills the caches."""
+    plan = plan_trials(data, config, loss, hparams)
+    trainer = make_trainer(data, config, plan, speed)
+    with torch.no_grad():
+        trainer.train_epoch(0)
+        with Profile(data.device, top) as prof:
+            trainer.train_epoch(1)
+    return prof.summary or {}
 
 
 def _plain_job(cfg: BenchConfig, path: str) -> dict[str, Any]:
@@ -581,6 +606,9 @@ def format_report(report: dict[str, Any]) -> str:
     eq = report["equivalence_max_abs_diff_engine_vs_plain"]
     if eq is not None:
         lines.append(f"engine vs plain loop, max |head difference| after the run: {eq:.2e}")
+    for r in report["rows"]:
+        if r.get("profile"):
+            lines += ["", *format_summary(r["profile"], f"one more epoch, {r['name']}")]
     return "\n".join(lines)
 
 

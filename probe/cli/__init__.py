@@ -302,7 +302,7 @@ def _cmd_bench_probe(args: argparse.Namespace) -> int:
         cache_dir=args.cache_dir, papers=not args.no_papers, papers_workers=args.papers_workers,
         compare_eager=args.compare_eager, compare_one_block=args.compare_one_block,
         compare_compiled=args.compare_compiled,
-        isolate=not args.in_process, loss=args.loss,
+        isolate=not args.in_process, loss=args.loss, profile=args.profile,
     )
     if args.threads is not None:
         if args.threads < 1:
@@ -463,6 +463,11 @@ def _register_bench_probe(bench: argparse._SubParsersAction) -> None:
                    help="time every configuration in this process, one after the other "
                    "(default: each alone in a fresh process, so the rows do not disturb each "
                    "other)")
+    b.add_argument("--profile", action="store_true",
+                   help="also profile one more training epoch of each engine row, after its "
+                   "timed epochs (torch.profiler): wall time, the device's busy share, kernel "
+                   "and CUDA-graph launches and the most expensive operators, in the JSON row "
+                   "as 'profile' and summed up under the table")
     b.add_argument("--json", metavar="PATH", help="also write the JSON report to PATH")
     _add_bench_options(b)
     b.set_defaults(func=_cmd_bench_probe)
