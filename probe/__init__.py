@@ -36,8 +36,8 @@ _EXPORTS = {name: module for module, names in {
     "probe.engine.trials": ("expand_grid",),
     "probe.engine.data": ("ProbeData", "DataError", "load_store"),
     "probe.devices": ("resolve_device",),
-    "probe.engine.results": ("ProbeResult", "TrialResult", "BestEpoch", "EpochReport", "save_head",
-                      "load_head"),
+    "probe.engine.results": ("ProbeResult", "TrialResult", "BestEpoch", "EpochReport",
+                             "save_head", "load_head"),
     "probe.evaluation.heads": ("evaluate_head", "evaluate_heads"),
     "probe.losses": ("Loss", "HParam", "LossInputError", "available_losses", "create_loss",
                      "get_loss_class"),
@@ -50,4 +50,4 @@ __all__ = sorted([*_EXPORTS, "__version__"])
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals(),
-                                   aliases={"available_losses": "available"})
+                                    aliases={"available_losses": "available"})

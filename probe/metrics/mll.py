@@ -95,7 +95,7 @@ def _thresholds(thresholds: Any, t: int, device: torch.device) -> Tensor:
         th = th.expand(t)
     if tuple(th.shape) != (t,):
         raise MetricInputError(f"thresholds must be one float or one per head ({t},), got shape "
-                         f"{tuple(th.shape)}")
+                               f"{tuple(th.shape)}")
     return th
 
 

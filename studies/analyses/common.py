@@ -274,7 +274,7 @@ def run_settings(data: ProbeData, result: ProbeResult, seeds: Sequence[int]) -> 
     return {"store": data.source.get("path", "(arrays)"), "dataset": data.dataset,
             "n_train": data.n_train, "n_classes": data.n_classes,
             **{k: cfg.get(k) for k in ("batch_size", "batch_size_from", "lr", "lr_from", "epochs",
-                                      "epochs_from", "optimizer")}, "seeds": list(seeds),
+                                       "epochs_from", "optimizer")}, "seeds": list(seeds),
             **{k: cfg.get(k) for k in ("observed_seed", "flip_used", "device", "use_presets")}}
 
 

@@ -176,7 +176,7 @@ def run_sensitivity(
     base = None
     if baseline:
         an = train_runs(data, pin_training(config, result), "an",
-                    [{k: v for k, v in hp.items() if k in TRAINER_KEYS}], seeds, progress)
+                        [{k: v for k, v in hp.items() if k in TRAINER_KEYS}], seeds, progress)
         base = trial_scores(an, range(len(seeds)))
     n = len(seeds)
     out = [{**p, **trial_scores(result, range(i * n, (i + 1) * n))} for i, p in enumerate(points)]
