@@ -45,6 +45,34 @@ def test_one_name_and_settings_in_two_storages_each_read_their_own_heads(yeast_s
     a_heads = torch.load(a_file, weights_only=True)["heads"]
     b_heads = torch.load(b_file, weights_only=True)["heads"]
     assert not torch.equal(a_heads, b_heads)
+    _each_reads_its_own_rows(out, {tmp_path / "a.log": first, tmp_path / "b.log": second})
+
+
+def _each_reads_its_own_rows(out, studies):
+    """The results rows too: each study's report reads only the rows its own trials wrote (the
+    same trial numbers, other parameters) and says what it left out."""
+    import json
+
+    from studies.report.data import open_study_view
+    from studies.results.rows import read_results, rows_of_study
+
+    results = out / "results"
+    frame = read_results(results)
+    assert frame.height == 6 and set(frame["study"]) == {"s"}
+    for storage, study in studies.items():
+        view = open_study_view(out, str(storage), "s")
+        assert sorted(view.results) == [t.number for t in study.trials] == [0, 1, 2]
+        for t in study.trials:
+            assert json.loads(view.results[t.number]["params"]) == t.params
+            assert view.results[t.number]["val_map"] == pytest.approx(t.value)
+        assert f"3 results rows in {results} are of another study named 's' (made in another " \
+               "storage, or made again): left out" in view.notes
+    first, second = studies.values()
+    # a row written before rows carried their study's tag is read by the study's name
+    untagged = frame.head(1).with_columns(study_tag=None)
+    assert rows_of_study(untagged, second).height == 1
+    assert rows_of_study(frame.head(1), first).height + rows_of_study(
+        frame.head(1), second).height == 1
 
 
 @pytest.fixture(scope="module")

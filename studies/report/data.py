@@ -25,7 +25,7 @@ from optuna.trial import FrozenTrial, TrialState
 from probe.errors import MissingPathError, plain
 from studies.plots import ParamAxis, TrialPoint
 from studies.results.confirm import load_study
-from studies.results.rows import read_results
+from studies.results.rows import read_results, rows_of_study
 from studies.study.storage import find_storage, is_paper_trial, parse_storage, ranked_trials
 
 
@@ -86,21 +86,27 @@ def open_study_view(study_dir: Path, storage: str | None, name: str | None) -> S
               else ParamAxis(k, log=bool(getattr(d, "log", False)))
               for k, d in distributions.items()],
         distributions=distributions,
-        results=_read_results(study_dir / "results", study.study_name, notes),
+        results=_read_results(study_dir / "results", study, notes),
         confirm=_read_confirm(study_dir / "confirm.parquet", trials, notes),
         settings=attrs.get("spml.settings") or {}, loss=attrs.get("spml.loss") or "?",
         identity=attrs.get("spml.store") or {}, notes=notes,
     )
 
 
-def _read_results(directory: Path, study_name: str, notes: list[str]) -> dict[int, dict]:
+def _read_results(directory: Path, study: Any, notes: list[str]) -> dict[int, dict]:
+    """Trial number -> results row of ``study`` (its own rows only: :func:`rows_of_study`)."""
     if not directory.is_dir():
         notes.append(f"no results folder {directory}: test mAP and per-class AP are unknown")
         return {}
     frame = read_results(directory)
+    mine = rows_of_study(frame, study)
     if frame.height and "study" in frame.columns:
-        frame = frame.filter(pl.col("study") == study_name)
-    return {int(r["trial"]): r for r in frame.iter_rows(named=True)}
+        named = frame.filter(pl.col("study") == study.study_name).height
+        if named > mine.height:
+            notes.append(
+                f"{named - mine.height} results rows in {directory} are of another study named "
+                f"'{study.study_name}' (made in another storage, or made again): left out")
+    return {int(r["trial"]): r for r in mine.iter_rows(named=True)}
 
 
 def _read_confirm(path: Path, trials: list[FrozenTrial], notes: list[str]) -> list[dict]:

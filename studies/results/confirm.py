@@ -139,7 +139,7 @@ def confirm_study(study: optuna.Study, store_path: str, *, top_k: int = 3,
     if top_k < 1 or not seeds or not observed_seeds:
         raise StudyError("--top-k, --seeds and --observed-seeds must each name at least one")
     loss = _loss(study)
-    recorded = _recorded_settings(results, study.study_name)
+    recorded = _recorded_settings(results, study)
     complete = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
     if not complete:
         raise StudyError(f"study '{study.study_name}' has no completed trial to confirm yet")
@@ -149,7 +149,7 @@ def confirm_study(study: optuna.Study, store_path: str, *, top_k: int = 3,
     # the draws follow the study's kind (protocol, label budget or label bias): every check
     # is made before a missing draw is written
     kind = draw_record(store.attrs, studied) if studied in store.observed_seeds() else None
-    trained_on = _recorded_draw(results, study.study_name)  # what its trials' rows record
+    trained_on = _recorded_draw(results, study)  # what its trials' rows record
     if kind is not None and trained_on is not None and kind != trained_on:
         raise StudyError(
             f"STORE {store_path}: its draw {studied} is {draw_text(kind)}, but study "
@@ -387,35 +387,35 @@ def trial_setup(params: dict[str, Any], loss: str, settings: dict[str, Any], *,
     return hp, cfg
 
 
-def _recorded_settings(results: str | Path | None, study_name: str
+def _recorded_settings(results: str | Path | None, study: optuna.Study
                        ) -> dict[int, dict[str, Any]]:
     """Batch size, lr and epochs each trial's results row records it trained with."""
     if results is None or not Path(results).is_dir():
         return {}
-    from studies.results.rows import read_results
+    from studies.results.rows import read_results, rows_of_study
 
     frame = read_results(results)
     if not frame.height or "lr" not in frame.columns:
         return {}
     recorded = {}
-    for row in frame.filter(pl.col("study") == study_name).iter_rows(named=True):
+    for row in rows_of_study(frame, study).iter_rows(named=True):
         got = {k: row.get(k) for k in ("batch_size", "lr", "epochs") if row.get(k) is not None}
         if got:
             recorded[int(row["trial"])] = got
     return recorded
 
 
-def _recorded_draw(results: str | Path | None, study_name: str) -> dict[str, Any] | None:
+def _recorded_draw(results: str | Path | None, study: optuna.Study) -> dict[str, Any] | None:
     """The draw record (probe.store.records.draw_record) the study's results rows say its
     trials trained on, or None (no rows, or rows from before draws were recorded)."""
     if results is None or not Path(results).is_dir():
         return None
-    from studies.results.rows import read_results
+    from studies.results.rows import read_results, rows_of_study
 
     frame = read_results(results)
     if not frame.height or "draw" not in frame.columns:
         return None
-    for text in frame.filter(pl.col("study") == study_name)["draw"].drop_nulls():
+    for text in rows_of_study(frame, study)["draw"].drop_nulls():
         return json.loads(text)
     return None
 

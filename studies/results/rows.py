@@ -36,8 +36,8 @@ from probe import __version__
 from probe.io import atomic_write
 
 __all__ = ["COLUMNS", "CURVES", "FORMAT", "draw_of", "params_keys", "probe_rows", "read_results",
-           "read_trial_heads", "store_fingerprint", "study_tag", "tidy_frame", "write_batch",
-           "write_trial_heads"]
+           "read_trial_heads", "rows_of_study", "store_fingerprint", "study_tag", "tidy_frame",
+           "write_batch", "write_trial_heads"]
 
 FORMAT = "spml-results/2"
 
@@ -45,6 +45,8 @@ COLUMNS: dict[str, pl.DataType] = {
     # what it is
     "format": pl.Utf8, "kind": pl.Utf8, "source": pl.Utf8, "study": pl.Utf8, "trial": pl.Int64,
     "state": pl.Utf8, "loss": pl.Utf8, "params": pl.Utf8,
+    # which study of that name wrote the row (study_tag): a folder may hold two of one name
+    "study_tag": pl.Utf8,
     # the metrics (percent) at the best epoch
     "value": pl.Float64, "val_map": pl.Float64, "test_map": pl.Float64, "best_epoch": pl.Int64,
     "epochs_run": pl.Int64,
@@ -240,6 +242,20 @@ def study_tag(study: Any) -> str:
         identity[MADE_ATTR] = attrs[MADE_ATTR]
     text = json.dumps(identity, sort_keys=True, default=str)
     return f"{study.study_name}:{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+
+
+def rows_of_study(frame: pl.DataFrame, study: Any) -> pl.DataFrame:
+    """The rows of ``frame`` (:func:`read_results`) that ``study`` wrote: of its name and tag
+    (:func:`study_tag`), and of its name without a tag (rows written before rows carried one).
+    Rows of another study of the same name -- made in another storage, or made again -- that
+    keeps its results in the same folder are left out."""
+    if not frame.height or "study" not in frame.columns:
+        return frame
+    mine = pl.col("study") == study.study_name
+    if "study_tag" in frame.columns:
+        tag = pl.col("study_tag")
+        mine = mine & (tag.is_null() | (tag == study_tag(study)))
+    return frame.filter(mine)
 
 
 def write_trial_heads(directory: str | os.PathLike, numbers: Sequence[int], heads: Any,

@@ -138,7 +138,8 @@ def _train_group(settings, data, study, storage, space, trials, probe_config, lo
                       numbers=[t.number for t in trials], states=states,
                       params=[t.params for t in trials],
                       extra={"worker": f"{socket.gethostname()}:{os.getpid()}",
-                             "seconds": seconds, "provenance": result.source})
+                             "seconds": seconds, "provenance": result.source,
+                             "study_tag": study_tag(study)})
     return [{**row, "value": None} if row["state"] == "FAIL" else row  # a failure: no value
             for row in rows if row["trial"] not in gone]
 
