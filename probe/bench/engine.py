@@ -40,7 +40,7 @@ from probe.bench.prior import synthetic_prior
 from probe.devices import resolve_device
 from probe.engine.config import ProbeConfig
 from probe.engine.data import ProbeData
-from probe.engine.loop import epoch_order, make_trainer, order_generator
+from probe.engine.loop import deterministic, epoch_order, make_trainer, order_generator
 from probe.engine.results import environment_info, from_linear
 from probe.engine.speed import SpeedOptions, cpu_model, default_cache_dir
 from probe.engine.train import train_probe
@@ -523,7 +523,8 @@ def profile_epoch(data: ProbeData, config: ProbeConfig, loss: str,
     graphs, compiles the step and fills the caches."""
     plan = plan_trials(data, config, loss, hparams)
     trainer = make_trainer(data, config, plan, speed)
-    with torch.no_grad():
+    # as train_probe runs it: CUDA's deterministic kernels where the config asks for them
+    with deterministic(trainer.device, config.deterministic), torch.no_grad():
         trainer.train_epoch(0)
         with Profile(data.device, top) as prof:
             trainer.train_epoch(1)
