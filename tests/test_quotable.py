@@ -318,3 +318,20 @@ def test_a_probe_on_eight_test_images_warns_about_its_interval_once(tmp_path, ca
     from probe.evaluation.intervals import few_test_images
 
     assert few_test_images(50) is None
+
+
+# ----------------------------------------------------------------------------- the verdict's p
+
+
+@pytest.mark.parametrize(("p_value", "said"), [(0.0004, "p < 0.001"), (0.0312, "p = 0.031")])
+def test_the_verdict_states_its_p_value_as_a_sentence_reads(p_value, said):
+    """Below the printed precision the verdict says "p < 0.001", never "p = <0.001"."""
+    from studies.study.verdict import Verdict, VerdictRow, format_verdict
+
+    winner = VerdictRow("winner", 3, 42.7, 40.5, 38.3, 41.8)
+    paper = VerdictRow("paper values", 0, 41.8, 44.5, 41.9, 46.8)
+    verdict = Verdict(winner=winner, paper=paper, references=[], diff=-4.0, diff_low=-6.4,
+                      diff_high=-2.0, p_holm=None, n_test=483, level=0.95,
+                      winner_is_paper=False, p_value=p_value)
+    lines = [line for line in format_verdict(verdict) if "(paired bootstrap, uncorrected)" in line]
+    assert len(lines) == 1 and lines[0].strip().startswith(f"{said} (paired bootstrap")

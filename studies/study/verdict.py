@@ -173,7 +173,12 @@ def format_verdict(v: Verdict) -> list[str]:
                          f"{d} mAP, paired over the same test images (the interval contains "
                          "0)")
         if v.p_value is not None:
-            lines.append(f"  p = {p_text(v.p_value)} (paired bootstrap, uncorrected)"
+            p = p_text(v.p_value)
+            if p.startswith("<"):  # below the printed precision: "p < 0.001"
+                stated = f"< {p[1:]}"
+            else:
+                stated = f"= {p}"
+            lines.append(f"  p {stated} (paired bootstrap, uncorrected)"
                          + (f"; {disagreement_note(1 - v.level)}"
                             if (v.p_value < 1 - v.level) != (v.diff_low > 0 or v.diff_high < 0)
                             else ""))
