@@ -214,6 +214,8 @@ def merge(outdir: str, mode: str, dest: str | None = None) -> dict:
             one_run_seconds=rep and rep["seconds"]["one run"],
             one_run_each_seconds=rep and rep["seconds"][f"{kind} one run each"],
             floor_seconds=rep and rep["floor_seconds"][f"{kind} stacked"],
+            # the least stacking can cost on this device: one run beyond its floor + the floor
+            least_over_one=rep and rep.get("least_over_one", {}).get(kind),
             max_test_map_difference=rep and rep["max_test_map_difference"],
             command="spml bench replicates --device cuda --epochs 2")
     runs = {k: _load(out / f"finetune-{k}.json") for k in ("resnet50", "lite0")}

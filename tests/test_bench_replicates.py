@@ -27,6 +27,10 @@ def test_the_bench_trains_every_mode_and_the_heads_agree(tmp_path):
     assert report["stacked_over_one"]["draws"] == s["draws stacked"] / s["one run"]
     assert report["each_over_stacked"]["seeds"] == s["seeds one run each"] / s["seeds stacked"]
     assert all(f > 0 for f in report["floor_seconds"].values())
+    f = report["floor_seconds"]  # the least: one run's non-arithmetic shared, plus the floor
+    least = (max(s["one run"] - f["one run"], 0.0) + f["seeds stacked"]) / s["one run"]
+    assert report["least_over_one"]["seeds"] == pytest.approx(least, rel=1e-12)
+    assert set(report["least_over_one"]) == {"seeds", "draws", "folds"}
     assert report["training"]["epochs"] == 2
     assert report["folds_in_one_run"]  # the pool re-split into folds of one train size
     from probe.store import open_store
@@ -54,5 +58,5 @@ def test_the_cli_prints_the_report_and_writes_json(tmp_path, capsys):
                  "--folds", "2", "--epochs", "1", "--cache-dir", str(tmp_path), "--json", str(out),
                  "--quiet"]) == 0
     printed = capsys.readouterr().out
-    assert "stacked / one" in printed and "floor" in printed
+    assert "stacked / one" in printed and "floor" in printed and "least / one" in printed
     assert json.loads(out.read_text())["seeds"] == 2

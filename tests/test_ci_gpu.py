@@ -64,6 +64,7 @@ def test_the_merge_puts_each_figure_beside_its_target(tmp_path):
                     "folds one run each": 50.0},
         "floor_seconds": {"one run": 1.0, "seeds stacked": 3.0, "draws stacked": 5.0,
                           "folds stacked": 5.0},
+        "least_over_one": {"seeds": 1.2, "draws": 1.4, "folds": 1.4},
         "max_test_map_difference": 0.0}))
     (tmp_path / "steps.tsv").write_text("featurize\t0\t30\nstudy\t124\t75\n")
     # the profile steps' summaries, one per engine row and one of the featurize pipeline
@@ -98,6 +99,7 @@ def test_the_merge_puts_each_figure_beside_its_target(tmp_path):
     seeds, draws = f["confirm_3_seeds_over_one_run"], f["draws_5_over_one_run"]
     assert (seeds["value"], seeds["target"], seeds["met"]) == (1.2, "<= 1.5", True)
     assert (draws["value"], draws["met"], draws["floor_seconds"]) == (1.8, False, 5.0)
+    assert draws["least_over_one"] == 1.4
     folds = f["cv_5_over_one_run"]  # reported without a target
     assert folds["value"] == 2.0 and "target" not in folds and folds["stacked_seconds"] == 20.0
     assert out["steps"]["study"] == {"rc": 124, "seconds": 75} and out["missing"] == []

@@ -293,10 +293,19 @@ def bench_replicates(config: ReplicatesBenchConfig | None = None, *,
             "steps": steps, "seconds": seconds, "floor_seconds": floors,
             "stacked_over_one": {kind: seconds[f"{kind} stacked"] / seconds["one run"]
                                  for kind in KINDS},
+            "least_over_one": least_over_one(seconds["one run"], floors),
             "each_over_stacked": {kind: seconds[f"{kind} one run each"]
                                   / seconds[f"{kind} stacked"] for kind in KINDS},
             "max_test_map_difference": diff, "machine_before": before,
             "machine": machine_info(), "store": str(store)}
+
+
+def least_over_one(one_run: float, floors: dict[str, float]) -> dict[str, float]:
+    """Per kind, the least a stacked run can cost on this machine, over one run: one run's time
+    beyond its heads' arithmetic, shared by every replicate, plus the stacked heads' own floor.
+    A target below it needs a device where the heads' arithmetic runs side by side."""
+    shared = max(one_run - floors["one run"], 0.0)
+    return {kind: (shared + floors[f"{kind} stacked"]) / one_run for kind in KINDS}
 
 
 def _floor(data: Any, result: Any, trials: int, one_batch: bool, steps: int) -> float:
@@ -354,14 +363,14 @@ def format_replicates_bench(report: dict[str, Any]) -> str:
         f"one run (one seed, one draw): {s['one run']:.2f} s (arithmetic floor "
         f"{f['one run']:.2f} s)",
         f"{'':<34}{'stacked':>9}{'one run each':>14}{'stacked / one':>15}"
-        f"{'each / stacked':>16}{'floor':>8}"]
+        f"{'each / stacked':>16}{'floor':>8}{'least / one':>13}"]
     for kind, label in (("seeds", f"{report['seeds']} seeds (spml study confirm)"),
                         ("draws", f"{report['draws']} draws (--select draws:{report['draws']})"),
                         ("folds", f"{report['folds']} folds (--select cv:{report['folds']})")):
         lines.append(
             f"{label:<34}{s[f'{kind} stacked']:>8.2f}s{s[f'{kind} one run each']:>13.2f}s"
             f"{report['stacked_over_one'][kind]:>14.2f}x{report['each_over_stacked'][kind]:>15.2f}x"
-            f"{f[f'{kind} stacked']:>7.2f}s")
+            f"{f[f'{kind} stacked']:>7.2f}s{report['least_over_one'][kind]:>12.2f}x")
     if not report["folds_in_one_run"]:
         lines.append("the folds trained one run each (their train sizes differ)")
     lines += [
@@ -369,6 +378,8 @@ def format_replicates_bench(report: dict[str, Any]) -> str:
         f"{report['max_test_map_difference']:.4f} points",
         "floor: the T heads' products and Adam update alone over the run's steps "
         "(probe.engine.loop.step_arithmetic), at the run's step threads",
+        "least / one: one run's time beyond its floor plus the stacked heads' floor, over one "
+        "run -- the least stacking can cost on this machine",
         f"machine: {m['cpu']}, {m['cpus']} CPUs, {m['torch_threads']} torch threads; load "
         f"average before {m['load_avg_1_5_15']} after {report['machine']['load_avg_1_5_15']}"]
     return "\n".join(lines)
