@@ -434,10 +434,18 @@ def _oriented(pairs: Sequence[Any]) -> list[tuple[Any, int, int, float, float, f
 
 
 def p_text(p: float) -> str:
-    """A p value as the outputs print it."""
+    """A p value as the outputs' columns print it."""
     if not math.isfinite(p):
         return "-"
     return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def p_phrase(p: float) -> str:
+    """A p value as a sentence states it: "p < 0.001", "p = 0.031" (:func:`p_text`'s
+    precision)."""
+    if math.isfinite(p) and p < 0.001:
+        return "p < 0.001"
+    return f"p = {p_text(p)}"
 
 
 def plot(cmp: Comparison, path: str | Path, *, title: str | None = None) -> Path:

@@ -139,7 +139,8 @@ def confirm_study(study: optuna.Study, store_path: str, *, top_k: int = 3,
     if top_k < 1 or not seeds or not observed_seeds:
         raise StudyError("--top-k, --seeds and --observed-seeds must each name at least one")
     loss = _loss(study)
-    recorded = _recorded_settings(results, study)
+    rows = _study_rows(results, study)  # what its trials' results rows record, read once
+    recorded = _recorded_settings(rows)
     complete = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
     if not complete:
         raise StudyError(f"study '{study.study_name}' has no completed trial to confirm yet")
@@ -149,7 +150,7 @@ def confirm_study(study: optuna.Study, store_path: str, *, top_k: int = 3,
     # the draws follow the study's kind (protocol, label budget or label bias): every check
     # is made before a missing draw is written
     kind = draw_record(store.attrs, studied) if studied in store.observed_seeds() else None
-    trained_on = _recorded_draw(results, study)  # what its trials' rows record
+    trained_on = _recorded_draw(rows)
     if kind is not None and trained_on is not None and kind != trained_on:
         raise StudyError(
             f"STORE {store_path}: its draw {studied} is {draw_text(kind)}, but study "
@@ -387,35 +388,34 @@ def trial_setup(params: dict[str, Any], loss: str, settings: dict[str, Any], *,
     return hp, cfg
 
 
-def _recorded_settings(results: str | Path | None, study: optuna.Study
-                       ) -> dict[int, dict[str, Any]]:
-    """Batch size, lr and epochs each trial's results row records it trained with."""
-    if results is None or not Path(results).is_dir():
-        return {}
+def _study_rows(results: str | Path | None, study: optuna.Study) -> pl.DataFrame:
+    """The study's own results rows in the folder ``results`` (:func:`rows_of_study`); none
+    where there is no such folder."""
     from studies.results.rows import read_results, rows_of_study
 
-    frame = read_results(results)
-    if not frame.height or "lr" not in frame.columns:
+    if results is None or not Path(results).is_dir():
+        return pl.DataFrame()
+    return rows_of_study(read_results(results), study)
+
+
+def _recorded_settings(rows: pl.DataFrame) -> dict[int, dict[str, Any]]:
+    """Batch size, lr and epochs each trial's results row records it trained with."""
+    if not rows.height or "lr" not in rows.columns:
         return {}
     recorded = {}
-    for row in rows_of_study(frame, study).iter_rows(named=True):
+    for row in rows.iter_rows(named=True):
         got = {k: row.get(k) for k in ("batch_size", "lr", "epochs") if row.get(k) is not None}
         if got:
             recorded[int(row["trial"])] = got
     return recorded
 
 
-def _recorded_draw(results: str | Path | None, study: optuna.Study) -> dict[str, Any] | None:
+def _recorded_draw(rows: pl.DataFrame) -> dict[str, Any] | None:
     """The draw record (probe.store.records.draw_record) the study's results rows say its
     trials trained on, or None (no rows, or rows from before draws were recorded)."""
-    if results is None or not Path(results).is_dir():
+    if not rows.height or "draw" not in rows.columns:
         return None
-    from studies.results.rows import read_results, rows_of_study
-
-    frame = read_results(results)
-    if not frame.height or "draw" not in frame.columns:
-        return None
-    for text in rows_of_study(frame, study)["draw"].drop_nulls():
+    for text in rows["draw"].drop_nulls():
         return json.loads(text)
     return None
 

@@ -136,7 +136,7 @@ def settle_commands(study_out: str, storage: str, store: str, *, name: str | Non
 
 def format_verdict(v: Verdict) -> list[str]:
     """The verdict as lines: the rows, then the sentence, then the commands."""
-    from studies.results.compare import disagreement_note, p_text
+    from studies.results.compare import disagreement_note, p_phrase
 
     pct = f"{100 * v.level:g}%"
     pn = v.paper_name
@@ -173,12 +173,7 @@ def format_verdict(v: Verdict) -> list[str]:
                          f"{d} mAP, paired over the same test images (the interval contains "
                          "0)")
         if v.p_value is not None:
-            p = p_text(v.p_value)
-            if p.startswith("<"):  # below the printed precision: "p < 0.001"
-                stated = f"< {p[1:]}"
-            else:
-                stated = f"= {p}"
-            lines.append(f"  p {stated} (paired bootstrap, uncorrected)"
+            lines.append(f"  {p_phrase(v.p_value)} (paired bootstrap, uncorrected)"
                          + (f"; {disagreement_note(1 - v.level)}"
                             if (v.p_value < 1 - v.level) != (v.diff_low > 0 or v.diff_high < 0)
                             else ""))
